@@ -1,0 +1,103 @@
+"""The file handle the logs write through, so tests can inject faults (see ``logstore.faults``).
+
+A ``FileHandle`` is a positional file: ``append`` writes at the end, ``pread`` reads anywhere,
+``sync`` is fsync. ``OsFile`` is the real one over ``os`` calls. An ``Opener`` makes handles; every
+storage class takes one so a test can swap in ``FaultyFile``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Protocol
+
+
+class FileHandle(Protocol):
+    """What storage classes need from a file."""
+
+    path: str
+
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        """Write all of ``data`` at the end of the file (raises OSError on failure)."""
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset``; shorter only at end of file."""
+
+    def size(self) -> int:
+        """The file's current size in bytes."""
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes; later appends continue there."""
+
+    def sync(self) -> None:
+        """fsync the file's data."""
+
+    def close(self) -> None:
+        """Close the handle; further calls are errors."""
+
+
+Opener = Callable[[str], FileHandle]
+
+
+class OsFile:
+    """A ``FileHandle`` over a real file, opened read-write and created if missing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._end = os.fstat(self._fd).st_size
+
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        """Write all of ``data`` at the end, looping over short writes."""
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, self._end)
+            self._end += written
+            view = view[written:]
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset``."""
+        return os.pread(self._fd, size, offset)
+
+    def size(self) -> int:
+        """Bytes in the file, counting what this handle appended."""
+        return self._end
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes."""
+        os.ftruncate(self._fd, size)
+        self._end = size
+
+    def sync(self) -> None:
+        """fsync the file."""
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def fsync_directory(path: str) -> None:
+    """fsync a directory so a create, rename or delete inside it is durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomically(path: str, data: bytes) -> None:
+    """Replace ``path`` whole: write a temp file, fsync it, rename over, fsync the directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp_path = f"{path}.tmp"
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp_path, path)
+    fsync_directory(directory)

@@ -1,0 +1,518 @@
+"""A segmented append-only log of CRC-framed records (see ``logstore.record`` for the framing).
+
+Files: one directory per log, segments named ``<20-digit base offset>.log`` so ``ls`` sorts them.
+A segment holds whole records; the next segment's base offset is the previous segment's end.
+
+Durability contract:
+- ``append`` frames the record into an in-memory write buffer and returns its offset. The offset is
+  provisional until ``flush()`` (written to the OS) or ``sync()`` (fsynced) returns.
+- ``sync()`` makes every earlier append durable with one fsync: callers group many appends under
+  one sync (group commit) and acknowledge them after it returns.
+- ``flush_mode="async"``: the owner calls ``tick(now_ms)`` regularly; it fsyncs every
+  ``flush_interval_ms``. The log never reads the clock.
+- A failed write or fsync is sticky (``LogWriteFailed``) until the log is reopened. ENOSPC is not
+  sticky: the unflushed appends are dropped, the file is cut back, and ``DiskFull`` is raised.
+
+Recovery on open verifies every record from ``verify_from_offset`` (the owner's last checkpoint)
+to the end, truncates a torn or corrupt tail and reports what was cut. Records before that offset
+are trusted at open but verified on every read: a corrupt record raises ``CorruptRecord``, it is
+never returned as data. Not thread-safe: one owner calls it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from logstore.errors import (
+    CorruptRecord,
+    DiskFull,
+    LogClosed,
+    LogWriteFailed,
+    OffsetOutOfRange,
+    RecordTooLarge,
+)
+from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
+from logstore.record import (
+    HEADER_SIZE_BYTES,
+    check_header,
+    crc_matches,
+    encode_record_into,
+)
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".log"
+_READ_AHEAD_BYTES = 4096
+_SCAN_CHUNK_BYTES = 1 << 20
+FLUSH_MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Settings of one segmented log."""
+
+    segment_size_bytes_max: int = 64 << 20  # a segment is rolled before it would pass this size
+    record_size_bytes_max: int = 16 << 20  # largest body; a larger stored length is corruption
+    flush_mode: str = "sync"  # "sync": owner calls sync(); "async": tick() fsyncs on an interval
+    flush_interval_ms: int = 100  # async mode: longest time between fsyncs while data is pending
+    write_buffer_bytes_max: int = 256 << 10  # appends are buffered up to this before a write(2)
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode {self.flush_mode!r} is not one of {FLUSH_MODES}")
+        if self.segment_size_bytes_max < HEADER_SIZE_BYTES + 1:
+            raise ValueError(f"segment_size_bytes_max {self.segment_size_bytes_max} is too small")
+        if self.record_size_bytes_max < 1:
+            raise ValueError(f"record_size_bytes_max {self.record_size_bytes_max} must be >= 1")
+        if self.flush_interval_ms < 1:
+            raise ValueError(f"flush_interval_ms {self.flush_interval_ms} must be >= 1")
+        if self.write_buffer_bytes_max < 0:
+            raise ValueError(f"write_buffer_bytes_max {self.write_buffer_bytes_max} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What recovery cut from the tail of a log."""
+
+    offset: int  # log offset where the cut starts (the first bad record)
+    bytes_cut: int  # bytes removed, counting whole segments deleted after it
+    reason: str  # why the record at ``offset`` was rejected
+    path: str  # the segment file in which the bad record sat
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """The outcome of opening a log."""
+
+    first_offset: int
+    end_offset: int
+    records_verified: int
+    truncation: Truncation | None
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment file as seen by retention and tools."""
+
+    base_offset: int
+    end_offset: int
+    size_bytes: int
+    path: str
+    modified_ms: int
+
+
+@dataclass
+class _Segment:
+    base_offset: int
+    path: str
+    handle: FileHandle
+    size_bytes: int = 0
+    synced: bool = field(default=True)
+
+
+def segment_name(base_offset: int) -> str:
+    """The file name of the segment starting at ``base_offset``."""
+    return f"{base_offset:020d}{SEGMENT_SUFFIX}"
+
+
+class SegmentedLog:
+    """An append-only log of records split into size-bounded segment files."""
+
+    def __init__(
+        self,
+        directory: str,
+        config: LogConfig = LogConfig(),
+        *,
+        opener: Opener = OsFile,
+        verify_from_offset: int = 0,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._opener = opener
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._buffer = bytearray()
+        self._buffered_records = 0
+        self._end = 0
+        self._durable_end = 0
+        self._failed: LogWriteFailed | None = None
+        self._closed = False
+        self._directory_dirty = False
+        self._last_sync_ms: int | None = None
+        os.makedirs(directory, exist_ok=True)
+        self.recovery = self._recover(verify_from_offset)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def first_offset(self) -> int:
+        """Offset of the oldest record still stored."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """Offset the next append will get (one past the last record)."""
+        return self._end
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset has been fsynced."""
+        return self._durable_end
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, verify_from_offset: int) -> RecoveryReport:
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
+        if not names:
+            self._open_segment(0, create=True)
+            self._end = self._durable_end = 0
+            return RecoveryReport(0, 0, 0, None)
+        for name in names:
+            self._open_segment(int(name[: -len(SEGMENT_SUFFIX)]), create=False)
+        truncation: Truncation | None = None
+        verified = 0
+        for index, segment in enumerate(self._segments):
+            expected_base = (
+                self._segments[index - 1].base_offset + self._segments[index - 1].size_bytes
+                if index
+                else segment.base_offset
+            )
+            if segment.base_offset != expected_base:
+                truncation = self._cut(index - 1, self._segments[index - 1].size_bytes,
+                                       f"gap: next segment starts at {segment.base_offset}")
+                break
+            segment_end = segment.base_offset + segment.size_bytes
+            if segment_end <= verify_from_offset:
+                continue
+            start = max(0, verify_from_offset - segment.base_offset)
+            count, bad_position, reason = self._scan_segment(segment, start)
+            verified += count
+            if bad_position is not None:
+                truncation = self._cut(index, bad_position, reason)
+                break
+        last = self._segments[-1]
+        self._end = self._durable_end = last.base_offset + last.size_bytes
+        if truncation:
+            log.warning(
+                "log %s: cut %d bytes at offset %d (%s)",
+                self.directory, truncation.bytes_cut, truncation.offset, truncation.reason,
+            )
+        return RecoveryReport(self.first_offset, self._end, verified, truncation)
+
+    def _scan_segment(self, segment: _Segment, position: int) -> tuple[int, int | None, str]:
+        """Verify records from ``position``; returns (count, first bad position or None, reason)."""
+        count = 0
+        size = segment.size_bytes
+        limit = self.config.record_size_bytes_max
+        chunk = b""
+        chunk_start = position
+        while position < size:
+            offset_in_chunk = position - chunk_start
+            if len(chunk) - offset_in_chunk < HEADER_SIZE_BYTES:
+                chunk = segment.handle.pread(position, _SCAN_CHUNK_BYTES)
+                chunk_start, offset_in_chunk = position, 0
+                if len(chunk) < HEADER_SIZE_BYTES:
+                    return count, position, f"torn header: {len(chunk)} of {HEADER_SIZE_BYTES} bytes"
+            header = chunk[offset_in_chunk : offset_in_chunk + HEADER_SIZE_BYTES]
+            body_length, crc, problem = check_header(header, limit)
+            if problem:
+                return count, position, problem
+            record_end = offset_in_chunk + HEADER_SIZE_BYTES + body_length
+            if record_end > len(chunk):
+                chunk = segment.handle.pread(position, HEADER_SIZE_BYTES + body_length)
+                chunk_start, offset_in_chunk = position, 0
+                record_end = HEADER_SIZE_BYTES + body_length
+                if len(chunk) < record_end:
+                    return count, position, (
+                        f"torn record: {len(chunk)} of {record_end} bytes present"
+                    )
+            body = memoryview(chunk)[offset_in_chunk + HEADER_SIZE_BYTES : record_end]
+            if not crc_matches(header, body, crc):
+                return count, position, "crc mismatch"
+            position += HEADER_SIZE_BYTES + body_length
+            count += 1
+        return count, None, ""
+
+    def _cut(self, index: int, position: int, reason: str) -> Truncation:
+        """Truncate segment ``index`` at ``position`` and delete every later segment."""
+        segment = self._segments[index]
+        bytes_cut = segment.size_bytes - position
+        segment.handle.truncate(position)
+        segment.handle.sync()
+        segment.size_bytes = position
+        for later in self._segments[index + 1 :]:
+            bytes_cut += later.size_bytes
+            later.handle.close()
+            os.unlink(later.path)
+        del self._segments[index + 1 :]
+        del self._bases[index + 1 :]
+        fsync_directory(self.directory)
+        return Truncation(segment.base_offset + position, bytes_cut, reason, segment.path)
+
+    def _open_segment(self, base_offset: int, *, create: bool) -> _Segment:
+        path = os.path.join(self.directory, segment_name(base_offset))
+        handle = self._opener(path)
+        segment = _Segment(base_offset, path, handle, handle.size())
+        self._segments.append(segment)
+        self._bases.append(base_offset)
+        if create:
+            self._directory_dirty = True
+        return segment
+
+    # ------------------------------------------------------------------ writing
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosed(self.directory)
+        if self._failed is not None:
+            raise self._failed
+
+    def append(self, body: bytes) -> int:
+        """Buffer one record; returns its offset (provisional until flush()/sync() returns)."""
+        self._check_writable()
+        size = len(body)
+        if size > self.config.record_size_bytes_max:
+            raise RecordTooLarge(size, self.config.record_size_bytes_max)
+        active = self._segments[-1]
+        used = active.size_bytes + len(self._buffer)
+        if used and used + HEADER_SIZE_BYTES + size > self.config.segment_size_bytes_max:
+            self._roll()
+        offset = self._end
+        self._end += encode_record_into(self._buffer, body)
+        self._buffered_records += 1
+        if len(self._buffer) >= self.config.write_buffer_bytes_max:
+            self.flush()
+        return offset
+
+    def append_many(self, bodies: list[bytes]) -> list[int]:
+        """Buffer several records; returns their offsets."""
+        return [self.append(body) for body in bodies]
+
+    def flush(self) -> None:
+        """Write buffered records to the OS (not fsynced); a process crash no longer loses them."""
+        self._check_writable()
+        if not self._buffer:
+            return
+        active = self._segments[-1]
+        try:
+            active.handle.append(self._buffer)
+        except OSError as exc:
+            self._on_write_error(active, exc)
+        active.size_bytes += len(self._buffer)
+        active.synced = False
+        self._buffer.clear()
+        self._buffered_records = 0
+
+    def _on_write_error(self, active: _Segment, exc: OSError) -> None:
+        import errno
+
+        dropped = self._buffered_records
+        if exc.errno == errno.ENOSPC:
+            try:
+                active.handle.truncate(active.size_bytes)
+            except OSError as cut_exc:
+                self._failed = LogWriteFailed(active.path, "truncate after ENOSPC", cut_exc)
+                raise self._failed from exc
+            self._end = active.base_offset + active.size_bytes
+            self._buffer.clear()
+            self._buffered_records = 0
+            raise DiskFull(active.path, dropped) from exc
+        self._failed = LogWriteFailed(active.path, "write", exc)
+        raise self._failed from exc
+
+    def sync(self) -> int:
+        """Flush and fsync; every earlier append is durable when this returns the durable offset."""
+        self.flush()
+        for segment in self._segments:
+            if not segment.synced:
+                try:
+                    segment.handle.sync()
+                except OSError as exc:
+                    self._failed = LogWriteFailed(segment.path, "fsync", exc)
+                    raise self._failed from exc
+                segment.synced = True
+        if self._directory_dirty:
+            try:
+                fsync_directory(self.directory)
+            except OSError as exc:
+                self._failed = LogWriteFailed(self.directory, "fsync directory", exc)
+                raise self._failed from exc
+            self._directory_dirty = False
+        self._durable_end = self._end
+        return self._durable_end
+
+    def tick(self, now_ms: int) -> bool:
+        """Async mode: flush, and fsync if ``flush_interval_ms`` passed with data pending.
+
+        Returns True when it fsynced. The owner calls this on a timer; the log reads no clock.
+        """
+        self.flush()
+        if self._last_sync_ms is None:
+            self._last_sync_ms = now_ms
+        if self._durable_end == self._end:
+            self._last_sync_ms = now_ms
+            return False
+        if now_ms - self._last_sync_ms < self.config.flush_interval_ms:
+            return False
+        self.sync()
+        self._last_sync_ms = now_ms
+        return True
+
+    def _roll(self) -> None:
+        """Close the active segment for writing and start a new one at the end offset."""
+        self.flush()
+        self._open_segment(self._end, create=True)
+
+    # ------------------------------------------------------------------ reading
+
+    def _locate(self, offset: int) -> tuple[_Segment, int]:
+        if offset < self.first_offset or offset >= self._end:
+            raise OffsetOutOfRange(offset, self.first_offset, self._end)
+        index = bisect.bisect_right(self._bases, offset) - 1
+        segment = self._segments[index]
+        return segment, offset - segment.base_offset
+
+    def read(self, offset: int) -> bytes:
+        """The body of the record at ``offset``; raises CorruptRecord rather than return bad bytes."""
+        return self.read_with_next(offset)[0]
+
+    def read_with_next(self, offset: int) -> tuple[bytes, int]:
+        """The body of the record at ``offset`` and the offset of the record after it."""
+        if self._closed:
+            raise LogClosed(self.directory)
+        if self._buffer and offset >= self._end - len(self._buffer):
+            self.flush()
+        segment, position = self._locate(offset)
+        data = segment.handle.pread(position, _READ_AHEAD_BYTES)
+        if len(data) < HEADER_SIZE_BYTES:
+            raise CorruptRecord(segment.path, offset, "no record header at this offset")
+        header = data[:HEADER_SIZE_BYTES]
+        body_length, crc, problem = check_header(header, self.config.record_size_bytes_max)
+        if problem:
+            raise CorruptRecord(segment.path, offset, problem)
+        framed = HEADER_SIZE_BYTES + body_length
+        if len(data) < framed:
+            data = segment.handle.pread(position, framed)
+            if len(data) < framed:
+                raise CorruptRecord(segment.path, offset, "record runs past the end of its segment")
+        body = data[HEADER_SIZE_BYTES:framed]
+        if not crc_matches(header, body, crc):
+            raise CorruptRecord(segment.path, offset, "crc mismatch")
+        return body, offset + framed
+
+    def iterate(self, from_offset: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """Yield (offset, body) from ``from_offset`` (default: the first record) to the end.
+
+        Reads in large chunks; every record's CRC is checked and a bad one raises CorruptRecord.
+        """
+        if self._buffer:
+            self.flush()
+        offset = self.first_offset if from_offset is None else from_offset
+        if offset == self._end:
+            return
+        segment, position = self._locate(offset)
+        index = self._segments.index(segment)
+        limit = self.config.record_size_bytes_max
+        while index < len(self._segments):
+            segment = self._segments[index]
+            size = segment.size_bytes
+            while position < size:
+                chunk = segment.handle.pread(position, min(_SCAN_CHUNK_BYTES, size - position))
+                view = memoryview(chunk)
+                at = 0
+                while at + HEADER_SIZE_BYTES <= len(chunk):
+                    header = chunk[at : at + HEADER_SIZE_BYTES]
+                    body_length, crc, problem = check_header(header, limit)
+                    if problem:
+                        raise CorruptRecord(segment.path, segment.base_offset + position + at, problem)
+                    record_end = at + HEADER_SIZE_BYTES + body_length
+                    if record_end > len(chunk):
+                        break
+                    body = view[at + HEADER_SIZE_BYTES : record_end]
+                    if not crc_matches(header, body, crc):
+                        raise CorruptRecord(
+                            segment.path, segment.base_offset + position + at, "crc mismatch"
+                        )
+                    yield segment.base_offset + position + at, bytes(body)
+                    at = record_end
+                if at == 0:
+                    # One record larger than the chunk: read it whole.
+                    body, next_offset = self.read_with_next(segment.base_offset + position)
+                    yield segment.base_offset + position, body
+                    at = next_offset - segment.base_offset - position
+                position += at
+            index += 1
+            position = 0
+
+    # ------------------------------------------------------------------ retention
+
+    def segments(self) -> list[SegmentInfo]:
+        """Every segment, oldest first, with its offsets, size and last-modified time."""
+        infos = []
+        for segment in self._segments:
+            size = segment.size_bytes
+            if segment is self._segments[-1]:
+                size += len(self._buffer)
+            try:
+                modified_ms = int(os.stat(segment.path).st_mtime * 1000)
+            except FileNotFoundError:
+                modified_ms = 0
+            infos.append(
+                SegmentInfo(segment.base_offset, segment.base_offset + size, size, segment.path,
+                            modified_ms)
+            )
+        return infos
+
+    def delete_segments_before(self, offset: int) -> list[SegmentInfo]:
+        """Delete whole segments that end at or before ``offset``; never the active segment."""
+        deleted = []
+        for info in self.segments()[:-1]:
+            if info.end_offset > offset:
+                break
+            segment = self._segments[0]
+            segment.handle.close()
+            os.unlink(segment.path)
+            del self._segments[0]
+            del self._bases[0]
+            deleted.append(info)
+        if deleted:
+            fsync_directory(self.directory)
+            for info in deleted:
+                log.info("log %s: deleted segment %s (%d bytes)", self.directory, info.path,
+                         info.size_bytes)
+        return deleted
+
+    def apply_retention(
+        self, now_ms: int, retention_ms: int, keep_from_offset: int | None = None
+    ) -> list[SegmentInfo]:
+        """Delete the oldest segments last modified more than ``retention_ms`` ago.
+
+        Stops at the first segment that is too young, is the active one, or ends after
+        ``keep_from_offset`` (data someone still needs), so the log stays contiguous.
+        """
+        cut = self.first_offset
+        for info in self.segments()[:-1]:
+            if now_ms - info.modified_ms <= retention_ms:
+                break
+            if keep_from_offset is not None and info.end_offset > keep_from_offset:
+                break
+            cut = info.end_offset
+        return self.delete_segments_before(cut)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Flush and fsync what is buffered (unless a write already failed), then close files."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self.sync()
+        finally:
+            for segment in self._segments:
+                segment.handle.close()
+            self._closed = True
