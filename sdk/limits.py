@@ -1,0 +1,74 @@
+"""Every protocol and message limit, as a named constant with its unit in the name.
+
+Both sides import these: the SDK checks them before sending so a producer learns of a bad message
+without a round trip, and the servers check them again because a client may not be ours.
+Each limit is tested at max-1, max and max+1 (tests/unit/test_message.py, test_protocol.py).
+"""
+
+from __future__ import annotations
+
+_KIB = 1024
+_MIB = 1024 * _KIB
+
+# Largest frame payload (the msgpack map after the u32 length prefix), in bytes. Twice the body
+# limit so a full-size message plus its envelope and a batch of small messages both fit.
+MAX_FRAME_BYTES = 8 * _MIB
+
+# Largest message body, in bytes.
+MAX_BODY_BYTES = 4 * _MIB
+
+# Most messages in one `send` request.
+MAX_SEND_BATCH_MESSAGES = 256
+
+# Most tags on one message.
+MAX_TAGS = 10
+
+# Longest tag, in bytes of UTF-8.
+MAX_TAG_BYTES = 64
+
+# Most entries in a message's properties map.
+MAX_PROPERTIES = 64
+
+# Longest property key, in bytes of UTF-8.
+MAX_PROPERTY_KEY_BYTES = 128
+
+# Longest property value, in bytes of UTF-8.
+MAX_PROPERTY_VALUE_BYTES = 4096
+
+# Longest subject or consumer-group name, in characters. Names match
+# `[A-Za-z0-9][A-Za-z0-9._-]{0,199}`; internal names (`%retry%<subject>%<group>`,
+# `%dead%<subject>%<group>`) are built from two valid names and are not bound by this limit.
+MAX_SUBJECT_CHARS = 200
+
+# Most messages returned by one `pull`.
+MAX_PULL_BATCH_MESSAGES = 1024
+
+# Longest long-poll wait of one `pull`, in milliseconds.
+MAX_PULL_WAIT_MS = 60_000
+
+# Furthest a message may be scheduled ahead of now, in milliseconds (730 days, "2 years").
+# Later is rejected with delay_out_of_range, never clamped.
+MAX_DELAY_MS = 730 * 24 * 60 * 60 * 1000
+
+# Longest message id, in characters.
+MAX_MESSAGE_ID_CHARS = 128
+
+# Most [first, last] ranges in one `ack` request.
+MAX_ACK_RANGES = 1024
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "MAX_BODY_BYTES",
+    "MAX_SEND_BATCH_MESSAGES",
+    "MAX_TAGS",
+    "MAX_TAG_BYTES",
+    "MAX_PROPERTIES",
+    "MAX_PROPERTY_KEY_BYTES",
+    "MAX_PROPERTY_VALUE_BYTES",
+    "MAX_SUBJECT_CHARS",
+    "MAX_PULL_BATCH_MESSAGES",
+    "MAX_PULL_WAIT_MS",
+    "MAX_DELAY_MS",
+    "MAX_MESSAGE_ID_CHARS",
+    "MAX_ACK_RANGES",
+]

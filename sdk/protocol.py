@@ -1,0 +1,551 @@
+"""The data-plane wire codec: pure bytes <-> objects, no sockets, no asyncio.
+
+A frame is ``u32 big-endian length | msgpack map`` (docs/PROTOCOL.md). Two layers, two kinds of
+failure:
+
+* ``FrameDecoder`` turns a byte stream into maps. A declared length over the limit raises TooLarge
+  before anything is allocated; a frame that is not a msgpack map with str keys raises BadRequest.
+  Either means the stream can no longer be trusted: the server answers with an error (rid nil)
+  and closes the connection. The decoder stays failed and re-raises on every later ``feed``.
+* ``parse_request`` turns one map into a typed request and raises BadRequest (or TooLarge, ...)
+  naming the field and the value's type. The frame boundary is intact, so the server answers
+  ``{rid, error}`` and keeps the connection.
+
+Unknown keys in a request are ignored so that a newer client can add optional fields.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Union
+
+import msgpack
+
+from sdk.errors import (
+    BadRequest,
+    DelayOutOfRange,
+    NotSupported,
+    QmqError,
+    TooLarge,
+    error_from_wire,
+    type_name,
+)
+from sdk.limits import (
+    MAX_ACK_RANGES,
+    MAX_DELAY_MS,
+    MAX_FRAME_BYTES,
+    MAX_PULL_BATCH_MESSAGES,
+    MAX_PULL_WAIT_MS,
+    MAX_SEND_BATCH_MESSAGES,
+)
+from sdk.message import validate_group, validate_message_id, validate_subject, validate_tags
+
+PROTOCOL_VERSION = 1
+
+# The frame header: one field.
+_HEADER = struct.Struct(
+    ">I"  # payload length in bytes, big-endian u32, not counting these 4 bytes
+)
+HEADER_BYTES = _HEADER.size
+
+# Request ids and sequence numbers are msgpack unsigned integers.
+_U64_MAX = 2**64 - 1
+
+
+# --- framing -----------------------------------------------------------------------------------
+
+
+def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """``u32 length | msgpack(obj)``; TooLarge if the payload exceeds ``max_frame_bytes``."""
+    if not isinstance(obj, dict):
+        raise BadRequest(f"a frame must be a map, got {type_name(obj)}")
+    try:
+        payload = msgpack.packb(obj, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"frame cannot be encoded: {exc}") from None
+    if len(payload) > max_frame_bytes:
+        raise TooLarge(
+            f"frame of {len(payload)} bytes exceeds MAX_FRAME_BYTES {max_frame_bytes}"
+        )
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode_frame_payload(payload: bytes) -> dict[str, Any]:
+    """One frame's msgpack payload -> map with str keys; BadRequest otherwise."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError
+        raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"frame must be a msgpack map, got {type_name(obj)}")
+    for key in obj:
+        if not isinstance(key, str):
+            raise BadRequest(f"frame keys must be str, got {type_name(key)}")
+    return obj
+
+
+class FrameDecoder:
+    """Buffers a byte stream and returns the complete frames in it, in order.
+
+    ``max_frame_bytes`` bounds the declared payload length; a longer declaration raises TooLarge as
+    soon as its 4-byte header is seen, before the payload is buffered. After any error the
+    decoder is failed: frames decoded earlier in the same ``feed`` are dropped and every later
+    ``feed`` raises the same error, because the stream is out of sync.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        assert 0 < max_frame_bytes <= 0xFFFFFFFF, max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._error: QmqError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+    @property
+    def failed(self) -> bool:
+        """True once a bad frame was seen; the connection should be closed."""
+        return self._error is not None
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add ``data`` and return every frame it completes; raises TooLarge or BadRequest."""
+        if self._error is not None:
+            raise self._error
+        self._buffer += data
+        frames: list[dict[str, Any]] = []
+        pos = 0
+        view = memoryview(self._buffer)
+        try:
+            while len(self._buffer) - pos >= HEADER_BYTES:
+                (length,) = _HEADER.unpack_from(self._buffer, pos)
+                if length > self.max_frame_bytes:
+                    self._error = TooLarge(
+                        f"frame of {length} bytes exceeds MAX_FRAME_BYTES {self.max_frame_bytes}"
+                    )
+                    raise self._error
+                end = pos + HEADER_BYTES + length
+                if len(self._buffer) < end:
+                    break
+                try:
+                    frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
+                except QmqError as exc:
+                    self._error = exc
+                    raise
+                pos = end
+        finally:
+            view.release()
+        if self._error is None:
+            del self._buffer[:pos]
+        else:
+            self._buffer = bytearray()  # nothing more will be read from a failed stream
+        return frames
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First request on a connection: who the client is and its app token."""
+
+    op: ClassVar[str] = "hello"
+    rid: int
+    client_id: str
+    app: str
+    token: str | None
+    protocol: int
+
+
+@dataclass(frozen=True)
+class Send:
+    """A batch of ``encode_message`` payloads; the broker stores each verbatim."""
+
+    op: ClassVar[str] = "send"
+    rid: int
+    messages: list[bytes]
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Ask for up to ``max_count`` messages of (subject, group), waiting up to ``wait_ms``."""
+
+    op: ClassVar[str] = "pull"
+    rid: int
+    subject: str
+    group: str
+    consumer_id: str
+    max_count: int
+    wait_ms: int
+    tags: list[str]
+    start: Literal["latest", "earliest"]
+    broadcast: bool
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Acknowledge inclusive [first, last] pull-sequence ranges."""
+
+    op: ClassVar[str] = "ack"
+    rid: int
+    subject: str
+    group: str
+    consumer_id: str
+    ranges: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Nack:
+    """Hand pulled messages back for a retry after ``retry_after_ms`` (None = group backoff)."""
+
+    op: ClassVar[str] = "nack"
+    rid: int
+    subject: str
+    group: str
+    consumer_id: str
+    pull_seqs: list[int]
+    retry_after_ms: int | None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel delayed messages by id."""
+
+    op: ClassVar[str] = "cancel"
+    rid: int
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Keep a consumer online and say which (subject, group) pairs it consumes."""
+
+    op: ClassVar[str] = "heartbeat"
+    rid: int
+    consumer_id: str
+    subscriptions: list[tuple[str, str]]
+
+
+Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat]
+
+_MISSING = object()
+
+
+class _Fields:
+    """Typed access to one request map; every error names the op, the field and the type."""
+
+    def __init__(self, op: str, frame: dict[str, Any]) -> None:
+        self.op = op
+        self.frame = frame
+
+    def _bad(self, name: str, expected: str, value: object) -> BadRequest:
+        return BadRequest(f"{self.op}.{name} must be {expected}, got {type_name(value)}")
+
+    def get(self, name: str, default: object = _MISSING) -> Any:
+        value = self.frame.get(name, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise BadRequest(f"{self.op} request lacks field {name!r}")
+            return default
+        return value
+
+    def text(self, name: str, default: object = _MISSING) -> Any:
+        """A non-empty str field; ``default`` (if given) when absent."""
+        if name not in self.frame and default is not _MISSING:
+            return default
+        value = self.get(name)
+        if not isinstance(value, str):
+            raise self._bad(name, "str", value)
+        if value == "":
+            raise BadRequest(f"{self.op}.{name} must not be empty")
+        return value
+
+    def array(self, name: str, default: object = _MISSING) -> Any:
+        """A list field; ``default`` (if given) when absent."""
+        if name not in self.frame and default is not _MISSING:
+            return default
+        value = self.get(name)
+        if not isinstance(value, list):
+            raise self._bad(name, "list", value)
+        return value
+
+
+def request_rid(frame: dict[str, Any]) -> int | None:
+    """The frame's rid if it is a valid one, else None (for answering a request we reject)."""
+    rid = frame.get("rid")
+    if type(rid) is int and 0 <= rid <= _U64_MAX:
+        return rid
+    return None
+
+
+def _parse_hello(f: _Fields, rid: int) -> Hello:
+    protocol = f.get("protocol")
+    if type(protocol) is not int:
+        raise f._bad("protocol", "int", protocol)
+    if protocol != PROTOCOL_VERSION:
+        raise NotSupported(
+            f"protocol version {protocol} is not supported; this server speaks {PROTOCOL_VERSION}"
+        )
+    token = f.get("token", None)
+    if token is not None and not isinstance(token, str):
+        raise f._bad("token", "str or nil", token)
+    return Hello(rid, f.text("client_id"), f.text("app"), token, protocol)
+
+
+def _parse_send(f: _Fields, rid: int) -> Send:
+    messages = f.array("messages")
+    if not messages:
+        raise BadRequest("send.messages must not be empty")
+    if len(messages) > MAX_SEND_BATCH_MESSAGES:
+        raise TooLarge(
+            f"send batch of {len(messages)} messages exceeds "
+            f"MAX_SEND_BATCH_MESSAGES {MAX_SEND_BATCH_MESSAGES}"
+        )
+    for payload in messages:
+        if not isinstance(payload, bytes):
+            raise BadRequest(f"send.messages must hold bin payloads, got {type_name(payload)}")
+    return Send(rid, messages)
+
+
+def _consumer_fields(f: _Fields) -> tuple[str, str, str]:
+    subject = f.get("subject")
+    validate_subject(subject, allow_internal=True)
+    group = f.get("group")
+    validate_group(group)
+    return subject, group, f.text("consumer_id")
+
+
+def _parse_pull(f: _Fields, rid: int) -> Pull:
+    subject, group, consumer_id = _consumer_fields(f)
+    max_count = f.get("max_count")
+    if type(max_count) is not int:
+        raise f._bad("max_count", "int", max_count)
+    if max_count > MAX_PULL_BATCH_MESSAGES:
+        raise BadRequest(
+            f"pull.max_count {max_count} exceeds MAX_PULL_BATCH_MESSAGES {MAX_PULL_BATCH_MESSAGES}"
+        )
+    if max_count < 1:
+        raise BadRequest(f"pull.max_count must be >= 1, got {max_count}")
+    wait_ms = f.get("wait_ms", 0)
+    if type(wait_ms) is not int:
+        raise f._bad("wait_ms", "int", wait_ms)
+    if wait_ms > MAX_PULL_WAIT_MS:
+        raise BadRequest(f"pull.wait_ms {wait_ms} ms exceeds MAX_PULL_WAIT_MS {MAX_PULL_WAIT_MS}")
+    if wait_ms < 0:
+        raise BadRequest(f"pull.wait_ms must be >= 0, got {wait_ms}")
+    tags = f.array("tags", [])
+    validate_tags(tags, what="pull tag filter")
+    start = f.text("start", default="latest")
+    if start not in ("latest", "earliest"):
+        raise BadRequest(f"pull.start must be 'latest' or 'earliest', got {start!r}")
+    broadcast = f.get("broadcast", False)
+    if not isinstance(broadcast, bool):
+        raise f._bad("broadcast", "bool", broadcast)
+    return Pull(rid, subject, group, consumer_id, max_count, wait_ms, tags, start, broadcast)
+
+
+def _parse_ack(f: _Fields, rid: int) -> Ack:
+    subject, group, consumer_id = _consumer_fields(f)
+    raw = f.array("ranges")
+    if not raw:
+        raise BadRequest("ack.ranges must not be empty")
+    if len(raw) > MAX_ACK_RANGES:
+        raise TooLarge(f"ack of {len(raw)} ranges exceeds MAX_ACK_RANGES {MAX_ACK_RANGES}")
+    ranges: list[tuple[int, int]] = []
+    for item in raw:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(type(x) is int and 0 <= x <= _U64_MAX for x in item)
+        ):
+            raise BadRequest(
+                f"ack.ranges must hold [first, last] pairs of non-negative int, got {item!r:.80}"
+            )
+        first, last = item
+        if first > last:
+            raise BadRequest(f"ack range [{first}, {last}] has first > last")
+        ranges.append((first, last))
+    return Ack(rid, subject, group, consumer_id, ranges)
+
+
+def _parse_nack(f: _Fields, rid: int) -> Nack:
+    subject, group, consumer_id = _consumer_fields(f)
+    seqs = f.array("pull_seqs")
+    if not seqs:
+        raise BadRequest("nack.pull_seqs must not be empty")
+    if len(seqs) > MAX_ACK_RANGES:
+        raise TooLarge(
+            f"nack of {len(seqs)} pull_seqs exceeds MAX_ACK_RANGES {MAX_ACK_RANGES}"
+        )
+    for seq in seqs:
+        if type(seq) is not int or not 0 <= seq <= _U64_MAX:
+            raise BadRequest(f"nack.pull_seqs must hold non-negative int, got {type_name(seq)}")
+    retry_after_ms = f.get("retry_after_ms", None)
+    if retry_after_ms is not None:
+        if type(retry_after_ms) is not int:
+            raise f._bad("retry_after_ms", "int or nil", retry_after_ms)
+        if retry_after_ms < 0:
+            raise BadRequest(f"nack.retry_after_ms must be >= 0, got {retry_after_ms}")
+        if retry_after_ms > MAX_DELAY_MS:
+            raise DelayOutOfRange(
+                f"nack.retry_after_ms {retry_after_ms} ms exceeds MAX_DELAY_MS {MAX_DELAY_MS}"
+            )
+    return Nack(rid, subject, group, consumer_id, seqs, retry_after_ms)
+
+
+def _parse_cancel(f: _Fields, rid: int) -> Cancel:
+    ids = f.array("ids")
+    if not ids:
+        raise BadRequest("cancel.ids must not be empty")
+    if len(ids) > MAX_SEND_BATCH_MESSAGES:
+        raise TooLarge(
+            f"cancel of {len(ids)} ids exceeds MAX_SEND_BATCH_MESSAGES {MAX_SEND_BATCH_MESSAGES}"
+        )
+    for message_id in ids:
+        validate_message_id(message_id)
+    return Cancel(rid, ids)
+
+
+def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:
+    consumer_id = f.text("consumer_id")
+    subscriptions: list[tuple[str, str]] = []
+    for item in f.array("subscriptions"):
+        if not (isinstance(item, list) and len(item) == 2):
+            raise BadRequest(
+                f"heartbeat.subscriptions must hold [subject, group] pairs, got {type_name(item)}"
+            )
+        subject, group = item
+        validate_subject(subject, allow_internal=True)
+        validate_group(group)
+        subscriptions.append((subject, group))
+    return Heartbeat(rid, consumer_id, subscriptions)
+
+
+_PARSERS = {
+    "hello": _parse_hello,
+    "send": _parse_send,
+    "pull": _parse_pull,
+    "ack": _parse_ack,
+    "nack": _parse_nack,
+    "cancel": _parse_cancel,
+    "heartbeat": _parse_heartbeat,
+}
+OPS = tuple(_PARSERS)
+
+
+def parse_request(frame: dict[str, Any]) -> Request:
+    """Validate a decoded frame as a request and return its typed form.
+
+    BadRequest for a missing/invalid ``op`` or ``rid``, an unknown op (named), or a field of the
+    wrong type (named with the value's type); TooLarge/DelayOutOfRange/NotSupported for limits.
+    """
+    if not isinstance(frame, dict):
+        raise BadRequest(f"request must be a map, got {type_name(frame)}")
+    op = frame.get("op", _MISSING)
+    if op is _MISSING:
+        raise BadRequest("request lacks field 'op'")
+    if not isinstance(op, str):
+        raise BadRequest(f"request op must be str, got {type_name(op)}")
+    rid = frame.get("rid", _MISSING)
+    if rid is _MISSING:
+        raise BadRequest(f"{op} request lacks field 'rid'")
+    if type(rid) is not int:
+        raise BadRequest(f"{op}.rid must be int, got {type_name(rid)}")
+    if not 0 <= rid <= _U64_MAX:
+        raise BadRequest(f"{op}.rid {rid} is outside 0..{_U64_MAX}")
+    parser = _PARSERS.get(op)
+    if parser is None:
+        raise BadRequest(f"unknown op {op!r:.80}; known ops: {', '.join(OPS)}")
+    return parser(_Fields(op, frame), rid)
+
+
+def encode_request(req: Request) -> dict[str, Any]:
+    """The wire map of a typed request (the inverse of ``parse_request``)."""
+    frame: dict[str, Any] = {"op": req.op}
+    for name, value in vars(req).items():
+        if isinstance(value, list):
+            value = [list(v) if isinstance(v, tuple) else v for v in value]
+        frame[name] = value
+    return frame
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
+    """``{rid, error: {code, message}}``; rid is None when the request's rid was unreadable."""
+    return {"rid": rid, "error": exc.to_wire()}
+
+
+def hello_response(rid: int, kind: str, group: str, node: str) -> dict[str, Any]:
+    """``{rid, ok: True, server: {kind, group, node}}``."""
+    return {"rid": rid, "ok": True, "server": {"kind": kind, "group": group, "node": node}}
+
+
+def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:
+    """One entry of a send response's ``results``: stored, or a duplicate of an earlier send."""
+    return {"id": message_id, "status": "duplicate" if duplicate else "stored"}
+
+
+def send_result_error(message_id: str, exc: QmqError) -> dict[str, Any]:
+    """One failed entry of a send response's ``results``."""
+    return {"id": message_id, "error": exc.to_wire()}
+
+
+def pulled_message(pull_seq: int, payload: bytes, redelivered: int = 0) -> dict[str, Any]:
+    """One entry of a pull response's ``messages``."""
+    return {"pull_seq": pull_seq, "payload": payload, "redelivered": redelivered}
+
+
+def parse_response(frame: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    """Client side: ``(rid, the frame without rid)``; raise the matching QmqError (with ``.rid``
+    set) for an error response, and BadRequest for a map that is not a response."""
+    if not isinstance(frame, dict):
+        raise BadRequest(f"response must be a map, got {type_name(frame)}")
+    if "rid" not in frame:
+        raise BadRequest("response lacks field 'rid'")
+    rid = frame["rid"]
+    if rid is not None and (type(rid) is not int or not 0 <= rid <= _U64_MAX):
+        raise BadRequest(f"response rid must be int or nil, got {type_name(rid)}")
+    if "error" in frame:
+        error = frame["error"]
+        if not (
+            isinstance(error, dict)
+            and isinstance(error.get("code"), str)
+            and isinstance(error.get("message"), str)
+        ):
+            raise BadRequest(f"response error must be {{code: str, message: str}}, got {error!r:.80}")
+        raise error_from_wire(error["code"], error["message"], rid=rid)
+    if rid is None:
+        raise BadRequest("response without error must have an int rid")
+    result = {k: v for k, v in frame.items() if k != "rid"}
+    return rid, result
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "HEADER_BYTES",
+    "OPS",
+    "encode_frame",
+    "decode_frame_payload",
+    "FrameDecoder",
+    "Hello",
+    "Send",
+    "Pull",
+    "Ack",
+    "Nack",
+    "Cancel",
+    "Heartbeat",
+    "Request",
+    "request_rid",
+    "parse_request",
+    "encode_request",
+    "error_response",
+    "hello_response",
+    "send_result_ok",
+    "send_result_error",
+    "pulled_message",
+    "parse_response",
+]
