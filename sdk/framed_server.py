@@ -1,0 +1,172 @@
+"""Serving the frame protocol over TCP: the transport the realtime and delay servers share.
+
+It lives in ``sdk`` beside the codec because both servers speak the same protocol and neither may
+import the other; it imports no server code. A ``FrameServer`` decodes frames, parses requests
+and calls the server's ``handle(session, request)`` coroutine, one task per request so a long
+poll never blocks the requests pipelined behind it on the same connection.
+
+A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
+the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
+an error response and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from sdk.errors import BadRequest, Internal, QmqError
+from sdk.limits import MAX_FRAME_BYTES
+from sdk.protocol import (
+    FrameDecoder,
+    Hello,
+    Request,
+    encode_frame,
+    error_response,
+    parse_request,
+    request_rid,
+)
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK_BYTES = 256 * 1024
+
+
+@dataclass
+class Session:
+    """What a server knows about one client connection."""
+
+    peer: str  # "host:port" of the client
+    client_id: str | None = None  # from hello
+    app: str | None = None  # from hello
+    token: str | None = None  # from hello
+    extra: dict[str, Any] = field(default_factory=dict)  # per-server state for this connection
+
+    @property
+    def greeted(self) -> bool:
+        """True once the client sent hello."""
+        return self.client_id is not None
+
+
+Handler = Callable[[Session, Request], Awaitable[dict[str, Any]]]
+
+
+class FrameServer:
+    """A TCP server for the frame protocol; ``handler`` answers each parsed request.
+
+    The handler returns the response map without ``rid`` and raises ``QmqError`` for an error
+    response. ``hello`` must be the first request on a connection; the handler sees it too.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        on_disconnect: Callable[[Session], None] | None = None,
+    ) -> None:
+        self._handler = handler
+        self._host = host
+        self._port = port
+        self._max_frame_bytes = max_frame_bytes
+        self._on_disconnect = on_disconnect
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._requests: set[asyncio.Task[None]] = set()
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Start listening; returns the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self, grace_ms: int = 5000) -> None:
+        """Stop accepting, let in-flight requests finish for up to ``grace_ms``, then close all."""
+        if self._server is not None:
+            self._server.close()
+        if self._requests:
+            await asyncio.wait(set(self._requests), timeout=grace_ms / 1000)
+        for task in list(self._requests) + list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._requests, *self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peername = writer.get_extra_info("peername")
+        session = Session(peer=f"{peername[0]}:{peername[1]}" if peername else "?")
+        decoder = FrameDecoder(self._max_frame_bytes)
+        try:
+            while True:
+                data = await reader.read(_READ_CHUNK_BYTES)
+                if not data:
+                    break
+                try:
+                    frames = decoder.feed(data)
+                except QmqError as exc:
+                    log.info("closing %s after a bad frame: %s", session.peer, exc)
+                    writer.write(encode_frame(error_response(None, exc)))
+                    await writer.drain()
+                    break
+                for frame in frames:
+                    self._dispatch(session, frame, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            if self._on_disconnect is not None:
+                self._on_disconnect(session)
+
+    def _dispatch(self, session: Session, frame: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        try:
+            request = parse_request(frame)
+        except QmqError as exc:
+            self._write(writer, error_response(request_rid(frame), exc))
+            return
+        if not session.greeted and not isinstance(request, Hello):
+            exc = BadRequest(f"{request.op} before hello: hello must be the first request")
+            self._write(writer, error_response(request.rid, exc))
+            return
+        if isinstance(request, Hello):
+            # Recorded before the handler runs so requests pipelined right behind hello pass.
+            session.client_id, session.app, session.token = (
+                request.client_id, request.app, request.token,
+            )
+        task = asyncio.create_task(self._answer(session, request, writer))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _answer(self, session: Session, request: Request, writer: asyncio.StreamWriter) -> None:
+        try:
+            response = await self._handler(session, request)
+            response["rid"] = request.rid
+        except QmqError as exc:
+            response = error_response(request.rid, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server bug: answer, log it, keep serving others
+            log.exception("internal error answering %s from %s", request.op, session.peer)
+            response = error_response(request.rid, Internal(f"{type(exc).__name__}: {exc}"))
+        if writer.is_closing():
+            return
+        self._write(writer, response)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    @staticmethod
+    def _write(writer: asyncio.StreamWriter, response: dict[str, Any]) -> None:
+        if not writer.is_closing():
+            writer.write(encode_frame(response))
