@@ -363,7 +363,9 @@ def decode_message(data: bytes) -> Message:
     try:
         payload = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises many types (ExtraData, FormatError, ValueError...)
-        raise BadRequest(f"message payload is not valid msgpack: {type(exc).__name__}") from None
+        raise BadRequest(
+            f"message payload is not valid msgpack: {type(exc).__name__}: {exc}"[:200]
+        ) from None
     if not isinstance(payload, dict):
         raise BadRequest(f"message payload must be a msgpack map, got {type_name(payload)}")
     tags = _field(payload, "t", "tags", list, required=False) or []

@@ -76,7 +76,7 @@ def decode_frame_payload(payload: bytes) -> dict[str, Any]:
     try:
         obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError
-        raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}") from None
+        raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}: {exc}"[:200]) from None
     if not isinstance(obj, dict):
         raise BadRequest(f"frame must be a msgpack map, got {type_name(obj)}")
     for key in obj:
@@ -115,33 +115,34 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         self._buffer += data
-        frames: list[dict[str, Any]] = []
-        pos = 0
-        view = memoryview(self._buffer)
         try:
-            while len(self._buffer) - pos >= HEADER_BYTES:
-                (length,) = _HEADER.unpack_from(self._buffer, pos)
+            frames, consumed = self._split()
+        except QmqError as exc:
+            self._error = exc
+            self._buffer = bytearray()  # nothing more will be read from a failed stream
+            raise
+        del self._buffer[:consumed]
+        return frames
+
+    def _split(self) -> tuple[list[dict[str, Any]], int]:
+        """The complete frames at the front of the buffer and how many bytes they span."""
+        frames: list[dict[str, Any]] = []
+        buffer = self._buffer
+        pos = 0
+        with memoryview(buffer) as view:
+            while len(buffer) - pos >= HEADER_BYTES:
+                (length,) = _HEADER.unpack_from(buffer, pos)
                 if length > self.max_frame_bytes:
-                    self._error = TooLarge(
+                    # Refuse from the header alone: the payload is never awaited nor allocated.
+                    raise TooLarge(
                         f"frame of {length} bytes exceeds MAX_FRAME_BYTES {self.max_frame_bytes}"
                     )
-                    raise self._error
                 end = pos + HEADER_BYTES + length
-                if len(self._buffer) < end:
+                if len(buffer) < end:
                     break
-                try:
-                    frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
-                except QmqError as exc:
-                    self._error = exc
-                    raise
+                frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
                 pos = end
-        finally:
-            view.release()
-        if self._error is None:
-            del self._buffer[:pos]
-        else:
-            self._buffer = bytearray()  # nothing more will be read from a failed stream
-        return frames
+        return frames, pos
 
 
 # --- requests ----------------------------------------------------------------------------------
