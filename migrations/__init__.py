@@ -1,0 +1,1 @@
+"""Alembic migrations of the MetaServer database; ``metaserver.db`` applies them on start."""

@@ -1,0 +1,1 @@
+"""Alembic revisions of the MetaServer database, oldest first by ``down_revision``."""

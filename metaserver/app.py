@@ -1,0 +1,112 @@
+"""Building and running the MetaServer aiohttp application.
+
+* ``create_app(config, clock=None)``: the application; opens the database and applies migrations
+  on startup, runs the expiry loop in the background, closes everything on cleanup.
+* ``start_metaserver(config)``: an async context manager serving the app (port 0 allowed) and
+  yielding a ``RunningMetaServer`` with its ``url``.
+* ``run_metaserver(config)``: serve until cancelled (the ``qmq metaserver`` command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from metaserver.config import MetaConfig
+from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
+from metaserver.registry import Registry
+
+log = logging.getLogger(__name__)
+
+# Largest request body accepted (heartbeats with big backlogs stay far below this).
+BODY_SIZE_BYTES_MAX = 4 * 1024 * 1024
+
+
+def wall_clock_ms() -> int:
+    """Return the wall-clock time in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> web.Application:
+    """Return the MetaServer application; ``clock`` returns ms (tests pass a fake one)."""
+    registry = Registry(config, clock or wall_clock_ms)
+    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_SIZE_BYTES_MAX)
+    app[REGISTRY_KEY] = registry
+    add_routes(app)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+def get_registry(app: web.Application) -> Registry:
+    """Return the registry behind ``app`` (tests call ``get_registry(app).expire_now()``)."""
+    return app[REGISTRY_KEY]
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Open the database (migrating it) and run the expiry loop for the app's lifetime."""
+    registry = app[REGISTRY_KEY]
+    await registry.open()
+    log.info("MetaServer database at revision %s", registry.revision)
+    expiry = asyncio.create_task(registry.run_expiry_loop(), name="metaserver-expiry")
+    try:
+        yield
+    finally:
+        expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expiry
+        await registry.close()
+
+
+@dataclass
+class RunningMetaServer:
+    """A MetaServer being served: where it listens and its app and registry."""
+
+    app: web.Application
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """Base URL of the HTTP API, e.g. ``http://127.0.0.1:8090``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def registry(self) -> Registry:
+        """The registry behind the app."""
+        return self.app[REGISTRY_KEY]
+
+    async def expire_now(self) -> dict[str, int]:
+        """Run the expiry check at once (with the app's clock)."""
+        return await self.registry.expire_now()
+
+
+@contextlib.asynccontextmanager
+async def start_metaserver(
+    config: MetaConfig, clock: Callable[[], int] | None = None
+) -> AsyncIterator[RunningMetaServer]:
+    """Serve a MetaServer on ``config.host:config.port`` (0 = a free port) until the block ends."""
+    app = create_app(config, clock)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        server = RunningMetaServer(app=app, host=host, port=port)
+        log.info("MetaServer listening on %s", server.url)
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+async def run_metaserver(config: MetaConfig) -> None:
+    """Serve a MetaServer until the task is cancelled."""
+    async with start_metaserver(config):
+        await asyncio.Event().wait()

@@ -1,0 +1,68 @@
+"""MetaServer configuration: one frozen dataclass, validated when it is built."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Database URL schemes the MetaServer runs on. Both are async SQLAlchemy drivers.
+SQLITE_URL_PREFIX = "sqlite+aiosqlite://"
+POSTGRES_URL_PREFIX = "postgresql+asyncpg://"
+DB_URL_PREFIXES = (SQLITE_URL_PREFIX, POSTGRES_URL_PREFIX)
+
+DEFAULT_PORT = 8090
+PORT_MAX = 65_535
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """Return the ``sqlite+aiosqlite`` URL of the SQLite database file at ``path`` (made absolute)."""
+    return f"{SQLITE_URL_PREFIX}/{os.path.abspath(os.fspath(path))}"
+
+
+@dataclass(frozen=True)
+class MetaConfig:
+    """Everything a MetaServer needs; a bad value raises ValueError naming the key and the value."""
+
+    # SQLAlchemy async URL: sqlite+aiosqlite:///path/to/file.db or postgresql+asyncpg://user@host/db.
+    db_url: str
+    # Interface the HTTP server binds to (loopback unless told otherwise).
+    host: str = "127.0.0.1"
+    # TCP port of the HTTP server; 0 = any free port (the bound port is reported after start).
+    port: int = DEFAULT_PORT
+    # Milliseconds without a broker heartbeat after which the broker is marked offline.
+    broker_expiry_ms: int = 15_000
+    # Milliseconds without a client heartbeat after which the client is marked offline.
+    client_expiry_ms: int = 30_000
+    # Number of realtime broker groups a subject is routed to (fewer when fewer are live); a count.
+    route_groups_default: int = 2
+    # Milliseconds between two runs of the background expiry check.
+    expiry_check_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        """Validate every field; raise ValueError quoting the key and the offending value."""
+        if not isinstance(self.db_url, str) or not self.db_url.startswith(DB_URL_PREFIXES):
+            raise ValueError(
+                f"db_url {self.db_url!r} must start with one of {', '.join(DB_URL_PREFIXES)}"
+            )
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host {self.host!r} must be a non-empty string")
+        _check_int("port", self.port, 0, PORT_MAX)
+        _check_int("broker_expiry_ms", self.broker_expiry_ms, 1)
+        _check_int("client_expiry_ms", self.client_expiry_ms, 1)
+        _check_int("route_groups_default", self.route_groups_default, 1)
+        _check_int("expiry_check_interval_ms", self.expiry_check_interval_ms, 1)
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """Milliseconds between broker heartbeats: a third of the expiry, so two may be lost."""
+        return max(1, self.broker_expiry_ms // 3)
+
+
+def _check_int(key: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """Raise ValueError unless ``value`` is an int (not a bool) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} {value!r} must be an integer")
+    if value < minimum:
+        raise ValueError(f"{key} {value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{key} {value} is above the maximum {maximum}")

@@ -1,0 +1,70 @@
+"""Errors the MetaServer API answers with.
+
+Hierarchy::
+
+    ApiError                 (status, code, message) -> {"error": {"code", "message"}}
+    +-- BadRequest           400 bad_request: bad JSON, unknown field, wrong type, bad value
+    +-- NotFound             404 not_found: unknown broker, broker group or path
+    +-- TooLarge             413 too_large: request body over BODY_SIZE_BYTES_MAX
+    +-- NoRoute              503 no_route: no live broker group can serve the subject (retriable)
+    +-- InternalError        500 internal: our bug or the database failed (retriable)
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An error with an HTTP status and a stable code, sent back as JSON."""
+
+    status = 500
+    code = "internal"
+    retriable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        """Return the JSON body of this error."""
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class BadRequest(ApiError):
+    """The request is malformed: bad JSON, unknown fields, wrong types or values."""
+
+    status = 400
+    code = "bad_request"
+
+
+class NotFound(ApiError):
+    """The broker, group or path does not exist."""
+
+    status = 404
+    code = "not_found"
+
+
+class TooLarge(ApiError):
+    """The request body is larger than the server accepts."""
+
+    status = 413
+    code = "too_large"
+
+
+class NoRoute(ApiError):
+    """No live broker group can serve the subject now; retry later."""
+
+    status = 503
+    code = "no_route"
+    retriable = True
+
+    def __init__(self, message: str, subject: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class InternalError(ApiError):
+    """Something failed on the server side."""
+
+    status = 500
+    code = "internal"
+    retriable = True

@@ -1,0 +1,134 @@
+"""HTTP handlers of the MetaServer API and the middleware that turns errors into JSON."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from metaserver import validation as v
+from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
+from metaserver.registry import Registry
+
+log = logging.getLogger(__name__)
+
+REGISTRY_KEY = web.AppKey("metaserver_registry", Registry)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every error as ``{"error": {"code", "message"}}`` with a matching status."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(TooLarge(f"request body is too large: {exc.text}"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error: ApiError = NotFound(f"no such path {request.path!r}")
+        if exc.status != 404:
+            error = BadRequest(f"{request.method} {request.path}: {exc.reason}")
+            error.status = exc.status
+        return _error_response(error)
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _error_response(InternalError("internal error; see the MetaServer log"))
+
+
+def _error_response(error: ApiError) -> web.Response:
+    """Return the JSON response of ``error``."""
+    return web.json_response(error.to_json(), status=error.status)
+
+
+async def _body(request: web.Request, spec: dict[str, v.Field]) -> dict[str, Any]:
+    """Read, decode and check the JSON body of ``request`` against ``spec``."""
+    return v.parse_object(v.load_json_object(await request.read()), spec)
+
+
+def _registry(request: web.Request) -> Registry:
+    """Return the registry of the app serving ``request``."""
+    return request.app[REGISTRY_KEY]
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: the server is up and its database is migrated."""
+    return web.json_response({"ok": True})
+
+
+async def register_broker(request: web.Request) -> web.Response:
+    """``POST /api/brokers/register``."""
+    body = await _body(request, v.REGISTER)
+    return web.json_response(await _registry(request).register_broker(**body))
+
+
+async def heartbeat_broker(request: web.Request) -> web.Response:
+    """``POST /api/brokers/heartbeat``."""
+    body = await _body(request, v.HEARTBEAT)
+    return web.json_response(await _registry(request).heartbeat_broker(**body))
+
+
+async def deregister_broker(request: web.Request) -> web.Response:
+    """``POST /api/brokers/deregister``."""
+    body = await _body(request, v.DEREGISTER)
+    return web.json_response(await _registry(request).deregister_broker(**body))
+
+
+async def route(request: web.Request) -> web.Response:
+    """``GET /api/route?subject=S&role=producer|consumer&kind=realtime|delay``."""
+    query: dict[str, str] = {}
+    for key in request.query:
+        values = request.query.getall(key)
+        if len(values) != 1:
+            raise BadRequest(f"query parameter {key!r} is given {len(values)} times")
+        query[key] = values[0]
+    params = v.parse_object(query, v.ROUTE_QUERY, where="query")
+    return web.json_response(await _registry(request).route(**params))
+
+
+async def client_heartbeat(request: web.Request) -> web.Response:
+    """``POST /api/clients/heartbeat``."""
+    body = await _body(request, v.CLIENT_HEARTBEAT)
+    if body["role"] == "consumer" or body["group"]:
+        v.check_name("body.group", body["group"])
+    return web.json_response(await _registry(request).client_heartbeat(**body))
+
+
+async def admin_brokers(request: web.Request) -> web.Response:
+    """``GET /api/admin/brokers``."""
+    return web.json_response({"brokers": await _registry(request).list_brokers()})
+
+
+async def admin_subjects(request: web.Request) -> web.Response:
+    """``GET /api/admin/subjects``."""
+    return web.json_response({"subjects": await _registry(request).list_subjects()})
+
+
+async def admin_groups(request: web.Request) -> web.Response:
+    """``GET /api/admin/groups``."""
+    return web.json_response({"groups": await _registry(request).list_consumer_groups()})
+
+
+async def admin_readonly(request: web.Request) -> web.Response:
+    """``POST /api/admin/brokers/readonly``."""
+    body = await _body(request, v.READONLY)
+    return web.json_response(await _registry(request).set_group_readonly(**body))
+
+
+def add_routes(app: web.Application) -> None:
+    """Register every path of the API on ``app``."""
+    app.router.add_get("/health", health)
+    app.router.add_post("/api/brokers/register", register_broker)
+    app.router.add_post("/api/brokers/heartbeat", heartbeat_broker)
+    app.router.add_post("/api/brokers/deregister", deregister_broker)
+    app.router.add_get("/api/route", route)
+    app.router.add_post("/api/clients/heartbeat", client_heartbeat)
+    app.router.add_get("/api/admin/brokers", admin_brokers)
+    app.router.add_get("/api/admin/subjects", admin_subjects)
+    app.router.add_get("/api/admin/groups", admin_groups)
+    app.router.add_post("/api/admin/brokers/readonly", admin_readonly)

@@ -1,0 +1,145 @@
+"""SQLAlchemy 2 models of the MetaServer database.
+
+The Alembic migrations in ``migrations/versions`` create exactly these tables; a test compares the
+two. Times are integers in milliseconds since the Unix epoch (``*_ms``), never SQL timestamps, so
+SQLite and PostgreSQL store and compare them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Column widths. Internal subjects (%retry%<subject>%<group>) are longer than user subjects.
+NAME_CHARS_MAX = 200
+SUBJECT_CHARS_MAX = 512
+ADDRESS_CHARS_MAX = 300
+STATE_CHARS_MAX = 16
+
+# Named constraints so migrations can refer to them on every database.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base carrying the shared metadata and naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class BrokerGroup(Base):
+    """A broker group: the unit a subject is routed to. ``readonly`` is the admin's switch."""
+
+    __tablename__ = "broker_groups"
+
+    name: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))  # realtime | delay
+    readonly: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Broker(Base):
+    """One broker process of a group, known by its address.
+
+    ``reported_state`` is what the broker says in its heartbeat (rw | readonly); ``state`` is what
+    the MetaServer decides: offline once heartbeats stop, readonly when either the broker or the
+    admin says so, rw otherwise. ``stats`` is the latest heartbeat's backlog (realtime: a list of
+    ``{subject, group, lag, consumers}``) or stats object (delay).
+    """
+
+    __tablename__ = "brokers"
+    __table_args__ = (UniqueConstraint("group_name", "address"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    group_name: Mapped[str] = mapped_column(ForeignKey("broker_groups.name"))
+    kind: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    address: Mapped[str] = mapped_column(String(ADDRESS_CHARS_MAX))
+    reported_state: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    state: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    last_heartbeat_ms: Mapped[int] = mapped_column(BigInteger)
+    registered_at_ms: Mapped[int] = mapped_column(BigInteger)
+    stats: Mapped[Any] = mapped_column(JSON, nullable=True)
+
+
+class Subject(Base):
+    """A subject with a realtime route; ``version`` goes up on every change of its route."""
+
+    __tablename__ = "subjects"
+
+    name: Mapped[str] = mapped_column(String(SUBJECT_CHARS_MAX), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)
+    created_at_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class SubjectRoute(Base):
+    """A broker group that is or was in a subject's route.
+
+    ``active`` rows are where producers send. Rows are never deleted, so consumers can drain every
+    group a subject has ever been routed to.
+    """
+
+    __tablename__ = "subject_routes"
+
+    subject: Mapped[str] = mapped_column(ForeignKey("subjects.name"), primary_key=True)
+    group_name: Mapped[str] = mapped_column(
+        ForeignKey("broker_groups.name"), primary_key=True, index=True
+    )
+    active: Mapped[bool] = mapped_column(Boolean)
+    added_at_ms: Mapped[int] = mapped_column(BigInteger)
+    removed_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class ConsumerGroup(Base):
+    """A (consumer group, subject) pair some consumer has subscribed to."""
+
+    __tablename__ = "consumer_groups"
+
+    name: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(SUBJECT_CHARS_MAX), primary_key=True)
+    created_at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Client(Base):
+    """A producer or consumer process known from its heartbeats."""
+
+    __tablename__ = "clients"
+
+    client_id: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), primary_key=True)
+    app: Mapped[str] = mapped_column(String(NAME_CHARS_MAX))
+    group_name: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), index=True)  # "" = none
+    role: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))  # producer | consumer
+    subjects: Mapped[Any] = mapped_column(JSON)  # list of subject names
+    online: Mapped[bool] = mapped_column(Boolean)
+    first_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class AppToken(Base):
+    """An app's access token (only its hash is stored) with subject patterns it may use."""
+
+    __tablename__ = "app_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    app: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), index=True)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    produce_patterns: Mapped[Any] = mapped_column(JSON)  # list of subject patterns
+    consume_patterns: Mapped[Any] = mapped_column(JSON)  # list of subject patterns
+    created_at_ms: Mapped[int] = mapped_column(BigInteger)
+    revoked_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None = valid

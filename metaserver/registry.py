@@ -1,0 +1,492 @@
+"""The MetaServer's state operations: brokers, routes, clients, expiry and the admin views.
+
+Every write is one database transaction. On SQLite, writes of this process are also serialized by
+an asyncio lock (SQLite has one writer anyway); on PostgreSQL, several MetaServers may share the
+database: the subject row is locked while its route changes, and a transaction that loses an
+insert race (IntegrityError) is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from metaserver.config import MetaConfig
+from metaserver.db import make_engine, upgrade_database
+from metaserver.errors import BadRequest, NoRoute, NotFound
+from metaserver.models import Broker, BrokerGroup, Client, ConsumerGroup, Subject, SubjectRoute
+from metaserver.routing import (
+    GroupView,
+    broker_state,
+    consumer_groups,
+    delay_groups,
+    plan_route,
+    producer_groups,
+)
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+T = TypeVar("T")
+
+# Attempts of a write transaction that lost an insert race to another MetaServer.
+WRITE_ATTEMPTS_MAX = 3
+
+
+class Registry:
+    """Brokers, routes and clients over the MetaServer database; time comes from ``clock`` (ms)."""
+
+    def __init__(self, config: MetaConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.engine: AsyncEngine | None = None
+        self.revision: str | None = None
+        self._sessions: async_sessionmaker[AsyncSession] | None = None
+        self._write_lock: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+        self._started_ms = 0
+
+    async def open(self) -> None:
+        """Open the database and apply pending migrations."""
+        self.engine = make_engine(self.config.db_url)
+        try:
+            self.revision = await upgrade_database(self.engine)
+        except BaseException:
+            await self.engine.dispose()
+            raise
+        if self.engine.dialect.name == "sqlite":
+            self._write_lock = asyncio.Lock()
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._started_ms = self.clock()
+
+    async def close(self) -> None:
+        """Close the database connections."""
+        if self.engine is not None:
+            await self.engine.dispose()
+            self.engine = None
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncSession]:
+        """Yield a session for reading."""
+        assert self._sessions is not None, "Registry.open() was not called"
+        async with self._sessions() as session:
+            yield session
+
+    async def _write(self, body: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``body`` in one write transaction, retrying when it lost an insert race."""
+        assert self._sessions is not None, "Registry.open() was not called"
+        for attempt in range(1, WRITE_ATTEMPTS_MAX + 1):
+            try:
+                async with self._write_lock, self._sessions() as session, session.begin():
+                    return await body(session)
+            except IntegrityError:
+                if attempt == WRITE_ATTEMPTS_MAX:
+                    raise
+                log.info("write transaction lost a race (attempt %d); retrying", attempt)
+        raise AssertionError("unreachable")
+
+    # -- brokers --------------------------------------------------------------------------------
+
+    async def register_broker(
+        self, group: str, kind: str, address: str, state: str
+    ) -> dict[str, Any]:
+        """Register (or re-register after a restart) the broker at ``address`` in ``group``."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            now = self.clock()
+            grp = await s.get(BrokerGroup, group)
+            if grp is None:
+                grp = BrokerGroup(name=group, kind=kind, readonly=False, created_at_ms=now)
+                s.add(grp)
+                await s.flush()
+            elif grp.kind != kind:
+                raise BadRequest(f"broker group {group!r} is a {grp.kind} group, not {kind}")
+            broker = await _find_broker(s, group, address)
+            effective = broker_state(state, grp.readonly)
+            if broker is None:
+                broker = Broker(group_name=group, kind=kind, address=address, stats=None)
+                s.add(broker)
+            broker.reported_state = state
+            broker.state = effective
+            broker.last_heartbeat_ms = now
+            broker.registered_at_ms = now
+            await s.flush()
+            await self._reconcile(s, now)
+            return {
+                "broker_id": broker.id,
+                "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
+                "state": effective,
+            }
+
+        return await self._write(body)
+
+    async def heartbeat_broker(
+        self,
+        group: str,
+        kind: str,
+        address: str,
+        state: str,
+        backlog: list[Any] | dict[str, Any],
+        stats: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Record a broker heartbeat; NotFound when the broker must register (again)."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            now = self.clock()
+            broker = await _find_broker(s, group, address)
+            if broker is None or broker.state == "offline":
+                raise NotFound(
+                    f"broker {address!r} of group {group!r} is not registered"
+                    + (" (marked offline)" if broker is not None else "")
+                    + "; register again"
+                )
+            if broker.kind != kind:
+                raise BadRequest(f"broker {address!r} is a {broker.kind} broker, not {kind}")
+            grp = await s.get(BrokerGroup, group)
+            assert grp is not None, f"broker {broker.id} has no group row"
+            effective = broker_state(state, grp.readonly)
+            changed = effective != broker.state
+            broker.reported_state = state
+            broker.state = effective
+            broker.last_heartbeat_ms = now
+            broker.stats = {"backlog": backlog, "stats": stats}
+            if changed:
+                await s.flush()
+                await self._reconcile(s, now)
+            return {"ok": True, "state": effective}
+
+        return await self._write(body)
+
+    async def deregister_broker(self, group: str, address: str) -> dict[str, Any]:
+        """Mark a broker offline at once (a clean shutdown)."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            now = self.clock()
+            broker = await _find_broker(s, group, address)
+            if broker is None:
+                raise NotFound(f"broker {address!r} of group {group!r} is not registered")
+            broker.state = "offline"
+            await s.flush()
+            await self._reconcile(s, now)
+            return {"ok": True}
+
+        return await self._write(body)
+
+    async def set_group_readonly(self, group: str, readonly: bool) -> dict[str, Any]:
+        """Set or clear the admin's readonly flag of a broker group."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            now = self.clock()
+            grp = await s.get(BrokerGroup, group)
+            if grp is None:
+                raise NotFound(f"broker group {group!r} does not exist")
+            grp.readonly = readonly
+            brokers = (await s.execute(select(Broker).where(Broker.group_name == group))).scalars()
+            for broker in brokers:
+                if broker.state != "offline":
+                    broker.state = broker_state(broker.reported_state, readonly)
+            await s.flush()
+            await self._reconcile(s, now)
+            return {"ok": True, "group": group, "readonly": readonly}
+
+        return await self._write(body)
+
+    # -- expiry ---------------------------------------------------------------------------------
+
+    async def expire_now(self) -> dict[str, int]:
+        """Mark brokers and clients whose last heartbeat is too old offline; return the counts.
+
+        Nothing expires during the first expiry period after start, so a MetaServer that was down
+        for a while does not drop every broker before they had a chance to heartbeat again.
+        """
+
+        async def body(s: AsyncSession) -> dict[str, int]:
+            now = self.clock()
+            brokers = clients = 0
+            if now - self._started_ms > self.config.broker_expiry_ms:
+                result = await s.execute(
+                    update(Broker)
+                    .where(
+                        Broker.state != "offline",
+                        Broker.last_heartbeat_ms < now - self.config.broker_expiry_ms,
+                    )
+                    .values(state="offline")
+                )
+                brokers = result.rowcount or 0
+            if now - self._started_ms > self.config.client_expiry_ms:
+                result = await s.execute(
+                    update(Client)
+                    .where(
+                        Client.online.is_(True),
+                        Client.last_seen_ms < now - self.config.client_expiry_ms,
+                    )
+                    .values(online=False)
+                )
+                clients = result.rowcount or 0
+            if brokers:
+                await self._reconcile(s, now)
+            return {"brokers_offline": brokers, "clients_offline": clients}
+
+        result = await self._write(body)
+        if result["brokers_offline"] or result["clients_offline"]:
+            log.info("expired %(brokers_offline)d broker(s), %(clients_offline)d client(s)", result)
+        return result
+
+    async def run_expiry_loop(self) -> None:
+        """Run ``expire_now`` every ``expiry_check_interval_ms`` until cancelled."""
+        interval_s = self.config.expiry_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.expire_now()
+            except Exception:
+                # A database hiccup must not end expiry for good; the next round retries.
+                log.exception("expiry check failed; retrying in %.3f s", interval_s)
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    async def route(self, subject: str, role: str, kind: str) -> dict[str, Any]:
+        """Return the route of ``subject`` for ``role``; creates the realtime assignment if new."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            views = await _group_views(s)
+            if kind == "delay":
+                return {"subject": subject, "version": 0, "groups": delay_groups(role, views)}
+            now = self.clock()
+            subj = await s.get(Subject, subject, with_for_update=True)
+            rows = list(
+                (await s.execute(select(SubjectRoute).where(SubjectRoute.subject == subject)))
+                .scalars()
+                .all()
+            )
+            load = await _route_load(s)
+            subj = await self._replan(s, subject, subj, rows, views, load, now)
+            version = subj.version if subj is not None else 0
+            if role == "producer":
+                groups = producer_groups([r.group_name for r in rows if r.active], views)
+            else:
+                groups = consumer_groups([r.group_name for r in rows], views)
+            return {"subject": subject, "version": version, "groups": groups}
+
+        answer = await self._write(body)
+        if not answer["groups"]:
+            raise NoRoute(f"no live {kind} broker group can serve subject {subject!r}", subject)
+        return answer
+
+    async def _replan(
+        self,
+        s: AsyncSession,
+        subject: str,
+        subj: Subject | None,
+        rows: list[SubjectRoute],
+        views: dict[str, GroupView],
+        load: dict[str, int],
+        now: int,
+    ) -> Subject | None:
+        """Apply ``plan_route`` to one subject; updates ``rows`` and ``load`` in place."""
+        usable = {v.name for v in views.values() if v.kind == "realtime" and v.usable}
+        active = [r.group_name for r in rows if r.active]
+        plan = plan_route(active, usable, load, self.config.route_groups_default)
+        if plan is None:
+            return subj
+        if subj is None:
+            subj = Subject(name=subject, version=1, created_at_ms=now, updated_at_ms=now)
+            s.add(subj)
+            await s.flush()
+        else:
+            subj.version += 1
+            subj.updated_at_ms = now
+        by_group = {r.group_name: r for r in rows}
+        for row in rows:
+            if row.active and row.group_name not in plan:
+                row.active = False
+                row.removed_at_ms = now
+                load[row.group_name] = load.get(row.group_name, 1) - 1
+        for name in plan:
+            row = by_group.get(name)
+            if row is None:
+                row = SubjectRoute(subject=subject, group_name=name, added_at_ms=now)
+                s.add(row)
+                rows.append(row)
+            elif row.active:
+                continue
+            row.active = True
+            row.added_at_ms = now
+            row.removed_at_ms = None
+            load[name] = load.get(name, 0) + 1
+        await s.flush()
+        log.info("subject %r routed to %s (version %d)", subject, plan, subj.version)
+        return subj
+
+    async def _reconcile(self, s: AsyncSession, now: int) -> None:
+        """Re-plan every subject after a broker or group changed state."""
+        views = await _group_views(s)
+        load = await _route_load(s)
+        subjects = {x.name: x for x in (await s.execute(select(Subject))).scalars()}
+        rows_by_subject: dict[str, list[SubjectRoute]] = defaultdict(list)
+        for row in (await s.execute(select(SubjectRoute))).scalars():
+            rows_by_subject[row.subject].append(row)
+        for name in sorted(subjects):
+            await self._replan(s, name, subjects[name], rows_by_subject[name], views, load, now)
+
+    # -- clients --------------------------------------------------------------------------------
+
+    async def client_heartbeat(
+        self, client_id: str, app: str, group: str, subjects: list[str], role: str
+    ) -> dict[str, Any]:
+        """Record that a producer or consumer is alive, and the (group, subject) pairs it uses."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            now = self.clock()
+            client = await s.get(Client, client_id)
+            if client is None:
+                client = Client(client_id=client_id, first_seen_ms=now)
+                s.add(client)
+            client.app = app
+            client.group_name = group
+            client.role = role
+            client.subjects = subjects
+            client.online = True
+            client.last_seen_ms = now
+            if role == "consumer" and subjects:
+                known = set(
+                    (
+                        await s.execute(
+                            select(ConsumerGroup.subject).where(ConsumerGroup.name == group)
+                        )
+                    ).scalars()
+                )
+                for subject in subjects:
+                    if subject not in known:
+                        s.add(ConsumerGroup(name=group, subject=subject, created_at_ms=now))
+            return {"ok": True}
+
+        return await self._write(body)
+
+    # -- admin views ----------------------------------------------------------------------------
+
+    async def list_brokers(self) -> list[dict[str, Any]]:
+        """Return every broker with its state and the age of its last heartbeat."""
+        now = self.clock()
+        async with self._read() as s:
+            groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
+            brokers = (
+                await s.execute(select(Broker).order_by(Broker.group_name, Broker.address))
+            ).scalars()
+            return [
+                {
+                    "broker_id": b.id,
+                    "group": b.group_name,
+                    "kind": b.kind,
+                    "address": b.address,
+                    "state": b.state,
+                    "reported_state": b.reported_state,
+                    "group_readonly": groups[b.group_name].readonly,
+                    "last_heartbeat_ms": b.last_heartbeat_ms,
+                    "heartbeat_age_ms": now - b.last_heartbeat_ms,
+                    "registered_at_ms": b.registered_at_ms,
+                    "stats": b.stats,
+                }
+                for b in brokers
+            ]
+
+    async def list_subjects(self) -> list[dict[str, Any]]:
+        """Return every routed subject with its route version and groups (active and drained)."""
+        async with self._read() as s:
+            views = await _group_views(s)
+            rows_by_subject: dict[str, list[SubjectRoute]] = defaultdict(list)
+            for row in (await s.execute(select(SubjectRoute))).scalars():
+                rows_by_subject[row.subject].append(row)
+            subjects = (await s.execute(select(Subject).order_by(Subject.name))).scalars()
+            out = []
+            for subj in subjects:
+                rows = sorted(rows_by_subject[subj.name], key=lambda r: r.group_name)
+                groups = [
+                    {
+                        "group": r.group_name,
+                        "active": r.active,
+                        "state": views[r.group_name].state if r.group_name in views else "offline",
+                    }
+                    for r in rows
+                ]
+                out.append({"subject": subj.name, "version": subj.version, "groups": groups})
+            return out
+
+    async def list_consumer_groups(self) -> list[dict[str, Any]]:
+        """Return (consumer group, subject) pairs with online clients and lag over live brokers.
+
+        Lag is the sum of the latest heartbeat backlog of every online broker; offline brokers'
+        figures are stale and left out.
+        """
+        async with self._read() as s:
+            pairs: dict[tuple[str, str], dict[str, Any]] = {}
+
+            def pair(group: str, subject: str) -> dict[str, Any]:
+                key = (group, subject)
+                if key not in pairs:
+                    pairs[key] = {"group": group, "subject": subject, "online_clients": 0,
+                                  "lag": 0, "brokers": 0, "broker_consumers": 0}
+                return pairs[key]
+
+            for cg in (await s.execute(select(ConsumerGroup))).scalars():
+                pair(cg.name, cg.subject)
+            clients = await s.execute(
+                select(Client).where(Client.online.is_(True), Client.role == "consumer")
+            )
+            for client in clients.scalars():
+                for subject in client.subjects or []:
+                    pair(client.group_name, subject)["online_clients"] += 1
+            brokers = await s.execute(
+                select(Broker).where(Broker.state != "offline", Broker.kind == "realtime")
+            )
+            for broker in brokers.scalars():
+                backlog = (broker.stats or {}).get("backlog")
+                for entry in backlog if isinstance(backlog, list) else []:
+                    item = pair(entry["group"], entry["subject"])
+                    item["lag"] += entry["lag"]
+                    item["brokers"] += 1
+                    item["broker_consumers"] += entry.get("consumers", 0)
+            return [pairs[k] for k in sorted(pairs)]
+
+
+async def _find_broker(s: AsyncSession, group: str, address: str) -> Broker | None:
+    """Return the broker at ``address`` in ``group``, if registered."""
+    result = await s.execute(
+        select(Broker).where(Broker.group_name == group, Broker.address == address)
+    )
+    return result.scalar_one_or_none()
+
+
+async def _group_views(s: AsyncSession) -> dict[str, GroupView]:
+    """Return every broker group with its online brokers sorted by state."""
+    views = {
+        g.name: GroupView(name=g.name, kind=g.kind, readonly=g.readonly)
+        for g in (await s.execute(select(BrokerGroup))).scalars()
+    }
+    online = await s.execute(select(Broker).where(Broker.state != "offline"))
+    for broker in online.scalars():
+        view = views[broker.group_name]
+        if broker.state == "rw":
+            view.rw_addresses.append(broker.address)
+        else:
+            view.readonly_addresses.append(broker.address)
+    return views
+
+
+async def _route_load(s: AsyncSession) -> dict[str, int]:
+    """Return the number of active subject routes per broker group."""
+    result = await s.execute(
+        select(SubjectRoute.group_name, func.count())
+        .where(SubjectRoute.active.is_(True))
+        .group_by(SubjectRoute.group_name)
+    )
+    return {name: count for name, count in result.all()}

@@ -1,0 +1,215 @@
+"""Checking request bodies and query parameters: unknown fields, wrong types and bad values are 400s.
+
+A field spec is ``Field(type, required, default, check)``; ``parse_object`` returns a dict with every
+declared field present (defaults filled in) or raises BadRequest naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from metaserver.errors import BadRequest
+
+# User subjects and group names (DESIGN.md 5).
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# Internal subjects: %retry%<subject>%<group> and %dead%<subject>%<group>.
+INTERNAL_SUBJECT_RE = re.compile(
+    r"%(retry|dead)%[A-Za-z0-9][A-Za-z0-9._-]{0,199}%[A-Za-z0-9][A-Za-z0-9._-]{0,199}"
+)
+# host:port, host being a name, IPv4 or [IPv6].
+ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252}):(\d{1,5})")
+PORT_MAX = 65_535
+
+# Limits of one heartbeat (named so tests can hit max-1, max and max+1).
+BACKLOG_ENTRIES_MAX = 10_000
+CLIENT_SUBJECTS_MAX = 1000
+# Largest JSON number we store as a count (fits a signed 64-bit column).
+COUNT_MAX = 2**63 - 1
+
+BROKER_KINDS = ("realtime", "delay")
+BROKER_REPORTED_STATES = ("rw", "readonly")
+ROLES = ("producer", "consumer")
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a JSON object: its Python type, whether it is required, and a value check."""
+
+    types: type | tuple[type, ...]
+    required: bool = True
+    default: Any = None
+    check: Callable[[str, Any], Any] | None = None
+
+
+def load_json_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body that must be one JSON object."""
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"request body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def parse_object(value: Any, spec: dict[str, Field], where: str = "body") -> dict[str, Any]:
+    """Check ``value`` against ``spec``: no unknown fields, required ones present, right types."""
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} must be a JSON object, not {type(value).__name__}")
+    unknown = sorted(set(value) - set(spec))
+    if unknown:
+        raise BadRequest(f"{where} has unknown field(s) {', '.join(map(repr, unknown))}")
+    out: dict[str, Any] = {}
+    for name, field in spec.items():
+        item = value.get(name, _MISSING)
+        if item is _MISSING or (item is None and not field.required):
+            if field.required:
+                raise BadRequest(f"{where} is missing the required field {name!r}")
+            out[name] = field.default() if callable(field.default) else field.default
+            continue
+        _check_type(f"{where}.{name}", item, field.types)
+        out[name] = field.check(f"{where}.{name}", item) if field.check else item
+    return out
+
+
+def _check_type(key: str, item: Any, types: type | tuple[type, ...]) -> None:
+    """Raise BadRequest unless ``item`` has one of ``types`` (a bool is never an int)."""
+    wanted = types if isinstance(types, tuple) else (types,)
+    if isinstance(item, bool) and bool not in wanted:
+        ok = False
+    else:
+        ok = isinstance(item, wanted)
+    if not ok:
+        names = " or ".join(_json_type_name(t) for t in wanted)
+        raise BadRequest(f"{key} must be {names}, not {_json_type_name(type(item))} {item!r}")
+
+
+def _json_type_name(t: type) -> str:
+    """Return the JSON name of a Python type for error messages."""
+    return {
+        str: "a string",
+        int: "an integer",
+        bool: "a boolean",
+        list: "an array",
+        dict: "an object",
+        float: "a number",
+        type(None): "null",
+    }.get(t, t.__name__)
+
+
+def check_name(key: str, value: str) -> str:
+    """Check a group or user subject name against ``NAME_RE``."""
+    if not NAME_RE.fullmatch(value):
+        raise BadRequest(f"{key} {value!r} is not a valid name ({NAME_RE.pattern})")
+    return value
+
+
+def check_subject(key: str, value: str) -> str:
+    """Check a subject name: a user name or an internal %retry%/%dead% name."""
+    if not (NAME_RE.fullmatch(value) or INTERNAL_SUBJECT_RE.fullmatch(value)):
+        raise BadRequest(f"{key} {value!r} is not a valid subject ({NAME_RE.pattern})")
+    return value
+
+
+def check_address(key: str, value: str) -> str:
+    """Check a ``host:port`` address with a port in 1..65535."""
+    match = ADDRESS_RE.fullmatch(value)
+    if not match or not 1 <= int(match.group(2)) <= PORT_MAX:
+        raise BadRequest(f"{key} {value!r} is not a host:port address with a port 1..{PORT_MAX}")
+    return value
+
+
+def check_count(key: str, value: int) -> int:
+    """Check a non-negative integer count."""
+    if not 0 <= value <= COUNT_MAX:
+        raise BadRequest(f"{key} {value} must be between 0 and {COUNT_MAX}")
+    return value
+
+
+def check_nonempty(key: str, value: str) -> str:
+    """Check a non-empty string of at most 200 characters (ids, app names)."""
+    if not 1 <= len(value) <= 200:
+        raise BadRequest(f"{key} {value!r} must be 1 to 200 characters")
+    return value
+
+
+def one_of(*allowed: str) -> Callable[[str, Any], Any]:
+    """Return a check that accepts only the given strings."""
+
+    def check(key: str, value: str) -> str:
+        if value not in allowed:
+            raise BadRequest(f"{key} {value!r} must be one of {', '.join(allowed)}")
+        return value
+
+    return check
+
+
+BACKLOG_ENTRY = {
+    "subject": Field(str, check=check_subject),
+    "group": Field(str, check=check_name),
+    "lag": Field(int, check=check_count),
+    "consumers": Field(int, required=False, default=0, check=check_count),
+}
+
+
+def check_backlog(key: str, value: list[Any] | dict[str, Any]) -> list[Any] | dict[str, Any]:
+    """Check a heartbeat backlog: a list of ``{subject, group, lag, consumers}`` or a stats object."""
+    if isinstance(value, dict):
+        return value
+    if len(value) > BACKLOG_ENTRIES_MAX:
+        raise BadRequest(f"{key} has {len(value)} entries, over the limit {BACKLOG_ENTRIES_MAX}")
+    return [parse_object(entry, BACKLOG_ENTRY, f"{key}[{i}]") for i, entry in enumerate(value)]
+
+
+def check_subject_list(key: str, value: list[Any]) -> list[str]:
+    """Check a list of distinct subject names."""
+    if len(value) > CLIENT_SUBJECTS_MAX:
+        raise BadRequest(f"{key} has {len(value)} subjects, over the limit {CLIENT_SUBJECTS_MAX}")
+    for i, item in enumerate(value):
+        _check_type(f"{key}[{i}]", item, str)
+        check_subject(f"{key}[{i}]", item)
+    return sorted(set(value))
+
+
+REGISTER = {
+    "group": Field(str, check=check_name),
+    "kind": Field(str, check=one_of(*BROKER_KINDS)),
+    "address": Field(str, check=check_address),
+    "state": Field(str, required=False, default="rw", check=one_of(*BROKER_REPORTED_STATES)),
+}
+
+HEARTBEAT = {
+    **REGISTER,
+    "backlog": Field((list, dict), required=False, default=list, check=check_backlog),
+    "stats": Field(dict, required=False, default=None),
+}
+
+DEREGISTER = {
+    "group": Field(str, check=check_name),
+    "address": Field(str, check=check_address),
+}
+
+CLIENT_HEARTBEAT = {
+    "client_id": Field(str, check=check_nonempty),
+    "app": Field(str, check=check_nonempty),
+    "group": Field(str, required=False, default=""),
+    "subjects": Field(list, required=False, default=list, check=check_subject_list),
+    "role": Field(str, check=one_of(*ROLES)),
+}
+
+READONLY = {
+    "group": Field(str, check=check_name),
+    "readonly": Field(bool),
+}
+
+ROUTE_QUERY = {
+    "subject": Field(str, check=check_subject),
+    "role": Field(str, check=one_of(*ROLES)),
+    "kind": Field(str, required=False, default="realtime", check=one_of(*BROKER_KINDS)),
+}
