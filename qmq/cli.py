@@ -3,13 +3,66 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
+
+DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level argument parser with every sub-command registered."""
     parser = argparse.ArgumentParser(prog="qmq", description="pyqmq: delayed and realtime messaging")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)")
+    up.add_argument("--data-dir", default="./qmq-data", help="where all state lives")
+    up.add_argument("--meta-port", type=int, default=8090, help="MetaServer HTTP port (0 = any)")
+    up.add_argument("--realtime-port", type=int, default=20881, help="realtime port (0 = any)")
+    up.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    up.add_argument("--flush", choices=["sync", "async"], default="sync")
+
+    meta = sub.add_parser("metaserver", help="run a MetaServer")
+    meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
+                      help="sqlite+aiosqlite:///FILE or postgresql+asyncpg://USER@HOST/DB")
+    meta.add_argument("--host", default="127.0.0.1")
+    meta.add_argument("--port", type=int, default=8090)
+
+    rt = sub.add_parser("realtime", help="run a realtime broker")
+    rt.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    rt.add_argument("--data-dir", required=True)
+    rt.add_argument("--host", default="127.0.0.1")
+    rt.add_argument("--port", type=int, default=20881)
+    rt.add_argument("--group", default="realtime-1", help="broker group name")
+    rt.add_argument("--flush", choices=["sync", "async"], default="sync")
+    rt.add_argument("--ack-timeout-ms", type=int, default=60_000)
+    rt.add_argument("--consumer-expiry-ms", type=int, default=30_000)
+
+    send = sub.add_parser("send", help="send a message")
+    send.add_argument("subject")
+    send.add_argument("body", help="message body (UTF-8 text); '-' reads stdin")
+    send.add_argument("--meta", default=DEFAULT_META_URL)
+    send.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
+    send.add_argument("--prop", action="append", default=[], help="key=value (repeatable)")
+    send.add_argument("--count", type=int, default=1, help="send this many copies")
+
+    consume = sub.add_parser("consume", help="print and ack messages of a subject")
+    consume.add_argument("subject")
+    consume.add_argument("--group", required=True)
+    consume.add_argument("--meta", default=DEFAULT_META_URL)
+    consume.add_argument("--tag", action="append", default=None, help="only these tags")
+    consume.add_argument("--start", choices=["latest", "earliest"], default="latest")
+    consume.add_argument("--broadcast", action="store_true")
+    consume.add_argument("--count", type=int, default=None, help="stop after this many")
+    consume.add_argument("--idle-timeout-s", type=float, default=None,
+                         help="stop when nothing arrives for this long")
+
+    admin = sub.add_parser("admin", help="inspect and steer the cluster")
+    admin.add_argument("what", choices=["brokers", "subjects", "groups", "readonly"])
+    admin.add_argument("args", nargs="*", help="readonly: GROUP on|off")
+    admin.add_argument("--meta", default=DEFAULT_META_URL)
+    admin.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -20,7 +73,55 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return 0
+    from qmq.commands import CommandError
+    from qmq.launcher import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        return asyncio.run(_run(args))
+    except CommandError as exc:
+        print(f"qmq: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # configuration errors name the key and the value
+        print(f"qmq: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from qmq import commands, launcher
+
+    if args.command == "up":
+        await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.host,
+                              {"flush": args.flush})
+        return 0
+    if args.command == "metaserver":
+        from metaserver.config import MetaConfig
+
+        await launcher.run_metaserver_command(MetaConfig(db_url=args.db, host=args.host,
+                                                         port=args.port))
+        return 0
+    if args.command == "realtime":
+        from realtime.config import RealtimeConfig
+
+        await launcher.run_realtime_command(RealtimeConfig(
+            data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
+            port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
+            consumer_expiry_ms=args.consumer_expiry_ms,
+        ))
+        return 0
+    if args.command == "send":
+        body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode("utf-8")
+        return await commands.send_command(args.meta, args.subject, body, args.tag,
+                                           commands.parse_properties(args.prop), args.count)
+    if args.command == "consume":
+        return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
+                                              args.start, args.count, args.idle_timeout_s,
+                                              args.broadcast)
+    if args.command == "admin":
+        return await commands.admin_command(args.meta, args.what, args.json, args.args)
+    raise AssertionError(f"unhandled command {args.command}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""Configuration of one realtime server, loaded once and frozen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FLUSH_MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """Every setting of ``qmq realtime``; a bad value fails at start naming the key and value."""
+
+    data_dir: str  # the broker's data directory (message log, consumer logs, pull log)
+    meta_url: str | None = None  # MetaServer base URL; None runs without registration (tests)
+    group: str = "realtime-1"  # broker group name registered with the MetaServer
+    host: str = "127.0.0.1"  # address to listen on (loopback by default)
+    port: int = 20881  # TCP port; 0 picks a free one
+    advertise_host: str | None = None  # address clients are told; defaults to host
+    flush: str = "sync"  # "sync": ack a send after fsync (group commit); "async": fsync on interval
+    flush_interval_ms: int = 100  # async flush: longest time between fsyncs
+    segment_size_bytes_max: int = 64 << 20  # message-log segment size
+    consumer_log_entries_per_file: int = 1 << 20  # consumer-log file size, in 32-byte entries
+    ack_timeout_ms: int = 60_000  # a pulled message not acked in this time is handed out again
+    ack_timeout_ms_by_group: dict[str, int] = field(default_factory=dict)  # per-group overrides
+    consumer_expiry_ms: int = 30_000  # a consumer silent this long is offline; its holdings move
+    expiry_check_interval_ms: int = 1_000  # how often ack timeouts and expiry are checked
+    heartbeat_interval_ms: int = 3_000  # MetaServer heartbeat period
+    dedup_window_ms: int = 10 * 60_000  # a resent message id is de-duplicated within this window
+    retention_ms: int = 72 * 3_600_000  # message-log segments older than this may be deleted
+    retention_check_interval_ms: int = 60_000  # how often retention runs
+    shutdown_grace_ms: int = 5_000  # SIGTERM: time given to in-flight requests
+
+    def __post_init__(self) -> None:
+        if self.flush not in FLUSH_MODES:
+            raise ValueError(f"flush {self.flush!r} is not one of {FLUSH_MODES}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not in 0..65535")
+        for key in (
+            "flush_interval_ms", "segment_size_bytes_max", "consumer_log_entries_per_file",
+            "ack_timeout_ms", "consumer_expiry_ms", "expiry_check_interval_ms",
+            "heartbeat_interval_ms", "dedup_window_ms", "retention_ms",
+            "retention_check_interval_ms",
+        ):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        for group, value in self.ack_timeout_ms_by_group.items():
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ack_timeout_ms_by_group[{group!r}] must be > 0, got {value!r}")
+
+    @property
+    def advertised_address(self) -> str:
+        """``host:port`` told to the MetaServer (valid once the port is bound)."""
+        return f"{self.advertise_host or self.host}:{self.port}"
+
+    def ack_timeout_ms_for(self, group: str) -> int:
+        """The ack timeout of ``group``."""
+        return self.ack_timeout_ms_by_group.get(group, self.ack_timeout_ms)

@@ -1,0 +1,103 @@
+"""The realtime server process: the broker behind a ``FrameServer``, registered with the
+MetaServer, stopped gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from typing import Any, Callable
+
+from realtime.broker import Broker, wall_clock_ms
+from realtime.config import RealtimeConfig
+from sdk.errors import NotSupported
+from sdk.framed_server import FrameServer, Session
+from sdk.protocol import Ack, Cancel, Heartbeat, Hello, Nack, Pull, Request, Send
+from sdk.registration import Registration
+
+log = logging.getLogger(__name__)
+
+
+class RealtimeServer:
+    """A running realtime broker: ``await start()`` binds and registers, ``await stop()`` drains."""
+
+    def __init__(self, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self.broker = Broker(config, clock)
+        self.frames = FrameServer(self.handle, host=config.host, port=config.port)
+        self.registration: Registration | None = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"{self.config.advertise_host or self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Recover storage, listen, then register with the MetaServer (if configured)."""
+        await self.broker.start()
+        self.port = await self.frames.start()
+        self.config = dataclasses.replace(self.config, port=self.port)
+        if self.config.meta_url:
+            self.registration = Registration(
+                self.config.meta_url,
+                group=self.config.group,
+                kind="realtime",
+                address=self.address,
+                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                report=self.broker.backlog,
+                on_state=self._on_state,
+            )
+            await self.registration.start()
+        log.info("realtime group %s listening on %s", self.config.group, self.address)
+
+    def _on_state(self, state: str) -> None:
+        self.broker.readonly = state == "readonly"
+        log.info("MetaServer set group %s to %s", self.config.group, state)
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, flush and checkpoint, deregister."""
+        if self.registration is not None:
+            await self.registration.stop(deregister=True)
+        await self.frames.stop(self.config.shutdown_grace_ms)
+        await self.broker.stop()
+
+    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
+        """Answer one data-plane request."""
+        broker = self.broker
+        if isinstance(request, Hello):
+            return {"ok": True, "server": {"kind": "realtime", "group": self.config.group,
+                                           "node": self.address}}
+        if isinstance(request, Send):
+            return {"results": await broker.send(request.messages)}
+        if isinstance(request, Pull):
+            return {"messages": await broker.pull(request)}
+        if isinstance(request, Ack):
+            return {"acked": await broker.ack(request)}
+        if isinstance(request, Heartbeat):
+            broker.heartbeat(request)
+            return {"ok": True}
+        if isinstance(request, Nack):
+            raise NotSupported(
+                "nack needs the delay server, which is not built yet; leave the message unacked "
+                "and it is redelivered after the ack timeout"
+            )
+        if isinstance(request, Cancel):
+            raise NotSupported("cancel is answered by delay servers, not realtime servers")
+        raise NotSupported(f"op {request.op} is not served by realtime servers")
+
+
+async def run_realtime(config: RealtimeConfig, ready: Callable[[RealtimeServer], None] | None = None) -> None:
+    """Run a realtime server until SIGTERM or SIGINT, then stop it gracefully."""
+    server = RealtimeServer(config)
+    await server.start()
+    if ready is not None:
+        ready(server)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping realtime group %s", config.group)
+    await server.stop()

@@ -1,0 +1,123 @@
+"""A server's registration with the MetaServer: register on start, heartbeat, re-register.
+
+Shared by the realtime and delay servers (neither may import the other). The MetaServer's answer
+to a heartbeat carries the state it wants (``rw`` or ``readonly``); a 404 means it forgot us
+(restarted on a fresh database, or expired us) and we register again. While the MetaServer is
+down the server keeps serving and keeps trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+_REQUEST_TIMEOUT_S = 5
+
+
+class Registration:
+    """Keeps one broker registered with the MetaServer at ``meta_url``."""
+
+    def __init__(
+        self,
+        meta_url: str,
+        *,
+        group: str,
+        kind: str,
+        address: str,
+        heartbeat_interval_ms: int,
+        report: Callable[[], Awaitable[Any]],
+        on_state: Callable[[str], None],
+    ) -> None:
+        self.meta_url = meta_url.rstrip("/")
+        self.group = group
+        self.kind = kind
+        self.address = address
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._report = report
+        self._on_state = on_state
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.registered = False
+        self.state = "rw"
+
+    async def start(self) -> None:
+        """Try to register now and keep heartbeating in the background."""
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=_REQUEST_TIMEOUT_S)
+        )
+        await self._register_quietly()
+        self._task = asyncio.create_task(self._loop(), name=f"{self.kind}-registration")
+
+    async def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._session is not None:
+            if deregister and self.registered:
+                try:
+                    await self._post("/api/brokers/deregister",
+                                     {"group": self.group, "address": self.address})
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    log.warning("deregister from %s failed: %s", self.meta_url, exc)
+            await self._session.close()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        assert self._session is not None
+        async with self._session.post(self.meta_url + path, json=body) as response:
+            try:
+                data = await response.json(content_type=None)
+            except ValueError:
+                data = None
+            return response.status, data
+
+    async def _register_quietly(self) -> None:
+        try:
+            status, data = await self._post(
+                "/api/brokers/register",
+                {"group": self.group, "kind": self.kind, "address": self.address,
+                 "state": self.state},
+            )
+            if status == 200:
+                self.registered = True
+                log.info("registered %s group %s at %s with %s", self.kind, self.group,
+                         self.address, self.meta_url)
+            else:
+                log.warning("register refused by %s: %s %s", self.meta_url, status, data)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("MetaServer %s unreachable, will retry: %s", self.meta_url, exc)
+
+    async def heartbeat_now(self) -> None:
+        """Send one heartbeat (registering first if needed)."""
+        if not self.registered:
+            await self._register_quietly()
+            if not self.registered:
+                return
+        body = {"group": self.group, "kind": self.kind, "address": self.address,
+                "state": self.state, "backlog": await self._report()}
+        try:
+            status, data = await self._post("/api/brokers/heartbeat", body)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("heartbeat to %s failed: %s", self.meta_url, exc)
+            return
+        if status == 404:
+            self.registered = False
+            await self._register_quietly()
+            return
+        if status == 200 and isinstance(data, dict) and data.get("state") in ("rw", "readonly"):
+            if data["state"] != self.state:
+                self.state = data["state"]
+                self._on_state(self.state)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
+            try:
+                await self.heartbeat_now()
+            except Exception:
+                log.exception("heartbeat failed")
