@@ -409,6 +409,8 @@ class SegmentedLog:
 
         Reads in large chunks; every record's CRC is checked and a bad one raises CorruptRecord.
         """
+        if self._closed:
+            raise LogClosed(self.directory)
         if self._buffer:
             self.flush()
         offset = self.first_offset if from_offset is None else from_offset

@@ -1,0 +1,137 @@
+"""Round-trips and defects of the two pure codecs: record framing and checkpoint files."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from logstore.checkpoint import (
+    HEADER_SIZE_BYTES as CHECKPOINT_HEADER_SIZE_BYTES,
+    PAYLOAD_SIZE_BYTES_MAX,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from logstore.record import (
+    HEADER_SIZE_BYTES,
+    MAGIC,
+    VERSION,
+    check_header,
+    decode_record,
+    encode_record,
+    encode_record_into,
+)
+
+RECORD_LIMIT_BYTES = 1 << 16
+bodies = st.binary(max_size=4096)
+
+
+@settings(max_examples=300)
+@given(body=bodies, trailing=st.binary(max_size=64))
+def test_every_body_survives_encode_then_decode_even_with_bytes_after_it(body, trailing):
+    framed = encode_record(body)
+    decoded, size = decode_record(framed + trailing, RECORD_LIMIT_BYTES)
+    assert decoded == body
+    assert size == len(framed) == HEADER_SIZE_BYTES + len(body)
+
+
+@given(body=bodies, prefix=st.binary(max_size=32))
+def test_encode_record_into_appends_the_same_bytes_as_encode_record(body, prefix):
+    out = bytearray(prefix)
+    size = encode_record_into(out, body)
+    assert bytes(out) == prefix + encode_record(body)
+    assert size == HEADER_SIZE_BYTES + len(body)
+
+
+def test_the_record_header_layout_matches_the_documented_table():
+    body = b"hello"
+    framed = encode_record(body)
+    body_length, crc, magic, version, attributes = struct.unpack(">IIHBB", framed[:12])
+    assert (body_length, magic, version, attributes) == (5, 0x514D, 1, 0)
+    assert framed[8:10] == b"QM"
+    assert crc == zlib.crc32(framed[0:4] + framed[8:])
+    assert framed[12:] == body
+
+
+@settings(max_examples=200)
+@given(body=st.binary(min_size=1, max_size=256), data=st.data())
+def test_any_single_flipped_bit_in_a_record_is_rejected(body, data):
+    framed = bytearray(encode_record(body))
+    bit = data.draw(st.integers(0, len(framed) * 8 - 1))
+    framed[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ValueError):
+        decode_record(bytes(framed), RECORD_LIMIT_BYTES)
+
+
+@given(body=st.binary(min_size=1, max_size=256), data=st.data())
+def test_a_record_cut_short_anywhere_is_rejected(body, data):
+    framed = encode_record(body)
+    cut = data.draw(st.integers(0, len(framed) - 1))
+    with pytest.raises(ValueError):
+        decode_record(framed[:cut], RECORD_LIMIT_BYTES)
+
+
+@pytest.mark.parametrize("delta, accepted", [(-1, True), (0, True), (1, False)])
+def test_decode_accepts_a_body_up_to_the_limit_and_rejects_one_byte_more(delta, accepted):
+    limit = 100
+    framed = encode_record(b"x" * (limit + delta))
+    if accepted:
+        assert decode_record(framed, limit)[0] == b"x" * (limit + delta)
+    else:
+        with pytest.raises(ValueError, match=f"stored length {limit + 1} exceeds"):
+            decode_record(framed, limit)
+
+
+def test_a_header_claiming_four_gibibytes_is_a_problem_not_an_allocation():
+    header = struct.pack(">IIHBB", 0xFFFFFFFF, 0, MAGIC, VERSION, 0)
+    body_length, _crc, problem = check_header(header, RECORD_LIMIT_BYTES)
+    assert body_length == 0xFFFFFFFF
+    assert problem == f"stored length {0xFFFFFFFF} exceeds record_size_bytes_max {RECORD_LIMIT_BYTES}"
+
+
+def test_an_unknown_magic_or_version_is_named_in_the_problem():
+    good = encode_record(b"abc")
+    bad_magic = good[:8] + b"XX" + good[10:]
+    bad_version = good[:10] + b"\x02" + good[11:]
+    assert check_header(bad_magic[:12], RECORD_LIMIT_BYTES)[2] == "bad magic 0x5858"
+    assert check_header(bad_version[:12], RECORD_LIMIT_BYTES)[2] == "unknown version 2"
+
+
+@settings(max_examples=300)
+@given(sequence=st.integers(0, 2**64 - 1), payload=st.binary(max_size=4096))
+def test_every_checkpoint_survives_encode_then_decode(sequence, payload):
+    data = encode_checkpoint(sequence, payload)
+    assert len(data) == CHECKPOINT_HEADER_SIZE_BYTES + len(payload)
+    assert decode_checkpoint(data) == (sequence, payload)
+
+
+def test_the_checkpoint_header_layout_matches_the_documented_table():
+    data = encode_checkpoint(7, b"state")
+    magic, version, reserved, sequence, length, crc = struct.unpack(">IB3sQII", data[:24])
+    assert (magic, version, reserved, sequence, length) == (0x51434B50, 1, b"\0\0\0", 7, 5)
+    assert data[:4] == b"QCKP"
+    assert crc == zlib.crc32(data[:20] + data[24:])
+    assert data[24:] == b"state"
+
+
+@settings(max_examples=200)
+@given(payload=st.binary(max_size=128), data=st.data())
+def test_a_checkpoint_with_any_flipped_bit_or_cut_is_rejected(payload, data):
+    encoded = bytearray(encode_checkpoint(3, payload))
+    if data.draw(st.booleans()):
+        bit = data.draw(st.integers(0, len(encoded) * 8 - 1))
+        encoded[bit // 8] ^= 1 << (bit % 8)
+        # Bits 40..63 are the reserved bytes, which the CRC covers too.
+    else:
+        encoded = encoded[: data.draw(st.integers(0, len(encoded) - 1))]
+    with pytest.raises(ValueError):
+        decode_checkpoint(bytes(encoded))
+
+
+def test_a_checkpoint_length_above_the_payload_limit_is_rejected_before_reading_it():
+    header = struct.pack(">IB3xQI", 0x51434B50, 1, 1, PAYLOAD_SIZE_BYTES_MAX + 1)
+    with pytest.raises(ValueError, match=f"payload length {PAYLOAD_SIZE_BYTES_MAX + 1}"):
+        decode_checkpoint(header + b"\0\0\0\0")
