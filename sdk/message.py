@@ -81,6 +81,10 @@ class Message:
         if isinstance(self.properties, dict):
             object.__setattr__(self, "properties", dict(self.properties))
 
+    def __hash__(self) -> int:
+        # The generated hash would fail on the properties dict; equal messages share an id.
+        return hash((self.id, self.subject))
+
     @classmethod
     def create(
         cls,

@@ -245,6 +245,7 @@ class _Fields:
         return BadRequest(f"{self.op}.{name} must be {expected}, got {type_name(value)}")
 
     def get(self, name: str, default: object = _MISSING) -> Any:
+        """The raw field; BadRequest naming it when absent and no default is given."""
         value = self.frame.get(name, _MISSING)
         if value is _MISSING:
             if default is _MISSING:

@@ -103,6 +103,10 @@ def test_tags_given_as_a_list_are_stored_as_a_tuple_and_properties_are_copied():
     assert msg.properties == {"a": "1"}
 
 
+def test_messages_can_be_kept_in_sets_despite_their_properties_dict():
+    assert len({a_message(properties={"k": "v"}), a_message(properties={"k": "v"})}) == 1
+
+
 def test_message_create_stamps_the_given_time_and_a_fresh_id():
     one = Message.create("s", b"x", now_ms=NOW_MS)
     two = Message.create("s", b"x", now_ms=NOW_MS)
