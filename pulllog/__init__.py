@@ -1,0 +1,26 @@
+"""Pull logs: per-(subject, group) cursors, per-consumer pull sequences, acks and redelivery.
+
+Synchronous plain classes over files; imports only ``logstore`` (and msgpack/stdlib).
+
+- ``PullLogStore`` / ``PullLogConfig`` / ``PullLogRecovery``: the store (``pulllog.store``).
+- ``PulledEntry`` / ``ConsumerState`` / ``GroupState``: read-only snapshots (``pulllog.state``).
+- On-disk formats: ``pulllog.actions`` (action records), ``pulllog.snapshot`` (checkpoint payload);
+  docs/formats/pulllog.md.
+- Errors in ``pulllog.errors``.
+"""
+
+from pulllog.errors import (
+    ActionLogGap,
+    CorruptAction,
+    CorruptCheckpoint,
+    PullLogError,
+    UnknownGroup,
+)
+from pulllog.state import ConsumerState, GroupState, PulledEntry
+from pulllog.store import PullLogConfig, PullLogRecovery, PullLogStore
+
+__all__ = [
+    "ActionLogGap", "ConsumerState", "CorruptAction", "CorruptCheckpoint", "GroupState",
+    "PullLogConfig", "PullLogError", "PullLogRecovery", "PullLogStore", "PulledEntry",
+    "UnknownGroup",
+]

@@ -1,0 +1,438 @@
+"""``PullLogStore``: per-group cursors, per-consumer pull logs, acks and the redelivery queue.
+
+Every change is an action (``pulllog.actions``) appended to a ``SegmentedLog`` under
+``<directory>/actions/`` and then applied to the in-memory ``PullState``; opening replays the
+actions after the newest checkpoint (``pulllog.snapshot``, stored by ``CheckpointStore`` in
+``<directory>``). The invariant kept: every consumer-log seq in [start_sequence, cursor) of a group
+is exactly one of acked (or passed over by a filter), held by exactly one consumer, or queued for
+redelivery. Nothing on this path drops an entry.
+
+Durability (``PullLogConfig.flush_mode``):
+- ``"async"`` (default): appends are fsynced by ``tick(now_ms)`` every ``flush_interval_ms``. A
+  crash loses the last unsynced actions. That is safe because pull state is recoverable by
+  redelivery: a lost PULL puts the cursor back (its entries are handed out again), a lost ACK
+  leaves the entry held (it is redelivered after its ack timeout), a lost RELEASE or
+  CONSUMER_REMOVED happens again. So acked entries may be delivered again (at-least-once); none
+  is lost. After such a crash, recovery starts a new pull-seq epoch so that acks for pull seqs
+  handed out before the crash and not recorded cannot ack a different entry.
+- ``"sync"``: every mutating call fsyncs before it returns (no group commit here; the server can
+  batch its calls between syncs with async mode and ``sync()``).
+
+After a write error (``LogWriteFailed``, ``DiskFull``) the store refuses every later change until
+it is reopened: the memory state may be ahead of the disk. Not thread-safe: one owner calls it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from logstore import (
+    CheckpointStore,
+    LogConfig,
+    LogStoreError,
+    Opener,
+    OsFile,
+    RecoveryReport,
+    SegmentedLog,
+    Truncation,
+)
+from pulllog.actions import (
+    RELEASE_REASON_ACK_TIMEOUT,
+    U64_MAX,
+    Ack,
+    Action,
+    Closed,
+    ConsumerRemoved,
+    EpochStarted,
+    GroupCreated,
+    Pull,
+    Release,
+    decode_action,
+    encode_action,
+)
+from pulllog.errors import ActionLogGap, CorruptAction, CorruptCheckpoint, UnknownGroup
+from pulllog.snapshot import decode_snapshot, encode_snapshot
+from pulllog.state import (
+    PULL_SEQ_EPOCH_SHIFT,
+    ConsumerState,
+    GroupData,
+    GroupState,
+    PulledEntry,
+    PullState,
+)
+
+log = logging.getLogger(__name__)
+
+FLUSH_MODES = ("sync", "async")
+SEGMENT_SIZE_BYTES_MIN = 1024  # smaller segments would hold only a handful of actions
+ACTIONS_DIRECTORY = "actions"
+CHECKPOINT_NAME = "pullstate"
+
+
+@dataclass(frozen=True)
+class PullLogConfig:
+    """Settings of one pull-log store."""
+
+    segment_size_bytes_max: int = 16 << 20  # action-log segments roll before passing this size
+    flush_mode: str = "async"  # "async": tick() fsyncs every flush_interval_ms; "sync": every call
+    flush_interval_ms: int = 100  # async mode: longest time an action stays unsynced while ticking
+    checkpoint_every_actions: int = 100_000  # write a checkpoint after this many actions
+    checkpoints_kept: int = 3  # checkpoint files kept; action segments are kept back to the oldest
+    action_size_bytes_max: int = 16 << 20  # largest action record body (a PULL of a huge batch)
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode {self.flush_mode!r} is not one of {FLUSH_MODES}")
+        if self.segment_size_bytes_max < SEGMENT_SIZE_BYTES_MIN:
+            raise ValueError(
+                f"segment_size_bytes_max {self.segment_size_bytes_max} is below the minimum "
+                f"{SEGMENT_SIZE_BYTES_MIN}"
+            )
+        for key in ("flush_interval_ms", "checkpoint_every_actions", "checkpoints_kept",
+                    "action_size_bytes_max"):
+            value = getattr(self, key)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{key} {value!r} must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class PullLogRecovery:
+    """What opening the store found."""
+
+    checkpoint_sequence: int | None  # the checkpoint loaded, None when there was none
+    replay_from_offset: int  # action-log offset replay started at
+    actions_replayed: int
+    log: RecoveryReport  # logstore's report, with the torn-tail truncation if any
+    clean_shutdown: bool  # False: the last session crashed, a new pull-seq epoch was started
+    epoch: int  # pull-seq epoch in force after opening
+
+    @property
+    def truncation(self) -> Truncation | None:
+        """What logstore cut from the action log's tail, if anything."""
+        return self.log.truncation
+
+
+def _check_name(kind: str, value: object) -> None:
+    if type(value) is not str or not value:
+        raise ValueError(f"{kind} {value!r} must be a non-empty string")
+
+
+def _check_uint(kind: str, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= U64_MAX:
+        raise ValueError(f"{kind} {value!r} must be an integer in [0, {U64_MAX}]")
+
+
+class PullLogStore:
+    """Pull logs, acks and redelivery for every (subject, group) of one broker."""
+
+    def __init__(self, directory: str, config: PullLogConfig = PullLogConfig(), *,
+                 opener: Opener = OsFile) -> None:
+        self.directory = directory
+        self.config = config
+        self._closed = False
+        self._failed: LogStoreError | None = None
+        os.makedirs(directory, exist_ok=True)
+        self._checkpoints = CheckpointStore(directory, CHECKPOINT_NAME, keep=config.checkpoints_kept)
+        checkpoint = self._checkpoints.load_latest()
+        if checkpoint is None:
+            state, offset, retained = PullState(), 0, []
+        else:
+            try:
+                state, offset, retained = decode_snapshot(checkpoint.payload)
+            except ValueError as exc:
+                raise CorruptCheckpoint(checkpoint.path, str(exc)) from exc
+        self._state = state
+        self._log = SegmentedLog(
+            os.path.join(directory, ACTIONS_DIRECTORY),
+            LogConfig(
+                segment_size_bytes_max=config.segment_size_bytes_max,
+                record_size_bytes_max=config.action_size_bytes_max,
+                flush_mode=config.flush_mode,
+                flush_interval_ms=config.flush_interval_ms,
+            ),
+            opener=opener,
+            verify_from_offset=offset,
+        )
+        try:
+            replayed, last = self._replay(offset)
+        except BaseException:
+            self._log.close()
+            raise
+        self._kept_offsets = retained + [offset] if checkpoint is not None else []
+        self._actions_since_checkpoint = replayed
+        fresh = checkpoint is None and self._log.end_offset == 0
+        clean = fresh or (isinstance(last, Closed) and self._log.recovery.truncation is None)
+        if not clean:
+            # Pull seqs handed out in actions that did not survive must never be reused.
+            self._write(EpochStarted(self._state.epoch + 1))
+            self._log.sync()
+        if offset > self._log.end_offset:
+            # The log lost records the checkpoint covers; start it over from a new checkpoint so
+            # later appends never sit below the checkpoint's offset.
+            self.checkpoint()
+        self.recovery = PullLogRecovery(
+            checkpoint.sequence if checkpoint else None, offset, replayed, self._log.recovery,
+            clean, self._state.epoch,
+        )
+        if not clean:
+            log.warning("pull log %s: unclean shutdown; replayed %d actions, epoch now %d",
+                        directory, replayed, self._state.epoch)
+
+    def _replay(self, offset: int) -> tuple[int, Action | None]:
+        if offset < self._log.first_offset:
+            raise ActionLogGap(offset, self._log.first_offset)
+        if offset >= self._log.end_offset:
+            return 0, None
+        count = 0
+        last: Action | None = None
+        for at, body in self._log.iterate(offset):
+            try:
+                action = decode_action(body)
+                self._state.check(action)
+            except ValueError as exc:
+                raise CorruptAction(at, str(exc)) from exc
+            self._state.apply(action)
+            count += 1
+            last = action
+        return count, last
+
+    # ------------------------------------------------------------------ writing
+
+    def _write(self, action: Action) -> object:
+        """Log ``action``, apply it, and sync / checkpoint as configured; returns apply's result."""
+        if self._failed is not None:
+            raise self._failed
+        self._state.check(action)
+        body = encode_action(action)
+        try:
+            self._log.append(body)
+        except LogStoreError as exc:
+            self._fail(exc)
+        result = self._state.apply(action)
+        self._actions_since_checkpoint += 1
+        if self.config.flush_mode == "sync":
+            self._guarded(self._log.sync)
+        if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
+            self.checkpoint()
+        return result
+
+    def _fail(self, exc: LogStoreError) -> None:
+        from logstore import LogClosed
+
+        if not isinstance(exc, LogClosed):
+            self._failed = exc
+        raise exc
+
+    def _guarded(self, operation):
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return operation()
+        except LogStoreError as exc:
+            self._fail(exc)
+
+    def _group(self, subject: str, group: str) -> GroupData:
+        data = self._state.groups.get((subject, group))
+        if data is None:
+            raise UnknownGroup(subject, group)
+        return data
+
+    # ------------------------------------------------------------------ groups
+
+    def ensure_group(self, subject: str, group: str, start_sequence: int, now_ms: int) -> GroupState:
+        """The group's state, creating it with cursor = ``start_sequence`` if it is new."""
+        _check_name("subject", subject)
+        _check_name("group", group)
+        _check_uint("start_sequence", start_sequence)
+        _check_uint("now_ms", now_ms)
+        if (subject, group) not in self._state.groups:
+            self._write(GroupCreated(subject, group, start_sequence, now_ms))
+        return self.group_state(subject, group)
+
+    def group_state(self, subject: str, group: str) -> GroupState:
+        """A snapshot of the group (raises UnknownGroup)."""
+        data = self._group(subject, group)
+        return GroupState(data.subject, data.group, data.start_sequence, data.created_ms,
+                          data.cursor)
+
+    def has_group(self, subject: str, group: str) -> bool:
+        return (subject, group) in self._state.groups
+
+    def groups(self) -> list[tuple[str, str]]:
+        """Every (subject, group), sorted."""
+        return sorted(self._state.groups)
+
+    def cursor(self, subject: str, group: str) -> int:
+        """The next consumer-log seq the group hands out from the log (not the queue)."""
+        return self._group(subject, group).cursor
+
+    @property
+    def epoch(self) -> int:
+        """The pull-seq epoch; a new consumer's first pull seq is ``epoch << 32``."""
+        return self._state.epoch
+
+    # ------------------------------------------------------------------ pull / ack / release
+
+    def take_redeliveries(self, subject: str, group: str, max_count: int) -> list[int]:
+        """Peek at up to ``max_count`` queued consumer-log seqs, oldest release first."""
+        _check_uint("max_count", max_count)
+        return list(itertools.islice(self._group(subject, group).queue, max_count))
+
+    def record_pull(self, subject: str, group: str, consumer: str,
+                    consumer_log_seqs: Sequence[int], new_cursor: int,
+                    now_ms: int) -> list[PulledEntry]:
+        """Record that ``consumer`` was handed ``consumer_log_seqs`` and the cursor moved on.
+
+        Each seq comes from the redelivery queue or lies in [cursor, new_cursor); seqs of that
+        range not handed out were passed over (a tag filter) and count as handled. Raises
+        ValueError for anything else, in particular a seq below the cursor that is not queued
+        (a double hand-out). A pull of nothing that does not move the cursor records nothing.
+        """
+        _check_name("consumer", consumer)
+        _check_uint("new_cursor", new_cursor)
+        _check_uint("now_ms", now_ms)
+        seqs = tuple(consumer_log_seqs)
+        for seq in seqs:
+            _check_uint("consumer-log seq", seq)
+        data = self._group(subject, group)
+        if not seqs and new_cursor == data.cursor:
+            return []
+        held = data.consumers.get(consumer)
+        first = held.next_pull_seq if held else self._state.epoch << PULL_SEQ_EPOCH_SHIFT
+        return self._write(Pull(subject, group, consumer, first, seqs, new_cursor, now_ms))
+
+    def record_ack(self, subject: str, group: str, consumer: str,
+                   ranges: Sequence[tuple[int, int]], now_ms: int) -> int:
+        """Ack the inclusive pull-seq ``ranges`` of ``consumer``; returns how many became acked.
+
+        Unknown, already acked or released pull seqs (and unknown consumers) count 0.
+        """
+        _check_uint("now_ms", now_ms)
+        clean_ranges = []
+        for item in ranges:
+            lo, hi = item
+            _check_uint("ack range start", lo)
+            _check_uint("ack range end", hi)
+            if lo > hi:
+                raise ValueError(f"ack range ({lo}, {hi}) has its start above its end")
+            clean_ranges.append((lo, hi))
+        self._group(subject, group)
+        action = Ack(subject, group, consumer, tuple(clean_ranges), now_ms)
+        targets = self._state.ack_targets(action)
+        if not targets:
+            return 0
+        # Log only ranges that ack something, so the log never grows on duplicate acks.
+        useful = tuple(r for r in clean_ranges
+                       if any(r[0] <= t <= r[1] for t in targets))
+        return self._write(Ack(subject, group, consumer, useful, now_ms))
+
+    def release_expired(self, subject: str, group: str, ack_timeout_ms: int,
+                        now_ms: int) -> list[int]:
+        """Release every unacked entry pulled at or before ``now_ms - ack_timeout_ms`` to the
+        redelivery queue; returns the released consumer-log seqs."""
+        _check_uint("ack_timeout_ms", ack_timeout_ms)
+        _check_uint("now_ms", now_ms)
+        data = self._group(subject, group)
+        cutoff = now_ms - ack_timeout_ms
+        released: list[int] = []
+        for consumer_id in sorted(data.consumers):
+            held = data.consumers[consumer_id].held
+            expired = tuple(p for p, e in held.items() if e.pulled_at_ms <= cutoff)
+            if expired:
+                released += self._write(Release(subject, group, consumer_id, expired,
+                                                RELEASE_REASON_ACK_TIMEOUT, now_ms))
+        return released
+
+    def remove_consumer(self, subject: str, group: str, consumer: str, now_ms: int) -> list[int]:
+        """The consumer went offline or left: release all it holds and forget it."""
+        _check_uint("now_ms", now_ms)
+        data = self._group(subject, group)
+        if consumer not in data.consumers:
+            return []
+        return self._write(ConsumerRemoved(subject, group, consumer, now_ms))
+
+    # ------------------------------------------------------------------ queries
+
+    def unacked(self, subject: str, group: str, consumer: str) -> list[PulledEntry]:
+        """What ``consumer`` holds and has not acked, by pull seq."""
+        held = self._group(subject, group).consumers.get(consumer)
+        return list(held.held.values()) if held else []
+
+    def pulled_before(self, subject: str, group: str,
+                      before_ms: int) -> list[tuple[str, PulledEntry]]:
+        """Unacked entries pulled at or before ``before_ms``, with their consumer."""
+        data = self._group(subject, group)
+        return [(consumer_id, entry)
+                for consumer_id in sorted(data.consumers)
+                for entry in data.consumers[consumer_id].held.values()
+                if entry.pulled_at_ms <= before_ms]
+
+    def consumers(self, subject: str, group: str) -> list[ConsumerState]:
+        """Every consumer the group knows, by id."""
+        data = self._group(subject, group)
+        return [ConsumerState(consumer_id, c.next_pull_seq, c.ack_sequence(), len(c.held),
+                              c.last_pull_ms)
+                for consumer_id, c in sorted(data.consumers.items())]
+
+    def held_count(self, subject: str, group: str) -> int:
+        """Entries held (pulled, not acked, not released) by the group's consumers."""
+        return self._group(subject, group).held_total
+
+    def redelivery_count(self, subject: str, group: str) -> int:
+        """Entries waiting in the group's redelivery queue."""
+        return len(self._group(subject, group).queue)
+
+    def lowest_needed_sequence(self, subject: str, group: str) -> int:
+        """The lowest consumer-log seq the group may still hand out: retention keeps from here."""
+        data = self._group(subject, group)
+        lowest = data.cursor
+        if data.queue:
+            lowest = min(lowest, min(data.queue))
+        for consumer in data.consumers.values():
+            for entry in consumer.held.values():
+                lowest = min(lowest, entry.consumer_log_seq)
+        return lowest
+
+    def export_state(self) -> list:
+        """The whole state in its canonical plain form (the checkpoint's body), for tests/tools."""
+        return self._state.to_plain()
+
+    # ------------------------------------------------------------------ durability
+
+    def flush(self) -> None:
+        """Write buffered actions to the OS (a process crash no longer loses them)."""
+        self._guarded(self._log.flush)
+
+    def sync(self) -> None:
+        """Flush and fsync every recorded action."""
+        self._guarded(self._log.sync)
+
+    def tick(self, now_ms: int) -> bool:
+        """Async mode: fsync if ``flush_interval_ms`` passed with actions pending; True if it did."""
+        return bool(self._guarded(lambda: self._log.tick(now_ms)))
+
+    def checkpoint(self) -> None:
+        """Write the whole state as a checkpoint and delete action segments no checkpoint needs."""
+        offset = self._guarded(self._log.sync)
+        assert offset == self._log.end_offset
+        kept = (self._kept_offsets + [offset])[-self.config.checkpoints_kept:]
+        self._checkpoints.write(encode_snapshot(self._state, offset, kept[:-1]))
+        self._kept_offsets = kept
+        self._actions_since_checkpoint = 0
+        self._log.delete_segments_before(kept[0])
+
+    def close(self) -> None:
+        """Record a clean close (so the next open keeps the epoch), fsync and close the files."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self._log.append(encode_action(Closed()))
+                self._log.sync()
+        finally:
+            self._log.close()
+            self._closed = True
