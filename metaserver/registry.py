@@ -258,11 +258,13 @@ class Registry:
         """Return the route of ``subject`` for ``role``; creates the realtime assignment if new."""
 
         async def body(s: AsyncSession) -> dict[str, Any]:
-            views = await _group_views(s)
             if kind == "delay":
+                views = await _group_views(s)
                 return {"subject": subject, "version": 0, "groups": delay_groups(role, views)}
             now = self.clock()
+            # Lock the subject before reading its route: another MetaServer may be changing it.
             subj = await s.get(Subject, subject, with_for_update=True)
+            views = await _group_views(s)
             rows = list(
                 (await s.execute(select(SubjectRoute).where(SubjectRoute.subject == subject)))
                 .scalars()
@@ -329,9 +331,12 @@ class Registry:
 
     async def _reconcile(self, s: AsyncSession, now: int) -> None:
         """Re-plan every subject after a broker or group changed state."""
+        # Lock every subject (in name order, so two reconciles cannot deadlock) before reading
+        # the routes, so a concurrent change on another MetaServer is not overwritten.
+        locked = await s.execute(select(Subject).order_by(Subject.name).with_for_update())
+        subjects = {x.name: x for x in locked.scalars()}
         views = await _group_views(s)
         load = await _route_load(s)
-        subjects = {x.name: x for x in (await s.execute(select(Subject))).scalars()}
         rows_by_subject: dict[str, list[SubjectRoute]] = defaultdict(list)
         for row in (await s.execute(select(SubjectRoute))).scalars():
             rows_by_subject[row.subject].append(row)

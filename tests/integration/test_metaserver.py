@@ -5,6 +5,7 @@ Time is a fake clock the tests advance; expiry runs when a test calls ``expire_n
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -514,3 +515,57 @@ async def test_unknown_paths_and_methods_answer_json_errors(api: Api) -> None:
     status, out = await api.get("/api/brokers/register")
     assert status == 405
     assert out["error"]["code"] == "bad_request"
+
+
+# -- several MetaServers, body limit, schema ------------------------------------------------------
+
+
+async def test_two_metaservers_over_one_postgresql_agree_on_a_new_subjects_route(
+    db_url: str, clock: FakeClock
+) -> None:
+    if not db_url.startswith("postgresql"):
+        pytest.skip("several MetaServers share PostgreSQL; SQLite is for one MetaServer")
+    async with serve(db_url, clock) as a, serve(db_url, clock) as b:
+        for i in (1, 2, 3):
+            await a.register(f"rt{i}", f"127.0.0.1:{1000 + i}")
+        answers = await asyncio.gather(
+            *[(a if i % 2 else b).route(f"s{i % 3}") for i in range(24)]
+        )
+        by_subject: dict[str, list[Any]] = {}
+        for status, route in answers:
+            assert status == 200, route
+            by_subject.setdefault(route["subject"], []).append(route)
+        for routes in by_subject.values():
+            assert all(r == routes[0] for r in routes)
+            assert routes[0]["version"] == 1
+
+
+async def test_a_body_over_the_size_limit_is_413_too_large(api: Api) -> None:
+    from metaserver.app import BODY_SIZE_BYTES_MAX
+
+    status, out = await api.post("/api/brokers/register", raw=b" " * (BODY_SIZE_BYTES_MAX + 1))
+    assert (status, out["error"]["code"]) == (413, "too_large")
+    # At the limit the body is read (and found to be no JSON object).
+    status, out = await api.post("/api/brokers/register", raw=b" " * BODY_SIZE_BYTES_MAX)
+    assert (status, out["error"]["code"]) == (400, "bad_request")
+
+
+async def test_the_migrated_schema_matches_the_models(db_url: str, clock: FakeClock) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from metaserver.models import Base
+
+    async with serve(db_url, clock):
+        pass
+    engine = make_engine(db_url)
+    try:
+        async with engine.connect() as connection:
+            diff = await connection.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}), Base.metadata
+                )
+            )
+    finally:
+        await engine.dispose()
+    assert diff == []
