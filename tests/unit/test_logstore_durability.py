@@ -1,0 +1,204 @@
+"""Durability under injected faults (FaultPlan): sticky write/fsync failures, short writes, full
+disks, the durable offset, and async-mode ticking on a fake clock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from logstore import DiskFull, LogConfig, LogWriteFailed, SegmentedLog
+from logstore.faults import FaultPlan
+from logstore.record import HEADER_SIZE_BYTES
+
+BODY_SIZE = 100
+FRAMED_SIZE = HEADER_SIZE_BYTES + BODY_SIZE
+
+
+def body(i: int) -> bytes:
+    return (b"body%06d" % i * 12)[:BODY_SIZE]
+
+
+def append_range(log: SegmentedLog, start: int, count: int) -> list[tuple[int, bytes]]:
+    return [(log.append(body(i)), body(i)) for i in range(start, start + count)]
+
+
+def records_on_disk(directory: str, config: LogConfig) -> tuple[SegmentedLog, list]:
+    """Reopen with real files (no faults) and read everything."""
+    log = SegmentedLog(directory, config)
+    return log, list(log.iterate())
+
+
+def assert_every_write_is_refused_with(log: SegmentedLog, failure: LogWriteFailed) -> None:
+    for use in (lambda: log.append(b"more"), log.sync, log.flush, lambda: log.tick(10**9)):
+        with pytest.raises(LogWriteFailed) as caught:
+            use()
+        assert caught.value is failure
+
+
+def test_an_fsync_failure_is_sticky_until_reopen_and_the_reopened_log_holds_the_synced_records(
+    log_dir, tiny_config
+):
+    plan = FaultPlan()
+    log = SegmentedLog(log_dir, tiny_config, opener=plan.opener)
+    synced = append_range(log, 0, 80)
+    log.sync()
+    durable = log.durable_offset
+    plan.fail_sync_at = plan.syncs + 1
+    append_range(log, 80, 20)
+    with pytest.raises(LogWriteFailed) as caught:
+        log.sync()
+    failure = caught.value
+    assert failure.operation == "fsync"
+    assert not failure.retriable
+    assert "must be reopened" in str(failure)
+    assert log.durable_offset == durable
+    assert_every_write_is_refused_with(log, failure)
+    log.close()  # does not try to sync a failed log, and does not raise
+    reopened, records = records_on_disk(log_dir, tiny_config)
+    assert records[: len(synced)] == synced
+    reopened.append(b"writable again")
+    reopened.close()
+
+
+def test_a_failed_write_is_sticky_until_reopen_and_loses_nothing_synced(log_dir):
+    plan = FaultPlan()
+    config = LogConfig(segment_size_bytes_max=4096, write_buffer_bytes_max=1 << 20)
+    log = SegmentedLog(log_dir, config, opener=plan.opener)
+    synced = append_range(log, 0, 60)  # two segments, room for 5 more in the second
+    log.sync()
+    plan.fail_write_at = plan.writes + 1
+    append_range(log, 60, 5)
+    with pytest.raises(LogWriteFailed) as caught:
+        log.flush()
+    assert caught.value.operation == "write"
+    assert_every_write_is_refused_with(log, caught.value)
+    log.close()
+    reopened, records = records_on_disk(log_dir, config)
+    assert records == synced  # the failed write wrote nothing
+    assert reopened.recovery.truncation is None
+    reopened.close()
+
+
+def test_a_short_write_leaves_a_torn_tail_that_reopen_cuts(log_dir, tiny_config):
+    plan = FaultPlan()
+    config = LogConfig(segment_size_bytes_max=4096, write_buffer_bytes_max=1 << 20)
+    log = SegmentedLog(log_dir, config, opener=plan.opener)
+    synced = append_range(log, 0, 60)  # rolls: 36 records of 112 bytes fill a segment
+    log.sync()
+    pending = append_range(log, 60, 7)
+    assert len({os.path.basename(i.path) for i in log.segments()}) >= 2
+    plan.short_write_at = plan.writes + 1
+    with pytest.raises(LogWriteFailed):
+        log.sync()
+    with pytest.raises(LogWriteFailed):
+        log.append(b"refused")
+    log.close()
+    half = 7 * FRAMED_SIZE // 2  # 392 bytes: 3 whole records and 56 bytes of the fourth
+    reopened, records = records_on_disk(log_dir, config)
+    assert records == synced + pending[:3]
+    truncation = reopened.recovery.truncation
+    assert (truncation.offset, truncation.bytes_cut) == (pending[3][0], half - 3 * FRAMED_SIZE)
+    assert truncation.reason.startswith("torn record")
+    reopened.close()
+
+
+def test_a_full_disk_raises_retriable_disk_full_from_append_and_recovers_after_space_returns(
+    log_dir, tiny_config
+):
+    plan = FaultPlan(disk_capacity_bytes=10_000)
+    log = SegmentedLog(log_dir, tiny_config, opener=plan.opener)
+    accepted: list[tuple[int, bytes]] = []
+    synced_end = 0
+    with pytest.raises(DiskFull) as caught:
+        for i in range(1000):
+            accepted.append((log.append(body(i)), body(i)))
+            if i % 10 == 9:
+                synced_end = log.sync()
+    error = caught.value
+    assert error.retriable
+    assert error.dropped_records > 0
+    assert "disk full" in str(error)
+    # Appends that returned but were dropped are the ones at or past the new end.
+    end_after_drop = log.end_offset
+    assert synced_end <= end_after_drop < accepted[-1][0] + FRAMED_SIZE
+    survivors = [r for r in accepted if r[0] < end_after_drop]
+    assert len(accepted) - len(survivors) == error.dropped_records - 1  # the raising one had no offset
+    assert log.durable_offset == synced_end
+    assert plan.bytes_written <= 10_000
+
+    with pytest.raises(DiskFull):  # still full: not sticky, but still no room
+        for i in range(1000, 1020):
+            log.append(body(i))
+    assert log.end_offset == end_after_drop
+
+    plan.free_space(100_000)
+    after = append_range(log, 2000, 50)
+    assert after[0][0] == end_after_drop
+    assert log.sync() == log.end_offset
+    log.close()
+    reopened, records = records_on_disk(log_dir, tiny_config)
+    assert reopened.recovery.truncation is None
+    assert records == survivors + after
+    reopened.close()
+
+
+def test_a_full_disk_raises_disk_full_from_sync_and_keeps_what_was_synced(log_dir):
+    plan = FaultPlan(disk_capacity_bytes=3000)
+    config = LogConfig(segment_size_bytes_max=4096, write_buffer_bytes_max=1 << 20)
+    log = SegmentedLog(log_dir, config, opener=plan.opener)
+    synced = append_range(log, 0, 20)
+    assert log.sync() == 20 * FRAMED_SIZE
+    append_range(log, 20, 10)  # 1120 bytes more do not fit in 3000
+    with pytest.raises(DiskFull) as caught:
+        log.sync()
+    assert caught.value.dropped_records == 10
+    assert log.end_offset == log.durable_offset == 20 * FRAMED_SIZE
+    assert list(log.iterate()) == synced
+    plan.free_space(2000)
+    later = append_range(log, 30, 10)
+    log.sync()
+    log.close()
+    reopened, records = records_on_disk(log_dir, config)
+    assert records == synced + later
+    reopened.close()
+
+
+def test_durable_offset_advances_only_on_sync(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    assert log.durable_offset == 0
+    append_range(log, 0, 5)
+    assert log.durable_offset == 0
+    log.flush()
+    assert os.path.getsize(os.path.join(log_dir, f"{0:020d}.log")) == 5 * FRAMED_SIZE
+    assert log.durable_offset == 0
+    append_range(log, 5, 60)  # rolls and auto-flushes
+    assert log.durable_offset == 0
+    assert log.sync() == log.durable_offset == log.end_offset == 65 * FRAMED_SIZE
+    log.close()
+
+
+def test_async_tick_fsyncs_only_after_the_interval_with_data_pending(log_dir):
+    plan = FaultPlan()
+    config = LogConfig(segment_size_bytes_max=4096, flush_mode="async", flush_interval_ms=100)
+    log = SegmentedLog(log_dir, config, opener=plan.opener)
+    assert log.tick(1_000) is False  # nothing pending
+    log.append(body(0))
+    assert log.tick(1_050) is False  # pending, but only 50 ms
+    assert plan.syncs == 0
+    assert log.durable_offset == 0
+    assert os.path.getsize(os.path.join(log_dir, f"{0:020d}.log")) == FRAMED_SIZE  # flushed
+    assert log.tick(1_099) is False
+    assert log.tick(1_100) is True
+    assert plan.syncs == 1
+    assert log.durable_offset == FRAMED_SIZE
+    assert log.tick(1_300) is False  # idle: no fsync however long it has been
+    assert log.tick(5_000) is False
+    assert plan.syncs == 1
+    append_range(log, 1, 40)  # rolls into a second segment
+    assert log.tick(5_099) is False
+    assert plan.syncs == 1
+    assert log.tick(5_100) is True
+    assert plan.syncs == 3  # one fsync for each of the two segments touched since the last
+    assert log.durable_offset == log.end_offset == 41 * FRAMED_SIZE
+    log.close()
