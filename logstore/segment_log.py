@@ -421,8 +421,10 @@ class SegmentedLog:
         limit = self.config.record_size_bytes_max
         while index < len(self._segments):
             segment = self._segments[index]
-            size = segment.size_bytes
-            while position < size:
+            # Re-read the size on every pass: appends while the caller holds this generator
+            # grow the active segment, and a roll flushes more into it before moving on.
+            while position < segment.size_bytes:
+                size = segment.size_bytes
                 chunk = segment.handle.pread(position, min(_SCAN_CHUNK_BYTES, size - position))
                 view = memoryview(chunk)
                 at = 0

@@ -252,3 +252,19 @@ def test_bad_config_values_fail_naming_the_value():
         LogConfig(flush_interval_ms=0)
     with pytest.raises(ValueError, match="write_buffer_bytes_max -1 "):
         replace(LogConfig(), write_buffer_bytes_max=-1)
+
+
+def test_iteration_never_skips_records_appended_and_rolled_while_it_is_paused(
+    log_dir, tiny_config
+):
+    log = SegmentedLog(log_dir, tiny_config)
+    written = fill(log, 30)  # 30 records of 112 bytes: one segment, partly filled
+    log.flush()
+    records = log.iterate()
+    seen = [next(records) for _ in range(3)]
+    late = [b"late %04d" % i * 11 for i in range(40)]  # 36 fit in a segment: this rolls
+    written += [(log.append(b), b) for b in late]
+    log.flush()
+    seen += list(records)
+    assert seen == written
+    log.close()
