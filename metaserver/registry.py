@@ -41,6 +41,10 @@ T = TypeVar("T")
 WRITE_ATTEMPTS_MAX = 3
 
 
+class _RaceLost(Exception):
+    """A concurrent transaction of another MetaServer changed what we read; run ours again."""
+
+
 class Registry:
     """Brokers, routes and clients over the MetaServer database; time comes from ``clock`` (ms)."""
 
@@ -88,7 +92,7 @@ class Registry:
             try:
                 async with self._write_lock, self._sessions() as session, session.begin():
                     return await body(session)
-            except IntegrityError:
+            except (IntegrityError, _RaceLost):
                 if attempt == WRITE_ATTEMPTS_MAX:
                     raise
                 log.info("write transaction lost a race (attempt %d); retrying", attempt)
@@ -270,6 +274,9 @@ class Registry:
                 .scalars()
                 .all()
             )
+            if subj is None and rows:
+                # Another MetaServer created the subject between our two reads.
+                raise _RaceLost(f"subject {subject!r} appeared while being read")
             load = await _route_load(s)
             subj = await self._replan(s, subject, subj, rows, views, load, now)
             version = subj.version if subj is not None else 0

@@ -529,14 +529,14 @@ async def test_two_metaservers_over_one_postgresql_agree_on_a_new_subjects_route
         for i in (1, 2, 3):
             await a.register(f"rt{i}", f"127.0.0.1:{1000 + i}")
         answers = await asyncio.gather(
-            *[(a if i % 2 else b).route(f"s{i % 3}") for i in range(24)]
+            *[(a if i % 2 else b).route(f"s{i % 5}") for i in range(60)]
         )
         by_subject: dict[str, list[Any]] = {}
         for status, route in answers:
             assert status == 200, route
             by_subject.setdefault(route["subject"], []).append(route)
         for routes in by_subject.values():
-            assert all(r == routes[0] for r in routes)
+            assert all(r == routes[0] for r in routes), routes
             assert routes[0]["version"] == 1
 
 
