@@ -1,0 +1,71 @@
+"""MessageLog: every subject's messages in one ``SegmentedLog`` under ``<data_dir>/messagelog/``.
+
+Segments are ``<20-digit base offset>.log`` (logstore naming); each logstore record body is one
+message record (``realtime.storage.message_record``). This class adds decoding and the timestamps
+retention needs; framing, CRCs, torn-tail truncation and group-commit fsync are logstore's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from logstore import CorruptRecord, LogConfig, Opener, SegmentedLog, SegmentInfo
+from realtime.storage.message_record import (
+    MessageRecord,
+    decode_message_header,
+    decode_message_record,
+    encode_message_record,
+)
+
+
+class MessageLog:
+    """Appends and reads message records by message-log offset."""
+
+    def __init__(self, directory: str, config: LogConfig, *, opener: Opener,
+                 verify_from_offset: int) -> None:
+        self.log = SegmentedLog(directory, config, opener=opener,
+                                verify_from_offset=verify_from_offset)
+        self.directory = directory
+
+    @property
+    def first_offset(self) -> int:
+        return self.log.first_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self.log.end_offset
+
+    @property
+    def durable_offset(self) -> int:
+        return self.log.durable_offset
+
+    def append(self, timestamp_ms: int, subject_sequence: int, tag_bloom: int, subject: str,
+               message_id: str, payload: bytes) -> tuple[int, int]:
+        """Buffer one record; returns (offset, body size in bytes)."""
+        body = encode_message_record(timestamp_ms, subject_sequence, tag_bloom, subject,
+                                     message_id, payload)
+        return self.log.append(body), len(body)
+
+    def read(self, offset: int) -> tuple[MessageRecord, int]:
+        """The record at ``offset`` and its body size; CorruptRecord when it does not decode."""
+        body = self.log.read(offset)
+        try:
+            return decode_message_record(body), len(body)
+        except ValueError as exc:
+            raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
+
+    def timestamp_at(self, offset: int) -> int:
+        """The timestamp of the record at ``offset``."""
+        return self.read(offset)[0].timestamp_ms
+
+    def iterate_headers(self, from_offset: int) -> Iterator[tuple[int, int, tuple]]:
+        """Yield (offset, body size, (timestamp_ms, sequence, bloom, subject, message_id))."""
+        for offset, body in self.log.iterate(from_offset):
+            try:
+                header = decode_message_header(body)
+            except ValueError as exc:
+                raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
+            yield offset, len(body), header[:5]
+
+    def segments(self) -> list[SegmentInfo]:
+        return self.log.segments()

@@ -1,0 +1,120 @@
+"""The message-log record: the body of one logstore record in ``<data_dir>/messagelog/``.
+
+The logstore framing around it (``logstore.record``) already carries the length, magic 0x514D,
+version, attributes and a CRC-32 over the whole body, so this body has no magic or CRC of its own.
+All integers are big-endian::
+
+    Offset    | Size | Field
+    ----------+------+------------------------------------------------------------------
+    0         | 8    | timestamp_ms: u64, when the broker accepted the message (ms since epoch)
+    8         | 8    | subject_sequence: u64, dense per subject, starting at 0
+    16        | 8    | tag_bloom: u64, bit (h % 64) set for every 32-bit tag hash h; 0 = no tags
+    24        | 2    | subject_length: u16 (S), bytes of the subject
+    26        | S    | subject: UTF-8
+    26+S      | 2    | message_id_length: u16 (I), bytes of the message id
+    28+S      | I    | message_id: UTF-8
+    28+S+I    | N    | payload: the message exactly as the producer encoded it (rest of the body)
+
+What it does NOT guarantee: the tag bloom is a pre-filter (two tags can share a bit), so exact tag
+matching needs the payload; the payload is never decoded or validated here; the record is not
+encrypted or compressed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+FIXED = struct.Struct(
+    ">Q"  # timestamp_ms
+    "Q"  # subject_sequence
+    "Q"  # tag_bloom
+    "H"  # subject_length
+)
+ID_LENGTH = struct.Struct(">H")  # message_id_length
+FIXED_SIZE_BYTES = FIXED.size  # 26
+OVERHEAD_SIZE_BYTES = FIXED.size + ID_LENGTH.size  # 28: a record is at least this long
+SUBJECT_BYTES_MAX = 0xFFFF  # the u16 length field's limit; the store applies a smaller one
+MESSAGE_ID_BYTES_MAX = 0xFFFF
+U64_MAX = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """A decoded message-log record."""
+
+    timestamp_ms: int
+    subject_sequence: int
+    tag_bloom: int
+    subject: str
+    message_id: str
+    payload: bytes
+
+
+def record_size_bytes(subject_bytes: int, message_id_bytes: int, payload_bytes: int) -> int:
+    """The encoded body size of a record with fields of these sizes."""
+    return OVERHEAD_SIZE_BYTES + subject_bytes + message_id_bytes + payload_bytes
+
+
+def encode_message_record(
+    timestamp_ms: int,
+    subject_sequence: int,
+    tag_bloom: int,
+    subject: str,
+    message_id: str,
+    payload: bytes | bytearray | memoryview,
+) -> bytes:
+    """Encode one record body; the payload is copied once, never re-encoded."""
+    subject_bytes = subject.encode("utf-8")
+    id_bytes = message_id.encode("utf-8")
+    if len(subject_bytes) > SUBJECT_BYTES_MAX:
+        raise ValueError(f"subject of {len(subject_bytes)} bytes exceeds {SUBJECT_BYTES_MAX}")
+    if len(id_bytes) > MESSAGE_ID_BYTES_MAX:
+        raise ValueError(f"message id of {len(id_bytes)} bytes exceeds {MESSAGE_ID_BYTES_MAX}")
+    for name, value in (("timestamp_ms", timestamp_ms), ("subject_sequence", subject_sequence),
+                        ("tag_bloom", tag_bloom)):
+        if not 0 <= value <= U64_MAX:
+            raise ValueError(f"{name} {value} is outside u64 [0, {U64_MAX}]")
+    return b"".join((
+        FIXED.pack(timestamp_ms, subject_sequence, tag_bloom, len(subject_bytes)),
+        subject_bytes,
+        ID_LENGTH.pack(len(id_bytes)),
+        id_bytes,
+        payload,
+    ))
+
+
+def decode_message_header(body: bytes | memoryview) -> tuple[int, int, int, str, str, int]:
+    """Decode everything but the payload: (timestamp_ms, subject_sequence, tag_bloom, subject,
+    message_id, payload_offset). Raises ValueError when the body is not a valid record."""
+    if len(body) < OVERHEAD_SIZE_BYTES:
+        raise ValueError(f"record body of {len(body)} bytes is shorter than {OVERHEAD_SIZE_BYTES}")
+    timestamp_ms, sequence, bloom, subject_length = FIXED.unpack_from(body, 0)
+    id_at = FIXED_SIZE_BYTES + subject_length
+    if id_at + ID_LENGTH.size > len(body):
+        raise ValueError(f"subject length {subject_length} runs past the {len(body)}-byte body")
+    (id_length,) = ID_LENGTH.unpack_from(body, id_at)
+    payload_at = id_at + ID_LENGTH.size + id_length
+    if payload_at > len(body):
+        raise ValueError(f"message id length {id_length} runs past the {len(body)}-byte body")
+    try:
+        subject = bytes(body[FIXED_SIZE_BYTES:id_at]).decode("utf-8")
+        message_id = bytes(body[id_at + ID_LENGTH.size : payload_at]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"subject or message id is not UTF-8: {exc}") from exc
+    return timestamp_ms, sequence, bloom, subject, message_id, payload_at
+
+
+def decode_message_record(body: bytes | memoryview) -> MessageRecord:
+    """Decode a whole record body; raises ValueError when it is not a valid record."""
+    timestamp_ms, sequence, bloom, subject, message_id, payload_at = decode_message_header(body)
+    return MessageRecord(timestamp_ms, sequence, bloom, subject, message_id,
+                         bytes(body[payload_at:]))
+
+
+def tag_bloom(tag_hashes) -> int:
+    """The 64-bit mask with bit (h % 64) set for each 32-bit tag hash; 0 for no tags."""
+    mask = 0
+    for h in tag_hashes:
+        mask |= 1 << (h % 64)
+    return mask

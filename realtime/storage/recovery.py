@@ -1,0 +1,241 @@
+"""Recovery of the derived indexes (consumer logs, dedup index) from the message log on open.
+
+Steps, in order (the message log has already cut its own torn tail):
+
+1. Each consumer log: cut files out of place (a gap, a short middle file), a torn last entry, and
+   every entry from the first that fails its CRC (checked from the checkpoint's end sequence of
+   that subject, or from the start without a checkpoint).
+2. Cut entries that point at or beyond the message log's end (its tail was cut).
+3. Choose where to replay: the checkpoint's message-log offset, unless there is no usable
+   checkpoint, it lies beyond the message log's end, or a consumer log ends before the end sequence
+   the checkpoint recorded for it; then replay everything (a full rebuild). Replay starts earlier
+   when the dedup window reaches further back.
+4. Replay records in order. An entry that already matches is kept; a missing one is appended; a
+   different one (a stale index, or a record of a dropped batch whose sequence a later batch
+   reused) is cut together with everything after it and rewritten. A record whose sequence lies
+   beyond its consumer log's end means the index lost entries before the replay range: the
+   replay restarts as a full rebuild. In a full rebuild, sequences whose records were already
+   deleted by retention become holes.
+5. Entries that no replayed record confirmed are cut; records within ``dedup_window_ms`` of
+   ``now_ms`` go into the dedup index.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from logstore import RecoveryReport
+from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.dedup import DedupIndex
+from realtime.storage.errors import CorruptEntry
+from realtime.storage.message_log import MessageLog
+from realtime.storage.store_checkpoint import StoreCheckpoint
+
+log = logging.getLogger(__name__)
+_REPLAY_BATCH_ENTRIES = 1024  # entries buffered per subject before one write
+
+
+@dataclass
+class SubjectRecovery:
+    """What recovery changed in one subject's consumer log."""
+
+    subject: str
+    entries_truncated: int = 0  # entries cut (torn, corrupt, past the log end, stale)
+    entries_rebuilt: int = 0  # entries written by replay (holes included)
+    holes: int = 0  # of those, placeholders for already-deleted messages
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StoreRecoveryReport:
+    """The outcome of opening a message store."""
+
+    message_log: RecoveryReport  # logstore's report: records verified, tail truncation if any
+    checkpoint_offset: int | None  # the usable checkpoint's message-log offset, None if none
+    full_rebuild_reason: str | None  # why every consumer log was replayed from the start
+    replay_from_offset: int = 0
+    records_replayed: int = 0
+    dedup_ids_rebuilt: int = 0
+    subjects: dict[str, SubjectRecovery] = field(default_factory=dict)  # only changed subjects
+
+    @property
+    def full_rebuild(self) -> bool:
+        return self.full_rebuild_reason is not None
+
+
+class _Restart(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def recover(
+    message_log: MessageLog,
+    consumer_logs: dict[str, ConsumerLog],
+    open_consumer_log: Callable[[str], ConsumerLog],
+    checkpoint: StoreCheckpoint | None,
+    checkpoint_problem: str | None,
+    dedup: DedupIndex,
+    now_ms: int,
+) -> StoreRecoveryReport:
+    """Make every consumer log and the dedup index agree with the message log."""
+    report = StoreRecoveryReport(message_log.log.recovery,
+                                 checkpoint.message_log_offset if checkpoint else None, None)
+
+    def subject_report(subject: str) -> SubjectRecovery:
+        return report.subjects.setdefault(subject, SubjectRecovery(subject))
+
+    end = message_log.end_offset
+    for subject, clog in consumer_logs.items():
+        for problem in clog.layout_problems:
+            subject_report(subject).reasons.append(problem)
+        verify_from = checkpoint.end_sequences.get(subject, clog.begin) if checkpoint else clog.begin
+        bad = clog.first_valid_bad_entry(verify_from)
+        if bad is not None:
+            cut = clog.truncate(bad)
+            subject_report(subject).entries_truncated += cut
+            subject_report(subject).reasons.append(f"{cut} entries cut from corrupt sequence {bad}")
+        past = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= end)
+        cut = clog.truncate(past)
+        if cut:
+            subject_report(subject).entries_truncated += cut
+            subject_report(subject).reasons.append(
+                f"{cut} entries from sequence {past} pointed at or past the message-log end {end}")
+
+    reason = _full_rebuild_reason(message_log, consumer_logs, checkpoint, checkpoint_problem)
+    start = message_log.first_offset if reason else max(checkpoint.message_log_offset,
+                                                        message_log.first_offset)
+    start = min(start, _dedup_start_offset(message_log, now_ms - dedup.window_ms))
+    try:
+        _replay(message_log, consumer_logs, open_consumer_log, dedup, now_ms, start,
+                full=reason is not None, subject_report=subject_report, report=report)
+    except _Restart as restart:
+        reason = restart.reason
+        dedup.clear()
+        start = message_log.first_offset
+        _replay(message_log, consumer_logs, open_consumer_log, dedup, now_ms, start, full=True,
+                subject_report=subject_report, report=report)
+    if reason and checkpoint:
+        # Sequences the checkpoint knew of whose records are gone entirely become holes, so a
+        # subject never reuses a sequence.
+        for subject, end_sequence in checkpoint.end_sequences.items():
+            clog = consumer_logs.get(subject) or open_consumer_log(subject)
+            holes = clog.fill_holes(end_sequence)
+            if holes:
+                subject_report(subject).holes += holes
+                subject_report(subject).entries_rebuilt += holes
+    first = message_log.first_offset
+    for clog in consumer_logs.values():
+        clog.first_sequence = clog.find_first(
+            lambda e: not e.is_hole and e.message_log_offset >= first)
+    report.full_rebuild_reason = reason
+    report.replay_from_offset = start
+    report.dedup_ids_rebuilt = len(dedup)
+    for subject_recovery in report.subjects.values():
+        log.warning("message store recovery: subject %r: %s", subject_recovery.subject,
+                    subject_recovery)
+    return report
+
+
+def _full_rebuild_reason(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
+                         checkpoint: StoreCheckpoint | None, problem: str | None) -> str | None:
+    if checkpoint is None:
+        return problem or "no checkpoint"
+    if checkpoint.message_log_offset > message_log.end_offset:
+        return (f"checkpoint offset {checkpoint.message_log_offset} is past the message-log end "
+                f"{message_log.end_offset}")
+    for subject, end_sequence in sorted(checkpoint.end_sequences.items()):
+        clog = consumer_logs.get(subject)
+        have = clog.end if clog else 0
+        if have < end_sequence:
+            return (f"consumer log of {subject!r} ends at {have}, before the checkpoint's "
+                    f"{end_sequence}")
+    return None
+
+
+def _dedup_start_offset(message_log: MessageLog, cutoff_ms: int) -> int:
+    """The base of the newest segment whose first record is at or before ``cutoff_ms``: every
+    record before it is older than the dedup window (timestamps are assumed non-decreasing)."""
+    start = message_log.first_offset
+    for info in message_log.segments():
+        if info.size_bytes == 0 or message_log.timestamp_at(info.base_offset) > cutoff_ms:
+            break
+        start = info.base_offset
+    return start
+
+
+def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, now_ms: int,
+            start: int, *, full: bool, subject_report, report: StoreRecoveryReport) -> None:
+    pending: dict[str, list[Entry]] = defaultdict(list)
+    seen: dict[str, int] = {}  # subject -> next sequence after the last replayed record
+    replayed_ids: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    cutoff_ms = now_ms - dedup.window_ms
+
+    def flush(subject: str) -> None:
+        entries = pending.pop(subject, None)
+        if entries:
+            consumer_logs[subject].append_entries(entries)
+
+    def cut(subject: str, sequence: int, why: str) -> None:
+        flush(subject)
+        removed = consumer_logs[subject].truncate(sequence)
+        if removed:
+            subject_report(subject).entries_truncated += removed
+            subject_report(subject).reasons.append(f"{removed} entries from sequence {sequence} {why}")
+        ids = replayed_ids[subject]
+        while ids and ids[-1][0] >= sequence:
+            dedup.forget(subject, ids[-1][1], ids.pop()[0])
+
+    count = 0
+    for offset, size, (timestamp_ms, sequence, bloom, subject, message_id) in (
+            message_log.iterate_headers(start)):
+        count += 1
+        clog = consumer_logs.get(subject)
+        if clog is None:
+            clog = consumer_logs[subject] = open_consumer_log(subject)
+        entry = Entry(timestamp_ms, offset, size, bloom)
+        indexed_end = clog.end + len(pending[subject])
+        if sequence > indexed_end:
+            if not full:
+                raise _Restart(f"record of {subject!r} sequence {sequence} at offset {offset} but "
+                               f"its consumer log ends at {indexed_end}")
+            flush(subject)
+            holes = clog.fill_holes(sequence)
+            subject_report(subject).holes += holes
+            subject_report(subject).entries_rebuilt += holes
+        elif sequence < clog.begin:
+            continue
+        elif sequence < indexed_end:
+            flush(subject)
+            try:
+                matches = clog.entry(sequence) == entry
+            except CorruptEntry:
+                matches = False
+            if not matches:
+                cut(subject, sequence, f"disagreed with the record at offset {offset}")
+        if sequence == clog.end + len(pending[subject]):
+            pending[subject].append(entry)
+            subject_report(subject).entries_rebuilt += 1
+            if len(pending[subject]) >= _REPLAY_BATCH_ENTRIES:
+                flush(subject)
+        seen[subject] = sequence + 1
+        if timestamp_ms > cutoff_ms:
+            dedup.add(subject, message_id, sequence, timestamp_ms)
+            replayed_ids[subject].append((sequence, message_id))
+    for subject in list(pending):
+        flush(subject)
+    for subject, clog in consumer_logs.items():
+        if subject in seen:
+            cut(subject, seen[subject], "were not confirmed by any replayed record")
+        else:
+            stale = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= start)
+            cut(subject, stale, f"pointed at offset {start} or later with no record there")
+    report.records_replayed = count
+    # Drop the no-op entries of subjects replay only verified.
+    for subject in list(report.subjects):
+        item = report.subjects[subject]
+        if not (item.entries_truncated or item.entries_rebuilt or item.reasons):
+            del report.subjects[subject]

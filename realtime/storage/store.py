@@ -1,0 +1,440 @@
+"""MessageStore: the facade the realtime server calls (message log + consumer logs + dedup).
+
+Layout of ``data_dir``::
+
+    messagelog/<20-digit base offset>.log             every subject's records (logstore segments)
+    consumerlog/<encoded subject>/<20-digit base>.clog one subject's index (fixed 32-byte entries)
+    checkpoint/consumerlogs.<20-digit n>.ckpt          where the indexes are complete
+
+Writes are batched: ``append`` buffers in memory, ``commit`` writes the batch to the message log,
+makes it durable per ``flush_mode`` (one fsync per batch in sync mode), then indexes it; only then
+is it visible. Synchronous and single-owner: the server calls it from one place, never from the
+event loop. Time is passed in; nothing here reads the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from logstore import (
+    CheckpointStore,
+    CorruptRecord,
+    LogConfig,
+    LogStoreError,
+    LogWriteFailed,
+    OffsetOutOfRange,
+    Opener,
+    OsFile,
+)
+from realtime.storage.config import (
+    MESSAGE_ID_BYTES_MAX,
+    SUBJECT_BYTES_MAX,
+    TAG_HASH_MAX,
+    TAG_HASHES_MAX,
+    TIMESTAMP_MS_MAX,
+    StoreConfig,
+)
+from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.dedup import DedupIndex
+from realtime.storage.errors import (
+    CorruptEntry,
+    SequenceOutOfRange,
+    StorageError,
+    StoreClosed,
+    StoreFailed,
+)
+from realtime.storage.message_log import MessageLog
+from realtime.storage.message_record import record_size_bytes, tag_bloom
+from realtime.storage.recovery import StoreRecoveryReport, recover
+from realtime.storage.retention import RetentionReport, apply_retention
+from realtime.storage.store_checkpoint import (
+    CHECKPOINT_NAME,
+    StoreCheckpoint,
+    decode_store_checkpoint,
+    encode_store_checkpoint,
+)
+from realtime.storage.subject_names import (
+    encode_subject,
+    is_hashed,
+    subject_of_directory,
+    write_subject_file,
+)
+
+log = logging.getLogger(__name__)
+SCAN_READ_ENTRIES = 256  # consumer-log entries read per pread while scanning
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The outcome of one ``append``: the sequence it gets (provisional until ``commit``), or
+    for a duplicate the original's sequence (None when the original is not committed yet)."""
+
+    subject: str
+    message_id: str
+    sequence: int | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A committed message as read back; ``payload`` is byte-identical to what was appended."""
+
+    subject: str
+    sequence: int
+    timestamp_ms: int
+    message_id: str
+    tag_bloom: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class _Pending:
+    subject: str
+    message_id: str
+    bloom: int
+    timestamp_ms: int
+    payload: bytes
+    result: Appended
+
+
+def _check_subject(subject: object) -> str:
+    if not isinstance(subject, str):
+        raise ValueError(f"subject {subject!r} must be a str, not {type(subject).__name__}")
+    try:
+        size = len(subject.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"subject {subject!r} is not encodable as UTF-8: {exc}") from exc
+    if not 1 <= size <= SUBJECT_BYTES_MAX:
+        raise ValueError(f"subject of {size} bytes is outside [1, {SUBJECT_BYTES_MAX}] bytes")
+    return subject
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} {value!r} must be an int in [{low}, {high}]")
+    return value
+
+
+class MessageStore:
+    """Per-subject dense sequences over one message log; see the module docstring."""
+
+    def __init__(self, data_dir: str, config: StoreConfig = StoreConfig(), *,
+                 opener: Opener = OsFile, now_ms: int) -> None:
+        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        self.data_dir = data_dir
+        self.config = config
+        self._opener = opener
+        self._closed = False
+        self._failed: StorageError | None = None
+        self._pending: list[_Pending] = []
+        self._pending_ids: set[tuple[str, str]] = set()
+        self._pending_counts: dict[str, int] = defaultdict(int)
+        self._consumer_root = os.path.join(data_dir, "consumerlog")
+        os.makedirs(self._consumer_root, exist_ok=True)
+        self._checkpoints = CheckpointStore(os.path.join(data_dir, "checkpoint"), CHECKPOINT_NAME)
+        checkpoint, problem = self._load_checkpoint()
+        self._message_log = MessageLog(
+            os.path.join(data_dir, "messagelog"),
+            LogConfig(
+                segment_size_bytes_max=config.segment_size_bytes_max,
+                record_size_bytes_max=config.record_size_bytes_max,
+                flush_mode=config.flush_mode,
+                flush_interval_ms=config.flush_interval_ms,
+                write_buffer_bytes_max=config.write_buffer_bytes_max,
+            ),
+            opener=opener,
+            verify_from_offset=checkpoint.message_log_offset if checkpoint else 0,
+        )
+        self._consumer_logs: dict[str, ConsumerLog] = {}
+        for name in sorted(os.listdir(self._consumer_root)):
+            try:
+                subject = subject_of_directory(self._consumer_root, name)
+            except ValueError as exc:
+                log.warning("message store %s: skipping directory %r: %s", data_dir, name, exc)
+                continue
+            self._consumer_logs[subject] = self._open_consumer_log(subject)
+        self._dedup = DedupIndex(config.dedup_window_ms, config.dedup_ids_max)
+        self.recovery: StoreRecoveryReport = recover(
+            self._message_log, self._consumer_logs, self._open_consumer_log, checkpoint, problem,
+            self._dedup, now_ms)
+        self._checkpoint_offset = checkpoint.message_log_offset if checkpoint else -1
+        self._write_checkpoint()
+
+    # ------------------------------------------------------------------ internals
+
+    def _load_checkpoint(self) -> tuple[StoreCheckpoint | None, str | None]:
+        loaded = self._checkpoints.load_latest()
+        if loaded is None:
+            return None, "no checkpoint file verifies"
+        try:
+            return decode_store_checkpoint(loaded.payload), None
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.warning("checkpoint %s unusable: %s", loaded.path, exc)
+            return None, f"checkpoint {loaded.path} unusable: {exc}"
+
+    def _open_consumer_log(self, subject: str) -> ConsumerLog:
+        name = encode_subject(subject)
+        directory = os.path.join(self._consumer_root, name)
+        created = not os.path.isdir(directory)
+        clog = ConsumerLog(directory, subject, self.config.consumer_log_entries_per_file,
+                           self._opener)
+        if created and is_hashed(name):
+            write_subject_file(directory, subject)
+        return clog
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.data_dir)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise self._failed
+
+    def _write_checkpoint(self) -> bool:
+        """Checkpoint the indexes when the message log is durable to its end; True if written."""
+        message_log = self._message_log
+        if message_log.durable_offset != message_log.end_offset or self._failed is not None:
+            return False
+        for clog in self._consumer_logs.values():
+            clog.sync()
+        payload = encode_store_checkpoint(StoreCheckpoint(
+            message_log.end_offset, {s: c.end for s, c in self._consumer_logs.items()}))
+        try:
+            self._checkpoints.write(payload)
+        except OSError as exc:
+            # A checkpoint only shortens the replay at open; without it the data is still safe,
+            # so the write that triggered it is not failed. Retried at the next interval.
+            log.warning("message store %s: checkpoint write failed: %s", self.data_dir, exc)
+            return False
+        self._checkpoint_offset = message_log.end_offset
+        return True
+
+    def _maybe_checkpoint(self) -> None:
+        if (self._message_log.end_offset - self._checkpoint_offset
+                >= self.config.checkpoint_interval_bytes):
+            self._write_checkpoint()
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, subject: str, message_id: str, tag_hashes: Sequence[int], timestamp_ms: int,
+               payload: bytes) -> Appended:
+        """Buffer one message (invisible until ``commit``); a recent id is a duplicate."""
+        self._check_writable()
+        _check_subject(subject)
+        if not isinstance(message_id, str):
+            raise ValueError(f"message_id {message_id!r} must be a str")
+        try:
+            id_size = len(message_id.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"message_id {message_id!r} is not encodable as UTF-8") from exc
+        if not 1 <= id_size <= MESSAGE_ID_BYTES_MAX:
+            raise ValueError(
+                f"message_id of {id_size} bytes is outside [1, {MESSAGE_ID_BYTES_MAX}] bytes")
+        if len(tag_hashes) > TAG_HASHES_MAX:
+            raise ValueError(f"{len(tag_hashes)} tag hashes exceed TAG_HASHES_MAX {TAG_HASHES_MAX}")
+        for h in tag_hashes:
+            _check_int("tag hash", h, 0, TAG_HASH_MAX)
+        _check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise ValueError(f"payload must be bytes, not {type(payload).__name__}")
+        size = record_size_bytes(len(subject.encode("utf-8")), id_size, len(payload))
+        if size > self.config.record_size_bytes_max:
+            raise ValueError(f"message record of {size} bytes exceeds record_size_bytes_max "
+                             f"{self.config.record_size_bytes_max}")
+        key = (subject, message_id)
+        if key in self._pending_ids:
+            result = Appended(subject, message_id, None, True)
+        else:
+            original = self._dedup.lookup(subject, message_id, timestamp_ms)
+            if original is not None:
+                result = Appended(subject, message_id, original, True)
+            else:
+                sequence = self.end_sequence(subject) + self._pending_counts[subject]
+                result = Appended(subject, message_id, sequence, False)
+                self._pending_ids.add(key)
+                self._pending_counts[subject] += 1
+        self._pending.append(_Pending(subject, message_id, tag_bloom(tag_hashes), timestamp_ms,
+                                      bytes(payload), result))
+        return result
+
+    def commit(self) -> list[Appended]:
+        """Write, make durable (per flush mode) and index every append since the last commit.
+
+        Returns one ``Appended`` per ``append`` call, in order. On a write failure (``DiskFull``,
+        ``LogWriteFailed``) the whole batch is dropped, nothing of it becomes visible, and the
+        error propagates.
+        """
+        self._check_writable()
+        batch = self._pending
+        self._pending = []
+        self._pending_ids = set()
+        self._pending_counts = defaultdict(int)
+        fresh = [p for p in batch if not p.result.duplicate]
+        if not fresh:
+            return [p.result for p in batch]
+        message_log = self._message_log
+        entries: dict[str, list[Entry]] = defaultdict(list)
+        try:
+            for p in fresh:
+                offset, size = message_log.append(p.timestamp_ms, p.result.sequence, p.bloom,
+                                                  p.subject, p.message_id, p.payload)
+                entries[p.subject].append(Entry(p.timestamp_ms, offset, size, p.bloom))
+            if self.config.flush_mode == "sync":
+                message_log.log.sync()
+            else:
+                message_log.log.flush()
+        except LogWriteFailed as exc:
+            # Sticky: after a failed write or fsync the file's state is unknown until reopened.
+            # Records of this batch that reached the file are never indexed; recovery treats
+            # them as described in realtime.storage.recovery.
+            self._failed = exc
+            raise
+        self._index(entries)
+        for p in fresh:
+            self._dedup.add(p.subject, p.message_id, p.result.sequence, p.timestamp_ms)
+        self._maybe_checkpoint()
+        return [p.result for p in batch]
+
+    def _index(self, entries: dict[str, list[Entry]]) -> None:
+        """Append the batch's entries; on failure cut every touched consumer log back."""
+        ends = {}
+        try:
+            for subject, subject_entries in entries.items():
+                clog = self._consumer_logs.get(subject)
+                if clog is None:
+                    clog = self._consumer_logs[subject] = self._open_consumer_log(subject)
+                ends[subject] = clog.end
+                clog.append_entries(subject_entries)
+        except StoreFailed as exc:
+            self._failed = exc
+            raise
+        except LogStoreError:
+            try:
+                for subject, end in ends.items():
+                    self._consumer_logs[subject].truncate(end)
+            except OSError as cut_exc:
+                self._failed = StoreFailed(self._consumer_logs[subject].directory, cut_exc)
+            raise
+
+    def tick(self, now_ms: int) -> None:
+        """Async mode: fsync the message log every ``flush_interval_ms``; prune the dedup index."""
+        self._check_open()
+        if self.config.flush_mode == "async" and self._failed is None:
+            if self._message_log.log.tick(now_ms):
+                self._maybe_checkpoint()
+        self._dedup.prune(now_ms)
+
+    # ------------------------------------------------------------------ reading
+
+    def subjects(self) -> list[str]:
+        """Every subject with a consumer log, sorted."""
+        return sorted(self._consumer_logs)
+
+    def first_sequence(self, subject: str) -> int:
+        """The lowest sequence still readable (== end_sequence when none is); 0 if unknown."""
+        clog = self._consumer_logs.get(_check_subject(subject))
+        return clog.first_sequence if clog else 0
+
+    def end_sequence(self, subject: str) -> int:
+        """The next sequence to be assigned (committed messages only); 0 for an unknown subject."""
+        clog = self._consumer_logs.get(_check_subject(subject))
+        return clog.end if clog else 0
+
+    def end_sequences(self) -> dict[str, int]:
+        """Every subject's end sequence."""
+        return {subject: clog.end for subject, clog in self._consumer_logs.items()}
+
+    def _check_range(self, subject: str, sequence: int, allow_end: bool) -> ConsumerLog | None:
+        _check_int("sequence", sequence, 0, TIMESTAMP_MS_MAX)
+        clog = self._consumer_logs.get(subject)
+        first = clog.first_sequence if clog else 0
+        end = clog.end if clog else 0
+        if sequence < first or sequence > end or (sequence == end and not allow_end):
+            raise SequenceOutOfRange(subject, sequence, first, end)
+        return clog
+
+    def read(self, subject: str, sequence: int) -> StoredMessage:
+        """The committed message ``sequence`` of ``subject``; SequenceOutOfRange outside
+        [first_sequence, end_sequence), CorruptEntry when the stored bytes fail verification."""
+        self._check_open()
+        clog = self._check_range(_check_subject(subject), sequence, allow_end=False)
+        return self._load(clog, sequence, clog.entry(sequence))
+
+    def _load(self, clog: ConsumerLog, sequence: int, entry: Entry) -> StoredMessage:
+        subject = clog.subject
+        if entry.is_hole:
+            raise SequenceOutOfRange(subject, sequence, clog.first_sequence, clog.end)
+        try:
+            record, size = self._message_log.read(entry.message_log_offset)
+        except OffsetOutOfRange as exc:
+            raise SequenceOutOfRange(subject, sequence, clog.first_sequence, clog.end) from exc
+        except CorruptRecord as exc:
+            raise CorruptEntry(subject, sequence, exc.path, exc.reason) from exc
+        if (record.subject, record.subject_sequence, size) != (subject, sequence, entry.size_bytes):
+            raise CorruptEntry(
+                subject, sequence, clog.directory,
+                f"entry points at offset {entry.message_log_offset}, which holds "
+                f"{record.subject!r} sequence {record.subject_sequence} ({size} bytes)")
+        return StoredMessage(subject, sequence, record.timestamp_ms, record.message_id,
+                             record.tag_bloom, record.payload)
+
+    def scan(self, subject: str, from_sequence: int, max_count: int,
+             tag_hashes: Sequence[int] | None = None,
+             max_entries: int = 10_000) -> tuple[list[StoredMessage], int]:
+        """Committed messages from ``from_sequence`` whose tag bloom shares a bit with any of
+        ``tag_hashes`` (None or empty: all), at most ``max_count`` of them, looking at most at
+        ``max_entries`` entries. Returns (messages, the next sequence to look at).
+
+        The bloom is a pre-filter: a message whose tag merely shares a bit (h1 % 64 == h2 % 64)
+        is returned too, so the caller checks the exact tags in the payload.
+        """
+        self._check_open()
+        _check_int("max_count", max_count, 0, TIMESTAMP_MS_MAX)
+        _check_int("max_entries", max_entries, 0, TIMESTAMP_MS_MAX)
+        clog = self._check_range(_check_subject(subject), from_sequence, allow_end=True)
+        mask = tag_bloom(tag_hashes) if tag_hashes else 0
+        messages: list[StoredMessage] = []
+        sequence = from_sequence
+        stop = min(clog.end, from_sequence + max_entries) if clog else from_sequence
+        while sequence < stop and len(messages) < max_count:
+            for entry in clog.entries(sequence, min(SCAN_READ_ENTRIES, stop - sequence)):
+                if not mask or entry.tag_bloom & mask:
+                    messages.append(self._load(clog, sequence, entry))
+                sequence += 1
+                if len(messages) == max_count:
+                    break
+        return messages, sequence
+
+    # ------------------------------------------------------------------ retention, closing
+
+    def apply_retention(self, now_ms: int, keep_sequences: Mapping[str, int]) -> RetentionReport:
+        """Delete old message-log segments and the consumer-log files below them (see
+        ``realtime.storage.retention``); the report says what went and why."""
+        self._check_open()
+        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        report = apply_retention(self._message_log, self._consumer_logs, self.config, now_ms,
+                                 keep_sequences)
+        if report.deleted_segments:
+            self._write_checkpoint()
+        return report
+
+    def close(self) -> None:
+        """Drop uncommitted appends, fsync, checkpoint and close every file. Idempotent."""
+        if self._closed:
+            return
+        self._pending, self._pending_ids = [], set()
+        self._pending_counts = defaultdict(int)
+        try:
+            if self._failed is None:
+                self._message_log.log.sync()
+                self._write_checkpoint()
+        finally:
+            self._message_log.log.close()
+            for clog in self._consumer_logs.values():
+                clog.close()
+            self._closed = True
