@@ -87,13 +87,18 @@ class LogModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def read_any_record(self, data):
         offset, body = data.draw(st.sampled_from(self.records))
-        assert self.log.read(offset) == body
+        # Reading a buffered record flushes it first, so a read can meet a full disk too.
+        read = self._writing(lambda: self.log.read(offset))
+        assert read == body or (read is None and offset >= self.log.end_offset)
 
     @precondition(lambda self: self.records)
     @rule(data=st.data())
     def iterate_from_any_record(self, data):
         index = data.draw(st.integers(0, len(self.records) - 1))
-        assert list(self.log.iterate(self.records[index][0])) == self.records[index:]
+        offset = self.records[index][0]
+        records = self._writing(lambda: list(self.log.iterate(offset)))
+        if records is not None:
+            assert records == self.records[index:]
 
     @rule()
     def close_and_reopen(self):
