@@ -1,0 +1,311 @@
+"""Client side of the data plane: one pipelined TCP connection per broker, and a pool of them.
+
+A ``Connection`` says ``hello`` once, then any number of requests may be in flight on it at the
+same time: each gets a fresh request id (``rid``) and a future, and one reader task hands every
+response to the future of its rid (docs/PROTOCOL.md). A long-poll ``pull`` therefore never holds
+up an ``ack`` or a ``send`` on the same connection.
+
+Failure model:
+
+* an error response ``{rid, error}`` raises the matching QmqError from ``request`` (with ``.rid``);
+* the connection closing, a socket error or a frame we cannot decode fails every pending request
+  with ConnectionLost; the connection is then dead for good and the pool opens a new one;
+* no answer within ``timeout_ms`` raises RequestTimeout (a ConnectionLost). The connection stays
+  up; a late answer is dropped. The request may still have been executed by the broker, which is
+  why the producer resends with the same message id (the broker de-duplicates).
+
+What this module does not do: retry, back off, or pick another broker. Callers decide that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from sdk.errors import BadRequest, ConnectionLost, QmqError
+from sdk.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame, parse_response
+
+log = logging.getLogger(__name__)
+
+# Bytes asked of the socket per read; frames longer than this are assembled by the FrameDecoder.
+READ_CHUNK_BYTES = 256 * 1024
+
+# How long connecting plus the hello round trip may take, in milliseconds.
+CONNECT_TIMEOUT_MS_DEFAULT = 5_000
+
+
+class RequestTimeout(ConnectionLost):
+    """Client side: no answer to a request within its timeout. Retriable: the request may or may
+    not have been executed, so only idempotent requests (sends carry their id) are resent.
+
+    Lives here rather than in sdk/errors.py only until the codec owner adds it there."""
+
+    code = "timeout"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); BadRequest for anything else."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise BadRequest(f"broker address {address!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+class Connection:
+    """One persistent, pipelined connection to a broker. Make it with ``await Connection.open``."""
+
+    def __init__(
+        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.address = address
+        # What the broker said about itself in the hello answer: {kind, group, node}.
+        self.server: dict[str, Any] = {}
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder()
+        self._rids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._close_error: ConnectionLost | None = None
+        # A rid-less error answer: the broker rejected a frame and is about to close on us.
+        self._close_error_hint: QmqError | None = None
+        self._closed_event = asyncio.Event()
+        self._reader_task = asyncio.get_running_loop().create_task(
+            self._read_loop(), name=f"qmq-conn-reader {address}"
+        )
+
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        *,
+        client_id: str,
+        app: str,
+        token: str | None,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+    ) -> Connection:
+        """Connect to ``address`` and say hello; ConnectionLost if the broker cannot be reached,
+        the QmqError of the hello answer (Unauthorized, NotSupported, ...) if it refuses us."""
+        host, port = parse_address(address)
+        try:
+            async with asyncio.timeout(connect_timeout_ms / 1000):
+                reader, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionLost(
+                f"cannot connect to broker {address} within {connect_timeout_ms} ms: "
+                f"{exc or type(exc).__name__}"
+            ) from None
+        conn = cls(address, reader, writer)
+        try:
+            answer = await conn.request(
+                {
+                    "op": "hello",
+                    "client_id": client_id,
+                    "app": app,
+                    "token": token,
+                    "protocol": PROTOCOL_VERSION,
+                },
+                connect_timeout_ms,
+            )
+        except BaseException:
+            await conn.close()
+            raise
+        server = answer.get("server")
+        conn.server = server if isinstance(server, dict) else {}
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is dead; it never comes back (the pool makes a new one)."""
+        return self._close_error is not None
+
+    @property
+    def pending_count(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+
+    async def wait_closed(self) -> None:
+        """Return when the connection has closed, for whatever reason."""
+        await self._closed_event.wait()
+
+    async def request(self, op: dict[str, Any], timeout_ms: int | None) -> dict[str, Any]:
+        """Send ``op`` (a request map without ``rid``) and return the answer without its rid.
+
+        Raises the QmqError of an error answer, ConnectionLost if the connection is or goes down,
+        RequestTimeout after ``timeout_ms`` (None: wait for ever), and BadRequest/TooLarge from
+        the codec before anything is written if ``op`` cannot be framed.
+        """
+        if self._close_error is not None:
+            raise ConnectionLost(str(self._close_error))
+        rid = next(self._rids)
+        data = encode_frame({**op, "rid": rid})
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
+                self._writer.write(data)
+                await self._writer.drain()
+                return await future
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no answer from broker {self.address} to {op.get('op')} (rid {rid}) "
+                f"within {timeout_ms} ms"
+            ) from None
+        except (OSError, RuntimeError) as exc:  # RuntimeError: write on a closing transport
+            self._fail(ConnectionLost(f"writing to broker {self.address} failed: {exc}"))
+            raise ConnectionLost(f"writing to broker {self.address} failed: {exc}") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail with ConnectionLost."""
+        self._fail(ConnectionLost(f"connection to broker {self.address} was closed by the client"))
+        if self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+            try:
+                await self._reader_task
+            except asyncio.CancelledError:
+                pass
+        try:
+            await self._writer.wait_closed()
+        except (OSError, RuntimeError):
+            pass  # the peer may have reset it already; it is closed either way
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        error: ConnectionLost
+        try:
+            while True:
+                data = await self._reader.read(READ_CHUNK_BYTES)
+                if not data:
+                    error = ConnectionLost(f"broker {self.address} closed the connection")
+                    break
+                for frame in self._decoder.feed(data):
+                    self._dispatch(frame)
+        except QmqError as exc:
+            error = ConnectionLost(f"broker {self.address} sent an unreadable frame: {exc}")
+        except OSError as exc:
+            error = ConnectionLost(f"connection to broker {self.address} failed: {exc}")
+        except asyncio.CancelledError:
+            self._fail(ConnectionLost(f"connection to broker {self.address} was closed"))
+            raise
+        self._fail(error)
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        try:
+            rid, answer = parse_response(frame)
+        except QmqError as exc:
+            future = self._pending.get(exc.rid) if exc.rid is not None else None
+            if future is not None:
+                if not future.done():
+                    future.set_exception(exc)
+            elif exc.rid is None and "error" in frame:
+                # A connection-level error: the broker rejected a frame and will close on us.
+                log.warning("broker %s reported %s: %s", self.address, exc.code, exc.message)
+                self._close_error_hint = exc
+            else:
+                log.warning("broker %s sent an answer we cannot use: %s", self.address, exc)
+            return
+        future = self._pending.get(rid)
+        if future is not None and not future.done():
+            future.set_result(answer)
+        # An unknown rid is the late answer of a request that timed out or was cancelled.
+
+    def _fail(self, error: ConnectionLost) -> None:
+        if self._close_error is not None:
+            return
+        hint = self._close_error_hint
+        if hint is not None:
+            error = ConnectionLost(f"{error} (after it reported {hint.code}: {hint.message})")
+        self._close_error = error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(str(error)))
+        self._pending.clear()
+        self._writer.close()
+        self._closed_event.set()
+
+
+class ConnectionPool:
+    """At most one live Connection per broker address, opened on first use and reopened on demand
+    after it dies. Concurrent ``get``s of the same address share one connect."""
+
+    def __init__(
+        self,
+        *,
+        client_id: str,
+        app: str,
+        token: str | None,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+    ) -> None:
+        self.client_id = client_id
+        self.app = app
+        self.token = token
+        self.connect_timeout_ms = connect_timeout_ms
+        self._connections: dict[str, Connection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    async def get(self, address: str) -> Connection:
+        """The live connection to ``address``, connecting (and saying hello) if there is none."""
+        conn = self._connections.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._locks.setdefault(address, asyncio.Lock())
+        async with lock:
+            if self._closed:
+                raise ConnectionLost(f"connection pool is closed; not connecting to {address}")
+            conn = self._connections.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = await Connection.open(
+                address,
+                client_id=self.client_id,
+                app=self.app,
+                token=self.token,
+                connect_timeout_ms=self.connect_timeout_ms,
+            )
+            self._connections[address] = conn
+            return conn
+
+    async def request(
+        self, address: str, op: dict[str, Any], timeout_ms: int | None
+    ) -> dict[str, Any]:
+        """``get(address)`` then ``request``; a dead connection is dropped so the next call
+        reconnects."""
+        conn = await self.get(address)
+        try:
+            return await conn.request(op, timeout_ms)
+        except ConnectionLost:
+            if conn.closed:
+                self._connections.pop(address, None)
+            raise
+
+    def addresses(self) -> list[str]:
+        """Addresses with a live connection."""
+        return [a for a, c in self._connections.items() if not c.closed]
+
+    async def discard(self, address: str) -> None:
+        """Close the connection to ``address`` (if any) so the next ``get`` reconnects."""
+        conn = self._connections.pop(address, None)
+        if conn is not None:
+            await conn.close()
+
+    async def close(self) -> None:
+        """Close every connection; ``get`` fails afterwards."""
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+__all__ = [
+    "CONNECT_TIMEOUT_MS_DEFAULT",
+    "Connection",
+    "ConnectionPool",
+    "RequestTimeout",
+    "parse_address",
+]

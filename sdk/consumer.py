@@ -1,0 +1,676 @@
+"""The asyncio Consumer: long-poll pulls from every broker group of a subject, batched acks.
+
+Shape of a running consumer (one per process and group is typical):
+
+* per subscribed subject, one **route task** keeps the consumer route fresh (every
+  ``route_refresh_ms``, and at once when a pull fails) and starts one **pull loop** per broker
+  group in the route. A group that leaves the route has its loop stopped.
+* a pull loop long-polls its broker (``wait_ms``) and puts what it gets into the subscription's
+  bounded prefetch queue (``pull_batch`` messages); when the queue is full the loop waits, so a
+  slow application is not handed more than it can hold. Connection loss -> reconnect with
+  exponential backoff (100 ms doubling to ``reconnect_backoff_max_ms``).
+* acks are out of order: ``msg.ack()`` only records the pull sequence; an **ack task** turns
+  the recorded sequences of each (broker, subject) into [first, last] ranges and sends them every
+  ``ack_interval_ms`` (20) or as soon as ``ack_pending_max`` (64) are waiting. One slow message
+  never holds back the acks of the others, nor the iterator.
+* a **heartbeat task** tells every broker we pull from (op heartbeat) and the MetaServer
+  (``/api/clients/heartbeat``) that this consumer is alive, every ``heartbeat_interval_ms``.
+
+Delivery is at least once. A message not acked within the group's ack timeout (60 s by default,
+on the broker) is handed out again; so are prefetched messages that were never handed to the
+application when the consumer closed. ``msg.nack()`` asks the broker for a retry; until the delay
+server exists brokers answer not_supported and nack raises NotSupported. A handler that raises
+leaves its message unacked, so it comes back after the ack timeout (retries with backoff arrive
+with the delay server, DESIGN.md 8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
+from sdk.errors import BadRequest, NoRoute, NotSupported, QmqError
+from sdk.limits import MAX_ACK_RANGES, MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
+from sdk.message import Message, decode_message, validate_group, validate_subject, validate_tags
+from sdk.producer import default_client_id, duration_ms
+from sdk.routes import Route, RouteCache
+
+log = logging.getLogger(__name__)
+
+# Extra time a pull may take beyond its wait_ms before we call the broker silent, in ms.
+PULL_TIMEOUT_SLACK_MS = 5_000
+# First reconnect pause after a failed pull, doubled per failure, in milliseconds.
+RECONNECT_BACKOFF_MS_INITIAL = 100
+# Longest wait for an ack, nack or heartbeat answer, in milliseconds.
+CONTROL_TIMEOUT_MS = 5_000
+# A batch of acks that failed this many times is given up (the broker redelivers those messages).
+ACK_ATTEMPTS_MAX = 5
+
+Handler = Callable[["ReceivedMessage"], Awaitable[Any]]
+
+
+def seqs_to_ranges(seqs: set[int] | list[int]) -> list[list[int]]:
+    """Sorted inclusive [first, last] ranges covering exactly ``seqs``: {1,2,3,7} -> [[1,3],[7,7]]."""
+    ranges: list[list[int]] = []
+    for seq in sorted(seqs):
+        if ranges and ranges[-1][1] + 1 == seq:
+            ranges[-1][1] = seq
+        else:
+            ranges.append([seq, seq])
+    return ranges
+
+
+class ReceivedMessage:
+    """A pulled message: the sdk Message plus what is needed to ack or nack it."""
+
+    def __init__(
+        self,
+        message: Message,
+        *,
+        pull_seq: int,
+        redelivered: int,
+        broker_group: str,
+        address: str,
+        consumer: Consumer,
+    ) -> None:
+        self.message = message
+        self.pull_seq = pull_seq
+        # How many times the broker handed this message out before (0 on first delivery).
+        self.redelivered = redelivered
+        self.broker_group = broker_group
+        self.address = address
+        self._consumer = consumer
+        self._settled = False
+
+    id = property(lambda self: self.message.id, doc="The message id.")
+    subject = property(lambda self: self.message.subject, doc="The subject.")
+    body = property(lambda self: self.message.body, doc="The body bytes.")
+    tags = property(lambda self: self.message.tags, doc="The tags (tuple of str).")
+    properties = property(lambda self: self.message.properties, doc="The str -> str properties.")
+
+    @property
+    def settled(self) -> bool:
+        """True once acked or successfully nacked."""
+        return self._settled
+
+    async def ack(self) -> None:
+        """Record the ack; it reaches the broker with the next ack batch (within ~20 ms).
+        Acking twice is harmless. Never blocks behind other messages."""
+        if self._settled:
+            return
+        self._settled = True
+        self._consumer._record_ack(self)
+
+    async def nack(self, retry_after: timedelta | int | None = None) -> None:
+        """Ask the broker to redeliver after ``retry_after`` (timedelta or ms; None = the group's
+        backoff). Brokers without the delay server answer not_supported: NotSupported is raised
+        and the message stays unacked (it comes back after the ack timeout)."""
+        if self._settled:
+            return
+        retry_after_ms = None if retry_after is None else duration_ms(retry_after, "retry_after")
+        await self._consumer._nack(self, retry_after_ms)
+        self._settled = True
+
+    def __repr__(self) -> str:
+        return (
+            f"ReceivedMessage(id={self.id!r}, subject={self.subject!r}, "
+            f"broker_group={self.broker_group!r}, pull_seq={self.pull_seq})"
+        )
+
+
+class Subscription:
+    """The async iterator of one subscribed subject. Ends when the consumer closes; raises a
+    non-retriable pull error (Forbidden, ...) once, then goes on with the other broker groups."""
+
+    def __init__(self, subject: str, tags: list[str], capacity: int) -> None:
+        self.subject = subject
+        self.tags = tags
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=capacity)
+        self._ended = False
+        self.pull_loops: dict[str, asyncio.Task[None]] = {}
+        # broker group -> address its pull loop uses now (heartbeats go there).
+        self.addresses: dict[str, str] = {}
+        self.route_task: asyncio.Task[None] | None = None
+        self.refresh_wanted = asyncio.Event()
+
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        return self
+
+    async def __anext__(self) -> ReceivedMessage:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is _END:
+            self._ended = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    @property
+    def prefetched(self) -> int:
+        """Messages pulled and waiting to be handed to the application."""
+        return self._queue.qsize()
+
+    def _end(self) -> None:
+        # Prefetched messages are dropped unacked (redelivered by the broker); pull loops are
+        # stopped before this, so the queue has room for the end marker.
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(_END)
+
+
+_END = object()
+
+
+@dataclass
+class _HandlerSpec:
+    subject: str
+    tags: list[str] | None
+    fn: Handler
+    concurrency: int
+    task: asyncio.Task[None] | None = None
+
+
+class _AckBatcher:
+    """Collects acked pull sequences per (address, broker group, subject) and sends them as
+    ranges every ``interval_ms`` or once ``pending_max`` are waiting."""
+
+    def __init__(self, consumer: Consumer, interval_ms: int, pending_max: int) -> None:
+        self._consumer = consumer
+        self.interval_ms = interval_ms
+        self.pending_max = pending_max
+        self._pending: dict[tuple[str, str, str], set[int]] = {}
+        self._attempts: dict[tuple[str, str, str], int] = {}
+        self._count = 0
+        self._has_pending = asyncio.Event()
+        self._full = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def pending_count(self) -> int:
+        return self._count
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="qmq-acks")
+
+    def add(self, key: tuple[str, str, str], pull_seq: int) -> None:
+        seqs = self._pending.setdefault(key, set())
+        if pull_seq not in seqs:
+            seqs.add(pull_seq)
+            self._count += 1
+        self._has_pending.set()
+        if self._count >= self.pending_max:
+            self._full.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            try:
+                async with asyncio.timeout(self.interval_ms / 1000):
+                    await self._full.wait()
+            except TimeoutError:
+                pass
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send every recorded ack now; failures are kept for the next flush (up to
+        ACK_ATTEMPTS_MAX), after which the broker's redelivery takes over."""
+        async with self._lock:
+            pending, self._pending = self._pending, {}
+            self._count = 0
+            self._has_pending.clear()
+            self._full.clear()
+            if pending:
+                await asyncio.gather(*(self._send(k, s) for k, s in pending.items()))
+
+    async def _send(self, key: tuple[str, str, str], seqs: set[int]) -> None:
+        address, broker_group, subject = key
+        ranges = seqs_to_ranges(seqs)
+        for start in range(0, len(ranges), MAX_ACK_RANGES):
+            chunk = ranges[start:start + MAX_ACK_RANGES]
+            try:
+                await self._consumer._control(address, {"op": "ack", "subject": subject,
+                                                        "ranges": chunk})
+            except QmqError as exc:
+                attempts = self._attempts.get(key, 0) + 1
+                left = {s for first, last in ranges[start:] for s in range(first, last + 1)}
+                if exc.retriable and attempts < ACK_ATTEMPTS_MAX:
+                    self._attempts[key] = attempts
+                    log.warning("ack of %d message(s) of %r to %s failed (%s); will retry",
+                                len(left), subject, broker_group, exc)
+                    for seq in left:
+                        self.add(key, seq)
+                else:
+                    self._attempts.pop(key, None)
+                    log.error("giving up acking %d message(s) of %r on %s after %d attempt(s) "
+                              "(%s: %s); the broker will redeliver them after the ack timeout",
+                              len(left), subject, broker_group, attempts, exc.code, exc.message)
+                return
+        self._attempts.pop(key, None)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.flush()
+
+
+class Consumer:
+    """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
+
+    Options (times in milliseconds): ``pull_batch`` (32) messages per pull and prefetch size,
+    ``wait_ms`` (5000) long-poll wait, ``heartbeat_interval_ms`` (5000), ``concurrency`` (16)
+    default handler concurrency, ``broadcast`` (False) every consumer gets every message,
+    ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
+    ``ack_pending_max`` (64) for ack batching, ``route_refresh_ms`` (30000),
+    ``close_timeout_ms`` (10000) how long close waits for running handlers.
+    """
+
+    def __init__(
+        self,
+        meta_url: str,
+        *,
+        group: str,
+        app: str = "default",
+        token: str | None = None,
+        consumer_id: str | None = None,
+        broadcast: bool = False,
+        start: Literal["latest", "earliest"] = "latest",
+        pull_batch: int = 32,
+        wait_ms: int = 5000,
+        heartbeat_interval_ms: int = 5000,
+        concurrency: int = 16,
+        ack_interval_ms: int = 20,
+        ack_pending_max: int = 64,
+        route_refresh_ms: int = 30_000,
+        reconnect_backoff_max_ms: int = 5_000,
+        close_timeout_ms: int = 10_000,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        routes: RouteCache | None = None,
+    ) -> None:
+        validate_group(group)
+        if start not in ("latest", "earliest"):
+            raise ValueError(f"Consumer option start must be 'latest' or 'earliest', got {start!r}")
+        for name, value, low, high in (
+            ("pull_batch", pull_batch, 1, MAX_PULL_BATCH_MESSAGES),
+            ("wait_ms", wait_ms, 0, MAX_PULL_WAIT_MS),
+            ("heartbeat_interval_ms", heartbeat_interval_ms, 1, None),
+            ("concurrency", concurrency, 1, None),
+            ("ack_interval_ms", ack_interval_ms, 0, None),
+            ("ack_pending_max", ack_pending_max, 1, None),
+            ("route_refresh_ms", route_refresh_ms, 1, None),
+            ("reconnect_backoff_max_ms", reconnect_backoff_max_ms, 0, None),
+            ("close_timeout_ms", close_timeout_ms, 0, None),
+        ):
+            if type(value) is not int or value < low or (high is not None and value > high):
+                bound = f"{low}..{high}" if high is not None else f">= {low}"
+                raise ValueError(f"Consumer option {name} must be an int {bound}, got {value!r}")
+        self.meta_url = meta_url
+        self.group = group
+        self.app = app
+        self.consumer_id = consumer_id or default_client_id()
+        self.broadcast = broadcast
+        self.start = start
+        self.pull_batch = pull_batch
+        self.wait_ms = wait_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.concurrency = concurrency
+        self.route_refresh_ms = route_refresh_ms
+        self.reconnect_backoff_max_ms = reconnect_backoff_max_ms
+        self.close_timeout_ms = close_timeout_ms
+        self._routes = routes or RouteCache(meta_url)
+        self._pool = ConnectionPool(
+            client_id=self.consumer_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms
+        )
+        self._ack_interval_ms = ack_interval_ms
+        self._ack_pending_max = ack_pending_max
+        self._acks: _AckBatcher | None = None
+        self._subscriptions: dict[str, Subscription] = {}
+        self._handlers: list[_HandlerSpec] = []
+        self._handler_tasks: set[asyncio.Task[None]] = set()
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._closing = False
+        self._closed = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Consumer:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        if self._closing:
+            raise RuntimeError("Consumer is closed")
+        self._started = True
+        self._acks = _AckBatcher(self, self._ack_interval_ms, self._ack_pending_max)
+        self._acks.start()
+        self._heartbeat_task = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(), name="qmq-heartbeat"
+        )
+        for spec in self._handlers:
+            self._start_handler(spec)
+
+    async def run(self) -> None:
+        """Start (if needed) and serve the registered handlers until ``close()``; closes the
+        consumer when it returns or is cancelled."""
+        self._start()
+        try:
+            await self._closed.wait()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Graceful close: stop pulling, wait up to ``close_timeout_ms`` for running handlers,
+        send pending acks, close connections. Iterators end; prefetched messages that were never
+        handed out are redelivered by the broker after the ack timeout."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        try:
+            await self._stop_pulling()
+            await self._wait_handlers()
+            if self._acks is not None:
+                await self._acks.close()
+            if self._heartbeat_task is not None:
+                self._heartbeat_task.cancel()
+                await asyncio.gather(self._heartbeat_task, return_exceptions=True)
+        finally:
+            await self._pool.close()
+            await self._routes.close()
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the consumer has closed."""
+        await self._closed.wait()
+
+    async def _stop_pulling(self) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        for sub in self._subscriptions.values():
+            if sub.route_task is not None:
+                tasks.append(sub.route_task)
+            tasks.extend(sub.pull_loops.values())
+        tasks.extend(spec.task for spec in self._handlers if spec.task is not None)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sub in self._subscriptions.values():
+            sub._end()
+
+    async def _wait_handlers(self) -> None:
+        if not self._handler_tasks:
+            return
+        done, still_running = await asyncio.wait(
+            set(self._handler_tasks), timeout=self.close_timeout_ms / 1000
+        )
+        if still_running:
+            log.warning("%d handler(s) still running after close_timeout_ms %d; cancelling them, "
+                        "their messages stay unacked and are redelivered",
+                        len(still_running), self.close_timeout_ms)
+            for task in still_running:
+                task.cancel()
+            await asyncio.gather(*still_running, return_exceptions=True)
+
+    # -- subscribing ----------------------------------------------------------------------------
+
+    def subscribe(self, subject: str, tags: list[str] | tuple[str, ...] | None = None) -> Subscription:
+        """Start consuming ``subject`` (only messages with one of ``tags``, if given) and return
+        the async iterator of its messages. One subscription per subject per consumer."""
+        validate_subject(subject)
+        tag_list = list(tags or [])
+        validate_tags(tag_list, what="subscription tag filter")
+        if subject in self._subscriptions:
+            raise ValueError(f"subject {subject!r} is already subscribed by this consumer")
+        self._start()
+        sub = Subscription(subject, tag_list, self.pull_batch)
+        self._subscriptions[subject] = sub
+        sub.route_task = asyncio.get_running_loop().create_task(
+            self._route_loop(sub), name=f"qmq-route {subject}"
+        )
+        return sub
+
+    def handler(
+        self, subject: str, tags: list[str] | None = None, concurrency: int | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Register ``async def fn(msg)`` for ``subject``: returns -> ack, raises -> nack (see the
+        module docstring). At most ``concurrency`` (default: the consumer's) run at once."""
+        limit = self.concurrency if concurrency is None else concurrency
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"handler concurrency must be an int >= 1, got {limit!r}")
+
+        def register(fn: Handler) -> Handler:
+            if not asyncio.iscoroutinefunction(fn):
+                raise TypeError(f"handler {fn!r} must be an async function")
+            spec = _HandlerSpec(subject, list(tags) if tags else None, fn, limit)
+            self._handlers.append(spec)
+            if self._started:
+                self._start_handler(spec)
+            return fn
+
+        return register
+
+    def _start_handler(self, spec: _HandlerSpec) -> None:
+        sub = self.subscribe(spec.subject, spec.tags)
+        spec.task = asyncio.get_running_loop().create_task(
+            self._dispatch_loop(spec, sub), name=f"qmq-handler {spec.subject}"
+        )
+
+    async def _dispatch_loop(self, spec: _HandlerSpec, sub: Subscription) -> None:
+        slots = asyncio.Semaphore(spec.concurrency)
+        while True:
+            try:
+                msg = await sub.__anext__()
+            except StopAsyncIteration:
+                return
+            except QmqError as exc:
+                log.error("handler subscription of %r: %s: %s", spec.subject, exc.code, exc.message)
+                continue
+            await slots.acquire()
+            task = asyncio.get_running_loop().create_task(self._handle(spec, msg, slots))
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
+
+    async def _handle(self, spec: _HandlerSpec, msg: ReceivedMessage, slots: asyncio.Semaphore) -> None:
+        try:
+            try:
+                await spec.fn(msg)
+            except Exception:
+                log.exception("handler %s raised on %r", getattr(spec.fn, "__qualname__", spec.fn), msg)
+                await self._nack_after_failure(msg)
+            else:
+                await msg.ack()
+        finally:
+            slots.release()
+
+    async def _nack_after_failure(self, msg: ReceivedMessage) -> None:
+        try:
+            await msg.nack()
+        except NotSupported:
+            log.warning("broker group %s cannot nack yet (no delay server); message %s stays "
+                        "unacked and is redelivered after the group's ack timeout",
+                        msg.broker_group, msg.id)
+        except QmqError as exc:
+            log.warning("nack of message %s failed (%s: %s); it stays unacked and is redelivered "
+                        "after the group's ack timeout", msg.id, exc.code, exc.message)
+
+    # -- routes and pulls -----------------------------------------------------------------------
+
+    async def _route_loop(self, sub: Subscription) -> None:
+        failures = 0
+        route: Route | None = None
+        while True:
+            try:
+                route = await (self._routes.get if route is None else self._routes.refresh)(
+                    sub.subject, "consumer"
+                )
+                failures = 0
+            except NoRoute as exc:
+                failures += 1
+                log.warning("no consumer route for %r yet: %s", sub.subject, exc.message)
+            except QmqError as exc:  # the MetaServer rejected the request: surface it
+                await sub._queue.put(exc)
+                return
+            if route is not None:
+                self._sync_pull_loops(sub, route)
+            wait_ms = self.route_refresh_ms if failures == 0 else self._backoff_ms(failures)
+            sub.refresh_wanted.clear()
+            try:
+                async with asyncio.timeout(wait_ms / 1000):
+                    await sub.refresh_wanted.wait()
+            except TimeoutError:
+                pass
+
+    def _sync_pull_loops(self, sub: Subscription, route: Route) -> None:
+        names = {g.group for g in route.groups}
+        for name, task in list(sub.pull_loops.items()):
+            if name not in names:
+                log.info("broker group %s left the route of %r; stopping its pulls", name, sub.subject)
+                task.cancel()
+                del sub.pull_loops[name]
+                sub.addresses.pop(name, None)
+        for name in names:
+            task = sub.pull_loops.get(name)
+            if task is None or task.done():
+                sub.pull_loops[name] = asyncio.get_running_loop().create_task(
+                    self._pull_loop(sub, name), name=f"qmq-pull {sub.subject}@{name}"
+                )
+
+    def _backoff_ms(self, failures: int) -> int:
+        return min(RECONNECT_BACKOFF_MS_INITIAL << min(failures - 1, 20), self.reconnect_backoff_max_ms)
+
+    async def _pull_loop(self, sub: Subscription, broker_group: str) -> None:
+        failures = 0
+        while True:
+            route = self._routes.cached(sub.subject, "consumer")
+            group = route.group(broker_group) if route is not None else None
+            if group is None:
+                sub.addresses.pop(broker_group, None)
+                return
+            address = group.addresses[failures % len(group.addresses)]
+            sub.addresses[broker_group] = address
+            op = {
+                "op": "pull", "subject": sub.subject, "group": self.group,
+                "consumer_id": self.consumer_id, "max_count": self.pull_batch,
+                "wait_ms": self.wait_ms, "tags": sub.tags, "start": self.start,
+                "broadcast": self.broadcast,
+            }
+            try:
+                answer = await self._pool.request(address, op, self.wait_ms + PULL_TIMEOUT_SLACK_MS)
+            except QmqError as exc:
+                if not exc.retriable:
+                    log.error("pull of %r from broker group %s refused (%s: %s); stopping it",
+                              sub.subject, broker_group, exc.code, exc.message)
+                    await sub._queue.put(exc)
+                    return
+                failures += 1
+                backoff_ms = self._backoff_ms(failures)
+                log.warning("pull of %r from broker group %s at %s failed (%s); retrying in %d ms",
+                            sub.subject, broker_group, address, exc, backoff_ms)
+                sub.refresh_wanted.set()
+                await asyncio.sleep(backoff_ms / 1000)
+                continue
+            failures = 0
+            for entry in answer.get("messages") or []:
+                received = self._received(entry, sub, broker_group, address)
+                if received is not None:
+                    await sub._queue.put(received)
+
+    def _received(
+        self, entry: object, sub: Subscription, broker_group: str, address: str
+    ) -> ReceivedMessage | None:
+        try:
+            if not isinstance(entry, dict) or type(entry.get("pull_seq")) is not int:
+                raise BadRequest(f"pulled entry without an int pull_seq: {entry!r:.100}")
+            payload = entry.get("payload")
+            if not isinstance(payload, bytes):
+                raise BadRequest("pulled entry without a bin payload")
+            message = decode_message(payload)
+        except QmqError as exc:
+            # A broker bug or corruption; the entry stays unacked so it is not silently lost.
+            log.error("broker group %s sent an unreadable message of %r: %s",
+                      broker_group, sub.subject, exc.message)
+            return None
+        redelivered = entry.get("redelivered", 0)
+        return ReceivedMessage(
+            message,
+            pull_seq=entry["pull_seq"],
+            redelivered=redelivered if type(redelivered) is int else int(bool(redelivered)),
+            broker_group=broker_group,
+            address=address,
+            consumer=self,
+        )
+
+    # -- acks, nacks, heartbeats ----------------------------------------------------------------
+
+    def _record_ack(self, msg: ReceivedMessage) -> None:
+        if self._acks is None or self._acks.closed:
+            log.warning("ack of message %s after the consumer closed is dropped; the broker "
+                        "will redeliver it", msg.id)
+            return
+        self._acks.add((msg.address, msg.broker_group, msg.subject), msg.pull_seq)
+
+    async def flush_acks(self) -> None:
+        """Send every recorded ack now (close does this too)."""
+        if self._acks is not None:
+            await self._acks.flush()
+
+    async def _nack(self, msg: ReceivedMessage, retry_after_ms: int | None) -> None:
+        await self._control(msg.address, {
+            "op": "nack", "subject": msg.subject, "pull_seqs": [msg.pull_seq],
+            "retry_after_ms": retry_after_ms,
+        })
+
+    async def _control(self, address: str, op: dict[str, Any]) -> dict[str, Any]:
+        """An ack/nack request for this consumer (group and consumer_id filled in)."""
+        op = {**op, "group": self.group, "consumer_id": self.consumer_id}
+        return await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self.heartbeat()
+            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
+
+    async def heartbeat(self) -> None:
+        """Tell each broker we pull from, and the MetaServer, that this consumer is alive.
+        Failures are logged as warnings: the next heartbeat (or pull) tries again."""
+        by_address: dict[str, list[list[str]]] = {}
+        for sub in self._subscriptions.values():
+            for address in set(sub.addresses.values()):
+                by_address.setdefault(address, []).append([sub.subject, self.group])
+
+        async def to_broker(address: str, subscriptions: list[list[str]]) -> None:
+            op = {"op": "heartbeat", "consumer_id": self.consumer_id, "subscriptions": subscriptions}
+            try:
+                await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
+            except QmqError as exc:
+                log.warning("heartbeat to broker %s failed: %s", address, exc)
+
+        async def to_meta() -> None:
+            try:
+                await self._routes.client_heartbeat(
+                    client_id=self.consumer_id, app=self.app, group=self.group,
+                    subjects=sorted(self._subscriptions), role="consumer",
+                )
+            except QmqError as exc:
+                log.warning("heartbeat to the MetaServer failed: %s", exc)
+
+        await asyncio.gather(to_meta(), *(to_broker(a, s) for a, s in by_address.items()))
+
+
+__all__ = ["Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]

@@ -1,0 +1,380 @@
+"""The asyncio Producer: validated, batched, retried sends to the subject's realtime brokers.
+
+Path of one ``send``:
+
+1. The message is built and checked with ``sdk.message.validate_message`` before anything is
+   queued, so a bad message raises at once without a round trip.
+2. It joins the open batch of its subject. A batch is sent ``linger_ms`` after its first message,
+   or at once when it holds ``batch_size_max`` messages (or would pass the frame limit).
+3. At most ``in_flight_max`` batches are on the wire at a time; more wait for a slot.
+4. A batch goes to one broker group of the subject's producer route, round robin per batch.
+5. A retriable failure (connection lost, no answer in ``send_timeout_ms``, readonly, overloaded,
+   internal) refreshes the route and resends the SAME message ids to the next group, up to
+   ``retries_max`` times; the broker de-duplicates an id it already stored (status "duplicate").
+   A non-retriable error (bad_request, forbidden, too_large, ...) fails the send at once.
+
+Delivery is at least once: a message whose answer was lost may be stored on two groups if the
+first group's de-duplication window cannot see the resend (different group). Consumers de-duplicate
+by ``message.id`` when that matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
+from sdk.errors import BadRequest, Internal, NoRoute, NotSupported, QmqError, error_from_wire
+from sdk.limits import MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
+from sdk.message import Message, encode_message, validate_message
+from sdk.routes import Route, RouteCache, RouteGroup
+
+log = logging.getLogger(__name__)
+
+# Room left in a send frame for the envelope around the payloads (op, rid, msgpack headers).
+_FRAME_ENVELOPE_BYTES = 64 * 1024
+_PAYLOAD_OVERHEAD_BYTES = 8  # msgpack bin header per payload, rounded up
+
+# First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
+RETRY_BACKOFF_MS_DEFAULT = 50
+RETRY_BACKOFF_MS_MAX = 2_000
+
+
+def wall_clock_ms() -> int:
+    """Epoch milliseconds of the wall clock (for message timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+def duration_ms(value: timedelta | int | float, name: str) -> int:
+    """A duration as whole milliseconds: a timedelta, or a number already in milliseconds."""
+    if isinstance(value, timedelta):
+        return int(value / timedelta(milliseconds=1))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    raise BadRequest(f"{name} must be a timedelta or milliseconds, got {type(value).__name__}")
+
+
+def epoch_ms(value: datetime | int, name: str) -> int:
+    """A point in time as epoch milliseconds: an aware datetime, or an int already in epoch ms."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise BadRequest(f"{name} must be timezone-aware, got naive datetime {value}")
+        return int(value.timestamp() * 1000)
+    if type(value) is int:
+        return value
+    raise BadRequest(f"{name} must be an aware datetime or epoch ms, got {type(value).__name__}")
+
+
+def default_client_id() -> str:
+    """``host-pid-random``: unique per process and readable in the MetaServer's client list."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What the broker said about one sent message. ``status`` is "stored", or "duplicate" when
+    the broker already had this id (a resend, or the caller reusing an id)."""
+
+    message_id: str
+    subject: str
+    broker_group: str
+    status: Literal["stored", "duplicate"]
+
+
+@dataclass
+class _Item:
+    message: Message
+    payload: bytes
+    future: asyncio.Future[Receipt]
+
+
+def _fail_items(items: list[_Item], error: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(error)
+
+
+@dataclass
+class _Batch:
+    subject: str
+    items: list[_Item] = field(default_factory=list)
+    size_bytes: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class Producer:
+    """Sends messages to realtime brokers found through the MetaServer at ``meta_url``.
+
+    Use as ``async with Producer(url) as producer:``; leaving the block flushes pending batches.
+    Options (times in milliseconds):
+
+    * ``linger_ms`` (2): how long a batch waits for more messages of its subject.
+    * ``batch_size_max`` (128): messages per batch; capped at MAX_SEND_BATCH_MESSAGES.
+    * ``in_flight_max`` (32): batches on the wire at once.
+    * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
+    * ``retries_max`` (3): resends of a failed batch (so up to retries_max + 1 attempts).
+    """
+
+    def __init__(
+        self,
+        meta_url: str,
+        *,
+        app: str = "default",
+        token: str | None = None,
+        linger_ms: int = 2,
+        batch_size_max: int = 128,
+        in_flight_max: int = 32,
+        send_timeout_ms: int = 5000,
+        retries_max: int = 3,
+        retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        client_id: str | None = None,
+        routes: RouteCache | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        for name, value, low in (
+            ("linger_ms", linger_ms, 0),
+            ("batch_size_max", batch_size_max, 1),
+            ("in_flight_max", in_flight_max, 1),
+            ("send_timeout_ms", send_timeout_ms, 1),
+            ("retries_max", retries_max, 0),
+            ("retry_backoff_ms", retry_backoff_ms, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise ValueError(f"Producer option {name} must be an int >= {low}, got {value!r}")
+        self.meta_url = meta_url
+        self.app = app
+        self.client_id = client_id or default_client_id()
+        self.linger_ms = linger_ms
+        self.batch_size_max = min(batch_size_max, MAX_SEND_BATCH_MESSAGES)
+        self.in_flight_max = in_flight_max
+        self.send_timeout_ms = send_timeout_ms
+        self.retries_max = retries_max
+        self.retry_backoff_ms = retry_backoff_ms
+        self._clock_ms = clock_ms
+        self._routes = routes or RouteCache(meta_url)
+        self._pool = ConnectionPool(
+            client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms
+        )
+        self._open: dict[str, _Batch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: asyncio.Semaphore | None = None
+        self._round_robin: dict[str, int] = {}
+        self._closing = False
+        self._closed = False
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def send(
+        self,
+        subject: str,
+        body: bytes,
+        *,
+        tags: tuple[str, ...] | list[str] = (),
+        properties: dict[str, str] | None = None,
+        message_id: str | None = None,
+        expire_at: datetime | int | None = None,
+        delay: timedelta | int | None = None,
+        deliver_at: datetime | int | None = None,
+    ) -> Receipt:
+        """Send one message and return its Receipt once a broker has it.
+
+        ``expire_at``: an aware datetime or epoch ms after which the message is not delivered.
+        ``message_id``: your own id (1..128 printable ASCII) to make resends idempotent; a fresh
+        one is made otherwise. ``delay``/``deliver_at`` are for delayed messages and raise
+        NotSupported until the delay server is wired in.
+        Raises BadRequest/TooLarge for an invalid message before sending, the broker's error for
+        a rejected one, and the last retriable error once ``retries_max`` resends have failed.
+        """
+        if self._closing:
+            raise RuntimeError("Producer is closed")
+        if delay is not None or deliver_at is not None:
+            # Delayed sends go to the delay server (DESIGN.md 9); the next issue routes them there.
+            raise NotSupported("delayed sends need the delay server (delay=/deliver_at=)")
+        message = Message.create(
+            subject,
+            body,
+            now_ms=self._clock_ms(),
+            tags=tuple(tags),
+            properties=dict(properties or {}),
+            expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
+            id=message_id,
+        )
+        validate_message(message)
+        payload = encode_message(message)
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Item(message, payload, future))
+        return await future
+
+    async def flush(self) -> None:
+        """Send every open batch now and wait until all batches in flight are answered."""
+        for subject in list(self._open):
+            self._dispatch(subject)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flush pending batches, then close connections. Sends after close raise."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            await self._pool.close()
+            await self._routes.close()
+
+    # -- batching -------------------------------------------------------------------------------
+
+    def _enqueue(self, item: _Item) -> None:
+        size = len(item.payload) + _PAYLOAD_OVERHEAD_BYTES
+        batch = self._open.get(item.message.subject)
+        if batch is not None and batch.size_bytes + size > MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES:
+            self._dispatch(item.message.subject)
+            batch = None
+        if batch is None:
+            batch = _Batch(item.message.subject)
+            self._open[batch.subject] = batch
+            loop = asyncio.get_running_loop()
+            # linger 0 still waits one loop turn, so sends issued together share a batch.
+            batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, batch.subject)
+        batch.items.append(item)
+        batch.size_bytes += size
+        if len(batch.items) >= self.batch_size_max:
+            self._dispatch(batch.subject)
+
+    def _dispatch(self, subject: str) -> None:
+        batch = self._open.pop(subject, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        task = asyncio.get_running_loop().create_task(
+            self._send_batch(batch), name=f"qmq-send {subject}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- sending --------------------------------------------------------------------------------
+
+    async def _send_batch(self, batch: _Batch) -> None:
+        if self._in_flight is None:
+            self._in_flight = asyncio.Semaphore(self.in_flight_max)
+        async with self._in_flight:
+            try:
+                await self._send_with_retries(batch)
+            except BaseException as exc:  # our bug or cancellation: never leave a sender hanging
+                error = exc if isinstance(exc, QmqError) else Internal(f"send failed: {exc!r}")
+                _fail_items(batch.items, error)
+                if not isinstance(exc, QmqError):
+                    raise
+
+    async def _send_with_retries(self, batch: _Batch) -> None:
+        subject = batch.subject
+        pending = batch.items
+        turn = self._round_robin.get(subject, 0)
+        self._round_robin[subject] = turn + 1
+        route: Route | None = None
+        attempt = 0
+        while True:
+            try:
+                if route is None:
+                    route = await (self._routes.get if attempt == 0 else self._routes.refresh)(
+                        subject, "producer"
+                    )
+                if not route.groups:
+                    raise NoRoute(f"the producer route of {subject!r} has no broker group")
+                group = route.groups[(turn + attempt) % len(route.groups)]
+                address = group.addresses[(attempt // len(route.groups)) % len(group.addresses)]
+                answer = await self._pool.request(
+                    address,
+                    {"op": "send", "messages": [item.payload for item in pending]},
+                    self.send_timeout_ms,
+                )
+                pending, error = self._settle(pending, answer, group)
+            except QmqError as exc:
+                if not exc.retriable:
+                    _fail_items(pending, exc)
+                    return
+                error = exc
+            if not pending:
+                return
+            attempt += 1
+            if attempt > self.retries_max:
+                _fail_items(pending, error)
+                return
+            log.warning(
+                "send of %d message(s) to %r failed (%s: %s); resending the same ids, "
+                "attempt %d of %d",
+                len(pending), subject, error.code, error.message, attempt + 1, self.retries_max + 1,
+            )
+            route = None
+            if self.retry_backoff_ms:
+                backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
+                await asyncio.sleep(backoff_ms / 1000)
+
+    def _settle(
+        self, pending: list[_Item], answer: dict[str, Any], group: RouteGroup
+    ) -> tuple[list[_Item], QmqError]:
+        """Resolve the items the broker answered; return the ones to resend and why."""
+        results = answer.get("results")
+        if not isinstance(results, list) or len(results) != len(pending):
+            # Nothing can be matched safely; the same ids are resent and de-duplicated.
+            return pending, Internal(
+                f"broker group {group.group} answered a send of {len(pending)} messages with "
+                f"{len(results) if isinstance(results, list) else 'no'} results"
+            )
+        retry: list[_Item] = []
+        retry_error: QmqError = Internal("no error")
+        for item, result in zip(pending, results):
+            if not isinstance(result, dict) or result.get("id") != item.message.id:
+                retry.append(item)
+                retry_error = Internal(f"broker group {group.group} answered results out of order")
+                continue
+            error = result.get("error")
+            if error is not None:
+                exc = error_from_wire(
+                    str(error.get("code")) if isinstance(error, dict) else "internal",
+                    str(error.get("message", "")) if isinstance(error, dict) else repr(error),
+                )
+                if exc.retriable:
+                    retry.append(item)
+                    retry_error = exc
+                else:
+                    _fail_items([item], exc)
+                continue
+            status = result.get("status")
+            if item.future.done():  # the caller gave up waiting (cancelled)
+                continue
+            item.future.set_result(
+                Receipt(
+                    message_id=item.message.id,
+                    subject=item.message.subject,
+                    broker_group=group.group,
+                    status="duplicate" if status == "duplicate" else "stored",
+                )
+            )
+        return retry, retry_error
+
+
+__all__ = [
+    "Producer",
+    "Receipt",
+    "default_client_id",
+    "duration_ms",
+    "epoch_ms",
+    "wall_clock_ms",
+]

@@ -1,0 +1,264 @@
+"""Routes from the MetaServer: which broker groups serve a subject, cached by the client.
+
+``GET {meta}/api/route?subject=S&role=producer|consumer&kind=realtime`` answers
+``{subject, version, groups: [{group, kind, state, addresses}]}``, or HTTP 503 with error code
+``no_route`` when no live broker group can serve the subject.
+
+Caching rules:
+
+* a route is reused for ``ttl_ms`` (30 s), then fetched again; ``refresh`` fetches at once (the
+  producer and consumer call it after a broker failure). Concurrent refreshes of one route share
+  one HTTP request.
+* the MetaServer being unreachable (connection refused, timeout, HTTP 5xx other than no_route,
+  an answer we cannot read) does not stop the client: the cached route keeps being served with a
+  warning in the log, and the MetaServer is asked again after ``stale_retry_ms``. Only with no
+  cached route at all does the caller get NoRoute.
+* an explicit ``no_route`` answer is the MetaServer's word that the brokers we knew are gone: the
+  cached route is dropped and NoRoute raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+
+from sdk.errors import NoRoute, QmqError, error_from_wire
+
+log = logging.getLogger(__name__)
+
+Role = Literal["producer", "consumer"]
+
+# How long a fetched route is reused before asking the MetaServer again, in milliseconds.
+ROUTE_TTL_MS_DEFAULT = 30_000
+
+# After a failed fetch, how long the stale cached route is served before trying again, in ms.
+STALE_RETRY_MS_DEFAULT = 5_000
+
+# Longest wait for one MetaServer HTTP request, in milliseconds.
+META_REQUEST_TIMEOUT_MS_DEFAULT = 5_000
+
+
+def monotonic_ms() -> int:
+    """Milliseconds of the monotonic clock (for ages and deadlines, never for timestamps)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class RouteGroup:
+    """One broker group of a route: ``state`` is "rw" or "readonly"; addresses are "host:port"."""
+
+    group: str
+    kind: str
+    state: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Route:
+    """The broker groups serving ``subject`` for one role, as of route ``version``."""
+
+    subject: str
+    role: str
+    version: int
+    groups: tuple[RouteGroup, ...]
+
+    def group(self, name: str) -> RouteGroup | None:
+        """The group called ``name``, or None if it is not in this route."""
+        for group in self.groups:
+            if group.group == name:
+                return group
+        return None
+
+
+class MetaUnavailable(QmqError):
+    """The MetaServer could not be asked (down, timing out, answering 5xx or garbage).
+    Internal to this module: callers see a stale route or NoRoute, never this."""
+
+    code = "meta_unavailable"
+    retriable = True
+
+
+@dataclass
+class _Entry:
+    route: Route
+    expires_at_ms: int
+    generation: int
+
+
+def parse_route(data: object, subject: str, role: str) -> Route:
+    """The Route of a MetaServer answer; MetaUnavailable if it is not shaped like one."""
+
+    def malformed(what: str) -> MetaUnavailable:
+        return MetaUnavailable(f"MetaServer route answer for {subject!r} is malformed: {what}")
+
+    if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
+        raise malformed("no groups list")
+    version = data.get("version", 0)
+    if type(version) is not int:
+        raise malformed(f"version must be int, got {type(version).__name__}")
+    groups = []
+    for item in data["groups"]:
+        if not isinstance(item, dict) or not isinstance(item.get("group"), str):
+            raise malformed(f"group entry {item!r:.100}")
+        addresses = item.get("addresses")
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise malformed(f"addresses of group {item['group']!r} must be a list of str")
+        # A group without an address cannot be used; skipping it here saves every caller a check.
+        if addresses:
+            groups.append(
+                RouteGroup(
+                    group=item["group"],
+                    kind=str(item.get("kind", "realtime")),
+                    state=str(item.get("state", "rw")),
+                    addresses=tuple(addresses),
+                )
+            )
+    return Route(subject=subject, role=role, version=version, groups=tuple(groups))
+
+
+class RouteCache:
+    """Routes per (subject, role) from the MetaServer at ``meta_url``, cached as described above.
+
+    Owns an aiohttp session unless one is passed in; ``close`` closes only a session it owns.
+    """
+
+    def __init__(
+        self,
+        meta_url: str,
+        *,
+        kind: str = "realtime",
+        ttl_ms: int = ROUTE_TTL_MS_DEFAULT,
+        stale_retry_ms: int = STALE_RETRY_MS_DEFAULT,
+        request_timeout_ms: int = META_REQUEST_TIMEOUT_MS_DEFAULT,
+        session: aiohttp.ClientSession | None = None,
+        clock_ms: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        self.meta_url = meta_url.rstrip("/")
+        self.kind = kind
+        self.ttl_ms = ttl_ms
+        self.stale_retry_ms = stale_retry_ms
+        self.request_timeout_ms = request_timeout_ms
+        self._session = session
+        self._owns_session = session is None
+        self._clock_ms = clock_ms
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._generation = 0
+
+    def cached(self, subject: str, role: Role) -> Route | None:
+        """The cached route, fresh or stale, without asking anyone."""
+        entry = self._entries.get((subject, role))
+        return entry.route if entry is not None else None
+
+    async def get(self, subject: str, role: Role) -> Route:
+        """The cached route while fresh, else a fetched one (see ``refresh``)."""
+        entry = self._entries.get((subject, role))
+        if entry is not None and self._clock_ms() < entry.expires_at_ms:
+            return entry.route
+        return await self.refresh(subject, role)
+
+    async def refresh(self, subject: str, role: Role) -> Route:
+        """Ask the MetaServer now. Falls back to the cached route if the MetaServer cannot be
+        reached; NoRoute if it says there is none or if there is nothing cached to fall back on.
+        A refresh that waited for another one in progress takes that one's answer."""
+        key = (subject, role)
+        seen = self._entries.get(key)
+        seen_generation = seen.generation if seen is not None else -1
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.generation != seen_generation:
+                return entry.route
+            try:
+                route = await self._fetch(subject, role)
+            except NoRoute:
+                self._entries.pop(key, None)
+                raise
+            except MetaUnavailable as exc:
+                if entry is None:
+                    raise NoRoute(
+                        f"no route for subject {subject!r}: {exc.message}; nothing cached"
+                    ) from None
+                log.warning(
+                    "%s; serving the cached %s route of %r (version %d) and asking again in %d ms",
+                    exc.message, role, subject, entry.route.version, self.stale_retry_ms,
+                )
+                self._generation += 1
+                entry.generation = self._generation
+                entry.expires_at_ms = self._clock_ms() + min(self.stale_retry_ms, self.ttl_ms)
+                return entry.route
+            self._generation += 1
+            self._entries[key] = _Entry(
+                route, self._clock_ms() + self.ttl_ms, self._generation
+            )
+            return route
+
+    async def client_heartbeat(
+        self, *, client_id: str, app: str, group: str, subjects: list[str], role: Role
+    ) -> None:
+        """``POST /api/clients/heartbeat``; raises MetaUnavailable or the MetaServer's error."""
+        body = {"client_id": client_id, "app": app, "group": group, "subjects": subjects,
+                "role": role}
+        await self._call("POST", "/api/clients/heartbeat", json=body)
+
+    async def close(self) -> None:
+        """Close the HTTP session if this cache made it."""
+        if self._session is not None and self._owns_session:
+            await self._session.close()
+        self._session = None
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _fetch(self, subject: str, role: Role) -> Route:
+        params = {"subject": subject, "role": role, "kind": self.kind}
+        data = await self._call("GET", "/api/route", params=params)
+        return parse_route(data, subject, role)
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._owns_session = True
+        url = self.meta_url + path
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_ms / 1000)
+        try:
+            async with self._session.request(method, url, timeout=timeout, **kwargs) as resp:
+                status = resp.status
+                try:
+                    data = await resp.json(content_type=None)
+                except ValueError:
+                    data = None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise MetaUnavailable(
+                f"MetaServer {self.meta_url} is unreachable ({method} {path}): "
+                f"{exc or type(exc).__name__}"
+            ) from None
+        error = data.get("error") if isinstance(data, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        message = str(error.get("message", "")) if isinstance(error, dict) else ""
+        if status == 200 and error is None:
+            return data
+        if code == "no_route":
+            raise NoRoute(message or f"MetaServer has no route ({method} {path})")
+        if status >= 500 or not isinstance(code, str):
+            raise MetaUnavailable(f"MetaServer {self.meta_url} answered HTTP {status} to {method} {path}")
+        # A 4xx with a code is the MetaServer rejecting what we asked: the caller's fault.
+        raise error_from_wire(code, f"MetaServer {method} {path}: {message}")
+
+
+__all__ = [
+    "META_REQUEST_TIMEOUT_MS_DEFAULT",
+    "ROUTE_TTL_MS_DEFAULT",
+    "STALE_RETRY_MS_DEFAULT",
+    "MetaUnavailable",
+    "Route",
+    "RouteCache",
+    "RouteGroup",
+    "monotonic_ms",
+    "parse_route",
+]
