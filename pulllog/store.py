@@ -32,6 +32,7 @@ from typing import Sequence
 
 from logstore import (
     CheckpointStore,
+    LogClosed,
     LogConfig,
     LogStoreError,
     Opener,
@@ -146,17 +147,13 @@ class PullLogStore:
             except ValueError as exc:
                 raise CorruptCheckpoint(checkpoint.path, str(exc)) from exc
         self._state = state
-        self._log = SegmentedLog(
-            os.path.join(directory, ACTIONS_DIRECTORY),
-            LogConfig(
-                segment_size_bytes_max=config.segment_size_bytes_max,
-                record_size_bytes_max=config.action_size_bytes_max,
-                flush_mode=config.flush_mode,
-                flush_interval_ms=config.flush_interval_ms,
-            ),
-            opener=opener,
-            verify_from_offset=offset,
-        )
+        self._log = self._open_log(opener, verify_from_offset=offset)
+        lost_tail = offset > self._log.end_offset
+        if lost_tail:
+            # The log lost records the checkpoint covers, so nothing was verified; verify it all
+            # (a torn record may sit at its end) before appending anything.
+            self._log.close()
+            self._log = self._open_log(opener, verify_from_offset=0)
         try:
             replayed, last = self._replay(offset)
         except BaseException:
@@ -170,9 +167,9 @@ class PullLogStore:
             # Pull seqs handed out in actions that did not survive must never be reused.
             self._write(EpochStarted(self._state.epoch + 1))
             self._log.sync()
-        if offset > self._log.end_offset:
-            # The log lost records the checkpoint covers; start it over from a new checkpoint so
-            # later appends never sit below the checkpoint's offset.
+        if lost_tail:
+            # Start over from a new checkpoint: the old one's offset may now fall inside a record.
+            self._kept_offsets = []
             self.checkpoint()
         self.recovery = PullLogRecovery(
             checkpoint.sequence if checkpoint else None, offset, replayed, self._log.recovery,
@@ -181,6 +178,20 @@ class PullLogStore:
         if not clean:
             log.warning("pull log %s: unclean shutdown; replayed %d actions, epoch now %d",
                         directory, replayed, self._state.epoch)
+
+    def _open_log(self, opener: Opener, verify_from_offset: int) -> SegmentedLog:
+        config = self.config
+        return SegmentedLog(
+            os.path.join(self.directory, ACTIONS_DIRECTORY),
+            LogConfig(
+                segment_size_bytes_max=config.segment_size_bytes_max,
+                record_size_bytes_max=config.action_size_bytes_max,
+                flush_mode=config.flush_mode,
+                flush_interval_ms=config.flush_interval_ms,
+            ),
+            opener=opener,
+            verify_from_offset=verify_from_offset,
+        )
 
     def _replay(self, offset: int) -> tuple[int, Action | None]:
         if offset < self._log.first_offset:
@@ -221,8 +232,6 @@ class PullLogStore:
         return result
 
     def _fail(self, exc: LogStoreError) -> None:
-        from logstore import LogClosed
-
         if not isinstance(exc, LogClosed):
             self._failed = exc
         raise exc
