@@ -57,9 +57,9 @@ class BrokerGroup(Base):
 class Broker(Base):
     """One broker process of a group, known by its address.
 
-    ``reported_state`` is what the broker says in its heartbeat (rw | readonly); ``state`` is what
-    the MetaServer decides: offline once heartbeats stop, readonly when either the broker or the
-    admin says so, rw otherwise. ``stats`` is the latest heartbeat's backlog (realtime: a list of
+    ``reported_state`` is what the broker says in its heartbeat (rw | readonly, shown to admins);
+    ``state`` is what the MetaServer decides: offline once heartbeats stop, readonly when the admin
+    made the group readonly, rw otherwise. ``stats`` is the latest heartbeat's backlog (realtime: a list of
     ``{subject, group, lag, consumers}``) or stats object (delay).
     """
 

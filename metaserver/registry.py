@@ -115,7 +115,7 @@ class Registry:
             elif grp.kind != kind:
                 raise BadRequest(f"broker group {group!r} is a {grp.kind} group, not {kind}")
             broker = await _find_broker(s, group, address)
-            effective = broker_state(state, grp.readonly)
+            effective = broker_state(grp.readonly)
             if broker is None:
                 broker = Broker(group_name=group, kind=kind, address=address, stats=None)
                 s.add(broker)
@@ -157,7 +157,7 @@ class Registry:
                 raise BadRequest(f"broker {address!r} is a {broker.kind} broker, not {kind}")
             grp = await s.get(BrokerGroup, group)
             assert grp is not None, f"broker {broker.id} has no group row"
-            effective = broker_state(state, grp.readonly)
+            effective = broker_state(grp.readonly)
             changed = effective != broker.state
             broker.reported_state = state
             broker.state = effective
@@ -197,7 +197,7 @@ class Registry:
             brokers = (await s.execute(select(Broker).where(Broker.group_name == group))).scalars()
             for broker in brokers:
                 if broker.state != "offline":
-                    broker.state = broker_state(broker.reported_state, readonly)
+                    broker.state = broker_state(readonly)
             await s.flush()
             await self._reconcile(s, now)
             return {"ok": True, "group": group, "readonly": readonly}

@@ -52,9 +52,13 @@ class GroupView:
         return sorted(self.rw_addresses + self.readonly_addresses)
 
 
-def broker_state(reported_state: str, group_readonly: bool) -> str:
-    """Return the effective state of an online broker: readonly if it or its group says so."""
-    return "readonly" if group_readonly or reported_state == "readonly" else "rw"
+def broker_state(group_readonly: bool) -> str:
+    """Return the state the MetaServer wants an online broker in: its group's admin switch.
+
+    The broker's own report is not trusted for this: a broker echoes back the state it was last
+    told, so honouring a reported ``readonly`` would keep it readonly after the admin cleared it.
+    """
+    return "readonly" if group_readonly else "rw"
 
 
 def plan_route(

@@ -306,15 +306,23 @@ async def test_a_readonly_group_is_hidden_from_producers_and_still_given_to_cons
     assert (status, body["error"]["code"]) == (404, "not_found")
 
 
-async def test_a_broker_reporting_readonly_itself_is_hidden_from_producers(api: Api) -> None:
+async def test_the_admin_switch_wins_over_a_broker_echoing_the_readonly_state_it_was_told(
+    api: Api,
+) -> None:
     await api.register("rt1", "127.0.0.1:1001")
     await api.route("s")
+    await api.ok("POST", "/api/admin/brokers/readonly", {"group": "rt1", "readonly": True})
     _, hb = await api.heartbeat("rt1", "127.0.0.1:1001", state="readonly")
     assert hb == {"ok": True, "state": "readonly"}
-    status, _ = await api.route("s")
-    assert status == 503
-    _, consumer = await api.route("s", role="consumer")
-    assert names(consumer) == ["rt1"]
+    assert (await api.route("s"))[0] == 503
+    await api.ok("POST", "/api/admin/brokers/readonly", {"group": "rt1", "readonly": False})
+    # The broker still reports what it was told last; the answer tells it to go back to rw.
+    _, hb = await api.heartbeat("rt1", "127.0.0.1:1001", state="readonly")
+    assert hb == {"ok": True, "state": "rw"}
+    _, route = await api.route("s")
+    assert names(route) == ["rt1"]
+    brokers = (await api.ok("GET", "/api/admin/brokers"))["brokers"]
+    assert (brokers[0]["state"], brokers[0]["reported_state"]) == ("rw", "readonly")
 
 
 # -- restarts and migrations ----------------------------------------------------------------------
@@ -330,7 +338,8 @@ async def test_a_restarted_broker_re_registers_under_the_same_id(api: Api, clock
     assert again["broker_id"] == first["broker_id"]
     brokers = (await api.ok("GET", "/api/admin/brokers"))["brokers"]
     assert len(brokers) == 1
-    assert (brokers[0]["state"], brokers[0]["heartbeat_age_ms"]) == ("readonly", 0)
+    assert (brokers[0]["state"], brokers[0]["reported_state"]) == ("rw", "readonly")
+    assert brokers[0]["heartbeat_age_ms"] == 0
     assert brokers[0]["registered_at_ms"] == clock.now_ms
 
 
