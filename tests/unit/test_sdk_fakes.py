@@ -48,6 +48,8 @@ class FakeBroker:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
+        # When set to an unset Event, send requests are held (unanswered) until it is set.
+        self.send_gate: asyncio.Event | None = None
 
     async def start(self) -> FakeBroker:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -147,6 +149,8 @@ class FakeBroker:
         if req.op == "hello":
             return hello_response(rid, "realtime", self.group, f"{self.group}-n1")
         if req.op == "send":
+            if self.send_gate is not None:
+                await self.send_gate.wait()
             results = []
             for payload in req.messages:
                 message = decode_message(payload)
@@ -230,6 +234,10 @@ class FakeMeta:
     async def _route(self, request: web.Request) -> web.Response:
         self.route_requests.append(dict(request.query))
         subject = request.query["subject"]
+        if " " in subject:
+            return web.json_response(
+                {"error": {"code": "bad_request", "message": f"bad subject {subject!r}"}}, status=400
+            )
         brokers = self.routes.get(subject, [])
         if not brokers:
             return web.json_response(

@@ -1,0 +1,114 @@
+"""sdk.connection: pipelined requests by rid, error answers, drops, timeouts and the pool."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdk.connection import Connection, ConnectionPool, RequestTimeout, parse_address
+from sdk.errors import BadRequest, ConnectionLost, Forbidden, NotSupported
+from tests.unit.test_sdk_fakes import FakeBroker, broker_a  # noqa: F401  (fixture)
+
+
+def pull_op(wait_ms: int) -> dict:
+    return {"op": "pull", "subject": "s", "group": "g", "consumer_id": "c", "max_count": 1,
+            "wait_ms": wait_ms, "tags": [], "start": "latest", "broadcast": False}
+
+
+async def test_hello_tells_which_broker_group_answered(broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c1", app="shop", token="t")
+    await conn.close()
+    assert conn.server["group"] == "group-a"
+    hello = broker_a.ops("hello")[0]
+    assert (hello["client_id"], hello["app"], hello["token"], hello["protocol"]) == (
+        "c1", "shop", "t", 1)
+
+
+async def test_a_later_request_is_answered_while_a_long_poll_is_pending(broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    pull = asyncio.create_task(conn.request(pull_op(wait_ms=10_000), None))
+    await broker_a.wait_until(lambda: broker_a.ops("pull"))
+    answer = await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+    assert answer == {"ok": True}
+    assert not pull.done()
+    broker_a.publish("s", b"now")
+    pulled = await pull
+    await conn.close()
+    assert len(pulled["messages"]) == 1
+
+
+async def test_an_error_answer_raises_its_error_with_the_code_and_rid(broker_a):
+    broker_a.fail_next("heartbeat", "error", ("forbidden", "app a may not consume s"))
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    with pytest.raises(Forbidden) as caught:
+        await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+    assert caught.value.code == "forbidden"
+    assert caught.value.rid == broker_a.ops("heartbeat")[0]["rid"]
+    # The connection survives an error answer.
+    assert await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+    await conn.close()
+
+
+async def test_a_refused_hello_raises_and_leaves_no_connection(broker_a):
+    broker_a.fail_next("hello", "error", ("not_supported", "protocol 1 unknown"))
+    with pytest.raises(NotSupported):
+        await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+
+
+async def test_a_dropped_connection_fails_every_pending_request_with_connection_lost(broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    pulls = [asyncio.create_task(conn.request(pull_op(10_000), None)) for _ in range(3)]
+    await broker_a.wait_until(lambda: len(broker_a.ops("pull")) == 3)
+    broker_a.drop_connections()
+    for pull in pulls:
+        with pytest.raises(ConnectionLost):
+            await pull
+    await conn.wait_closed()
+    assert conn.closed
+    with pytest.raises(ConnectionLost):
+        await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+
+
+async def test_no_answer_within_the_timeout_raises_request_timeout_and_keeps_the_connection(broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    with pytest.raises(RequestTimeout) as caught:
+        await conn.request(pull_op(wait_ms=10_000), timeout_ms=50)
+    assert caught.value.retriable
+    assert "50 ms" in str(caught.value)
+    assert not conn.closed
+    assert conn.pending_count == 0
+    await conn.close()
+
+
+async def test_connecting_to_a_closed_port_raises_connection_lost():
+    broker = await FakeBroker("gone").start()
+    address = broker.address
+    await broker.stop()
+    with pytest.raises(ConnectionLost):
+        await Connection.open(address, client_id="c", app="a", token=None, connect_timeout_ms=1000)
+
+
+async def test_the_pool_reuses_one_connection_and_reconnects_after_a_drop(broker_a):
+    pool = ConnectionPool(client_id="c", app="a", token=None)
+    first, again = await asyncio.gather(pool.get(broker_a.address), pool.get(broker_a.address))
+    assert first is again
+    broker_a.drop_connections()
+    await first.wait_closed()
+    second = await pool.get(broker_a.address)
+    assert second is not first and not second.closed
+    assert len(broker_a.ops("hello")) == 2
+    await pool.close()
+    with pytest.raises(ConnectionLost):
+        await pool.get(broker_a.address)
+
+
+@pytest.mark.parametrize("address", ["nohost", ":1", "h:", "h:0", "h:65536", "h:x"])
+def test_an_address_that_is_not_host_and_port_is_a_bad_request(address):
+    with pytest.raises(BadRequest):
+        parse_address(address)
+
+
+def test_an_ipv6_address_in_brackets_is_understood():
+    assert parse_address("[::1]:20881") == ("::1", 20881)
+    assert parse_address("127.0.0.1:65535") == ("127.0.0.1", 65535)

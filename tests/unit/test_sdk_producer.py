@@ -1,0 +1,209 @@
+"""sdk.producer against a fake broker and a fake MetaServer: batching, retries, routes, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sdk.errors import BadRequest, Forbidden, NotSupported, Overloaded, TooLarge
+from sdk.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
+from sdk.message import decode_message
+from sdk.producer import Producer, Receipt
+from sdk.routes import RouteCache
+from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
+
+
+def producer(meta, **options) -> Producer:
+    options.setdefault("retry_backoff_ms", 0)
+    return Producer(meta.url, app="shop", **options)
+
+
+async def test_sends_issued_within_the_linger_go_to_the_broker_in_one_send_op(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, linger_ms=20) as p:
+        receipts = await asyncio.gather(*(p.send("orders", b"%d" % i) for i in range(5)))
+    assert len(broker_a.ops("send")) == 1
+    assert broker_a.sent_ids() == [[r.message_id for r in receipts]]
+    assert {r.status for r in receipts} == {"stored"}
+    assert {r.broker_group for r in receipts} == {"group-a"}
+
+
+async def test_a_full_batch_is_sent_without_waiting_for_the_linger(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    # A linger of an hour: if the batch waited for it, the test would hit its timeout.
+    p = producer(meta, linger_ms=3_600_000, batch_size_max=3)
+    receipts = await asyncio.gather(*(p.send("orders", b"x") for _ in range(3)))
+    assert [len(ids) for ids in broker_a.sent_ids()] == [3]
+    assert len(receipts) == 3
+    await p.close()
+
+
+async def test_batch_size_max_is_capped_at_the_protocol_limit(meta):
+    p = producer(meta, batch_size_max=MAX_SEND_BATCH_MESSAGES + 1)
+    assert p.batch_size_max == MAX_SEND_BATCH_MESSAGES
+    assert producer(meta, batch_size_max=MAX_SEND_BATCH_MESSAGES).batch_size_max == (
+        MAX_SEND_BATCH_MESSAGES)
+    await p.close()
+
+
+async def test_messages_of_different_subjects_go_in_different_batches(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    meta.set_route("refunds", [broker_a])
+    async with producer(meta, linger_ms=20) as p:
+        await asyncio.gather(p.send("orders", b"1"), p.send("refunds", b"2"), p.send("orders", b"3"))
+    subjects = sorted(
+        tuple(decode_message(m).subject for m in op["messages"]) for op in broker_a.ops("send")
+    )
+    assert subjects == [("orders", "orders"), ("refunds",)]
+
+
+async def test_the_message_sent_carries_body_tags_properties_and_expiry(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    expire_at = datetime(2030, 1, 1, tzinfo=UTC)
+    async with producer(meta, clock_ms=lambda: 1_234) as p:
+        receipt = await p.send("orders", b"body", tags=["vip"], properties={"k": "v"},
+                               message_id="order-42", expire_at=expire_at)
+    stored = broker_a.stored["order-42"]
+    assert receipt == Receipt("order-42", "orders", "group-a", "stored")
+    assert (stored.body, stored.tags, stored.properties) == (b"body", ("vip",), {"k": "v"})
+    assert stored.created_at_ms == 1_234
+    assert stored.expire_at_ms == int(expire_at.timestamp() * 1000)
+
+
+async def test_a_batch_whose_connection_drops_is_resent_with_the_same_ids(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.fail_next("send", "store_then_drop")
+    async with producer(meta, linger_ms=20) as p:
+        receipts = await asyncio.gather(*(p.send("orders", b"%d" % i) for i in range(3)))
+    first, second = broker_a.sent_ids()
+    assert first == second == [r.message_id for r in receipts]
+    # The broker had stored them before the drop: the resend is de-duplicated.
+    assert [r.status for r in receipts] == ["duplicate"] * 3
+    assert len(broker_a.ops("hello")) == 2  # reconnected
+
+
+async def test_a_non_retriable_error_surfaces_with_its_code_and_is_not_retried(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.fail_next("send", "error", ("forbidden", "app shop may not produce orders"))
+    async with producer(meta) as p:
+        with pytest.raises(Forbidden) as caught:
+            await p.send("orders", b"x")
+    assert caught.value.code == "forbidden"
+    assert "may not produce" in caught.value.message
+    assert len(broker_a.ops("send")) == 1
+
+
+async def test_a_per_message_error_fails_that_send_only(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.fail_next("send", "result_error", ("too_large", "over the broker's limit"))
+    async with producer(meta) as p:
+        with pytest.raises(TooLarge):
+            await p.send("orders", b"x")
+        assert (await p.send("orders", b"y")).status == "stored"
+
+
+async def test_a_failed_send_refreshes_the_route_and_moves_to_another_broker(
+    meta, broker_a, broker_b
+):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        assert (await p.send("orders", b"1")).broker_group == "group-a"
+        meta.set_route("orders", [broker_b])  # broker a went away; the cached route still says a
+        broker_a.fail_next("send", "drop")
+        receipt = await p.send("orders", b"2")
+    assert receipt.broker_group == "group-b"
+    assert broker_b.sent_ids() == [[receipt.message_id]]
+    assert broker_a.sent_ids()[1] == [receipt.message_id]
+
+
+async def test_a_retriable_error_answer_moves_the_batch_to_the_next_group(meta, broker_a, broker_b):
+    meta.set_route("orders", [broker_a, broker_b])
+    broker_a.fail_next("send", "result_error", ("readonly", "group-a is draining"))
+    async with producer(meta) as p:
+        receipt = await p.send("orders", b"1")  # first batch starts at group-a
+    assert receipt.broker_group == "group-b"
+    assert broker_a.sent_ids() == broker_b.sent_ids() == [[receipt.message_id]]
+
+
+async def test_retries_stop_after_retries_max_and_raise_the_last_error(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    for _ in range(3):
+        broker_a.fail_next("send", "error", ("overloaded", "shedding load"))
+    async with producer(meta, retries_max=2) as p:
+        with pytest.raises(Overloaded):
+            await p.send("orders", b"x")
+        assert len(broker_a.ops("send")) == 3
+        assert (await p.send("orders", b"y")).status == "stored"
+
+
+async def test_batches_are_spread_over_the_route_groups_round_robin(meta, broker_a, broker_b):
+    meta.set_route("orders", [broker_a, broker_b])
+    async with producer(meta) as p:
+        groups = [(await p.send("orders", b"x")).broker_group for _ in range(4)]
+    assert groups == ["group-a", "group-b", "group-a", "group-b"]
+
+
+async def test_the_cached_route_is_used_when_the_metaserver_is_down(meta, broker_a, caplog):
+    meta.set_route("orders", [broker_a])
+    clock = {"now_ms": 0}
+    routes = RouteCache(meta.url, ttl_ms=1_000, clock_ms=lambda: clock["now_ms"])
+    async with Producer(meta.url, routes=routes, retry_backoff_ms=0) as p:
+        await p.send("orders", b"1")
+        await meta.stop()
+        clock["now_ms"] = 1_000  # the route has expired: the next send asks the MetaServer
+        with caplog.at_level(logging.WARNING, logger="sdk.routes"):
+            receipt = await p.send("orders", b"2")
+    assert receipt.broker_group == "group-a"
+    assert "cached" in caplog.text
+
+
+async def test_an_invalid_message_is_rejected_before_anything_is_sent(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        with pytest.raises(BadRequest):
+            await p.send("not a subject", b"x")
+        with pytest.raises(TooLarge):
+            await p.send("orders", b"x" * (MAX_BODY_BYTES + 1))
+        with pytest.raises(BadRequest):
+            await p.send("orders", b"x", expire_at=datetime(2030, 1, 1))  # naive
+    assert broker_a.ops("send") == []
+
+
+async def test_delayed_sends_raise_not_supported_until_the_delay_server_exists(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        with pytest.raises(NotSupported, match="delay server"):
+            await p.send("orders", b"x", delay=timedelta(minutes=30))
+        with pytest.raises(NotSupported, match="delay server"):
+            await p.send("orders", b"x", deliver_at=datetime(2030, 1, 1, tzinfo=UTC))
+    assert broker_a.ops("send") == []
+
+
+async def test_close_flushes_pending_batches(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=3_600_000)
+    pending = asyncio.create_task(p.send("orders", b"x"))
+    await asyncio.sleep(0)  # let the send join its batch
+    assert broker_a.ops("send") == []
+    await p.close()
+    assert (await pending).status == "stored"
+    with pytest.raises(RuntimeError, match="closed"):
+        await p.send("orders", b"late")
+
+
+async def test_in_flight_batches_are_bounded(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.send_gate = asyncio.Event()
+    p = producer(meta, batch_size_max=1, in_flight_max=2, linger_ms=0)
+    sends = [asyncio.create_task(p.send("orders", b"%d" % i)) for i in range(5)]
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 2)
+    for _ in range(50):  # give a third batch every chance to go out; no time passes
+        await asyncio.sleep(0)
+    assert len(broker_a.ops("send")) == 2
+    broker_a.send_gate.set()
+    await asyncio.gather(*sends)
+    await p.close()
+    assert len(broker_a.ops("send")) == 5
