@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each script prints its figures with the goal beside them."""
