@@ -143,6 +143,7 @@ def one_of(*allowed: str) -> Callable[[str, Any], Any]:
     """Return a check that accepts only the given strings."""
 
     def check(key: str, value: str) -> str:
+        """Raise BadRequest unless ``value`` is allowed."""
         if value not in allowed:
             raise BadRequest(f"{key} {value!r} must be one of {', '.join(allowed)}")
         return value

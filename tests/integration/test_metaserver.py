@@ -33,6 +33,7 @@ class FakeClock:
         return self.now_ms
 
     def advance(self, ms: int) -> None:
+        """Move the clock forward by ``ms``."""
         self.now_ms += ms
 
 
@@ -44,12 +45,13 @@ class Api:
         self.session = session
 
     async def post(self, path: str, body: Any = None, *, raw: bytes | None = None) -> tuple[int, Any]:
-        data = raw if raw is not None else None
-        kwargs: dict[str, Any] = {"data": data} if raw is not None else {"json": body}
+        """POST ``body`` as JSON (or ``raw`` bytes as they are); return status and JSON answer."""
+        kwargs: dict[str, Any] = {"data": raw} if raw is not None else {"json": body}
         async with self.session.post(self.server.url + path, **kwargs) as resp:
             return resp.status, await resp.json()
 
     async def get(self, path: str, **params: str) -> tuple[int, Any]:
+        """GET ``path`` with query ``params``; return status and JSON answer."""
         async with self.session.get(self.server.url + path, params=params) as resp:
             return resp.status, await resp.json()
 
@@ -63,19 +65,23 @@ class Api:
         return out
 
     async def register(self, group: str, address: str, kind: str = "realtime", **extra: Any) -> Any:
+        """Register a broker; assert it worked."""
         return await self.ok("POST", "/api/brokers/register",
                              {"group": group, "kind": kind, "address": address, **extra})
 
     async def heartbeat(self, group: str, address: str, kind: str = "realtime",
                         state: str = "rw", **extra: Any) -> tuple[int, Any]:
+        """Send one broker heartbeat."""
         return await self.post("/api/brokers/heartbeat",
                                {"group": group, "kind": kind, "address": address, "state": state,
                                 **extra})
 
     async def route(self, subject: str, role: str = "producer", kind: str = "realtime") -> tuple[int, Any]:
+        """Ask for a subject's route."""
         return await self.get("/api/route", subject=subject, role=role, kind=kind)
 
     async def expire(self) -> dict[str, int]:
+        """Run the server's expiry check now."""
         return await self.server.expire_now()
 
 
@@ -92,6 +98,7 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
 
 @pytest.fixture
 def clock() -> FakeClock:
+    """A fake clock shared by the test and its MetaServer(s)."""
     return FakeClock()
 
 
@@ -106,11 +113,13 @@ async def serve(db_url: str, clock: FakeClock, **config: Any) -> AsyncIterator[A
 
 @pytest.fixture
 async def api(db_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+    """A client of a MetaServer on a fresh database."""
     async with serve(db_url, clock) as client:
         yield client
 
 
 def names(route: dict[str, Any]) -> list[str]:
+    """The group names of a route answer, in answer order."""
     return [g["group"] for g in route["groups"]]
 
 
