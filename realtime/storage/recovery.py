@@ -118,9 +118,10 @@ def recover(
         start = message_log.first_offset
         _replay(message_log, consumer_logs, open_consumer_log, dedup, now_ms, start, full=True,
                 subject_report=subject_report, report=report)
-    if reason and checkpoint:
-        # Sequences the checkpoint knew of whose records are gone entirely become holes, so a
-        # subject never reuses a sequence.
+    if reason and checkpoint and checkpoint.message_log_offset <= message_log.end_offset:
+        # Sequences the checkpoint knew of whose records retention deleted entirely become
+        # holes, so a subject never reuses a sequence. (A checkpoint past the log's end, whose
+        # tail was cut, no longer describes it: those sequences are assigned again.)
         for subject, end_sequence in checkpoint.end_sequences.items():
             clog = consumer_logs.get(subject) or open_consumer_log(subject)
             holes = clog.fill_holes(end_sequence)

@@ -119,6 +119,16 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def _stored_end_offset(directory: str) -> int:
+    """The message log's end offset as its files say, before logstore opens them."""
+    if not os.path.isdir(directory):
+        return 0
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".log") and n[:-4].isdigit())
+    if not names:
+        return 0
+    return int(names[-1][:-4]) + os.path.getsize(os.path.join(directory, names[-1]))
+
+
 class MessageStore:
     """Per-subject dense sequences over one message log; see the module docstring."""
 
@@ -137,8 +147,14 @@ class MessageStore:
         os.makedirs(self._consumer_root, exist_ok=True)
         self._checkpoints = CheckpointStore(os.path.join(data_dir, "checkpoint"), CHECKPOINT_NAME)
         checkpoint, problem = self._load_checkpoint()
+        message_log_dir = os.path.join(data_dir, "messagelog")
+        verify_from = checkpoint.message_log_offset if checkpoint else 0
+        if verify_from > _stored_end_offset(message_log_dir):
+            # The log is shorter than the checkpoint says: verify all of it, because logstore
+            # skips every segment that ends before verify_from_offset.
+            verify_from = 0
         self._message_log = MessageLog(
-            os.path.join(data_dir, "messagelog"),
+            message_log_dir,
             LogConfig(
                 segment_size_bytes_max=config.segment_size_bytes_max,
                 record_size_bytes_max=config.record_size_bytes_max,
@@ -147,7 +163,7 @@ class MessageStore:
                 write_buffer_bytes_max=config.write_buffer_bytes_max,
             ),
             opener=opener,
-            verify_from_offset=checkpoint.message_log_offset if checkpoint else 0,
+            verify_from_offset=verify_from,
         )
         self._consumer_logs: dict[str, ConsumerLog] = {}
         for name in sorted(os.listdir(self._consumer_root)):

@@ -1,0 +1,203 @@
+"""Codecs of the realtime store's on-disk formats, and its input limits at max-1, max, max+1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from realtime.storage import (
+    MESSAGE_ID_BYTES_MAX,
+    SUBJECT_BYTES_MAX,
+    TAG_HASHES_MAX,
+    MessageStore,
+    StoreConfig,
+)
+from realtime.storage.consumer_log import ENTRY_SIZE_BYTES, Entry, decode_entry, encode_entry
+from realtime.storage.message_record import (
+    OVERHEAD_SIZE_BYTES,
+    MessageRecord,
+    decode_message_record,
+    encode_message_record,
+    tag_bloom,
+)
+from realtime.storage.store_checkpoint import (
+    StoreCheckpoint,
+    decode_store_checkpoint,
+    encode_store_checkpoint,
+)
+from realtime.storage.subject_names import (
+    DIRECTORY_NAME_CHARS_MAX,
+    decode_subject,
+    encode_subject,
+    is_hashed,
+    subject_of_directory,
+    write_subject_file,
+)
+
+u64 = st.integers(0, (1 << 64) - 1)
+u32 = st.integers(0, (1 << 32) - 1)
+names = st.text(max_size=60)
+
+
+@settings(max_examples=200)
+@given(u64, u64, u64, names, names, st.binary(max_size=300))
+def test_a_message_record_decodes_to_what_was_encoded(ts, seq, bloom, subject, message_id,
+                                                      payload):
+    body = encode_message_record(ts, seq, bloom, subject, message_id, payload)
+    assert decode_message_record(body) == MessageRecord(ts, seq, bloom, subject, message_id,
+                                                        payload)
+
+
+@given(names, names, st.binary(max_size=50), st.data())
+def test_a_message_record_cut_inside_its_header_or_names_is_rejected(subject, message_id,
+                                                                     payload, data):
+    body = encode_message_record(1, 2, 3, subject, message_id, payload)
+    names_end = OVERHEAD_SIZE_BYTES + len(subject.encode()) + len(message_id.encode())
+    cut = data.draw(st.integers(0, names_end - 1))
+    with pytest.raises(ValueError):
+        decode_message_record(body[:cut])
+
+
+def test_the_message_record_layout_matches_the_documented_offsets():
+    body = encode_message_record(0x0102030405060708, 9, 1 << 63, "ab", "xyz", b"PAYLOAD")
+    assert body[0:8] == bytes.fromhex("0102030405060708")
+    assert body[8:16] == (9).to_bytes(8, "big")
+    assert body[16:24] == (1 << 63).to_bytes(8, "big")
+    assert body[24:26] == (2).to_bytes(2, "big") and body[26:28] == b"ab"
+    assert body[28:30] == (3).to_bytes(2, "big") and body[30:33] == b"xyz"
+    assert body[33:] == b"PAYLOAD"
+
+
+@given(u64, u64, u32, u64)
+def test_a_consumer_log_entry_decodes_to_what_was_encoded(ts, offset, size, bloom):
+    raw = encode_entry(Entry(ts, offset, size, bloom))
+    assert len(raw) == ENTRY_SIZE_BYTES == 32
+    assert decode_entry(raw) == Entry(ts, offset, size, bloom)
+
+
+@given(u64, u64, u32, u64, st.integers(0, 32 * 8 - 1))
+def test_a_consumer_log_entry_with_any_flipped_bit_is_rejected(ts, offset, size, bloom, bit):
+    raw = bytearray(encode_entry(Entry(ts, offset, size, bloom)))
+    raw[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ValueError):
+        decode_entry(bytes(raw))
+
+
+@given(u64, st.dictionaries(names, u64, max_size=8))
+def test_a_checkpoint_payload_decodes_to_what_was_encoded(offset, ends):
+    checkpoint = StoreCheckpoint(offset, ends)
+    payload = encode_store_checkpoint(checkpoint)
+    assert decode_store_checkpoint(payload) == checkpoint
+    if ends:
+        with pytest.raises(ValueError):
+            decode_store_checkpoint(payload[:-1])
+
+
+@given(st.text(min_size=1, max_size=80))
+def test_a_subject_directory_name_is_safe_and_decodes_back(subject):
+    name = encode_subject(subject)
+    if is_hashed(name):
+        assert len(name) <= DIRECTORY_NAME_CHARS_MAX
+    else:
+        assert decode_subject(name) == subject
+    assert "/" not in name and "%" not in name and not name.startswith(".")
+    assert all(c.isascii() for c in name)
+
+
+def test_internal_subjects_encode_their_percent_signs():
+    assert encode_subject("%retry%order%billing") == "~25retry~25order~25billing"
+    assert encode_subject("order.created-v1_x") == "order.created-v1_x"
+
+
+def test_a_long_subject_gets_a_hashed_directory_that_names_it_in_a_file(tmp_path):
+    subject = "%retry%" + "s" * 200 + "%" + "g" * 200
+    name = encode_subject(subject)
+    assert len(name) <= DIRECTORY_NAME_CHARS_MAX
+    assert encode_subject(subject + "x") != name
+    os.makedirs(tmp_path / name)
+    write_subject_file(str(tmp_path / name), subject)
+    assert subject_of_directory(str(tmp_path), name) == subject
+
+
+def test_the_tag_bloom_sets_bit_h_mod_64_for_each_hash():
+    assert tag_bloom([]) == 0
+    assert tag_bloom([0, 65, 63]) == (1 << 0) | (1 << 1) | (1 << 63)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = MessageStore(str(tmp_path / "data"), StoreConfig(record_size_bytes_max=2048), now_ms=0)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("extra, ok", [(-1, True), (0, True), (1, False)])
+def test_subject_length_is_accepted_up_to_its_limit(store, extra, ok):
+    subject = "s" * (SUBJECT_BYTES_MAX + extra)
+    if ok:
+        assert store.append(subject, "id", [], 1, b"").sequence == 0
+    else:
+        with pytest.raises(ValueError, match=f"{SUBJECT_BYTES_MAX + 1} bytes.*{SUBJECT_BYTES_MAX}"):
+            store.append(subject, "id", [], 1, b"")
+
+
+@pytest.mark.parametrize("extra, ok", [(-1, True), (0, True), (1, False)])
+def test_message_id_length_is_accepted_up_to_its_limit(store, extra, ok):
+    message_id = "i" * (MESSAGE_ID_BYTES_MAX + extra)
+    if ok:
+        assert not store.append("s", message_id, [], 1, b"").duplicate
+    else:
+        with pytest.raises(ValueError, match=f"{MESSAGE_ID_BYTES_MAX}"):
+            store.append("s", message_id, [], 1, b"")
+
+
+@pytest.mark.parametrize("extra, ok", [(-1, True), (0, True), (1, False)])
+def test_tag_hash_count_is_accepted_up_to_its_limit(store, extra, ok):
+    hashes = list(range(TAG_HASHES_MAX + extra))
+    if ok:
+        store.append("s", "id", hashes, 1, b"")
+    else:
+        with pytest.raises(ValueError, match=f"{TAG_HASHES_MAX + 1} tag hashes"):
+            store.append("s", "id", hashes, 1, b"")
+
+
+@pytest.mark.parametrize("extra, ok", [(-1, True), (0, True), (1, False)])
+def test_a_record_is_accepted_up_to_record_size_bytes_max(store, extra, ok):
+    payload = b"p" * (2048 - OVERHEAD_SIZE_BYTES - len("s") - len("id") + extra)
+    if ok:
+        store.append("s", "id", [], 1, payload)
+        store.commit()
+        assert store.read("s", 0).payload == payload
+    else:
+        with pytest.raises(ValueError, match="2049 bytes exceeds record_size_bytes_max 2048"):
+            store.append("s", "id", [], 1, payload)
+
+
+@pytest.mark.parametrize("subject, message_id, hashes, ts, payload", [
+    (b"s", "id", [], 1, b""),
+    ("", "id", [], 1, b""),
+    ("s", "", [], 1, b""),
+    ("s", 5, [], 1, b""),
+    ("s", "id", [1 << 32], 1, b""),
+    ("s", "id", [-1], 1, b""),
+    ("s", "id", [], -1, b""),
+    ("s", "id", [], 1, "text"),
+    ("\ud800", "id", [], 1, b""),
+])
+def test_bad_arguments_raise_value_error_naming_the_value(store, subject, message_id, hashes,
+                                                          ts, payload):
+    with pytest.raises(ValueError):
+        store.append(subject, message_id, hashes, ts, payload)
+    assert store.commit() == []
+
+
+@pytest.mark.parametrize("key, value", [
+    ("flush_mode", "never"), ("consumer_log_entries_per_file", 0), ("dedup_window_ms", -1),
+    ("segment_size_bytes_max", "big"), ("retention_hard_cap_ms", 1),
+])
+def test_a_bad_config_value_fails_naming_the_key(key, value):
+    with pytest.raises(ValueError, match=key):
+        StoreConfig(**{key: value})

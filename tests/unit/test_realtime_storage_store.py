@@ -1,0 +1,324 @@
+"""MessageStore behaviour: batches, reads, scans with tag filters, dedup, disk faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from logstore import DiskFull, LogWriteFailed
+from logstore.faults import FaultPlan
+from realtime.storage import MessageStore, SequenceOutOfRange, StoreClosed, StoreConfig
+
+# 4 KiB segments and 4 entries per consumer-log file: every test rolls both.
+TINY = StoreConfig(
+    segment_size_bytes_max=4096,
+    record_size_bytes_max=2048,
+    consumer_log_entries_per_file=4,
+    write_buffer_bytes_max=1024,
+    checkpoint_interval_bytes=2048,
+    dedup_window_ms=60_000,
+)
+T0 = 1_700_000_000_000
+
+
+def payload_of(subject: str, index: int) -> bytes:
+    # Not valid UTF-8 and with every byte value, so any re-encoding would show.
+    return bytes([index % 256, 0xFF, 0x00]) + f"{subject}#{index}".encode() + bytes(range(256))[: index % 97]
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> str:
+    return str(tmp_path / "data")
+
+
+def open_store(data_dir, config=TINY, now_ms=T0, **kwargs) -> MessageStore:
+    return MessageStore(data_dir, config, now_ms=now_ms, **kwargs)
+
+
+def test_sequences_are_dense_per_subject_and_reads_return_the_payload_bytes(data_dir):
+    store = open_store(data_dir)
+    subjects = ["order.created", "%retry%order.created%billing", "pay"]
+    expected = {s: [] for s in subjects}
+    for batch in range(6):
+        for i in range(7):
+            subject = subjects[(batch + i) % 3]
+            index = len(expected[subject])
+            appended = store.append(subject, f"{subject}-{index}", [index], T0 + batch, payload_of(subject, index))
+            assert appended.sequence == index and not appended.duplicate
+            expected[subject].append(payload_of(subject, index))
+        results = store.commit()
+        assert [r.sequence for r in results if r.subject == subjects[0]] == sorted(
+            r.sequence for r in results if r.subject == subjects[0])
+    assert store.subjects() == sorted(subjects)
+    assert store.end_sequences() == {s: len(p) for s, p in expected.items()}
+    for subject, payloads in expected.items():
+        assert store.first_sequence(subject) == 0
+        for sequence, payload in enumerate(payloads):
+            message = store.read(subject, sequence)
+            assert (message.subject, message.sequence, message.message_id) == (
+                subject, sequence, f"{subject}-{sequence}")
+            assert message.payload == payload
+            assert message.tag_bloom == 1 << (sequence % 64)
+    store.close()
+
+
+def test_appends_are_invisible_until_commit(data_dir):
+    store = open_store(data_dir)
+    appended = store.append("s", "a", [], T0, b"x")
+    assert appended.sequence == 0
+    assert store.end_sequence("s") == 0 and store.subjects() == []
+    with pytest.raises(SequenceOutOfRange, match=r"sequence 0 of subject 's'.*\[0, 0\)"):
+        store.read("s", 0)
+    assert store.scan("s", 0, 10) == ([], 0)
+    assert store.commit() == [appended]
+    assert store.read("s", 0).payload == b"x"
+    assert store.commit() == []
+    store.close()
+
+
+def test_an_unknown_subject_has_no_sequences(data_dir):
+    store = open_store(data_dir)
+    assert (store.first_sequence("nope"), store.end_sequence("nope")) == (0, 0)
+    with pytest.raises(SequenceOutOfRange):
+        store.scan("nope", 1, 10)
+    store.close()
+
+
+def test_a_read_past_the_end_says_it_has_not_been_written(data_dir):
+    store = open_store(data_dir)
+    store.append("s", "a", [], T0, b"x")
+    store.commit()
+    with pytest.raises(SequenceOutOfRange, match="not been written yet") as info:
+        store.read("s", 1)
+    assert (info.value.first_sequence, info.value.end_sequence) == (0, 1)
+    store.close()
+
+
+def fill_tagged(store):
+    # sequence i carries tag hash i % 3 (0, 1, 2); every 5th also 64 + 7 (bit 7).
+    for i in range(30):
+        hashes = [i % 3] + ([64 + 7] if i % 5 == 0 else [])
+        store.append("s", f"m{i}", hashes, T0, f"{i}".encode())
+    store.commit()
+
+
+def test_scan_with_tags_returns_only_messages_whose_bloom_matches_any_tag(data_dir):
+    store = open_store(data_dir)
+    fill_tagged(store)
+    messages, next_sequence = store.scan("s", 0, 100, [1])
+    assert [m.sequence for m in messages] == [i for i in range(30) if i % 3 == 1]
+    assert next_sequence == 30
+    messages, _ = store.scan("s", 0, 100, [1, 2])
+    assert [m.sequence for m in messages] == [i for i in range(30) if i % 3 != 0]
+    assert [m.sequence for m in store.scan("s", 0, 100, [99])[0]] == []
+    assert [m.sequence for m in store.scan("s", 0, 100, None)[0]] == list(range(30))
+    assert [m.sequence for m in store.scan("s", 0, 100, [])[0]] == list(range(30))
+    store.close()
+
+
+def test_scan_is_a_bloom_prefilter_so_a_colliding_tag_hash_also_matches(data_dir):
+    # Decided contract: the caller checks exact tags; hash 7 shares bit 7 with hash 71.
+    store = open_store(data_dir)
+    fill_tagged(store)
+    messages, _ = store.scan("s", 0, 100, [7])
+    assert [m.sequence for m in messages] == [0, 5, 10, 15, 20, 25]
+    store.close()
+
+
+def test_scan_stops_at_max_count_and_max_entries_and_says_where_to_continue(data_dir):
+    store = open_store(data_dir)
+    fill_tagged(store)
+    messages, next_sequence = store.scan("s", 2, 3, [1])
+    assert [m.sequence for m in messages] == [4, 7, 10]
+    assert next_sequence == 11
+    messages, next_sequence = store.scan("s", 11, 100, [1], max_entries=5)
+    assert [m.sequence for m in messages] == [13]
+    assert next_sequence == 16
+    assert store.scan("s", 30, 10) == ([], 30)
+    assert store.scan("s", 0, 0) == ([], 0)
+    store.close()
+
+
+def test_a_message_without_tags_never_matches_a_tag_filter(data_dir):
+    store = open_store(data_dir)
+    store.append("s", "untagged", [], T0, b"u")
+    store.commit()
+    assert store.read("s", 0).tag_bloom == 0
+    assert store.scan("s", 0, 10, [0])[0] == []
+    assert len(store.scan("s", 0, 10)[0]) == 1
+    store.close()
+
+
+def test_the_same_id_within_the_window_is_a_duplicate_of_the_original(data_dir):
+    store = open_store(data_dir)
+    store.append("s", "other", [], T0, b"0")
+    store.append("s", "dup", [], T0, b"1")
+    store.commit()
+    again = store.append("s", "dup", [], T0 + TINY.dedup_window_ms - 1, b"resend")
+    assert again.duplicate and again.sequence == 1
+    assert store.commit() == [again]
+    assert store.end_sequence("s") == 2
+    assert store.read("s", 1).payload == b"1"
+    # The same id on another subject is a different message.
+    assert not store.append("t", "dup", [], T0, b"t").duplicate
+    store.close()
+
+
+def test_the_same_id_after_the_window_is_stored_again(data_dir):
+    store = open_store(data_dir)
+    store.append("s", "dup", [], T0, b"1")
+    store.commit()
+    later = store.append("s", "dup", [], T0 + TINY.dedup_window_ms, b"2")
+    assert not later.duplicate and later.sequence == 1
+    store.commit()
+    assert store.read("s", 1).payload == b"2"
+    assert store.append("s", "dup", [], T0 + TINY.dedup_window_ms + 1, b"3").sequence == 1
+    store.close()
+
+
+def test_the_same_id_twice_in_one_batch_is_stored_once(data_dir):
+    store = open_store(data_dir)
+    first = store.append("s", "dup", [], T0, b"1")
+    second = store.append("s", "dup", [], T0, b"2")
+    assert (first.sequence, first.duplicate) == (0, False)
+    assert (second.sequence, second.duplicate) == (None, True)
+    assert store.commit() == [first, second]
+    assert store.end_sequence("s") == 1
+    assert store.read("s", 0).payload == b"1"
+    store.close()
+
+
+def test_dedup_survives_a_reopen_within_the_window(data_dir):
+    store = open_store(data_dir)
+    for i in range(20):
+        store.append("s", f"id{i}", [], T0 + i, b"x" * 300)
+    store.commit()
+    store.close()
+    store = open_store(data_dir, now_ms=T0 + 1000)
+    assert store.recovery.dedup_ids_rebuilt == 20
+    resend = store.append("s", "id3", [], T0 + 1000, b"again")
+    assert resend.duplicate and resend.sequence == 3
+    store.close()
+    # Past the window, a reopen rebuilds nothing and the id is new again.
+    store = open_store(data_dir, now_ms=T0 + 19 + TINY.dedup_window_ms)
+    assert not store.append("s", "id3", [], T0 + 19 + TINY.dedup_window_ms, b"new").duplicate
+    store.close()
+
+
+def test_tick_prunes_ids_older_than_the_window(data_dir):
+    store = open_store(data_dir)
+    store.append("s", "a", [], T0, b"x")
+    store.commit()
+    store.tick(T0 + TINY.dedup_window_ms - 1)
+    assert len(store._dedup) == 1
+    store.tick(T0 + TINY.dedup_window_ms)
+    assert len(store._dedup) == 0
+    store.close()
+
+
+def test_dedup_ids_max_forgets_the_oldest_ids_first(data_dir):
+    store = open_store(data_dir, StoreConfig(consumer_log_entries_per_file=4, dedup_ids_max=2))
+    for name in ("a", "b", "c"):
+        store.append("s", name, [], T0, b"x")
+    store.commit()
+    assert not store.append("s", "a", [], T0, b"x").duplicate
+    assert store.append("s", "c", [], T0, b"x").duplicate
+    store.close()
+
+
+def test_sync_mode_commits_a_batch_with_one_message_log_fsync(data_dir):
+    plan = FaultPlan()
+    store = open_store(data_dir, StoreConfig(consumer_log_entries_per_file=4),
+                       opener=plan.opener)
+    syncs = plan.syncs
+    for i in range(50):
+        store.append(f"s{i % 5}", f"id{i}", [], T0, b"x" * 100)
+    store.commit()
+    assert plan.syncs - syncs == 1
+    store.close()
+
+
+def test_async_mode_commits_without_fsync_and_tick_fsyncs_on_the_interval(data_dir):
+    plan = FaultPlan()
+    config = StoreConfig(flush_mode="async", flush_interval_ms=100,
+                         consumer_log_entries_per_file=4)
+    store = open_store(data_dir, config, opener=plan.opener)
+    store.tick(T0)
+    syncs = plan.syncs
+    store.append("s", "a", [], T0, b"x")
+    store.commit()
+    assert store.read("s", 0).payload == b"x"
+    assert plan.syncs == syncs
+    store.tick(T0 + 99)
+    assert plan.syncs == syncs
+    store.tick(T0 + 100)
+    assert plan.syncs > syncs
+    store.close()
+
+
+def test_a_commit_that_hits_a_full_disk_drops_the_batch_and_a_later_one_works(data_dir):
+    plan = FaultPlan()
+    store = open_store(data_dir, opener=plan.opener)
+    for i in range(6):
+        store.append("s", f"old{i}", [1], T0, payload_of("s", i))
+    store.commit()
+    # Room for part of the next batch: some of it reaches the file before the disk fills.
+    plan.disk_capacity_bytes = plan.bytes_written + 1500
+    for i in range(12):
+        store.append("s", f"new{i}", [1], T0, b"n" * 200)
+    with pytest.raises(DiskFull):
+        store.commit()
+    assert store.end_sequence("s") == 6
+    with pytest.raises(SequenceOutOfRange):
+        store.read("s", 6)
+    assert [m.message_id for m in store.scan("s", 0, 100)[0]] == [f"old{i}" for i in range(6)]
+    # The dropped ids were never stored, so they are not duplicates.
+    plan.free_space(1 << 20)
+    again = store.append("s", "new0", [1], T0, b"retry")
+    assert (again.sequence, again.duplicate) == (6, False)
+    store.commit()
+    assert store.read("s", 6).payload == b"retry"
+    for i in range(6):
+        assert store.read("s", i).payload == payload_of("s", i)
+    store.close()
+    # Records of the dropped batch left in the message log never come back over a reuse.
+    store = open_store(data_dir, now_ms=T0 + 1)
+    assert store.end_sequence("s") == 7
+    assert store.read("s", 6).payload == b"retry"
+    assert [m.message_id for m in store.scan("s", 0, 100)[0]] == (
+        [f"old{i}" for i in range(6)] + ["new0"])
+    store.close()
+
+
+def test_a_failed_fsync_drops_the_batch_and_the_store_refuses_writes_until_reopened(data_dir):
+    plan = FaultPlan()
+    store = open_store(data_dir, opener=plan.opener)
+    store.append("s", "kept", [], T0, b"k")
+    store.commit()
+    plan.fail_sync_at = plan.syncs + 1
+    store.append("s", "lost", [], T0, b"l")
+    with pytest.raises(LogWriteFailed):
+        store.commit()
+    assert store.end_sequence("s") == 1
+    assert store.read("s", 0).payload == b"k"
+    with pytest.raises(LogWriteFailed):
+        store.append("s", "next", [], T0, b"n")
+    with pytest.raises(LogWriteFailed):
+        store.commit()
+    store.close()
+    store = open_store(data_dir, now_ms=T0 + 1)
+    assert store.read("s", 0).payload == b"k"
+    assert store.end_sequence("s") in (1, 2)  # the failed fsync's record may have reached disk
+    store.append("s", "after", [], T0 + 1, b"a")
+    store.commit()
+    assert store.read("s", store.end_sequence("s") - 1).payload == b"a"
+    store.close()
+
+
+def test_a_closed_store_refuses_every_call(data_dir):
+    store = open_store(data_dir)
+    store.close()
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.append("s", "a", [], T0, b"x")
+    with pytest.raises(StoreClosed):
+        store.read("s", 0)
