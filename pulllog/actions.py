@@ -22,6 +22,8 @@ framing supplies the length, magic, version and CRC-32. The body is::
          |                   | (releases everything the consumer held, in pull-seq order)
     6    | EPOCH_STARTED     | epoch uint (written on open after an unclean shutdown)
     7    | CLOSED            | (no fields; the last action of a clean close)
+    8    | OPENED            | (no fields; fsynced on every open, so that a session which then
+         |                   | crashes never ends with the previous session's CLOSED)
 
 What it does NOT guarantee: the CRC (logstore's) detects torn writes and bit rot, not tampering;
 an action that decodes is not checked against the state here (the store's replay does that);
@@ -48,6 +50,7 @@ ACTION_RELEASE = 4
 ACTION_CONSUMER_REMOVED = 5
 ACTION_EPOCH_STARTED = 6
 ACTION_CLOSED = 7
+ACTION_OPENED = 8
 
 RELEASE_REASON_ACK_TIMEOUT = 1
 RELEASE_REASONS = (RELEASE_REASON_ACK_TIMEOUT,)
@@ -111,7 +114,12 @@ class Closed:
     pass
 
 
-Action = GroupCreated | Pull | Ack | Release | ConsumerRemoved | EpochStarted | Closed
+@dataclass(frozen=True)
+class Opened:
+    pass
+
+
+Action = GroupCreated | Pull | Ack | Release | ConsumerRemoved | EpochStarted | Closed | Opened
 
 # Field kinds: "s" str, "u" uint, "U" list of uint, "R" list of [uint, uint] with lo <= hi.
 _SCHEMAS: dict[int, tuple[type, str]] = {
@@ -122,6 +130,7 @@ _SCHEMAS: dict[int, tuple[type, str]] = {
     ACTION_CONSUMER_REMOVED: (ConsumerRemoved, "sssu"),
     ACTION_EPOCH_STARTED: (EpochStarted, "u"),
     ACTION_CLOSED: (Closed, ""),
+    ACTION_OPENED: (Opened, ""),
 }
 _TYPE_OF: dict[type, int] = {cls: code for code, (cls, _kinds) in _SCHEMAS.items()}
 

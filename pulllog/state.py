@@ -21,6 +21,7 @@ from pulllog.actions import (
     ConsumerRemoved,
     EpochStarted,
     GroupCreated,
+    Opened,
     Pull,
     Release,
 )
@@ -174,7 +175,7 @@ class PullState:
                 for consumer in data.consumers.values():
                     consumer.next_pull_seq = max(consumer.next_pull_seq, floor)
             return None
-        assert isinstance(action, Closed), action
+        assert isinstance(action, (Closed, Opened)), action
         return None
 
     def _apply_pull(self, action: Pull) -> list[PulledEntry]:

@@ -50,6 +50,7 @@ from pulllog.actions import (
     ConsumerRemoved,
     EpochStarted,
     GroupCreated,
+    Opened,
     Pull,
     Release,
     decode_action,
@@ -161,16 +162,21 @@ class PullLogStore:
             raise
         self._kept_offsets = retained + [offset] if checkpoint is not None else []
         self._actions_since_checkpoint = replayed
+        untorn = self._log.recovery.truncation is None
         fresh = checkpoint is None and self._log.end_offset == 0
-        clean = fresh or (isinstance(last, Closed) and self._log.recovery.truncation is None)
+        clean = untorn and (fresh or isinstance(last, Closed))
         if not clean:
-            # Pull seqs handed out in actions that did not survive must never be reused.
+            # Pull seqs handed out in actions that did not survive must never be reused. The new
+            # epoch goes into a checkpoint at once, so no later torn tail can take it back.
             self._write(EpochStarted(self._state.epoch + 1))
-            self._log.sync()
-        if lost_tail:
-            # Start over from a new checkpoint: the old one's offset may now fall inside a record.
-            self._kept_offsets = []
+            if lost_tail:
+                # The old checkpoint's offset may now fall inside a record: start over from here.
+                self._kept_offsets = []
             self.checkpoint()
+        # Durable before anything is handed out: if this session crashes, the log no longer ends
+        # with the last session's CLOSED, so the next open starts a new epoch.
+        self._write(Opened())
+        self._guarded(self._log.sync)
         self.recovery = PullLogRecovery(
             checkpoint.sequence if checkpoint else None, offset, replayed, self._log.recovery,
             clean, self._state.epoch,

@@ -18,6 +18,7 @@ from pulllog.actions import (
     ConsumerRemoved,
     EpochStarted,
     GroupCreated,
+    Opened,
     Pull,
     Release,
     decode_action,
@@ -41,6 +42,7 @@ actions = st.one_of(
     st.builds(ConsumerRemoved, names, names, names, uints),
     st.builds(EpochStarted, uints),
     st.just(Closed()),
+    st.just(Opened()),
 )
 
 

@@ -246,3 +246,18 @@ def test_a_log_cut_below_the_checkpoint_keeps_the_checkpoint_state_and_restarts_
     again = PullLogStore(str(tmp_path), NO_CHECKPOINTS)
     assert again.export_state() == after
     again.close()
+
+
+def test_a_session_whose_every_action_was_lost_still_starts_a_new_epoch(tmp_path):
+    store = PullLogStore(str(tmp_path), NO_CHECKPOINTS)
+    store.ensure_group(S, G, 0, 0)
+    store.close()
+    session = PullLogStore(str(tmp_path), NO_CHECKPOINTS)
+    assert session.recovery.clean_shutdown
+    lost = session.record_pull(S, G, "c1", [0], 1, 10)  # buffered only; then the process dies
+    reopened = PullLogStore(str(tmp_path), NO_CHECKPOINTS)
+    assert not reopened.recovery.clean_shutdown and reopened.epoch == 1
+    again = reopened.record_pull(S, G, "c1", [0], 1, 20)
+    assert again[0].pull_seq != lost[0].pull_seq
+    assert reopened.record_ack(S, G, "c1", [(lost[0].pull_seq, lost[0].pull_seq)], 21) == 0
+    reopened.close()
