@@ -123,7 +123,9 @@ def recover(
         # holes, so a subject never reuses a sequence. (A checkpoint past the log's end, whose
         # tail was cut, no longer describes it: those sequences are assigned again.)
         for subject, end_sequence in checkpoint.end_sequences.items():
-            clog = consumer_logs.get(subject) or open_consumer_log(subject)
+            clog = consumer_logs.get(subject)
+            if clog is None:
+                clog = consumer_logs[subject] = open_consumer_log(subject)
             holes = clog.fill_holes(end_sequence)
             if holes:
                 subject_report(subject).holes += holes
