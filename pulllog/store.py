@@ -13,8 +13,9 @@ Durability (``PullLogConfig.flush_mode``):
   redelivery: a lost PULL puts the cursor back (its entries are handed out again), a lost ACK
   leaves the entry held (it is redelivered after its ack timeout), a lost RELEASE or
   CONSUMER_REMOVED happens again. So acked entries may be delivered again (at-least-once); none
-  is lost. After such a crash, recovery starts a new pull-seq epoch so that acks for pull seqs
-  handed out before the crash and not recorded cannot ack a different entry.
+  is lost. After such a crash (the log does not end with CLOSED; every open fsyncs an OPENED
+  first) recovery starts a new pull-seq epoch, so that acks for pull seqs handed out before the
+  crash and not recorded cannot ack a different entry.
 - ``"sync"``: every mutating call fsyncs before it returns (no group commit here; the server can
   batch its calls between syncs with async mode and ``sync()``).
 
