@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
+from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
 from sdk.errors import BadRequest, NoRoute, NotSupported, QmqError
 from sdk.limits import MAX_ACK_RANGES, MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from sdk.message import Message, decode_message, validate_group, validate_subject, validate_tags
@@ -579,6 +579,9 @@ class Consumer:
                     await sub._queue.put(exc)
                     return
                 failures += 1
+                if isinstance(exc, RequestTimeout):
+                    # Silent past wait_ms plus slack: the connection is likely half-dead.
+                    await self._pool.discard(address)
                 backoff_ms = self._backoff_ms(failures)
                 log.warning("pull of %r from broker group %s at %s failed (%s); retrying in %d ms",
                             sub.subject, broker_group, address, exc, backoff_ms)

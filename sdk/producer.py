@@ -203,6 +203,8 @@ class Producer:
         if delay is not None or deliver_at is not None:
             # Delayed sends go to the delay server (DESIGN.md 9); the next issue routes them there.
             raise NotSupported("delayed sends need the delay server (delay=/deliver_at=)")
+        if isinstance(tags, str):
+            raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         message = Message.create(
             subject,
             body,

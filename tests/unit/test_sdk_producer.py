@@ -207,3 +207,11 @@ async def test_in_flight_batches_are_bounded(meta, broker_a):
     await asyncio.gather(*sends)
     await p.close()
     assert len(broker_a.ops("send")) == 5
+
+
+async def test_tags_given_as_one_string_are_rejected_rather_than_split(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        with pytest.raises(BadRequest, match="list of str"):
+            await p.send("orders", b"x", tags="vip")
+    assert broker_a.ops("send") == []

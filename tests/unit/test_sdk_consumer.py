@@ -1,0 +1,370 @@
+"""sdk.consumer against a fake broker and a fake MetaServer: pulls, acks, handlers, close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from sdk.consumer import Consumer, seqs_to_ranges
+from sdk.errors import BadRequest, Forbidden, NotSupported
+from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
+
+# Timers are set far away unless a test is about them, so nothing happens by the clock.
+NEVER_MS = 3_600_000
+
+
+def consumer(meta, **options) -> Consumer:
+    options.setdefault("ack_interval_ms", NEVER_MS)
+    options.setdefault("heartbeat_interval_ms", NEVER_MS)
+    options.setdefault("reconnect_backoff_max_ms", 0)
+    options.setdefault("wait_ms", 1_000)
+    return Consumer(meta.url, group="billing", consumer_id="c1", **options)
+
+
+async def take(iterator, count: int) -> list:
+    return [await iterator.__anext__() for _ in range(count)]
+
+
+def test_pull_sequences_become_the_fewest_inclusive_ranges():
+    assert seqs_to_ranges({7, 1, 2, 3, 9, 8}) == [[1, 3], [7, 9]]
+    assert seqs_to_ranges([5]) == [[5, 5]]
+    assert seqs_to_ranges(set()) == []
+
+
+async def test_subscribe_yields_the_pulled_messages_with_their_broker_group(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    sent = broker_a.publish("orders", b"one", b"two")
+    async with consumer(meta) as c:
+        got = await take(c.subscribe("orders"), 2)
+    assert [m.id for m in got] == [m.id for m in sent]
+    assert [m.body for m in got] == [b"one", b"two"]
+    assert {m.broker_group for m in got} == {"group-a"}
+    assert got[0].message.subject == got[0].subject == "orders"
+    pull = broker_a.ops("pull")[0]
+    assert (pull["group"], pull["consumer_id"], pull["start"], pull["broadcast"]) == (
+        "billing", "c1", "latest", False)
+
+
+async def test_acks_are_coalesced_into_ranges_and_may_complete_out_of_order(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(5)))
+    async with consumer(meta) as c:
+        # All five are handed out although none is acked: the iterator never waits for acks.
+        first, second, third, fourth, fifth = await take(c.subscribe("orders"), 5)
+        for msg in (fifth, third, fourth, first):
+            await msg.ack()
+        await c.flush_acks()
+        assert broker_a.ack_ranges == [[[1, 1], [3, 5]]]
+        await second.ack()
+        await c.flush_acks()
+        assert broker_a.ack_ranges[1:] == [[[2, 2]]]
+    ack = broker_a.ops("ack")[0]
+    assert (ack["subject"], ack["group"], ack["consumer_id"]) == ("orders", "billing", "c1")
+
+
+async def test_acks_are_sent_by_the_ack_timer_without_a_flush(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"x")
+    async with consumer(meta, ack_interval_ms=20) as c:
+        (msg,) = await take(c.subscribe("orders"), 1)
+        await msg.ack()
+        await broker_a.wait_until(lambda: broker_a.ack_ranges)
+    assert broker_a.ack_ranges == [[[1, 1]]]
+
+
+async def test_acks_are_sent_at_once_when_ack_pending_max_are_waiting(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"1", b"2", b"3", b"4")
+    async with consumer(meta, ack_pending_max=3) as c:
+        msgs = await take(c.subscribe("orders"), 4)
+        for msg in msgs[:3]:
+            await msg.ack()
+        await broker_a.wait_until(lambda: broker_a.ack_ranges)
+        assert broker_a.ack_ranges == [[[1, 3]]]
+        await msgs[3].ack()
+    assert broker_a.ack_ranges == [[[1, 3]], [[4, 4]]]
+
+
+async def test_acking_twice_sends_one_ack(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"x")
+    async with consumer(meta) as c:
+        (msg,) = await take(c.subscribe("orders"), 1)
+        await msg.ack()
+        await msg.ack()
+        assert msg.settled
+    assert broker_a.acked_seqs() == [1]
+
+
+async def test_graceful_close_sends_pending_acks(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"1", b"2")
+    c = consumer(meta)
+    async with c:
+        for msg in await take(c.subscribe("orders"), 2):
+            await msg.ack()
+        assert broker_a.ack_ranges == []
+    assert broker_a.ack_ranges == [[[1, 2]]]
+
+
+async def test_close_ends_the_iterator(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    c = consumer(meta, wait_ms=60_000)
+    await c.__aenter__()
+    sub = c.subscribe("orders")
+    waiting = asyncio.create_task(take(sub, 1))
+    await broker_a.wait_until(lambda: broker_a.ops("pull"))
+    await c.close()
+    with pytest.raises(StopAsyncIteration):
+        await waiting
+
+
+async def test_nack_raises_not_supported_and_leaves_the_message_unacked(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"x")
+    async with consumer(meta) as c:
+        (msg,) = await take(c.subscribe("orders"), 1)
+        with pytest.raises(NotSupported):
+            await msg.nack(retry_after=10_000)
+        assert not msg.settled
+    nack = broker_a.ops("nack")[0]
+    assert (nack["pull_seqs"], nack["retry_after_ms"]) == ([1], 10_000)
+    assert broker_a.ack_ranges == []
+
+
+async def test_handler_concurrency_limit_is_respected(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(6)))
+    c = consumer(meta)
+    gate = asyncio.Event()
+    running = asyncio.Condition()
+    active = 0
+    most = 0
+    done = 0
+
+    @c.handler("orders", concurrency=2)
+    async def handle(msg):
+        nonlocal active, most, done
+        async with running:
+            active += 1
+            most = max(most, active)
+            running.notify_all()
+        await gate.wait()
+        async with running:
+            active -= 1
+            done += 1
+            running.notify_all()
+
+    async with c:
+        async with running:
+            await running.wait_for(lambda: active == 2)
+        for _ in range(50):  # every chance for a third handler to start; no time passes
+            await asyncio.sleep(0)
+        assert active == 2
+        gate.set()
+        async with running:
+            await running.wait_for(lambda: done == 6)
+    assert most == 2
+    assert broker_a.acked_seqs() == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_handler_that_raises_leaves_its_message_unacked_and_logs_why(
+    meta, broker_a, caplog
+):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"good", b"bad", b"good")
+    c = consumer(meta)
+    finished = asyncio.Event()
+    seen = []
+
+    @c.handler("orders")
+    async def handle(msg):
+        seen.append(msg.body)
+        if len(seen) == 3:
+            finished.set()
+        if msg.body == b"bad":
+            raise ValueError("cannot bill")
+
+    with caplog.at_level(logging.WARNING):
+        async with c:
+            await finished.wait()
+            await broker_a.wait_until(lambda: broker_a.ops("nack"))
+    assert broker_a.acked_seqs() == [1, 3]
+    assert broker_a.ops("nack")[0]["pull_seqs"] == [2]
+    assert "cannot bill" in caplog.text
+    assert "redelivered after the group's ack timeout" in caplog.text
+
+
+async def test_graceful_close_waits_for_running_handlers_then_sends_their_acks(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"slow")
+    c = consumer(meta)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @c.handler("orders")
+    async def handle(msg):
+        started.set()
+        await release.wait()
+
+    await c.__aenter__()
+    await started.wait()
+    closing = asyncio.create_task(c.close())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not closing.done()  # waiting for the handler
+    release.set()
+    await closing
+    assert broker_a.ack_ranges == [[[1, 1]]]
+
+
+async def test_close_cancels_handlers_that_outlast_close_timeout_and_leaves_them_unacked(
+    meta, broker_a
+):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"stuck")
+    c = consumer(meta, close_timeout_ms=0)
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @c.handler("orders")
+    async def handle(msg):
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with c:
+        await started.wait()
+    assert cancelled.is_set()
+    assert broker_a.ack_ranges == []
+
+
+async def test_run_serves_handlers_until_close(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"x")
+    c = consumer(meta)
+    handled = asyncio.Event()
+
+    @c.handler("orders")
+    async def handle(msg):
+        handled.set()
+
+    running = asyncio.create_task(c.run())
+    await handled.wait()
+    assert not running.done()
+    await c.close()
+    await running
+    assert broker_a.acked_seqs() == [1]
+
+
+async def test_heartbeats_name_the_subscriptions_to_the_broker_and_the_metaserver(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with consumer(meta, heartbeat_interval_ms=10) as c:
+        c.subscribe("orders")
+        await broker_a.wait_until(lambda: broker_a.heartbeats)
+        await meta.wait_until(lambda: any(h["subjects"] == ["orders"] for h in meta.heartbeats))
+    beat = broker_a.heartbeats[0]
+    assert (beat["consumer_id"], beat["subscriptions"]) == ("c1", [["orders", "billing"]])
+    meta_beat = next(h for h in meta.heartbeats if h["subjects"] == ["orders"])
+    assert meta_beat == {"client_id": "c1", "app": "default", "group": "billing",
+                         "subjects": ["orders"], "role": "consumer"}
+
+
+async def test_a_broker_group_that_joins_the_route_gets_a_pull_loop(meta, broker_a, broker_b):
+    meta.set_route("orders", [broker_a])
+    broker_b.publish("orders", b"from b")
+    async with consumer(meta, route_refresh_ms=10) as c:
+        sub = c.subscribe("orders")
+        await broker_a.wait_until(lambda: broker_a.ops("pull"))
+        meta.set_route("orders", [broker_a, broker_b])
+        (msg,) = await take(sub, 1)
+        await msg.ack()
+    assert (msg.body, msg.broker_group) == (b"from b", "group-b")
+    assert broker_b.acked_seqs() == [1] and broker_a.acked_seqs() == []
+
+
+async def test_messages_from_two_groups_are_acked_to_the_broker_that_sent_them(
+    meta, broker_a, broker_b
+):
+    meta.set_route("orders", [broker_a, broker_b])
+    broker_a.publish("orders", b"a1", b"a2")
+    broker_b.publish("orders", b"b1")
+    async with consumer(meta) as c:
+        for msg in await take(c.subscribe("orders"), 3):
+            await msg.ack()
+    assert broker_a.ack_ranges == [[[1, 2]]]
+    assert broker_b.ack_ranges == [[[1, 1]]]
+
+
+async def test_a_dropped_connection_is_reconnected_and_pulling_goes_on(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with consumer(meta, wait_ms=60_000) as c:
+        sub = c.subscribe("orders")
+        await broker_a.wait_until(lambda: broker_a.ops("pull"))
+        broker_a.drop_connections()
+        await broker_a.wait_until(lambda: len(broker_a.ops("hello")) == 2 and
+                                  len(broker_a.ops("pull")) == 2)
+        broker_a.publish("orders", b"after")
+        (msg,) = await take(sub, 1)
+    assert msg.body == b"after"
+
+
+async def test_pulling_goes_on_from_the_cached_route_when_the_metaserver_is_down(
+    meta, broker_a, caplog
+):
+    meta.set_route("orders", [broker_a])
+    # Short pulls and route refreshes: while the MetaServer is down, many refreshes fail.
+    async with consumer(meta, route_refresh_ms=5, wait_ms=5) as c:
+        sub = c.subscribe("orders")
+        await broker_a.wait_until(lambda: broker_a.ops("pull"))
+        await meta.stop()
+        pulls = len(broker_a.ops("pull"))
+        with caplog.at_level(logging.WARNING, logger="sdk.routes"):
+            await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= pulls + 20)
+        broker_a.publish("orders", b"still here")
+        (msg,) = await take(sub, 1)
+    assert "cached" in caplog.text
+    assert msg.body == b"still here"
+
+
+async def test_a_refused_pull_is_raised_by_the_iterator(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.fail_next("pull", "error", ("forbidden", "billing may not consume orders"))
+    async with consumer(meta) as c:
+        with pytest.raises(Forbidden):
+            await take(c.subscribe("orders"), 1)
+
+
+async def test_bad_subscriptions_and_options_fail_at_once(meta):
+    with pytest.raises(BadRequest):
+        Consumer(meta.url, group="bad group")
+    with pytest.raises(ValueError, match="pull_batch"):
+        Consumer(meta.url, group="g", pull_batch=0)
+    async with consumer(meta) as c:
+        with pytest.raises(BadRequest):
+            c.subscribe("bad subject")
+        c.subscribe("orders")
+        with pytest.raises(ValueError, match="already subscribed"):
+            c.subscribe("orders")
+        with pytest.raises(TypeError, match="async"):
+            c.handler("refunds")(lambda msg: None)
+
+
+async def test_a_pull_that_outlives_its_timeout_reconnects(meta, broker_a, monkeypatch):
+    import sdk.consumer
+
+    # The fake broker holds a pull for wait_ms; with no slack the client times out first.
+    monkeypatch.setattr(sdk.consumer, "PULL_TIMEOUT_SLACK_MS", -950)
+    meta.set_route("orders", [broker_a])
+    async with consumer(meta, wait_ms=1_000) as c:
+        c.subscribe("orders")
+        await broker_a.wait_until(
+            lambda: len(broker_a.ops("hello")) >= 2 and len(broker_a.ops("pull")) >= 2)
+    # The second pull went over a new connection: a new hello came before it.
+    kinds = [r["op"] for r in broker_a.requests if r["op"] in ("hello", "pull")]
+    assert kinds[:4] == ["hello", "pull", "hello", "pull"]
