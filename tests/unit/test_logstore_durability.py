@@ -144,19 +144,19 @@ def test_a_full_disk_raises_retriable_disk_full_from_append_and_recovers_after_s
 
 
 def test_a_full_disk_raises_disk_full_from_sync_and_keeps_what_was_synced(log_dir):
-    plan = FaultPlan(disk_capacity_bytes=3000)
+    plan = FaultPlan(disk_capacity_bytes=6000)
     config = LogConfig(segment_size_bytes_max=4096, write_buffer_bytes_max=1 << 20)
     log = SegmentedLog(log_dir, config, opener=plan.opener)
-    synced = append_range(log, 0, 20)
-    assert log.sync() == 20 * FRAMED_SIZE
-    append_range(log, 20, 10)  # 1120 bytes more do not fit in 3000
+    synced = append_range(log, 0, 40)  # 4480 bytes: rolls after 36
+    assert log.sync() == 40 * FRAMED_SIZE
+    append_range(log, 40, 20)  # 2240 bytes more do not fit in the 1520 left
     with pytest.raises(DiskFull) as caught:
         log.sync()
-    assert caught.value.dropped_records == 10
-    assert log.end_offset == log.durable_offset == 20 * FRAMED_SIZE
+    assert caught.value.dropped_records == 20
+    assert log.end_offset == log.durable_offset == 40 * FRAMED_SIZE
     assert list(log.iterate()) == synced
     plan.free_space(2000)
-    later = append_range(log, 30, 10)
+    later = append_range(log, 60, 10)
     log.sync()
     log.close()
     reopened, records = records_on_disk(log_dir, config)

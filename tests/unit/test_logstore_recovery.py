@@ -217,7 +217,7 @@ def test_a_stored_record_at_the_limit_survives_reopen_and_one_over_is_cut(log_di
     # Written under a generous limit, reopened under a limit of 1000 bytes.
     strict = LogConfig(segment_size_bytes_max=4096, record_size_bytes_max=1000)
     loose = LogConfig(segment_size_bytes_max=4096, record_size_bytes_max=2000)
-    written = write_log(log_dir, loose, 10)
+    written = write_log(log_dir, loose, 40)  # rolls
     log = SegmentedLog(log_dir, loose)
     offset = log.append(b"L" * (1000 + delta))
     log.close()

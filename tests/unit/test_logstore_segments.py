@@ -140,9 +140,10 @@ def test_iterating_from_the_end_offset_yields_nothing_and_past_it_is_out_of_rang
 
 def test_buffered_appends_are_readable_before_any_flush(log_dir):
     log = SegmentedLog(log_dir, LogConfig(segment_size_bytes_max=4096, write_buffer_bytes_max=1 << 20))
-    offsets = [log.append(b"buffered %d" % i) for i in range(10)]
-    assert log.read(offsets[-1]) == b"buffered 9"
-    assert [b for _, b in log.iterate(offsets[5])] == [b"buffered %d" % i for i in range(5, 10)]
+    offsets = [log.append(b"buffered %03d" % i) for i in range(200)]  # rolls; never flushed
+    assert len(log.segments()) >= 2
+    assert log.read(offsets[-1]) == b"buffered 199"
+    assert [b for _, b in log.iterate(offsets[150])] == [b"buffered %03d" % i for i in range(150, 200)]
     log.close()
 
 
@@ -181,6 +182,7 @@ def test_iteration_resumes_correctly_when_a_chunk_ends_inside_a_record(log_dir):
 def test_a_body_of_the_record_limit_or_one_byte_less_is_stored(log_dir, tiny_config, delta):
     size = tiny_config.record_size_bytes_max + delta
     log = SegmentedLog(log_dir, tiny_config)
+    fill(log, 40)  # rolls first
     offset = log.append(b"z" * size)
     log.close()
     reopened = SegmentedLog(log_dir, tiny_config)
@@ -192,7 +194,7 @@ def test_a_body_of_the_record_limit_or_one_byte_less_is_stored(log_dir, tiny_con
 def test_a_body_one_byte_over_the_record_limit_is_refused_naming_both_sizes(log_dir, tiny_config):
     limit = tiny_config.record_size_bytes_max
     log = SegmentedLog(log_dir, tiny_config)
-    log.append(b"before")
+    fill(log, 40)
     end = log.end_offset
     with pytest.raises(RecordTooLarge) as caught:
         log.append(b"z" * (limit + 1))
@@ -231,7 +233,7 @@ def test_segment_size_max_is_reached_exactly_but_never_passed(log_dir):
 
 def test_using_a_closed_log_raises_log_closed(log_dir, tiny_config):
     log = SegmentedLog(log_dir, tiny_config)
-    offset = log.append(b"x")
+    offset = fill(log, 40)[-1][0]
     log.close()
     log.close()  # idempotent
     for use in (lambda: log.append(b"y"), log.sync, log.flush, lambda: log.read(offset),
