@@ -275,3 +275,28 @@ def test_a_failed_write_is_sticky_until_the_store_is_reopened(tmp_path):
     assert clseqs(reopened.unacked(S, G, "c1")) == [0, 1]
     assert reopened.cursor(S, G) == 2
     reopened.close()
+
+
+@pytest.mark.parametrize("value, ok", [((1 << 64) - 2, True), ((1 << 64) - 1, True),
+                                       (1 << 64, False), (-1, False)])
+def test_sequences_and_times_must_fit_in_a_u64(tmp_path, value, ok):
+    store = PullLogStore(str(tmp_path), TINY)
+    try:
+        if ok:
+            assert store.ensure_group(S, G, value, now_ms=value).cursor == value
+            store.close()
+            store = PullLogStore(str(tmp_path), TINY)
+            assert store.cursor(S, G) == value
+        else:
+            with pytest.raises(ValueError, match=f"start_sequence {value}"):
+                store.ensure_group(S, G, value, now_ms=0)
+            assert not store.has_group(S, G)
+    finally:
+        store.close()
+
+
+def test_names_must_be_non_empty_strings(store):
+    with pytest.raises(ValueError, match="consumer '' must be a non-empty string"):
+        store.record_pull(S, G, "", [0], 1, 0)
+    with pytest.raises(ValueError, match="group 7"):
+        store.ensure_group(S, 7, 0, 0)
