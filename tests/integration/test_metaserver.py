@@ -190,6 +190,7 @@ async def test_a_subject_routed_to_one_group_takes_a_second_when_it_registers(ap
 async def test_a_broker_silent_past_the_expiry_leaves_the_route_and_a_replacement_is_added(
     api: Api, clock: FakeClock
 ) -> None:
+    clock.advance(CLIENT_EXPIRY_MS)  # past the grace period after the MetaServer's start
     for i in (1, 2, 3):
         await api.register(f"rt{i}", f"127.0.0.1:{20880 + i}")
     _, before = await api.route("order.timeout")
@@ -444,6 +445,7 @@ async def test_admin_groups_report_lag_summed_over_brokers_from_the_latest_backl
 async def test_clients_unseen_for_exactly_the_expiry_stay_online_and_one_ms_later_go_offline(
     api: Api, clock: FakeClock
 ) -> None:
+    clock.advance(CLIENT_EXPIRY_MS)  # past the grace period after the MetaServer's start
     body = {"client_id": "c1", "app": "a", "group": "g", "subjects": ["s"], "role": "consumer"}
     await api.ok("POST", "/api/clients/heartbeat", body)
     clock.advance(CLIENT_EXPIRY_MS)
