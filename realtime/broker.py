@@ -18,15 +18,25 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from logstore.errors import DiskFull, LogStoreError, LogWriteFailed
+from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
 from realtime.storage import MessageStore, StoreConfig
-from sdk.errors import Internal, Overloaded, QmqError, ReadOnly
+from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
+from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
 from sdk.message import Message, decode_message, tag_hash, validate_message
 from sdk.protocol import Ack, Heartbeat, Pull
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# A pull response stops growing at this many payload bytes so the frame stays under
+# MAX_FRAME_BYTES with room for the envelope; one message always fits (bodies <= MAX_BODY_BYTES).
+PULL_RESPONSE_PAYLOAD_BYTES_MAX = MAX_FRAME_BYTES - MAX_BODY_BYTES // 2
+
+# A message stamped a little in the future is clock skew between hosts and is stored now;
+# further ahead it belongs to a delay server and is refused rather than delivered early.
+DELIVER_AT_SKEW_MS_MAX = 5_000
 
 
 def wall_clock_ms() -> int:
@@ -52,9 +62,15 @@ class _PendingSend:
 class Broker:
     """One realtime broker: owns the storage of its data dir and answers the data-plane ops."""
 
-    def __init__(self, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        config: RealtimeConfig,
+        clock: Callable[[], int] = wall_clock_ms,
+        opener: Opener = OsFile,
+    ) -> None:
         self.config = config
         self.clock = clock
+        self._opener = opener  # tests pass logstore.faults.FaultPlan.opener
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.store: MessageStore | None = None
         self.pulllog: PullLogStore | None = None
@@ -95,7 +111,7 @@ class Broker:
             dedup_window_ms=cfg.dedup_window_ms,
             retention_ms=cfg.retention_ms,
         )
-        self.store = MessageStore(cfg.data_dir, store_config, now_ms=now_ms)
+        self.store = MessageStore(cfg.data_dir, store_config, opener=self._opener, now_ms=now_ms)
         self.pulllog = PullLogStore(
             os.path.join(cfg.data_dir, "pulllog"),
             PullLogConfig(flush_interval_ms=cfg.flush_interval_ms),
@@ -127,10 +143,17 @@ class Broker:
         """
         results: list[Any] = []
         loop = asyncio.get_running_loop()
+        now_ms = self.clock()
         for payload in payloads:
             try:
                 message = decode_message(payload)
-                validate_message(message, allow_internal=True)
+                validate_message(message, allow_internal=True, now_ms=now_ms)
+                if (message.deliver_at_ms or 0) > now_ms + DELIVER_AT_SKEW_MS_MAX:
+                    raise BadRequest(
+                        f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
+                        f"{message.deliver_at_ms - now_ms} ms ahead: send delayed messages to a "
+                        "delay server"
+                    )
                 if self.readonly:
                     raise ReadOnly(f"broker group {self.config.group} is read-only; send elsewhere")
             except QmqError as exc:
@@ -264,10 +287,15 @@ class Broker:
             start = max(cursor, store.first_sequence(subject))
             hashes = [tag_hash(t) for t in tags] if tags else None
             found, new_cursor = store.scan(subject, start, remaining, hashes)
+            budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
             for stored in found:
+                if chosen and len(stored.payload) > budget_bytes:
+                    new_cursor = stored.sequence  # the rest waits for the next pull
+                    break
                 if self._deliverable(stored.payload, tags, now_ms):
                     chosen.append(stored.sequence)
                     payloads[stored.sequence] = stored.payload
+                    budget_bytes -= len(stored.payload)
         if not chosen and new_cursor == cursor:
             return []
         entries = pulllog.record_pull(subject, key, request.consumer_id, chosen, new_cursor, now_ms)
@@ -317,11 +345,18 @@ class Broker:
     def _ack_io(self, request: Ack, now_ms: int) -> int:
         assert self.pulllog is not None
         acked = 0
+        known = False
         for key in self._keys_for(request.subject, request.group, request.consumer_id):
             if self.pulllog.has_group(request.subject, key):
+                known = True
                 acked += self.pulllog.record_ack(
                     request.subject, key, request.consumer_id, request.ranges, now_ms
                 )
+        if not known:
+            raise NotFound(
+                f"group {request.group} has never pulled subject {request.subject} on broker "
+                f"{self.config.group}"
+            )
         self.stats["acked"] += acked
         return acked
 
@@ -360,10 +395,10 @@ class Broker:
             ))
             seen = self._last_seen.get((subject, key), {})
             for consumer in pulllog.consumers(subject, key):
-                last_ms = seen.get(consumer.consumer_id, self._started_ms)
+                last_ms = seen.get(consumer.consumer, self._started_ms)
                 if now_ms - last_ms > self.config.consumer_expiry_ms and consumer.unacked_count:
-                    count += len(pulllog.remove_consumer(subject, key, consumer.consumer_id, now_ms))
-                    seen.pop(consumer.consumer_id, None)
+                    count += len(pulllog.remove_consumer(subject, key, consumer.consumer, now_ms))
+                    seen.pop(consumer.consumer, None)
             if count:
                 released[subject] = released.get(subject, 0) + count
         return released

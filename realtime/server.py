@@ -9,6 +9,7 @@ import logging
 import signal
 from typing import Any, Callable
 
+from logstore.fileio import Opener, OsFile
 from realtime.broker import Broker, wall_clock_ms
 from realtime.config import RealtimeConfig
 from sdk.errors import NotSupported
@@ -22,9 +23,14 @@ log = logging.getLogger(__name__)
 class RealtimeServer:
     """A running realtime broker: ``await start()`` binds and registers, ``await stop()`` drains."""
 
-    def __init__(self, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        config: RealtimeConfig,
+        clock: Callable[[], int] = wall_clock_ms,
+        opener: Opener = OsFile,
+    ) -> None:
         self.config = config
-        self.broker = Broker(config, clock)
+        self.broker = Broker(config, clock, opener)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None

@@ -1,0 +1,300 @@
+"""The realtime server over the wire, in-process on port 0, driven by a raw protocol client."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgpack
+import pytest
+
+from logstore.faults import FaultPlan
+from realtime.config import RealtimeConfig
+from realtime.server import RealtimeServer
+from sdk.message import decode_message
+from sdk.protocol import encode_frame
+from tests.rawclient import FakeClock, RawClient, message
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def start(tmp_path, clock, opener=None, **overrides) -> RealtimeServer:
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0,
+                            expiry_check_interval_ms=3_600_000, **overrides)
+    server = RealtimeServer(config, clock, opener) if opener else RealtimeServer(config, clock)
+    await server.start()
+    return server
+
+
+@pytest.fixture
+async def server(tmp_path, clock):
+    server = await start(tmp_path, clock)
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server):
+    client = await RawClient.connect(server.port)
+    yield client
+    await client.close()
+
+
+def bodies(response) -> list[bytes]:
+    return [decode_message(m["payload"]).body for m in response["messages"]]
+
+
+async def test_a_stored_message_is_pulled_once_by_a_group_and_acked(client, clock):
+    sent = await client.send(message("orders", b"one", clock), message("orders", b"two", clock))
+    assert [r["status"] for r in sent["results"]] == ["stored", "stored"]
+    first = await client.pull("orders", "billing", "c1", start="earliest")
+    assert bodies(first) == [b"one", b"two"]
+    assert (await client.ack("orders", "billing", "c1", [[0, 1]]))["acked"] == 2
+    again = await client.pull("orders", "billing", "c1")
+    assert again["messages"] == []
+
+
+async def test_a_resend_of_the_same_id_is_a_duplicate_and_delivered_once(client, clock):
+    original = message("orders", b"one", clock)
+    await client.send(original)
+    resent = await client.send(original)
+    assert resent["results"][0]["status"] == "duplicate"
+    pulled = await client.pull("orders", "g", "c1", start="earliest")
+    assert bodies(pulled) == [b"one"]
+
+
+async def test_a_long_poll_returns_as_soon_as_a_message_arrives(server, clock):
+    consumer = await RawClient.connect(server.port)
+    producer = await RawClient.connect(server.port)
+    await consumer.pull("orders", "g", "c1")  # creates the group at "latest"
+    waiting = asyncio.create_task(consumer.pull("orders", "g", "c1", wait_ms=30_000))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await producer.send(message("orders", b"late", clock))
+    pulled = await asyncio.wait_for(waiting, 5)
+    assert bodies(pulled) == [b"late"]
+    await consumer.close()
+    await producer.close()
+
+
+async def test_a_long_poll_with_nothing_to_deliver_returns_empty_after_its_wait(client):
+    pulled = await client.pull("quiet", "g", "c1", wait_ms=50)
+    assert pulled["messages"] == []
+
+
+async def test_a_new_group_starts_at_latest_unless_it_asks_for_earliest(client, clock):
+    await client.send(message("s", b"old", clock))
+    assert (await client.pull("s", "late-group", "c"))["messages"] == []
+    assert bodies(await client.pull("s", "early-group", "c", start="earliest")) == [b"old"]
+    await client.send(message("s", b"new", clock))
+    assert bodies(await client.pull("s", "late-group", "c")) == [b"new"]
+
+
+async def test_an_unacked_message_is_handed_to_another_consumer_after_the_ack_timeout(
+    server, client, clock
+):
+    await client.send(message("s", b"x", clock))
+    first = await client.pull("s", "g", "slow", start="earliest")
+    assert bodies(first) == [b"x"]
+    assert (await client.pull("s", "g", "other"))["messages"] == []
+    clock.advance(server.config.ack_timeout_ms + 1)
+    await server.broker.expire_now()
+    second = await client.pull("s", "g", "other")
+    assert bodies(second) == [b"x"]
+    assert second["messages"][0]["redelivered"] == 1
+
+
+async def test_an_expired_consumers_unacked_messages_go_to_the_others(server, client, clock):
+    await client.send(*(message("s", b"%d" % i, clock) for i in range(3)))
+    held = await client.pull("s", "g", "doomed", start="earliest")
+    assert len(held["messages"]) == 3
+    await client.ack("s", "g", "doomed", [[0, 0]])
+    # The survivor keeps heart-beating; the doomed consumer falls silent.
+    for _ in range(4):
+        clock.advance(server.config.consumer_expiry_ms // 3)
+        await client.request({"op": "heartbeat", "consumer_id": "survivor",
+                              "subscriptions": [["s", "g"]]})
+        await server.broker.expire_now()
+    taken = await client.pull("s", "g", "survivor")
+    assert sorted(bodies(taken)) == [b"1", b"2"]
+
+
+async def test_every_broadcast_consumer_gets_every_message(client, clock):
+    await client.pull("news", "all", "a", broadcast=True)
+    await client.pull("news", "all", "b", broadcast=True)
+    await client.send(message("news", b"n1", clock), message("news", b"n2", clock))
+    assert bodies(await client.pull("news", "all", "a", broadcast=True)) == [b"n1", b"n2"]
+    assert bodies(await client.pull("news", "all", "b", broadcast=True)) == [b"n1", b"n2"]
+
+
+async def test_a_tag_filter_delivers_only_messages_with_one_of_the_tags(client, clock):
+    await client.send(
+        message("s", b"vip", clock, tags=["vip"]),
+        message("s", b"plain", clock),
+        message("s", b"both", clock, tags=["eu", "vip"]),
+        message("s", b"eu", clock, tags=["eu"]),
+    )
+    pulled = await client.pull("s", "g", "c", start="earliest", tags=["vip"])
+    assert bodies(pulled) == [b"vip", b"both"]
+
+
+async def test_an_expired_message_is_not_delivered(client, clock):
+    await client.send(message("s", b"stale", clock, expire_at_ms=clock() + 1000),
+                      message("s", b"fresh", clock))
+    clock.advance(2000)
+    assert bodies(await client.pull("s", "g", "c", start="earliest")) == [b"fresh"]
+
+
+async def test_out_of_order_acks_are_accepted(client, clock):
+    await client.send(*(message("s", b"%d" % i, clock) for i in range(4)))
+    await client.pull("s", "g", "c", start="earliest")
+    assert (await client.ack("s", "g", "c", [[3, 3], [1, 1]]))["acked"] == 2
+    assert (await client.ack("s", "g", "c", [[0, 3]]))["acked"] == 2
+
+
+async def test_a_request_before_hello_is_refused_with_bad_request(server):
+    client = await RawClient.connect(server.port, hello=False)
+    response = await client.pull("s", "g", "c")
+    assert response["error"]["code"] == "bad_request"
+    await client.close()
+
+
+async def test_a_field_of_the_wrong_type_is_bad_request_and_the_connection_stays_open(client):
+    response = await client.request({"op": "pull", "subject": 7, "group": "g", "consumer_id": "c",
+                                     "max_count": 1, "wait_ms": 0})
+    assert response["error"]["code"] == "bad_request"
+    assert "subject" in response["error"]["message"]
+    assert (await client.pull("s", "g", "c"))["messages"] == []
+
+
+async def test_an_oversized_frame_gets_too_large_and_only_that_connection_closes(server, client):
+    bad = await RawClient.connect(server.port)
+    bad.writer.write(struct.pack(">I", 64 * 1024 * 1024) + b"x" * 16)
+    await asyncio.wait_for(bad.closed.wait(), 5)
+    assert bad.unmatched and bad.unmatched[0]["error"]["code"] == "too_large"
+    assert (await client.pull("s", "g", "c"))["messages"] == []
+
+
+async def test_bytes_that_are_not_a_frame_close_the_connection_and_others_are_served(server, client):
+    bad = await RawClient.connect(server.port)
+    garbage = msgpack.packb([1, 2, 3])
+    bad.writer.write(struct.pack(">I", len(garbage)) + garbage)
+    await asyncio.wait_for(bad.closed.wait(), 5)
+    assert bad.unmatched[0]["error"]["code"] == "bad_request"
+    assert (await client.pull("s", "g", "c"))["messages"] == []
+
+
+async def test_nack_is_refused_with_not_supported_until_the_delay_server_exists(client, clock):
+    await client.send(message("s", b"x", clock))
+    await client.pull("s", "g", "c", start="earliest")
+    response = await client.request({"op": "nack", "subject": "s", "group": "g",
+                                     "consumer_id": "c", "pull_seqs": [0]})
+    assert response["error"]["code"] == "not_supported"
+
+
+async def test_a_hello_with_an_unknown_protocol_version_is_not_supported(server):
+    client = await RawClient.connect(server.port, hello=False)
+    response = await client.request({"op": "hello", "client_id": "x", "app": "a", "protocol": 2})
+    assert response["error"]["code"] == "not_supported"
+    await client.close()
+
+
+async def test_an_ack_for_a_group_that_never_pulled_is_not_found(client):
+    response = await client.ack("s", "nobody", "c", [[0, 0]])
+    assert response["error"]["code"] == "not_found"
+
+
+async def test_a_message_far_beyond_the_horizon_is_delay_out_of_range(client, clock):
+    too_far = message("s", b"x", clock, deliver_at_ms=clock() + 3 * 365 * 86_400_000)
+    result = (await client.send(too_far))["results"][0]
+    assert result["error"]["code"] == "delay_out_of_range"
+
+
+async def test_a_delayed_message_sent_to_a_realtime_broker_is_refused_not_delivered_early(
+    client, clock
+):
+    result = (await client.send(message("s", b"x", clock, deliver_at_ms=clock() + 60_000)))
+    assert result["results"][0]["error"]["code"] == "bad_request"
+    assert (await client.pull("s", "g", "c", start="earliest"))["messages"] == []
+
+
+async def test_a_readonly_broker_refuses_sends_but_serves_pulls(server, client, clock):
+    await client.send(message("s", b"before", clock))
+    server.broker.readonly = True
+    refused = (await client.send(message("s", b"after", clock)))["results"][0]
+    assert refused["error"]["code"] == "readonly"
+    assert bodies(await client.pull("s", "g", "c", start="earliest")) == [b"before"]
+
+
+async def test_a_full_disk_refuses_sends_as_overloaded_and_accepts_them_when_space_returns(
+    tmp_path, clock
+):
+    plan = FaultPlan()
+    server = await start(tmp_path, clock, plan.opener)
+    client = await RawClient.connect(server.port)
+    try:
+        await client.send(message("s", b"kept", clock))
+        plan.disk_capacity_bytes = plan.bytes_written + 10
+        refused = (await client.send(message("s", b"x" * 1000, clock)))["results"][0]
+        assert refused["error"]["code"] == "overloaded"
+        assert bodies(await client.pull("s", "g", "c", start="earliest")) == [b"kept"]
+        plan.free_space(1 << 20)
+        stored = (await client.send(message("s", b"later", clock)))["results"][0]
+        assert stored["status"] == "stored"
+        assert bodies(await client.pull("s", "g", "c")) == [b"later"]
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_a_failed_fsync_answers_internal_and_turns_the_broker_read_only(tmp_path, clock):
+    plan = FaultPlan()
+    server = await start(tmp_path, clock, plan.opener)
+    client = await RawClient.connect(server.port)
+    try:
+        plan.fail_sync_at = plan.syncs + 1
+        failed = (await client.send(message("s", b"x", clock)))["results"][0]
+        assert failed["error"]["code"] == "internal"
+        refused = (await client.send(message("s", b"y", clock)))["results"][0]
+        assert refused["error"]["code"] == "readonly"
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_acknowledged_sends_and_pull_state_survive_a_restart(tmp_path, clock):
+    server = await start(tmp_path, clock)
+    client = await RawClient.connect(server.port)
+    await client.send(*(message("s", b"%d" % i, clock) for i in range(5)))
+    await client.pull("s", "g", "c", start="earliest", max_count=2)
+    await client.ack("s", "g", "c", [[0, 1]])
+    await client.close()
+    await server.stop()
+    server = await start(tmp_path, clock)
+    client = await RawClient.connect(server.port)
+    try:
+        assert bodies(await client.pull("s", "g", "c")) == [b"2", b"3", b"4"]
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_big_messages_are_split_over_pulls_that_each_fit_in_a_frame(client, clock):
+    big = b"b" * (3 * 1024 * 1024)
+    await client.send(*(message("s", big, clock) for _ in range(2)))
+    await client.send(*(message("s", big, clock) for _ in range(2)))
+    received = 0
+    for _ in range(4):
+        pulled = await client.pull("s", "g", "c", start="earliest")
+        assert 1 <= len(pulled["messages"]) < 4
+        received += len(pulled["messages"])
+        if received == 4:
+            break
+    assert received == 4
+
+
+def test_frames_are_length_prefixed_msgpack_maps():
+    assert encode_frame({"op": "x"})[:4] == struct.pack(">I", len(msgpack.packb({"op": "x"})))
