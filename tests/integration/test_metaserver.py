@@ -85,7 +85,7 @@ class Api:
         return await self.server.expire_now()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     """A fresh, empty database of each kind."""
     if request.param == "sqlite":
