@@ -220,6 +220,14 @@ class Producer:
         self._enqueue(_Item(message, payload, future))
         return await future
 
+    async def cancel(self, receipt: Receipt) -> None:
+        """Cancel a delayed message by its receipt. Only delayed messages can be cancelled, and
+        those need the delay server: raises NotSupported until it is wired in."""
+        raise NotSupported(
+            f"cancelling message {receipt.message_id} needs the delay server; "
+            "only delayed messages can be cancelled"
+        )
+
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
         for subject in list(self._open):

@@ -182,6 +182,15 @@ async def test_delayed_sends_raise_not_supported_until_the_delay_server_exists(m
     assert broker_a.ops("send") == []
 
 
+async def test_cancel_raises_not_supported_until_the_delay_server_exists(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        receipt = await p.send("orders", b"x")
+        with pytest.raises(NotSupported, match="delay server"):
+            await p.cancel(receipt)
+    assert [r["op"] for r in broker_a.requests] == ["hello", "send"]
+
+
 async def test_close_flushes_pending_batches(meta, broker_a):
     meta.set_route("orders", [broker_a])
     p = producer(meta, linger_ms=3_600_000)
@@ -215,3 +224,15 @@ async def test_tags_given_as_one_string_are_rejected_rather_than_split(meta, bro
         with pytest.raises(BadRequest, match="list of str"):
             await p.send("orders", b"x", tags="vip")
     assert broker_a.ops("send") == []
+
+
+async def test_a_send_without_an_answer_in_time_is_resent_to_the_next_group(
+    meta, broker_a, broker_b
+):
+    meta.set_route("orders", [broker_a, broker_b])
+    broker_a.send_gate = asyncio.Event()  # group-a never answers sends
+    async with producer(meta, send_timeout_ms=50) as p:
+        receipt = await p.send("orders", b"x")
+    broker_a.send_gate.set()
+    assert receipt.broker_group == "group-b"
+    assert broker_a.sent_ids() == broker_b.sent_ids() == [[receipt.message_id]]
