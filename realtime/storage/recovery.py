@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from logstore import RecoveryReport
+from logstore import CorruptRecord, RecoveryReport
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
@@ -98,7 +98,8 @@ def recover(
             cut = clog.truncate(bad)
             subject_report(subject).entries_truncated += cut
             subject_report(subject).reasons.append(f"{cut} entries cut from corrupt sequence {bad}")
-        past = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= end)
+        past = _find_first(clog, lambda e: not e.is_hole and e.message_log_offset >= end,
+                           subject_report)
         cut = clog.truncate(past)
         if cut:
             subject_report(subject).entries_truncated += cut
@@ -109,15 +110,36 @@ def recover(
     start = message_log.first_offset if reason else max(checkpoint.message_log_offset,
                                                         message_log.first_offset)
     start = min(start, _dedup_start_offset(message_log, now_ms - dedup.window_ms))
+    replay = (message_log, consumer_logs, open_consumer_log, dedup, now_ms)
     try:
-        _replay(message_log, consumer_logs, open_consumer_log, dedup, now_ms, start,
-                full=reason is not None, subject_report=subject_report, report=report)
+        try:
+            _replay(*replay, start, full=reason is not None, subject_report=subject_report,
+                    report=report)
+        except CorruptRecord as exc:
+            # Only records below the checkpoint escape logstore's verification at open; a bad
+            # one inside the dedup window costs that part of the dedup index, not the store.
+            if reason is not None or checkpoint is None or start >= checkpoint.message_log_offset:
+                raise
+            log.warning("dedup rebuild stopped at a corrupt record below the checkpoint "
+                        "(%s); replaying from the checkpoint only", exc)
+            dedup.clear()
+            start = max(checkpoint.message_log_offset, message_log.first_offset)
+            _replay(*replay, start, full=False, subject_report=subject_report, report=report)
     except _Restart as restart:
         reason = restart.reason
         dedup.clear()
         start = message_log.first_offset
-        _replay(message_log, consumer_logs, open_consumer_log, dedup, now_ms, start, full=True,
-                subject_report=subject_report, report=report)
+        _replay(*replay, start, full=True, subject_report=subject_report, report=report)
+    # Finding each first sequence may run into a corrupt entry the replay did not cover: it is
+    # cut with everything after it, and a full replay writes them again (a second full replay
+    # at most, when the cut sat below the first replayed record and left holes to fill).
+    for _ in range(3):
+        if not _set_first_sequences(message_log, consumer_logs, subject_report):
+            break
+        reason = reason or "corrupt consumer-log entries found below the replay range"
+        dedup.clear()
+        start = message_log.first_offset
+        _replay(*replay, start, full=True, subject_report=subject_report, report=report)
     if reason and checkpoint and checkpoint.message_log_offset <= message_log.end_offset:
         # Sequences the checkpoint knew of whose records retention deleted entirely become
         # holes, so a subject never reuses a sequence. (A checkpoint past the log's end, whose
@@ -130,10 +152,7 @@ def recover(
             if holes:
                 subject_report(subject).holes += holes
                 subject_report(subject).entries_rebuilt += holes
-    first = message_log.first_offset
-    for clog in consumer_logs.values():
-        clog.first_sequence = clog.find_first(
-            lambda e: not e.is_hole and e.message_log_offset >= first)
+        _set_first_sequences(message_log, consumer_logs, subject_report)
     report.full_rebuild_reason = reason
     report.replay_from_offset = start
     report.dedup_ids_rebuilt = len(dedup)
@@ -141,6 +160,31 @@ def recover(
         log.warning("message store recovery: subject %r: %s", subject_recovery.subject,
                     subject_recovery)
     return report
+
+
+def _set_first_sequences(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
+                         subject_report) -> bool:
+    """Set every consumer log's first sequence; True when a corrupt entry had to be cut."""
+    first = message_log.first_offset
+    cut = False
+    for clog in consumer_logs.values():
+        end = clog.end
+        clog.first_sequence = _find_first(
+            clog, lambda e: not e.is_hole and e.message_log_offset >= first, subject_report)
+        cut = cut or clog.end != end
+    return cut
+
+
+def _find_first(clog: ConsumerLog, predicate, subject_report) -> int:
+    """``clog.find_first``, cutting the log at any corrupt entry the search runs into."""
+    while True:
+        try:
+            return clog.find_first(predicate)
+        except CorruptEntry as exc:
+            cut = clog.truncate(exc.sequence)
+            subject_report(clog.subject).entries_truncated += cut
+            subject_report(clog.subject).reasons.append(
+                f"{cut} entries cut from corrupt sequence {exc.sequence}")
 
 
 def _full_rebuild_reason(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
@@ -234,7 +278,8 @@ def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, no
         if subject in seen:
             cut(subject, seen[subject], "were not confirmed by any replayed record")
         else:
-            stale = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= start)
+            stale = _find_first(clog, lambda e: not e.is_hole and e.message_log_offset >= start,
+                                subject_report)
             cut(subject, stale, f"pointed at offset {start} or later with no record there")
     report.records_replayed = count
     # Drop the no-op entries of subjects replay only verified.
