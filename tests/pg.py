@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 PG_USER = "postgres"
+ROOT_PREFIX = "pyqmq-pg-"
+# File in a cluster's directory holding the pid of the test process that owns it.
+OWNER_FILE = "owner.pid"
 PG_DATABASE = "pyqmq_test"
 # Seconds pg_ctl waits for the server to start or stop.
 PG_CTL_TIMEOUT_S = 60
@@ -65,6 +68,17 @@ def find_pg_bin() -> Path:
 def _has_pg_ctl(directory: Path) -> bool:
     """True when ``directory`` holds both initdb and pg_ctl."""
     return (directory / "initdb").exists() and (directory / "pg_ctl").exists()
+
+
+def _alive(pid: int) -> bool:
+    """True when process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def free_port() -> int:
@@ -119,7 +133,9 @@ class PgCluster:
 
     def start(self) -> str:
         """Create the cluster, start it, create the test database; return its URL."""
-        self.root = Path(tempfile.mkdtemp(prefix="pyqmq-pg-"))
+        self.reap_orphans()
+        self.root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))
+        (self.root / OWNER_FILE).write_text(str(os.getpid()))
         try:
             if self._as_postgres:
                 os.chown(self.root, self._pw.pw_uid, self._pw.pw_gid)
@@ -145,6 +161,20 @@ class PgCluster:
     def url_of(self, database: str) -> str:
         """asyncpg URL of ``database`` in this cluster."""
         return f"postgresql+asyncpg://{self._user()}@127.0.0.1:{self.port}/{database}"
+
+    def reap_orphans(self) -> None:
+        """Stop and remove clusters left by test runs that were killed before their teardown."""
+        for root in Path(tempfile.gettempdir()).glob(ROOT_PREFIX + "*"):
+            try:
+                owner = int((root / OWNER_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            if _alive(owner):
+                continue
+            orphan = PgCluster.__new__(PgCluster)
+            orphan.__dict__.update(self.__dict__)
+            orphan.root = root
+            orphan.stop()
 
     def stop(self) -> None:
         """Stop the server at once and remove its directory."""
