@@ -187,15 +187,19 @@ class ConsumerLog:
             return handle
         handle = self._opener(self._file_path(base))
         self._handles[base] = handle
+        self._trim_handles(keep=base)
+        return handle
+
+    def _trim_handles(self, keep: int | None = None) -> None:
+        """Close the least recently used clean handles beyond READ_HANDLES_MAX + the active one."""
         active = self._bases[-1] if self._bases else None
         while len(self._handles) > READ_HANDLES_MAX + 1:
             for old in self._handles:
-                if old != active and old not in self._dirty:
+                if old not in (active, keep) and old not in self._dirty:
                     self._handles.pop(old).close()
                     break
             else:
                 break
-        return handle
 
     # ------------------------------------------------------------------ reading
 
@@ -331,6 +335,7 @@ class ConsumerLog:
                 except OSError as exc:
                     raise StoreFailed(handle.path, exc) from exc
         self._dirty.clear()
+        self._trim_handles()
         if self._directory_dirty:
             fsync_directory(self.directory)
             self._directory_dirty = False

@@ -322,3 +322,31 @@ def test_a_closed_store_refuses_every_call(data_dir):
         store.append("s", "a", [], T0, b"x")
     with pytest.raises(StoreClosed):
         store.read("s", 0)
+
+
+def test_reads_across_many_consumer_log_files_keep_few_files_open(data_dir):
+    store = open_store(data_dir)
+    for i in range(60):
+        store.append("s", f"id{i}", [], T0, payload_of("s", i))
+    store.commit()
+    for sequence in (59, 0, 30, 1, 58):
+        assert store.read("s", sequence).payload == payload_of("s", sequence)
+    assert [m.payload for m in store.scan("s", 0, 100)[0]] == [payload_of("s", i) for i in range(60)]
+    assert len(store._consumer_logs["s"]._handles) <= 9
+    store.close()
+
+
+def test_commits_write_a_checkpoint_every_interval_so_a_crash_replays_little(data_dir):
+    store = open_store(data_dir)
+    for i in range(40):
+        store.append("s", f"id{i}", [], T0, b"x" * 200)
+        store.commit()
+    end = store._message_log.end_offset
+    # No close(): reopen as after a crash, long after the dedup window.
+    again = open_store(data_dir, now_ms=T0 + 10 * TINY.dedup_window_ms)
+    report = again.recovery
+    assert 0 < end - report.replay_from_offset <= TINY.checkpoint_interval_bytes
+    assert report.records_replayed <= TINY.checkpoint_interval_bytes // 200
+    assert again.end_sequence("s") == 40
+    again.close()
+    store._closed = True
