@@ -97,9 +97,9 @@ class Broker:
             asyncio.create_task(self._committer(), name="realtime-committer"),
             asyncio.create_task(self._expiry_loop(), name="realtime-expiry"),
             asyncio.create_task(self._retention_loop(), name="realtime-retention"),
+            # Runs in both flush modes: the pull log is always flushed asynchronously.
+            asyncio.create_task(self._flush_loop(), name="realtime-flush"),
         ]
-        if self.config.flush == "async":
-            self._tasks.append(asyncio.create_task(self._flush_loop(), name="realtime-flush"))
 
     def _open_storage(self, now_ms: int) -> None:
         cfg = self.config
