@@ -10,7 +10,8 @@ SUBJECT_BYTES_MAX = 512  # UTF-8 bytes of a subject; internal ones are %retry%<s
 MESSAGE_ID_BYTES_MAX = 512  # UTF-8 bytes of a message id
 TAG_HASHES_MAX = 10  # tag hashes per message (a message has at most 10 tags)
 TAG_HASH_MAX = (1 << 32) - 1  # tag hashes are 32-bit unsigned ints
-TIMESTAMP_MS_MAX = (1 << 64) - 1
+U64_MAX = (1 << 64) - 1  # sequences, counts and timestamps are stored as u64
+TIMESTAMP_MS_MAX = U64_MAX
 FLUSH_MODES = ("sync", "async")
 
 

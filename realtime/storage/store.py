@@ -36,6 +36,7 @@ from realtime.storage.config import (
     TAG_HASH_MAX,
     TAG_HASHES_MAX,
     TIMESTAMP_MS_MAX,
+    U64_MAX,
     StoreConfig,
 )
 from realtime.storage.consumer_log import ConsumerLog, Entry
@@ -340,6 +341,7 @@ class MessageStore:
     def tick(self, now_ms: int) -> None:
         """Async mode: fsync the message log every ``flush_interval_ms``; prune the dedup index."""
         self._check_open()
+        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         if self.config.flush_mode == "async" and self._failed is None:
             if self._message_log.log.tick(now_ms):
                 self._maybe_checkpoint()
@@ -366,7 +368,7 @@ class MessageStore:
         return {subject: clog.end for subject, clog in self._consumer_logs.items()}
 
     def _check_range(self, subject: str, sequence: int, allow_end: bool) -> ConsumerLog | None:
-        _check_int("sequence", sequence, 0, TIMESTAMP_MS_MAX)
+        _check_int("sequence", sequence, 0, U64_MAX)
         clog = self._consumer_logs.get(subject)
         first = clog.first_sequence if clog else 0
         end = clog.end if clog else 0
@@ -410,9 +412,11 @@ class MessageStore:
         is returned too, so the caller checks the exact tags in the payload.
         """
         self._check_open()
-        _check_int("max_count", max_count, 0, TIMESTAMP_MS_MAX)
-        _check_int("max_entries", max_entries, 0, TIMESTAMP_MS_MAX)
+        _check_int("max_count", max_count, 0, U64_MAX)
+        _check_int("max_entries", max_entries, 0, U64_MAX)
         clog = self._check_range(_check_subject(subject), from_sequence, allow_end=True)
+        for h in tag_hashes or ():
+            _check_int("tag hash", h, 0, TAG_HASH_MAX)
         mask = tag_bloom(tag_hashes) if tag_hashes else 0
         messages: list[StoredMessage] = []
         sequence = from_sequence
@@ -433,6 +437,9 @@ class MessageStore:
         ``realtime.storage.retention``); the report says what went and why."""
         self._check_open()
         _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        for subject, sequence in keep_sequences.items():
+            _check_subject(subject)
+            _check_int(f"keep_sequences[{subject!r}]", sequence, 0, U64_MAX)
         report = apply_retention(self._message_log, self._consumer_logs, self.config, now_ms,
                                  keep_sequences)
         if report.deleted_segments:

@@ -292,3 +292,26 @@ def test_a_corrupt_entry_met_while_finding_the_first_sequence_is_rebuilt(data_di
     assert any("corrupt sequence 1" in r for r in store.recovery.subjects["a"].reasons)
     assert_all_readable(store, {"a": 25, "%retry%a%g": 20})
     store.close()
+
+
+def test_records_of_a_dropped_batch_left_at_the_tail_reappear_after_a_crash_as_committed(data_dir):
+    # Documented: like a send whose acknowledgement was lost; a resend is then a duplicate.
+    plan = FaultPlan()
+    store = open_store(data_dir, opener=plan.opener)
+    store.append("a", "a:0", [0], T0, payload("a", 0))
+    store.commit()
+    plan.disk_capacity_bytes = plan.bytes_written + 1500
+    for i in range(8):
+        store.append("a", f"dropped{i}", [], T0, b"d" * 300)
+    with pytest.raises(DiskFull):
+        store.commit()
+    assert store.end_sequence("a") == 1
+    plan.disk_capacity_bytes = None
+    again = open_store(data_dir)  # no close(): a crash
+    reappeared = again.end_sequence("a") - 1
+    assert 0 < reappeared < 8
+    assert [m.message_id for m in again.scan("a", 1, 10)[0]] == [
+        f"dropped{i}" for i in range(reappeared)]
+    assert again.append("a", "dropped0", [], T0 + 1, b"").duplicate
+    again.close()
+    store._closed = True

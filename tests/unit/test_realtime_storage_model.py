@@ -1,0 +1,129 @@
+"""A model-based test: random appends, commits, full disks, closes and crashes against a dict."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from logstore import DiskFull
+from logstore.faults import FaultPlan
+from realtime.storage import MessageStore, StoreConfig
+
+TINY = StoreConfig(
+    segment_size_bytes_max=4096,
+    record_size_bytes_max=2048,
+    consumer_log_entries_per_file=4,
+    write_buffer_bytes_max=512,
+    checkpoint_interval_bytes=1500,
+)
+T0 = 1_700_000_000_000
+SUBJECTS = ["a", "%retry%a%g", "b.c"]
+
+
+class StoreModel(RuleBasedStateMachine):
+    """The store must hold exactly what the model committed, except that records of a batch
+    whose commit failed may reappear after a reopen (a prefix per subject, never over a later
+    committed batch)."""
+
+    @initialize()
+    def open(self):
+        import tempfile
+
+        self.data_dir = tempfile.mkdtemp(prefix="rtmodel")
+        self.plan = FaultPlan()
+        self.store = MessageStore(self.data_dir, TINY, now_ms=T0, opener=self.plan.opener)
+        self.committed: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SUBJECTS}
+        self.ids: dict[tuple[str, str], int] = {}
+        self.batch: list[tuple[str, str, bytes]] = []
+        self.maybe_extra: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SUBJECTS}
+        self.abandoned: list[MessageStore] = []
+
+    def teardown(self):
+        import shutil
+
+        self.store.close()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    @rule(subject=st.sampled_from(SUBJECTS), number=st.integers(0, 12),
+          size=st.integers(0, 700))
+    def append(self, subject, number, size):
+        message_id = f"m{number}"
+        payload = bytes([number]) * size
+        result = self.store.append(subject, message_id, [number], T0, payload)
+        in_batch = any(s == subject and i == message_id for s, i, _ in self.batch)
+        if in_batch:
+            assert (result.sequence, result.duplicate) == (None, True)
+        elif (subject, message_id) in self.ids:
+            assert (result.sequence, result.duplicate) == (self.ids[subject, message_id], True)
+        else:
+            pending = sum(1 for s, _, _ in self.batch if s == subject)
+            assert result.sequence == len(self.committed[subject]) + pending
+            assert not result.duplicate
+            self.batch.append((subject, message_id, payload))
+
+    def _committed_batch(self):
+        for subject, message_id, payload in self.batch:
+            self.ids[subject, message_id] = len(self.committed[subject])
+            self.committed[subject].append((message_id, payload))
+            self.maybe_extra[subject] = []
+        self.batch = []
+
+    @rule()
+    def commit(self):
+        self.store.commit()
+        self._committed_batch()
+
+    @rule(room=st.integers(0, 3000))
+    def commit_on_a_nearly_full_disk(self, room):
+        self.plan.disk_capacity_bytes = self.plan.bytes_written + room
+        try:
+            self.store.commit()
+        except DiskFull:
+            dropped = {s: [] for s in SUBJECTS}
+            for subject, message_id, payload in self.batch:
+                dropped[subject].append((message_id, payload))
+            for subject, items in dropped.items():
+                if items:
+                    self.maybe_extra[subject] = items
+            self.batch = []
+        else:
+            self._committed_batch()
+        finally:
+            self.plan.disk_capacity_bytes = None
+
+    def _reopen(self):
+        self.store = MessageStore(self.data_dir, TINY, now_ms=T0, opener=self.plan.opener)
+        self.batch = []
+        for subject in SUBJECTS:
+            extra = self.store.end_sequence(subject) - len(self.committed[subject])
+            assert 0 <= extra <= len(self.maybe_extra[subject]), (subject, extra)
+            for message_id, payload in self.maybe_extra[subject][:extra]:
+                self.ids[subject, message_id] = len(self.committed[subject])
+                self.committed[subject].append((message_id, payload))
+            self.maybe_extra[subject] = []
+
+    @rule()
+    def close_and_reopen(self):
+        self.store.close()
+        self._reopen()
+
+    @rule()
+    def crash_and_reopen(self):
+        self.abandoned.append(self.store)  # never closed: its files stay as a kill -9 left them
+        self._reopen()
+
+    @invariant()
+    def every_committed_message_reads_back(self):
+        if not hasattr(self, "store"):
+            return
+        assert {s: self.store.end_sequence(s) for s in SUBJECTS} == {
+            s: len(items) for s, items in self.committed.items()}
+        for subject, items in self.committed.items():
+            messages, next_sequence = self.store.scan(subject, 0, 1000)
+            assert next_sequence == len(items)
+            assert [(m.message_id, m.payload) for m in messages] == items
+
+
+StoreModel.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+test_the_store_agrees_with_a_model_through_full_disks_and_crashes = StoreModel.TestCase
