@@ -337,7 +337,10 @@ class ConsumerLog:
         self._dirty.clear()
         self._trim_handles()
         if self._directory_dirty:
-            fsync_directory(self.directory)
+            try:
+                fsync_directory(self.directory)
+            except OSError as exc:
+                raise StoreFailed(self.directory, exc) from exc
             self._directory_dirty = False
 
     # ------------------------------------------------------------------ retention

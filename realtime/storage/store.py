@@ -217,8 +217,16 @@ class MessageStore:
         message_log = self._message_log
         if message_log.durable_offset != message_log.end_offset or self._failed is not None:
             return False
-        for clog in self._consumer_logs.values():
-            clog.sync()
+        try:
+            for clog in self._consumer_logs.values():
+                clog.sync()
+        except StoreFailed as exc:
+            # The batch that led here is durable in the message log and already visible, so it
+            # is not failed; the store refuses further writes until reopened, and recovery
+            # rebuilds the consumer log whose fsync failed.
+            log.error("message store %s: %s", self.data_dir, exc)
+            self._failed = exc
+            return False
         payload = encode_store_checkpoint(StoreCheckpoint(
             message_log.end_offset, {s: c.end for s, c in self._consumer_logs.items()}))
         try:

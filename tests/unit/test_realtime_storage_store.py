@@ -350,3 +350,21 @@ def test_commits_write_a_checkpoint_every_interval_so_a_crash_replays_little(dat
     assert again.end_sequence("s") == 40
     again.close()
     store._closed = True
+
+
+def test_a_failed_consumer_log_fsync_at_a_checkpoint_keeps_the_batch_and_stops_writes(data_dir):
+    from realtime.storage import StoreFailed
+
+    plan = FaultPlan()
+    store = open_store(data_dir, opener=plan.opener)
+    plan.fail_sync_at = plan.syncs + 2  # the message log's fsync passes; a consumer log's fails
+    for i in range(12):
+        store.append("s", f"id{i}", [], T0, b"x" * 200)  # past checkpoint_interval_bytes
+    assert len(store.commit()) == 12
+    assert store.read("s", 11).payload == b"x" * 200
+    with pytest.raises(StoreFailed, match="must be reopened"):
+        store.append("s", "more", [], T0, b"")
+    store.close()
+    store = open_store(data_dir)
+    assert store.end_sequence("s") == 12
+    store.close()
