@@ -51,6 +51,11 @@ class RetentionReport:
     consumer_log_files_deleted: dict[str, list[DeletedFile]] = field(default_factory=dict)
     kept_for: str | None = None  # the subject whose group stopped time-based deletion, if any
 
+    def __bool__(self) -> bool:
+        """True when anything was deleted or any first sequence moved (worth logging)."""
+        return bool(self.deleted_segments or self.first_sequences
+                    or self.consumer_log_files_deleted)
+
 
 def _keep_offset(consumer_logs: dict[str, ConsumerLog],
                  keep_sequences: Mapping[str, int]) -> tuple[int | None, str | None]:

@@ -51,6 +51,7 @@ def test_nothing_is_deleted_before_retention_ms(data_dir):
     store = fill(data_dir)
     report = store.apply_retention(T0 + 19 * 60_000 + HOUR_MS // 2, {"a": 20, "b": 1})
     assert report.deleted_segments == [] and report.bytes_deleted == 0
+    assert not report
     assert store.first_sequence("a") == 0
     store.close()
 
@@ -70,6 +71,7 @@ def test_segments_every_group_has_consumed_are_deleted_and_first_sequence_moves(
     segments = segment_count(data_dir)
     report = store.apply_retention(T0 + 5 * HOUR_MS, {"a": 9})
     assert report.deleted_segments, "the group at 9 has consumed the oldest segments"
+    assert report
     assert {d.reason for d in report.deleted_segments} == {"retention"}
     assert segment_count(data_dir) == segments - len(report.deleted_segments)
     first = store.first_sequence("a")
