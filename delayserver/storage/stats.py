@@ -1,0 +1,71 @@
+"""Pending counts per hour and per subject, kept incrementally (counts, never entries).
+
+The hour of an entry is its bucket's start rounded down to the hour (UTC). Counts go up when a
+commit indexes a record and down when its first dispatch or cancel record is written; checkpoints
+persist them and recovery replays what happened after the checkpoint (``DelayStore`` docs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delayserver.storage.layout import HOUR_MS
+
+
+@dataclass(frozen=True)
+class PendingStats:
+    """A snapshot of the pending counts (zero counts are left out)."""
+
+    total: int  # messages committed and neither dispatched nor cancelled
+    per_hour: dict[int, int]  # hour start ms (bucket start rounded down to the hour) -> pending
+    per_subject: dict[str, int]  # subject -> pending
+
+
+class PendingCounts:
+    """The mutable counts behind ``PendingStats``."""
+
+    def __init__(self, per_hour: dict[int, int] | None = None,
+                 per_subject: dict[str, int] | None = None) -> None:
+        self.per_hour: dict[int, int] = {k: v for k, v in (per_hour or {}).items() if v}
+        self.per_subject: dict[str, int] = {k: v for k, v in (per_subject or {}).items() if v}
+        self.total = sum(self.per_hour.values())
+
+    @staticmethod
+    def hour_of(bucket_ms: int) -> int:
+        """The hour start of a bucket."""
+        return bucket_ms - bucket_ms % HOUR_MS
+
+    def add(self, bucket_ms: int, subject: str) -> None:
+        """One more pending message in ``bucket_ms`` for ``subject``."""
+        hour = bucket_ms - bucket_ms % HOUR_MS
+        self.per_hour[hour] = self.per_hour.get(hour, 0) + 1
+        self.per_subject[subject] = self.per_subject.get(subject, 0) + 1
+        self.total += 1
+
+    def remove(self, bucket_ms: int, subject: str | None) -> bool:
+        """One pending message fewer; ``subject`` None when it could not be read. Returns False
+        (and changes nothing) when the hour has no pending message to remove."""
+        hour = bucket_ms - bucket_ms % HOUR_MS
+        left = self.per_hour.get(hour, 0)
+        if left <= 0:
+            return False
+        if left == 1:
+            del self.per_hour[hour]
+        else:
+            self.per_hour[hour] = left - 1
+        self.total -= 1
+        if subject is not None:
+            count = self.per_subject.get(subject, 0)
+            if count <= 1:
+                self.per_subject.pop(subject, None)
+            else:
+                self.per_subject[subject] = count - 1
+        return True
+
+    def hour_pending(self, bucket_ms: int) -> int:
+        """Pending messages in the hour of ``bucket_ms``."""
+        return self.per_hour.get(bucket_ms - bucket_ms % HOUR_MS, 0)
+
+    def snapshot(self) -> PendingStats:
+        """A copy for callers."""
+        return PendingStats(self.total, dict(self.per_hour), dict(self.per_subject))

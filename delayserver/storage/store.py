@@ -1,0 +1,671 @@
+"""``DelayStore``: the delay server's storage facade (synchronous; the server wraps it).
+
+What is where (formats in ``docs/formats/delay.md``):
+
+- the delay log (``delay_record``): every accepted message, in arrival order;
+- one schedule file per time bucket (``schedule_entry``): where each message of the bucket is in
+  the delay log; derived data, rebuilt from the delay log on open;
+- per bucket, a dispatch file and a cancel file (``done_record``), durable before the call that
+  wrote them returns; the touched logs (``touched_record``) name the buckets they changed per epoch;
+- checkpoints (``delay_checkpoint``): the replay start, the done watermark, the pending counts.
+
+Durability contract:
+
+- ``append`` only encodes and buffers (provisional). ``commit`` writes everything appended since
+  the last commit to the delay log and fsyncs once (group commit; ``flush_mode="async"``: writes to
+  the OS and lets ``tick`` fsync every ``flush_interval_ms``), THEN indexes the batch. When the
+  delay log write fails (``DiskFull``, ``LogWriteFailed``) the batch is dropped and nothing is
+  indexed.
+- ``record_dispatched`` and ``cancel`` are fsynced before they return.
+- ``mark_done_before`` writes a checkpoint before it deletes anything.
+
+Memory: no Python object per pending message outside a loaded bucket. The store holds the bucket
+index (16 bytes per bucket), the pending counts (per hour and per subject), the write-behind
+buffer of schedule entries (``SCHEDULE_BUFFER_BYTES_MAX``), the done keys of at most
+``DONE_CACHE_BUCKETS_MAX`` recently used buckets and the subjects of at most
+``SUBJECT_CACHE_ENTRIES_MAX`` recently read records.
+
+Late messages: a message whose bucket is already below the done watermark (its time passed and
+the server finished that bucket) is filed in the watermark's bucket, so the server, which
+resumes from the watermark, still delivers it at once. ``ScheduleEntry.bucket_ms`` is the bucket
+it was filed in.
+
+Not thread-safe: one owner calls it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+from delayserver.storage.delay_checkpoint import (
+    CHECKPOINT_NAME,
+    DelayCheckpoint,
+    encode_delay_checkpoint,
+)
+from delayserver.storage.delay_record import (
+    U64_MAX,
+    DelayedRecord,
+    decode_delay_header,
+    decode_delay_record,
+    encode_delay_record,
+)
+from delayserver.storage.done_log import DoneState, done_key
+from delayserver.storage.done_record import KIND_CANCELLED, KIND_DISPATCHED, DoneRecord
+from delayserver.storage.errors import CorruptScheduleEntry, StoreClosed, StoreFailed
+from delayserver.storage.layout import DAY_MS, HOUR_MS, Layout, parse_bucket_file_name
+from delayserver.storage.recovery import CHECKPOINTS_KEPT, rebuild_days, recover
+from delayserver.storage.schedule import FlushFailed, is_enospc
+from delayserver.storage.schedule_entry import (
+    ENTRY_SIZE_BYTES,
+    FIELDS as ENTRY_FIELDS,
+    RawEntry,
+    encode_schedule_entry,
+    iter_schedule_entries,
+)
+from delayserver.storage.stats import PendingStats
+from logstore import (
+    CheckpointStore,
+    DiskFull,
+    LogConfig,
+    LogStoreError,
+    LogWriteFailed,
+    Opener,
+    OsFile,
+    RecordTooLarge,
+    fsync_directory,
+)
+from logstore.segment_log import FLUSH_MODES
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY_DONE_RECORDS = 100_000  # dispatch/cancel records between checkpoints
+SCHEDULE_FLUSH_INTERVAL_MS = 1_000  # tick() writes the schedule buffer at least this often
+SUBJECT_CACHE_ENTRIES_MAX = 100_000  # subjects of read records kept for the pending counts
+EMPTY_BUCKETS_MAX = 100_000  # buckets known to have nothing pending (for buckets_with_pending)
+DELAY_LOG_WRITE_BUFFER_BYTES_MAX = 64 << 20  # a commit's batch reaches the OS in one write
+CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "unknown")
+
+
+@dataclass(frozen=True)
+class DelayStoreConfig:
+    """Settings of a delay store (a bad value fails at start, naming the key and the value)."""
+
+    bucket_ms: int = 60_000  # width of a schedule bucket in ms; must divide a day (86_400_000)
+    segment_size_bytes_max: int = 64 << 20  # delay-log segment size in bytes
+    flush_mode: str = "sync"  # "sync": commit fsyncs; "async": commit writes, tick() fsyncs
+    flush_interval_ms: int = 100  # async mode: longest time in ms between fsyncs
+    checkpoint_every_bytes: int = 64 << 20  # delay-log bytes between checkpoints (bounds replay)
+    record_size_bytes_max: int = 16 << 20  # largest delay-log record body in bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bucket_ms, int) or self.bucket_ms < 1 or DAY_MS % self.bucket_ms:
+            raise ValueError(f"bucket_ms {self.bucket_ms!r} must be a positive divisor of "
+                             f"{DAY_MS} (one day in ms)")
+        if self.flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode {self.flush_mode!r} is not one of {FLUSH_MODES}")
+        for key in ("segment_size_bytes_max", "flush_interval_ms", "checkpoint_every_bytes",
+                    "record_size_bytes_max"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} {value!r} must be an int >= 1")
+
+    def log_config(self) -> LogConfig:
+        """The delay log's settings."""
+        return LogConfig(
+            segment_size_bytes_max=self.segment_size_bytes_max,
+            record_size_bytes_max=self.record_size_bytes_max,
+            flush_mode=self.flush_mode,
+            flush_interval_ms=self.flush_interval_ms,
+            write_buffer_bytes_max=DELAY_LOG_WRITE_BUFFER_BYTES_MAX,
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """A message's place in the schedule."""
+
+    bucket_ms: int  # start of the bucket the entry is filed in
+    index: int  # position of the entry in the bucket's schedule file
+    deliver_at_ms: int  # when the message is due
+    delay_log_offset: int  # where its record is in the delay log
+    size_bytes: int  # body size of that record
+    id_hash: int  # CRC-32 of the message id
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(bucket_ms, index): the entry's identity in the timing wheel."""
+        return (self.bucket_ms, self.index)
+
+
+class DelayStore:
+    """The delay server's messages on disk (module docstring)."""
+
+    def __init__(self, data_dir: str, config: DelayStoreConfig = DelayStoreConfig(), *,
+                 opener: Opener = OsFile, now_ms: int) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.layout = Layout(data_dir)
+        for directory in (data_dir, self.layout.schedule_dir, self.layout.checkpoint_dir):
+            os.makedirs(directory, exist_ok=True)
+        self._checkpoints = CheckpointStore(self.layout.checkpoint_dir, CHECKPOINT_NAME,
+                                            keep=CHECKPOINTS_KEPT)
+        self._pending: list[tuple[bytes, int, int, int, str]] = []
+        self._closed = False
+        self._failed: Exception | None = None
+        self._schedule_error: FlushFailed | None = None
+        self._checkpoint_error: Exception | None = None
+        self._last_schedule_flush_ms = now_ms
+        self._subjects: dict[int, str] = {}
+        self._subject_names: dict[str, str] = {}
+        self._empty_buckets: set[int] = set()
+        state = recover(self.layout, config.bucket_ms, config.log_config(), opener,
+                        self._checkpoints)
+        self._log = state.log
+        self._schedule = state.schedule
+        self._done = state.done
+        self._counts = state.counts
+        self._done_before = state.done_before_ms
+        self._chunk_size = state.chunk_size_bytes
+        self._chunk_max = state.chunk_max_bucket
+        self.recovery = state.report
+        self._bytes_since_checkpoint = 0
+        self._done_since_checkpoint = 0
+        if state.checkpoint_due:
+            self.checkpoint()
+
+    # ------------------------------------------------------------------ state checks
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.data_dir)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise self._failed
+
+    def _fail(self, exc: Exception) -> Exception:
+        """Make ``exc`` the sticky failure and return it for raising."""
+        if self._failed is None:
+            self._failed = exc
+        return self._failed
+
+    # ------------------------------------------------------------------ appending
+
+    def bucket_of(self, deliver_at_ms: int) -> int:
+        """Start of the bucket that holds ``deliver_at_ms`` (a late message is filed in the done
+        watermark's bucket instead: see ``ScheduleEntry.bucket_ms``)."""
+        return deliver_at_ms - deliver_at_ms % self.config.bucket_ms
+
+    def append(self, message_id: str, subject: str, deliver_at_ms: int, payload: bytes) -> None:
+        """Buffer one message; provisional until ``commit`` returns."""
+        self._check_writable()
+        if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
+            raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
+        id_bytes = message_id.encode("utf-8")
+        natural = deliver_at_ms - deliver_at_ms % self.config.bucket_ms
+        bucket = natural if natural >= self._done_before else self._done_before
+        body = encode_delay_record(deliver_at_ms, bucket, id_bytes, subject.encode("utf-8"),
+                                   payload)
+        if len(body) > self.config.record_size_bytes_max:
+            raise RecordTooLarge(len(body), self.config.record_size_bytes_max)
+        self._pending.append((body, deliver_at_ms, bucket, zlib.crc32(id_bytes), subject))
+
+    def commit(self) -> list[ScheduleEntry]:
+        """Make every message appended since the last commit durable with one fsync (async mode:
+        one write), then index them. Returns their entries in append order.
+
+        ``DiskFull``/``LogWriteFailed``: the batch is dropped, nothing is indexed, the error
+        propagates (``DiskFull`` is retriable: append and commit again)."""
+        self._check_writable()
+        batch, self._pending = self._pending, []
+        if not batch:
+            return []
+        if self._schedule_error is not None:
+            self._retry_schedule_flush(len(batch))
+        delay_log = self._log
+        end_before = delay_log.end_offset
+        try:
+            offsets = [delay_log.append(item[0]) for item in batch]
+            if self.config.flush_mode == "sync":
+                delay_log.sync()
+            else:
+                delay_log.flush()
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        entries = []
+        schedule = self._schedule
+        counts = self._counts
+        chunk_size, chunk_max = self._chunk_size, self._chunk_max
+        empty = self._empty_buckets
+        for (body, deliver_at, bucket, hashed, subject), offset in zip(batch, offsets):
+            size = len(body)
+            index = schedule.append(bucket, encode_schedule_entry(deliver_at, offset, size, hashed))
+            entries.append(ScheduleEntry(bucket, index, deliver_at, offset, size, hashed))
+            counts.add(bucket, subject)
+            chunk = offset // chunk_size
+            if chunk_max.get(chunk, -1) < bucket:
+                chunk_max[chunk] = bucket
+            if empty:
+                empty.discard(bucket)
+        self._bytes_since_checkpoint += delay_log.end_offset - end_before
+        if schedule.buffer_full:
+            self._flush_schedule_quietly()
+        self._maybe_checkpoint()
+        return entries
+
+    # ------------------------------------------------------------------ schedule buffer
+
+    def _flush_schedule_quietly(self) -> None:
+        """Write the schedule buffer after a durable commit: a failure must not fail that commit
+        (its messages are safe in the delay log and indexed in memory), so it is kept: ENOSPC
+        makes the next commit retry and refuse its batch while the disk is full; anything else
+        makes the store fail (sticky)."""
+        try:
+            self._schedule.flush()
+            self._schedule_error = None
+        except FlushFailed as exc:
+            if is_enospc(exc):
+                log.warning("delay store: schedule buffer not written, disk full: %s", exc)
+                self._schedule_error = exc
+            else:
+                self._fail(StoreFailed(exc.path, exc.cause))
+
+    def _retry_schedule_flush(self, batch_records: int) -> None:
+        try:
+            self._schedule.flush()
+            self._schedule_error = None
+        except FlushFailed as exc:
+            if is_enospc(exc):
+                self._schedule_error = exc
+                raise DiskFull(exc.path, batch_records) from exc
+            raise self._fail(StoreFailed(exc.path, exc.cause)) from exc
+
+    # ------------------------------------------------------------------ reading
+
+    def _bucket_entries(self, bucket_ms: int) -> list[tuple[int, RawEntry]]:
+        """Every entry of the bucket (file + buffer), verified. A bucket whose file does not match
+        the index, or holds a bad entry, is rebuilt from the delay log once."""
+        for attempt in (1, 2):
+            data = self._schedule.read_file(bucket_ms)
+            expected = self._schedule.disk_count(bucket_ms)
+            problem = None
+            if len(data) != expected * ENTRY_SIZE_BYTES:
+                problem = f"{len(data)} bytes, expected {expected} entries"
+            data += self._schedule.buffered(bucket_ms)
+            entries = []
+            end = self._log.end_offset
+            for index, raw in iter_schedule_entries(data):
+                if raw is None or raw.delay_log_offset >= end:
+                    problem = problem or f"entry {index} is corrupt or points past the delay log"
+                    break
+                entries.append((index, raw))
+            if problem is None:
+                return entries
+            path = self.layout.schedule_path(bucket_ms)
+            if attempt == 2:
+                raise CorruptScheduleEntry(path, len(entries), problem)
+            log.warning("delay store: %s: %s; rebuilding its day from the delay log", path,
+                        problem)
+            self._rebuild_days({bucket_ms // DAY_MS})
+        raise AssertionError("unreachable")
+
+    def _rebuild_days(self, days: set[int]) -> None:
+        try:
+            rebuild_days(self._log, self._schedule, days, self._done_before)
+        except (DiskFull, StoreFailed) as exc:
+            raise self._fail(exc)
+
+    def load_bucket(self, bucket_ms: int) -> list[ScheduleEntry]:
+        """The bucket's entries that are neither dispatched nor cancelled, sorted by
+        (deliver_at_ms, index)."""
+        self._check_open()
+        entries = self._bucket_entries(bucket_ms)
+        state = self._done.state(bucket_ms)
+        out = [
+            ScheduleEntry(bucket_ms, index, raw.deliver_at_ms, raw.delay_log_offset,
+                          raw.size_bytes, raw.id_hash)
+            for index, raw in entries
+            if not state.is_done(done_key(raw.delay_log_offset, raw.id_hash))
+        ]
+        out.sort(key=lambda e: (e.deliver_at_ms, e.index))
+        if not out:
+            if len(self._empty_buckets) >= EMPTY_BUCKETS_MAX:
+                self._empty_buckets.clear()
+            self._empty_buckets.add(bucket_ms)
+        return out
+
+    def read(self, entry: ScheduleEntry) -> DelayedRecord:
+        """The entry's message from the delay log, CRC-verified and checked against the entry."""
+        self._check_open()
+        body = self._log.read(entry.delay_log_offset)
+        path = self.layout.schedule_path(entry.bucket_ms)
+        try:
+            record = decode_delay_record(body)
+        except ValueError as exc:
+            raise CorruptScheduleEntry(path, entry.index, f"record does not decode: {exc}") from exc
+        if (len(body) != entry.size_bytes or record.deliver_at_ms != entry.deliver_at_ms
+                or record.bucket_ms != entry.bucket_ms
+                or zlib.crc32(record.message_id.encode("utf-8")) != entry.id_hash):
+            raise CorruptScheduleEntry(path, entry.index,
+                                       f"record at offset {entry.delay_log_offset} does not match "
+                                       f"the entry")
+        self._remember_subject(entry.delay_log_offset, record.subject)
+        return record
+
+    def _remember_subject(self, offset: int, subject: str) -> None:
+        subjects = self._subjects
+        if len(subjects) >= SUBJECT_CACHE_ENTRIES_MAX:
+            for old in list(subjects)[: SUBJECT_CACHE_ENTRIES_MAX // 2]:
+                del subjects[old]
+        subjects[offset] = self._subject_names.setdefault(subject, subject)
+
+    def _subject_of(self, entry: ScheduleEntry) -> str | None:
+        """The entry's subject for the pending counts: cached by ``read``, else read again."""
+        subject = self._subjects.pop(entry.delay_log_offset, None)
+        if subject is not None:
+            return subject
+        try:
+            return decode_delay_header(self._log.read(entry.delay_log_offset))[3]
+        except (LogStoreError, ValueError) as exc:
+            log.warning("delay store: subject of offset %d unreadable (%s); per-subject pending "
+                        "count not lowered", entry.delay_log_offset, exc)
+            return None
+
+    # ------------------------------------------------------------------ dispatch and cancel
+
+    def _write_done(self, bucket_ms: int, kind: int, records: list[DoneRecord]) -> None:
+        try:
+            self._done.write(bucket_ms, kind, records)
+        except StoreFailed as exc:
+            raise self._fail(exc)
+
+    def _check_entry(self, entry: ScheduleEntry) -> None:
+        if not 0 <= entry.index < self._schedule.index.count(entry.bucket_ms):
+            raise ValueError(f"entry {entry.index} of bucket {entry.bucket_ms} is not in the "
+                             f"schedule (the bucket has "
+                             f"{self._schedule.index.count(entry.bucket_ms)} entries)")
+
+    def record_dispatched(self, entries: Sequence[ScheduleEntry]) -> None:
+        """Record confirmed dispatches durably (fsynced before this returns); ``load_bucket``
+        never returns them again, before or after a restart. Entries already dispatched or
+        cancelled are skipped."""
+        self._check_writable()
+        by_bucket: dict[int, list[ScheduleEntry]] = defaultdict(list)
+        for entry in entries:
+            self._check_entry(entry)
+            by_bucket[entry.bucket_ms].append(entry)
+        for bucket, group in by_bucket.items():
+            state = self._done.state(bucket)
+            fresh: dict[int, ScheduleEntry] = {}
+            for entry in group:
+                key = done_key(entry.delay_log_offset, entry.id_hash)
+                if not state.is_done(key):
+                    fresh.setdefault(key, entry)
+            if not fresh:
+                continue
+            epoch = self._done.epoch
+            self._write_done(bucket, KIND_DISPATCHED, [
+                DoneRecord(e.delay_log_offset, e.id_hash, e.index, epoch, KIND_DISPATCHED)
+                for e in fresh.values()
+            ])
+            for entry in fresh.values():
+                self._counts.remove(bucket, self._subject_of(entry))
+            self._done_since_checkpoint += len(fresh)
+        self._maybe_checkpoint()
+
+    def _find(self, bucket_ms: int, deliver_at_ms: int, hashed: int,
+              id_bytes: bytes) -> list[tuple[int, RawEntry, str]]:
+        """Entries of the bucket for this message: (index, entry, subject), confirmed by reading
+        the record."""
+        if bucket_ms not in self._schedule.index:
+            return []
+        entries = self._bucket_entries(bucket_ms)
+        found = []
+        for index, raw in entries:
+            if raw.deliver_at_ms != deliver_at_ms or raw.id_hash != hashed:
+                continue
+            _at, _bucket, stored_id, subject, _ = decode_delay_header(
+                self._log.read(raw.delay_log_offset))
+            if stored_id == id_bytes:
+                found.append((index, raw, subject))
+        return found
+
+    def cancel(self, message_id: str, deliver_at_ms: int) -> str:
+        """Cancel a message by id and due time; durable before it returns. Returns "cancelled",
+        "already_dispatched", "already_cancelled" or "unknown" (never stored, not committed, or
+        its bucket already retired by ``mark_done_before``)."""
+        self._check_writable()
+        if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
+            raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
+        id_bytes = message_id.encode("utf-8")
+        hashed = zlib.crc32(id_bytes)
+        natural = self.bucket_of(deliver_at_ms)
+        candidates = [natural] if natural >= self._done_before else [self._done_before, natural]
+        found: list[tuple[int, RawEntry, str]] = []
+        bucket = natural
+        for bucket in candidates:
+            found = self._find(bucket, deliver_at_ms, hashed, id_bytes)
+            if found:
+                break
+        if not found:
+            return "unknown"
+        state: DoneState = self._done.state(bucket)
+        open_ = [(i, raw, s) for i, raw, s in found
+                 if not state.is_done(done_key(raw.delay_log_offset, hashed))]
+        if not open_:
+            if any(done_key(raw.delay_log_offset, hashed) in state.dispatched
+                   for _i, raw, _s in found):
+                return "already_dispatched"
+            return "already_cancelled"
+        epoch = self._done.epoch
+        self._write_done(bucket, KIND_CANCELLED, [
+            DoneRecord(raw.delay_log_offset, hashed, index, epoch, KIND_CANCELLED)
+            for index, raw, _s in open_
+        ])
+        for _index, raw, subject in open_:
+            self._subjects.pop(raw.delay_log_offset, None)
+            self._counts.remove(bucket, subject)
+        self._done_since_checkpoint += len(open_)
+        self._maybe_checkpoint()
+        return "cancelled"
+
+    # ------------------------------------------------------------------ queries
+
+    def buckets_with_pending(self, from_bucket_ms: int, to_bucket_ms: int) -> list[int]:
+        """Buckets in [from_bucket_ms, to_bucket_ms] (both included) that may hold pending
+        entries, ascending, from the in-memory index: every bucket with a pending entry is
+        listed; a listed bucket may turn out empty (``load_bucket`` returns [])."""
+        self._check_open()
+        counts, empty = self._counts, self._empty_buckets
+        return [
+            bucket for bucket in self._schedule.index.buckets(from_bucket_ms, to_bucket_ms)
+            if bucket not in empty and counts.hour_pending(bucket) > 0
+        ]
+
+    def pending_stats(self) -> PendingStats:
+        """Pending counts per hour (bucket start rounded down to the hour), per subject, total."""
+        self._check_open()
+        return self._counts.snapshot()
+
+    def done_before(self) -> int:
+        """The persisted done watermark: every bucket below it is fully dispatched or cancelled
+        (0 until ``mark_done_before`` is first called)."""
+        return self._done_before
+
+    # ------------------------------------------------------------------ watermark and retention
+
+    def mark_done_before(self, bucket_ms: int) -> None:
+        """Declare every bucket below ``bucket_ms`` fully dispatched or cancelled: persist it in a
+        checkpoint, then delete those buckets' files and every delay-log segment whose records
+        all belong to them. Raises ValueError, changing nothing, when an hour wholly below
+        ``bucket_ms`` or a bucket between the old watermark and ``bucket_ms`` still has pending
+        messages."""
+        self._check_writable()
+        if not isinstance(bucket_ms, int) or bucket_ms < 0 or bucket_ms % self.config.bucket_ms:
+            raise ValueError(f"bucket_ms {bucket_ms!r} is not a bucket start (a multiple of "
+                             f"{self.config.bucket_ms} >= 0)")
+        if bucket_ms <= self._done_before:
+            return
+        for hour, pending in sorted(self._counts.per_hour.items()):
+            if hour + HOUR_MS <= bucket_ms:
+                raise ValueError(f"hour {hour} still has {pending} pending message(s); "
+                                 f"mark_done_before({bucket_ms}) would skip them")
+        # Buckets below the old watermark are retired, so this reads only the buckets finished
+        # since the last call (usually one, whose done keys are cached).
+        for bucket in list(self._schedule.index.buckets(self._done_before, bucket_ms - 1)):
+            if self._counts.hour_pending(bucket) and self.load_bucket(bucket):
+                raise ValueError(f"bucket {bucket} still has pending messages; "
+                                 f"mark_done_before({bucket_ms}) would skip them")
+        previous = self._done_before
+        self._done_before = bucket_ms
+        try:
+            self.checkpoint()
+        except BaseException:
+            self._done_before = previous
+            raise
+        self._retire(bucket_ms)
+
+    def _retire(self, done_before_ms: int) -> None:
+        """Delete the files of buckets below the (persisted) watermark and the delay-log
+        segments that hold only their records."""
+        layout = self.layout
+        last_day = (done_before_ms - 1) // DAY_MS
+        retired: set[int] = set()
+        for day in layout.list_days():
+            if day > last_day:
+                break
+            directory = layout.day_dir(day)
+            names = os.listdir(directory)
+            removed = 0
+            for name in names:
+                parsed = parse_bucket_file_name(name)
+                if parsed is not None and parsed[0] < done_before_ms:
+                    os.unlink(os.path.join(directory, name))
+                    retired.add(parsed[0])
+                    removed += 1
+            if removed == len(names):
+                os.rmdir(directory)
+            elif removed:
+                fsync_directory(directory)
+        if retired:
+            fsync_directory(layout.schedule_dir)
+        for bucket in list(self._schedule.index.buckets(0, done_before_ms - 1)):
+            retired.add(bucket)
+        for bucket in retired:
+            self._schedule.forget(bucket)
+            self._done.forget(bucket)
+            self._empty_buckets.discard(bucket)
+        self._delete_done_segments(done_before_ms)
+
+    def _delete_done_segments(self, done_before_ms: int) -> None:
+        """Delete leading delay-log segments whose records all sit in buckets below the
+        watermark. Per chunk of ``chunk_size`` bytes the highest bucket of any record is known;
+        a segment is deleted when every chunk it overlaps is below the watermark (conservative:
+        a chunk shared with a younger segment keeps the older one)."""
+        size = self._chunk_size
+        cut = None
+        for segment in self._log.segments()[:-1]:
+            if segment.end_offset > segment.base_offset:
+                chunks = range(segment.base_offset // size, (segment.end_offset - 1) // size + 1)
+                if max(self._chunk_max.get(c, -1) for c in chunks) >= done_before_ms:
+                    break
+            cut = segment.end_offset
+        if cut is None:
+            return
+        self._log.delete_segments_before(cut)
+        first = self._log.first_offset
+        for chunk in [c for c in self._chunk_max if (c + 1) * size <= first]:
+            del self._chunk_max[chunk]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _maybe_checkpoint(self) -> None:
+        if (self._bytes_since_checkpoint >= self.config.checkpoint_every_bytes
+                or self._done_since_checkpoint >= CHECKPOINT_EVERY_DONE_RECORDS):
+            try:
+                self.checkpoint()
+                self._checkpoint_error = None
+            except DiskFull as exc:
+                # The old checkpoint still holds; the next trigger retries.
+                log.warning("delay store: checkpoint not written, disk full: %s", exc)
+                self._checkpoint_error = exc
+            except (StoreFailed, LogWriteFailed):
+                pass  # sticky now: the next call raises it
+
+    def checkpoint(self) -> None:
+        """Make the delay log and every schedule file durable and write a checkpoint, so a
+        restart replays nothing before this point."""
+        self._check_writable()
+        try:
+            self._log.sync()
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        self._retry_schedule_flush(0)
+        try:
+            self._schedule.sync()
+        except OSError as exc:
+            raise self._fail(StoreFailed(self.layout.schedule_dir, exc)) from exc
+        payload = encode_delay_checkpoint(DelayCheckpoint(
+            bucket_ms=self.config.bucket_ms,
+            chunk_size_bytes=self._chunk_size,
+            delay_log_offset=self._log.end_offset,
+            done_before_ms=self._done_before,
+            pending_per_hour=dict(self._counts.per_hour),
+            pending_per_subject=dict(self._counts.per_subject),
+            entries_per_day=self._schedule.index.entries_per_day(self._done_before),
+            max_bucket_per_chunk=dict(self._chunk_max),
+        ))
+        try:
+            written = self._checkpoints.write(payload)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DiskFull(self.layout.checkpoint_dir, 0) from exc
+            raise self._fail(StoreFailed(self.layout.checkpoint_dir, exc)) from exc
+        self._done.new_epoch(written.sequence)
+        self._done.delete_touched_before(written.sequence - (CHECKPOINTS_KEPT - 1))
+        self._bytes_since_checkpoint = 0
+        self._done_since_checkpoint = 0
+
+    # ------------------------------------------------------------------ timer and closing
+
+    def tick(self, now_ms: int) -> None:
+        """Call on a timer: async mode fsyncs the delay log every ``flush_interval_ms``; the
+        schedule buffer is written every ``SCHEDULE_FLUSH_INTERVAL_MS``."""
+        self._check_writable()
+        try:
+            self._log.tick(now_ms)
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        if (self._schedule.buffered_bytes
+                and now_ms - self._last_schedule_flush_ms >= SCHEDULE_FLUSH_INTERVAL_MS):
+            self._flush_schedule_quietly()
+            self._last_schedule_flush_ms = now_ms
+
+    def sync(self) -> None:
+        """fsync the delay log and write the schedule buffer to the files."""
+        self._check_writable()
+        try:
+            self._log.sync()
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        self._retry_schedule_flush(0)
+
+    def close(self) -> None:
+        """Write a final checkpoint (so the next open replays nothing) and close the files.
+        Messages appended and not committed are dropped."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self._pending = []
+                self.checkpoint()
+        finally:
+            self._log.close()
+            self._closed = True
