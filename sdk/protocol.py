@@ -212,11 +212,13 @@ class Nack:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Cancel delayed messages by id."""
+    """Cancel delayed messages by id; ``deliver_at_ms[i]`` is when ``ids[i]`` is due (its
+    receipt says), which is how the delay server finds it without an index of every id."""
 
     op: ClassVar[str] = "cancel"
     rid: int
     ids: list[str]
+    deliver_at_ms: list[int]
 
 
 @dataclass(frozen=True)
@@ -407,7 +409,15 @@ def _parse_cancel(f: _Fields, rid: int) -> Cancel:
         )
     for message_id in ids:
         validate_message_id(message_id)
-    return Cancel(rid, ids)
+    due = f.array("deliver_at_ms")
+    if len(due) != len(ids):
+        raise BadRequest(
+            f"cancel.deliver_at_ms has {len(due)} entries, cancel.ids has {len(ids)}: one each"
+        )
+    for value in due:
+        if type(value) is not int or not 0 <= value <= _U64_MAX:
+            raise BadRequest(f"cancel.deliver_at_ms must hold non-negative int, got {value!r:.40}")
+    return Cancel(rid, ids, due)
 
 
 def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:

@@ -238,7 +238,7 @@ VALID_REQUESTS = [
     Ack(rid=6, subject="s", group="g", consumer_id="c", ranges=[(0, 0), (3, 9)]),
     Nack(rid=7, subject="s", group="g", consumer_id="c", pull_seqs=[1, 5], retry_after_ms=10_000),
     Nack(rid=8, subject="s", group="g", consumer_id="c", pull_seqs=[1], retry_after_ms=None),
-    Cancel(rid=9, ids=["m-1", "m-2"]),
+    Cancel(rid=9, ids=["m-1", "m-2"], deliver_at_ms=[1, 2]),
     Heartbeat(rid=10, consumer_id="c", subscriptions=[("s", "g"), ("%retry%s%g", "g")]),
 ]
 
@@ -258,8 +258,8 @@ def test_optional_pull_fields_take_their_documented_defaults():
 
 
 def test_unknown_request_fields_are_ignored():
-    req = parse_request({"op": "cancel", "rid": 1, "ids": ["a"], "future": {"x": 1}})
-    assert req == Cancel(rid=1, ids=["a"])
+    req = parse_request({"op": "cancel", "rid": 1, "ids": ["a"], "deliver_at_ms": [5], "future": {"x": 1}})
+    assert req == Cancel(rid=1, ids=["a"], deliver_at_ms=[5])
 
 
 def test_a_request_without_op_or_rid_is_a_bad_request():
@@ -439,7 +439,8 @@ def test_nack_retry_delay_is_accepted_up_to_the_horizon_and_out_of_range_past_it
 
 def test_cancel_batch_size_is_accepted_up_to_the_limit_and_too_large_past_it():
     for n in (MAX_SEND_BATCH_MESSAGES - 1, MAX_SEND_BATCH_MESSAGES):
-        assert len(parse_request({"op": "cancel", "rid": 1, "ids": ["a"] * n}).ids) == n
+        assert len(parse_request({"op": "cancel", "rid": 1, "ids": ["a"] * n,
+                                  "deliver_at_ms": [1] * n}).ids) == n
     with pytest.raises(TooLarge, match="cancel of 257 ids exceeds MAX_SEND_BATCH_MESSAGES 256"):
         parse_request({"op": "cancel", "rid": 1, "ids": ["a"] * (MAX_SEND_BATCH_MESSAGES + 1)})
 
@@ -521,3 +522,16 @@ def test_error_messages_quote_the_value_and_the_limit_with_units():
     with pytest.raises(TooLarge) as info:
         FrameDecoder(max_frame_bytes=100).feed(struct.pack(">I", 5_242_880))
     assert str(info.value) == "frame of 5242880 bytes exceeds MAX_FRAME_BYTES 100"
+
+
+def test_a_cancel_needs_one_due_time_per_id():
+    with pytest.raises(BadRequest, match="cancel.deliver_at_ms has 1 entries, cancel.ids has 2"):
+        parse_request({"op": "cancel", "rid": 1, "ids": ["a", "b"], "deliver_at_ms": [5]})
+    with pytest.raises(BadRequest, match="lacks field 'deliver_at_ms'"):
+        parse_request({"op": "cancel", "rid": 1, "ids": ["a"]})
+
+
+def test_a_cancel_due_time_must_be_a_non_negative_int():
+    for bad in (-1, "5", 1.5, None):
+        with pytest.raises(BadRequest, match="cancel.deliver_at_ms must hold non-negative int"):
+            parse_request({"op": "cancel", "rid": 1, "ids": ["a"], "deliver_at_ms": [bad]})

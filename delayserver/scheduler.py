@@ -1,0 +1,447 @@
+"""The delay server's scheduling core: accepts delayed messages, keeps the preload window in the
+timing wheel, dispatches due messages to realtime brokers and records each confirmed dispatch.
+
+Two levels (DESIGN.md section 9): every pending message is on disk in the ``DelayStore``; only
+entries of the buckets up to ``preload_buckets`` ahead of now are in memory, in the
+``TimingWheel``. All storage calls run on one I/O thread, so the event loop never blocks on disk.
+
+Invariants:
+- nothing is dispatched before its ``deliver_at_ms`` (the wheel never returns an entry early and
+  the clock is the only source of "now");
+- a dispatch is recorded only after a realtime broker confirmed it (stored or duplicate), so a
+  crash re-dispatches at most what was sent and not yet recorded, and the broker's
+  de-duplication by message id absorbs that resend;
+- the done watermark passed to ``mark_done_before`` never passes a bucket with an entry that is
+  still loaded, in flight or waiting to be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
+
+from delayserver.config import DelayConfig
+from delayserver.stats import DispatchStats
+from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
+from delayserver.wheel import TimingWheel
+from logstore.errors import DiskFull, LogWriteFailed
+from logstore.fileio import Opener, OsFile
+from sdk.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
+from sdk.message import Message, decode_message, validate_message
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]]]]]
+
+DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
+DONE_CHECK_INTERVAL_MS = 1_000  # how often the done watermark is advanced
+
+
+@dataclass
+class _PendingSend:
+    message: Message
+    payload: bytes
+    deliver_at_ms: int
+    future: asyncio.Future[dict[str, Any]]
+
+
+class Scheduler:
+    """Owns a ``DelayStore`` and the in-memory window; see the module docstring."""
+
+    def __init__(
+        self,
+        config: DelayConfig,
+        clock: Callable[[], int],
+        dispatch: Dispatch,
+        opener: Opener = OsFile,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._dispatch_fn = dispatch
+        self._opener = opener
+        self.store: DelayStore | None = None
+        self.readonly = False  # after a sticky write failure
+        self.stats = DispatchStats()
+        self.wheel = TimingWheel(config.tick_ms)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
+        self._pending: list[_PendingSend] = []
+        self._commit_wakeup = asyncio.Event()
+        self._wakeup = asyncio.Event()  # the dispatcher re-checks the wheel
+        self._next_load_ms = 0  # first bucket not yet loaded into the wheel
+        self._loading_bucket_ms: int | None = None
+        # Every loaded entry until it is confirmed or cancelled: key -> entry.
+        self._tracked: dict[tuple[int, int], ScheduleEntry] = {}
+        self._bucket_counts: dict[int, int] = defaultdict(int)
+        self._by_id: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+        self._in_flight: set[tuple[int, int]] = set()
+        self._retry_ms: dict[tuple[int, int], int] = {}
+        self._dispatch_slots = asyncio.Semaphore(DISPATCH_CONCURRENCY)
+        self._dispatch_tasks: set[asyncio.Task[None]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_done_check_ms = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def start(self) -> None:
+        """Open (and recover) the store, load the window, start dispatching."""
+        await self._io(self._open_store)
+        assert self.store is not None
+        self._next_load_ms = self.store.done_before()
+        await self.preload()
+        self._tasks = [
+            asyncio.create_task(self._committer(), name="delay-committer"),
+            asyncio.create_task(self._dispatcher(), name="delay-dispatcher"),
+            asyncio.create_task(self._housekeeping(), name="delay-housekeeping"),
+        ]
+
+    def _open_store(self) -> None:
+        cfg = self.config
+        store_config = DelayStoreConfig(
+            bucket_ms=cfg.bucket_ms, flush_mode=cfg.flush, flush_interval_ms=cfg.flush_interval_ms
+        )
+        self.store = DelayStore(cfg.data_dir, store_config, opener=self._opener,
+                                now_ms=self.clock())
+        log.info("delay store open: %s", self.store.recovery)
+
+    async def stop(self) -> None:
+        """Stop dispatching, commit queued sends, wait for in-flight dispatches, close the store."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pending:
+            await self._commit_batch()
+        if self._dispatch_tasks:
+            await asyncio.wait(set(self._dispatch_tasks), timeout=self.config.shutdown_grace_ms / 1000)
+        for task in self._dispatch_tasks:
+            task.cancel()
+        await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
+        if self.store is not None:
+            await self._io(self._advance_done_io, self._done_candidate())
+            await self._io(self.store.close)
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ accepting
+
+    def bucket_of(self, deliver_at_ms: int) -> int:
+        """The start of the bucket ``deliver_at_ms`` falls in."""
+        return deliver_at_ms - deliver_at_ms % self.config.bucket_ms
+
+    async def schedule(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+        """Store delayed messages durably and answer one result per payload.
+
+        A message without ``deliver_at_ms``, or with one in the past, is due at once. One later
+        than now + ``max_delay_ms`` is refused with ``delay_out_of_range``, never clamped.
+        """
+        now_ms = self.clock()
+        loop = asyncio.get_running_loop()
+        results: list[Any] = []
+        for payload in payloads:
+            try:
+                message = decode_message(payload)
+                validate_message(message, allow_internal=True)
+                deliver_at_ms = message.deliver_at_ms if message.deliver_at_ms is not None else now_ms
+                ahead_ms = deliver_at_ms - now_ms
+                if ahead_ms > self.config.max_delay_ms:
+                    raise DelayOutOfRange(
+                        f"message {message.id} deliver_at_ms {deliver_at_ms} is {ahead_ms} ms "
+                        f"ahead, exceeds max_delay_ms {self.config.max_delay_ms}"
+                    )
+                if self.readonly:
+                    raise ReadOnly(f"delay group {self.config.group} is read-only")
+            except QmqError as exc:
+                results.append({"id": _peek_id(payload), "error": exc.to_wire()})
+                continue
+            future: asyncio.Future[dict[str, Any]] = loop.create_future()
+            self._pending.append(_PendingSend(message, payload, deliver_at_ms, future))
+            results.append(future)
+        self._commit_wakeup.set()
+        return [await r if isinstance(r, asyncio.Future) else r for r in results]
+
+    async def _committer(self) -> None:
+        while True:
+            await self._commit_wakeup.wait()
+            self._commit_wakeup.clear()
+            if self._pending:
+                await self._commit_batch()
+
+    async def _commit_batch(self) -> None:
+        batch, self._pending = self._pending, []
+        try:
+            entries = await self._io(self._append_and_commit, batch)
+        except DiskFull as exc:
+            self._fail_batch(batch, Overloaded(f"delay group {self.config.group} disk full: {exc}"))
+            return
+        except LogWriteFailed as exc:
+            log.error("write failure, delay server goes read-only until restarted: %s", exc)
+            self.readonly = True
+            self._fail_batch(batch, Internal(f"delay storage write failed: {exc}"))
+            return
+        except Exception as exc:
+            log.exception("delay commit failed")
+            self._fail_batch(batch, Internal(f"commit failed: {type(exc).__name__}: {exc}"))
+            return
+        for pending, entry in zip(batch, entries):
+            if self._is_loaded(entry.bucket_ms):
+                self._track(entry)
+            if not pending.future.done():
+                pending.future.set_result({"id": pending.message.id, "status": "stored",
+                                           "deliver_at_ms": entry.deliver_at_ms})
+        self._wakeup.set()
+
+    def _fail_batch(self, batch: list[_PendingSend], error: QmqError) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_result({"id": pending.message.id, "error": error.to_wire()})
+
+    def _append_and_commit(self, batch: list[_PendingSend]) -> list[ScheduleEntry]:
+        assert self.store is not None
+        for pending in batch:
+            self.store.append(pending.message.id, pending.message.subject,
+                              pending.deliver_at_ms, pending.payload)
+        return self.store.commit()
+
+    # ------------------------------------------------------------------ the window
+
+    def _is_loaded(self, bucket_ms: int) -> bool:
+        return bucket_ms < self._next_load_ms or bucket_ms == self._loading_bucket_ms
+
+    def _track(self, entry: ScheduleEntry) -> None:
+        key = entry.key
+        if key in self._tracked:
+            return
+        self._tracked[key] = entry
+        self._bucket_counts[entry.bucket_ms] += 1
+        self._by_id[(entry.bucket_ms, entry.id_hash)].add(key)
+        self.wheel.add(entry, entry.deliver_at_ms, key)
+
+    def _untrack(self, key: tuple[int, int]) -> None:
+        entry = self._tracked.pop(key, None)
+        if entry is None:
+            return
+        self.wheel.remove(key)
+        self._in_flight.discard(key)
+        self._retry_ms.pop(key, None)
+        count = self._bucket_counts[entry.bucket_ms] - 1
+        if count:
+            self._bucket_counts[entry.bucket_ms] = count
+        else:
+            del self._bucket_counts[entry.bucket_ms]
+        ids = self._by_id.get((entry.bucket_ms, entry.id_hash))
+        if ids is not None:
+            ids.discard(key)
+            if not ids:
+                del self._by_id[(entry.bucket_ms, entry.id_hash)]
+
+    async def preload(self) -> None:
+        """Load every bucket up to ``preload_buckets`` ahead of now that is not loaded yet.
+
+        Buckets whose time passed while the server was down are loaded too (oldest first), at
+        most ``wheel_entries_max`` entries at a time, so catching up stays memory-bounded.
+        """
+        assert self.store is not None
+        horizon_ms = self.bucket_of(self.clock()) + self.config.preload_buckets * self.config.bucket_ms
+        while self._next_load_ms <= horizon_ms and len(self._tracked) < self.config.wheel_entries_max:
+            buckets = await self._io(self.store.buckets_with_pending, self._next_load_ms, horizon_ms)
+            if not buckets:
+                self._next_load_ms = horizon_ms + self.config.bucket_ms
+                break
+            bucket_ms = buckets[0]
+            self._loading_bucket_ms = bucket_ms
+            try:
+                entries = await self._io(self.store.load_bucket, bucket_ms)
+                self._next_load_ms = bucket_ms + self.config.bucket_ms
+            finally:
+                self._loading_bucket_ms = None
+            for entry in entries:
+                self._track(entry)
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ dispatching
+
+    async def _dispatcher(self) -> None:
+        while True:
+            now_ms = self.clock()
+            if self.bucket_of(now_ms) + self.config.preload_buckets * self.config.bucket_ms >= self._next_load_ms:
+                await self.preload()
+            due = self.wheel.advance(now_ms)
+            if due:
+                self._start_dispatch(due)
+            self._wakeup.clear()
+            next_due = self.wheel.next_due_ms()
+            next_bucket_ms = self.bucket_of(now_ms) + self.config.bucket_ms
+            wake_at = next_bucket_ms if next_due is None else min(next_due, next_bucket_ms)
+            delay_s = max(0, wake_at - self.clock()) / 1000
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), delay_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def _start_dispatch(self, due: list[ScheduleEntry]) -> None:
+        size = self.config.dispatch_batch_max
+        for batch in (due[start:start + size] for start in range(0, len(due), size)):
+            for entry in batch:
+                self._in_flight.add(entry.key)
+            task = asyncio.create_task(self._dispatch_batch(batch))
+            self._dispatch_tasks.add(task)
+            task.add_done_callback(self._dispatch_tasks.discard)
+
+    async def _dispatch_batch(self, batch: list[ScheduleEntry]) -> None:
+        assert self.store is not None
+        async with self._dispatch_slots:
+            try:
+                records = await self._io(lambda: [self.store.read(e) for e in batch])  # type: ignore[union-attr]
+            except Exception as exc:
+                log.exception("reading %d due messages failed", len(batch))
+                self._retry(batch, f"read failed: {exc}")
+                return
+            by_subject: dict[str, list[tuple[ScheduleEntry, bytes]]] = defaultdict(list)
+            for entry, record in zip(batch, records):
+                by_subject[record.subject].append((entry, record.payload))
+            confirmed: list[ScheduleEntry] = []
+            failed: list[ScheduleEntry] = []
+            for subject, items in by_subject.items():
+                try:
+                    _group, results = await self._dispatch_fn(subject, [p for _, p in items])
+                except QmqError as exc:
+                    log.warning("dispatch of %d messages to %s failed, will retry: %s",
+                                len(items), subject, exc)
+                    failed.extend(e for e, _ in items)
+                    continue
+                for (entry, _payload), result in zip(items, results):
+                    error = result.get("error")
+                    if error is None:
+                        confirmed.append(entry)
+                    elif error.get("code") in ("bad_request", "too_large", "forbidden"):
+                        # The realtime side will never take it: record it as dispatched so it
+                        # does not loop forever, and say so loudly.
+                        log.error("realtime refused message of %s for good (%s); dropped from "
+                                  "the schedule", subject, error)
+                        confirmed.append(entry)
+                    else:
+                        failed.append(entry)
+            if confirmed:
+                try:
+                    await self._io(self.store.record_dispatched, confirmed)
+                except Exception:
+                    # Delivered but not recorded: a restart would dispatch them again and the
+                    # broker's de-duplication absorbs it. Keep them out of the wheel meanwhile.
+                    log.exception("recording %d dispatches failed", len(confirmed))
+                now_ms = self.clock()
+                self.stats.record(now_ms, [now_ms - e.deliver_at_ms for e in confirmed])
+                for entry in confirmed:
+                    self._untrack(entry.key)
+            if failed:
+                self._retry(failed, "realtime did not confirm")
+
+    def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
+        now_ms = self.clock()
+        for entry in entries:
+            key = entry.key
+            if key not in self._tracked:
+                continue  # cancelled meanwhile
+            self._in_flight.discard(key)
+            delay_ms = min(self.config.dispatch_retry_ms_max,
+                           self._retry_ms.get(key, self.config.dispatch_retry_ms_min // 2) * 2)
+            self._retry_ms[key] = delay_ms
+            self.wheel.add(entry, now_ms + delay_ms, key)
+        log.info("%d dispatches retry (%s)", len(entries), why)
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(self, message_id: str, deliver_at_ms: int) -> str:
+        """Cancel a pending message: "cancelled", "already_dispatched", "already_cancelled" or
+        "unknown". A cancelled message is never delivered."""
+        assert self.store is not None
+        bucket_ms = max(self.bucket_of(deliver_at_ms), self.store.done_before())
+        id_hash = zlib.crc32(message_id.encode("utf-8"))
+        keys = list(self._by_id.get((bucket_ms, id_hash), ()))
+        # Take candidates out of the wheel first, so the dispatcher cannot send one while the
+        # cancel is being recorded; put back those that turn out to be another message.
+        held = [k for k in keys if k not in self._in_flight]
+        for key in held:
+            self.wheel.remove(key)
+        in_flight = [k for k in keys if k in self._in_flight]
+        entries = [self._tracked[k] for k in held + in_flight]
+        ids = await self._io(lambda: [self.store.read(e).message_id for e in entries])  # type: ignore[union-attr]
+        mine = {e.key for e, i in zip(entries, ids) if i == message_id}
+        if mine & set(in_flight) and not (mine & set(held)):
+            outcome = "already_dispatched"
+        else:
+            outcome = await self._io(self.store.cancel, message_id, deliver_at_ms)
+        for key in held:
+            if key in mine and outcome == "cancelled":
+                self._untrack(key)
+            else:
+                entry = self._tracked[key]
+                self.wheel.add(entry, self._retry_at(key, entry), key)
+        self._wakeup.set()
+        return outcome
+
+    def _retry_at(self, key: tuple[int, int], entry: ScheduleEntry) -> int:
+        return entry.deliver_at_ms if key not in self._retry_ms else self.clock()
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def _done_candidate(self) -> int:
+        """The highest bucket start below which nothing is loaded, in flight or retrying."""
+        candidate = self._next_load_ms
+        if self._bucket_counts:
+            candidate = min(candidate, min(self._bucket_counts))
+        return candidate
+
+    def _advance_done_io(self, candidate_ms: int) -> None:
+        assert self.store is not None
+        if candidate_ms > self.store.done_before():
+            self.store.mark_done_before(candidate_ms)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
+            try:
+                now_ms = self.clock()
+                await self._io(self.store.tick, now_ms)  # type: ignore[union-attr]
+                if now_ms - self._last_done_check_ms >= DONE_CHECK_INTERVAL_MS:
+                    self._last_done_check_ms = now_ms
+                    await self._io(self._advance_done_io, self._done_candidate())
+            except Exception:
+                log.exception("delay housekeeping failed")
+
+    async def report(self) -> dict[str, Any]:
+        """Stats for heartbeats and ``qmq admin delay``: pending per hour and subject, dispatch
+        rate, lateness histogram, window size."""
+        assert self.store is not None
+        pending = await self._io(self.store.pending_stats)
+        now_ms = self.clock()
+        return {
+            "pending_total": pending.total,
+            "pending_per_hour": {str(k): v for k, v in sorted(pending.per_hour.items())},
+            "pending_per_subject": dict(sorted(pending.per_subject.items())),
+            "in_memory": len(self._tracked),
+            "done_before_ms": self.store.done_before(),
+            **self.stats.snapshot(now_ms),
+        }
+
+
+def _peek_id(payload: bytes) -> str:
+    """The message id of an undecodable payload, if it can be read at all (for error results)."""
+    try:
+        import msgpack
+
+        data = msgpack.unpackb(payload, raw=False)
+        value = data.get("i") if isinstance(data, dict) else None
+        return value if isinstance(value, str) else ""
+    except Exception:
+        return ""
+
+
+__all__ = ["Scheduler"]
