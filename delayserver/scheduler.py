@@ -131,6 +131,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ accepting
 
+    def poke(self) -> None:
+        """Make the dispatcher look at the clock now (after a fake clock moved, or a config change)."""
+        self._wakeup.set()
+
     def bucket_of(self, deliver_at_ms: int) -> int:
         """The start of the bucket ``deliver_at_ms`` falls in."""
         return deliver_at_ms - deliver_at_ms % self.config.bucket_ms

@@ -1,0 +1,111 @@
+"""The delay server process: the scheduler behind a ``FrameServer``, dispatching to realtime
+brokers found through the MetaServer, registered as a delay group, stopped gracefully."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable
+
+from delayserver.config import DelayConfig
+from delayserver.scheduler import Dispatch, Scheduler
+from logstore.fileio import Opener, OsFile
+from sdk.errors import NotSupported
+from sdk.framed_server import FrameServer, Session
+from sdk.payload_sender import PayloadSender
+from sdk.protocol import Cancel, Hello, Request, Send
+from sdk.registration import Registration
+
+log = logging.getLogger(__name__)
+
+
+def offset_clock(offset_ms: int) -> Callable[[], int]:
+    """The wall clock in ms, shifted by ``offset_ms`` (test use: prove 40-day delays quickly)."""
+
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000 + offset_ms
+
+    return now_ms
+
+
+class DelayServer:
+    """A running delay server: ``await start()`` recovers, listens and registers."""
+
+    def __init__(
+        self,
+        config: DelayConfig,
+        clock: Callable[[], int] | None = None,
+        dispatch: Dispatch | None = None,
+        opener: Opener = OsFile,
+    ) -> None:
+        self.config = config
+        self.clock = clock or offset_clock(config.clock_offset_ms)
+        self._sender: PayloadSender | None = None
+        if dispatch is None:
+            if not config.meta_url:
+                raise ValueError("a delay server needs meta_url (or a dispatch function) to "
+                                 "reach realtime brokers")
+            self._sender = PayloadSender(config.meta_url, kind="realtime",
+                                         client_id=f"delay-{config.group}")
+            dispatch = self._sender.send
+        self.scheduler = Scheduler(config, self.clock, dispatch, opener)
+        self.frames = FrameServer(self.handle, host=config.host, port=config.port)
+        self.registration: Registration | None = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"{self.config.advertise_host or self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Recover the store, load the window, listen, register with the MetaServer."""
+        await self.scheduler.start()
+        self.port = await self.frames.start()
+        self.config = dataclasses.replace(self.config, port=self.port)
+        if self.config.meta_url:
+            self.registration = Registration(
+                self.config.meta_url,
+                group=self.config.group,
+                kind="delay",
+                address=self.address,
+                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                report=self.scheduler.report,
+                on_state=self._on_state,
+            )
+            await self.registration.start()
+        if self.config.clock_offset_ms:
+            log.warning("TEST ONLY: delay clock offset by %d ms", self.config.clock_offset_ms)
+        log.info("delay group %s listening on %s", self.config.group, self.address)
+
+    def _on_state(self, state: str) -> None:
+        self.scheduler.readonly = state == "readonly"
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, record dispatches, close, deregister."""
+        if self.registration is not None:
+            await self.registration.stop(deregister=True)
+        await self.frames.stop(self.config.shutdown_grace_ms)
+        await self.scheduler.stop()
+        if self._sender is not None:
+            await self._sender.close()
+
+    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
+        """Answer one data-plane request."""
+        if isinstance(request, Hello):
+            return {"ok": True, "server": {"kind": "delay", "group": self.config.group,
+                                           "node": self.address}}
+        if isinstance(request, Send):
+            return {"results": await self.scheduler.schedule(request.messages)}
+        if isinstance(request, Cancel):
+            results = []
+            for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
+                status = await self.scheduler.cancel(message_id, deliver_at_ms)
+                results.append({"id": message_id, "status": status})
+            return {"results": results}
+        raise NotSupported(f"op {request.op} is not served by delay servers; "
+                           "pull and ack go to realtime brokers")
+
+
+__all__ = ["DelayServer", "offset_clock"]

@@ -1,0 +1,246 @@
+"""The delay server over the wire, in-process on port 0, with a fake clock and a recording
+dispatch function standing in for the realtime brokers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from delayserver.config import DelayConfig
+from delayserver.server import DelayServer
+from sdk.errors import Overloaded
+from sdk.message import decode_message
+from tests.rawclient import FakeClock, RawClient, message
+
+DAY_MS = 86_400_000
+
+
+class Realtime:
+    """Records what the delay server dispatched, and when (by the fake clock)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.received: list[tuple[int, Any]] = []
+        self.fail_next = 0
+        self.arrived = asyncio.Event()
+
+    async def dispatch(self, subject: str, payloads: list[bytes]):
+        if self.fail_next:
+            self.fail_next -= 1
+            raise Overloaded("realtime is busy")
+        for payload in payloads:
+            self.received.append((self.clock(), decode_message(payload)))
+        self.arrived.set()
+        return "rt-test", [{"id": decode_message(p).id, "status": "stored"} for p in payloads]
+
+    def bodies(self) -> list[bytes]:
+        return [m.body for _, m in self.received]
+
+    async def wait_for(self, count: int, server: DelayServer, timeout_s: float = 10) -> None:
+        async def loop():
+            while len(self.received) < count:
+                self.arrived.clear()
+                server.scheduler.poke()
+                try:
+                    await asyncio.wait_for(self.arrived.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+        await asyncio.wait_for(loop(), timeout_s)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def start(tmp_path, clock, realtime, **overrides) -> DelayServer:
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1000, **overrides)
+    server = DelayServer(config, clock=clock, dispatch=realtime.dispatch)
+    await server.start()
+    return server
+
+
+async def settle(server: DelayServer) -> None:
+    """Let the dispatcher run with the current (fake) time and finish what it started."""
+    for _ in range(3):
+        server.scheduler.poke()
+        await asyncio.sleep(0.02)
+        tasks = set(server.scheduler._dispatch_tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+
+@pytest.fixture
+def realtime(clock) -> Realtime:
+    return Realtime(clock)
+
+
+@pytest.fixture
+async def server(tmp_path, clock, realtime):
+    server = await start(tmp_path, clock, realtime)
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server):
+    client = await RawClient.connect(server.port)
+    yield client
+    await client.close()
+
+
+async def test_a_delayed_message_is_dispatched_at_its_time_and_not_before(server, client, clock, realtime):
+    due = clock() + 30_000
+    sent = await client.send(message("orders", b"cancel 42", clock, deliver_at_ms=due))
+    assert sent["results"][0]["status"] == "stored"
+    assert sent["results"][0]["deliver_at_ms"] == due
+    clock.advance(29_999)
+    await settle(server)
+    assert realtime.received == []
+    clock.advance(1)
+    await realtime.wait_for(1, server)
+    at, msg = realtime.received[0]
+    assert msg.body == b"cancel 42" and at >= due
+
+
+async def test_a_message_due_in_the_past_is_dispatched_at_once(server, client, clock, realtime):
+    await client.send(message("s", b"late", clock, deliver_at_ms=clock() - 5_000))
+    await realtime.wait_for(1, server)
+    assert realtime.bodies() == [b"late"]
+
+
+async def test_a_message_beyond_the_horizon_is_refused_never_clamped(server, client, clock, realtime):
+    too_far = clock() + server.config.max_delay_ms + 1
+    result = (await client.send(message("s", b"x", clock, deliver_at_ms=too_far)))["results"][0]
+    assert result["error"]["code"] == "delay_out_of_range"
+    assert str(server.config.max_delay_ms) in result["error"]["message"]
+    at_limit = clock() + server.config.max_delay_ms
+    assert (await client.send(message("s", b"y", clock, deliver_at_ms=at_limit)))["results"][0]["status"] == "stored"
+
+
+async def test_messages_are_dispatched_in_due_order_with_none_early(server, client, clock, realtime):
+    import random
+
+    rng = random.Random(7)
+    dues = [clock() + rng.randrange(0, 10_000) for _ in range(300)]
+    await client.send(*(message("s", b"%d" % d, clock, deliver_at_ms=d) for d in dues[:200]))
+    await client.send(*(message("s", b"%d" % d, clock, deliver_at_ms=d) for d in dues[200:]))
+    for _ in range(20):
+        clock.advance(500)
+        await settle(server)
+    await realtime.wait_for(300, server)
+    assert sorted(int(b) for b in realtime.bodies()) == sorted(dues)
+    assert all(at >= m.deliver_at_ms for at, m in realtime.received)
+    assert server.scheduler.stats.early == 0
+
+
+async def test_a_cancelled_message_is_never_delivered(server, client, clock, realtime):
+    doomed = message("s", b"doomed", clock, deliver_at_ms=clock() + 60_000)
+    kept = message("s", b"kept", clock, deliver_at_ms=clock() + 60_000)
+    await client.send(doomed, kept)
+    answer = await client.request({"op": "cancel", "ids": [doomed.id],
+                                   "deliver_at_ms": [doomed.deliver_at_ms]})
+    assert answer["results"] == [{"id": doomed.id, "status": "cancelled"}]
+    clock.advance(61_000)
+    await realtime.wait_for(1, server)
+    await settle(server)
+    assert realtime.bodies() == [b"kept"]
+
+
+async def test_a_cancel_of_a_message_already_in_the_window_removes_it(server, client, clock, realtime):
+    soon = message("s", b"soon", clock, deliver_at_ms=clock() + 500)  # inside the loaded window
+    await client.send(soon)
+    answer = await client.request({"op": "cancel", "ids": [soon.id], "deliver_at_ms": [soon.deliver_at_ms]})
+    assert answer["results"][0]["status"] == "cancelled"
+    clock.advance(1_000)
+    await settle(server)
+    assert realtime.received == []
+
+
+async def test_cancel_after_dispatch_and_of_an_unknown_id_say_so(server, client, clock, realtime):
+    gone = message("s", b"gone", clock, deliver_at_ms=clock() + 100)
+    await client.send(gone)
+    clock.advance(200)
+    await realtime.wait_for(1, server)
+    await settle(server)
+    answer = await client.request({"op": "cancel", "ids": [gone.id, "never-sent"],
+                                   "deliver_at_ms": [gone.deliver_at_ms, clock()]})
+    assert [r["status"] for r in answer["results"]] == ["already_dispatched", "unknown"]
+
+
+async def test_a_failed_dispatch_is_retried_and_still_never_early(server, client, clock, realtime):
+    realtime.fail_next = 2
+    due = clock() + 1_000
+    await client.send(message("s", b"x", clock, deliver_at_ms=due))
+    for _ in range(10):
+        clock.advance(1_000)
+        await settle(server)
+        if realtime.received:
+            break
+    assert realtime.bodies() == [b"x"]
+    assert realtime.received[0][0] >= due
+
+
+async def test_pending_messages_survive_a_restart_and_overdue_ones_go_at_once(tmp_path, clock, realtime):
+    server = await start(tmp_path, clock, realtime)
+    client = await RawClient.connect(server.port)
+    await client.send(message("s", b"while-down", clock, deliver_at_ms=clock() + 10_000),
+                      message("s", b"later", clock, deliver_at_ms=clock() + 3_600_000))
+    await client.close()
+    await server.stop()
+    clock.advance(60_000)  # the server is down when "while-down" falls due
+    server = await start(tmp_path, clock, realtime)
+    try:
+        await realtime.wait_for(1, server)
+        await settle(server)
+        assert realtime.bodies() == [b"while-down"]
+        clock.advance(3_600_000)
+        await realtime.wait_for(2, server)
+        assert realtime.bodies() == [b"while-down", b"later"]
+    finally:
+        await server.stop()
+
+
+async def test_a_dispatched_message_is_not_dispatched_again_after_a_restart(tmp_path, clock, realtime):
+    server = await start(tmp_path, clock, realtime)
+    client = await RawClient.connect(server.port)
+    await client.send(message("s", b"once", clock, deliver_at_ms=clock() + 100))
+    clock.advance(200)
+    await realtime.wait_for(1, server)
+    await client.close()
+    await server.stop()
+    server = await start(tmp_path, clock, realtime)
+    try:
+        clock.advance(10_000)
+        await settle(server)
+        assert realtime.bodies() == [b"once"]
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("ahead_ms", [40 * DAY_MS, 729 * DAY_MS], ids=["40 days", "2 years"])
+async def test_a_long_delay_is_kept_and_delivered_on_time(server, client, clock, realtime, ahead_ms):
+    due = clock() + ahead_ms
+    await client.send(message("reminder", b"far", clock, deliver_at_ms=due))
+    clock.advance(ahead_ms - 1_000)
+    await settle(server)
+    assert realtime.received == []
+    stats = await server.scheduler.report()
+    assert stats["pending_total"] == 1
+    clock.advance(1_000)
+    await realtime.wait_for(1, server)
+    assert realtime.received[0][0] >= due
+
+
+async def test_stats_report_pending_per_hour_and_subject_and_lateness(server, client, clock, realtime):
+    await client.send(message("a", b"1", clock, deliver_at_ms=clock() + 3_600_000),
+                      message("b", b"2", clock, deliver_at_ms=clock() + 100))
+    clock.advance(100)
+    await realtime.wait_for(1, server)
+    report = await server.scheduler.report()
+    assert report["pending_total"] == 1
+    assert report["pending_per_subject"] == {"a": 1}
+    assert sum(report["pending_per_hour"].values()) == 1
+    assert report["dispatched"] == 1 and report["early"] == 0
