@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--meta-port", type=int, default=8090, help="MetaServer HTTP port (0 = any)")
     up.add_argument("--realtime-port", type=int, default=20881, help="realtime port (0 = any)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    up.add_argument("--delay-port", type=int, default=20801, help="delay server port (0 = any)")
     up.add_argument("--flush", choices=["sync", "async"], default="sync")
+    up.add_argument("--clock-offset-ms", type=int, default=0, help=argparse.SUPPRESS)
 
     meta = sub.add_parser("metaserver", help="run a MetaServer")
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
@@ -38,6 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--flush", choices=["sync", "async"], default="sync")
     rt.add_argument("--ack-timeout-ms", type=int, default=60_000)
     rt.add_argument("--consumer-expiry-ms", type=int, default=30_000)
+    rt.add_argument("--clock-offset-ms", type=int, default=0,
+                    help="TEST ONLY: shift this server's clock (pair with the delay server's)")
+
+    delay = sub.add_parser("delay", help="run a delay server")
+    delay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    delay.add_argument("--data-dir", required=True)
+    delay.add_argument("--host", default="127.0.0.1")
+    delay.add_argument("--port", type=int, default=20801)
+    delay.add_argument("--group", default="delay-1", help="delay group name")
+    delay.add_argument("--flush", choices=["sync", "async"], default="sync")
+    delay.add_argument("--bucket-ms", type=int, default=60_000, help="schedule bucket width")
+    delay.add_argument("--max-delay-ms", type=int, default=None,
+                       help="furthest deliver time ahead of now (default 2 years)")
+    delay.add_argument("--clock-offset-ms", type=int, default=0,
+                       help="TEST ONLY: shift this server's clock to prove long delays quickly")
 
     send = sub.add_parser("send", help="send a message")
     send.add_argument("subject")
@@ -75,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from qmq.commands import CommandError
     from qmq.launcher import setup_logging
+    from sdk.errors import QmqError
 
     setup_logging(args.log_level)
     try:
@@ -82,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"qmq: {exc}", file=sys.stderr)
         return 2
+    except QmqError as exc:  # the service refused or could not be reached: say so, no traceback
+        print(f"qmq: {args.command} failed: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # configuration errors name the key and the value
         print(f"qmq: {exc}", file=sys.stderr)
         return 2
@@ -93,8 +114,8 @@ async def _run(args: argparse.Namespace) -> int:
     from qmq import commands, launcher
 
     if args.command == "up":
-        await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.host,
-                              {"flush": args.flush})
+        await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
+                              args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms)
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig
@@ -108,7 +129,17 @@ async def _run(args: argparse.Namespace) -> int:
         await launcher.run_realtime_command(RealtimeConfig(
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
             port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
-            consumer_expiry_ms=args.consumer_expiry_ms,
+            consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
+        ))
+        return 0
+    if args.command == "delay":
+        from delayserver.config import DelayConfig
+
+        extra = {"max_delay_ms": args.max_delay_ms} if args.max_delay_ms else {}
+        await launcher.run_delay_command(DelayConfig(
+            data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
+            port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
+            clock_offset_ms=args.clock_offset_ms, **extra,
         ))
         return 0
     if args.command == "send":

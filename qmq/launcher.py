@@ -7,8 +7,8 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
-
+from delayserver.config import DelayConfig
+from delayserver.server import DelayServer, offset_clock
 from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
@@ -39,7 +39,7 @@ async def run_metaserver_command(config: MetaConfig) -> None:
 
 async def run_realtime_command(config: RealtimeConfig) -> None:
     """Serve one realtime broker until SIGTERM/SIGINT, then stop it gracefully."""
-    server = RealtimeServer(config)
+    server = RealtimeServer(config, offset_clock(config.clock_offset_ms))
     await server.start()
     _print(f"realtime group {config.group} listening on {server.address} (data {config.data_dir}, "
            f"flush {config.flush})")
@@ -48,13 +48,26 @@ async def run_realtime_command(config: RealtimeConfig) -> None:
     await server.stop()
 
 
-async def run_up(data_dir: str, meta_port: int, realtime_port: int, host: str,
-                 realtime_overrides: dict[str, Any] | None = None) -> None:
-    """The all-in-one service: a MetaServer on SQLite and one realtime broker, one data dir."""
+async def run_delay_command(config: DelayConfig) -> None:
+    """Serve one delay server until SIGTERM/SIGINT, then stop it gracefully."""
+    server = DelayServer(config)
+    await server.start()
+    _print(f"delay group {config.group} listening on {server.address} (data {config.data_dir}, "
+           f"flush {config.flush})")
+    await _wait_for_signal()
+    _print("delay server stopping")
+    await server.stop()
+
+
+async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
+                 *, flush: str = "sync", clock_offset_ms: int = 0) -> None:
+    """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
+    server, sharing one data dir."""
     os.makedirs(data_dir, exist_ok=True)
     meta_config = MetaConfig(
         db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port
     )
+    clock = offset_clock(clock_offset_ms)
     async with start_metaserver(meta_config) as meta:
         realtime_config = RealtimeConfig(
             data_dir=os.path.join(data_dir, "realtime"),
@@ -62,20 +75,35 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, host: str,
             group="realtime-1",
             host=host,
             port=realtime_port,
+            flush=flush,
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
-            **(realtime_overrides or {}),
+            clock_offset_ms=clock_offset_ms,
         )
-        realtime = RealtimeServer(realtime_config)
+        realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()
+        delay_config = DelayConfig(
+            data_dir=os.path.join(data_dir, "delay"),
+            meta_url=meta.url,
+            group="delay-1",
+            host=host,
+            port=delay_port,
+            flush=flush,
+            heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
+            clock_offset_ms=clock_offset_ms,
+        )
+        delay = DelayServer(delay_config, clock)
+        await delay.start()
         _print("pyqmq is up:")
         _print(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
         _print(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
-        _print("  delay       not available yet (the delay server is a later milestone)")
+        _print(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
         _print(f"try: qmq send demo hello --meta {meta.url}")
+        _print(f"     qmq send demo later --delay-ms 5000 --meta {meta.url}")
         _print(f"     qmq consume demo --group g1 --start earliest --meta {meta.url}")
         _print("Ctrl-C stops everything.")
         await _wait_for_signal()
         _print("stopping")
+        await delay.stop()
         await realtime.stop()
 
 
@@ -86,3 +114,5 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Alembic narrates every migration check at INFO; only its warnings matter to an operator.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -30,6 +30,7 @@ class RealtimeConfig:
     retention_ms: int = 72 * 3_600_000  # message-log segments older than this may be deleted
     retention_check_interval_ms: int = 60_000  # how often retention runs
     shutdown_grace_ms: int = 5_000  # SIGTERM: time given to in-flight requests
+    clock_offset_ms: int = 0  # TEST ONLY: added to the wall clock (paired with a delay server's)
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
