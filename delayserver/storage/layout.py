@@ -41,14 +41,21 @@ class Layout:
         self.schedule_dir = os.path.join(data_dir, "schedule")
         self.touched_dir = os.path.join(data_dir, "touched")
         self.checkpoint_dir = os.path.join(data_dir, "checkpoint")
+        self._day_dirs: dict[int, str] = {}
 
     def day_dir(self, day: int) -> str:
         """The directory of day index ``day``."""
-        return os.path.join(self.schedule_dir, f"{day:0{DAY_DIRECTORY_DIGITS}d}")
+        path = self._day_dirs.get(day)
+        if path is None:
+            if len(self._day_dirs) > 4096:
+                self._day_dirs.clear()
+            path = os.path.join(self.schedule_dir, f"{day:0{DAY_DIRECTORY_DIGITS}d}")
+            self._day_dirs[day] = path
+        return path
 
     def schedule_path(self, bucket_ms: int) -> str:
         """The schedule file of a bucket."""
-        return os.path.join(self.day_dir(bucket_ms // DAY_MS), schedule_entry.file_name(bucket_ms))
+        return f"{self.day_dir(bucket_ms // DAY_MS)}/{bucket_ms:020d}{schedule_entry.FILE_SUFFIX}"
 
     def done_path(self, bucket_ms: int, kind: int) -> str:
         """The dispatch (``kind`` 1) or cancel (``kind`` 2) file of a bucket."""

@@ -55,7 +55,8 @@ from logstore import (
 
 log = logging.getLogger(__name__)
 
-REPLAY_WRITE_EVERY_RECORDS = 100_000  # replayed entries held in memory before they are written
+REPLAY_WRITE_EVERY_RECORDS = 500_000  # replayed entries held in memory (32 B each) before
+# they are written: one default checkpoint interval (~210,000 records) fits, one open per bucket
 CHECKPOINTS_KEPT = 3  # CheckpointStore's default; touched logs are kept for as many epochs
 
 
@@ -87,7 +88,7 @@ class RecoveredState:
     chunk_size_bytes: int
     chunk_max_bucket: dict[int, int]
     report: DelayRecoveryReport
-    checkpoint_due: bool
+    replayed_bytes: int  # delay-log bytes replayed: they count towards the next checkpoint
     repairs: list[str] = field(default_factory=list)
 
 
@@ -102,17 +103,28 @@ def load_checkpoint(checkpoints: CheckpointStore) -> tuple[int | None, DelayChec
         raise CorruptCheckpoint(latest.path, str(exc)) from exc
 
 
-def write_entries(schedule: ScheduleFiles, groups: dict[int, list[bytes]]) -> None:
-    """Append grouped entries to their bucket files (indexing them); raises DiskFull or
-    StoreFailed."""
-    for bucket, entries in groups.items():
+def write_entries(schedule: ScheduleFiles, groups: dict[int, bytearray],
+                  cut_from_offset: int | None = None, cut_buckets: set[int] | None = None,
+                  cut_per_day: dict[int, int] | None = None) -> None:
+    """Append grouped entries to their bucket files and index them. With ``cut_from_offset``,
+    a bucket not yet in ``cut_buckets`` is first cut at that offset (counted in
+    ``cut_per_day``). Raises DiskFull or StoreFailed."""
+    for bucket, data in groups.items():
+        cut_at = None
+        if cut_buckets is not None and bucket not in cut_buckets:
+            cut_at = cut_from_offset
+            cut_buckets.add(bucket)
         try:
-            schedule.write_file(bucket, b"".join(entries))
+            cut = schedule.write_file(bucket, data, cut_from_offset=cut_at)
         except FlushFailed as exc:
+            entries = len(data) // schedule_entry.ENTRY_SIZE_BYTES
             if is_enospc(exc):
-                raise DiskFull(exc.path, len(entries)) from exc
+                raise DiskFull(exc.path, entries) from exc
             raise StoreFailed(exc.path, exc.cause) from exc
-        schedule.index.reserve(bucket, len(entries))
+        if cut and cut_per_day is not None:
+            cut_per_day[bucket // DAY_MS] += cut
+        schedule.index.set_count(
+            bucket, schedule.index.count(bucket) - cut + len(data) // schedule_entry.ENTRY_SIZE_BYTES)
     groups.clear()
 
 
@@ -172,7 +184,7 @@ def rebuild_days(log_: SegmentedLog, schedule: ScheduleFiles, days: set[int],
         for bucket in buckets:
             schedule.forget(bucket)
             schedule.truncate_bucket(bucket)
-    groups: dict[int, list[bytes]] = defaultdict(list)
+    groups: dict[int, bytearray] = defaultdict(bytearray)
     written = 0
     for offset, body in log_.iterate():
         try:
@@ -181,8 +193,8 @@ def rebuild_days(log_: SegmentedLog, schedule: ScheduleFiles, days: set[int],
             raise CorruptRecord(log_.directory, offset, str(exc)) from exc
         if bucket // DAY_MS not in days or bucket < done_before_ms:
             continue
-        groups[bucket].append(schedule_entry.encode_schedule_entry(
-            deliver_at, offset, len(body), zlib.crc32(id_bytes)))
+        groups[bucket] += schedule_entry.encode_schedule_entry(
+            deliver_at, offset, len(body), zlib.crc32(id_bytes))
         written += 1
         if written % REPLAY_WRITE_EVERY_RECORDS == 0:
             write_entries(schedule, groups)
@@ -273,14 +285,10 @@ def recover(layout: Layout, bucket_ms: int, log_config: LogConfig, opener: Opene
 
     cut_per_day: dict[int, int] = defaultdict(int)
     cut_buckets: set[int] = set()
-    groups: dict[int, list[bytes]] = defaultdict(list)
+    groups: dict[int, bytearray] = defaultdict(bytearray)
 
     def write_groups() -> None:
-        for bucket in groups:
-            if bucket not in cut_buckets:
-                cut_per_day[bucket // DAY_MS] += schedule.cut_from_offset(bucket, start)
-                cut_buckets.add(bucket)
-        write_entries(schedule, groups)
+        write_entries(schedule, groups, start, cut_buckets, cut_per_day)
 
     replayed = 0
     scan_from = delay_log.first_offset if rescan_chunks else replay_from
@@ -299,8 +307,8 @@ def recover(layout: Layout, bucket_ms: int, log_config: LogConfig, opener: Opene
                            f"{bucket}, below the done watermark {done_before}; skipped")
             continue
         counts.add(bucket, subject)
-        groups[bucket].append(schedule_entry.encode_schedule_entry(
-            deliver_at, offset, len(body), zlib.crc32(id_bytes)))
+        groups[bucket] += schedule_entry.encode_schedule_entry(
+            deliver_at, offset, len(body), zlib.crc32(id_bytes))
         replayed += 1
         if replayed % REPLAY_WRITE_EVERY_RECORDS == 0:
             write_groups()
@@ -346,6 +354,5 @@ def recover(layout: Layout, bucket_ms: int, log_config: LogConfig, opener: Opene
         buckets_retired=retired,
         repairs=tuple(repairs),
     )
-    due = bool(replayed or cut_total or days_rebuilt or done_replayed or retired or repairs)
     return RecoveredState(delay_log, schedule, done, counts, done_before, chunk_size, chunks,
-                          report, due, repairs)
+                          report, delay_log.end_offset - replay_from, repairs)

@@ -2,7 +2,8 @@
 buffer.
 
 ``commit`` hands entries to ``append`` after the delay log is durable; they wait in a per-bucket
-buffer (at most ``buffer_bytes_max``, default 4 MiB, i.e. 131,072 entries) and are written with one
+buffer (at most ``buffer_bytes_max``, default 16 MiB, i.e. 524,288 entries; a checkpoint
+also flushes it) and are written with one
 open/append/close per bucket by ``flush``. So a commit that spreads 1,000 messages over 1,000
 buckets does not open 1,000 files, and a crash loses only buffered entries, which recovery rebuilds
 from the delay log. Reads merge the file and the buffer, so a buffered entry is already visible.
@@ -18,21 +19,17 @@ import ctypes
 import errno
 import logging
 import os
-from typing import Iterator
-
 from delayserver.storage.layout import DAY_MS, BucketIndex, Layout
 from delayserver.storage.schedule_entry import (
     ENTRY_SIZE_BYTES,
     FIELDS,
-    RawEntry,
     check_schedule_entry,
-    iter_schedule_entries,
 )
 from logstore import FileHandle, Opener, fsync_directory
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_BUFFER_BYTES_MAX = 4 << 20  # write-behind buffer before a flush
+SCHEDULE_BUFFER_BYTES_MAX = 16 << 20  # write-behind buffer before a flush (524,288 entries)
 FSYNC_FILES_MAX = 256  # more files written since the last sync: one syncfs instead
 
 
@@ -69,7 +66,10 @@ def sync_filesystem(path: str) -> None:
 
 
 class ScheduleFiles:
-    """Every bucket's schedule file, the index of buckets and the write-behind buffer."""
+    """Every bucket's schedule file, the index of buckets and the write-behind buffer.
+
+    ``index`` counts the entries in the files; a bucket with only buffered entries is indexed
+    with 0 so that range queries see it, and ``count`` adds the buffered ones."""
 
     def __init__(self, layout: Layout, opener: Opener,
                  buffer_bytes_max: int = SCHEDULE_BUFFER_BYTES_MAX) -> None:
@@ -78,6 +78,7 @@ class ScheduleFiles:
         self._opener = opener
         self.buffer_bytes_max = buffer_bytes_max
         self._buffer: dict[int, bytearray] = {}
+        self._buffer_base: dict[int, int] = {}  # bucket -> entries in its file when buffered
         self.buffered_bytes = 0
         self._written: set[str] | None = set()  # None: too many, sync the filesystem
         self._new_dirs: set[str] = set()
@@ -87,12 +88,15 @@ class ScheduleFiles:
 
     def append(self, bucket_ms: int, entry: bytes) -> int:
         """Buffer one encoded entry for the bucket; returns its index."""
-        index = self.index.reserve(bucket_ms)
         buffered = self._buffer.get(bucket_ms)
         if buffered is None:
+            base = self.index.reserve(bucket_ms, 0)
             self._buffer[bucket_ms] = bytearray(entry)
-        else:
-            buffered += entry
+            self._buffer_base[bucket_ms] = base
+            self.buffered_bytes += ENTRY_SIZE_BYTES
+            return base
+        index = self._buffer_base[bucket_ms] + len(buffered) // ENTRY_SIZE_BYTES
+        buffered += entry
         self.buffered_bytes += ENTRY_SIZE_BYTES
         return index
 
@@ -105,19 +109,20 @@ class ScheduleFiles:
         """The bucket's entries not yet written."""
         return bytes(self._buffer.get(bucket_ms, b""))
 
-    def ensure_day_dir(self, day: int) -> str:
+    def count(self, bucket_ms: int) -> int:
+        """Entries of the bucket, written and buffered."""
+        buffered = self._buffer.get(bucket_ms)
+        extra = len(buffered) // ENTRY_SIZE_BYTES if buffered is not None else 0
+        return self.index.count(bucket_ms) + extra
+
+    def ensure_day_dir(self, day: int) -> None:
         """Create the day's directory if needed (its parent is fsynced by the next sync)."""
-        path = self.layout.day_dir(day)
         if day not in self._day_dirs:
+            path = self.layout.day_dir(day)
             if not os.path.isdir(path):
                 os.makedirs(path, exist_ok=True)
                 self._new_dirs.add(self.layout.schedule_dir)
             self._day_dirs.add(day)
-        return path
-
-    def note_new_file(self, bucket_ms: int) -> None:
-        """A file was created in the bucket's day directory: fsync it at the next sync."""
-        self._new_dirs.add(self.layout.day_dir(bucket_ms // DAY_MS))
 
     def _note_written(self, path: str) -> None:
         if self._written is not None:
@@ -125,32 +130,44 @@ class ScheduleFiles:
             if len(self._written) > FSYNC_FILES_MAX:
                 self._written = None
 
-    def write_file(self, bucket_ms: int, data: bytes | bytearray) -> None:
-        """Append ``data`` to the bucket's file; on failure cut the file back and raise
-        ``FlushFailed``."""
+    def write_file(self, bucket_ms: int, data: bytes | bytearray,
+                   cut_from_offset: int | None = None) -> int:
+        """Append ``data`` to the bucket's file, first cutting the file at its first entry whose
+        ``delay_log_offset >= cut_from_offset`` (or that fails verification; entries are in
+        offset order, so a binary search) when that is given. Returns the entries cut. On a write
+        failure the file is cut back and ``FlushFailed`` raised. The index is not touched."""
         self.ensure_day_dir(bucket_ms // DAY_MS)
         path = self.layout.schedule_path(bucket_ms)
-        created = not os.path.exists(path)
+        created = self.index.count(bucket_ms) == 0 and not os.path.exists(path)
         handle: FileHandle | None = None
+        cut = 0
         try:
             handle = self._opener(path)
             size_before = handle.size()
-            try:
-                handle.append(data)
-            except OSError as exc:
+            if cut_from_offset is not None:
+                keep = _first_at_or_after(handle, size_before, cut_from_offset)
+                if keep * ENTRY_SIZE_BYTES != size_before:
+                    cut = size_before // ENTRY_SIZE_BYTES - keep
+                    handle.truncate(keep * ENTRY_SIZE_BYTES)
+                    size_before = keep * ENTRY_SIZE_BYTES
+            if data:
                 try:
-                    handle.truncate(size_before)
-                except OSError:
-                    pass
-                raise FlushFailed(path, exc) from exc
+                    handle.append(data)
+                except OSError as exc:
+                    try:
+                        handle.truncate(size_before)
+                    except OSError:
+                        pass
+                    raise FlushFailed(path, exc) from exc
         except OSError as exc:
             raise FlushFailed(path, exc) from exc
         finally:
             if handle is not None:
                 handle.close()
         if created:
-            self.note_new_file(bucket_ms)
+            self._new_dirs.add(self.layout.day_dir(bucket_ms // DAY_MS))
         self._note_written(path)
+        return cut
 
     def flush(self, bucket_ms: int | None = None) -> None:
         """Write the buffer (or one bucket's part of it) to the files; raises ``FlushFailed``
@@ -160,7 +177,9 @@ class ScheduleFiles:
         for bucket in buckets:
             data = self._buffer[bucket]
             self.write_file(bucket, data)
+            self.index.reserve(bucket, len(data) // ENTRY_SIZE_BYTES)
             del self._buffer[bucket]
+            del self._buffer_base[bucket]
             self.buffered_bytes -= len(data)
 
     def sync(self) -> None:
@@ -183,49 +202,25 @@ class ScheduleFiles:
     # ------------------------------------------------------------------ reading
 
     def disk_count(self, bucket_ms: int) -> int:
-        """Entries the bucket's file should hold (the indexed count minus the buffered ones)."""
-        return self.index.count(bucket_ms) - len(self._buffer.get(bucket_ms, b"")) // ENTRY_SIZE_BYTES
+        """Entries the bucket's file should hold."""
+        return self.index.count(bucket_ms)
 
     def read_file(self, bucket_ms: int) -> bytes:
         """The bucket's file bytes (empty when there is no file)."""
         return read_whole(self.layout.schedule_path(bucket_ms))
 
-    def entries(self, bucket_ms: int) -> tuple[bytes, int]:
-        """(file bytes + buffered bytes, entries expected on disk)."""
-        return self.read_file(bucket_ms) + self.buffered(bucket_ms), self.disk_count(bucket_ms)
-
     # ------------------------------------------------------------------ cutting
 
     def cut_from_offset(self, bucket_ms: int, from_offset: int) -> int:
-        """Cut the bucket's file at its first entry whose ``delay_log_offset >= from_offset`` or
-        that fails verification (entries are in offset order, so this is a binary search); also
-        cuts a torn tail. Returns how many entries were removed; updates the index."""
+        """Cut the bucket's file at its first entry at or past ``from_offset`` (or bad); returns
+        the entries removed and sets the index to what is left."""
         assert bucket_ms not in self._buffer
-        path = self.layout.schedule_path(bucket_ms)
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
+        if not os.path.exists(self.layout.schedule_path(bucket_ms)):
             self.index.remove(bucket_ms)
             return 0
-        whole = size // ENTRY_SIZE_BYTES
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            low, high = 0, whole
-            while low < high:
-                middle = (low + high) // 2
-                data = os.pread(fd, ENTRY_SIZE_BYTES, middle * ENTRY_SIZE_BYTES)
-                good = check_schedule_entry(data) is None
-                if good and FIELDS.unpack_from(data, 0)[1] < from_offset:
-                    low = middle + 1
-                else:
-                    high = middle
-        finally:
-            os.close(fd)
-        if low * ENTRY_SIZE_BYTES != size:
-            os.truncate(path, low * ENTRY_SIZE_BYTES)
-            self._note_written(path)
-        self.index.set_count(bucket_ms, low)
-        return whole - low
+        cut = self.write_file(bucket_ms, b"", cut_from_offset=from_offset)
+        self.index.set_count(bucket_ms, self.index.count(bucket_ms) - cut)
+        return cut
 
     def truncate_bucket(self, bucket_ms: int) -> int:
         """Empty the bucket's file (a rebuild follows); returns the entries removed."""
@@ -246,7 +241,31 @@ class ScheduleFiles:
         data = self._buffer.pop(bucket_ms, None)
         if data is not None:
             self.buffered_bytes -= len(data)
+            del self._buffer_base[bucket_ms]
         self.index.remove(bucket_ms)
+
+
+def _first_at_or_after(handle: FileHandle, size: int, from_offset: int) -> int:
+    """Index of the first entry of the file whose delay_log_offset >= ``from_offset`` or that
+    fails verification (the number of whole entries when none does)."""
+    whole = size // ENTRY_SIZE_BYTES
+    if whole == 0:
+        return 0
+
+    def keeps(i: int) -> bool:
+        data = handle.pread(i * ENTRY_SIZE_BYTES, ENTRY_SIZE_BYTES)
+        return check_schedule_entry(data) is None and FIELDS.unpack_from(data, 0)[1] < from_offset
+
+    if keeps(whole - 1):  # the common case: nothing at or past the offset
+        return whole
+    low, high = 0, whole - 1
+    while low < high:
+        middle = (low + high) // 2
+        if keeps(middle):
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 def read_whole(path: str) -> bytes:
@@ -268,11 +287,6 @@ def read_whole(path: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def decode_entries(data: bytes) -> Iterator[tuple[int, RawEntry | None]]:
-    """(index, entry or None when it fails verification) for the whole entries of ``data``."""
-    return iter_schedule_entries(data)
 
 
 def is_enospc(exc: BaseException) -> bool:

@@ -174,10 +174,10 @@ class DelayStore:
         self._chunk_size = state.chunk_size_bytes
         self._chunk_max = state.chunk_max_bucket
         self.recovery = state.report
-        self._bytes_since_checkpoint = 0
-        self._done_since_checkpoint = 0
-        if state.checkpoint_due:
-            self.checkpoint()
+        # No checkpoint here: restart-to-serving stays short, and a crash before the next one
+        # replays the same records again (idempotent). The replayed work counts towards it.
+        self._bytes_since_checkpoint = state.replayed_bytes
+        self._done_since_checkpoint = state.report.done_records_replayed
 
     # ------------------------------------------------------------------ state checks
 
@@ -387,10 +387,10 @@ class DelayStore:
             raise self._fail(exc)
 
     def _check_entry(self, entry: ScheduleEntry) -> None:
-        if not 0 <= entry.index < self._schedule.index.count(entry.bucket_ms):
+        count = self._schedule.count(entry.bucket_ms)
+        if not 0 <= entry.index < count:
             raise ValueError(f"entry {entry.index} of bucket {entry.bucket_ms} is not in the "
-                             f"schedule (the bucket has "
-                             f"{self._schedule.index.count(entry.bucket_ms)} entries)")
+                             f"schedule (the bucket has {count} entries)")
 
     def record_dispatched(self, entries: Sequence[ScheduleEntry]) -> None:
         """Record confirmed dispatches durably (fsynced before this returns); ``load_bucket``
