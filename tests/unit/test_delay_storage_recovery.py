@@ -214,6 +214,18 @@ def test_a_bit_flipped_schedule_entry_is_detected_on_load_and_its_day_rebuilt(tm
     reopened.close()
 
 
+def test_a_cancel_finds_its_message_even_when_the_entry_rotted_on_disk(tmp_path):
+    store = open_store(tmp_path / "live")
+    send(store, 20)
+    store.close()
+    # Entry 1 of the third bucket is m7 (due BASE + 2 s + 7 ms); damage its due-time bytes.
+    flip_bit(sched_path(str(tmp_path / "live"), BASE + 2 * BUCKET_MS), 32 + 6)
+    reopened = open_store(tmp_path / "live")
+    assert reopened.cancel("m7", BASE + 2 * BUCKET_MS + 7) == "cancelled"
+    assert "m7" not in all_pending_ids(reopened)
+    reopened.close()
+
+
 def test_a_torn_dispatch_log_tail_is_cut_and_earlier_dispatches_still_hold(tmp_path):
     store = open_store(tmp_path / "live")
     entries = send(store, 20)
