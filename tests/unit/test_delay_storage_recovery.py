@@ -332,3 +332,57 @@ def test_a_failed_fsync_of_a_dispatch_log_makes_the_store_refuse_writes_until_re
     reopened = open_store(tmp_path / "live")
     assert ids(1, 10) <= all_pending_ids(reopened)
     reopened.close()
+
+
+def test_a_full_disk_while_writing_the_schedule_buffer_fails_the_next_batch_not_the_durable_one(
+    tmp_path,
+):
+    plan = FaultPlan()
+    store = open_store(tmp_path / "live", opener=plan.opener)
+    send(store, 10)  # durable in the delay log, schedule entries still buffered
+    plan.disk_capacity_bytes = plan.bytes_written
+    store.tick(NOW_MS + 60_000)  # the timer's schedule flush hits the full disk: kept, no raise
+    assert all_pending_ids(store) == ids(0, 10)  # served from the buffer
+    store.append("m10", "s", BASE + 10, b"p00010")
+    with pytest.raises(DiskFull) as caught:
+        store.commit()  # refused while the schedule cannot be written
+    assert caught.value.path.endswith(".sched")
+    assert store.cancel("m10", BASE + 10) == "unknown"
+    plan.free_space(1 << 20)
+    send(store, 5, start=20)
+    assert all_pending_ids(store) == ids(0, 10) | ids(20, 25)
+    store.close()
+    reopened = open_store(tmp_path / "live")
+    assert all_pending_ids(reopened) == ids(0, 10) | ids(20, 25)
+    reopened.close()
+
+
+def test_async_mode_commits_without_fsync_and_tick_fsyncs_after_the_interval(tmp_path):
+    plan = FaultPlan()
+    config = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096,
+                              flush_mode="async", flush_interval_ms=100)
+    store = open_store(tmp_path / "live", config, opener=plan.opener)
+    store.tick(NOW_MS)
+    syncs = plan.syncs
+    entries = send(store, 5)
+    assert len(entries) == 5 and plan.syncs == syncs  # written to the OS, not fsynced
+    store.tick(NOW_MS + 99)
+    assert plan.syncs == syncs
+    store.tick(NOW_MS + 100)
+    assert plan.syncs > syncs
+    store.close()
+
+
+def test_reopening_with_another_segment_size_keeps_every_message_and_retention_still_works(
+    tmp_path,
+):
+    store = open_store(tmp_path / "live")
+    entries = send(store, 120)
+    store.close()
+    wider = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=8192)
+    reopened = open_store(tmp_path / "live", wider)
+    assert all_pending_ids(reopened) == ids(0, 120)
+    reopened.record_dispatched([e for e in entries if e.bucket_ms < BASE + 4 * BUCKET_MS])
+    reopened.mark_done_before(BASE + 4 * BUCKET_MS)
+    assert all_pending_ids(reopened) == {f"m{i}" for i in range(120) if i % 5 == 4}
+    reopened.close()
