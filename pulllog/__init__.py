@@ -5,7 +5,7 @@ Synchronous plain classes over files; imports only ``logstore`` (and msgpack/std
 - ``PullLogStore`` / ``PullLogConfig`` / ``PullLogRecovery``: the store (``pulllog.store``).
 - ``PulledEntry`` / ``ConsumerState`` / ``GroupState``: read-only snapshots (``pulllog.state``).
 - On-disk formats: ``pulllog.actions`` (action records), ``pulllog.snapshot`` (checkpoint payload);
-  docs/formats/pulllog.md.
+  docs/FORMATS.md.
 - Errors in ``pulllog.errors``.
 """
 

@@ -6,7 +6,7 @@ dispatch and cancel records, checkpoints (synchronous; the server wraps it).
 - ``PendingStats``: pending counts per hour and subject (``stats``).
 - ``DelayRecoveryReport``: what opening the store found (``recovery``).
 - Errors in ``errors``; on-disk formats in ``delay_record``, ``schedule_entry``, ``done_record``,
-  ``touched_record``, ``delay_checkpoint`` and docs/formats/delay.md.
+  ``touched_record``, ``delay_checkpoint`` and docs/FORMATS.md.
 """
 
 from delayserver.storage.delay_record import DelayedRecord

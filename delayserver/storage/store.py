@@ -1,6 +1,6 @@
 """``DelayStore``: the delay server's storage facade (synchronous; the server wraps it).
 
-What is where (formats in ``docs/formats/delay.md``):
+What is where (formats in ``docs/FORMATS.md``):
 
 - the delay log (``delay_record``): every accepted message, in arrival order;
 - one schedule file per time bucket (``schedule_entry``): where each message of the bucket is in
