@@ -101,6 +101,17 @@ def test_a_checkpoint_bounds_the_replay_after_a_crash(tmp_path):
     reopened.close()
 
 
+def test_a_clean_reopen_replays_and_verifies_nothing_of_the_pending_messages(tmp_path):
+    store = open_store(tmp_path / "live")
+    send(store, 300)
+    store.close()
+    reopened = open_store(tmp_path / "live")
+    assert reopened.recovery.records_replayed == 0
+    assert reopened.recovery.delay_log.records_verified == 0
+    assert reopened.pending_stats().total == 300
+    reopened.close()
+
+
 def test_dispatches_and_cancels_after_the_last_checkpoint_are_replayed_into_the_stats(tmp_path):
     store = open_store(tmp_path / "live")
     entries = send(store, 40, subject="orders")
