@@ -1,21 +1,40 @@
 """Starting real pyqmq processes for end-to-end tests: port 0, loopback only, always stopped.
 
 Each server prints a "listening on" line once ready; the harness reads it to learn the port.
+``Cluster`` keeps every process a test started so one ``stop_all()`` ends them all;
+``run_qmq`` runs one CLI command to completion; ``admin`` reads the MetaServer's admin API.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _READY_TIMEOUT_S = 30
 _LISTEN = re.compile(r"listening on (?:http://)?(\S+?)[ /]")
+# ``qmq up`` prints "  metaserver  http://HOST:PORT ...", "  realtime    HOST:PORT ...",
+# "  delay       HOST:PORT ..." and then "Ctrl-C stops everything." once all of it runs.
+_UP_READY = re.compile(r"^(Ctrl-C) stops everything")
+_UP_META = re.compile(r"^\s+metaserver\s+(http://\S+)\s")
+_UP_REALTIME = re.compile(r"^\s+realtime\s+(\S+)\s")
+_UP_DELAY = re.compile(r"^\s+delay\s+(\S+:\d+)\s")
+# Longest run of one CLI command (python start-up alone takes about a second here).
+CLI_TIMEOUT_S = 60
 
 
 @dataclass
@@ -33,9 +52,20 @@ class ServerProcess:
         """``http://address`` (for the MetaServer)."""
         return f"http://{self.address}"
 
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        return int(self.address.rsplit(":", 1)[1])
+
+    @property
+    def running(self) -> bool:
+        """True until the process has exited."""
+        return self.process.poll() is None
+
     def kill9(self) -> None:
         """SIGKILL: no flush, no checkpoint, no deregistration."""
-        self.process.send_signal(signal.SIGKILL)
+        if self.running:
+            self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
     def terminate(self, timeout_s: float = 20) -> int:
@@ -49,45 +79,206 @@ class ServerProcess:
                 self.process.wait(10)
         return self.process.returncode
 
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON object lines the process printed (a consumer worker's deliveries)."""
+        out = []
+        for line in list(self.output):
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if "id" in record:
+                    out.append(record)
+        return out
 
-def start_server(name: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
-    """Run ``qmq <args>`` and wait for its "listening on" line."""
-    cmd = [sys.executable, "-m", "qmq", "--log-level", "warning", *args]
+    def text(self) -> str:
+        """Everything the process printed so far (stdout and stderr)."""
+        return "".join(self.output)
+
+
+def _spawn(name: str, cmd: list[str], ready: re.Pattern[str],
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], list[str], str]:
+    """Start ``cmd`` and wait for a line matching ``ready``; returns (process, output, group 1)."""
     process = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, cwd=REPO_ROOT,
     )
     output: list[str] = []
-    ready = threading.Event()
+    found_event = threading.Event()
     found: dict[str, str] = {}
 
     def pump() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             output.append(line)
-            match = _LISTEN.search(line + " ")
-            if match and not ready.is_set():
-                found["address"] = match.group(1)
-                ready.set()
-        ready.set()
+            match = ready.search(line + " ")
+            if match and not found_event.is_set():
+                found["value"] = match.group(1)
+                found_event.set()
+        found_event.set()
 
     threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(_READY_TIMEOUT_S) or "address" not in found:
+    if not found_event.wait(_READY_TIMEOUT_S) or "value" not in found:
         process.kill()
+        process.wait(10)
         raise RuntimeError(f"{name} did not start: {''.join(output)[-2000:]}")
-    return ServerProcess(name, args, process, found["address"], output)
+    return process, output, found["value"]
 
 
-def start_metaserver(db_path: str) -> ServerProcess:
-    """A MetaServer subprocess on a SQLite file."""
+def start_server(name: str, args: list[str], env: dict[str, str] | None = None,
+                 ready: re.Pattern[str] = _LISTEN) -> ServerProcess:
+    """Run ``qmq <args>`` and wait for its ready line (``ready`` group 1 is the address)."""
+    cmd = [sys.executable, "-m", "qmq", "--log-level", "warning", *args]
+    process, output, address = _spawn(name, cmd, ready, env)
+    return ServerProcess(name, args, process, address, output)
+
+
+_WORKER_READY = re.compile(r'("ready")')
+
+
+def start_consumer_worker(meta_url: str, group: str, subject: str, consumer_id: str,
+                          *extra: str) -> ServerProcess:
+    """``tests/e2e/consumer_worker.py`` in its own process, once subscribed. Its ``records()``
+    are the messages it got; ``--hold`` makes it keep them unacked."""
+    args = ["--meta", meta_url, "--group", group, "--subject", subject,
+            "--consumer-id", consumer_id, *extra]
+    cmd = [sys.executable, "-m", "tests.e2e.consumer_worker", *args]
+    process, output, _ = _spawn(f"consumer {consumer_id}", cmd, _WORKER_READY)
+    return ServerProcess(f"consumer {consumer_id}", args, process, "", output)
+
+
+def start_metaserver(db_path: str, port: int = 0) -> ServerProcess:
+    """A MetaServer subprocess on a SQLite file (``port`` 0 = any free port)."""
     return start_server("metaserver", ["metaserver", "--db", f"sqlite+aiosqlite:///{db_path}",
-                                       "--port", "0"])
+                                       "--port", str(port)])
 
 
-def start_realtime(meta_url: str, data_dir: str, group: str, *extra: str) -> ServerProcess:
+def start_realtime(meta_url: str, data_dir: str, group: str, *extra: str,
+                   port: int = 0) -> ServerProcess:
     """A realtime broker subprocess registered with ``meta_url``."""
     return start_server(f"realtime {group}", ["realtime", "--meta", meta_url, "--data-dir",
-                                               data_dir, "--group", group, "--port", "0", *extra])
+                                               data_dir, "--group", group, "--port", str(port),
+                                               *extra])
+
+
+@dataclass
+class UpProcess(ServerProcess):
+    """A running ``qmq up``: ``address`` is its realtime broker's; also its MetaServer URL and
+    its delay server's address (empty when it printed none)."""
+
+    meta_url: str = ""
+    delay_address: str = ""
+
+
+def start_up(data_dir: str, *extra: str) -> UpProcess:
+    """Run ``qmq up`` with every port 0 and parse where its servers listen."""
+    server = start_server("qmq up", ["up", "--data-dir", data_dir, "--meta-port", "0",
+                                     "--realtime-port", "0", "--delay-port", "0", *extra],
+                          ready=_UP_READY)
+
+    def printed(pattern: re.Pattern[str]) -> str:
+        found = [m.group(1) for m in map(pattern.search, list(server.output)) if m]
+        return found[0] if found else ""
+
+    meta_url, realtime = printed(_UP_META), printed(_UP_REALTIME)
+    if not meta_url or not realtime:
+        server.kill9()
+        raise RuntimeError(f"qmq up did not say where it listens: {server.text()[-2000:]}")
+    return UpProcess(server.name, server.args, server.process, realtime, server.output,
+                     meta_url=meta_url, delay_address=printed(_UP_DELAY))
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free now (for a server that must come back on the same URL)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    """Every process one test started, under one directory; ``stop_all`` ends them all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: list[ServerProcess] = []
+        self.meta: ServerProcess | None = None
+
+    @property
+    def meta_url(self) -> str:
+        assert self.meta is not None, "start_meta() first"
+        return self.meta.url
+
+    def start_meta(self, port: int = 0) -> ServerProcess:
+        """A MetaServer on ``root/meta.db`` (the same file on every restart)."""
+        self.meta = self.keep(start_metaserver(str(self.root / "meta.db"), port))
+        return self.meta
+
+    def start_broker(self, group: str, *extra: str, port: int = 0) -> ServerProcess:
+        """A realtime broker of ``group`` on ``root/<group>`` (the same dir on every restart)."""
+        return self.keep(start_realtime(self.meta_url, str(self.root / group), group, *extra,
+                                         port=port))
+
+    def start_consumer_worker(self, group: str, subject: str, consumer_id: str,
+                              *extra: str) -> ServerProcess:
+        """A killable consumer process (``tests/e2e/consumer_worker.py``)."""
+        return self.keep(start_consumer_worker(self.meta_url, group, subject, consumer_id,
+                                                *extra))
+
+    def start_up(self, *extra: str) -> UpProcess:
+        """``qmq up`` on ``root/up``."""
+        up = start_up(str(self.root / "up"), *extra)
+        self.keep(up)
+        return up
+
+    def keep(self, server: ServerProcess) -> Any:
+        """Stop ``server`` with the rest at the end (for processes started by hand)."""
+        self.processes.append(server)
+        return server
+
+    def stop_all(self) -> None:
+        """SIGTERM everything still running (SIGKILL after a grace period)."""
+        for server in reversed(self.processes):
+            try:
+                server.terminate(timeout_s=15)
+            except Exception:  # keep stopping the others
+                server.process.kill()
+
+    def dump(self) -> str:
+        """What each process printed, for a failing test's report."""
+        return "\n".join(f"----- {s.name} {s.args} (exit {s.process.poll()})\n{s.text()[-4000:]}"
+                         for s in self.processes)
+
+
+def run_qmq(*args: str, timeout_s: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one ``qmq`` CLI command to completion and return its exit code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "qmq", *args], capture_output=True, text=True, timeout=timeout_s,
+        input=input_text, env={**os.environ, **(env or {})},
+    )
+
+
+def admin(meta_url: str, what: str) -> list[dict[str, Any]]:
+    """``GET /api/admin/<what>`` (brokers, subjects, groups) as a list of rows."""
+    with urllib.request.urlopen(f"{meta_url}/api/admin/{what}", timeout=5) as response:
+        return json.loads(response.read())[what]
+
+
+def admin_or_none(meta_url: str, what: str) -> list[dict[str, Any]] | None:
+    """Like ``admin`` but None while the MetaServer cannot be reached."""
+    try:
+        return admin(meta_url, what)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def group_lag(meta_url: str, subject: str, group: str) -> tuple[int, int] | None:
+    """(lag, brokers reporting) of (subject, group) as the brokers last reported it, or None."""
+    for row in admin_or_none(meta_url, "groups") or []:
+        if row["subject"] == subject and row["group"] == group:
+            return row["lag"], row["brokers"]
+    return None
 
 
 def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05):
@@ -100,3 +291,25 @@ def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05,
+                   in_thread: bool = False):
+    """``wait_until`` for async tests: ``condition`` may be sync or async; the loop keeps running.
+
+    ``in_thread=True`` runs a sync condition that blocks (an HTTP call, a CLI command) in a
+    thread, so the consumers and producers of the test keep working meanwhile.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if inspect.iscoroutinefunction(condition):
+            value = await condition()
+        elif in_thread:
+            value = await asyncio.to_thread(condition)
+        else:
+            value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,35 @@
+"""Fixtures of the end-to-end tests: a ``cluster`` of real processes, stopped after every test.
+
+A failing test prints what each of its processes wrote, so a broker traceback is not lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness import Cluster
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def cluster(tmp_path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A place to start MetaServers and brokers (under ``tmp_path``); all stopped at the end."""
+    cluster = Cluster(tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        if request.node.stash.get(_CALL_FAILED, False):
+            print(cluster.dump())
