@@ -46,6 +46,9 @@ async def consume_command(meta_url: str, subject: str, group: str, tags: list[st
     """Print messages as they arrive and ack them; stops after ``count`` or an idle timeout."""
     from sdk.consumer import Consumer
 
+    # A long-running consumer rides out MetaServer outages on cached routes, but a CLI that
+    # has never reached it should say so instead of waiting forever.
+    await _admin_request(meta_url, "GET", "/health")
     received = 0
     async with Consumer(meta_url, group=group, start=start, broadcast=broadcast) as consumer:
         iterator = consumer.subscribe(subject, tags=tags).__aiter__()

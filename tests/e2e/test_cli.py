@@ -120,6 +120,7 @@ def test_qmq_admin_readonly_sends_producers_elsewhere_and_readonly_everywhere_re
 @pytest.mark.parametrize("command", [
     ("send", "demo", "hello"),
     ("admin", "brokers"),
+    ("consume", "demo", "--group", "g1", "--count", "1"),
 ])
 def test_a_command_against_an_unreachable_metaserver_fails_with_a_clear_message(command):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
