@@ -49,6 +49,12 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def disk_bytes(path: str) -> tuple[int, int, int]:
     """(allocated bytes, apparent bytes, files) under ``path``."""
     allocated = apparent = files = 0
@@ -144,8 +150,10 @@ def main() -> None:
         print(f"delay capacity: {count:,} messages of {PAYLOAD_BYTES} B over 40 days, commit "
               f"every {COMMIT_EVERY}, flush=sync, data in {data_dir}")
         store = DelayStore(data_dir, DelayStoreConfig(), now_ms=NOW_MS)
+        cpu_before = cpu_seconds()
         marks = append_messages(store, 0, count, random.Random(SEED),
                                 report_every=max(COMMIT_EVERY, count // 10))
+        cpu_s = cpu_seconds() - cpu_before
         began_close = time.perf_counter()
         store.close()
         close_s = time.perf_counter() - began_close
@@ -158,6 +166,8 @@ def main() -> None:
         print(f"  appends/s (append + group commit, sync): {rate:,.0f}   "
               f"(goal >= {GOAL_SENDS_PER_S:,}); second half: {second_half_rate:,.0f}/s (every bucket "
               f"file exists by then)")
+        print(f"  appends per CPU-second of the writer (user + sys, insensitive to other load): "
+              f"{count / cpu_s:,.0f}; load average at the end: {os.getloadavg()[0]:.2f}")
         print(f"  writer peak RSS: {rss_mb():.0f} MB; close (final checkpoint): {close_s:.2f} s")
         print(f"  disk: {allocated / 1e6:,.0f} MB allocated, {apparent / 1e6:,.0f} MB apparent, "
               f"{files:,} files ({apparent / count:.0f} B/message)")
