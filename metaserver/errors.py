@@ -7,6 +7,8 @@ Hierarchy::
     +-- NotFound             404 not_found: unknown broker, broker group or path
     +-- TooLarge             413 too_large: request body over BODY_SIZE_BYTES_MAX
     +-- NoRoute              503 no_route: no live broker group can serve the subject (retriable)
+    +-- BrokerUnreachable    503 broker_unavailable: no broker that could answer an admin
+                             request did (retriable)
     +-- InternalError        500 internal: our bug or the database failed (retriable)
 """
 
@@ -60,6 +62,14 @@ class NoRoute(ApiError):
     def __init__(self, message: str, subject: str) -> None:
         super().__init__(message)
         self.subject = subject
+
+
+class BrokerUnreachable(ApiError):
+    """An admin request needed a broker and none of those that could answer did; retry later."""
+
+    status = 503
+    code = "broker_unavailable"
+    retriable = True
 
 
 class InternalError(ApiError):

@@ -8,9 +8,11 @@ from typing import Any
 
 from aiohttp import web
 
+from metaserver import dead_letters as dead
 from metaserver import validation as v
 from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
 from metaserver.registry import Registry
+from sdk.payload_sender import PayloadSender
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,20 @@ async def deregister_broker(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).deregister_broker(**body))
 
 
-async def route(request: web.Request) -> web.Response:
-    """``GET /api/route?subject=S&role=producer|consumer&kind=realtime|delay``."""
+def _query(request: web.Request, spec: dict[str, v.Field]) -> dict[str, Any]:
+    """Check the query parameters of ``request`` (each given once) against ``spec``."""
     query: dict[str, str] = {}
     for key in request.query:
         values = request.query.getall(key)
         if len(values) != 1:
             raise BadRequest(f"query parameter {key!r} is given {len(values)} times")
         query[key] = values[0]
-    params = v.parse_object(query, v.ROUTE_QUERY, where="query")
+    return v.parse_object(query, spec, where="query")
+
+
+async def route(request: web.Request) -> web.Response:
+    """``GET /api/route?subject=S&role=producer|consumer&kind=realtime|delay``."""
+    params = _query(request, v.ROUTE_QUERY)
     return web.json_response(await _registry(request).route(**params))
 
 
@@ -120,6 +127,56 @@ async def admin_readonly(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).set_group_readonly(**body))
 
 
+async def _realtime_brokers(request: web.Request, group: str | None = None
+                            ) -> list[dead.BrokerRef]:
+    return dead.realtime_brokers(await _registry(request).list_brokers(), group)
+
+
+async def admin_dead(request: web.Request) -> web.Response:
+    """``GET /api/admin/dead?subject=S&group=G``: unpurged dead letters on every online broker."""
+    params = _query(request, dead.DEAD_LIST_QUERY)
+    brokers = await _realtime_brokers(request)
+    return web.json_response(await dead.list_dead(brokers, params["subject"], params["group"]))
+
+
+async def admin_dead_message(request: web.Request) -> web.Response:
+    """``GET /api/admin/dead/message?broker_group=B&dead_subject=D&sequence=N``."""
+    params = _query(request, dead.DEAD_MESSAGE_QUERY)
+    brokers = await _realtime_brokers(request, params["broker_group"])
+    return web.json_response(await dead.show_dead(
+        brokers, params["broker_group"], params["dead_subject"], params["sequence"]))
+
+
+async def admin_dead_redrive(request: web.Request) -> web.Response:
+    """``POST /api/admin/dead/redrive {subject, group, ids?}``."""
+    body = await _body(request, dead.REDRIVE)
+    registry = _registry(request)
+    brokers = await _realtime_brokers(request)
+    # Re-driven messages take the subject's realtime route, which this very server answers.
+    sender = PayloadSender(str(request.url.origin()), kind="realtime",
+                                client_id=dead.ADMIN_CLIENT_ID, app=dead.ADMIN_APP)
+    try:
+        answer = await dead.redrive(brokers, sender, body["subject"], body["group"],
+                                    body["ids"], registry.clock())
+    finally:
+        await sender.close()
+    return web.json_response(answer)
+
+
+async def admin_dead_purge(request: web.Request) -> web.Response:
+    """``POST /api/admin/dead/purge {subject, group, through_sequence?, broker_group?}``."""
+    body = await _body(request, dead.PURGE)
+    brokers = await _realtime_brokers(request, body["broker_group"])
+    return web.json_response(await dead.purge(brokers, body["subject"], body["group"],
+                                              body["through_sequence"]))
+
+
+async def admin_delay(request: web.Request) -> web.Response:
+    """``GET /api/admin/delay``: the latest stats of every online delay broker."""
+    brokers = await _registry(request).list_brokers()
+    return web.json_response({"delay": dead.delay_stats(brokers)})
+
+
 def add_routes(app: web.Application) -> None:
     """Register every path of the API on ``app``."""
     app.router.add_get("/health", health)
@@ -132,3 +189,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/admin/subjects", admin_subjects)
     app.router.add_get("/api/admin/groups", admin_groups)
     app.router.add_post("/api/admin/brokers/readonly", admin_readonly)
+    app.router.add_get("/api/admin/dead", admin_dead)
+    app.router.add_get("/api/admin/dead/message", admin_dead_message)
+    app.router.add_post("/api/admin/dead/redrive", admin_dead_redrive)
+    app.router.add_post("/api/admin/dead/purge", admin_dead_purge)
+    app.router.add_get("/api/admin/delay", admin_delay)

@@ -76,10 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="stop when nothing arrives for this long")
 
     admin = sub.add_parser("admin", help="inspect and steer the cluster")
-    admin.add_argument("what", choices=["brokers", "subjects", "groups", "readonly"])
-    admin.add_argument("args", nargs="*", help="readonly: GROUP on|off")
+    admin.add_argument("what", choices=["brokers", "subjects", "groups", "readonly", "dead",
+                                        "delay"])
+    admin.add_argument("args", nargs="*", help="readonly: GROUP on|off; dead: list | show "
+                       "BROKER_GROUP DEAD_SUBJECT SEQUENCE | redrive SUBJECT GROUP | purge "
+                       "SUBJECT GROUP")
     admin.add_argument("--meta", default=DEFAULT_META_URL)
     admin.add_argument("--json", action="store_true", help="print JSON")
+    admin.add_argument("--subject", help="dead list: only this subject")
+    admin.add_argument("--group", help="dead list: only this consumer group")
+    admin.add_argument("--id", action="append", dest="ids", default=None,
+                       help="dead redrive: only this message id (repeatable)")
+    admin.add_argument("--through", type=int, default=None,
+                       help="dead purge: purge through this sequence (default: all)")
+    admin.add_argument("--broker-group", default=None, help="dead purge: only this broker group")
     return parser
 
 
@@ -150,6 +160,12 @@ async def _run(args: argparse.Namespace) -> int:
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,
                                               args.broadcast)
+    if args.command == "admin" and args.what == "dead":
+        return await commands.admin_dead_command(
+            args.meta, args.args, subject=args.subject, group=args.group, ids=args.ids,
+            through=args.through, broker_group=args.broker_group, as_json=args.json)
+    if args.command == "admin" and args.what == "delay":
+        return await commands.admin_delay_command(args.meta, args.json)
     if args.command == "admin":
         return await commands.admin_command(args.meta, args.what, args.json, args.args)
     raise AssertionError(f"unhandled command {args.command}")

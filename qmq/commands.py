@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -67,12 +68,19 @@ async def consume_command(meta_url: str, subject: str, group: str, tags: list[st
     return 0
 
 
+# Seconds an admin request may take; re-driving or purging walks every broker, so it gets longer.
+ADMIN_TIMEOUT_S = 10
+ADMIN_BULK_TIMEOUT_S = 300
+
+
 async def _admin_request(meta_url: str, method: str, path: str,
-                         body: dict[str, Any] | None = None) -> Any:
+                         body: dict[str, Any] | None = None,
+                         params: dict[str, str] | None = None,
+                         timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
     url = meta_url.rstrip("/") + path
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.request(method, url, json=body) as response:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.request(method, url, json=body, params=params) as response:
                 data = await response.json(content_type=None)
                 if response.status >= 400:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
@@ -123,4 +131,136 @@ async def admin_command(meta_url: str, what: str, as_json: bool, args: list[str]
                         v.get("group", str(v)) if isinstance(v, dict) else str(v) for v in value
                     )
         print(_table(rows, _ADMIN_COLUMNS[what]))
+    return 0
+
+
+def _iso_ms(ms: int | None) -> str:
+    """Epoch ms as an ISO-8601 UTC time (second precision unless ms are set)."""
+    if ms is None:
+        return "-"
+    text = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(
+        timespec="milliseconds" if ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def _print_errors(errors: list[dict[str, Any]]) -> int:
+    """Print the brokers that failed to stderr; returns the exit code (1 if any failed)."""
+    for error in errors:
+        where = error.get("broker_group", "")
+        if error.get("address"):
+            where += f" ({error['address']})"
+        print(f"qmq: broker {where or '?'}: {error.get('code', '')}: {error.get('message', '')}",
+              file=sys.stderr)
+    return 1 if errors else 0
+
+
+_DEAD_USAGE = (
+    "usage: qmq admin dead list [--subject S] [--group G] [--json]\n"
+    "       qmq admin dead show BROKER_GROUP DEAD_SUBJECT SEQUENCE\n"
+    "       qmq admin dead redrive SUBJECT GROUP [--id ID ...]\n"
+    "       qmq admin dead purge SUBJECT GROUP [--through N] [--broker-group B]"
+)
+_DEAD_COLUMNS = ["broker_group", "sequence", "subject", "group", "id", "retries", "created_at",
+                 "size_bytes", "body_preview"]
+_PREVIEW_CHARS_IN_TABLE = 40
+
+
+async def admin_dead_command(meta_url: str, args: list[str], *, subject: str | None = None,
+                             group: str | None = None, ids: list[str] | None = None,
+                             through: int | None = None, broker_group: str | None = None,
+                             as_json: bool = False) -> int:
+    """``qmq admin dead list|show|redrive|purge``."""
+    action, rest = (args[0], args[1:]) if args else ("", [])
+    if action == "list" and not rest:
+        params = {k: v for k, v in (("subject", subject), ("group", group)) if v is not None}
+        data = await _admin_request(meta_url, "GET", "/api/admin/dead", params=params)
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return _print_errors(data["errors"])
+        rows = []
+        for row in data["dead"]:
+            preview = row["body_preview"].replace("\n", " ")
+            if len(preview) > _PREVIEW_CHARS_IN_TABLE:
+                preview = preview[:_PREVIEW_CHARS_IN_TABLE - 3] + "..."
+            rows.append({**row, "created_at": _iso_ms(row["created_at_ms"]),
+                         "body_preview": preview})
+        print(_table(rows, _DEAD_COLUMNS))
+        if data["truncated"]:
+            print(f"(only the first {len(rows)} dead letters are shown)")
+        return _print_errors(data["errors"])
+    if action == "show" and len(rest) == 3:
+        params = {"broker_group": rest[0], "dead_subject": rest[1], "sequence": rest[2]}
+        data = await _admin_request(meta_url, "GET", "/api/admin/dead/message", params=params)
+        print(json.dumps(data, indent=2))
+        return 0
+    if action == "redrive" and len(rest) == 2:
+        body: dict[str, Any] = {"subject": rest[0], "group": rest[1]}
+        if ids:
+            body["ids"] = ids
+        data = await _admin_request(meta_url, "POST", "/api/admin/dead/redrive", body,
+                                    timeout_s=ADMIN_BULK_TIMEOUT_S)
+        if as_json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(f"redriven {data['redriven']} message(s) to {rest[0]}"
+                  + (f", {data['duplicates']} already re-driven" if data["duplicates"] else ""))
+        return _print_errors(data["errors"])
+    if action == "purge" and len(rest) == 2:
+        body = {"subject": rest[0], "group": rest[1]}
+        if through is not None:
+            body["through_sequence"] = through
+        if broker_group is not None:
+            body["broker_group"] = broker_group
+        data = await _admin_request(meta_url, "POST", "/api/admin/dead/purge", body,
+                                    timeout_s=ADMIN_BULK_TIMEOUT_S)
+        if as_json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(f"purged {data['purged']} dead letter(s) of {rest[0]} / {rest[1]}")
+        return _print_errors(data["errors"])
+    raise CommandError(_DEAD_USAGE)
+
+
+def _lateness(value: int | None) -> str:
+    # The stats give each percentile as the upper bound of its histogram bucket; -1 is the open
+    # bucket past the last bound.
+    if value is None:
+        return "n/a"
+    return "over the last bound" if value < 0 else f"<={value} ms"
+
+
+def format_delay_stats(entry: dict[str, Any]) -> str:
+    """The text block ``qmq admin delay`` prints for one delay broker."""
+    stats = entry.get("stats") or {}
+    lines = [f"delay group {entry['group']} at {entry['address']} "
+             f"(heartbeat {entry.get('heartbeat_age_ms', '?')} ms ago)",
+             f"  pending total: {stats.get('pending_total', 0)}"]
+    per_hour = stats.get("pending_per_hour") or {}
+    lines.append("  pending per hour:" + ("" if per_hour else " (none)"))
+    for hour, count in sorted(per_hour.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"    {_iso_ms(int(hour))}  {count}")
+    per_subject = stats.get("pending_per_subject") or {}
+    lines.append("  pending per subject:" + ("" if per_subject else " (none)"))
+    for subject, count in sorted(per_subject.items()):
+        lines.append(f"    {subject}  {count}")
+    lines.append(f"  dispatch rate: {stats.get('dispatch_rate_per_s', 0)}/s "
+                 f"(dispatched {stats.get('dispatched', 0)})")
+    lines.append(f"  lateness: p50 {_lateness(stats.get('lateness_ms_p50_le'))}, "
+                 f"p99 {_lateness(stats.get('lateness_ms_p99_le'))}, "
+                 f"max {stats.get('lateness_ms_max', 0)} ms; early {stats.get('early', 0)}")
+    histogram = stats.get("lateness_histogram") or {}
+    lines.append("  lateness histogram: " + (
+        ", ".join(f"{bucket} {count}" for bucket, count in histogram.items()) or "(empty)"))
+    return "\n".join(lines)
+
+
+async def admin_delay_command(meta_url: str, as_json: bool = False) -> int:
+    """``qmq admin delay``: every online delay broker's pending counts and dispatch stats."""
+    data = await _admin_request(meta_url, "GET", "/api/admin/delay")
+    if as_json:
+        print(json.dumps(data["delay"], indent=2))
+    elif not data["delay"]:
+        print("(no online delay server)")
+    else:
+        print("\n\n".join(format_delay_stats(entry) for entry in data["delay"]))
     return 0

@@ -10,11 +10,14 @@ import signal
 from typing import Any, Callable
 
 from logstore.fileio import Opener, OsFile
+from realtime.admin import BrokerAdmin, StorageAdmin
 from realtime.broker import Broker, wall_clock_ms
 from realtime.config import RealtimeConfig
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
-from sdk.protocol import Ack, Cancel, Heartbeat, Hello, Nack, Pull, Request, Send
+from sdk.protocol import (
+    Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
+)
 from sdk.registration import Registration
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ class RealtimeServer:
         self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None
+        self.admin: BrokerAdmin | None = None  # made on first use, once storage is open
 
     @property
     def address(self) -> str:
@@ -91,7 +95,20 @@ class RealtimeServer:
             )
         if isinstance(request, Cancel):
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
+        if isinstance(request, (Subjects, Browse, Purge)):
+            return await self._admin().answer(request)
         raise NotSupported(f"op {request.op} is not served by realtime servers")
+
+    def _admin(self) -> BrokerAdmin:
+        """The admin ops (subjects, browse, purge) over the broker's storage, each step on the
+        I/O thread of the store it touches."""
+        if self.admin is None:
+            broker = self.broker
+            assert broker.store is not None and broker.pulllog is not None, "broker not started"
+            self.admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
+                                     store_io=broker._store_io, pulllog_io=broker._pulllog_io,
+                                     clock=broker.clock)
+        return self.admin
 
 
 async def run_realtime(config: RealtimeConfig, ready: Callable[[RealtimeServer], None] | None = None) -> None:

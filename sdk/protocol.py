@@ -39,9 +39,18 @@ from sdk.limits import (
     MAX_PULL_WAIT_MS,
     MAX_SEND_BATCH_MESSAGES,
 )
-from sdk.message import validate_group, validate_message_id, validate_subject, validate_tags
+from sdk.message import (
+    DEAD_PREFIX,
+    validate_group,
+    validate_message_id,
+    validate_subject,
+    validate_tags,
+)
 
 PROTOCOL_VERSION = 1
+
+# Longest ``subjects.prefix``: the longest internal subject, %retry%<200 chars>%<200 chars>.
+MAX_SUBJECT_PREFIX_CHARS = 408
 
 # The frame header: one field.
 _HEADER = struct.Struct(
@@ -231,7 +240,38 @@ class Heartbeat:
     subscriptions: list[tuple[str, str]]
 
 
-Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat]
+@dataclass(frozen=True)
+class Subjects:
+    """Admin: the subjects a realtime broker stores whose name starts with ``prefix``."""
+
+    op: ClassVar[str] = "subjects"
+    rid: int
+    prefix: str
+
+
+@dataclass(frozen=True)
+class Browse:
+    """Admin: read up to ``max_count`` stored messages of ``subject`` without consuming them,
+    from ``from_sequence`` (None: from the subject's purge watermark)."""
+
+    op: ClassVar[str] = "browse"
+    rid: int
+    subject: str
+    from_sequence: int | None
+    max_count: int
+
+
+@dataclass(frozen=True)
+class Purge:
+    """Admin: hide a dead-letter subject's messages up to and including ``through_sequence``."""
+
+    op: ClassVar[str] = "purge"
+    rid: int
+    subject: str
+    through_sequence: int
+
+
+Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Subjects, Browse, Purge]
 
 _MISSING = object()
 
@@ -435,6 +475,59 @@ def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:
     return Heartbeat(rid, consumer_id, subscriptions)
 
 
+def _parse_subjects(f: _Fields, rid: int) -> Subjects:
+    prefix = f.get("prefix", "")
+    if not isinstance(prefix, str):
+        raise f._bad("prefix", "str", prefix)
+    if len(prefix) > MAX_SUBJECT_PREFIX_CHARS:
+        raise BadRequest(
+            f"subjects.prefix of {len(prefix)} characters exceeds MAX_SUBJECT_PREFIX_CHARS "
+            f"{MAX_SUBJECT_PREFIX_CHARS}"
+        )
+    return Subjects(rid, prefix)
+
+
+def _sequence(f: _Fields, name: str, value: object) -> int:
+    if type(value) is not int:
+        raise f._bad(name, "int", value)
+    if not 0 <= value <= _U64_MAX:
+        raise BadRequest(f"{f.op}.{name} {value} is outside 0..{_U64_MAX}")
+    return value
+
+
+def _parse_browse(f: _Fields, rid: int) -> Browse:
+    subject = f.get("subject")
+    validate_subject(subject, allow_internal=True)
+    from_sequence = f.get("from_sequence", None)
+    if from_sequence is not None:
+        if type(from_sequence) is not int:
+            raise f._bad("from_sequence", "int or nil", from_sequence)
+        _sequence(f, "from_sequence", from_sequence)
+    max_count = f.get("max_count")
+    if type(max_count) is not int:
+        raise f._bad("max_count", "int", max_count)
+    if max_count > MAX_PULL_BATCH_MESSAGES:
+        raise BadRequest(
+            f"browse.max_count {max_count} exceeds MAX_PULL_BATCH_MESSAGES "
+            f"{MAX_PULL_BATCH_MESSAGES}"
+        )
+    if max_count < 1:
+        raise BadRequest(f"browse.max_count must be >= 1, got {max_count}")
+    return Browse(rid, subject, from_sequence, max_count)
+
+
+def _parse_purge(f: _Fields, rid: int) -> Purge:
+    subject = f.get("subject")
+    validate_subject(subject, allow_internal=True)
+    if not subject.startswith(DEAD_PREFIX):
+        raise BadRequest(
+            f"purge.subject {subject!r} is not a dead-letter subject: only "
+            f"{DEAD_PREFIX}<subject>%<group> subjects can be purged"
+        )
+    through = _sequence(f, "through_sequence", f.get("through_sequence"))
+    return Purge(rid, subject, through)
+
+
 _PARSERS = {
     "hello": _parse_hello,
     "send": _parse_send,
@@ -443,6 +536,9 @@ _PARSERS = {
     "nack": _parse_nack,
     "cancel": _parse_cancel,
     "heartbeat": _parse_heartbeat,
+    "subjects": _parse_subjects,
+    "browse": _parse_browse,
+    "purge": _parse_purge,
 }
 OPS = tuple(_PARSERS)
 
@@ -511,6 +607,11 @@ def pulled_message(pull_seq: int, payload: bytes, redelivered: int = 0) -> dict[
     return {"pull_seq": pull_seq, "payload": payload, "redelivered": redelivered}
 
 
+def browsed_message(sequence: int, payload: bytes) -> dict[str, Any]:
+    """One entry of a browse response's ``messages``."""
+    return {"sequence": sequence, "payload": payload}
+
+
 def parse_response(frame: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
     """Client side: ``(rid, the frame without rid)``; raise the matching QmqError (with ``.rid``
     set) for an error response, and BadRequest for a map that is not a response."""
@@ -550,6 +651,10 @@ __all__ = [
     "Nack",
     "Cancel",
     "Heartbeat",
+    "Subjects",
+    "Browse",
+    "Purge",
+    "MAX_SUBJECT_PREFIX_CHARS",
     "Request",
     "request_rid",
     "parse_request",
@@ -559,5 +664,6 @@ __all__ = [
     "send_result_ok",
     "send_result_error",
     "pulled_message",
+    "browsed_message",
     "parse_response",
 ]

@@ -30,14 +30,19 @@ from sdk.limits import (
 )
 from sdk.message import Message, encode_message
 from sdk.protocol import (
+    MAX_SUBJECT_PREFIX_CHARS,
     Ack,
+    Browse,
     Cancel,
     FrameDecoder,
     Heartbeat,
     Hello,
     Nack,
     Pull,
+    Purge,
     Send,
+    Subjects,
+    browsed_message,
     encode_frame,
     encode_request,
     error_response,
@@ -240,6 +245,10 @@ VALID_REQUESTS = [
     Nack(rid=8, subject="s", group="g", consumer_id="c", pull_seqs=[1], retry_after_ms=None),
     Cancel(rid=9, ids=["m-1", "m-2"], deliver_at_ms=[1, 2]),
     Heartbeat(rid=10, consumer_id="c", subscriptions=[("s", "g"), ("%retry%s%g", "g")]),
+    Subjects(rid=11, prefix="%dead%"),
+    Browse(rid=12, subject="%dead%orders%billing", from_sequence=7, max_count=50),
+    Browse(rid=13, subject="orders", from_sequence=None, max_count=1),
+    Purge(rid=14, subject="%dead%orders%billing", through_sequence=41),
 ]
 
 
@@ -332,6 +341,18 @@ def _wire(req) -> dict:
         (9, "subscriptions", [["s"]], "heartbeat.subscriptions must hold"),
         (9, "subscriptions", [["s", 1]], "group must be str, got int"),
         (9, "consumer_id", None, "heartbeat.consumer_id must be str, got NoneType"),
+        (10, "prefix", 5, "subjects.prefix must be str, got int"),
+        (10, "prefix", None, "subjects.prefix must be str, got NoneType"),
+        (11, "subject", "bad subject", "not a valid name"),
+        (11, "subject", "%lost%a%b", "starts with '%' but is not"),
+        (11, "from_sequence", "7", "browse.from_sequence must be int or nil, got str"),
+        (11, "from_sequence", -1, r"browse.from_sequence -1 is outside 0\.\."),
+        (11, "max_count", 0, "browse.max_count must be >= 1, got 0"),
+        (11, "max_count", True, "browse.max_count must be int, got bool"),
+        (13, "subject", "orders", "'orders' is not a dead-letter subject"),
+        (13, "subject", "%retry%orders%billing", "is not a dead-letter subject"),
+        (13, "through_sequence", None, "purge.through_sequence must be int, got NoneType"),
+        (13, "through_sequence", -1, r"purge.through_sequence -1 is outside 0\.\."),
     ],
 )
 def test_a_wrong_field_is_a_bad_request_naming_the_field_and_its_type(base, field, value, words):
@@ -343,7 +364,8 @@ def test_a_wrong_field_is_a_bad_request_naming_the_field_and_its_type(base, fiel
 
 @pytest.mark.parametrize("base", range(len(VALID_REQUESTS)))
 def test_a_missing_required_field_is_a_bad_request_naming_it(base):
-    optional = {"token", "wait_ms", "tags", "start", "broadcast", "retry_after_ms"}
+    optional = {"token", "wait_ms", "tags", "start", "broadcast", "retry_after_ms", "prefix",
+                "from_sequence"}
     full = _wire(VALID_REQUESTS[base])
     for field in set(full) - {"op", "rid"} - optional:
         frame = dict(full)
@@ -435,6 +457,47 @@ def test_nack_retry_delay_is_accepted_up_to_the_horizon_and_out_of_range_past_it
         match=f"nack.retry_after_ms {MAX_DELAY_MS + 1} ms exceeds MAX_DELAY_MS {MAX_DELAY_MS}",
     ):
         parse_request(frame)
+
+
+def test_browse_max_count_is_accepted_up_to_the_limit_and_rejected_past_it():
+    frame = _wire(VALID_REQUESTS[11])
+    for count in (MAX_PULL_BATCH_MESSAGES - 1, MAX_PULL_BATCH_MESSAGES):
+        assert parse_request({**frame, "max_count": count}).max_count == count
+    with pytest.raises(BadRequest, match=f"browse.max_count {MAX_PULL_BATCH_MESSAGES + 1} "
+                                         f"exceeds MAX_PULL_BATCH_MESSAGES"):
+        parse_request({**frame, "max_count": MAX_PULL_BATCH_MESSAGES + 1})
+
+
+def test_subjects_prefix_length_is_accepted_up_to_the_limit_and_rejected_past_it():
+    for size in (MAX_SUBJECT_PREFIX_CHARS - 1, MAX_SUBJECT_PREFIX_CHARS):
+        req = parse_request({"op": "subjects", "rid": 1, "prefix": "a" * size})
+        assert len(req.prefix) == size
+    with pytest.raises(BadRequest, match=f"subjects.prefix of {MAX_SUBJECT_PREFIX_CHARS + 1} "
+                                         "characters exceeds MAX_SUBJECT_PREFIX_CHARS"):
+        parse_request({"op": "subjects", "rid": 1, "prefix": "a" * (MAX_SUBJECT_PREFIX_CHARS + 1)})
+
+
+def test_the_longest_internal_subject_fits_the_subjects_prefix_limit():
+    longest = "%retry%" + "s" * 200 + "%" + "g" * 200
+    assert len(longest) == MAX_SUBJECT_PREFIX_CHARS
+    assert parse_request({"op": "subjects", "rid": 1, "prefix": longest}).prefix == longest
+
+
+def test_optional_admin_fields_take_their_documented_defaults():
+    assert parse_request({"op": "subjects", "rid": 1}) == Subjects(rid=1, prefix="")
+    browse = parse_request({"op": "browse", "rid": 2, "subject": "s", "max_count": 3})
+    assert browse == Browse(rid=2, subject="s", from_sequence=None, max_count=3)
+
+
+def test_purge_sequences_are_accepted_up_to_u64_max_and_rejected_past_it():
+    frame = _wire(VALID_REQUESTS[13])
+    assert parse_request({**frame, "through_sequence": 2**64 - 1}).through_sequence == 2**64 - 1
+    with pytest.raises(BadRequest, match="outside"):
+        parse_request({**frame, "through_sequence": 2**64})
+
+
+def test_a_browse_entry_has_the_documented_shape():
+    assert browsed_message(5, b"p") == {"sequence": 5, "payload": b"p"}
 
 
 def test_cancel_batch_size_is_accepted_up_to_the_limit_and_too_large_past_it():
