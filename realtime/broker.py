@@ -447,6 +447,8 @@ class Broker:
         assert store is not None and pulllog is not None
         rows = []
         for subject, key in pulllog.groups():
+            if key.startswith("%"):
+                continue  # a reserved group (realtime.admin's %admin watermark), not consumers
             end = store.end_sequence(subject)
             lag = max(0, end - pulllog.cursor(subject, key))
             lag += pulllog.held_count(subject, key) + pulllog.redelivery_count(subject, key)
