@@ -1,10 +1,17 @@
 """The realtime broker's logic over its storage: sends with group commit, pulls with long
 polling, acks, ack timeouts and consumer expiry.
 
-Storage (``MessageStore``, ``PullLogStore``) is synchronous and single-owner, so every storage
-call runs on one dedicated I/O thread (``_io``): the event loop never blocks on a read or an
-fsync, and storage never sees two callers at once. Sends queue up while a commit is running and
-the next commit takes them all: many sends share one fsync.
+Storage is synchronous and single-owner, so each store has one dedicated I/O thread: the
+``MessageStore`` is only ever called on the store thread, the ``PullLogStore`` only on the
+pull-log thread. The event loop never blocks on a read or an fsync, no store sees two callers,
+and a pull or an ack never queues behind the fsync of a group commit. Sends queue up while a
+commit is running and the next commit takes them all: many sends share one fsync.
+
+Messages just committed are also kept in a bounded in-memory tail (``TAIL_BYTES_MAX``) with the
+tags and expiry decoded at send time, so a consumer that keeps up is served from memory: a pull
+asks the pull-log thread for its group's cursor, takes the entries from the tail, and records
+them on the pull-log thread. Only a consumer behind the tail (or a redelivery of an old message)
+reads the message store.
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ import asyncio
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -21,10 +27,13 @@ from logstore.errors import DiskFull, LogStoreError, LogWriteFailed
 from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
+from realtime.io_thread import IoThread
+from realtime.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
+from realtime.tail import Entry, SubjectTail, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
 from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
-from sdk.message import Message, decode_message, tag_hash, validate_message
+from sdk.message import decode_message, tag_hash, validate_message
 from sdk.protocol import Ack, Heartbeat, Pull
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,12 @@ PULL_RESPONSE_PAYLOAD_BYTES_MAX = MAX_FRAME_BYTES - MAX_BODY_BYTES // 2
 # A message stamped a little in the future is clock skew between hosts and is stored now;
 # further ahead it belongs to a delay server and is refused rather than delivered early.
 DELIVER_AT_SKEW_MS_MAX = 5_000
+
+# Payload bytes of recently committed messages kept in memory for pulls (all subjects).
+TAIL_BYTES_MAX = 64 << 20
+
+# Consumer-log entries one pull looks at (after tag and expiry filtering) before it answers.
+PULL_SCAN_ENTRIES_MAX = 10_000
 
 
 def wall_clock_ms() -> int:
@@ -53,10 +68,14 @@ def group_key(group: str, consumer_id: str, broadcast: bool) -> str:
 
 
 @dataclass
-class _PendingSend:
-    message: Message
-    payload: bytes
-    future: asyncio.Future[dict[str, Any]]
+class _SendRequest:
+    """One ``send`` request's valid messages, waiting for the next group commit."""
+
+    messages: list[Checked]
+    payloads: list[bytes]
+    slots: list[int]  # index in ``results`` of each message
+    results: list[Any]
+    future: asyncio.Future[None]
 
 
 class Broker:
@@ -74,25 +93,41 @@ class Broker:
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.store: MessageStore | None = None
         self.pulllog: PullLogStore | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="realtime-io")
-        self._pending: list[_PendingSend] = []
+        self._store_thread = IoThread("realtime-store-io")
+        self._pull_thread = IoThread("realtime-pulllog-io")
+        self._quick_check = QuickCheck()
+        self._pending: list[_SendRequest] = []
         self._commit_wakeup = asyncio.Event()
         self._subject_events: dict[str, asyncio.Event] = {}
         # (subject, pull-log group) -> consumer id -> last pull or heartbeat, in ms
         self._last_seen: dict[tuple[str, str], dict[str, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._started_ms = 0
+        # The event loop's view of the store: committed end and first sequence per subject.
+        self._ends: dict[str, int] = {}
+        self._firsts: dict[str, int] = {}
+        self._tail = Tail(TAIL_BYTES_MAX)
+        # Pulls of one (subject, pull-log group) run one at a time: cursor -> entries -> record.
+        self._group_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # The group's cursor after its last pull, while its redelivery queue is known empty:
+        # a pull finding cursor == end then answers without a trip to the pull-log thread.
+        self._idle_cursors: dict[tuple[str, str], int] = {}
+        self._release_rounds = 0  # expiry rounds that released something; see _pull_once
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def _store_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._store_thread.call(fn, *args)
+
+    async def _pulllog_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._pull_thread.call(fn, *args)
 
     async def start(self) -> None:
         """Open (and recover) the storage, then start the background loops."""
         self._started_ms = self.clock()
-        await self._io(self._open_storage, self._started_ms)
+        self._ends, self._firsts = await self._store_io(self._open_store, self._started_ms)
+        await self._pulllog_io(self._open_pulllog)
         self._tasks = [
             asyncio.create_task(self._committer(), name="realtime-committer"),
             asyncio.create_task(self._expiry_loop(), name="realtime-expiry"),
@@ -101,7 +136,7 @@ class Broker:
             asyncio.create_task(self._flush_loop(), name="realtime-flush"),
         ]
 
-    def _open_storage(self, now_ms: int) -> None:
+    def _open_store(self, now_ms: int) -> tuple[dict[str, int], dict[str, int]]:
         cfg = self.config
         store_config = StoreConfig(
             segment_size_bytes_max=cfg.segment_size_bytes_max,
@@ -112,11 +147,20 @@ class Broker:
             retention_ms=cfg.retention_ms,
         )
         self.store = MessageStore(cfg.data_dir, store_config, opener=self._opener, now_ms=now_ms)
+        log.info("message store open: %s", self.store.recovery)
+        return self._sequences_io()
+
+    def _sequences_io(self) -> tuple[dict[str, int], dict[str, int]]:
+        store = self.store
+        assert store is not None
+        return store.end_sequences(), {s: store.first_sequence(s) for s in store.subjects()}
+
+    def _open_pulllog(self) -> None:
         self.pulllog = PullLogStore(
-            os.path.join(cfg.data_dir, "pulllog"),
-            PullLogConfig(flush_interval_ms=cfg.flush_interval_ms),
+            os.path.join(self.config.data_dir, "pulllog"),
+            PullLogConfig(flush_interval_ms=self.config.flush_interval_ms),
         )
-        log.info("storage open: %s; %s", self.store.recovery, self.pulllog.recovery)
+        log.info("pull log open: %s", self.pulllog.recovery)
 
     async def stop(self) -> None:
         """Stop the loops, commit what is queued, checkpoint and close the storage."""
@@ -125,14 +169,12 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._pending:
             await self._commit_batch()
-        await self._io(self._close_storage)
-        self._executor.shutdown(wait=True)
-
-    def _close_storage(self) -> None:
         if self.pulllog is not None:
-            self.pulllog.close()
+            await self._pulllog_io(self.pulllog.close)
         if self.store is not None:
-            self.store.close()
+            await self._store_io(self.store.close)
+        self._pull_thread.close()
+        self._store_thread.close()
 
     # ------------------------------------------------------------------ send
 
@@ -141,30 +183,46 @@ class Broker:
 
         Replies only once the batch is durable under the flush mode.
         """
-        results: list[Any] = []
-        loop = asyncio.get_running_loop()
+        results: list[Any] = [None] * len(payloads)
+        messages: list[Checked] = []
+        valid: list[bytes] = []
+        slots: list[int] = []
         now_ms = self.clock()
-        for payload in payloads:
-            try:
-                message = decode_message(payload)
-                validate_message(message, allow_internal=True, now_ms=now_ms)
-                if (message.deliver_at_ms or 0) > now_ms + DELIVER_AT_SKEW_MS_MAX:
-                    raise BadRequest(
-                        f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
-                        f"{message.deliver_at_ms - now_ms} ms ahead: send delayed messages to a "
-                        "delay server"
-                    )
-                if self.readonly:
-                    raise ReadOnly(f"broker group {self.config.group} is read-only; send elsewhere")
-            except QmqError as exc:
-                message_id = _peek_id(payload)
-                results.append({"id": message_id, "error": exc.to_wire()})
-                continue
-            future: asyncio.Future[dict[str, Any]] = loop.create_future()
-            self._pending.append(_PendingSend(message, payload, future))
-            results.append(future)
-        self._commit_wakeup.set()
-        return [await r if isinstance(r, asyncio.Future) else r for r in results]
+        deliver_at_max_ms = now_ms + DELIVER_AT_SKEW_MS_MAX
+        quick_check = self._quick_check.check
+        readonly = self.readonly
+        for slot, payload in enumerate(payloads):
+            checked = quick_check(payload, deliver_at_max_ms)
+            if checked is None or readonly:
+                try:
+                    checked = self._full_check(payload, now_ms)
+                except QmqError as exc:
+                    results[slot] = {"id": _peek_id(payload), "error": exc.to_wire()}
+                    continue
+            messages.append(checked)
+            valid.append(payload)
+            slots.append(slot)
+        if messages:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._pending.append(_SendRequest(messages, valid, slots, results, future))
+            self._commit_wakeup.set()
+            await future
+        return results
+
+    def _full_check(self, payload: bytes, now_ms: int) -> Checked:
+        """Decode and validate with sdk.message; the QmqError says what is wrong."""
+        message = decode_message(payload)
+        validate_message(message, allow_internal=True, now_ms=now_ms)
+        if message.deliver_at_ms is not None and message.deliver_at_ms > now_ms + DELIVER_AT_SKEW_MS_MAX:
+            raise BadRequest(
+                f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
+                f"{message.deliver_at_ms - now_ms} ms ahead: send delayed messages to a "
+                "delay server"
+            )
+        if self.readonly:
+            raise ReadOnly(f"broker group {self.config.group} is read-only; send elsewhere")
+        return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
+                       message.deliver_at_ms)
 
     async def _committer(self) -> None:
         while True:
@@ -175,49 +233,79 @@ class Broker:
 
     async def _commit_batch(self) -> None:
         batch, self._pending = self._pending, []
+        error: QmqError | None = None
         try:
-            outcomes = await self._io(self._append_and_commit, batch, self.clock())
+            outcomes = await self._store_io(self._append_and_commit, batch, self.clock())
         except DiskFull as exc:
             error = Overloaded(f"broker {self.config.group} disk full, send refused: {exc}")
-            outcomes = [{"id": p.message.id, "error": error.to_wire()} for p in batch]
         except LogWriteFailed as exc:
             log.error("write failure, broker goes read-only until restarted: %s", exc)
             self.readonly = True
             error = Internal(f"broker {self.config.group} storage write failed: {exc}")
-            outcomes = [{"id": p.message.id, "error": error.to_wire()} for p in batch]
         except Exception as exc:  # a bug: fail the batch loudly, keep the broker up
             log.exception("commit failed")
             error = Internal(f"commit failed: {type(exc).__name__}: {exc}")
-            outcomes = [{"id": p.message.id, "error": error.to_wire()} for p in batch]
-        subjects = set()
-        for pending, outcome in zip(batch, outcomes):
-            if not pending.future.done():
-                pending.future.set_result(outcome)
-            if outcome.get("status") == "stored":
-                subjects.add(pending.message.subject)
-        for subject in subjects:
+        if error is not None:
+            wire = error.to_wire()
+            for request in batch:
+                for slot, message in zip(request.slots, request.messages):
+                    request.results[slot] = {"id": message.id, "error": wire}
+        else:
+            self._publish(batch, outcomes)
+        for request in batch:
+            if not request.future.done():
+                request.future.set_result(None)
+
+    def _publish(self, batch: list[_SendRequest], sequences: list[int | None]) -> None:
+        """Fill in the results, put what was stored in the tail and wake the subjects' pulls.
+
+        ``sequences`` has one entry per message of the batch, in order: its sequence if stored,
+        None for a duplicate."""
+        stored: dict[str, tuple[int, list[Entry], list[int]]] = {}
+        it = iter(sequences)
+        for request in batch:
+            results = request.results
+            for slot, message, payload in zip(request.slots, request.messages, request.payloads):
+                sequence = next(it)
+                if sequence is None:
+                    results[slot] = {"id": message.id, "status": "duplicate"}
+                    continue
+                results[slot] = {"id": message.id, "status": "stored"}
+                subject = message.subject
+                run = stored.get(subject)
+                if run is None or run[0] + len(run[1]) != sequence:
+                    if run is not None:  # not contiguous (never expected): keep the later run
+                        self._tail_add(subject, run)
+                    run = stored[subject] = (sequence, [], [0])
+                run[1].append((payload, message.tags, message.expire_at_ms))
+                run[2][0] += len(payload)
+        for subject, run in stored.items():
+            self._tail_add(subject, run)
             self._notify(subject)
 
-    def _append_and_commit(self, batch: list[_PendingSend], now_ms: int) -> list[dict[str, Any]]:
-        assert self.store is not None
-        appended = []
-        for pending in batch:
-            msg = pending.message
-            appended.append(
-                self.store.append(
-                    msg.subject, msg.id, [tag_hash(t) for t in msg.tags], now_ms, pending.payload
-                )
-            )
-        self.store.commit()
-        outcomes = []
-        for result in appended:
+    def _tail_add(self, subject: str, run: tuple[int, list[Entry], list[int]]) -> None:
+        first, entries, size = run
+        self._tail.add(subject, first, entries, size[0])
+        self._ends[subject] = max(self._ends.get(subject, 0), first + len(entries))
+        self._firsts.setdefault(subject, first)
+
+    def _append_and_commit(self, batch: list[_SendRequest], now_ms: int) -> list[int | None]:
+        store = self.store
+        assert store is not None
+        append = store.append
+        for request in batch:
+            for message, payload in zip(request.messages, request.payloads):
+                hashes = [tag_hash(t) for t in message.tags] if message.tags else []
+                append(message.subject, message.id, hashes, now_ms, payload)
+        sequences: list[int | None] = []
+        for result in store.commit():
             if result.duplicate:
                 self.stats["duplicates"] += 1
-                outcomes.append({"id": result.message_id, "status": "duplicate"})
+                sequences.append(None)
             else:
                 self.stats["sent"] += 1
-                outcomes.append({"id": result.message_id, "status": "stored"})
-        return outcomes
+                sequences.append(result.sequence)
+        return sequences
 
     # ------------------------------------------------------------------ pull
 
@@ -241,63 +329,121 @@ class Broker:
         With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
         """
         key = group_key(request.group, request.consumer_id, request.broadcast)
-        deadline = asyncio.get_running_loop().time() + request.wait_ms / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.wait_ms / 1000
         tags = frozenset(request.tags)
         while True:
             event = self._event(request.subject)
             self._touch(request.subject, key, request.consumer_id)
-            messages = await self._io(self._pull_io, request, key, tags, self.clock())
+            messages = await self._pull_once(request, key, tags)
             if messages:
                 self._touch(request.subject, key, request.consumer_id)
                 return messages
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
             try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
                 return []
 
-    def _pull_io(
-        self, request: Pull, key: str, tags: frozenset[str], now_ms: int
-    ) -> list[dict[str, Any]]:
-        store, pulllog = self.store, self.pulllog
-        assert store is not None and pulllog is not None
+    async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> list[dict[str, Any]]:
         subject = request.subject
+        group = (subject, key)
+        if self._idle_cursors.get(group, -1) >= self._ends.get(subject, 0):
+            return []  # caught up and nothing to redeliver: no need to ask the pull log
+        lock = self._group_locks.get(group)
+        if lock is None:
+            lock = self._group_locks[group] = asyncio.Lock()
+        async with lock:
+            start = (self._ends if request.start == "latest" else self._firsts).get(subject, 0)
+            release_rounds = self._release_rounds
+            redeliveries, cursor = await self._pulllog_io(
+                self._plan_pull_io, subject, key, start, request.max_count, self.clock())
+            end = self._ends.get(subject, 0)
+            if not redeliveries and cursor >= end:
+                if release_rounds == self._release_rounds:
+                    self._idle_cursors[group] = cursor
+                return []
+            self._idle_cursors.pop(group, None)
+            now_ms = self.clock()
+            payloads: dict[int, bytes] = {}
+            missing = []
+            for seq in redeliveries:
+                cached = self._tail.get(subject, seq)
+                if cached is None:
+                    missing.append(seq)
+                else:
+                    payloads[seq] = cached[0]
+            remaining = request.max_count - len(redeliveries)
+            tail = self._tail.covering(subject, cursor) if remaining > 0 else None
+            if missing or (remaining > 0 and cursor < end and tail is None):
+                # Behind the tail: read the message store (queued behind any commit).
+                found, new_cursor = await self._store_io(
+                    self._read_io, subject, missing, cursor if tail is None else end, end,
+                    remaining, tags, now_ms)
+                payloads.update(found)
+                scanned = [seq for seq in found if seq not in redeliveries]
+            else:
+                scanned, new_cursor = [], cursor
+            chosen = list(redeliveries) + scanned
+            if tail is not None and remaining > 0:
+                budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
+                new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
+                                       tags, now_ms, budget_bytes, payloads, chosen)
+            if not chosen and new_cursor == cursor:
+                return []
+            out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
+                                         payloads, now_ms)
+            if len(redeliveries) < request.max_count and release_rounds == self._release_rounds:
+                # This pull drained the redelivery queue (only the lock holder takes from it) and
+                # no expiry round has put anything back since it looked.
+                self._idle_cursors[group] = new_cursor
+            return out
+
+    def _plan_pull_io(self, subject: str, key: str, start: int, max_count: int,
+                      now_ms: int) -> tuple[list[int], int]:
+        pulllog = self.pulllog
+        assert pulllog is not None
         if not pulllog.has_group(subject, key):
-            start = (
-                store.end_sequence(subject) if request.start == "latest"
-                else store.first_sequence(subject)
-            )
             pulllog.ensure_group(subject, key, start, now_ms)
-        chosen: list[int] = []
+        return pulllog.take_redeliveries(subject, key, max_count), pulllog.cursor(subject, key)
+
+    def _read_io(self, subject: str, seqs: list[int], cursor: int, end: int, count: int,
+                 tags: frozenset[str], now_ms: int) -> tuple[dict[int, bytes], int]:
+        """Store thread: the payloads of ``seqs`` (b"" when unreadable), then up to ``count``
+        deliverable messages from ``cursor``; returns them and the new cursor."""
+        store = self.store
+        assert store is not None
         payloads: dict[int, bytes] = {}
-        for seq in pulllog.take_redeliveries(subject, key, request.max_count):
+        for seq in seqs:
             try:
                 payloads[seq] = store.read(subject, seq).payload
             except LogStoreError as exc:
                 # Deleted by retention's hard cap or damaged: it cannot be delivered again.
                 log.error("redelivery of %s seq %d impossible: %s", subject, seq, exc)
                 payloads[seq] = b""
-            chosen.append(seq)
-        cursor = pulllog.cursor(subject, key)
         new_cursor = cursor
-        remaining = request.max_count - len(chosen)
-        if remaining > 0 and cursor < store.end_sequence(subject):
+        if count > 0 and cursor < end:
             start = max(cursor, store.first_sequence(subject))
             hashes = [tag_hash(t) for t in tags] if tags else None
-            found, new_cursor = store.scan(subject, start, remaining, hashes)
+            found, new_cursor = store.scan(subject, start, count, hashes)
             budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
             for stored in found:
-                if chosen and len(stored.payload) > budget_bytes:
+                if payloads and len(stored.payload) > budget_bytes:
                     new_cursor = stored.sequence  # the rest waits for the next pull
                     break
                 if self._deliverable(stored.payload, tags, now_ms):
-                    chosen.append(stored.sequence)
                     payloads[stored.sequence] = stored.payload
                     budget_bytes -= len(stored.payload)
-        if not chosen and new_cursor == cursor:
-            return []
+        return payloads, new_cursor
+
+    def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
+                        payloads: dict[int, bytes], now_ms: int) -> list[dict[str, Any]]:
+        pulllog = self.pulllog
+        assert pulllog is not None
+        subject = request.subject
         entries = pulllog.record_pull(subject, key, request.consumer_id, chosen, new_cursor, now_ms)
         out = []
         for entry in entries:
@@ -333,7 +479,7 @@ class Broker:
         """Record acks of pull-log ranges; returns how many entries became acked."""
         for key in self._keys_for(request.subject, request.group, request.consumer_id):
             self._touch(request.subject, key, request.consumer_id)
-        return await self._io(self._ack_io, request, self.clock())
+        return await self._pulllog_io(self._ack_io, request, self.clock())
 
     def _keys_for(self, subject: str, group: str, consumer_id: str) -> list[str]:
         keys = [group]
@@ -379,15 +525,18 @@ class Broker:
 
     async def expire_now(self) -> int:
         """Release timed-out and offline consumers' entries to the others; returns how many."""
-        released_by_subject = await self._io(self._expire_io, self.clock())
-        for subject in released_by_subject:
+        released = await self._pulllog_io(self._expire_io, self.clock())
+        if released:
+            self._release_rounds += 1
+        for subject, key in released:
+            self._idle_cursors.pop((subject, key), None)
             self._notify(subject)
-        return sum(released_by_subject.values())
+        return sum(released.values())
 
-    def _expire_io(self, now_ms: int) -> dict[str, int]:
+    def _expire_io(self, now_ms: int) -> dict[tuple[str, str], int]:
         pulllog = self.pulllog
         assert pulllog is not None
-        released: dict[str, int] = {}
+        released: dict[tuple[str, str], int] = {}
         for subject, key in pulllog.groups():
             group = key.split("#", 1)[0]
             count = len(pulllog.release_expired(
@@ -400,21 +549,27 @@ class Broker:
                     count += len(pulllog.remove_consumer(subject, key, consumer.consumer, now_ms))
                     seen.pop(consumer.consumer, None)
             if count:
-                released[subject] = released.get(subject, 0) + count
+                released[(subject, key)] = count
         return released
 
     async def _flush_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            try:
-                await self._io(self._tick_io, self.clock())
-            except Exception:
-                log.exception("async flush failed")
+            now_ms = self.clock()
+            for name, io, tick in (("message store", self._store_io, self._tick_store_io),
+                                   ("pull log", self._pulllog_io, self._tick_pulllog_io)):
+                try:
+                    await io(tick, now_ms)
+                except Exception:
+                    log.exception("async flush of the %s failed", name)
 
-    def _tick_io(self, now_ms: int) -> None:
-        assert self.store is not None and self.pulllog is not None
+    def _tick_store_io(self, now_ms: int) -> None:
+        assert self.store is not None
         self.store.tick(now_ms)
+
+    def _tick_pulllog_io(self, now_ms: int) -> None:
+        assert self.pulllog is not None
         self.pulllog.tick(now_ms)
 
     async def _retention_loop(self) -> None:
@@ -422,35 +577,43 @@ class Broker:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                report = await self._io(self._retention_io, self.clock())
+                keep = await self._pulllog_io(self._retention_keep_io)
+                report, firsts = await self._store_io(self._retention_io, self.clock(), keep)
+                for subject, first in firsts.items():
+                    self._firsts[subject] = first
+                    self._tail.drop_below(subject, first)
                 if report:
                     log.info("retention: %s", report)
             except Exception:
                 log.exception("retention failed")
 
-    def _retention_io(self, now_ms: int) -> Any:
-        assert self.store is not None and self.pulllog is not None
+    def _retention_keep_io(self) -> dict[str, int]:
+        assert self.pulllog is not None
         keep: dict[str, int] = {}
         for subject, key in self.pulllog.groups():
             needed = self.pulllog.lowest_needed_sequence(subject, key)
             keep[subject] = min(keep.get(subject, needed), needed)
-        return self.store.apply_retention(now_ms, keep)
+        return keep
+
+    def _retention_io(self, now_ms: int, keep: dict[str, int]) -> tuple[Any, dict[str, int]]:
+        assert self.store is not None
+        report = self.store.apply_retention(now_ms, keep)
+        return report, self._sequences_io()[1]
 
     # ------------------------------------------------------------------ reporting
 
     async def backlog(self) -> list[dict[str, Any]]:
         """Per (subject, group): messages not yet acked (lag) and consumers holding entries."""
-        return await self._io(self._backlog_io)
+        return await self._pulllog_io(self._backlog_io, dict(self._ends))
 
-    def _backlog_io(self) -> list[dict[str, Any]]:
-        store, pulllog = self.store, self.pulllog
-        assert store is not None and pulllog is not None
+    def _backlog_io(self, ends: dict[str, int]) -> list[dict[str, Any]]:
+        pulllog = self.pulllog
+        assert pulllog is not None
         rows = []
         for subject, key in pulllog.groups():
             if key.startswith("%"):
                 continue  # a reserved group (realtime.admin's %admin watermark), not consumers
-            end = store.end_sequence(subject)
-            lag = max(0, end - pulllog.cursor(subject, key))
+            lag = max(0, ends.get(subject, 0) - pulllog.cursor(subject, key))
             lag += pulllog.held_count(subject, key) + pulllog.redelivery_count(subject, key)
             consumers = len(self._last_seen.get((subject, key), {}))
             rows.append({"subject": subject, "group": key.split("#", 1)[0], "lag": lag,

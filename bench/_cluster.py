@@ -1,0 +1,156 @@
+"""Helpers for the benchmarks: a loopback MetaServer + realtime broker as ``python -m qmq``
+subprocesses, and small statistics helpers.
+
+Every server listens on 127.0.0.1 port 0 and prints a "listening on HOST:PORT" line once ready;
+``Cluster`` reads that line to learn the address. The cluster lives in a temp dir that is removed
+on ``close()``; servers get SIGTERM (then SIGKILL after a grace period), so nothing outlives the
+benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+# Replaces ``python -m qmq`` for the broker only, e.g. to profile it:
+# QMQ_BENCH_BROKER_CMD="py-spy record -o broker.svg -- python -m qmq"
+BROKER_CMD_ENV = "QMQ_BENCH_BROKER_CMD"
+SERVER_READY_TIMEOUT_S = 30.0
+SERVER_STOP_TIMEOUT_S = 20.0
+_ADDRESS_RE = re.compile(r"listening on (?:http://)?([0-9.]+:[0-9]+)")
+
+
+@dataclass
+class Server:
+    """One server subprocess: its address once ready and everything it printed."""
+
+    name: str
+    process: subprocess.Popen[str]
+    address: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        """SIGTERM, wait for a graceful exit, SIGKILL if it does not come."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(SERVER_STOP_TIMEOUT_S)
+
+
+def start_server(name: str, qmq_args: list[str], command: list[str] | None = None) -> Server:
+    """Run ``python -m qmq --log-level warning <qmq_args>`` (or ``command`` in place of
+    ``python -m qmq``) and wait for its address."""
+    process = subprocess.Popen(
+        [*(command or [sys.executable, "-m", "qmq"]), "--log-level", "warning", *qmq_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    server = Server(name, process)
+    ready = threading.Event()
+
+    def read_output() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            server.lines.append(line.rstrip("\n"))
+            match = _ADDRESS_RE.search(line)
+            if match and not server.address:
+                server.address = match.group(1)
+                ready.set()
+        ready.set()  # the process ended: stop waiting
+
+    threading.Thread(target=read_output, name=f"{name}-output", daemon=True).start()
+    if not ready.wait(SERVER_READY_TIMEOUT_S) or not server.address:
+        server.stop()
+        tail = "\n".join(server.lines[-20:])
+        raise RuntimeError(f"{name} did not report an address within "
+                           f"{SERVER_READY_TIMEOUT_S} s:\n{tail}")
+    return server
+
+
+class Cluster:
+    """A MetaServer on SQLite and one realtime broker, in a fresh temp dir."""
+
+    def __init__(self, flush: str = "sync") -> None:
+        self.directory = tempfile.mkdtemp(prefix="qmq-bench-")
+        self.servers: list[Server] = []
+        try:
+            self.meta = self._add(start_server("metaserver", [
+                "metaserver", "--db",
+                f"sqlite+aiosqlite:///{os.path.join(self.directory, 'meta.db')}",
+                "--host", "127.0.0.1", "--port", "0",
+            ]))
+            broker_cmd = os.environ.get(BROKER_CMD_ENV)
+            self.broker = self._add(start_server("realtime", [
+                "realtime", "--meta", self.meta_url,
+                "--data-dir", os.path.join(self.directory, "realtime"),
+                "--host", "127.0.0.1", "--port", "0", "--flush", flush,
+            ], shlex.split(broker_cmd) if broker_cmd else None))
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, server: Server) -> Server:
+        self.servers.append(server)
+        return server
+
+    @property
+    def meta_url(self) -> str:
+        return f"http://{self.meta.address}"
+
+    def close(self) -> None:
+        """Stop the servers (broker first, so it can deregister) and remove the temp dir."""
+        for server in reversed(self.servers):
+            server.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of already sorted values (``fraction`` in 0..1)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values)) - 1))
+    return sorted_values[rank]
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used so far (0.0 if unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # After the ")" that ends the command name: state is field 3, utime 14, stime 15 (man proc).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo, or "unknown"."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

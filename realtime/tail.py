@@ -1,0 +1,112 @@
+"""``Tail``: the messages committed last, kept in memory so that pulls of fresh messages do not
+read the message store.
+
+Per subject, a run of entries contiguous by sequence; all subjects together hold at most
+``bytes_max`` payload bytes, the oldest commits evicted first. An entry is what a pull needs to
+filter and deliver without decoding: ``(payload, tags, expire_at_ms or None)``, the payload
+byte-identical to what the store holds. Derived data: it starts empty and is never persisted;
+whatever is not in it is read from the store. Owned by the event loop (not thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+Entry = tuple[bytes, tuple[str, ...], "int | None"]
+
+
+@dataclass
+class SubjectTail:
+    """One subject's run: sequences [first, end) are in ``entries[evicted:]``."""
+
+    start: int  # sequence of entries[0]
+    entries: list[Entry] = field(default_factory=list)
+    evicted: int = 0  # entries at the front already evicted, deleted in bulk later
+
+    @property
+    def first(self) -> int:
+        return self.start + self.evicted
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.entries)
+
+    def take(self, cursor: int, stop: int, count: int, tags: frozenset[str], now_ms: int,
+             budget_bytes: int, payloads: dict[int, bytes], chosen: list[int]) -> int:
+        """Pick up to ``count`` deliverable entries in [cursor, stop) into ``chosen`` and
+        ``payloads``: with one of ``tags`` (if any), not expired at ``now_ms``, and within
+        ``budget_bytes`` of payload (past ``chosen``'s first). Returns the new cursor: the
+        sequence after the last entry looked at."""
+        entries, start = self.entries, self.start
+        stop = min(stop, self.end)
+        seq = cursor
+        while seq < stop and count > 0:
+            payload, message_tags, expire_at_ms = entries[seq - start]
+            if ((not tags or not tags.isdisjoint(message_tags))
+                    and (expire_at_ms is None or expire_at_ms > now_ms)):
+                if chosen and len(payload) > budget_bytes:
+                    break  # the rest waits for the next pull
+                chosen.append(seq)
+                payloads[seq] = payload
+                budget_bytes -= len(payload)
+                count -= 1
+            seq += 1
+        return seq
+
+
+class Tail:
+    """The last ``bytes_max`` payload bytes committed, per subject."""
+
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self._subjects: dict[str, SubjectTail] = {}
+        # (run, entries, bytes) per subject per commit, oldest first: the eviction order.
+        self._chunks: deque[tuple[SubjectTail, int, int]] = deque()
+        self._bytes = 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Payload bytes held (evicted entries no longer count)."""
+        return self._bytes
+
+    def add(self, subject: str, first_sequence: int, entries: list[Entry], size_bytes: int) -> None:
+        """Append committed entries from ``first_sequence`` (a gap starts the subject anew)."""
+        run = self._subjects.get(subject)
+        if run is None or run.end != first_sequence:
+            run = self._subjects[subject] = SubjectTail(first_sequence)
+        run.entries.extend(entries)
+        self._chunks.append((run, len(entries), size_bytes))
+        self._bytes += size_bytes
+        while self._bytes > self.bytes_max and self._chunks:
+            old, count, old_size = self._chunks.popleft()
+            self._bytes -= old_size
+            old.evicted += count
+            if old.evicted * 2 >= len(old.entries):  # delete in bulk: O(1) per entry overall
+                del old.entries[:old.evicted]
+                old.start += old.evicted
+                old.evicted = 0
+
+    def covering(self, subject: str, sequence: int) -> SubjectTail | None:
+        """The subject's run if it holds ``sequence`` or ends right before it."""
+        run = self._subjects.get(subject)
+        if run is not None and run.first <= sequence <= run.end:
+            return run
+        return None
+
+    def get(self, subject: str, sequence: int) -> Entry | None:
+        """The entry of ``sequence``, or None when it is not held."""
+        run = self._subjects.get(subject)
+        if run is None or not run.first <= sequence < run.end:
+            return None
+        return run.entries[sequence - run.start]
+
+    def drop_below(self, subject: str, sequence: int) -> None:
+        """Retention deleted the subject's messages below ``sequence``: forget its run if it
+        holds any of them (its bytes stay counted until its commits are evicted)."""
+        run = self._subjects.get(subject)
+        if run is not None and run.first < sequence:
+            del self._subjects[subject]
+
+
+__all__ = ["Entry", "SubjectTail", "Tail"]

@@ -1,0 +1,134 @@
+"""realtime.send_check: the broker's quick check accepts only what the full check accepts, with
+the same fields, and defers everything else to it."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from realtime.broker import DELIVER_AT_SKEW_MS_MAX
+from realtime.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
+from sdk.errors import QmqError
+from sdk.limits import (
+    MAX_BODY_BYTES,
+    MAX_MESSAGE_ID_CHARS,
+    MAX_PROPERTIES,
+    MAX_PROPERTY_KEY_BYTES,
+    MAX_PROPERTY_VALUE_BYTES,
+    MAX_TAG_BYTES,
+    MAX_TAGS,
+)
+from sdk.message import Message, decode_message, encode_message, validate_message
+
+NOW_MS = 1_700_000_000_000
+DELIVER_AT_MAX_MS = NOW_MS + DELIVER_AT_SKEW_MS_MAX
+
+
+def full_check(payload: bytes) -> Checked | None:
+    """What the broker's full path makes of a payload (None: refused)."""
+    try:
+        message = decode_message(payload)
+        validate_message(message, allow_internal=True, now_ms=NOW_MS)
+    except QmqError:
+        return None
+    if message.deliver_at_ms is not None and message.deliver_at_ms > DELIVER_AT_MAX_MS:
+        return None
+    return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
+                   message.deliver_at_ms)
+
+
+def payload(**fields) -> bytes:
+    base = {"i": "m-1", "s": "orders", "b": b"body", "c": NOW_MS}
+    base.update(fields)
+    return msgpack.packb({k: v for k, v in base.items() if v is not ...}, use_bin_type=True)
+
+
+# Valid fields near every limit, then at most one field changed to an edge or a wrong type: the
+# quick check must never accept what the full check refuses.
+valid_fields = st.fixed_dictionaries({
+    "i": st.from_regex(r"\A[\x21-\x7e]{1,4}\Z") | st.just("x" * MAX_MESSAGE_ID_CHARS),
+    "s": st.sampled_from(["orders", "a.b-c_d", "%retry%orders%billing", "%dead%orders%billing"]),
+    "b": st.binary(max_size=8),
+    "c": st.integers(min_value=0, max_value=2**63 - 1),
+}, optional={
+    "t": st.lists(st.text(min_size=1, max_size=3) | st.just("t" * MAX_TAG_BYTES),
+                  max_size=MAX_TAGS),
+    "p": st.dictionaries(st.text(min_size=1, max_size=3) | st.just("k" * MAX_PROPERTY_KEY_BYTES),
+                         st.text(max_size=3) | st.just("v" * MAX_PROPERTY_VALUE_BYTES),
+                         max_size=4),
+    "d": st.integers(min_value=0, max_value=DELIVER_AT_MAX_MS),
+    "x": st.integers(min_value=0, max_value=2**63 - 1),
+    "r": st.integers(min_value=0, max_value=1000),
+})
+anything = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2, max_value=2**64 - 1),
+                     st.text(max_size=5), st.binary(max_size=5), st.lists(st.text(max_size=3),
+                                                                          max_size=3),
+                     st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2))
+edges = {
+    "i": st.sampled_from(["x" * (MAX_MESSAGE_ID_CHARS + 1), "a b", "", "é"]),
+    "s": st.sampled_from(["%bogus", "%retry%x", "-bad", "", "x" * 201, "a/b"]),
+    "b": st.just(b"x" * (MAX_BODY_BYTES + 1)),
+    "c": st.just(-1),
+    "t": st.sampled_from([["t"] * (MAX_TAGS + 1), [""], ["t" * (MAX_TAG_BYTES + 1)],
+                          ["é" * (MAX_TAG_BYTES // 2 + 1)], [1]]),
+    "p": st.sampled_from([{"": "v"}, {"k" * (MAX_PROPERTY_KEY_BYTES + 1): "v"},
+                          {"é" * (MAX_PROPERTY_KEY_BYTES // 2 + 1): "v"},
+                          {"k": "é" * (MAX_PROPERTY_VALUE_BYTES // 2 + 1)}, {"k": 1},
+                          {f"k{i}": "v" for i in range(MAX_PROPERTIES + 1)}]),
+    "d": st.sampled_from([DELIVER_AT_MAX_MS + 1, -1]),
+    "x": st.just(-1),
+    "r": st.just(-1),
+    "zz": st.just(1),
+}
+mutations = st.none() | st.sampled_from(sorted(edges)).flatmap(
+    lambda key: st.tuples(st.just(key), edges[key] | anything | st.just(...)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(valid_fields, mutations)
+def test_the_quick_check_accepts_only_what_the_full_check_accepts_with_the_same_fields(
+        fields, mutation):
+    if mutation is not None:
+        fields[mutation[0]] = mutation[1]
+    data = payload(**fields)
+    quick = QuickCheck().check(data, DELIVER_AT_MAX_MS)
+    full = full_check(data)
+    if quick is not None:
+        assert quick == full
+    elif mutation is None:
+        # A valid message without surprises takes the quick path.
+        assert full is not None
+
+
+@given(st.binary(max_size=64))
+def test_bytes_that_are_not_a_message_are_left_to_the_full_check(data):
+    assert QuickCheck().check(data, DELIVER_AT_MAX_MS) is None or full_check(data) is not None
+
+
+def test_a_producers_plain_message_passes_the_quick_check():
+    message = Message.create("orders", b"x" * 256, now_ms=NOW_MS, tags=("vip",),
+                             properties={"order": "42"}, expire_at_ms=NOW_MS + 1000, id="m-42")
+    data = encode_message(message)
+    assert QuickCheck().check(data, DELIVER_AT_MAX_MS) == Checked(
+        "m-42", "orders", ("vip",), NOW_MS + 1000, None)
+
+
+@pytest.mark.parametrize("fields", [
+    {"b": b"x" * (MAX_BODY_BYTES + 1)},
+    {"t": ["t"] * (MAX_TAGS + 1)},
+    {"p": {f"k{i}": "v" for i in range(MAX_PROPERTIES + 1)}},
+    {"d": DELIVER_AT_MAX_MS + 1},
+    {"x": None},
+    {"extra": 1},
+], ids=["body", "tags", "properties", "deliver_at", "nil expire_at", "unknown key"])
+def test_a_message_at_or_past_a_limit_is_left_to_the_full_check(fields):
+    assert QuickCheck().check(payload(**fields), DELIVER_AT_MAX_MS) is None
+
+
+def test_the_cache_of_valid_subjects_stays_bounded():
+    check = QuickCheck()
+    for n in range(VALID_SUBJECTS_MAX + 5):
+        assert check.check(payload(s=f"s{n}"), DELIVER_AT_MAX_MS) is not None
+    assert len(check._valid_subjects) <= VALID_SUBJECTS_MAX

@@ -1,0 +1,105 @@
+"""sdk.producer: ``send_many`` and when a batch leaves (at once when nothing of its subject is on
+the wire, else after the linger or when the batch on the wire is answered)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdk.errors import BadRequest, Forbidden, TooLarge
+from sdk.limits import MAX_BODY_BYTES
+from sdk.message import Message, decode_message, encode_message
+from sdk.producer import Producer, Receipt
+from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
+
+HOUR_MS = 3_600_000
+
+
+def producer(meta, **options) -> Producer:
+    options.setdefault("retry_backoff_ms", 0)
+    return Producer(meta.url, app="shop", **options)
+
+
+async def test_send_many_returns_one_receipt_per_body_in_order(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        receipts = await p.send_many("orders", [b"%d" % i for i in range(300)])
+    assert [broker_a.stored[r.message_id].body for r in receipts] == [b"%d" % i for i in range(300)]
+    assert {(r.subject, r.broker_group, r.status) for r in receipts} == {
+        ("orders", "group-a", "stored")}
+    assert len({r.message_id for r in receipts}) == 300
+
+
+async def test_send_many_fills_batches_up_to_batch_size_max(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, batch_size_max=100, linger_ms=HOUR_MS) as p:
+        await p.send_many("orders", [b"x"] * 250)
+    assert sorted(len(ids) for ids in broker_a.sent_ids()) == [50, 100, 100]
+
+
+async def test_send_many_payloads_are_what_encode_message_makes(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, clock_ms=lambda: 1_234) as p:
+        [receipt] = await p.send_many("orders", [b"body"], tags=["vip"],
+                                      properties={"k": "v"}, expire_at=99_999)
+    [[sent]] = [op["messages"] for op in broker_a.ops("send")]
+    expected = Message(receipt.message_id, "orders", b"body", ("vip",), {"k": "v"},
+                       created_at_ms=1_234, expire_at_ms=99_999)
+    assert sent == encode_message(expected)
+    assert decode_message(sent) == expected
+
+
+async def test_send_many_refuses_a_bad_body_before_sending_anything(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        with pytest.raises(TooLarge):
+            await p.send_many("orders", [b"ok", b"x" * (MAX_BODY_BYTES + 1)])
+        with pytest.raises(BadRequest):
+            await p.send_many("orders", [b"ok", "not bytes"])  # type: ignore[list-item]
+        with pytest.raises(BadRequest):
+            await p.send_many("not a subject!", [b"ok"])
+    assert broker_a.ops("send") == []
+
+
+async def test_send_many_raises_a_rejection_or_returns_it_in_place(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        broker_a.fail_next("send", "error", ("forbidden", "no"))
+        with pytest.raises(Forbidden):
+            await p.send_many("orders", [b"1", b"2"])
+        broker_a.fail_next("send", "error", ("forbidden", "no"))
+        results = await p.send_many("orders", [b"1", b"2"], return_exceptions=True)
+    assert [type(r) for r in results] == [Forbidden, Forbidden]
+
+
+async def test_send_many_of_nothing_sends_nothing(meta, broker_a):
+    async with producer(meta) as p:
+        assert await p.send_many("orders", []) == []
+    assert broker_a.ops("send") == []
+
+
+async def test_a_lone_send_does_not_wait_for_the_linger(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=HOUR_MS)
+    # With an hour of linger, waiting for it would hit the test's timeout.
+    receipt = await asyncio.wait_for(p.send("orders", b"x"), 10)
+    assert isinstance(receipt, Receipt)
+    await p.close()
+
+
+async def test_sends_made_while_a_batch_is_on_the_wire_leave_together_when_it_is_answered(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=HOUR_MS)
+    await p.send("orders", b"warm-up")  # route and connection ready
+    broker_a.send_gate = asyncio.Event()
+    first = asyncio.create_task(p.send("orders", b"first"))
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 2)
+    later = [asyncio.create_task(p.send("orders", b"%d" % i)) for i in range(3)]
+    await asyncio.sleep(0.05)
+    assert len(broker_a.ops("send")) == 2  # the three wait behind the batch on the wire
+    broker_a.send_gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    assert [len(ids) for ids in broker_a.sent_ids()] == [1, 1, 3]
+    await p.close()
