@@ -109,9 +109,10 @@ class Broker:
         self._tail = Tail(TAIL_BYTES_MAX)
         # Pulls of one (subject, pull-log group) run one at a time: cursor -> entries -> record.
         self._group_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        # The group's cursor after its last pull, while its redelivery queue is known empty:
-        # a pull finding cursor == end then answers without a trip to the pull-log thread.
-        self._idle_cursors: dict[tuple[str, str], int] = {}
+        # The group's cursor after its last pull, while its redelivery queue is known empty: a
+        # pull then takes from the tail and records in one trip to the pull-log thread, or
+        # answers without any when cursor == end.
+        self._known_cursors: dict[tuple[str, str], int] = {}
         self._release_rounds = 0  # expiry rounds that released something; see _pull_once
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
 
@@ -351,56 +352,92 @@ class Broker:
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> list[dict[str, Any]]:
         subject = request.subject
         group = (subject, key)
-        if self._idle_cursors.get(group, -1) >= self._ends.get(subject, 0):
+        if self._known_cursors.get(group, -1) >= self._ends.get(subject, 0):
             return []  # caught up and nothing to redeliver: no need to ask the pull log
         lock = self._group_locks.get(group)
         if lock is None:
             lock = self._group_locks[group] = asyncio.Lock()
         async with lock:
-            start = (self._ends if request.start == "latest" else self._firsts).get(subject, 0)
             release_rounds = self._release_rounds
-            redeliveries, cursor = await self._pulllog_io(
-                self._plan_pull_io, subject, key, start, request.max_count, self.clock())
-            end = self._ends.get(subject, 0)
-            if not redeliveries and cursor >= end:
-                if release_rounds == self._release_rounds:
-                    self._idle_cursors[group] = cursor
-                return []
-            self._idle_cursors.pop(group, None)
-            now_ms = self.clock()
-            payloads: dict[int, bytes] = {}
-            missing = []
-            for seq in redeliveries:
-                cached = self._tail.get(subject, seq)
-                if cached is None:
-                    missing.append(seq)
-                else:
-                    payloads[seq] = cached[0]
-            remaining = request.max_count - len(redeliveries)
-            tail = self._tail.covering(subject, cursor) if remaining > 0 else None
-            if missing or (remaining > 0 and cursor < end and tail is None):
-                # Behind the tail: read the message store (queued behind any commit).
-                found, new_cursor = await self._store_io(
-                    self._read_io, subject, missing, cursor if tail is None else end, end,
-                    remaining, tags, now_ms)
-                payloads.update(found)
-                scanned = [seq for seq in found if seq not in redeliveries]
-            else:
-                scanned, new_cursor = [], cursor
-            chosen = list(redeliveries) + scanned
-            if tail is not None and remaining > 0:
-                budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
-                new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
-                                       tags, now_ms, budget_bytes, payloads, chosen)
-            if not chosen and new_cursor == cursor:
-                return []
-            out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
-                                         payloads, now_ms)
-            if len(redeliveries) < request.max_count and release_rounds == self._release_rounds:
-                # This pull drained the redelivery queue (only the lock holder takes from it) and
-                # no expiry round has put anything back since it looked.
-                self._idle_cursors[group] = new_cursor
+            known = self._known_cursors.pop(group, None)
+            out = None
+            if known is not None:
+                out, new_cursor = await self._pull_from_tail(request, key, tags, known)
+            if out is None:
+                out, new_cursor, drained = await self._pull_planned(request, key, tags)
+                if not drained:
+                    return out
+            if release_rounds == self._release_rounds:
+                # The redelivery queue is empty (only the lock holder takes from it) and no
+                # expiry round has put anything back since: the next pull may skip the plan.
+                self._known_cursors[group] = new_cursor
             return out
+
+    async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
+                              cursor: int) -> tuple[list[dict[str, Any]] | None, int]:
+        """One trip to the pull-log thread: entries from the tail after the cursor the group had
+        at its last pull. None when the tail does not reach back to it, or when the pull log
+        says the cursor moved or entries wait for redelivery after all."""
+        subject = request.subject
+        end = self._ends.get(subject, 0)
+        if cursor >= end:
+            return [], cursor
+        tail = self._tail.covering(subject, cursor)
+        if tail is None:
+            return None, cursor
+        now_ms = self.clock()
+        payloads: dict[int, bytes] = {}
+        chosen: list[int] = []
+        new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), request.max_count,
+                               tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen)
+        out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
+                                     payloads, now_ms, cursor)
+        return out, new_cursor
+
+    async def _pull_planned(self, request: Pull, key: str, tags: frozenset[str],
+                            ) -> tuple[list[dict[str, Any]], int, bool]:
+        """Ask the pull log for the group's redeliveries and cursor, take the entries (tail or
+        store) and record them. Returns them, the new cursor, and whether the redelivery queue
+        was drained."""
+        subject = request.subject
+        start = (self._ends if request.start == "latest" else self._firsts).get(subject, 0)
+        redeliveries, cursor = await self._pulllog_io(
+            self._plan_pull_io, subject, key, start, request.max_count, self.clock())
+        drained = len(redeliveries) < request.max_count
+        end = self._ends.get(subject, 0)
+        if not redeliveries and cursor >= end:
+            return [], cursor, drained
+        now_ms = self.clock()
+        payloads: dict[int, bytes] = {}
+        missing = []
+        for seq in redeliveries:
+            cached = self._tail.get(subject, seq)
+            if cached is None:
+                missing.append(seq)
+            else:
+                payloads[seq] = cached[0]
+        remaining = request.max_count - len(redeliveries)
+        tail = self._tail.covering(subject, cursor) if remaining > 0 else None
+        if missing or (remaining > 0 and cursor < end and tail is None):
+            # Behind the tail: read the message store (queued behind any commit).
+            found, new_cursor = await self._store_io(
+                self._read_io, subject, missing, cursor if tail is None else end, end,
+                remaining, tags, now_ms)
+            payloads.update(found)
+            scanned = [seq for seq in found if seq not in redeliveries]
+        else:
+            scanned, new_cursor = [], cursor
+        chosen = list(redeliveries) + scanned
+        if tail is not None:
+            budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
+            new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
+                                   tags, now_ms, budget_bytes, payloads, chosen)
+        if not chosen and new_cursor == cursor:
+            return [], cursor, drained
+        out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
+                                     payloads, now_ms, None)
+        assert out is not None  # no expected cursor: never refused
+        return out, new_cursor, drained
 
     def _plan_pull_io(self, subject: str, key: str, start: int, max_count: int,
                       now_ms: int) -> tuple[list[int], int]:
@@ -440,10 +477,17 @@ class Broker:
         return payloads, new_cursor
 
     def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
-                        payloads: dict[int, bytes], now_ms: int) -> list[dict[str, Any]]:
+                        payloads: dict[int, bytes], now_ms: int,
+                        expected_cursor: int | None) -> list[dict[str, Any]] | None:
+        """Record the pull; None (nothing recorded) if ``expected_cursor`` is given and the
+        group's cursor is not there or entries wait for redelivery."""
         pulllog = self.pulllog
         assert pulllog is not None
         subject = request.subject
+        if expected_cursor is not None and (
+                pulllog.cursor(subject, key) != expected_cursor
+                or pulllog.redelivery_count(subject, key)):
+            return None
         entries = pulllog.record_pull(subject, key, request.consumer_id, chosen, new_cursor, now_ms)
         out = []
         for entry in entries:
@@ -529,7 +573,7 @@ class Broker:
         if released:
             self._release_rounds += 1
         for subject, key in released:
-            self._idle_cursors.pop((subject, key), None)
+            self._known_cursors.pop((subject, key), None)
             self._notify(subject)
         return sum(released.values())
 
