@@ -7,6 +7,8 @@ import asyncio
 import os
 import sys
 
+from qmq.audit import add_audit_parser, run_audit
+
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
 
@@ -40,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--flush", choices=["sync", "async"], default="sync")
     rt.add_argument("--ack-timeout-ms", type=int, default=60_000)
     rt.add_argument("--consumer-expiry-ms", type=int, default=30_000)
+    rt.add_argument("--retry-backoff-ms", default=None,
+                    help="comma-separated delays before retry 1, 2, ... (last repeats); "
+                         "default 5s,10s,30s,1m,2m,5m,10m,30m,1h,2h")
+    rt.add_argument("--retries-max", type=int, default=16,
+                    help="after this many retries a nacked message goes to the dead letters")
     rt.add_argument("--clock-offset-ms", type=int, default=0,
                     help="TEST ONLY: shift this server's clock (pair with the delay server's)")
 
@@ -90,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--through", type=int, default=None,
                        help="dead purge: purge through this sequence (default: all)")
     admin.add_argument("--broker-group", default=None, help="dead purge: only this broker group")
+    add_audit_parser(sub)
     return parser
 
 
@@ -120,6 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _backoff(text: str | None) -> dict[str, tuple[int, ...]]:
+    """``--retry-backoff-ms 100,200`` as a RealtimeConfig keyword (nothing when not given)."""
+    if text is None:
+        return {}
+    try:
+        return {"retry_backoff_ms": tuple(int(part) for part in text.split(","))}
+    except ValueError:
+        raise ValueError(f"--retry-backoff-ms {text!r} must be comma-separated integers") from None
+
+
 async def _run(args: argparse.Namespace) -> int:
     from qmq import commands, launcher
 
@@ -140,6 +158,7 @@ async def _run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
             port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
             consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
+            retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
         ))
         return 0
     if args.command == "delay":
@@ -160,6 +179,8 @@ async def _run(args: argparse.Namespace) -> int:
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,
                                               args.broadcast)
+    if args.command == "audit":
+        return run_audit(args)  # blocking Spark driver; nothing else runs on this loop
     if args.command == "admin" and args.what == "dead":
         return await commands.admin_dead_command(
             args.meta, args.args, subject=args.subject, group=args.group, ids=args.ids,

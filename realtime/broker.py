@@ -91,6 +91,7 @@ class Broker:
         self.clock = clock
         self._opener = opener  # tests pass logstore.faults.FaultPlan.opener
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
+        self.write_failed = False  # a sticky write failure: read-only until restarted
         self.store: MessageStore | None = None
         self.pulllog: PullLogStore | None = None
         self._store_thread = IoThread("realtime-store-io")
@@ -241,7 +242,7 @@ class Broker:
             error = Overloaded(f"broker {self.config.group} disk full, send refused: {exc}")
         except LogWriteFailed as exc:
             log.error("write failure, broker goes read-only until restarted: %s", exc)
-            self.readonly = True
+            self.readonly = self.write_failed = True
             error = Internal(f"broker {self.config.group} storage write failed: {exc}")
         except Exception as exc:  # a bug: fail the batch loudly, keep the broker up
             log.exception("commit failed")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from realtime.retries import DEFAULT_BACKOFF_MS, DEFAULT_RETRIES_MAX
+
 FLUSH_MODES = ("sync", "async")
 
 
@@ -31,6 +33,8 @@ class RealtimeConfig:
     retention_check_interval_ms: int = 60_000  # how often retention runs
     shutdown_grace_ms: int = 5_000  # SIGTERM: time given to in-flight requests
     clock_offset_ms: int = 0  # TEST ONLY: added to the wall clock (paired with a delay server's)
+    retry_backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # delay before retry n: [n-1], last repeats
+    retries_max: int = DEFAULT_RETRIES_MAX  # after this many retries a nacked message is dead
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
@@ -46,6 +50,13 @@ class RealtimeConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if not self.retry_backoff_ms or any(
+            not isinstance(v, int) or v < 0 for v in self.retry_backoff_ms
+        ):
+            raise ValueError(f"retry_backoff_ms must be non-negative integers, got "
+                             f"{self.retry_backoff_ms!r}")
+        if not isinstance(self.retries_max, int) or self.retries_max < 0:
+            raise ValueError(f"retries_max must be an integer >= 0, got {self.retries_max!r}")
         for group, value in self.ack_timeout_ms_by_group.items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ack_timeout_ms_by_group[{group!r}] must be > 0, got {value!r}")

@@ -14,8 +14,11 @@ from logstore.fileio import Opener, OsFile
 from realtime.admin import BrokerAdmin, StorageAdmin
 from realtime.broker import Broker, wall_clock_ms
 from realtime.config import RealtimeConfig
+from realtime.nacks import NackHandler
+from realtime.retries import RetryPolicies, RetryPolicy
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
+from sdk.payload_sender import PayloadSender
 from sdk.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
 )
@@ -56,6 +59,16 @@ class RealtimeServer:
         self.registration: Registration | None = None
         self.port: int | None = None
         self.admin: BrokerAdmin | None = None  # made on first use, once storage is open
+        self._retry_sender: PayloadSender | None = None
+        if config.meta_url:
+            self._retry_sender = PayloadSender(config.meta_url, kind="delay",
+                                               client_id=f"realtime-{config.group}")
+        self.nacks = NackHandler(
+            self.broker,
+            RetryPolicies(RetryPolicy(config.retry_backoff_ms, config.retries_max)),
+            self._retry_sender.send if self._retry_sender else None,
+            protect_dead_subject=lambda subject: self._admin().protect(subject),
+        )
 
     @property
     def address(self) -> str:
@@ -82,7 +95,7 @@ class RealtimeServer:
         log.info("realtime group %s listening on %s", self.config.group, self.address)
 
     def _on_state(self, state: str) -> None:
-        self.broker.readonly = state == "readonly"
+        self.broker.readonly = state == "readonly" or self.broker.write_failed
         log.info("MetaServer set group %s to %s", self.config.group, state)
 
     async def stop(self) -> None:
@@ -91,6 +104,8 @@ class RealtimeServer:
             await self.registration.stop(deregister=True)
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.broker.stop()
+        if self._retry_sender is not None:
+            await self._retry_sender.close()
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""
@@ -99,6 +114,10 @@ class RealtimeServer:
             return {"ok": True, "server": {"kind": "realtime", "group": self.config.group,
                                            "node": self.address}}
         if isinstance(request, Send):
+            if broker.readonly and not broker.write_failed and self.registration is not None:
+                # The MetaServer may have switched us back to rw since our last heartbeat;
+                # ask (rate-limited) rather than refuse a producer it already routes here.
+                await self.registration.refresh_state()
             return {"results": await broker.send(request.messages)}
         if isinstance(request, Pull):
             return {"messages": await broker.pull(request)}
@@ -108,10 +127,7 @@ class RealtimeServer:
             broker.heartbeat(request)
             return {"ok": True}
         if isinstance(request, Nack):
-            raise NotSupported(
-                "nack needs the delay server, which is not built yet; leave the message unacked "
-                "and it is redelivered after the ack timeout"
-            )
+            return {"nacked": await self.nacks.nack(request)}
         if isinstance(request, Cancel):
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
         if isinstance(request, (Subjects, Browse, Purge)):

@@ -44,6 +44,7 @@ class Registration:
         self._task: asyncio.Task[None] | None = None
         self.registered = False
         self.state = "rw"
+        self._last_refresh_s = float("-inf")
 
     async def start(self) -> None:
         """Try to register now and keep heartbeating in the background."""
@@ -91,6 +92,15 @@ class Registration:
                 log.warning("register refused by %s: %s %s", self.meta_url, status, data)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             log.warning("MetaServer %s unreachable, will retry: %s", self.meta_url, exc)
+
+    async def refresh_state(self, min_interval_ms: int = 250) -> None:
+        """Heartbeat now to learn the state the MetaServer wants, at most once per
+        ``min_interval_ms`` however often it is asked."""
+        now_s = asyncio.get_running_loop().time()
+        if now_s - self._last_refresh_s < min_interval_ms / 1000:
+            return
+        self._last_refresh_s = now_s
+        await self.heartbeat_now()
 
     async def heartbeat_now(self) -> None:
         """Send one heartbeat (registering first if needed)."""

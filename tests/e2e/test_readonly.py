@@ -78,11 +78,6 @@ async def test_a_readonly_group_takes_no_more_sends_and_its_messages_are_still_c
     assert rows == {"rt1": "readonly", "rt2": "rw"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a broker learns the admin's readonly switch only from its next heartbeat answer, while "
-    "the MetaServer routes producers to it at once: for up to one heartbeat interval after "
-    "'readonly off' the only writable group refuses every send (sdk/registration.py, "
-    "metaserver/routing.py GroupView.usable)"))
 @pytest.mark.timeout(60)
 async def test_a_group_switched_back_to_rw_accepts_sends_as_soon_as_producers_are_routed_to_it(
     cluster,

@@ -187,7 +187,9 @@ async def test_bytes_that_are_not_a_frame_close_the_connection_and_others_are_se
     assert (await client.pull("s", "g", "c"))["messages"] == []
 
 
-async def test_nack_is_refused_with_not_supported_until_the_delay_server_exists(client, clock):
+async def test_nack_on_a_broker_with_no_metaserver_to_find_a_delay_server_is_not_supported(
+    client, clock
+):
     await client.send(message("s", b"x", clock))
     await client.pull("s", "g", "c", start="earliest")
     response = await client.request({"op": "nack", "subject": "s", "group": "g",

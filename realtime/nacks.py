@@ -1,0 +1,120 @@
+"""Nacks: a consumer hands pulled messages back, and each becomes a retry copy (through a delay
+server) or a dead letter (stored here), per the group's retry policy (``realtime.retries``).
+
+Order matters for "nothing lost": the copies are handed off first (the delay server answered
+stored, or the dead letter is durable here), and only then are the originals acked. If the
+hand-off fails, the nack fails with a retriable error and the originals stay unacked, so they
+come back after the ack timeout; a crash between the two steps gives at most a duplicate retry,
+which the receiving brokers' de-duplication by copy id absorbs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from realtime.retries import RetryCopy, RetryPolicies, plan_retry
+from sdk.errors import Internal, NotFound, NotSupported, error_from_wire
+from sdk.protocol import Nack
+
+if TYPE_CHECKING:
+    from realtime.broker import Broker
+
+log = logging.getLogger(__name__)
+
+# Sends retry copies to a delay server: (retry subject, payloads) -> (delay group, results).
+RetrySender = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict]]]]
+
+
+class NackHandler:
+    """Turns nacks into retries and dead letters for one broker."""
+
+    def __init__(self, broker: "Broker", policies: RetryPolicies,
+                 send_retries: RetrySender | None,
+                 protect_dead_subject: Callable[[str], Awaitable[object]] | None = None) -> None:
+        self.broker = broker
+        self.policies = policies
+        self._send_retries = send_retries
+        self._protect = protect_dead_subject
+        self._protected: set[str] = set()
+        self.stats = {"nacked": 0, "retried": 0, "dead": 0}
+
+    async def nack(self, request: Nack) -> int:
+        """Hand off a copy of each nacked message, then ack the originals; returns how many."""
+        broker = self.broker
+        keys = broker._keys_for(request.subject, request.group, request.consumer_id)
+        key, entries = await broker._pulllog_io(self._held_io, request.subject, keys,
+                                                request.consumer_id, request.pull_seqs)
+        if not entries:
+            return 0
+        seqs = [cl_seq for _pull_seq, cl_seq in entries]
+        payloads = await broker._store_io(self._read_io, request.subject, seqs)
+        now_ms = broker.clock()
+        copies = [plan_retry(p, request.group, self.policies, now_ms, request.retry_after_ms)
+                  for p in payloads]
+        await self._hand_off([c for c in copies if not c.dead], retry=True)
+        await self._hand_off([c for c in copies if c.dead], retry=False)
+        ranges = [(pull_seq, pull_seq) for pull_seq, _ in entries]
+        await broker._pulllog_io(self._ack_io, request.subject, key, request.consumer_id,
+                                 ranges, broker.clock())
+        self.stats["nacked"] += len(entries)
+        return len(entries)
+
+    async def _hand_off(self, copies: list[RetryCopy], *, retry: bool) -> None:
+        if not copies:
+            return
+        by_subject: dict[str, list[RetryCopy]] = {}
+        for copy in copies:
+            by_subject.setdefault(copy.subject, []).append(copy)
+        for subject, group_copies in by_subject.items():
+            payloads = [c.payload for c in group_copies]
+            if retry:
+                if self._send_retries is None:
+                    raise NotSupported("retries need a delay server and this broker has no "
+                                       "MetaServer to find one")
+                _group, results = await self._send_retries(subject, payloads)
+            else:
+                results = await self.broker.send(payloads)
+                if subject not in self._protected and self._protect is not None:
+                    await self._protect(subject)
+                    self._protected.add(subject)
+            for copy, result in zip(group_copies, results):
+                error = result.get("error")
+                if error:
+                    raise error_from_wire(error["code"], f"{copy.message.id} not handed off to "
+                                          f"{subject}: {error['message']}")
+            self.stats["retried" if retry else "dead"] += len(group_copies)
+
+    def _held_io(self, subject: str, keys: list[str], consumer: str,
+                 pull_seqs: list[int]) -> tuple[str, list[tuple[int, int]]]:
+        """(pull-log group, [(pull seq, consumer-log seq)]) of the nacked entries still held."""
+        pulllog = self.broker.pulllog
+        assert pulllog is not None
+        wanted = set(pull_seqs)
+        known = [key for key in keys if pulllog.has_group(subject, key)]
+        if not known:
+            raise NotFound(f"group {keys[0]} has never pulled subject {subject} on broker "
+                           f"{self.broker.config.group}")
+        for key in known:
+            held = [(e.pull_seq, e.consumer_log_seq)
+                    for e in pulllog.unacked(subject, key, consumer) if e.pull_seq in wanted]
+            if held:
+                return key, held
+        return known[0], []
+
+    def _read_io(self, subject: str, seqs: list[int]) -> list[bytes]:
+        store = self.broker.store
+        assert store is not None
+        try:
+            return [store.read(subject, seq).payload for seq in seqs]
+        except Exception as exc:  # storage fault: the nack fails, the message stays unacked
+            raise Internal(f"reading nacked messages of {subject} failed: {exc}") from exc
+
+    def _ack_io(self, subject: str, key: str, consumer: str, ranges: list[tuple[int, int]],
+                now_ms: int) -> int:
+        pulllog = self.broker.pulllog
+        assert pulllog is not None
+        return pulllog.record_ack(subject, key, consumer, ranges, now_ms)
+
+
+__all__ = ["NackHandler"]
