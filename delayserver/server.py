@@ -53,6 +53,7 @@ class DelayServer:
         self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None
+        self._stopped = False
 
     @property
     def address(self) -> str:
@@ -83,7 +84,11 @@ class DelayServer:
         self.scheduler.readonly = state == "readonly"
 
     async def stop(self) -> None:
-        """Stop accepting, finish in-flight requests, record dispatches, close, deregister."""
+        """Stop accepting, finish in-flight requests, record dispatches, close, deregister.
+        A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.registration is not None:
             await self.registration.stop(deregister=True)
         await self.frames.stop(self.config.shutdown_grace_ms)

@@ -14,7 +14,9 @@ import logging
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from realtime.retries import RetryCopy, RetryPolicies, plan_retry
-from sdk.errors import Internal, NotFound, NotSupported, error_from_wire
+from sdk.errors import (
+    ConnectionLost, Internal, NoRoute, NotFound, NotSupported, Overloaded, error_from_wire,
+)
 from sdk.protocol import Nack
 
 if TYPE_CHECKING:
@@ -72,7 +74,12 @@ class NackHandler:
                 if self._send_retries is None:
                     raise NotSupported("retries need a delay server and this broker has no "
                                        "MetaServer to find one")
-                _group, results = await self._send_retries(subject, payloads)
+                try:
+                    _group, results = await self._send_retries(subject, payloads)
+                except (NoRoute, ConnectionLost) as exc:
+                    raise Overloaded(f"no delay server reachable to hold {len(payloads)} retry "
+                                     f"copies for {subject}; the originals stay unacked: "
+                                     f"{exc.message}") from exc
             else:
                 results = await self.broker.send(payloads)
                 if subject not in self._protected and self._protect is not None:
