@@ -149,7 +149,7 @@ async def _loop_lag_probe(lags_ns: list[int]) -> None:
 
 
 async def _consume(meta_url: str, subject: str, count: int, timeout_s: float,
-                   ready: Any) -> dict[str, Any]:
+                   options: dict[str, Any], ready: Any) -> dict[str, Any]:
     from sdk import Consumer
     from sdk.routes import RouteCache
 
@@ -160,7 +160,8 @@ async def _consume(meta_url: str, subject: str, count: int, timeout_s: float,
     state = {"received": 0, "duplicates": 0, "last_ns": 0}
     latencies_ns: list[int] = []
     done = asyncio.Event()
-    consumers = [Consumer(meta_url, group=GROUP, start="earliest") for _ in range(CONSUMERS)]
+    consumers = [Consumer(meta_url, group=GROUP, start="earliest", **options)
+                 for _ in range(CONSUMERS)]
 
     async def drain(consumer: Any) -> None:
         async for msg in consumer.subscribe(subject):
@@ -269,7 +270,8 @@ def _cpu_note(count: int, broker_cpu_s: float, clients: dict[str, float]) -> str
 
 
 def run_produce(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
-                producer_options: dict[str, Any]) -> RunResult:
+                producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
+                ) -> RunResult:
     broker_cpu_s = process_cpu_s(cluster.broker.pid)
     out = _collect(ctx, [("produce", (cluster.meta_url, subject, count, api, producer_options))], ctx.Event(),
                    False, count / 1_000 + WORKER_SLACK_S)
@@ -280,10 +282,11 @@ def run_produce(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
 
 
 def run_e2e(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
-            producer_options: dict[str, Any]) -> RunResult:
+            producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
+                ) -> RunResult:
     timeout_s = count / 1_000 + WORKER_SLACK_S
     broker_cpu_s = process_cpu_s(cluster.broker.pid)
-    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s)),
+    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s, consumer_options)),
                          ("produce", (cluster.meta_url, subject, count, api, producer_options))],
                    ctx.Event(), True, timeout_s + 30)
     broker_cpu_s = process_cpu_s(cluster.broker.pid) - broker_cpu_s
@@ -297,10 +300,11 @@ def run_e2e(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
 
 
 def run_latency(ctx: Any, cluster: Cluster, subject: str, seconds: float, rate: int,
-                producer_options: dict[str, Any]) -> RunResult:
+                producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
+                ) -> RunResult:
     count = int(seconds * rate)
     timeout_s = seconds + WORKER_SLACK_S
-    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s)),
+    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s, consumer_options)),
                          ("produce_rate", (cluster.meta_url, subject, count, rate, producer_options))],
                    ctx.Event(), True, timeout_s + 30)
     p, c = out["produce_rate"], out["consume"]
@@ -340,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
                              "has it, else send)")
     parser.add_argument("--linger-ms", type=int, default=None,
                         help="Producer linger_ms (default: the SDK's)")
+    parser.add_argument("--rate", type=int, default=LATENCY_RATE_PER_S,
+                        help="messages/s of the latency run (the goal is set at 2,000)")
+    parser.add_argument("--pull-batch", type=int, default=None,
+                        help="Consumer pull_batch (default: the SDK's)")
+    parser.add_argument("--ack-pending-max", type=int, default=None,
+                        help="Consumer ack_pending_max (default: the SDK's)")
     parser.add_argument("--only", default="produce,e2e,latency",
                         help="comma-separated subset of produce,e2e,latency")
     args = parser.parse_args(argv)
@@ -350,10 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     api = args.api or ("send_many" if hasattr(Producer, "send_many") else "send")
     only = set(args.only.split(","))
     producer_options = {} if args.linger_ms is None else {"linger_ms": args.linger_ms}
+    consumer_options = {name: value for name, value in (
+        ("pull_batch", args.pull_batch), ("ack_pending_max", args.ack_pending_max))
+        if value is not None}
     ctx = multiprocessing.get_context("spawn")
 
     print(f"bench.realtime: flush={args.flush}, {count:,} messages of {BODY_BYTES} B per "
-          f"throughput run, latency {rate_text(seconds)}, {args.runs} runs, producer api {api}")
+          f"throughput run, latency {args.rate:,} msg/s for {seconds:g} s, {args.runs} runs, producer api {api}")
     print(f"machine: {multiprocessing.cpu_count()} cores, {cpu_model()}, "
           f"Python {platform.python_version()}")
     produce: list[RunResult] = []
@@ -369,13 +382,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run + 1} produce: {produce[-1].values['produced_per_s']:,.0f} msg/s "
                       f"({produce[-1].notes})", flush=True)
             if "e2e" in only:
-                e2e.append(run_e2e(ctx, cluster, f"bench.e2e.{run}", count, api, producer_options))
+                e2e.append(run_e2e(ctx, cluster, f"bench.e2e.{run}", count, api, producer_options,
+                                   consumer_options))
                 v = e2e[-1].values
                 print(f"run {run + 1} end to end: produced {v['produced_per_s']:,.0f} msg/s, "
                       f"consumed {v['consumed_per_s']:,.0f} msg/s ({e2e[-1].notes})", flush=True)
             if "latency" in only:
                 latency.append(run_latency(ctx, cluster, f"bench.latency.{run}", seconds,
-                                           LATENCY_RATE_PER_S, producer_options))
+                                           args.rate, producer_options,
+                                           consumer_options))
                 v = latency[-1].values
                 print(f"run {run + 1} latency: p50 {v['p50_ms']:.2f} ms, p99 {v['p99_ms']:.2f} ms, "
                       f"p99.9 {v['p999_ms']:.2f} ms ({latency[-1].notes})", flush=True)
@@ -392,16 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         missing = sum(r.values["missing"] for r in e2e)
         print(f"  every message received: {'yes' if missing == 0 else f'NO, {missing} missing'}")
     if latency:
-        print(_median_row(f"latency p50 at {LATENCY_RATE_PER_S:,}/s, ms", latency, "p50_ms",
+        print(_median_row(f"latency p50 at {args.rate:,}/s, ms", latency, "p50_ms",
                           "{:.2f}", "none", None))
         value = statistics.median(r.values["p99_ms"] for r in latency)
-        print(_median_row(f"latency p99 at {LATENCY_RATE_PER_S:,}/s, ms", latency, "p99_ms",
+        print(_median_row(f"latency p99 at {args.rate:,}/s, ms", latency, "p99_ms",
                           "{:.2f}", f"< {GOAL_P99_MS:g}", value < GOAL_P99_MS))
     return 0
-
-
-def rate_text(seconds: float) -> str:
-    return f"{LATENCY_RATE_PER_S:,} msg/s for {seconds:g} s"
 
 
 if __name__ == "__main__":

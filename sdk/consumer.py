@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
 from sdk.errors import BadRequest, NoRoute, NotSupported, QmqError
-from sdk.limits import MAX_ACK_RANGES, MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
+from sdk.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from sdk.message import Message, decode_message, validate_group, validate_subject, validate_tags
 from sdk.producer import default_client_id, duration_ms
 from sdk.routes import Route, RouteCache
@@ -48,21 +50,8 @@ PULL_TIMEOUT_SLACK_MS = 5_000
 RECONNECT_BACKOFF_MS_INITIAL = 100
 # Longest wait for an ack, nack or heartbeat answer, in milliseconds.
 CONTROL_TIMEOUT_MS = 5_000
-# A batch of acks that failed this many times is given up (the broker redelivers those messages).
-ACK_ATTEMPTS_MAX = 5
 
 Handler = Callable[["ReceivedMessage"], Awaitable[Any]]
-
-
-def seqs_to_ranges(seqs: set[int] | list[int]) -> list[list[int]]:
-    """Sorted inclusive [first, last] ranges covering exactly ``seqs``: {1,2,3,7} -> [[1,3],[7,7]]."""
-    ranges: list[list[int]] = []
-    for seq in sorted(seqs):
-        if ranges and ranges[-1][1] + 1 == seq:
-            ranges[-1][1] = seq
-        else:
-            ranges.append([seq, seq])
-    return ranges
 
 
 class ReceivedMessage:
@@ -77,6 +66,7 @@ class ReceivedMessage:
         broker_group: str,
         address: str,
         consumer: Consumer,
+        ack_key: tuple[str, str, str] | None = None,
     ) -> None:
         self.message = message
         self.pull_seq = pull_seq
@@ -85,6 +75,8 @@ class ReceivedMessage:
         self.broker_group = broker_group
         self.address = address
         self._consumer = consumer
+        # Where its ack goes: (address, broker group, subject), shared by a pulled batch.
+        self._ack_key = ack_key or (address, broker_group, message.subject)
         self._settled = False
 
     id = property(lambda self: self.message.id, doc="The message id.")
@@ -123,6 +115,66 @@ class ReceivedMessage:
         )
 
 
+class _Prefetch:
+    """The bounded buffer between a subscription's pull loops and its iterator: like an
+    ``asyncio.Queue`` of ``capacity``, but a pulled batch goes in with one call and waits only
+    while the buffer is full."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: deque[Any] = deque()
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._putters: deque[asyncio.Future[None]] = deque()
+
+    async def put_all(self, items: list[Any]) -> None:
+        """Append ``items`` in order, waiting for room whenever the buffer is full."""
+        done = 0
+        while done < len(items):
+            room = self.capacity - len(self.items)
+            if room <= 0:
+                waiter = asyncio.get_running_loop().create_future()
+                self._putters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    if waiter in self._putters:
+                        self._putters.remove(waiter)
+                continue
+            self.items.extend(items[done:done + room])
+            done += room
+            self._wake(self._getters)
+
+    def put_nowait(self, item: Any) -> None:
+        """Append ignoring the capacity (the end marker, an error)."""
+        self.items.append(item)
+        self._wake(self._getters)
+
+    async def get(self) -> Any:
+        items = self.items
+        while not items:
+            waiter = asyncio.get_running_loop().create_future()
+            self._getters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._getters:
+                    self._getters.remove(waiter)
+        item = items.popleft()
+        if self._putters:
+            self._wake(self._putters)
+        if items and self._getters:
+            self._wake(self._getters)  # pass the turn on: another getter may take the next
+        return item
+
+    @staticmethod
+    def _wake(waiters: deque[asyncio.Future[None]]) -> None:
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 class Subscription:
     """The async iterator of one subscribed subject. Ends when the consumer closes; raises a
     non-retriable pull error (Forbidden, ...) once, then goes on with the other broker groups."""
@@ -130,7 +182,7 @@ class Subscription:
     def __init__(self, subject: str, tags: list[str], capacity: int) -> None:
         self.subject = subject
         self.tags = tags
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=capacity)
+        self._prefetch = _Prefetch(capacity)
         self._ended = False
         self.pull_loops: dict[str, asyncio.Task[None]] = {}
         # broker group -> address its pull loop uses now (heartbeats go there).
@@ -144,7 +196,13 @@ class Subscription:
     async def __anext__(self) -> ReceivedMessage:
         if self._ended:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        prefetch = self._prefetch
+        if prefetch.items:  # the common case takes no trip through the event loop
+            item = prefetch.items.popleft()
+            if prefetch._putters:
+                prefetch._wake(prefetch._putters)
+        else:
+            item = await prefetch.get()
         if item is _END:
             self._ended = True
             raise StopAsyncIteration
@@ -155,14 +213,13 @@ class Subscription:
     @property
     def prefetched(self) -> int:
         """Messages pulled and waiting to be handed to the application."""
-        return self._queue.qsize()
+        return len(self._prefetch.items)
 
     def _end(self) -> None:
         # Prefetched messages are dropped unacked (redelivered by the broker); pull loops are
-        # stopped before this, so the queue has room for the end marker.
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(_END)
+        # stopped before this.
+        self._prefetch.items.clear()
+        self._prefetch.put_nowait(_END)
 
 
 _END = object()
@@ -175,94 +232,6 @@ class _HandlerSpec:
     fn: Handler
     concurrency: int
     task: asyncio.Task[None] | None = None
-
-
-class _AckBatcher:
-    """Collects acked pull sequences per (address, broker group, subject) and sends them as
-    ranges every ``interval_ms`` or once ``pending_max`` are waiting."""
-
-    def __init__(self, consumer: Consumer, interval_ms: int, pending_max: int) -> None:
-        self._consumer = consumer
-        self.interval_ms = interval_ms
-        self.pending_max = pending_max
-        self._pending: dict[tuple[str, str, str], set[int]] = {}
-        self._attempts: dict[tuple[str, str, str], int] = {}
-        self._count = 0
-        self._has_pending = asyncio.Event()
-        self._full = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
-        self.closed = False
-
-    @property
-    def pending_count(self) -> int:
-        return self._count
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="qmq-acks")
-
-    def add(self, key: tuple[str, str, str], pull_seq: int) -> None:
-        seqs = self._pending.setdefault(key, set())
-        if pull_seq not in seqs:
-            seqs.add(pull_seq)
-            self._count += 1
-        self._has_pending.set()
-        if self._count >= self.pending_max:
-            self._full.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._has_pending.wait()
-            try:
-                async with asyncio.timeout(self.interval_ms / 1000):
-                    await self._full.wait()
-            except TimeoutError:
-                pass
-            await self.flush()
-
-    async def flush(self) -> None:
-        """Send every recorded ack now; failures are kept for the next flush (up to
-        ACK_ATTEMPTS_MAX), after which the broker's redelivery takes over."""
-        async with self._lock:
-            pending, self._pending = self._pending, {}
-            self._count = 0
-            self._has_pending.clear()
-            self._full.clear()
-            if pending:
-                await asyncio.gather(*(self._send(k, s) for k, s in pending.items()))
-
-    async def _send(self, key: tuple[str, str, str], seqs: set[int]) -> None:
-        address, broker_group, subject = key
-        ranges = seqs_to_ranges(seqs)
-        for start in range(0, len(ranges), MAX_ACK_RANGES):
-            chunk = ranges[start:start + MAX_ACK_RANGES]
-            try:
-                await self._consumer._control(address, {"op": "ack", "subject": subject,
-                                                        "ranges": chunk})
-            except QmqError as exc:
-                attempts = self._attempts.get(key, 0) + 1
-                left = {s for first, last in ranges[start:] for s in range(first, last + 1)}
-                if exc.retriable and attempts < ACK_ATTEMPTS_MAX:
-                    self._attempts[key] = attempts
-                    log.warning("ack of %d message(s) of %r to %s failed (%s); will retry",
-                                len(left), subject, broker_group, exc)
-                    for seq in left:
-                        self.add(key, seq)
-                else:
-                    self._attempts.pop(key, None)
-                    log.error("giving up acking %d message(s) of %r on %s after %d attempt(s) "
-                              "(%s: %s); the broker will redeliver them after the ack timeout",
-                              len(left), subject, broker_group, attempts, exc.code, exc.message)
-                return
-        self._attempts.pop(key, None)
-
-    async def close(self) -> None:
-        self.closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        await self.flush()
 
 
 class Consumer:
@@ -334,7 +303,7 @@ class Consumer:
         )
         self._ack_interval_ms = ack_interval_ms
         self._ack_pending_max = ack_pending_max
-        self._acks: _AckBatcher | None = None
+        self._acks: AckBatcher | None = None
         self._subscriptions: dict[str, Subscription] = {}
         self._handlers: list[_HandlerSpec] = []
         self._handler_tasks: set[asyncio.Task[None]] = set()
@@ -358,7 +327,7 @@ class Consumer:
         if self._closing:
             raise RuntimeError("Consumer is closed")
         self._started = True
-        self._acks = _AckBatcher(self, self._ack_interval_ms, self._ack_pending_max)
+        self._acks = AckBatcher(self._control, self._ack_interval_ms, self._ack_pending_max)
         self._acks.start()
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name="qmq-heartbeat"
@@ -524,7 +493,7 @@ class Consumer:
                 failures += 1
                 log.warning("no consumer route for %r yet: %s", sub.subject, exc.message)
             except QmqError as exc:  # the MetaServer rejected the request: surface it
-                await sub._queue.put(exc)
+                sub._prefetch.put_nowait(exc)
                 return
             if route is not None:
                 self._sync_pull_loops(sub, route)
@@ -576,7 +545,7 @@ class Consumer:
                 if not exc.retriable:
                     log.error("pull of %r from broker group %s refused (%s: %s); stopping it",
                               sub.subject, broker_group, exc.code, exc.message)
-                    await sub._queue.put(exc)
+                    sub._prefetch.put_nowait(exc)
                     return
                 failures += 1
                 if isinstance(exc, RequestTimeout):
@@ -589,13 +558,17 @@ class Consumer:
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
             failures = 0
-            for entry in answer.get("messages") or []:
-                received = self._received(entry, sub, broker_group, address)
-                if received is not None:
-                    await sub._queue.put(received)
+            entries = answer.get("messages")
+            if entries:
+                ack_key = (address, broker_group, sub.subject)
+                batch = [received for received in (
+                    self._received(entry, sub, broker_group, address, ack_key) for entry in entries
+                ) if received is not None]
+                await sub._prefetch.put_all(batch)
 
     def _received(
-        self, entry: object, sub: Subscription, broker_group: str, address: str
+        self, entry: object, sub: Subscription, broker_group: str, address: str,
+        ack_key: tuple[str, str, str],
     ) -> ReceivedMessage | None:
         try:
             if not isinstance(entry, dict) or type(entry.get("pull_seq")) is not int:
@@ -617,6 +590,7 @@ class Consumer:
             broker_group=broker_group,
             address=address,
             consumer=self,
+            ack_key=ack_key,
         )
 
     # -- acks, nacks, heartbeats ----------------------------------------------------------------
@@ -626,7 +600,7 @@ class Consumer:
             log.warning("ack of message %s after the consumer closed is dropped; the broker "
                         "will redeliver it", msg.id)
             return
-        self._acks.add((msg.address, msg.broker_group, msg.subject), msg.pull_seq)
+        self._acks.add(msg._ack_key, msg.pull_seq)
 
     async def flush_acks(self) -> None:
         """Send every recorded ack now (close does this too)."""
@@ -676,4 +650,4 @@ class Consumer:
         await asyncio.gather(to_meta(), *(to_broker(a, s) for a, s in by_address.items()))
 
 
-__all__ = ["Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]
+__all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]

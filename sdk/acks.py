@@ -1,0 +1,136 @@
+"""The consumer's ack batcher: acks are recorded locally and sent as pull-sequence ranges.
+
+``msg.ack()`` only records the pull sequence here; the batcher sends the recorded sequences of
+each (broker address, broker group, subject) as sorted [first, last] ranges every
+``interval_ms``, or at once when ``pending_max`` are waiting. Acks may come in any order: one
+slow message holds back neither the others' acks nor the iterator. A failed ack is retried with
+the next flush, up to ACK_ATTEMPTS_MAX times; after that the broker's redelivery takes over
+(at-least-once, never loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sdk.errors import QmqError
+from sdk.limits import MAX_ACK_RANGES
+
+log = logging.getLogger(__name__)
+
+# A batch of acks that failed this many times is given up (the broker redelivers those messages).
+ACK_ATTEMPTS_MAX = 5
+
+# (broker address, broker group, subject)
+AckKey = tuple[str, str, str]
+# Sends one ack op to an address and returns the answer (raises the QmqError of a failure).
+SendAck = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def seqs_to_ranges(seqs: set[int] | list[int]) -> list[list[int]]:
+    """Sorted inclusive [first, last] ranges covering exactly ``seqs``: {1,2,3,7} -> [[1,3],[7,7]]."""
+    ranges: list[list[int]] = []
+    for seq in sorted(seqs):
+        if ranges and ranges[-1][1] + 1 == seq:
+            ranges[-1][1] = seq
+        else:
+            ranges.append([seq, seq])
+    return ranges
+
+
+class AckBatcher:
+    """Collects acked pull sequences per ``AckKey`` and sends them as ranges every
+    ``interval_ms`` or once ``pending_max`` are waiting."""
+
+    def __init__(self, send: SendAck, interval_ms: int, pending_max: int) -> None:
+        self._send_ack = send
+        self.interval_ms = interval_ms
+        self.pending_max = pending_max
+        self._pending: dict[AckKey, set[int]] = {}
+        self._attempts: dict[AckKey, int] = {}
+        self._count = 0
+        self._has_pending = asyncio.Event()
+        self._full = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def pending_count(self) -> int:
+        """Acks recorded and not sent yet."""
+        return self._count
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="qmq-acks")
+
+    def add(self, key: AckKey, pull_seq: int) -> None:
+        """Record one ack (recording it twice is harmless)."""
+        seqs = self._pending.get(key)
+        if seqs is None:
+            seqs = self._pending[key] = set()
+            self._has_pending.set()
+        if pull_seq not in seqs:
+            seqs.add(pull_seq)
+            self._count += 1
+            if self._count >= self.pending_max:
+                self._full.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            if not self._full.is_set():
+                try:
+                    async with asyncio.timeout(self.interval_ms / 1000):
+                        await self._full.wait()
+                except TimeoutError:
+                    pass
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send every recorded ack now; failures are kept for the next flush (up to
+        ACK_ATTEMPTS_MAX), after which the broker's redelivery takes over."""
+        async with self._lock:
+            pending, self._pending = self._pending, {}
+            self._count = 0
+            self._has_pending.clear()
+            self._full.clear()
+            if pending:
+                await asyncio.gather(*(self._send(k, s) for k, s in pending.items()))
+
+    async def _send(self, key: AckKey, seqs: set[int]) -> None:
+        address, broker_group, subject = key
+        ranges = seqs_to_ranges(seqs)
+        for start in range(0, len(ranges), MAX_ACK_RANGES):
+            chunk = ranges[start:start + MAX_ACK_RANGES]
+            try:
+                await self._send_ack(address, {"op": "ack", "subject": subject, "ranges": chunk})
+            except QmqError as exc:
+                attempts = self._attempts.get(key, 0) + 1
+                left = {s for first, last in ranges[start:] for s in range(first, last + 1)}
+                if exc.retriable and attempts < ACK_ATTEMPTS_MAX:
+                    self._attempts[key] = attempts
+                    log.warning("ack of %d message(s) of %r to %s failed (%s); will retry",
+                                len(left), subject, broker_group, exc)
+                    for seq in left:
+                        self.add(key, seq)
+                else:
+                    self._attempts.pop(key, None)
+                    log.error("giving up acking %d message(s) of %r on %s after %d attempt(s) "
+                              "(%s: %s); the broker will redeliver them after the ack timeout",
+                              len(left), subject, broker_group, attempts, exc.code, exc.message)
+                return
+        self._attempts.pop(key, None)
+
+    async def close(self) -> None:
+        """Stop the timer and send what is recorded; later acks are dropped by the caller."""
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.flush()
+
+
+__all__ = ["ACK_ATTEMPTS_MAX", "AckBatcher", "AckKey", "seqs_to_ranges"]

@@ -1,0 +1,43 @@
+"""sdk.consumer's prefetch buffer: bounded by pull_batch, in order, shared fairly by readers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sdk.consumer import Consumer, _Prefetch
+from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
+
+NEVER_MS = 3_600_000
+
+
+async def test_put_all_waits_while_the_buffer_is_full_and_keeps_the_order():
+    buffer = _Prefetch(capacity=3)
+    putting = asyncio.create_task(buffer.put_all(list(range(7))))
+    await asyncio.sleep(0)
+    assert list(buffer.items) == [0, 1, 2] and not putting.done()
+    got = [await buffer.get() for _ in range(7)]
+    await asyncio.wait_for(putting, 5)
+    assert got == list(range(7))
+
+
+async def test_waiting_readers_each_get_a_different_item():
+    buffer = _Prefetch(capacity=10)
+    readers = [asyncio.create_task(buffer.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    await buffer.put_all(["a", "b", "c"])
+    assert sorted(await asyncio.wait_for(asyncio.gather(*readers), 5)) == ["a", "b", "c"]
+
+
+async def test_a_slow_application_is_never_handed_more_than_pull_batch_ahead(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(20)))
+    consumer = Consumer(meta.url, group="billing", consumer_id="c1", pull_batch=4,
+                        ack_interval_ms=NEVER_MS, heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
+    async with consumer:
+        sub = consumer.subscribe("orders")
+        await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2)
+        await asyncio.sleep(0.05)
+        assert sub.prefetched == 4
+        bodies = [(await sub.__anext__()).body for _ in range(20)]
+        assert sub.prefetched <= 4
+    assert bodies == [b"%d" % i for i in range(20)]
