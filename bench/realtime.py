@@ -262,65 +262,83 @@ def _collect(ctx: Any, workers: list[tuple[str, tuple[Any, ...]]], ready: Any,
     return out
 
 
-def _cpu_note(count: int, broker_cpu_s: float, clients: dict[str, float]) -> str:
-    """CPU microseconds per message of each process (the cost, whatever the machine's load)."""
-    parts = [f"broker {broker_cpu_s / count * 1e6:.0f}"]
-    parts += [f"{name} {cpu_s / count * 1e6:.0f}" for name, cpu_s in clients.items()]
-    return "cpu us/msg: " + ", ".join(parts)
+@dataclass(frozen=True)
+class Clients:
+    """How the client processes are set up (bench options)."""
+
+    api: str  # "send_many" or "send": how the throughput producer sends
+    producer: dict[str, Any]  # Producer options beyond the defaults
+    consumer: dict[str, Any]  # Consumer options beyond the defaults
 
 
-def run_produce(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
-                producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
-                ) -> RunResult:
+def _cpu_values(count: int, broker_cpu_s: float, clients: dict[str, float]) -> dict[str, float]:
+    """CPU microseconds per message of each process: the cost, whatever the machine's load."""
+    values = {"broker_us": broker_cpu_s / count * 1e6}
+    values.update({f"{name}_us": cpu_s / count * 1e6 for name, cpu_s in clients.items()})
+    return values
+
+
+def _cpu_note(values: dict[str, float]) -> str:
+    return "cpu us/msg: " + ", ".join(
+        f"{key[:-3]} {value:.0f}" for key, value in values.items() if key.endswith("_us"))
+
+
+def run_produce(ctx: Any, cluster: Cluster, subject: str, count: int,
+                clients: Clients) -> RunResult:
     broker_cpu_s = process_cpu_s(cluster.broker.pid)
-    out = _collect(ctx, [("produce", (cluster.meta_url, subject, count, api, producer_options))], ctx.Event(),
-                   False, count / 1_000 + WORKER_SLACK_S)
+    out = _collect(ctx, [("produce", (cluster.meta_url, subject, count, clients.api,
+                                      clients.producer))],
+                   ctx.Event(), False, count / 1_000 + WORKER_SLACK_S)
     broker_cpu_s = process_cpu_s(cluster.broker.pid) - broker_cpu_s
     p = out["produce"]
-    return RunResult({"produced_per_s": count / ((p["end_ns"] - p["start_ns"]) / 1e9)},
-                     _cpu_note(count, broker_cpu_s, {"producer": p["cpu_s"]}))
+    values = {"produced_per_s": count / ((p["end_ns"] - p["start_ns"]) / 1e9)}
+    values.update(_cpu_values(count, broker_cpu_s, {"producer": p["cpu_s"]}))
+    return RunResult(values, _cpu_note(values))
 
 
-def run_e2e(ctx: Any, cluster: Cluster, subject: str, count: int, api: str,
-            producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
-                ) -> RunResult:
+def run_e2e(ctx: Any, cluster: Cluster, subject: str, count: int, clients: Clients) -> RunResult:
     timeout_s = count / 1_000 + WORKER_SLACK_S
     broker_cpu_s = process_cpu_s(cluster.broker.pid)
-    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s, consumer_options)),
-                         ("produce", (cluster.meta_url, subject, count, api, producer_options))],
-                   ctx.Event(), True, timeout_s + 30)
+    out = _collect(ctx, [
+        ("consume", (cluster.meta_url, subject, count, timeout_s, clients.consumer)),
+        ("produce", (cluster.meta_url, subject, count, clients.api, clients.producer)),
+    ], ctx.Event(), True, timeout_s + 30)
     broker_cpu_s = process_cpu_s(cluster.broker.pid) - broker_cpu_s
     p, c = out["produce"], out["consume"]
-    produced = count / ((p["end_ns"] - p["start_ns"]) / 1e9)
-    consumed = c["received"] / ((c["last_ns"] - p["start_ns"]) / 1e9) if c["received"] else 0.0
-    notes = (f"missing {count - c['received']}, duplicates {c['duplicates']}; "
-             + _cpu_note(count, broker_cpu_s, {"producer": p["cpu_s"], "consumers": c["cpu_s"]}))
-    return RunResult({"produced_per_s": produced, "consumed_per_s": consumed,
-                      "missing": count - c["received"]}, notes)
+    values = {
+        "produced_per_s": count / ((p["end_ns"] - p["start_ns"]) / 1e9),
+        "consumed_per_s": (c["received"] / ((c["last_ns"] - p["start_ns"]) / 1e9)
+                           if c["received"] else 0.0),
+        "missing": count - c["received"],
+    }
+    values.update(_cpu_values(count, broker_cpu_s,
+                              {"producer": p["cpu_s"], "consumers": c["cpu_s"]}))
+    notes = f"missing {count - c['received']}, duplicates {c['duplicates']}; {_cpu_note(values)}"
+    return RunResult(values, notes)
 
 
 def run_latency(ctx: Any, cluster: Cluster, subject: str, seconds: float, rate: int,
-                producer_options: dict[str, Any], consumer_options: dict[str, Any] | None = None,
-                ) -> RunResult:
+                clients: Clients) -> RunResult:
     count = int(seconds * rate)
     timeout_s = seconds + WORKER_SLACK_S
-    out = _collect(ctx, [("consume", (cluster.meta_url, subject, count, timeout_s, consumer_options)),
-                         ("produce_rate", (cluster.meta_url, subject, count, rate, producer_options))],
-                   ctx.Event(), True, timeout_s + 30)
+    out = _collect(ctx, [
+        ("consume", (cluster.meta_url, subject, count, timeout_s, clients.consumer)),
+        ("produce_rate", (cluster.meta_url, subject, count, rate, clients.producer)),
+    ], ctx.Event(), True, timeout_s + 30)
     p, c = out["produce_rate"], out["consume"]
     latencies_ms = sorted(ns / 1e6 for ns in c["latencies_ns"])
     acks_ms = sorted(ns / 1e6 for ns in p["acks_ns"])
     lags_ms = sorted(ns / 1e6 for ns in c["lags_ns"])
-    achieved = count / ((p["end_ns"] - p["start_ns"]) / 1e9)
+    offered = count / ((p["end_ns"] - p["start_ns"]) / 1e9)
+    values = {"p50_ms": percentile(latencies_ms, 0.50), "p99_ms": percentile(latencies_ms, 0.99),
+              "p999_ms": percentile(latencies_ms, 0.999), "missing": count - c["received"],
+              "send_p50_ms": percentile(acks_ms, 0.5), "send_p99_ms": percentile(acks_ms, 0.99)}
     notes = (f"missing {count - c['received']}, duplicates {c['duplicates']}, "
-             f"offered {achieved:,.0f} msg/s, max {latencies_ms[-1] if latencies_ms else 0:.1f} ms; "
-             f"send->receipt p50 {percentile(acks_ms, 0.5):.2f} p99 {percentile(acks_ms, 0.99):.2f} "
-             f"ms; consumer loop lag p99 {percentile(lags_ms, 0.99):.2f} "
+             f"offered {offered:,.0f} msg/s, max {latencies_ms[-1] if latencies_ms else 0:.1f} "
+             f"ms; send->receipt p50 {values['send_p50_ms']:.2f} p99 {values['send_p99_ms']:.2f}"
+             f" ms; consumer loop lag p99 {percentile(lags_ms, 0.99):.2f} "
              f"max {lags_ms[-1] if lags_ms else 0:.1f} ms")
-    return RunResult({"p50_ms": percentile(latencies_ms, 0.50),
-                      "p99_ms": percentile(latencies_ms, 0.99),
-                      "p999_ms": percentile(latencies_ms, 0.999),
-                      "missing": count - c["received"]}, notes)
+    return RunResult(values, notes)
 
 
 def _median_row(name: str, runs: list[RunResult], key: str, fmt: str, goal: str,
@@ -329,7 +347,14 @@ def _median_row(name: str, runs: list[RunResult], key: str, fmt: str, goal: str,
     median = statistics.median(values)
     all_runs = ", ".join(fmt.format(v) for v in values)
     verdict = "" if met is None else ("yes" if met else "NO")
-    return f"  {name:<28} {fmt.format(median):>12}   runs [{all_runs}]   goal {goal} {verdict}"
+    return f"  {name:<34} {fmt.format(median):>10}   runs [{all_runs}]   goal {goal} {verdict}"
+
+
+def _cpu_row(runs: list[RunResult]) -> str:
+    keys = [key for key in runs[0].values if key.endswith("_us")]
+    medians = ", ".join(f"{key[:-3]} {statistics.median(r.values[key] for r in runs):.0f}"
+                        for key in keys)
+    return f"  {'  cpu us/msg (medians)':<34} {medians}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,35 +363,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", choices=["sync", "async"], default="sync")
     parser.add_argument("--messages", type=int, default=None, help="messages per throughput run")
     parser.add_argument("--latency-seconds", type=float, default=None)
+    parser.add_argument("--rate", type=int, default=LATENCY_RATE_PER_S,
+                        help="messages/s of the latency run (the goal is set at 2,000)")
     parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--only", default="produce,e2e,latency",
+                        help="comma-separated subset of produce,e2e,latency")
     parser.add_argument("--api", choices=["send_many", "send"], default=None,
                         help="how the throughput producer sends (default: send_many if the SDK "
                              "has it, else send)")
-    parser.add_argument("--linger-ms", type=int, default=None,
-                        help="Producer linger_ms (default: the SDK's)")
-    parser.add_argument("--rate", type=int, default=LATENCY_RATE_PER_S,
-                        help="messages/s of the latency run (the goal is set at 2,000)")
-    parser.add_argument("--pull-batch", type=int, default=None,
-                        help="Consumer pull_batch (default: the SDK's)")
+    parser.add_argument("--linger-ms", type=int, default=None, help="Producer linger_ms")
+    parser.add_argument("--pull-batch", type=int, default=None, help="Consumer pull_batch")
     parser.add_argument("--ack-pending-max", type=int, default=None,
-                        help="Consumer ack_pending_max (default: the SDK's)")
-    parser.add_argument("--only", default="produce,e2e,latency",
-                        help="comma-separated subset of produce,e2e,latency")
+                        help="Consumer ack_pending_max")
     args = parser.parse_args(argv)
     count = args.messages or (MESSAGES_QUICK if args.quick else MESSAGES_DEFAULT)
     seconds = args.latency_seconds or (LATENCY_SECONDS_QUICK if args.quick else LATENCY_SECONDS)
+    only = set(args.only.split(","))
     from sdk import Producer
 
-    api = args.api or ("send_many" if hasattr(Producer, "send_many") else "send")
-    only = set(args.only.split(","))
-    producer_options = {} if args.linger_ms is None else {"linger_ms": args.linger_ms}
-    consumer_options = {name: value for name, value in (
-        ("pull_batch", args.pull_batch), ("ack_pending_max", args.ack_pending_max))
-        if value is not None}
+    clients = Clients(
+        api=args.api or ("send_many" if hasattr(Producer, "send_many") else "send"),
+        producer={} if args.linger_ms is None else {"linger_ms": args.linger_ms},
+        consumer={name: value for name, value in (("pull_batch", args.pull_batch),
+                                                  ("ack_pending_max", args.ack_pending_max))
+                  if value is not None},
+    )
     ctx = multiprocessing.get_context("spawn")
-
     print(f"bench.realtime: flush={args.flush}, {count:,} messages of {BODY_BYTES} B per "
-          f"throughput run, latency {args.rate:,} msg/s for {seconds:g} s, {args.runs} runs, producer api {api}")
+          f"throughput run, latency {args.rate:,} msg/s for {seconds:g} s, {args.runs} runs, "
+          f"producer api {clients.api}, options {clients.producer or ''}{clients.consumer or ''}")
     print(f"machine: {multiprocessing.cpu_count()} cores, {cpu_model()}, "
           f"Python {platform.python_version()}")
     produce: list[RunResult] = []
@@ -377,20 +402,17 @@ def main(argv: list[str] | None = None) -> int:
               f"(pid {cluster.broker.pid})", flush=True)
         for run in range(args.runs):
             if "produce" in only:
-                produce.append(run_produce(ctx, cluster, f"bench.produce.{run}", count, api,
-                                           producer_options))
+                produce.append(run_produce(ctx, cluster, f"bench.produce.{run}", count, clients))
                 print(f"run {run + 1} produce: {produce[-1].values['produced_per_s']:,.0f} msg/s "
                       f"({produce[-1].notes})", flush=True)
             if "e2e" in only:
-                e2e.append(run_e2e(ctx, cluster, f"bench.e2e.{run}", count, api, producer_options,
-                                   consumer_options))
+                e2e.append(run_e2e(ctx, cluster, f"bench.e2e.{run}", count, clients))
                 v = e2e[-1].values
                 print(f"run {run + 1} end to end: produced {v['produced_per_s']:,.0f} msg/s, "
                       f"consumed {v['consumed_per_s']:,.0f} msg/s ({e2e[-1].notes})", flush=True)
             if "latency" in only:
                 latency.append(run_latency(ctx, cluster, f"bench.latency.{run}", seconds,
-                                           args.rate, producer_options,
-                                           consumer_options))
+                                           args.rate, clients))
                 v = latency[-1].values
                 print(f"run {run + 1} latency: p50 {v['p50_ms']:.2f} ms, p99 {v['p99_ms']:.2f} ms, "
                       f"p99.9 {v['p999_ms']:.2f} ms ({latency[-1].notes})", flush=True)
@@ -398,20 +420,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedians of {args.runs} runs (flush={args.flush}):")
     if produce:
         print(_median_row("produce, msg/s", produce, "produced_per_s", "{:,.0f}", "none", None))
+        print(_cpu_row(produce))
     if e2e:
         for key, name in (("produced_per_s", "end to end produced, msg/s"),
                           ("consumed_per_s", "end to end consumed, msg/s")):
             value = statistics.median(r.values[key] for r in e2e)
             print(_median_row(name, e2e, key, "{:,.0f}", f">= {GOAL_E2E_PER_S:,}",
                               value >= GOAL_E2E_PER_S))
+        print(_cpu_row(e2e))
         missing = sum(r.values["missing"] for r in e2e)
         print(f"  every message received: {'yes' if missing == 0 else f'NO, {missing} missing'}")
     if latency:
-        print(_median_row(f"latency p50 at {args.rate:,}/s, ms", latency, "p50_ms",
-                          "{:.2f}", "none", None))
+        print(_median_row(f"latency p50 at {args.rate:,}/s, ms", latency, "p50_ms", "{:.2f}",
+                          "none", None))
         value = statistics.median(r.values["p99_ms"] for r in latency)
-        print(_median_row(f"latency p99 at {args.rate:,}/s, ms", latency, "p99_ms",
-                          "{:.2f}", f"< {GOAL_P99_MS:g}", value < GOAL_P99_MS))
+        print(_median_row(f"latency p99 at {args.rate:,}/s, ms", latency, "p99_ms", "{:.2f}",
+                          f"< {GOAL_P99_MS:g}", value < GOAL_P99_MS))
+        print(_median_row("  send -> receipt p99, ms", latency, "send_p99_ms", "{:.2f}",
+                          "none", None))
     return 0
 
 

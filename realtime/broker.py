@@ -215,7 +215,8 @@ class Broker:
         """Decode and validate with sdk.message; the QmqError says what is wrong."""
         message = decode_message(payload)
         validate_message(message, allow_internal=True, now_ms=now_ms)
-        if message.deliver_at_ms is not None and message.deliver_at_ms > now_ms + DELIVER_AT_SKEW_MS_MAX:
+        deliver_at_ms = message.deliver_at_ms
+        if deliver_at_ms is not None and deliver_at_ms > now_ms + DELIVER_AT_SKEW_MS_MAX:
             raise BadRequest(
                 f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
                 f"{message.deliver_at_ms - now_ms} ms ahead: send delayed messages to a "
@@ -350,7 +351,8 @@ class Broker:
             except TimeoutError:
                 return []
 
-    async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> list[dict[str, Any]]:
+    async def _pull_once(self, request: Pull, key: str, tags: frozenset[str],
+                         ) -> list[dict[str, Any]]:
         subject = request.subject
         group = (subject, key)
         if self._known_cursors.get(group, -1) >= self._ends.get(subject, 0):

@@ -30,7 +30,8 @@ SendAck = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def seqs_to_ranges(seqs: set[int] | list[int]) -> list[list[int]]:
-    """Sorted inclusive [first, last] ranges covering exactly ``seqs``: {1,2,3,7} -> [[1,3],[7,7]]."""
+    """Sorted inclusive [first, last] ranges covering exactly ``seqs``:
+    {1, 2, 3, 7} -> [[1, 3], [7, 7]]."""
     ranges: list[list[int]] = []
     for seq in sorted(seqs):
         if ranges and ranges[-1][1] + 1 == seq:
