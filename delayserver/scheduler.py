@@ -125,7 +125,7 @@ class Scheduler:
             task.cancel()
         await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
         if self.store is not None:
-            await self._io(self._advance_done_io, self._done_candidate())
+            await self.advance_done()
             await self._io(self.store.close)
         self._executor.shutdown(wait=True)
 
@@ -397,11 +397,21 @@ class Scheduler:
     # ------------------------------------------------------------------ housekeeping
 
     def _done_candidate(self) -> int:
-        """The highest bucket start below which nothing is loaded, in flight or retrying."""
-        candidate = self._next_load_ms
+        """The highest bucket start below which nothing is loaded, in flight or retrying.
+
+        Never past the bucket of now: messages for the current and later buckets may still
+        arrive, and the store files a message for a done bucket into the watermark's bucket;
+        a watermark in the future would file a message due now into an unloaded bucket.
+        """
+        candidate = min(self._next_load_ms, self.bucket_of(self.clock()))
         if self._bucket_counts:
             candidate = min(candidate, min(self._bucket_counts))
         return candidate
+
+    async def advance_done(self) -> None:
+        """Move the store's done watermark up as far as is safe now (housekeeping does this
+        every second; tests call it directly)."""
+        await self._io(self._advance_done_io, self._done_candidate())
 
     def _advance_done_io(self, candidate_ms: int) -> None:
         assert self.store is not None
@@ -421,7 +431,7 @@ class Scheduler:
                 await self._io(self.store.tick, now_ms)  # type: ignore[union-attr]
                 if now_ms - self._last_done_check_ms >= DONE_CHECK_INTERVAL_MS:
                     self._last_done_check_ms = now_ms
-                    await self._io(self._advance_done_io, self._done_candidate())
+                    await self.advance_done()
             except Exception:
                 log.exception("delay housekeeping failed")
 

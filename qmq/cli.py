@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
     send.add_argument("--prop", action="append", default=[], help="key=value (repeatable)")
     send.add_argument("--count", type=int, default=1, help="send this many copies")
+    when = send.add_mutually_exclusive_group()
+    when.add_argument("--delay-ms", type=int, default=None, help="deliver this many ms from now")
+    when.add_argument("--deliver-at", default=None,
+                      help="deliver at this time: ISO 8601 with a timezone, or epoch ms")
+
+    cancel = sub.add_parser("cancel", help="cancel a delayed message (as qmq send printed it)")
+    cancel.add_argument("subject")
+    cancel.add_argument("id", help="the message id")
+    cancel.add_argument("--group", required=True, help="the delay group in the receipt")
+    cancel.add_argument("--deliver-at-ms", type=int, required=True,
+                        help="deliver_at_ms from the receipt")
+    cancel.add_argument("--meta", default=DEFAULT_META_URL)
 
     consume = sub.add_parser("consume", help="print and ack messages of a subject")
     consume.add_argument("subject")
@@ -173,8 +185,14 @@ async def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "send":
         body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode("utf-8")
+        deliver_at_ms = (commands.parse_deliver_at(args.deliver_at)
+                         if args.deliver_at is not None else None)
         return await commands.send_command(args.meta, args.subject, body, args.tag,
-                                           commands.parse_properties(args.prop), args.count)
+                                           commands.parse_properties(args.prop), args.count,
+                                           args.delay_ms, deliver_at_ms)
+    if args.command == "cancel":
+        return await commands.cancel_command(args.meta, args.subject, args.id, args.group,
+                                             args.deliver_at_ms)
     if args.command == "consume":
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,

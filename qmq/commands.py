@@ -26,19 +26,50 @@ def parse_properties(pairs: list[str]) -> dict[str, str]:
     return props
 
 
+def parse_deliver_at(text: str) -> int:
+    """``--deliver-at``: an ISO 8601 time with a timezone, or epoch milliseconds."""
+    if text.isdigit():
+        return int(text)
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"--deliver-at {text!r} is neither ISO 8601 nor epoch ms") from None
+    if moment.tzinfo is None:
+        raise CommandError(f"--deliver-at {text!r} needs a timezone, e.g. {text}+00:00")
+    return int(moment.timestamp() * 1000)
+
+
 async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str],
-                       properties: dict[str, str], count: int) -> int:
-    """Send ``count`` copies of a message; prints one receipt line per message."""
+                       properties: dict[str, str], count: int, delay_ms: int | None = None,
+                       deliver_at_ms: int | None = None) -> int:
+    """Send ``count`` copies of a message (delayed if asked); prints one receipt line each."""
     from sdk.producer import Producer
 
     async with Producer(meta_url) as producer:
         receipts = await asyncio.gather(*(
-            producer.send(subject, body, tags=tags, properties=properties) for _ in range(count)
+            producer.send(subject, body, tags=tags, properties=properties, delay=delay_ms,
+                          deliver_at=deliver_at_ms)
+            for _ in range(count)
         ))
     for receipt in receipts:
+        due = f" deliver_at_ms={receipt.deliver_at_ms}" if receipt.delayed else ""
         print(f"{receipt.status} id={receipt.message_id} subject={receipt.subject} "
-              f"group={receipt.broker_group}")
+              f"group={receipt.broker_group}{due}")
     return 0
+
+
+async def cancel_command(meta_url: str, subject: str, message_id: str, delay_group: str,
+                         deliver_at_ms: int) -> int:
+    """Cancel a delayed message named as ``qmq send`` printed it; exit 0 only if cancelled."""
+    from sdk.producer import Producer, Receipt
+
+    receipt = Receipt(message_id, subject, delay_group, "stored", deliver_at_ms)
+    async with Producer(meta_url) as producer:
+        status = await producer.cancel(receipt)
+    print(f"{status} id={message_id}")
+    return 0 if status in ("cancelled", "already_cancelled") else 1
 
 
 async def consume_command(meta_url: str, subject: str, group: str, tags: list[str] | None,

@@ -18,10 +18,15 @@ Shape of a running consumer (one per process and group is typical):
 
 Delivery is at least once. A message not acked within the group's ack timeout (60 s by default,
 on the broker) is handed out again; so are prefetched messages that were never handed to the
-application when the consumer closed. ``msg.nack()`` asks the broker for a retry; until the delay
-server exists brokers answer not_supported and nack raises NotSupported. A handler that raises
-leaves its message unacked, so it comes back after the ack timeout (retries with backoff arrive
-with the delay server, DESIGN.md 8).
+application when the consumer closed.
+
+Retries (DESIGN.md 8): ``msg.nack()`` hands the message back; the broker re-publishes a copy with
+``retries + 1`` through a delay server to ``%retry%<subject>%<group>`` on the group's backoff
+schedule (or after ``retry_after``), and after the last retry to ``%dead%<subject>%<group>``. A
+subscription also pulls its group's retry subject (from its earliest message, since it belongs to
+this group alone), so retries come back through the same iterator or handler with
+``msg.subject`` the user subject and ``msg.retries`` counting. A handler that raises is nacked.
+A non-broadcast subscription only: broadcast groups have no retries.
 """
 
 from __future__ import annotations
@@ -36,9 +41,17 @@ from typing import Any, Literal
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
-from sdk.errors import BadRequest, NoRoute, NotSupported, QmqError
+from sdk.errors import BadRequest, NoRoute, QmqError
 from sdk.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
-from sdk.message import Message, decode_message, validate_group, validate_subject, validate_tags
+from sdk.message import (
+    Message,
+    decode_message,
+    parse_internal_subject,
+    retry_subject,
+    validate_group,
+    validate_subject,
+    validate_tags,
+)
 from sdk.producer import default_client_id, duration_ms
 from sdk.routes import Route, RouteCache
 
@@ -75,15 +88,24 @@ class ReceivedMessage:
         self.broker_group = broker_group
         self.address = address
         self._consumer = consumer
-        # Where its ack goes: (address, broker group, subject), shared by a pulled batch.
+        # Where its ack goes: (address, broker group, wire subject), shared by a pulled batch.
         self._ack_key = ack_key or (address, broker_group, message.subject)
         self._settled = False
 
     id = property(lambda self: self.message.id, doc="The message id.")
-    subject = property(lambda self: self.message.subject, doc="The subject.")
+    retries = property(lambda self: self.message.retries,
+                       doc="How many times it was nacked and retried before (0 on first try).")
+    wire_subject = property(lambda self: self.message.subject,
+                            doc="The subject it was pulled from (``%retry%...`` for a retry).")
     body = property(lambda self: self.message.body, doc="The body bytes.")
     tags = property(lambda self: self.message.tags, doc="The tags (tuple of str).")
     properties = property(lambda self: self.message.properties, doc="The str -> str properties.")
+
+    @property
+    def subject(self) -> str:
+        """The user subject (for a retry copy, the subject it was first sent to)."""
+        internal = parse_internal_subject(self.message.subject)
+        return internal.subject if internal is not None else self.message.subject
 
     @property
     def settled(self) -> bool:
@@ -99,9 +121,9 @@ class ReceivedMessage:
         self._consumer._record_ack(self)
 
     async def nack(self, retry_after: timedelta | int | None = None) -> None:
-        """Ask the broker to redeliver after ``retry_after`` (timedelta or ms; None = the group's
-        backoff). Brokers without the delay server answer not_supported: NotSupported is raised
-        and the message stays unacked (it comes back after the ack timeout)."""
+        """Hand the message back for a retry after ``retry_after`` (timedelta or ms; None = the
+        group's backoff schedule). When the broker cannot hand it to a delay server it raises
+        (Overloaded, ...) and the message stays unacked: it comes back after the ack timeout."""
         if self._settled:
             return
         retry_after_ms = None if retry_after is None else duration_ms(retry_after, "retry_after")
@@ -179,15 +201,19 @@ class Subscription:
     """The async iterator of one subscribed subject. Ends when the consumer closes; raises a
     non-retriable pull error (Forbidden, ...) once, then goes on with the other broker groups."""
 
-    def __init__(self, subject: str, tags: list[str], capacity: int) -> None:
+    def __init__(self, subject: str, tags: list[str], capacity: int,
+                 sources: list[str] | None = None) -> None:
         self.subject = subject
         self.tags = tags
+        # Wire subjects pulled into this iterator: the subject and, unless broadcast, its
+        # group's retry subject.
+        self.sources = sources or [subject]
         self._prefetch = _Prefetch(capacity)
         self._ended = False
-        self.pull_loops: dict[str, asyncio.Task[None]] = {}
-        # broker group -> address its pull loop uses now (heartbeats go there).
-        self.addresses: dict[str, str] = {}
-        self.route_task: asyncio.Task[None] | None = None
+        self.pull_loops: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # (wire subject, broker group) -> address its pull loop uses now (heartbeats go there).
+        self.addresses: dict[tuple[str, str], str] = {}
+        self.route_tasks: list[asyncio.Task[None]] = []
         self.refresh_wanted = asyncio.Event()
 
     def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
@@ -372,8 +398,7 @@ class Consumer:
     async def _stop_pulling(self) -> None:
         tasks: list[asyncio.Task[None]] = []
         for sub in self._subscriptions.values():
-            if sub.route_task is not None:
-                tasks.append(sub.route_task)
+            tasks.extend(sub.route_tasks)
             tasks.extend(sub.pull_loops.values())
         tasks.extend(spec.task for spec in self._handlers if spec.task is not None)
         for task in tasks:
@@ -407,11 +432,12 @@ class Consumer:
         if subject in self._subscriptions:
             raise ValueError(f"subject {subject!r} is already subscribed by this consumer")
         self._start()
-        sub = Subscription(subject, tag_list, self.pull_batch)
+        sources = [subject] if self.broadcast else [subject, retry_subject(subject, self.group)]
+        sub = Subscription(subject, tag_list, self.pull_batch, sources)
         self._subscriptions[subject] = sub
-        sub.route_task = asyncio.get_running_loop().create_task(
-            self._route_loop(sub), name=f"qmq-route {subject}"
-        )
+        loop = asyncio.get_running_loop()
+        sub.route_tasks = [loop.create_task(self._route_loop(sub, source),
+                                            name=f"qmq-route {source}") for source in sources]
         return sub
 
     def handler(
@@ -470,33 +496,29 @@ class Consumer:
     async def _nack_after_failure(self, msg: ReceivedMessage) -> None:
         try:
             await msg.nack()
-        except NotSupported:
-            log.warning("broker group %s cannot nack yet (no delay server); message %s stays "
-                        "unacked and is redelivered after the group's ack timeout",
-                        msg.broker_group, msg.id)
         except QmqError as exc:
             log.warning("nack of message %s failed (%s: %s); it stays unacked and is redelivered "
                         "after the group's ack timeout", msg.id, exc.code, exc.message)
 
     # -- routes and pulls -----------------------------------------------------------------------
 
-    async def _route_loop(self, sub: Subscription) -> None:
+    async def _route_loop(self, sub: Subscription, source: str) -> None:
         failures = 0
         route: Route | None = None
         while True:
             try:
                 route = await (self._routes.get if route is None else self._routes.refresh)(
-                    sub.subject, "consumer"
+                    source, "consumer"
                 )
                 failures = 0
             except NoRoute as exc:
                 failures += 1
-                log.warning("no consumer route for %r yet: %s", sub.subject, exc.message)
+                log.warning("no consumer route for %r yet: %s", source, exc.message)
             except QmqError as exc:  # the MetaServer rejected the request: surface it
                 sub._prefetch.put_nowait(exc)
                 return
             if route is not None:
-                self._sync_pull_loops(sub, route)
+                self._sync_pull_loops(sub, source, route)
             wait_ms = self.route_refresh_ms if failures == 0 else self._backoff_ms(failures)
             sub.refresh_wanted.clear()
             try:
@@ -505,38 +527,40 @@ class Consumer:
             except TimeoutError:
                 pass
 
-    def _sync_pull_loops(self, sub: Subscription, route: Route) -> None:
+    def _sync_pull_loops(self, sub: Subscription, source: str, route: Route) -> None:
         names = {g.group for g in route.groups}
-        for name, task in list(sub.pull_loops.items()):
-            if name not in names:
-                log.info("broker group %s left the route of %r; stopping its pulls", name, sub.subject)
+        for (loop_source, name), task in list(sub.pull_loops.items()):
+            if loop_source == source and name not in names:
+                log.info("broker group %s left the route of %r; stopping its pulls", name, source)
                 task.cancel()
-                del sub.pull_loops[name]
-                sub.addresses.pop(name, None)
+                del sub.pull_loops[(source, name)]
+                sub.addresses.pop((source, name), None)
         for name in names:
-            task = sub.pull_loops.get(name)
+            task = sub.pull_loops.get((source, name))
             if task is None or task.done():
-                sub.pull_loops[name] = asyncio.get_running_loop().create_task(
-                    self._pull_loop(sub, name), name=f"qmq-pull {sub.subject}@{name}"
+                sub.pull_loops[(source, name)] = asyncio.get_running_loop().create_task(
+                    self._pull_loop(sub, source, name), name=f"qmq-pull {source}@{name}"
                 )
 
     def _backoff_ms(self, failures: int) -> int:
         return min(RECONNECT_BACKOFF_MS_INITIAL << min(failures - 1, 20), self.reconnect_backoff_max_ms)
 
-    async def _pull_loop(self, sub: Subscription, broker_group: str) -> None:
+    async def _pull_loop(self, sub: Subscription, source: str, broker_group: str) -> None:
         failures = 0
+        # A retry subject carries only this group's retries: read it from its start.
+        start = self.start if source == sub.subject else "earliest"
         while True:
-            route = self._routes.cached(sub.subject, "consumer")
+            route = self._routes.cached(source, "consumer")
             group = route.group(broker_group) if route is not None else None
             if group is None:
-                sub.addresses.pop(broker_group, None)
+                sub.addresses.pop((source, broker_group), None)
                 return
             address = group.addresses[failures % len(group.addresses)]
-            sub.addresses[broker_group] = address
+            sub.addresses[(source, broker_group)] = address
             op = {
-                "op": "pull", "subject": sub.subject, "group": self.group,
+                "op": "pull", "subject": source, "group": self.group,
                 "consumer_id": self.consumer_id, "max_count": self.pull_batch,
-                "wait_ms": self.wait_ms, "tags": sub.tags, "start": self.start,
+                "wait_ms": self.wait_ms, "tags": sub.tags, "start": start,
                 "broadcast": self.broadcast,
             }
             try:
@@ -544,7 +568,7 @@ class Consumer:
             except QmqError as exc:
                 if not exc.retriable:
                     log.error("pull of %r from broker group %s refused (%s: %s); stopping it",
-                              sub.subject, broker_group, exc.code, exc.message)
+                              source, broker_group, exc.code, exc.message)
                     sub._prefetch.put_nowait(exc)
                     return
                 failures += 1
@@ -553,14 +577,14 @@ class Consumer:
                     await self._pool.discard(address)
                 backoff_ms = self._backoff_ms(failures)
                 log.warning("pull of %r from broker group %s at %s failed (%s); retrying in %d ms",
-                            sub.subject, broker_group, address, exc, backoff_ms)
+                            source, broker_group, address, exc, backoff_ms)
                 sub.refresh_wanted.set()
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
             failures = 0
             entries = answer.get("messages")
             if entries:
-                ack_key = (address, broker_group, sub.subject)
+                ack_key = (address, broker_group, source)
                 batch = [received for received in (
                     self._received(entry, sub, broker_group, address, ack_key) for entry in entries
                 ) if received is not None]
@@ -609,7 +633,7 @@ class Consumer:
 
     async def _nack(self, msg: ReceivedMessage, retry_after_ms: int | None) -> None:
         await self._control(msg.address, {
-            "op": "nack", "subject": msg.subject, "pull_seqs": [msg.pull_seq],
+            "op": "nack", "subject": msg._ack_key[2], "pull_seqs": [msg.pull_seq],
             "retry_after_ms": retry_after_ms,
         })
 
@@ -628,8 +652,11 @@ class Consumer:
         Failures are logged as warnings: the next heartbeat (or pull) tries again."""
         by_address: dict[str, list[list[str]]] = {}
         for sub in self._subscriptions.values():
-            for address in set(sub.addresses.values()):
-                by_address.setdefault(address, []).append([sub.subject, self.group])
+            for (source, _group), address in sub.addresses.items():
+                pair = [source, self.group]
+                pairs = by_address.setdefault(address, [])
+                if pair not in pairs:
+                    pairs.append(pair)
 
         async def to_broker(address: str, subscriptions: list[list[str]]) -> None:
             op = {"op": "heartbeat", "consumer_id": self.consumer_id, "subscriptions": subscriptions}

@@ -42,7 +42,6 @@ from sdk.errors import (
     BadRequest,
     Internal,
     NoRoute,
-    NotSupported,
     QmqError,
     TooLarge,
     error_from_wire,
@@ -100,8 +99,14 @@ class Receipt:
 
     message_id: str
     subject: str
-    broker_group: str
+    broker_group: str  # the realtime group, or for a delayed message the delay group holding it
     status: Literal["stored", "duplicate"]
+    deliver_at_ms: int | None = None  # set for delayed messages; ``cancel`` needs it
+
+    @property
+    def delayed(self) -> bool:
+        """True when a delay server holds the message until ``deliver_at_ms``."""
+        return self.deliver_at_ms is not None
 
 
 class _IdMaker:
@@ -141,14 +146,15 @@ class _Item:
     """One message on its way: its id, its payload, and who waits for the outcome (the future
     of a ``send``, or slot ``index`` of a ``send_many`` call)."""
 
-    __slots__ = ("message_id", "payload", "waiter", "index")
+    __slots__ = ("message_id", "payload", "waiter", "index", "deliver_at_ms")
 
     def __init__(self, message_id: str, payload: bytes, waiter: asyncio.Future[Receipt] | _Many,
-                 index: int = 0) -> None:
+                 index: int = 0, deliver_at_ms: int | None = None) -> None:
         self.message_id = message_id
         self.payload = payload
         self.waiter = waiter
         self.index = index
+        self.deliver_at_ms = deliver_at_ms  # None: realtime; else the delay server holds it
 
     def resolve(self, receipt: Receipt) -> None:
         waiter = self.waiter
@@ -170,9 +176,14 @@ def _fail_items(items: list[_Item], error: BaseException) -> None:
         item.fail(error)
 
 
+# Batches are kept per (subject, delayed): delayed messages go to delay servers.
+_Key = tuple[str, bool]
+
+
 @dataclass
 class _Batch:
     subject: str
+    delayed: bool = False
     items: list[_Item] = field(default_factory=list)
     size_bytes: int = 0
     timer: asyncio.Handle | None = None
@@ -230,14 +241,15 @@ class Producer:
         self.retry_backoff_ms = retry_backoff_ms
         self._clock_ms = clock_ms
         self._routes = routes or RouteCache(meta_url)
+        self._delay_routes = RouteCache(meta_url, kind="delay")
         self._pool = ConnectionPool(
             client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms
         )
-        self._open: dict[str, _Batch] = {}
+        self._open: dict[_Key, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
-        self._round_robin: dict[str, int] = {}
-        self._on_wire: dict[str, int] = {}  # subject -> batches sent and not yet settled
+        self._round_robin: dict[_Key, int] = {}
+        self._on_wire: dict[_Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
         self._new_id = _IdMaker()
         self._closing = False
         self._closed = False
@@ -264,31 +276,45 @@ class Producer:
 
         ``expire_at``: an aware datetime or epoch ms after which the message is not delivered.
         ``message_id``: your own id (1..128 printable ASCII) to make resends idempotent; a fresh
-        one is made otherwise. ``delay``/``deliver_at`` are for delayed messages and raise
-        NotSupported until the delay server is wired in.
+        one is made otherwise.
+        ``delay`` (a timedelta or ms) or ``deliver_at`` (a timezone-aware datetime or epoch ms):
+        a delay server holds the message until then (never delivers it earlier); the receipt
+        names that delay group and ``deliver_at_ms``, and ``cancel(receipt)`` withdraws it.
+        More than MAX_DELAY_MS (2 years) ahead raises DelayOutOfRange; a time in the past is
+        delivered at once.
         Raises BadRequest/TooLarge for an invalid message before sending, the broker's error for
         a rejected one, and the last retriable error once ``retries_max`` resends have failed.
         """
         if self._closing:
             raise RuntimeError("Producer is closed")
-        if delay is not None or deliver_at is not None:
-            # Delayed sends go to the delay server (DESIGN.md 9); the next issue routes them there.
-            raise NotSupported("delayed sends need the delay server (delay=/deliver_at=)")
+        if delay is not None and deliver_at is not None:
+            raise BadRequest("give delay or deliver_at, not both")
         if isinstance(tags, str):
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
+        now_ms = self._clock_ms()
+        deliver_at_ms = None
+        if delay is not None:
+            delay_ms = duration_ms(delay, "delay")
+            if delay_ms < 0:
+                raise BadRequest(f"delay must not be negative, got {delay_ms} ms")
+            deliver_at_ms = now_ms + delay_ms
+        elif deliver_at is not None:
+            deliver_at_ms = epoch_ms(deliver_at, "deliver_at")
         message = Message.create(
             subject,
             body,
-            now_ms=self._clock_ms(),
+            now_ms=now_ms,
             tags=tuple(tags),
             properties=dict(properties or {}),
+            deliver_at_ms=deliver_at_ms,
             expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
             id=self._new_id() if message_id is None else message_id,
         )
-        validate_message(message)
+        validate_message(message, now_ms=now_ms)
         payload = encode_message(message)
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
-        self._enqueue(subject, [_Item(message.id, payload, future)])
+        self._enqueue(subject, [_Item(message.id, payload, future, 0, deliver_at_ms)],
+                      delayed=deliver_at_ms is not None)
         return await future
 
     async def send_many(
@@ -369,18 +395,35 @@ class Producer:
             out.append((message_id, packb(fields)))
         return out
 
-    async def cancel(self, receipt: Receipt) -> None:
-        """Cancel a delayed message by its receipt. Only delayed messages can be cancelled, and
-        those need the delay server: raises NotSupported until it is wired in."""
-        raise NotSupported(
-            f"cancelling message {receipt.message_id} needs the delay server; "
-            "only delayed messages can be cancelled"
+    async def cancel(self, receipt: Receipt) -> str:
+        """Cancel a delayed message by its receipt, at the delay group that holds it.
+
+        Returns "cancelled" (it will never be delivered), "already_dispatched" (too late: it was
+        or is being delivered), "already_cancelled", or "unknown" (that delay group does not
+        know it). BadRequest for the receipt of a message that was not delayed.
+        """
+        if receipt.deliver_at_ms is None:
+            raise BadRequest(f"message {receipt.message_id} was not delayed; only delayed "
+                             "messages can be cancelled")
+        route = await self._delay_routes.get(receipt.subject, "producer")
+        group = route.group(receipt.broker_group)
+        if group is None or not group.addresses:
+            route = await self._delay_routes.refresh(receipt.subject, "producer")
+            group = route.group(receipt.broker_group)
+        if group is None or not group.addresses:
+            raise NoRoute(f"delay group {receipt.broker_group} holding message "
+                          f"{receipt.message_id} is not reachable now; try again")
+        answer = await self._pool.request(
+            group.addresses[0],
+            {"op": "cancel", "ids": [receipt.message_id], "deliver_at_ms": [receipt.deliver_at_ms]},
+            self.send_timeout_ms,
         )
+        return str(answer["results"][0]["status"])
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
-        for subject in list(self._open):
-            self._dispatch(subject)
+        for key in list(self._open):
+            self._dispatch(key)
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
@@ -395,55 +438,57 @@ class Producer:
             self._closed = True
             await self._pool.close()
             await self._routes.close()
+            await self._delay_routes.close()
 
     # -- batching -------------------------------------------------------------------------------
 
-    def _enqueue(self, subject: str, items: list[_Item]) -> None:
+    def _enqueue(self, subject: str, items: list[_Item], delayed: bool = False) -> None:
         size_max = MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES
-        batch = self._open.get(subject)
+        key = (subject, delayed)
+        batch = self._open.get(key)
         for item in items:
             size = len(item.payload) + _PAYLOAD_OVERHEAD_BYTES
             if batch is not None and batch.size_bytes + size > size_max:
-                self._dispatch(subject)
+                self._dispatch(key)
                 batch = None
             if batch is None:
-                batch = self._open[subject] = _Batch(subject)
+                batch = self._open[key] = _Batch(subject, delayed)
                 loop = asyncio.get_running_loop()
                 # With nothing of this subject on the wire there is no reason to wait: the batch
                 # leaves after this loop turn (so sends issued together still share it). Else it
                 # lingers for more, and leaves when the batch on the wire is answered at latest.
-                if self._on_wire.get(subject):
-                    batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, subject)
+                if self._on_wire.get(key):
+                    batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
                 else:
-                    batch.timer = loop.call_soon(self._dispatch, subject)
+                    batch.timer = loop.call_soon(self._dispatch, key)
             batch.items.append(item)
             batch.size_bytes += size
             if len(batch.items) >= self.batch_size_max:
-                self._dispatch(subject)
+                self._dispatch(key)
                 batch = None
 
-    def _dispatch(self, subject: str) -> None:
-        batch = self._open.pop(subject, None)
+    def _dispatch(self, key: _Key) -> None:
+        batch = self._open.pop(key, None)
         if batch is None:
             return
         if batch.timer is not None:
             batch.timer.cancel()
         task = asyncio.get_running_loop().create_task(
-            self._send_batch(batch), name=f"qmq-send {subject}"
+            self._send_batch(batch), name=f"qmq-send {batch.subject}"
         )
         self._tasks.add(task)
-        self._on_wire[subject] = self._on_wire.get(subject, 0) + 1
-        task.add_done_callback(functools.partial(self._batch_done, subject))
+        self._on_wire[key] = self._on_wire.get(key, 0) + 1
+        task.add_done_callback(functools.partial(self._batch_done, key))
 
-    def _batch_done(self, subject: str, task: asyncio.Task[None]) -> None:
+    def _batch_done(self, key: _Key, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        left = self._on_wire[subject] - 1
+        left = self._on_wire[key] - 1
         if left:
-            self._on_wire[subject] = left
+            self._on_wire[key] = left
             return
-        del self._on_wire[subject]
-        if subject in self._open:  # it lingered only because this batch was on the wire
-            self._dispatch(subject)
+        del self._on_wire[key]
+        if key in self._open:  # it lingered only because this batch was on the wire
+            self._dispatch(key)
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -462,14 +507,16 @@ class Producer:
     async def _send_with_retries(self, batch: _Batch) -> None:
         subject = batch.subject
         pending = batch.items
-        turn = self._round_robin.get(subject, 0)
-        self._round_robin[subject] = turn + 1
+        key = (subject, batch.delayed)
+        routes = self._delay_routes if batch.delayed else self._routes
+        turn = self._round_robin.get(key, 0)
+        self._round_robin[key] = turn + 1
         route: Route | None = None
         attempt = 0
         while True:
             try:
                 if route is None:
-                    route = await (self._routes.get if attempt == 0 else self._routes.refresh)(
+                    route = await (routes.get if attempt == 0 else routes.refresh)(
                         subject, "producer"
                     )
                 if not route.groups:
@@ -525,7 +572,8 @@ class Producer:
             error = result.get("error")
             if error is None:
                 status = "duplicate" if result.get("status") == "duplicate" else "stored"
-                item.resolve(Receipt(item.message_id, subject, broker_group, status))
+                item.resolve(Receipt(item.message_id, subject, broker_group, status,
+                                     item.deliver_at_ms))
                 continue
             exc = error_from_wire(
                 str(error.get("code")) if isinstance(error, dict) else "internal",

@@ -244,3 +244,18 @@ async def test_stats_report_pending_per_hour_and_subject_and_lateness(server, cl
     assert report["pending_per_subject"] == {"a": 1}
     assert sum(report["pending_per_hour"].values()) == 1
     assert report["dispatched"] == 1 and report["early"] == 0
+
+
+async def test_a_message_sent_after_idle_housekeeping_is_still_dispatched_on_time(
+    server, client, clock, realtime
+):
+    # With nothing pending, housekeeping retires old buckets; it must not retire the current
+    # or future ones, or a message due soon would be filed where nothing is loaded yet.
+    clock.advance(5_000)
+    await server.scheduler.advance_done()
+    assert server.scheduler.store.done_before() <= server.scheduler.bucket_of(clock())
+    due = clock() + 500
+    await client.send(message("s", b"soon", clock, deliver_at_ms=due))
+    clock.advance(500)
+    await realtime.wait_for(1, server, timeout_s=3)
+    assert realtime.received[0][0] - due < server.config.bucket_ms

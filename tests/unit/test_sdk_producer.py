@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sdk.errors import BadRequest, Forbidden, NotSupported, Overloaded, TooLarge
+from sdk.errors import BadRequest, DelayOutOfRange, Forbidden, Overloaded, TooLarge
 from sdk.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from sdk.message import decode_message
 from sdk.producer import Producer, Receipt
@@ -172,21 +172,26 @@ async def test_an_invalid_message_is_rejected_before_anything_is_sent(meta, brok
     assert broker_a.ops("send") == []
 
 
-async def test_delayed_sends_raise_not_supported_until_the_delay_server_exists(meta, broker_a):
+async def test_a_bad_delayed_send_is_refused_before_anything_is_sent(meta, broker_a):
     meta.set_route("orders", [broker_a])
     async with producer(meta) as p:
-        with pytest.raises(NotSupported, match="delay server"):
-            await p.send("orders", b"x", delay=timedelta(minutes=30))
-        with pytest.raises(NotSupported, match="delay server"):
-            await p.send("orders", b"x", deliver_at=datetime(2030, 1, 1, tzinfo=UTC))
+        with pytest.raises(BadRequest, match="timezone-aware"):
+            await p.send("orders", b"x", deliver_at=datetime(2030, 1, 1))
+        with pytest.raises(BadRequest, match="not both"):
+            await p.send("orders", b"x", delay=1000, deliver_at=datetime(2030, 1, 1, tzinfo=UTC))
+        with pytest.raises(BadRequest, match="must not be negative"):
+            await p.send("orders", b"x", delay=timedelta(seconds=-1))
+        with pytest.raises(DelayOutOfRange, match="MAX_DELAY_MS"):
+            await p.send("orders", b"x", delay=timedelta(days=731))
     assert broker_a.ops("send") == []
 
 
-async def test_cancel_raises_not_supported_until_the_delay_server_exists(meta, broker_a):
+async def test_only_a_delayed_message_can_be_cancelled(meta, broker_a):
     meta.set_route("orders", [broker_a])
     async with producer(meta) as p:
         receipt = await p.send("orders", b"x")
-        with pytest.raises(NotSupported, match="delay server"):
+        assert not receipt.delayed and receipt.deliver_at_ms is None
+        with pytest.raises(BadRequest, match="was not delayed"):
             await p.cancel(receipt)
     assert [r["op"] for r in broker_a.requests] == ["hello", "send"]
 
