@@ -144,6 +144,21 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_pressure_us() -> int | None:
+    """Microseconds some task has waited for a CPU since boot (Linux PSI), None if unknown.
+    Over an interval, the increase / the interval's length is the share of time the machine
+    was short of CPU: how much other work shared it with the benchmark."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    for field_text in some:
+        if field_text.startswith("total="):
+            return int(field_text[len("total="):])
+    return None
+
+
 def cpu_model() -> str:
     """The CPU model name from /proc/cpuinfo, or "unknown"."""
     try:

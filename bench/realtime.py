@@ -23,9 +23,19 @@ Figures, each run 3 times (a fresh subject per run) and printed as the median:
   the 4 consumers receive; latency = the consumer's receive time (when the iterator hands the
   message out) - the send time in the body. p50 and p99 over every message.
 
+Each run also prints what explains its figures on a shared machine: the CPU microseconds per
+message each process used (broker from /proc, clients from ``time.process_time()``: a cost that
+does not depend on how busy the machine is), and for the latency run the send -> receipt
+latency (the producer's share) and the consumer process's event-loop lag (a 1 ms sleep's
+overshoot: CPU starvation and pauses that every latency figure includes).
+
 Goals (DESIGN.md 14): >= 50,000 msg/s produced and consumed end to end with sync flush; p99
 end-to-end latency < 10 ms at 2,000 msg/s. This is a benchmark, not a test: it asserts nothing
 and exits 0 whether the goals are met or not. Every wait is bounded in time.
+
+Profiling: ``QMQ_BENCH_PROFILE_DIR=DIR`` runs each client under cProfile (stats in DIR);
+``QMQ_BENCH_BROKER_CMD`` replaces ``python -m qmq`` for the broker (see bench/_cluster.py);
+or attach ``py-spy record --gil -p PID`` to the broker pid printed at the start.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench._cluster import Cluster, cpu_model, percentile, process_cpu_s
+from bench._cluster import Cluster, cpu_model, cpu_pressure_us, percentile, process_cpu_s
 
 RUNS = 3
 BODY_BYTES = 256
@@ -397,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     produce: list[RunResult] = []
     e2e: list[RunResult] = []
     latency: list[RunResult] = []
+    pressure_start_us, wall_start_s = cpu_pressure_us(), time.monotonic()
     with Cluster(args.flush) as cluster:
         print(f"cluster: metaserver {cluster.meta_url}, broker {cluster.broker.address} "
               f"(pid {cluster.broker.pid})", flush=True)
@@ -417,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run + 1} latency: p50 {v['p50_ms']:.2f} ms, p99 {v['p99_ms']:.2f} ms, "
                       f"p99.9 {v['p999_ms']:.2f} ms ({latency[-1].notes})", flush=True)
 
+    pressure_end_us, wall_s = cpu_pressure_us(), time.monotonic() - wall_start_s
+    if pressure_start_us is not None and pressure_end_us is not None:
+        share = (pressure_end_us - pressure_start_us) / 1e6 / wall_s
+        print(f"\nmachine short of CPU {share:.0%} of the time "
+              "(PSI 'cpu some': the benchmark's processes and any other work)")
     print(f"\nmedians of {args.runs} runs (flush={args.flush}):")
     if produce:
         print(_median_row("produce, msg/s", produce, "produced_per_s", "{:,.0f}", "none", None))

@@ -393,6 +393,8 @@ class Broker:
         chosen: list[int] = []
         new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), request.max_count,
                                tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen)
+        if new_cursor == cursor:
+            return None, cursor  # the tail does not reach what the store says is committed
         out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
                                      payloads, now_ms, cursor)
         return out, new_cursor
