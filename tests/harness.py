@@ -162,6 +162,14 @@ def start_realtime(meta_url: str, data_dir: str, group: str, *extra: str,
                                                *extra])
 
 
+def start_delay(meta_url: str, data_dir: str, group: str, *extra: str,
+                port: int = 0) -> ServerProcess:
+    """A delay server subprocess registered with ``meta_url`` (``extra``: ``--bucket-ms N``,
+    ``--clock-offset-ms N``, ``--max-delay-ms N``, ``--flush async``)."""
+    return start_server(f"delay {group}", ["delay", "--meta", meta_url, "--data-dir", data_dir,
+                                            "--group", group, "--port", str(port), *extra])
+
+
 @dataclass
 class UpProcess(ServerProcess):
     """A running ``qmq up``: ``address`` is its realtime broker's; also its MetaServer URL and
@@ -219,6 +227,11 @@ class Cluster:
         return self.keep(start_realtime(self.meta_url, str(self.root / group), group, *extra,
                                          port=port))
 
+    def start_delay(self, group: str, *extra: str, port: int = 0) -> ServerProcess:
+        """A delay server of ``group`` on ``root/<group>`` (the same dir on every restart)."""
+        return self.keep(start_delay(self.meta_url, str(self.root / group), group, *extra,
+                                     port=port))
+
     def start_consumer_worker(self, group: str, subject: str, consumer_id: str,
                               *extra: str) -> ServerProcess:
         """A killable consumer process (``tests/e2e/consumer_worker.py``)."""
@@ -273,6 +286,13 @@ def admin_or_none(meta_url: str, what: str) -> list[dict[str, Any]] | None:
         return None
 
 
+def broker_states(meta_url: str) -> dict[tuple[str, str], str]:
+    """(kind, group) -> state ("rw", "readonly", ...) of every broker the MetaServer lists;
+    empty while it cannot be reached."""
+    return {(row["kind"], row["group"]): row["state"]
+            for row in admin_or_none(meta_url, "brokers") or []}
+
+
 def group_lag(meta_url: str, subject: str, group: str) -> tuple[int, int] | None:
     """(lag, brokers reporting) of (subject, group) as the brokers last reported it, or None."""
     for row in admin_or_none(meta_url, "groups") or []:
@@ -313,3 +333,115 @@ async def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+# ---------------------------------------------------------------------------- delayed deliveries
+
+
+def wait_registered(meta_url: str, expected: dict[tuple[str, str], str],
+                    timeout_s: float = 20) -> None:
+    """Block until every (kind, group) in ``expected`` has its state (e.g. "rw") at the
+    MetaServer; other brokers may be listed too."""
+    def ready() -> bool:
+        states = broker_states(meta_url)
+        return all(states.get(key) == state for key, state in expected.items())
+
+    wait_until(ready, timeout_s, f"brokers {expected} at the MetaServer", interval_s=0.1)
+
+
+def epoch_ms(clock_offset_ms: int = 0) -> int:
+    """The wall clock in epoch ms, shifted like a server run with ``--clock-offset-ms``."""
+    return time.time_ns() // 1_000_000 + clock_offset_ms
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One message handed to the application, stamped with the (offset) wall clock."""
+
+    id: str
+    subject: str  # the user subject (a retry copy reports the subject it was first sent to)
+    wire_subject: str  # where it was pulled from (``%retry%...`` for a retry copy)
+    body: bytes
+    retries: int
+    redelivered: int
+    properties: dict[str, str]
+    deliver_at_ms: int | None
+    at_ms: int  # epoch ms (plus the clock offset) when the application got it
+
+    @property
+    def lateness_ms(self) -> int:
+        """How long after its deliver_at it arrived (negative: early)."""
+        return self.at_ms - (self.deliver_at_ms if self.deliver_at_ms is not None else self.at_ms)
+
+
+class Arrivals:
+    """Every message a test's consumers got, with the receive time to compare with deliver_at.
+
+    ``clock_offset_ms`` is the servers' test clock offset, so "early" is judged in the clock the
+    delay server schedules by."""
+
+    def __init__(self, clock_offset_ms: int = 0) -> None:
+        self.clock_offset_ms = clock_offset_ms
+        self.items: list[Arrival] = []
+
+    def record(self, msg: Any) -> Arrival:
+        """Record a ``qmq.ReceivedMessage`` now."""
+        message = msg.message
+        arrival = Arrival(msg.id, msg.subject, msg.wire_subject, bytes(msg.body), msg.retries,
+                          msg.redelivered, dict(msg.properties), message.deliver_at_ms,
+                          epoch_ms(self.clock_offset_ms))
+        self.items.append(arrival)
+        return arrival
+
+    @property
+    def ids(self) -> set[str]:
+        return {a.id for a in self.items}
+
+    def of(self, message_id: str) -> list[Arrival]:
+        return [a for a in self.items if a.id == message_id]
+
+    def duplicates(self) -> dict[str, int]:
+        """Ids handed out more than once, with their counts."""
+        counts: dict[str, int] = {}
+        for arrival in self.items:
+            counts[arrival.id] = counts.get(arrival.id, 0) + 1
+        return {i: n for i, n in counts.items() if n > 1}
+
+    def early(self) -> list[Arrival]:
+        """Arrivals before their deliver_at (the delay server must never allow one)."""
+        return [a for a in self.items if a.lateness_ms < 0]
+
+    def lateness_summary(self) -> str:
+        """``p50 / p99 / max`` lateness in ms, for the test's output."""
+        values = sorted(a.lateness_ms for a in self.items if a.deliver_at_ms is not None)
+        if not values:
+            return "no delayed arrivals"
+
+        def pick(fraction: float) -> int:
+            return values[min(len(values) - 1, max(0, round(fraction * len(values)) - 1))]
+
+        return (f"{len(values)} delayed arrivals, lateness p50 {pick(0.5)} ms, "
+                f"p99 {pick(0.99)} ms, max {values[-1]} ms")
+
+
+async def consume_into(subscription: Any, arrivals: Arrivals, *, ack: bool = True) -> None:
+    """Record (and ack) everything ``subscription`` yields until the consumer closes; run it
+    as a task."""
+    async for msg in subscription:
+        arrivals.record(msg)
+        if ack:
+            await msg.ack()
+
+
+def start_delay_cluster(cluster: Cluster, *, realtime_flags: tuple[str, ...] = (),
+                        delay_flags: tuple[str, ...] = (), realtime_group: str = "rt1",
+                        delay_group: str = "d1") -> tuple[ServerProcess, ServerProcess]:
+    """A MetaServer, one realtime broker and one delay server, all registered rw; returns
+    (realtime, delay). One realtime group, so a re-dispatch always meets the broker that can
+    de-duplicate it."""
+    cluster.start_meta()
+    realtime = cluster.start_broker(realtime_group, *realtime_flags)
+    delay = cluster.start_delay(delay_group, *delay_flags)
+    wait_registered(cluster.meta_url, {("realtime", realtime_group): "rw",
+                                       ("delay", delay_group): "rw"})
+    return realtime, delay

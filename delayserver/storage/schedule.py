@@ -243,6 +243,9 @@ class ScheduleFiles:
             self.buffered_bytes -= len(data)
             del self._buffer_base[bucket_ms]
         self.index.remove(bucket_ms)
+        # Retiring a day's last files removes the day directory too; a later bucket of the same
+        # day must create it again rather than trust that it exists.
+        self._day_dirs.discard(bucket_ms // DAY_MS)
 
 
 def _first_at_or_after(handle: FileHandle, size: int, from_offset: int) -> int:
