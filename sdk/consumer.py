@@ -154,13 +154,7 @@ class _Prefetch:
         while done < len(items):
             room = self.capacity - len(self.items)
             if room <= 0:
-                waiter = asyncio.get_running_loop().create_future()
-                self._putters.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    if waiter in self._putters:
-                        self._putters.remove(waiter)
+                await self._wait(self._putters)
                 continue
             self.items.extend(items[done:done + room])
             done += room
@@ -174,19 +168,27 @@ class _Prefetch:
     async def get(self) -> Any:
         items = self.items
         while not items:
-            waiter = asyncio.get_running_loop().create_future()
-            self._getters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._getters:
-                    self._getters.remove(waiter)
+            await self._wait(self._getters)
         item = items.popleft()
         if self._putters:
             self._wake(self._putters)
         if items and self._getters:
             self._wake(self._getters)  # pass the turn on: another getter may take the next
         return item
+
+    @classmethod
+    async def _wait(cls, waiters: deque[asyncio.Future[None]]) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                cls._wake(waiters)  # woken, then cancelled: pass the wake-up on
+            raise
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
 
     @staticmethod
     def _wake(waiters: deque[asyncio.Future[None]]) -> None:

@@ -41,3 +41,13 @@ async def test_a_slow_application_is_never_handed_more_than_pull_batch_ahead(met
         bodies = [(await sub.__anext__()).body for _ in range(20)]
         assert sub.prefetched <= 4
     assert bodies == [b"%d" % i for i in range(20)]
+
+
+async def test_a_reader_cancelled_after_its_wake_up_passes_it_to_the_next_reader():
+    buffer = _Prefetch(capacity=10)
+    first = asyncio.create_task(buffer.get())
+    second = asyncio.create_task(buffer.get())
+    await asyncio.sleep(0)
+    buffer.put_nowait("only")  # wakes the first reader...
+    first.cancel()  # ...which is cancelled before it runs
+    assert await asyncio.wait_for(second, 5) == "only"
