@@ -287,10 +287,15 @@ def admin_or_none(meta_url: str, what: str) -> list[dict[str, Any]] | None:
 
 
 def broker_states(meta_url: str) -> dict[tuple[str, str], str]:
-    """(kind, group) -> state ("rw", "readonly", ...) of every broker the MetaServer lists;
-    empty while it cannot be reached."""
-    return {(row["kind"], row["group"]): row["state"]
-            for row in admin_or_none(meta_url, "brokers") or []}
+    """(kind, group) -> state ("rw", "readonly", "offline") of every broker group the
+    MetaServer lists; a group with an online broker (a restart on a new port leaves the old
+    broker's row "offline") takes that broker's state. Empty while it cannot be reached."""
+    states: dict[tuple[str, str], str] = {}
+    for row in admin_or_none(meta_url, "brokers") or []:
+        key = (row["kind"], row["group"])
+        if states.get(key, "offline") == "offline":
+            states[key] = row["state"]
+    return states
 
 
 def group_lag(meta_url: str, subject: str, group: str) -> tuple[int, int] | None:
