@@ -32,6 +32,15 @@ class DelayConfig:
     heartbeat_interval_ms: int = 3_000  # MetaServer heartbeat period
     clock_offset_ms: int = 0  # TEST ONLY: added to the wall clock to prove long delays quickly
     shutdown_grace_ms: int = 5_000  # SIGTERM: time given to in-flight requests
+    trace: bool = True  # write trace events (docs/AUDIT.md); best effort, off the hot path
+    trace_dir: str | None = None  # where trace files go; default <data_dir>/trace
+
+    @property
+    def trace_directory(self) -> str:
+        """Where this server's hourly trace files go."""
+        import os
+
+        return self.trace_dir or os.path.join(self.data_dir, "trace")
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:

@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.stats import DispatchStats
+from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
 from delayserver.wheel import TimingWheel
 from logstore.errors import DiskFull, LogWriteFailed
@@ -65,6 +66,7 @@ class Scheduler:
         self.clock = clock
         self._dispatch_fn = dispatch
         self._opener = opener
+        self.tracer = DelayTracer(None)  # the server installs one with its TraceWriter
         self.store: DelayStore | None = None
         self.readonly = False  # after a sticky write failure
         self.stats = DispatchStats()
@@ -193,6 +195,7 @@ class Scheduler:
             log.exception("delay commit failed")
             self._fail_batch(batch, Internal(f"commit failed: {type(exc).__name__}: {exc}"))
             return
+        self.tracer.scheduled([p.payload for p in batch], self.clock())
         for pending, entry in zip(batch, entries):
             if self._is_loaded(entry.bucket_ms):
                 self._track(entry)
@@ -311,6 +314,7 @@ class Scheduler:
             for entry, record in zip(batch, records):
                 by_subject[record.subject].append((entry, record.payload))
             confirmed: list[ScheduleEntry] = []
+            confirmed_payloads: list[bytes] = []
             failed: list[ScheduleEntry] = []
             for subject, items in by_subject.items():
                 try:
@@ -320,10 +324,11 @@ class Scheduler:
                                 len(items), subject, exc)
                     failed.extend(e for e, _ in items)
                     continue
-                for (entry, _payload), result in zip(items, results):
+                for (entry, payload), result in zip(items, results):
                     error = result.get("error")
                     if error is None:
                         confirmed.append(entry)
+                        confirmed_payloads.append(payload)
                     elif error.get("code") in ("bad_request", "too_large", "forbidden"):
                         # The realtime side will never take it: record it as dispatched so it
                         # does not loop forever, and say so loudly.
@@ -341,6 +346,7 @@ class Scheduler:
                     log.exception("recording %d dispatches failed", len(confirmed))
                 now_ms = self.clock()
                 self.stats.record(now_ms, [now_ms - e.deliver_at_ms for e in confirmed])
+                self.tracer.dispatched(confirmed_payloads, now_ms)
                 for entry in confirmed:
                     self._untrack(entry.key)
             if failed:
@@ -381,7 +387,9 @@ class Scheduler:
         if mine & set(in_flight) and not (mine & set(held)):
             outcome = "already_dispatched"
         else:
-            outcome = await self._io(self.store.cancel, message_id, deliver_at_ms)
+            outcome, subject = await self._io(self.store.cancel_detail, message_id, deliver_at_ms)
+            if outcome == "cancelled":
+                self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         for key in held:
             if key in mine and outcome == "cancelled":
                 self._untrack(key)

@@ -3,6 +3,7 @@ brokers found through the MetaServer, registered as a delay group, stopped grace
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -10,12 +11,14 @@ from typing import Any, Callable
 
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Dispatch, Scheduler
+from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import Cancel, Hello, Request, Send
 from sdk.registration import Registration
+from sdk.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,9 @@ class DelayServer:
                                          client_id=f"delay-{config.group}")
             dispatch = self._sender.send
         self.scheduler = Scheduler(config, self.clock, dispatch, opener)
+        self.trace = TraceWriter(config.trace_directory, f"delay:{config.group}",
+                                 enabled=config.trace)
+        self.scheduler.tracer = DelayTracer(self.trace)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None
@@ -95,6 +101,7 @@ class DelayServer:
         await self.scheduler.stop()
         if self._sender is not None:
             await self._sender.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""

@@ -27,6 +27,7 @@ from logstore.errors import DiskFull, LogStoreError, LogWriteFailed
 from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
+from realtime.tracing import BrokerTracer
 from realtime.io_thread import IoThread
 from realtime.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
@@ -116,6 +117,7 @@ class Broker:
         self._known_cursors: dict[tuple[str, str], int] = {}
         self._release_rounds = 0  # expiry rounds that released something; see _pull_once
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
+        self.tracer = BrokerTracer(None)  # the server installs one with its TraceWriter
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,6 +132,7 @@ class Broker:
         self._started_ms = self.clock()
         self._ends, self._firsts = await self._store_io(self._open_store, self._started_ms)
         await self._pulllog_io(self._open_pulllog)
+        await self._pulllog_io(self._seed_tracer_io)
         self._tasks = [
             asyncio.create_task(self._committer(), name="realtime-committer"),
             asyncio.create_task(self._expiry_loop(), name="realtime-expiry"),
@@ -163,6 +166,18 @@ class Broker:
             PullLogConfig(flush_interval_ms=self.config.flush_interval_ms),
         )
         log.info("pull log open: %s", self.pulllog.recovery)
+
+    def _seed_tracer_io(self) -> None:
+        """Tell the tracer what consumers held before this start (their acks are traced later)."""
+        pulllog = self.pulllog
+        if not self.tracer.enabled or pulllog is None:
+            return
+        for subject, key in pulllog.groups():
+            for consumer in pulllog.consumers(subject, key):
+                if consumer.unacked_count:
+                    self.tracer.held_before_restart(subject, key, consumer.consumer, {
+                        e.pull_seq: e.consumer_log_seq
+                        for e in pulllog.unacked(subject, key, consumer.consumer)})
 
     async def stop(self) -> None:
         """Stop the loops, commit what is queued, checkpoint and close the storage."""
@@ -265,6 +280,7 @@ class Broker:
         ``sequences`` has one entry per message of the batch, in order: its sequence if stored,
         None for a duplicate."""
         stored: dict[str, tuple[int, list[Entry], list[int]]] = {}
+        traced: list[bytes] = []
         it = iter(sequences)
         for request in batch:
             results = request.results
@@ -282,6 +298,9 @@ class Broker:
                     run = stored[subject] = (sequence, [], [0])
                 run[1].append((payload, message.tags, message.expire_at_ms))
                 run[2][0] += len(payload)
+                traced.append(payload)
+        if self.tracer.enabled:
+            self.tracer.stored(traced, self.clock())
         for subject, run in stored.items():
             self._tail_add(subject, run)
             self._notify(subject)
@@ -391,12 +410,16 @@ class Broker:
         now_ms = self.clock()
         payloads: dict[int, bytes] = {}
         chosen: list[int] = []
+        expired: list[bytes] | None = [] if self.tracer.enabled else None
         new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), request.max_count,
-                               tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen)
+                               tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen,
+                               expired)
         if new_cursor == cursor:
             return None, cursor  # the tail does not reach what the store says is committed
         out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
                                      payloads, now_ms, cursor)
+        if out is not None and expired:
+            self.tracer.expired(expired, key, now_ms)
         return out, new_cursor
 
     async def _pull_planned(self, request: Pull, key: str, tags: frozenset[str],
@@ -423,11 +446,12 @@ class Broker:
                 payloads[seq] = cached[0]
         remaining = request.max_count - len(redeliveries)
         tail = self._tail.covering(subject, cursor) if remaining > 0 else None
+        expired: list[bytes] | None = [] if self.tracer.enabled else None
         if missing or (remaining > 0 and cursor < end and tail is None):
             # Behind the tail: read the message store (queued behind any commit).
             found, new_cursor = await self._store_io(
                 self._read_io, subject, missing, cursor if tail is None else end, end,
-                remaining, tags, now_ms)
+                remaining, tags, now_ms, expired)
             payloads.update(found)
             scanned = [seq for seq in found if seq not in redeliveries]
         else:
@@ -436,12 +460,14 @@ class Broker:
         if tail is not None:
             budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
             new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
-                                   tags, now_ms, budget_bytes, payloads, chosen)
+                                   tags, now_ms, budget_bytes, payloads, chosen, expired)
         if not chosen and new_cursor == cursor:
             return [], cursor, drained
         out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
                                      payloads, now_ms, None)
         assert out is not None  # no expected cursor: never refused
+        if expired:
+            self.tracer.expired(expired, key, now_ms)
         return out, new_cursor, drained
 
     def _plan_pull_io(self, subject: str, key: str, start: int, max_count: int,
@@ -453,9 +479,11 @@ class Broker:
         return pulllog.take_redeliveries(subject, key, max_count), pulllog.cursor(subject, key)
 
     def _read_io(self, subject: str, seqs: list[int], cursor: int, end: int, count: int,
-                 tags: frozenset[str], now_ms: int) -> tuple[dict[int, bytes], int]:
+                 tags: frozenset[str], now_ms: int, expired: list[bytes] | None = None,
+                 ) -> tuple[dict[int, bytes], int]:
         """Store thread: the payloads of ``seqs`` (b"" when unreadable), then up to ``count``
-        deliverable messages from ``cursor``; returns them and the new cursor."""
+        deliverable messages from ``cursor``; returns them and the new cursor. Messages passed
+        over because they expired go to ``expired`` (for tracing)."""
         store = self.store
         assert store is not None
         payloads: dict[int, bytes] = {}
@@ -479,6 +507,8 @@ class Broker:
                 if self._deliverable(stored.payload, tags, now_ms):
                     payloads[stored.sequence] = stored.payload
                     budget_bytes -= len(stored.payload)
+                elif expired is not None and self._deliverable(stored.payload, tags, None):
+                    expired.append(stored.payload)  # it matched; only its expiry kept it back
         return payloads, new_cursor
 
     def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
@@ -507,18 +537,20 @@ class Broker:
             out.append({"pull_seq": entry.pull_seq, "payload": payload,
                         "redelivered": entry.redelivered})
         self.stats["pulled"] += len(out)
+        self.tracer.pulled(subject, key, request.consumer_id, out, now_ms)
         return out
 
     @staticmethod
-    def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int) -> bool:
-        """Exact tag match (the consumer log's bloom mask is only a pre-filter) and not expired."""
+    def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int | None) -> bool:
+        """Exact tag match (the consumer log's bloom mask is only a pre-filter) and not expired
+        at ``now_ms`` (None: ignore expiry)."""
         try:
             message = decode_message(payload)
         except QmqError:
             return False
         if tags and not tags.intersection(message.tags):
             return False
-        if message.expire_at_ms is not None and message.expire_at_ms <= now_ms:
+        if now_ms is not None and message.expire_at_ms is not None and message.expire_at_ms <= now_ms:
             return False
         return True
 
@@ -528,7 +560,23 @@ class Broker:
         """Record acks of pull-log ranges; returns how many entries became acked."""
         for key in self._keys_for(request.subject, request.group, request.consumer_id):
             self._touch(request.subject, key, request.consumer_id)
-        return await self._pulllog_io(self._ack_io, request, self.clock())
+        now_ms = self.clock()
+        acked, from_store = await self._pulllog_io(self._ack_io, request, now_ms)
+        for key, seqs in from_store:
+            payloads = await self._store_io(self._payloads_io, request.subject, seqs)
+            self.tracer.acked_payloads(payloads, key, request.consumer_id, now_ms)
+        return acked
+
+    def _payloads_io(self, subject: str, seqs: list[int]) -> list[bytes]:
+        """Store thread: the stored payloads of ``seqs`` (those still readable)."""
+        assert self.store is not None
+        out = []
+        for seq in seqs:
+            try:
+                out.append(self.store.read(subject, seq).payload)
+            except LogStoreError:
+                pass
+        return out
 
     def _keys_for(self, subject: str, group: str, consumer_id: str) -> list[str]:
         keys = [group]
@@ -537,13 +585,19 @@ class Broker:
             keys.append(broadcast_key)
         return keys
 
-    def _ack_io(self, request: Ack, now_ms: int) -> int:
+    def _ack_io(self, request: Ack, now_ms: int) -> tuple[int, list[tuple[str, list[int]]]]:
         assert self.pulllog is not None
         acked = 0
         known = False
+        from_store: list[tuple[str, list[int]]] = []
         for key in self._keys_for(request.subject, request.group, request.consumer_id):
             if self.pulllog.has_group(request.subject, key):
                 known = True
+                if self.tracer.enabled:
+                    seqs = self.tracer.acked(request.subject, key, request.consumer_id,
+                                             request.ranges, now_ms)
+                    if seqs:
+                        from_store.append((key, seqs))
                 acked += self.pulllog.record_ack(
                     request.subject, key, request.consumer_id, request.ranges, now_ms
                 )
@@ -553,7 +607,7 @@ class Broker:
                 f"{self.config.group}"
             )
         self.stats["acked"] += acked
-        return acked
+        return acked, from_store
 
     def heartbeat(self, request: Heartbeat) -> None:
         """Keep a consumer online for the (subject, group) pairs it names."""
@@ -599,6 +653,10 @@ class Broker:
                     seen.pop(consumer.consumer, None)
             if count:
                 released[(subject, key)] = count
+                if self.tracer.enabled:
+                    for consumer_id in self.tracer.consumers(subject, key):
+                        self.tracer.prune(subject, key, consumer_id, {
+                            e.pull_seq for e in pulllog.unacked(subject, key, consumer_id)})
         return released
 
     async def _flush_loop(self) -> None:

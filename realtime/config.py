@@ -35,6 +35,15 @@ class RealtimeConfig:
     clock_offset_ms: int = 0  # TEST ONLY: added to the wall clock (paired with a delay server's)
     retry_backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # delay before retry n: [n-1], last repeats
     retries_max: int = DEFAULT_RETRIES_MAX  # after this many retries a nacked message is dead
+    trace: bool = True  # write trace events (docs/AUDIT.md); best effort, off the hot path
+    trace_dir: str | None = None  # where trace files go; default <data_dir>/trace
+
+    @property
+    def trace_directory(self) -> str:
+        """Where this server's hourly trace files go."""
+        import os
+
+        return self.trace_dir or os.path.join(self.data_dir, "trace")
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:

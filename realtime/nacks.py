@@ -54,8 +54,15 @@ class NackHandler:
         now_ms = broker.clock()
         copies = [plan_retry(p, request.group, self.policies, now_ms, request.retry_after_ms)
                   for p in payloads]
-        await self._hand_off([c for c in copies if not c.dead], retry=True)
-        await self._hand_off([c for c in copies if c.dead], retry=False)
+        retries = [c for c in copies if not c.dead]
+        dead = [c for c in copies if c.dead]
+        await self._hand_off(retries, retry=True)
+        await self._hand_off(dead, retry=False)
+        tracer = broker.tracer
+        if tracer.enabled:
+            tracer.nacked(payloads, request.group, request.consumer_id, now_ms)
+            tracer.copied([c.payload for c in retries], False, request.group, now_ms)
+            tracer.copied([c.payload for c in dead], True, request.group, now_ms)
         ranges = [(pull_seq, pull_seq) for pull_seq, _ in entries]
         await broker._pulllog_io(self._ack_io, request.subject, key, request.consumer_id,
                                  ranges, broker.clock())
@@ -121,6 +128,7 @@ class NackHandler:
                 now_ms: int) -> int:
         pulllog = self.broker.pulllog
         assert pulllog is not None
+        self.broker.tracer.forget(subject, key, consumer, [first for first, _ in ranges])
         return pulllog.record_ack(subject, key, consumer, ranges, now_ms)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from sdk.limits import MAX_MESSAGE_ID_CHARS
 from sdk.message import (
+    ORIGIN_ID_PROPERTY,
     Message,
     dead_subject,
     decode_message,
@@ -29,7 +30,6 @@ from sdk.message import (
 DEFAULT_BACKOFF_MS = (5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000,
                       3_600_000, 7_200_000)
 DEFAULT_RETRIES_MAX = 16
-ORIGIN_ID_PROPERTY = "qmq-origin-id"  # the id of the first message of a retry chain
 ORIGIN_SUBJECT_PROPERTY = "qmq-origin-subject"  # the subject the chain started on
 
 

@@ -16,6 +16,7 @@ from realtime.broker import Broker, wall_clock_ms
 from realtime.config import RealtimeConfig
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
+from realtime.tracing import BrokerTracer
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
 from sdk.payload_sender import PayloadSender
@@ -23,6 +24,7 @@ from sdk.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
 )
 from sdk.registration import Registration
+from sdk.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class RealtimeServer:
     ) -> None:
         self.config = config
         self.broker = Broker(config, clock, opener)
+        self.trace = TraceWriter(config.trace_directory, f"realtime:{config.group}",
+                                 enabled=config.trace)
+        self.broker.tracer = BrokerTracer(self.trace)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None
@@ -104,6 +109,7 @@ class RealtimeServer:
             await self.registration.stop(deregister=True)
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.broker.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
         if self._retry_sender is not None:
             await self._retry_sender.close()
 

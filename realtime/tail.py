@@ -33,11 +33,13 @@ class SubjectTail:
         return self.start + len(self.entries)
 
     def take(self, cursor: int, stop: int, count: int, tags: frozenset[str], now_ms: int,
-             budget_bytes: int, payloads: dict[int, bytes], chosen: list[int]) -> int:
+             budget_bytes: int, payloads: dict[int, bytes], chosen: list[int],
+             expired: list[bytes] | None = None) -> int:
         """Pick up to ``count`` deliverable entries in [cursor, stop) into ``chosen`` and
         ``payloads``: with one of ``tags`` (if any), not expired at ``now_ms``, and within
-        ``budget_bytes`` of payload (past ``chosen``'s first). Returns the new cursor: the
-        sequence after the last entry looked at."""
+        ``budget_bytes`` of payload (past ``chosen``'s first). Entries passed over because they
+        expired go to ``expired`` (for tracing). Returns the new cursor: the sequence after the
+        last entry looked at."""
         entries, start = self.entries, self.start
         stop = min(stop, self.end)
         seq = cursor
@@ -51,6 +53,9 @@ class SubjectTail:
                 payloads[seq] = payload
                 budget_bytes -= len(payload)
                 count -= 1
+            elif expired is not None and expire_at_ms is not None and expire_at_ms <= now_ms and (
+                    not tags or not tags.isdisjoint(message_tags)):
+                expired.append(payload)
             seq += 1
         return seq
 

@@ -414,3 +414,29 @@ __all__ = [
     "dead_subject",
     "parse_internal_subject",
 ]
+
+
+# The property holding the id of the first message of a retry chain (set on retry copies).
+ORIGIN_ID_PROPERTY = "qmq-origin-id"
+
+
+def peek_trace_fields(payload: bytes) -> dict[str, Any] | None:
+    """A payload's id, user subject, origin id, created/deliver times, retries and internal kind,
+    read without building or validating a Message (for trace events); None if unreadable."""
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+        wire = data["s"]
+        msg_id = data["i"]
+        props = data.get("p") or {}
+        internal = parse_internal_subject(wire)
+        return {
+            "msg_id": msg_id,
+            "subject": internal.subject if internal is not None else wire,
+            "origin_id": props.get(ORIGIN_ID_PROPERTY, msg_id),
+            "created_at_ms": data.get("c"),
+            "deliver_at_ms": data.get("d"),
+            "retries": data.get("r", 0),
+            "internal": internal.kind if internal is not None else None,
+        }
+    except Exception:
+        return None

@@ -470,6 +470,10 @@ class DelayStore:
         """Cancel a message by id and due time; durable before it returns. Returns "cancelled",
         "already_dispatched", "already_cancelled" or "unknown" (never stored, not committed, or
         its bucket already retired by ``mark_done_before``)."""
+        return self.cancel_detail(message_id, deliver_at_ms)[0]
+
+    def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
+        """``cancel``, also returning the message's subject when it was found (for tracing)."""
         self._check_writable()
         if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
             raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
@@ -484,15 +488,15 @@ class DelayStore:
             if found:
                 break
         if not found:
-            return "unknown"
+            return "unknown", None
         state: DoneState = self._done.state(bucket)
         open_ = [(i, raw, s) for i, raw, s in found
                  if not state.is_done(done_key(raw.delay_log_offset, hashed))]
         if not open_:
             if any(done_key(raw.delay_log_offset, hashed) in state.dispatched
                    for _i, raw, _s in found):
-                return "already_dispatched"
-            return "already_cancelled"
+                return "already_dispatched", found[0][2]
+            return "already_cancelled", found[0][2]
         epoch = self._done.epoch
         self._write_done(bucket, KIND_CANCELLED, [
             DoneRecord(raw.delay_log_offset, hashed, index, epoch, KIND_CANCELLED)
@@ -503,7 +507,7 @@ class DelayStore:
             self._counts.remove(bucket, subject)
         self._done_since_checkpoint += len(open_)
         self._maybe_checkpoint()
-        return "cancelled"
+        return "cancelled", open_[0][2]
 
     # ------------------------------------------------------------------ queries
 

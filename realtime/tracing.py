@@ -1,0 +1,170 @@
+"""The realtime broker's trace events (``sdk.trace``): produced, stored, pulled, redelivered,
+acked, nacked, retried, dead and expired.
+
+Events carry the user subject (a retry copy's ``%retry%<subject>%<group>`` is traced under
+``<subject>``) and the chain's origin id, read from the payload without building a ``Message``.
+To name what an ack settled (acks carry pull sequences, not ids), the tracer remembers the pulled
+entries each consumer still holds; ``prune`` forgets those released by an ack timeout or a
+consumer's expiry. After a restart the entries pulled before it are no longer known, and their
+acks are traced by reading the ids from the store instead (``acked_from_store``).
+
+Each method runs on the thread that has the data at hand (the event loop or a storage thread);
+``TraceWriter.emit`` is thread-safe and never blocks on I/O. Pull bookkeeping is touched only on
+the pull-log thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Iterable, Sequence
+
+from sdk.message import peek_trace_fields
+from sdk.trace import TraceWriter, trace_event
+
+_fields = peek_trace_fields
+
+
+class BrokerTracer:
+    """Emits a realtime broker's trace events; every method is a no-op when tracing is off."""
+
+    def __init__(self, writer: TraceWriter | None) -> None:
+        self.writer = writer
+        self.enabled = writer is not None and writer.enabled
+        # (subject, pull-log group, consumer) -> pull seq -> fields of what it holds, or its
+        # consumer-log sequence for an entry pulled before a restart (fields unknown)
+        self._held: dict[tuple[str, str, str], dict[int, dict[str, Any] | int]] = {}
+
+    def held_before_restart(self, subject: str, key: str, consumer: str,
+                            entries: dict[int, int]) -> None:
+        """Remember entries (pull seq -> consumer-log seq) a consumer held when the broker
+        started, so their acks can be traced from the store (pull-log thread)."""
+        if self.enabled and entries:
+            self._held.setdefault((subject, key, consumer), {}).update(entries)
+
+    def _emit(self, kind: str, fields: dict[str, Any], ts_ms: int, **extra: Any) -> None:
+        assert self.writer is not None
+        self.writer.emit(trace_event(
+            kind, ts_ms=ts_ms, msg_id=fields["msg_id"], subject=fields["subject"],
+            origin_id=fields["origin_id"], created_at_ms=fields["created_at_ms"],
+            deliver_at_ms=fields["deliver_at_ms"], retries=fields["retries"], **extra,
+        ))
+
+    def stored(self, payloads: Iterable[bytes], now_ms: int) -> None:
+        """Messages made durable; a producer's own message (not delayed, not a retry or dead
+        copy) is also ``produced`` at its created_at_ms."""
+        if not self.enabled:
+            return
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is None:
+                continue
+            if (fields["internal"] is None and fields["deliver_at_ms"] is None
+                    and not fields["retries"]):
+                self._emit("produced", fields, fields["created_at_ms"] or now_ms)
+            self._emit("stored", fields, now_ms)
+
+    def pulled(self, subject: str, key: str, consumer: str, out: list[dict[str, Any]],
+               now_ms: int) -> None:
+        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread)."""
+        if not self.enabled or not out:
+            return
+        group = key.split("#", 1)[0]
+        held = self._held.setdefault((subject, key, consumer), {})
+        for entry in out:
+            fields = _fields(entry["payload"])
+            if fields is None:
+                continue
+            held[entry["pull_seq"]] = fields
+            self._emit("pulled", fields, now_ms, group=group, consumer=consumer)
+            if entry["redelivered"]:
+                self._emit("redelivered", fields, now_ms, group=group, consumer=consumer)
+
+    def acked(self, subject: str, key: str, consumer: str,
+              ranges: Sequence[tuple[int, int]], now_ms: int) -> list[int]:
+        """Trace the held entries in ``ranges`` as acked (pull-log thread). Returns the
+        consumer-log sequences of acked entries pulled before a restart: the caller reads their
+        payloads from the store and passes them to ``acked_payloads``."""
+        if not self.enabled:
+            return []
+        held = self._held.get((subject, key, consumer))
+        if not held:
+            return []
+        group = key.split("#", 1)[0]
+        firsts = sorted(ranges)
+        starts = [first for first, _ in firsts]
+        from_store = []
+        for pull_seq in [s for s in held if _in_ranges(s, firsts, starts)]:
+            fields = held.pop(pull_seq)
+            if isinstance(fields, int):
+                from_store.append(fields)
+            else:
+                self._emit("acked", fields, now_ms, group=group, consumer=consumer)
+        if not held:
+            del self._held[(subject, key, consumer)]
+        return from_store
+
+    def acked_payloads(self, payloads: Iterable[bytes], key: str, consumer: str,
+                       now_ms: int) -> None:
+        """Trace acks of entries pulled before a restart, from their stored payloads."""
+        if not self.enabled:
+            return
+        group = key.split("#", 1)[0]
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is not None:
+                self._emit("acked", fields, now_ms, group=group, consumer=consumer)
+
+    def nacked(self, payloads: Iterable[bytes], group: str, consumer: str, now_ms: int) -> None:
+        """Messages a consumer handed back."""
+        if not self.enabled:
+            return
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is not None:
+                self._emit("nacked", fields, now_ms, group=group, consumer=consumer)
+
+    def copied(self, payloads: Iterable[bytes], dead: bool, group: str, now_ms: int) -> None:
+        """Retry copies handed to a delay server (``retried``) or dead letters stored here."""
+        if not self.enabled:
+            return
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is not None:
+                self._emit("dead" if dead else "retried", fields, now_ms, group=group)
+
+    def expired(self, payloads: Iterable[bytes], key: str, now_ms: int) -> None:
+        """Messages a group passed over because their expire_at had passed."""
+        if not self.enabled:
+            return
+        group = key.split("#", 1)[0]
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is not None:
+                self._emit("expired", fields, now_ms, group=group)
+
+    def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
+        """Forget entries of ``consumer`` no longer held (released to others); pull-log thread."""
+        held = self._held.get((subject, key, consumer))
+        if held:
+            for pull_seq in [s for s in held if s not in still_held]:
+                del held[pull_seq]
+            if not held:
+                del self._held[(subject, key, consumer)]
+
+    def forget(self, subject: str, key: str, consumer: str, pull_seqs: Iterable[int]) -> None:
+        """Drop entries settled other than by an ack (nacked) without an ``acked`` event."""
+        held = self._held.get((subject, key, consumer))
+        if held:
+            for pull_seq in pull_seqs:
+                held.pop(pull_seq, None)
+            if not held:
+                del self._held[(subject, key, consumer)]
+
+    def consumers(self, subject: str, key: str) -> list[str]:
+        """Consumers of (subject, key) with remembered entries."""
+        return [c for (s, k, c) in self._held if s == subject and k == key]
+
+
+def _in_ranges(value: int, ranges: list[tuple[int, int]], starts: list[int]) -> bool:
+    index = bisect.bisect_right(starts, value) - 1
+    return index >= 0 and ranges[index][0] <= value <= ranges[index][1]

@@ -1,0 +1,379 @@
+"""Trace events: what the servers append so that ``spark_audit`` can prove delivery (DESIGN.md 12).
+
+Format: JSON Lines, one event per line, UTF-8 (in practice ASCII), files rotated hourly by the
+writer's clock::
+
+    <directory>/<YYYYMMDDHH, UTC>/<server name with unsafe characters replaced by _>-<pid>.jsonl
+
+Why JSON Lines and not Parquet: a server appends a few lines at a time and never rewrites, so a
+crash leaves at most one torn last line, which both Spark's reader (``DROPMALFORMED``) and
+``read_events`` drop; Parquet needs a footer written at close, so an unclosed file is unreadable,
+and it would add pyarrow to every server. The cost: JSON is 3-5x larger than Parquet and slower to
+parse (the audit parses every line; docs/AUDIT.md has the figures). The audit gives Spark the
+explicit schema below, so nothing is inferred.
+
+Fields (``EVENT_FIELDS``; a missing key reads as null, so ``trace_event`` omits null fields):
+
+    field          type            meaning
+    event          string          one of EVENT_KINDS (required)
+    ts_ms          long            event time, ms since the epoch (required)
+    server         string          who wrote it, e.g. "realtime:rt-1" (filled in by the writer)
+    msg_id         string          the message (a retry copy has its own id) (required)
+    origin_id      string          root id of the retry chain; = msg_id for a first delivery
+    subject        string          the USER subject, never the %retry%/%dead% name (required)
+    group          string | null   consumer group
+    consumer       string | null   consumer id
+    created_at_ms  long | null     the message's created_at_ms
+    deliver_at_ms  long | null     the message's deliver_at_ms (null = at once)
+    retries        int             the copy's retry count (0 for a first delivery; absent = 0)
+    lateness_ms    long | null     dispatched only: ts_ms - deliver_at_ms
+
+Kinds: ``produced`` a broker accepted the message from a producer (ts_ms = the message's
+created_at_ms); ``stored`` the realtime broker made it durable; ``scheduled`` the delay server made
+a delayed message durable; ``cancelled``; ``dispatched`` the delay server got the realtime
+broker's confirmation; ``pulled`` handed to a consumer (a redelivery is ``pulled`` too, plus a
+``redelivered`` event); ``acked``; ``nacked``; ``retried`` a retry copy was handed to the delay
+server (msg_id = the copy's id, origin_id = the root); ``dead`` a copy stored in the dead-letter
+subject; ``expired`` not delivered because expire_at passed. ``pulled`` events carry the
+message's created_at_ms and deliver_at_ms (the audit needs them for lateness and early delivery).
+
+Tracing is best effort: ``TraceWriter.emit`` never blocks on I/O and memory is bounded, so when
+the disk is slow or failing, events are dropped (oldest batch first) and counted
+(``dropped_events``), with one warning per flush interval. Events still in memory are lost if the
+process dies; events handed to the OS survive a process crash but not a machine crash (no fsync).
+The audit treats a missing ``acked`` as a lost message, so a writer that drops events makes the
+audit fail loudly rather than pass quietly.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EVENT_KINDS = (
+    "produced", "stored", "scheduled", "cancelled", "dispatched", "pulled", "acked", "nacked",
+    "redelivered", "retried", "dead", "expired",
+)
+_EVENT_KIND_SET = frozenset(EVENT_KINDS)
+
+# (name, Spark SQL type): the one schema; spark_audit.schema builds its StructType from it.
+EVENT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("event", "string"),
+    ("ts_ms", "long"),
+    ("server", "string"),
+    ("msg_id", "string"),
+    ("origin_id", "string"),
+    ("subject", "string"),
+    ("group", "string"),
+    ("consumer", "string"),
+    ("created_at_ms", "long"),
+    ("deliver_at_ms", "long"),
+    ("retries", "int"),
+    ("lateness_ms", "long"),
+)
+EVENT_FIELD_NAMES = tuple(name for name, _ in EVENT_FIELDS)
+REQUIRED_FIELDS = ("event", "ts_ms", "msg_id", "subject")  # a line without one is dropped
+
+FLUSH_INTERVAL_MS_DEFAULT = 1_000  # longest an event waits in memory before being written
+BATCH_MAX_DEFAULT = 10_000  # events per batch; a full batch wakes the writer thread at once
+PENDING_EVENTS_MAX_DEFAULT = 100_000  # events held in memory at most; beyond, the oldest are dropped
+HOUR_MS = 3_600_000
+
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+# ASCII output (ensure_ascii) so a line is valid in any reader's encoding; compact separators.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
+
+def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
+                origin_id: str | None = None, group: str | None = None,
+                consumer: str | None = None, created_at_ms: int | None = None,
+                deliver_at_ms: int | None = None, retries: int = 0,
+                lateness_ms: int | None = None) -> dict[str, Any]:
+    """Build one event for ``TraceWriter.emit``: null fields are left out, ``origin_id`` defaults
+    to ``msg_id``, a ``dispatched`` event's ``lateness_ms`` defaults to ts_ms - deliver_at_ms."""
+    if event not in _EVENT_KIND_SET:
+        raise ValueError(f"trace event kind {event!r} is not one of {', '.join(EVENT_KINDS)}")
+    out: dict[str, Any] = {"event": event, "ts_ms": ts_ms, "msg_id": msg_id, "subject": subject}
+    if origin_id is not None and origin_id != msg_id:
+        out["origin_id"] = origin_id
+    if group is not None:
+        out["group"] = group
+    if consumer is not None:
+        out["consumer"] = consumer
+    if created_at_ms is not None:
+        out["created_at_ms"] = created_at_ms
+    if deliver_at_ms is not None:
+        out["deliver_at_ms"] = deliver_at_ms
+    if retries:
+        out["retries"] = retries
+    if lateness_ms is None and event == "dispatched" and deliver_at_ms is not None:
+        lateness_ms = ts_ms - deliver_at_ms
+    if lateness_ms is not None:
+        out["lateness_ms"] = lateness_ms
+    return out
+
+
+def hour_dir_name(now_ms: int) -> str:
+    """The hourly directory name for a writer clock reading: ``YYYYMMDDHH`` in UTC."""
+    return time.strftime("%Y%m%d%H", time.gmtime(now_ms // 1000))
+
+
+def safe_server_name(server: str) -> str:
+    """``server`` with every character outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    return _UNSAFE_NAME_CHARS.sub("_", server)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TraceWriter:
+    """Buffers events in memory and appends them in batches to hourly JSON Lines files.
+
+    ``emit`` only appends to a list under a lock (no I/O). A background thread writes batches every
+    ``flush_interval_ms`` or as soon as a batch holds ``batch_max`` events; ``flush()`` writes
+    everything now from the caller's thread; ``close()`` flushes and stops. With
+    ``background=False`` there is no thread and only ``flush()``/``close()`` write (tests,
+    benchmarks). ``clock_ms`` (injected) decides the hour directory of each write.
+
+    Memory: at most ``pending_events_max`` events wait (plus the batches being written); one more
+    and the oldest full batch is dropped and counted in ``dropped_events``. Write errors drop the batch
+    too (counted, logged once per interval) and the next write reopens the file.
+
+    ``emit`` takes ownership of the dict (it adds ``server``). One writer per server name per
+    process: two writers with the same name would append to the same file.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], server: str, *, enabled: bool = True,
+                 flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT,
+                 batch_max: int = BATCH_MAX_DEFAULT,
+                 pending_events_max: int = PENDING_EVENTS_MAX_DEFAULT,
+                 clock_ms: Callable[[], int] | None = None, background: bool = True) -> None:
+        if flush_interval_ms <= 0:
+            raise ValueError(f"flush_interval_ms must be > 0, got {flush_interval_ms}")
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be >= 1, got {batch_max}")
+        if pending_events_max < batch_max:
+            raise ValueError(f"pending_events_max {pending_events_max} must be >= batch_max "
+                             f"{batch_max}")
+        self.directory = os.fspath(directory)
+        self.server = server
+        self.enabled = enabled
+        self._file_name = f"{safe_server_name(server)}-{os.getpid()}.jsonl"
+        self._flush_interval_ms = flush_interval_ms
+        self._batch_max = batch_max
+        self._pending_events_max = pending_events_max
+        self._clock_ms = clock_ms or _wall_clock_ms
+        self._cond = threading.Condition()  # guards everything up to _closed; never held for I/O
+        self._current: list[dict[str, Any]] = []
+        self._full: deque[list[dict[str, Any]]] = deque()
+        self._queued_events = 0
+        self._dropped_events = 0
+        self._closed = False
+        self._io_lock = threading.Lock()  # one writer of files at a time, batches in order
+        self._file: Any = None
+        self._file_hour: str | None = None
+        self._written_events = 0
+        self._last_error: OSError | None = None
+        self._reported_drops = 0
+        self._last_report_ms = 0.0
+        self._thread: threading.Thread | None = None
+        if enabled and background:
+            self._thread = threading.Thread(target=self._run, name=f"trace-{server}", daemon=True)
+            self._thread.start()
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped so far (queue over its cap, write errors, emits after close)."""
+        with self._cond:
+            return self._dropped_events
+
+    @property
+    def written_events(self) -> int:
+        """Events handed to the OS so far."""
+        with self._io_lock:
+            return self._written_events
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Queue one event (see ``trace_event``); O(1), no I/O. A no-op when disabled."""
+        if not self.enabled:
+            return
+        kind = event["event"]
+        if kind not in _EVENT_KIND_SET:
+            raise ValueError(f"trace event kind {kind!r} is not one of {', '.join(EVENT_KINDS)}")
+        event["server"] = self.server
+        with self._cond:
+            if self._closed:
+                self._dropped_events += 1
+                return
+            current = self._current
+            current.append(event)
+            if self._queued_events + len(current) > self._pending_events_max:
+                # The writer is behind: shed the oldest full batch (there is one, since
+                # pending_events_max >= batch_max and the current batch is not over batch_max).
+                dropped = self._full.popleft()
+                self._queued_events -= len(dropped)
+                self._dropped_events += len(dropped)
+            if len(current) >= self._batch_max:
+                self._full.append(current)
+                self._queued_events += len(current)
+                self._current = []
+                self._cond.notify()
+
+    def flush(self) -> None:
+        """Write every queued event now (from the calling thread)."""
+        if not self.enabled:
+            return
+        with self._io_lock:
+            with self._cond:
+                batches = list(self._full)
+                self._full.clear()
+                self._queued_events = 0
+                if self._current:
+                    batches.append(self._current)
+                    self._current = []
+            for batch in batches:
+                self._write_locked(batch)
+
+    def close(self) -> None:
+        """Flush everything and close the file; later emits are dropped. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+        self._report_drops(force=True)
+        with self._io_lock:
+            self._close_file_locked()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        interval_s = self._flush_interval_ms / 1000
+        while True:
+            with self._cond:
+                if not self._full and not self._closed:
+                    self._cond.wait(interval_s)
+                closing = self._closed
+            if closing:
+                return  # close() does the final flush from its own thread
+            self.flush()
+            self._report_drops()
+
+    def _write_locked(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            lines = [_ENCODER.encode(event) for event in batch]
+        except (TypeError, ValueError):
+            # A value JSON cannot hold is our bug; keep the good events rather than lose the batch.
+            lines = []
+            for event in batch:
+                try:
+                    lines.append(_ENCODER.encode(event))
+                except (TypeError, ValueError):
+                    log.exception("trace event not JSON-serializable, dropped: %r", event)
+                    self._count_drops(1)
+        if not lines:
+            return
+        data = ("\n".join(lines) + "\n").encode("ascii")
+        try:
+            file = self._file_for_now_locked()
+            file.write(data)
+            file.flush()
+        except OSError as exc:
+            self._last_error = exc
+            self._count_drops(len(lines))
+            self._close_file_locked()
+            return
+        self._written_events += len(lines)
+
+    def _file_for_now_locked(self) -> Any:
+        hour = hour_dir_name(self._clock_ms())
+        if self._file is not None and hour == self._file_hour:
+            return self._file
+        self._close_file_locked()
+        hour_dir = os.path.join(self.directory, hour)
+        os.makedirs(hour_dir, exist_ok=True)
+        path = os.path.join(hour_dir, self._file_name)
+        file = open(path, "ab+")  # noqa: SIM115 (kept open for the hour)
+        # A previous run of this pid may have died mid-line: start on a fresh line so the torn
+        # line stays one malformed line instead of swallowing our first event.
+        size = file.seek(0, os.SEEK_END)
+        if size:
+            file.seek(size - 1)
+            if file.read(1) != b"\n":
+                file.write(b"\n")
+        self._file, self._file_hour = file, hour
+        return file
+
+    def _close_file_locked(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._last_error = exc
+            self._file, self._file_hour = None, None
+
+    def _count_drops(self, count: int) -> None:
+        with self._cond:
+            self._dropped_events += count
+
+    def _report_drops(self, force: bool = False) -> None:
+        now = time.monotonic() * 1000
+        if not force and now - self._last_report_ms < self._flush_interval_ms:
+            return
+        with self._cond:
+            dropped = self._dropped_events
+        if dropped > self._reported_drops:
+            log.warning("trace writer %s dropped %d events (%d in total); last write error: %s",
+                        self.server, dropped - self._reported_drops, dropped, self._last_error)
+            self._reported_drops = dropped
+        self._last_report_ms = now
+
+
+def _trace_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        return sorted(glob.glob(os.path.join(glob.escape(path), "*", "*.jsonl")))
+    return [path]
+
+
+def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """Every event in ``paths`` (trace directories or .jsonl files), file by file in name order,
+    normalised as the audit reads them: all EVENT_FIELDS present, ``origin_id`` defaulting to
+    ``msg_id``, ``retries`` to 0. Lines that are not a JSON object with the required fields (a
+    torn last line, garbage) are skipped. For tests and debugging; the audit reads with Spark."""
+    events = []
+    for path in paths:
+        for file_path in _trace_files(os.fspath(path)):
+            with open(file_path, encoding="utf-8", errors="replace") as file:
+                for line in file:
+                    try:
+                        raw = json.loads(line)
+                    except ValueError:
+                        continue
+                    if not isinstance(raw, dict) or any(raw.get(k) is None for k in
+                                                        REQUIRED_FIELDS):
+                        continue
+                    event = {name: raw.get(name) for name in EVENT_FIELD_NAMES}
+                    if event["origin_id"] is None:
+                        event["origin_id"] = event["msg_id"]
+                    if event["retries"] is None:
+                        event["retries"] = 0
+                    events.append(event)
+    return events
