@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--delay-port", type=int, default=20801, help="delay server port (0 = any)")
     up.add_argument("--flush", choices=["sync", "async"], default="sync")
     up.add_argument("--clock-offset-ms", type=int, default=0, help=argparse.SUPPRESS)
+    up.add_argument("--no-trace", action="store_true", help="do not write trace events")
 
     meta = sub.add_parser("metaserver", help="run a MetaServer")
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--flush", choices=["sync", "async"], default="sync")
     rt.add_argument("--ack-timeout-ms", type=int, default=60_000)
     rt.add_argument("--consumer-expiry-ms", type=int, default=30_000)
+    rt.add_argument("--no-trace", action="store_true", help="do not write trace events")
+    rt.add_argument("--trace-dir", default=None, help="trace files (default DATA_DIR/trace)")
     rt.add_argument("--retry-backoff-ms", default=None,
                     help="comma-separated delays before retry 1, 2, ... (last repeats); "
                          "default 5s,10s,30s,1m,2m,5m,10m,30m,1h,2h")
@@ -60,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     delay.add_argument("--bucket-ms", type=int, default=60_000, help="schedule bucket width")
     delay.add_argument("--max-delay-ms", type=int, default=None,
                        help="furthest deliver time ahead of now (default 2 years)")
+    delay.add_argument("--no-trace", action="store_true", help="do not write trace events")
+    delay.add_argument("--trace-dir", default=None, help="trace files (default DATA_DIR/trace)")
     delay.add_argument("--clock-offset-ms", type=int, default=0,
                        help="TEST ONLY: shift this server's clock to prove long delays quickly")
 
@@ -155,7 +160,8 @@ async def _run(args: argparse.Namespace) -> int:
 
     if args.command == "up":
         await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
-                              args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms)
+                              args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms,
+                              trace=not args.no_trace)
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig
@@ -171,6 +177,7 @@ async def _run(args: argparse.Namespace) -> int:
             port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
             consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
             retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
+            trace=not args.no_trace, trace_dir=args.trace_dir,
         ))
         return 0
     if args.command == "delay":
@@ -180,7 +187,8 @@ async def _run(args: argparse.Namespace) -> int:
         await launcher.run_delay_command(DelayConfig(
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
             port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
-            clock_offset_ms=args.clock_offset_ms, **extra,
+            clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
+            trace_dir=args.trace_dir, **extra,
         ))
         return 0
     if args.command == "send":

@@ -60,7 +60,7 @@ async def run_delay_command(config: DelayConfig) -> None:
 
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
-                 *, flush: str = "sync", clock_offset_ms: int = 0) -> None:
+                 *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
     server, sharing one data dir."""
     os.makedirs(data_dir, exist_ok=True)
@@ -78,6 +78,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             flush=flush,
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms,
+            trace=trace,
         )
         realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()
@@ -90,6 +91,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             flush=flush,
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms,
+            trace=trace,
         )
         delay = DelayServer(delay_config, clock)
         await delay.start()
