@@ -31,7 +31,7 @@ from realtime.tracing import BrokerTracer
 from realtime.io_thread import IoThread
 from realtime.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
-from realtime.tail import Entry, SubjectTail, Tail
+from realtime.tail import Entry, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
 from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
 from sdk.message import decode_message, tag_hash, validate_message

@@ -11,7 +11,7 @@ from sdk.errors import BadRequest, Forbidden, TooLarge
 from sdk.limits import MAX_BODY_BYTES
 from sdk.message import Message, decode_message, encode_message
 from sdk.producer import Producer, Receipt
-from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
+from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
 
 HOUR_MS = 3_600_000
 
