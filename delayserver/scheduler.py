@@ -33,7 +33,7 @@ from delayserver.wheel import TimingWheel
 from logstore.errors import DiskFull, LogWriteFailed
 from logstore.fileio import Opener, OsFile
 from sdk.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
-from sdk.message import Message, decode_message, validate_message
+from sdk.message import Message, decode_message, peek_message_id, validate_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,7 +164,7 @@ class Scheduler:
                 if self.readonly:
                     raise ReadOnly(f"delay group {self.config.group} is read-only")
             except QmqError as exc:
-                results.append({"id": _peek_id(payload), "error": exc.to_wire()})
+                results.append({"id": peek_message_id(payload), "error": exc.to_wire()})
                 continue
             future: asyncio.Future[dict[str, Any]] = loop.create_future()
             self._pending.append(_PendingSend(message, payload, deliver_at_ms, future))
@@ -457,18 +457,6 @@ class Scheduler:
             "done_before_ms": self.store.done_before(),
             **self.stats.snapshot(now_ms),
         }
-
-
-def _peek_id(payload: bytes) -> str:
-    """The message id of an undecodable payload, if it can be read at all (for error results)."""
-    try:
-        import msgpack
-
-        data = msgpack.unpackb(payload, raw=False)
-        value = data.get("i") if isinstance(data, dict) else None
-        return value if isinstance(value, str) else ""
-    except Exception:
-        return ""
 
 
 __all__ = ["Scheduler"]

@@ -34,7 +34,7 @@ from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
 from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
-from sdk.message import decode_message, tag_hash, validate_message
+from sdk.message import decode_message, peek_message_id, tag_hash, validate_message
 from sdk.protocol import Ack, Heartbeat, Pull
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class Broker:
                 try:
                     checked = self._full_check(payload, now_ms)
                 except QmqError as exc:
-                    results[slot] = {"id": _peek_id(payload), "error": exc.to_wire()}
+                    results[slot] = {"id": peek_message_id(payload), "error": exc.to_wire()}
                     continue
             messages.append(checked)
             valid.append(payload)
@@ -726,18 +726,6 @@ class Broker:
             rows.append({"subject": subject, "group": key.split("#", 1)[0], "lag": lag,
                          "consumers": consumers})
         return rows
-
-
-def _peek_id(payload: bytes) -> str:
-    """The message id of an undecodable payload, if it can be read at all (for error results)."""
-    try:
-        import msgpack
-
-        data = msgpack.unpackb(payload, raw=False)
-        value = data.get("i") if isinstance(data, dict) else None
-        return value if isinstance(value, str) else ""
-    except Exception:
-        return ""
 
 
 __all__ = ["Broker", "group_key", "wall_clock_ms"]

@@ -103,44 +103,30 @@ class BrokerTracer:
             del self._held[(subject, key, consumer)]
         return from_store
 
+    def _emit_all(self, kind: str, payloads: Iterable[bytes], now_ms: int, **extra: Any) -> None:
+        if not self.enabled:
+            return
+        for payload in payloads:
+            fields = _fields(payload)
+            if fields is not None:
+                self._emit(kind, fields, now_ms, **extra)
+
     def acked_payloads(self, payloads: Iterable[bytes], key: str, consumer: str,
                        now_ms: int) -> None:
         """Trace acks of entries pulled before a restart, from their stored payloads."""
-        if not self.enabled:
-            return
-        group = key.split("#", 1)[0]
-        for payload in payloads:
-            fields = _fields(payload)
-            if fields is not None:
-                self._emit("acked", fields, now_ms, group=group, consumer=consumer)
+        self._emit_all("acked", payloads, now_ms, group=key.split("#", 1)[0], consumer=consumer)
 
     def nacked(self, payloads: Iterable[bytes], group: str, consumer: str, now_ms: int) -> None:
         """Messages a consumer handed back."""
-        if not self.enabled:
-            return
-        for payload in payloads:
-            fields = _fields(payload)
-            if fields is not None:
-                self._emit("nacked", fields, now_ms, group=group, consumer=consumer)
+        self._emit_all("nacked", payloads, now_ms, group=group, consumer=consumer)
 
     def copied(self, payloads: Iterable[bytes], dead: bool, group: str, now_ms: int) -> None:
         """Retry copies handed to a delay server (``retried``) or dead letters stored here."""
-        if not self.enabled:
-            return
-        for payload in payloads:
-            fields = _fields(payload)
-            if fields is not None:
-                self._emit("dead" if dead else "retried", fields, now_ms, group=group)
+        self._emit_all("dead" if dead else "retried", payloads, now_ms, group=group)
 
     def expired(self, payloads: Iterable[bytes], key: str, now_ms: int) -> None:
         """Messages a group passed over because their expire_at had passed."""
-        if not self.enabled:
-            return
-        group = key.split("#", 1)[0]
-        for payload in payloads:
-            fields = _fields(payload)
-            if fields is not None:
-                self._emit("expired", fields, now_ms, group=group)
+        self._emit_all("expired", payloads, now_ms, group=key.split("#", 1)[0])
 
     def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
         """Forget entries of ``consumer`` no longer held (released to others); pull-log thread."""

@@ -440,3 +440,14 @@ def peek_trace_fields(payload: bytes) -> dict[str, Any] | None:
         }
     except Exception:
         return None
+
+
+def peek_message_id(payload: bytes) -> str:
+    """The message id of a payload that failed to decode, if it can be read at all, else ""
+    (so an error result can still name the message)."""
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+        value = data.get("i") if isinstance(data, dict) else None
+        return value if isinstance(value, str) else ""
+    except Exception:
+        return ""
