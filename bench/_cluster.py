@@ -85,7 +85,7 @@ def start_server(name: str, qmq_args: list[str], command: list[str] | None = Non
 class Cluster:
     """A MetaServer on SQLite and one realtime broker, in a fresh temp dir."""
 
-    def __init__(self, flush: str = "sync") -> None:
+    def __init__(self, flush: str = "sync", broker_args: list[str] | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="qmq-bench-")
         self.servers: list[Server] = []
         try:
@@ -98,7 +98,7 @@ class Cluster:
             self.broker = self._add(start_server("realtime", [
                 "realtime", "--meta", self.meta_url,
                 "--data-dir", os.path.join(self.directory, "realtime"),
-                "--host", "127.0.0.1", "--port", "0", "--flush", flush,
+                "--host", "127.0.0.1", "--port", "0", "--flush", flush, *(broker_args or []),
             ], shlex.split(broker_cmd) if broker_cmd else None))
         except BaseException:
             self.close()

@@ -378,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=RUNS)
     parser.add_argument("--only", default="produce,e2e,latency",
                         help="comma-separated subset of produce,e2e,latency")
+    parser.add_argument("--broker-arg", action="append", default=[],
+                        help="extra argument for `qmq realtime` (repeatable), e.g. --no-trace")
     parser.add_argument("--api", choices=["send_many", "send"], default=None,
                         help="how the throughput producer sends (default: send_many if the SDK "
                              "has it, else send)")
@@ -401,14 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     print(f"bench.realtime: flush={args.flush}, {count:,} messages of {BODY_BYTES} B per "
           f"throughput run, latency {args.rate:,} msg/s for {seconds:g} s, {args.runs} runs, "
-          f"producer api {clients.api}, options {clients.producer or ''}{clients.consumer or ''}")
+          f"producer api {clients.api}, options {clients.producer or ''}{clients.consumer or ''}"
+          f"{' broker ' + ' '.join(args.broker_arg) if args.broker_arg else ''}")
     print(f"machine: {multiprocessing.cpu_count()} cores, {cpu_model()}, "
           f"Python {platform.python_version()}")
     produce: list[RunResult] = []
     e2e: list[RunResult] = []
     latency: list[RunResult] = []
     pressure_start_us, wall_start_s = cpu_pressure_us(), time.monotonic()
-    with Cluster(args.flush) as cluster:
+    with Cluster(args.flush, args.broker_arg) as cluster:
         print(f"cluster: metaserver {cluster.meta_url}, broker {cluster.broker.address} "
               f"(pid {cluster.broker.pid})", flush=True)
         for run in range(args.runs):
