@@ -11,7 +11,7 @@ import pytest
 
 import qmq
 from sdk.message import retry_subject
-from tests.harness import Arrivals, epoch_ms, start_delay_cluster, wait_for, wait_registered
+from tests.harness import Arrivals, epoch_ms, start_delay_cluster, wait_registered
 
 ACK_TIMEOUT_MS = 2_000
 REALTIME_FLAGS = ("--ack-timeout-ms", str(ACK_TIMEOUT_MS), "--retry-backoff-ms", "300",
