@@ -86,7 +86,7 @@ REQUIRED_FIELDS = ("event", "ts_ms", "msg_id", "subject")  # a line without one 
 
 FLUSH_INTERVAL_MS_DEFAULT = 1_000  # longest an event waits in memory before being written
 BATCH_MAX_DEFAULT = 10_000  # events per batch; a full batch wakes the writer thread at once
-PENDING_EVENTS_MAX_DEFAULT = 100_000  # events held in memory at most; beyond, the oldest are dropped
+PENDING_EVENTS_MAX_DEFAULT = 100_000  # events held in memory at most; beyond, oldest dropped
 HOUR_MS = 3_600_000
 
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -146,9 +146,9 @@ class TraceWriter:
     ``background=False`` there is no thread and only ``flush()``/``close()`` write (tests,
     benchmarks). ``clock_ms`` (injected) decides the hour directory of each write.
 
-    Memory: at most ``pending_events_max`` events wait (plus the batches being written); one more
-    and the oldest full batch is dropped and counted in ``dropped_events``. Write errors drop the batch
-    too (counted, logged once per interval) and the next write reopens the file.
+    Memory: at most ``pending_events_max`` events wait (plus the batches being written); one
+    more and the oldest full batch is dropped and counted in ``dropped_events``. A write error
+    drops its batch too (counted, logged once per interval) and the next write reopens the file.
 
     ``emit`` takes ownership of the dict (it adds ``server``). One writer per server name per
     process: two writers with the same name would append to the same file.
@@ -244,6 +244,7 @@ class TraceWriter:
                     self._current = []
             for batch in batches:
                 self._write_locked(batch)
+            self._report_drops_locked()
 
     def close(self) -> None:
         """Flush everything and close the file; later emits are dropped. Idempotent."""
@@ -255,8 +256,8 @@ class TraceWriter:
         if self._thread is not None:
             self._thread.join()
         self.flush()
-        self._report_drops(force=True)
         with self._io_lock:
+            self._report_drops_locked(force=True)
             self._close_file_locked()
 
     def __enter__(self) -> TraceWriter:
@@ -275,7 +276,6 @@ class TraceWriter:
             if closing:
                 return  # close() does the final flush from its own thread
             self.flush()
-            self._report_drops()
 
     def _write_locked(self, batch: list[dict[str, Any]]) -> None:
         try:
@@ -334,7 +334,7 @@ class TraceWriter:
         with self._cond:
             self._dropped_events += count
 
-    def _report_drops(self, force: bool = False) -> None:
+    def _report_drops_locked(self, force: bool = False) -> None:
         now = time.monotonic() * 1000
         if not force and now - self._last_report_ms < self._flush_interval_ms:
             return

@@ -1,0 +1,115 @@
+"""``qmq audit``: run the Spark audit over trace directories (docs/AUDIT.md).
+
+    qmq audit --trace-dir DIR [--trace-dir DIR2 ...] --out DIR [--since T] [--until T]
+              [--deadline-ms N] [--master URL] [--driver-memory SIZE]
+
+T is ISO 8601 (a time without a zone is UTC) or epoch milliseconds. Exit codes: 0 nothing lost
+or early, 1 lost messages or early deliveries found (a deployment gate), 2 bad arguments or no
+trace files, 3 the audit itself failed (Spark error). pyspark is imported only when the command
+runs, so the rest of the CLI works without the ``audit`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from datetime import datetime, timezone
+from urllib.parse import urlparse
+
+DEADLINE_MS_DEFAULT = 300_000  # the same as spark_audit.main.DEADLINE_MS_DEFAULT (no pyspark here)
+EXIT_BAD_ARGUMENTS = 2
+EXIT_AUDIT_FAILED = 3
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch ms from ``1767225600000`` or ISO 8601 (``2026-01-01T00:00:00Z``; no zone = UTC)."""
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"time {text!r} is neither ISO 8601 (2026-01-01T00:00:00Z) nor epoch ms") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def _positive_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"deadline {text!r} must be a positive number of ms")
+    return value
+
+
+def add_audit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``audit`` on the CLI's sub-parsers; returns its parser."""
+    parser = subparsers.add_parser(
+        "audit", help="audit the trace with Spark: lost, duplicate, late, early, retried",
+        description="Read trace directories, write Parquet results and report.md under --out. "
+                    "Exit 0: nothing lost or early; 1: lost messages or early deliveries; "
+                    "2: bad arguments or no trace files; 3: the audit failed.")
+    parser.add_argument("--trace-dir", action="append", required=True, dest="trace_dirs",
+                        metavar="DIR", help="a trace directory or Hadoop URI (repeatable)")
+    parser.add_argument("--out", required=True, help="output directory or Hadoop URI")
+    parser.add_argument("--since", type=parse_time_ms, default=None, metavar="T",
+                        help="only events at or after T (ISO 8601 or epoch ms)")
+    parser.add_argument("--until", type=parse_time_ms, default=None, metavar="T",
+                        help="only events before T; messages due after T are in flight, not lost")
+    parser.add_argument("--deadline-ms", type=_positive_ms, default=DEADLINE_MS_DEFAULT,
+                        help="a message not acked this long after it became deliverable is lost "
+                             f"(default {DEADLINE_MS_DEFAULT})")
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument("--driver-memory", default="2g",
+                        help="Spark driver memory for local masters (default 2g)")
+    return parser
+
+
+def _is_local(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or len(scheme) == 1
+
+
+def _argument_error(args: argparse.Namespace) -> str | None:
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        return f"--since {args.since} must be before --until {args.until}"
+    for path in args.trace_dirs:
+        local = urlparse(path).path if path.startswith("file:") else path
+        if _is_local(path) and not os.path.isdir(local):
+            return f"--trace-dir {path} is not a directory"
+    return None
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Run ``qmq audit`` with parsed arguments; returns the exit code."""
+    error = _argument_error(args)
+    if error:
+        print(f"qmq audit: {error}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    try:
+        from spark_audit.errors import AuditError
+        from spark_audit.main import AuditOptions, run
+    except ImportError as exc:
+        print(f"qmq audit: needs PySpark ({exc}); install it with: pip install 'pyqmq[audit]'",
+              file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    options = AuditOptions(trace_dirs=tuple(args.trace_dirs), out_dir=args.out,
+                           since_ms=args.since, until_ms=args.until,
+                           deadline_ms=args.deadline_ms, master=args.master,
+                           driver_memory=args.driver_memory)
+    try:
+        return run(options)
+    except AuditError as exc:
+        print(f"qmq audit: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    except Exception as exc:  # a Spark or Java failure: not a verdict, so not exit code 1
+        traceback.print_exc()
+        print(f"qmq audit: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_AUDIT_FAILED
+

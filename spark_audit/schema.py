@@ -1,0 +1,24 @@
+"""The Spark schema of a trace event, built from ``sdk.trace.EVENT_FIELDS`` (one source of truth).
+
+Spark is always given this schema: inference would cost a pass over the data and would guess
+types from whatever lines it sampled (an hour with no ``lateness_ms`` would drop the column).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from sdk.trace import EVENT_FIELDS, EVENT_KINDS
+
+_SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType()}
+
+EVENT_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
+                           for name, kind in EVENT_FIELDS])
+
+# Lifecycle order of the kinds, to order events of one message that share a millisecond.
+LIFECYCLE_ORDER = ("produced", "scheduled", "cancelled", "dispatched", "stored", "expired",
+                   "redelivered", "pulled", "nacked", "retried", "acked", "dead")
+assert sorted(LIFECYCLE_ORDER) == sorted(EVENT_KINDS), "every kind needs a lifecycle position"
+
+# The fields of one entry of an anomaly's history, in order.
+HISTORY_FIELDS = ("ts_ms", "event", "server", "group", "consumer", "retries")

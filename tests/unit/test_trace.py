@@ -1,0 +1,234 @@
+"""sdk.trace: the event builder, the batching hourly TraceWriter and the read_events helper."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+import pytest
+
+from sdk.trace import (
+    EVENT_FIELD_NAMES,
+    TraceWriter,
+    hour_dir_name,
+    read_events,
+    safe_server_name,
+    trace_event,
+)
+
+HOUR_MS = 3_600_000
+T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+class FakeClock:
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def lines_of(path) -> list[str]:
+    with open(path, encoding="ascii") as file:
+        return file.read().splitlines()
+
+
+def ev(msg_id: str, kind: str = "pulled", ts_ms: int = T0_MS) -> dict:
+    return trace_event(kind, ts_ms=ts_ms, msg_id=msg_id, subject="orders", group="billing",
+                       consumer="c1")
+
+
+def test_trace_event_leaves_out_null_fields_and_defaults_origin_and_lateness():
+    assert trace_event("dispatched", ts_ms=1_010, msg_id="m1", subject="orders",
+                       deliver_at_ms=1_000) == {
+        "event": "dispatched", "ts_ms": 1_010, "msg_id": "m1", "subject": "orders",
+        "deliver_at_ms": 1_000, "lateness_ms": 10}
+    copy = trace_event("retried", ts_ms=5, msg_id="m1.r1", origin_id="m1", subject="orders",
+                       group="g", retries=1)
+    assert copy["origin_id"] == "m1" and copy["retries"] == 1 and "consumer" not in copy
+
+
+def test_trace_event_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match="'delivered' is not one of produced"):
+        trace_event("delivered", ts_ms=1, msg_id="m", subject="s")
+
+
+def test_the_hour_directory_is_utc_and_the_file_name_is_safe():
+    assert hour_dir_name(T0_MS + HOUR_MS * 13 + 59 * 60_000) == "2026010113"
+    assert safe_server_name("realtime:rt-1/a b") == "realtime_rt-1_a_b"
+
+
+def test_files_rotate_when_the_writer_clock_enters_a_new_hour(tmp_path):
+    clock = FakeClock(T0_MS + HOUR_MS - 1)
+    writer = TraceWriter(tmp_path, "realtime:rt-1", clock_ms=clock, background=False)
+    writer.emit(ev("a"))
+    writer.flush()
+    clock.now_ms += 1
+    writer.emit(ev("b"))
+    writer.emit(ev("c"))
+    writer.flush()
+    clock.now_ms += 10 * 60_000  # same hour: appended to the open file
+    writer.emit(ev("d"))
+    writer.close()
+    name = f"realtime_rt-1-{os.getpid()}.jsonl"
+    assert sorted(os.listdir(tmp_path)) == ["2026010100", "2026010101"]
+    first = [json.loads(line)["msg_id"] for line in lines_of(tmp_path / "2026010100" / name)]
+    second = [json.loads(line)["msg_id"] for line in lines_of(tmp_path / "2026010101" / name)]
+    assert (first, second) == (["a"], ["b", "c", "d"])
+
+
+def test_the_file_of_an_earlier_hour_is_appended_to_not_replaced(tmp_path):
+    clock = FakeClock(T0_MS)
+    for msg_id in ("a", "b"):
+        with TraceWriter(tmp_path, "delay:d1", clock_ms=clock, background=False) as writer:
+            writer.emit(ev(msg_id))
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b"]
+
+
+def test_emit_only_buffers_until_a_flush(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", clock_ms=FakeClock(T0_MS), background=False)
+    writer.emit(ev("a"))
+    assert os.listdir(tmp_path) == [] and writer.written_events == 0
+    writer.flush()
+    assert writer.written_events == 1
+    writer.close()
+
+
+def test_the_writer_adds_the_server_name_to_each_event(tmp_path):
+    with TraceWriter(tmp_path, "realtime:rt-9", clock_ms=FakeClock(T0_MS),
+                     background=False) as writer:
+        writer.emit(ev("a"))
+    (event,) = read_events([tmp_path])
+    assert event["server"] == "realtime:rt-9"
+    assert tuple(event) == EVENT_FIELD_NAMES
+
+
+def wait_written(writer: TraceWriter, count: int, timeout_s: float = 5.0) -> bool:
+    """Poll the background thread's progress (it is real time by design); True if reached."""
+    deadline = threading.Event()
+    for _ in range(int(timeout_s / 0.005)):
+        if writer.written_events >= count:
+            return True
+        deadline.wait(0.005)
+    return False
+
+
+def test_a_full_batch_wakes_the_background_thread_before_the_interval(tmp_path):
+    # An hour-long interval: only the full batch of 3 can explain a write within the test.
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=HOUR_MS, batch_max=3,
+                         clock_ms=FakeClock(T0_MS))
+    for msg_id in ("a", "b", "c"):
+        writer.emit(ev(msg_id))
+    assert wait_written(writer, 3), "the background thread did not write the full batch"
+    writer.emit(ev("d"))
+    writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b", "c", "d"]
+
+
+def test_the_background_thread_writes_a_partial_batch_after_the_interval(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=20, clock_ms=FakeClock(T0_MS))
+    writer.emit(ev("a"))
+    assert wait_written(writer, 1)
+    writer.close()
+
+
+def test_when_batches_back_up_the_oldest_are_dropped_and_counted(tmp_path, caplog):
+    writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
+                         clock_ms=FakeClock(T0_MS), background=False)
+    for i in range(7):  # [0,1] [2,3] held; 4 -> drop [0,1]; [4,5] full; 6 -> drop [2,3]
+        writer.emit(ev(str(i)))
+    assert writer.dropped_events == 4
+    with caplog.at_level(logging.WARNING, logger="sdk.trace"):
+        writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["4", "5", "6"]
+    assert "dropped 4 events" in caplog.text
+
+
+@pytest.mark.parametrize("events, dropped", [(3, 0), (4, 0), (5, 2)])
+def test_memory_holds_pending_events_max_and_drops_at_one_more(tmp_path, events, dropped):
+    writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
+                         clock_ms=FakeClock(T0_MS), background=False)
+    for i in range(events):
+        writer.emit(ev(str(i)))
+    assert writer.dropped_events == dropped
+    writer.close()
+    assert len(read_events([tmp_path])) == events - dropped
+
+
+def test_a_write_error_drops_the_batch_counts_it_and_the_next_write_recovers(tmp_path):
+    blocker = tmp_path / "trace"
+    blocker.write_text("a file where the directory should be")
+    writer = TraceWriter(blocker, "rt", clock_ms=FakeClock(T0_MS), background=False)
+    writer.emit(ev("a"))
+    writer.flush()
+    assert writer.dropped_events == 1 and writer.written_events == 0
+    blocker.unlink()
+    writer.emit(ev("b"))
+    writer.close()
+    assert [e["msg_id"] for e in read_events([blocker])] == ["b"]
+
+
+def test_a_disabled_writer_writes_nothing_and_starts_no_thread(tmp_path):
+    before = threading.active_count()
+    writer = TraceWriter(tmp_path, "rt", enabled=False)
+    assert threading.active_count() == before
+    writer.emit(ev("a"))
+    writer.emit({"event": "not even checked"})
+    writer.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_emit_rejects_an_unknown_kind(tmp_path):
+    with TraceWriter(tmp_path, "rt", background=False) as writer:
+        with pytest.raises(ValueError, match="'oops' is not one of"):
+            writer.emit({"event": "oops", "ts_ms": 1, "msg_id": "m", "subject": "s"})
+
+
+def test_emit_after_close_is_dropped_and_counted(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", background=False)
+    writer.close()
+    writer.emit(ev("late"))
+    assert writer.dropped_events == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"flush_interval_ms": 0}, "flush_interval_ms must be > 0, got 0"),
+    ({"batch_max": 0}, "batch_max must be >= 1, got 0"),
+    ({"batch_max": 10, "pending_events_max": 9}, "pending_events_max 9 must be >= batch_max 10"),
+])
+def test_bad_limits_fail_at_construction_naming_the_value(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TraceWriter(tmp_path, "rt", background=False, **kwargs)
+
+
+def test_read_events_skips_a_torn_last_line_and_garbage(tmp_path):
+    with TraceWriter(tmp_path, "rt", clock_ms=FakeClock(T0_MS), background=False) as writer:
+        writer.emit(ev("a"))
+        writer.emit(ev("b"))
+    (path,) = (tmp_path / "2026010100").iterdir()
+    with open(path, "a", encoding="ascii") as file:
+        file.write('["a list"]\n{"event":"pulled","ts_ms":1}\nnot json\n{"event":"acked","ts_m')
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b"]
+
+
+def test_a_reopened_file_with_a_torn_tail_starts_a_new_line(tmp_path):
+    clock = FakeClock(T0_MS)
+    with TraceWriter(tmp_path, "rt", clock_ms=clock, background=False) as writer:
+        writer.emit(ev("a"))
+    (path,) = (tmp_path / "2026010100").iterdir()
+    with open(path, "a", encoding="ascii") as file:
+        file.write('{"event":"acked","ts_')  # the previous process died mid-line
+    with TraceWriter(tmp_path, "rt", clock_ms=clock, background=False) as writer:
+        writer.emit(ev("b"))
+    assert [e["msg_id"] for e in read_events([path])] == ["a", "b"]
+
+
+def test_read_events_normalises_missing_fields(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"event":"produced","ts_ms":5,"msg_id":"m","subject":"s","extra":1}\n')
+    assert read_events([path]) == [{
+        "event": "produced", "ts_ms": 5, "server": None, "msg_id": "m", "origin_id": "m",
+        "subject": "s", "group": None, "consumer": None, "created_at_ms": None,
+        "deliver_at_ms": None, "retries": 0, "lateness_ms": None}]
