@@ -127,6 +127,23 @@ def _read_events(spark: SparkSession, options: AuditOptions) -> tuple[DataFrame,
     return events, total, latest_ms or 0
 
 
+def _save_anomalies(spark: SparkSession, flagged: DataFrame, events: DataFrame,
+                    out_dir: str) -> tuple[dict[str, int], list[dict]]:
+    """Write the flagged anomalies with their histories (possibly many rows: straight to
+    Parquet); return the count per kind and the first few rows for the report."""
+    path = f"{out_dir.rstrip('/')}/anomalies"
+    broadcast = flagged.count() <= HISTORY_BROADCAST_ROWS_MAX
+    with_history(flagged, events, broadcast=broadcast).write.mode("overwrite").parquet(path)
+    flagged.unpersist()
+    written = spark.read.parquet(path)
+    counts = {r["kind"]: r["count"] for r in written.groupBy("kind").count().collect()}
+    kind_order = F.array_position(F.array(*map(F.lit, ("lost", "early", "duplicate", "dead"))),
+                                  F.col("kind"))
+    samples = [r.asDict(recursive=True) for r in written.orderBy(
+        kind_order, "subject", "group", "msg_id").limit(ANOMALY_SAMPLES_MAX).collect()]
+    return counts, samples
+
+
 def audit(spark: SparkSession, options: AuditOptions,
           progress: Callable[[str], None]) -> report.AuditResults:
     """Run every job over the trace, writing each result under ``options.out_dir``."""
@@ -169,20 +186,10 @@ def audit(spark: SparkSession, options: AuditOptions,
         step(f"{sum(r['dead'] for r in summary):,} dead, "
              f"{sum(r['succeeded_after_retries'] for r in summary):,} succeeded after retries")
         step("anomalies...")
-        anomalies_path = f"{out.rstrip('/')}/anomalies"
         flagged = _keep(flagged_messages(facts, duplicates, delayed, events))
-        flagged_rows = flagged.count()
         for kept in (chains, duplicates, delayed):
             kept.unpersist()
-        with_history(flagged, events, broadcast=flagged_rows <= HISTORY_BROADCAST_ROWS_MAX
-                     ).write.mode("overwrite").parquet(anomalies_path)
-        flagged.unpersist()
-        written = spark.read.parquet(anomalies_path)
-        counts = {r["kind"]: r["count"] for r in written.groupBy("kind").count().collect()}
-        samples = [r.asDict(recursive=True) for r in written.orderBy(
-            F.array_position(F.array(*map(F.lit, ("lost", "early", "duplicate", "dead"))),
-                             F.col("kind")), "subject", "group", "msg_id")
-            .limit(ANOMALY_SAMPLES_MAX).collect()]
+        counts, samples = _save_anomalies(spark, flagged, events, out)
         step(f"{sum(counts.values()):,} anomalies {counts}")
     finally:
         events.unpersist()
