@@ -57,9 +57,12 @@ class PayloadSender:
             if not groups:
                 continue
             self._next += 1
-            for i in range(len(groups)):
-                group = groups[(self._next + i) % len(groups)]
-                address = group.addresses[0]
+            # Every address of every group: a group's list can still hold a broker that died
+            # (kill -9) beside its restarted replacement until the MetaServer expires it.
+            first = self._next % len(groups)
+            rotated = groups[first:] + groups[:first]
+            targets = [(group, address) for group in rotated for address in group.addresses]
+            for group, address in targets:
                 try:
                     results: list[dict[str, Any]] = []
                     for start in range(0, len(payloads), MAX_SEND_BATCH_MESSAGES):
