@@ -68,7 +68,7 @@ class BrokerTracer:
         """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread)."""
         if not self.enabled or not out:
             return
-        group = key.split("#", 1)[0]
+        group = key  # a broadcast consumer's pull-log group, group#consumer: its own audit group
         held = self._held.setdefault((subject, key, consumer), {})
         for entry in out:
             fields = _fields(entry["payload"])
@@ -89,7 +89,7 @@ class BrokerTracer:
         held = self._held.get((subject, key, consumer))
         if not held:
             return []
-        group = key.split("#", 1)[0]
+        group = key  # a broadcast consumer's pull-log group, group#consumer: its own audit group
         firsts = sorted(ranges)
         starts = [first for first, _ in firsts]
         from_store = []
@@ -114,7 +114,7 @@ class BrokerTracer:
     def acked_payloads(self, payloads: Iterable[bytes], key: str, consumer: str,
                        now_ms: int) -> None:
         """Trace acks of entries pulled before a restart, from their stored payloads."""
-        self._emit_all("acked", payloads, now_ms, group=key.split("#", 1)[0], consumer=consumer)
+        self._emit_all("acked", payloads, now_ms, group=key, consumer=consumer)
 
     def nacked(self, payloads: Iterable[bytes], group: str, consumer: str, now_ms: int) -> None:
         """Messages a consumer handed back."""
@@ -126,7 +126,7 @@ class BrokerTracer:
 
     def expired(self, payloads: Iterable[bytes], key: str, now_ms: int) -> None:
         """Messages a group passed over because their expire_at had passed."""
-        self._emit_all("expired", payloads, now_ms, group=key.split("#", 1)[0])
+        self._emit_all("expired", payloads, now_ms, group=key)
 
     def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
         """Forget entries of ``consumer`` no longer held (released to others); pull-log thread."""

@@ -116,3 +116,27 @@ async def test_tracing_can_be_switched_off(tmp_path):
     await client.close()
     await realtime.stop()
     assert not (tmp_path / "rt" / "trace").exists()
+
+
+async def test_each_broadcast_consumer_is_traced_as_a_group_of_its_own(tmp_path):
+    realtime = RealtimeServer(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0))
+    await realtime.start()
+    client = await RawClient.connect(realtime.port)
+    try:
+        for consumer in ("a", "b"):
+            await client.pull("news", "all", consumer, broadcast=True)
+        news = Message.create("news", b"n1", now_ms=now_ms())
+        await client.send(news)
+        for consumer in ("a", "b"):
+            pulled = await client.pull("news", "all", consumer, broadcast=True)
+            seq = pulled["messages"][0]["pull_seq"]
+            await client.ack("news", "all", consumer, [[seq, seq]])
+    finally:
+        await client.close()
+        await realtime.stop()
+    events = read_events([tmp_path / "rt" / "trace"])
+    pulls = sorted((e["group"], e["consumer"]) for e in events
+                   if e["msg_id"] == news.id and e["event"] == "pulled")
+    acks = sorted(e["group"] for e in events if e["msg_id"] == news.id and e["event"] == "acked")
+    assert pulls == [("all#a", "a"), ("all#b", "b")]
+    assert acks == ["all#a", "all#b"]
