@@ -3,53 +3,11 @@
     async with qmq.Producer("http://127.0.0.1:8090") as producer:
         receipt = await producer.send("order.created", b"...")
 
-``qmq.errors`` is ``sdk.errors``; the CLI lives in ``qmq.cli``.
+``qmq.errors`` is ``sdk.errors``; the CLI lives in ``qmq.cli``. The names are exactly the
+SDK's public ones (``sdk.__all__``), so the two lists cannot drift apart.
 """
 
-from sdk import (
-    BadRequest,
-    ConnectionLost,
-    Consumer,
-    DelayOutOfRange,
-    Forbidden,
-    Internal,
-    Message,
-    NoRoute,
-    NotFound,
-    NotSupported,
-    Overloaded,
-    Producer,
-    QmqError,
-    ReadOnly,
-    Receipt,
-    ReceivedMessage,
-    RequestTimeout,
-    Subscription,
-    TooLarge,
-    Unauthorized,
-    errors,
-)
+import sdk
+from sdk import *  # noqa: F401,F403  (the re-export is the point of this module)
 
-__all__ = [
-    "errors",
-    "Producer",
-    "Receipt",
-    "Consumer",
-    "ReceivedMessage",
-    "Subscription",
-    "Message",
-    "QmqError",
-    "BadRequest",
-    "Unauthorized",
-    "Forbidden",
-    "TooLarge",
-    "DelayOutOfRange",
-    "ReadOnly",
-    "Overloaded",
-    "NotFound",
-    "NotSupported",
-    "Internal",
-    "ConnectionLost",
-    "NoRoute",
-    "RequestTimeout",
-]
+__all__ = list(sdk.__all__)
