@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from sdk.limits import MAX_DELAY_MS
@@ -38,8 +39,6 @@ class DelayConfig:
     @property
     def trace_directory(self) -> str:
         """Where this server's hourly trace files go."""
-        import os
-
         return self.trace_dir or os.path.join(self.data_dir, "trace")
 
     def __post_init__(self) -> None:

@@ -68,7 +68,8 @@ class Scheduler:
         self._opener = opener
         self.tracer = DelayTracer(None)  # the server installs one with its TraceWriter
         self.store: DelayStore | None = None
-        self.readonly = False  # after a sticky write failure
+        self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
+        self.write_failed = False  # a sticky write failure: read-only until restarted
         self.stats = DispatchStats()
         self.wheel = TimingWheel(config.tick_ms)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
@@ -127,7 +128,8 @@ class Scheduler:
             task.cancel()
         await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
         if self.store is not None:
-            await self.advance_done()
+            if not self.write_failed:  # a failed store refuses writes until reopened
+                await self.advance_done()
             await self._io(self.store.close)
         self._executor.shutdown(wait=True)
 
@@ -188,7 +190,7 @@ class Scheduler:
             return
         except LogWriteFailed as exc:
             log.error("write failure, delay server goes read-only until restarted: %s", exc)
-            self.readonly = True
+            self.readonly = self.write_failed = True
             self._fail_batch(batch, Internal(f"delay storage write failed: {exc}"))
             return
         except Exception as exc:

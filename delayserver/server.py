@@ -87,7 +87,7 @@ class DelayServer:
         log.info("delay group %s listening on %s", self.config.group, self.address)
 
     def _on_state(self, state: str) -> None:
-        self.scheduler.readonly = state == "readonly"
+        self.scheduler.readonly = state == "readonly" or self.scheduler.write_failed
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, record dispatches, close, deregister.

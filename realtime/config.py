@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from realtime.retries import DEFAULT_BACKOFF_MS, DEFAULT_RETRIES_MAX
@@ -41,8 +42,6 @@ class RealtimeConfig:
     @property
     def trace_directory(self) -> str:
         """Where this server's hourly trace files go."""
-        import os
-
         return self.trace_dir or os.path.join(self.data_dir, "trace")
 
     def __post_init__(self) -> None:

@@ -259,3 +259,25 @@ async def test_a_message_sent_after_idle_housekeeping_is_still_dispatched_on_tim
     clock.advance(500)
     await realtime.wait_for(1, server, timeout_s=3)
     assert realtime.received[0][0] - due < server.config.bucket_ms
+
+
+async def test_a_write_failure_keeps_the_delay_server_read_only_whatever_the_metaserver_says(
+    tmp_path, clock, realtime
+):
+    from logstore.faults import FaultPlan
+
+    plan = FaultPlan()
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1000)
+    server = DelayServer(config, clock=clock, dispatch=realtime.dispatch, opener=plan.opener)
+    await server.start()
+    client = await RawClient.connect(server.port)
+    try:
+        plan.fail_sync_at = plan.syncs + 1
+        failed = (await client.send(message("s", b"x", clock, deliver_at_ms=clock() + 10)))
+        assert failed["results"][0]["error"]["code"] == "internal"
+        server._on_state("rw")  # the MetaServer's heartbeat answer
+        refused = (await client.send(message("s", b"y", clock, deliver_at_ms=clock() + 10)))
+        assert refused["results"][0]["error"]["code"] == "readonly"
+    finally:
+        await client.close()
+        await server.stop()
