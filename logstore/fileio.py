@@ -7,6 +7,7 @@ storage class takes one so a test can swap in ``FaultyFile``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable, Protocol
 
@@ -48,11 +49,16 @@ class OsFile:
 
     def append(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the end, looping over short writes."""
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, self._end)
-            self._end += written
-            view = view[written:]
+        # The views are released even when pwrite raises: the traceback keeps this frame alive,
+        # and a live view of the caller's bytearray would make its ``clear()`` (the segment log
+        # dropping its buffer after ENOSPC) fail with BufferError.
+        with memoryview(data) as whole:
+            done = 0
+            while done < len(whole):
+                with whole[done:] as rest:
+                    written = os.pwrite(self._fd, rest, self._end)
+                self._end += written
+                done += written
 
     def pread(self, offset: int, size: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``."""
@@ -93,11 +99,19 @@ def write_file_atomically(path: str, data: bytes) -> None:
     tmp_path = f"{path}.tmp"
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            with memoryview(data) as whole:
+                done = 0
+                while done < len(whole):
+                    with whole[done:] as rest:
+                        done += os.write(fd, rest)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        # A half-written temp file would hold on to the space a full disk needs back.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
     os.replace(tmp_path, path)
     fsync_directory(directory)

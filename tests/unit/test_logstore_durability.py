@@ -202,3 +202,28 @@ def test_async_tick_fsyncs_only_after_the_interval_with_data_pending(log_dir):
     assert plan.syncs == 3  # one fsync for each of the two segments touched since the last
     assert log.durable_offset == log.end_offset == 41 * FRAMED_SIZE
     log.close()
+
+
+def test_a_real_enospc_from_the_os_raises_disk_full_and_the_log_takes_appends_again(
+        log_dir, tiny_config, monkeypatch):
+    # A real file, not the fault wrapper: the OS refuses the write itself, as a full tmpfs does.
+    log = SegmentedLog(log_dir, tiny_config)
+    synced = append_range(log, 0, 3)
+    log.sync()
+    real_pwrite = os.pwrite
+
+    def full_disk(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    append_range(log, 3, 2)
+    with pytest.raises(DiskFull) as caught:
+        log.sync()
+    assert caught.value.dropped_records == 2
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    later = append_range(log, 5, 2)
+    log.sync()
+    log.close()
+    reopened, records = records_on_disk(log_dir, tiny_config)
+    assert records == synced + later
+    reopened.close()
