@@ -19,12 +19,19 @@ Durability (``PullLogConfig.flush_mode``):
 - ``"sync"``: every mutating call fsyncs before it returns (no group commit here; the server can
   batch its calls between syncs with async mode and ``sync()``).
 
-After a write error (``LogWriteFailed``, ``DiskFull``) the store refuses every later change until
-it is reopened: the memory state may be ahead of the disk. Not thread-safe: one owner calls it.
+A full disk (``DiskFull``) in async mode is not a failure of the store: the actions the log
+dropped are already applied in memory, so the store goes on *unlogged*: changes are applied in
+memory only (pulls and acks keep working), and ``tick`` tries every ``DISK_FULL_RETRY_MS`` to write
+a checkpoint of the whole state, which covers what the log lost; once one is written, actions are
+logged again. A crash while unlogged loses those changes exactly as a crash loses unsynced
+actions (redelivery, never loss) and starts a new epoch. Any other write error (``LogWriteFailed``),
+and a full disk in sync mode, make the store refuse every later change until it is reopened: the
+memory state may be ahead of the disk. Not thread-safe: one owner calls it.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -33,6 +40,7 @@ from typing import Sequence
 
 from logstore import (
     CheckpointStore,
+    DiskFull,
     LogClosed,
     LogConfig,
     LogStoreError,
@@ -74,6 +82,9 @@ FLUSH_MODES = ("sync", "async")
 SEGMENT_SIZE_BYTES_MIN = 1024  # smaller segments would hold only a handful of actions
 ACTIONS_DIRECTORY = "actions"
 CHECKPOINT_NAME = "pullstate"
+# While unlogged (disk full): how often tick() tries the checkpoint that ends it. Each try writes
+# the whole state, so not every flush interval.
+DISK_FULL_RETRY_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,8 @@ class PullLogStore:
         self.config = config
         self._closed = False
         self._failed: LogStoreError | None = None
+        self._unlogged: DiskFull | None = None  # the disk filled: changes live in memory only
+        self._unlogged_retry_at_ms = 0
         os.makedirs(directory, exist_ok=True)
         self._checkpoints = CheckpointStore(directory, CHECKPOINT_NAME, keep=config.checkpoints_kept)
         checkpoint = self._checkpoints.load_latest()
@@ -225,23 +238,54 @@ class PullLogStore:
         if self._failed is not None:
             raise self._failed
         self._state.check(action)
-        body = encode_action(action)
-        try:
-            self._log.append(body)
-        except LogStoreError as exc:
-            self._fail(exc)
+        if self._unlogged is None:
+            try:
+                self._log.append(encode_action(action))
+            except DiskFull as exc:
+                self._go_unlogged(exc)
+            except LogStoreError as exc:
+                self._fail(exc)
         result = self._state.apply(action)
         self._actions_since_checkpoint += 1
-        if self.config.flush_mode == "sync":
-            self._guarded(self._log.sync)
-        if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
-            self.checkpoint()
+        if self._unlogged is None:
+            if self.config.flush_mode == "sync":
+                self._guarded(self._log.sync)
+            if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
+                self._checkpoint_unless_full()
         return result
 
     def _fail(self, exc: LogStoreError) -> None:
         if not isinstance(exc, LogClosed):
             self._failed = exc
         raise exc
+
+    def _go_unlogged(self, exc: DiskFull) -> None:
+        """Keep the state in memory only until a checkpoint can be written (async mode); in
+        sync mode a caller was promised durability, so the failure is sticky."""
+        if self.config.flush_mode == "sync":
+            self._fail(exc)
+        if self._unlogged is None:
+            log.warning("pull log %s: %s; pulls and acks are kept in memory until a checkpoint "
+                        "can be written", self.directory, exc)
+        self._unlogged = exc
+
+    def _checkpoint_unless_full(self) -> bool:
+        """Write a checkpoint; on a full disk go (or stay) unlogged instead. True if written."""
+        try:
+            self.checkpoint()
+        except DiskFull as exc:
+            self._go_unlogged(exc)
+            return False
+        if self._unlogged is not None:
+            log.warning("pull log %s: space is back, checkpoint written; logging actions again",
+                        self.directory)
+            self._unlogged = None
+        return True
+
+    @property
+    def unlogged(self) -> bool:
+        """True while a full disk keeps changes in memory only (see the module docstring)."""
+        return self._unlogged is not None
 
     def _guarded(self, operation):
         if self._failed is not None:
@@ -420,23 +464,59 @@ class PullLogStore:
     # ------------------------------------------------------------------ durability
 
     def flush(self) -> None:
-        """Write buffered actions to the OS (a process crash no longer loses them)."""
-        self._guarded(self._log.flush)
+        """Write buffered actions to the OS (a process crash no longer loses them). Raises
+        ``DiskFull`` while unlogged."""
+        if self._unlogged is not None:
+            raise self._unlogged
+        self._guarded_disk_full(self._log.flush)
 
     def sync(self) -> None:
-        """Flush and fsync every recorded action."""
-        self._guarded(self._log.sync)
+        """Flush and fsync every recorded action. Raises ``DiskFull`` while unlogged."""
+        if self._unlogged is not None:
+            raise self._unlogged
+        self._guarded_disk_full(self._log.sync)
 
     def tick(self, now_ms: int) -> bool:
-        """Async mode: fsync if ``flush_interval_ms`` passed with actions pending; True if it did."""
-        return bool(self._guarded(lambda: self._log.tick(now_ms)))
+        """Async mode: fsync if ``flush_interval_ms`` passed with actions pending; while unlogged,
+        try a checkpoint every ``DISK_FULL_RETRY_MS``. True if it wrote something durable."""
+        if self._failed is not None:
+            raise self._failed
+        if self._unlogged is not None:
+            if now_ms < self._unlogged_retry_at_ms:
+                return False
+            self._unlogged_retry_at_ms = now_ms + DISK_FULL_RETRY_MS
+            return self._checkpoint_unless_full()
+        try:
+            return bool(self._guarded_disk_full(lambda: self._log.tick(now_ms)))
+        except DiskFull:
+            if self._failed is not None:  # sync mode: sticky
+                raise
+            return False  # unlogged now; the next ticks try the checkpoint
+
+    def _guarded_disk_full(self, operation):
+        """``_guarded``, except that a full disk goes unlogged (async mode) and is re-raised."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return operation()
+        except DiskFull as exc:
+            self._go_unlogged(exc)
+            raise
+        except LogStoreError as exc:
+            self._fail(exc)
 
     def checkpoint(self) -> None:
-        """Write the whole state as a checkpoint and delete action segments no checkpoint needs."""
-        offset = self._guarded(self._log.sync)
+        """Write the whole state as a checkpoint and delete action segments no checkpoint needs.
+        A full disk raises ``DiskFull`` and changes nothing."""
+        offset = self._guarded_disk_full(self._log.sync)
         assert offset == self._log.end_offset
         kept = (self._kept_offsets + [offset])[-self.config.checkpoints_kept:]
-        self._checkpoints.write(encode_snapshot(self._state, offset, kept[:-1]))
+        try:
+            self._checkpoints.write(encode_snapshot(self._state, offset, kept[:-1]))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise DiskFull(self._checkpoints.directory, 0) from exc
         self._kept_offsets = kept
         self._actions_since_checkpoint = 0
         self._log.delete_segments_before(kept[0])
@@ -446,9 +526,16 @@ class PullLogStore:
         if self._closed:
             return
         try:
-            if self._failed is None:
-                self._log.append(encode_action(Closed()))
-                self._log.sync()
+            # While unlogged, CLOSED may be recorded only once a checkpoint covers what the log
+            # lost; without it the next open starts a new epoch, as after a crash.
+            if self._failed is None and (self._unlogged is None
+                                         or self._checkpoint_unless_full()):
+                try:
+                    self._log.append(encode_action(Closed()))
+                    self._log.sync()
+                except DiskFull as exc:
+                    log.warning("pull log %s: closed without a clean-close record: %s",
+                                self.directory, exc)
         finally:
             self._log.close()
             self._closed = True

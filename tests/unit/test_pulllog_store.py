@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from logstore import LogWriteFailed
+from logstore import DiskFull, LogWriteFailed
 from logstore.faults import FaultPlan
 from pulllog import PullLogConfig, PullLogStore, UnknownGroup
 from pulllog.store import SEGMENT_SIZE_BYTES_MIN
@@ -300,3 +300,79 @@ def test_names_must_be_non_empty_strings(store):
         store.record_pull(S, G, "", [0], 1, 0)
     with pytest.raises(ValueError, match="group 7"):
         store.ensure_group(S, 7, 0, 0)
+
+
+def _fill_disk(store, plan, monkeypatch):
+    """From now on every append and every checkpoint meets ENOSPC."""
+    plan.disk_capacity_bytes = plan.bytes_written
+
+    def no_space(payload):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store._checkpoints, "write", no_space)
+
+
+def test_a_full_disk_keeps_pulls_and_acks_working_in_memory_and_a_checkpoint_ends_it(
+        tmp_path, monkeypatch):
+    plan = FaultPlan()
+    config = PullLogConfig(segment_size_bytes_max=4096)
+    store = PullLogStore(str(tmp_path / "pull"), config, opener=plan.opener)
+    store.ensure_group(S, G, 0, now_ms=0)
+    pull_new(store, "c1", 3, 10)
+    store.tick(1_000)
+    _fill_disk(store, plan, monkeypatch)
+    pull_new(store, "c1", 3, 1_010)
+    assert store.tick(1_200) is False
+    assert store.unlogged
+    # Still serving: a pull and an ack go through, in memory.
+    assert clseqs(pull_new(store, "c1", 2, 1_300)) == [6, 7]
+    assert store.record_ack(S, G, "c1", [(0, 4)], 1_400) == 5
+    assert store.tick(2_000) is False and store.unlogged  # still full
+    plan.free_space(1 << 20)
+    monkeypatch.undo()
+    assert store.tick(2_500) is False, "retries wait DISK_FULL_RETRY_MS after the last try"
+    assert store.tick(3_000) is True
+    assert not store.unlogged
+    store.record_ack(S, G, "c1", [(5, 5)], 3_100)
+    expected = store.export_state()
+    store.close()
+    reopened = PullLogStore(str(tmp_path / "pull"), config)
+    assert reopened.recovery.clean_shutdown
+    assert reopened.export_state() == expected
+    assert reopened.cursor(S, G) == 8
+    reopened.close()
+
+
+def test_a_crash_while_the_disk_is_full_redelivers_what_was_only_in_memory(tmp_path, monkeypatch):
+    plan = FaultPlan()
+    config = PullLogConfig(segment_size_bytes_max=4096)
+    store = PullLogStore(str(tmp_path / "pull"), config, opener=plan.opener)
+    store.ensure_group(S, G, 0, now_ms=0)
+    pull_new(store, "c1", 3, 10)
+    store.tick(1_000)
+    _fill_disk(store, plan, monkeypatch)
+    pull_new(store, "c1", 3, 1_010)
+    store.record_ack(S, G, "c1", [(0, 5)], 1_020)
+    store.tick(1_200)
+    assert store.unlogged
+    store._log.close()  # the process dies: no checkpoint, no CLOSED record
+    reopened = PullLogStore(str(tmp_path / "pull"), config)
+    assert not reopened.recovery.clean_shutdown
+    assert reopened.cursor(S, G) == 3, "pulls that were only in memory are handed out again"
+    assert reopened.held_count(S, G) == 3, "acks that were only in memory are redone"
+    reopened.close()
+
+
+def test_a_full_disk_in_sync_mode_is_sticky_because_callers_were_promised_durability(tmp_path):
+    plan = FaultPlan()
+    config = PullLogConfig(segment_size_bytes_max=4096, flush_mode="sync")
+    store = PullLogStore(str(tmp_path / "pull"), config, opener=plan.opener)
+    store.ensure_group(S, G, 0, now_ms=0)
+    plan.disk_capacity_bytes = plan.bytes_written
+    with pytest.raises(DiskFull):
+        pull_new(store, "c1", 1, 10)
+    plan.free_space(1 << 20)
+    with pytest.raises(DiskFull):
+        pull_new(store, "c1", 1, 20)
+    assert not store.unlogged
+    store.close()
