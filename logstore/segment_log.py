@@ -17,6 +17,10 @@ Recovery on open verifies every record from ``verify_from_offset`` (the owner's 
 to the end, truncates a torn or corrupt tail and reports what was cut. Records before that offset
 are trusted at open but verified on every read: a corrupt record raises ``CorruptRecord``, it is
 never returned as data. Not thread-safe: one owner calls it.
+
+Observing fsyncs: ``on_fsync`` (None by default) is called on the owner's thread with the seconds
+one ``sync()`` spent in fsync calls, whenever it fsynced anything. The log reads a monotonic
+counter only for that measurement and decides nothing on it; servers wire it to a metric.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from logstore.errors import (
     CorruptRecord,
@@ -143,6 +148,8 @@ class SegmentedLog:
         self._closed = False
         self._directory_dirty = False
         self._last_sync_ms: int | None = None
+        # Told how long each sync() spent in fsync (seconds); see the module docstring.
+        self.on_fsync: Callable[[float], None] | None = None
         os.makedirs(directory, exist_ok=True)
         self.recovery = self._recover(verify_from_offset)
 
@@ -327,6 +334,8 @@ class SegmentedLog:
     def sync(self) -> int:
         """Flush and fsync; every earlier append is durable when this returns the durable offset."""
         self.flush()
+        started_s = time.perf_counter()
+        fsynced = False
         for segment in self._segments:
             if not segment.synced:
                 try:
@@ -335,6 +344,7 @@ class SegmentedLog:
                     self._failed = LogWriteFailed(segment.path, "fsync", exc)
                     raise self._failed from exc
                 segment.synced = True
+                fsynced = True
         if self._directory_dirty:
             try:
                 fsync_directory(self.directory)
@@ -342,7 +352,10 @@ class SegmentedLog:
                 self._failed = LogWriteFailed(self.directory, "fsync directory", exc)
                 raise self._failed from exc
             self._directory_dirty = False
+            fsynced = True
         self._durable_end = self._end
+        if fsynced and self.on_fsync is not None:
+            self.on_fsync(time.perf_counter() - started_s)
         return self._durable_end
 
     def tick(self, now_ms: int) -> bool:

@@ -42,7 +42,7 @@ import struct
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from delayserver.storage.delay_checkpoint import (
     CHECKPOINT_NAME,
@@ -627,6 +627,10 @@ class DelayStore:
         self._done_since_checkpoint = 0
 
     # ------------------------------------------------------------------ timer and closing
+
+    def observe_fsync(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(seconds)`` after each delay-log fsync, on this store's thread."""
+        self._log.on_fsync = callback
 
     def tick(self, now_ms: int) -> None:
         """Call on a timer: async mode fsyncs the delay log every ``flush_interval_ms``; the

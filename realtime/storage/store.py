@@ -18,7 +18,7 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from logstore import (
     CheckpointStore,
@@ -345,6 +345,10 @@ class MessageStore:
             except OSError as cut_exc:
                 self._failed = StoreFailed(self._consumer_logs[subject].directory, cut_exc)
             raise
+
+    def observe_fsync(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(seconds)`` after each message-log fsync, on this store's thread."""
+        self._message_log.log.on_fsync = callback
 
     def tick(self, now_ms: int) -> None:
         """Async mode: fsync the message log every ``flush_interval_ms``; prune the dedup index."""
