@@ -20,6 +20,7 @@ class DelayConfig:
     host: str = "127.0.0.1"  # address to listen on (loopback by default)
     port: int = 20801  # TCP port; 0 picks a free one
     advertise_host: str | None = None  # address clients are told; defaults to host
+    metrics_port: int | None = None  # HTTP port of GET /metrics on host; 0 = a free one; None = off
     flush: str = "sync"  # "sync": ack a delayed send after fsync (group commit); "async": interval
     flush_interval_ms: int = 100  # async flush: longest time between fsyncs
     bucket_ms: int = 60_000  # width of one on-disk schedule bucket
@@ -46,6 +47,8 @@ class DelayConfig:
             raise ValueError(f"flush {self.flush!r} is not one of {FLUSH_MODES}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not in 0..65535")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port {self.metrics_port} is not in 0..65535")
         for key in (
             "flush_interval_ms", "bucket_ms", "preload_buckets", "wheel_entries_max", "tick_ms",
             "max_delay_ms", "dispatch_batch_max", "dispatch_retry_ms_min",

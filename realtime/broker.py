@@ -117,6 +117,13 @@ class Broker:
         self._known_cursors: dict[tuple[str, str], int] = {}
         self._release_rounds = 0  # expiry rounds that released something; see _pull_once
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
+        # For metrics, read at scrape time: [messages, payload bytes] stored per subject (counted
+        # per commit and subject, not per message), messages refused per error code, long polls
+        # waiting now, and a callback told each group commit's message count.
+        self.sent_by_subject: dict[str, list[int]] = {}
+        self.message_errors: dict[str, int] = {}
+        self.waiting_pulls = 0
+        self.on_commit: Callable[[int], None] | None = None
         self.tracer = BrokerTracer(None)  # the server installs one with its TraceWriter
 
     # ------------------------------------------------------------------ lifecycle
@@ -215,6 +222,7 @@ class Broker:
                     checked = self._full_check(payload, now_ms)
                 except QmqError as exc:
                     results[slot] = {"id": peek_message_id(payload), "error": exc.to_wire()}
+                    self._count_error(exc.code, 1)
                     continue
             messages.append(checked)
             valid.append(payload)
@@ -265,11 +273,14 @@ class Broker:
             error = Internal(f"commit failed: {type(exc).__name__}: {exc}")
         if error is not None:
             wire = error.to_wire()
+            self._count_error(error.code, sum(len(request.messages) for request in batch))
             for request in batch:
                 for slot, message in zip(request.slots, request.messages):
                     request.results[slot] = {"id": message.id, "error": wire}
         else:
             self._publish(batch, outcomes)
+            if self.on_commit is not None:
+                self.on_commit(len(outcomes))
         for request in batch:
             if not request.future.done():
                 request.future.set_result(None)
@@ -305,8 +316,16 @@ class Broker:
             self._tail_add(subject, run)
             self._notify(subject)
 
+    def _count_error(self, code: str, count: int) -> None:
+        self.message_errors[code] = self.message_errors.get(code, 0) + count
+
     def _tail_add(self, subject: str, run: tuple[int, list[Entry], list[int]]) -> None:
         first, entries, size = run
+        sent = self.sent_by_subject.get(subject)
+        if sent is None:
+            sent = self.sent_by_subject[subject] = [0, 0]
+        sent[0] += len(entries)
+        sent[1] += size[0]
         self._tail.add(subject, first, entries, size[0])
         self._ends[subject] = max(self._ends.get(subject, 0), first + len(entries))
         self._firsts.setdefault(subject, first)
@@ -364,11 +383,14 @@ class Broker:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
+            self.waiting_pulls += 1
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()
             except TimeoutError:
                 return []
+            finally:
+                self.waiting_pulls -= 1
 
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str],
                          ) -> list[dict[str, Any]]:

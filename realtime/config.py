@@ -20,6 +20,7 @@ class RealtimeConfig:
     host: str = "127.0.0.1"  # address to listen on (loopback by default)
     port: int = 20881  # TCP port; 0 picks a free one
     advertise_host: str | None = None  # address clients are told; defaults to host
+    metrics_port: int | None = None  # HTTP port of GET /metrics on host; 0 = a free one; None = off
     flush: str = "sync"  # "sync": ack a send after fsync (group commit); "async": fsync on interval
     flush_interval_ms: int = 100  # async flush: longest time between fsyncs
     segment_size_bytes_max: int = 64 << 20  # message-log segment size
@@ -49,6 +50,8 @@ class RealtimeConfig:
             raise ValueError(f"flush {self.flush!r} is not one of {FLUSH_MODES}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not in 0..65535")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port {self.metrics_port} is not in 0..65535")
         for key in (
             "flush_interval_ms", "segment_size_bytes_max", "consumer_log_entries_per_file",
             "ack_timeout_ms", "consumer_expiry_ms", "expiry_check_interval_ms",

@@ -14,11 +14,13 @@ from logstore.fileio import Opener, OsFile
 from realtime.admin import BrokerAdmin, StorageAdmin
 from realtime.broker import Broker, wall_clock_ms
 from realtime.config import RealtimeConfig
+from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
 from realtime.tracing import BrokerTracer
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
+from sdk.metrics_http import MetricsListener
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
@@ -60,7 +62,6 @@ class RealtimeServer:
         self.trace = TraceWriter(config.trace_directory, f"realtime:{config.group}",
                                  enabled=config.trace)
         self.broker.tracer = BrokerTracer(self.trace)
-        self.frames = FrameServer(self.handle, host=config.host, port=config.port)
         self.registration: Registration | None = None
         self.port: int | None = None
         self.admin: BrokerAdmin | None = None  # made on first use, once storage is open
@@ -74,6 +75,15 @@ class RealtimeServer:
             self._retry_sender.send if self._retry_sender else None,
             protect_dead_subject=lambda subject: self._admin().protect(subject),
         )
+        self.metrics = RealtimeMetrics(self.broker, self.nacks, config.group)
+        self.broker.on_commit = self.metrics.commit_batch_messages.observe
+        self.frames = FrameServer(self.handle, host=config.host, port=config.port,
+                                  on_error=self.metrics.count_error)
+        self.metrics_listener: MetricsListener | None = None
+        if config.metrics_port is not None:
+            self.metrics_listener = MetricsListener(
+                self.metrics.registry, host=config.host, port=config.metrics_port,
+                refresh=self.metrics.refresh)
 
     @property
     def address(self) -> str:
@@ -83,9 +93,16 @@ class RealtimeServer:
     async def start(self) -> None:
         """Recover storage, listen, then register with the MetaServer (if configured)."""
         await self.broker.start()
+        store = self.broker.store
+        assert store is not None
+        # Installed on the store's own thread, the only one that calls the store.
+        await self.broker._store_io(store.observe_fsync, self.metrics.fsync_seconds.observe)
         tune_gc()
         self.port = await self.frames.start()
         self.config = dataclasses.replace(self.config, port=self.port)
+        if self.metrics_listener is not None:
+            metrics_port = await self.metrics_listener.start()
+            self.config = dataclasses.replace(self.config, metrics_port=metrics_port)
         if self.config.meta_url:
             self.registration = Registration(
                 self.config.meta_url,
@@ -97,7 +114,13 @@ class RealtimeServer:
                 on_state=self._on_state,
             )
             await self.registration.start()
-        log.info("realtime group %s listening on %s", self.config.group, self.address)
+        log.info("realtime group %s listening on %s%s", self.config.group, self.address,
+                 f", metrics on {self.metrics_url}" if self.metrics_url else "")
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this broker (None without a metrics listener)."""
+        return self.metrics_listener.url if self.metrics_listener is not None else None
 
     def _on_state(self, state: str) -> None:
         self.broker.readonly = state == "readonly" or self.broker.write_failed
@@ -107,6 +130,8 @@ class RealtimeServer:
         """Stop accepting, finish in-flight requests, flush and checkpoint, deregister."""
         if self.registration is not None:
             await self.registration.stop(deregister=True)
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.broker.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
@@ -116,6 +141,7 @@ class RealtimeServer:
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""
         broker = self.broker
+        self.metrics.count_request(request.op)
         if isinstance(request, Hello):
             return {"ok": True, "server": {"kind": "realtime", "group": self.config.group,
                                            "node": self.address}}

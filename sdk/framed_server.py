@@ -7,7 +7,8 @@ poll never blocks the requests pipelined behind it on the same connection.
 
 A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
 the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
-an error response and the connection stays open.
+an error response and the connection stays open. ``on_error(code)``, if given, is told the code
+of every error response (the servers count them in their metrics).
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ class FrameServer:
         port: int = 0,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         on_disconnect: Callable[[Session], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._handler = handler
         self._host = host
         self._port = port
         self._max_frame_bytes = max_frame_bytes
         self._on_disconnect = on_disconnect
+        self._on_error = on_error
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._requests: set[asyncio.Task[None]] = set()
@@ -113,7 +116,7 @@ class FrameServer:
                     frames = decoder.feed(data)
                 except QmqError as exc:
                     log.info("closing %s after a bad frame: %s", session.peer, exc)
-                    writer.write(encode_frame(error_response(None, exc)))
+                    writer.write(encode_frame(self._error_response(None, exc)))
                     await writer.drain()
                     break
                 for frame in frames:
@@ -132,11 +135,11 @@ class FrameServer:
         try:
             request = parse_request(frame)
         except QmqError as exc:
-            self._write(writer, error_response(request_rid(frame), exc))
+            self._write(writer, self._error_response(request_rid(frame), exc))
             return
         if not session.greeted and not isinstance(request, Hello):
             exc = BadRequest(f"{request.op} before hello: hello must be the first request")
-            self._write(writer, error_response(request.rid, exc))
+            self._write(writer, self._error_response(request.rid, exc))
             return
         if isinstance(request, Hello):
             # Recorded before the handler runs so requests pipelined right behind hello pass.
@@ -152,12 +155,13 @@ class FrameServer:
             response = await self._handler(session, request)
             response["rid"] = request.rid
         except QmqError as exc:
-            response = error_response(request.rid, exc)
+            response = self._error_response(request.rid, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a server bug: answer, log it, keep serving others
             log.exception("internal error answering %s from %s", request.op, session.peer)
-            response = error_response(request.rid, Internal(f"{type(exc).__name__}: {exc}"))
+            response = self._error_response(request.rid,
+                                            Internal(f"{type(exc).__name__}: {exc}"))
         if writer.is_closing():
             return
         self._write(writer, response)
@@ -165,6 +169,12 @@ class FrameServer:
             await writer.drain()
         except ConnectionError:
             pass
+
+    def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
+        """The error response for ``exc``, counted by ``on_error`` first."""
+        if self._on_error is not None:
+            self._on_error(exc.code)
+        return error_response(rid, exc)
 
     @staticmethod
     def _write(writer: asyncio.StreamWriter, response: dict[str, Any]) -> None:

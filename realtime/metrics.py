@@ -1,0 +1,170 @@
+"""Prometheus metrics of one realtime broker (docs/OPERATIONS.md lists every one).
+
+Cheap on the hot path by construction: the broker already keeps plain counters (``stats``,
+``sent_by_subject``, ``message_errors``, the nack handler's ``stats``), and a collector turns them
+into counter families at scrape time, so a message costs no metric call at all. What is counted
+here directly is counted per request or per group commit (request counts by op, commit batch
+sizes, fsync latency), with label children bound once. Backlog per (subject, group) is a gauge
+computed at scrape time from the pull log, on its I/O thread.
+
+Every broker has its own ``CollectorRegistry``, so brokers in one process never share figures.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sdk.errors import WIRE_ERRORS
+
+if TYPE_CHECKING:
+    from realtime.broker import Broker
+    from realtime.nacks import NackHandler
+
+# Subjects with their own label on the per-subject send counters, in the order the broker first
+# stored them; later subjects are summed under OTHER_SUBJECTS so a client inventing subjects
+# cannot blow up the scrape. Counters stay monotonic: a subject never changes label.
+SUBJECT_LABELS_MAX = 200
+OTHER_SUBJECTS = "%other"
+
+# fsync latency buckets, in seconds (Prometheus' base unit): SSDs answer in under a ms, a busy
+# disk or a cloud volume in tens of ms.
+FSYNC_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5)
+# Messages per group commit: 1 at low load, hundreds when many producers share one fsync.
+COMMIT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+# Every op a realtime broker can be asked (anything else is counted as "other").
+REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "cancel", "subjects",
+               "browse", "purge", "other")
+
+
+class RealtimeMetrics:
+    """The registry of one broker and the few metrics its server updates directly."""
+
+    def __init__(self, broker: "Broker", nacks: "NackHandler", group: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._broker = broker
+        requests = Counter("qmq_realtime_requests", "Requests answered, by op (each send or "
+                           "pull request counts once, whatever its batch size).", ["op"],
+                           registry=self.registry)
+        self._requests = {op: requests.labels(op) for op in REQUEST_OPS}
+        self.fsync_seconds = Histogram(
+            "qmq_realtime_fsync_seconds", "Time one group commit spent in fsync of the message "
+            "log.", buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.commit_batch_messages = Histogram(
+            "qmq_realtime_commit_batch_messages", "Messages appended per group commit.",
+            buckets=COMMIT_BATCH_BUCKETS, registry=self.registry)
+        self.backlog = Gauge(
+            "qmq_realtime_backlog_messages", "Messages of the subject the group has not acked "
+            "(not pulled yet, held unacked, or waiting for redelivery), at scrape time.",
+            ["subject", "group"], registry=self.registry)
+        self.consumers = Gauge(
+            "qmq_realtime_consumers", "Consumers the broker knows on the (subject, group) "
+            "(as qmq admin groups counts them).",
+            ["subject", "group"], registry=self.registry)
+        info = Gauge("qmq_realtime_info", "Always 1; labels name this broker.", ["group"],
+                     registry=self.registry)
+        info.labels(group).set(1)
+        # Error responses to whole requests, by code; written on the event loop only.
+        self.request_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
+        self.registry.register(_BrokerCollector(broker, nacks, self.request_errors))
+
+    def count_request(self, op: str) -> None:
+        """Count one request of ``op``."""
+        counter = self._requests.get(op) or self._requests["other"]
+        counter.inc()
+
+    def count_error(self, code: str) -> None:
+        """Count one error response (``FrameServer``'s ``on_error``)."""
+        self.request_errors[code] = self.request_errors.get(code, 0) + 1
+
+    async def refresh(self) -> None:
+        """Scrape time: recompute backlog and consumers per (subject, group) from the pull log.
+
+        Broadcast consumers have a pull-log group each; their rows are summed under the group,
+        as ``qmq admin groups`` sums them."""
+        lag: dict[tuple[str, str], int] = {}
+        consumers: dict[tuple[str, str], int] = {}
+        for row in await self._broker.backlog():
+            key = (row["subject"], row["group"])
+            lag[key] = lag.get(key, 0) + row["lag"]
+            consumers[key] = consumers.get(key, 0) + row["consumers"]
+        # No await between clear and set: a scrape on this loop never sees a half-filled gauge.
+        self.backlog.clear()
+        self.consumers.clear()
+        for key, value in lag.items():
+            self.backlog.labels(*key).set(value)
+            self.consumers.labels(*key).set(consumers[key])
+
+
+class _BrokerCollector(Collector):
+    """Counter families built at scrape time from the broker's plain counters."""
+
+    def __init__(self, broker: "Broker", nacks: "NackHandler",
+                 request_errors: dict[str, int]) -> None:
+        self._broker = broker
+        self._nacks = nacks
+        self._request_errors = request_errors
+
+    def describe(self) -> list:
+        """Nothing to pre-declare (names are checked for clashes at collect time)."""
+        return []
+
+    def collect(self) -> Iterator:
+        """The counters as they are now (reads dicts written by the broker's threads; each key
+        has one writer and a read of an int is atomic)."""
+        broker = self._broker
+        stats = broker.stats
+        for name, key, doc in (
+            ("qmq_realtime_duplicates", "duplicates", "Sent messages refused as duplicates of an "
+             "id stored within the dedup window."),
+            ("qmq_realtime_messages_pulled", "pulled", "Messages handed to consumers (including "
+             "redeliveries)."),
+            ("qmq_realtime_messages_acked", "acked", "Pulled messages acked."),
+            ("qmq_realtime_messages_redelivered", "redelivered", "Messages handed out again "
+             "after an ack timeout or a consumer expiry."),
+        ):
+            yield CounterMetricFamily(name, doc, value=stats[key])
+        for name, key, doc in (
+            ("qmq_realtime_messages_nacked", "nacked", "Messages nacked by consumers."),
+            ("qmq_realtime_retries", "retried", "Retry copies handed to a delay server."),
+            ("qmq_realtime_dead_letters", "dead", "Messages moved to their dead-letter subject."),
+        ):
+            yield CounterMetricFamily(name, doc, value=self._nacks.stats[key])
+        messages = CounterMetricFamily("qmq_realtime_messages_sent", "Messages stored, by "
+                                       "subject.", labels=["subject"])
+        sent_bytes = CounterMetricFamily("qmq_realtime_sent_bytes", "Payload bytes stored, by "
+                                         "subject.", labels=["subject"])
+        other = [0, 0]
+        for index, (subject, (count, size)) in enumerate(list(broker.sent_by_subject.items())):
+            if index < SUBJECT_LABELS_MAX:
+                messages.add_metric([subject], count)
+                sent_bytes.add_metric([subject], size)
+            else:
+                other[0] += count
+                other[1] += size
+        if len(broker.sent_by_subject) > SUBJECT_LABELS_MAX:
+            messages.add_metric([OTHER_SUBJECTS], other[0])
+            sent_bytes.add_metric([OTHER_SUBJECTS], other[1])
+        yield messages
+        yield sent_bytes
+        errors = CounterMetricFamily(
+            "qmq_realtime_errors", "Errors answered, by wire code; scope=request: a whole "
+            "request refused, scope=message: one message of a send batch refused.",
+            labels=["code", "scope"])
+        for code, count in sorted(self._request_errors.items()):
+            errors.add_metric([code, "request"], count)
+        message_errors = dict.fromkeys(WIRE_ERRORS, 0)
+        message_errors.update(broker.message_errors)
+        for code, count in sorted(message_errors.items()):
+            errors.add_metric([code, "message"], count)
+        yield errors
+        yield GaugeMetricFamily("qmq_realtime_long_polls_waiting", "Pulls waiting for "
+                                "messages now (long polling).", value=broker.waiting_pulls)
+
+
+__all__ = ["OTHER_SUBJECTS", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]
