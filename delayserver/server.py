@@ -10,11 +10,13 @@ import time
 from typing import Any, Callable
 
 from delayserver.config import DelayConfig
+from delayserver.metrics import DelayMetrics
 from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
+from sdk.metrics_http import MetricsListener
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import Cancel, Hello, Request, Send
 from sdk.registration import Registration
@@ -45,6 +47,7 @@ class DelayServer:
         self.config = config
         self.clock = clock or offset_clock(config.clock_offset_ms)
         self._sender: PayloadSender | None = None
+        self.metrics = DelayMetrics(config.group)
         if dispatch is None:
             if not config.meta_url:
                 raise ValueError("a delay server needs meta_url (or a dispatch function) to "
@@ -52,11 +55,19 @@ class DelayServer:
             self._sender = PayloadSender(config.meta_url, kind="realtime",
                                          client_id=f"delay-{config.group}")
             dispatch = self._sender.send
-        self.scheduler = Scheduler(config, self.clock, dispatch, opener)
+        self.scheduler = Scheduler(config, self.clock, self.metrics.observe_dispatch(dispatch),
+                                   opener)
+        self.metrics.watch(self.scheduler)
         self.trace = TraceWriter(config.trace_directory, f"delay:{config.group}",
                                  enabled=config.trace)
         self.scheduler.tracer = DelayTracer(self.trace)
-        self.frames = FrameServer(self.handle, host=config.host, port=config.port)
+        self.frames = FrameServer(self.handle, host=config.host, port=config.port,
+                                  on_error=self.metrics.count_error)
+        self.metrics_listener: MetricsListener | None = None
+        if config.metrics_port is not None:
+            self.metrics_listener = MetricsListener(
+                self.metrics.registry, host=config.host, port=config.metrics_port,
+                refresh=self.metrics.refresh)
         self.registration: Registration | None = None
         self.port: int | None = None
         self._stopped = False
@@ -69,8 +80,15 @@ class DelayServer:
     async def start(self) -> None:
         """Recover the store, load the window, listen, register with the MetaServer."""
         await self.scheduler.start()
+        store = self.scheduler.store
+        assert store is not None
+        # Installed on the store's own thread, the only one that calls the store.
+        await self.scheduler._io(store.observe_fsync, self.metrics.fsync_seconds.observe)
         self.port = await self.frames.start()
         self.config = dataclasses.replace(self.config, port=self.port)
+        if self.metrics_listener is not None:
+            metrics_port = await self.metrics_listener.start()
+            self.config = dataclasses.replace(self.config, metrics_port=metrics_port)
         if self.config.meta_url:
             self.registration = Registration(
                 self.config.meta_url,
@@ -84,7 +102,13 @@ class DelayServer:
             await self.registration.start()
         if self.config.clock_offset_ms:
             log.warning("TEST ONLY: delay clock offset by %d ms", self.config.clock_offset_ms)
-        log.info("delay group %s listening on %s", self.config.group, self.address)
+        log.info("delay group %s listening on %s%s", self.config.group, self.address,
+                 f", metrics on {self.metrics_url}" if self.metrics_url else "")
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this server (None without a metrics listener)."""
+        return self.metrics_listener.url if self.metrics_listener is not None else None
 
     def _on_state(self, state: str) -> None:
         self.scheduler.readonly = state == "readonly" or self.scheduler.write_failed
@@ -97,6 +121,8 @@ class DelayServer:
         self._stopped = True
         if self.registration is not None:
             await self.registration.stop(deregister=True)
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.scheduler.stop()
         if self._sender is not None:
@@ -105,15 +131,19 @@ class DelayServer:
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""
+        self.metrics.count_request(request.op)
         if isinstance(request, Hello):
             return {"ok": True, "server": {"kind": "delay", "group": self.config.group,
                                            "node": self.address}}
         if isinstance(request, Send):
-            return {"results": await self.scheduler.schedule(request.messages)}
+            results = await self.scheduler.schedule(request.messages)
+            self.metrics.count_schedule_results(results)
+            return {"results": results}
         if isinstance(request, Cancel):
             results = []
             for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
                 status = await self.scheduler.cancel(message_id, deliver_at_ms)
+                self.metrics.count_cancel(status)
                 results.append({"id": message_id, "status": status})
             return {"results": results}
         raise NotSupported(f"op {request.op} is not served by delay servers; "

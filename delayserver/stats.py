@@ -18,6 +18,7 @@ class DispatchStats:
         self.dispatched = 0
         self.early = 0  # must stay 0: a dispatch before deliver_at is a bug
         self.lateness_ms_max = 0
+        self.lateness_ms_sum = 0  # of the values the histogram counted (early ones as 0)
         self._recent: deque[tuple[int, int]] = deque()  # (time ms, count)
 
     def record(self, now_ms: int, lateness_ms: list[int]) -> None:
@@ -25,7 +26,9 @@ class DispatchStats:
         for late in lateness_ms:
             if late < 0:
                 self.early += 1
-            self.histogram[bisect.bisect_left(LATENESS_BOUNDS_MS, max(0, late))] += 1
+            counted = max(0, late)
+            self.histogram[bisect.bisect_left(LATENESS_BOUNDS_MS, counted)] += 1
+            self.lateness_ms_sum += counted
             self.lateness_ms_max = max(self.lateness_ms_max, late)
         self.dispatched += len(lateness_ms)
         self._recent.append((now_ms, len(lateness_ms)))

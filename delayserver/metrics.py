@@ -1,0 +1,193 @@
+"""Prometheus metrics of one delay server (docs/OPERATIONS.md lists every one).
+
+Dispatch counts and the lateness histogram are the scheduler's own ``DispatchStats``, turned
+into metric families at scrape time; pending messages per hour come from the store's pending
+counts (``Scheduler.report``) at scrape time, through the store's I/O thread. What the server
+counts directly is counted per request, per dispatch batch or per result: scheduled and refused
+messages, cancels by outcome, dispatch failures by code, fsync latency.
+
+Every delay server has its own ``CollectorRegistry``, so servers in one process never share
+figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from delayserver.stats import LATENESS_BOUNDS_MS
+from sdk.errors import WIRE_ERRORS, QmqError
+
+if TYPE_CHECKING:
+    from delayserver.scheduler import Dispatch, Scheduler
+    from delayserver.stats import DispatchStats
+
+# Hours with their own label on the pending gauge, earliest first; pending messages of later
+# hours are summed under LATER_HOURS (a 2-year horizon has 17,520 hours).
+PENDING_HOUR_LABELS_MAX = 168
+LATER_HOURS = "later"
+
+FSYNC_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5)
+REQUEST_OPS = ("hello", "send", "cancel", "other")
+CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "unknown")
+
+
+def hour_label(hour_start_ms: int) -> str:
+    """The ``hour`` label of an hour starting at ``hour_start_ms``: ISO 8601 in UTC."""
+    moment = datetime.datetime.fromtimestamp(hour_start_ms / 1000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%MZ")
+
+
+class DelayMetrics:
+    """The registry of one delay server and the metrics its server updates directly."""
+
+    def __init__(self, group: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._scheduler: Scheduler | None = None
+        requests = Counter("qmq_delay_requests", "Requests answered, by op.", ["op"],
+                           registry=self.registry)
+        self._requests = {op: requests.labels(op) for op in REQUEST_OPS}
+        self.scheduled = Counter("qmq_delay_messages_scheduled", "Delayed messages stored "
+                                 "(answered stored).", registry=self.registry)
+        cancels = Counter("qmq_delay_cancels", "Cancel requests for one message, by outcome.",
+                          ["outcome"], registry=self.registry)
+        self._cancels = {outcome: cancels.labels(outcome) for outcome in CANCEL_OUTCOMES}
+        self.fsync_seconds = Histogram(
+            "qmq_delay_fsync_seconds", "Time one group commit spent in fsync of the delay log.",
+            buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.pending = Gauge(
+            "qmq_delay_pending_messages", "Messages waiting for their time, by the UTC hour "
+            "they are due in (hour=later: past the first 168 hours with any), at scrape time.",
+            ["hour"], registry=self.registry)
+        self.window = Gauge("qmq_delay_window_messages", "Messages of the preload window held "
+                            "in memory (the timing wheel), at scrape time.",
+                            registry=self.registry)
+        info = Gauge("qmq_delay_info", "Always 1; labels name this delay server.", ["group"],
+                     registry=self.registry)
+        info.labels(group).set(1)
+        # Written on the event loop only; collected with the scheduler's figures.
+        self.request_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
+        self.message_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
+        self.dispatch_failures: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
+
+    def watch(self, scheduler: "Scheduler") -> None:
+        """Collect ``scheduler``'s dispatch figures and pending counts from now on."""
+        self._scheduler = scheduler
+        self.registry.register(_DispatchCollector(scheduler.stats, self))
+
+    def count_request(self, op: str) -> None:
+        """Count one request of ``op``."""
+        (self._requests.get(op) or self._requests["other"]).inc()
+
+    def count_error(self, code: str) -> None:
+        """Count one error response to a whole request (``FrameServer``'s ``on_error``)."""
+        self.request_errors[code] = self.request_errors.get(code, 0) + 1
+
+    def count_schedule_results(self, results: list[dict[str, Any]]) -> None:
+        """Count the answers to one send: stored ones, and refused ones by code."""
+        stored = 0
+        for result in results:
+            error = result.get("error")
+            if error is None:
+                stored += 1
+            else:
+                code = error.get("code", "internal")
+                self.message_errors[code] = self.message_errors.get(code, 0) + 1
+        if stored:
+            self.scheduled.inc(stored)
+
+    def count_cancel(self, outcome: str) -> None:
+        """Count one cancel by its outcome."""
+        counter = self._cancels.get(outcome)
+        if counter is not None:
+            counter.inc()
+
+    def observe_dispatch(self, dispatch: "Dispatch") -> "Dispatch":
+        """``dispatch`` counting what fails: a whole batch the realtime side did not take, or
+        single messages it refused, by error code."""
+        failures = self.dispatch_failures
+
+        async def counted(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+            try:
+                group, results = await dispatch(subject, payloads)
+            except QmqError as exc:
+                failures[exc.code] = failures.get(exc.code, 0) + len(payloads)
+                raise
+            for result in results:
+                error = result.get("error")
+                if error is not None:
+                    code = error.get("code", "internal")
+                    failures[code] = failures.get(code, 0) + 1
+            return group, results
+
+        return counted
+
+    async def refresh(self) -> None:
+        """Scrape time: pending per hour and the window size, from the scheduler's report."""
+        if self._scheduler is None:
+            return
+        report = await self._scheduler.report()
+        hours = sorted((int(hour), count) for hour, count in report["pending_per_hour"].items())
+        later = sum(count for _, count in hours[PENDING_HOUR_LABELS_MAX:])
+        # No await between clear and set: a scrape on this loop never sees a half-filled gauge.
+        self.pending.clear()
+        for hour_ms, count in hours[:PENDING_HOUR_LABELS_MAX]:
+            self.pending.labels(hour_label(hour_ms)).set(count)
+        if later:
+            self.pending.labels(LATER_HOURS).set(later)
+        self.window.set(report["in_memory"])
+
+
+class _DispatchCollector(Collector):
+    """Families built at scrape time from ``DispatchStats`` and the server's plain counters."""
+
+    def __init__(self, stats: "DispatchStats", metrics: DelayMetrics) -> None:
+        self._stats = stats
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        """Nothing to pre-declare (names are checked for clashes at collect time)."""
+        return []
+
+    def collect(self) -> Iterator:
+        """The figures as they are now (all written on the event loop, like this read)."""
+        stats = self._stats
+        yield CounterMetricFamily("qmq_delay_messages_dispatched", "Messages a realtime broker "
+                                  "confirmed (or refused for good).", value=stats.dispatched)
+        yield CounterMetricFamily("qmq_delay_early_dispatches", "Messages dispatched before "
+                                  "their time (a bug if ever above 0).", value=stats.early)
+        buckets, cumulative = [], 0
+        for bound_ms, count in zip(LATENESS_BOUNDS_MS, stats.histogram):
+            cumulative += count
+            buckets.append((floatToGoString(bound_ms), cumulative))  # "200.0", as Histogram
+        buckets.append(("+Inf", cumulative + stats.histogram[-1]))
+        lateness = HistogramMetricFamily(
+            "qmq_delay_dispatch_lateness_ms", "Dispatch time minus due time, in ms.")
+        lateness.add_metric([], buckets, sum_value=stats.lateness_ms_sum)
+        yield lateness
+        metrics = self._metrics
+        failures = CounterMetricFamily(
+            "qmq_delay_dispatch_failures", "Messages whose dispatch failed, by error code: "
+            "bad_request, too_large and forbidden are dropped for good, the rest retried.",
+            labels=["code"])
+        for code, count in sorted(metrics.dispatch_failures.items()):
+            failures.add_metric([code], count)
+        yield failures
+        errors = CounterMetricFamily(
+            "qmq_delay_errors", "Errors answered, by wire code; scope=request: a whole request "
+            "refused, scope=message: one message of a send batch refused.",
+            labels=["code", "scope"])
+        for scope, counts in (("request", metrics.request_errors),
+                              ("message", metrics.message_errors)):
+            for code, count in sorted(counts.items()):
+                errors.add_metric([code, scope], count)
+        yield errors
+
+
+__all__ = ["DelayMetrics", "LATER_HOURS", "PENDING_HOUR_LABELS_MAX", "hour_label"]
