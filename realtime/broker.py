@@ -242,8 +242,8 @@ class Broker:
         if deliver_at_ms is not None and deliver_at_ms > now_ms + DELIVER_AT_SKEW_MS_MAX:
             raise BadRequest(
                 f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
-                f"{message.deliver_at_ms - now_ms} ms ahead: send delayed messages to a "
-                "delay server"
+                f"{message.deliver_at_ms - now_ms} ms ahead, exceeds DELIVER_AT_SKEW_MS_MAX "
+                f"{DELIVER_AT_SKEW_MS_MAX}: send delayed messages to a delay server"
             )
         if self.readonly:
             raise ReadOnly(f"broker group {self.config.group} is read-only; send elsewhere")
