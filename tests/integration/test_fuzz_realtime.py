@@ -1,0 +1,70 @@
+"""Hypothesis throws random, mutated, damaged and lying frames at a LIVE realtime broker; after
+each run the broker still serves an SDK send and pull, logged no traceback, and the messages it
+stored before the fuzzing read back byte-identical."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.fuzzing import (
+    FUZZ_SETTINGS,
+    ClusterThread,
+    browse_payloads,
+    damaged_requests,
+    exchange,
+    lying_lengths,
+    mutated_requests,
+    random_streams,
+    store_messages,
+    tracebacks,
+)
+
+KEPT_SUBJECT = "fuzz.kept"
+KEPT_COUNT = 5
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterThread, list[bytes]]]:
+    """One cluster for the module, with messages stored before any fuzzing."""
+    cluster = ClusterThread(tmp_path_factory.mktemp("fuzz-realtime")).start()
+    try:
+        assert cluster.realtime is not None
+        kept = store_messages(cluster.realtime.port, KEPT_SUBJECT, KEPT_COUNT)
+        yield cluster, kept
+    finally:
+        cluster.stop()
+
+
+STRATEGIES = [
+    pytest.param(random_streams, id="random-bytes"),
+    pytest.param(mutated_requests(), id="mutated-fields"),
+    pytest.param(damaged_requests(), id="truncated-or-bit-flipped"),
+    pytest.param(lying_lengths(), id="lying-length-prefix"),
+]
+
+
+@pytest.mark.parametrize("frames", STRATEGIES)
+def test_bad_frames_never_crash_the_realtime_broker_nor_change_what_it_stored(
+    cluster: tuple[ClusterThread, list[bytes]], caplog: pytest.LogCaptureFixture,
+    frames: st.SearchStrategy[bytes], request: pytest.FixtureRequest,
+) -> None:
+    running, kept = cluster
+    assert running.realtime is not None
+    port = running.realtime.port
+    caplog.set_level(logging.WARNING)
+
+    @FUZZ_SETTINGS
+    @given(data=frames, hello=st.booleans())
+    def throw(data: bytes, hello: bool) -> None:
+        exchange(port, data, hello)
+
+    throw()
+    assert tracebacks(caplog.records) == []
+    assert browse_payloads(port, KEPT_SUBJECT, KEPT_COUNT) == kept
+    running.sdk_round_trip(f"fuzz.after.{request.node.callspec.id}")
+    assert tracebacks(caplog.records) == []
