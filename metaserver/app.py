@@ -21,11 +21,10 @@ from aiohttp import web
 from metaserver.config import MetaConfig
 from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
 from metaserver.registry import Registry
+from metaserver.validation import BODY_SIZE_BYTES_MAX
 
 log = logging.getLogger(__name__)
 
-# Largest request body accepted (heartbeats with big backlogs stay far below this).
-BODY_SIZE_BYTES_MAX = 4 * 1024 * 1024
 
 
 def wall_clock_ms() -> int:

@@ -28,8 +28,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as exc:
         return _error_response(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error_response(TooLarge(f"request body is too large: {exc.text}"))
+    except web.HTTPRequestEntityTooLarge:
+        size = request.content_length
+        what = f"request body of {size} bytes" if size is not None else "request body"
+        return _error_response(TooLarge(
+            f"{what} exceeds BODY_SIZE_BYTES_MAX {v.BODY_SIZE_BYTES_MAX}"))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -7,6 +7,7 @@ declared field present (defaults filled in) or raises BadRequest naming the fiel
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ INTERNAL_SUBJECT_RE = re.compile(
 # host:port, host being a name, IPv4 or [IPv6].
 ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252}):(\d{1,5})")
 PORT_MAX = 65_535
+
+# Largest request body accepted, in bytes (aiohttp's client_max_size; a heartbeat with a full
+# backlog of BACKLOG_ENTRIES_MAX entries stays far below it). Over it: 413 too_large.
+BODY_SIZE_BYTES_MAX = 4 * 1024 * 1024
 
 # Limits of one heartbeat (named so tests can hit max-1, max and max+1).
 BACKLOG_ENTRIES_MAX = 10_000
@@ -47,14 +52,41 @@ class Field:
     check: Callable[[str, Any], Any] | None = None
 
 
+def _refuse_constant(name: str) -> Any:
+    """``json.loads`` hook: Python's parser accepts NaN and Infinity, JSON (RFC 8259) does not;
+    stored, they would make our own answers invalid JSON and PostgreSQL refuse the row."""
+    raise BadRequest(f"request body holds {name}, which is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """``json.loads`` hook: a number like 1e999 would become infinity; refuse it."""
+    value = float(text)
+    if math.isinf(value):
+        raise BadRequest(f"request body holds the number {text[:40]}, beyond a 64-bit float")
+    return value
+
+
+# A \u escape of a UTF-16 surrogate: the only way a lone surrogate gets into a decoded body.
+_SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
 def load_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a request body that must be one JSON object."""
+    """Decode a request body that must be one JSON object of finite numbers and encodable text."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body nests arrays or objects too deeply") from None
     if not isinstance(value, dict):
         raise BadRequest(f"request body must be a JSON object, not {type(value).__name__}")
+    if _SURROGATE_ESCAPE_RE.search(raw):
+        # A pair of escapes is one character; a lone one is text no database can store.
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
+                             "which is not text") from None
     return value
 
 

@@ -61,10 +61,12 @@ BASE_MS = int(time.time() * 1000)
 
 
 class ClusterThread:
-    """A MetaServer, a realtime broker and a delay server served by an event loop on a thread."""
+    """A MetaServer, a realtime broker and a delay server (or the MetaServer alone) served by an
+    event loop on a thread."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, brokers: bool = True) -> None:
         self.data_dir = data_dir
+        self.brokers = brokers  # False: the MetaServer alone
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-cluster",
                                        daemon=True)
@@ -97,6 +99,8 @@ class ClusterThread:
         meta = await self._stack.enter_async_context(start_metaserver(MetaConfig(
             db_url=sqlite_url(self.data_dir / "meta.db"), port=0)))
         self.meta_url = meta.url
+        if not self.brokers:
+            return
         # Async flush: fuzzing stores thousands of tiny messages and fsyncs prove nothing here.
         self.realtime = RealtimeServer(RealtimeConfig(
             data_dir=str(self.data_dir / "rt"), meta_url=meta.url, group="rt-fuzz", port=0,
@@ -268,9 +272,9 @@ scalars = st.one_of(
     st.sampled_from([0, -1, 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**63, _U64_MAX, _I64_MIN]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=24), st.binary(max_size=48),
-    # Extension types, which the protocol never uses; -1 is msgpack's timestamp (4, 8 or 12
-    # bytes long when valid).
-    st.builds(msgpack.ExtType, st.integers(-1, 127), st.binary(max_size=12)),
+    # Extension types, which the protocol never uses, and msgpack's own timestamp (ext -1).
+    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=12)),
+    st.builds(msgpack.Timestamp, st.integers(0, 2**34 - 1), st.integers(0, 999_999_999)),
 )
 # Anything msgpack can carry: nested lists and maps (keys not always str) of scalars.
 junk = st.recursive(
