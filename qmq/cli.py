@@ -27,6 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--flush", choices=["sync", "async"], default="sync")
     up.add_argument("--clock-offset-ms", type=int, default=0, help=argparse.SUPPRESS)
     up.add_argument("--no-trace", action="store_true", help="do not write trace events")
+    up.add_argument("--ack-timeout-ms", type=int, default=60_000,
+                    help="a pulled message not acked in this time is handed out again")
+    up.add_argument("--consumer-expiry-ms", type=int, default=30_000,
+                    help="a consumer silent this long is offline; its unacked messages move")
+    up.add_argument("--retry-backoff-ms", default=None,
+                    help="comma-separated delays before retry 1, 2, ... (last repeats)")
+    up.add_argument("--retries-max", type=int, default=16,
+                    help="after this many retries a nacked message goes to the dead letters")
 
     meta = sub.add_parser("metaserver", help="run a MetaServer")
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
@@ -161,7 +169,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "up":
         await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
                               args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms,
-                              trace=not args.no_trace)
+                              trace=not args.no_trace, realtime_options={
+                                  "ack_timeout_ms": args.ack_timeout_ms,
+                                  "consumer_expiry_ms": args.consumer_expiry_ms,
+                                  "retries_max": args.retries_max,
+                                  **_backoff(args.retry_backoff_ms)})
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
+
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer, offset_clock
 from metaserver.app import start_metaserver
@@ -60,9 +62,11 @@ async def run_delay_command(config: DelayConfig) -> None:
 
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
-                 *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True) -> None:
+                 *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True,
+                 realtime_options: dict[str, Any] | None = None) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
-    server, sharing one data dir."""
+    server, sharing one data dir. ``realtime_options``: more ``RealtimeConfig`` fields (ack
+    timeout, consumer expiry, retry schedule), so one command can run short test timeouts."""
     os.makedirs(data_dir, exist_ok=True)
     meta_config = MetaConfig(
         db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port
@@ -79,6 +83,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms,
             trace=trace,
+            **(realtime_options or {}),
         )
         realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()

@@ -364,16 +364,22 @@ class Broker:
     def _touch(self, subject: str, key: str, consumer_id: str) -> None:
         self._last_seen.setdefault((subject, key), {})[consumer_id] = self.clock()
 
-    async def pull(self, request: Pull) -> list[dict[str, Any]]:
+    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+                   ) -> list[dict[str, Any]]:
         """Hand the group's next entries (redeliveries first) to the pulling consumer.
 
         With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
+        ``gone`` tells whether the consumer's connection has ended: a long poll that wakes for
+        a consumer killed meanwhile returns nothing, instead of recording entries as held by a
+        consumer nobody answers for (they would wait for its expiry before anyone else got them).
         """
         key = group_key(request.group, request.consumer_id, request.broadcast)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.wait_ms / 1000
         tags = frozenset(request.tags)
         while True:
+            if gone is not None and gone():
+                return []
             event = self._event(request.subject)
             self._touch(request.subject, key, request.consumer_id)
             messages = await self._pull_once(request, key, tags)

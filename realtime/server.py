@@ -152,7 +152,7 @@ class RealtimeServer:
                 await self.registration.refresh_state()
             return {"results": await broker.send(request.messages)}
         if isinstance(request, Pull):
-            return {"messages": await broker.pull(request)}
+            return {"messages": await broker.pull(request, gone=lambda: session.closed)}
         if isinstance(request, Ack):
             return {"acked": await broker.ack(request)}
         if isinstance(request, Heartbeat):

@@ -44,6 +44,9 @@ class Session:
     app: str | None = None  # from hello
     token: str | None = None  # from hello
     extra: dict[str, Any] = field(default_factory=dict)  # per-server state for this connection
+    # Set once the connection has ended, so a request still running for it (a long poll) can
+    # stop instead of handing out work nobody will receive.
+    closed: bool = False
 
     @property
     def greeted(self) -> bool:
@@ -80,6 +83,16 @@ class FrameServer:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._requests: set[asyncio.Task[None]] = set()
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections being served now."""
+        return len(self._connections)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests being answered now (a waiting long poll counts)."""
+        return len(self._requests)
         self.port: int | None = None
 
     async def start(self) -> int:
@@ -126,6 +139,7 @@ class FrameServer:
         except asyncio.CancelledError:
             pass
         finally:
+            session.closed = True
             self._connections.discard(task)
             writer.close()
             if self._on_disconnect is not None:

@@ -13,6 +13,7 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from sdk.message import decode_message
 from sdk.protocol import encode_frame
+from tests.harness import wait_for
 from tests.rawclient import FakeClock, RawClient, message
 
 
@@ -77,6 +78,26 @@ async def test_a_long_poll_returns_as_soon_as_a_message_arrives(server, clock):
     pulled = await asyncio.wait_for(waiting, 5)
     assert bodies(pulled) == [b"late"]
     await consumer.close()
+    await producer.close()
+
+
+async def test_a_message_sent_after_a_long_polling_consumer_died_goes_to_a_live_consumer_at_once(
+        server, clock):
+    dead = await RawClient.connect(server.port)
+    live = await RawClient.connect(server.port)
+    producer = await RawClient.connect(server.port)
+    await dead.pull("orders", "g", "dead")  # creates the group at "latest"
+    waiting = asyncio.create_task(dead.pull("orders", "g", "dead", wait_ms=30_000))
+    await wait_for(lambda: server.frames.requests_in_flight == 1, 5, "the long poll to wait")
+    await dead.close()  # the process died: its long poll is still waiting on the broker
+    await wait_for(lambda: server.frames.open_connections == 2, 5, "the server to see it go")
+    await producer.send(message("orders", b"after the crash", clock))
+    # No expiry check runs in these tests (fake clock): a message the dead consumer's long
+    # poll took would never reach the live one.
+    pulled = await live.pull("orders", "g", "live", wait_ms=5_000)
+    assert bodies(pulled) == [b"after the crash"]
+    await asyncio.gather(waiting, return_exceptions=True)
+    await live.close()
     await producer.close()
 
 
