@@ -342,6 +342,11 @@ class Scheduler:
             if confirmed:
                 try:
                     await self._io(self.store.record_dispatched, confirmed)
+                except DiskFull as exc:
+                    # The world's fault, expected while the disk is full: no traceback. As below,
+                    # a restart dispatches them again and the broker de-duplicates.
+                    log.warning("recording %d dispatches failed, disk full: %s",
+                                len(confirmed), exc)
                 except Exception:
                     # Delivered but not recorded: a restart would dispatch them again and the
                     # broker's de-duplication absorbs it. Keep them out of the wheel meanwhile.

@@ -126,3 +126,56 @@ async def test_a_full_disk_refuses_realtime_sends_retriably_and_they_resume_when
         assert_exactly_once_and_intact(replay, acknowledged)
         assert replay.ids == set(acknowledged)
     print(f"{len(acknowledged)} acknowledged; refused with the disk full: {refused.message}")
+
+
+DELAY_MS = 1_500  # delayed sends come due soon after they are stored
+
+
+@pytest.mark.timeout(180)
+async def test_a_full_disk_refuses_delayed_sends_retriably_and_due_messages_still_arrive_once(
+        cluster, tmp_path):
+    with tmpfs(tmp_path / "disk", DISK_BYTES) as disk, stopping(cluster):
+        cluster.start_meta()
+        cluster.start_broker("rt1", *BROKER_FLAGS)
+        data_dir = str(disk / "d1")
+        delay = cluster.keep(await asyncio.to_thread(
+            start_delay, cluster.meta_url, data_dir, "d1", "--bucket-ms", "1000"))
+        await asyncio.to_thread(wait_registered, cluster.meta_url,
+                                {("realtime", "rt1"): "rw", ("delay", "d1"): "rw"})
+        subject = "orders.timeout"
+        acknowledged: list[str] = []
+        ledger = Ledger()
+        consumers = [await RunningConsumer(cluster.meta_url, "cancel", subject, ledger,
+                                           name="canceller", start="earliest").start()]
+        try:
+            async with qmq.Producer(cluster.meta_url, **PRODUCER_OPTIONS) as producer:
+                for n in range(100):
+                    receipt = await send_one(producer, subject, f"before-{n:03d}",
+                                             delay=DELAY_MS)
+                    assert receipt.delayed
+                    acknowledged.append(f"before-{n:03d}")
+                filler = await asyncio.to_thread(fill, disk)
+                refused = await send_until_refused(producer, subject, "full", acknowledged,
+                                                   delay=DELAY_MS)
+                assert isinstance(refused, qmq.Overloaded), repr(refused)
+                assert refused.retriable
+                assert "disk full" in refused.message
+                # Still up: what it stored comes due and is dispatched (its dispatch records
+                # meet the full disk too; the realtime broker de-duplicates a re-dispatch).
+                await wait_for(lambda: ledger.ids >= set(acknowledged), 60,
+                               "the stored delayed messages to arrive with the disk full")
+                assert delay.running
+
+                filler.unlink()
+                for n in range(100):
+                    await send_one(producer, subject, f"after-{n:03d}", delay=DELAY_MS)
+                    acknowledged.append(f"after-{n:03d}")
+                await wait_for(lambda: ledger.ids >= set(acknowledged), 60,
+                               "the delayed messages sent after space returned")
+        finally:
+            await close_all(consumers)
+        assert_exactly_once_and_intact(ledger, acknowledged)
+        assert delay.running
+        assert await asyncio.to_thread(delay.terminate) == 0
+    print(f"{len(acknowledged)} delayed sends acknowledged; refused with the disk full: "
+          f"{refused.message}")
