@@ -113,21 +113,34 @@ class DelayServer:
     def _on_state(self, state: str) -> None:
         self.scheduler.readonly = state == "readonly" or self.scheduler.write_failed
 
-    async def stop(self) -> None:
-        """Stop accepting, finish in-flight requests, record dispatches, close, deregister.
-        A second call does nothing."""
+    async def stop(self) -> str:
+        """Deregister, stop accepting, finish in-flight requests, commit queued sends, record
+        dispatches, checkpoint and close the store. Returns what it did, for the log; a second
+        call does nothing."""
         if self._stopped:
-            return
+            return f"delay group {self.config.group} already stopped"
         self._stopped = True
+        started = time.monotonic()
+        deregistered = False
         if self.registration is not None:
-            await self.registration.stop(deregister=True)
+            deregistered = await self.registration.stop(deregister=True)
         if self.metrics_listener is not None:
             await self.metrics_listener.stop()
+        in_flight = self.frames.requests_in_flight
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.scheduler.stop()
         if self._sender is not None:
             await self._sender.close()
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
+        summary = (
+            f"delay group {self.config.group} stopped in "
+            f"{(time.monotonic() - started) * 1000:.0f} ms: {in_flight} in-flight request(s) "
+            "finished, queued sends committed, dispatches recorded, delay store fsynced and "
+            "checkpointed, "
+            + ("deregistered from the MetaServer" if deregistered else "not deregistered")
+        )
+        log.info("%s", summary)
+        return summary
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""

@@ -37,6 +37,7 @@ async def run_metaserver_command(config: MetaConfig) -> None:
         _print(f"metaserver listening on {server.url} (db {config.db_url})")
         await _wait_for_signal()
         _print("metaserver stopping")
+    _print("metaserver stopped: in-flight requests finished, database closed")
 
 
 async def run_realtime_command(config: RealtimeConfig) -> None:
@@ -47,7 +48,7 @@ async def run_realtime_command(config: RealtimeConfig) -> None:
            f"flush {config.flush})")
     await _wait_for_signal()
     _print("realtime server stopping")
-    await server.stop()
+    _print(await server.stop())
 
 
 async def run_delay_command(config: DelayConfig) -> None:
@@ -58,7 +59,7 @@ async def run_delay_command(config: DelayConfig) -> None:
            f"flush {config.flush})")
     await _wait_for_signal()
     _print("delay server stopping")
-    await server.stop()
+    _print(await server.stop())
 
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
@@ -110,8 +111,10 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         _print("Ctrl-C stops everything.")
         await _wait_for_signal()
         _print("stopping")
-        await delay.stop()
-        await realtime.stop()
+        _print(await delay.stop())
+        _print(await realtime.stop())
+        _print("metaserver stopping")
+    _print("metaserver stopped: in-flight requests finished, database closed")
 
 
 def setup_logging(level: str) -> None:

@@ -105,6 +105,7 @@ class Broker:
         self._last_seen: dict[tuple[str, str], dict[str, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._started_ms = 0
+        self._stopping = False  # end_long_polls() was called: waiting pulls answer at once
         # The event loop's view of the store: committed end and first sequence per subject.
         self._ends: dict[str, int] = {}
         self._firsts: dict[str, int] = {}
@@ -185,6 +186,13 @@ class Broker:
                     self.tracer.held_before_restart(subject, key, consumer.consumer, {
                         e.pull_seq: e.consumer_log_seq
                         for e in pulllog.unacked(subject, key, consumer.consumer)})
+
+    def end_long_polls(self) -> None:
+        """Answer every waiting long poll now (with what is there, often nothing) instead of
+        at its deadline, so a shutdown does not wait out consumers' ``wait_ms``."""
+        self._stopping = True
+        for subject in list(self._subject_events):
+            self._notify(subject)
 
     async def stop(self) -> None:
         """Stop the loops, commit what is queued, checkpoint and close the storage."""
@@ -387,7 +395,7 @@ class Broker:
                 self._touch(request.subject, key, request.consumer_id)
                 return messages
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or self._stopping:
                 return []
             self.waiting_pulls += 1
             try:

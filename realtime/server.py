@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import logging
 import signal
+import time
 from typing import Any, Callable
 
 from logstore.fileio import Opener, OsFile
@@ -126,17 +127,31 @@ class RealtimeServer:
         self.broker.readonly = state == "readonly" or self.broker.write_failed
         log.info("MetaServer set group %s to %s", self.config.group, state)
 
-    async def stop(self) -> None:
-        """Stop accepting, finish in-flight requests, flush and checkpoint, deregister."""
+    async def stop(self) -> str:
+        """Deregister, stop accepting, finish in-flight requests (long polls answer at once),
+        commit queued sends, checkpoint and close the storage. Returns what it did, for the log."""
+        started = time.monotonic()
+        deregistered = False
         if self.registration is not None:
-            await self.registration.stop(deregister=True)
+            deregistered = await self.registration.stop(deregister=True)
         if self.metrics_listener is not None:
             await self.metrics_listener.stop()
+        self.broker.end_long_polls()
+        in_flight = self.frames.requests_in_flight
         await self.frames.stop(self.config.shutdown_grace_ms)
         await self.broker.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
         if self._retry_sender is not None:
             await self._retry_sender.close()
+        summary = (
+            f"realtime group {self.config.group} stopped in "
+            f"{(time.monotonic() - started) * 1000:.0f} ms: {in_flight} in-flight request(s) "
+            "finished, queued sends committed, message log fsynced and checkpointed, pull log "
+            "fsynced and closed, "
+            + ("deregistered from the MetaServer" if deregistered else "not deregistered")
+        )
+        log.info("%s", summary)
+        return summary
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request."""

@@ -82,7 +82,10 @@ class FrameServer:
         self._on_error = on_error
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # of the open connections
         self._requests: set[asyncio.Task[None]] = set()
+        self._stopping = False  # stop() began: frames still arriving are not served
+        self.port: int | None = None
 
     @property
     def open_connections(self) -> int:
@@ -93,7 +96,6 @@ class FrameServer:
     def requests_in_flight(self) -> int:
         """Requests being answered now (a waiting long poll counts)."""
         return len(self._requests)
-        self.port: int | None = None
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
@@ -102,9 +104,19 @@ class FrameServer:
         return self.port
 
     async def stop(self, grace_ms: int = 5000) -> None:
-        """Stop accepting, let in-flight requests finish for up to ``grace_ms``, then close all."""
+        """Stop accepting connections and reading requests, let in-flight requests finish for up
+        to ``grace_ms``, then close every connection.
+
+        A request read before the stop gets its answer (or, past the grace, a closed
+        connection); one sent after it is never started, so its client sees the connection
+        close and resends elsewhere or later, which the message ids make safe."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
+        for writer in self._writers:
+            transport = writer.transport
+            if not transport.is_closing():
+                transport.pause_reading()
         if self._requests:
             await asyncio.wait(set(self._requests), timeout=grace_ms / 1000)
         for task in list(self._requests) + list(self._connections):
@@ -117,6 +129,7 @@ class FrameServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._writers.add(writer)
         peername = writer.get_extra_info("peername")
         session = Session(peer=f"{peername[0]}:{peername[1]}" if peername else "?")
         decoder = FrameDecoder(self._max_frame_bytes)
@@ -141,11 +154,14 @@ class FrameServer:
         finally:
             session.closed = True
             self._connections.discard(task)
+            self._writers.discard(writer)
             writer.close()
             if self._on_disconnect is not None:
                 self._on_disconnect(session)
 
     def _dispatch(self, session: Session, frame: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        if self._stopping:  # already buffered when reading paused: left unanswered, see stop()
+            return
         try:
             request = parse_request(frame)
         except QmqError as exc:

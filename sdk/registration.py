@@ -54,19 +54,25 @@ class Registration:
         await self._register_quietly()
         self._task = asyncio.create_task(self._loop(), name=f"{self.kind}-registration")
 
-    async def stop(self, deregister: bool = True) -> None:
-        """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone."""
+    async def stop(self, deregister: bool = True) -> bool:
+        """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone; True if
+        the MetaServer confirmed the deregistration."""
+        deregistered = False
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._session is not None:
             if deregister and self.registered:
                 try:
-                    await self._post("/api/brokers/deregister",
-                                     {"group": self.group, "address": self.address})
+                    status, _ = await self._post("/api/brokers/deregister",
+                                                 {"group": self.group, "address": self.address})
+                    deregistered = status == 200
+                    if not deregistered:
+                        log.warning("deregister from %s answered HTTP %d", self.meta_url, status)
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                     log.warning("deregister from %s failed: %s", self.meta_url, exc)
             await self._session.close()
+        return deregistered
 
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         assert self._session is not None
