@@ -21,7 +21,9 @@ from aiohttp import web
 from metaserver.config import MetaConfig
 from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
 from metaserver.registry import Registry
+from metaserver.tokens import TOKENS_KEY, Tokens, auth_middleware
 from metaserver.validation import BODY_SIZE_BYTES_MAX
+from sdk.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,11 @@ def wall_clock_ms() -> int:
 def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> web.Application:
     """Return the MetaServer application; ``clock`` returns ms (tests pass a fake one)."""
     registry = Registry(config, clock or wall_clock_ms)
-    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_SIZE_BYTES_MAX)
+    # error_middleware is outermost so the auth middleware's refusals become JSON errors too.
+    app = web.Application(middlewares=[error_middleware, auth_middleware],
+                          client_max_size=BODY_SIZE_BYTES_MAX)
     app[REGISTRY_KEY] = registry
+    app[TOKENS_KEY] = Tokens(registry)
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -69,12 +74,13 @@ class RunningMetaServer:
     app: web.Application
     host: str
     port: int
+    tls: bool = False  # serving https
 
     @property
     def url(self) -> str:
-        """Base URL of the HTTP API, e.g. ``http://127.0.0.1:8090``."""
+        """Base URL of the HTTP API, e.g. ``http://127.0.0.1:8090`` (https with TLS)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def registry(self) -> Registry:
@@ -95,10 +101,11 @@ async def start_metaserver(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        ssl_context = server_context(config.tls_cert, config.tls_key)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         await site.start()
         host, port = runner.addresses[0][:2]
-        server = RunningMetaServer(app=app, host=host, port=port)
+        server = RunningMetaServer(app=app, host=host, port=port, tls=ssl_context is not None)
         log.info("MetaServer listening on %s", server.url)
         yield server
     finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Database URL schemes the MetaServer runs on. Both are async SQLAlchemy drivers.
 SQLITE_URL_PREFIX = "sqlite+aiosqlite://"
@@ -12,6 +12,9 @@ DB_URL_PREFIXES = (SQLITE_URL_PREFIX, POSTGRES_URL_PREFIX)
 
 DEFAULT_PORT = 8090
 PORT_MAX = 65_535
+# Shortest configured admin or internal token, in characters: it is compared, not hashed, so
+# it must be hard to guess on its own.
+ADMIN_TOKEN_CHARS_MIN = 16
 
 
 def sqlite_url(path: str | os.PathLike[str]) -> str:
@@ -37,6 +40,17 @@ class MetaConfig:
     route_groups_default: int = 2
     # Milliseconds between two runs of the background expiry check.
     expiry_check_interval_ms: int = 1000
+    # A secret accepted as an admin token (--admin-token / QMQ_ADMIN_TOKEN); setting it turns
+    # auth on even before any token is stored. At least ADMIN_TOKEN_CHARS_MIN characters.
+    admin_token: str | None = field(default=None, repr=False)
+    # A secret accepted as an admin token that does NOT turn auth on: ``qmq up`` gives it to its
+    # own brokers so they keep working if someone turns auth on by creating tokens.
+    internal_token: str | None = field(default=None, repr=False)
+    # PEM certificate chain and key: serve https instead of http (both or neither).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # PEM CA bundle trusted when the MetaServer calls TLS brokers (dead-letter admin).
+    tls_ca: str | None = None
 
     def __post_init__(self) -> None:
         """Validate every field; raise ValueError quoting the key and the offending value."""
@@ -51,6 +65,17 @@ class MetaConfig:
         _check_int("client_expiry_ms", self.client_expiry_ms, 1)
         _check_int("route_groups_default", self.route_groups_default, 1)
         _check_int("expiry_check_interval_ms", self.expiry_check_interval_ms, 1)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"tls_cert {self.tls_cert!r} and tls_key {self.tls_key!r} go "
+                             "together: give both or neither")
+        for key in ("admin_token", "internal_token"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str)
+                                      or len(value) < ADMIN_TOKEN_CHARS_MIN):
+                # The value is a secret: say how long it is, never what it is.
+                length = len(value) if isinstance(value, str) else type(value).__name__
+                raise ValueError(f"{key} of {length} characters is too short: it needs at "
+                                 f"least {ADMIN_TOKEN_CHARS_MIN}")
 
     @property
     def heartbeat_interval_ms(self) -> int:

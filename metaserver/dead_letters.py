@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metaserver.errors import BadRequest, BrokerUnreachable, NotFound
@@ -71,11 +72,16 @@ class BrokerRef:
 
     group: str
     address: str
+    token: str | None = field(default=None, repr=False)  # said in hello (the admin's token)
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False)  # None: plain TCP
 
 
-def realtime_brokers(brokers: list[dict[str, Any]], group: str | None = None) -> list[BrokerRef]:
-    """The online realtime brokers of ``Registry.list_brokers()`` (of one group if given)."""
-    return [BrokerRef(b["group"], b["address"]) for b in brokers
+def realtime_brokers(brokers: list[dict[str, Any]], group: str | None = None, *,
+                     token: str | None = None,
+                     ssl_context: ssl.SSLContext | None = None) -> list[BrokerRef]:
+    """The online realtime brokers of ``Registry.list_brokers()`` (of one group if given), to be
+    reached with ``token`` (over TLS with ``ssl_context``)."""
+    return [BrokerRef(b["group"], b["address"], token, ssl_context) for b in brokers
             if b["kind"] == "realtime" and b["state"] != "offline"
             and (group is None or b["group"] == group)]
 
@@ -104,7 +110,7 @@ def delay_stats(brokers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def _on_broker(broker: BrokerRef, work: Callable[[Connection], Awaitable[T]]) -> T:
     """Run ``work`` on a fresh connection to ``broker``; QmqError (ConnectionLost, ...) on failure."""
     conn = await Connection.open(broker.address, client_id=ADMIN_CLIENT_ID, app=ADMIN_APP,
-                                 token=None, connect_timeout_ms=BROKER_REQUEST_TIMEOUT_MS)
+                                 token=broker.token, ssl_context=broker.ssl_context, connect_timeout_ms=BROKER_REQUEST_TIMEOUT_MS)
     try:
         return await work(conn)
     finally:

@@ -4,6 +4,8 @@ Hierarchy::
 
     ApiError                 (status, code, message) -> {"error": {"code", "message"}}
     +-- BadRequest           400 bad_request: bad JSON, unknown field, wrong type, bad value
+    +-- Unauthorized         401 unauthorized: auth is on and the request has no valid token
+    +-- Forbidden            403 forbidden: the token is valid but not an admin token
     +-- NotFound             404 not_found: unknown broker, broker group or path
     +-- TooLarge             413 too_large: request body over BODY_SIZE_BYTES_MAX
     +-- NoRoute              503 no_route: no live broker group can serve the subject (retriable)
@@ -36,6 +38,20 @@ class BadRequest(ApiError):
 
     status = 400
     code = "bad_request"
+
+
+class Unauthorized(ApiError):
+    """Auth is on and the request carries no token, or one that is unknown or revoked."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ApiError):
+    """The token is valid but may not make this request (an admin token is needed)."""
+
+    status = 403
+    code = "forbidden"
 
 
 class NotFound(ApiError):

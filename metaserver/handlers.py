@@ -12,7 +12,9 @@ from metaserver import dead_letters as dead
 from metaserver import validation as v
 from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
 from metaserver.registry import Registry
+from metaserver.tokens import CREATE, REVOKE, TOKEN_KEY, TOKENS_KEY, Tokens
 from sdk.payload_sender import PayloadSender
+from sdk.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,10 @@ async def admin_readonly(request: web.Request) -> web.Response:
 
 async def _realtime_brokers(request: web.Request, group: str | None = None
                             ) -> list[dead.BrokerRef]:
-    return dead.realtime_brokers(await _registry(request).list_brokers(), group)
+    # The admin's own token goes along to the brokers: it is an admin token whenever auth is on.
+    registry = _registry(request)
+    return dead.realtime_brokers(await registry.list_brokers(), group, token=request[TOKEN_KEY],
+                                 ssl_context=client_context(registry.config.tls_ca))
 
 
 async def admin_dead(request: web.Request) -> web.Response:
@@ -157,7 +162,9 @@ async def admin_dead_redrive(request: web.Request) -> web.Response:
     brokers = await _realtime_brokers(request)
     # Re-driven messages take the subject's realtime route, which this very server answers.
     sender = PayloadSender(str(request.url.origin()), kind="realtime",
-                                client_id=dead.ADMIN_CLIENT_ID, app=dead.ADMIN_APP)
+                           client_id=dead.ADMIN_CLIENT_ID, app=dead.ADMIN_APP,
+                           token=request[TOKEN_KEY],
+                           ssl_context=client_context(registry.config.tls_ca))
     try:
         answer = await dead.redrive(brokers, sender, body["subject"], body["group"],
                                     body["ids"], registry.clock())
@@ -180,6 +187,39 @@ async def admin_delay(request: web.Request) -> web.Response:
     return web.json_response({"delay": dead.delay_stats(brokers)})
 
 
+def _tokens(request: web.Request) -> Tokens:
+    """Return the token store of the app serving ``request``."""
+    return request.app[TOKENS_KEY]
+
+
+async def admin_tokens_create(request: web.Request) -> web.Response:
+    """``POST /api/admin/tokens {app, produce?, consume?, admin?}``: the secret, shown once."""
+    body = await _body(request, CREATE)
+    return web.json_response(await _tokens(request).create(**body))
+
+
+async def admin_tokens_list(request: web.Request) -> web.Response:
+    """``GET /api/admin/tokens``: every token without its secret."""
+    return web.json_response({"tokens": await _tokens(request).list()})
+
+
+async def admin_tokens_revoke(request: web.Request) -> web.Response:
+    """``POST /api/admin/tokens/revoke {id}``."""
+    body = await _body(request, REVOKE)
+    return web.json_response(await _tokens(request).revoke(body["id"]))
+
+
+async def auth_check(request: web.Request) -> web.Response:
+    """``POST /api/auth/check {token}``: what a token grants, for brokers checking a hello."""
+    body = await _body(request, {"token": v.Field(str, required=False)})
+    checked = await _tokens(request).check(body["token"])
+    answer: dict[str, object] = {"enabled": checked.enabled, "valid": checked.grant is not None}
+    if checked.grant is not None:
+        answer.update(app=checked.grant.app, produce=list(checked.grant.produce),
+                      consume=list(checked.grant.consume), admin=checked.grant.admin)
+    return web.json_response(answer)
+
+
 def add_routes(app: web.Application) -> None:
     """Register every path of the API on ``app``."""
     app.router.add_get("/health", health)
@@ -197,3 +237,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/admin/dead/redrive", admin_dead_redrive)
     app.router.add_post("/api/admin/dead/purge", admin_dead_purge)
     app.router.add_get("/api/admin/delay", admin_delay)
+    app.router.add_post("/api/admin/tokens", admin_tokens_create)
+    app.router.add_get("/api/admin/tokens", admin_tokens_list)
+    app.router.add_post("/api/admin/tokens/revoke", admin_tokens_revoke)
+    app.router.add_post("/api/auth/check", auth_check)

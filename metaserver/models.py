@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -26,6 +27,7 @@ NAME_CHARS_MAX = 200
 SUBJECT_CHARS_MAX = 512
 ADDRESS_CHARS_MAX = 300
 STATE_CHARS_MAX = 16
+TOKEN_HINT_CHARS_MAX = 16
 
 # Named constraints so migrations can refer to them on every database.
 NAMING_CONVENTION = {
@@ -143,3 +145,8 @@ class AppToken(Base):
     consume_patterns: Mapped[Any] = mapped_column(JSON)  # list of subject patterns
     created_at_ms: Mapped[int] = mapped_column(BigInteger)
     revoked_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None = valid
+    # Admin tokens may call the admin API, run brokers, and use every subject (0002_token_admin).
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The first characters of the secret (not enough to guess the rest), so lists can name it.
+    token_hint: Mapped[str] = mapped_column(String(TOKEN_HINT_CHARS_MAX), default="",
+                                            server_default="")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 from typing import Any
 
 from sdk.errors import BadRequest, ConnectionLost, QmqError
@@ -86,14 +87,16 @@ class Connection:
         app: str,
         token: str | None,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> Connection:
-        """Connect to ``address`` and say hello; ConnectionLost if the broker cannot be reached,
-        the QmqError of the hello answer (Unauthorized, NotSupported, ...) if it refuses us."""
+        """Connect to ``address`` (over TLS with ``ssl_context``) and say hello; ConnectionLost if
+        the broker cannot be reached or its certificate is refused, the QmqError of the hello
+        answer (Unauthorized, NotSupported, ...) if it refuses us."""
         host, port = parse_address(address)
         try:
             async with asyncio.timeout(connect_timeout_ms / 1000):
-                reader, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
+                reader, writer = await asyncio.open_connection(host, port, ssl=ssl_context)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             raise ConnectionLost(
                 f"cannot connect to broker {address} within {connect_timeout_ms} ms: "
                 f"{exc or type(exc).__name__}"
@@ -241,11 +244,13 @@ class ConnectionPool:
         app: str,
         token: str | None,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.client_id = client_id
         self.app = app
         self.token = token
         self.connect_timeout_ms = connect_timeout_ms
+        self.ssl_context = ssl_context  # None: plain TCP to every broker
         self._connections: dict[str, Connection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
@@ -268,6 +273,7 @@ class ConnectionPool:
                 app=self.app,
                 token=self.token,
                 connect_timeout_ms=self.connect_timeout_ms,
+                ssl_context=self.ssl_context,
             )
             self._connections[address] = conn
             return conn

@@ -451,3 +451,14 @@ def peek_message_id(payload: bytes) -> str:
         return value if isinstance(value, str) else ""
     except Exception:
         return ""
+
+
+def peek_subject(payload: bytes) -> str | None:
+    """The subject written in a payload, read without validating anything (for access checks
+    before the full check); None if the payload has no readable subject."""
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+        value = data.get("s") if isinstance(data, dict) else None
+        return value if isinstance(value, str) else None
+    except Exception:
+        return None

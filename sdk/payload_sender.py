@@ -9,6 +9,7 @@ message id and the receiving broker's de-duplication makes it harmless.
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from sdk.connection import ConnectionPool
@@ -33,11 +34,14 @@ class PayloadSender:
         app: str = "qmq-internal",
         token: str | None = None,
         send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.kind = kind
         self.send_timeout_ms = send_timeout_ms
-        self.routes = RouteCache(meta_url, kind=kind)
-        self.pool = ConnectionPool(client_id=client_id, app=app, token=token)
+        # ``token`` (an admin token when auth is on) opens both the MetaServer and the brokers.
+        self.routes = RouteCache(meta_url, kind=kind, token=token, ssl_context=ssl_context)
+        self.pool = ConnectionPool(client_id=client_id, app=app, token=token,
+                                   ssl_context=ssl_context)
         self._next = 0
 
     async def send(self, subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:

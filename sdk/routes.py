@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from typing import Any, Literal
 
 import aiohttp
 
+from sdk.access import bearer
+from sdk.tls import http_ssl
 from sdk.errors import NoRoute, QmqError, error_from_wire
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,8 @@ class RouteCache:
         request_timeout_ms: int = META_REQUEST_TIMEOUT_MS_DEFAULT,
         session: aiohttp.ClientSession | None = None,
         clock_ms: Callable[[], int] = monotonic_ms,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.meta_url = meta_url.rstrip("/")
         self.kind = kind
@@ -147,6 +152,9 @@ class RouteCache:
         self._session = session
         self._owns_session = session is None
         self._clock_ms = clock_ms
+        # The app's token, sent as Bearer: the MetaServer wants one when auth is on.
+        self._headers = bearer(token)
+        self._ssl = ssl_context
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._generation = 0
@@ -227,7 +235,8 @@ class RouteCache:
         url = self.meta_url + path
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_ms / 1000)
         try:
-            async with self._session.request(method, url, timeout=timeout, **kwargs) as resp:
+            async with self._session.request(method, url, timeout=timeout, headers=self._headers,
+                                             ssl=http_ssl(self._ssl), **kwargs) as resp:
                 status = resp.status
                 try:
                     data = await resp.json(content_type=None)
