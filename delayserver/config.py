@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sdk.limits import MAX_DELAY_MS
 
@@ -36,6 +36,11 @@ class DelayConfig:
     shutdown_grace_ms: int = 5_000  # SIGTERM: time given to in-flight requests
     trace: bool = True  # write trace events (docs/AUDIT.md); best effort, off the hot path
     trace_dir: str | None = None  # where trace files go; default <data_dir>/trace
+    token: str | None = field(default=None, repr=False)  # this server's own (admin) token: sent to the MetaServer and peers
+    auth_ttl_ms: int = 10_000  # how long a token check answer is trusted (a revoked token works at most this long)
+    tls_cert: str | None = None  # PEM certificate chain: serve TLS (with tls_key)
+    tls_key: str | None = None  # PEM private key of tls_cert
+    tls_ca: str | None = None  # PEM CA bundle to verify TLS peers (https MetaServer, TLS brokers)
 
     @property
     def trace_directory(self) -> str:
@@ -52,7 +57,7 @@ class DelayConfig:
         for key in (
             "flush_interval_ms", "bucket_ms", "preload_buckets", "wheel_entries_max", "tick_ms",
             "max_delay_ms", "dispatch_batch_max", "dispatch_retry_ms_min",
-            "dispatch_retry_ms_max", "heartbeat_interval_ms",
+            "dispatch_retry_ms_max", "heartbeat_interval_ms", "auth_ttl_ms",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:

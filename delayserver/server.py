@@ -14,12 +14,14 @@ from delayserver.metrics import DelayMetrics
 from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
-from sdk.errors import NotSupported
+from sdk.access import AccessCache, Gate
+from sdk.errors import Forbidden, NotSupported
 from sdk.framed_server import FrameServer, Session
 from sdk.metrics_http import MetricsListener
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import Cancel, Hello, Request, Send
 from sdk.registration import Registration
+from sdk.tls import client_context, server_context
 from sdk.trace import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,10 @@ class DelayServer:
             if not config.meta_url:
                 raise ValueError("a delay server needs meta_url (or a dispatch function) to "
                                  "reach realtime brokers")
+            # Dispatches go to realtime brokers under this server's own token.
             self._sender = PayloadSender(config.meta_url, kind="realtime",
-                                         client_id=f"delay-{config.group}")
+                                         client_id=f"delay-{config.group}", token=config.token,
+                                         ssl_context=client_context(config.tls_ca))
             dispatch = self._sender.send
         self.scheduler = Scheduler(config, self.clock, self.metrics.observe_dispatch(dispatch),
                                    opener)
@@ -62,7 +66,12 @@ class DelayServer:
                                  enabled=config.trace)
         self.scheduler.tracer = DelayTracer(self.trace)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port,
-                                  on_error=self.metrics.count_error)
+                                  on_error=self.metrics.count_error,
+                                  ssl_context=server_context(config.tls_cert, config.tls_key))
+        self.gate = Gate(AccessCache(config.meta_url, token=config.token,
+                                     ttl_ms=config.auth_ttl_ms,
+                                     ssl_context=client_context(config.tls_ca))
+                         if config.meta_url else None)
         self.metrics_listener: MetricsListener | None = None
         if config.metrics_port is not None:
             self.metrics_listener = MetricsListener(
@@ -98,6 +107,8 @@ class DelayServer:
                 heartbeat_interval_ms=self.config.heartbeat_interval_ms,
                 report=self.scheduler.report,
                 on_state=self._on_state,
+                token=self.config.token,
+                ssl_context=client_context(self.config.tls_ca),
             )
             await self.registration.start()
         if self.config.clock_offset_ms:
@@ -132,6 +143,7 @@ class DelayServer:
         if self._sender is not None:
             await self._sender.close()
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
+        await self.gate.close()
         summary = (
             f"delay group {self.config.group} stopped in "
             f"{(time.monotonic() - started) * 1000:.0f} ms: {in_flight} in-flight request(s) "
@@ -143,16 +155,23 @@ class DelayServer:
         return summary
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
-        """Answer one data-plane request."""
+        """Answer one data-plane request, after checking what the connection's token allows."""
         self.metrics.count_request(request.op)
+        # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
+        grant = await self.gate.grant(session.token, session.app)
         if isinstance(request, Hello):
             return {"ok": True, "server": {"kind": "delay", "group": self.config.group,
                                            "node": self.address}}
         if isinstance(request, Send):
+            self.gate.check_send(grant, request.messages)
             results = await self.scheduler.schedule(request.messages)
             self.metrics.count_schedule_results(results)
             return {"results": results}
         if isinstance(request, Cancel):
+            # A cancel names no subject: any token that may produce somewhere may cancel.
+            if not (grant.admin or grant.produce):
+                raise Forbidden(f"app {grant.app!r} may not cancel: its token has no produce "
+                                "patterns")
             results = []
             for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
                 status = await self.scheduler.cancel(message_id, deliver_at_ms)

@@ -39,6 +39,11 @@ class RealtimeConfig:
     retries_max: int = DEFAULT_RETRIES_MAX  # after this many retries a nacked message is dead
     trace: bool = True  # write trace events (docs/AUDIT.md); best effort, off the hot path
     trace_dir: str | None = None  # where trace files go; default <data_dir>/trace
+    token: str | None = field(default=None, repr=False)  # this server's own (admin) token: sent to the MetaServer and peers
+    auth_ttl_ms: int = 10_000  # how long a token check answer is trusted (a revoked token works at most this long)
+    tls_cert: str | None = None  # PEM certificate chain: serve TLS (with tls_key)
+    tls_key: str | None = None  # PEM private key of tls_cert
+    tls_ca: str | None = None  # PEM CA bundle to verify TLS peers (https MetaServer, TLS brokers)
 
     @property
     def trace_directory(self) -> str:
@@ -56,7 +61,7 @@ class RealtimeConfig:
             "flush_interval_ms", "segment_size_bytes_max", "consumer_log_entries_per_file",
             "ack_timeout_ms", "consumer_expiry_ms", "expiry_check_interval_ms",
             "heartbeat_interval_ms", "dedup_window_ms", "retention_ms",
-            "retention_check_interval_ms",
+            "retention_check_interval_ms", "auth_ttl_ms",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:

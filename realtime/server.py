@@ -19,6 +19,7 @@ from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
 from realtime.tracing import BrokerTracer
+from sdk.access import AccessCache, Gate
 from sdk.errors import NotSupported
 from sdk.framed_server import FrameServer, Session
 from sdk.metrics_http import MetricsListener
@@ -27,6 +28,7 @@ from sdk.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
 )
 from sdk.registration import Registration
+from sdk.tls import client_context, server_context
 from sdk.trace import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,19 @@ class RealtimeServer:
         self.trace = TraceWriter(config.trace_directory, f"realtime:{config.group}",
                                  enabled=config.trace)
         self.broker.tracer = BrokerTracer(self.trace)
+        peer_ssl = client_context(config.tls_ca)
+        self.gate = Gate(AccessCache(config.meta_url, token=config.token,
+                                     ttl_ms=config.auth_ttl_ms, ssl_context=peer_ssl)
+                         if config.meta_url else None)
         self.registration: Registration | None = None
         self.port: int | None = None
         self.admin: BrokerAdmin | None = None  # made on first use, once storage is open
         self._retry_sender: PayloadSender | None = None
         if config.meta_url:
+            # Retry copies go to delay servers under this broker's own token.
             self._retry_sender = PayloadSender(config.meta_url, kind="delay",
-                                               client_id=f"realtime-{config.group}")
+                                               client_id=f"realtime-{config.group}",
+                                               token=config.token, ssl_context=peer_ssl)
         self.nacks = NackHandler(
             self.broker,
             RetryPolicies(RetryPolicy(config.retry_backoff_ms, config.retries_max)),
@@ -79,7 +87,8 @@ class RealtimeServer:
         self.metrics = RealtimeMetrics(self.broker, self.nacks, config.group)
         self.broker.on_commit = self.metrics.commit_batch_messages.observe
         self.frames = FrameServer(self.handle, host=config.host, port=config.port,
-                                  on_error=self.metrics.count_error)
+                                  on_error=self.metrics.count_error,
+                                  ssl_context=server_context(config.tls_cert, config.tls_key))
         self.metrics_listener: MetricsListener | None = None
         if config.metrics_port is not None:
             self.metrics_listener = MetricsListener(
@@ -113,6 +122,8 @@ class RealtimeServer:
                 heartbeat_interval_ms=self.config.heartbeat_interval_ms,
                 report=self.broker.backlog,
                 on_state=self._on_state,
+                token=self.config.token,
+                ssl_context=client_context(self.config.tls_ca),
             )
             await self.registration.start()
         log.info("realtime group %s listening on %s%s", self.config.group, self.address,
@@ -143,6 +154,7 @@ class RealtimeServer:
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
         if self._retry_sender is not None:
             await self._retry_sender.close()
+        await self.gate.close()
         summary = (
             f"realtime group {self.config.group} stopped in "
             f"{(time.monotonic() - started) * 1000:.0f} ms: {in_flight} in-flight request(s) "
@@ -154,13 +166,23 @@ class RealtimeServer:
         return summary
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
-        """Answer one data-plane request."""
+        """Answer one data-plane request, after checking what the connection's token allows."""
         broker = self.broker
         self.metrics.count_request(request.op)
+        # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
+        grant = await self.gate.grant(session.token, session.app)
+        if isinstance(request, (Pull, Ack, Nack)):
+            grant.check_consume(request.subject)
+        elif isinstance(request, Heartbeat):
+            for subject, _group in request.subscriptions:
+                grant.check_consume(subject)
+        elif isinstance(request, (Subjects, Browse, Purge)):
+            grant.check_admin(request.op)
         if isinstance(request, Hello):
             return {"ok": True, "server": {"kind": "realtime", "group": self.config.group,
                                            "node": self.address}}
         if isinstance(request, Send):
+            self.gate.check_send(grant, request.messages)
             if broker.readonly and not broker.write_failed and self.registration is not None:
                 # The MetaServer may have switched us back to rw since our last heartbeat;
                 # ask (rate-limited) rather than refuse a producer it already routes here.

@@ -54,6 +54,7 @@ from sdk.message import (
 )
 from sdk.producer import default_client_id, duration_ms
 from sdk.routes import Route, RouteCache
+from sdk.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,9 @@ class Consumer:
     ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
     ``ack_pending_max`` (64) for ack batching, ``route_refresh_ms`` (30000),
     ``close_timeout_ms`` (10000) how long close waits for running handlers.
+
+    ``token`` and ``tls`` work as for the Producer; with auth on, a subject outside the token's
+    consume patterns fails its subscription with Forbidden.
     """
 
     def __init__(
@@ -294,6 +298,7 @@ class Consumer:
         close_timeout_ms: int = 10_000,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         routes: RouteCache | None = None,
+        tls: TlsOption = None,
     ) -> None:
         validate_group(group)
         if start not in ("latest", "earliest"):
@@ -325,9 +330,11 @@ class Consumer:
         self.route_refresh_ms = route_refresh_ms
         self.reconnect_backoff_max_ms = reconnect_backoff_max_ms
         self.close_timeout_ms = close_timeout_ms
-        self._routes = routes or RouteCache(meta_url)
+        ssl_context = client_context(tls)
+        self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
         self._pool = ConnectionPool(
-            client_id=self.consumer_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms
+            client_id=self.consumer_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
+            ssl_context=ssl_context,
         )
         self._ack_interval_ms = ack_interval_ms
         self._ack_pending_max = ack_pending_max

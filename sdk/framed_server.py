@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -73,6 +74,7 @@ class FrameServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         on_disconnect: Callable[[Session], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._handler = handler
         self._host = host
@@ -80,6 +82,7 @@ class FrameServer:
         self._max_frame_bytes = max_frame_bytes
         self._on_disconnect = on_disconnect
         self._on_error = on_error
+        self._ssl = ssl_context  # None: plain TCP; else every connection is TLS
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()  # of the open connections
@@ -99,7 +102,8 @@ class FrameServer:
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._server = await asyncio.start_server(self._serve, self._host, self._port,
+                                                  ssl=self._ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

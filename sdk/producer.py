@@ -50,6 +50,7 @@ from sdk.errors import (
 from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
 from sdk.message import Message, encode_message, validate_message
 from sdk.routes import Route, RouteCache, RouteGroup
+from sdk.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,11 @@ class Producer:
     * ``in_flight_max`` (32): batches on the wire at once.
     * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
     * ``retries_max`` (3): resends of a failed batch (so up to retries_max + 1 attempts).
+
+    ``token`` is the app's token: said in every broker hello and sent as Bearer to the
+    MetaServer; with auth on, a missing or revoked one fails with Unauthorized and a subject
+    outside its produce patterns with Forbidden. ``tls`` (an ``ssl.SSLContext`` or a CA file
+    path) makes every broker connection TLS and verifies an https MetaServer with it.
     """
 
     def __init__(
@@ -219,6 +225,7 @@ class Producer:
         client_id: str | None = None,
         routes: RouteCache | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        tls: TlsOption = None,
     ) -> None:
         for name, value, low in (
             ("linger_ms", linger_ms, 0),
@@ -240,10 +247,13 @@ class Producer:
         self.retries_max = retries_max
         self.retry_backoff_ms = retry_backoff_ms
         self._clock_ms = clock_ms
-        self._routes = routes or RouteCache(meta_url)
-        self._delay_routes = RouteCache(meta_url, kind="delay")
+        ssl_context = client_context(tls)
+        self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
+        self._delay_routes = RouteCache(meta_url, kind="delay", token=token,
+                                        ssl_context=ssl_context)
         self._pool = ConnectionPool(
-            client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms
+            client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
+            ssl_context=ssl_context,
         )
         self._open: dict[_Key, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()

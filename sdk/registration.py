@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+
+from sdk.access import bearer
+from sdk.tls import http_ssl
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,8 @@ class Registration:
         heartbeat_interval_ms: int,
         report: Callable[[], Awaitable[Any]],
         on_state: Callable[[str], None],
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.meta_url = meta_url.rstrip("/")
         self.group = group
@@ -40,6 +46,9 @@ class Registration:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self._report = report
         self._on_state = on_state
+        # Sent as Bearer on every call: an admin token when the MetaServer has auth on.
+        self._headers = bearer(token)
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self.registered = False
@@ -76,7 +85,8 @@ class Registration:
 
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         assert self._session is not None
-        async with self._session.post(self.meta_url + path, json=body) as response:
+        async with self._session.post(self.meta_url + path, json=body, headers=self._headers,
+                                      ssl=http_ssl(self._ssl)) as response:
             try:
                 data = await response.json(content_type=None)
             except ValueError:
