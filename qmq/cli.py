@@ -12,6 +12,22 @@ from qmq.audit import add_audit_parser, run_audit
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
 
+def _add_token(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--token`` (default $QMQ_TOKEN) and ``--tls-ca`` (default $QMQ_TLS_CA) of a client or
+    broker command."""
+    parser.add_argument("--token", default=os.environ.get("QMQ_TOKEN"),
+                        help=f"{what} (default $QMQ_TOKEN); needed when the MetaServer has auth on")
+    parser.add_argument("--tls-ca", default=os.environ.get("QMQ_TLS_CA"),
+                        help="PEM CA file trusted for TLS servers (default $QMQ_TLS_CA); "
+                             "given: broker connections use TLS")
+
+
+def _add_tls_server(parser: argparse.ArgumentParser) -> None:
+    """``--tls-cert``/``--tls-key`` of a server: serve TLS with this PEM chain and key."""
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level argument parser with every sub-command registered."""
     parser = argparse.ArgumentParser(prog="qmq", description="pyqmq: delayed and realtime messaging")
@@ -35,12 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated delays before retry 1, 2, ... (last repeats)")
     up.add_argument("--retries-max", type=int, default=16,
                     help="after this many retries a nacked message goes to the dead letters")
+    up.add_argument("--admin-token", default=os.environ.get("QMQ_ADMIN_TOKEN"),
+                    help="turn auth on with this admin token (default $QMQ_ADMIN_TOKEN; "
+                         "unset: auth off until a token is created)")
 
     meta = sub.add_parser("metaserver", help="run a MetaServer")
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
                       help="sqlite+aiosqlite:///FILE or postgresql+asyncpg://USER@HOST/DB")
     meta.add_argument("--host", default="127.0.0.1")
     meta.add_argument("--port", type=int, default=8090)
+    meta.add_argument("--admin-token", default=os.environ.get("QMQ_ADMIN_TOKEN"),
+                      help="accept this secret as an admin token and turn auth on "
+                           "(default $QMQ_ADMIN_TOKEN)")
+    _add_tls_server(meta)
+    meta.add_argument("--tls-ca", default=os.environ.get("QMQ_TLS_CA"),
+                      help="PEM CA file trusted for TLS brokers (dead-letter admin calls)")
 
     rt = sub.add_parser("realtime", help="run a realtime broker")
     rt.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
@@ -60,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after this many retries a nacked message goes to the dead letters")
     rt.add_argument("--clock-offset-ms", type=int, default=0,
                     help="TEST ONLY: shift this server's clock (pair with the delay server's)")
+    _add_token(rt, "this broker's admin token")
+    _add_tls_server(rt)
 
     delay = sub.add_parser("delay", help="run a delay server")
     delay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
@@ -75,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     delay.add_argument("--trace-dir", default=None, help="trace files (default DATA_DIR/trace)")
     delay.add_argument("--clock-offset-ms", type=int, default=0,
                        help="TEST ONLY: shift this server's clock to prove long delays quickly")
+    _add_token(delay, "this server's admin token")
+    _add_tls_server(delay)
 
     send = sub.add_parser("send", help="send a message")
     send.add_argument("subject")
@@ -87,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--delay-ms", type=int, default=None, help="deliver this many ms from now")
     when.add_argument("--deliver-at", default=None,
                       help="deliver at this time: ISO 8601 with a timezone, or epoch ms")
+    _add_token(send, "the app's token")
 
     cancel = sub.add_parser("cancel", help="cancel a delayed message (as qmq send printed it)")
     cancel.add_argument("subject")
@@ -95,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--deliver-at-ms", type=int, required=True,
                         help="deliver_at_ms from the receipt")
     cancel.add_argument("--meta", default=DEFAULT_META_URL)
+    _add_token(cancel, "the app's token")
 
     consume = sub.add_parser("consume", help="print and ack messages of a subject")
     consume.add_argument("subject")
@@ -106,13 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--count", type=int, default=None, help="stop after this many")
     consume.add_argument("--idle-timeout-s", type=float, default=None,
                          help="stop when nothing arrives for this long")
+    _add_token(consume, "the app's token")
 
     admin = sub.add_parser("admin", help="inspect and steer the cluster")
     admin.add_argument("what", choices=["brokers", "subjects", "groups", "readonly", "dead",
-                                        "delay"])
+                                        "delay", "tokens"])
     admin.add_argument("args", nargs="*", help="readonly: GROUP on|off; dead: list | show "
                        "BROKER_GROUP DEAD_SUBJECT SEQUENCE | redrive SUBJECT GROUP | purge "
-                       "SUBJECT GROUP")
+                       "SUBJECT GROUP; tokens: create | list | revoke ID")
     admin.add_argument("--meta", default=DEFAULT_META_URL)
     admin.add_argument("--json", action="store_true", help="print JSON")
     admin.add_argument("--subject", help="dead list: only this subject")
@@ -122,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--through", type=int, default=None,
                        help="dead purge: purge through this sequence (default: all)")
     admin.add_argument("--broker-group", default=None, help="dead purge: only this broker group")
+    admin.add_argument("--app", default=None, help="tokens create: the app the token is for")
+    admin.add_argument("--produce", action="append", default=[],
+                       help="tokens create: a subject pattern it may send to, e.g. 'order.*' "
+                            "(repeatable)")
+    admin.add_argument("--consume", action="append", default=[],
+                       help="tokens create: a subject pattern it may consume (repeatable)")
+    admin.add_argument("--admin", action="store_true",
+                       help="tokens create: an admin token (admin API, brokers, every subject)")
+    _add_token(admin, "an admin token")
     add_audit_parser(sub)
     return parser
 
@@ -169,7 +210,8 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "up":
         await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
                               args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms,
-                              trace=not args.no_trace, realtime_options={
+                              trace=not args.no_trace, admin_token=args.admin_token,
+                              realtime_options={
                                   "ack_timeout_ms": args.ack_timeout_ms,
                                   "consumer_expiry_ms": args.consumer_expiry_ms,
                                   "retries_max": args.retries_max,
@@ -178,9 +220,12 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "metaserver":
         from metaserver.config import MetaConfig
 
-        await launcher.run_metaserver_command(MetaConfig(db_url=args.db, host=args.host,
-                                                         port=args.port))
+        await launcher.run_metaserver_command(MetaConfig(
+            db_url=args.db, host=args.host, port=args.port, admin_token=args.admin_token,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca))
         return 0
+    if hasattr(args, "token"):
+        commands.CLIENT.set(commands.ClientSettings(token=args.token, tls_ca=args.tls_ca))
     if args.command == "realtime":
         from realtime.config import RealtimeConfig
 
@@ -189,7 +234,8 @@ async def _run(args: argparse.Namespace) -> int:
             port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
             consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
             retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
-            trace=not args.no_trace, trace_dir=args.trace_dir,
+            trace=not args.no_trace, trace_dir=args.trace_dir, token=args.token,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         ))
         return 0
     if args.command == "delay":
@@ -200,7 +246,8 @@ async def _run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
             port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
             clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
-            trace_dir=args.trace_dir, **extra,
+            trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, tls_ca=args.tls_ca, **extra,
         ))
         return 0
     if args.command == "send":
@@ -223,6 +270,10 @@ async def _run(args: argparse.Namespace) -> int:
         return await commands.admin_dead_command(
             args.meta, args.args, subject=args.subject, group=args.group, ids=args.ids,
             through=args.through, broker_group=args.broker_group, as_json=args.json)
+    if args.command == "admin" and args.what == "tokens":
+        return await commands.admin_tokens_command(
+            args.meta, args.args, app=args.app, produce=args.produce, consume=args.consume,
+            admin=args.admin, as_json=args.json)
     if args.command == "admin" and args.what == "delay":
         return await commands.admin_delay_command(args.meta, args.json)
     if args.command == "admin":

@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
 
+from sdk.access import bearer
+from sdk.tls import client_context, http_ssl
+
 
 class CommandError(Exception):
     """A CLI command failed in a way the user should read (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a client command reaches the service: its token (--token / QMQ_TOKEN) and the CA
+    file that verifies TLS servers (--tls-ca / QMQ_TLS_CA); both optional."""
+
+    token: str | None = None
+    tls_ca: str | None = None
+
+
+# Set once by the CLI before a client command runs (one command per process).
+CLIENT: contextvars.ContextVar[ClientSettings] = contextvars.ContextVar(
+    "qmq_client_settings", default=ClientSettings())
+
+
+def _sdk_options() -> dict[str, Any]:
+    """The Producer/Consumer keywords of the current ClientSettings."""
+    settings = CLIENT.get()
+    return {"token": settings.token, "tls": settings.tls_ca}
 
 
 def parse_properties(pairs: list[str]) -> dict[str, str]:
@@ -47,7 +72,7 @@ async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str]
     """Send ``count`` copies of a message (delayed if asked); prints one receipt line each."""
     from sdk.producer import Producer
 
-    async with Producer(meta_url) as producer:
+    async with Producer(meta_url, **_sdk_options()) as producer:
         receipts = await asyncio.gather(*(
             producer.send(subject, body, tags=tags, properties=properties, delay=delay_ms,
                           deliver_at=deliver_at_ms)
@@ -66,7 +91,7 @@ async def cancel_command(meta_url: str, subject: str, message_id: str, delay_gro
     from sdk.producer import Producer, Receipt
 
     receipt = Receipt(message_id, subject, delay_group, "stored", deliver_at_ms)
-    async with Producer(meta_url) as producer:
+    async with Producer(meta_url, **_sdk_options()) as producer:
         status = await producer.cancel(receipt)
     print(f"{status} id={message_id}")
     return 0 if status in ("cancelled", "already_cancelled") else 1
@@ -82,7 +107,8 @@ async def consume_command(meta_url: str, subject: str, group: str, tags: list[st
     # has never reached it should say so instead of waiting forever.
     await _admin_request(meta_url, "GET", "/health")
     received = 0
-    async with Consumer(meta_url, group=group, start=start, broadcast=broadcast) as consumer:
+    async with Consumer(meta_url, group=group, start=start, broadcast=broadcast,
+                        **_sdk_options()) as consumer:
         iterator = consumer.subscribe(subject, tags=tags).__aiter__()
         while count is None or received < count:
             try:
@@ -109,9 +135,12 @@ async def _admin_request(meta_url: str, method: str, path: str,
                          params: dict[str, str] | None = None,
                          timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
     url = meta_url.rstrip("/") + path
+    settings = CLIENT.get()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.request(method, url, json=body, params=params) as response:
+            async with session.request(method, url, json=body, params=params,
+                                       headers=bearer(settings.token),
+                                       ssl=http_ssl(client_context(settings.tls_ca))) as response:
                 data = await response.json(content_type=None)
                 if response.status >= 400:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
@@ -295,3 +324,50 @@ async def admin_delay_command(meta_url: str, as_json: bool = False) -> int:
     else:
         print("\n\n".join(format_delay_stats(entry) for entry in data["delay"]))
     return 0
+
+
+_TOKEN_COLUMNS = ["id", "app", "hint", "admin", "produce", "consume", "created", "revoked"]
+
+
+def _token_row(token: dict[str, Any]) -> dict[str, Any]:
+    """One token as ``qmq admin tokens list`` prints it."""
+    return {**token, "produce": ",".join(token["produce"]) or "-",
+            "consume": ",".join(token["consume"]) or "-",
+            "created": _iso_ms(token["created_at_ms"]),
+            "revoked": _iso_ms(token["revoked_at_ms"]) if token["revoked_at_ms"] else "-"}
+
+
+async def admin_tokens_command(meta_url: str, args: list[str], *, app: str | None,
+                               produce: list[str], consume: list[str], admin: bool,
+                               as_json: bool = False) -> int:
+    """``qmq admin tokens create --app A [--produce P] [--consume P] [--admin] | list |
+    revoke ID``. ``create`` prints the secret: it is shown this once and never again."""
+    action = args[0] if args else "list"
+    if action == "create" and len(args) == 1:
+        if not app:
+            raise CommandError("usage: qmq admin tokens create --app NAME [--produce PATTERN] "
+                               "[--consume PATTERN] [--admin]")
+        data = await _admin_request(meta_url, "POST", "/api/admin/tokens",
+                                    {"app": app, "produce": produce, "consume": consume,
+                                     "admin": admin})
+        if as_json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(f"created token id={data['id']} app={data['app']} admin={data['admin']}")
+            print(f"token: {data['token']}")
+            print("store it now: the MetaServer keeps only its hash and cannot show it again",
+                  file=sys.stderr)
+        return 0
+    if action == "list" and len(args) <= 1:
+        data = await _admin_request(meta_url, "GET", "/api/admin/tokens")
+        tokens = data["tokens"]
+        print(json.dumps(tokens, indent=2) if as_json
+              else _table([_token_row(t) for t in tokens], _TOKEN_COLUMNS))
+        return 0
+    if action == "revoke" and len(args) == 2 and args[1].isdigit():
+        data = await _admin_request(meta_url, "POST", "/api/admin/tokens/revoke",
+                                    {"id": int(args[1])})
+        print(json.dumps(data) if as_json else
+              f"revoked token id={data['id']} app={data['app']}")
+        return 0
+    raise CommandError("usage: qmq admin tokens create --app NAME ... | list | revoke ID")

@@ -13,6 +13,7 @@ from delayserver.config import DelayConfig
 from delayserver.server import DelayServer, offset_clock
 from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
+from metaserver.tokens import new_secret
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 
@@ -64,13 +65,18 @@ async def run_delay_command(config: DelayConfig) -> None:
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
                  *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True,
-                 realtime_options: dict[str, Any] | None = None) -> None:
+                 realtime_options: dict[str, Any] | None = None,
+                 admin_token: str | None = None) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
     server, sharing one data dir. ``realtime_options``: more ``RealtimeConfig`` fields (ack
-    timeout, consumer expiry, retry schedule), so one command can run short test timeouts."""
+    timeout, consumer expiry, retry schedule), so one command can run short test timeouts.
+    Auth is off unless ``admin_token`` is given or tokens are created; the two brokers hold a
+    fresh internal token so they keep working either way."""
     os.makedirs(data_dir, exist_ok=True)
+    internal_token = new_secret()
     meta_config = MetaConfig(
-        db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port
+        db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port,
+        admin_token=admin_token, internal_token=internal_token,
     )
     clock = offset_clock(clock_offset_ms)
     async with start_metaserver(meta_config) as meta:
@@ -84,6 +90,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms,
             trace=trace,
+            token=internal_token,
             **(realtime_options or {}),
         )
         realtime = RealtimeServer(realtime_config, clock)
@@ -98,6 +105,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms,
             trace=trace,
+            token=internal_token,
         )
         delay = DelayServer(delay_config, clock)
         await delay.start()
@@ -105,6 +113,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         _print(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
         _print(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
         _print(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
+        _print(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
         _print(f"try: qmq send demo hello --meta {meta.url}")
         _print(f"     qmq send demo later --delay-ms 5000 --meta {meta.url}")
         _print(f"     qmq consume demo --group g1 --start earliest --meta {meta.url}")
