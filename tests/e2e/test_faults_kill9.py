@@ -126,5 +126,6 @@ async def test_a_kill_9_under_concurrent_load_loses_and_corrupts_no_acknowledged
     redelivered = live.duplicates()
     print(f"{len(everything)} acknowledged ({at_kill} before the kill) by {PRODUCERS} producers, "
           f"{sum(len(r.failures) for r in runs)} failed sends; {len(redelivered)} ids delivered "
-          f"twice to the running group (held unacked, or acked in the pull log's unsynced last 100 ms, at the kill: at-least-once); consumers "
+          f"twice to the running group (held unacked, or acked in the pull log's unsynced "
+          f"last 100 ms, at the kill: at-least-once); consumers "
           f"that resumed: {sorted(resumed)}")
