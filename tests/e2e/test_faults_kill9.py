@@ -122,7 +122,7 @@ async def test_a_kill_9_under_concurrent_load_loses_and_corrupts_no_acknowledged
     # Stored once: resends of an id the broker had already stored were de-duplicated, also
     # across the crash (the log is read back whole by the audit group).
     assert audit.duplicates() == {}
-    assert len(resumed) == CONSUMERS, "every consumer connected before the kill gets messages after it"
+    assert len(resumed) == CONSUMERS, "every consumer from before the kill gets messages after it"
     redelivered = live.duplicates()
     print(f"{len(everything)} acknowledged ({at_kill} before the kill) by {PRODUCERS} producers, "
           f"{sum(len(r.failures) for r in runs)} failed sends; {len(redelivered)} ids delivered "

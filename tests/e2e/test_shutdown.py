@@ -91,7 +91,7 @@ async def read_all(meta_url: str, subject: str, expected: set[str], group: str) 
 
 
 @pytest.mark.timeout(180)
-async def test_sigterm_on_a_realtime_server_answers_in_flight_requests_deregisters_and_restarts_fast(
+async def test_sigterm_on_a_realtime_server_answers_in_flight_requests_and_deregisters_at_once(
         cluster):
     cluster.start_meta()
     broker = cluster.start_broker("rt1", *BROKER_FLAGS)
