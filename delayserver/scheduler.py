@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
@@ -42,6 +42,7 @@ Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]
 
 DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
 DONE_CHECK_INTERVAL_MS = 1_000  # how often the done watermark is advanced
+TRACK_SLICE_ENTRIES = 2_000  # loaded entries put into the wheel per event-loop turn
 
 
 @dataclass
@@ -84,10 +85,18 @@ class Scheduler:
         self._by_id: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         self._in_flight: set[tuple[int, int]] = set()
         self._retry_ms: dict[tuple[int, int], int] = {}
-        self._dispatch_slots = asyncio.Semaphore(DISPATCH_CONCURRENCY)
+        # Due entries wait here for a dispatch worker; a worker takes everything queued (up to
+        # dispatch_batch_max), so while workers are busy small ticks merge into one request.
+        self._due: deque[ScheduleEntry] = deque()
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
+        # Confirmed dispatches waiting to be recorded: one record_dispatched call (one dispatch
+        # log fsync per bucket) for everything confirmed while the previous call ran.
+        self._to_record: list[tuple[list[ScheduleEntry], asyncio.Future[None]]] = []
+        self._recording = False
         self._tasks: list[asyncio.Task[None]] = []
         self._last_done_check_ms = 0
+        self._preload_lock = asyncio.Lock()
+        self._preload_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,9 +126,10 @@ class Scheduler:
 
     async def stop(self) -> None:
         """Stop dispatching, commit queued sends, wait for in-flight dispatches, close the store."""
-        for task in self._tasks:
+        tasks = self._tasks + ([self._preload_task] if self._preload_task is not None else [])
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._pending:
             await self._commit_batch()
         if self._dispatch_tasks:
@@ -257,6 +267,11 @@ class Scheduler:
         most ``wheel_entries_max`` entries at a time, so catching up stays memory-bounded.
         """
         assert self.store is not None
+        async with self._preload_lock:
+            await self._preload_locked()
+
+    async def _preload_locked(self) -> None:
+        assert self.store is not None
         horizon_ms = self.bucket_of(self.clock()) + self.config.preload_buckets * self.config.bucket_ms
         while self._next_load_ms <= horizon_ms and len(self._tracked) < self.config.wheel_entries_max:
             buckets = await self._io(self.store.buckets_with_pending, self._next_load_ms, horizon_ms)
@@ -267,20 +282,28 @@ class Scheduler:
             self._loading_bucket_ms = bucket_ms
             try:
                 entries = await self._io(self.store.load_bucket, bucket_ms)
+                # In slices, yielding between them: tracking a 50,000-entry bucket in one go
+                # would hold the event loop (and every due dispatch) for a quarter second.
+                # Commits into this bucket meanwhile track themselves (_loading_bucket_ms).
+                for start in range(0, len(entries), TRACK_SLICE_ENTRIES):
+                    for entry in entries[start:start + TRACK_SLICE_ENTRIES]:
+                        self._track(entry)
+                    self._wakeup.set()
+                    await asyncio.sleep(0)
                 self._next_load_ms = bucket_ms + self.config.bucket_ms
             finally:
                 self._loading_bucket_ms = None
-            for entry in entries:
-                self._track(entry)
-        self._wakeup.set()
 
     # ------------------------------------------------------------------ dispatching
 
     async def _dispatcher(self) -> None:
         while True:
             now_ms = self.clock()
-            if self.bucket_of(now_ms) + self.config.preload_buckets * self.config.bucket_ms >= self._next_load_ms:
-                await self.preload()
+            if (self.bucket_of(now_ms) + self.config.preload_buckets * self.config.bucket_ms
+                    >= self._next_load_ms and not self._preloading()):
+                # Loading runs beside dispatching: what is due keeps going while a bucket
+                # ahead is read and tracked.
+                self._preload_task = asyncio.create_task(self.preload(), name="delay-preload")
             due = self.wheel.advance(now_ms)
             if due:
                 self._start_dispatch(due)
@@ -294,70 +317,113 @@ class Scheduler:
             except asyncio.TimeoutError:
                 pass
 
+    def _preloading(self) -> bool:
+        return self._preload_task is not None and not self._preload_task.done()
+
     def _start_dispatch(self, due: list[ScheduleEntry]) -> None:
+        for entry in due:
+            self._in_flight.add(entry.key)
+        self._due.extend(due)
         size = self.config.dispatch_batch_max
-        for batch in (due[start:start + size] for start in range(0, len(due), size)):
-            for entry in batch:
-                self._in_flight.add(entry.key)
-            task = asyncio.create_task(self._dispatch_batch(batch))
+        # Running workers are all busy with a batch (one leaves when the queue is empty), so
+        # what is queued needs new ones, up to DISPATCH_CONCURRENCY; beyond that it waits and
+        # merges into larger requests.
+        idle_slots = DISPATCH_CONCURRENCY - len(self._dispatch_tasks)
+        for _ in range(min(idle_slots, -(-len(self._due) // size))):
+            task = asyncio.create_task(self._dispatch_worker())
             self._dispatch_tasks.add(task)
             task.add_done_callback(self._dispatch_tasks.discard)
 
+    async def _dispatch_worker(self) -> None:
+        """Dispatch queued due entries, a batch at a time, until the queue is empty."""
+        due, size = self._due, self.config.dispatch_batch_max
+        while due:
+            batch = [due.popleft() for _ in range(min(size, len(due)))]
+            try:
+                await self._dispatch_batch(batch)
+            except Exception as exc:  # our bug: the batch must not stay in flight forever
+                log.exception("dispatch of %d messages failed", len(batch))
+                self._retry(batch, f"{type(exc).__name__}: {exc}")
+
     async def _dispatch_batch(self, batch: list[ScheduleEntry]) -> None:
         assert self.store is not None
-        async with self._dispatch_slots:
+        try:
+            records = await self._io(self.store.read_many, batch)
+        except Exception as exc:
+            log.exception("reading %d due messages failed", len(batch))
+            self._retry(batch, f"read failed: {exc}")
+            return
+        by_subject: dict[str, list[tuple[ScheduleEntry, bytes]]] = defaultdict(list)
+        for entry, record in zip(batch, records):
+            by_subject[record.subject].append((entry, record.payload))
+        confirmed: list[ScheduleEntry] = []
+        confirmed_payloads: list[bytes] = []
+        failed: list[ScheduleEntry] = []
+        for subject, items in by_subject.items():
             try:
-                records = await self._io(lambda: [self.store.read(e) for e in batch])  # type: ignore[union-attr]
-            except Exception as exc:
-                log.exception("reading %d due messages failed", len(batch))
-                self._retry(batch, f"read failed: {exc}")
-                return
-            by_subject: dict[str, list[tuple[ScheduleEntry, bytes]]] = defaultdict(list)
-            for entry, record in zip(batch, records):
-                by_subject[record.subject].append((entry, record.payload))
-            confirmed: list[ScheduleEntry] = []
-            confirmed_payloads: list[bytes] = []
-            failed: list[ScheduleEntry] = []
-            for subject, items in by_subject.items():
-                try:
-                    _group, results = await self._dispatch_fn(subject, [p for _, p in items])
-                except QmqError as exc:
-                    log.warning("dispatch of %d messages to %s failed, will retry: %s",
-                                len(items), subject, exc)
-                    failed.extend(e for e, _ in items)
-                    continue
-                for (entry, payload), result in zip(items, results):
-                    error = result.get("error")
-                    if error is None:
-                        confirmed.append(entry)
-                        confirmed_payloads.append(payload)
-                    elif error.get("code") in ("bad_request", "too_large", "forbidden"):
-                        # The realtime side will never take it: record it as dispatched so it
-                        # does not loop forever, and say so loudly.
-                        log.error("realtime refused message of %s for good (%s); dropped from "
-                                  "the schedule", subject, error)
-                        confirmed.append(entry)
-                    else:
-                        failed.append(entry)
-            if confirmed:
-                try:
-                    await self._io(self.store.record_dispatched, confirmed)
-                except DiskFull as exc:
-                    # The world's fault, expected while the disk is full: no traceback. As below,
-                    # a restart dispatches them again and the broker de-duplicates.
-                    log.warning("recording %d dispatches failed, disk full: %s",
-                                len(confirmed), exc)
-                except Exception:
-                    # Delivered but not recorded: a restart would dispatch them again and the
-                    # broker's de-duplication absorbs it. Keep them out of the wheel meanwhile.
-                    log.exception("recording %d dispatches failed", len(confirmed))
-                now_ms = self.clock()
-                self.stats.record(now_ms, [now_ms - e.deliver_at_ms for e in confirmed])
-                self.tracer.dispatched(confirmed_payloads, now_ms)
-                for entry in confirmed:
-                    self._untrack(entry.key)
-            if failed:
-                self._retry(failed, "realtime did not confirm")
+                _group, results = await self._dispatch_fn(subject, [p for _, p in items])
+            except QmqError as exc:
+                log.warning("dispatch of %d messages to %s failed, will retry: %s",
+                            len(items), subject, exc)
+                failed.extend(e for e, _ in items)
+                continue
+            for (entry, payload), result in zip(items, results):
+                error = result.get("error")
+                if error is None:
+                    confirmed.append(entry)
+                    confirmed_payloads.append(payload)
+                elif error.get("code") in ("bad_request", "too_large", "forbidden"):
+                    # The realtime side will never take it: record it as dispatched so it
+                    # does not loop forever, and say so loudly.
+                    log.error("realtime refused message of %s for good (%s); dropped from "
+                              "the schedule", subject, error)
+                    confirmed.append(entry)
+                else:
+                    failed.append(entry)
+        if confirmed:
+            await self._record(confirmed)
+            now_ms = self.clock()
+            self.stats.record(now_ms, [now_ms - e.deliver_at_ms for e in confirmed])
+            self.tracer.dispatched(confirmed_payloads, now_ms)
+            for entry in confirmed:
+                self._untrack(entry.key)
+        if failed:
+            self._retry(failed, "realtime did not confirm")
+
+    async def _record(self, confirmed: list[ScheduleEntry]) -> None:
+        """Record confirmed dispatches, sharing one store call (and fsync) with every other
+        batch confirmed meanwhile. Never raises: a failure is logged (see below)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._to_record.append((confirmed, done))
+        if not self._recording:
+            self._recording = True
+            waiting: list[tuple[list[ScheduleEntry], asyncio.Future[None]]] = []
+            try:
+                while self._to_record:
+                    waiting, self._to_record = self._to_record, []
+                    entries = [e for batch, _ in waiting for e in batch]
+                    try:
+                        await self._io(self.store.record_dispatched, entries)  # type: ignore[union-attr]
+                    except DiskFull as exc:
+                        # The world's fault, expected while the disk is full: no traceback. As
+                        # below, a restart dispatches them again and the broker de-duplicates.
+                        log.warning("recording %d dispatches failed, disk full: %s",
+                                    len(entries), exc)
+                    except Exception:
+                        # Delivered but not recorded: a restart would dispatch them again and
+                        # the broker's de-duplication absorbs it. They stay out of the wheel.
+                        log.exception("recording %d dispatches failed", len(entries))
+                    for _batch, future in waiting:
+                        future.set_result(None)
+            finally:
+                # Only when this task is cancelled (stop) are futures left unsettled: release
+                # their waiters, whose entries stay in flight (a restart dispatches them again).
+                self._recording = False
+                for _batch, future in waiting + self._to_record:
+                    if not future.done():
+                        future.cancel()
+                self._to_record = []
+        await done
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         now_ms = self.clock()
@@ -376,8 +442,9 @@ class Scheduler:
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, message_id: str, deliver_at_ms: int) -> str:
-        """Cancel a pending message: "cancelled", "already_dispatched", "already_cancelled" or
-        "unknown". A cancelled message is never delivered."""
+        """Cancel a pending message: "cancelled", "already_dispatched", "already_cancelled",
+        "already_past" (its bucket is finished: too late) or "unknown". A cancelled message is
+        never delivered."""
         assert self.store is not None
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.store.done_before())
         id_hash = zlib.crc32(message_id.encode("utf-8"))

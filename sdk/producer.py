@@ -409,8 +409,10 @@ class Producer:
         """Cancel a delayed message by its receipt, at the delay group that holds it.
 
         Returns "cancelled" (it will never be delivered), "already_dispatched" (too late: it was
-        or is being delivered), "already_cancelled", or "unknown" (that delay group does not
-        know it). BadRequest for the receipt of a message that was not delayed.
+        or is being delivered), "already_cancelled", "already_past" (too late: the delay group
+        has finished with that due time, so the message was delivered, or cancelled earlier),
+        or "unknown" (that delay group does not know it). BadRequest for the receipt of a
+        message that was not delayed.
         """
         if receipt.deliver_at_ms is None:
             raise BadRequest(f"message {receipt.message_id} was not delayed; only delayed "

@@ -82,6 +82,7 @@ from logstore import (
     OsFile,
     RecordTooLarge,
 )
+from logstore.record import HEADER_SIZE_BYTES as LOG_RECORD_HEADER_BYTES
 from logstore.segment_log import FLUSH_MODES
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,11 @@ SCHEDULE_FLUSH_INTERVAL_MS = 1_000  # tick() writes the schedule buffer at least
 SUBJECT_CACHE_ENTRIES_MAX = 100_000  # subjects of read records kept for the pending counts
 EMPTY_BUCKETS_MAX = 100_000  # buckets known to have nothing pending (for buckets_with_pending)
 DELAY_LOG_WRITE_BUFFER_BYTES_MAX = 64 << 20  # a commit's batch reaches the OS in one write
-CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "unknown")
+CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "already_past",
+                   "unknown")
+SEQUENTIAL_READ_ENTRIES_MIN = 32  # read_many: fewer entries are read one pread each
+SEQUENTIAL_READ_SPAN_FACTOR = 2  # read_many scans a span of at most this times the bytes it needs
+_FRAME_HEADER_BYTES = LOG_RECORD_HEADER_BYTES  # the delay log's framing in front of each body
 _DELIVER_AT = struct.Struct(">Q")  # a schedule entry's first field, searched for by cancel
 
 
@@ -167,6 +172,12 @@ class DelayStore:
         self._subjects: dict[int, str] = {}
         self._subject_names: dict[str, str] = {}
         self._empty_buckets: set[int] = set()
+        # Exact pending counts of the buckets loaded or begun since open (``load_bucket``
+        # counts them, or the bucket's first entry is committed now; commits, dispatches and
+        # cancels keep them): what lets ``mark_done_before`` pass a finished bucket without
+        # reading it again. In memory only; a bucket neither loaded nor begun since open is
+        # read once when the watermark passes it.
+        self._bucket_pending: dict[int, int] = {}
         state = recover(self.layout, config.bucket_ms, config.log_config(), opener,
                         self._checkpoints)
         self._log = state.log
@@ -247,11 +258,16 @@ class DelayStore:
         counts = self._counts
         chunk_size, chunk_max = self._chunk_size, self._chunk_max
         empty = self._empty_buckets
+        known = self._bucket_pending
         for (body, deliver_at, bucket, hashed, subject), offset in zip(batch, offsets):
             size = len(body)
             index = schedule.append(bucket, encode_schedule_entry(deliver_at, offset, size, hashed))
             entries.append(ScheduleEntry(bucket, index, deliver_at, offset, size, hashed))
             counts.add(bucket, subject)
+            if bucket in known:
+                known[bucket] += 1
+            elif index == 0:  # the bucket's first entry: its count is known from here on
+                known[bucket] = 1
             chunk = offset // chunk_size
             if chunk_max.get(chunk, -1) < bucket:
                 chunk_max[chunk] = bucket
@@ -320,6 +336,9 @@ class DelayStore:
         raise AssertionError("unreachable")
 
     def _rebuild_days(self, days: set[int]) -> None:
+        # A rebuilt day may get back entries its files had lost: count its buckets afresh.
+        for bucket in [b for b in self._bucket_pending if b // DAY_MS in days]:
+            del self._bucket_pending[bucket]
         try:
             rebuild_days(self._log, self._schedule, days, self._done_before)
         except (DiskFull, StoreFailed) as exc:
@@ -338,6 +357,7 @@ class DelayStore:
             if not state.is_done(done_key(raw.delay_log_offset, raw.id_hash))
         ]
         out.sort(key=lambda e: (e.deliver_at_ms, e.index))
+        self._bucket_pending[bucket_ms] = len(out)
         if not out:
             if len(self._empty_buckets) >= EMPTY_BUCKETS_MAX:
                 self._empty_buckets.clear()
@@ -347,7 +367,39 @@ class DelayStore:
     def read(self, entry: ScheduleEntry) -> DelayedRecord:
         """The entry's message from the delay log, CRC-verified and checked against the entry."""
         self._check_open()
-        body = self._log.read(entry.delay_log_offset)
+        return self._checked_record(entry, self._log.read(entry.delay_log_offset))
+
+    def read_many(self, entries: Sequence[ScheduleEntry]) -> list[DelayedRecord]:
+        """``read`` of each entry, in the order given. When the records lie close together in
+        the delay log (a hot slot stored in one burst), the span is read sequentially in large
+        chunks instead of with one ``pread`` per record."""
+        self._check_open()
+        if len(entries) < SEQUENTIAL_READ_ENTRIES_MIN:
+            return [self.read(entry) for entry in entries]
+        wanted = {entry.delay_log_offset: entry for entry in entries}
+        first = min(wanted)
+        last = max(wanted)
+        span_bytes = last + wanted[last].size_bytes + _FRAME_HEADER_BYTES - first
+        needed_bytes = sum(e.size_bytes + _FRAME_HEADER_BYTES for e in wanted.values())
+        if span_bytes > SEQUENTIAL_READ_SPAN_FACTOR * needed_bytes:
+            return [self.read(entry) for entry in entries]
+        bodies: dict[int, bytes] = {}
+        try:
+            for offset, body in self._log.iterate(first):
+                if offset in wanted:
+                    bodies[offset] = body
+                if offset >= last:
+                    break
+        except LogStoreError as exc:
+            # A bad record in the span, perhaps one nobody asked for: the entries not read yet
+            # are read one by one below and only a bad one of theirs fails.
+            log.warning("delay store: sequential read from offset %d stopped: %s", first, exc)
+        # An offset the scan did not land on (an entry that is not a record start) is read on
+        # its own, so it fails exactly as ``read`` would.
+        return [self._checked_record(e, bodies[e.delay_log_offset])
+                if e.delay_log_offset in bodies else self.read(e) for e in entries]
+
+    def _checked_record(self, entry: ScheduleEntry, body: bytes) -> DelayedRecord:
         path = self.layout.schedule_path(entry.bucket_ms)
         try:
             record = decode_delay_record(body)
@@ -420,8 +472,19 @@ class DelayStore:
             ])
             for entry in fresh.values():
                 self._counts.remove(bucket, self._subject_of(entry))
+            self._lower_bucket_pending(bucket, len(fresh))
             self._done_since_checkpoint += len(fresh)
         self._maybe_checkpoint()
+
+    def _lower_bucket_pending(self, bucket_ms: int, done: int) -> None:
+        left = self._bucket_pending.get(bucket_ms)
+        if left is not None:
+            self._bucket_pending[bucket_ms] = max(0, left - done)
+
+    def bucket_pending(self, bucket_ms: int) -> int | None:
+        """The bucket's pending count when it is known without reading (loaded since open),
+        else None."""
+        return self._bucket_pending.get(bucket_ms)
 
     def _candidates(self, bucket_ms: int, deliver_at_ms: int,
                     hashed: int) -> list[tuple[int, RawEntry]]:
@@ -468,8 +531,9 @@ class DelayStore:
 
     def cancel(self, message_id: str, deliver_at_ms: int) -> str:
         """Cancel a message by id and due time; durable before it returns. Returns "cancelled",
-        "already_dispatched", "already_cancelled" or "unknown" (never stored, not committed, or
-        its bucket already retired by ``mark_done_before``)."""
+        "already_dispatched", "already_cancelled", "already_past" (its due time's bucket is below
+        the done watermark, finished and retired: too late, whatever happened to it) or
+        "unknown" (never stored, or not committed yet)."""
         return self.cancel_detail(message_id, deliver_at_ms)[0]
 
     def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
@@ -488,6 +552,10 @@ class DelayStore:
             if found:
                 break
         if not found:
+            if natural < self._done_before:
+                # Its due time's bucket is finished and retired: a message stored there was
+                # dispatched (or cancelled before); either way it is too late to cancel.
+                return "already_past", None
             return "unknown", None
         state: DoneState = self._done.state(bucket)
         open_ = [(i, raw, s) for i, raw, s in found
@@ -505,6 +573,7 @@ class DelayStore:
         for _index, raw, subject in open_:
             self._subjects.pop(raw.delay_log_offset, None)
             self._counts.remove(bucket, subject)
+        self._lower_bucket_pending(bucket, len(open_))
         self._done_since_checkpoint += len(open_)
         self._maybe_checkpoint()
         return "cancelled", open_[0][2]
@@ -550,11 +619,19 @@ class DelayStore:
             if hour + HOUR_MS <= bucket_ms:
                 raise ValueError(f"hour {hour} still has {pending} pending message(s); "
                                  f"mark_done_before({bucket_ms}) would skip them")
-        # Buckets below the old watermark are retired, so this reads only the buckets finished
-        # since the last call (usually one, whose done keys are cached).
+        # Buckets below the old watermark are retired, so this looks only at the buckets
+        # finished since the last call (usually one). Their exact pending counts are known
+        # when they were loaded since open, which the server does before passing them: then
+        # nothing is read. Re-reading and verifying a whole bucket here used to stall the
+        # single I/O thread for 180-690 ms at every minute (docs/BENCHMARKS.md).
         for bucket in list(self._schedule.index.buckets(self._done_before, bucket_ms - 1)):
-            if self._counts.hour_pending(bucket) and self.load_bucket(bucket):
-                raise ValueError(f"bucket {bucket} still has pending messages; "
+            if not self._counts.hour_pending(bucket):
+                continue
+            pending = self._bucket_pending.get(bucket)
+            if pending is None:
+                pending = len(self.load_bucket(bucket))
+            if pending:
+                raise ValueError(f"bucket {bucket} still has {pending} pending message(s); "
                                  f"mark_done_before({bucket_ms}) would skip them")
         previous = self._done_before
         self._done_before = bucket_ms
@@ -574,6 +651,7 @@ class DelayStore:
             self._schedule.forget(bucket)
             self._done.forget(bucket)
             self._empty_buckets.discard(bucket)
+            self._bucket_pending.pop(bucket, None)
         delete_done_segments(self._log, self._chunk_max, self._chunk_size, done_before_ms)
 
     # ------------------------------------------------------------------ checkpoints

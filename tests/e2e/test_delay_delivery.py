@@ -113,7 +113,8 @@ def _receipt_line(stdout: str) -> dict[str, str]:
 async def test_a_cancelled_message_is_never_delivered_and_a_late_or_unknown_cancel_says_so(
         cluster):
     # Default (1 minute) buckets: a dispatched message's bucket is retired once the done
-    # watermark passes it, and from then on its id is "unknown" rather than "already_dispatched".
+    # watermark passes it, and from then on a cancel answers "already_past"
+    # (tests/integration/test_delay_server.py proves that with a fake clock).
     await asyncio.to_thread(start_delay_cluster, cluster)
     subject = "orders.unpaid"
     arrivals = Arrivals()

@@ -281,3 +281,70 @@ async def test_a_write_failure_keeps_the_delay_server_read_only_whatever_the_met
     finally:
         await client.close()
         await server.stop()
+
+
+async def wait_until(condition, server: DelayServer, timeout_s: float = 10) -> None:
+    """Poke the dispatcher until ``condition()`` holds (bounded by ``timeout_s``)."""
+    async def loop():
+        while not condition():
+            server.scheduler.poke()
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(loop(), timeout_s)
+
+
+async def test_while_the_realtime_side_is_slow_due_messages_go_in_fewer_larger_requests_and_records(
+    server, client, clock, realtime, monkeypatch
+):
+    from delayserver.scheduler import DISPATCH_CONCURRENCY
+
+    gate = asyncio.Event()
+    requests: list[int] = []
+    answer = realtime.dispatch
+
+    async def slow_dispatch(subject, payloads):
+        requests.append(len(payloads))
+        await gate.wait()
+        return await answer(subject, payloads)
+
+    server.scheduler._dispatch_fn = slow_dispatch
+    store = server.scheduler.store
+    recorded: list[int] = []
+    record = store.record_dispatched
+    monkeypatch.setattr(store, "record_dispatched", lambda entries: (
+        recorded.append(len(entries)), record(entries))[1])
+    base = clock()
+    count = 3 * DISPATCH_CONCURRENCY
+    await client.send(*(message("s", b"%d" % i, clock, deliver_at_ms=base + 10 * (i + 1))
+                        for i in range(count)))
+    # One message falls due per tick until every dispatch worker is waiting on the broker.
+    for i in range(DISPATCH_CONCURRENCY):
+        clock.advance(10)
+        await wait_until(lambda: len(requests) == i + 1, server)
+    # The rest fall due one per tick while every worker waits.
+    for _ in range(count - DISPATCH_CONCURRENCY):
+        clock.advance(10)
+        server.scheduler.poke()
+        await asyncio.sleep(0.005)
+    gate.set()
+    await realtime.wait_for(count, server)
+    await settle(server)
+    assert requests == [1] * DISPATCH_CONCURRENCY + [count - DISPATCH_CONCURRENCY]
+    assert sum(recorded) == count
+    assert len(recorded) < len(requests)  # confirmations share dispatch-log writes
+    assert all(at >= m.deliver_at_ms for at, m in realtime.received)
+
+
+async def test_a_cancel_after_the_watermark_passed_the_bucket_says_already_past_not_unknown(
+    server, client, clock, realtime
+):
+    gone = message("s", b"gone", clock, deliver_at_ms=clock() + 100)
+    await client.send(gone)
+    clock.advance(200)
+    await realtime.wait_for(1, server)
+    await settle(server)
+    clock.advance(5 * server.config.bucket_ms)
+    await server.scheduler.advance_done()
+    assert server.scheduler.store.done_before() > gone.deliver_at_ms  # its bucket is retired
+    answer = await client.request({"op": "cancel", "ids": [gone.id, "never-sent"],
+                                   "deliver_at_ms": [gone.deliver_at_ms, clock() + 60_000]})
+    assert [r["status"] for r in answer["results"]] == ["already_past", "unknown"]

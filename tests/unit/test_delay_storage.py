@@ -347,9 +347,63 @@ def test_retention_deletes_done_bucket_files_and_only_segments_whose_records_are
     # Every record still pending is still readable.
     assert sorted(store.read(e).message_id for e in store.load_bucket(base + 10_000)) == sorted(
         f"l{i}" for i in range(60))
-    assert store.cancel("e1", base + BUCKET_MS) == "unknown"  # its bucket is retired
+    assert store.cancel("e1", base + BUCKET_MS) == "already_past"  # its bucket is retired
     store.close()
     reopened = DelayStore(data_dir, TINY, now_ms=NOW_MS)
     assert len(reopened.load_bucket(base + 10_000)) == len(later)
     assert reopened.pending_stats().total == 60
     reopened.close()
+
+
+def test_moving_the_watermark_past_a_loaded_and_fully_dispatched_bucket_reads_nothing(
+    store, monkeypatch,
+):
+    """The watermark used to re-read and verify the whole finished bucket on the server's only
+    I/O thread, stalling every dispatch behind it at each minute."""
+    base = NOW_MS - NOW_MS % HOUR_MS
+    send(store, [("later", "s", base + 30_000)])  # keeps the hour pending
+    send(store, [(f"m{i}", "s", base + 1_000 + i) for i in range(50)])
+    loaded = store.load_bucket(base + 1_000)
+    send(store, [("arrived-after-load", "s", base + 1_500)])
+    store.record_dispatched(loaded)
+    with pytest.raises(ValueError, match="bucket .* still has 1 pending"):
+        store.mark_done_before(base + 2_000)
+    store.record_dispatched(store.load_bucket(base + 1_000))
+
+    def no_reading(bucket_ms):
+        raise AssertionError(f"bucket {bucket_ms} read again")
+
+    monkeypatch.setattr(store, "_bucket_entries", no_reading)
+    store.mark_done_before(base + 2_000)
+    assert store.done_before() == base + 2_000
+
+
+def test_a_bucket_not_loaded_since_open_is_checked_by_reading_it_before_the_watermark_passes(
+    data_dir,
+):
+    base = NOW_MS - NOW_MS % HOUR_MS
+    store = DelayStore(data_dir, TINY, now_ms=NOW_MS)
+    send(store, [("later", "s", base + 30_000)])
+    store.record_dispatched(send(store, [("done", "s", base + 1_000)]))
+    send(store, [("pending", "s", base + 2_000)])
+    store.close()
+    reopened = DelayStore(data_dir, TINY, now_ms=NOW_MS)
+    assert reopened.bucket_pending(base + 2_000) is None
+    with pytest.raises(ValueError, match="bucket .* still has 1 pending"):
+        reopened.mark_done_before(base + 3_000)
+    reopened.mark_done_before(base + 2_000)
+    assert reopened.done_before() == base + 2_000
+    reopened.close()
+
+
+def test_a_cancel_counts_towards_a_loaded_bucket_being_finished(store):
+    base = NOW_MS - NOW_MS % HOUR_MS
+    send(store, [("later", "s", base + 30_000)])
+    entries = send(store, [("a", "s", base + 1_000), ("b", "s", base + 1_001)])
+    store.load_bucket(base + 1_000)
+    store.record_dispatched(entries[:1])
+    assert store.bucket_pending(base + 1_000) == 1
+    assert store.cancel("b", base + 1_001) == "cancelled"
+    assert store.bucket_pending(base + 1_000) == 0
+    store.mark_done_before(base + 2_000)
+    assert store.done_before() == base + 2_000

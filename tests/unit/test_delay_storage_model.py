@@ -38,10 +38,13 @@ class Model:
     def pending(self) -> dict[str, Message]:
         return {k: m for k, m in self.messages.items() if m.state == "pending"}
 
-    def cancel_outcome(self, message_id: str) -> str:
+    def cancel_outcome(self, message_id: str, deliver_at_ms: int) -> str:
         message = self.messages.get(message_id)
-        if message is None or message.filed_bucket_ms < self.done_before:
-            return "unknown"  # never sent, or its bucket's files are retired
+        if message is None:
+            natural = deliver_at_ms - deliver_at_ms % BUCKET_MS
+            return "already_past" if natural < self.done_before else "unknown"
+        if message.filed_bucket_ms < self.done_before:
+            return "already_past"  # its bucket is finished and its files retired
         return {"pending": "cancelled", "dispatched": "already_dispatched",
                 "cancelled": "already_cancelled"}[message.state]
 
@@ -128,7 +131,7 @@ def test_the_store_matches_a_model_through_sends_dispatches_cancels_reopens_and_
                 message_id = f"m{arg}"
                 known = model.messages.get(message_id)
                 deliver_at = known.deliver_at_ms if known else BASE + 5
-                expected = model.cancel_outcome(message_id)
+                expected = model.cancel_outcome(message_id, deliver_at)
                 assert store.cancel(message_id, deliver_at) == expected
                 if expected == "cancelled":
                     known.state = "cancelled"
