@@ -8,6 +8,7 @@ import os
 import pytest
 
 from delayserver.storage import (
+    CorruptScheduleEntry,
     DelayStore,
     DelayStoreConfig,
     ScheduleEntry,
@@ -407,3 +408,31 @@ def test_a_cancel_counts_towards_a_loaded_bucket_being_finished(store):
     assert store.bucket_pending(base + 1_000) == 0
     store.mark_done_before(base + 2_000)
     assert store.done_before() == base + 2_000
+
+
+def test_a_hot_slots_records_are_read_in_one_sequential_pass_and_equal_single_reads(
+    data_dir, monkeypatch,
+):
+    store = DelayStore(data_dir, DelayStoreConfig(bucket_ms=BUCKET_MS), now_ms=NOW_MS)
+    base = NOW_MS - NOW_MS % BUCKET_MS
+    entries = send(store, [(f"h{i}", "s", base + i % 7) for i in range(100)])
+    expected = [store.read(e) for e in entries]
+    wanted = list(reversed(entries[::2]))  # every other record: still dense enough
+
+    def no_pread(offset):
+        raise AssertionError(f"record at {offset} read on its own")
+
+    monkeypatch.setattr(store._log, "read", no_pread)
+    assert store.read_many(wanted) == list(reversed(expected[::2]))
+    monkeypatch.undo()
+    store.close()
+
+
+def test_a_sparse_read_many_and_a_bad_entry_fail_or_succeed_as_single_reads_would(store):
+    base = NOW_MS - NOW_MS % BUCKET_MS
+    entries = send(store, [(f"s{i}", "s", base + i) for i in range(40)])
+    assert store.read_many(entries[::10]) == [store.read(e) for e in entries[::10]]
+    bad = ScheduleEntry(entries[5].bucket_ms, entries[5].index, entries[5].deliver_at_ms + 1,
+                        entries[5].delay_log_offset, entries[5].size_bytes, entries[5].id_hash)
+    with pytest.raises(CorruptScheduleEntry):
+        store.read_many(entries[:5] + [bad] + entries[6:])
