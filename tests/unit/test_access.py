@@ -1,0 +1,84 @@
+"""sdk.access: subject patterns, what a grant covers, and the pattern limits at their bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk.access import (
+    OPEN,
+    PATTERN_CHARS_MAX,
+    PATTERNS_PER_TOKEN_MAX,
+    Grant,
+    check_pattern,
+    check_patterns,
+    covers,
+    subject_of,
+)
+from sdk.errors import BadRequest, Forbidden
+
+ORDERS = Grant(app="shop", produce=("order.*",), consume=("order.created", "audit.?"))
+
+
+def test_retry_and_dead_subjects_are_checked_as_the_subject_they_belong_to() -> None:
+    assert subject_of("%retry%order.created%billing") == "order.created"
+    assert subject_of("%dead%order.created%billing") == "order.created"
+    assert subject_of("order.created") == "order.created"
+    # Not an internal form we know: checked as it is, so no pattern but '*'-like ones covers it.
+    assert subject_of("%other%order.created%billing") == "%other%order.created%billing"
+
+
+def test_an_order_star_pattern_covers_order_subjects_at_any_depth_and_nothing_else() -> None:
+    assert covers(["order.*"], "order.created")
+    assert covers(["order.*"], "order.a.b")
+    assert covers(["order.*"], "%retry%order.created%billing")
+    assert not covers(["order.*"], "payment.x")
+    assert not covers(["order.*"], "order")
+    assert not covers([], "order.created")
+
+
+def test_a_grant_refuses_subjects_outside_its_patterns_naming_app_subject_and_patterns() -> None:
+    ORDERS.check_produce("order.paid")
+    ORDERS.check_consume("audit.1")
+    with pytest.raises(Forbidden, match=r"app 'shop' may not produce to subject 'payment\.x' "
+                                        r"\(its produce patterns: \['order\.\*'\]\)"):
+        ORDERS.check_produce("payment.x")
+    with pytest.raises(Forbidden, match="may not consume subject 'order.paid'"):
+        ORDERS.check_consume("order.paid")
+    with pytest.raises(Forbidden, match="admin op browse"):
+        ORDERS.check_admin("browse")
+
+
+def test_an_admin_grant_covers_every_subject_including_internal_ones() -> None:
+    admin = Grant(app="ops", produce=(), consume=(), admin=True)
+    admin.check_produce("%retry%payment.x%g")
+    admin.check_consume("%dead%anything%g")
+    admin.check_admin("purge")
+    assert OPEN.may_produce("x") and OPEN.may_consume("y")
+
+
+@pytest.mark.parametrize("length", [PATTERN_CHARS_MAX - 1, PATTERN_CHARS_MAX])
+def test_a_pattern_up_to_the_length_limit_is_accepted(length: int) -> None:
+    assert check_pattern("a" * length) == "a" * length
+
+
+def test_a_pattern_one_past_the_length_limit_is_refused_with_both_numbers() -> None:
+    with pytest.raises(BadRequest, match=f"{PATTERN_CHARS_MAX + 1} characters exceeds "
+                                         f"PATTERN_CHARS_MAX {PATTERN_CHARS_MAX}"):
+        check_pattern("a" * (PATTERN_CHARS_MAX + 1))
+
+
+@pytest.mark.parametrize("count", [PATTERNS_PER_TOKEN_MAX - 1, PATTERNS_PER_TOKEN_MAX])
+def test_up_to_the_pattern_count_limit_is_accepted(count: int) -> None:
+    assert len(check_patterns("produce", ["a.*"] * count)) == count
+
+
+def test_one_pattern_past_the_count_limit_is_refused() -> None:
+    with pytest.raises(BadRequest, match=f"{PATTERNS_PER_TOKEN_MAX + 1} produce patterns exceed "
+                                         f"PATTERNS_PER_TOKEN_MAX {PATTERNS_PER_TOKEN_MAX}"):
+        check_patterns("produce", ["a.*"] * (PATTERNS_PER_TOKEN_MAX + 1))
+
+
+@pytest.mark.parametrize("pattern", ["", "order/*", "order *", "%retry%x%y", 7])
+def test_a_pattern_with_characters_a_subject_cannot_have_is_refused(pattern: object) -> None:
+    with pytest.raises(BadRequest):
+        check_pattern(pattern)
