@@ -246,7 +246,7 @@ class DelayStore:
         delay_log = self._log
         end_before = delay_log.end_offset
         try:
-            offsets = [delay_log.append(item[0]) for item in batch]
+            offsets = delay_log.append_many([item[0] for item in batch])
             if self.config.flush_mode == "sync":
                 delay_log.sync()
             else:

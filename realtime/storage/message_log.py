@@ -46,6 +46,14 @@ class MessageLog:
                                      message_id, payload)
         return self.log.append(body), len(body)
 
+    def append_many(
+        self, records: list[tuple[int, int, int, str, str, bytes]]
+    ) -> list[tuple[int, int]]:
+        """Buffer several records, each (timestamp_ms, subject_sequence, tag_bloom, subject,
+        message_id, payload); returns (offset, body size in bytes) for each, in order."""
+        bodies = [encode_message_record(*record) for record in records]
+        return list(zip(self.log.append_many(bodies), map(len, bodies)))
+
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The record at ``offset`` and its body size; CorruptRecord when it does not decode."""
         body = self.log.read(offset)

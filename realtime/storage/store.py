@@ -305,9 +305,11 @@ class MessageStore:
         message_log = self._message_log
         entries: dict[str, list[Entry]] = defaultdict(list)
         try:
-            for p in fresh:
-                offset, size = message_log.append(p.timestamp_ms, p.result.sequence, p.bloom,
-                                                  p.subject, p.message_id, p.payload)
+            placed = message_log.append_many([
+                (p.timestamp_ms, p.result.sequence, p.bloom, p.subject, p.message_id, p.payload)
+                for p in fresh
+            ])
+            for p, (offset, size) in zip(fresh, placed):
                 entries[p.subject].append(Entry(p.timestamp_ms, offset, size, p.bloom))
             if self.config.flush_mode == "sync":
                 message_log.log.sync()

@@ -23,6 +23,7 @@ from logstore.record import (
     decode_record,
     encode_record,
     encode_record_into,
+    frame_records,
 )
 
 RECORD_LIMIT_BYTES = 1 << 16
@@ -44,6 +45,36 @@ def test_encode_record_into_appends_the_same_bytes_as_encode_record(body, prefix
     size = encode_record_into(out, body)
     assert bytes(out) == prefix + encode_record(body)
     assert size == HEADER_SIZE_BYTES + len(body)
+
+
+def zlib_framed(body: bytes) -> bytes:
+    """The documented framing built from zlib itself: the oracle for the fast framing paths."""
+    length = struct.pack(">I", len(body))
+    tail = struct.pack(">HBB", MAGIC, VERSION, 0)
+    return length + struct.pack(">I", zlib.crc32(length + tail + body)) + tail + body
+
+
+@settings(max_examples=300)
+@given(body=bodies)
+def test_every_record_carries_zlibs_crc32_of_its_length_header_tail_and_body(body):
+    assert encode_record(body) == zlib_framed(body)
+
+
+@settings(max_examples=200)
+@given(batch=st.lists(bodies, max_size=20))
+def test_framing_a_batch_gives_the_same_bytes_as_framing_each_body(batch):
+    assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)
+
+
+def test_framing_stays_correct_and_memory_bounded_past_the_crc_seed_cache_capacity(monkeypatch):
+    from logstore import record
+
+    fresh_sizes = [n for n in range(5000, 6000) if n not in record._CRC_SEEDS][:10]
+    monkeypatch.setattr(record, "CRC_SEED_CACHE_ENTRIES_MAX", len(record._CRC_SEEDS) + 2)
+    batch = [b"s" * size for size in fresh_sizes]
+    assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)
+    assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)  # cached ones
+    assert len(record._CRC_SEEDS) == record.CRC_SEED_CACHE_ENTRIES_MAX
 
 
 def test_the_record_header_layout_matches_the_documented_table():

@@ -60,6 +60,26 @@ class LogModel(RuleBasedStateMachine):
             assert offset == self._end_offset()
             self.records.append((offset, body))
 
+    @rule(bodies=st.lists(st.binary(max_size=700), max_size=8))
+    def append_many(self, bodies):
+        start = self._end_offset()
+        try:
+            offsets = self.log.append_many(bodies)
+        except DiskFull:
+            # Records of the batch that a flush inside it wrote before the disk filled survive,
+            # like any other written record; the model learns them, then forgets the dropped.
+            position = start
+            for body in bodies:
+                if position + HEADER_SIZE_BYTES + len(body) > self.log.end_offset:
+                    break
+                self.records.append((position, body))
+                position += HEADER_SIZE_BYTES + len(body)
+            self._on_disk_full()
+            return
+        assert offsets == [start + sum(HEADER_SIZE_BYTES + len(b) for b in bodies[:i])
+                           for i in range(len(bodies))]
+        self.records.extend(zip(offsets, bodies))
+
     @rule()
     def flush(self):
         self._writing(self.log.flush)
