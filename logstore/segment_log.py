@@ -4,8 +4,10 @@ Files: one directory per log, segments named ``<20-digit base offset>.log`` so `
 A segment holds whole records; the next segment's base offset is the previous segment's end.
 
 Durability contract:
-- ``append`` frames the record into an in-memory write buffer and returns its offset. The offset is
-  provisional until ``flush()`` (written to the OS) or ``sync()`` (fsynced) returns.
+- ``append`` keeps the body in an in-memory write buffer and returns its offset. The offset is
+  provisional until ``flush()`` (framed and written to the OS) or ``sync()`` (fsynced) returns.
+  Framing a whole buffer at once in ``flush()`` (``record.frame_records``) is what makes
+  ``append`` cheap: it does one comparison, a list append and an offset update.
 - ``sync()`` makes every earlier append durable with one fsync: callers group many appends under
   one sync (group commit) and acknowledge them after it returns.
 - ``flush_mode="async"``: the owner calls ``tick(now_ms)`` regularly; it fsyncs every
