@@ -2,7 +2,8 @@
 
 Both sides import these: the SDK checks them before sending so a producer learns of a bad message
 without a round trip, and the servers check them again because a client may not be ours.
-Each limit is tested at max-1, max and max+1 (tests/unit/test_message.py, test_protocol.py).
+Each limit is tested at max-1, max and max+1 (tests/unit/test_message.py, test_protocol.py, and
+against live servers in tests/integration/test_limits_server.py); docs/LIMITS.md lists them all.
 """
 
 from __future__ import annotations

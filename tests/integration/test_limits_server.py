@@ -323,6 +323,26 @@ async def test_a_message_due_at_the_horizon_is_kept_and_one_ms_later_is_delay_ou
     await delay.assert_still_serving()
 
 
+async def test_a_delay_server_configured_with_a_shorter_horizon_refuses_one_ms_beyond_it(
+    tmp_path: Any,
+) -> None:
+    clock = FakeClock()
+    horizon_ms = 40 * 86_400_000  # 40 days, the shortest horizon users need
+    server = DelayServer(DelayConfig(data_dir=str(tmp_path / "d40"), port=0, bucket_ms=1000,
+                                     trace=False, max_delay_ms=horizon_ms),
+                         clock=clock, dispatch=_dispatched)
+    await server.start()
+    client = await RawClient.connect(server.port)
+    try:
+        payloads = [raw_payload(clock, d=clock() + n) for n in around(horizon_ms)]
+        results = (await client.request({"op": "send", "messages": payloads}))["results"]
+        assert [r.get("status") for r in results[:2]] == ["stored", "stored"], results
+        assert_refused(results[2]["error"], "delay_out_of_range", horizon_ms + 1, horizon_ms)
+    finally:
+        await client.close()
+        await server.stop()
+
+
 def cancel_of(ids: list[str], due_ms: int) -> dict[str, Any]:
     """A cancel request for ``ids``, all due at ``due_ms``."""
     return {"op": "cancel", "ids": ids, "deliver_at_ms": [due_ms] * len(ids)}
