@@ -205,42 +205,75 @@ def browse_payloads(port: int, subject: str, count: int) -> list[bytes]:
     return [m["payload"] for m in answer["messages"]]
 
 
+# The rid of the probe ``exchange`` sends behind well-framed data; fuzzed rids stay below it.
+PROBE_RID = 2**64 - 1
+
+
+def whole_frames(data: bytes) -> bool:
+    """True if ``data`` is a sequence of complete, decodable frames (as the server's own codec
+    sees it): then the server must keep the connection open and answer what follows."""
+    decoder = FrameDecoder()
+    try:
+        decoder.feed(data)
+    except Exception:
+        return False
+    return decoder.buffered_bytes == 0
+
+
 def exchange(port: int, data: bytes, hello: bool) -> list[dict[str, Any]]:
     """Connect, say hello (if asked), write ``data``, stop writing, and read every answer until
-    the server closes. Fails if the server does not close within EXCHANGE_TIMEOUT_S (a stuck
-    connection) or answers with something that is not a well-formed response."""
+    the server closes.
+
+    When ``data`` is whole frames (request-level faults at worst), a ``hello`` probe follows it
+    and must be answered before we stop writing: the connection survived. Fails if the server
+    does not close within EXCHANGE_TIMEOUT_S after that (a stuck connection) or writes anything
+    that is not a well-formed response."""
     hello_frame = encode_frame({"op": "hello", "rid": 0, "client_id": "fuzz", "app": "tests",
                                 "protocol": 1}) if hello else b""
+    probe = whole_frames(data)
+    probe_frame = encode_frame({"op": "hello", "rid": PROBE_RID, "client_id": "probe",
+                                "app": "tests", "protocol": 1}) if probe else b""
     sock = socket.create_connection(("127.0.0.1", port), timeout=EXCHANGE_TIMEOUT_S)
-    received = bytearray()
+    decoder = FrameDecoder(max_frame_bytes=0xFFFFFFFF)
+    answers: list[dict[str, Any]] = []
     try:
         try:
-            sock.sendall(hello_frame + data)
+            sock.sendall(hello_frame + data + probe_frame)
+            if probe:
+                answers += _read_until(sock, decoder, probed=True)
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the server closed after a bad frame before taking all of it: allowed
-        deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
-        while True:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server kept the connection open {EXCHANGE_TIMEOUT_S} s "
-                                     "after the client stopped writing")
-            try:
-                chunk = sock.recv(1 << 16)
-            except ConnectionResetError:
-                break
-            except socket.timeout:
-                raise AssertionError("server neither answered nor closed the connection") from None
-            if not chunk:
-                break
-            received += chunk
+            assert not probe, "the server closed a connection that sent only whole frames"
+        answers += _read_until(sock, decoder, probed=False)
     finally:
         sock.close()
-    decoder = FrameDecoder(max_frame_bytes=0xFFFFFFFF)
-    answers = decoder.feed(bytes(received))
     assert decoder.buffered_bytes == 0, "the server wrote a partial frame"
     for answer in answers:
         check_answer(answer)
+    if probe:
+        assert any(a.get("rid") == PROBE_RID and a.get("ok") for a in answers), answers
     return answers
+
+
+def _read_until(sock: socket.socket, decoder: FrameDecoder, probed: bool) -> list[dict[str, Any]]:
+    """Read answers until the probe's answer arrives (``probed``) or the server closes."""
+    answers: list[dict[str, Any]] = []
+    deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            chunk = b""
+        except socket.timeout:
+            break
+        if not chunk:
+            assert not probed, "the server closed a connection that sent only whole frames"
+            return answers
+        answers += decoder.feed(chunk)
+        if probed and any(a.get("rid") == PROBE_RID for a in answers):
+            return answers
+    what = "answered the probe" if probed else "closed the connection"
+    raise AssertionError(f"the server neither {what} within {EXCHANGE_TIMEOUT_S} s")
 
 
 def check_answer(answer: dict[str, Any]) -> None:
