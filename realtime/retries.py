@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sdk.limits import MAX_MESSAGE_ID_CHARS
+from sdk.errors import BadRequest
 from sdk.message import (
     ORIGIN_ID_PROPERTY,
     Message,
@@ -24,6 +24,7 @@ from sdk.message import (
     new_message_id,
     parse_internal_subject,
     retry_subject,
+    validate_message_id,
 )
 
 # Default backoff: 5s 10s 30s 1m 2m 5m 10m 30m 1h 2h, then 2h for every later retry.
@@ -31,6 +32,8 @@ DEFAULT_BACKOFF_MS = (5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 
                       3_600_000, 7_200_000)
 DEFAULT_RETRIES_MAX = 16
 ORIGIN_SUBJECT_PROPERTY = "qmq-origin-subject"  # the subject the chain started on
+# Largest retries count a copy carries: msgpack's unsigned 64-bit maximum (the count saturates).
+RETRIES_COUNT_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,17 @@ def plan_retry(payload: bytes, group: str, policies: RetryPolicies, now_ms: int,
     """The copy to publish for a nacked ``payload`` consumed by ``group``."""
     message = decode_message(payload)
     subject = origin_subject(message.subject)
-    retries = message.retries + 1
+    # Saturates: a producer may have stored any 64-bit count, and a copy that cannot be encoded
+    # would make the message impossible to nack (and so to ever get rid of).
+    retries = min(message.retries + 1, RETRIES_COUNT_MAX)
     policy = policies.for_group(subject, group)
     root_id = message.properties.get(ORIGIN_ID_PROPERTY, message.id)
     copy_id = f"{root_id}.r{retries}"
-    if len(copy_id) > MAX_MESSAGE_ID_CHARS:
+    try:
+        validate_message_id(copy_id)
+    except BadRequest:
+        # Too long, or the producer set qmq-origin-id to something that is no id: the copy
+        # still needs a valid id of its own; the property keeps the chain's root.
         copy_id = new_message_id()
     properties = dict(message.properties)
     properties.setdefault(ORIGIN_ID_PROPERTY, root_id)
