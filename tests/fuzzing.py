@@ -9,6 +9,7 @@ functions that talk to it over sockets, the way a foreign client would. Every wa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -193,6 +194,32 @@ def store_messages(port: int, subject: str, count: int, deliver_at_ms: int | Non
     return payloads
 
 
+def drain_and_nack(port: int, group: str, rounds_max: int = 20) -> int:
+    """Pull everything stored on the fuzzed subjects as a new group and nack all of it (the
+    broker must be able to make and hand off a retry copy of whatever a producer stored);
+    returns how many messages were nacked. Fails on any error answer."""
+    client = SyncClient(port)
+    nacked = 0
+    try:
+        for subject in FUZZ_SUBJECTS:
+            for _ in range(rounds_max):
+                pulled = client.request({"op": "pull", "subject": subject, "group": group,
+                                         "consumer_id": "drain", "max_count": 256,
+                                         "start": "earliest"})
+                assert "messages" in pulled, pulled
+                seqs = [m["pull_seq"] for m in pulled["messages"]]
+                if not seqs:
+                    break
+                answer = client.request({"op": "nack", "subject": subject, "group": group,
+                                         "consumer_id": "drain", "pull_seqs": seqs,
+                                         "retry_after_ms": 3_600_000})
+                assert answer.get("nacked") == len(seqs), (subject, answer)
+                nacked += len(seqs)
+    finally:
+        client.close()
+    return nacked
+
+
 def browse_payloads(port: int, subject: str, count: int) -> list[bytes]:
     """The first ``count`` stored payloads of ``subject`` on a realtime broker (not consumed)."""
     client = SyncClient(port)
@@ -296,6 +323,7 @@ def tracebacks(records: list[logging.LogRecord]) -> list[str]:
 # --- strategies --------------------------------------------------------------------------------
 
 _U64_MAX = 2**64 - 1
+_fresh_ids = itertools.count()
 _I64_MIN = -(2**63)
 
 # Scalars msgpack can carry, leaning on the edges servers get wrong.
@@ -317,7 +345,9 @@ junk = st.recursive(
     max_leaves=12,
 )
 
-subjects = st.sampled_from(["fuzz", "fuzz.kept", "%retry%fuzz%g", "%dead%fuzz%g", "z" * 200])
+# The subjects fuzzed requests name (drain_and_nack consumes them all afterwards).
+FUZZ_SUBJECTS = ("fuzz", "fuzz.kept", "%retry%fuzz%g", "%dead%fuzz%g", "z" * 200)
+subjects = st.sampled_from(FUZZ_SUBJECTS)
 groups = st.sampled_from(["g", "h", "g" * 200])
 consumers = st.sampled_from(["c1", "c2"])
 seqs = st.integers(0, 40) | st.sampled_from([_U64_MAX, 2**63])
@@ -330,8 +360,9 @@ due_ms = st.one_of(st.integers(BASE_MS - 10**7, BASE_MS + 10**7),
 def message_maps(draw: st.DrawFn) -> dict[str, Any]:
     """A valid message payload map (before any mutation)."""
     payload: dict[str, Any] = {
-        # Mostly fresh ids (a uuid) so most sends store something; a few short ones repeat.
-        "i": draw(st.uuids().map(lambda u: u.hex) | st.text(
+        # Mostly fresh ids (a counter: drawn uuids repeat) so most sends store something; a few
+        # short drawn ones repeat on purpose.
+        "i": draw(st.builds(lambda n: f"fz{next(_fresh_ids)}.{n}", st.integers(0, 9)) | st.text(
             st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=8)),
         "s": draw(subjects),
         "b": draw(st.binary(max_size=64)),
@@ -340,14 +371,16 @@ def message_maps(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         payload["t"] = draw(st.lists(st.sampled_from(["a", "b", "é" * 32]), max_size=3))
     if draw(st.booleans()):
-        payload["p"] = draw(st.dictionaries(st.sampled_from(["k", "qmq-origin-id"]),
-                                            st.text(max_size=8), max_size=2))
-    if draw(st.booleans()):
+        payload["p"] = draw(st.dictionaries(
+            st.sampled_from(["k", "qmq-origin-id"]),
+            st.text(max_size=8) | st.sampled_from(["has space", "o" * 128]), max_size=2))
+    # Hypothesis leans to small draws, so a rare branch is the one taken on the largest value.
+    if draw(st.integers(0, 3)) == 3:  # mostly absent: a realtime broker refuses a future one
         payload["d"] = draw(due_ms)
     if draw(st.booleans()):
         payload["x"] = draw(due_ms)
     if draw(st.booleans()):
-        payload["r"] = draw(st.integers(0, 20))
+        payload["r"] = draw(st.integers(0, 20) | st.sampled_from([2**63, _U64_MAX]))
     return payload
 
 
@@ -358,8 +391,9 @@ def _consumer_fields(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def request_maps(draw: st.DrawFn) -> dict[str, Any]:
     """A well-formed request of any op (its message payloads may later be mutated)."""
-    op = draw(st.sampled_from(["hello", "send", "pull", "ack", "nack", "cancel", "heartbeat",
-                               "subjects", "browse", "purge"]))
+    # send three times as often as the others: stored messages are what later ops work on.
+    op = draw(st.sampled_from(["hello", "send", "send", "send", "pull", "ack", "nack", "cancel",
+                               "heartbeat", "subjects", "browse", "purge"]))
     rid = draw(st.integers(0, 1000))
     if op == "hello":
         return {"op": op, "rid": rid, "client_id": "fuzz", "app": "tests", "protocol": 1}
@@ -431,14 +465,14 @@ def mutated_requests(draw: st.DrawFn) -> bytes:
         request = draw(request_maps())
         if request["op"] == "send":
             request["messages"] = [
-                pack(draw(mutated(m))) if draw(st.booleans()) else pack(m)
+                pack(draw(mutated(m))) if draw(st.integers(0, 2)) == 2 else pack(m)
                 for m in request["messages"]
             ]
             if draw(st.booleans()):
                 request["messages"].append(draw(st.binary(max_size=32)))
-        if draw(st.booleans()):
+        if draw(st.integers(0, 2)) == 2:
             request = draw(mutated(request))
-        if draw(st.integers(0, 9)) == 0:
+        if draw(st.integers(0, 9)) == 9:
             request["op"] = draw(st.text(max_size=10))
         frames.append(frame(pack(request)))
     return b"".join(frames)
@@ -475,11 +509,15 @@ def lying_lengths(draw: st.DrawFn) -> bytes:
     return struct.pack(">I", declared) + payload + tail
 
 
+# Whether a fuzzed stream follows a hello (mostly: most ops are refused before one).
+greets = st.sampled_from([True, True, True, False])
+
 random_streams = st.binary(max_size=512)
 """(a) arbitrary bytes."""
 
 __all__ = [
     "FUZZ_SETTINGS", "ClusterThread", "SyncClient", "store_messages", "browse_payloads",
+    "drain_and_nack",
     "exchange", "tracebacks", "random_streams", "mutated_requests", "damaged_requests",
-    "lying_lengths",
+    "lying_lengths", "greets",
 ]

@@ -17,6 +17,7 @@ from tests.fuzzing import (
     ClusterThread,
     damaged_requests,
     exchange,
+    greets,
     lying_lengths,
     mutated_requests,
     random_streams,
@@ -61,7 +62,7 @@ def test_bad_frames_never_crash_the_delay_server_nor_change_what_it_holds(
     caplog.set_level(logging.WARNING)
 
     @FUZZ_SETTINGS
-    @given(data=frames, hello=st.booleans())
+    @given(data=frames, hello=greets)
     def throw(data: bytes, hello: bool) -> None:
         exchange(port, data, hello)
 

@@ -1,6 +1,7 @@
 """Hypothesis throws random, mutated, damaged and lying frames at a LIVE realtime broker; after
-each run the broker still serves an SDK send and pull, logged no traceback, and the messages it
-stored before the fuzzing read back byte-identical."""
+each run the broker still serves an SDK send and pull, logged no traceback, the messages it
+stored before the fuzzing read back byte-identical, and everything the fuzzing stored can be
+pulled and nacked."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from tests.fuzzing import (
     ClusterThread,
     browse_payloads,
     damaged_requests,
+    drain_and_nack,
     exchange,
+    greets,
     lying_lengths,
     mutated_requests,
     random_streams,
@@ -59,12 +62,14 @@ def test_bad_frames_never_crash_the_realtime_broker_nor_change_what_it_stored(
     caplog.set_level(logging.WARNING)
 
     @FUZZ_SETTINGS
-    @given(data=frames, hello=st.booleans())
+    @given(data=frames, hello=greets)
     def throw(data: bytes, hello: bool) -> None:
         exchange(port, data, hello)
 
     throw()
     assert tracebacks(caplog.records) == []
     assert browse_payloads(port, KEPT_SUBJECT, KEPT_COUNT) == kept
+    # Whatever the fuzzing managed to store can be consumed and nacked (retried or dead-lettered).
+    assert drain_and_nack(port, f"drain-{request.node.callspec.id}") >= KEPT_COUNT
     running.sdk_round_trip(f"fuzz.after.{request.node.callspec.id}")
     assert tracebacks(caplog.records) == []
