@@ -8,9 +8,10 @@ time and prints the medians.
 Processes, all ``python -m qmq`` on 127.0.0.1 port 0 in a temp dir removed at the end: a
 MetaServer (SQLite), a realtime broker (``--flush sync``, ``--retry-backoff-ms 1000,2000,4000``)
 and a delay server (``--flush sync``, default 1-minute buckets). The producer is one SDK
-``qmq.Producer`` in this process (``in_flight_max`` 32, so up to 32 batches on the wire; there is
-no ``send_many`` for delayed messages, so each message is one concurrent ``send(delay=...)`` or
-``send(deliver_at=...)`` call, at most ``--window`` of them pending). The consumer of W1 and W2
+``qmq.Producer`` in this process (``in_flight_max`` 32, so up to 32 batches on the wire): by
+default each message is one concurrent ``send(delay=...)`` or ``send(deliver_at=...)`` call, at
+most ``--window`` of them pending; ``--api send_many`` sends with ``send_many`` calls of 1,024
+messages, each with its own ``delay``/``deliver_at``, 4 calls in flight. The consumer of W1 and W2
 is one SDK ``qmq.Consumer`` in a child process of its own (``pull_batch`` 256), so the producer's
 work does not delay its clock readings. Bodies are 256 bytes.
 
@@ -65,6 +66,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BODY_BYTES = 256
 RUNS = 1
 SEND_WINDOW = 4_096  # send() calls pending at once (the producer keeps 32 batches on the wire)
+SEND_MANY_CHUNK = 1_024  # --api send_many: messages per send_many call
+SEND_MANY_IN_FLIGHT = 4  # --api send_many: calls in flight at once
 W4_BACKOFF_MS = (1_000, 2_000, 4_000)
 W4_FAILURES = 3
 GOAL_SENDS_PER_S = 40_000
@@ -260,11 +263,14 @@ class ConsumerChild:
 
 
 async def send_delayed(producer: Any, subject: str, count: int, when: Any,
-                       window: int) -> tuple[float, int]:
+                       window: int, api: str = "send") -> tuple[float, int]:
     """``count`` concurrent ``send`` calls, at most ``window`` pending: gathered in chunks of
     ``window // 2``, two chunks at a time, so the harness adds only gather's task per call.
     ``when(i)`` gives the keyword (``delay=`` or ``deliver_at=``). Returns (seconds from the
-    first send to the last receipt, failed sends)."""
+    first send to the last receipt, failed sends). ``api="send_many"``: ``send_many`` calls of
+    SEND_MANY_CHUNK messages with a due time per message, SEND_MANY_IN_FLIGHT calls at a time."""
+    if api == "send_many":
+        return await send_delayed_many(producer, subject, count, when)
     body = os.urandom(BODY_BYTES)
     chunk = max(1, window // 2)
     send = producer.send
@@ -283,6 +289,29 @@ async def send_delayed(producer: Any, subject: str, count: int, when: Any,
     return elapsed_s, sum(1 for r in results if isinstance(r, BaseException))
 
 
+async def send_delayed_many(producer: Any, subject: str, count: int,
+                            when: Any) -> tuple[float, int]:
+    """``send_delayed`` through ``send_many`` (the batch path for delayed messages)."""
+    body = os.urandom(BODY_BYTES)
+    [keyword] = when(0)
+    slots = asyncio.Semaphore(SEND_MANY_IN_FLIGHT)
+    failed = 0
+
+    async def one_call(start: int) -> None:
+        nonlocal failed
+        stop = min(count, start + SEND_MANY_CHUNK)
+        async with slots:
+            results = await producer.send_many(
+                subject, [body] * (stop - start),
+                **{keyword: [when(i)[keyword] for i in range(start, stop)]},
+                return_exceptions=True)
+        failed += sum(1 for r in results if isinstance(r, BaseException))
+
+    began = time.perf_counter()
+    await asyncio.gather(*(one_call(start) for start in range(0, count, SEND_MANY_CHUNK)))
+    return time.perf_counter() - began, failed
+
+
 def _lateness_figures(data: dict[str, Any]) -> dict[str, float]:
     values = sorted(data["lateness_ms"])
     return {
@@ -296,7 +325,7 @@ def _lateness_figures(data: dict[str, Any]) -> dict[str, float]:
 
 
 async def w1_steady(cluster: DelayCluster, count: int, spread_s: tuple[int, int],
-                    window: int) -> dict[str, float]:
+                    window: int, api: str = "send") -> dict[str, float]:
     import qmq
 
     low_ms, high_ms = spread_s[0] * 1000, spread_s[1] * 1000
@@ -309,7 +338,7 @@ async def w1_steady(cluster: DelayCluster, count: int, spread_s: tuple[int, int]
     pressure = Pressure()
     async with qmq.Producer(cluster.meta_url) as producer:
         elapsed_s, failed = await send_delayed(producer, "bench.w1", count,
-                                               lambda i: {"delay": delays[i]}, window)
+                                               lambda i: {"delay": delays[i]}, window, api)
     sent_ms = wall_ms()
     client_cpu_s = time.process_time() - client_cpu_s
     delay_send_cpu_s = process_cpu_s(cluster.delay.pid) - delay_cpu_s
@@ -340,7 +369,7 @@ async def w1_steady(cluster: DelayCluster, count: int, spread_s: tuple[int, int]
 
 
 async def w2_hot_second(cluster: DelayCluster, count: int, window: int,
-                        sends_per_s_estimate: float) -> dict[str, float]:
+                        sends_per_s_estimate: float, api: str = "send") -> dict[str, float]:
     import qmq
 
     # Far enough ahead that every message is stored before its second begins.
@@ -352,7 +381,7 @@ async def w2_hot_second(cluster: DelayCluster, count: int, window: int,
                           lead_s + 2 + DRAIN_SLACK_S, cluster.directory)
     async with qmq.Producer(cluster.meta_url) as producer:
         elapsed_s, failed = await send_delayed(producer, "bench.w2", count,
-                                               lambda i: {"deliver_at": due[i]}, window)
+                                               lambda i: {"deliver_at": due[i]}, window, api)
     stored_before_ms = second_ms - wall_ms()
     print(f"  W2: {count:,} messages stored, due in the second starting at epoch ms {second_ms} "
           f"(in {stored_before_ms / 1000:.1f} s)", flush=True)
@@ -368,19 +397,20 @@ async def w2_hot_second(cluster: DelayCluster, count: int, window: int,
     return figures
 
 
-async def w3_pending(cluster: DelayCluster, pending: int, window: int) -> dict[str, float]:
+async def w3_pending(cluster: DelayCluster, pending: int, window: int,
+                     api: str = "send") -> dict[str, float]:
     import qmq
 
     rng = random.Random(3)
     now_ms = wall_ms()
     spread_ms = 10 * 86_400_000
+    due = [now_ms + 30 * 86_400_000 + rng.randrange(spread_ms) for _ in range(pending)]
     delay_cpu_s = process_cpu_s(cluster.delay.pid)
     client_cpu_s = time.process_time()
     async with qmq.Producer(cluster.meta_url) as producer:
         elapsed_s, failed = await send_delayed(
             producer, "bench.w3", pending,
-            lambda i: {"deliver_at": now_ms + 30 * 86_400_000 + rng.randrange(spread_ms)},
-            window)
+            lambda i: {"deliver_at": due[i]}, window, api)
     client_cpu_s = time.process_time() - client_cpu_s
     delay_cpu_s = process_cpu_s(cluster.delay.pid) - delay_cpu_s
     rss, hwm = rss_mb(cluster.delay.pid)
@@ -442,18 +472,20 @@ async def one_run(args: argparse.Namespace, spread_s: tuple[int, int]) -> RunRes
         print(f"  cluster: meta pid {cluster.meta.pid}, realtime pid {cluster.realtime.pid}, "
               f"delay pid {cluster.delay.pid}", flush=True)
         if "w1" in args.only:
-            result.w1 = await w1_steady(cluster, args.messages, spread_s, args.window)
+            result.w1 = await w1_steady(cluster, args.messages, spread_s, args.window,
+                                        args.api)
             print(f"  W1: {_w1_line(result.w1)}", flush=True)
         if "w2" in args.only:
             estimate = result.w1.get("sends_per_s", 5_000.0)
-            result.w2 = await w2_hot_second(cluster, args.hot, args.window, estimate)
+            result.w2 = await w2_hot_second(cluster, args.hot, args.window, estimate,
+                                            args.api)
             print(f"  W2: {_w2_line(result.w2)}", flush=True)
         result.rss_after_mb = rss_mb(cluster.delay.pid)
         if "w4" in args.only:
             result.w4 = await w4_retries(cluster, args.retry_messages)
             print(f"  W4: {_w4_line(result.w4)}", flush=True)
         if args.w3_pending:
-            result.w3 = await w3_pending(cluster, args.w3_pending, args.window)
+            result.w3 = await w3_pending(cluster, args.w3_pending, args.window, args.api)
             w3 = result.w3
             print(f"  W3: {w3['pending']:,} far-future messages at {w3['sends_per_s']:,.0f} "
                   f"sends/s (CPU per send: client {w3['client_us_per_send']:.0f} us, delay server "
@@ -578,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
                              "and report its RSS")
     parser.add_argument("--window", type=int, default=SEND_WINDOW,
                         help="send() calls pending at once")
+    parser.add_argument("--api", choices=("send", "send_many"), default="send",
+                        help="concurrent send(delay=...) calls, or send_many calls of "
+                             f"{SEND_MANY_CHUNK} with a due time per message")
     parser.add_argument("--runs", type=int, default=RUNS)
     parser.add_argument("--no-trace", action="store_true",
                         help="run the servers with --no-trace (default: they write trace events)")

@@ -33,7 +33,8 @@ from delayserver.wheel import TimingWheel
 from logstore.errors import DiskFull, LogWriteFailed
 from logstore.fileio import Opener, OsFile
 from sdk.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
-from sdk.message import Message, decode_message, peek_message_id, validate_message
+from sdk.message import decode_message, peek_message_id, validate_message
+from sdk.send_check import QuickCheck
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +48,8 @@ TRACK_SLICE_ENTRIES = 2_000  # loaded entries put into the wheel per event-loop 
 
 @dataclass
 class _PendingSend:
-    message: Message
+    message_id: str
+    subject: str
     payload: bytes
     deliver_at_ms: int
     future: asyncio.Future[dict[str, Any]]
@@ -73,6 +75,7 @@ class Scheduler:
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.stats = DispatchStats()
         self.wheel = TimingWheel(config.tick_ms)
+        self._quick_check = QuickCheck()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
         self._pending: list[_PendingSend] = []
         self._commit_wakeup = asyncio.Event()
@@ -162,15 +165,28 @@ class Scheduler:
         now_ms = self.clock()
         loop = asyncio.get_running_loop()
         results: list[Any] = []
+        deliver_at_max_ms = now_ms + self.config.max_delay_ms
+        quick_check = self._quick_check.check
         for payload in payloads:
             try:
-                message = decode_message(payload)
-                validate_message(message, allow_internal=True)
-                deliver_at_ms = message.deliver_at_ms if message.deliver_at_ms is not None else now_ms
+                # The quick check (sdk.send_check) accepts our producers' payloads without
+                # building a Message; anything it is unsure of gets the full check, which
+                # decides and words the error.
+                checked = quick_check(payload, deliver_at_max_ms)
+                if checked is not None:
+                    message_id, subject, deliver_at_ms = (checked.id, checked.subject,
+                                                          checked.deliver_at_ms)
+                else:
+                    message = decode_message(payload)
+                    validate_message(message, allow_internal=True)
+                    message_id, subject, deliver_at_ms = (message.id, message.subject,
+                                                          message.deliver_at_ms)
+                if deliver_at_ms is None:
+                    deliver_at_ms = now_ms
                 ahead_ms = deliver_at_ms - now_ms
                 if ahead_ms > self.config.max_delay_ms:
                     raise DelayOutOfRange(
-                        f"message {message.id} deliver_at_ms {deliver_at_ms} is {ahead_ms} ms "
+                        f"message {message_id} deliver_at_ms {deliver_at_ms} is {ahead_ms} ms "
                         f"ahead, exceeds max_delay_ms {self.config.max_delay_ms}"
                     )
                 if self.readonly:
@@ -179,7 +195,7 @@ class Scheduler:
                 results.append({"id": peek_message_id(payload), "error": exc.to_wire()})
                 continue
             future: asyncio.Future[dict[str, Any]] = loop.create_future()
-            self._pending.append(_PendingSend(message, payload, deliver_at_ms, future))
+            self._pending.append(_PendingSend(message_id, subject, payload, deliver_at_ms, future))
             results.append(future)
         self._commit_wakeup.set()
         return [await r if isinstance(r, asyncio.Future) else r for r in results]
@@ -212,19 +228,19 @@ class Scheduler:
             if self._is_loaded(entry.bucket_ms):
                 self._track(entry)
             if not pending.future.done():
-                pending.future.set_result({"id": pending.message.id, "status": "stored",
+                pending.future.set_result({"id": pending.message_id, "status": "stored",
                                            "deliver_at_ms": entry.deliver_at_ms})
         self._wakeup.set()
 
     def _fail_batch(self, batch: list[_PendingSend], error: QmqError) -> None:
         for pending in batch:
             if not pending.future.done():
-                pending.future.set_result({"id": pending.message.id, "error": error.to_wire()})
+                pending.future.set_result({"id": pending.message_id, "error": error.to_wire()})
 
     def _append_and_commit(self, batch: list[_PendingSend]) -> list[ScheduleEntry]:
         assert self.store is not None
         for pending in batch:
-            self.store.append(pending.message.id, pending.message.subject,
+            self.store.append(pending.message_id, pending.subject,
                               pending.deliver_at_ms, pending.payload)
         return self.store.commit()
 

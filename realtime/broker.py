@@ -29,7 +29,7 @@ from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
 from realtime.io_thread import IoThread
-from realtime.send_check import Checked, QuickCheck
+from sdk.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly

@@ -30,7 +30,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -40,6 +40,7 @@ import msgpack
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
 from sdk.errors import (
     BadRequest,
+    DelayOutOfRange,
     Internal,
     NoRoute,
     QmqError,
@@ -47,7 +48,7 @@ from sdk.errors import (
     error_from_wire,
     type_name,
 )
-from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
+from sdk.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
 from sdk.message import Message, encode_message, validate_message
 from sdk.routes import Route, RouteCache, RouteGroup
 from sdk.tls import TlsOption, client_context
@@ -86,6 +87,46 @@ def epoch_ms(value: datetime | int, name: str) -> int:
     if type(value) is int:
         return value
     raise BadRequest(f"{name} must be an aware datetime or epoch ms, got {type(value).__name__}")
+
+
+def _deliver_times(
+    count: int,
+    now_ms: int,
+    delay: timedelta | int | Sequence[timedelta | int] | None,
+    deliver_at: datetime | int | Sequence[datetime | int] | None,
+) -> list[int] | None:
+    """``send_many``'s due times in epoch ms, one per message (None: not delayed), checked as
+    ``send`` checks one: not both arguments, no negative delay, none past MAX_DELAY_MS."""
+    if delay is not None and deliver_at is not None:
+        raise BadRequest("give delay or deliver_at, not both")
+    given = delay if delay is not None else deliver_at
+    if given is None:
+        return None
+    name = "delay" if delay is not None else "deliver_at"
+    values = list(given) if isinstance(given, (list, tuple)) else None
+    if values is not None and len(values) != count:
+        raise BadRequest(f"{name} has {len(values)} values for {count} bodies: give one per body "
+                         "or a single value for all")
+    if delay is not None:
+        if values is None:
+            delays_ms = [duration_ms(delay, "delay")] * count
+        else:
+            delays_ms = [v if type(v) is int else duration_ms(v, "delay") for v in values]
+        low_ms = min(delays_ms)
+        if low_ms < 0:
+            raise BadRequest(f"delay must not be negative, got {low_ms} ms")
+        due = [now_ms + d for d in delays_ms]
+    elif values is None:
+        due = [epoch_ms(deliver_at, "deliver_at")] * count  # type: ignore[arg-type]
+    else:
+        due = [v if type(v) is int else epoch_ms(v, "deliver_at") for v in values]
+    earliest, latest = min(due), max(due)
+    if earliest < 0:
+        raise BadRequest(f"message field deliver_at_ms must be >= 0, got {earliest}")
+    if latest - now_ms > MAX_DELAY_MS:
+        raise DelayOutOfRange(f"deliver_at_ms is {latest - now_ms} ms ahead of now, exceeds "
+                              f"MAX_DELAY_MS {MAX_DELAY_MS}")
+    return due
 
 
 def default_client_id() -> str:
@@ -335,6 +376,8 @@ class Producer:
         tags: tuple[str, ...] | list[str] = (),
         properties: dict[str, str] | None = None,
         expire_at: datetime | int | None = None,
+        delay: timedelta | int | Sequence[timedelta | int] | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
         return_exceptions: bool = False,
     ) -> list[Receipt] | list[Receipt | QmqError]:
         """Send one message per body, all to ``subject`` with the same tags, properties and
@@ -343,7 +386,11 @@ class Producer:
         The fast path for many messages: the messages are validated and encoded in one go and
         go into batches directly, with one future for the whole call instead of one per message.
         Each message gets a fresh id. Batching, routing and retries are those of ``send``.
-        A bad body (not bytes, too large) or bad common fields raise before anything is sent.
+        ``delay`` or ``deliver_at`` (as in ``send``) makes them delayed messages, held by a delay
+        server: one value for all, or a list/tuple with one value per body; the receipts carry
+        each ``deliver_at_ms`` for ``cancel``.
+        A bad body (not bytes, too large), delay (negative, past MAX_DELAY_MS: DelayOutOfRange,
+        wrong count) or bad common fields raise before anything is sent.
         If some messages fail, the first failure is raised once all are settled, or with
         ``return_exceptions=True`` each failure takes the place of its Receipt.
         """
@@ -353,12 +400,15 @@ class Producer:
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         if not bodies:
             return []
+        now_ms = self._clock_ms()
+        deliver_ats = _deliver_times(len(bodies), now_ms, delay, deliver_at)
         template = Message.create(
             subject,
             bodies[0],
-            now_ms=self._clock_ms(),
+            now_ms=now_ms,
             tags=tuple(tags),
             properties=dict(properties or {}),
+            deliver_at_ms=None if deliver_ats is None else deliver_ats[0],
             expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
             id=self._new_id(),
         )
@@ -371,9 +421,14 @@ class Producer:
                     f"message body of {len(body)} bytes exceeds MAX_BODY_BYTES {MAX_BODY_BYTES}")
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         many = _Many(len(bodies), future)
-        items = [_Item(message_id, payload, many, index) for index, (message_id, payload)
-                 in enumerate(self._encode_many(template, bodies))]
-        self._enqueue(subject, items)
+        encoded = self._encode_many(template, bodies, deliver_ats)
+        if deliver_ats is None:
+            items = [_Item(message_id, payload, many, index)
+                     for index, (message_id, payload) in enumerate(encoded)]
+        else:
+            items = [_Item(message_id, payload, many, index, due)
+                     for index, ((message_id, payload), due) in enumerate(zip(encoded, deliver_ats))]
+        self._enqueue(subject, items, delayed=deliver_ats is not None)
         results = await future
         if not return_exceptions:
             for result in results:
@@ -382,26 +437,37 @@ class Producer:
         return results
 
     def _encode_many(self, template: Message, bodies: list[bytes] | tuple[bytes, ...],
-                     ) -> list[tuple[str, bytes]]:
-        """(id, payload) per body: the template's payload map with its id and body replaced.
+                     deliver_ats: list[int] | None = None) -> list[tuple[str, bytes]]:
+        """(id, payload) per body: the template's payload map with its id, body (and due time,
+        from ``deliver_ats``) replaced.
 
-        The payload is a msgpack map whose id and body sit under the keys "i" and "b"
-        (sdk.message); if the template does not encode that way, each message is built and
-        encoded on its own instead."""
+        The payload is a msgpack map whose id, body and due time sit under the keys "i", "b"
+        and "d" (sdk.message); if the template does not encode that way, each message is built
+        and encoded on its own instead."""
         fields = msgpack.unpackb(encode_message(template), raw=False)
-        if fields.get("i") != template.id or fields.get("b") != bytes(template.body):
+        if (fields.get("i") != template.id or fields.get("b") != bytes(template.body)
+                or fields.get("d") != template.deliver_at_ms):
             return [(m.id, encode_message(m)) for m in (
                 Message(id=self._new_id(), subject=template.subject, body=bytes(body),
                         tags=template.tags, properties=template.properties,
-                        created_at_ms=template.created_at_ms, expire_at_ms=template.expire_at_ms)
-                for body in bodies)]
+                        created_at_ms=template.created_at_ms, expire_at_ms=template.expire_at_ms,
+                        deliver_at_ms=None if deliver_ats is None else deliver_ats[index])
+                for index, body in enumerate(bodies))]
         packb = msgpack.Packer(use_bin_type=True).pack
         out = []
         new_id = self._new_id
-        for body in bodies:
+        if deliver_ats is None:
+            for body in bodies:
+                message_id = new_id()
+                fields["i"] = message_id
+                fields["b"] = body if type(body) is bytes else bytes(body)
+                out.append((message_id, packb(fields)))
+            return out
+        for body, deliver_at_ms in zip(bodies, deliver_ats):
             message_id = new_id()
             fields["i"] = message_id
             fields["b"] = body if type(body) is bytes else bytes(body)
+            fields["d"] = deliver_at_ms
             out.append((message_id, packb(fields)))
         return out
 

@@ -11,7 +11,7 @@ import pytest
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
 from sdk.errors import Overloaded
-from sdk.message import decode_message
+from sdk.message import decode_message, encode_message
 from tests.rawclient import FakeClock, RawClient, message
 
 DAY_MS = 86_400_000
@@ -348,3 +348,28 @@ async def test_a_cancel_after_the_watermark_passed_the_bucket_says_already_past_
     answer = await client.request({"op": "cancel", "ids": [gone.id, "never-sent"],
                                    "deliver_at_ms": [gone.deliver_at_ms, clock() + 60_000]})
     assert [r["status"] for r in answer["results"]] == ["already_past", "unknown"]
+
+
+async def test_the_quick_check_stores_what_the_full_check_accepts_and_refuses_the_rest_alike(
+    server, client, clock, realtime
+):
+    import msgpack
+
+    due = clock() + 1_000
+    good = message("s", b"good", clock, deliver_at_ms=due, tags=("t",), properties={"k": "v"})
+    retry = message("%retry%s%g", b"retry copy", clock, deliver_at_ms=due)
+    fields = {"i": "bad-subject", "s": "bad subject!", "b": b"x", "c": clock(), "d": due}
+    nil_due = {"i": "nil-due", "s": "s", "b": b"x", "c": clock(), "d": None}
+    too_far = {"i": "too-far", "s": "s", "b": b"x", "c": clock(),
+               "d": clock() + server.config.max_delay_ms + 1}
+    payloads = [encode_message(good), encode_message(retry)] + [
+        msgpack.packb(f, use_bin_type=True) for f in (fields, nil_due, too_far)]
+    answer = await client.request({"op": "send", "messages": payloads})
+    assert [r.get("status") or r["error"]["code"] for r in answer["results"]] == [
+        "stored", "stored", "bad_request", "bad_request", "delay_out_of_range"]
+    assert [r["id"] for r in answer["results"]] == [
+        good.id, retry.id, "bad-subject", "nil-due", "too-far"]
+    clock.advance(1_000)
+    await realtime.wait_for(2, server)
+    assert sorted(m.body for _, m in realtime.received) == [b"good", b"retry copy"]
+    assert [m for _, m in realtime.received if m.id == good.id][0] == good

@@ -103,3 +103,42 @@ async def test_sends_made_while_a_batch_is_on_the_wire_leave_together_when_it_is
     await asyncio.wait_for(asyncio.gather(first, *later), 10)
     assert [len(ids) for ids in broker_a.sent_ids()] == [1, 1, 3]
     await p.close()
+
+
+async def test_delayed_send_many_encodes_each_due_time_and_its_receipts_can_cancel(
+    meta, broker_a
+):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, clock_ms=lambda: 1_000_000) as p:
+        receipts = await p.send_many("orders", [b"a", b"b", b"c"], delay=[0, 1_500, 60_000],
+                                     properties={"k": "v"})
+        same = await p.send_many("orders", [b"d", b"e"], deliver_at=5_000_000)
+    assert [r.deliver_at_ms for r in receipts] == [1_000_000, 1_001_500, 1_060_000]
+    assert all(r.delayed for r in receipts + same)
+    [first, second] = [op["messages"] for op in broker_a.ops("send")]
+    for receipt, body, payload in zip(receipts, [b"a", b"b", b"c"], first):
+        assert payload == encode_message(Message(
+            receipt.message_id, "orders", body, (), {"k": "v"}, created_at_ms=1_000_000,
+            deliver_at_ms=receipt.deliver_at_ms))
+    assert [decode_message(m).deliver_at_ms for m in second] == [5_000_000, 5_000_000]
+
+
+async def test_a_bad_delayed_send_many_is_refused_before_anything_is_sent(meta, broker_a):
+    from datetime import timedelta
+
+    from sdk.errors import DelayOutOfRange
+    from sdk.limits import MAX_DELAY_MS
+
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, clock_ms=lambda: 1_000_000) as p:
+        with pytest.raises(BadRequest, match="2 values for 3 bodies"):
+            await p.send_many("orders", [b"1", b"2", b"3"], delay=[1, 2])
+        with pytest.raises(BadRequest, match="not both"):
+            await p.send_many("orders", [b"1"], delay=1, deliver_at=2)
+        with pytest.raises(BadRequest, match="negative"):
+            await p.send_many("orders", [b"1", b"2"], delay=[5, timedelta(seconds=-1)])
+        with pytest.raises(DelayOutOfRange):
+            await p.send_many("orders", [b"1", b"2"], delay=[0, MAX_DELAY_MS + 1])
+        at_limit = await p.send_many("orders", [b"1"], delay=MAX_DELAY_MS)
+    assert at_limit[0].deliver_at_ms == 1_000_000 + MAX_DELAY_MS
+    assert len(broker_a.ops("send")) == 1

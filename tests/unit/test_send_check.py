@@ -1,5 +1,5 @@
-"""realtime.send_check: the broker's quick check accepts only what the full check accepts, with
-the same fields, and defers everything else to it."""
+"""sdk.send_check: the servers' quick check accepts only what the full check accepts, with the
+same fields, and defers everything else to it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from realtime.broker import DELIVER_AT_SKEW_MS_MAX
-from realtime.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
 from sdk.errors import QmqError
 from sdk.limits import (
     MAX_BODY_BYTES,
@@ -21,6 +20,7 @@ from sdk.limits import (
     MAX_TAGS,
 )
 from sdk.message import Message, decode_message, encode_message, validate_message
+from sdk.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
 
 NOW_MS = 1_700_000_000_000
 DELIVER_AT_MAX_MS = NOW_MS + DELIVER_AT_SKEW_MS_MAX

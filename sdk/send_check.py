@@ -1,4 +1,5 @@
-"""The broker's quick check of a sent payload, ahead of the full one.
+"""The servers' quick check of a sent payload, ahead of the full one (used by the realtime
+broker and the delay server, so it lives with the pieces they share).
 
 Every sent payload is decoded and validated before it is stored. ``sdk.message.decode_message``
 plus ``validate_message`` build a ``Message`` and check every field and limit: about 7 us per
@@ -7,7 +8,7 @@ straight on the decoded map and builds no object, for the payloads our producers
 ever *accepts*: anything it is not sure of (an unknown key, a value out of range, a future
 ``deliver_at_ms``, bytes that are not msgpack) returns None and the caller runs the full check,
 which decides and words the error. The names, ids and tags are still checked by sdk.message's
-own functions; tests/unit/test_realtime_send_check.py holds both paths to the same answers.
+own functions; tests/unit/test_send_check.py holds both paths to the same answers.
 """
 
 from __future__ import annotations
