@@ -20,13 +20,16 @@ from aiohttp import web
 
 from metaserver.config import MetaConfig
 from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
+from metaserver.metrics import MetaMetrics
 from metaserver.registry import Registry
 from metaserver.tokens import TOKENS_KEY, Tokens, auth_middleware
 from metaserver.validation import BODY_SIZE_BYTES_MAX
+from sdk.metrics_http import METRICS_PATH, scrape
 from sdk.tls import server_context
 
 log = logging.getLogger(__name__)
 
+METRICS_KEY = web.AppKey("metaserver_metrics", MetaMetrics)
 
 
 def wall_clock_ms() -> int:
@@ -37,14 +40,24 @@ def wall_clock_ms() -> int:
 def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> web.Application:
     """Return the MetaServer application; ``clock`` returns ms (tests pass a fake one)."""
     registry = Registry(config, clock or wall_clock_ms)
-    # error_middleware is outermost so the auth middleware's refusals become JSON errors too.
-    app = web.Application(middlewares=[error_middleware, auth_middleware],
+    metrics = MetaMetrics(registry)
+    # The metrics middleware is outermost so it counts the answer the error middleware made;
+    # error_middleware comes next so the auth middleware's refusals become JSON errors too.
+    app = web.Application(middlewares=[metrics.middleware, error_middleware, auth_middleware],
                           client_max_size=BODY_SIZE_BYTES_MAX)
     app[REGISTRY_KEY] = registry
     app[TOKENS_KEY] = Tokens(registry)
+    app[METRICS_KEY] = metrics
     add_routes(app)
+    app.router.add_get(METRICS_PATH, _metrics)
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the MetaServer's Prometheus metrics."""
+    metrics = request.app[METRICS_KEY]
+    return await scrape(metrics.registry, metrics.refresh)
 
 
 def get_registry(app: web.Application) -> Registry:

@@ -1,0 +1,88 @@
+"""Prometheus metrics of the MetaServer, served at ``GET /metrics`` on its HTTP port.
+
+HTTP requests are counted by route (the route's pattern, never the raw path, so a scanner
+cannot grow the label set), method and status by an outermost middleware, which also counts
+error answers by their JSON ``code``. Brokers, subjects and consumer groups are gauges read from
+the database at scrape time. Each app has its own ``CollectorRegistry``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from metaserver.registry import Registry
+
+log = logging.getLogger(__name__)
+
+BROKER_KINDS = ("realtime", "delay")
+BROKER_STATES = ("rw", "readonly", "offline")
+UNMATCHED_ROUTE = "unmatched"  # the route label of a request no route matched (404, 405)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MetaMetrics:
+    """The registry of one MetaServer app: request counters and scrape-time gauges."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._meta = registry
+        self.requests = Counter("qmq_meta_http_requests", "HTTP requests answered, by route "
+                                "pattern, method and status.", ["route", "method", "status"],
+                                registry=self.registry)
+        self.errors = Counter("qmq_meta_errors", "Error answers, by their JSON error code.",
+                              ["code"], registry=self.registry)
+        self.brokers = Gauge("qmq_meta_brokers", "Registered brokers by kind and state (as the "
+                             "MetaServer decides it), at scrape time.", ["kind", "state"],
+                             registry=self.registry)
+        self.subjects = Gauge("qmq_meta_subjects", "Subjects with a route, at scrape time.",
+                              registry=self.registry)
+        self.consumer_groups = Gauge("qmq_meta_consumer_groups", "Distinct consumer groups "
+                                     "known (registered or reported in a broker's backlog), at "
+                                     "scrape time.", registry=self.registry)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Count the request once it is answered (put outermost, after errors became JSON)."""
+        response = await handler(request)
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else UNMATCHED_ROUTE
+        self.requests.labels(route, request.method, str(response.status)).inc()
+        if response.status >= 400:
+            self.errors.labels(_error_code(response)).inc()
+        return response
+
+    async def refresh(self) -> None:
+        """Scrape time: brokers by kind and state, subjects and consumer groups, from the DB."""
+        counts = {(kind, state): 0 for kind in BROKER_KINDS for state in BROKER_STATES}
+        for broker in await self._meta.list_brokers():
+            key = (broker["kind"], broker["state"])
+            counts[key] = counts.get(key, 0) + 1
+        subjects = len(await self._meta.list_subjects())
+        groups = {row["group"] for row in await self._meta.list_consumer_groups()}
+        for (kind, state), count in counts.items():
+            self.brokers.labels(kind, state).set(count)
+        self.subjects.set(subjects)
+        self.consumer_groups.set(len(groups))
+
+
+def _error_code(response: web.StreamResponse) -> str:
+    """The ``error.code`` of a JSON error answer; "unknown" for any other body (the error
+    middleware answers every error as JSON, so that means a bug or a raw aiohttp answer)."""
+    body = getattr(response, "body", None)
+    if isinstance(body, bytes):
+        try:
+            code = json.loads(body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return "unknown"
+        if isinstance(code, str):
+            return code
+    return "unknown"
+
+
+__all__ = ["MetaMetrics", "UNMATCHED_ROUTE"]
