@@ -11,6 +11,27 @@ from qmq.audit import add_audit_parser, run_audit
 
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
+# Without --metrics-port a server's /metrics listens this far above its data port (realtime
+# 20881 -> 20891, delay 20801 -> 20811); with --port 0 it picks a free port too.
+METRICS_PORT_OFFSET = 10
+
+
+def metrics_port_for(data_port: int, metrics_port: int | None, enabled: bool = True) -> int | None:
+    """The metrics port a server gets: the one given, else ``data_port + METRICS_PORT_OFFSET``
+    (0 when the data port is 0); None when metrics are turned off."""
+    if not enabled:
+        return None
+    if metrics_port is not None:
+        return metrics_port
+    return 0 if data_port == 0 else data_port + METRICS_PORT_OFFSET
+
+
+def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="HTTP port of GET /metrics (Prometheus) on --host; default "
+                             f"--port + {METRICS_PORT_OFFSET}, or any free port with --port 0")
+    parser.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
+
 
 def _add_token(parser: argparse.ArgumentParser, what: str) -> None:
     """``--token`` (default $QMQ_TOKEN) and ``--tls-ca`` (default $QMQ_TLS_CA) of a client or
@@ -54,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-token", default=os.environ.get("QMQ_ADMIN_TOKEN"),
                     help="turn auth on with this admin token (default $QMQ_ADMIN_TOKEN; "
                          "unset: auth off until a token is created)")
+    up.add_argument("--realtime-metrics-port", type=int, default=None,
+                    help=f"realtime /metrics port (default --realtime-port + {METRICS_PORT_OFFSET})")
+    up.add_argument("--delay-metrics-port", type=int, default=None,
+                    help=f"delay /metrics port (default --delay-port + {METRICS_PORT_OFFSET})")
 
     meta = sub.add_parser("metaserver", help="run a MetaServer")
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
@@ -87,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="TEST ONLY: shift this server's clock (pair with the delay server's)")
     _add_token(rt, "this broker's admin token")
     _add_tls_server(rt)
+    _add_metrics_flags(rt)
 
     delay = sub.add_parser("delay", help="run a delay server")
     delay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
@@ -104,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="TEST ONLY: shift this server's clock to prove long delays quickly")
     _add_token(delay, "this server's admin token")
     _add_tls_server(delay)
+    _add_metrics_flags(delay)
 
     send = sub.add_parser("send", help="send a message")
     send.add_argument("subject")
@@ -215,7 +242,11 @@ async def _run(args: argparse.Namespace) -> int:
                                   "ack_timeout_ms": args.ack_timeout_ms,
                                   "consumer_expiry_ms": args.consumer_expiry_ms,
                                   "retries_max": args.retries_max,
-                                  **_backoff(args.retry_backoff_ms)})
+                                  **_backoff(args.retry_backoff_ms)},
+                              realtime_metrics_port=metrics_port_for(
+                                  args.realtime_port, args.realtime_metrics_port),
+                              delay_metrics_port=metrics_port_for(
+                                  args.delay_port, args.delay_metrics_port))
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig
@@ -236,6 +267,7 @@ async def _run(args: argparse.Namespace) -> int:
             retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
             trace=not args.no_trace, trace_dir=args.trace_dir, token=args.token,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+            metrics_port=metrics_port_for(args.port, args.metrics_port, not args.no_metrics),
         ))
         return 0
     if args.command == "delay":
@@ -247,7 +279,9 @@ async def _run(args: argparse.Namespace) -> int:
             port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
             clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
             trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
-            tls_key=args.tls_key, tls_ca=args.tls_ca, **extra,
+            tls_key=args.tls_key, tls_ca=args.tls_ca,
+            metrics_port=metrics_port_for(args.port, args.metrics_port, not args.no_metrics),
+            **extra,
         ))
         return 0
     if args.command == "send":

@@ -32,10 +32,15 @@ async def _wait_for_signal() -> None:
     await stop.wait()
 
 
+def _metrics_note(url: str | None) -> str:
+    return f", metrics {url}" if url else ", no metrics"
+
+
 async def run_metaserver_command(config: MetaConfig) -> None:
     """Serve the MetaServer until SIGTERM/SIGINT."""
     async with start_metaserver(config) as server:
-        _print(f"metaserver listening on {server.url} (db {config.db_url})")
+        _print(f"metaserver listening on {server.url} (db {config.db_url}, metrics "
+               f"{server.url}/metrics)")
         await _wait_for_signal()
         _print("metaserver stopping")
     _print("metaserver stopped: in-flight requests finished, database closed")
@@ -46,7 +51,7 @@ async def run_realtime_command(config: RealtimeConfig) -> None:
     server = RealtimeServer(config, offset_clock(config.clock_offset_ms))
     await server.start()
     _print(f"realtime group {config.group} listening on {server.address} (data {config.data_dir}, "
-           f"flush {config.flush})")
+           f"flush {config.flush}{_metrics_note(server.metrics_url)})")
     await _wait_for_signal()
     _print("realtime server stopping")
     _print(await server.stop())
@@ -57,7 +62,7 @@ async def run_delay_command(config: DelayConfig) -> None:
     server = DelayServer(config)
     await server.start()
     _print(f"delay group {config.group} listening on {server.address} (data {config.data_dir}, "
-           f"flush {config.flush})")
+           f"flush {config.flush}{_metrics_note(server.metrics_url)})")
     await _wait_for_signal()
     _print("delay server stopping")
     _print(await server.stop())
@@ -66,12 +71,15 @@ async def run_delay_command(config: DelayConfig) -> None:
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
                  *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True,
                  realtime_options: dict[str, Any] | None = None,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None,
+                 realtime_metrics_port: int | None = None,
+                 delay_metrics_port: int | None = None) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
     server, sharing one data dir. ``realtime_options``: more ``RealtimeConfig`` fields (ack
     timeout, consumer expiry, retry schedule), so one command can run short test timeouts.
     Auth is off unless ``admin_token`` is given or tokens are created; the two brokers hold a
-    fresh internal token so they keep working either way."""
+    fresh internal token so they keep working either way. Each server serves /metrics: the
+    MetaServer on its own port, the others on ``*_metrics_port`` when given."""
     os.makedirs(data_dir, exist_ok=True)
     internal_token = new_secret()
     meta_config = MetaConfig(
@@ -92,6 +100,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             trace=trace,
             token=internal_token,
             **(realtime_options or {}),
+            metrics_port=realtime_metrics_port,
         )
         realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()
@@ -106,6 +115,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             clock_offset_ms=clock_offset_ms,
             trace=trace,
             token=internal_token,
+            metrics_port=delay_metrics_port,
         )
         delay = DelayServer(delay_config, clock)
         await delay.start()
@@ -114,6 +124,10 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         _print(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
         _print(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
         _print(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
+        _print(f"  metrics     {meta.url}/metrics   (metaserver)")
+        for url, name in ((realtime.metrics_url, "realtime"), (delay.metrics_url, "delay")):
+            if url:
+                _print(f"              {url}   ({name})")
         _print(f"try: qmq send demo hello --meta {meta.url}")
         _print(f"     qmq send demo later --delay-ms 5000 --meta {meta.url}")
         _print(f"     qmq consume demo --group g1 --start earliest --meta {meta.url}")
