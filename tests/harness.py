@@ -159,7 +159,7 @@ def start_realtime(meta_url: str, data_dir: str, group: str, *extra: str,
     """A realtime broker subprocess registered with ``meta_url``."""
     return start_server(f"realtime {group}", ["realtime", "--meta", meta_url, "--data-dir",
                                                data_dir, "--group", group, "--port", str(port),
-                                               *extra])
+                                               *_free_metrics_port(extra), *extra])
 
 
 def start_delay(meta_url: str, data_dir: str, group: str, *extra: str,
@@ -167,7 +167,14 @@ def start_delay(meta_url: str, data_dir: str, group: str, *extra: str,
     """A delay server subprocess registered with ``meta_url`` (``extra``: ``--bucket-ms N``,
     ``--clock-offset-ms N``, ``--max-delay-ms N``, ``--flush async``)."""
     return start_server(f"delay {group}", ["delay", "--meta", meta_url, "--data-dir", data_dir,
-                                            "--group", group, "--port", str(port), *extra])
+                                            "--group", group, "--port", str(port),
+                                            *_free_metrics_port(extra), *extra])
+
+
+def _free_metrics_port(extra: tuple[str, ...]) -> list[str]:
+    """``--metrics-port 0`` unless the test chose one: a broker restarted on a fixed data port
+    would otherwise take data port + 10, which another process may hold."""
+    return [] if "--metrics-port" in extra or "--no-metrics" in extra else ["--metrics-port", "0"]
 
 
 @dataclass
