@@ -29,7 +29,7 @@ import re
 import ssl
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -50,6 +50,8 @@ ACCESS_TTL_MS_DEFAULT = 10_000
 ACCESS_RETRY_MS_DEFAULT = 1_000
 # Tokens remembered by one broker; the oldest answer is forgotten past this count.
 ACCESS_ENTRIES_MAX = 10_000
+# Subjects whose produce/consume decision one grant remembers.
+DECIDED_SUBJECTS_MAX = 1024
 # Longest wait for one check request to the MetaServer, in milliseconds.
 ACCESS_REQUEST_TIMEOUT_MS = 5_000
 
@@ -116,14 +118,27 @@ class Grant:
     produce: tuple[str, ...]
     consume: tuple[str, ...]
     admin: bool = False
+    # (kind, subject) -> covered, so a busy subject is matched against the globs once (about
+    # 1.3 us per fnmatch) rather than once per message; emptied when it reaches the bound.
+    _decided: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False,
+                                                  repr=False)
 
     def may_produce(self, subject: str) -> bool:
         """True when this grant covers sending to ``subject``."""
-        return self.admin or covers(self.produce, subject)
+        return self.admin or self._covers("produce", self.produce, subject)
 
     def may_consume(self, subject: str) -> bool:
         """True when this grant covers pulling, acking or nacking ``subject``."""
-        return self.admin or covers(self.consume, subject)
+        return self.admin or self._covers("consume", self.consume, subject)
+
+    def _covers(self, kind: str, patterns: tuple[str, ...], subject: str) -> bool:
+        key = (kind, subject)
+        decided = self._decided.get(key)
+        if decided is None:
+            if len(self._decided) >= DECIDED_SUBJECTS_MAX:
+                self._decided.clear()
+            decided = self._decided[key] = covers(patterns, subject)
+        return decided
 
     def check_produce(self, subject: str) -> None:
         """Raise Forbidden (naming app, subject and patterns) unless ``may_produce(subject)``."""
