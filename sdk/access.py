@@ -14,7 +14,8 @@ MetaServer (``POST /api/auth/check``, authenticated with the broker's own token)
 answer for ``ttl_ms`` (10 s), so a revoked token stops working within that time. When the
 MetaServer cannot be reached, cached answers (even expired ones) keep being used; a token never
 seen before is refused with a retriable ``internal`` error, unless the last answer the broker got
-said auth is off, in which case it is let in (docs/SECURITY.md).
+said auth is off, or the broker never got an answer and has no token of its own (a server in a
+cluster with auth on needs one to register): then it is let in (docs/SECURITY.md).
 
 This module imports no server code: it sits in ``sdk`` beside the frame server for the same
 reason (both servers need it and neither may import the other).
@@ -250,8 +251,9 @@ class AccessCache:
                             exc.message, token_hint(key), self.retry_ms)
                 stale.expires_at_ms = self._clock_ms() + self.retry_ms
                 return stale
-            if self.enabled is False:
-                # Auth was off when we last heard; nothing says it is on now.
+            if self.enabled is False or (self.enabled is None and self.token is None):
+                # Auth was off when we last heard, or we never heard and this server holds no
+                # token of its own, which it would need to run in a cluster with auth on.
                 return _Answer(OPEN, self._clock_ms() + self.retry_ms)
             raise Internal(f"cannot check the token {token_hint(key)} of app {app!r}: "
                            f"{exc.message}; retry later") from None

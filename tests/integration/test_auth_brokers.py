@@ -202,6 +202,21 @@ async def test_cached_grants_outlive_a_metaserver_outage_but_an_unseen_token_is_
         await cache.close()
 
 
+async def test_a_tokenless_broker_that_never_reached_the_metaserver_lets_clients_in(
+        tmp_path: Any) -> None:
+    cache = AccessCache("http://127.0.0.1:9", token=None, clock_ms=FakeMonotonic())
+    try:
+        assert (await cache.grant(None, "shop")).admin  # the open grant of an auth-off cluster
+    finally:
+        await cache.close()
+    held = AccessCache("http://127.0.0.1:9", token=ADMIN, clock_ms=FakeMonotonic())
+    try:
+        with pytest.raises(Internal):  # a broker holding a token expects auth to be on
+            await held.grant(None, "shop")
+    finally:
+        await held.close()
+
+
 async def test_the_admin_api_reaches_brokers_with_the_callers_admin_token(
         cluster: Cluster) -> None:
     status, answer = await cluster.admin("GET", "/api/admin/dead")
