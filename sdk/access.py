@@ -220,10 +220,6 @@ class AccessCache:
             raise Unauthorized(f"{answer.decision.message} (app {app!r})")
         return answer.decision
 
-    def forget(self) -> None:
-        """Drop every cached answer (the next request of each token asks again)."""
-        self._answers.clear()
-
     async def close(self) -> None:
         """Close the HTTP session."""
         if self._session is not None:
