@@ -65,9 +65,12 @@ class ClusterThread:
     """A MetaServer, a realtime broker and a delay server (or the MetaServer alone) served by an
     event loop on a thread."""
 
-    def __init__(self, data_dir: Path, brokers: bool = True) -> None:
+    def __init__(self, data_dir: Path, brokers: bool = True,
+                 admin_token: str | None = None) -> None:
         self.data_dir = data_dir
         self.brokers = brokers  # False: the MetaServer alone
+        self.admin_token = admin_token  # set: the MetaServer has auth on (MetaServer alone only)
+        assert not (brokers and admin_token), "brokers here do not carry tokens"
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-cluster",
                                        daemon=True)
@@ -98,7 +101,7 @@ class ClusterThread:
 
     async def _start(self) -> None:
         meta = await self._stack.enter_async_context(start_metaserver(MetaConfig(
-            db_url=sqlite_url(self.data_dir / "meta.db"), port=0)))
+            db_url=sqlite_url(self.data_dir / "meta.db"), port=0, admin_token=self.admin_token)))
         self.meta_url = meta.url
         if not self.brokers:
             return

@@ -2,7 +2,8 @@
 bad JSON, a body that is not an object, wrong types, unknown fields, an oversized body; and a
 Hypothesis fuzz of JSON bodies and query strings never gets a 500 or a logged traceback.
 
-One MetaServer (SQLite, port 0) serves the whole module from a background thread, so the
+One MetaServer (SQLite, port 0, auth on with an admin token every request carries, so the token
+endpoints can be fuzzed too) serves the whole module from a background thread, so the
 Hypothesis tests are plain functions making blocking HTTP requests.
 """
 
@@ -25,6 +26,8 @@ from tests.fuzzing import FUZZ_SETTINGS, ClusterThread, tracebacks
 
 # Longest wait for one HTTP answer.
 HTTP_TIMEOUT_S = 30
+# The MetaServer's admin token: every request below is authorised unless it says otherwise.
+ADMIN_TOKEN = "fuzz-admin-token-0123456789abcdef"
 # Brokers registered before the fuzzing, at loopback ports nothing listens on (refused at once).
 REALTIME = {"group": "rt1", "kind": "realtime", "address": "127.0.0.1:9"}
 DELAY = {"group": "dl1", "kind": "delay", "address": "127.0.0.1:7"}
@@ -39,6 +42,10 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/api/admin/brokers/readonly": {"group": "rt1", "readonly": False},
     "/api/admin/dead/redrive": {"subject": "s", "group": "g", "ids": ["m1"]},
     "/api/admin/dead/purge": {"subject": "s", "group": "g", "through_sequence": 3},
+    "/api/admin/tokens": {"app": "shop", "produce": ["order.*"], "consume": ["order.?"],
+                          "admin": False},
+    "/api/admin/tokens/revoke": {"id": 1},
+    "/api/auth/check": {"token": "not-a-token"},
 }
 # A value of the wrong JSON type for the first field of each valid body.
 WRONG_TYPE = {"/api/admin/brokers/readonly": ("readonly", "yes")}
@@ -55,7 +62,8 @@ UNAVAILABLE_CODES = {"no_route", "broker_unavailable"}
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a MetaServer with one realtime and one delay broker registered."""
-    cluster = ClusterThread(tmp_path_factory.mktemp("meta-bad-input"), brokers=False).start()
+    cluster = ClusterThread(tmp_path_factory.mktemp("meta-bad-input"), brokers=False,
+                            admin_token=ADMIN_TOKEN).start()
     try:
         for body in (REALTIME, DELAY):
             assert http(cluster.meta_url, "POST", "/api/brokers/register",
@@ -66,11 +74,15 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def http(base: str, method: str, path: str, body: bytes | None = None,
-         query: dict[str, str] | None = None) -> tuple[int, str, Any]:
-    """One request; returns (status, content type, decoded JSON answer)."""
+         query: dict[str, str] | None = None, token: str | None = ADMIN_TOKEN
+         ) -> tuple[int, str, Any]:
+    """One request (as the admin unless ``token`` says otherwise); returns (status, content
+    type, decoded JSON answer)."""
     url = base + path + ("?" + urllib.parse.urlencode(query) if query else "")
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
             status, kind, raw = response.status, response.headers.get_content_type(), response.read()
@@ -112,6 +124,11 @@ def _bad_bodies() -> list[Any]:
 def test_a_bad_body_is_a_400_with_a_json_error_on_every_endpoint(meta: str, path: str,
                                                                    raw: bytes) -> None:
     assert_json_error(http(meta, "POST", path, raw), 400, "bad_request")
+
+
+@pytest.mark.parametrize("path", list(VALID_BODIES))
+def test_a_bad_body_without_a_token_is_a_401_with_a_json_error(meta: str, path: str) -> None:
+    assert_json_error(http(meta, "POST", path, b"[1", token=None), 401, "unauthorized")
 
 
 @pytest.mark.parametrize("stats", [b'{"lag": NaN}', b'{"lag": -Infinity}', b'{"lag": 1e999}'],
