@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from sdk.limits import MAX_TOKEN_CHARS
+
 # Database URL schemes the MetaServer runs on. Both are async SQLAlchemy drivers.
 SQLITE_URL_PREFIX = "sqlite+aiosqlite://"
 POSTGRES_URL_PREFIX = "postgresql+asyncpg://"
@@ -76,6 +78,10 @@ class MetaConfig:
                 length = len(value) if isinstance(value, str) else type(value).__name__
                 raise ValueError(f"{key} of {length} characters is too short: it needs at "
                                  f"least {ADMIN_TOKEN_CHARS_MIN}")
+            if isinstance(value, str) and len(value) > MAX_TOKEN_CHARS:
+                # Brokers and clients carry it in hello, which refuses a longer one.
+                raise ValueError(f"{key} of {len(value)} characters exceeds MAX_TOKEN_CHARS "
+                                 f"{MAX_TOKEN_CHARS}")
 
     @property
     def heartbeat_interval_ms(self) -> int:

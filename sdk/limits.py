@@ -57,6 +57,10 @@ MAX_MESSAGE_ID_CHARS = 128
 # Most [first, last] ranges in one `ack` request.
 MAX_ACK_RANGES = 1024
 
+# Longest app token a `hello` may carry, in characters. MetaServer-made tokens are about 50; the
+# bound keeps a token check (an HTTP call to the MetaServer) far below its body limit.
+MAX_TOKEN_CHARS = 512
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_BODY_BYTES",
@@ -72,4 +76,5 @@ __all__ = [
     "MAX_DELAY_MS",
     "MAX_MESSAGE_ID_CHARS",
     "MAX_ACK_RANGES",
+    "MAX_TOKEN_CHARS",
 ]

@@ -38,6 +38,7 @@ from sdk.limits import (
     MAX_PULL_BATCH_MESSAGES,
     MAX_PULL_WAIT_MS,
     MAX_SEND_BATCH_MESSAGES,
+    MAX_TOKEN_CHARS,
 )
 from sdk.message import (
     DEAD_PREFIX,
@@ -335,6 +336,11 @@ def _parse_hello(f: _Fields, rid: int) -> Hello:
     token = f.get("token", None)
     if token is not None and not isinstance(token, str):
         raise f._bad("token", "str or nil", token)
+    if token is not None and len(token) > MAX_TOKEN_CHARS:
+        # Never echo the token: it may be a secret pasted into the wrong place.
+        raise BadRequest(
+            f"hello.token of {len(token)} characters exceeds MAX_TOKEN_CHARS {MAX_TOKEN_CHARS}"
+        )
     return Hello(rid, f.text("client_id"), f.text("app"), token, protocol)
 
 

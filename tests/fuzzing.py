@@ -57,6 +57,9 @@ CLUSTER_TIMEOUT_S = 90
 EXPECTED_CODES = frozenset({"bad_request", "unauthorized", "forbidden", "too_large",
                             "delay_out_of_range", "readonly", "overloaded", "not_found",
                             "not_supported"})
+# Auth is on in the fuzzed cluster: the servers check every request's token with the MetaServer,
+# and every connection below says hello with this admin token (fuzzed hellos may carry others).
+FUZZ_ADMIN_TOKEN = "fuzz-admin-0123456789abcdef"
 # The epoch ms the strategies build times around (the cluster runs on the wall clock).
 BASE_MS = int(time.time() * 1000)
 
@@ -66,11 +69,10 @@ class ClusterThread:
     event loop on a thread."""
 
     def __init__(self, data_dir: Path, brokers: bool = True,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = FUZZ_ADMIN_TOKEN) -> None:
         self.data_dir = data_dir
         self.brokers = brokers  # False: the MetaServer alone
-        self.admin_token = admin_token  # set: the MetaServer has auth on (MetaServer alone only)
-        assert not (brokers and admin_token), "brokers here do not carry tokens"
+        self.admin_token = admin_token  # set: auth is on; the brokers carry this token too
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-cluster",
                                        daemon=True)
@@ -108,12 +110,14 @@ class ClusterThread:
         # Async flush: fuzzing stores thousands of tiny messages and fsyncs prove nothing here.
         self.realtime = RealtimeServer(RealtimeConfig(
             data_dir=str(self.data_dir / "rt"), meta_url=meta.url, group="rt-fuzz", port=0,
-            flush="async", heartbeat_interval_ms=500, shutdown_grace_ms=1000))
+            flush="async", heartbeat_interval_ms=500, shutdown_grace_ms=1000,
+            token=self.admin_token))
         await self.realtime.start()
         self._stack.push_async_callback(self.realtime.stop)
         self.delay = DelayServer(DelayConfig(
             data_dir=str(self.data_dir / "delay"), meta_url=meta.url, group="delay-fuzz", port=0,
-            flush="async", bucket_ms=1000, heartbeat_interval_ms=500, shutdown_grace_ms=1000))
+            flush="async", bucket_ms=1000, heartbeat_interval_ms=500, shutdown_grace_ms=1000,
+            token=self.admin_token))
         await self.delay.start()
         self._stack.push_async_callback(self.delay.stop)
 
@@ -139,8 +143,8 @@ class ClusterThread:
     async def _round_trip(self, subject: str, delay_ms: int | None) -> None:
         body = f"after fuzzing {subject}".encode()
         async with qmq.Consumer(self.meta_url, group="fuzz-check", start="earliest",
-                                wait_ms=500) as consumer, \
-                qmq.Producer(self.meta_url) as producer:
+                                wait_ms=500, token=self.admin_token) as consumer, \
+                qmq.Producer(self.meta_url, token=self.admin_token) as producer:
             delay = timedelta(milliseconds=delay_ms) if delay_ms is not None else None
             receipt = await producer.send(subject, body, delay=delay)
             assert receipt.status == "stored", receipt
@@ -159,6 +163,7 @@ class SyncClient:
         self.rid = 0
         self.ready: list[dict[str, Any]] = []
         answer = self.request({"op": "hello", "client_id": "fuzz-check", "app": "tests",
+                               "token": FUZZ_ADMIN_TOKEN,
                                "protocol": 1})
         assert answer.get("ok"), answer
 
@@ -259,9 +264,11 @@ def exchange(port: int, data: bytes, hello: bool) -> list[dict[str, Any]]:
     does not close within EXCHANGE_TIMEOUT_S after that (a stuck connection) or writes anything
     that is not a well-formed response."""
     hello_frame = encode_frame({"op": "hello", "rid": 0, "client_id": "fuzz", "app": "tests",
+                                "token": FUZZ_ADMIN_TOKEN,
                                 "protocol": 1}) if hello else b""
     probe = whole_frames(data)
     probe_frame = encode_frame({"op": "hello", "rid": PROBE_RID, "client_id": "probe",
+                                "token": FUZZ_ADMIN_TOKEN,
                                 "app": "tests", "protocol": 1}) if probe else b""
     sock = socket.create_connection(("127.0.0.1", port), timeout=EXCHANGE_TIMEOUT_S)
     decoder = FrameDecoder(max_frame_bytes=0xFFFFFFFF)
@@ -399,7 +406,10 @@ def request_maps(draw: st.DrawFn) -> dict[str, Any]:
                                "heartbeat", "subjects", "browse", "purge"]))
     rid = draw(st.integers(0, 1000))
     if op == "hello":
-        return {"op": op, "rid": rid, "client_id": "fuzz", "app": "tests", "protocol": 1}
+        # A later hello may swap the connection's token for a wrong or an over-long one.
+        token = draw(st.sampled_from([FUZZ_ADMIN_TOKEN, None, "wrong-token", "t" * 513]))
+        return {"op": op, "rid": rid, "client_id": "fuzz", "app": "tests", "protocol": 1,
+                "token": token}
     if op == "send":
         return {"op": op, "rid": rid, "messages": draw(st.lists(message_maps(), min_size=1,
                                                                 max_size=4))}

@@ -38,6 +38,7 @@ from sdk.limits import (
     MAX_SUBJECT_CHARS,
     MAX_TAG_BYTES,
     MAX_TAGS,
+    MAX_TOKEN_CHARS,
 )
 from tests.rawclient import FakeClock, RawClient
 
@@ -242,6 +243,20 @@ async def test_a_frame_of_max_frame_bytes_is_answered_and_a_longer_header_closes
     assert len(bad.unmatched) == 1 and bad.unmatched[0]["rid"] is None, bad.unmatched
     assert_refused(bad.unmatched[0]["error"], "too_large", MAX_FRAME_BYTES + 1, MAX_FRAME_BYTES)
     await bad.close()
+    await live.assert_still_serving()
+
+
+async def test_a_hello_token_of_max_chars_is_taken_and_one_char_more_is_refused(
+    live: Live,
+) -> None:
+    for n in around(MAX_TOKEN_CHARS):
+        answer = await live.client.request({"op": "hello", "client_id": "tok", "app": "tests",
+                                            "protocol": 1, "token": "t" * n})
+        if n <= MAX_TOKEN_CHARS:
+            assert answer.get("ok") is True, answer
+        else:
+            assert_refused(answer["error"], "bad_request", n, MAX_TOKEN_CHARS)
+            assert "t" * 16 not in answer["error"]["message"]  # the token is not echoed
     await live.assert_still_serving()
 
 

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metaserver.config import MetaConfig, sqlite_url
 from metaserver.validation import BODY_SIZE_BYTES_MAX
+from sdk.limits import MAX_TOKEN_CHARS
 from tests.fuzzing import FUZZ_SETTINGS, ClusterThread, tracebacks
 
 # Longest wait for one HTTP answer.
@@ -264,3 +266,18 @@ def test_fuzzed_query_strings_never_get_a_5xx_nor_log_a_traceback(
 
     get()
     assert tracebacks(caplog.records) == []
+
+
+@pytest.mark.parametrize("extra_chars", [-1, 0, 1], ids=["max-1", "max", "max+1"])
+def test_a_configured_admin_token_longer_than_max_token_chars_is_refused_at_start(
+    tmp_path: Any, extra_chars: int
+) -> None:
+    token = "a" * (MAX_TOKEN_CHARS + extra_chars)
+    db_url = sqlite_url(tmp_path / "m.db")
+    if extra_chars <= 0:
+        assert MetaConfig(db_url=db_url, admin_token=token).admin_token == token
+        return
+    with pytest.raises(ValueError, match=f"of {MAX_TOKEN_CHARS + 1} characters exceeds "
+                                         f"MAX_TOKEN_CHARS {MAX_TOKEN_CHARS}") as info:
+        MetaConfig(db_url=db_url, admin_token=token)
+    assert "aaaaaaaa" not in str(info.value)
