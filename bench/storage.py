@@ -14,7 +14,9 @@ Cases, each run 3 times and reported as the median:
 The baseline runs in the same process on the same disk, alternating with the log's runs: a buffered ``f.write`` of the same
 framed bytes per record (header + body) with the same fsync pattern, and for reads a plain
 1 MiB-chunk read of the same segment files. Each figure prints with its ratio to the baseline
-and the goal beside it. Files go to a temp dir under /tmp that is removed at the end.
+and the goal beside it. Files go to a temp dir under /tmp that is removed at the end. The header
+line says whether the log framed records with the C extension (``logstore._framing``) or the
+pure-Python fallback.
 This is a benchmark, not a test: it asserts nothing and exits 0 whether goals are met or not.
 """
 
@@ -28,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from logstore import LogConfig, SegmentedLog
-from logstore.record import HEADER_SIZE_BYTES
+from logstore.record import FRAMING, HEADER_SIZE_BYTES
 
 RUNS = 3
 TICK_EVERY_APPENDS = 1000
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     root = tempfile.mkdtemp(prefix="pyqmq-bench-storage-", dir="/tmp")
     print(f"bench.storage: {RUNS} runs per case, median shown; files under {root}; "
-          f"{os.cpu_count()} CPUs{' (quick)' if args.quick else ''}")
+          f"{os.cpu_count()} CPUs; record framing in {FRAMING}{' (quick)' if args.quick else ''}")
     header = (f"{'case':<22} {'appends':>8} {'log /s':>11} {'log MB/s':>9} {'raw /s':>11} "
               f"{'raw MB/s':>9} {'ratio':>6}  goal")
     try:

@@ -23,8 +23,13 @@ from logstore.record import (
     decode_record,
     encode_record,
     encode_record_into,
-    frame_records,
+    frame_records_python,
 )
+
+try:
+    from logstore._framing import frame_records as frame_records_c
+except ImportError:  # the optional C extension was not built
+    frame_records_c = None
 
 RECORD_LIMIT_BYTES = 1 << 16
 bodies = st.binary(max_size=4096)
@@ -60,10 +65,31 @@ def test_every_record_carries_zlibs_crc32_of_its_length_header_tail_and_body(bod
     assert encode_record(body) == zlib_framed(body)
 
 
+FRAMERS = [
+    pytest.param(frame_records_python, id="python"),
+    pytest.param(frame_records_c, id="c", marks=pytest.mark.skipif(
+        frame_records_c is None, reason="logstore._framing (optional C extension) not built")),
+]
+
+
+@pytest.mark.parametrize("frame_records", FRAMERS)
 @settings(max_examples=200)
 @given(batch=st.lists(bodies, max_size=20))
-def test_framing_a_batch_gives_the_same_bytes_as_framing_each_body(batch):
+def test_framing_a_batch_gives_the_same_bytes_as_framing_each_body(frame_records, batch):
     assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)
+
+
+@pytest.mark.parametrize("frame_records", FRAMERS)
+def test_framing_an_empty_batch_gives_no_bytes_and_a_large_body_keeps_every_byte(frame_records):
+    assert frame_records([]) == b""
+    large = bytes(range(256)) * 4099 + b"tail"  # crosses many 8-byte steps, ends unaligned
+    assert frame_records([large, b""]) == zlib_framed(large) + zlib_framed(b"")
+
+
+@pytest.mark.skipif(frame_records_c is None, reason="logstore._framing not built")
+def test_the_c_framing_refuses_a_body_that_is_not_bytes_naming_its_index():
+    with pytest.raises(TypeError, match="body 1 is bytearray, not bytes"):
+        frame_records_c([b"ok", bytearray(b"mutable")])
 
 
 def test_framing_stays_correct_and_memory_bounded_past_the_crc_seed_cache_capacity(monkeypatch):
@@ -72,8 +98,8 @@ def test_framing_stays_correct_and_memory_bounded_past_the_crc_seed_cache_capaci
     fresh_sizes = [n for n in range(5000, 6000) if n not in record._CRC_SEEDS][:10]
     monkeypatch.setattr(record, "CRC_SEED_CACHE_ENTRIES_MAX", len(record._CRC_SEEDS) + 2)
     batch = [b"s" * size for size in fresh_sizes]
-    assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)
-    assert frame_records(batch) == b"".join(zlib_framed(body) for body in batch)  # cached ones
+    assert frame_records_python(batch) == b"".join(zlib_framed(body) for body in batch)
+    assert frame_records_python(batch) == b"".join(zlib_framed(body) for body in batch)  # cached
     assert len(record._CRC_SEEDS) == record.CRC_SEED_CACHE_ENTRIES_MAX
 
 
