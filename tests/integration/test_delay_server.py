@@ -373,3 +373,42 @@ async def test_the_quick_check_stores_what_the_full_check_accepts_and_refuses_th
     await realtime.wait_for(2, server)
     assert sorted(m.body for _, m in realtime.received) == [b"good", b"retry copy"]
     assert [m for _, m in realtime.received if m.id == good.id][0] == good
+
+
+async def test_a_hot_slot_backlog_is_read_in_chunks_and_each_message_sent_once_in_small_batches(
+    tmp_path, clock, realtime, monkeypatch
+):
+    import delayserver.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "HOT_BACKLOG_ENTRIES", 32)
+    monkeypatch.setattr(scheduler_module, "HOT_CHUNK_ENTRIES_MAX", 100)
+    server = await start(tmp_path, clock, realtime, dispatch_batch_max=16)
+    client = await RawClient.connect(server.port)
+    requests: list[int] = []
+    answer = realtime.dispatch
+
+    async def counting_dispatch(subject, payloads):
+        requests.append(len(payloads))
+        return await answer(subject, payloads)
+
+    server.scheduler._dispatch_fn = counting_dispatch
+    store = server.scheduler.store
+    reads: list[int] = []
+    read_many = store.read_many
+    monkeypatch.setattr(store, "read_many", lambda entries: (
+        reads.append(len(entries)), read_many(entries))[1])
+    try:
+        due = clock() + 500
+        for start_at in range(0, 300, 100):
+            await client.send(*(message("hot", b"%d" % i, clock, deliver_at_ms=due + i % 7)
+                                for i in range(start_at, start_at + 100)))
+        clock.advance(1_000)
+        await realtime.wait_for(300, server)
+        await settle(server)
+        assert sorted(int(b) for b in realtime.bodies()) == list(range(300))
+        assert all(at >= m.deliver_at_ms for at, m in realtime.received)
+        assert max(requests) <= 16
+        assert max(reads) == 100  # a chunk, read in one store call
+    finally:
+        await client.close()
+        await server.stop()
