@@ -40,6 +40,7 @@ import msgpack
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
 from sdk.errors import (
     BadRequest,
+    ConnectionLost,
     DelayOutOfRange,
     Internal,
     NoRoute,
@@ -616,6 +617,10 @@ class Producer:
                 return
             attempt += 1
             if attempt > self.retries_max:
+                if batch.delayed and isinstance(error, ConnectionLost):
+                    # "cannot connect to 127.0.0.1:20801" does not say what is missing.
+                    error = ConnectionLost(f"delayed send of {subject!r} failed: no delay server "
+                                           f"reachable ({error.message})")
                 _fail_items(pending, error)
                 return
             log.warning(

@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sdk.errors import BadRequest, DelayOutOfRange, Forbidden, Overloaded, TooLarge
+from sdk.errors import (
+    BadRequest, ConnectionLost, DelayOutOfRange, Forbidden, Overloaded, TooLarge,
+)
 from sdk.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from sdk.message import decode_message
 from sdk.producer import Producer, Receipt
@@ -241,3 +243,14 @@ async def test_a_send_without_an_answer_in_time_is_resent_to_the_next_group(
     broker_a.send_gate.set()
     assert receipt.broker_group == "group-b"
     assert broker_a.sent_ids() == broker_b.sent_ids() == [[receipt.message_id]]
+
+
+async def test_a_delayed_send_that_reaches_no_delay_server_says_so(meta, broker_a):
+    meta.set_route("orders", [broker_a])  # the fake answers the delay route with it too
+    for _ in range(3):
+        broker_a.fail_next("send", "drop")
+    async with producer(meta, retries_max=2) as p:
+        with pytest.raises(ConnectionLost, match="no delay server reachable") as caught:
+            await p.send("orders", b"x", delay=60_000)
+    assert caught.value.retriable
+    assert "'orders'" in caught.value.message
