@@ -101,6 +101,10 @@ class Scheduler:
         # log fsync per bucket) for everything confirmed while the previous call ran.
         self._to_record: list[tuple[list[ScheduleEntry], asyncio.Future[None]]] = []
         self._recording = False
+        # Confirmed dispatches a full disk kept from being recorded; housekeeping records them
+        # once space returns, so they are not dispatched again after a restart and their
+        # buckets can be marked done.
+        self._unrecorded: list[ScheduleEntry] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._last_done_check_ms = 0
         self._preload_lock = asyncio.Lock()
@@ -147,6 +151,7 @@ class Scheduler:
         await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
         if self.store is not None:
             if not self.write_failed:  # a failed store refuses writes until reopened
+                await self.record_unrecorded()
                 await self.advance_done()
             await self._io(self.store.close)
         self._executor.shutdown(wait=True)
@@ -446,10 +451,10 @@ class Scheduler:
                     try:
                         await self._io(self.store.record_dispatched, entries)  # type: ignore[union-attr]
                     except DiskFull as exc:
-                        # The world's fault, expected while the disk is full: no traceback. As
-                        # below, a restart dispatches them again and the broker de-duplicates.
-                        log.warning("recording %d dispatches failed, disk full: %s",
+                        # The world's fault, expected while the disk is full: no traceback.
+                        log.warning("recording %d dispatches failed, disk full; will retry: %s",
                                     len(entries), exc)
+                        self._unrecorded.extend(entries)
                     except Exception:
                         # Delivered but not recorded: a restart would dispatch them again and
                         # the broker's de-duplication absorbs it. They stay out of the wheel.
@@ -531,6 +536,20 @@ class Scheduler:
             candidate = min(candidate, min(self._bucket_counts))
         return candidate
 
+    async def record_unrecorded(self) -> int:
+        """Record the confirmed dispatches a full disk held back (housekeeping calls this every
+        second); returns how many were recorded, 0 while the disk is still full."""
+        if not self._unrecorded or self.store is None:
+            return 0
+        entries, self._unrecorded = self._unrecorded, []
+        try:
+            await self._io(self.store.record_dispatched, entries)
+        except DiskFull:
+            self._unrecorded = entries + self._unrecorded
+            return 0
+        log.warning("recorded %d dispatches held back by a full disk", len(entries))
+        return len(entries)
+
     async def advance_done(self) -> None:
         """Move the store's done watermark up as far as is safe now (housekeeping does this
         every second; tests call it directly)."""
@@ -554,6 +573,7 @@ class Scheduler:
                 await self._io(self.store.tick, now_ms)  # type: ignore[union-attr]
                 if now_ms - self._last_done_check_ms >= DONE_CHECK_INTERVAL_MS:
                     self._last_done_check_ms = now_ms
+                    await self.record_unrecorded()
                     await self.advance_done()
             except Exception:
                 log.exception("delay housekeeping failed")

@@ -412,3 +412,35 @@ async def test_a_hot_slot_backlog_is_read_in_chunks_and_each_message_sent_once_i
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_dispatch_a_full_disk_kept_from_being_recorded_is_recorded_later_not_resent(
+    tmp_path, clock, realtime
+):
+    from logstore.faults import FaultPlan
+
+    plan = FaultPlan()
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1000)
+    server = DelayServer(config, clock=clock, dispatch=realtime.dispatch, opener=plan.opener)
+    await server.start()
+    client = await RawClient.connect(server.port)
+    try:
+        stored = await client.send(message("s", b"once", clock, deliver_at_ms=clock() + 100))
+        assert stored["results"][0]["status"] == "stored"
+        plan.disk_capacity_bytes = plan.bytes_written  # the dispatch record will not fit
+        clock.advance(200)
+        await realtime.wait_for(1, server)
+        await wait_until(lambda: server.scheduler._unrecorded, server)
+        assert await server.scheduler.record_unrecorded() == 0, "still full"
+        plan.free_space(1 << 20)
+        assert await server.scheduler.record_unrecorded() == 1
+    finally:
+        await client.close()
+        await server.stop()
+    server = await start(tmp_path, clock, realtime)
+    try:
+        clock.advance(10_000)
+        await settle(server)
+        assert realtime.bodies() == [b"once"], "recorded, so never dispatched again"
+    finally:
+        await server.stop()
