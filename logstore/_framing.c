@@ -81,7 +81,8 @@ static PyObject *frame_records(PyObject *module, PyObject *bodies)
 {
     (void)module;
     if (!PyList_Check(bodies)) {
-        PyErr_Format(PyExc_TypeError, "bodies must be a list, not %.100s", Py_TYPE(bodies)->tp_name);
+        PyErr_Format(PyExc_TypeError, "bodies must be a list, not %.100s",
+                     Py_TYPE(bodies)->tp_name);
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(bodies);
@@ -89,12 +90,15 @@ static PyObject *frame_records(PyObject *module, PyObject *bodies)
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
         if (!PyBytes_Check(body)) {
-            PyErr_Format(PyExc_TypeError, "body %zd is %.100s, not bytes", i, Py_TYPE(body)->tp_name);
+            PyErr_Format(PyExc_TypeError, "body %zd is %.100s, not bytes", i,
+                         Py_TYPE(body)->tp_name);
             return NULL;
         }
         Py_ssize_t size = PyBytes_GET_SIZE(body);
-        if ((uint64_t)size > UINT32_MAX || total_bytes > PY_SSIZE_T_MAX - HEADER_SIZE_BYTES - size) {
-            PyErr_Format(PyExc_OverflowError, "body %zd of %zd bytes does not fit a record", i, size);
+        if ((uint64_t)size > UINT32_MAX
+            || total_bytes > PY_SSIZE_T_MAX - HEADER_SIZE_BYTES - size) {
+            PyErr_Format(PyExc_OverflowError, "body %zd of %zd bytes does not fit a record", i,
+                         size);
             return NULL;
         }
         total_bytes += HEADER_SIZE_BYTES + size;
@@ -134,8 +138,12 @@ static struct PyModuleDef framing_module = {
     PyModuleDef_HEAD_INIT,
     "logstore._framing",
     "C twin of logstore.record.frame_records (see logstore/_framing.c).",
-    -1,
+    -1, /* no per-module state: the CRC tables are read-only after import */
     framing_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__framing(void)

@@ -25,8 +25,8 @@ import struct
 
 try:
     # zlib-ng's crc32 is the same CRC-32 as zlib's (same polynomial, same values, checked by the
-    # codec tests) computed with SIMD: about 4x faster on a 100-byte body, which is most of what
-    # an append costs. zlib's is the fallback, so a missing wheel slows logs down, never breaks them.
+    # codec tests) computed with SIMD: about 4x faster on a 100-byte body. zlib's is the
+    # fallback, so a missing wheel slows framing and reads down, never breaks them.
     from zlib_ng.zlib_ng import crc32
 except ImportError:  # pragma: no cover - only where the zlib-ng wheel is not installed
     from zlib import crc32

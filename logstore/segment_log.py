@@ -332,6 +332,10 @@ class SegmentedLog:
     def _append_checked(self, body: bytes) -> int:
         """``append`` with every check: closed, failed, too large, roll, flush when full."""
         self._check_writable()
+        if type(body) is not bytes:
+            # A bytearray or memoryview could change before flush() frames it: keep a copy. Its
+            # size is taken from the copy: len() of a memoryview counts items, not bytes.
+            body = bytes(body)
         size = len(body)
         if size > self.config.record_size_bytes_max:
             raise RecordTooLarge(size, self.config.record_size_bytes_max)
@@ -340,8 +344,7 @@ class SegmentedLog:
         if used and used + HEADER_SIZE_BYTES + size > self.config.segment_size_bytes_max:
             self._roll()
         offset = self._end
-        # A bytearray or memoryview could change before flush() frames it: keep a copy.
-        self._pending.append(body if type(body) is bytes else bytes(body))
+        self._pending.append(body)
         self._end += HEADER_SIZE_BYTES + size
         if self._buffered_bytes() >= self.config.write_buffer_bytes_max:
             self.flush()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -112,6 +113,17 @@ def test_a_body_the_caller_changes_after_append_is_stored_as_it_was_at_append(lo
     assert reopened.recovery.truncation is None
     assert reopened.read(offset) == reopened.read(many_offset) == b"original"
     reopened.close()
+
+
+def test_a_memoryview_of_wide_items_is_stored_as_its_bytes(log_dir):
+    wide = memoryview(array("I", [1, 2, 3]))  # len() is 3 items; the record holds 12 bytes
+    log = SegmentedLog(log_dir, LogConfig())
+    offset = log.append(wide)
+    after = log.append(b"next")
+    assert after == offset + HEADER_SIZE_BYTES + 12
+    assert log.read(offset) == wide.tobytes()
+    assert log.read(after) == b"next"
+    log.close()
 
 
 def test_in_async_mode_a_crash_loses_exactly_the_appends_made_since_the_last_tick(log_dir):
