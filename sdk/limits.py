@@ -57,6 +57,11 @@ MAX_MESSAGE_ID_CHARS = 128
 # Most [first, last] ranges in one `ack` request.
 MAX_ACK_RANGES = 1024
 
+# Longest client id, app name or consumer id, in characters (`hello.client_id`, `hello.app`,
+# `consumer_id` of pull, ack, nack and heartbeat). The MetaServer takes the same 200 in client
+# heartbeats; a consumer id is written into every pull-log action, so it must stay small.
+MAX_CLIENT_ID_CHARS = 200
+
 # Longest app token a `hello` may carry, in characters. MetaServer-made tokens are about 50; the
 # bound keeps a token check (an HTTP call to the MetaServer) far below its body limit.
 MAX_TOKEN_CHARS = 512
@@ -76,5 +81,6 @@ __all__ = [
     "MAX_DELAY_MS",
     "MAX_MESSAGE_ID_CHARS",
     "MAX_ACK_RANGES",
+    "MAX_CLIENT_ID_CHARS",
     "MAX_TOKEN_CHARS",
 ]

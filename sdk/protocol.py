@@ -33,6 +33,7 @@ from sdk.errors import (
 )
 from sdk.limits import (
     MAX_ACK_RANGES,
+    MAX_CLIENT_ID_CHARS,
     MAX_DELAY_MS,
     MAX_FRAME_BYTES,
     MAX_PULL_BATCH_MESSAGES,
@@ -307,6 +308,14 @@ class _Fields:
             raise BadRequest(f"{self.op}.{name} must not be empty")
         return value
 
+    def client_id(self, name: str) -> str:
+        """A client id, app name or consumer id: non-empty, at most MAX_CLIENT_ID_CHARS."""
+        value = self.text(name)
+        if len(value) > MAX_CLIENT_ID_CHARS:
+            raise BadRequest(f"{self.op}.{name} of {len(value)} characters exceeds "
+                             f"MAX_CLIENT_ID_CHARS {MAX_CLIENT_ID_CHARS}")
+        return value
+
     def array(self, name: str, default: object = _MISSING) -> Any:
         """A list field; ``default`` (if given) when absent."""
         if name not in self.frame and default is not _MISSING:
@@ -341,7 +350,7 @@ def _parse_hello(f: _Fields, rid: int) -> Hello:
         raise BadRequest(
             f"hello.token of {len(token)} characters exceeds MAX_TOKEN_CHARS {MAX_TOKEN_CHARS}"
         )
-    return Hello(rid, f.text("client_id"), f.text("app"), token, protocol)
+    return Hello(rid, f.client_id("client_id"), f.client_id("app"), token, protocol)
 
 
 def _parse_send(f: _Fields, rid: int) -> Send:
@@ -364,7 +373,7 @@ def _consumer_fields(f: _Fields) -> tuple[str, str, str]:
     validate_subject(subject, allow_internal=True)
     group = f.get("group")
     validate_group(group)
-    return subject, group, f.text("consumer_id")
+    return subject, group, f.client_id("consumer_id")
 
 
 def _parse_pull(f: _Fields, rid: int) -> Pull:
@@ -467,7 +476,7 @@ def _parse_cancel(f: _Fields, rid: int) -> Cancel:
 
 
 def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:
-    consumer_id = f.text("consumer_id")
+    consumer_id = f.client_id("consumer_id")
     subscriptions: list[tuple[str, str]] = []
     for item in f.array("subscriptions"):
         if not (isinstance(item, list) and len(item) == 2):

@@ -26,6 +26,7 @@ from realtime.server import RealtimeServer
 from sdk.limits import (
     MAX_ACK_RANGES,
     MAX_BODY_BYTES,
+    MAX_CLIENT_ID_CHARS,
     MAX_DELAY_MS,
     MAX_FRAME_BYTES,
     MAX_MESSAGE_ID_CHARS,
@@ -246,6 +247,20 @@ async def test_a_frame_of_max_frame_bytes_is_answered_and_a_longer_header_closes
     await live.assert_still_serving()
 
 
+@pytest.mark.parametrize("field", ["client_id", "app"])
+async def test_a_hello_client_id_or_app_of_max_chars_is_taken_and_one_more_is_refused(
+    live: Live, field: str
+) -> None:
+    for n in around(MAX_CLIENT_ID_CHARS):
+        hello = {"op": "hello", "client_id": "c", "app": "tests", "protocol": 1, field: "n" * n}
+        answer = await live.client.request(hello)
+        if n <= MAX_CLIENT_ID_CHARS:
+            assert answer.get("ok") is True, answer
+        else:
+            assert_refused(answer["error"], "bad_request", n, MAX_CLIENT_ID_CHARS)
+    await live.assert_still_serving()
+
+
 async def test_a_hello_token_of_max_chars_is_taken_and_one_char_more_is_refused(
     live: Live,
 ) -> None:
@@ -283,6 +298,13 @@ REALTIME_REQUEST_LIMITS = [
     pytest.param(MAX_SUBJECT_CHARS, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "group": "g" * n, "max_count": 1},
                  "messages", id="pull-group-chars"),
+    pytest.param(MAX_CLIENT_ID_CHARS, "bad_request",
+                 lambda n: {"op": "pull", **CONSUMER, "consumer_id": "c" * n, "max_count": 1},
+                 "messages", id="pull-consumer-id-chars"),
+    pytest.param(MAX_CLIENT_ID_CHARS, "bad_request",
+                 lambda n: {"op": "heartbeat", "consumer_id": "c" * n,
+                            "subscriptions": [["limits", "g"]]},
+                 "ok", id="heartbeat-consumer-id-chars"),
     pytest.param(MAX_ACK_RANGES, "too_large",
                  lambda n: {"op": "ack", **CONSUMER, "ranges": [[i, i] for i in range(n)]},
                  "acked", id="ack-ranges"),
