@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from logstore.errors import (
     CorruptRecord,
@@ -319,7 +319,7 @@ class SegmentedLog:
         the write buffer and its write hits ENOSPC) DiskFull.
         """
         # The hot path (bench.storage's goal): one comparison says no roll, no flush and no state
-        # check is due; framing and CRCs happen in flush(), a batch at a time, in C.
+        # check is due; framing and CRCs happen in flush(), a whole buffer per frame_records call.
         size = len(body)
         offset = self._end
         end = offset + HEADER_SIZE_BYTES + size
@@ -352,13 +352,15 @@ class SegmentedLog:
             self._update_fast_path_end()
         return offset
 
-    def append_many(self, bodies: list[bytes]) -> list[int]:
+    def append_many(self, bodies: Iterable[bytes]) -> list[int]:
         """Buffer several records; returns their offsets.
 
         The same result as ``append`` in a loop (and the same errors: on one, the records before
         it stay buffered). A batch of bytes that fits the write buffer and the active segment is
         taken in one step, its offsets computed in C.
         """
+        if type(bodies) is not list:
+            bodies = list(bodies)  # read twice below: a generator would be empty the second time
         sizes = list(map(len, bodies))
         offset = self._end
         if (

@@ -68,6 +68,13 @@ def test_records_taken_by_append_many_are_readable_before_any_flush(log_dir):
     log.close()
 
 
+def test_append_many_takes_any_iterable_of_bodies_a_generator_included(log_dir):
+    log = SegmentedLog(log_dir, LogConfig())
+    offsets = log.append_many(b"gen %d" % i for i in range(3))
+    assert list(log.iterate()) == list(zip(offsets, [b"gen 0", b"gen 1", b"gen 2"]))
+    log.close()
+
+
 def test_append_many_stops_at_a_body_over_the_limit_and_keeps_the_ones_before_it(log_dir):
     log = SegmentedLog(log_dir, TINY)
     with pytest.raises(RecordTooLarge) as caught:
