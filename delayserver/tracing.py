@@ -5,51 +5,53 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sdk.message import peek_trace_fields
-from sdk.trace import TraceWriter, trace_event
+from sdk.message import peek_trace_members
+from sdk.trace import TraceWriter, message_members
 
 
 class DelayTracer:
-    """Emits a delay server's trace events; every method is a no-op when tracing is off."""
+    """Emits a delay server's trace events; every method is a no-op when tracing is off.
+
+    Lines are encoded here (``TraceWriter.line``), each payload's message members once for all
+    of its events, and handed to the writer once per call."""
 
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer
         self.enabled = writer is not None and writer.enabled
 
-    def _emit(self, kind: str, payload: bytes, ts_ms: int) -> None:
-        fields = peek_trace_fields(payload)
-        if fields is None:
-            return
-        assert self.writer is not None
-        self.writer.emit(trace_event(
-            kind, ts_ms=ts_ms, msg_id=fields["msg_id"], subject=fields["subject"],
-            origin_id=fields["origin_id"], created_at_ms=fields["created_at_ms"],
-            deliver_at_ms=fields["deliver_at_ms"], retries=fields["retries"],
-        ))
-        if kind == "scheduled" and fields["internal"] is None and not fields["retries"]:
-            # A producer's own delayed message: this is where it entered the system.
-            self.writer.emit(trace_event(
-                "produced", ts_ms=fields["created_at_ms"] or ts_ms, msg_id=fields["msg_id"],
-                subject=fields["subject"], created_at_ms=fields["created_at_ms"],
-                deliver_at_ms=fields["deliver_at_ms"],
-            ))
+    def _emit_all(self, kind: str, payloads: Iterable[bytes], ts_ms: int) -> None:
+        writer = self.writer
+        assert writer is not None
+        lines = []
+        for payload in payloads:
+            peeked = peek_trace_members(payload)
+            if peeked is None:
+                continue
+            extra = ""
+            if kind == "dispatched" and peeked.deliver_at_ms is not None:
+                extra = f',"lateness_ms":{ts_ms - peeked.deliver_at_ms}'
+            lines.append(writer.line(kind, ts_ms, peeked.members, extra))
+            if kind == "scheduled" and peeked.internal is None and not peeked.retries:
+                # A producer's own delayed message: this is where it entered the system.
+                lines.append(writer.line("produced", peeked.created_at_ms or ts_ms,
+                                         peeked.members))
+        writer.emit_lines(lines)
 
     def scheduled(self, payloads: Iterable[bytes], now_ms: int) -> None:
         """Delayed messages made durable."""
         if self.enabled:
-            for payload in payloads:
-                self._emit("scheduled", payload, now_ms)
+            self._emit_all("scheduled", payloads, now_ms)
 
     def dispatched(self, payloads: Iterable[bytes], now_ms: int) -> None:
         """Messages a realtime broker confirmed (lateness = now - deliver_at)."""
         if self.enabled:
-            for payload in payloads:
-                self._emit("dispatched", payload, now_ms)
+            self._emit_all("dispatched", payloads, now_ms)
 
     def cancelled(self, message_id: str, subject: str | None, deliver_at_ms: int,
                   now_ms: int) -> None:
         """A pending message withdrawn by its producer."""
         if self.enabled and subject is not None:
-            assert self.writer is not None
-            self.writer.emit(trace_event("cancelled", ts_ms=now_ms, msg_id=message_id,
-                                         subject=subject, deliver_at_ms=deliver_at_ms))
+            writer = self.writer
+            assert writer is not None
+            members = message_members(message_id, subject, deliver_at_ms=deliver_at_ms)
+            writer.emit_lines([writer.line("cancelled", now_ms, members)])

@@ -18,21 +18,30 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable, Sequence
 
-from sdk.message import peek_trace_fields
-from sdk.trace import TraceWriter, trace_event
+from sdk.message import TracePeek, peek_trace_members
+from sdk.trace import TraceWriter, consumer_members
 
-_fields = peek_trace_fields
+_peek = peek_trace_members
+
+
+def _producers_own(peeked: TracePeek) -> bool:
+    """Not delayed, not a retry or dead copy: the message enters the system here."""
+    return peeked.internal is None and peeked.deliver_at_ms is None and not peeked.retries
 
 
 class BrokerTracer:
-    """Emits a realtime broker's trace events; every method is a no-op when tracing is off."""
+    """Emits a realtime broker's trace events; every method is a no-op when tracing is off.
+
+    Events are encoded here, straight to JSON lines (``TraceWriter.line``): each payload is
+    read once per step and its message members are encoded once and shared by the step's
+    events; an entry pulled is remembered with its members, so its ack costs no decoding."""
 
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer
         self.enabled = writer is not None and writer.enabled
-        # (subject, pull-log group, consumer) -> pull seq -> fields of what it holds, or its
-        # consumer-log sequence for an entry pulled before a restart (fields unknown)
-        self._held: dict[tuple[str, str, str], dict[int, dict[str, Any] | int]] = {}
+        # (subject, pull-log group, consumer) -> pull seq -> message members of what it holds,
+        # or its consumer-log sequence for an entry pulled before a restart (members unknown)
+        self._held: dict[tuple[str, str, str], dict[int, str | int]] = {}
 
     def held_before_restart(self, subject: str, key: str, consumer: str,
                             entries: dict[int, int]) -> None:
@@ -41,43 +50,45 @@ class BrokerTracer:
         if self.enabled and entries:
             self._held.setdefault((subject, key, consumer), {}).update(entries)
 
-    def _emit(self, kind: str, fields: dict[str, Any], ts_ms: int, **extra: Any) -> None:
-        assert self.writer is not None
-        self.writer.emit(trace_event(
-            kind, ts_ms=ts_ms, msg_id=fields["msg_id"], subject=fields["subject"],
-            origin_id=fields["origin_id"], created_at_ms=fields["created_at_ms"],
-            deliver_at_ms=fields["deliver_at_ms"], retries=fields["retries"], **extra,
-        ))
-
     def stored(self, payloads: Iterable[bytes], now_ms: int) -> None:
         """Messages made durable; a producer's own message (not delayed, not a retry or dead
         copy) is also ``produced`` at its created_at_ms."""
         if not self.enabled:
             return
+        writer = self.writer
+        assert writer is not None
+        line = writer.line
+        lines = []
         for payload in payloads:
-            fields = _fields(payload)
-            if fields is None:
+            peeked = _peek(payload)
+            if peeked is None:
                 continue
-            if (fields["internal"] is None and fields["deliver_at_ms"] is None
-                    and not fields["retries"]):
-                self._emit("produced", fields, fields["created_at_ms"] or now_ms)
-            self._emit("stored", fields, now_ms)
+            if _producers_own(peeked):
+                lines.append(line("produced", peeked.created_at_ms or now_ms, peeked.members))
+            lines.append(line("stored", now_ms, peeked.members))
+        writer.emit_lines(lines)
 
     def pulled(self, subject: str, key: str, consumer: str, out: list[dict[str, Any]],
                now_ms: int) -> None:
         """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread)."""
         if not self.enabled or not out:
             return
-        group = key  # a broadcast consumer's pull-log group, group#consumer: its own audit group
+        writer = self.writer
+        assert writer is not None
+        line = writer.line
+        # A broadcast consumer's pull-log group, group#consumer, is its own audit group.
+        extra = consumer_members(key, consumer)
         held = self._held.setdefault((subject, key, consumer), {})
+        lines = []
         for entry in out:
-            fields = _fields(entry["payload"])
-            if fields is None:
+            peeked = _peek(entry["payload"])
+            if peeked is None:
                 continue
-            held[entry["pull_seq"]] = fields
-            self._emit("pulled", fields, now_ms, group=group, consumer=consumer)
+            held[entry["pull_seq"]] = peeked.members
+            lines.append(line("pulled", now_ms, peeked.members, extra))
             if entry["redelivered"]:
-                self._emit("redelivered", fields, now_ms, group=group, consumer=consumer)
+                lines.append(line("redelivered", now_ms, peeked.members, extra))
+        writer.emit_lines(lines)
 
     def acked(self, subject: str, key: str, consumer: str,
               ranges: Sequence[tuple[int, int]], now_ms: int) -> list[int]:
@@ -89,44 +100,55 @@ class BrokerTracer:
         held = self._held.get((subject, key, consumer))
         if not held:
             return []
-        group = key  # a broadcast consumer's pull-log group, group#consumer: its own audit group
+        writer = self.writer
+        assert writer is not None
+        line = writer.line
+        extra = consumer_members(key, consumer)
         firsts = sorted(ranges)
         starts = [first for first, _ in firsts]
         from_store = []
+        lines = []
         for pull_seq in [s for s in held if _in_ranges(s, firsts, starts)]:
-            fields = held.pop(pull_seq)
-            if isinstance(fields, int):
-                from_store.append(fields)
+            members = held.pop(pull_seq)
+            if isinstance(members, int):
+                from_store.append(members)
             else:
-                self._emit("acked", fields, now_ms, group=group, consumer=consumer)
+                lines.append(line("acked", now_ms, members, extra))
         if not held:
             del self._held[(subject, key, consumer)]
+        writer.emit_lines(lines)
         return from_store
 
-    def _emit_all(self, kind: str, payloads: Iterable[bytes], now_ms: int, **extra: Any) -> None:
+    def _emit_all(self, kind: str, payloads: Iterable[bytes], now_ms: int,
+                  group: str, consumer: str | None = None) -> None:
         if not self.enabled:
             return
+        writer = self.writer
+        assert writer is not None
+        extra = consumer_members(group, consumer)
+        lines = []
         for payload in payloads:
-            fields = _fields(payload)
-            if fields is not None:
-                self._emit(kind, fields, now_ms, **extra)
+            peeked = _peek(payload)
+            if peeked is not None:
+                lines.append(writer.line(kind, now_ms, peeked.members, extra))
+        writer.emit_lines(lines)
 
     def acked_payloads(self, payloads: Iterable[bytes], key: str, consumer: str,
                        now_ms: int) -> None:
         """Trace acks of entries pulled before a restart, from their stored payloads."""
-        self._emit_all("acked", payloads, now_ms, group=key, consumer=consumer)
+        self._emit_all("acked", payloads, now_ms, key, consumer)
 
     def nacked(self, payloads: Iterable[bytes], group: str, consumer: str, now_ms: int) -> None:
         """Messages a consumer handed back."""
-        self._emit_all("nacked", payloads, now_ms, group=group, consumer=consumer)
+        self._emit_all("nacked", payloads, now_ms, group, consumer)
 
     def copied(self, payloads: Iterable[bytes], dead: bool, group: str, now_ms: int) -> None:
         """Retry copies handed to a delay server (``retried``) or dead letters stored here."""
-        self._emit_all("dead" if dead else "retried", payloads, now_ms, group=group)
+        self._emit_all("dead" if dead else "retried", payloads, now_ms, group)
 
     def expired(self, payloads: Iterable[bytes], key: str, now_ms: int) -> None:
         """Messages a group passed over because their expire_at had passed."""
-        self._emit_all("expired", payloads, now_ms, group=key)
+        self._emit_all("expired", payloads, now_ms, key)
 
     def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
         """Forget entries of ``consumer`` no longer held (released to others); pull-log thread."""

@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple
 import msgpack
 
 from sdk.errors import BadRequest, DelayOutOfRange, TooLarge, type_name
+from sdk.trace import message_members
 from sdk.limits import (
     MAX_BODY_BYTES,
     MAX_DELAY_MS,
@@ -438,6 +439,38 @@ def peek_trace_fields(payload: bytes) -> dict[str, Any] | None:
             "retries": data.get("r", 0),
             "internal": internal.kind if internal is not None else None,
         }
+    except Exception:
+        return None
+
+
+class TracePeek(NamedTuple):
+    """A payload as the tracers need it: its message members pre-encoded for a trace line
+    (``sdk.trace.message_members``) and what decides which events it gets."""
+
+    members: str
+    created_at_ms: int | None
+    deliver_at_ms: int | None
+    retries: int
+    internal: str | None  # "retry" or "dead" for a copy on an internal subject, else None
+
+
+def peek_trace_members(payload: bytes) -> TracePeek | None:
+    """``peek_trace_fields`` with the event members already encoded, in one step (the
+    tracers' hot path: one dict lookup per field, no intermediate dict). None if unreadable or
+    if a field is of a type the trace schema cannot hold."""
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+        wire = data["s"]
+        props = data.get("p")
+        internal = parse_internal_subject(wire) if wire[:1] == "%" else None
+        created_at_ms, deliver_at_ms = data.get("c"), data.get("d")
+        retries = data.get("r", 0)
+        members = message_members(
+            data["i"], internal.subject if internal is not None else wire,
+            origin_id=props.get(ORIGIN_ID_PROPERTY) if props else None,
+            created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms, retries=retries)
+        return TracePeek(members, created_at_ms, deliver_at_ms, retries,
+                         internal.kind if internal is not None else None)
     except Exception:
         return None
 

@@ -43,6 +43,12 @@ the disk is slow or failing, events are dropped (oldest batch first) and counted
 process dies; events handed to the OS survive a process crash but not a machine crash (no fsync).
 The audit treats a missing ``acked`` as a lost message, so a writer that drops events makes the
 audit fail loudly rather than pass quietly.
+
+Cost: a line is encoded on the thread that emits it. The servers use the fast path
+(``message_members`` once per message, ``TraceWriter.line`` per event, ``emit_lines`` once per
+batch): string formatting with strings escaped by json's own C escaper, no dict and no
+``json.dumps``; ``emit(trace_event(...))`` is the general, slower path (tests, tools). Both give
+the same JSON (a Hypothesis test compares them). ``bench/trace.py`` measures the broker's cost.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,11 @@ HOUR_MS = 3_600_000
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 # ASCII output (ensure_ascii) so a line is valid in any reader's encoding; compact separators.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+# The JSON string literal of a str, ASCII-escaped exactly as _ENCODER writes it (the C
+# accelerator json itself uses): the fast path builds lines from these without a dict.
+_json_str: Callable[[str], str] = encode_basestring_ascii
+# '{"event":"<kind>","ts_ms":' per kind: the start of every line, built once.
+_LINE_STARTS = {kind: f'{{"event":{_json_str(kind)},"ts_ms":' for kind in EVENT_KINDS}
 
 
 def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
@@ -123,6 +135,52 @@ def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
     return out
 
 
+def _json_int(name: str, value: object) -> str:
+    if type(value) is not int:  # bool is an int to Python but not to the schema
+        raise ValueError(f"trace field {name} must be an int, got {value!r}")
+    return str(value)
+
+
+def message_members(msg_id: str, subject: str, *, origin_id: str | None = None,
+                    created_at_ms: int | None = None, deliver_at_ms: int | None = None,
+                    retries: int = 0) -> str:
+    """The message's part of an event line, pre-encoded: JSON object members (no braces) with
+    the same values and the same omissions as ``trace_event``. Built once per message and
+    shared by its events (``TraceWriter.line``): the fast path of a broker's tracing.
+
+    Raises ValueError for a value the schema cannot hold (a non-str id, a non-int time)."""
+    if type(msg_id) is not str or type(subject) is not str:
+        raise ValueError(f"trace msg_id and subject must be str, got {msg_id!r}, {subject!r}")
+    out = f'"msg_id":{_json_str(msg_id)},"subject":{_json_str(subject)}'
+    if origin_id is not None and origin_id != msg_id:
+        if type(origin_id) is not str:
+            raise ValueError(f"trace origin_id must be a str, got {origin_id!r}")
+        out += f',"origin_id":{_json_str(origin_id)}'
+    # The common case (ints, no retries) costs two type checks and one f-string.
+    if type(created_at_ms) is int and type(deliver_at_ms) is int:
+        out += f',"created_at_ms":{created_at_ms},"deliver_at_ms":{deliver_at_ms}'
+    elif type(created_at_ms) is int and deliver_at_ms is None:
+        out += f',"created_at_ms":{created_at_ms}'
+    else:
+        if created_at_ms is not None:
+            out += f',"created_at_ms":{_json_int("created_at_ms", created_at_ms)}'
+        if deliver_at_ms is not None:
+            out += f',"deliver_at_ms":{_json_int("deliver_at_ms", deliver_at_ms)}'
+    if retries:
+        out += f',"retries":{_json_int("retries", retries)}'
+    return out
+
+
+def consumer_members(group: str | None, consumer: str | None = None) -> str:
+    """``,"group":...,"consumer":...`` for ``TraceWriter.line`` ("" when both are None)."""
+    out = ""
+    if group is not None:
+        out += f',"group":{_json_str(group)}'
+    if consumer is not None:
+        out += f',"consumer":{_json_str(consumer)}'
+    return out
+
+
 def hour_dir_name(now_ms: int) -> str:
     """The hourly directory name for a writer clock reading: ``YYYYMMDDHH`` in UTC."""
     return time.strftime("%Y%m%d%H", time.gmtime(now_ms // 1000))
@@ -140,7 +198,8 @@ def _wall_clock_ms() -> int:
 class TraceWriter:
     """Buffers events in memory and appends them in batches to hourly JSON Lines files.
 
-    ``emit`` only appends to a list under a lock (no I/O). A background thread writes batches every
+    ``emit``/``emit_lines`` encode on the caller's thread and append the lines to a list under a
+    lock (no I/O). A background thread writes batches every
     ``flush_interval_ms`` or as soon as a batch holds ``batch_max`` events; ``flush()`` writes
     everything now from the caller's thread; ``close()`` flushes and stops. With
     ``background=False`` there is no thread and only ``flush()``/``close()`` write (tests,
@@ -175,8 +234,9 @@ class TraceWriter:
         self._pending_events_max = pending_events_max
         self._clock_ms = clock_ms or _wall_clock_ms
         self._cond = threading.Condition()  # guards everything up to _closed; never held for I/O
-        self._current: list[dict[str, Any]] = []
-        self._full: deque[list[dict[str, Any]]] = deque()
+        self._server_member = f',"server":{_json_str(server)}'
+        self._current: list[str] = []  # encoded lines (see ``line``)
+        self._full: deque[list[str]] = deque()
         self._queued_events = 0
         self._dropped_events = 0
         self._closed = False
@@ -204,31 +264,58 @@ class TraceWriter:
         with self._io_lock:
             return self._written_events
 
+    def line(self, kind: str, ts_ms: int, members: str, extra: str = "") -> str:
+        """One event as its JSON line (no newline): ``members`` from ``message_members``,
+        ``extra`` from ``consumer_members`` and/or ``,"lateness_ms":N``; this writer's server
+        name is added. Equal, once parsed, to ``emit`` of the ``trace_event`` dict."""
+        try:
+            start = _LINE_STARTS[kind]
+        except KeyError:
+            raise ValueError(f"trace event kind {kind!r} is not one of "
+                             f"{', '.join(EVENT_KINDS)}") from None
+        if type(ts_ms) is not int:
+            raise ValueError(f"trace field ts_ms must be an int, got {ts_ms!r}")
+        return f"{start}{ts_ms},{members}{extra}{self._server_member}}}"
+
     def emit(self, event: dict[str, Any]) -> None:
-        """Queue one event (see ``trace_event``); O(1), no I/O. A no-op when disabled."""
+        """Queue one event (see ``trace_event``); no I/O. A no-op when disabled. Takes
+        ownership of the dict (adds ``server``); a value JSON cannot hold is logged and the
+        event dropped (counted)."""
         if not self.enabled:
             return
         kind = event["event"]
         if kind not in _EVENT_KIND_SET:
             raise ValueError(f"trace event kind {kind!r} is not one of {', '.join(EVENT_KINDS)}")
         event["server"] = self.server
+        try:
+            line = _ENCODER.encode(event)
+        except (TypeError, ValueError):
+            log.exception("trace event not JSON-serializable, dropped: %r", event)
+            self._count_drops(1)
+            return
+        self.emit_lines([line])
+
+    def emit_lines(self, lines: list[str]) -> None:
+        """Queue events already encoded with ``line``: one lock round for the lot, no I/O.
+        A no-op when disabled. The writer keeps the list."""
+        if not self.enabled or not lines:
+            return
         with self._cond:
             if self._closed:
-                self._dropped_events += 1
+                self._dropped_events += len(lines)
                 return
             current = self._current
-            current.append(event)
-            if self._queued_events + len(current) > self._pending_events_max:
-                # The writer is behind: shed the oldest full batch (there is one, since
-                # pending_events_max >= batch_max and the current batch is not over batch_max).
-                dropped = self._full.popleft()
-                self._queued_events -= len(dropped)
-                self._dropped_events += len(dropped)
+            current.extend(lines)
             if len(current) >= self._batch_max:
                 self._full.append(current)
                 self._queued_events += len(current)
-                self._current = []
+                self._current = current = []
                 self._cond.notify()
+            while self._queued_events + len(current) > self._pending_events_max and self._full:
+                # The writer is behind: shed the oldest full batches.
+                dropped = self._full.popleft()
+                self._queued_events -= len(dropped)
+                self._dropped_events += len(dropped)
 
     def flush(self) -> None:
         """Write every queued event now (from the calling thread)."""
@@ -277,31 +364,19 @@ class TraceWriter:
                 return  # close() does the final flush from its own thread
             self.flush()
 
-    def _write_locked(self, batch: list[dict[str, Any]]) -> None:
-        try:
-            lines = [_ENCODER.encode(event) for event in batch]
-        except (TypeError, ValueError):
-            # A value JSON cannot hold is our bug; keep the good events rather than lose the batch.
-            lines = []
-            for event in batch:
-                try:
-                    lines.append(_ENCODER.encode(event))
-                except (TypeError, ValueError):
-                    log.exception("trace event not JSON-serializable, dropped: %r", event)
-                    self._count_drops(1)
-        if not lines:
-            return
-        data = ("\n".join(lines) + "\n").encode("ascii")
+    def _write_locked(self, batch: list[str]) -> None:
+        # Every line is ASCII: keys are ours, strings are escaped by _json_str/_ENCODER.
+        data = ("\n".join(batch) + "\n").encode("ascii")
         try:
             file = self._file_for_now_locked()
             file.write(data)
             file.flush()
         except OSError as exc:
             self._last_error = exc
-            self._count_drops(len(lines))
+            self._count_drops(len(batch))
             self._close_file_locked()
             return
-        self._written_events += len(lines)
+        self._written_events += len(batch)
 
     def _file_for_now_locked(self) -> Any:
         hour = hour_dir_name(self._clock_ms())

@@ -8,11 +8,16 @@ import os
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sdk.trace import (
     EVENT_FIELD_NAMES,
+    EVENT_KINDS,
     TraceWriter,
+    consumer_members,
     hour_dir_name,
+    message_members,
     read_events,
     safe_server_name,
     trace_event,
@@ -232,3 +237,55 @@ def test_read_events_normalises_missing_fields(tmp_path):
         "event": "produced", "ts_ms": 5, "server": None, "msg_id": "m", "origin_id": "m",
         "subject": "s", "group": None, "consumer": None, "created_at_ms": None,
         "deliver_at_ms": None, "retries": 0, "lateness_ms": None}]
+
+
+# ------------------------------------------------------------------ pre-encoded lines (fast path)
+
+_ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_maybe_int = st.none() | _ints
+_maybe_text = st.none() | st.text()  # any code point, lone surrogates and controls included
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(EVENT_KINDS), ts_ms=_ints, msg_id=st.text(), subject=st.text(),
+       origin_id=_maybe_text, group=_maybe_text, consumer=_maybe_text,
+       created_at_ms=_maybe_int, deliver_at_ms=_maybe_int,
+       retries=st.integers(min_value=0, max_value=2**31 - 1), server=st.text())
+def test_a_pre_encoded_line_parses_to_what_json_dumps_of_the_event_gives(
+        kind, ts_ms, msg_id, subject, origin_id, group, consumer, created_at_ms, deliver_at_ms,
+        retries, server):
+    event = trace_event(kind, ts_ms=ts_ms, msg_id=msg_id, subject=subject, origin_id=origin_id,
+                        group=group, consumer=consumer, created_at_ms=created_at_ms,
+                        deliver_at_ms=deliver_at_ms, retries=retries)
+    lateness = (f',"lateness_ms":{event["lateness_ms"]}' if "lateness_ms" in event else "")
+    writer = TraceWriter("unused", server, background=False)
+    line = writer.line(kind, ts_ms, message_members(
+        msg_id, subject, origin_id=origin_id, created_at_ms=created_at_ms,
+        deliver_at_ms=deliver_at_ms, retries=retries), consumer_members(group, consumer) + lateness)
+    assert line.isascii() and "\n" not in line
+    assert json.loads(line) == json.loads(json.dumps({**event, "server": server}))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("created_at_ms", "5"), ("deliver_at_ms", 1.5), ("retries", True), ("created_at_ms", True)])
+def test_message_members_refuses_a_value_the_schema_cannot_hold(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be an int, got {value!r}"):
+        message_members("m", "s", **{field: value})
+
+
+def test_a_pre_encoded_line_of_an_unknown_kind_is_refused(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", background=False)
+    with pytest.raises(ValueError, match="'oops' is not one of"):
+        writer.line("oops", 1, message_members("m", "s"))
+
+
+def test_emit_lines_queues_a_whole_list_under_the_same_limits_as_emit(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
+                         clock_ms=FakeClock(T0_MS), background=False)
+    members = [message_members(str(i), "orders") for i in range(7)]
+    writer.emit_lines([writer.line("stored", T0_MS, m) for m in members[:3]])  # [0,1,2] full
+    writer.emit_lines([writer.line("stored", T0_MS, m) for m in members[3:]])  # drops [0,1,2]
+    assert writer.dropped_events == 3
+    writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["3", "4", "5", "6"]
+    assert all(e["server"] == "rt" for e in read_events([tmp_path]))

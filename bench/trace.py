@@ -1,0 +1,93 @@
+"""Trace cost on the realtime broker, in-process: CPU microseconds per message and per event.
+
+Run: ``.venv/bin/python -m bench.trace`` (100,000 messages; ``--messages N``).
+
+It drives ``realtime.tracing.BrokerTracer`` as the broker does on the end-to-end path: each
+message is stored (``produced`` + ``stored``), pulled by one consumer of a group and acked, in
+batches of ``--batch`` (4 events per message), through a ``TraceWriter`` with no background
+thread that writes real files to a temporary directory. Every step runs on one thread, so the
+figure is the whole CPU cost tracing adds to a broker per message (event building, JSON
+encoding and the write), the same whether it lands on the event loop, a storage thread or the
+writer thread (all share the GIL). Payloads are real encoded messages with 256-byte bodies.
+
+Each run is repeated ``--runs`` times (default 5) and the median printed; ``process_time``
+measures this process's CPU only, so the figure hardly depends on how busy the machine is.
+This is a benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+
+from realtime.tracing import BrokerTracer
+from sdk.message import Message, encode_message
+from sdk.trace import TraceWriter
+
+BODY_BYTES = 256
+EVENTS_PER_MESSAGE = 4  # produced, stored, pulled, acked
+FLUSH_EVERY_MESSAGES = 2_500  # 10,000 events: the writer's default batch
+
+
+def payloads(count: int) -> list[bytes]:
+    """``count`` encoded messages as producers send them."""
+    now_ms = 1_767_225_600_000
+    return [encode_message(Message.create("orders.created", bytes(BODY_BYTES), now_ms=now_ms,
+                                          id=f"{i:016x}{i:016x}"))
+            for i in range(count)]
+
+
+def run_once(all_payloads: list[bytes], batch: int) -> float:
+    """CPU seconds to trace every payload through store, pull and ack."""
+    directory = tempfile.mkdtemp(prefix="qmq-bench-trace-")
+    try:
+        writer = TraceWriter(directory, "realtime:bench", background=False,
+                             batch_max=10_000, pending_events_max=10_000_000)
+        tracer = BrokerTracer(writer)
+        now_ms = 1_767_225_600_000
+        started = time.process_time()
+        pull_seq = 0
+        for first in range(0, len(all_payloads), batch):
+            chunk = all_payloads[first:first + batch]
+            tracer.stored(chunk, now_ms)
+            out = [{"payload": p, "pull_seq": pull_seq + i, "redelivered": 0}
+                   for i, p in enumerate(chunk)]
+            tracer.pulled("orders.created", "billing", "c1", out, now_ms + 1)
+            tracer.acked("orders.created", "billing", "c1",
+                         [(pull_seq, pull_seq + len(chunk) - 1)], now_ms + 2)
+            pull_seq += len(chunk)
+            if pull_seq % FLUSH_EVERY_MESSAGES < batch:  # as the writer thread would, in batches
+                writer.flush()
+        writer.close()
+        elapsed = time.process_time() - started
+        assert writer.written_events == EVENTS_PER_MESSAGE * len(all_payloads), (
+            writer.written_events, writer.dropped_events)
+        return elapsed
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=64, help="messages per store/pull/ack")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    all_payloads = payloads(args.messages)
+    per_message_us = []
+    for _ in range(args.runs):
+        seconds = run_once(all_payloads, args.batch)
+        per_message_us.append(seconds * 1e6 / args.messages)
+    median = statistics.median(per_message_us)
+    print(f"{args.messages:,} messages x {EVENTS_PER_MESSAGE} events, batches of {args.batch}, "
+          f"{args.runs} runs: tracing costs {median:.1f} CPU-us per message "
+          f"({median / EVENTS_PER_MESSAGE:.2f} per event), median; runs "
+          f"{', '.join(f'{us:.1f}' for us in per_message_us)}")
+
+
+if __name__ == "__main__":
+    main()
