@@ -8,7 +8,9 @@ batches of ``--batch`` (4 events per message), through a ``TraceWriter`` with no
 thread that writes real files to a temporary directory. Every step runs on one thread, so the
 figure is the whole CPU cost tracing adds to a broker per message (event building, JSON
 encoding and the write), the same whether it lands on the event loop, a storage thread or the
-writer thread (all share the GIL). Payloads are real encoded messages with 256-byte bodies.
+writer thread (all share the GIL). Messages have 256-byte bodies; the store step gets them
+with what the broker's send check read of them (``Checked``), as the broker passes them; the pull step gets the same payload objects,
+as the broker's tail hands them out.
 
 Each run is repeated ``--runs`` times (default 5) and the median printed; ``process_time``
 measures this process's CPU only, so the figure hardly depends on how busy the machine is.
@@ -23,6 +25,7 @@ import statistics
 import tempfile
 import time
 
+from sdk.send_check import Checked, QuickCheck
 from realtime.tracing import BrokerTracer
 from sdk.message import Message, encode_message
 from sdk.trace import TraceWriter
@@ -32,15 +35,21 @@ EVENTS_PER_MESSAGE = 4  # produced, stored, pulled, acked
 FLUSH_EVERY_MESSAGES = 2_500  # 10,000 events: the writer's default batch
 
 
-def payloads(count: int) -> list[bytes]:
-    """``count`` encoded messages as producers send them."""
+def payloads(count: int) -> list[tuple[Checked, bytes]]:
+    """``count`` payloads as producers send them, with what the broker's send check reads."""
     now_ms = 1_767_225_600_000
-    return [encode_message(Message.create("orders.created", bytes(BODY_BYTES), now_ms=now_ms,
-                                          id=f"{i:016x}{i:016x}"))
-            for i in range(count)]
+    check = QuickCheck()
+    out = []
+    for i in range(count):
+        payload = encode_message(Message.create("orders.created", bytes(BODY_BYTES),
+                                                now_ms=now_ms, id=f"{i:016x}{i:016x}"))
+        checked = check.check(payload, now_ms)
+        assert checked is not None
+        out.append((checked, payload))
+    return out
 
 
-def run_once(all_payloads: list[bytes], batch: int) -> float:
+def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int) -> float:
     """CPU seconds to trace every payload through store, pull and ack."""
     directory = tempfile.mkdtemp(prefix="qmq-bench-trace-")
     try:
@@ -52,9 +61,9 @@ def run_once(all_payloads: list[bytes], batch: int) -> float:
         pull_seq = 0
         for first in range(0, len(all_payloads), batch):
             chunk = all_payloads[first:first + batch]
-            tracer.stored(chunk, now_ms)
+            tracer.stored([checked for checked, _p in chunk], now_ms)
             out = [{"payload": p, "pull_seq": pull_seq + i, "redelivered": 0}
-                   for i, p in enumerate(chunk)]
+                   for i, (_m, p) in enumerate(chunk)]
             tracer.pulled("orders.created", "billing", "c1", out, now_ms + 1)
             tracer.acked("orders.created", "billing", "c1",
                          [(pull_seq, pull_seq + len(chunk) - 1)], now_ms + 2)

@@ -34,7 +34,13 @@ from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
 from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
-from sdk.message import decode_message, peek_message_id, tag_hash, validate_message
+from sdk.message import (
+    ORIGIN_ID_PROPERTY,
+    decode_message,
+    peek_message_id,
+    tag_hash,
+    validate_message,
+)
 from sdk.protocol import Ack, Heartbeat, Pull
 
 log = logging.getLogger(__name__)
@@ -256,7 +262,8 @@ class Broker:
         if self.readonly:
             raise ReadOnly(f"broker group {self.config.group} is read-only; send elsewhere")
         return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
-                       message.deliver_at_ms)
+                       message.deliver_at_ms, message.created_at_ms, message.retries,
+                       message.properties.get(ORIGIN_ID_PROPERTY))
 
     async def _committer(self) -> None:
         while True:
@@ -299,7 +306,7 @@ class Broker:
         ``sequences`` has one entry per message of the batch, in order: its sequence if stored,
         None for a duplicate."""
         stored: dict[str, tuple[int, list[Entry], list[int]]] = {}
-        traced: list[bytes] = []
+        traced: list[Checked] = []
         it = iter(sequences)
         for request in batch:
             results = request.results
@@ -317,7 +324,7 @@ class Broker:
                     run = stored[subject] = (sequence, [], [0])
                 run[1].append((payload, message.tags, message.expire_at_ms))
                 run[2][0] += len(payload)
-                traced.append(payload)
+                traced.append(message)
         if self.tracer.enabled:
             self.tracer.stored(traced, self.clock())
         for subject, run in stored.items():

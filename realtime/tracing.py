@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable, Sequence
 
-from sdk.message import TracePeek, peek_trace_members
+from sdk.send_check import Checked
+from sdk.message import TracePeek, peek_trace_members, trace_members
 from sdk.trace import TraceWriter, consumer_members
 
 _peek = peek_trace_members
@@ -32,9 +33,10 @@ def _producers_own(peeked: TracePeek) -> bool:
 class BrokerTracer:
     """Emits a realtime broker's trace events; every method is a no-op when tracing is off.
 
-    Events are encoded here, straight to JSON lines (``TraceWriter.line``): each payload is
-    read once per step and its message members are encoded once and shared by the step's
-    events; an entry pulled is remembered with its members, so its ack costs no decoding."""
+    Events are encoded here, straight to JSON lines (``TraceWriter.line``), and handed to the
+    writer once per call. A message's members are encoded once and shared by its events: on
+    store from what the send check already read, on pull from the payload (one decoding), and
+    an entry pulled is remembered with its members, so its ack costs no decoding."""
 
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer
@@ -50,17 +52,20 @@ class BrokerTracer:
         if self.enabled and entries:
             self._held.setdefault((subject, key, consumer), {}).update(entries)
 
-    def stored(self, payloads: Iterable[bytes], now_ms: int) -> None:
-        """Messages made durable; a producer's own message (not delayed, not a retry or dead
-        copy) is also ``produced`` at its created_at_ms."""
+    def stored(self, stored: Iterable[Checked], now_ms: int) -> None:
+        """Messages made durable, as the send check read them (no payload is decoded again);
+        a producer's own message (not delayed, not a retry or dead copy) is also ``produced``
+        at its created_at_ms."""
         if not self.enabled:
             return
         writer = self.writer
         assert writer is not None
         line = writer.line
         lines = []
-        for payload in payloads:
-            peeked = _peek(payload)
+        for checked in stored:
+            peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
+                                   created_at_ms=checked.created_at_ms,
+                                   deliver_at_ms=checked.deliver_at_ms, retries=checked.retries)
             if peeked is None:
                 continue
             if _producers_own(peeked):
@@ -84,10 +89,11 @@ class BrokerTracer:
             peeked = _peek(entry["payload"])
             if peeked is None:
                 continue
-            held[entry["pull_seq"]] = peeked.members
-            lines.append(line("pulled", now_ms, peeked.members, extra))
+            members = peeked.members
+            held[entry["pull_seq"]] = members
+            lines.append(line("pulled", now_ms, members, extra))
             if entry["redelivered"]:
-                lines.append(line("redelivered", now_ms, peeked.members, extra))
+                lines.append(line("redelivered", now_ms, members, extra))
         writer.emit_lines(lines)
 
     def acked(self, subject: str, key: str, consumer: str,

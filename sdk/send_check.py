@@ -24,7 +24,12 @@ from sdk.limits import (
     MAX_PROPERTY_KEY_BYTES,
     MAX_PROPERTY_VALUE_BYTES,
 )
-from sdk.message import validate_message_id, validate_subject, validate_tags
+from sdk.message import (
+    ORIGIN_ID_PROPERTY,
+    validate_message_id,
+    validate_subject,
+    validate_tags,
+)
 
 # Payload keys quick_check understands (sdk.message's table); any other key defers.
 _KEYS = frozenset("isbctpdrx")
@@ -40,6 +45,10 @@ class Checked(NamedTuple):
     tags: tuple[str, ...]
     expire_at_ms: int | None
     deliver_at_ms: int | None
+    # What its trace events need (realtime.tracing), so they cost no second decoding:
+    created_at_ms: int = 0
+    retries: int = 0
+    origin_id: str | None = None  # the ORIGIN_ID_PROPERTY of a retry copy, else None
 
 
 class QuickCheck:
@@ -94,7 +103,9 @@ class QuickCheck:
             return None
         if deliver_at_ms is not None and deliver_at_ms > deliver_at_max_ms:
             return None
-        return Checked(message_id, subject, tags, expire_at_ms, deliver_at_ms)
+        properties = fields.get("p")
+        return Checked(message_id, subject, tags, expire_at_ms, deliver_at_ms, created_at_ms,
+                       retries, properties.get(ORIGIN_ID_PROPERTY) if properties else None)
 
 
 def _properties_ok(properties: object) -> bool:

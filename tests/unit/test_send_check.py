@@ -19,7 +19,13 @@ from sdk.limits import (
     MAX_TAG_BYTES,
     MAX_TAGS,
 )
-from sdk.message import Message, decode_message, encode_message, validate_message
+from sdk.message import (
+    ORIGIN_ID_PROPERTY,
+    Message,
+    decode_message,
+    encode_message,
+    validate_message,
+)
 from sdk.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
 
 NOW_MS = 1_700_000_000_000
@@ -36,7 +42,8 @@ def full_check(payload: bytes) -> Checked | None:
     if message.deliver_at_ms is not None and message.deliver_at_ms > DELIVER_AT_MAX_MS:
         return None
     return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
-                   message.deliver_at_ms)
+                   message.deliver_at_ms, message.created_at_ms, message.retries,
+                   message.properties.get(ORIGIN_ID_PROPERTY))
 
 
 def payload(**fields) -> bytes:
@@ -112,7 +119,7 @@ def test_a_producers_plain_message_passes_the_quick_check():
                              properties={"order": "42"}, expire_at_ms=NOW_MS + 1000, id="m-42")
     data = encode_message(message)
     assert QuickCheck().check(data, DELIVER_AT_MAX_MS) == Checked(
-        "m-42", "orders", ("vip",), NOW_MS + 1000, None)
+        "m-42", "orders", ("vip",), NOW_MS + 1000, None, NOW_MS, 0, None)
 
 
 @pytest.mark.parametrize("fields", [
