@@ -113,16 +113,19 @@ async def client_heartbeat(request: web.Request) -> web.Response:
 
 async def admin_brokers(request: web.Request) -> web.Response:
     """``GET /api/admin/brokers``."""
+    _query(request, {})  # takes none: a typo'd filter is a 400, not ignored
     return web.json_response({"brokers": await _registry(request).list_brokers()})
 
 
 async def admin_subjects(request: web.Request) -> web.Response:
     """``GET /api/admin/subjects``."""
+    _query(request, {})  # takes none: a typo'd filter is a 400, not ignored
     return web.json_response({"subjects": await _registry(request).list_subjects()})
 
 
 async def admin_groups(request: web.Request) -> web.Response:
     """``GET /api/admin/groups``."""
+    _query(request, {})  # takes none: a typo'd filter is a 400, not ignored
     return web.json_response({"groups": await _registry(request).list_consumer_groups()})
 
 
@@ -183,6 +186,7 @@ async def admin_dead_purge(request: web.Request) -> web.Response:
 
 async def admin_delay(request: web.Request) -> web.Response:
     """``GET /api/admin/delay``: the latest stats of every online delay broker."""
+    _query(request, {})
     brokers = await _registry(request).list_brokers()
     return web.json_response({"delay": dead.delay_stats(brokers)})
 
@@ -200,6 +204,7 @@ async def admin_tokens_create(request: web.Request) -> web.Response:
 
 async def admin_tokens_list(request: web.Request) -> web.Response:
     """``GET /api/admin/tokens``: every token without its secret."""
+    _query(request, {})  # takes none: a typo'd filter is a 400, not ignored
     return web.json_response({"tokens": await _tokens(request).list()})
 
 

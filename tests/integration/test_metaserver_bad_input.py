@@ -168,6 +168,10 @@ def _bad_queries() -> list[Any]:
             ("missing-or-bad", {**valid, first: "not a name!"}),
         ]:
             cases.append(pytest.param(path, query, id=f"{path}-{case}"))
+    for path in ("/api/admin/brokers", "/api/admin/subjects", "/api/admin/groups",
+                 "/api/admin/delay", "/api/admin/tokens"):
+        # These take no parameters: a misspelt filter must not silently list everything.
+        cases.append(pytest.param(path, {"colour": "red"}, id=f"{path}-unknown-param"))
     cases.append(pytest.param("/api/admin/dead/message",
                               {**VALID_QUERIES["/api/admin/dead/message"], "sequence": "-1"},
                               id="negative-sequence"))
