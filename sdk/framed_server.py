@@ -34,6 +34,10 @@ from sdk.protocol import (
 log = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 256 * 1024
+# Longest silence allowed in the middle of a frame, in milliseconds. A client that sent part of a
+# frame and then nothing for this long is stuck or hostile (slowloris); its connection, and the
+# partial frame buffered for it, are dropped. Silence between frames is fine (idle producers).
+PARTIAL_FRAME_TIMEOUT_MS = 30_000
 
 
 @dataclass
@@ -75,8 +79,11 @@ class FrameServer:
         on_disconnect: Callable[[Session], None] | None = None,
         on_error: Callable[[str], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        partial_frame_timeout_ms: int = PARTIAL_FRAME_TIMEOUT_MS,
     ) -> None:
+        assert partial_frame_timeout_ms > 0, partial_frame_timeout_ms
         self._handler = handler
+        self._partial_frame_timeout_s = partial_frame_timeout_ms / 1000
         self._host = host
         self._port = port
         self._max_frame_bytes = max_frame_bytes
@@ -139,7 +146,17 @@ class FrameServer:
         decoder = FrameDecoder(self._max_frame_bytes)
         try:
             while True:
-                data = await reader.read(_READ_CHUNK_BYTES)
+                if decoder.buffered_bytes:
+                    try:
+                        data = await asyncio.wait_for(reader.read(_READ_CHUNK_BYTES),
+                                                      self._partial_frame_timeout_s)
+                    except TimeoutError:
+                        log.info("closing %s: %d bytes of a frame, then nothing for %d ms",
+                                 session.peer, decoder.buffered_bytes,
+                                 self._partial_frame_timeout_s * 1000)
+                        break
+                else:
+                    data = await reader.read(_READ_CHUNK_BYTES)
                 if not data:
                     break
                 try:

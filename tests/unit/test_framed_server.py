@@ -1,0 +1,71 @@
+"""The frame server drops a client stuck in the middle of a frame, and only such a client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sdk.framed_server import FrameServer, Session
+from sdk.protocol import FrameDecoder, Request, encode_frame
+
+# Short enough for a unit test, long enough that a healthy client on a loaded machine never hits it.
+PARTIAL_FRAME_TIMEOUT_MS = 1000
+# Longest the test waits for the server to act, in seconds.
+WAIT_S = 10
+
+
+async def _answer(session: Session, request: Request) -> dict[str, Any]:
+    return {"ok": True}
+
+
+def _hello(rid: int) -> bytes:
+    return encode_frame({"op": "hello", "rid": rid, "client_id": "c1", "app": "test",
+                         "protocol": 1})
+
+
+async def _serve() -> FrameServer:
+    server = FrameServer(_answer, partial_frame_timeout_ms=PARTIAL_FRAME_TIMEOUT_MS)
+    await server.start()
+    return server
+
+
+async def test_a_client_silent_in_the_middle_of_a_frame_is_disconnected():
+    server = await _serve()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1)[:7])  # the header and a little of the payload, then nothing
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""  # closed by the server
+        assert server.open_connections == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_client_silent_between_frames_keeps_its_connection():
+    server = await _serve()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        frame = _hello(1)
+        # A frame split across two writes with a pause shorter than the limit is fine, and so is
+        # idling between frames for longer than the limit.
+        writer.write(frame[:7])
+        await writer.drain()
+        await asyncio.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 / 10)
+        writer.write(frame[7:])
+        await writer.drain()
+        decoder = FrameDecoder()
+        answers: list[dict[str, Any]] = []
+        while not answers:
+            answers += decoder.feed(await asyncio.wait_for(reader.read(4096), WAIT_S))
+        assert answers[0]["rid"] == 1 and "error" not in answers[0]
+        await asyncio.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 * 1.5)
+        writer.write(_hello(2))
+        await writer.drain()
+        answers = []
+        while not answers:
+            answers += decoder.feed(await asyncio.wait_for(reader.read(4096), WAIT_S))
+        assert answers[0]["rid"] == 2
+        writer.close()
+    finally:
+        await server.stop()
