@@ -26,6 +26,7 @@ import ssl
 from typing import Any
 
 from sdk.errors import BadRequest, ConnectionLost, QmqError
+from sdk.limits import MAX_CLIENT_ID_CHARS, MAX_TOKEN_CHARS
 from sdk.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame, parse_response
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,21 @@ class Connection:
         self._closed_event.set()
 
 
+def check_identity(client_id: str, app: str, token: str | None) -> None:
+    """Raise BadRequest now for a client id, app name or token every broker would refuse at
+    hello, so a misconfigured client fails when it is built rather than on its first send."""
+    for name, value in (("client_id", client_id), ("app", app)):
+        if not value:
+            raise BadRequest(f"{name} must not be empty")
+        if len(value) > MAX_CLIENT_ID_CHARS:
+            raise BadRequest(f"{name} of {len(value)} characters exceeds "
+                             f"MAX_CLIENT_ID_CHARS {MAX_CLIENT_ID_CHARS}")
+    if token is not None and len(token) > MAX_TOKEN_CHARS:
+        # The token itself is not quoted: it is a secret.
+        raise BadRequest(f"token of {len(token)} characters exceeds MAX_TOKEN_CHARS "
+                         f"{MAX_TOKEN_CHARS}")
+
+
 class ConnectionPool:
     """At most one live Connection per broker address, opened on first use and reopened on demand
     after it dies. Concurrent ``get``s of the same address share one connect."""
@@ -246,6 +262,7 @@ class ConnectionPool:
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        check_identity(client_id, app, token)
         self.client_id = client_id
         self.app = app
         self.token = token

@@ -112,3 +112,24 @@ def test_an_address_that_is_not_host_and_port_is_a_bad_request(address):
 def test_an_ipv6_address_in_brackets_is_understood():
     assert parse_address("[::1]:20881") == ("::1", 20881)
     assert parse_address("127.0.0.1:65535") == ("127.0.0.1", 65535)
+
+
+@pytest.mark.parametrize(("field", "chars", "limit"), [
+    ("client_id", 200, "MAX_CLIENT_ID_CHARS 200"),
+    ("app", 200, "MAX_CLIENT_ID_CHARS 200"),
+    ("token", 512, "MAX_TOKEN_CHARS 512"),
+])
+def test_a_client_id_app_or_token_over_its_limit_is_refused_when_the_pool_is_built(
+        field, chars, limit):
+    identity = {"client_id": "c1", "app": "shop", "token": None}
+    for length in (chars - 1, chars):  # max-1 and max are fine
+        ConnectionPool(**{**identity, field: "x" * length})
+    with pytest.raises(BadRequest) as refused:
+        ConnectionPool(**{**identity, field: "x" * (chars + 1)})
+    assert f"{field} of {chars + 1} characters exceeds {limit}" in refused.value.message
+    assert "xxxx" not in refused.value.message  # a token is a secret: never quoted
+
+
+def test_an_empty_client_id_is_refused_when_the_pool_is_built():
+    with pytest.raises(BadRequest, match="client_id must not be empty"):
+        ConnectionPool(client_id="", app="shop", token=None)
