@@ -111,11 +111,20 @@ class BrokerTracer:
         line = writer.line
         extra = consumer_members(key, consumer)
         firsts = sorted(ranges)
-        starts = [first for first, _ in firsts]
+        span = sum(last - first + 1 for first, last in firsts)
+        if span <= 2 * len(held):
+            # Walk the acked sequences: the cost follows the ack, not what the consumer holds
+            # (a consumer with many in flight acks a few at a time).
+            acked = [s for first, last in firsts for s in range(first, last + 1) if s in held]
+        else:  # wide ranges over few holdings: walk the holdings
+            starts = [first for first, _ in firsts]
+            acked = [s for s in held if _in_ranges(s, firsts, starts)]
         from_store = []
         lines = []
-        for pull_seq in [s for s in held if _in_ranges(s, firsts, starts)]:
-            members = held.pop(pull_seq)
+        for pull_seq in acked:
+            members = held.pop(pull_seq, None)
+            if members is None:
+                continue  # named twice by overlapping ranges
             if isinstance(members, int):
                 from_store.append(members)
             else:
