@@ -49,8 +49,11 @@ def payloads(count: int) -> list[tuple[Checked, bytes]]:
     return out
 
 
-def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int) -> float:
-    """CPU seconds to trace every payload through store, pull and ack."""
+def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int,
+             decode_pulls: bool = False) -> float:
+    """CPU seconds to trace every payload through store, pull and ack; ``decode_pulls``
+    gives the pulls no consumer-log sequences, so each decodes its payload (as when a message
+    was stored too long ago)."""
     directory = tempfile.mkdtemp(prefix="qmq-bench-trace-")
     try:
         writer = TraceWriter(directory, "realtime:bench", background=False,
@@ -61,10 +64,12 @@ def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int) -> float:
         pull_seq = 0
         for first in range(0, len(all_payloads), batch):
             chunk = all_payloads[first:first + batch]
-            tracer.stored([checked for checked, _p in chunk], now_ms)
+            seqs = range(pull_seq, pull_seq + len(chunk))  # consumer-log = pull sequences here
+            tracer.stored([(checked, seq) for (checked, _p), seq in zip(chunk, seqs)], now_ms)
             out = [{"payload": p, "pull_seq": pull_seq + i, "redelivered": 0}
                    for i, (_m, p) in enumerate(chunk)]
-            tracer.pulled("orders.created", "billing", "c1", out, now_ms + 1)
+            tracer.pulled("orders.created", "billing", "c1", out, now_ms + 1,
+                          () if decode_pulls else list(seqs))
             tracer.acked("orders.created", "billing", "c1",
                          [(pull_seq, pull_seq + len(chunk) - 1)], now_ms + 2)
             pull_seq += len(chunk)
@@ -85,14 +90,17 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=64, help="messages per store/pull/ack")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--decode-pulls", action="store_true",
+                        help="pulls decode every payload (no recently-stored members)")
     args = parser.parse_args()
     all_payloads = payloads(args.messages)
     per_message_us = []
     for _ in range(args.runs):
-        seconds = run_once(all_payloads, args.batch)
+        seconds = run_once(all_payloads, args.batch, args.decode_pulls)
         per_message_us.append(seconds * 1e6 / args.messages)
     median = statistics.median(per_message_us)
     print(f"{args.messages:,} messages x {EVENTS_PER_MESSAGE} events, batches of {args.batch}, "
+          f"{'pulls decode payloads, ' if args.decode_pulls else ''}"
           f"{args.runs} runs: tracing costs {median:.1f} CPU-us per message "
           f"({median / EVENTS_PER_MESSAGE:.2f} per event), median; runs "
           f"{', '.join(f'{us:.1f}' for us in per_message_us)}")

@@ -306,7 +306,7 @@ class Broker:
         ``sequences`` has one entry per message of the batch, in order: its sequence if stored,
         None for a duplicate."""
         stored: dict[str, tuple[int, list[Entry], list[int]]] = {}
-        traced: list[Checked] = []
+        traced: list[tuple[Checked, int]] = []
         it = iter(sequences)
         for request in batch:
             results = request.results
@@ -324,7 +324,7 @@ class Broker:
                     run = stored[subject] = (sequence, [], [0])
                 run[1].append((payload, message.tags, message.expire_at_ms))
                 run[2][0] += len(payload)
-                traced.append(message)
+                traced.append((message, sequence))
         if self.tracer.enabled:
             self.tracer.stored(traced, self.clock())
         for subject, run in stored.items():
@@ -568,6 +568,7 @@ class Broker:
             return None
         entries = pulllog.record_pull(subject, key, request.consumer_id, chosen, new_cursor, now_ms)
         out = []
+        log_seqs = []
         for entry in entries:
             payload = payloads[entry.consumer_log_seq]
             if not payload:
@@ -579,8 +580,9 @@ class Broker:
                 self.stats["redelivered"] += 1
             out.append({"pull_seq": entry.pull_seq, "payload": payload,
                         "redelivered": entry.redelivered})
+            log_seqs.append(entry.consumer_log_seq)
         self.stats["pulled"] += len(out)
-        self.tracer.pulled(subject, key, request.consumer_id, out, now_ms)
+        self.tracer.pulled(subject, key, request.consumer_id, out, now_ms, log_seqs)
         return out
 
     @staticmethod

@@ -23,6 +23,12 @@ from sdk.message import TracePeek, peek_trace_members, trace_members
 from sdk.trace import TraceWriter, consumer_members
 
 _peek = peek_trace_members
+# The members of messages stored lately, by subject and consumer-log sequence, for their first
+# pull: most messages are pulled soon after they are stored, and this saves decoding their
+# payload again. Bounded: per subject the last RECENT_PER_SUBJECT_MAX sequences, for at most
+# RECENT_SUBJECTS_MAX subjects (the others decode); about 250 bytes an entry, 16 MB at most.
+RECENT_PER_SUBJECT_MAX = 2_048
+RECENT_SUBJECTS_MAX = 32
 
 
 def _producers_own(peeked: TracePeek) -> bool:
@@ -44,6 +50,9 @@ class BrokerTracer:
         # (subject, pull-log group, consumer) -> pull seq -> message members of what it holds,
         # or its consumer-log sequence for an entry pulled before a restart (members unknown)
         self._held: dict[tuple[str, str, str], dict[int, str | int]] = {}
+        # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
+        # on the first pull (pull-log thread): single dict operations are atomic under the GIL.
+        self._recent: dict[str, dict[int, str]] = {}
 
     def held_before_restart(self, subject: str, key: str, consumer: str,
                             entries: dict[int, int]) -> None:
@@ -52,30 +61,40 @@ class BrokerTracer:
         if self.enabled and entries:
             self._held.setdefault((subject, key, consumer), {}).update(entries)
 
-    def stored(self, stored: Iterable[Checked], now_ms: int) -> None:
-        """Messages made durable, as the send check read them (no payload is decoded again);
-        a producer's own message (not delayed, not a retry or dead copy) is also ``produced``
-        at its created_at_ms."""
+    def stored(self, stored: Iterable[tuple[Checked, int]], now_ms: int) -> None:
+        """Messages made durable, as (what the send check read of it, its consumer-log
+        sequence): no payload is decoded again. A producer's own message (not delayed, not a
+        retry or dead copy) is also ``produced`` at its created_at_ms."""
         if not self.enabled:
             return
         writer = self.writer
         assert writer is not None
         line = writer.line
+        all_recent = self._recent
         lines = []
-        for checked in stored:
+        for checked, sequence in stored:
             peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
                                    created_at_ms=checked.created_at_ms,
                                    deliver_at_ms=checked.deliver_at_ms, retries=checked.retries)
             if peeked is None:
                 continue
+            members = peeked.members
             if _producers_own(peeked):
-                lines.append(line("produced", peeked.created_at_ms or now_ms, peeked.members))
-            lines.append(line("stored", now_ms, peeked.members))
+                lines.append(line("produced", peeked.created_at_ms or now_ms, members))
+            lines.append(line("stored", now_ms, members))
+            recent = all_recent.get(checked.subject)
+            if recent is None and len(all_recent) < RECENT_SUBJECTS_MAX:
+                recent = all_recent[checked.subject] = {}
+            if recent is not None:
+                recent[sequence] = members
+                recent.pop(sequence - RECENT_PER_SUBJECT_MAX, None)
         writer.emit_lines(lines)
 
     def pulled(self, subject: str, key: str, consumer: str, out: list[dict[str, Any]],
-               now_ms: int) -> None:
-        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread)."""
+               now_ms: int, log_seqs: Sequence[int] = ()) -> None:
+        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread);
+        ``log_seqs``: their consumer-log sequences, to find the members of messages stored
+        lately without decoding their payloads."""
         if not self.enabled or not out:
             return
         writer = self.writer
@@ -85,11 +104,14 @@ class BrokerTracer:
         extra = consumer_members(key, consumer)
         held = self._held.setdefault((subject, key, consumer), {})
         lines = []
-        for entry in out:
-            peeked = _peek(entry["payload"])
-            if peeked is None:
-                continue
-            members = peeked.members
+        recent = self._recent.get(subject) if log_seqs else None
+        for index, entry in enumerate(out):
+            members = recent.pop(log_seqs[index], None) if recent is not None else None
+            if members is None:
+                peeked = _peek(entry["payload"])
+                if peeked is None:
+                    continue
+                members = peeked.members
             held[entry["pull_seq"]] = members
             lines.append(line("pulled", now_ms, members, extra))
             if entry["redelivered"]:
