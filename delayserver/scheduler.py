@@ -96,6 +96,7 @@ class Scheduler:
         # Due entries wait here for a dispatch worker; a worker takes everything queued (up to
         # dispatch_batch_max), so while workers are busy small ticks merge into one request.
         self._due: deque[ScheduleEntry] = deque()
+        self._send_slots = asyncio.Semaphore(DISPATCH_CONCURRENCY)
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         # Confirmed dispatches waiting to be recorded: one record_dispatched call (one dispatch
         # log fsync per bucket) for everything confirmed while the previous call ran.
@@ -386,13 +387,10 @@ class Scheduler:
             self._retry(chunk, f"read failed: {exc}")
             return
         size = self.config.dispatch_batch_max
-        if len(chunk) <= size:
-            await self._dispatch_batch(chunk, records)
-            return
-        slots = asyncio.Semaphore(DISPATCH_CONCURRENCY)
 
         async def one(start: int) -> None:
-            async with slots:
+            # All workers together keep at most DISPATCH_CONCURRENCY requests on the wire.
+            async with self._send_slots:
                 await self._dispatch_batch(chunk[start:start + size], records[start:start + size])
 
         await asyncio.gather(*(one(start) for start in range(0, len(chunk), size)))
