@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from delayserver.stats import LATENESS_BOUNDS_MS
+from delayserver.storage import CANCEL_OUTCOMES  # one list: a new outcome gets its own label
 from sdk.errors import WIRE_ERRORS, QmqError
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ LATER_HOURS = "later"
 FSYNC_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5)
 REQUEST_OPS = ("hello", "send", "cancel", "other")
-CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "unknown")
 
 
 def hour_label(hour_start_ms: int) -> str:

@@ -123,10 +123,14 @@ async def test_cancels_and_errors_are_counted_by_outcome_and_code(server, client
         await client.request({"op": "cancel", "ids": [doomed.id],
                               "deliver_at_ms": [doomed.deliver_at_ms]})
     await client.pull("orders", "g", "c1")  # pulls go to realtime brokers: not_supported
+    await server.scheduler.advance_done()  # the watermark reaches the bucket of now
+    await client.request({"op": "cancel", "ids": ["long-gone"],
+                          "deliver_at_ms": [START_MS - 2 * HOUR_MS]})
 
     scraped = await scrape(server.metrics_url)
     assert scraped["qmq_delay_cancels_total", {"outcome": "cancelled"}] == 1
     assert scraped["qmq_delay_cancels_total", {"outcome": "already_cancelled"}] == 1
+    assert scraped["qmq_delay_cancels_total", {"outcome": "already_past"}] == 1
     errors = "qmq_delay_errors_total"
     assert scraped[errors, {"code": "delay_out_of_range", "scope": "message"}] == 1
     assert scraped[errors, {"code": "not_supported", "scope": "request"}] == 1
