@@ -90,7 +90,9 @@ class Scheduler:
         # Every loaded entry until it is confirmed or cancelled: key -> entry.
         self._tracked: dict[tuple[int, int], ScheduleEntry] = {}
         self._bucket_counts: dict[int, int] = defaultdict(int)
-        self._by_id: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+        # id hash -> keys of tracked entries with that hash (any bucket; almost always one key):
+        # how a cancel finds a loaded entry. A list, not a set: ~60 bytes less per entry.
+        self._by_id: dict[int, list[tuple[int, int]]] = {}
         self._in_flight: set[tuple[int, int]] = set()
         self._retry_ms: dict[tuple[int, int], int] = {}
         # Due entries wait here for a dispatch worker; a worker takes everything queued (up to
@@ -266,7 +268,11 @@ class Scheduler:
             return
         self._tracked[key] = entry
         self._bucket_counts[entry.bucket_ms] += 1
-        self._by_id[(entry.bucket_ms, entry.id_hash)].add(key)
+        same_hash = self._by_id.get(entry.id_hash)
+        if same_hash is None:
+            self._by_id[entry.id_hash] = [key]
+        else:
+            same_hash.append(key)
         self.wheel.add(entry, entry.deliver_at_ms, key)
 
     def _untrack(self, key: tuple[int, int]) -> None:
@@ -281,11 +287,12 @@ class Scheduler:
             self._bucket_counts[entry.bucket_ms] = count
         else:
             del self._bucket_counts[entry.bucket_ms]
-        ids = self._by_id.get((entry.bucket_ms, entry.id_hash))
+        ids = self._by_id.get(entry.id_hash)
         if ids is not None:
-            ids.discard(key)
+            if key in ids:
+                ids.remove(key)
             if not ids:
-                del self._by_id[(entry.bucket_ms, entry.id_hash)]
+                del self._by_id[entry.id_hash]
 
     async def preload(self) -> None:
         """Load every bucket up to ``preload_buckets`` ahead of now that is not loaded yet.
@@ -492,7 +499,7 @@ class Scheduler:
         assert self.store is not None
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.store.done_before())
         id_hash = zlib.crc32(message_id.encode("utf-8"))
-        keys = list(self._by_id.get((bucket_ms, id_hash), ()))
+        keys = [k for k in self._by_id.get(id_hash, ()) if k[0] == bucket_ms]
         # Take candidates out of the wheel first, so the dispatcher cannot send one while the
         # cancel is being recorded; put back those that turn out to be another message.
         held = [k for k in keys if k not in self._in_flight]
