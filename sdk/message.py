@@ -421,28 +421,6 @@ __all__ = [
 ORIGIN_ID_PROPERTY = "qmq-origin-id"
 
 
-def peek_trace_fields(payload: bytes) -> dict[str, Any] | None:
-    """A payload's id, user subject, origin id, created/deliver times, retries and internal kind,
-    read without building or validating a Message (for trace events); None if unreadable."""
-    try:
-        data = msgpack.unpackb(payload, raw=False)
-        wire = data["s"]
-        msg_id = data["i"]
-        props = data.get("p") or {}
-        internal = parse_internal_subject(wire)
-        return {
-            "msg_id": msg_id,
-            "subject": internal.subject if internal is not None else wire,
-            "origin_id": props.get(ORIGIN_ID_PROPERTY, msg_id),
-            "created_at_ms": data.get("c"),
-            "deliver_at_ms": data.get("d"),
-            "retries": data.get("r", 0),
-            "internal": internal.kind if internal is not None else None,
-        }
-    except Exception:
-        return None
-
-
 class TracePeek(NamedTuple):
     """A payload as the tracers need it: its message members pre-encoded for a trace line
     (``sdk.trace.message_members``) and what decides which events it gets."""
@@ -465,9 +443,9 @@ def _trace_peek(msg_id: Any, wire: Any, origin_id: Any, created_at_ms: Any,
 
 
 def peek_trace_members(payload: bytes) -> TracePeek | None:
-    """``peek_trace_fields`` with the event members already encoded, in one step (the
-    tracers' hot path: no intermediate dict). None if unreadable or if a field is of a type
-    the trace schema cannot hold."""
+    """A payload's trace view (``TracePeek``: its id, user subject, origin id, times and
+    retries encoded as event members), read without building or validating a Message. None if
+    unreadable or if a field is of a type the trace schema cannot hold."""
     try:
         data = msgpack.unpackb(payload, raw=False)
         properties = data.get("p")

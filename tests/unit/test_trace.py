@@ -289,3 +289,17 @@ def test_emit_lines_queues_a_whole_list_under_the_same_limits_as_emit(tmp_path):
     writer.close()
     assert [e["msg_id"] for e in read_events([tmp_path])] == ["3", "4", "5", "6"]
     assert all(e["server"] == "rt" for e in read_events([tmp_path]))
+
+
+def test_a_retry_copys_trace_view_names_the_user_subject_and_the_chain_it_belongs_to():
+    from sdk.message import Message, encode_message, peek_trace_members
+
+    copy = Message.create("%retry%orders%billing", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 5,
+                          properties={"qmq-origin-id": "m1"}, id="m1.r1")
+    copy = Message(**{**copy.__dict__, "retries": 1})
+    peeked = peek_trace_members(encode_message(copy))
+    assert peeked is not None and (peeked.internal, peeked.retries) == ("retry", 1)
+    assert json.loads("{" + peeked.members + "}") == {
+        "msg_id": "m1.r1", "subject": "orders", "origin_id": "m1", "created_at_ms": T0_MS,
+        "deliver_at_ms": T0_MS + 5, "retries": 1}
+    assert peek_trace_members(b"\xc1 not msgpack") is None
