@@ -3,8 +3,9 @@
 Run: ``.venv/bin/python -m bench.trace`` (100,000 messages; ``--messages N``).
 
 It drives ``realtime.tracing.BrokerTracer`` as the broker does on the end-to-end path: each
-message is stored (``produced`` + ``stored``), pulled by one consumer of a group and acked, in
-batches of ``--batch`` (4 events per message), through a ``TraceWriter`` with no background
+message is stored (one ``stored`` line flagged ``produced``, which readers expand into both
+events), pulled by one consumer of a group and acked, in batches of ``--batch`` (4 events in 3
+lines per message), through a ``TraceWriter`` with no background
 thread that writes real files to a temporary directory. Every step runs on one thread, so the
 figure is the whole CPU cost tracing adds to a broker per message (event building, JSON
 encoding and the write), the same whether it lands on the event loop, a storage thread or the
@@ -32,7 +33,8 @@ from sdk.trace import TraceWriter
 
 BODY_BYTES = 256
 EVENTS_PER_MESSAGE = 4  # produced, stored, pulled, acked
-FLUSH_EVERY_MESSAGES = 2_500  # 10,000 events: the writer's default batch
+LINES_PER_MESSAGE = 3  # stored (flagged produced), pulled, acked
+FLUSH_EVERY_MESSAGES = 3_333  # about 10,000 lines: the writer's default batch
 
 
 def payloads(count: int) -> list[tuple[Checked, bytes]]:
@@ -77,7 +79,7 @@ def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int,
                 writer.flush()
         writer.close()
         elapsed = time.process_time() - started
-        assert writer.written_events == EVENTS_PER_MESSAGE * len(all_payloads), (
+        assert writer.written_events == LINES_PER_MESSAGE * len(all_payloads), (
             writer.written_events, writer.dropped_events)
         return elapsed
     finally:
@@ -99,7 +101,8 @@ def main() -> None:
         seconds = run_once(all_payloads, args.batch, args.decode_pulls)
         per_message_us.append(seconds * 1e6 / args.messages)
     median = statistics.median(per_message_us)
-    print(f"{args.messages:,} messages x {EVENTS_PER_MESSAGE} events, batches of {args.batch}, "
+    print(f"{args.messages:,} messages x {EVENTS_PER_MESSAGE} events in {LINES_PER_MESSAGE} lines, "
+          f"batches of {args.batch}, "
           f"{'pulls decode payloads, ' if args.decode_pulls else ''}"
           f"{args.runs} runs: tracing costs {median:.1f} CPU-us per message "
           f"({median / EVENTS_PER_MESSAGE:.2f} per event), median; runs "

@@ -1,12 +1,13 @@
 """The delay server's trace events (``sdk.trace``): produced and scheduled when a delayed message
-is made durable, dispatched when a realtime broker confirmed it (with its lateness), cancelled."""
+is made durable (one ``scheduled`` line flagged ``produced``, which readers expand into both),
+dispatched when a realtime broker confirmed it (with its lateness), cancelled."""
 
 from __future__ import annotations
 
 from typing import Iterable
 
 from sdk.message import peek_trace_members
-from sdk.trace import TraceWriter, message_members
+from sdk.trace import PRODUCED_MEMBER, TraceWriter, message_members
 
 
 class DelayTracer:
@@ -30,11 +31,11 @@ class DelayTracer:
             extra = ""
             if kind == "dispatched" and peeked.deliver_at_ms is not None:
                 extra = f',"lateness_ms":{ts_ms - peeked.deliver_at_ms}'
+            elif kind == "scheduled" and peeked.internal is None and not peeked.retries:
+                # A producer's own delayed message entered the system here: its scheduled line
+                # is flagged produced, and readers expand it into both events (sdk.trace).
+                extra = PRODUCED_MEMBER
             lines.append(writer.line(kind, ts_ms, peeked.members, extra))
-            if kind == "scheduled" and peeked.internal is None and not peeked.retries:
-                # A producer's own delayed message: this is where it entered the system.
-                lines.append(writer.line("produced", peeked.created_at_ms or ts_ms,
-                                         peeked.members))
         writer.emit_lines(lines)
 
     def scheduled(self, payloads: Iterable[bytes], now_ms: int) -> None:

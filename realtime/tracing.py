@@ -1,5 +1,6 @@
 """The realtime broker's trace events (``sdk.trace``): produced, stored, pulled, redelivered,
-acked, nacked, retried, dead and expired.
+acked, nacked, retried, dead and expired. ``produced`` is written as a flag on the message's
+``stored`` line, which readers expand into both events.
 
 Events carry the user subject (a retry copy's ``%retry%<subject>%<group>`` is traced under
 ``<subject>``) and the chain's origin id, read from the payload without building a ``Message``.
@@ -20,9 +21,14 @@ from typing import Any, Iterable, Sequence
 
 from sdk.send_check import Checked
 from sdk.message import TracePeek, peek_trace_members, trace_members
-from sdk.trace import TraceWriter, consumer_members
+from sdk.trace import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
+                       subject_member)
 
 _peek = peek_trace_members
+_json_str = json_string_literal
+# Subjects whose encoded ``,"subject":...`` member is kept for the store fast path; a few
+# dozen bytes each, the others are encoded per message.
+SUBJECT_MEMBERS_MAX = 1_024
 # The members of messages stored lately, by subject and consumer-log sequence, for their first
 # pull: most messages are pulled soon after they are stored, and this saves decoding their
 # payload again. Bounded: per subject the last RECENT_PER_SUBJECT_MAX sequences, for at most
@@ -53,6 +59,8 @@ class BrokerTracer:
         # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
         # on the first pull (pull-log thread): single dict operations are atomic under the GIL.
         self._recent: dict[str, dict[int, str]] = {}
+        # wire subject -> its encoded subject member (event loop only)
+        self._subject_members: dict[str, str] = {}
 
     def held_before_restart(self, subject: str, key: str, consumer: str,
                             entries: dict[int, int]) -> None:
@@ -64,27 +72,45 @@ class BrokerTracer:
     def stored(self, stored: Iterable[tuple[Checked, int]], now_ms: int) -> None:
         """Messages made durable, as (what the send check read of it, its consumer-log
         sequence): no payload is decoded again. A producer's own message (not delayed, not a
-        retry or dead copy) is also ``produced`` at its created_at_ms."""
+        retry or dead copy) is also ``produced`` at its created_at_ms: its stored line carries
+        the ``produced`` flag that readers expand."""
         if not self.enabled:
             return
         writer = self.writer
         assert writer is not None
-        line = writer.line
         all_recent = self._recent
+        subject_members = self._subject_members
+        # A producer's own message: one stored line flagged produced stands for both events
+        # (readers expand it, sdk.trace), a quarter of the lines a message costs.
+        start, end = writer.frame("stored", now_ms, PRODUCED_MEMBER)
         lines = []
         for checked, sequence in stored:
-            peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
-                                   created_at_ms=checked.created_at_ms,
-                                   deliver_at_ms=checked.deliver_at_ms, retries=checked.retries)
-            if peeked is None:
-                continue
-            members = peeked.members
-            if _producers_own(peeked):
-                lines.append(line("produced", peeked.created_at_ms or now_ms, members))
-            lines.append(line("stored", now_ms, members))
-            recent = all_recent.get(checked.subject)
+            msg_id, subject, created_at_ms = checked.id, checked.subject, checked.created_at_ms
+            if (type(msg_id) is str and type(created_at_ms) is int and subject[:1] != "%"
+                    and checked.deliver_at_ms is None and not checked.retries
+                    and checked.origin_id is None):
+                # The common case, built here: message_members' output for these values
+                # (a unit test holds them equal) without its general checks.
+                encoded = subject_members.get(subject)
+                if encoded is None:
+                    encoded = subject_member(subject)
+                    if len(subject_members) < SUBJECT_MEMBERS_MAX:
+                        subject_members[subject] = encoded
+                members = f'"msg_id":{_json_str(msg_id)}{encoded},"created_at_ms":{created_at_ms}'
+                lines.append(f"{start}{members}{end}")
+            else:
+                peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
+                                       created_at_ms=created_at_ms,
+                                       deliver_at_ms=checked.deliver_at_ms,
+                                       retries=checked.retries)
+                if peeked is None:
+                    continue
+                members = peeked.members
+                lines.append(writer.line("stored", now_ms, members,
+                                         PRODUCED_MEMBER if _producers_own(peeked) else ""))
+            recent = all_recent.get(subject)
             if recent is None and len(all_recent) < RECENT_SUBJECTS_MAX:
-                recent = all_recent[checked.subject] = {}
+                recent = all_recent[subject] = {}
             if recent is not None:
                 recent[sequence] = members
                 recent.pop(sequence - RECENT_PER_SUBJECT_MAX, None)
@@ -99,9 +125,9 @@ class BrokerTracer:
             return
         writer = self.writer
         assert writer is not None
-        line = writer.line
         # A broadcast consumer's pull-log group, group#consumer, is its own audit group.
         extra = consumer_members(key, consumer)
+        start, end = writer.frame("pulled", now_ms, extra)
         held = self._held.setdefault((subject, key, consumer), {})
         lines = []
         recent = self._recent.get(subject) if log_seqs else None
@@ -113,9 +139,9 @@ class BrokerTracer:
                     continue
                 members = peeked.members
             held[entry["pull_seq"]] = members
-            lines.append(line("pulled", now_ms, members, extra))
+            lines.append(f"{start}{members}{end}")
             if entry["redelivered"]:
-                lines.append(line("redelivered", now_ms, members, extra))
+                lines.append(writer.line("redelivered", now_ms, members, extra))
         writer.emit_lines(lines)
 
     def acked(self, subject: str, key: str, consumer: str,
@@ -130,8 +156,7 @@ class BrokerTracer:
             return []
         writer = self.writer
         assert writer is not None
-        line = writer.line
-        extra = consumer_members(key, consumer)
+        start, end = writer.frame("acked", now_ms, consumer_members(key, consumer))
         firsts = sorted(ranges)
         span = sum(last - first + 1 for first, last in firsts)
         if span <= 2 * len(held):
@@ -150,7 +175,7 @@ class BrokerTracer:
             if isinstance(members, int):
                 from_store.append(members)
             else:
-                lines.append(line("acked", now_ms, members, extra))
+                lines.append(f"{start}{members}{end}")
         if not held:
             del self._held[(subject, key, consumer)]
         writer.emit_lines(lines)

@@ -28,6 +28,14 @@ Fields (``EVENT_FIELDS``; a missing key reads as null, so ``trace_event`` omits 
     retries        int             the copy's retry count (0 for a first delivery; absent = 0)
     lateness_ms    long | null     dispatched only: ts_ms - deliver_at_ms
 
+A line may also carry ``"produced":true`` (``LINE_FIELDS``; written as ``PRODUCED_MEMBER``): on a
+``stored`` or ``scheduled`` line it says the message entered the system there, and readers
+(``spark_audit.load``, ``read_events``) expand the line into two events: a ``produced`` event
+(ts_ms = the line's created_at_ms, or its ts_ms when it has none; every other field the line's)
+and the line's own event. So a broker writes one line where it used to write two, and every
+reader still sees the ``produced`` event. Files written before the flag existed have separate
+``produced`` lines and no flag, so they read exactly as before.
+
 Kinds: ``produced`` a broker accepted the message from a producer (ts_ms = the message's
 created_at_ms); ``stored`` the realtime broker made it durable; ``scheduled`` the delay server made
 a delayed message durable; ``cancelled``; ``dispatched`` the delay server got the realtime
@@ -89,6 +97,12 @@ EVENT_FIELDS: tuple[tuple[str, str], ...] = (
     ("lateness_ms", "long"),
 )
 EVENT_FIELD_NAMES = tuple(name for name, _ in EVENT_FIELDS)
+# What a line may carry: the event fields plus the flag readers expand (see above); not an event
+# field, so the events DataFrame and read_events never show it.
+PRODUCED_FLAG = "produced"
+LINE_FIELDS: tuple[tuple[str, str], ...] = EVENT_FIELDS + ((PRODUCED_FLAG, "boolean"),)
+# The flag as line members, for ``TraceWriter.line``'s ``extra``.
+PRODUCED_MEMBER = f',"{PRODUCED_FLAG}":true'
 REQUIRED_FIELDS = ("event", "ts_ms", "msg_id", "subject")  # a line without one is dropped
 
 FLUSH_INTERVAL_MS_DEFAULT = 1_000  # longest an event waits in memory before being written
@@ -102,6 +116,8 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 # The JSON string literal of a str, ASCII-escaped exactly as _ENCODER writes it (the C
 # accelerator json itself uses): the fast path builds lines from these without a dict.
 _json_str: Callable[[str], str] = encode_basestring_ascii
+# Public name of the same, for the servers' fast paths that build members themselves.
+json_string_literal = _json_str
 # '{"event":"<kind>","ts_ms":' per kind: the start of every line, built once.
 _LINE_STARTS = {kind: f'{{"event":{_json_str(kind)},"ts_ms":' for kind in EVENT_KINDS}
 
@@ -110,9 +126,10 @@ def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
                 origin_id: str | None = None, group: str | None = None,
                 consumer: str | None = None, created_at_ms: int | None = None,
                 deliver_at_ms: int | None = None, retries: int = 0,
-                lateness_ms: int | None = None) -> dict[str, Any]:
+                lateness_ms: int | None = None, produced: bool = False) -> dict[str, Any]:
     """Build one event for ``TraceWriter.emit``: null fields are left out, ``origin_id`` defaults
-    to ``msg_id``, a ``dispatched`` event's ``lateness_ms`` defaults to ts_ms - deliver_at_ms."""
+    to ``msg_id``, a ``dispatched`` event's ``lateness_ms`` defaults to ts_ms - deliver_at_ms.
+    ``produced``: the line also stands for a ``produced`` event (see the module docstring)."""
     if event not in _EVENT_KIND_SET:
         raise ValueError(f"trace event kind {event!r} is not one of {', '.join(EVENT_KINDS)}")
     out: dict[str, Any] = {"event": event, "ts_ms": ts_ms, "msg_id": msg_id, "subject": subject}
@@ -132,6 +149,8 @@ def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
         lateness_ms = ts_ms - deliver_at_ms
     if lateness_ms is not None:
         out["lateness_ms"] = lateness_ms
+    if produced:
+        out[PRODUCED_FLAG] = True
     return out
 
 
@@ -151,7 +170,7 @@ def message_members(msg_id: str, subject: str, *, origin_id: str | None = None,
     Raises ValueError for a value the schema cannot hold (a non-str id, a non-int time)."""
     if type(msg_id) is not str or type(subject) is not str:
         raise ValueError(f"trace msg_id and subject must be str, got {msg_id!r}, {subject!r}")
-    out = f'"msg_id":{_json_str(msg_id)},"subject":{_json_str(subject)}'
+    out = f'"msg_id":{_json_str(msg_id)}{subject_member(subject)}'
     if origin_id is not None and origin_id != msg_id:
         if type(origin_id) is not str:
             raise ValueError(f"trace origin_id must be a str, got {origin_id!r}")
@@ -169,6 +188,12 @@ def message_members(msg_id: str, subject: str, *, origin_id: str | None = None,
     if retries:
         out += f',"retries":{_json_int("retries", retries)}'
     return out
+
+
+def subject_member(subject: str) -> str:
+    """``,"subject":...``: the part of ``message_members`` after the id, for a caller that
+    caches it per subject (the broker's fast path for a producer's own message)."""
+    return f',"subject":{_json_str(subject)}'
 
 
 def consumer_members(group: str | None, consumer: str | None = None) -> str:
@@ -276,6 +301,13 @@ class TraceWriter:
         if type(ts_ms) is not int:
             raise ValueError(f"trace field ts_ms must be an int, got {ts_ms!r}")
         return f"{start}{ts_ms},{members}{extra}{self._server_member}}}"
+
+    def frame(self, kind: str, ts_ms: int, extra: str = "") -> tuple[str, str]:
+        """The constant start and end of the lines of one kind, time and ``extra``:
+        ``start + members + end == line(kind, ts_ms, members, extra)``. Built once per batch,
+        so a batch's lines cost one concatenation each (the servers' hot loops)."""
+        start, end = self.line(kind, ts_ms, "\0", extra).split("\0")
+        return start, end
 
     def emit(self, event: dict[str, Any]) -> None:
         """Queue one event (see ``trace_event``); no I/O. A no-op when disabled. Takes
@@ -431,7 +463,8 @@ def _trace_files(path: str) -> list[str]:
 def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     """Every event in ``paths`` (trace directories or .jsonl files), file by file in name order,
     normalised as the audit reads them: all EVENT_FIELDS present, ``origin_id`` defaulting to
-    ``msg_id``, ``retries`` to 0. Lines that are not a JSON object with the required fields (a
+    ``msg_id``, ``retries`` to 0, and a line flagged ``produced`` expanded into its ``produced``
+    event followed by its own. Lines that are not a JSON object with the required fields (a
     torn last line, garbage) are skipped. For tests and debugging; the audit reads with Spark."""
     events = []
     for path in paths:
@@ -450,5 +483,9 @@ def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]
                         event["origin_id"] = event["msg_id"]
                     if event["retries"] is None:
                         event["retries"] = 0
+                    if raw.get(PRODUCED_FLAG) is True and event["event"] != "produced":
+                        ts_ms = event["created_at_ms"]
+                        events.append({**event, "event": "produced",
+                                       "ts_ms": event["ts_ms"] if ts_ms is None else ts_ms})
                     events.append(event)
     return events

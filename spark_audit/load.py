@@ -3,7 +3,8 @@
 ``load_events`` reads ``<dir>/*/*.jsonl`` (the hourly layout of ``sdk.trace.TraceWriter``) under
 each path, local or any Hadoop URI (``hdfs://``, ``s3a://``...), with the explicit schema and
 ``DROPMALFORMED``: a torn last line or any line that is not a JSON object of the right types is
-dropped. ``normalize_events`` is the pure part: required fields present, defaults filled in.
+dropped. ``normalize_events`` is the pure part: required fields present, a line flagged
+``produced`` expanded into its two events (``expand_produced``), defaults filled in.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sdk.trace import EVENT_FIELD_NAMES, HOUR_MS, REQUIRED_FIELDS
-from spark_audit.schema import EVENT_SCHEMA
+from sdk.trace import EVENT_FIELD_NAMES, HOUR_MS, PRODUCED_FLAG, REQUIRED_FIELDS
+from spark_audit.schema import EVENT_SCHEMA, LINE_SCHEMA
 
 # An hour directory holds what a writer wrote during that hour by its clock; an event's ts_ms may
 # be earlier (produced carries the producer's created_at_ms, writes lag by the flush interval) or
@@ -25,9 +26,32 @@ from spark_audit.schema import EVENT_SCHEMA
 HOUR_DIR_SLACK_MS = HOUR_MS
 
 
+def expand_produced(lines: DataFrame) -> DataFrame:
+    """A row flagged ``produced`` (a stored or scheduled line of a message that entered the
+    system there, ``sdk.trace``) becomes two: a ``produced`` row at its created_at_ms (its
+    ts_ms when it has none), every other field the same, then the row itself. Rows without the
+    flag, and frames without the column (files from before the flag), pass unchanged.
+
+    One ``explode`` rather than a union, so Spark parses the files once."""
+    if PRODUCED_FLAG not in lines.columns:
+        return lines
+    flagged = F.coalesce(F.col(PRODUCED_FLAG), F.lit(False)) & (F.col("event") != "produced")
+    kinds = F.when(flagged, F.array(F.lit("produced"), F.col("event"))).otherwise(
+        F.array(F.col("event")))
+    derived = flagged & (F.col("_kind") == "produced")
+    columns = {
+        "event": F.col("_kind"),
+        "ts_ms": F.when(derived, F.coalesce(F.col("created_at_ms"), F.col("ts_ms")))
+                  .otherwise(F.col("ts_ms")),
+    }
+    return lines.select("*", F.explode(kinds).alias("_kind")).select(
+        *[columns.get(name, F.col(name)).alias(name) for name in lines.columns
+          if name != PRODUCED_FLAG])
+
+
 def normalize_events(raw: DataFrame) -> DataFrame:
-    """Drop rows missing a required field; ``origin_id`` defaults to ``msg_id``, ``retries`` to
-    0; columns in schema order."""
+    """Drop rows missing a required field; expand ``produced`` flags (``expand_produced``);
+    ``origin_id`` defaults to ``msg_id``, ``retries`` to 0; columns in schema order."""
     required = F.lit(True)
     for name in REQUIRED_FIELDS:
         required = required & F.col(name).isNotNull()
@@ -35,7 +59,7 @@ def normalize_events(raw: DataFrame) -> DataFrame:
         "origin_id": F.coalesce(F.col("origin_id"), F.col("msg_id")),
         "retries": F.coalesce(F.col("retries"), F.lit(0)),
     }
-    return raw.where(required).select(
+    return expand_produced(raw.where(required)).select(
         *[defaults.get(name, F.col(name)).alias(name) for name in EVENT_FIELD_NAMES])
 
 
@@ -93,7 +117,7 @@ def load_events(spark: SparkSession, paths: Sequence[str], since_ms: int | None 
     globs = trace_globs(paths, since_ms, until_ms)
     if not globs:
         return spark.createDataFrame([], EVENT_SCHEMA)
-    raw = spark.read.schema(EVENT_SCHEMA).option("mode", "DROPMALFORMED").json(globs)
+    raw = spark.read.schema(LINE_SCHEMA).option("mode", "DROPMALFORMED").json(globs)
     events = normalize_events(raw)
     if since_ms is not None:
         events = events.where(F.col("ts_ms") >= since_ms)

@@ -6,14 +6,20 @@ types from whatever lines it sampled (an hour with no ``lateness_ms`` would drop
 
 from __future__ import annotations
 
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (BooleanType, IntegerType, LongType, StringType, StructField,
+                               StructType)
 
-from sdk.trace import EVENT_FIELDS, EVENT_KINDS
+from sdk.trace import EVENT_FIELDS, EVENT_KINDS, LINE_FIELDS
 
-_SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType()}
+_SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType(),
+                "boolean": BooleanType()}
 
+# The events DataFrame's schema (what every job gets).
 EVENT_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
                            for name, kind in EVENT_FIELDS])
+# What a trace line is read with: the event fields plus the ``produced`` flag the loader expands.
+LINE_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
+                          for name, kind in LINE_FIELDS])
 
 # Lifecycle order of the kinds, to order events of one message that share a millisecond.
 LIFECYCLE_ORDER = ("produced", "scheduled", "cancelled", "dispatched", "stored", "expired",

@@ -65,3 +65,39 @@ def test_a_window_skips_local_hour_directories_more_than_an_hour_outside_it(tmp_
     assert trace_globs([str(tmp_path) + "/", "hdfs://nn/trace"], since, None)[-1] == \
         "hdfs://nn/trace/*/*.jsonl"
     assert trace_globs([str(tmp_path)]) == [f"{tmp_path}/*/*.jsonl"]
+
+
+def test_a_line_flagged_produced_loads_as_a_produced_row_and_its_own_row(spark, tmp_path):
+    _write(tmp_path, "realtime:rt-1", T,
+           trace_event("stored", ts_ms=T + 4, msg_id="m1", subject="s", created_at_ms=T,
+                       produced=True),
+           trace_event("stored", ts_ms=T + 4, msg_id="m1.r1", origin_id="m1", subject="s",
+                       created_at_ms=T + 1, deliver_at_ms=T + 3, retries=1))
+    _write(tmp_path, "delay:d-1", T,
+           trace_event("scheduled", ts_ms=T + 2, msg_id="m2", subject="s", created_at_ms=T + 1,
+                       deliver_at_ms=T + 900, produced=True))
+    expected = spark.createDataFrame([
+        ("produced", T, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None),
+        ("stored", T + 4, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None),
+        ("stored", T + 4, "realtime:rt-1", "m1.r1", "m1", "s", None, None, T + 1, T + 3, 1,
+         None),
+        ("produced", T + 1, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None),
+        ("scheduled", T + 2, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None),
+    ], EVENT_SCHEMA)
+    assertDataFrameEqual(load_events(spark, [str(tmp_path)]), expected)
+    # The window applies to the derived row's own time.
+    assert [(r.event, r.msg_id) for r in
+            load_events(spark, [str(tmp_path)], since_ms=T + 1, until_ms=T + 2).collect()] == [
+        ("produced", "m2")]
+
+
+def test_a_file_from_before_the_produced_flag_loads_one_produced_row_per_message(spark, tmp_path):
+    hour = tmp_path / "2026010100"
+    hour.mkdir()
+    (hour / "realtime_rt-1-1.jsonl").write_text(
+        f'{{"event":"produced","ts_ms":{T},"msg_id":"m1","subject":"s","created_at_ms":{T},'
+        f'"server":"realtime:rt-1"}}\n'
+        f'{{"event":"stored","ts_ms":{T + 4},"msg_id":"m1","subject":"s","created_at_ms":{T},'
+        f'"server":"realtime:rt-1"}}\n')
+    rows = load_events(spark, [str(tmp_path)]).orderBy("ts_ms").collect()
+    assert [(r.event, r.ts_ms) for r in rows] == [("produced", T), ("stored", T + 4)]

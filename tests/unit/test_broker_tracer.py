@@ -1,14 +1,17 @@
 """realtime.tracing.BrokerTracer: the acked events an ack gives, whatever the shape of its ranges,
-and the members remembered from a store for the first pull."""
+the members remembered from a store for the first pull, and the one stored line (flagged
+produced) a producer's own message costs."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
 from sdk.message import Message, encode_message
 from sdk.send_check import Checked
-from sdk.trace import TraceWriter, read_events
+from sdk.trace import PRODUCED_MEMBER, TraceWriter, message_members, read_events
 
 T0_MS = 1_767_225_600_000
 
@@ -66,3 +69,37 @@ def test_the_recently_stored_members_stay_within_their_bounds(tmp_path):
     assert len(tracer._recent["orders"]) == RECENT_PER_SUBJECT_MAX
     assert min(tracer._recent["orders"]) == 2 * RECENT_PER_SUBJECT_MAX
     assert len(tracer._recent) == RECENT_SUBJECTS_MAX
+
+
+def raw_lines(directory) -> list[dict]:
+    return [json.loads(line) for path in sorted(directory.glob("*/*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def test_a_producers_own_message_is_one_stored_line_that_reads_as_produced_then_stored(
+        tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    retry_copy = Checked("m1.r1", "%retry%orders%billing", (), None, None, T0_MS - 50, 1, "m1")
+    tracer.stored([(checked("m1"), 0), (retry_copy, 0)], T0_MS + 7)
+    writer.close()
+    assert [(line["event"], line["msg_id"], line.get("produced")) for line in raw_lines(tmp_path)] \
+        == [("stored", "m1", True), ("stored", "m1.r1", None)]
+    assert [(e["event"], e["msg_id"], e["ts_ms"], e["server"]) for e in read_events([tmp_path])] \
+        == [("produced", "m1", T0_MS, "realtime:rt"), ("stored", "m1", T0_MS + 7, "realtime:rt"),
+            ("stored", "m1.r1", T0_MS + 7, "realtime:rt")]
+
+
+@pytest.mark.parametrize("msg_id, subject", [
+    ("m1", "orders"), ('quote"back\\slash', "orders.créé"), ("\U0001f600\ud800", "a-b_c.d")])
+def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path, msg_id,
+                                                                          subject):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tracer.stored([(checked(msg_id, subject), 0)], T0_MS + 1)
+    expected = writer.line("stored", T0_MS + 1, message_members(msg_id, subject,
+                                                                created_at_ms=T0_MS),
+                           PRODUCED_MEMBER)
+    writer.close()
+    (path,) = tmp_path.glob("*/*.jsonl")
+    assert path.read_text() == expected + "\n"

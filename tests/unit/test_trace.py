@@ -239,6 +239,43 @@ def test_read_events_normalises_missing_fields(tmp_path):
         "deliver_at_ms": None, "retries": 0, "lateness_ms": None}]
 
 
+def test_read_events_expands_a_line_flagged_produced_into_produced_then_its_own_event(tmp_path):
+    with TraceWriter(tmp_path, "delay:d1", clock_ms=FakeClock(T0_MS), background=False) as w:
+        w.emit(trace_event("scheduled", ts_ms=T0_MS + 9, msg_id="m", subject="s",
+                           created_at_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, produced=True))
+        w.emit(trace_event("stored", ts_ms=T0_MS + 9, msg_id="n", subject="s", produced=True))
+    common = {"server": "delay:d1", "subject": "s", "group": None, "consumer": None,
+              "retries": 0, "lateness_ms": None, "deliver_at_ms": None}
+    assert read_events([tmp_path]) == [
+        {**common, "event": "produced", "ts_ms": T0_MS, "msg_id": "m", "origin_id": "m",
+         "created_at_ms": T0_MS, "deliver_at_ms": T0_MS + 60_000},
+        {**common, "event": "scheduled", "ts_ms": T0_MS + 9, "msg_id": "m", "origin_id": "m",
+         "created_at_ms": T0_MS, "deliver_at_ms": T0_MS + 60_000},
+        # No created_at_ms: produced at the line's own time.
+        {**common, "event": "produced", "ts_ms": T0_MS + 9, "msg_id": "n", "origin_id": "n",
+         "created_at_ms": None},
+        {**common, "event": "stored", "ts_ms": T0_MS + 9, "msg_id": "n", "origin_id": "n",
+         "created_at_ms": None},
+    ]
+
+
+def test_a_file_from_before_the_produced_flag_reads_one_produced_event_per_message(tmp_path):
+    path = tmp_path / "old.jsonl"
+    path.write_text(
+        '{"event":"produced","ts_ms":5,"msg_id":"m","subject":"s","created_at_ms":5}\n'
+        '{"event":"stored","ts_ms":7,"msg_id":"m","subject":"s","created_at_ms":5}\n')
+    assert [(e["event"], e["ts_ms"]) for e in read_events([path])] == [
+        ("produced", 5), ("stored", 7)]
+
+
+def test_a_lines_frame_around_members_is_the_line_itself(tmp_path):
+    writer = TraceWriter(tmp_path, 'rt"1', background=False)
+    members = message_members("m", "s", created_at_ms=3)
+    start, end = writer.frame("acked", T0_MS, consumer_members("g", "c"))
+    assert start + members + end == writer.line("acked", T0_MS, members,
+                                                 consumer_members("g", "c"))
+
+
 # ------------------------------------------------------------------ pre-encoded lines (fast path)
 
 _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
