@@ -37,7 +37,7 @@ reader still sees the ``produced`` event. Files written before the flag existed 
 ``produced`` lines and no flag, so they read exactly as before.
 
 Kinds: ``produced`` a broker accepted the message from a producer (ts_ms = the message's
-created_at_ms); ``stored`` the realtime broker made it durable; ``scheduled`` the delay server made
+created_at_ms; written as the ``produced`` flag of its stored or scheduled line, see above); ``stored`` the realtime broker made it durable; ``scheduled`` the delay server made
 a delayed message durable; ``cancelled``; ``dispatched`` the delay server got the realtime
 broker's confirmation; ``pulled`` handed to a consumer (a redelivery is ``pulled`` too, plus a
 ``redelivered`` event); ``acked``; ``nacked``; ``retried`` a retry copy was handed to the delay
@@ -53,8 +53,8 @@ The audit treats a missing ``acked`` as a lost message, so a writer that drops e
 audit fail loudly rather than pass quietly.
 
 Cost: a line is encoded on the thread that emits it. The servers use the fast path
-(``message_members`` once per message, ``TraceWriter.line`` per event, ``emit_lines`` once per
-batch): string formatting with strings escaped by json's own C escaper, no dict and no
+(``message_members`` once per message, ``TraceWriter.line`` per event or ``TraceWriter.frame``
+once per batch of one kind, ``emit_lines`` once per batch): string formatting with strings escaped by json's own C escaper, no dict and no
 ``json.dumps``; ``emit(trace_event(...))`` is the general, slower path (tests, tools). Both give
 the same JSON (a Hypothesis test compares them). ``bench/trace.py`` measures the broker's cost.
 """
