@@ -26,7 +26,12 @@ SUBJECTS = ["a", "%retry%a%g", "b.c"]
 class StoreModel(RuleBasedStateMachine):
     """The store must hold exactly what the model committed, except that records of a batch
     whose commit failed may reappear after a reopen (a prefix per subject, never over a later
-    committed batch), and retention moves each subject's first sequence."""
+    committed batch), and retention moves each subject's first sequence.
+
+    Several failed batches in a row all claim the same sequences (the store hands sequence n
+    again after a failed commit); which of them a record at such a position comes from is the
+    store's choice: a message-log write may have succeeded in one failed commit (its
+    consumer-log write failing) and not in a later one."""
 
     config = TINY
 
@@ -42,7 +47,8 @@ class StoreModel(RuleBasedStateMachine):
         self.committed: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SUBJECTS}
         self.ids: dict[tuple[str, str], int] = {}
         self.batch: list[tuple[str, str, bytes]] = []
-        self.maybe_extra: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SUBJECTS}
+        # Per subject, the failed batches since its last committed one, oldest first.
+        self.maybe_extra: dict[str, list[list[tuple[str, bytes]]]] = {s: [] for s in SUBJECTS}
         self.abandoned: list[MessageStore] = []
 
     def teardown(self):
@@ -91,7 +97,7 @@ class StoreModel(RuleBasedStateMachine):
                 dropped[subject].append((message_id, payload))
             for subject, items in dropped.items():
                 if items:
-                    self.maybe_extra[subject] = items
+                    self.maybe_extra[subject].append(items)
             self.batch = []
         else:
             self._committed_batch()
@@ -105,11 +111,19 @@ class StoreModel(RuleBasedStateMachine):
             if sequence < self.first[subject]:
                 del self.ids[subject, message_id]  # deleted records leave the rebuilt dedup index
         for subject in SUBJECTS:
-            extra = self.store.end_sequence(subject) - len(self.committed[subject])
-            assert 0 <= extra <= len(self.maybe_extra[subject]), (subject, extra)
-            for message_id, payload in self.maybe_extra[subject][:extra]:
-                self.ids[subject, message_id] = len(self.committed[subject])
-                self.committed[subject].append((message_id, payload))
+            failed = self.maybe_extra[subject]
+            base = len(self.committed[subject])
+            extra = self.store.end_sequence(subject) - base
+            assert 0 <= extra <= max((len(b) for b in failed), default=0), (subject, extra)
+            if extra:
+                messages, _ = self.store.scan(subject, base, extra)
+                assert len(messages) == extra, (subject, extra, messages)
+                for index, message in enumerate(messages):
+                    got = (message.message_id, message.payload)
+                    # Each reappearing record is one of a failed batch's, at its own position.
+                    assert any(index < len(b) and b[index] == got for b in failed), (subject, got)
+                    self.ids[subject, message.message_id] = base + index
+                    self.committed[subject].append(got)
             self.maybe_extra[subject] = []
 
     @rule()
@@ -157,3 +171,22 @@ AsyncStoreModel.TestCase.settings = settings(max_examples=10, stateful_step_coun
                                              deadline=None)
 test_the_store_agrees_with_a_model_through_full_disks_crashes_and_retention = StoreModel.TestCase
 test_an_async_store_agrees_with_the_model_too = AsyncStoreModel.TestCase
+
+
+def test_a_record_of_an_earlier_failed_commit_may_reappear_after_two_failed_commits_in_a_row():
+    """Found by the model: the first commit's message-log write succeeded and its consumer-log
+    write hit the full disk; the second, of the same id and sequence, failed in the message log.
+    After a reopen the first version is there (rebuilt from the message log), and the model must
+    accept it as one of the failed batches' records at that position."""
+    state = StoreModel()
+    state.open()
+    try:
+        state.append(subject="a", number=0, size=1)
+        state.commit_on_a_nearly_full_disk(room=44)
+        state.append(subject="a", number=0, size=0)
+        state.commit_on_a_nearly_full_disk(room=0)
+        state.close_and_reopen()
+        state.every_committed_message_reads_back()
+        assert state.committed["a"] in ([], [("m0", b"\x00")], [("m0", b"")])
+    finally:
+        state.teardown()
