@@ -33,7 +33,7 @@ from delayserver.wheel import TimingWheel
 from logstore.errors import DiskFull, LogWriteFailed
 from logstore.fileio import Opener, OsFile
 from sdk.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
-from sdk.message import decode_message, peek_message_id, validate_message
+from sdk.message import TracePeek, decode_message, peek_message_id, trace_members, validate_message
 from sdk.send_check import QuickCheck
 
 log = logging.getLogger(__name__)
@@ -52,12 +52,24 @@ HOT_CHUNK_ENTRIES_MAX = 32_768
 
 
 @dataclass
+class _PendingCall:
+    """One ``schedule`` call waiting for its commit: one future for all of its messages (they
+    always go into the same commit batch), not one per message."""
+
+    results: list[Any]  # one answer per payload; the accepted ones are filled in on commit
+    future: asyncio.Future[list[dict[str, Any]]]
+
+
+@dataclass
 class _PendingSend:
     message_id: str
     subject: str
     payload: bytes
     deliver_at_ms: int
-    future: asyncio.Future[dict[str, Any]]
+    call: _PendingCall
+    index: int  # of this message's answer in call.results
+    # Its trace members from what the quick check read (None: the tracer peeks the payload).
+    trace: TracePeek | None = None
 
 
 class Scheduler:
@@ -176,11 +188,14 @@ class Scheduler:
         than now + ``max_delay_ms`` is refused with ``delay_out_of_range``, never clamped.
         """
         now_ms = self.clock()
-        loop = asyncio.get_running_loop()
         results: list[Any] = []
+        call = _PendingCall(results, asyncio.get_running_loop().create_future())
+        accepted = 0
         deliver_at_max_ms = now_ms + self.config.max_delay_ms
         quick_check = self._quick_check.check
+        tracing = self.tracer.enabled
         for payload in payloads:
+            trace = None
             try:
                 # The quick check (sdk.send_check) accepts our producers' payloads without
                 # building a Message; anything it is unsure of gets the full check, which
@@ -189,6 +204,11 @@ class Scheduler:
                 if checked is not None:
                     message_id, subject, deliver_at_ms = (checked.id, checked.subject,
                                                           checked.deliver_at_ms)
+                    if tracing:  # saves the tracer decoding the payload again
+                        trace = trace_members(message_id, subject, origin_id=checked.origin_id,
+                                              created_at_ms=checked.created_at_ms,
+                                              deliver_at_ms=deliver_at_ms,
+                                              retries=checked.retries)
                 else:
                     message = decode_message(payload)
                     validate_message(message, allow_internal=True)
@@ -207,11 +227,14 @@ class Scheduler:
             except QmqError as exc:
                 results.append({"id": peek_message_id(payload), "error": exc.to_wire()})
                 continue
-            future: asyncio.Future[dict[str, Any]] = loop.create_future()
-            self._pending.append(_PendingSend(message_id, subject, payload, deliver_at_ms, future))
-            results.append(future)
+            self._pending.append(_PendingSend(message_id, subject, payload, deliver_at_ms, call,
+                                              len(results), trace))
+            results.append(None)  # filled in by the commit
+            accepted += 1
+        if not accepted:
+            return results
         self._commit_wakeup.set()
-        return [await r if isinstance(r, asyncio.Future) else r for r in results]
+        return await call.future
 
     async def _committer(self) -> None:
         while True:
@@ -236,19 +259,28 @@ class Scheduler:
             log.exception("delay commit failed")
             self._fail_batch(batch, Internal(f"commit failed: {type(exc).__name__}: {exc}"))
             return
-        self.tracer.scheduled([p.payload for p in batch], self.clock())
+        if self.tracer.enabled:
+            self.tracer.scheduled_peeked([(p.trace, p.payload) for p in batch], self.clock())
         for pending, entry in zip(batch, entries):
             if self._is_loaded(entry.bucket_ms):
                 self._track(entry)
-            if not pending.future.done():
-                pending.future.set_result({"id": pending.message_id, "status": "stored",
-                                           "deliver_at_ms": entry.deliver_at_ms})
+            pending.call.results[pending.index] = {"id": pending.message_id, "status": "stored",
+                                                   "deliver_at_ms": entry.deliver_at_ms}
+        self._answer(batch)
         self._wakeup.set()
 
     def _fail_batch(self, batch: list[_PendingSend], error: QmqError) -> None:
+        wire = error.to_wire()
         for pending in batch:
-            if not pending.future.done():
-                pending.future.set_result({"id": pending.message_id, "error": error.to_wire()})
+            pending.call.results[pending.index] = {"id": pending.message_id, "error": wire}
+        self._answer(batch)
+
+    @staticmethod
+    def _answer(batch: list[_PendingSend]) -> None:
+        """Wake each call of ``batch``: every one of its messages is answered now."""
+        for call in {id(p.call): p.call for p in batch}.values():
+            if not call.future.done():  # a caller gone (cancelled) needs no answer
+                call.future.set_result(call.results)
 
     def _append_and_commit(self, batch: list[_PendingSend]) -> list[ScheduleEntry]:
         assert self.store is not None

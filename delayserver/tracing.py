@@ -4,9 +4,9 @@ dispatched when a realtime broker confirmed it (with its lateness), cancelled.""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from sdk.message import peek_trace_members
+from sdk.message import TracePeek, peek_trace_members
 from sdk.trace import PRODUCED_MEMBER, TraceWriter, message_members
 
 
@@ -42,6 +42,26 @@ class DelayTracer:
         """Delayed messages made durable."""
         if self.enabled:
             self._emit_all("scheduled", payloads, now_ms)
+
+    def scheduled_peeked(self, items: Sequence[tuple[TracePeek | None, bytes]],
+                         now_ms: int) -> None:
+        """Delayed messages made durable, as (their members if the caller has them already,
+        their payload): only those without members are decoded."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        assert writer is not None
+        line = writer.line
+        lines = []
+        for peeked, payload in items:
+            if peeked is None:
+                peeked = peek_trace_members(payload)
+                if peeked is None:
+                    continue
+            # A producer's own delayed message entered the system here (see _emit_all).
+            own = peeked.internal is None and not peeked.retries
+            lines.append(line("scheduled", now_ms, peeked.members, PRODUCED_MEMBER if own else ""))
+        writer.emit_lines(lines)
 
     def dispatched(self, payloads: Iterable[bytes], now_ms: int) -> None:
         """Messages a realtime broker confirmed (lateness = now - deliver_at)."""

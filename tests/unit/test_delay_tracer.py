@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from delayserver.tracing import DelayTracer
-from sdk.message import Message, encode_message
+from sdk.message import Message, encode_message, trace_members
+from sdk.send_check import QuickCheck
 from sdk.trace import TraceWriter, read_events
 
 T0_MS = 1_767_225_600_000
@@ -28,3 +29,32 @@ def test_a_producers_delayed_message_is_one_scheduled_line_that_reads_as_produce
     assert [(e["event"], e["msg_id"], e["ts_ms"]) for e in read_events([tmp_path])] == [
         ("produced", "m1", T0_MS), ("scheduled", "m1", T0_MS + 3),
         ("scheduled", "m0.r1", T0_MS + 3)]
+
+
+def _lines(tmp_path, name: str, emit) -> list[str]:
+    directory = tmp_path / name
+    writer = TraceWriter(directory, "delay:d1", clock_ms=lambda: T0_MS, background=False)
+    emit(DelayTracer(writer))
+    writer.close()
+    (path,) = directory.glob("*/*.jsonl")
+    return path.read_text().splitlines()
+
+
+def test_scheduled_lines_from_the_quick_checks_fields_equal_those_read_from_the_payloads(
+        tmp_path):
+    own = Message.create("orders", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, id="m1",
+                         properties={"k": "v"}, tags=["vip"])
+    copy = Message.create("%retry%orders%billing", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 5,
+                          properties={"qmq-origin-id": "m0"}, id="m0.r1")
+    copy = Message(**{**copy.__dict__, "retries": 1})
+    payloads = [encode_message(own), encode_message(copy)]
+    checked = QuickCheck().check(payloads[0], T0_MS + 10**12)
+    assert checked is not None
+    peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
+                           created_at_ms=checked.created_at_ms,
+                           deliver_at_ms=checked.deliver_at_ms, retries=checked.retries)
+    # The copy comes without members (as after the full check): the tracer reads its payload.
+    from_fields = _lines(tmp_path, "fields", lambda t: t.scheduled_peeked(
+        [(peeked, payloads[0]), (None, payloads[1])], T0_MS + 3))
+    from_payloads = _lines(tmp_path, "payloads", lambda t: t.scheduled(payloads, T0_MS + 3))
+    assert from_fields == from_payloads and len(from_fields) == 2
