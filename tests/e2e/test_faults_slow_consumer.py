@@ -71,7 +71,9 @@ async def test_a_stuck_consumer_does_not_hold_up_its_group_and_its_messages_move
         await asyncio.wait_for(slow_task, 30)
 
     assert ledger.duplicates() == {}
-    assert {d.consumer for d in ledger.deliveries} == {"fast-0", "fast-1"}
+    # Which fast consumer got what is the broker's choice (one may take it all while the other
+    # is still starting); the point is that the stuck one held up none of it.
+    assert {d.consumer for d in ledger.deliveries} <= {"fast-0", "fast-1"}
     assert len(stuck_on) == 1, f"the handler must have been stuck on one message: {stuck_on}"
     moved = ledger.of(stuck_on[0])
     assert len(moved) == 1 and moved[0].redelivered >= 1, \
