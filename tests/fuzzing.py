@@ -534,3 +534,17 @@ __all__ = [
     "exchange", "tracebacks", "random_streams", "mutated_requests", "damaged_requests",
     "lying_lengths", "greets",
 ]
+
+
+def frame_strategies() -> list[Any]:
+    """The four kinds of bad input, as pytest params both server fuzz modules run: random byte
+    streams, valid frames with mutated fields, truncated or bit-flipped frames, lying length
+    prefixes."""
+    import pytest
+
+    return [
+        pytest.param(random_streams, id="random-bytes"),
+        pytest.param(mutated_requests(), id="mutated-fields"),
+        pytest.param(damaged_requests(), id="truncated-or-bit-flipped"),
+        pytest.param(lying_lengths(), id="lying-length-prefix"),
+    ]

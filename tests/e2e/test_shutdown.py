@@ -20,7 +20,7 @@ import pytest
 import qmq
 from tests.e2e.support import Ledger, RunningConsumer, close_all
 from tests.harness import (
-    broker_states, start_metaserver, start_up, wait_for, wait_registered,
+    broker_states, start_metaserver, wait_for, wait_registered,
 )
 from tests.rawclient import RawClient
 

@@ -15,12 +15,9 @@ from tests.fuzzing import (
     BASE_MS,
     FUZZ_SETTINGS,
     ClusterThread,
-    damaged_requests,
     exchange,
+    frame_strategies,
     greets,
-    lying_lengths,
-    mutated_requests,
-    random_streams,
     store_messages,
     tracebacks,
 )
@@ -43,15 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterT
         cluster.stop()
 
 
-STRATEGIES = [
-    pytest.param(random_streams, id="random-bytes"),
-    pytest.param(mutated_requests(), id="mutated-fields"),
-    pytest.param(damaged_requests(), id="truncated-or-bit-flipped"),
-    pytest.param(lying_lengths(), id="lying-length-prefix"),
-]
-
-
-@pytest.mark.parametrize("frames", STRATEGIES)
+@pytest.mark.parametrize("frames", frame_strategies())
 def test_bad_frames_never_crash_the_delay_server_nor_change_what_it_holds(
     cluster: tuple[ClusterThread, list[bytes]], caplog: pytest.LogCaptureFixture,
     frames: st.SearchStrategy[bytes], request: pytest.FixtureRequest,

@@ -16,13 +16,10 @@ from tests.fuzzing import (
     FUZZ_SETTINGS,
     ClusterThread,
     browse_payloads,
-    damaged_requests,
     drain_and_nack,
     exchange,
+    frame_strategies,
     greets,
-    lying_lengths,
-    mutated_requests,
-    random_streams,
     store_messages,
     tracebacks,
 )
@@ -43,15 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterT
         cluster.stop()
 
 
-STRATEGIES = [
-    pytest.param(random_streams, id="random-bytes"),
-    pytest.param(mutated_requests(), id="mutated-fields"),
-    pytest.param(damaged_requests(), id="truncated-or-bit-flipped"),
-    pytest.param(lying_lengths(), id="lying-length-prefix"),
-]
-
-
-@pytest.mark.parametrize("frames", STRATEGIES)
+@pytest.mark.parametrize("frames", frame_strategies())
 def test_bad_frames_never_crash_the_realtime_broker_nor_change_what_it_stored(
     cluster: tuple[ClusterThread, list[bytes]], caplog: pytest.LogCaptureFixture,
     frames: st.SearchStrategy[bytes], request: pytest.FixtureRequest,
