@@ -31,9 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
 import msgpack
 
@@ -46,12 +44,12 @@ from sdk.errors import (
     NoRoute,
     QmqError,
     TooLarge,
-    error_from_wire,
     type_name,
 )
 from sdk.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
 from sdk.message import Message, encode_message, validate_message
-from sdk.routes import Route, RouteCache, RouteGroup
+from sdk.routes import Route, RouteCache
+from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 from sdk.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
@@ -135,23 +133,6 @@ def default_client_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass(frozen=True)
-class Receipt:
-    """What the broker said about one sent message. ``status`` is "stored", or "duplicate" when
-    the broker already had this id (a resend, or the caller reusing an id)."""
-
-    message_id: str
-    subject: str
-    broker_group: str  # the realtime group, or for a delayed message the delay group holding it
-    status: Literal["stored", "duplicate"]
-    deliver_at_ms: int | None = None  # set for delayed messages; ``cancel`` needs it
-
-    @property
-    def delayed(self) -> bool:
-        """True when a delay server holds the message until ``deliver_at_ms``."""
-        return self.deliver_at_ms is not None
-
-
 class _IdMaker:
     """Message ids: 16 random hex digits per producer, then a 16-hex-digit counter.
 
@@ -159,77 +140,22 @@ class _IdMaker:
     counter tells one producer's messages apart) at a seventh of the cost: no syscall per id."""
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
+        self._format = os.urandom(8).hex() + "%016x"
         self._counter = 0
 
     def __call__(self) -> str:
         self._counter += 1
-        return f"{self._prefix}{self._counter:016x}"
+        return self._format % self._counter
 
-
-class _Many:
-    """Where the receipts of one ``send_many`` call gather: one future for the whole call."""
-
-    __slots__ = ("results", "remaining", "future")
-
-    def __init__(self, count: int, future: asyncio.Future[list[Any]]) -> None:
-        self.results: list[Any] = [None] * count
-        self.remaining = count
-        self.future = future
-
-    def settle(self, index: int, value: Any) -> None:
-        if self.results[index] is None:
-            self.results[index] = value
-            self.remaining -= 1
-            if self.remaining == 0 and not self.future.done():
-                self.future.set_result(self.results)
-
-
-class _Item:
-    """One message on its way: its id, its payload, and who waits for the outcome (the future
-    of a ``send``, or slot ``index`` of a ``send_many`` call)."""
-
-    __slots__ = ("message_id", "payload", "waiter", "index", "deliver_at_ms")
-
-    def __init__(self, message_id: str, payload: bytes, waiter: asyncio.Future[Receipt] | _Many,
-                 index: int = 0, deliver_at_ms: int | None = None) -> None:
-        self.message_id = message_id
-        self.payload = payload
-        self.waiter = waiter
-        self.index = index
-        self.deliver_at_ms = deliver_at_ms  # None: realtime; else the delay server holds it
-
-    def resolve(self, receipt: Receipt) -> None:
-        waiter = self.waiter
-        if isinstance(waiter, _Many):
-            waiter.settle(self.index, receipt)
-        elif not waiter.done():
-            waiter.set_result(receipt)
-
-    def fail(self, error: BaseException) -> None:
-        waiter = self.waiter
-        if isinstance(waiter, _Many):
-            waiter.settle(self.index, error)
-        elif not waiter.done():
-            waiter.set_exception(error)
-
-
-def _fail_items(items: list[_Item], error: BaseException) -> None:
-    for item in items:
-        item.fail(error)
+    def many(self, count: int) -> list[str]:
+        """``count`` fresh ids in one go (the ids of one ``send_many`` call)."""
+        first = self._counter + 1
+        self._counter += count
+        return list(map(self._format.__mod__, range(first, first + count)))
 
 
 # Batches are kept per (subject, delayed): delayed messages go to delay servers.
 _Key = tuple[str, bool]
-
-
-@dataclass
-class _Batch:
-    subject: str
-    delayed: bool = False
-    items: list[_Item] = field(default_factory=list)
-    size_bytes: int = 0
-    timer: asyncio.Handle | None = None
 
 
 class Producer:
@@ -297,7 +223,7 @@ class Producer:
             client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
             ssl_context=ssl_context,
         )
-        self._open: dict[_Key, _Batch] = {}
+        self._open: dict[_Key, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
         self._round_robin: dict[_Key, int] = {}
@@ -364,10 +290,13 @@ class Producer:
         )
         validate_message(message, now_ms=now_ms)
         payload = encode_message(message)
-        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
-        self._enqueue(subject, [_Item(message.id, payload, future, 0, deliver_at_ms)],
-                      delayed=deliver_at_ms is not None)
-        return await future
+        call = Call(1, asyncio.get_running_loop().create_future())
+        self._enqueue(subject, call, [message.id], [payload],
+                      None if deliver_at_ms is None else [deliver_at_ms])
+        [result] = await call.future
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def send_many(
         self,
@@ -414,63 +343,58 @@ class Producer:
             id=self._new_id(),
         )
         validate_message(template)
-        for body in bodies:
-            if not isinstance(body, (bytes, bytearray, memoryview)):
-                raise BadRequest(f"message field body must be bytes, got {type_name(body)}")
-            if len(body) > MAX_BODY_BYTES:
-                raise TooLarge(
-                    f"message body of {len(body)} bytes exceeds MAX_BODY_BYTES {MAX_BODY_BYTES}")
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        many = _Many(len(bodies), future)
-        encoded = self._encode_many(template, bodies, deliver_ats)
-        if deliver_ats is None:
-            items = [_Item(message_id, payload, many, index)
-                     for index, (message_id, payload) in enumerate(encoded)]
-        else:
-            items = [_Item(message_id, payload, many, index, due)
-                     for index, ((message_id, payload), due) in enumerate(zip(encoded, deliver_ats))]
-        self._enqueue(subject, items, delayed=deliver_ats is not None)
-        results = await future
-        if not return_exceptions:
+        if any(type(body) is not bytes for body in bodies):
+            for body in bodies:
+                if not isinstance(body, (bytes, bytearray, memoryview)):
+                    raise BadRequest(f"message field body must be bytes, got {type_name(body)}")
+            bodies = [bytes(body) for body in bodies]
+        if max(map(len, bodies)) > MAX_BODY_BYTES:
+            size = max(map(len, bodies))
+            raise TooLarge(f"message body of {size} bytes exceeds MAX_BODY_BYTES {MAX_BODY_BYTES}")
+        call = Call(len(bodies), asyncio.get_running_loop().create_future())
+        ids, payloads = self._encode_many(template, bodies, deliver_ats)
+        self._enqueue(subject, call, ids, payloads, deliver_ats)
+        results = await call.future
+        if call.failed and not return_exceptions:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
         return results
 
     def _encode_many(self, template: Message, bodies: list[bytes] | tuple[bytes, ...],
-                     deliver_ats: list[int] | None = None) -> list[tuple[str, bytes]]:
-        """(id, payload) per body: the template's payload map with its id, body (and due time,
-        from ``deliver_ats``) replaced.
+                     deliver_ats: list[int] | None = None) -> tuple[list[str], list[bytes]]:
+        """Fresh ids, and one payload per body: the template's payload map with its id, body (and
+        due time, from ``deliver_ats``) replaced. ``bodies`` are all ``bytes``.
 
         The payload is a msgpack map whose id, body and due time sit under the keys "i", "b"
         and "d" (sdk.message); if the template does not encode that way, each message is built
         and encoded on its own instead."""
+        ids = self._new_id.many(len(bodies))
         fields = msgpack.unpackb(encode_message(template), raw=False)
         if (fields.get("i") != template.id or fields.get("b") != bytes(template.body)
                 or fields.get("d") != template.deliver_at_ms):
-            return [(m.id, encode_message(m)) for m in (
-                Message(id=self._new_id(), subject=template.subject, body=bytes(body),
-                        tags=template.tags, properties=template.properties,
-                        created_at_ms=template.created_at_ms, expire_at_ms=template.expire_at_ms,
-                        deliver_at_ms=None if deliver_ats is None else deliver_ats[index])
-                for index, body in enumerate(bodies))]
+            return ids, [encode_message(Message(
+                id=message_id, subject=template.subject, body=body, tags=template.tags,
+                properties=template.properties, created_at_ms=template.created_at_ms,
+                expire_at_ms=template.expire_at_ms,
+                deliver_at_ms=None if deliver_ats is None else deliver_ats[index]))
+                for index, (message_id, body) in enumerate(zip(ids, bodies))]
         packb = msgpack.Packer(use_bin_type=True).pack
-        out = []
-        new_id = self._new_id
+        payloads = []
+        append = payloads.append
+        # One dict reused for every message: only the changing fields are set in it.
         if deliver_ats is None:
-            for body in bodies:
-                message_id = new_id()
+            for message_id, body in zip(ids, bodies):
                 fields["i"] = message_id
-                fields["b"] = body if type(body) is bytes else bytes(body)
-                out.append((message_id, packb(fields)))
-            return out
-        for body, deliver_at_ms in zip(bodies, deliver_ats):
-            message_id = new_id()
+                fields["b"] = body
+                append(packb(fields))
+            return ids, payloads
+        for message_id, body, deliver_at_ms in zip(ids, bodies, deliver_ats):
             fields["i"] = message_id
-            fields["b"] = body if type(body) is bytes else bytes(body)
+            fields["b"] = body
             fields["d"] = deliver_at_ms
-            out.append((message_id, packb(fields)))
-        return out
+            append(packb(fields))
+        return ids, payloads
 
     async def cancel(self, receipt: Receipt) -> str:
         """Cancel a delayed message by its receipt, at the delay group that holds it.
@@ -521,30 +445,52 @@ class Producer:
 
     # -- batching -------------------------------------------------------------------------------
 
-    def _enqueue(self, subject: str, items: list[_Item], delayed: bool = False) -> None:
+    def _enqueue(self, subject: str, call: Call, ids: list[str], payloads: list[bytes],
+                 dues: list[int] | None) -> None:
+        """Put a call's messages (``dues`` None: realtime, else delayed) into the open batches
+        of their subject, as runs (Parts) rather than one by one, sending every batch that
+        fills up (``batch_size_max`` messages, or the frame limit)."""
         size_max = MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES
-        key = (subject, delayed)
+        key = (subject, dues is not None)
         batch = self._open.get(key)
-        for item in items:
-            size = len(item.payload) + _PAYLOAD_OVERHEAD_BYTES
-            if batch is not None and batch.size_bytes + size > size_max:
-                self._dispatch(key)
-                batch = None
+        count = len(ids)
+        pos = 0
+        while pos < count:
             if batch is None:
-                batch = self._open[key] = _Batch(subject, delayed)
-                loop = asyncio.get_running_loop()
-                # With nothing of this subject on the wire there is no reason to wait: the batch
-                # leaves after this loop turn (so sends issued together still share it). Else it
-                # lingers for more, and leaves when the batch on the wire is answered at latest.
-                if self._on_wire.get(key):
-                    batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
-                else:
-                    batch.timer = loop.call_soon(self._dispatch, key)
-            batch.items.append(item)
+                batch = self._open_batch(key)
+            end = min(count, pos + self.batch_size_max - batch.count)
+            run = payloads if end - pos == count else payloads[pos:end]
+            size = sum(map(len, run)) + _PAYLOAD_OVERHEAD_BYTES * len(run)
+            if batch.size_bytes + size > size_max:
+                end, size = _fit(payloads, pos, end, size_max - batch.size_bytes)
+                if end == pos and batch.count:  # not one more fits: this batch is full
+                    self._dispatch(key)
+                    batch = None
+                    continue
+                if end == pos:  # one message alone over the allowance still travels alone
+                    end, size = pos + 1, len(payloads[pos]) + _PAYLOAD_OVERHEAD_BYTES
+                run = payloads[pos:end]
+            whole = end - pos == count
+            batch.parts.append(Part(call, pos, ids if whole else ids[pos:end], run,
+                                    None if dues is None else dues if whole else dues[pos:end]))
+            batch.count += end - pos
             batch.size_bytes += size
-            if len(batch.items) >= self.batch_size_max:
+            pos = end
+            if batch.count >= self.batch_size_max or pos < count:  # full by count or by size
                 self._dispatch(key)
                 batch = None
+
+    def _open_batch(self, key: _Key) -> Batch:
+        batch = self._open[key] = Batch(key[0], key[1])
+        loop = asyncio.get_running_loop()
+        # With nothing of this subject on the wire there is no reason to wait: the batch
+        # leaves after this loop turn (so sends issued together still share it). Else it
+        # lingers for more, and leaves when the batch on the wire is answered at latest.
+        if self._on_wire.get(key):
+            batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
+        else:
+            batch.timer = loop.call_soon(self._dispatch, key)
+        return batch
 
     def _dispatch(self, key: _Key) -> None:
         batch = self._open.pop(key, None)
@@ -571,7 +517,7 @@ class Producer:
 
     # -- sending --------------------------------------------------------------------------------
 
-    async def _send_batch(self, batch: _Batch) -> None:
+    async def _send_batch(self, batch: Batch) -> None:
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(self.in_flight_max)
         async with self._in_flight:
@@ -579,13 +525,14 @@ class Producer:
                 await self._send_with_retries(batch)
             except BaseException as exc:  # our bug or cancellation: never leave a sender hanging
                 error = exc if isinstance(exc, QmqError) else Internal(f"send failed: {exc!r}")
-                _fail_items(batch.items, error)
+                fail_parts(batch.parts, error)
                 if not isinstance(exc, QmqError):
                     raise
 
-    async def _send_with_retries(self, batch: _Batch) -> None:
+    async def _send_with_retries(self, batch: Batch) -> None:
         subject = batch.subject
-        pending = batch.items
+        pending = batch.parts
+        messages = batch.payloads()
         key = (subject, batch.delayed)
         routes = self._delay_routes if batch.delayed else self._routes
         turn = self._round_robin.get(key, 0)
@@ -604,13 +551,15 @@ class Producer:
                 address = group.addresses[(attempt // len(route.groups)) % len(group.addresses)]
                 answer = await self._pool.request(
                     address,
-                    {"op": "send", "messages": [item.payload for item in pending]},
+                    {"op": "send", "messages": messages},
                     self.send_timeout_ms,
                 )
-                pending, error = self._settle(subject, pending, answer, group)
+                pending, error = settle(subject, group.group, pending, answer)
+                if pending:
+                    messages = [payload for part in pending for payload in part.payloads]
             except QmqError as exc:
                 if not exc.retriable:
-                    _fail_items(pending, exc)
+                    fail_parts(pending, exc)
                     return
                 error = exc
             if not pending:
@@ -621,53 +570,31 @@ class Producer:
                     # "cannot connect to 127.0.0.1:20801" does not say what is missing.
                     error = ConnectionLost(f"delayed send of {subject!r} failed: no delay server "
                                            f"reachable ({error.message})")
-                _fail_items(pending, error)
+                fail_parts(pending, error)
                 return
             log.warning(
                 "send of %d message(s) to %r failed (%s: %s); resending the same ids, "
                 "attempt %d of %d",
-                len(pending), subject, error.code, error.message, attempt + 1, self.retries_max + 1,
+                len(messages), subject, error.code, error.message, attempt + 1, self.retries_max + 1,
             )
             route = None
             if self.retry_backoff_ms:
                 backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
                 await asyncio.sleep(backoff_ms / 1000)
 
-    def _settle(
-        self, subject: str, pending: list[_Item], answer: dict[str, Any], group: RouteGroup
-    ) -> tuple[list[_Item], QmqError]:
-        """Resolve the items the broker answered; return the ones to resend and why."""
-        results = answer.get("results")
-        if not isinstance(results, list) or len(results) != len(pending):
-            # Nothing can be matched safely; the same ids are resent and de-duplicated.
-            return pending, Internal(
-                f"broker group {group.group} answered a send of {len(pending)} messages with "
-                f"{len(results) if isinstance(results, list) else 'no'} results"
-            )
-        retry: list[_Item] = []
-        retry_error: QmqError = Internal("no error")
-        broker_group = group.group
-        for item, result in zip(pending, results):
-            if type(result) is not dict or result.get("id") != item.message_id:
-                retry.append(item)
-                retry_error = Internal(f"broker group {broker_group} answered results out of order")
-                continue
-            error = result.get("error")
-            if error is None:
-                status = "duplicate" if result.get("status") == "duplicate" else "stored"
-                item.resolve(Receipt(item.message_id, subject, broker_group, status,
-                                     item.deliver_at_ms))
-                continue
-            exc = error_from_wire(
-                str(error.get("code")) if isinstance(error, dict) else "internal",
-                str(error.get("message", "")) if isinstance(error, dict) else repr(error),
-            )
-            if exc.retriable:
-                retry.append(item)
-                retry_error = exc
-            else:
-                item.fail(exc)
-        return retry, retry_error
+
+def _fit(payloads: list[bytes], pos: int, end: int, room_bytes: int) -> tuple[int, int]:
+    """How far from ``pos`` (at most to ``end``) payloads fit in ``room_bytes`` with their framing
+    allowance: (the end of the run, its size in bytes)."""
+    size = 0
+    stop = pos
+    while stop < end:
+        need = len(payloads[stop]) + _PAYLOAD_OVERHEAD_BYTES
+        if size + need > room_bytes:
+            break
+        size += need
+        stop += 1
+    return stop, size
 
 
 __all__ = [

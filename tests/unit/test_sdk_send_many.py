@@ -142,3 +142,24 @@ async def test_a_bad_delayed_send_many_is_refused_before_anything_is_sent(meta, 
         at_limit = await p.send_many("orders", [b"1"], delay=MAX_DELAY_MS)
     assert at_limit[0].deliver_at_ms == 1_000_000 + MAX_DELAY_MS
     assert len(broker_a.ops("send")) == 1
+
+
+async def test_send_many_of_large_bodies_splits_batches_at_the_frame_limit(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    big = b"x" * (3 * 1024 * 1024)  # two fit in one frame (8 MiB), three do not
+    async with producer(meta, linger_ms=HOUR_MS) as p:
+        receipts = await asyncio.wait_for(p.send_many("orders", [big, b"small", big, big]), 30)
+    assert [len(ids) for ids in broker_a.sent_ids()] == [3, 1]
+    assert [ids for batch in broker_a.sent_ids() for ids in batch] == [
+        r.message_id for r in receipts]
+
+
+async def test_send_many_spanning_batches_shares_them_with_other_calls_in_order(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, linger_ms=HOUR_MS, batch_size_max=4) as p:
+        first, second = await asyncio.wait_for(asyncio.gather(
+            p.send_many("orders", [b"a%d" % i for i in range(6)]),
+            p.send_many("orders", [b"b%d" % i for i in range(3)])), 10)
+    assert [len(ids) for ids in broker_a.sent_ids()] == [4, 4, 1]
+    assert [broker_a.stored[r.message_id].body for r in first] == [b"a%d" % i for i in range(6)]
+    assert [broker_a.stored[r.message_id].body for r in second] == [b"b%d" % i for i in range(3)]

@@ -1,0 +1,84 @@
+"""sdk.send_batch: how one broker answer to a send settles the messages of several calls that
+shared its batch, and which messages are resent."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdk.errors import Forbidden, Internal, Overloaded
+from sdk.send_batch import Call, Part, Receipt, fail_parts, settle
+
+
+def stored(message_id: str) -> dict:
+    return {"id": message_id, "status": "stored"}
+
+
+def refused(message_id: str, code: str) -> dict:
+    return {"id": message_id, "error": {"code": code, "message": f"{code} for {message_id}"}}
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def call_of(loop, count: int) -> Call:
+    return Call(count, loop.create_future())
+
+
+def test_a_fully_stored_batch_gives_each_call_its_receipts_in_order(loop):
+    first, second = call_of(loop, 2), call_of(loop, 1)
+    parts = [Part(first, 0, ["a", "b"], [b"pa", b"pb"], None),
+             Part(second, 0, ["c"], [b"pc"], [5_000])]
+    retry, _ = settle("orders", "rt-1", parts,
+                      {"results": [stored("a"), {"id": "b", "status": "duplicate"}, stored("c")]})
+    assert retry == []
+    assert first.future.result() == [Receipt("a", "orders", "rt-1", "stored"),
+                                     Receipt("b", "orders", "rt-1", "duplicate")]
+    assert second.future.result() == [Receipt("c", "orders", "rt-1", "stored", 5_000)]
+    assert second.future.result()[0].delayed
+
+
+def test_only_the_retriable_failures_are_resent_and_a_refusal_fails_its_message_at_once(loop):
+    call = call_of(loop, 4)
+    part = Part(call, 0, ["a", "b", "c", "d"], [b"pa", b"pb", b"pc", b"pd"], [1, 2, 3, 4])
+    retry, error = settle("orders", "rt-1", [part], {"results": [
+        stored("a"), refused("b", "overloaded"), refused("c", "forbidden"), stored("d")]})
+    assert isinstance(error, Overloaded)
+    [left] = retry
+    assert (left.ids, left.payloads, left.dues, left.slots) == (["b"], [b"pb"], [2], [1])
+    assert not call.future.done()
+    assert call.failed == 1 and isinstance(call.results[2], Forbidden)
+    # The resend of "b" is stored: the call is complete, every slot in its place.
+    retry, _ = settle("orders", "rt-2", retry, {"results": [stored("b")]})
+    assert retry == []
+    results = call.future.result()
+    assert [r.message_id if isinstance(r, Receipt) else type(r) for r in results] == [
+        "a", "b", Forbidden, "d"]
+    assert results[1] == Receipt("b", "orders", "rt-2", "stored", 2)
+
+
+def test_an_answer_that_cannot_be_matched_resends_the_whole_batch(loop):
+    call = call_of(loop, 2)
+    parts = [Part(call, 0, ["a"], [b"pa"], None), Part(call, 1, ["b"], [b"pb"], None)]
+    retry, error = settle("orders", "rt-1", parts, {"results": [stored("a")]})
+    assert retry == parts and isinstance(error, Internal)
+    retry, error = settle("orders", "rt-1", parts, {"results": [stored("b"), stored("a")]})
+    assert [p.ids for p in retry] == [["a"], ["b"]] and isinstance(error, Internal)
+    assert not call.future.done()
+
+
+def test_failing_a_batch_leaves_the_messages_already_settled_alone(loop):
+    call = call_of(loop, 3)
+    part = Part(call, 0, ["a", "b", "c"], [b"pa", b"pb", b"pc"], None)
+    retry, _ = settle("orders", "rt-1", [part], {"results": [
+        stored("a"), refused("b", "overloaded"), refused("c", "overloaded")]})
+    fail_parts([part], Internal("the producer was cancelled"))
+    results = call.future.result()
+    assert results[0] == Receipt("a", "orders", "rt-1", "stored")
+    assert [type(r) for r in results[1:]] == [Internal, Internal]
+    assert call.failed == 2
