@@ -67,7 +67,7 @@ def run_once(all_payloads: list[tuple[Checked, bytes]], batch: int,
         for first in range(0, len(all_payloads), batch):
             chunk = all_payloads[first:first + batch]
             seqs = range(pull_seq, pull_seq + len(chunk))  # consumer-log = pull sequences here
-            tracer.stored([(checked, seq) for (checked, _p), seq in zip(chunk, seqs)], now_ms)
+            tracer.stored([checked for checked, _p in chunk], seqs, now_ms)
             out = [{"payload": p, "pull_seq": pull_seq + i, "redelivered": 0}
                    for i, (_m, p) in enumerate(chunk)]
             tracer.pulled("orders.created", "billing", "c1", out, now_ms + 1,

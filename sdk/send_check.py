@@ -7,8 +7,9 @@ message, a quarter of the broker's CPU per message. ``quick_check`` does the sam
 straight on the decoded map and builds no object, for the payloads our producers make. It only
 ever *accepts*: anything it is not sure of (an unknown key, a value out of range, a future
 ``deliver_at_ms``, bytes that are not msgpack) returns None and the caller runs the full check,
-which decides and words the error. The names, ids and tags are still checked by sdk.message's
-own functions; tests/unit/test_send_check.py holds both paths to the same answers.
+which decides and words the error. Subjects and tags are still checked by sdk.message's own
+functions, ids by the same rule written inline; tests/unit/test_send_check.py holds both paths
+to the same answers.
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ import msgpack
 from sdk.errors import BadRequest
 from sdk.limits import (
     MAX_BODY_BYTES,
+    MAX_MESSAGE_ID_CHARS,
     MAX_PROPERTIES,
     MAX_PROPERTY_KEY_BYTES,
     MAX_PROPERTY_VALUE_BYTES,
 )
 from sdk.message import (
     ORIGIN_ID_PROPERTY,
-    validate_message_id,
     validate_subject,
     validate_tags,
 )
 
 # Payload keys quick_check understands (sdk.message's table); any other key defers.
 _KEYS = frozenset("isbctpdrx")
+_new_tuple = tuple.__new__
 # Subjects already found valid; cleared when it passes this size, so it stays bounded.
 VALID_SUBJECTS_MAX = 10_000
 
@@ -59,41 +61,58 @@ class QuickCheck:
         self._unpackb = msgpack.unpackb
 
     def check(self, payload: bytes, deliver_at_max_ms: int) -> Checked | None:
+        """The fields of ``payload`` if it is surely a valid message due by
+        ``deliver_at_max_ms``, else None (the caller runs the full check)."""
         try:
             fields = self._unpackb(payload, raw=False, strict_map_key=True)
         except Exception:
             return None
-        if type(fields) is not dict or not fields.keys() <= _KEYS:
+        if type(fields) is not dict:
             return None
-        message_id = fields.get("i")
-        subject = fields.get("s")
-        body = fields.get("b")
-        created_at_ms = fields.get("c")
+        get = fields.get
+        message_id = get("i")
+        subject = get("s")
+        body = get("b")
+        created_at_ms = get("c")
+        # validate_message_id's rule, [\x21-\x7e]{1,MAX}, as str methods (no regex, no call):
+        # ASCII and printable is \x20-\x7e, and the space is refused apart.
         if (type(message_id) is not str or type(subject) is not str or type(body) is not bytes
                 or type(created_at_ms) is not int or created_at_ms < 0
-                or len(body) > MAX_BODY_BYTES):
+                or len(body) > MAX_BODY_BYTES or not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS
+                or not message_id.isascii() or not message_id.isprintable()
+                or " " in message_id):
             return None
-        try:
-            validate_message_id(message_id)
-            if subject not in self._valid_subjects:
+        if subject not in self._valid_subjects:
+            try:
                 validate_subject(subject, allow_internal=True)
-                if len(self._valid_subjects) >= VALID_SUBJECTS_MAX:
-                    self._valid_subjects.clear()
-                self._valid_subjects.add(subject)
-            tags: tuple[str, ...] = ()
-            if "t" in fields:
-                tag_list = fields["t"]
-                if type(tag_list) is not list:
-                    return None
-                validate_tags(tag_list)
-                tags = tuple(tag_list)
-        except BadRequest:
+            except BadRequest:
+                return None
+            if len(self._valid_subjects) >= VALID_SUBJECTS_MAX:
+                self._valid_subjects.clear()
+            self._valid_subjects.add(subject)
+        if len(fields) == 4:
+            # Exactly i, s, b and c (all four were found above): a producer's plain message,
+            # nothing more to check. A tuple made directly, not through the NamedTuple's
+            # Python-level __new__.
+            return _new_tuple(Checked, (message_id, subject, (), None, None, created_at_ms, 0,
+                                        None))
+        if not fields.keys() <= _KEYS:
             return None
+        tags: tuple[str, ...] = ()
+        if "t" in fields:
+            tag_list = fields["t"]
+            if type(tag_list) is not list:
+                return None
+            try:
+                validate_tags(tag_list)
+            except BadRequest:
+                return None
+            tags = tuple(tag_list)
         if "p" in fields and not _properties_ok(fields["p"]):
             return None
-        expire_at_ms = fields.get("x")
-        deliver_at_ms = fields.get("d")
-        retries = fields.get("r", 0)
+        expire_at_ms = get("x")
+        deliver_at_ms = get("d")
+        retries = get("r", 0)
         for value in (expire_at_ms, deliver_at_ms):
             if value is not None and (type(value) is not int or value < 0):
                 return None
@@ -103,9 +122,10 @@ class QuickCheck:
             return None
         if deliver_at_ms is not None and deliver_at_ms > deliver_at_max_ms:
             return None
-        properties = fields.get("p")
-        return Checked(message_id, subject, tags, expire_at_ms, deliver_at_ms, created_at_ms,
-                       retries, properties.get(ORIGIN_ID_PROPERTY) if properties else None)
+        properties = get("p")
+        return _new_tuple(Checked, (message_id, subject, tags, expire_at_ms, deliver_at_ms,
+                                    created_at_ms, retries,
+                                    properties.get(ORIGIN_ID_PROPERTY) if properties else None))
 
 
 def _properties_ok(properties: object) -> bool:

@@ -3,7 +3,8 @@
 Synchronous plain classes over files (no asyncio, no network); the realtime server calls
 ``MessageStore`` from one place. Imports only ``logstore``.
 
-- ``MessageStore`` / ``StoreConfig`` / ``Appended`` / ``StoredMessage``: the facade (``store``).
+- ``MessageStore`` / ``StoreConfig`` / ``Appended`` / ``StoredMessage``: the facade (``store``);
+  what it buffers until a commit, column by column, is a ``write_batch.WriteBatch``.
 - ``StoreRecoveryReport``: what opening rebuilt (``recovery``); ``RetentionReport`` (``retention``).
 - Formats: ``message_record`` (message-log record body), ``consumer_log`` (32-byte entries),
   ``store_checkpoint`` (checkpoint payload), ``subject_names`` (directory names).

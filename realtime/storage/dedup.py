@@ -8,6 +8,7 @@ oldest-inserted ids are forgotten first, so a resend older than that is stored a
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Sequence
 
 
 class DedupIndex:
@@ -35,6 +36,33 @@ class DedupIndex:
         if timestamp_ms - stored_ms >= self.window_ms:
             return None
         return sequence
+
+    def lookup_many(self, keys: Sequence[tuple[str, str]], timestamp_ms: int,
+                    ) -> list[int | None] | None:
+        """``lookup`` of each (subject, message id) at ``timestamp_ms``, in order; None (not a
+        list) when no key is known at all, the usual case, found without Python code per key."""
+        found = list(map(self._ids.get, keys))
+        if found.count(None) == len(found):
+            return None
+        window_ms = self.window_ms
+        return [None if hit is None or timestamp_ms - hit[1] >= window_ms else hit[0]
+                for hit in found]
+
+    def add_many(self, keys: Sequence[tuple[str, str]], sequences: Sequence[int],
+                 timestamps_ms: Sequence[int]) -> None:
+        """``add`` of each (subject, message id) with its sequence and timestamp, in order."""
+        ids = self._ids
+        size = len(ids)
+        ids.update(zip(keys, zip(sequences, timestamps_ms)))
+        if len(ids) != size + len(keys):
+            # Some keys were there already (an id stored again after its window) and update()
+            # left them where they were: move each to the end as add() does, so the oldest
+            # entries stay first for prune() and the ids_max cut.
+            for key, sequence, timestamp_ms in zip(keys, sequences, timestamps_ms):
+                ids.pop(key, None)
+                ids[key] = (sequence, timestamp_ms)
+        while len(ids) > self.ids_max:
+            ids.popitem(last=False)
 
     def add(self, subject: str, message_id: str, sequence: int, timestamp_ms: int) -> None:
         """Remember an id (replacing an older entry of the same id)."""

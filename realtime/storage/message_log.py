@@ -54,6 +54,10 @@ class MessageLog:
         bodies = [encode_message_record(*record) for record in records]
         return list(zip(self.log.append_many(bodies), map(len, bodies)))
 
+    def append_bodies(self, bodies: list[bytes]) -> list[int]:
+        """Buffer records already encoded (``encode_subject_records``); returns their offsets."""
+        return self.log.append_many(bodies)
+
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The record at ``offset`` and its body size; CorruptRecord when it does not decode."""
         body = self.log.read(offset)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Iterable, Sequence
 
 FIXED = struct.Struct(
     ">Q"  # timestamp_ms
@@ -82,6 +84,42 @@ def encode_message_record(
         id_bytes,
         payload,
     ))
+
+
+def encode_subject_records(
+    timestamp_ms: int,
+    subject: str,
+    subject_sequences: Iterable[int],
+    tag_blooms: Iterable[int],
+    message_ids_utf8: Sequence[bytes],
+    payloads: Sequence[bytes],
+) -> list[bytes]:
+    """Encode the record bodies of several messages of one ``subject`` stored at one time,
+    given column by column: the same bytes as ``encode_message_record`` per message.
+
+    A batch is the broker's hot path, so the per-record work runs in C (``map`` over one
+    ``struct`` whose format holds this subject) and no Python code runs per record. Raises
+    ValueError when a field does not fit its width.
+    """
+    subject_bytes = subject.encode("utf-8")
+    if len(subject_bytes) > SUBJECT_BYTES_MAX:
+        raise ValueError(f"subject of {len(subject_bytes)} bytes exceeds {SUBJECT_BYTES_MAX}")
+    head = struct.Struct(
+        f">QQQH{len(subject_bytes)}s"  # FIXED, then the subject (its exact length, no padding)
+        "H"  # message_id_length
+    )
+    try:
+        heads = list(map(head.pack, repeat(timestamp_ms), subject_sequences, tag_blooms,
+                         repeat(len(subject_bytes)), repeat(subject_bytes),
+                         map(len, message_ids_utf8)))
+    except struct.error as exc:
+        # Q and H refuse what does not fit u64 / u16: a timestamp, sequence or bloom outside
+        # [0, U64_MAX], or a message id over MESSAGE_ID_BYTES_MAX bytes.
+        raise ValueError(f"message record field out of range: {exc}") from None
+    if not len(heads) == len(message_ids_utf8) == len(payloads):
+        raise ValueError(f"columns of {len(heads)} sequences, {len(message_ids_utf8)} ids and "
+                         f"{len(payloads)} payloads differ in length")
+    return list(map(b"".join, zip(heads, message_ids_utf8, payloads)))
 
 
 def decode_message_header(body: bytes | memoryview) -> tuple[int, int, int, str, str, int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -31,15 +30,12 @@ from logstore import (
     OsFile,
 )
 from realtime.storage.config import (
-    MESSAGE_ID_BYTES_MAX,
-    SUBJECT_BYTES_MAX,
     TAG_HASH_MAX,
-    TAG_HASHES_MAX,
     TIMESTAMP_MS_MAX,
     U64_MAX,
     StoreConfig,
 )
-from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import (
     CorruptEntry,
@@ -49,7 +45,7 @@ from realtime.storage.errors import (
     StoreFailed,
 )
 from realtime.storage.message_log import MessageLog
-from realtime.storage.message_record import record_size_bytes, tag_bloom
+from realtime.storage.message_record import tag_bloom
 from realtime.storage.recovery import StoreRecoveryReport, recover
 from realtime.storage.retention import RetentionReport, apply_retention
 from realtime.storage.store_checkpoint import (
@@ -58,6 +54,7 @@ from realtime.storage.store_checkpoint import (
     decode_store_checkpoint,
     encode_store_checkpoint,
 )
+from realtime.storage.write_batch import WriteBatch, check_int, check_subject
 from realtime.storage.subject_names import (
     encode_subject,
     is_hashed,
@@ -92,34 +89,6 @@ class StoredMessage:
     payload: bytes
 
 
-@dataclass(frozen=True)
-class _Pending:
-    subject: str
-    message_id: str
-    bloom: int
-    timestamp_ms: int
-    payload: bytes
-    result: Appended
-
-
-def _check_subject(subject: object) -> str:
-    if not isinstance(subject, str):
-        raise ValueError(f"subject {subject!r} must be a str, not {type(subject).__name__}")
-    try:
-        size = len(subject.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"subject {subject!r} is not encodable as UTF-8: {exc}") from exc
-    if not 1 <= size <= SUBJECT_BYTES_MAX:
-        raise ValueError(f"subject of {size} bytes is outside [1, {SUBJECT_BYTES_MAX}] bytes")
-    return subject
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"{name} {value!r} must be an int in [{low}, {high}]")
-    return value
-
-
 def _stored_end_offset(directory: str) -> int:
     """The message log's end offset as its files say, before logstore opens them."""
     if not os.path.isdir(directory):
@@ -135,15 +104,13 @@ class MessageStore:
 
     def __init__(self, data_dir: str, config: StoreConfig = StoreConfig(), *,
                  opener: Opener = OsFile, now_ms: int) -> None:
-        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         self.data_dir = data_dir
         self.config = config
         self._opener = opener
         self._closed = False
         self._failed: StorageError | None = None
-        self._pending: list[_Pending] = []
-        self._pending_ids: set[tuple[str, str]] = set()
-        self._pending_counts: dict[str, int] = defaultdict(int)
+        self._batch = WriteBatch(config.record_size_bytes_max)
         self._consumer_root = os.path.join(data_dir, "consumerlog")
         os.makedirs(self._consumer_root, exist_ok=True)
         self._checkpoints = CheckpointStore(os.path.join(data_dir, "checkpoint"), CHECKPOINT_NAME)
@@ -250,67 +217,54 @@ class MessageStore:
                payload: bytes) -> Appended:
         """Buffer one message (invisible until ``commit``); a recent id is a duplicate."""
         self._check_writable()
-        _check_subject(subject)
-        if not isinstance(message_id, str):
-            raise ValueError(f"message_id {message_id!r} must be a str")
-        try:
-            id_size = len(message_id.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"message_id {message_id!r} is not encodable as UTF-8") from exc
-        if not 1 <= id_size <= MESSAGE_ID_BYTES_MAX:
-            raise ValueError(
-                f"message_id of {id_size} bytes is outside [1, {MESSAGE_ID_BYTES_MAX}] bytes")
-        if len(tag_hashes) > TAG_HASHES_MAX:
-            raise ValueError(f"{len(tag_hashes)} tag hashes exceed TAG_HASHES_MAX {TAG_HASHES_MAX}")
-        for h in tag_hashes:
-            _check_int("tag hash", h, 0, TAG_HASH_MAX)
-        _check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise ValueError(f"payload must be bytes, not {type(payload).__name__}")
-        size = record_size_bytes(len(subject.encode("utf-8")), id_size, len(payload))
-        if size > self.config.record_size_bytes_max:
-            raise ValueError(f"message record of {size} bytes exceeds record_size_bytes_max "
-                             f"{self.config.record_size_bytes_max}")
-        key = (subject, message_id)
-        if key in self._pending_ids:
-            result = Appended(subject, message_id, None, True)
-        else:
-            original = self._dedup.lookup(subject, message_id, timestamp_ms)
-            if original is not None:
-                result = Appended(subject, message_id, original, True)
-            else:
-                sequence = self.end_sequence(subject) + self._pending_counts[subject]
-                result = Appended(subject, message_id, sequence, False)
-                self._pending_ids.add(key)
-                self._pending_counts[subject] += 1
-        self._pending.append(_Pending(subject, message_id, tag_bloom(tag_hashes), timestamp_ms,
-                                      bytes(payload), result))
-        return result
+        batch = self._batch
+        batch.add((subject,), (message_id,), (tag_hashes,), timestamp_ms, (payload,),
+                  self._dedup, self.end_sequence)
+        return Appended(subject, message_id, batch.sequences[-1], batch.duplicates[-1])
+
+    def append_many(self, subjects: Sequence[str], message_ids: Sequence[str],
+                    tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
+                    payloads: Sequence[bytes]) -> None:
+        """``append`` of several messages, given column by column (one entry per message in
+        each), all at ``timestamp_ms``; their outcomes come from ``commit_sequences``. All or
+        nothing: on a ValueError (naming the message at fault) none of them is buffered."""
+        self._check_writable()
+        self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
+                        self.end_sequence)
 
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.
 
-        Returns one ``Appended`` per ``append`` call, in order. On a write failure (``DiskFull``,
-        ``LogWriteFailed``) the whole batch is dropped, nothing of it becomes visible, and the
-        error propagates.
+        Returns one ``Appended`` per appended message, in order. On a write failure
+        (``DiskFull``, ``LogWriteFailed``) the whole batch is dropped, nothing of it becomes
+        visible, and the error propagates.
         """
+        batch = self._commit_batch()
+        return [Appended(subject, message_id, sequence, duplicate)
+                for (subject, message_id), sequence, duplicate
+                in zip(batch.keys, batch.sequences, batch.duplicates)]
+
+    def commit_sequences(self) -> list[int | None]:
+        """``commit``, returning only each appended message's sequence, None for a duplicate
+        (no object per message: the broker's path)."""
+        batch = self._commit_batch()
+        if not batch.duplicate_count:
+            return batch.sequences
+        return [None if duplicate else sequence
+                for sequence, duplicate in zip(batch.sequences, batch.duplicates)]
+
+    def discard(self) -> None:
+        """Drop every append since the last commit (the caller will not commit them)."""
+        self._batch = WriteBatch(self.config.record_size_bytes_max)
+
+    def _commit_batch(self) -> WriteBatch:
         self._check_writable()
-        batch = self._pending
-        self._pending = []
-        self._pending_ids = set()
-        self._pending_counts = defaultdict(int)
-        fresh = [p for p in batch if not p.result.duplicate]
-        if not fresh:
-            return [p.result for p in batch]
+        batch, self._batch = self._batch, WriteBatch(self.config.record_size_bytes_max)
+        if not batch.bodies:
+            return batch
         message_log = self._message_log
-        entries: dict[str, list[Entry]] = defaultdict(list)
         try:
-            placed = message_log.append_many([
-                (p.timestamp_ms, p.result.sequence, p.bloom, p.subject, p.message_id, p.payload)
-                for p in fresh
-            ])
-            for p, (offset, size) in zip(fresh, placed):
-                entries[p.subject].append(Entry(p.timestamp_ms, offset, size, p.bloom))
+            offsets = message_log.append_bodies(batch.bodies)
             if self.config.flush_mode == "sync":
                 message_log.log.sync()
             else:
@@ -321,22 +275,26 @@ class MessageStore:
             # them as described in realtime.storage.recovery.
             self._failed = exc
             raise
-        self._index(entries)
-        for p in fresh:
-            self._dedup.add(p.subject, p.message_id, p.result.sequence, p.timestamp_ms)
+        self._index(batch, offsets)
+        self._dedup.add_many(batch.fresh_keys, batch.fresh_sequences, batch.fresh_timestamps_ms)
         self._maybe_checkpoint()
-        return [p.result for p in batch]
+        return batch
 
-    def _index(self, entries: dict[str, list[Entry]]) -> None:
+    def _index(self, batch: WriteBatch, offsets: list[int]) -> None:
         """Append the batch's entries; on failure cut every touched consumer log back."""
+        sizes = list(map(len, batch.bodies))
+        timestamps, blooms = batch.fresh_timestamps_ms, batch.fresh_blooms
         ends = {}
         try:
-            for subject, subject_entries in entries.items():
+            for subject, slices in batch.runs.items():
                 clog = self._consumer_logs.get(subject)
                 if clog is None:
                     clog = self._consumer_logs[subject] = self._open_consumer_log(subject)
                 ends[subject] = clog.end
-                clog.append_entries(subject_entries)
+                clog.append_encoded(b"".join([
+                    encode_entries(timestamps[start:stop], offsets[start:stop],
+                                   sizes[start:stop], blooms[start:stop])
+                    for start, stop in slices]))
         except StoreFailed as exc:
             self._failed = exc
             raise
@@ -355,7 +313,7 @@ class MessageStore:
     def tick(self, now_ms: int) -> None:
         """Async mode: fsync the message log every ``flush_interval_ms``; prune the dedup index."""
         self._check_open()
-        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         if self.config.flush_mode == "async" and self._failed is None:
             if self._message_log.log.tick(now_ms):
                 self._maybe_checkpoint()
@@ -369,12 +327,12 @@ class MessageStore:
 
     def first_sequence(self, subject: str) -> int:
         """The lowest sequence still readable (== end_sequence when none is); 0 if unknown."""
-        clog = self._consumer_logs.get(_check_subject(subject))
+        clog = self._consumer_logs.get(check_subject(subject))
         return clog.first_sequence if clog else 0
 
     def end_sequence(self, subject: str) -> int:
         """The next sequence to be assigned (committed messages only); 0 for an unknown subject."""
-        clog = self._consumer_logs.get(_check_subject(subject))
+        clog = self._consumer_logs.get(check_subject(subject))
         return clog.end if clog else 0
 
     def end_sequences(self) -> dict[str, int]:
@@ -382,7 +340,7 @@ class MessageStore:
         return {subject: clog.end for subject, clog in self._consumer_logs.items()}
 
     def _check_range(self, subject: str, sequence: int, allow_end: bool) -> ConsumerLog | None:
-        _check_int("sequence", sequence, 0, U64_MAX)
+        check_int("sequence", sequence, 0, U64_MAX)
         clog = self._consumer_logs.get(subject)
         first = clog.first_sequence if clog else 0
         end = clog.end if clog else 0
@@ -394,7 +352,7 @@ class MessageStore:
         """The committed message ``sequence`` of ``subject``; SequenceOutOfRange outside
         [first_sequence, end_sequence), CorruptEntry when the stored bytes fail verification."""
         self._check_open()
-        clog = self._check_range(_check_subject(subject), sequence, allow_end=False)
+        clog = self._check_range(check_subject(subject), sequence, allow_end=False)
         return self._load(clog, sequence, clog.entry(sequence))
 
     def _load(self, clog: ConsumerLog, sequence: int, entry: Entry) -> StoredMessage:
@@ -426,11 +384,11 @@ class MessageStore:
         is returned too, so the caller checks the exact tags in the payload.
         """
         self._check_open()
-        _check_int("max_count", max_count, 0, U64_MAX)
-        _check_int("max_entries", max_entries, 0, U64_MAX)
-        clog = self._check_range(_check_subject(subject), from_sequence, allow_end=True)
+        check_int("max_count", max_count, 0, U64_MAX)
+        check_int("max_entries", max_entries, 0, U64_MAX)
+        clog = self._check_range(check_subject(subject), from_sequence, allow_end=True)
         for h in tag_hashes or ():
-            _check_int("tag hash", h, 0, TAG_HASH_MAX)
+            check_int("tag hash", h, 0, TAG_HASH_MAX)
         mask = tag_bloom(tag_hashes) if tag_hashes else 0
         messages: list[StoredMessage] = []
         sequence = from_sequence
@@ -450,10 +408,10 @@ class MessageStore:
         """Delete old message-log segments and the consumer-log files below them (see
         ``realtime.storage.retention``); the report says what went and why."""
         self._check_open()
-        _check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         for subject, sequence in keep_sequences.items():
-            _check_subject(subject)
-            _check_int(f"keep_sequences[{subject!r}]", sequence, 0, U64_MAX)
+            check_subject(subject)
+            check_int(f"keep_sequences[{subject!r}]", sequence, 0, U64_MAX)
         report = apply_retention(self._message_log, self._consumer_logs, self.config, now_ms,
                                  keep_sequences)
         if report.deleted_segments:
@@ -464,8 +422,7 @@ class MessageStore:
         """Drop uncommitted appends, fsync, checkpoint and close every file. Idempotent."""
         if self._closed:
             return
-        self._pending, self._pending_ids = [], set()
-        self._pending_counts = defaultdict(int)
+        self._batch = WriteBatch(self.config.record_size_bytes_max)
         try:
             if self._failed is None:
                 self._message_log.log.sync()

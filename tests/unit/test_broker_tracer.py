@@ -51,7 +51,7 @@ def test_a_message_pulled_soon_after_it_was_stored_is_traced_without_decoding_it
         tmp_path):
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
-    tracer.stored([(checked("m0"), 0), (checked("m1"), 1)], T0_MS)
+    tracer.stored([checked("m0"), checked("m1")], [0, 1], T0_MS)
     # Unreadable payloads: only the members remembered at store time can name the messages.
     garbage = [{"payload": b"\xc1", "pull_seq": i, "redelivered": 0} for i in range(2)]
     tracer.pulled("orders", "billing", "c1", garbage, T0_MS + 1, [0, 1])
@@ -63,9 +63,10 @@ def test_a_message_pulled_soon_after_it_was_stored_is_traced_without_decoding_it
 
 def test_the_recently_stored_members_stay_within_their_bounds(tmp_path):
     tracer = BrokerTracer(TraceWriter(tmp_path, "realtime:rt", background=False))
-    tracer.stored([(checked(f"m{i}"), i) for i in range(3 * RECENT_PER_SUBJECT_MAX)], T0_MS)
+    tracer.stored([checked(f"m{i}") for i in range(3 * RECENT_PER_SUBJECT_MAX)],
+                  list(range(3 * RECENT_PER_SUBJECT_MAX)), T0_MS)
     for s in range(RECENT_SUBJECTS_MAX + 5):
-        tracer.stored([(checked("x", f"s{s}"), 0)], T0_MS)
+        tracer.stored([checked("x", f"s{s}")], [0], T0_MS)
     assert len(tracer._recent["orders"]) == RECENT_PER_SUBJECT_MAX
     assert min(tracer._recent["orders"]) == 2 * RECENT_PER_SUBJECT_MAX
     assert len(tracer._recent) == RECENT_SUBJECTS_MAX
@@ -81,7 +82,7 @@ def test_a_producers_own_message_is_one_stored_line_that_reads_as_produced_then_
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
     retry_copy = Checked("m1.r1", "%retry%orders%billing", (), None, None, T0_MS - 50, 1, "m1")
-    tracer.stored([(checked("m1"), 0), (retry_copy, 0)], T0_MS + 7)
+    tracer.stored([checked("m1"), retry_copy], [0, 0], T0_MS + 7)
     writer.close()
     assert [(line["event"], line["msg_id"], line.get("produced")) for line in raw_lines(tmp_path)] \
         == [("stored", "m1", True), ("stored", "m1.r1", None)]
@@ -96,10 +97,38 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
                                                                           subject):
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
-    tracer.stored([(checked(msg_id, subject), 0)], T0_MS + 1)
+    tracer.stored([checked(msg_id, subject)], [0], T0_MS + 1)
     expected = writer.line("stored", T0_MS + 1, message_members(msg_id, subject,
                                                                 created_at_ms=T0_MS),
                            PRODUCED_MEMBER)
     writer.close()
     (path,) = tmp_path.glob("*/*.jsonl")
     assert path.read_text() == expected + "\n"
+
+
+def test_a_batch_of_a_producers_messages_writes_the_lines_they_would_write_one_by_one(tmp_path):
+    ids = ["m1", 'quote"back\\slash', "\U0001f600\ud800"]
+    batch_dir, single_dir = tmp_path / "batch", tmp_path / "single"
+    for directory, calls in ((batch_dir, [(ids, [5, 6, 7])]),
+                             (single_dir, [([i], [s]) for i, s in zip(ids, [5, 6, 7])])):
+        writer = TraceWriter(directory, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+        tracer = BrokerTracer(writer)
+        for call_ids, sequences in calls:
+            tracer.stored([checked(i, "orders.créé") for i in call_ids], sequences, T0_MS + 1)
+        assert tracer._recent["orders.créé"] == {
+            5: message_members(ids[0], "orders.créé", created_at_ms=T0_MS),
+            6: message_members(ids[1], "orders.créé", created_at_ms=T0_MS),
+            7: message_members(ids[2], "orders.créé", created_at_ms=T0_MS)}
+        writer.close()
+    (batch_file,) = batch_dir.glob("*/*.jsonl")
+    (single_file,) = single_dir.glob("*/*.jsonl")
+    assert batch_file.read_text() == single_file.read_text()
+    assert len(batch_file.read_text().splitlines()) == 3
+
+
+def test_a_duplicate_in_a_stored_batch_gets_no_line(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tracer.stored([checked("m1"), checked("m2"), checked("m3")], [0, None, 1], T0_MS)
+    writer.close()
+    assert [line["msg_id"] for line in raw_lines(tmp_path)] == ["m1", "m3"]

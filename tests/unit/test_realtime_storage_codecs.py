@@ -15,12 +15,19 @@ from realtime.storage import (
     MessageStore,
     StoreConfig,
 )
-from realtime.storage.consumer_log import ENTRY_SIZE_BYTES, Entry, decode_entry, encode_entry
+from realtime.storage.consumer_log import (
+    ENTRY_SIZE_BYTES,
+    Entry,
+    decode_entry,
+    encode_entries,
+    encode_entry,
+)
 from realtime.storage.message_record import (
     OVERHEAD_SIZE_BYTES,
     MessageRecord,
     decode_message_record,
     encode_message_record,
+    encode_subject_records,
     tag_bloom,
 )
 from realtime.storage.store_checkpoint import (
@@ -51,6 +58,26 @@ def test_a_message_record_decodes_to_what_was_encoded(ts, seq, bloom, subject, m
                                                         payload)
 
 
+@settings(max_examples=200)
+@given(u64, names, st.lists(st.tuples(u64, u64, names, st.binary(max_size=40)), max_size=6))
+def test_records_encoded_as_a_batch_are_the_bytes_encoded_one_by_one(ts, subject, messages):
+    sequences = [m[0] for m in messages]
+    blooms = [m[1] for m in messages]
+    ids = [m[2] for m in messages]
+    payloads = [m[3] for m in messages]
+    assert encode_subject_records(ts, subject, sequences, blooms, [i.encode() for i in ids],
+                                  payloads) == [
+        encode_message_record(ts, seq, bloom, subject, message_id, payload)
+        for seq, bloom, message_id, payload in messages]
+
+
+@pytest.mark.parametrize("ts, seq, bloom, id_bytes", [
+    (-1, 0, 0, 1), (1 << 64, 0, 0, 1), (0, 1 << 64, 0, 1), (0, 0, -1, 1), (0, 0, 0, 0x10000)])
+def test_a_batch_record_field_out_of_its_width_is_a_value_error(ts, seq, bloom, id_bytes):
+    with pytest.raises(ValueError, match="out of range"):
+        encode_subject_records(ts, "s", [seq], [bloom], [b"i" * id_bytes], [b"p"])
+
+
 @given(names, names, st.binary(max_size=50), st.data())
 def test_a_message_record_cut_inside_its_header_or_names_is_rejected(subject, message_id,
                                                                      payload, data):
@@ -76,6 +103,18 @@ def test_a_consumer_log_entry_decodes_to_what_was_encoded(ts, offset, size, bloo
     raw = encode_entry(Entry(ts, offset, size, bloom))
     assert len(raw) == ENTRY_SIZE_BYTES == 32
     assert decode_entry(raw) == Entry(ts, offset, size, bloom)
+
+
+@given(st.lists(st.tuples(u64, u64, u32, u64), max_size=8))
+def test_entries_encoded_as_a_batch_are_the_bytes_encoded_one_by_one(entries):
+    columns = [list(column) for column in zip(*entries)] or [[], [], [], []]
+    assert encode_entries(*columns) == b"".join(encode_entry(Entry(*e)) for e in entries)
+
+
+@pytest.mark.parametrize("entry", [(-1, 0, 0, 0), (0, 1 << 64, 0, 0), (0, 0, 1 << 32, 0)])
+def test_a_batch_entry_field_out_of_its_width_is_a_value_error(entry):
+    with pytest.raises(ValueError, match="out of range"):
+        encode_entries(*[[value] for value in entry])
 
 
 @given(u64, u64, u32, u64, st.integers(0, 32 * 8 - 1))

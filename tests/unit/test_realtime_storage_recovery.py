@@ -44,10 +44,11 @@ def fill(data_dir, batches=5, per_batch=9, close=True) -> MessageStore:
     """Commit messages to both subjects; returns the (open or closed) store."""
     store = open_store(data_dir, now_ms=T0)
     for _ in range(batches):
+        buffered = dict.fromkeys(SUBJECTS, 0)  # appended since the last commit, per subject
         for i in range(per_batch):
             subject = SUBJECTS[i % 2]
-            sequence = store.end_sequence(subject) + sum(
-                1 for p in store._pending if p.subject == subject)
+            sequence = store.end_sequence(subject) + buffered[subject]
+            buffered[subject] += 1
             store.append(subject, f"{subject}:{sequence}", [sequence % 3], T0, payload(subject, sequence))
         store.commit()
     if close:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from logstore import DiskFull, LogWriteFailed
 from logstore.faults import FaultPlan
@@ -368,3 +370,53 @@ def test_a_failed_consumer_log_fsync_at_a_checkpoint_keeps_the_batch_and_stops_w
     store = open_store(data_dir)
     assert store.end_sequence("s") == 12
     store.close()
+
+
+appends = st.lists(st.tuples(st.sampled_from(["a", "b", "%retry%a%g"]),
+                             st.sampled_from([f"id{i}" for i in range(6)]),
+                             st.lists(st.integers(0, (1 << 32) - 1), max_size=2),
+                             st.binary(max_size=20)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(appends, st.integers(0, 3)), max_size=4))
+def test_append_many_gives_what_the_same_appends_one_at_a_time_give(tmp_path_factory, commits):
+    """Commits of a few batches (with ids repeated inside a batch and across commits) in two
+    stores, one message at a time and column by column: the same outcomes, the same data."""
+    one_dir, many_dir = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("many")
+    one, many = open_store(str(one_dir)), open_store(str(many_dir))
+    for batch, chunks in commits:
+        for subject, message_id, hashes, payload in batch:
+            one.append(subject, message_id, hashes, T0, payload)
+        size = max(1, len(batch) // (chunks + 1))
+        for start in range(0, len(batch), size):
+            chunk = batch[start:start + size]
+            many.append_many([m[0] for m in chunk], [m[1] for m in chunk], [m[2] for m in chunk],
+                             T0, [m[3] for m in chunk])
+        expected = one.commit()
+        assert many.commit_sequences() == [None if a.duplicate else a.sequence for a in expected]
+    assert many.end_sequences() == one.end_sequences()
+    for subject, end in one.end_sequences().items():
+        for sequence in range(end):
+            assert many.read(subject, sequence) == one.read(subject, sequence)
+    one.close()
+    many.close()
+
+
+def test_a_bad_message_in_append_many_buffers_none_of_the_batch(data_dir):
+    store = open_store(data_dir)
+    with pytest.raises(ValueError, match="message_id of 0 bytes"):
+        store.append_many(["s", "t", "t"], ["ok1", "ok2", ""], [[], [], []], T0,
+                          [b"1", b"2", b"3"])
+    assert store.commit_sequences() == []
+    store.append_many(["s"], ["ok1"], [[]], T0, [b"1"])
+    assert store.commit_sequences() == [0]
+
+
+def test_discard_drops_the_appends_since_the_last_commit(data_dir):
+    store = open_store(data_dir)
+    store.append_many(["s", "s"], ["a", "b"], [(), ()], T0, [b"1", b"2"])
+    store.discard()
+    store.append_many(["s"], ["a"], [()], T0, [b"3"])
+    assert store.commit_sequences() == [0]
+    assert store.read("s", 0).payload == b"3"

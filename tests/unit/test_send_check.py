@@ -74,7 +74,8 @@ anything = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2, max_val
                                                                           max_size=3),
                      st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2))
 edges = {
-    "i": st.sampled_from(["x" * (MAX_MESSAGE_ID_CHARS + 1), "a b", "", "é"]),
+    "i": st.sampled_from(["x" * (MAX_MESSAGE_ID_CHARS + 1), "a b", "", "é", "a\x7f", "\x1fa",
+                          "a\tb", "a\u00a0b", "\U0001f600"]),
     "s": st.sampled_from(["%bogus", "%retry%x", "-bad", "", "x" * 201, "a/b"]),
     "b": st.just(b"x" * (MAX_BODY_BYTES + 1)),
     "c": st.just(-1),

@@ -1,0 +1,219 @@
+"""``WriteBatch``: the appends a ``MessageStore`` buffers until its next ``commit``.
+
+The broker appends a few hundred messages at a time, so a batch is kept column by column (ids,
+sequences, record bodies ...) rather than as an object per message, and a run of messages of one
+subject is checked, de-duplicated, numbered and encoded by ``map``/``list`` calls that do their
+per-message work in C. A message that is not plain (a duplicate, an id seen before, tags) takes a
+per-message path with the same outcome. Synchronous and single-owner, like the store; it writes
+nothing: ``MessageStore.commit`` writes what it holds.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby, repeat
+from typing import Callable, Sequence
+
+from realtime.storage.config import (
+    MESSAGE_ID_BYTES_MAX,
+    SUBJECT_BYTES_MAX,
+    TAG_HASH_MAX,
+    TAG_HASHES_MAX,
+    TIMESTAMP_MS_MAX,
+)
+from realtime.storage.dedup import DedupIndex
+from realtime.storage.message_record import encode_subject_records, record_size_bytes, tag_bloom
+
+
+def check_subject(subject: object) -> str:
+    """``subject`` if it is a str of 1..SUBJECT_BYTES_MAX UTF-8 bytes, else ValueError."""
+    if not isinstance(subject, str):
+        raise ValueError(f"subject {subject!r} must be a str, not {type(subject).__name__}")
+    try:
+        size = len(subject.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"subject {subject!r} is not encodable as UTF-8: {exc}") from exc
+    if not 1 <= size <= SUBJECT_BYTES_MAX:
+        raise ValueError(f"subject of {size} bytes is outside [1, {SUBJECT_BYTES_MAX}] bytes")
+    return subject
+
+
+def check_int(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int (not a bool) in [low, high], else ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} {value!r} must be an int in [{low}, {high}]")
+    return value
+
+
+def check_message(subject: str, message_id: object, tag_hashes: Sequence[int], payload: object,
+                  record_size_bytes_max: int) -> None:
+    """Raise ValueError naming the value when one message's fields cannot be stored."""
+    check_subject(subject)
+    if not isinstance(message_id, str):
+        raise ValueError(f"message_id {message_id!r} must be a str")
+    try:
+        id_size = len(message_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"message_id {message_id!r} is not encodable as UTF-8") from exc
+    if not 1 <= id_size <= MESSAGE_ID_BYTES_MAX:
+        raise ValueError(
+            f"message_id of {id_size} bytes is outside [1, {MESSAGE_ID_BYTES_MAX}] bytes")
+    if len(tag_hashes) > TAG_HASHES_MAX:
+        raise ValueError(f"{len(tag_hashes)} tag hashes exceed TAG_HASHES_MAX {TAG_HASHES_MAX}")
+    for h in tag_hashes:
+        check_int("tag hash", h, 0, TAG_HASH_MAX)
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise ValueError(f"payload must be bytes, not {type(payload).__name__}")
+    size = record_size_bytes(len(subject.encode("utf-8")), id_size, len(payload))
+    if size > record_size_bytes_max:
+        raise ValueError(f"message record of {size} bytes exceeds record_size_bytes_max "
+                         f"{record_size_bytes_max}")
+
+
+class WriteBatch:
+    """Everything appended since the last commit, in append order, as columns.
+
+    For every append: ``keys`` (subject, message id), ``sequences`` (the provisional sequence;
+    for a duplicate the original's, None while that original is itself uncommitted) and
+    ``duplicates``. For the fresh (not duplicate) ones, what the commit writes: ``fresh_keys``,
+    ``fresh_sequences``, ``fresh_timestamps_ms``, ``fresh_blooms``, ``bodies`` (encoded message
+    records) and ``runs``: subject -> [start, stop) slices of the fresh columns, in order.
+    """
+
+    def __init__(self, record_size_bytes_max: int) -> None:
+        self.record_size_bytes_max = record_size_bytes_max
+        self.keys: list[tuple[str, str]] = []
+        self.sequences: list[int | None] = []
+        self.duplicates: list[bool] = []
+        self.duplicate_count = 0
+        self.fresh_keys: list[tuple[str, str]] = []
+        self.fresh_sequences: list[int] = []
+        self.fresh_timestamps_ms: list[int] = []
+        self.fresh_blooms: list[int] = []
+        self.bodies: list[bytes] = []
+        self.runs: dict[str, list[tuple[int, int]]] = {}
+        self._fresh_ids: set[tuple[str, str]] = set()
+        self._fresh_counts: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, subjects: Sequence[str], message_ids: Sequence[str],
+            tag_hashes: Sequence[Sequence[int]], timestamp_ms: int, payloads: Sequence[bytes],
+            dedup: DedupIndex, end_sequence: Callable[[str], int]) -> None:
+        """Check, de-duplicate (against ``dedup`` and this batch), number (after the subject's
+        ``end_sequence``) and encode messages given column by column. All or nothing: on a
+        ValueError nothing of them is added."""
+        count = len(subjects)
+        if not count == len(message_ids) == len(tag_hashes) == len(payloads):
+            raise ValueError(f"columns of {count} subjects, {len(message_ids)} ids, "
+                             f"{len(tag_hashes)} tag-hash lists and {len(payloads)} payloads "
+                             f"differ in length")
+        check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
+        runs = [(subject, len(list(group))) for subject, group in groupby(subjects)]
+        # Check every run before adding any, so a ValueError leaves the batch as it was.
+        checked = []
+        start = 0
+        for subject, run_count in runs:
+            stop = start + run_count
+            checked.append(self._check_run(subject, message_ids[start:stop],
+                                           tag_hashes[start:stop], payloads[start:stop]))
+            start = stop
+        for (subject, _), (ids, ids_utf8, blooms, run_payloads) in zip(runs, checked):
+            self._add_run(subject, ids, ids_utf8, blooms, run_payloads, timestamp_ms, dedup,
+                          end_sequence)
+
+    def _check_run(self, subject: str, message_ids: Sequence[str],
+                   tag_hashes: Sequence[Sequence[int]], payloads: Sequence[bytes],
+                   ) -> tuple[Sequence[str], list[bytes], list[int], Sequence[bytes]]:
+        """The run's ids as UTF-8 and its tag blooms; ValueError (from ``check_message``, so
+        worded the same as for one append) when any message cannot be stored."""
+        try:
+            check_subject(subject)
+            if set(map(type, message_ids)) != {str}:
+                raise ValueError
+            ids_utf8 = list(map(str.encode, message_ids))
+            id_sizes = list(map(len, ids_utf8))
+            if min(id_sizes) < 1 or max(id_sizes) > MESSAGE_ID_BYTES_MAX:
+                raise ValueError
+            if set(map(type, payloads)) != {bytes}:
+                raise ValueError  # a bytearray or memoryview is copied by the slow path
+            longest = record_size_bytes(len(subject.encode("utf-8")), max(id_sizes),
+                                        max(map(len, payloads)))
+            if longest > self.record_size_bytes_max:
+                raise ValueError
+            if any(tag_hashes):
+                blooms = [self._bloom(hashes) for hashes in tag_hashes]
+            else:
+                blooms = [0] * len(payloads)
+            return message_ids, ids_utf8, blooms, payloads
+        except (ValueError, UnicodeEncodeError):
+            # Find and name the message at fault the way a single append does.
+            for message_id, hashes, payload in zip(message_ids, tag_hashes, payloads):
+                check_message(subject, message_id, hashes, payload, self.record_size_bytes_max)
+            copies = [bytes(payload) for payload in payloads]
+            return (message_ids, [m.encode("utf-8") for m in message_ids],
+                    [tag_bloom(hashes) for hashes in tag_hashes], copies)
+
+    @staticmethod
+    def _bloom(hashes: Sequence[int]) -> int:
+        if not hashes:
+            return 0
+        if len(hashes) > TAG_HASHES_MAX:
+            raise ValueError
+        for h in hashes:
+            if type(h) is not int or not 0 <= h <= TAG_HASH_MAX:
+                raise ValueError
+        return tag_bloom(hashes)
+
+    def _add_run(self, subject: str, message_ids: Sequence[str], ids_utf8: list[bytes],
+                 blooms: list[int], payloads: Sequence[bytes], timestamp_ms: int,
+                 dedup: DedupIndex, end_sequence: Callable[[str], int]) -> None:
+        count = len(message_ids)
+        keys = list(zip(repeat(subject, count), message_ids))
+        found = dedup.lookup_many(keys, timestamp_ms)
+        first = end_sequence(subject) + self._fresh_counts.get(subject, 0)
+        fresh_ids = self._fresh_ids
+        if found is None and fresh_ids.isdisjoint(keys) and len(set(keys)) == count:
+            # The usual case: every message is new.
+            sequences: list[int] = list(range(first, first + count))
+            self.sequences.extend(sequences)
+            self.duplicates.extend(repeat(False, count))
+            fresh = None
+        else:
+            fresh = []
+            sequences = []
+            for index, key in enumerate(keys):
+                original = found[index] if found is not None else None
+                if key in fresh_ids or original is not None:
+                    self.sequences.append(None if key in fresh_ids else original)
+                    self.duplicates.append(True)
+                    self.duplicate_count += 1
+                    continue
+                fresh_ids.add(key)
+                fresh.append(index)
+                sequences.append(first + len(sequences))
+                self.sequences.append(sequences[-1])
+                self.duplicates.append(False)
+            keys_all, keys = keys, [keys[i] for i in fresh]
+            ids_utf8 = [ids_utf8[i] for i in fresh]
+            blooms = [blooms[i] for i in fresh]
+            payloads = [payloads[i] for i in fresh]
+            self.keys.extend(keys_all)
+        if fresh is None:
+            self.keys.extend(keys)
+            fresh_ids.update(keys)
+        if not sequences:
+            return
+        self._fresh_counts[subject] = self._fresh_counts.get(subject, 0) + len(sequences)
+        bodies = encode_subject_records(timestamp_ms, subject, sequences, blooms, ids_utf8,
+                                        payloads)
+        start = len(self.bodies)
+        self.runs.setdefault(subject, []).append((start, start + len(bodies)))
+        self.bodies.extend(bodies)
+        self.fresh_keys.extend(keys)
+        self.fresh_sequences.extend(sequences)
+        self.fresh_timestamps_ms.extend(repeat(timestamp_ms, len(bodies)))
+        self.fresh_blooms.extend(blooms)
+
+
+__all__ = ["WriteBatch", "check_int", "check_message", "check_subject"]
