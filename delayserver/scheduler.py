@@ -72,6 +72,16 @@ class _PendingSend:
     trace: TracePeek | None = None
 
 
+@dataclass
+class _Confirmed:
+    """One batch the realtime side confirmed, waiting for its dispatch-log record."""
+
+    entries: list[ScheduleEntry]
+    subject: str
+    payloads: list[bytes]  # those to trace (a message refused for good is not traced)
+    confirmed_at_ms: int
+
+
 class Scheduler:
     """Owns a ``DelayStore`` and the in-memory window; see the module docstring."""
 
@@ -114,7 +124,7 @@ class Scheduler:
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         # Confirmed dispatches waiting to be recorded: one record_dispatched call (one dispatch
         # log fsync per bucket) for everything confirmed while the previous call ran.
-        self._to_record: list[tuple[list[ScheduleEntry], asyncio.Future[None]]] = []
+        self._to_record: list[_Confirmed] = []
         self._recording = False
         # Confirmed dispatches a full disk kept from being recorded; housekeeping records them
         # once space returns, so they are not dispatched again after a restart and their
@@ -159,8 +169,12 @@ class Scheduler:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._pending:
             await self._commit_batch()
-        if self._dispatch_tasks:
-            await asyncio.wait(set(self._dispatch_tasks), timeout=self.config.shutdown_grace_ms / 1000)
+        # Dispatch workers hand what was confirmed to a recorder task they start, so wait
+        # until none of either is left (or the grace time is over).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace_ms / 1000
+        while self._dispatch_tasks and loop.time() < deadline:
+            await asyncio.wait(set(self._dispatch_tasks), timeout=deadline - loop.time())
         for task in self._dispatch_tasks:
             task.cancel()
         await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
@@ -326,6 +340,37 @@ class Scheduler:
             if not ids:
                 del self._by_id[entry.id_hash]
 
+    def _untrack_many(self, entries: list[ScheduleEntry]) -> None:
+        """``_untrack`` of each entry, with the lookups bound once (runs per dispatched batch)."""
+        tracked_pop, in_flight, by_id = self._tracked.pop, self._in_flight, self._by_id
+        bucket_counts = self._bucket_counts
+        retry_ms = self._retry_ms
+        per_bucket: dict[int, int] = {}
+        for entry in entries:
+            key = (entry.bucket_ms, entry.index)
+            if tracked_pop(key, None) is None:
+                continue  # cancelled meanwhile
+            if key in in_flight:  # in flight: advance already took it out of the wheel
+                in_flight.discard(key)
+            else:
+                self.wheel.remove(key)
+            if retry_ms:
+                retry_ms.pop(key, None)
+            per_bucket[entry.bucket_ms] = per_bucket.get(entry.bucket_ms, 0) + 1
+            ids = by_id.get(entry.id_hash)
+            if ids is not None:
+                if len(ids) == 1:
+                    if ids[0] == key:
+                        del by_id[entry.id_hash]
+                elif key in ids:
+                    ids.remove(key)
+        for bucket_ms, done in per_bucket.items():
+            count = bucket_counts[bucket_ms] - done
+            if count:
+                bucket_counts[bucket_ms] = count
+            else:
+                del bucket_counts[bucket_ms]
+
     async def preload(self) -> None:
         """Load every bucket up to ``preload_buckets`` ahead of now that is not loaded yet.
 
@@ -387,8 +432,7 @@ class Scheduler:
         return self._preload_task is not None and not self._preload_task.done()
 
     def _start_dispatch(self, due: list[ScheduleEntry]) -> None:
-        for entry in due:
-            self._in_flight.add(entry.key)
+        self._in_flight.update([(e.bucket_ms, e.index) for e in due])
         self._due.extend(due)
         size = self.config.dispatch_batch_max
         # Running workers are all busy with a batch (one leaves when the queue is empty), so
@@ -415,98 +459,121 @@ class Scheduler:
                             f"{type(exc).__name__}: {exc}")
 
     async def _dispatch_chunk(self, chunk: list[ScheduleEntry]) -> None:
-        """Read the chunk's records in one store call (sequentially when they lie close
-        together: a hot slot stored in one burst), then send them in batches of
-        ``dispatch_batch_max``, DISPATCH_CONCURRENCY at a time."""
+        """Read the chunk's subjects and payloads in one store call (records lying close
+        together in the delay log, as a hot slot stored in one burst does, share reads), then
+        send them per subject in batches of ``dispatch_batch_max``, DISPATCH_CONCURRENCY
+        requests on the wire at a time across all workers."""
         assert self.store is not None
         try:
-            records = await self._io(self.store.read_many, chunk)
+            subjects, payloads = await self._io(self.store.read_payloads, chunk)
         except Exception as exc:
             log.exception("reading %d due messages failed", len(chunk))
             self._retry(chunk, f"read failed: {exc}")
             return
         size = self.config.dispatch_batch_max
+        if subjects.count(subjects[0]) == len(subjects):  # one subject: the usual hot slot
+            groups = [(subjects[0], chunk, payloads)]
+        else:
+            positions: dict[str, list[int]] = defaultdict(list)
+            for position, subject in enumerate(subjects):
+                positions[subject].append(position)
+            groups = [(subject, [chunk[i] for i in where], [payloads[i] for i in where])
+                      for subject, where in positions.items()]
 
-        async def one(start: int) -> None:
-            # All workers together keep at most DISPATCH_CONCURRENCY requests on the wire.
+        async def one(subject: str, entries: list[ScheduleEntry], batch: list[bytes]) -> None:
             async with self._send_slots:
-                await self._dispatch_batch(chunk[start:start + size], records[start:start + size])
+                await self._dispatch_batch(subject, entries, batch)
 
-        await asyncio.gather(*(one(start) for start in range(0, len(chunk), size)))
+        await asyncio.gather(*(
+            one(subject, entries[start:start + size], batch[start:start + size])
+            for subject, entries, batch in groups for start in range(0, len(entries), size)))
 
-    async def _dispatch_batch(self, batch: list[ScheduleEntry], records: list[Any]) -> None:
-        """Send one batch (its records already read) and record what was confirmed."""
-        by_subject: dict[str, list[tuple[ScheduleEntry, bytes]]] = defaultdict(list)
-        for entry, record in zip(batch, records):
-            by_subject[record.subject].append((entry, record.payload))
+    async def _dispatch_batch(self, subject: str, entries: list[ScheduleEntry],
+                              payloads: list[bytes]) -> None:
+        """Send one batch of one subject and hand what the broker confirmed to the recorder
+        (without waiting for its dispatch-log write, so the next batch goes out meanwhile);
+        what it did not confirm is retried with backoff."""
+        try:
+            _group, results = await self._dispatch_fn(subject, payloads)
+        except QmqError as exc:
+            log.warning("dispatch of %d messages to %s failed, will retry: %s",
+                        len(entries), subject, exc)
+            self._retry(entries, f"realtime did not take the batch: {exc}")
+            return
+        confirmed_at_ms = self.clock()
+        if len(results) == len(entries) and not [r for r in results if "error" in r]:
+            self._record_soon(entries, subject, payloads, confirmed_at_ms)
+            return
         confirmed: list[ScheduleEntry] = []
         confirmed_payloads: list[bytes] = []
         failed: list[ScheduleEntry] = []
-        for subject, items in by_subject.items():
-            try:
-                _group, results = await self._dispatch_fn(subject, [p for _, p in items])
-            except QmqError as exc:
-                log.warning("dispatch of %d messages to %s failed, will retry: %s",
-                            len(items), subject, exc)
-                failed.extend(e for e, _ in items)
-                continue
-            for (entry, payload), result in zip(items, results):
-                error = result.get("error")
-                if error is None:
-                    confirmed.append(entry)
-                    confirmed_payloads.append(payload)
-                elif error.get("code") in ("bad_request", "too_large", "forbidden"):
-                    # The realtime side will never take it: record it as dispatched so it
-                    # does not loop forever, and say so loudly.
-                    log.error("realtime refused message of %s for good (%s); dropped from "
-                              "the schedule", subject, error)
-                    confirmed.append(entry)
-                else:
-                    failed.append(entry)
+        for position, entry in enumerate(entries):
+            result = results[position] if position < len(results) else {}
+            error = result.get("error")
+            if error is None and result:
+                confirmed.append(entry)
+                confirmed_payloads.append(payloads[position])
+            elif error is not None and error.get("code") in ("bad_request", "too_large",
+                                                             "forbidden"):
+                # The realtime side will never take it: record it as dispatched so it does
+                # not loop forever, and say so loudly.
+                log.error("realtime refused message of %s for good (%s); dropped from the "
+                          "schedule", subject, error)
+                confirmed.append(entry)
+            else:
+                failed.append(entry)
         if confirmed:
-            await self._record(confirmed)
-            now_ms = self.clock()
-            self.stats.record(now_ms, [now_ms - e.deliver_at_ms for e in confirmed])
-            self.tracer.dispatched(confirmed_payloads, now_ms)
-            for entry in confirmed:
-                self._untrack(entry.key)
+            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms)
         if failed:
             self._retry(failed, "realtime did not confirm")
 
-    async def _record(self, confirmed: list[ScheduleEntry]) -> None:
-        """Record confirmed dispatches, sharing one store call (and fsync) with every other
-        batch confirmed meanwhile. Never raises: a failure is logged (see below)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._to_record.append((confirmed, done))
+    def _record_soon(self, entries: list[ScheduleEntry], subject: str, payloads: list[bytes],
+                     confirmed_at_ms: int) -> None:
+        """Queue confirmed dispatches for the recorder: everything confirmed while one
+        ``record_dispatched`` call runs shares the next (one dispatch-log fsync per bucket).
+        Only once recorded are they traced, counted and forgotten; until then they stay in
+        flight (a cancel answers ``already_dispatched``)."""
+        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms))
         if not self._recording:
             self._recording = True
-            waiting: list[tuple[list[ScheduleEntry], asyncio.Future[None]]] = []
-            try:
-                while self._to_record:
-                    waiting, self._to_record = self._to_record, []
-                    entries = [e for batch, _ in waiting for e in batch]
-                    try:
-                        await self._io(self.store.record_dispatched, entries)  # type: ignore[union-attr]
-                    except DiskFull as exc:
-                        # The world's fault, expected while the disk is full: no traceback.
-                        log.warning("recording %d dispatches failed, disk full; will retry: %s",
-                                    len(entries), exc)
-                        self._unrecorded.extend(entries)
-                    except Exception:
-                        # Delivered but not recorded: a restart would dispatch them again and
-                        # the broker's de-duplication absorbs it. They stay out of the wheel.
-                        log.exception("recording %d dispatches failed", len(entries))
-                    for _batch, future in waiting:
-                        future.set_result(None)
-            finally:
-                # Only when this task is cancelled (stop) are futures left unsettled: release
-                # their waiters, whose entries stay in flight (a restart dispatches them again).
-                self._recording = False
-                for _batch, future in waiting + self._to_record:
-                    if not future.done():
-                        future.cancel()
-                self._to_record = []
-        await done
+            task = asyncio.create_task(self._recorder(), name="delay-recorder")
+            self._dispatch_tasks.add(task)  # stop() waits for it like for a dispatch
+            task.add_done_callback(self._dispatch_tasks.discard)
+
+    async def _recorder(self) -> None:
+        """Record what ``_record_soon`` queued, one store call per round, until nothing is
+        queued. Never raises: a failure is logged (see below)."""
+        try:
+            while self._to_record:
+                waiting, self._to_record = self._to_record, []
+                entries = [e for batch in waiting for e in batch.entries]
+                subjects = [batch.subject for batch in waiting for _ in batch.entries]
+                try:
+                    await self._io(self.store.record_dispatched,  # type: ignore[union-attr]
+                                   entries, subjects)
+                except DiskFull as exc:
+                    # The world's fault, expected while the disk is full: no traceback.
+                    log.warning("recording %d dispatches failed, disk full; will retry: %s",
+                                len(entries), exc)
+                    self._unrecorded.extend(entries)
+                except Exception:
+                    # Delivered but not recorded: a restart would dispatch them again and the
+                    # broker's de-duplication absorbs it. They stay out of the wheel.
+                    log.exception("recording %d dispatches failed", len(entries))
+                for batch in waiting:
+                    self._confirmed(batch)
+        finally:
+            # Cancelled (stop) with batches queued: they stay in flight, unrecorded, and a
+            # restart dispatches them again.
+            self._recording = False
+
+    def _confirmed(self, batch: _Confirmed) -> None:
+        """A recorded batch: count its lateness, trace it, forget its entries."""
+        at_ms = batch.confirmed_at_ms
+        self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
+        if self.tracer.enabled:
+            self.tracer.dispatched(batch.payloads, at_ms)
+        self._untrack_many(batch.entries)
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         now_ms = self.clock()

@@ -64,9 +64,24 @@ class DelayTracer:
         writer.emit_lines(lines)
 
     def dispatched(self, payloads: Iterable[bytes], now_ms: int) -> None:
-        """Messages a realtime broker confirmed (lateness = now - deliver_at)."""
-        if self.enabled:
-            self._emit_all("dispatched", payloads, now_ms)
+        """Messages a realtime broker confirmed (lateness = now - deliver_at). The line's
+        constant parts are built once per batch (``TraceWriter.frame``)."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        assert writer is not None
+        start, end = writer.frame("dispatched", now_ms)
+        lines = []
+        for payload in payloads:
+            peeked = peek_trace_members(payload)
+            if peeked is None:
+                continue
+            if peeked.deliver_at_ms is None:
+                lines.append(start + peeked.members + end)
+            else:
+                lines.append(f'{start}{peeked.members},"lateness_ms":'
+                             f'{now_ms - peeked.deliver_at_ms}{end}')
+        writer.emit_lines(lines)
 
     def cancelled(self, message_id: str, subject: str | None, deliver_at_ms: int,
                   now_ms: int) -> None:

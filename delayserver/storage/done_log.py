@@ -22,6 +22,7 @@ from delayserver.storage.done_record import (
     DoneRecord,
     decode_done_records,
     encode_done_record,
+    encode_done_records,
 )
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import DAY_MS, Layout
@@ -171,6 +172,24 @@ class DoneLog:
         target = state.dispatched if kind == KIND_DISPATCHED else state.cancelled
         before = len(target)
         target.update(done_key(r.delay_log_offset, r.id_hash) for r in records)
+        self._cached_keys += len(target) - before
+        self._evict()
+
+    def write_entries(self, bucket_ms: int, kind: int, offsets: list[int], id_hashes: list[int],
+                      indexes: list[int]) -> None:
+        """``write`` of one record per entry, given as parallel lists (delay-log offset, id
+        hash, index) rather than a ``DoneRecord`` each: the batch path of dispatching."""
+        if not offsets:
+            return
+        state = self.state(bucket_ms)  # before writing: cuts a torn tail first
+        self.touch(bucket_ms)
+        os.makedirs(self.layout.day_dir(bucket_ms // DAY_MS), exist_ok=True)
+        data = encode_done_records(offsets, id_hashes, indexes, self.epoch, kind)
+        self._append_durably(self.layout.done_path(bucket_ms, kind), data, len(offsets))
+        target = state.dispatched if kind == KIND_DISPATCHED else state.cancelled
+        before = len(target)
+        # done_key of each entry, inlined: this runs once per dispatched message
+        target.update([(offset << 32) | hashed for offset, hashed in zip(offsets, id_hashes)])
         self._cached_keys += len(target) - before
         self._evict()
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 FIELDS = struct.Struct(
     ">Q"  # delay_log_offset
@@ -73,6 +73,26 @@ def encode_done_record(record: DoneRecord) -> bytes:
     head = FIELDS.pack(record.delay_log_offset, record.id_hash, record.index, record.epoch,
                        MAGIC, VERSION, record.kind)
     return head + CRC.pack(zlib.crc32(head))
+
+
+def encode_done_records(offsets: Sequence[int], id_hashes: Sequence[int], indexes: Sequence[int],
+                        epoch: int, kind: int) -> bytes:
+    """The records of a batch of entries of one kind and epoch, one after the other: the bytes
+    ``encode_done_record`` gives for each, made without a ``DoneRecord`` per entry."""
+    if kind not in SUFFIXES:
+        raise ValueError(f"kind {kind} is not one of {sorted(SUFFIXES)}")
+    if not 0 <= epoch <= U32_MAX:
+        raise ValueError(f"epoch {epoch} is outside u32")
+    pack, pack_crc, crc32 = FIELDS.pack, CRC.pack, zlib.crc32
+    parts = []
+    try:
+        for offset, hashed, index in zip(offsets, id_hashes, indexes):
+            head = pack(offset, hashed, index, epoch, MAGIC, VERSION, kind)
+            parts.append(head)
+            parts.append(pack_crc(crc32(head)))
+    except struct.error as exc:
+        raise ValueError(f"a done record field is out of range: {exc}") from None
+    return b"".join(parts)
 
 
 def decode_done_record(data: bytes | memoryview, at: int = 0) -> DoneRecord:

@@ -62,6 +62,33 @@ class PendingCounts:
                 self.per_subject[subject] = count - 1
         return True
 
+    def remove_many(self, bucket_ms: int, per_subject: dict[str | None, int]) -> int:
+        """``remove`` of ``per_subject[s]`` messages of each subject ``s`` (None: unreadable)
+        in ``bucket_ms``, at most as many as its hour has pending; returns how many."""
+        hour = bucket_ms - bucket_ms % HOUR_MS
+        left = self.per_hour.get(hour, 0)
+        removed = min(left, sum(per_subject.values()))
+        if removed <= 0:
+            return 0
+        if removed == left:
+            del self.per_hour[hour]
+        else:
+            self.per_hour[hour] = left - removed
+        self.total -= removed
+        budget = removed
+        for subject, count in per_subject.items():
+            take = min(count, budget)
+            budget -= take
+            if subject is not None and take:
+                pending = self.per_subject.get(subject, 0)
+                if pending <= take:
+                    self.per_subject.pop(subject, None)
+                else:
+                    self.per_subject[subject] = pending - take
+            if not budget:
+                break
+        return removed
+
     def hour_pending(self, bucket_ms: int) -> int:
         """Pending messages in the hour of ``bucket_ms``."""
         return self.per_hour.get(bucket_ms - bucket_ms % HOUR_MS, 0)

@@ -40,7 +40,7 @@ import logging
 import os
 import struct
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -50,6 +50,9 @@ from delayserver.storage.delay_checkpoint import (
     encode_delay_checkpoint,
 )
 from delayserver.storage.delay_record import (
+    FIXED as DELAY_FIXED,
+    OVERHEAD_SIZE_BYTES as DELAY_OVERHEAD_BYTES,
+    SUBJECT_LENGTH as DELAY_SUBJECT_LENGTH,
     U64_MAX,
     DelayedRecord,
     decode_delay_header,
@@ -82,7 +85,6 @@ from logstore import (
     OsFile,
     RecordTooLarge,
 )
-from logstore.record import HEADER_SIZE_BYTES as LOG_RECORD_HEADER_BYTES
 from logstore.segment_log import FLUSH_MODES
 
 log = logging.getLogger(__name__)
@@ -90,15 +92,11 @@ log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_DONE_RECORDS = 100_000  # dispatch/cancel records between checkpoints
 SCHEDULE_FLUSH_INTERVAL_MS = 1_000  # tick() writes the schedule buffer at least this often
 SUBJECT_CACHE_ENTRIES_MAX = 100_000  # subjects of read records kept for the pending counts
+SUBJECT_NAMES_MAX = 10_000  # distinct subjects whose decoded name read_payloads keeps
 EMPTY_BUCKETS_MAX = 100_000  # buckets known to have nothing pending (for buckets_with_pending)
 DELAY_LOG_WRITE_BUFFER_BYTES_MAX = 64 << 20  # a commit's batch reaches the OS in one write
 CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "already_past",
                    "unknown")
-SEQUENTIAL_READ_ENTRIES_MIN = 32  # read_many: fewer entries are read one pread each
-# read_many scans a span of at most this times the bytes it needs: a record passed over in a
-# scan costs ~2.5 us (CRC and copy), one read on its own ~15 us (a 4 KiB pread, checks)
-SEQUENTIAL_READ_SPAN_FACTOR = 4
-_FRAME_HEADER_BYTES = LOG_RECORD_HEADER_BYTES  # the delay log's framing in front of each body
 _DELIVER_AT = struct.Struct(">Q")  # a schedule entry's first field, searched for by cancel
 
 
@@ -173,6 +171,7 @@ class DelayStore:
         self._last_schedule_flush_ms = now_ms
         self._subjects: dict[int, str] = {}
         self._subject_names: dict[str, str] = {}
+        self._subject_by_bytes: dict[bytes, str] = {}  # read_payloads: a subject decoded once
         self._empty_buckets: set[int] = set()
         # Exact pending counts of the buckets loaded or begun since open (``load_bucket``
         # counts them, or the bucket's first entry is committed now; commits, dispatches and
@@ -371,35 +370,60 @@ class DelayStore:
         self._check_open()
         return self._checked_record(entry, self._log.read(entry.delay_log_offset))
 
-    def read_many(self, entries: Sequence[ScheduleEntry]) -> list[DelayedRecord]:
-        """``read`` of each entry, in the order given. When the records lie close together in
-        the delay log (a hot slot stored in one burst), the span is read sequentially in large
-        chunks instead of with one ``pread`` per record."""
+    def read_payloads(self, entries: Sequence[ScheduleEntry]) -> tuple[list[str], list[bytes]]:
+        """The subject and the stored payload of each entry's record, in the order given: what
+        dispatching needs, read batch-shaped. Records are fetched in delay-log order, runs of
+        neighbours with one ``pread`` each (``SegmentedLog.read_bodies``, which verifies each
+        record's CRC), and checked against their entry (length, due time, bucket, id hash)
+        without decoding the message or building a ``DelayedRecord``. A record that fails any
+        check is read alone with ``read``, which raises the exact error."""
         self._check_open()
-        if len(entries) < SEQUENTIAL_READ_ENTRIES_MIN:
-            return [self.read(entry) for entry in entries]
-        wanted = {entry.delay_log_offset: entry for entry in entries}
-        first = min(wanted)
-        last = max(wanted)
-        span_bytes = last + wanted[last].size_bytes + _FRAME_HEADER_BYTES - first
-        needed_bytes = sum(e.size_bytes + _FRAME_HEADER_BYTES for e in wanted.values())
-        if span_bytes > SEQUENTIAL_READ_SPAN_FACTOR * needed_bytes:
-            return [self.read(entry) for entry in entries]
-        bodies: dict[int, bytes] = {}
+        count = len(entries)
+        all_offsets = [entry.delay_log_offset for entry in entries]
+        order = sorted(range(count), key=all_offsets.__getitem__)
+        bodies = self._log.read_bodies([all_offsets[i] for i in order],
+                                       [entries[i].size_bytes for i in order])
+        subjects: list[str] = [""] * count
+        payloads: list[bytes] = [b""] * count
+        names = self._subject_by_bytes
+        fixed = DELAY_FIXED.unpack_from
+        subject_length_of = DELAY_SUBJECT_LENGTH.unpack_from
+        crc32 = zlib.crc32
+        id_at, length_bytes = DELAY_FIXED.size, DELAY_SUBJECT_LENGTH.size
+        for position, body in zip(order, bodies):
+            entry = entries[position]
+            if body is not None and len(body) >= DELAY_OVERHEAD_BYTES:
+                deliver_at_ms, bucket_ms, id_length = fixed(body, 0)
+                subject_length_at = id_at + id_length
+                if (deliver_at_ms == entry.deliver_at_ms and bucket_ms == entry.bucket_ms
+                        and id_length and subject_length_at + length_bytes <= len(body)):
+                    (subject_length,) = subject_length_of(body, subject_length_at)
+                    payload_at = subject_length_at + length_bytes + subject_length
+                    if (subject_length and payload_at <= len(body)
+                            and crc32(body[id_at:subject_length_at]) == entry.id_hash):
+                        subject_bytes = body[subject_length_at + length_bytes:payload_at].tobytes()
+                        subject = names.get(subject_bytes)
+                        if subject is None:
+                            subject = self._subject_name(subject_bytes)
+                        if subject is not None:
+                            subjects[position] = subject
+                            payloads[position] = body[payload_at:].tobytes()
+                            continue
+            record = self.read(entry)  # raises what is wrong with it
+            subjects[position] = record.subject
+            payloads[position] = record.payload
+        return subjects, payloads
+
+    def _subject_name(self, subject_bytes: bytes) -> str | None:
+        """The subject decoded from a record (None if not UTF-8), remembered by its bytes."""
         try:
-            for offset, body in self._log.iterate(first):
-                if offset in wanted:
-                    bodies[offset] = body
-                if offset >= last:
-                    break
-        except LogStoreError as exc:
-            # A bad record in the span, perhaps one nobody asked for: the entries not read yet
-            # are read one by one below and only a bad one of theirs fails.
-            log.warning("delay store: sequential read from offset %d stopped: %s", first, exc)
-        # An offset the scan did not land on (an entry that is not a record start) is read on
-        # its own, so it fails exactly as ``read`` would.
-        return [self._checked_record(e, bodies[e.delay_log_offset])
-                if e.delay_log_offset in bodies else self.read(e) for e in entries]
+            subject = subject_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if len(self._subject_by_bytes) >= SUBJECT_NAMES_MAX:
+            self._subject_by_bytes.clear()
+        self._subject_by_bytes[subject_bytes] = subject
+        return subject
 
     def _checked_record(self, entry: ScheduleEntry, body: bytes) -> DelayedRecord:
         try:
@@ -449,33 +473,48 @@ class DelayStore:
             raise ValueError(f"entry {entry.index} of bucket {entry.bucket_ms} is not in the "
                              f"schedule (the bucket has {count} entries)")
 
-    def record_dispatched(self, entries: Sequence[ScheduleEntry]) -> None:
+    def record_dispatched(self, entries: Sequence[ScheduleEntry],
+                          subjects: Sequence[str | None] | None = None) -> None:
         """Record confirmed dispatches durably (fsynced before this returns); ``load_bucket``
         never returns them again, before or after a restart. Entries already dispatched or
-        cancelled are skipped."""
+        cancelled are skipped. ``subjects`` (one per entry, from ``read_payloads``) saves
+        looking each one up for the pending counts. Work is per bucket, not per entry: one
+        write of all its records and one update of the counts."""
         self._check_writable()
-        by_bucket: dict[int, list[ScheduleEntry]] = defaultdict(list)
-        for entry in entries:
-            self._check_entry(entry)
-            by_bucket[entry.bucket_ms].append(entry)
-        for bucket, group in by_bucket.items():
+        by_bucket: dict[int, list[int]] = defaultdict(list)  # bucket -> positions in entries
+        for position, entry in enumerate(entries):
+            by_bucket[entry.bucket_ms].append(position)
+        for bucket, positions in by_bucket.items():  # every entry checked before any write
+            count = self._schedule.count(bucket)
+            for position in positions:
+                if not 0 <= entries[position].index < count:
+                    raise ValueError(f"entry {entries[position].index} of bucket {bucket} is "
+                                     f"not in the schedule (the bucket has {count} entries)")
+        for bucket, positions in by_bucket.items():
             state = self._done.state(bucket)
-            fresh: dict[int, ScheduleEntry] = {}
-            for entry in group:
-                key = done_key(entry.delay_log_offset, entry.id_hash)
-                if not state.is_done(key):
-                    fresh.setdefault(key, entry)
+            done = state.dispatched, state.cancelled
+            fresh: dict[int, int] = {}  # done key -> position, first one wins
+            for position in positions:
+                entry = entries[position]
+                key = (entry.delay_log_offset << 32) | entry.id_hash  # done_key, inlined
+                if key not in done[0] and key not in done[1] and key not in fresh:
+                    fresh[key] = position
             if not fresh:
                 continue
-            epoch = self._done.epoch
-            self._write_done(bucket, KIND_DISPATCHED, [
-                DoneRecord(e.delay_log_offset, e.id_hash, e.index, epoch, KIND_DISPATCHED)
-                for e in fresh.values()
-            ])
-            for entry in fresh.values():
-                self._counts.remove(bucket, self._subject_of(entry))
-            self._lower_bucket_pending(bucket, len(fresh))
-            self._done_since_checkpoint += len(fresh)
+            chosen = [entries[position] for position in fresh.values()]
+            try:
+                self._done.write_entries(bucket, KIND_DISPATCHED,
+                                         [e.delay_log_offset for e in chosen],
+                                         [e.id_hash for e in chosen], [e.index for e in chosen])
+            except StoreFailed as exc:
+                raise self._fail(exc)
+            if subjects is None:
+                per_subject = Counter(self._subject_of(e) for e in chosen)
+            else:
+                per_subject = Counter(subjects[position] for position in fresh.values())
+            self._counts.remove_many(bucket, per_subject)
+            self._lower_bucket_pending(bucket, len(chosen))
+            self._done_since_checkpoint += len(chosen)
         self._maybe_checkpoint()
 
     def _lower_bucket_pending(self, bucket_ms: int, done: int) -> None:

@@ -310,8 +310,8 @@ async def test_while_the_realtime_side_is_slow_due_messages_go_in_fewer_larger_r
     store = server.scheduler.store
     recorded: list[int] = []
     record = store.record_dispatched
-    monkeypatch.setattr(store, "record_dispatched", lambda entries: (
-        recorded.append(len(entries)), record(entries))[1])
+    monkeypatch.setattr(store, "record_dispatched", lambda entries, subjects=None: (
+        recorded.append(len(entries)), record(entries, subjects))[1])
     base = clock()
     count = 3 * DISPATCH_CONCURRENCY
     await client.send(*(message("s", b"%d" % i, clock, deliver_at_ms=base + 10 * (i + 1))
@@ -394,9 +394,9 @@ async def test_a_hot_slot_backlog_is_read_in_chunks_and_each_message_sent_once_i
     server.scheduler._dispatch_fn = counting_dispatch
     store = server.scheduler.store
     reads: list[int] = []
-    read_many = store.read_many
-    monkeypatch.setattr(store, "read_many", lambda entries: (
-        reads.append(len(entries)), read_many(entries))[1])
+    read_payloads = store.read_payloads
+    monkeypatch.setattr(store, "read_payloads", lambda entries: (
+        reads.append(len(entries)), read_payloads(entries))[1])
     try:
         due = clock() + 500
         for start_at in range(0, 300, 100):

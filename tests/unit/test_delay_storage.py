@@ -15,7 +15,7 @@ from delayserver.storage import (
     StoreClosed,
 )
 from delayserver.storage.layout import DAY_MS, HOUR_MS
-from logstore import RecordTooLarge
+from logstore import CorruptRecord, RecordTooLarge
 
 NOW_MS = 1_700_000_000_000  # a fixed "now", never the clock
 BUCKET_MS = 1_000
@@ -410,29 +410,49 @@ def test_a_cancel_counts_towards_a_loaded_bucket_being_finished(store):
     assert store.done_before() == base + 2_000
 
 
-def test_a_hot_slots_records_are_read_in_one_sequential_pass_and_equal_single_reads(
+def test_a_hot_slots_payloads_are_read_in_shared_reads_and_equal_single_reads(
     data_dir, monkeypatch,
 ):
     store = DelayStore(data_dir, DelayStoreConfig(bucket_ms=BUCKET_MS), now_ms=NOW_MS)
     base = NOW_MS - NOW_MS % BUCKET_MS
-    entries = send(store, [(f"h{i}", "s", base + i % 7) for i in range(100)])
+    entries = send(store, [(f"h{i}", f"s{i % 3}", base + i % 7) for i in range(100)])
     expected = [store.read(e) for e in entries]
-    wanted = list(reversed(entries[::2]))  # every other record: still dense enough
+    wanted = list(reversed(entries[::2]))  # every other record, out of log order
+    preads: list[int] = []
+    segment = store._log._segments[-1]
+    pread = segment.handle.pread
+    monkeypatch.setattr(segment.handle, "pread",
+                        lambda at, size: (preads.append(size), pread(at, size))[1])
 
-    def no_pread(offset):
+    def no_single_read(offset):
         raise AssertionError(f"record at {offset} read on its own")
 
-    monkeypatch.setattr(store._log, "read", no_pread)
-    assert store.read_many(wanted) == list(reversed(expected[::2]))
+    monkeypatch.setattr(store._log, "read", no_single_read)
+    subjects, payloads = store.read_payloads(wanted)
+    assert subjects == [r.subject for r in reversed(expected[::2])]
+    assert payloads == [r.payload for r in reversed(expected[::2])]
+    assert len(preads) == 1  # close together: one read for all fifty
     monkeypatch.undo()
     store.close()
 
 
-def test_a_sparse_read_many_and_a_bad_entry_fail_or_succeed_as_single_reads_would(store):
+def test_read_payloads_of_sparse_entries_equals_single_reads_and_a_bad_entry_fails_alike(store):
     base = NOW_MS - NOW_MS % BUCKET_MS
     entries = send(store, [(f"s{i}", "s", base + i) for i in range(40)])
-    assert store.read_many(entries[::10]) == [store.read(e) for e in entries[::10]]
-    bad = ScheduleEntry(entries[5].bucket_ms, entries[5].index, entries[5].deliver_at_ms + 1,
-                        entries[5].delay_log_offset, entries[5].size_bytes, entries[5].id_hash)
-    with pytest.raises(CorruptScheduleEntry):
-        store.read_many(entries[:5] + [bad] + entries[6:])
+    assert store.read_payloads(entries[::10]) == (
+        [store.read(e).subject for e in entries[::10]],
+        [store.read(e).payload for e in entries[::10]])
+    moved = entries[5]
+    for bad in (
+        ScheduleEntry(moved.bucket_ms, moved.index, moved.deliver_at_ms + 1,
+                      moved.delay_log_offset, moved.size_bytes, moved.id_hash),
+        ScheduleEntry(moved.bucket_ms, moved.index, moved.deliver_at_ms,
+                      moved.delay_log_offset, moved.size_bytes, moved.id_hash ^ 1),
+        ScheduleEntry(moved.bucket_ms, moved.index, moved.deliver_at_ms,
+                      moved.delay_log_offset + 1, moved.size_bytes, moved.id_hash),
+    ):
+        with pytest.raises(Exception) as alone:
+            store.read(bad)
+        assert isinstance(alone.value, (CorruptScheduleEntry, CorruptRecord))
+        with pytest.raises(type(alone.value)):
+            store.read_payloads(entries[:5] + [bad] + entries[6:])

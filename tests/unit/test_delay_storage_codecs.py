@@ -228,3 +228,20 @@ def test_a_checkpoint_payload_cut_anywhere_or_extended_is_refused():
         decode_delay_checkpoint(payload + b"\x00")
     with pytest.raises(ValueError, match="version"):
         decode_delay_checkpoint(struct.pack(">B", 9) + payload[1:])
+
+
+def test_a_batch_of_done_records_encodes_to_the_same_bytes_as_one_record_at_a_time():
+    from delayserver.storage.done_record import (
+        KIND_CANCELLED, KIND_DISPATCHED, DoneRecord, encode_done_record, encode_done_records,
+    )
+
+    offsets, hashes, indexes = [0, 77, (1 << 64) - 1], [0, 12345, (1 << 32) - 1], [0, 1, 9]
+    for kind in (KIND_DISPATCHED, KIND_CANCELLED):
+        assert encode_done_records(offsets, hashes, indexes, 7, kind) == b"".join(
+            encode_done_record(DoneRecord(o, h, i, 7, kind))
+            for o, h, i in zip(offsets, hashes, indexes))
+    assert encode_done_records([], [], [], 0, KIND_DISPATCHED) == b""
+    with pytest.raises(ValueError):
+        encode_done_records([1], [1 << 32], [0], 0, KIND_DISPATCHED)
+    with pytest.raises(ValueError):
+        encode_done_records([1], [1], [0], 0, 3)

@@ -63,6 +63,52 @@ def test_any_list_of_bodies_reads_back_by_offset_and_by_iteration_before_and_aft
             reopened.close()
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=body_lists.filter(bool), pick=st.data())
+def test_read_bodies_returns_what_read_returns_across_segments_and_buffered_appends(
+    tiny_config, bodies, pick
+):
+    with tempfile.TemporaryDirectory() as directory:
+        log = SegmentedLog(directory, tiny_config)
+        try:
+            offsets = [log.append(body) for body in bodies]  # some still buffered
+            chosen = sorted(pick.draw(st.sets(st.integers(0, len(bodies) - 1))))
+            got = log.read_bodies([offsets[i] for i in chosen], [len(bodies[i]) for i in chosen])
+            assert [bytes(body) for body in got] == [bodies[i] for i in chosen]
+        finally:
+            log.close()
+
+
+def test_read_bodies_gives_none_for_a_wrong_size_a_corrupt_record_or_an_offset_outside(
+    log_dir, tiny_config
+):
+    log = SegmentedLog(log_dir, tiny_config)
+    written = fill(log, 5, size=64)
+    log.sync()
+    offsets = [o for o, _ in written]
+    sizes = [len(b) for _, b in written]
+    assert [bytes(b) for b in log.read_bodies(offsets, sizes)] == [b for _, b in written]
+    wrong_size = log.read_bodies(offsets, sizes[:1] + [63] + sizes[2:])
+    assert wrong_size[1] is None and bytes(wrong_size[2]) == written[2][1]
+    outside = log.read_bodies([offsets[0], log.end_offset + 10], [sizes[0], 64])
+    assert bytes(outside[0]) == written[0][1] and outside[1] is None
+    not_a_record = log.read_bodies([offsets[1] + 1], [64])
+    assert not_a_record == [None]
+    # Flip one body byte of the third record on disk: only that record reads as None.
+    path = os.path.join(log_dir, segment_files(log_dir)[0])
+    with open(path, "r+b") as f:
+        f.seek(offsets[2] + HEADER_SIZE_BYTES + 3)
+        byte = f.read(1)
+        f.seek(offsets[2] + HEADER_SIZE_BYTES + 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    try:
+        got = log.read_bodies(offsets[:4], sizes[:4])
+        assert got[2] is None
+        assert [bytes(got[i]) for i in (0, 1, 3)] == [written[i][1] for i in (0, 1, 3)]
+    finally:
+        log.close()
+
+
 def test_segments_are_named_by_20_digit_base_offsets_each_equal_to_the_previous_end(
     log_dir, tiny_config
 ):
