@@ -6,12 +6,13 @@ Shape of a running consumer (one per process and group is typical):
   ``route_refresh_ms``, and at once when a pull fails) and starts one **pull loop** per broker
   group in the route. A group that leaves the route has its loop stopped.
 * a pull loop long-polls its broker (``wait_ms``) and puts what it gets into the subscription's
-  bounded prefetch queue (``pull_batch`` messages); when the queue is full the loop waits, so a
-  slow application is not handed more than it can hold. Connection loss -> reconnect with
+  bounded prefetch queue (``prefetch`` messages); it asks for at most what fits and waits
+  while less than half a batch fits, so a slow application is not handed more than it can
+  hold. Connection loss -> reconnect with
   exponential backoff (100 ms doubling to ``reconnect_backoff_max_ms``).
 * acks are out of order: ``msg.ack()`` only records the pull sequence; an **ack task** turns
   the recorded sequences of each (broker, subject) into [first, last] ranges and sends them every
-  ``ack_interval_ms`` (20) or as soon as ``ack_pending_max`` (64) are waiting. One slow message
+  ``ack_interval_ms`` (20) or as soon as ``ack_pending_max`` (1024) are waiting. One slow message
   never holds back the acks of the others, nor the iterator.
 * a **heartbeat task** tells every broker we pull from (op heartbeat) and the MetaServer
   (``/api/clients/heartbeat``) that this consumer is alive, every ``heartbeat_interval_ms``.
@@ -45,7 +46,8 @@ from sdk.errors import BadRequest, NoRoute, QmqError
 from sdk.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from sdk.message import (
     Message,
-    decode_message,
+    decode_message_fields,
+    message_from_fields,
     parse_internal_subject,
     retry_subject,
     validate_group,
@@ -64,49 +66,84 @@ PULL_TIMEOUT_SLACK_MS = 5_000
 RECONNECT_BACKOFF_MS_INITIAL = 100
 # Longest wait for an ack, nack or heartbeat answer, in milliseconds.
 CONTROL_TIMEOUT_MS = 5_000
+# Messages asked for per pull (Kafka's max.poll.records is 500, RocketMQ pulls 32 but keeps up
+# to 1000 per queue): large enough that the per-request cost of a pull on the broker and here
+# is shared by many messages at high rates, while at low rates a long poll still answers with
+# the first message that arrives, so latency does not depend on it.
+PULL_BATCH_DEFAULT = 256
+# Acks waiting before they are sent without waiting for ack_interval_ms: at high rates acks go
+# as one request of a few ranges per this many messages; at low rates every ack_interval_ms.
+ACK_PENDING_MAX_DEFAULT = 1024
 
 Handler = Callable[["ReceivedMessage"], Awaitable[Any]]
 
 
-class ReceivedMessage:
-    """A pulled message: the sdk Message plus what is needed to ack or nack it."""
+class _PulledBatch:
+    """What the messages of one pull share: where they came from and where their acks go."""
 
-    def __init__(
-        self,
-        message: Message,
-        *,
-        pull_seq: int,
-        redelivered: int,
-        broker_group: str,
-        address: str,
-        consumer: Consumer,
-        ack_key: tuple[str, str, str] | None = None,
-    ) -> None:
-        self.message = message
+    __slots__ = ("consumer", "broker_group", "address", "ack_key")
+
+    def __init__(self, consumer: Consumer, broker_group: str, address: str,
+                 ack_key: tuple[str, str, str]) -> None:
+        self.consumer = consumer
+        self.broker_group = broker_group
+        self.address = address
+        # (address, broker group, wire subject): the AckBatcher's key for these messages.
+        self.ack_key = ack_key
+
+
+class ReceivedMessage:
+    """A pulled message and what is needed to ack or nack it.
+
+    Built once per message on the receive path, so it is kept light: the fields are read
+    straight from the checked payload map (``sdk.message.decode_message_fields``), what the
+    messages of one pull share lives in one ``_PulledBatch``, and the ``Message`` object is
+    only built if ``.message`` is asked for."""
+
+    __slots__ = ("_fields", "pull_seq", "redelivered", "_batch", "_settled", "_message")
+
+    def __init__(self, fields: dict[str, Any], pull_seq: int, redelivered: int,
+                 batch: _PulledBatch) -> None:
+        self._fields = fields
         self.pull_seq = pull_seq
         # How many times the broker handed this message out before (0 on first delivery).
         self.redelivered = redelivered
-        self.broker_group = broker_group
-        self.address = address
-        self._consumer = consumer
-        # Where its ack goes: (address, broker group, wire subject), shared by a pulled batch.
-        self._ack_key = ack_key or (address, broker_group, message.subject)
+        self._batch = batch
         self._settled = False
+        self._message: Message | None = None
 
-    id = property(lambda self: self.message.id, doc="The message id.")
-    retries = property(lambda self: self.message.retries,
+    @property
+    def message(self) -> Message:
+        """The message as an ``sdk.Message`` (built on first use)."""
+        if self._message is None:
+            self._message = message_from_fields(self._fields)
+        return self._message
+
+    id = property(lambda self: self._fields["i"], doc="The message id.")
+    retries = property(lambda self: self._fields.get("r", 0),
                        doc="How many times it was nacked and retried before (0 on first try).")
-    wire_subject = property(lambda self: self.message.subject,
+    wire_subject = property(lambda self: self._fields["s"],
                             doc="The subject it was pulled from (``%retry%...`` for a retry).")
-    body = property(lambda self: self.message.body, doc="The body bytes.")
-    tags = property(lambda self: self.message.tags, doc="The tags (tuple of str).")
-    properties = property(lambda self: self.message.properties, doc="The str -> str properties.")
+    body = property(lambda self: self._fields["b"], doc="The body bytes.")
+    tags = property(lambda self: tuple(self._fields.get("t") or ()),
+                    doc="The tags (tuple of str).")
+    properties = property(lambda self: self._fields.setdefault("p", {}),
+                          doc="The str -> str properties.")
+    created_at_ms = property(lambda self: self._fields["c"],
+                             doc="When the producer made it, epoch ms.")
+    broker_group = property(lambda self: self._batch.broker_group,
+                            doc="The broker group it was pulled from.")
+    address = property(lambda self: self._batch.address,
+                       doc="The broker address it was pulled from (acks go there).")
 
     @property
     def subject(self) -> str:
         """The user subject (for a retry copy, the subject it was first sent to)."""
-        internal = parse_internal_subject(self.message.subject)
-        return internal.subject if internal is not None else self.message.subject
+        wire = self._fields["s"]
+        if wire[:1] != "%":
+            return wire
+        internal = parse_internal_subject(wire)
+        return internal.subject if internal is not None else wire
 
     @property
     def settled(self) -> bool:
@@ -114,12 +151,12 @@ class ReceivedMessage:
         return self._settled
 
     async def ack(self) -> None:
-        """Record the ack; it reaches the broker with the next ack batch (within ~20 ms).
-        Acking twice is harmless. Never blocks behind other messages."""
+        """Record the ack; it reaches the broker with the next ack batch (within
+        ``ack_interval_ms``). Acking twice is harmless. Never blocks behind other messages."""
         if self._settled:
             return
         self._settled = True
-        self._consumer._record_ack(self)
+        self._batch.consumer._record_ack(self)
 
     async def nack(self, retry_after: timedelta | int | None = None) -> None:
         """Hand the message back for a retry after ``retry_after`` (timedelta or ms; None = the
@@ -128,7 +165,7 @@ class ReceivedMessage:
         if self._settled:
             return
         retry_after_ms = None if retry_after is None else duration_ms(retry_after, "retry_after")
-        await self._consumer._nack(self, retry_after_ms)
+        await self._batch.consumer._nack(self, retry_after_ms)
         self._settled = True
 
     def __repr__(self) -> str:
@@ -140,11 +177,13 @@ class ReceivedMessage:
 
 class _Prefetch:
     """The bounded buffer between a subscription's pull loops and its iterator: like an
-    ``asyncio.Queue`` of ``capacity``, but a pulled batch goes in with one call and waits only
-    while the buffer is full."""
+    ``asyncio.Queue`` of ``capacity``, but a pulled batch goes in with one call, and pull loops
+    wait (``wait_room``) until ``refill_min`` slots are free, so that they pull sizeable
+    batches instead of one message each time the application takes one."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, refill_min: int = 1) -> None:
         self.capacity = capacity
+        self.refill_min = max(1, min(refill_min, capacity))
         self.items: deque[Any] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
@@ -161,18 +200,34 @@ class _Prefetch:
             done += room
             self._wake(self._getters)
 
+    async def wait_room(self) -> None:
+        """Return once at least ``refill_min`` slots are free."""
+        while self.capacity - len(self.items) < self.refill_min:
+            await self._wait(self._putters)
+
+    def taken(self) -> None:
+        """An item was taken: once ``refill_min`` slots are free, wake every waiting pull loop
+        (each checks the room itself; waking one only could leave another asleep forever
+        behind a loop whose pulls come back empty)."""
+        if self._putters and self.capacity - len(self.items) >= self.refill_min:
+            putters, self._putters = self._putters, deque()
+            for waiter in putters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
     def put_nowait(self, item: Any) -> None:
         """Append ignoring the capacity (the end marker, an error)."""
         self.items.append(item)
         self._wake(self._getters)
 
     async def get(self) -> Any:
+        """The next item, waiting for one."""
         items = self.items
         while not items:
             await self._wait(self._getters)
         item = items.popleft()
         if self._putters:
-            self._wake(self._putters)
+            self.taken()
         if items and self._getters:
             self._wake(self._getters)  # pass the turn on: another getter may take the next
         return item
@@ -205,13 +260,13 @@ class Subscription:
     non-retriable pull error (Forbidden, ...) once, then goes on with the other broker groups."""
 
     def __init__(self, subject: str, tags: list[str], capacity: int,
-                 sources: list[str] | None = None) -> None:
+                 sources: list[str] | None = None, refill_min: int = 1) -> None:
         self.subject = subject
         self.tags = tags
         # Wire subjects pulled into this iterator: the subject and, unless broadcast, its
         # group's retry subject.
         self.sources = sources or [subject]
-        self._prefetch = _Prefetch(capacity)
+        self._prefetch = _Prefetch(capacity, refill_min)
         self._ended = False
         self.pull_loops: dict[tuple[str, str], asyncio.Task[None]] = {}
         # (wire subject, broker group) -> address its pull loop uses now (heartbeats go there).
@@ -229,7 +284,7 @@ class Subscription:
         if prefetch.items:  # the common case takes no trip through the event loop
             item = prefetch.items.popleft()
             if prefetch._putters:
-                prefetch._wake(prefetch._putters)
+                prefetch.taken()
         else:
             item = await prefetch.get()
         if item is _END:
@@ -266,12 +321,24 @@ class _HandlerSpec:
 class Consumer:
     """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
 
-    Options (times in milliseconds): ``pull_batch`` (32) messages per pull and prefetch size,
-    ``wait_ms`` (5000) long-poll wait, ``heartbeat_interval_ms`` (5000), ``concurrency`` (16)
-    default handler concurrency, ``broadcast`` (False) every consumer gets every message,
-    ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
-    ``ack_pending_max`` (64) for ack batching, ``route_refresh_ms`` (30000),
+    Options (times in milliseconds): ``pull_batch`` (256) most messages asked for per pull,
+    ``prefetch`` (= ``pull_batch``) most messages pulled and not yet handed to the application
+    per subscription, ``wait_ms`` (5000) long-poll wait, ``heartbeat_interval_ms`` (5000),
+    ``concurrency`` (16) default handler concurrency, ``broadcast`` (False) every consumer gets
+    every message, ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
+    ``ack_pending_max`` (1024) for ack batching, ``route_refresh_ms`` (30000),
     ``close_timeout_ms`` (10000) how long close waits for running handlers.
+
+    Why these defaults: a pull and an ack cost the broker about as much per request as a few
+    dozen messages do, so at high rates each must carry hundreds of messages (RocketMQ keeps up
+    to 1000 per queue prefetched, Kafka polls 500). A long poll answers as soon as anything
+    arrives, so at low rates pulls stay small and latency does not grow. ``prefetch`` bounds
+    what one consumer holds that others of its group could have taken: a stuck application, or
+    a consumer killed with kill -9, keeps at most ``prefetch`` messages (plus those in its
+    handlers) from the others until the broker's ack timeout or consumer expiry hands them on.
+    A pull asks only for what fits (``min(pull_batch, free prefetch)``) and is sent once half a
+    batch fits. Acks go as pull-sequence ranges every ``ack_interval_ms``, or at once when
+    ``ack_pending_max`` wait: one request of a few ranges per thousand messages at high rates.
 
     ``token`` and ``tls`` work as for the Producer; with auth on, a subject outside the token's
     consume patterns fails its subscription with Forbidden.
@@ -287,12 +354,13 @@ class Consumer:
         consumer_id: str | None = None,
         broadcast: bool = False,
         start: Literal["latest", "earliest"] = "latest",
-        pull_batch: int = 32,
+        pull_batch: int = PULL_BATCH_DEFAULT,
+        prefetch: int | None = None,
         wait_ms: int = 5000,
         heartbeat_interval_ms: int = 5000,
         concurrency: int = 16,
         ack_interval_ms: int = 20,
-        ack_pending_max: int = 64,
+        ack_pending_max: int = ACK_PENDING_MAX_DEFAULT,
         route_refresh_ms: int = 30_000,
         reconnect_backoff_max_ms: int = 5_000,
         close_timeout_ms: int = 10_000,
@@ -301,10 +369,12 @@ class Consumer:
         tls: TlsOption = None,
     ) -> None:
         validate_group(group)
+        prefetch = pull_batch if prefetch is None else prefetch
         if start not in ("latest", "earliest"):
             raise ValueError(f"Consumer option start must be 'latest' or 'earliest', got {start!r}")
         for name, value, low, high in (
             ("pull_batch", pull_batch, 1, MAX_PULL_BATCH_MESSAGES),
+            ("prefetch", prefetch, 1, None),
             ("wait_ms", wait_ms, 0, MAX_PULL_WAIT_MS),
             ("heartbeat_interval_ms", heartbeat_interval_ms, 1, None),
             ("concurrency", concurrency, 1, None),
@@ -324,6 +394,7 @@ class Consumer:
         self.broadcast = broadcast
         self.start = start
         self.pull_batch = pull_batch
+        self.prefetch = prefetch
         self.wait_ms = wait_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.concurrency = concurrency
@@ -442,7 +513,8 @@ class Consumer:
             raise ValueError(f"subject {subject!r} is already subscribed by this consumer")
         self._start()
         sources = [subject] if self.broadcast else [subject, retry_subject(subject, self.group)]
-        sub = Subscription(subject, tag_list, self.pull_batch, sources)
+        sub = Subscription(subject, tag_list, self.prefetch, sources,
+                           refill_min=min(self.pull_batch, self.prefetch) // 2)
         self._subscriptions[subject] = sub
         loop = asyncio.get_running_loop()
         sub.route_tasks = [loop.create_task(self._route_loop(sub, source),
@@ -566,9 +638,16 @@ class Consumer:
                 return
             address = group.addresses[failures % len(group.addresses)]
             sub.addresses[(source, broker_group)] = address
+            prefetch = sub._prefetch
+            # Pull only what fits in the prefetch buffer, so a consumer never holds more than
+            # ``prefetch`` messages it has not handed to the application (others of the group
+            # get the rest); wait for room for half a batch rather than pull a few at a time.
+            if prefetch.capacity - len(prefetch.items) < prefetch.refill_min:
+                await prefetch.wait_room()
+            room = prefetch.capacity - len(prefetch.items)
             op = {
                 "op": "pull", "subject": source, "group": self.group,
-                "consumer_id": self.consumer_id, "max_count": self.pull_batch,
+                "consumer_id": self.consumer_id, "max_count": min(self.pull_batch, room),
                 "wait_ms": self.wait_ms, "tags": sub.tags, "start": start,
                 "broadcast": self.broadcast,
             }
@@ -593,38 +672,40 @@ class Consumer:
             failures = 0
             entries = answer.get("messages")
             if entries:
-                ack_key = (address, broker_group, source)
-                batch = [received for received in (
-                    self._received(entry, sub, broker_group, address, ack_key) for entry in entries
-                ) if received is not None]
-                await sub._prefetch.put_all(batch)
+                batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+                await prefetch.put_all(self._received(entries, sub, batch))
 
-    def _received(
-        self, entry: object, sub: Subscription, broker_group: str, address: str,
-        ack_key: tuple[str, str, str],
-    ) -> ReceivedMessage | None:
-        try:
-            if not isinstance(entry, dict) or type(entry.get("pull_seq")) is not int:
-                raise BadRequest(f"pulled entry without an int pull_seq: {entry!r:.100}")
-            payload = entry.get("payload")
-            if not isinstance(payload, bytes):
-                raise BadRequest("pulled entry without a bin payload")
-            message = decode_message(payload)
-        except QmqError as exc:
-            # A broker bug or corruption; the entry stays unacked so it is not silently lost.
-            log.error("broker group %s sent an unreadable message of %r: %s",
-                      broker_group, sub.subject, exc.message)
-            return None
-        redelivered = entry.get("redelivered", 0)
-        return ReceivedMessage(
-            message,
-            pull_seq=entry["pull_seq"],
-            redelivered=redelivered if type(redelivered) is int else int(bool(redelivered)),
-            broker_group=broker_group,
-            address=address,
-            consumer=self,
-            ack_key=ack_key,
-        )
+    @staticmethod
+    def _received(entries: object, sub: Subscription, batch: _PulledBatch,
+                  ) -> list[ReceivedMessage]:
+        """The messages of a pull response, in order. An entry that cannot be read (a broker
+        bug or corruption) is logged and left unacked, so it is redelivered, not lost."""
+        out: list[ReceivedMessage] = []
+        if type(entries) is not list:
+            log.error("broker group %s answered a pull of %r with messages that are no list: "
+                      "%r", batch.broker_group, sub.subject, entries)
+            return out
+        append = out.append
+        for entry in entries:
+            try:
+                if type(entry) is not dict:
+                    raise BadRequest(f"pulled entry is not a map: {entry!r:.100}")
+                pull_seq = entry.get("pull_seq")
+                payload = entry.get("payload")
+                if type(pull_seq) is not int:
+                    raise BadRequest(f"pulled entry without an int pull_seq: {entry!r:.100}")
+                if type(payload) is not bytes:
+                    raise BadRequest("pulled entry without a bin payload")
+                fields = decode_message_fields(payload)
+            except QmqError as exc:
+                log.error("broker group %s sent an unreadable message of %r: %s",
+                          batch.broker_group, sub.subject, exc.message)
+                continue
+            redelivered = entry.get("redelivered", 0)
+            if type(redelivered) is not int:
+                redelivered = int(bool(redelivered))
+            append(ReceivedMessage(fields, pull_seq, redelivered, batch))
+        return out
 
     # -- acks, nacks, heartbeats ----------------------------------------------------------------
 
@@ -633,7 +714,7 @@ class Consumer:
             log.warning("ack of message %s after the consumer closed is dropped; the broker "
                         "will redeliver it", msg.id)
             return
-        self._acks.add(msg._ack_key, msg.pull_seq)
+        self._acks.add(msg._batch.ack_key, msg.pull_seq)
 
     async def flush_acks(self) -> None:
         """Send every recorded ack now (close does this too)."""
@@ -642,7 +723,7 @@ class Consumer:
 
     async def _nack(self, msg: ReceivedMessage, retry_after_ms: int | None) -> None:
         await self._control(msg.address, {
-            "op": "nack", "subject": msg._ack_key[2], "pull_seqs": [msg.pull_seq],
+            "op": "nack", "subject": msg._batch.ack_key[2], "pull_seqs": [msg.pull_seq],
             "retry_after_ms": retry_after_ms,
         })
 

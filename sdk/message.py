@@ -398,8 +398,78 @@ def decode_message(data: bytes) -> Message:
     )
 
 
+# Keys of the optional payload fields and the exact type each must have when present.
+_OPTIONAL_FIELD_TYPES = (("d", int), ("r", int), ("x", int))
+_MISSING = object()
+_unpackb = msgpack.unpackb
+
+
+def _optional_fields_ok(fields: dict) -> bool:
+    """The optional fields of an unpacked payload have decode_message's types (no call per
+    field on the common path: the caller looks here only when there are more than 4 keys)."""
+    tags = fields.get("t", _MISSING)
+    if tags is not _MISSING and (type(tags) is not list
+                                 or not all(type(tag) is str for tag in tags)):
+        return False
+    properties = fields.get("p", _MISSING)
+    if properties is not _MISSING and (
+            type(properties) is not dict
+            or not all(type(k) is str and type(v) is str for k, v in properties.items())):
+        return False
+    for key, kind in _OPTIONAL_FIELD_TYPES:
+        value = fields.get(key, _MISSING)
+        if value is not _MISSING and type(value) is not kind:
+            return False
+    return True
+
+
+def decode_message_fields(data: bytes) -> dict[str, Any]:
+    """The payload's msgpack map (one-letter keys, as in the module docstring), checked as
+    ``decode_message`` checks it but without building a ``Message``: the consumer's receive
+    path reads its fields straight from the map. Raises the same BadRequest as
+    ``decode_message`` for anything malformed (it defers to it to word the error)."""
+    try:
+        fields = _unpackb(data, raw=False, strict_map_key=True)
+    except Exception:
+        fields = None
+    if (type(fields) is dict and type(fields.get("i")) is str and type(fields.get("s")) is str
+            and type(fields.get("b")) is bytes and type(fields.get("c")) is int
+            and (len(fields) == 4 or _optional_fields_ok(fields))):
+        return fields
+    return message_fields(decode_message(data))  # raises BadRequest, worded by decode_message
+
+
+def message_fields(msg: Message) -> dict[str, Any]:
+    """The payload map of ``msg`` as ``decode_message_fields`` returns it (for a message the
+    fast check did not accept but ``decode_message`` did)."""
+    fields: dict[str, Any] = {"i": msg.id, "s": msg.subject, "b": bytes(msg.body),
+                              "c": msg.created_at_ms}
+    if msg.tags:
+        fields["t"] = list(msg.tags)
+    if msg.properties:
+        fields["p"] = dict(msg.properties)
+    if msg.deliver_at_ms is not None:
+        fields["d"] = msg.deliver_at_ms
+    if msg.retries:
+        fields["r"] = msg.retries
+    if msg.expire_at_ms is not None:
+        fields["x"] = msg.expire_at_ms
+    return fields
+
+
+def message_from_fields(fields: dict[str, Any]) -> Message:
+    """The ``Message`` of a map from ``decode_message_fields``."""
+    return Message(
+        id=fields["i"], subject=fields["s"], body=fields["b"], tags=tuple(fields.get("t") or ()),
+        properties=fields.get("p") or {}, created_at_ms=fields["c"],
+        deliver_at_ms=fields.get("d"), retries=fields.get("r") or 0,
+        expire_at_ms=fields.get("x"))
+
+
 __all__ = [
     "Message",
+    "decode_message_fields",
+    "message_from_fields",
     "InternalSubject",
     "NAME_PATTERN",
     "new_message_id",

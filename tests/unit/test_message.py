@@ -24,7 +24,9 @@ from sdk.message import (
     Message,
     dead_subject,
     decode_message,
+    decode_message_fields,
     encode_message,
+    message_from_fields,
     new_message_id,
     parse_internal_subject,
     retry_subject,
@@ -117,9 +119,7 @@ def test_message_create_stamps_the_given_time_and_a_fresh_id():
 # --- malformed payloads ---
 
 
-@pytest.mark.parametrize(
-    "payload, words",
-    [
+MALFORMED_PAYLOADS = [
         ([1, 2], "map"),
         ({"s": "x", "b": b"", "c": 1}, "id"),
         ({"i": "a", "b": b"", "c": 1}, "subject"),
@@ -133,11 +133,49 @@ def test_message_create_stamps_the_given_time_and_a_fresh_id():
         ({"i": "a", "s": "x", "b": b"", "c": 1, "p": {"k": 1}}, "properties"),
         ({"i": "a", "s": "x", "b": b"", "c": 1, "d": "soon"}, "deliver_at_ms must be int"),
         ({"i": "a", "s": "x", "b": b"", "c": 1, "r": None}, "retries must be int"),
-    ],
-)
+]
+
+
+@pytest.mark.parametrize("payload, words", MALFORMED_PAYLOADS)
 def test_a_malformed_payload_is_a_bad_request_naming_what_is_wrong(payload, words):
     with pytest.raises(BadRequest, match=words):
         decode_message(msgpack.packb(payload, use_bin_type=True))
+
+
+@given(messages)
+def test_the_consumers_field_map_holds_the_message_that_was_encoded(msg):
+    assert message_from_fields(decode_message_fields(encode_message(msg))) == msg
+
+
+@pytest.mark.parametrize("payload, words", MALFORMED_PAYLOADS)
+def test_the_consumers_field_map_refuses_what_decode_message_refuses_in_its_words(payload, words):
+    data = msgpack.packb(payload, use_bin_type=True)
+    with pytest.raises(BadRequest, match=words) as fast:
+        decode_message_fields(data)
+    with pytest.raises(BadRequest) as full:
+        decode_message(data)
+    assert fast.value.message == full.value.message
+
+
+field_values = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1), texts,
+    st.binary(max_size=8), st.floats(allow_nan=False), st.lists(texts | ints64, max_size=3),
+    st.dictionaries(texts, texts | ints64, max_size=2))
+payload_maps = st.dictionaries(st.sampled_from("isbctpdrxz"), field_values, max_size=9)
+
+
+@settings(max_examples=500)
+@given(payload_maps | st.binary(max_size=32).map(lambda data: {"raw": data}))
+def test_the_consumers_field_map_agrees_with_decode_message_on_any_payload(shape):
+    data = shape["raw"] if set(shape) == {"raw"} else msgpack.packb(shape, use_bin_type=True)
+    try:
+        expected = decode_message(data)
+    except BadRequest as exc:
+        with pytest.raises(BadRequest) as fast:
+            decode_message_fields(data)
+        assert fast.value.message == exc.message
+    else:
+        assert message_from_fields(decode_message_fields(data)) == expected
 
 
 def test_bytes_that_are_not_msgpack_are_a_bad_request():

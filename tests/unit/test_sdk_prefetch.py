@@ -1,4 +1,5 @@
-"""sdk.consumer's prefetch buffer: bounded by pull_batch, in order, shared fairly by readers."""
+"""sdk.consumer's prefetch buffer: bounded by the prefetch option, in order, shared fairly by
+readers, refilled in sizeable pulls."""
 
 from __future__ import annotations
 
@@ -28,19 +29,49 @@ async def test_waiting_readers_each_get_a_different_item():
     assert sorted(await asyncio.wait_for(asyncio.gather(*readers), 5)) == ["a", "b", "c"]
 
 
-async def test_a_slow_application_is_never_handed_more_than_pull_batch_ahead(meta, broker_a):
+async def test_a_slow_application_is_never_handed_more_than_its_prefetch_ahead(meta, broker_a):
     meta.set_route("orders", [broker_a])
     broker_a.publish("orders", *(b"%d" % i for i in range(20)))
     consumer = Consumer(meta.url, group="billing", consumer_id="c1", pull_batch=4,
                         ack_interval_ms=NEVER_MS, heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
     async with consumer:
         sub = consumer.subscribe("orders")
-        await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2)
+        await asyncio.wait_for(broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 1), 10)
         await asyncio.sleep(0.05)
-        assert sub.prefetched == 4
-        bodies = [(await sub.__anext__()).body for _ in range(20)]
-        assert sub.prefetched <= 4
+        # Full: no further pull is sent until half a batch fits again.
+        assert sub.prefetched == 4 and len(broker_a.ops("pull")) == 1
+        bodies = []
+        for _ in range(20):
+            bodies.append((await asyncio.wait_for(sub.__anext__(), 10)).body)
+            assert sub.prefetched <= 4
     assert bodies == [b"%d" % i for i in range(20)]
+    assert all(op["max_count"] <= 4 for op in broker_a.ops("pull"))
+
+
+async def test_a_pull_asks_only_for_what_fits_in_the_prefetch(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(10)))
+    consumer = Consumer(meta.url, group="billing", consumer_id="c1", pull_batch=4, prefetch=6,
+                        ack_interval_ms=NEVER_MS, heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
+    async with consumer:
+        sub = consumer.subscribe("orders")
+        await asyncio.wait_for(broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2), 10)
+        await asyncio.sleep(0.05)
+        # 4 pulled, then the 2 that still fit; the third pull waits for room for 2.
+        assert [op["max_count"] for op in broker_a.ops("pull")] == [4, 2]
+        assert sub.prefetched == 6
+
+
+async def test_a_pull_loop_waiting_for_room_is_woken_although_another_waits_too():
+    buffer = _Prefetch(capacity=4, refill_min=2)
+    await buffer.put_all([1, 2, 3, 4])
+    waiting = [asyncio.create_task(buffer.wait_room()) for _ in range(2)]
+    await asyncio.sleep(0)
+    await buffer.get()
+    await asyncio.sleep(0)
+    assert not any(task.done() for task in waiting)  # one free slot: below refill_min
+    await buffer.get()
+    await asyncio.wait_for(asyncio.gather(*waiting), 5)
 
 
 async def test_a_reader_cancelled_after_its_wake_up_passes_it_to_the_next_reader():
