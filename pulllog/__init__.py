@@ -3,7 +3,8 @@
 Synchronous plain classes over files; imports only ``logstore`` (and msgpack/stdlib).
 
 - ``PullLogStore`` / ``PullLogConfig`` / ``PullLogRecovery``: the store (``pulllog.store``).
-- ``PulledEntry`` / ``ConsumerState`` / ``GroupState``: read-only snapshots (``pulllog.state``).
+- ``PulledEntry`` / ``ConsumerState`` / ``GroupState``: read-only snapshots, ``PulledBatch`` what
+  one pull handed out (``pulllog.state``).
 - On-disk formats: ``pulllog.actions`` (action records), ``pulllog.snapshot`` (checkpoint payload);
   docs/FORMATS.md.
 - Errors in ``pulllog.errors``.
@@ -16,11 +17,12 @@ from pulllog.errors import (
     PullLogError,
     UnknownGroup,
 )
-from pulllog.state import ConsumerState, GroupState, PulledEntry
+from pulllog.state import ConsumerState, GroupState, PulledBatch, PulledEntry
 from pulllog.store import PullLogConfig, PullLogRecovery, PullLogStore
 
 __all__ = [
     "ActionLogGap", "ConsumerState", "CorruptAction", "CorruptCheckpoint", "GroupState",
-    "PullLogConfig", "PullLogError", "PullLogRecovery", "PullLogStore", "PulledEntry",
+    "PullLogConfig", "PullLogError", "PullLogRecovery", "PullLogStore", "PulledBatch",
+    "PulledEntry",
     "UnknownGroup",
 ]

@@ -150,7 +150,8 @@ def _check(kind: str, value: object) -> object:
             raise ValueError(f"expected an unsigned integer, got {value!r}")
         return value
     if kind == "U":
-        if type(value) not in (list, tuple) or not all(_is_uint(v) for v in value):
+        if type(value) not in (list, tuple) or (value and not (
+                set(map(type, value)) == {int} and min(value) >= 0 and max(value) <= U64_MAX)):
             raise ValueError("expected a list of unsigned integers")
         return tuple(value)
     assert kind == "R", kind
@@ -176,8 +177,8 @@ def encode_action(action: Action) -> bytes:
     values = _fields(action)
     for kind, value in zip(kinds, values):
         _check(kind, value)  # refuse to write what we could not read back
-    packed = [list(map(list, v)) if k == "R" else list(v) if k == "U" else v
-              for k, v in zip(kinds, values)]
+    # msgpack packs a tuple as an array: the values go as they are, copied into no list.
+    packed = [list(map(list, v)) if k == "R" else v for k, v in zip(kinds, values)]
     return HEADER.pack(code, BODY_VERSION) + msgpack.packb(packed, use_bin_type=True)
 
 

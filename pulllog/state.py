@@ -6,13 +6,18 @@ changes nothing; ``apply`` assumes ``check`` passed (assertions guard our own bu
 
 Per (subject, group) the state holds the cursor, the redelivery queue (consumer-log seq ->
 times released, in release order) and per consumer its next pull seq, its last pull time and its
-held entries (pull seq -> entry, ascending). Acked history is not kept: a consumer's ack sequence
-is derived as (lowest held pull seq - 1), or (next pull seq - 1) when it holds nothing.
+held entries (pull seq -> ``Held`` tuple, ascending). Acked history is not kept: a consumer's ack
+sequence is derived as (lowest held pull seq - 1), or (next pull seq - 1) when it holds nothing.
+
+A pull of a batch is applied with a few bulk operations (C loops, no object per entry): held
+entries are plain tuples, and the ``PulledEntry`` snapshots are built only when asked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Iterator, Sequence, overload
 
 from pulllog.actions import (
     Ack,
@@ -41,6 +46,62 @@ class PulledEntry:
     pulled_at_ms: int  # when it was handed out
 
 
+# A held entry: (consumer-log seq, times released before this hand-out, pulled at ms).
+Held = tuple[int, int, int]
+
+
+class PulledBatch(Sequence[PulledEntry]):
+    """The entries one pull handed out: pull seqs ``first_pull_seq`` onwards, densely, for
+    ``consumer_log_seqs``. A sequence of ``PulledEntry`` built on access; callers on the hot
+    path read the columns instead (``redelivered`` is None when every entry is a first
+    delivery)."""
+
+    __slots__ = ("first_pull_seq", "consumer_log_seqs", "redelivered", "pulled_at_ms")
+
+    def __init__(self, first_pull_seq: int, consumer_log_seqs: tuple[int, ...],
+                 redelivered: list[int] | None, pulled_at_ms: int) -> None:
+        self.first_pull_seq = first_pull_seq
+        self.consumer_log_seqs = consumer_log_seqs
+        self.redelivered = redelivered
+        self.pulled_at_ms = pulled_at_ms
+
+    def __len__(self) -> int:
+        return len(self.consumer_log_seqs)
+
+    @overload
+    def __getitem__(self, index: int) -> PulledEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[PulledEntry]: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        seqs = self.consumer_log_seqs
+        if index < 0:
+            index += len(seqs)
+        if not 0 <= index < len(seqs):
+            raise IndexError(index)
+        redelivered = self.redelivered[index] if self.redelivered is not None else 0
+        return PulledEntry(self.first_pull_seq + index, seqs[index], redelivered,
+                           self.pulled_at_ms)
+
+    def __iter__(self) -> Iterator[PulledEntry]:
+        return (self[i] for i in range(len(self.consumer_log_seqs)))
+
+    def __add__(self, other: Sequence[PulledEntry]) -> list[PulledEntry]:
+        return list(self) + list(other)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PulledBatch, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return f"PulledBatch({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class ConsumerState:
     """A snapshot of one consumer of a group."""
@@ -67,7 +128,7 @@ class GroupState:
 class ConsumerData:
     next_pull_seq: int
     last_pull_ms: int
-    held: dict[int, PulledEntry] = field(default_factory=dict)  # by pull seq, ascending
+    held: dict[int, Held] = field(default_factory=dict)  # by pull seq, ascending
 
     def ack_sequence(self) -> int:
         if self.held:
@@ -126,12 +187,20 @@ class PullState:
             raise ValueError(
                 f"first pull seq {action.first_pull_seq} is not the consumer's next {expected_first}"
             )
-        seen: set[int] = set()
-        for seq in action.consumer_log_seqs:
-            if seq in seen:
-                raise ValueError(f"consumer-log seq {seq} appears twice in one pull")
-            seen.add(seq)
-            if seq in data.queue:
+        seqs = action.consumer_log_seqs
+        if not seqs:
+            return
+        if len(set(seqs)) != len(seqs):
+            seen: set[int] = set()
+            for seq in seqs:
+                if seq in seen:
+                    raise ValueError(f"consumer-log seq {seq} appears twice in one pull")
+                seen.add(seq)
+        queue = data.queue
+        if not queue and data.cursor <= min(seqs) and max(seqs) < action.new_cursor:
+            return  # the common case, checked in C: every seq new and in [cursor, new_cursor)
+        for seq in seqs:
+            if seq in queue:
                 continue
             if seq < data.cursor:
                 raise ValueError(
@@ -178,7 +247,7 @@ class PullState:
         assert isinstance(action, (Closed, Opened)), action
         return None
 
-    def _apply_pull(self, action: Pull) -> list[PulledEntry]:
+    def _apply_pull(self, action: Pull) -> PulledBatch:
         data = self.groups[(action.subject, action.group)]
         consumer = data.consumers.get(action.consumer)
         if consumer is None:
@@ -186,19 +255,23 @@ class PullState:
                 action.first_pull_seq, action.now_ms
             )
         assert consumer.next_pull_seq == action.first_pull_seq
-        pulled = []
-        pull_seq = action.first_pull_seq
-        for seq in action.consumer_log_seqs:
-            redelivered = data.queue.pop(seq, 0)
-            entry = PulledEntry(pull_seq, seq, redelivered, action.now_ms)
-            consumer.held[pull_seq] = entry
-            pulled.append(entry)
-            pull_seq += 1
-        consumer.next_pull_seq = pull_seq
-        consumer.last_pull_ms = action.now_ms
-        data.held_total += len(pulled)
+        seqs = action.consumer_log_seqs
+        first, count, now_ms = action.first_pull_seq, len(seqs), action.now_ms
+        queue = data.queue
+        redelivered: list[int] | None = None
+        if queue:
+            redelivered = [queue.pop(seq, 0) for seq in seqs]
+            times = redelivered
+        else:
+            times = repeat(0)
+        consumer.held.update(zip(range(first, first + count), zip(seqs, times, repeat(now_ms))))
+        consumer.next_pull_seq = first + count
+        consumer.last_pull_ms = now_ms
+        data.held_total += count
         data.cursor = action.new_cursor
-        return pulled
+        if redelivered is not None and not any(redelivered):
+            redelivered = None
+        return PulledBatch(first, seqs, redelivered, now_ms)
 
     def ack_targets(self, action: Ack) -> list[int]:
         """The held pull seqs ``action`` would ack (a range may hit none)."""
@@ -208,13 +281,16 @@ class PullState:
             return []
         held = consumer.held
         targets: list[int] = []
+        contains = held.__contains__
         for lo, hi in action.ranges:
             # Walk whichever is shorter: the range or the held entries.
             if hi - lo + 1 <= len(held):
-                targets.extend(s for s in range(lo, hi + 1) if s in held)
+                targets.extend(filter(contains, range(lo, hi + 1)))
             else:
                 targets.extend(s for s in held if lo <= s <= hi)
-        return sorted(set(targets))
+        if len(action.ranges) > 1:
+            targets = sorted(set(targets))  # ranges may overlap or come in any order
+        return targets
 
     def _apply_ack(self, action: Ack) -> int:
         targets = self.ack_targets(action)
@@ -236,9 +312,10 @@ class PullState:
             entry = consumer.held.pop(pull_seq, None)
             if entry is None:
                 continue
-            assert entry.consumer_log_seq not in data.queue, entry
-            data.queue[entry.consumer_log_seq] = entry.redelivered + 1
-            released.append(entry.consumer_log_seq)
+            log_seq, redelivered, _pulled_at_ms = entry
+            assert log_seq not in data.queue, entry
+            data.queue[log_seq] = redelivered + 1
+            released.append(log_seq)
         data.held_total -= len(released)
         return released
 
@@ -250,8 +327,9 @@ class PullState:
         for (subject, group), data in sorted(self.groups.items()):
             consumers = []
             for consumer_id, consumer in sorted(data.consumers.items()):
-                held = [[e.pull_seq, e.consumer_log_seq, e.redelivered, e.pulled_at_ms]
-                        for e in consumer.held.values()]
+                held = [[pull_seq, log_seq, redelivered, pulled_at_ms]
+                        for pull_seq, (log_seq, redelivered, pulled_at_ms)
+                        in consumer.held.items()]
                 consumers.append([consumer_id, consumer.next_pull_seq, consumer.last_pull_ms, held])
             queue = [[seq, count] for seq, count in data.queue.items()]
             groups.append([subject, group, data.start_sequence, data.created_ms, data.cursor,
@@ -276,9 +354,8 @@ class PullState:
                         raise ValueError("consumer ids must be strings")
                     consumer = ConsumerData(_uint(next_pull_seq), _uint(last_pull_ms))
                     for pull_seq, seq, redelivered, pulled_at_ms in held:
-                        consumer.held[_uint(pull_seq)] = PulledEntry(
-                            pull_seq, _uint(seq), _uint(redelivered), _uint(pulled_at_ms)
-                        )
+                        consumer.held[_uint(pull_seq)] = (
+                            _uint(seq), _uint(redelivered), _uint(pulled_at_ms))
                     data.consumers[consumer_id] = consumer
                     data.held_total += len(consumer.held)
                 state.groups[(subject, group)] = data

@@ -31,6 +31,7 @@ memory state may be ahead of the disk. Not thread-safe: one owner calls it.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import logging
@@ -72,6 +73,7 @@ from pulllog.state import (
     ConsumerState,
     GroupData,
     GroupState,
+    PulledBatch,
     PulledEntry,
     PullState,
 )
@@ -133,6 +135,11 @@ class PullLogRecovery:
 def _check_name(kind: str, value: object) -> None:
     if type(value) is not str or not value:
         raise ValueError(f"{kind} {value!r} must be a non-empty string")
+
+
+def _all_uints(values: tuple) -> bool:
+    """Every value an int in [0, U64_MAX], checked with C loops (no call per value)."""
+    return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= U64_MAX
 
 
 def _check_uint(kind: str, value: object) -> None:
@@ -344,8 +351,9 @@ class PullLogStore:
 
     def record_pull(self, subject: str, group: str, consumer: str,
                     consumer_log_seqs: Sequence[int], new_cursor: int,
-                    now_ms: int) -> list[PulledEntry]:
-        """Record that ``consumer`` was handed ``consumer_log_seqs`` and the cursor moved on.
+                    now_ms: int) -> PulledBatch:
+        """Record that ``consumer`` was handed ``consumer_log_seqs`` and the cursor moved on;
+        returns the entries handed out (pull seqs follow densely from the batch's first).
 
         Each seq comes from the redelivery queue or lies in [cursor, new_cursor); seqs of that
         range not handed out were passed over (a tag filter) and count as handled. Raises
@@ -356,11 +364,12 @@ class PullLogStore:
         _check_uint("new_cursor", new_cursor)
         _check_uint("now_ms", now_ms)
         seqs = tuple(consumer_log_seqs)
-        for seq in seqs:
-            _check_uint("consumer-log seq", seq)
+        if seqs and not _all_uints(seqs):
+            for seq in seqs:
+                _check_uint("consumer-log seq", seq)
         data = self._group(subject, group)
         if not seqs and new_cursor == data.cursor:
-            return []
+            return PulledBatch(0, (), None, now_ms)
         held = data.consumers.get(consumer)
         first = held.next_pull_seq if held else self._state.epoch << PULL_SEQ_EPOCH_SHIFT
         return self._write(Pull(subject, group, consumer, first, seqs, new_cursor, now_ms))
@@ -385,10 +394,14 @@ class PullLogStore:
         targets = self._state.ack_targets(action)
         if not targets:
             return 0
-        # Log only ranges that ack something, so the log never grows on duplicate acks.
-        useful = tuple(r for r in clean_ranges
-                       if any(r[0] <= t <= r[1] for t in targets))
-        return self._write(Ack(subject, group, consumer, useful, now_ms))
+        # Log only ranges that ack something, so the log never grows on duplicate acks: a
+        # range is useful if the first target at or above its start is within it.
+        if len(clean_ranges) > 1:
+            useful = tuple(r for r in clean_ranges
+                           if (i := bisect.bisect_left(targets, r[0])) < len(targets)
+                           and targets[i] <= r[1])
+            action = Ack(subject, group, consumer, useful, now_ms)
+        return self._write(action)
 
     def release_expired(self, subject: str, group: str, ack_timeout_ms: int,
                         now_ms: int) -> list[int]:
@@ -401,7 +414,7 @@ class PullLogStore:
         released: list[int] = []
         for consumer_id in sorted(data.consumers):
             held = data.consumers[consumer_id].held
-            expired = tuple(p for p, e in held.items() if e.pulled_at_ms <= cutoff)
+            expired = tuple(p for p, e in held.items() if e[2] <= cutoff)
             if expired:
                 released += self._write(Release(subject, group, consumer_id, expired,
                                                 RELEASE_REASON_ACK_TIMEOUT, now_ms))
@@ -420,16 +433,17 @@ class PullLogStore:
     def unacked(self, subject: str, group: str, consumer: str) -> list[PulledEntry]:
         """What ``consumer`` holds and has not acked, by pull seq."""
         held = self._group(subject, group).consumers.get(consumer)
-        return list(held.held.values()) if held else []
+        return [PulledEntry(pull_seq, *entry) for pull_seq, entry in held.held.items()] \
+            if held else []
 
     def pulled_before(self, subject: str, group: str,
                       before_ms: int) -> list[tuple[str, PulledEntry]]:
         """Unacked entries pulled at or before ``before_ms``, with their consumer."""
         data = self._group(subject, group)
-        return [(consumer_id, entry)
+        return [(consumer_id, PulledEntry(pull_seq, *entry))
                 for consumer_id in sorted(data.consumers)
-                for entry in data.consumers[consumer_id].held.values()
-                if entry.pulled_at_ms <= before_ms]
+                for pull_seq, entry in data.consumers[consumer_id].held.items()
+                if entry[2] <= before_ms]
 
     def consumers(self, subject: str, group: str) -> list[ConsumerState]:
         """Every consumer the group knows, by id."""
@@ -453,8 +467,8 @@ class PullLogStore:
         if data.queue:
             lowest = min(lowest, min(data.queue))
         for consumer in data.consumers.values():
-            for entry in consumer.held.values():
-                lowest = min(lowest, entry.consumer_log_seq)
+            if consumer.held:
+                lowest = min(lowest, min(entry[0] for entry in consumer.held.values()))
         return lowest
 
     def export_state(self) -> list:

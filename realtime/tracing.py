@@ -164,10 +164,22 @@ class BrokerTracer:
 
     def pulled(self, subject: str, key: str, consumer: str, out: list[dict[str, Any]],
                now_ms: int, log_seqs: Sequence[int] = ()) -> None:
-        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread);
-        ``log_seqs``: their consumer-log sequences, to find the members of messages stored
-        lately without decoding their payloads."""
+        """Entries of a pull response handed to ``consumer`` (``pulled_columns`` of them)."""
         if not self.enabled or not out:
+            return
+        redelivered = [entry["redelivered"] for entry in out]
+        self.pulled_columns(subject, key, consumer, [entry["pull_seq"] for entry in out],
+                            [entry["payload"] for entry in out],
+                            redelivered if any(redelivered) else None, now_ms, log_seqs)
+
+    def pulled_columns(self, subject: str, key: str, consumer: str, pull_seqs: Sequence[int],
+                       payloads: Sequence[bytes], redelivered: Sequence[int] | None,
+                       now_ms: int, log_seqs: Sequence[int] = ()) -> None:
+        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread), as
+        columns: their pull seqs, payloads, times redelivered (None: all first deliveries) and
+        consumer-log sequences (to find the members of messages stored lately without decoding
+        their payloads). Per entry this is a dict lookup and one string concatenation."""
+        if not self.enabled or not pull_seqs:
             return
         writer = self.writer
         assert writer is not None
@@ -175,19 +187,28 @@ class BrokerTracer:
         extra = consumer_members(key, consumer)
         start, end = writer.frame("pulled", now_ms, extra)
         held = self._held.setdefault((subject, key, consumer), {})
-        lines = []
         recent = self._recent.get(subject) if log_seqs else None
-        for index, entry in enumerate(out):
-            members = recent.pop(log_seqs[index], None) if recent is not None else None
-            if members is None:
-                peeked = _peek(entry["payload"])
-                if peeked is None:
-                    continue
-                members = peeked.members
-            held[entry["pull_seq"]] = members
-            lines.append(f"{start}{members}{end}")
-            if entry["redelivered"]:
-                lines.append(writer.line("redelivered", now_ms, members, extra))
+        if recent is not None:
+            members = list(map(recent.pop, log_seqs, repeat(None)))
+        else:
+            members = [None] * len(pull_seqs)
+        if None in members:  # not stored lately (or taken by another group): decode
+            for index, found in enumerate(members):
+                if found is None:
+                    peeked = _peek(payloads[index])
+                    if peeked is not None:
+                        members[index] = peeked.members
+        if None in members:  # unreadable payloads: nothing to name them by
+            kept = [i for i, found in enumerate(members) if found is not None]
+            pull_seqs = [pull_seqs[i] for i in kept]
+            members = [members[i] for i in kept]
+            if redelivered is not None:
+                redelivered = [redelivered[i] for i in kept]
+        held.update(zip(pull_seqs, members))
+        lines = [f"{start}{found}{end}" for found in members]
+        if redelivered is not None:
+            lines += [writer.line("redelivered", now_ms, found, extra)
+                      for found, times in zip(members, redelivered) if times]
         writer.emit_lines(lines)
 
     def acked(self, subject: str, key: str, consumer: str,
@@ -205,23 +226,19 @@ class BrokerTracer:
         start, end = writer.frame("acked", now_ms, consumer_members(key, consumer))
         firsts = sorted(ranges)
         span = sum(last - first + 1 for first, last in firsts)
+        found: list[str | int | None]
         if span <= 2 * len(held):
             # Walk the acked sequences: the cost follows the ack, not what the consumer holds
-            # (a consumer with many in flight acks a few at a time).
-            acked = [s for first, last in firsts for s in range(first, last + 1) if s in held]
+            # (a consumer with many in flight acks a few at a time). Popping settles an entry
+            # named twice by overlapping ranges once.
+            pop = held.pop
+            found = [member for first, last in firsts
+                     for member in map(pop, range(first, last + 1), repeat(None))]
         else:  # wide ranges over few holdings: walk the holdings
             starts = [first for first, _ in firsts]
-            acked = [s for s in held if _in_ranges(s, firsts, starts)]
-        from_store = []
-        lines = []
-        for pull_seq in acked:
-            members = held.pop(pull_seq, None)
-            if members is None:
-                continue  # named twice by overlapping ranges
-            if isinstance(members, int):
-                from_store.append(members)
-            else:
-                lines.append(f"{start}{members}{end}")
+            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, firsts, starts)]]
+        lines = [f"{start}{member}{end}" for member in found if type(member) is str]
+        from_store = [member for member in found if type(member) is int]
         if not held:
             del self._held[(subject, key, consumer)]
         writer.emit_lines(lines)

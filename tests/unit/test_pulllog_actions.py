@@ -78,6 +78,18 @@ def test_a_pull_with_a_negative_sequence_is_refused():
         decode_action(body)
 
 
+@pytest.mark.parametrize("seqs", [[1, -1], [0, -(2**63)], [0, True], [0, 1.0], [0, "1"], [None]])
+def test_a_pull_with_any_sequence_that_is_no_u64_is_refused(seqs):
+    body = bytes([ACTION_PULL, BODY_VERSION]) + msgpack.packb(["s", "g", "c", 0, seqs, 9, 0])
+    with pytest.raises(ValueError, match="unsigned"):
+        decode_action(body)
+
+
+def test_a_pull_of_the_largest_u64_sequences_is_read_back():
+    body = encode_action(Pull("s", "g", "c", 0, (0, 2**64 - 1), 5, 0))
+    assert decode_action(body).consumer_log_seqs == (0, 2**64 - 1)
+
+
 def test_an_ack_range_with_start_above_end_is_refused_by_the_codec():
     with pytest.raises(ValueError, match="bad ack range"):
         encode_action(Ack("s", "g", "c", ((5, 4),), 0))

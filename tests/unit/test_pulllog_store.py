@@ -115,6 +115,21 @@ def test_unacked_messages_of_an_expired_consumer_go_to_the_others(store):
     assert store.remove_consumer(S, G, "c1", 30_002) == []
 
 
+@pytest.mark.parametrize("bad", [-1, 2**64, True, 1.5, "3"])
+def test_record_pull_refuses_a_consumer_log_seq_that_is_no_u64(store, bad):
+    with pytest.raises(ValueError, match="consumer-log seq"):
+        store.record_pull(S, G, "c1", [0, bad], 10, 10)
+    assert store.cursor(S, G) == 0
+
+
+def test_a_pull_after_a_release_reports_which_entries_are_redeliveries(store):
+    pull_new(store, "c1", 3, 10)
+    assert store.release_expired(S, G, 5, 20) == [0, 1, 2]
+    batch = store.record_pull(S, G, "c2", [1, 3], 4, 30)
+    assert [(e.consumer_log_seq, e.redelivered) for e in batch] == [(1, 1), (3, 0)]
+    assert batch.redelivered == [1, 0] and batch.first_pull_seq == 0
+
+
 def test_record_pull_refuses_a_double_hand_out(store):
     pull_new(store, "c1", 3, 0)
     before = store.export_state()
