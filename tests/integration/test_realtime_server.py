@@ -305,6 +305,28 @@ async def test_acknowledged_sends_and_pull_state_survive_a_restart(tmp_path, clo
         await server.stop()
 
 
+async def test_messages_read_back_from_the_store_are_filtered_by_expiry_and_tags(tmp_path, clock):
+    server = await start(tmp_path, clock)
+    client = await RawClient.connect(server.port)
+    await client.send(message("s", b"stale", clock, expire_at_ms=clock() + 1000),
+                      message("s", b"\xa1x looks like the expiry key", clock),
+                      message("s", b"vip", clock, tags=["vip"]),
+                      message("s", b"fresh", clock, expire_at_ms=clock() + 60_000))
+    await client.close()
+    await server.stop()
+    clock.advance(2000)
+    server = await start(tmp_path, clock)  # an empty in-memory tail: pulls read the store
+    client = await RawClient.connect(server.port)
+    try:
+        assert bodies(await client.pull("s", "g", "c", start="earliest")) == [
+            b"\xa1x looks like the expiry key", b"vip", b"fresh"]
+        assert bodies(await client.pull("s", "tagged", "c", start="earliest", tags=["vip"])) == [
+            b"vip"]
+    finally:
+        await client.close()
+        await server.stop()
+
+
 async def test_big_messages_are_split_over_pulls_that_each_fit_in_a_frame(client, clock):
     big = b"b" * (3 * 1024 * 1024)
     await client.send(*(message("s", big, clock) for _ in range(2)))
