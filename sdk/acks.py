@@ -30,10 +30,15 @@ SendAck = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def seqs_to_ranges(seqs: set[int] | list[int]) -> list[list[int]]:
-    """Sorted inclusive [first, last] ranges covering exactly ``seqs``:
+    """Sorted inclusive [first, last] ranges covering exactly ``seqs`` (duplicates allowed):
     {1, 2, 3, 7} -> [[1, 3], [7, 7]]."""
+    ordered = sorted(set(seqs))
+    if not ordered:
+        return []
+    if ordered[-1] - ordered[0] + 1 == len(ordered):
+        return [[ordered[0], ordered[-1]]]  # the common case, one range, found in C
     ranges: list[list[int]] = []
-    for seq in sorted(seqs):
+    for seq in ordered:
         if ranges and ranges[-1][1] + 1 == seq:
             ranges[-1][1] = seq
         else:
@@ -49,7 +54,8 @@ class AckBatcher:
         self._send_ack = send
         self.interval_ms = interval_ms
         self.pending_max = pending_max
-        self._pending: dict[AckKey, set[int]] = {}
+        # Acked pull seqs per key, in the order recorded; duplicates are dropped when sent.
+        self._pending: dict[AckKey, list[int]] = {}
         self._attempts: dict[AckKey, int] = {}
         self._count = 0
         self._has_pending = asyncio.Event()
@@ -67,16 +73,15 @@ class AckBatcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qmq-acks")
 
     def add(self, key: AckKey, pull_seq: int) -> None:
-        """Record one ack (recording it twice is harmless)."""
+        """Record one ack (recording it twice is harmless: it is sent once)."""
         seqs = self._pending.get(key)
         if seqs is None:
-            seqs = self._pending[key] = set()
+            seqs = self._pending[key] = []
             self._has_pending.set()
-        if pull_seq not in seqs:
-            seqs.add(pull_seq)
-            self._count += 1
-            if self._count >= self.pending_max:
-                self._full.set()
+        seqs.append(pull_seq)
+        self._count += 1
+        if self._count >= self.pending_max:
+            self._full.set()
 
     async def _run(self) -> None:
         while True:
@@ -100,7 +105,7 @@ class AckBatcher:
             if pending:
                 await asyncio.gather(*(self._send(k, s) for k, s in pending.items()))
 
-    async def _send(self, key: AckKey, seqs: set[int]) -> None:
+    async def _send(self, key: AckKey, seqs: list[int]) -> None:
         address, broker_group, subject = key
         ranges = seqs_to_ranges(seqs)
         for start in range(0, len(ranges), MAX_ACK_RANGES):

@@ -156,7 +156,12 @@ class ReceivedMessage:
         if self._settled:
             return
         self._settled = True
-        self._batch.consumer._record_ack(self)
+        batch = self._batch
+        acks = batch.consumer._acks
+        if acks is None or acks.closed:
+            batch.consumer._ack_dropped(self)
+        else:
+            acks.add(batch.ack_key, self.pull_seq)
 
     async def nack(self, retry_after: timedelta | int | None = None) -> None:
         """Hand the message back for a retry after ``retry_after`` (timedelta or ms; None = the
@@ -709,12 +714,10 @@ class Consumer:
 
     # -- acks, nacks, heartbeats ----------------------------------------------------------------
 
-    def _record_ack(self, msg: ReceivedMessage) -> None:
-        if self._acks is None or self._acks.closed:
-            log.warning("ack of message %s after the consumer closed is dropped; the broker "
-                        "will redeliver it", msg.id)
-            return
-        self._acks.add(msg._batch.ack_key, msg.pull_seq)
+    @staticmethod
+    def _ack_dropped(msg: ReceivedMessage) -> None:
+        log.warning("ack of message %s after the consumer closed is dropped; the broker "
+                    "will redeliver it", msg.id)
 
     async def flush_acks(self) -> None:
         """Send every recorded ack now (close does this too)."""

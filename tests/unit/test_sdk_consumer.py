@@ -31,6 +31,8 @@ def test_pull_sequences_become_the_fewest_inclusive_ranges():
     assert seqs_to_ranges({7, 1, 2, 3, 9, 8}) == [[1, 3], [7, 9]]
     assert seqs_to_ranges([5]) == [[5, 5]]
     assert seqs_to_ranges(set()) == []
+    assert seqs_to_ranges([4, 2, 3, 3, 2]) == [[2, 4]]  # recorded twice: one range
+    assert seqs_to_ranges([1, 1, 3]) == [[1, 1], [3, 3]]  # as many as there are seqs, not dense
 
 
 async def test_subscribe_yields_the_pulled_messages_with_their_broker_group(meta, broker_a):
