@@ -369,25 +369,35 @@ class SegmentedLog:
         """Buffer several records; returns their offsets.
 
         The same result as ``append`` in a loop (and the same errors: on one, the records before
-        it stay buffered). A batch of bytes that fits the write buffer and the active segment is
-        taken in one step, its offsets computed in C.
+        it stay buffered). Bytes bodies are taken in runs that fit the write buffer and the
+        active segment, each in one step with its offsets computed in C; only the record that
+        fills the buffer (or needs a new segment) takes the checked path.
         """
         if type(bodies) is not list:
             bodies = list(bodies)  # read twice below: a generator would be empty the second time
-        sizes = list(map(len, bodies))
-        offset = self._end
-        if (
-            sizes
-            and offset + HEADER_SIZE_BYTES * len(sizes) + sum(sizes) <= self._fast_path_end
-            and set(map(type, bodies)) == {bytes}
-        ):
-            framed_sizes = map(add, sizes, repeat(HEADER_SIZE_BYTES))
-            offsets = list(accumulate(framed_sizes, initial=offset))
-            self._pending.extend(bodies)
-            self._end = offsets.pop()
-            return offsets
-        append = self.append
-        return [append(body) for body in bodies]
+        if not bodies:
+            return []
+        if set(map(type, bodies)) != {bytes}:
+            append = self.append
+            return [append(body) for body in bodies]
+        # Records make one byte stream whatever path each takes (a roll starts the next segment
+        # at the log's end offset), so every offset is known up front.
+        offsets = list(accumulate(map(add, map(len, bodies), repeat(HEADER_SIZE_BYTES)),
+                                  initial=self._end))
+        ends = offsets[1:]
+        offsets.pop()
+        position, count = 0, len(bodies)
+        while position < count:
+            fitting = bisect.bisect_right(ends, self._fast_path_end, position)
+            if fitting > position:
+                self._pending.extend(bodies[position:fitting] if position or fitting < count
+                                     else bodies)
+                self._end = ends[fitting - 1]
+                position = fitting
+            else:
+                self._append_checked(bodies[position])
+                position += 1
+        return offsets
 
     def _buffered_bytes(self) -> int:
         """Framed bytes appended but not yet written to the OS."""
