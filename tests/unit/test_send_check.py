@@ -140,3 +140,84 @@ def test_the_cache_of_valid_subjects_stays_bounded():
     for n in range(VALID_SUBJECTS_MAX + 5):
         assert check.check(payload(s=f"s{n}"), DELIVER_AT_MAX_MS) is not None
     assert len(check._valid_subjects) <= VALID_SUBJECTS_MAX
+
+
+try:
+    from sdk._send_check import check_many as check_many_c
+except ImportError:  # the optional C twin was not built: its own tests are skipped
+    check_many_c = None
+needs_c = pytest.mark.skipif(check_many_c is None, reason="sdk._send_check not built")
+
+
+def c_check(data: object, subjects: set[str]) -> Checked | None:
+    (out,) = check_many_c([data], DELIVER_AT_MAX_MS, subjects, Checked, MAX_BODY_BYTES,
+                          MAX_MESSAGE_ID_CHARS)
+    return out
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(valid_fields, mutations)
+def test_the_c_twin_decides_only_as_the_python_check_does(fields, mutation):
+    if mutation is not None:
+        fields[mutation[0]] = mutation[1]
+    data = payload(**fields)
+    python = QuickCheck()
+    # Cache the subject (when valid) as a first message of it would, whatever the other fields.
+    python.check(payload(s=fields.get("s", ...)), DELIVER_AT_MAX_MS)
+    expected = python.check(data, DELIVER_AT_MAX_MS)
+    decided = c_check(data, python._valid_subjects)
+    assert decided is None or (decided == expected and type(decided) is Checked)
+    if mutation is None and "t" not in fields and "p" not in fields:
+        assert decided == expected  # the shapes it is for are decided in C
+
+
+@needs_c
+@given(st.binary(max_size=64))
+def test_the_c_twin_leaves_bytes_that_are_not_a_message_to_the_python_check(data):
+    decided = c_check(data, {"orders"})
+    assert decided is None or decided == QuickCheck().check(data, DELIVER_AT_MAX_MS)
+
+
+@needs_c
+def test_the_c_twin_defers_every_cut_of_a_valid_payload_and_anything_not_bytes():
+    data = payload(d=NOW_MS, x=NOW_MS + 1, r=2)
+    assert c_check(data, {"orders"}) == Checked("m-1", "orders", (), NOW_MS + 1, NOW_MS, NOW_MS,
+                                                2, None)
+    for cut in range(len(data)):
+        assert c_check(data[:cut], {"orders"}) is None
+    assert c_check(data + b"\x00", {"orders"}) is None
+    assert c_check(bytearray(data), {"orders"}) is None
+    assert c_check(data, set()) is None  # a subject the Python check has not validated yet
+
+
+@pytest.mark.parametrize("fields", [{}, {"t": ["vip"]}, {"s": "new.subject"}, {"c": -1},
+                                    {"d": DELIVER_AT_MAX_MS + 1}, {"p": {"k": "v"}}])
+def test_check_many_gives_what_check_gives_payload_by_payload(fields):
+    payloads = [payload(i=f"m-{n}", **fields) for n in range(3)] + [b"\xc1", payload()]
+    assert QuickCheck().check_many(payloads, DELIVER_AT_MAX_MS) == [
+        QuickCheck().check(p, DELIVER_AT_MAX_MS) for p in payloads]
+
+
+EDGE_CASES = [
+    ("i", "x" * (MAX_MESSAGE_ID_CHARS + 1)), ("i", "x" * MAX_MESSAGE_ID_CHARS), ("i", "a b"),
+    ("i", ""), ("i", "é"), ("i", "a\x7f"), ("i", "\x1fa"), ("i", "!~"), ("i", 5), ("i", b"m"),
+    ("s", "%bogus"), ("s", "é"), ("s", b"orders"), ("b", "text"),
+    ("b", b"x" * (MAX_BODY_BYTES + 1)), ("b", b"x" * MAX_BODY_BYTES), ("c", -1), ("c", 0),
+    ("c", 2**64 - 1), ("c", 1.5), ("c", True), ("c", None), ("d", DELIVER_AT_MAX_MS),
+    ("d", DELIVER_AT_MAX_MS + 1), ("d", -1), ("d", None), ("x", -(2**63)), ("x", None),
+    ("x", 2**63), ("r", None), ("r", -1), ("r", 0), ("r", 2**64 - 1), ("zz", 1), ("i", ...),
+]
+
+
+@needs_c
+@pytest.mark.parametrize("key, value", EDGE_CASES)
+def test_the_c_twin_decides_each_field_at_its_edges_as_the_python_check_does(key, value):
+    data = payload(**{key: value})
+    python = QuickCheck()
+    python.check(payload(s="orders"), DELIVER_AT_MAX_MS)
+    expected = python.check(data, DELIVER_AT_MAX_MS)
+    decided = c_check(data, python._valid_subjects)
+    assert decided is None or decided == expected
+    if key != "s" and key != "zz":
+        assert decided == expected  # every other field's edge is decided in C, not deferred
