@@ -25,7 +25,7 @@ class DelayConfig:
     flush_interval_ms: int = 100  # async flush: longest time between fsyncs
     bucket_ms: int = 60_000  # width of one on-disk schedule bucket
     preload_buckets: int = 2  # buckets ahead of now held in memory (the preload window)
-    wheel_entries_max: int = 200_000  # memory bound while catching up on overdue buckets
+    wheel_entries_max: int = 200_000  # most entries in the preload window (~600 B each: ~120 MB); a bucket with more is loaded in part, the rest as the window drains
     tick_ms: int = 5  # dispatch wake-up granularity (adds at most this much lateness)
     max_delay_ms: int = MAX_DELAY_MS  # furthest deliver_at ahead of now; later is refused
     dispatch_batch_max: int = 256  # most messages per dispatch request to a realtime broker

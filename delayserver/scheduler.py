@@ -44,6 +44,7 @@ Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]
 DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
 DONE_CHECK_INTERVAL_MS = 1_000  # how often the done watermark is advanced
 TRACK_SLICE_ENTRIES = 2_000  # loaded entries put into the wheel per event-loop turn
+WINDOW_REFILL_PARTS = 4  # a part-loaded bucket is continued once 1/4 of the window is free
 # A due backlog this long (a hot slot) is taken by one worker in chunks of up to
 # HOT_CHUNK_ENTRIES_MAX: read in one store call (one sequential pass when the records lie close
 # together, instead of a pread each), ~300 bytes of payload each while in flight (~10 MB).
@@ -109,6 +110,10 @@ class Scheduler:
         self._wakeup = asyncio.Event()  # the dispatcher re-checks the wheel
         self._next_load_ms = 0  # first bucket not yet loaded into the wheel
         self._loading_bucket_ms: int | None = None
+        # Buckets loaded only in part because the window was full (wheel_entries_max): bucket
+        # -> delay-log offset of its first entry not loaded. Everything of the bucket from
+        # there on is on disk only, and is loaded, in disk order, as the window drains.
+        self._resume_at: dict[int, int] = {}
         # Every loaded entry until it is confirmed or cancelled: key -> entry.
         self._tracked: dict[tuple[int, int], ScheduleEntry] = {}
         self._bucket_counts: dict[int, int] = defaultdict(int)
@@ -275,9 +280,16 @@ class Scheduler:
             return
         if self.tracer.enabled:
             self.tracer.scheduled_peeked([(p.trace, p.payload) for p in batch], self.clock())
+        window_max = self.config.wheel_entries_max
         for pending, entry in zip(batch, entries):
-            if self._is_loaded(entry.bucket_ms):
-                self._track(entry)
+            bucket_ms = entry.bucket_ms
+            if self._is_loaded(bucket_ms) and bucket_ms not in self._resume_at:
+                if len(self._tracked) < window_max:
+                    self._track(entry)
+                else:
+                    # The window is full: the entry stays on disk, and so does everything
+                    # committed into this bucket after it; the loader resumes here.
+                    self._resume_at[bucket_ms] = entry.delay_log_offset
             pending.call.results[pending.index] = {"id": pending.message_id, "status": "stored",
                                                    "deliver_at_ms": entry.deliver_at_ms}
         self._answer(batch)
@@ -372,19 +384,28 @@ class Scheduler:
                 del bucket_counts[bucket_ms]
 
     async def preload(self) -> None:
-        """Load every bucket up to ``preload_buckets`` ahead of now that is not loaded yet.
-
-        Buckets whose time passed while the server was down are loaded too (oldest first), at
-        most ``wheel_entries_max`` entries at a time, so catching up stays memory-bounded.
+        """Fill the window: first the rest of buckets loaded only in part, then every bucket up
+        to ``preload_buckets`` ahead of now that is not loaded yet, oldest first (buckets whose
+        time passed while the server was down included), while the window holds fewer than
+        ``wheel_entries_max`` entries. A bucket larger than the room left is loaded in part and
+        continued, in disk order, as dispatching drains the window; later buckets wait for it.
         """
         assert self.store is not None
         async with self._preload_lock:
             await self._preload_locked()
 
+    def _window_room(self) -> int:
+        return self.config.wheel_entries_max - len(self._tracked)
+
     async def _preload_locked(self) -> None:
         assert self.store is not None
+        while self._resume_at and self._refill_due():
+            bucket_ms = min(self._resume_at)
+            await self._load_slice(bucket_ms, self._resume_at.pop(bucket_ms))
+        if self._resume_at:
+            return  # still full: what is due first is on disk in the part-loaded bucket
         horizon_ms = self.bucket_of(self.clock()) + self.config.preload_buckets * self.config.bucket_ms
-        while self._next_load_ms <= horizon_ms and len(self._tracked) < self.config.wheel_entries_max:
+        while self._next_load_ms <= horizon_ms and self._window_room() > 0:
             buckets = await self._io(self.store.buckets_with_pending, self._next_load_ms, horizon_ms)
             if not buckets:
                 self._next_load_ms = horizon_ms + self.config.bucket_ms
@@ -392,26 +413,42 @@ class Scheduler:
             bucket_ms = buckets[0]
             self._loading_bucket_ms = bucket_ms
             try:
-                entries = await self._io(self.store.load_bucket, bucket_ms)
-                # In slices, yielding between them: tracking a 50,000-entry bucket in one go
-                # would hold the event loop (and every due dispatch) for a quarter second.
-                # Commits into this bucket meanwhile track themselves (_loading_bucket_ms).
-                for start in range(0, len(entries), TRACK_SLICE_ENTRIES):
-                    for entry in entries[start:start + TRACK_SLICE_ENTRIES]:
-                        self._track(entry)
-                    self._wakeup.set()
-                    await asyncio.sleep(0)
+                await self._load_slice(bucket_ms, 0)
                 self._next_load_ms = bucket_ms + self.config.bucket_ms
             finally:
                 self._loading_bucket_ms = None
+            if bucket_ms in self._resume_at:
+                break
+
+    async def _load_slice(self, bucket_ms: int, from_offset: int) -> None:
+        """Load what fits of the bucket from ``from_offset`` into the window and note where to
+        resume if not all of it fitted. Commits into the bucket meanwhile track themselves
+        while there is room (a bucket being loaded counts as loaded), or note their own resume
+        point; the earlier of the two wins, and the loader skips what is tracked already."""
+        assert self.store is not None
+        entries, resume_offset = await self._io(self.store.load_bucket_slice, bucket_ms,
+                                                from_offset, max(1, self._window_room()))
+        # In slices, yielding between them: tracking a 50,000-entry bucket in one go would
+        # hold the event loop (and every due dispatch) for a quarter second.
+        for start in range(0, len(entries), TRACK_SLICE_ENTRIES):
+            for entry in entries[start:start + TRACK_SLICE_ENTRIES]:
+                self._track(entry)
+            self._wakeup.set()
+            await asyncio.sleep(0)
+        if resume_offset is not None:
+            noted = self._resume_at.get(bucket_ms)
+            self._resume_at[bucket_ms] = (resume_offset if noted is None
+                                          else min(noted, resume_offset))
 
     # ------------------------------------------------------------------ dispatching
 
     async def _dispatcher(self) -> None:
         while True:
             now_ms = self.clock()
-            if (self.bucket_of(now_ms) + self.config.preload_buckets * self.config.bucket_ms
-                    >= self._next_load_ms and not self._preloading()):
+            if (not self._preloading()
+                    and (self.bucket_of(now_ms) + self.config.preload_buckets
+                         * self.config.bucket_ms >= self._next_load_ms
+                         or self._refill_due())):
                 # Loading runs beside dispatching: what is due keeps going while a bucket
                 # ahead is read and tracked.
                 self._preload_task = asyncio.create_task(self.preload(), name="delay-preload")
@@ -427,6 +464,12 @@ class Scheduler:
                 await asyncio.wait_for(self._wakeup.wait(), delay_s)
             except asyncio.TimeoutError:
                 pass
+
+    def _refill_due(self) -> bool:
+        """A part-loaded bucket waits and the window drained enough to load a good slice of
+        it (a quarter of the window), so refills are few and large."""
+        return bool(self._resume_at) and (
+            self._window_room() >= max(1, self.config.wheel_entries_max // WINDOW_REFILL_PARTS))
 
     def _preloading(self) -> bool:
         return self._preload_task is not None and not self._preload_task.done()
@@ -574,6 +617,8 @@ class Scheduler:
         if self.tracer.enabled:
             self.tracer.dispatched(batch.payloads, at_ms)
         self._untrack_many(batch.entries)
+        if self._resume_at and self._refill_due():
+            self._wakeup.set()  # the dispatcher starts the refill
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         now_ms = self.clock()
@@ -636,6 +681,8 @@ class Scheduler:
         a watermark in the future would file a message due now into an unloaded bucket.
         """
         candidate = min(self._next_load_ms, self.bucket_of(self.clock()))
+        if self._resume_at:  # a part-loaded bucket still has entries on disk only
+            candidate = min(candidate, min(self._resume_at))
         if self._bucket_counts:
             candidate = min(candidate, min(self._bucket_counts))
         return candidate

@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     delay.add_argument("--group", default="delay-1", help="delay group name")
     delay.add_argument("--flush", choices=["sync", "async"], default="sync")
     delay.add_argument("--bucket-ms", type=int, default=60_000, help="schedule bucket width")
+    delay.add_argument("--wheel-entries-max", type=int, default=200_000,
+                       help="most entries held in memory in the preload window (~600 bytes "
+                            "each); a bucket with more is loaded in part, the rest as the "
+                            "window drains")
     delay.add_argument("--max-delay-ms", type=int, default=None,
                        help="furthest deliver time ahead of now (default 2 years)")
     delay.add_argument("--no-trace", action="store_true", help="do not write trace events")
@@ -277,6 +281,7 @@ async def _run(args: argparse.Namespace) -> int:
         await launcher.run_delay_command(DelayConfig(
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
             port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
+            wheel_entries_max=args.wheel_entries_max,
             clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
             trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_ca=args.tls_ca,

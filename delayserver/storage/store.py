@@ -309,9 +309,14 @@ class DelayStore:
 
     # ------------------------------------------------------------------ reading
 
-    def _bucket_entries(self, bucket_ms: int) -> list[tuple[int, RawEntry]]:
-        """Every entry of the bucket (file + buffer), verified. A bucket whose file does not match
-        the index, or holds a bad entry, is rebuilt from the delay log once."""
+    def _bucket_entries(self, bucket_ms: int, from_offset: int = 0,
+                        keep: Callable[[RawEntry], bool] | None = None,
+                        count_max: int | None = None) -> list[tuple[int, RawEntry]]:
+        """Every entry of the bucket (file + buffer) whose delay-log offset is at least
+        ``from_offset`` (and that ``keep`` keeps), verified; at most ``count_max`` of them.
+        Entries are in offset order, so a later slice of a bucket starts with a binary search
+        and verifies only what it reads. A bucket whose file does not match the index, or holds
+        a bad entry, is rebuilt from the delay log once."""
         for attempt in (1, 2):
             data = self._schedule.read_file(bucket_ms)
             expected = self._schedule.disk_count(bucket_ms)
@@ -319,13 +324,18 @@ class DelayStore:
             if len(data) != expected * ENTRY_SIZE_BYTES:
                 problem = f"{len(data)} bytes, expected {expected} entries"
             data += self._schedule.buffered(bucket_ms)
+            start = _first_entry_from(data, from_offset) if from_offset and not problem else 0
             entries = []
             end = self._log.end_offset
-            for index, raw in iter_schedule_entries(data):
+            for index, raw in iter_schedule_entries(memoryview(data)[start * ENTRY_SIZE_BYTES:]):
+                index += start
                 if raw is None or raw.delay_log_offset >= end:
                     problem = problem or f"entry {index} is corrupt or points past the delay log"
                     break
-                entries.append((index, raw))
+                if raw.delay_log_offset >= from_offset and (keep is None or keep(raw)):
+                    entries.append((index, raw))
+                    if len(entries) == count_max:
+                        break
             if problem is None:
                 return entries
             path = self.layout.schedule_path(bucket_ms)
@@ -348,22 +358,43 @@ class DelayStore:
     def load_bucket(self, bucket_ms: int) -> list[ScheduleEntry]:
         """The bucket's entries that are neither dispatched nor cancelled, sorted by
         (deliver_at_ms, index)."""
+        return self.load_bucket_slice(bucket_ms)[0]
+
+    def load_bucket_slice(self, bucket_ms: int, from_offset: int = 0,
+                          limit: int | None = None) -> tuple[list[ScheduleEntry], int | None]:
+        """At most ``limit`` of the bucket's pending entries (neither dispatched nor cancelled),
+        taking them in disk order from the first whose delay-log offset is ``from_offset`` or
+        more, sorted by (deliver_at_ms, index); and the delay-log offset to continue from, None
+        when the slice reached the bucket's end. A server whose window is full loads a large
+        bucket slice by slice this way. A slice from offset 0 also counts the bucket's
+        pending entries exactly (``bucket_pending``)."""
         self._check_open()
-        entries = self._bucket_entries(bucket_ms)
         state = self._done.state(bucket_ms)
-        out = [
-            ScheduleEntry(bucket_ms, index, raw.deliver_at_ms, raw.delay_log_offset,
-                          raw.size_bytes, raw.id_hash)
-            for index, raw in entries
-            if not state.is_done(done_key(raw.delay_log_offset, raw.id_hash))
-        ]
+        dispatched, cancelled = state.dispatched, state.cancelled
+
+        def is_pending(raw: RawEntry) -> bool:
+            key = (raw.delay_log_offset << 32) | raw.id_hash  # done_key, inlined
+            return key not in dispatched and key not in cancelled
+
+        # From offset 0 the whole bucket is read, to count it; a later slice reads one entry
+        # past the limit (where to resume) and stops.
+        pending = self._bucket_entries(
+            bucket_ms, from_offset, is_pending,
+            None if from_offset == 0 or limit is None else limit + 1)
+        if from_offset == 0:
+            self._bucket_pending[bucket_ms] = len(pending)
+            if not pending:
+                if len(self._empty_buckets) >= EMPTY_BUCKETS_MAX:
+                    self._empty_buckets.clear()
+                self._empty_buckets.add(bucket_ms)
+        resume_offset = None
+        if limit is not None and len(pending) > limit:
+            resume_offset = pending[limit][1].delay_log_offset
+            pending = pending[:limit]
+        out = [ScheduleEntry(bucket_ms, index, raw.deliver_at_ms, raw.delay_log_offset,
+                             raw.size_bytes, raw.id_hash) for index, raw in pending]
         out.sort(key=lambda e: (e.deliver_at_ms, e.index))
-        self._bucket_pending[bucket_ms] = len(out)
-        if not out:
-            if len(self._empty_buckets) >= EMPTY_BUCKETS_MAX:
-                self._empty_buckets.clear()
-            self._empty_buckets.add(bucket_ms)
-        return out
+        return out, resume_offset
 
     def read(self, entry: ScheduleEntry) -> DelayedRecord:
         """The entry's message from the delay log, CRC-verified and checked against the entry."""
@@ -785,3 +816,21 @@ class DelayStore:
         finally:
             self._log.close()
             self._closed = True
+
+
+def _first_entry_from(data: bytes, from_offset: int) -> int:
+    """Index of the first entry of ``data`` (a bucket's entries, in delay-log offset order)
+    whose delay_log_offset is ``from_offset`` or more, by binary search; 0 (scan it all) when
+    the entries around the answer do not verify, so a bad entry cannot hide good ones."""
+    whole = len(data) // ENTRY_SIZE_BYTES
+    low, high = 0, whole
+    while low < high:
+        middle = (low + high) // 2
+        if ENTRY_FIELDS.unpack_from(data, middle * ENTRY_SIZE_BYTES)[1] < from_offset:
+            low = middle + 1
+        else:
+            high = middle
+    for index in (low - 1, low):
+        if 0 <= index < whole and check_schedule_entry(data, index * ENTRY_SIZE_BYTES):
+            return 0
+    return low

@@ -444,3 +444,49 @@ async def test_a_dispatch_a_full_disk_kept_from_being_recorded_is_recorded_later
         assert realtime.bodies() == [b"once"], "recorded, so never dispatched again"
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize("sent", ["into_the_loaded_window", "before_its_bucket_is_loaded"])
+async def test_a_hot_slot_larger_than_the_window_cap_is_delivered_completely_and_on_time(
+    tmp_path, clock, realtime, sent
+):
+    cap = 10
+    server = await start(tmp_path, clock, realtime, wheel_entries_max=cap)
+    client = await RawClient.connect(server.port)
+    scheduler = server.scheduler
+    largest = 0
+    track = scheduler._track
+
+    def counting_track(entry):
+        nonlocal largest
+        track(entry)
+        largest = max(largest, len(scheduler._tracked))
+
+    scheduler._track = counting_track
+    try:
+        ahead_ms = 1_500 if sent == "into_the_loaded_window" else 10_000
+        due = clock() + ahead_ms
+        hot = [message("hot", b"h%d" % i, clock, deliver_at_ms=due) for i in range(50)]
+        after = [message("hot", b"a%d" % i, clock, deliver_at_ms=due + 1_000 + i)
+                 for i in range(15)]
+        for start_at in range(0, 50, 25):
+            answer = await client.send(*hot[start_at:start_at + 25])
+            assert {r["status"] for r in answer["results"]} == {"stored"}
+        await client.send(*after)
+        clock.advance(ahead_ms - 1)
+        await settle(server)
+        assert realtime.received == [], "nothing early"
+        clock.advance(1)
+        await realtime.wait_for(50, server)  # the clock does not move: on time
+        assert sorted(m.body for _, m in realtime.received) == sorted(m.body for m in hot)
+        assert {at for at, _ in realtime.received} == {due}
+        clock.advance(1_000 + 15)
+        await realtime.wait_for(65, server)
+        assert len({m.id for _, m in realtime.received}) == 65, "each message once"
+        assert all(at >= m.deliver_at_ms for at, m in realtime.received)
+        assert largest <= cap
+        await settle(server)
+        assert scheduler._resume_at == {}
+    finally:
+        await client.close()
+        await server.stop()

@@ -456,3 +456,24 @@ def test_read_payloads_of_sparse_entries_equals_single_reads_and_a_bad_entry_fai
         assert isinstance(alone.value, (CorruptScheduleEntry, CorruptRecord))
         with pytest.raises(type(alone.value)):
             store.read_payloads(entries[:5] + [bad] + entries[6:])
+
+
+def test_a_bucket_loaded_slice_by_slice_gives_each_pending_entry_once_in_disk_order(store):
+    base = NOW_MS - NOW_MS % BUCKET_MS
+    entries = send(store, [(f"m{i}", "s", base + 999 - i % 5) for i in range(23)])
+    store.record_dispatched([entries[1], entries[8]])
+    assert store.cancel("m9", entries[9].deliver_at_ms) == "cancelled"
+    pending = [e for e in entries if e.index not in (1, 8, 9)]
+    loaded: list[ScheduleEntry] = []
+    resume_at, slices = 0, 0
+    while resume_at is not None:
+        part, resume_at = store.load_bucket_slice(base, resume_at, limit=6)
+        assert len(part) <= 6
+        assert part == sorted(part, key=lambda e: (e.deliver_at_ms, e.index))
+        loaded += part
+        slices += 1
+    assert slices == 4  # 20 pending entries, 6 at a time
+    assert sorted(loaded, key=lambda e: e.index) == pending
+    assert store.bucket_pending(base) == 20  # the first slice counted the whole bucket
+    more = send(store, [("late", "s", base + 1)])
+    assert store.load_bucket_slice(base, more[0].delay_log_offset, limit=6) == (more, None)
