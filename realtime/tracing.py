@@ -42,9 +42,10 @@ RECENT_SUBJECTS_MAX = 32
 # Fields of a Checked, taken by ``map`` in C over a batch.
 _id_of = itemgetter(0)
 _subject_of = itemgetter(1)
+_deliver_of = itemgetter(4)
 _created_of = itemgetter(5)
-_plain_fields = itemgetter(4, 6, 7)  # deliver_at_ms, retries, origin_id
-_PLAIN = {(None, 0, None)}  # not delayed, not a retry: a producer's own message
+_copy_fields = itemgetter(6, 7)  # retries, origin_id
+_NOT_A_COPY = {(0, None)}  # not a retry copy
 
 
 def _producers_own(peeked: TracePeek) -> bool:
@@ -89,29 +90,13 @@ class BrokerTracer:
             return
         writer = self.writer
         assert writer is not None
+        if self._stored_run(messages, sequences, now_ms):
+            return
         # A producer's own message: one stored line flagged produced stands for both events
         # (readers expand it, sdk.trace), a quarter of the lines a message costs.
         start, end = writer.frame("stored", now_ms, PRODUCED_MEMBER)
-        subjects = set(map(_subject_of, messages))
-        if (len(subjects) == 1 and None not in sequences
-                and set(map(_plain_fields, messages)) == _PLAIN):
-            # The usual batch: one subject, all stored, all a producer's own: every line built
-            # by maps in C (the same text as the per-message path below; a unit test holds
-            # them equal).
-            subject = subjects.pop()
-            if subject[:1] != "%":
-                ids = list(map(_id_of, messages))
-                created = list(map(_created_of, messages))
-                if set(map(type, ids)) == {str} and set(map(type, created)) == {int}:
-                    head = f"{self._subject_member(subject)},\"created_at_ms\":"
-                    members = list(map("".join, zip(
-                        repeat('"msg_id":'), map(_json_str, ids), repeat(head),
-                        map(str, created))))
-                    writer.emit_lines(list(map("".join, zip(repeat(start), members,
-                                                            repeat(end)))))
-                    self._remember(subject, sequences, members)
-                    return
         lines = []
+        remembered: dict[str, tuple[list[int], list[str]]] = {}
         for checked, sequence in zip(messages, sequences):
             if sequence is None:
                 continue
@@ -134,8 +119,50 @@ class BrokerTracer:
                 members = peeked.members
                 lines.append(writer.line("stored", now_ms, members,
                                          PRODUCED_MEMBER if _producers_own(peeked) else ""))
-            self._remember(subject, (sequence,), (members,))
+            run = remembered.get(subject)
+            if run is None:
+                run = remembered[subject] = ([], [])
+            run[0].append(sequence)
+            run[1].append(members)
         writer.emit_lines(lines)
+        for subject, (subject_sequences, subject_members) in remembered.items():
+            self._remember(subject, subject_sequences, subject_members)
+
+    def _stored_run(self, messages: Sequence[Checked], sequences: Sequence[int | None],
+                    now_ms: int) -> bool:
+        """``stored`` of the usual batch, every line built by maps in C: one user subject, all
+        stored, no retry copy, and either none delayed (a producer's own messages: lines
+        flagged produced) or all delayed (dispatched by a delay server: with deliver_at_ms).
+        The same text as the per-message path (unit tests hold them equal); False, having
+        done nothing, for any other batch."""
+        subjects = set(map(_subject_of, messages))
+        if (len(subjects) != 1 or None in sequences
+                or set(map(_copy_fields, messages)) != _NOT_A_COPY):
+            return False
+        subject = next(iter(subjects))
+        ids = list(map(_id_of, messages))
+        created = list(map(_created_of, messages))
+        if (subject[:1] == "%" or set(map(type, ids)) != {str}
+                or set(map(type, created)) != {int}):
+            return False
+        delivers = list(map(_deliver_of, messages))
+        deliver_types = set(map(type, delivers))
+        head = f'{self._subject_member(subject)},"created_at_ms":'
+        columns = [repeat('"msg_id":'), map(_json_str, ids), repeat(head), map(str, created)]
+        if deliver_types == {int}:
+            extra = ""
+            columns += [repeat(',"deliver_at_ms":'), map(str, delivers)]
+        elif deliver_types == {type(None)}:
+            extra = PRODUCED_MEMBER
+        else:
+            return False
+        writer = self.writer
+        assert writer is not None
+        start, end = writer.frame("stored", now_ms, extra)
+        members = list(map("".join, zip(*columns)))
+        writer.emit_lines(list(map("".join, zip(repeat(start), members, repeat(end)))))
+        self._remember(subject, sequences, members)  # type: ignore[arg-type]  # no None here
+        return True
 
     def _subject_member(self, subject: str) -> str:
         """``,"subject":...`` of a user subject, kept for the first SUBJECT_MEMBERS_MAX."""

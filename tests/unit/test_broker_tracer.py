@@ -106,24 +106,29 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
     assert path.read_text() == expected + "\n"
 
 
-def test_a_batch_of_a_producers_messages_writes_the_lines_they_would_write_one_by_one(tmp_path):
+@pytest.mark.parametrize("deliver_at_ms", [None, T0_MS + 5], ids=["produced", "dispatched"])
+@pytest.mark.parametrize("with_duplicate", [False, True], ids=["batch", "message by message"])
+def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_message(
+        tmp_path, deliver_at_ms, with_duplicate):
+    """A batch of one subject takes the batch path; a duplicate in it sends it down the
+    per-message path: both write what message_members and TraceWriter.line write."""
     ids = ["m1", 'quote"back\\slash', "\U0001f600\ud800"]
-    batch_dir, single_dir = tmp_path / "batch", tmp_path / "single"
-    for directory, calls in ((batch_dir, [(ids, [5, 6, 7])]),
-                             (single_dir, [([i], [s]) for i, s in zip(ids, [5, 6, 7])])):
-        writer = TraceWriter(directory, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
-        tracer = BrokerTracer(writer)
-        for call_ids, sequences in calls:
-            tracer.stored([checked(i, "orders.créé") for i in call_ids], sequences, T0_MS + 1)
-        assert tracer._recent["orders.créé"] == {
-            5: message_members(ids[0], "orders.créé", created_at_ms=T0_MS),
-            6: message_members(ids[1], "orders.créé", created_at_ms=T0_MS),
-            7: message_members(ids[2], "orders.créé", created_at_ms=T0_MS)}
-        writer.close()
-    (batch_file,) = batch_dir.glob("*/*.jsonl")
-    (single_file,) = single_dir.glob("*/*.jsonl")
-    assert batch_file.read_text() == single_file.read_text()
-    assert len(batch_file.read_text().splitlines()) == 3
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    messages = [checked(i, "orders.créé")._replace(deliver_at_ms=deliver_at_ms) for i in ids]
+    sequences: list[int | None] = [5, 6, 7]
+    if with_duplicate:
+        messages.append(checked("m1", "orders.créé"))
+        sequences.append(None)
+    tracer.stored(messages, sequences, T0_MS + 1)
+    members = [message_members(msg_id, "orders.créé", created_at_ms=T0_MS,
+                               deliver_at_ms=deliver_at_ms) for msg_id in ids]
+    assert tracer._recent["orders.créé"] == dict(zip([5, 6, 7], members))
+    writer.close()
+    (path,) = tmp_path.glob("*/*.jsonl")
+    flag = PRODUCED_MEMBER if deliver_at_ms is None else ""
+    assert path.read_text() == "".join(writer.line("stored", T0_MS + 1, m, flag) + "\n"
+                                       for m in members)
 
 
 def test_a_duplicate_in_a_stored_batch_gets_no_line(tmp_path):
