@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 from logstore.errors import DiskFull, LogStoreError, LogWriteFailed
 from logstore.fileio import Opener, OsFile
@@ -64,6 +64,19 @@ PULL_SCAN_ENTRIES_MAX = 10_000
 # The msgpack bytes of the payload key "x" (expire_at_ms, a fixstr of 1 byte): a payload that
 # does not contain them has no expiry, so a pull without tags need not decode it.
 _EXPIRE_KEY = b"\xa1x"
+
+
+class Pulled(NamedTuple):
+    """What a pull hands out, as the columns of the pull response (docs/PROTOCOL.md): entry i
+    is ``payloads[i]`` under pull seq ``pull_seqs[i]``, handed out ``redelivered[i]`` times
+    before."""
+
+    pull_seqs: Sequence[int]
+    payloads: Sequence[bytes]
+    redelivered: Sequence[int]
+
+
+NOTHING_PULLED = Pulled((), (), ())
 
 
 def wall_clock_ms() -> int:
@@ -442,7 +455,7 @@ class Broker:
         self._last_seen.setdefault((subject, key), {})[consumer_id] = self.clock()
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
-                   ) -> list[dict[str, Any]]:
+                   ) -> Pulled:
         """Hand the group's next entries (redeliveries first) to the pulling consumer.
 
         With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
@@ -456,31 +469,31 @@ class Broker:
         tags = frozenset(request.tags)
         while True:
             if gone is not None and gone():
-                return []
+                return NOTHING_PULLED
             event = self._event(request.subject)
             self._touch(request.subject, key, request.consumer_id)
-            messages = await self._pull_once(request, key, tags)
-            if messages:
+            pulled = await self._pull_once(request, key, tags)
+            if pulled.payloads:
                 self._touch(request.subject, key, request.consumer_id)
-                return messages
+                return pulled
             remaining = deadline - loop.time()
             if remaining <= 0 or self._stopping:
-                return []
+                return NOTHING_PULLED
             self.waiting_pulls += 1
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()
             except TimeoutError:
-                return []
+                return NOTHING_PULLED
             finally:
                 self.waiting_pulls -= 1
 
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str],
-                         ) -> list[dict[str, Any]]:
+                         ) -> Pulled:
         subject = request.subject
         group = (subject, key)
         if self._known_cursors.get(group, -1) >= self._ends.get(subject, 0):
-            return []  # caught up and nothing to redeliver: no need to ask the pull log
+            return NOTHING_PULLED  # caught up and nothing to redeliver: no need to ask the pull log
         lock = self._group_locks.get(group)
         if lock is None:
             lock = self._group_locks[group] = asyncio.Lock()
@@ -501,14 +514,14 @@ class Broker:
             return out
 
     async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
-                              cursor: int) -> tuple[list[dict[str, Any]] | None, int]:
+                              cursor: int) -> tuple[Pulled | None, int]:
         """One trip to the pull-log thread: entries from the tail after the cursor the group had
         at its last pull. None when the tail does not reach back to it, or when the pull log
         says the cursor moved or entries wait for redelivery after all."""
         subject = request.subject
         end = self._ends.get(subject, 0)
         if cursor >= end:
-            return [], cursor
+            return NOTHING_PULLED, cursor
         tail = self._tail.covering(subject, cursor)
         if tail is None:
             return None, cursor
@@ -528,7 +541,7 @@ class Broker:
         return out, new_cursor
 
     async def _pull_planned(self, request: Pull, key: str, tags: frozenset[str],
-                            ) -> tuple[list[dict[str, Any]], int, bool]:
+                            ) -> tuple[Pulled, int, bool]:
         """Ask the pull log for the group's redeliveries and cursor, take the entries (tail or
         store) and record them. Returns them, the new cursor, and whether the redelivery queue
         was drained."""
@@ -539,7 +552,7 @@ class Broker:
         drained = len(redeliveries) < request.max_count
         end = self._ends.get(subject, 0)
         if not redeliveries and cursor >= end:
-            return [], cursor, drained
+            return NOTHING_PULLED, cursor, drained
         now_ms = self.clock()
         payloads: dict[int, bytes] = {}
         missing = []
@@ -567,7 +580,7 @@ class Broker:
             new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
                                    tags, now_ms, budget_bytes, payloads, chosen, expired)
         if not chosen and new_cursor == cursor:
-            return [], cursor, drained
+            return NOTHING_PULLED, cursor, drained
         out = await self._pulllog_io(self._record_pull_io, request, key, chosen, new_cursor,
                                      payloads, now_ms, None)
         assert out is not None  # no expected cursor: never refused
@@ -624,9 +637,10 @@ class Broker:
 
     def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
                         payloads: dict[int, bytes], now_ms: int,
-                        expected_cursor: int | None) -> list[dict[str, Any]] | None:
+                        expected_cursor: int | None) -> Pulled | None:
         """Record the pull; None (nothing recorded) if ``expected_cursor`` is given and the
-        group's cursor is not there or entries wait for redelivery."""
+        group's cursor is not there or entries wait for redelivery. The answer is built as
+        columns straight from the recorded batch: nothing is built per message."""
         pulllog = self.pulllog
         assert pulllog is not None
         subject = request.subject
@@ -638,14 +652,14 @@ class Broker:
         batch = pulllog.record_pull(subject, key, consumer_id, chosen, new_cursor, now_ms)
         log_seqs = batch.consumer_log_seqs
         if not log_seqs:
-            return []
+            return NOTHING_PULLED
         first = batch.first_pull_seq
-        pull_seqs: Sequence[int] = range(first, first + len(log_seqs))
+        pull_seqs: list[int] = list(range(first, first + len(log_seqs)))
         chosen_payloads = list(map(payloads.__getitem__, log_seqs))
         redelivered = batch.redelivered
         if b"" in chosen_payloads:
             # Not deliverable (a redelivery whose message is gone): ack it at once so it does
-            # not come back forever. Rare: the lists are rebuilt without those entries.
+            # not come back forever. Rare: the columns are rebuilt without those entries.
             keep = [i for i, payload in enumerate(chosen_payloads) if payload]
             for i in range(len(log_seqs)):
                 if not chosen_payloads[i]:
@@ -657,17 +671,15 @@ class Broker:
             if redelivered is not None:
                 redelivered = [redelivered[i] for i in keep]
         if redelivered is None:
-            out = [{"pull_seq": pull_seq, "payload": payload, "redelivered": 0}
-                   for pull_seq, payload in zip(pull_seqs, chosen_payloads)]
+            times = [0] * len(pull_seqs)
         else:
+            times = redelivered
             self.stats["redelivered"] += len(redelivered) - redelivered.count(0)
-            out = [{"pull_seq": pull_seq, "payload": payload, "redelivered": times}
-                   for pull_seq, payload, times in zip(pull_seqs, chosen_payloads, redelivered)]
-        self.stats["pulled"] += len(out)
+        self.stats["pulled"] += len(pull_seqs)
         if self.tracer.enabled:
             self.tracer.pulled_columns(subject, key, consumer_id, pull_seqs, chosen_payloads,
                                        redelivered, now_ms, log_seqs)
-        return out
+        return Pulled(pull_seqs, chosen_payloads, times)
 
     @staticmethod
     def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int | None) -> bool:
@@ -857,4 +869,4 @@ class Broker:
         return rows
 
 
-__all__ = ["Broker", "group_key", "wall_clock_ms"]
+__all__ = ["Broker", "NOTHING_PULLED", "Pulled", "group_key", "wall_clock_ms"]

@@ -26,6 +26,7 @@ from sdk.metrics_http import MetricsListener
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
+    pull_response,
 )
 from sdk.registration import Registration
 from sdk.tls import client_context, server_context
@@ -189,7 +190,7 @@ class RealtimeServer:
                 await self.registration.refresh_state()
             return {"results": await broker.send(request.messages)}
         if isinstance(request, Pull):
-            return {"messages": await broker.pull(request, gone=lambda: session.closed)}
+            return pull_response(*await broker.pull(request, gone=lambda: session.closed))
         if isinstance(request, Ack):
             return {"acked": await broker.ack(request)}
         if isinstance(request, Heartbeat):

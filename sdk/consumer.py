@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
-from sdk.errors import BadRequest, NoRoute, QmqError
+from sdk.errors import NoRoute, QmqError
 from sdk.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from sdk.message import (
     Message,
@@ -55,6 +55,7 @@ from sdk.message import (
     validate_tags,
 )
 from sdk.producer import default_client_id, duration_ms
+from sdk.protocol import pull_columns
 from sdk.routes import Route, RouteCache
 from sdk.tls import TlsOption, client_context
 
@@ -675,41 +676,31 @@ class Consumer:
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
             failures = 0
-            entries = answer.get("messages")
-            if entries:
+            if answer.get("payloads"):
                 batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
-                await prefetch.put_all(self._received(entries, sub, batch))
+                await prefetch.put_all(self._received(answer, sub, batch))
 
     @staticmethod
-    def _received(entries: object, sub: Subscription, batch: _PulledBatch,
+    def _received(answer: dict[str, Any], sub: Subscription, batch: _PulledBatch,
                   ) -> list[ReceivedMessage]:
-        """The messages of a pull response, in order. An entry that cannot be read (a broker
-        bug or corruption) is logged and left unacked, so it is redelivered, not lost."""
+        """The messages of a pull response, in order. What cannot be read (a broker bug or
+        corruption) is logged and left unacked, so it is redelivered, not lost."""
+        try:
+            pull_seqs, payloads, redelivered = pull_columns(answer)
+        except QmqError as exc:
+            log.error("broker group %s answered a pull of %r with unreadable columns: %s",
+                      batch.broker_group, sub.subject, exc.message)
+            return []
         out: list[ReceivedMessage] = []
-        if type(entries) is not list:
-            log.error("broker group %s answered a pull of %r with messages that are no list: "
-                      "%r", batch.broker_group, sub.subject, entries)
-            return out
         append = out.append
-        for entry in entries:
+        for pull_seq, payload, times in zip(pull_seqs, payloads, redelivered):
             try:
-                if type(entry) is not dict:
-                    raise BadRequest(f"pulled entry is not a map: {entry!r:.100}")
-                pull_seq = entry.get("pull_seq")
-                payload = entry.get("payload")
-                if type(pull_seq) is not int:
-                    raise BadRequest(f"pulled entry without an int pull_seq: {entry!r:.100}")
-                if type(payload) is not bytes:
-                    raise BadRequest("pulled entry without a bin payload")
                 fields = decode_message_fields(payload)
             except QmqError as exc:
-                log.error("broker group %s sent an unreadable message of %r: %s",
-                          batch.broker_group, sub.subject, exc.message)
+                log.error("broker group %s sent an unreadable message of %r (pull seq %d): %s",
+                          batch.broker_group, sub.subject, pull_seq, exc.message)
                 continue
-            redelivered = entry.get("redelivered", 0)
-            if type(redelivered) is not int:
-                redelivered = int(bool(redelivered))
-            append(ReceivedMessage(fields, pull_seq, redelivered, batch))
+            append(ReceivedMessage(fields, pull_seq, times, batch))
         return out
 
     # -- acks, nacks, heartbeats ----------------------------------------------------------------

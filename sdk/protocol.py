@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal, Sequence, Union
 
 import msgpack
 
@@ -617,9 +617,41 @@ def send_result_error(message_id: str, exc: QmqError) -> dict[str, Any]:
     return {"id": message_id, "error": exc.to_wire()}
 
 
-def pulled_message(pull_seq: int, payload: bytes, redelivered: int = 0) -> dict[str, Any]:
-    """One entry of a pull response's ``messages``."""
-    return {"pull_seq": pull_seq, "payload": payload, "redelivered": redelivered}
+def pull_response(pull_seqs: Sequence[int], payloads: Sequence[bytes],
+                  redelivered: Sequence[int]) -> dict[str, Any]:
+    """The body of a pull response: three columns of one entry per message, in order (one
+    array each rather than a map per message: nothing to build or parse per message)."""
+    return {"pull_seqs": pull_seqs, "payloads": payloads, "redelivered": redelivered}
+
+
+def pull_columns(answer: dict[str, Any]) -> tuple[list[int], list[Any], list[int]]:
+    """Client side: the (pull_seqs, payloads, redelivered) columns of a pull response, checked
+    to be arrays of one length with int pull seqs and redelivery counts (C loops, no call per
+    message). Payloads are not checked here: each is decoded on its own. BadRequest names the
+    defect."""
+    pull_seqs = answer.get("pull_seqs")
+    payloads = answer.get("payloads")
+    redelivered = answer.get("redelivered")
+    for name, column in (("pull_seqs", pull_seqs), ("payloads", payloads),
+                         ("redelivered", redelivered)):
+        if type(column) is not list:
+            raise BadRequest(f"pull response field {name} must be an array, got "
+                             f"{type_name(column)}")
+    if not len(pull_seqs) == len(payloads) == len(redelivered):
+        raise BadRequest(f"pull response columns differ in length: pull_seqs {len(pull_seqs)}, "
+                         f"payloads {len(payloads)}, redelivered {len(redelivered)}")
+    for name, column in (("pull_seqs", pull_seqs), ("redelivered", redelivered)):
+        if column and set(map(type, column)) != {int}:
+            bad = next(value for value in column if type(value) is not int)
+            raise BadRequest(f"pull response field {name} must hold int, got {type_name(bad)}")
+    return pull_seqs, payloads, redelivered
+
+
+def pull_entries(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pull response as one ``{pull_seq, payload, redelivered}`` map per message, in order
+    (for tools and tests; the consumer reads the columns)."""
+    return [{"pull_seq": pull_seq, "payload": payload, "redelivered": times}
+            for pull_seq, payload, times in zip(*pull_columns(answer))]
 
 
 def browsed_message(sequence: int, payload: bytes) -> dict[str, Any]:
@@ -678,7 +710,9 @@ __all__ = [
     "hello_response",
     "send_result_ok",
     "send_result_error",
-    "pulled_message",
+    "pull_columns",
+    "pull_entries",
+    "pull_response",
     "browsed_message",
     "parse_response",
 ]

@@ -214,8 +214,8 @@ def drain_and_nack(port: int, group: str, rounds_max: int = 20) -> int:
                 pulled = client.request({"op": "pull", "subject": subject, "group": group,
                                          "consumer_id": "drain", "max_count": 256,
                                          "start": "earliest"})
-                assert "messages" in pulled, pulled
-                seqs = [m["pull_seq"] for m in pulled["messages"]]
+                assert "pull_seqs" in pulled, pulled
+                seqs = pulled["pull_seqs"]
                 if not seqs:
                     break
                 answer = client.request({"op": "nack", "subject": subject, "group": group,

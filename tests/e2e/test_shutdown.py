@@ -118,7 +118,7 @@ async def test_sigterm_on_a_realtime_server_answers_in_flight_requests_and_dereg
 
     assert code == 0, broker.text()[-3000:]
     assert exit_s < EXIT_BOUND_S
-    assert answer.get("messages") == [], f"the long poll must be answered, got {answer}"
+    assert answer.get("payloads") == [], f"the long poll must be answered, got {answer}"
     assert states_at_exit.get(("realtime", "rt1")) == "offline", \
         "deregistered at once, not after heartbeat expiry"
     output = broker.text()

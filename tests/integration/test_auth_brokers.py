@@ -173,7 +173,7 @@ async def test_a_broker_with_a_short_ttl_refuses_a_revoked_token_on_an_open_conn
         assert (await client.request(hello)).get("ok")
         pull = {"op": "pull", "subject": "order.created", "group": "g", "consumer_id": "c",
                 "max_count": 1, "wait_ms": 0}
-        assert "messages" in await client.request(pull)
+        assert "payloads" in await client.request(pull)
         assert (await client.request({**pull, "subject": "payment.x"}))["error"]["code"] == \
             "forbidden"
         await cluster.admin("POST", "/api/admin/tokens/revoke", {"id": cluster.orders_token_id})

@@ -164,7 +164,7 @@ async def test_redrive_puts_the_dead_letters_back_on_their_subject_with_retries_
                                  {"subject": "orders", "group": "billing"})
     assert answer == {"redriven": 3, "duplicates": 0, "errors": []}
     pulled = await three_dead.client.pull("orders", "billing", "c1", start="earliest")
-    messages = [decode_message(m["payload"]) for m in pulled["messages"]]
+    messages = [decode_message(p) for p in pulled["payloads"]]
     assert [(m.id, m.subject, m.retries, m.body) for m in messages] == [
         ("o1.redrive1", "orders", 0, b"order 1 failed"),
         ("o2.redrive1", "orders", 0, b"order 2 failed"),
@@ -189,7 +189,7 @@ async def test_redrive_of_chosen_ids_sends_only_those(three_dead):
                                  {"subject": "orders", "group": "billing", "ids": ["o3.r1", "o1"]})
     assert answer["redriven"] == 2
     pulled = await three_dead.client.pull("orders", "billing", "c1", start="earliest")
-    assert sorted(decode_message(m["payload"]).id for m in pulled["messages"]) == [
+    assert sorted(decode_message(p).id for p in pulled["payloads"]) == [
         "o1.redrive1", "o3.redrive1"]
 
 
@@ -245,7 +245,7 @@ async def test_browse_returns_at_most_max_count_and_does_not_consume(three_dead)
     assert [m["sequence"] for m in rest["messages"]] == [2]
     # Nothing was consumed: a group reading the dead subject from the start gets all three.
     pulled = await client.pull(DEAD, "inspect", "c1", start="earliest")
-    assert len(pulled["messages"]) == 3
+    assert len(pulled["payloads"]) == 3
 
 
 async def test_browse_stops_at_the_frame_budget(cluster):
@@ -270,7 +270,7 @@ async def test_purging_a_subject_that_is_not_a_dead_letter_subject_is_a_bad_requ
         assert answer["error"]["code"] == "bad_request", answer
         assert "not a dead-letter subject" in answer["error"]["message"]
     assert len((await three_dead.client.pull("orders", "g", "c", start="earliest"))[
-        "messages"]) == 1
+        "payloads"]) == 1
 
 
 async def test_an_unreachable_broker_is_reported_in_errors_not_a_500(three_dead):

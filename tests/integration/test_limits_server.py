@@ -186,7 +186,7 @@ async def test_a_body_of_max_body_bytes_is_stored_intact_and_one_byte_more_is_to
     pulled: list[bytes] = []
     for _ in range(4):  # each 4 MiB message needs a pull of its own
         answer = await realtime.client.pull("bodies", "g", "c", start="earliest")
-        pulled += [m["payload"] for m in answer["messages"]]
+        pulled += answer["payloads"]
     assert pulled == [below, at]
     await realtime.assert_still_serving()
 
@@ -281,26 +281,26 @@ CONSUMER = {"subject": "limits", "group": "g", "consumer_id": "c"}
 
 REALTIME_REQUEST_LIMITS = [
     pytest.param(MAX_PULL_BATCH_MESSAGES, "bad_request",
-                 lambda n: {"op": "pull", **CONSUMER, "max_count": n}, "messages",
+                 lambda n: {"op": "pull", **CONSUMER, "max_count": n}, "payloads",
                  id="pull-max-count"),
     # A message is waiting, so even a pull allowed to wait 60 s answers at once.
     pytest.param(MAX_PULL_WAIT_MS, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "group": f"w{n}", "start": "earliest",
-                            "max_count": 1, "wait_ms": n}, "messages",
+                            "max_count": 1, "wait_ms": n}, "payloads",
                  id="pull-wait-ms"),
     pytest.param(MAX_TAGS, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "max_count": 1,
-                            "tags": [f"t{i}" for i in range(n)]}, "messages",
+                            "tags": [f"t{i}" for i in range(n)]}, "payloads",
                  id="pull-tags-count"),
     pytest.param(MAX_TAG_BYTES, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "max_count": 1, "tags": ["t" * n]},
-                 "messages", id="pull-tag-bytes"),
+                 "payloads", id="pull-tag-bytes"),
     pytest.param(MAX_SUBJECT_CHARS, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "group": "g" * n, "max_count": 1},
-                 "messages", id="pull-group-chars"),
+                 "payloads", id="pull-group-chars"),
     pytest.param(MAX_CLIENT_ID_CHARS, "bad_request",
                  lambda n: {"op": "pull", **CONSUMER, "consumer_id": "c" * n, "max_count": 1},
-                 "messages", id="pull-consumer-id-chars"),
+                 "payloads", id="pull-consumer-id-chars"),
     pytest.param(MAX_CLIENT_ID_CHARS, "bad_request",
                  lambda n: {"op": "heartbeat", "consumer_id": "c" * n,
                             "subscriptions": [["limits", "g"]]},

@@ -64,7 +64,7 @@ async def test_sends_pulls_and_acks_move_the_counters_by_exactly_what_happened(
     await client.send(*sent)
     await client.send(sent[0])  # the same id again: a duplicate, not stored
     pulled = await client.pull("orders", "billing", "c1", start="earliest")
-    assert len(pulled["messages"]) == 3
+    assert len(pulled["payloads"]) == 3
     assert (await client.ack("orders", "billing", "c1", [[0, 1]]))["acked"] == 2
 
     after = await scrape(server.metrics_url)
@@ -140,7 +140,7 @@ async def test_a_waiting_long_poll_shows_in_the_gauge_until_a_message_wakes_it(
     await wait_waiting_pulls(server, 1)
     assert (await scrape(server.metrics_url))["qmq_realtime_long_polls_waiting"] == 1
     await client.send(message("orders", b"wake", clock))
-    assert len((await asyncio.wait_for(waiting, WAIT_TIMEOUT_S))["messages"]) == 1
+    assert len((await asyncio.wait_for(waiting, WAIT_TIMEOUT_S))["payloads"]) == 1
     await wait_waiting_pulls(server, 0)
     assert (await scrape(server.metrics_url))["qmq_realtime_long_polls_waiting"] == 0
     await consumer.close()

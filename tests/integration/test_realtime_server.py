@@ -45,7 +45,7 @@ async def client(server):
 
 
 def bodies(response) -> list[bytes]:
-    return [decode_message(m["payload"]).body for m in response["messages"]]
+    return [decode_message(p).body for p in response["payloads"]]
 
 
 async def test_a_stored_message_is_pulled_once_by_a_group_and_acked(client, clock):
@@ -55,7 +55,7 @@ async def test_a_stored_message_is_pulled_once_by_a_group_and_acked(client, cloc
     assert bodies(first) == [b"one", b"two"]
     assert (await client.ack("orders", "billing", "c1", [[0, 1]]))["acked"] == 2
     again = await client.pull("orders", "billing", "c1")
-    assert again["messages"] == []
+    assert again["payloads"] == []
 
 
 async def test_a_resend_of_the_same_id_is_a_duplicate_and_delivered_once(client, clock):
@@ -103,12 +103,12 @@ async def test_a_message_sent_after_a_long_polling_consumer_died_goes_to_a_live_
 
 async def test_a_long_poll_with_nothing_to_deliver_returns_empty_after_its_wait(client):
     pulled = await client.pull("quiet", "g", "c1", wait_ms=50)
-    assert pulled["messages"] == []
+    assert pulled["payloads"] == []
 
 
 async def test_a_new_group_starts_at_latest_unless_it_asks_for_earliest(client, clock):
     await client.send(message("s", b"old", clock))
-    assert (await client.pull("s", "late-group", "c"))["messages"] == []
+    assert (await client.pull("s", "late-group", "c"))["payloads"] == []
     assert bodies(await client.pull("s", "early-group", "c", start="earliest")) == [b"old"]
     await client.send(message("s", b"new", clock))
     assert bodies(await client.pull("s", "late-group", "c")) == [b"new"]
@@ -120,18 +120,18 @@ async def test_an_unacked_message_is_handed_to_another_consumer_after_the_ack_ti
     await client.send(message("s", b"x", clock))
     first = await client.pull("s", "g", "slow", start="earliest")
     assert bodies(first) == [b"x"]
-    assert (await client.pull("s", "g", "other"))["messages"] == []
+    assert (await client.pull("s", "g", "other"))["payloads"] == []
     clock.advance(server.config.ack_timeout_ms + 1)
     await server.broker.expire_now()
     second = await client.pull("s", "g", "other")
     assert bodies(second) == [b"x"]
-    assert second["messages"][0]["redelivered"] == 1
+    assert second["redelivered"][0] == 1
 
 
 async def test_an_expired_consumers_unacked_messages_go_to_the_others(server, client, clock):
     await client.send(*(message("s", b"%d" % i, clock) for i in range(3)))
     held = await client.pull("s", "g", "doomed", start="earliest")
-    assert len(held["messages"]) == 3
+    assert len(held["payloads"]) == 3
     await client.ack("s", "g", "doomed", [[0, 0]])
     # The survivor keeps heart-beating; the doomed consumer falls silent.
     for _ in range(4):
@@ -188,7 +188,7 @@ async def test_a_field_of_the_wrong_type_is_bad_request_and_the_connection_stays
                                      "max_count": 1, "wait_ms": 0})
     assert response["error"]["code"] == "bad_request"
     assert "subject" in response["error"]["message"]
-    assert (await client.pull("s", "g", "c"))["messages"] == []
+    assert (await client.pull("s", "g", "c"))["payloads"] == []
 
 
 async def test_an_oversized_frame_gets_too_large_and_only_that_connection_closes(server, client):
@@ -196,7 +196,7 @@ async def test_an_oversized_frame_gets_too_large_and_only_that_connection_closes
     bad.writer.write(struct.pack(">I", 64 * 1024 * 1024) + b"x" * 16)
     await asyncio.wait_for(bad.closed.wait(), 5)
     assert bad.unmatched and bad.unmatched[0]["error"]["code"] == "too_large"
-    assert (await client.pull("s", "g", "c"))["messages"] == []
+    assert (await client.pull("s", "g", "c"))["payloads"] == []
 
 
 async def test_bytes_that_are_not_a_frame_close_the_connection_and_others_are_served(server, client):
@@ -205,7 +205,7 @@ async def test_bytes_that_are_not_a_frame_close_the_connection_and_others_are_se
     bad.writer.write(struct.pack(">I", len(garbage)) + garbage)
     await asyncio.wait_for(bad.closed.wait(), 5)
     assert bad.unmatched[0]["error"]["code"] == "bad_request"
-    assert (await client.pull("s", "g", "c"))["messages"] == []
+    assert (await client.pull("s", "g", "c"))["payloads"] == []
 
 
 async def test_nack_on_a_broker_with_no_metaserver_to_find_a_delay_server_is_not_supported(
@@ -241,7 +241,7 @@ async def test_a_delayed_message_sent_to_a_realtime_broker_is_refused_not_delive
 ):
     result = (await client.send(message("s", b"x", clock, deliver_at_ms=clock() + 60_000)))
     assert result["results"][0]["error"]["code"] == "bad_request"
-    assert (await client.pull("s", "g", "c", start="earliest"))["messages"] == []
+    assert (await client.pull("s", "g", "c", start="earliest"))["payloads"] == []
 
 
 async def test_a_readonly_broker_refuses_sends_but_serves_pulls(server, client, clock):
@@ -334,8 +334,8 @@ async def test_big_messages_are_split_over_pulls_that_each_fit_in_a_frame(client
     received = 0
     for _ in range(4):
         pulled = await client.pull("s", "g", "c", start="earliest")
-        assert 1 <= len(pulled["messages"]) < 4
-        received += len(pulled["messages"])
+        assert 1 <= len(pulled["payloads"]) < 4
+        received += len(pulled["payloads"])
         if received == 4:
             break
     assert received == 4

@@ -48,9 +48,9 @@ async def pull_one(client: RawClient, subject: str, group: str, timeout_s: float
     while time.monotonic() < deadline:
         response = await client.pull(subject, group, "c1", start="earliest", wait_ms=1000,
                                      max_count=1)
-        if response.get("messages"):
-            entry = response["messages"][0]
-            return entry["pull_seq"], decode_message(entry["payload"]), time.monotonic()
+        if response.get("payloads"):
+            return (response["pull_seqs"][0], decode_message(response["payloads"][0]),
+                    time.monotonic())
     raise AssertionError(f"nothing arrived on {subject} within {timeout_s} s")
 
 
@@ -85,8 +85,8 @@ async def test_a_message_nacked_every_time_is_retried_on_the_schedule_then_dead(
     seq, dead, _ = await pull_one(client, "%dead%orders%billing", "inspector")
     assert dead.retries == 3 and dead.body == b"pay 42"
     # Nothing is left behind on the retry subject or the original.
-    assert (await client.pull(retry_subject, "billing", "c1", wait_ms=300))["messages"] == []
-    assert (await client.pull("orders", "billing", "c1"))["messages"] == []
+    assert (await client.pull(retry_subject, "billing", "c1", wait_ms=300))["payloads"] == []
+    assert (await client.pull("orders", "billing", "c1"))["payloads"] == []
 
 
 async def test_an_explicit_retry_delay_overrides_the_schedule(cluster):

@@ -11,6 +11,7 @@ from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from sdk.message import Message, decode_message
+from sdk.protocol import pull_entries
 from sdk.trace import read_events
 from tests.rawclient import RawClient
 
@@ -24,7 +25,7 @@ async def pull_until(client: RawClient, subject: str, count: int, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
         response = await client.pull(subject, "billing", "c1", start="earliest", wait_ms=500)
-        got.extend(response.get("messages", []))
+        got.extend(pull_entries(response))
     assert len(got) >= count, f"{len(got)} of {count} arrived on {subject}"
     return got
 
@@ -129,7 +130,7 @@ async def test_each_broadcast_consumer_is_traced_as_a_group_of_its_own(tmp_path)
         await client.send(news)
         for consumer in ("a", "b"):
             pulled = await client.pull("news", "all", consumer, broadcast=True)
-            seq = pulled["messages"][0]["pull_seq"]
+            seq = pulled["pull_seqs"][0]
             await client.ack("news", "all", consumer, [[seq, seq]])
     finally:
         await client.close()

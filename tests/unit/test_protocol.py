@@ -43,13 +43,16 @@ from sdk.protocol import (
     Send,
     Subjects,
     browsed_message,
+    decode_frame_payload,
     encode_frame,
     encode_request,
     error_response,
     hello_response,
     parse_request,
     parse_response,
-    pulled_message,
+    pull_columns,
+    pull_entries,
+    pull_response,
     request_rid,
     send_result_error,
     send_result_ok,
@@ -563,7 +566,32 @@ def test_send_and_pull_result_entries_have_the_documented_shape():
     assert send_result_error("a", TooLarge("big")) == {
         "id": "a", "error": {"code": "too_large", "message": "big"}
     }
-    assert pulled_message(7, b"p", 2) == {"pull_seq": 7, "payload": b"p", "redelivered": 2}
+    assert pull_response([7, 8], [b"p", b"q"], [2, 0]) == {
+        "pull_seqs": [7, 8], "payloads": [b"p", b"q"], "redelivered": [2, 0]}
+
+
+def test_a_pull_response_is_read_back_as_its_columns_and_as_one_entry_per_message():
+    _, answer = parse_response(decode_frame_payload(encode_frame(
+        {"rid": 1, **pull_response((7, 8), [b"p", b"q"], [2, 0])})[4:]))
+    assert pull_columns(answer) == ([7, 8], [b"p", b"q"], [2, 0])
+    assert pull_entries(answer) == [{"pull_seq": 7, "payload": b"p", "redelivered": 2},
+                                    {"pull_seq": 8, "payload": b"q", "redelivered": 0}]
+    assert pull_columns({"pull_seqs": [], "payloads": [], "redelivered": []}) == ([], [], [])
+
+
+@pytest.mark.parametrize("answer, words", [
+    ({"payloads": [], "redelivered": []}, "pull_seqs must be an array, got NoneType"),
+    ({"pull_seqs": [1], "payloads": {1: b"p"}, "redelivered": [0]}, "payloads must be an array"),
+    ({"pull_seqs": [1], "payloads": [b"p"]}, "redelivered must be an array"),
+    ({"pull_seqs": [1, 2], "payloads": [b"p"], "redelivered": [0]}, "differ in length"),
+    ({"pull_seqs": [1, "2"], "payloads": [b"p", b"q"], "redelivered": [0, 0]},
+     "pull_seqs must hold int, got str"),
+    ({"pull_seqs": [1], "payloads": [b"p"], "redelivered": [True]},
+     "redelivered must hold int, got bool"),
+])
+def test_a_malformed_pull_response_is_a_bad_request_naming_the_defect(answer, words):
+    with pytest.raises(BadRequest, match=words):
+        pull_columns(answer)
 
 
 @pytest.mark.parametrize(

@@ -83,11 +83,11 @@ async def test_every_message_is_pulled_once_in_order_from_the_tail_or_the_store(
         got: list[bytes] = []
         for _ in range(10):
             pulled = await client.pull("s", "g", "c", max_count=7)
-            got += [decode_message(m["payload"]).body for m in pulled["messages"]]
+            got += [decode_message(p).body for p in pulled["payloads"]]
             if len(got) >= 60:
                 break
         assert got == bodies
-        assert (await client.pull("s", "g", "c"))["messages"] == []
+        assert (await client.pull("s", "g", "c"))["payloads"] == []
     finally:
         await client.close()
         await server.stop()

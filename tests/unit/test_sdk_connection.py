@@ -35,7 +35,7 @@ async def test_a_later_request_is_answered_while_a_long_poll_is_pending(broker_a
     broker_a.publish("s", b"now")
     pulled = await pull
     await conn.close()
-    assert len(pulled["messages"]) == 1
+    assert len(pulled["payloads"]) == 1
 
 
 async def test_an_error_answer_raises_its_error_with_the_code_and_rid(broker_a):

@@ -24,7 +24,7 @@ from sdk.protocol import (
     error_response,
     hello_response,
     parse_request,
-    pulled_message,
+    pull_response,
     send_result_error,
     send_result_ok,
 )
@@ -185,12 +185,11 @@ class FakeBroker:
         except TimeoutError:
             pass
         taken, ready[:] = ready[:req.max_count], ready[req.max_count:]
-        out = []
-        for message in taken:
-            seq = self._next_pull_seq.get(req.subject, 1)
-            self._next_pull_seq[req.subject] = seq + 1
-            out.append(pulled_message(seq, encode_message(message)))
-        return {"rid": req.rid, "messages": out}
+        first = self._next_pull_seq.get(req.subject, 1)
+        self._next_pull_seq[req.subject] = first + len(taken)
+        return {"rid": req.rid, **pull_response(list(range(first, first + len(taken))),
+                                                [encode_message(m) for m in taken],
+                                                [0] * len(taken))}
 
 
 class FakeMeta:
