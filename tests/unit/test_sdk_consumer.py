@@ -7,8 +7,10 @@ import logging
 
 import pytest
 
-from sdk.consumer import Consumer, seqs_to_ranges
+from sdk.consumer import Consumer, Subscription, _PulledBatch, seqs_to_ranges
 from sdk.errors import BadRequest, Forbidden, NotSupported
+from sdk.message import Message, encode_message
+from sdk.protocol import pull_response
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
 
 # Timers are set far away unless a test is about them, so nothing happens by the clock.
@@ -370,3 +372,19 @@ async def test_a_pull_that_outlives_its_timeout_reconnects(meta, broker_a, monke
     # The second pull went over a new connection: a new hello came before it.
     kinds = [r["op"] for r in broker_a.requests if r["op"] in ("hello", "pull")]
     assert kinds[:4] == ["hello", "pull", "hello", "pull"]
+
+
+def test_an_unreadable_pulled_message_is_logged_and_skipped_and_the_others_are_received(caplog):
+    good = [encode_message(Message.create("orders", b"%d" % i, now_ms=1, id=f"m{i}"))
+            for i in range(2)]
+    answer = pull_response([5, 6, 7], [good[0], b"\xc1", good[1]], [0, 3, 1])
+    batch = _PulledBatch(None, "group-a", "127.0.0.1:1", ("127.0.0.1:1", "group-a", "orders"))
+    sub = Subscription("orders", [], 10)
+    with caplog.at_level(logging.ERROR, logger="sdk.consumer"):
+        got = Consumer._received(answer, sub, batch)
+    assert [(m.pull_seq, m.id, m.redelivered) for m in got] == [(5, "m0", 0), (7, "m1", 1)]
+    assert "unreadable message" in caplog.text and "pull seq 6" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="sdk.consumer"):
+        assert Consumer._received({"pull_seqs": [1], "payloads": []}, sub, batch) == []
+    assert "unreadable columns" in caplog.text
