@@ -3,11 +3,20 @@
 Derived data, never stored: recovery rebuilds it from the message-log records whose timestamp is
 within ``dedup_window_ms`` of the time given at open. Bounded by ``ids_max``: when full, the
 oldest-inserted ids are forgotten first, so a resend older than that is stored again.
+
+The broker adds and looks up a few hundred ids per commit, so the index is a plain dict keyed by
+one string per id (``keys``: the subject, length-prefixed, then the id; a str caches its hash)
+and the insertion order that eviction follows is kept apart, as the lists of keys each call
+added. An id added again (stored anew after its window) leaves a stale position behind in that
+order, counted in ``_stale`` and skipped when eviction reaches it: the same order as removing
+the id and appending it at the end.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from itertools import repeat
+from operator import add
 from typing import Sequence
 
 
@@ -17,30 +26,43 @@ class DedupIndex:
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self.window_ms = window_ms
         self.ids_max = ids_max
-        self._ids: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        self._ids: dict[str, tuple[int, int]] = {}
+        # Every key added, oldest first, as the lists add_many was given; _order[0][:_first]
+        # are gone already.
+        self._order: deque[Sequence[str]] = deque()
+        self._first = 0
+        # key -> how many of its positions in _order no longer stand for its entry
+        self._stale: dict[str, int] = {}
+        # The last list in _order when add() made it: further single adds extend it rather
+        # than each adding a list (recovery adds ids one by one).
+        self._singles: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
 
+    @staticmethod
+    def keys(subject: str, message_ids: Sequence[str]) -> list[str]:
+        """The index keys of ``message_ids`` of ``subject``, for ``lookup_many``/``add_many``."""
+        # Length-prefixed, so no (subject, id) pair shares a key with another.
+        return list(map(add, repeat(f"{len(subject)}:{subject}", len(message_ids)), message_ids))
+
     def clear(self) -> None:
         """Forget every id."""
         self._ids.clear()
+        self._order.clear()
+        self._first = 0
+        self._stale.clear()
+        self._singles = None
 
     def lookup(self, subject: str, message_id: str, timestamp_ms: int) -> int | None:
         """The stored sequence when ``message_id`` was stored for ``subject`` less than
         ``window_ms`` before ``timestamp_ms``; otherwise None."""
-        found = self._ids.get((subject, message_id))
-        if found is None:
-            return None
-        sequence, stored_ms = found
-        if timestamp_ms - stored_ms >= self.window_ms:
-            return None
-        return sequence
+        found = self.lookup_many(self.keys(subject, (message_id,)), timestamp_ms)
+        return found[0] if found is not None else None
 
-    def lookup_many(self, keys: Sequence[tuple[str, str]], timestamp_ms: int,
-                    ) -> list[int | None] | None:
-        """``lookup`` of each (subject, message id) at ``timestamp_ms``, in order; None (not a
-        list) when no key is known at all, the usual case, found without Python code per key."""
+    def lookup_many(self, keys: Sequence[str], timestamp_ms: int) -> list[int | None] | None:
+        """``lookup`` of each key (``keys``) at ``timestamp_ms``, in order; None (not a list)
+        when no key is known at all, the usual case, found without Python code per key."""
         found = list(map(self._ids.get, keys))
         if found.count(None) == len(found):
             return None
@@ -48,44 +70,107 @@ class DedupIndex:
         return [None if hit is None or timestamp_ms - hit[1] >= window_ms else hit[0]
                 for hit in found]
 
-    def add_many(self, keys: Sequence[tuple[str, str]], sequences: Sequence[int],
-                 timestamps_ms: Sequence[int]) -> None:
-        """``add`` of each (subject, message id) with its sequence and timestamp, in order."""
-        ids = self._ids
-        size = len(ids)
-        ids.update(zip(keys, zip(sequences, timestamps_ms)))
-        if len(ids) != size + len(keys):
-            # Some keys were there already (an id stored again after its window) and update()
-            # left them where they were: move each to the end as add() does, so the oldest
-            # entries stay first for prune() and the ids_max cut.
-            for key, sequence, timestamp_ms in zip(keys, sequences, timestamps_ms):
-                ids.pop(key, None)
-                ids[key] = (sequence, timestamp_ms)
-        while len(ids) > self.ids_max:
-            ids.popitem(last=False)
-
     def add(self, subject: str, message_id: str, sequence: int, timestamp_ms: int) -> None:
         """Remember an id (replacing an older entry of the same id)."""
-        key = (subject, message_id)
-        self._ids.pop(key, None)
-        self._ids[key] = (sequence, timestamp_ms)
-        while len(self._ids) > self.ids_max:
-            self._ids.popitem(last=False)
+        (key,) = self.keys(subject, (message_id,))
+        ids = self._ids
+        if key in ids:
+            self._stale[key] = self._stale.get(key, 0) + 1
+        ids[key] = (sequence, timestamp_ms)
+        if self._singles is None or not self._order or self._order[-1] is not self._singles:
+            self._singles = []
+            self._order.append(self._singles)
+        self._singles.append(key)
+        if len(ids) > self.ids_max:
+            self._evict(len(ids) - self.ids_max)
+
+    def add_many(self, keys: Sequence[str], sequences: Sequence[int],
+                 timestamps_ms: Sequence[int]) -> None:
+        """``add`` of each key (``keys``) with its sequence and timestamp, in order."""
+        if not keys:
+            return
+        ids = self._ids
+        entries = zip(sequences, timestamps_ms)
+        if ids.keys().isdisjoint(keys):
+            size = len(ids)
+            ids.update(zip(keys, entries))
+            if len(ids) != size + len(keys):  # a key twice in ``keys``: all but its last stale
+                for key in keys:
+                    self._stale[key] = self._stale.get(key, 0) + 1
+                for key in set(keys):
+                    self._drop_stale(key)
+        else:
+            stale = self._stale
+            for key, entry in zip(keys, entries):
+                if key in ids:
+                    stale[key] = stale.get(key, 0) + 1
+                ids[key] = entry
+        self._order.append(keys)  # the caller's list: not changed after this call
+        self._singles = None
+        if len(ids) > self.ids_max:
+            self._evict(len(ids) - self.ids_max)
+
+    def _drop_stale(self, key: str) -> None:
+        count = self._stale[key] - 1
+        if count:
+            self._stale[key] = count
+        else:
+            del self._stale[key]
+
+    def _evict(self, count: int) -> None:
+        """Forget the ``count`` oldest-inserted ids."""
+        ids, order, stale = self._ids, self._order, self._stale
+        while count > 0 and order:
+            chunk = order[0]
+            first = self._first
+            if not stale:
+                doomed = chunk[first:first + count]
+                for key in doomed:
+                    del ids[key]
+                count -= len(doomed)
+                first += len(doomed)
+            else:
+                while count > 0 and first < len(chunk):
+                    key = chunk[first]
+                    first += 1
+                    if key in stale:
+                        self._drop_stale(key)
+                    else:
+                        del ids[key]
+                        count -= 1
+            self._advance(first)
+
+    def _advance(self, first: int) -> None:
+        if first >= len(self._order[0]):
+            self._order.popleft()
+            first = 0
+        self._first = first
 
     def forget(self, subject: str, message_id: str, sequence: int) -> None:
         """Drop an id if it still maps to ``sequence`` (recovery rewound that sequence)."""
-        key = (subject, message_id)
+        (key,) = self.keys(subject, (message_id,))
         if self._ids.get(key, (None,))[0] == sequence:
             del self._ids[key]
+            self._stale[key] = self._stale.get(key, 0) + 1  # its position in _order stays
 
     def prune(self, now_ms: int) -> int:
         """Forget ids stored ``window_ms`` or more before ``now_ms`` (oldest-inserted first,
         stopping at the first young one); returns how many were dropped."""
+        ids, order, stale = self._ids, self._order, self._stale
         dropped = 0
-        while self._ids:
-            key, (_, stored_ms) = next(iter(self._ids.items()))
-            if now_ms - stored_ms < self.window_ms:
-                break
-            del self._ids[key]
-            dropped += 1
+        while order:
+            chunk = order[0]
+            first = self._first
+            while first < len(chunk):
+                key = chunk[first]
+                if key in stale:
+                    self._drop_stale(key)
+                else:
+                    if now_ms - ids[key][1] < self.window_ms:
+                        self._first = first
+                        return dropped
+                    del ids[key]
+                    dropped += 1
+                first += 1
+            self._advance(first)
         return dropped

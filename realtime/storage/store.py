@@ -240,9 +240,11 @@ class MessageStore:
         visible, and the error propagates.
         """
         batch = self._commit_batch()
+        names = [(subject, message_id) for subject, message_ids in batch.appended
+                 for message_id in message_ids]
         return [Appended(subject, message_id, sequence, duplicate)
                 for (subject, message_id), sequence, duplicate
-                in zip(batch.keys, batch.sequences, batch.duplicates)]
+                in zip(names, batch.sequences, batch.duplicates)]
 
     def commit_sequences(self) -> list[int | None]:
         """``commit``, returning only each appended message's sequence, None for a duplicate

@@ -72,30 +72,31 @@ def check_message(subject: str, message_id: object, tag_hashes: Sequence[int], p
 class WriteBatch:
     """Everything appended since the last commit, in append order, as columns.
 
-    For every append: ``keys`` (subject, message id), ``sequences`` (the provisional sequence;
-    for a duplicate the original's, None while that original is itself uncommitted) and
-    ``duplicates``. For the fresh (not duplicate) ones, what the commit writes: ``fresh_keys``,
-    ``fresh_sequences``, ``fresh_timestamps_ms``, ``fresh_blooms``, ``bodies`` (encoded message
-    records) and ``runs``: subject -> [start, stop) slices of the fresh columns, in order.
+    For every append: ``appended`` (runs of (subject, message ids)), ``sequences`` (the
+    provisional sequence; for a duplicate the original's, None while that original is itself
+    uncommitted) and ``duplicates``. For the fresh (not duplicate) ones, what the commit writes:
+    ``fresh_keys`` (``DedupIndex.keys``), ``fresh_sequences``, ``fresh_timestamps_ms``,
+    ``fresh_blooms``, ``bodies`` (encoded message records) and ``runs``: subject -> [start, stop)
+    slices of the fresh columns, in order.
     """
 
     def __init__(self, record_size_bytes_max: int) -> None:
         self.record_size_bytes_max = record_size_bytes_max
-        self.keys: list[tuple[str, str]] = []
+        self.appended: list[tuple[str, Sequence[str]]] = []
         self.sequences: list[int | None] = []
         self.duplicates: list[bool] = []
         self.duplicate_count = 0
-        self.fresh_keys: list[tuple[str, str]] = []
+        self.fresh_keys: list[str] = []
         self.fresh_sequences: list[int] = []
         self.fresh_timestamps_ms: list[int] = []
         self.fresh_blooms: list[int] = []
         self.bodies: list[bytes] = []
         self.runs: dict[str, list[tuple[int, int]]] = {}
-        self._fresh_ids: set[tuple[str, str]] = set()
+        self._fresh_ids: set[str] = set()
         self._fresh_counts: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.sequences)
 
     def add(self, subjects: Sequence[str], message_ids: Sequence[str],
             tag_hashes: Sequence[Sequence[int]], timestamp_ms: int, payloads: Sequence[bytes],
@@ -169,16 +170,23 @@ class WriteBatch:
                  blooms: list[int], payloads: Sequence[bytes], timestamp_ms: int,
                  dedup: DedupIndex, end_sequence: Callable[[str], int]) -> None:
         count = len(message_ids)
-        keys = list(zip(repeat(subject, count), message_ids))
+        self.appended.append((subject, message_ids))
+        keys = dedup.keys(subject, message_ids)
         found = dedup.lookup_many(keys, timestamp_ms)
         first = end_sequence(subject) + self._fresh_counts.get(subject, 0)
         fresh_ids = self._fresh_ids
-        if found is None and fresh_ids.isdisjoint(keys) and len(set(keys)) == count:
-            # The usual case: every message is new.
+        all_new = False  # the usual case: no id seen before, in the index or in this batch
+        if found is None and fresh_ids.isdisjoint(keys):
+            size = len(fresh_ids)
+            fresh_ids.update(keys)
+            all_new = len(fresh_ids) == size + count
+            if not all_new:
+                # An id twice in this run: none of its keys was there before, so this undoes it.
+                fresh_ids.difference_update(keys)
+        if all_new:
             sequences: list[int] = list(range(first, first + count))
             self.sequences.extend(sequences)
             self.duplicates.extend(repeat(False, count))
-            fresh = None
         else:
             fresh = []
             sequences = []
@@ -194,14 +202,10 @@ class WriteBatch:
                 sequences.append(first + len(sequences))
                 self.sequences.append(sequences[-1])
                 self.duplicates.append(False)
-            keys_all, keys = keys, [keys[i] for i in fresh]
+            keys = [keys[i] for i in fresh]
             ids_utf8 = [ids_utf8[i] for i in fresh]
             blooms = [blooms[i] for i in fresh]
             payloads = [payloads[i] for i in fresh]
-            self.keys.extend(keys_all)
-        if fresh is None:
-            self.keys.extend(keys)
-            fresh_ids.update(keys)
         if not sequences:
             return
         self._fresh_counts[subject] = self._fresh_counts.get(subject, 0) + len(sequences)

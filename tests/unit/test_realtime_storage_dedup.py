@@ -1,0 +1,105 @@
+"""realtime.storage.dedup.DedupIndex against a plain model of its contract: an insertion-ordered
+map from (subject, id) to (sequence, timestamp) where adding an id again moves it to the end,
+ids_max forgets the oldest-inserted first and prune stops at the first young one."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from realtime.storage.dedup import DedupIndex
+
+WINDOW_MS = 100
+
+
+class Model:
+    """What DedupIndex must behave like, written the obvious way."""
+
+    def __init__(self, ids_max: int) -> None:
+        self.ids_max = ids_max
+        self.ids: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+
+    def lookup(self, subject: str, message_id: str, timestamp_ms: int) -> int | None:
+        found = self.ids.get((subject, message_id))
+        if found is None or timestamp_ms - found[1] >= WINDOW_MS:
+            return None
+        return found[0]
+
+    def add(self, subject: str, message_id: str, sequence: int, timestamp_ms: int) -> None:
+        self.ids.pop((subject, message_id), None)
+        self.ids[(subject, message_id)] = (sequence, timestamp_ms)
+        while len(self.ids) > self.ids_max:
+            self.ids.popitem(last=False)
+
+    def forget(self, subject: str, message_id: str, sequence: int) -> None:
+        if self.ids.get((subject, message_id), (None,))[0] == sequence:
+            del self.ids[(subject, message_id)]
+
+    def prune(self, now_ms: int) -> int:
+        dropped = 0
+        while self.ids:
+            key, (_, stored_ms) = next(iter(self.ids.items()))
+            if now_ms - stored_ms < WINDOW_MS:
+                break
+            del self.ids[key]
+            dropped += 1
+        return dropped
+
+
+names = st.tuples(st.sampled_from(["s", "t", "1:s", "s1"]), st.sampled_from(["a", "b", ":s", "1"]))
+operations = st.lists(st.one_of(
+    st.tuples(st.just("add_many"), st.lists(names, max_size=5), st.integers(0, 300)),
+    st.tuples(st.just("add"), names, st.integers(0, 300)),
+    st.tuples(st.just("forget"), names, st.integers(0, 3)),
+    st.tuples(st.just("prune"), st.integers(0, 400)),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 6), operations)
+def test_the_index_answers_as_the_ordered_model_does(ids_max, ops):
+    index, model = DedupIndex(WINDOW_MS, ids_max), Model(ids_max)
+    sequence = 0
+    for op in ops:
+        if op[0] == "add_many":
+            _, pairs, timestamp_ms = op
+            sequences = list(range(sequence, sequence + len(pairs)))
+            for (subject, message_id), pair_sequence in zip(pairs, sequences):
+                model.add(subject, message_id, pair_sequence, timestamp_ms)
+            keys = [key for subject, message_id in pairs
+                    for key in DedupIndex.keys(subject, [message_id])]
+            index.add_many(keys, sequences, [timestamp_ms] * len(pairs))
+            sequence += len(pairs)
+        elif op[0] == "add":
+            _, (subject, message_id), timestamp_ms = op
+            model.add(subject, message_id, sequence, timestamp_ms)
+            index.add(subject, message_id, sequence, timestamp_ms)
+            sequence += 1
+        elif op[0] == "forget":
+            _, (subject, message_id), back = op
+            model.forget(subject, message_id, sequence - 1 - back)
+            index.forget(subject, message_id, sequence - 1 - back)
+        else:
+            assert index.prune(op[1]) == model.prune(op[1])
+        assert len(index) == len(model.ids)
+        for subject, message_id in [(s, m) for s in ["s", "t", "1:s", "s1"]
+                                    for m in ["a", "b", ":s", "1"]]:
+            for now_ms in (0, 150, 400):
+                assert index.lookup(subject, message_id, now_ms) == model.lookup(
+                    subject, message_id, now_ms)
+
+
+def test_lookup_many_is_none_when_no_key_is_known_and_a_list_otherwise():
+    index = DedupIndex(WINDOW_MS, 10)
+    index.add("s", "a", 7, 0)
+    assert index.lookup_many(DedupIndex.keys("s", ["x", "y"]), 0) is None
+    assert index.lookup_many(DedupIndex.keys("s", ["x", "a"]), 0) == [None, 7]
+    assert index.lookup_many(DedupIndex.keys("s", ["a"]), WINDOW_MS) == [None]  # window passed
+
+
+def test_keys_of_different_subject_and_id_pairs_never_collide():
+    pairs = [("ab", "c"), ("a", "bc"), ("1:a", "b"), ("1", ":ab")]
+    keys = [DedupIndex.keys(subject, [message_id])[0] for subject, message_id in pairs]
+    assert len(set(keys)) == len(pairs)
