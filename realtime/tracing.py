@@ -34,8 +34,11 @@ SUBJECT_MEMBERS_MAX = 1_024
 # The members of messages stored lately, by subject and consumer-log sequence, for their first
 # pull: most messages are pulled soon after they are stored, and this saves decoding their
 # payload again. Bounded: per subject the last RECENT_PER_SUBJECT_MAX sequences, for at most
-# RECENT_SUBJECTS_MAX subjects (the others decode); about 250 bytes an entry, 16 MB at most.
-RECENT_PER_SUBJECT_MAX = 2_048
+# RECENT_SUBJECTS_MAX subjects (the others decode); about 250 bytes an entry, 64 MB at most
+# (reached only by subjects stored and not pulled: a pull takes its entries out). Consumers
+# running behind by up to this many messages (8 pulls of 1024) are still traced without a
+# decode, which would cost ~3 us a message on the broker.
+RECENT_PER_SUBJECT_MAX = 8_192
 RECENT_SUBJECTS_MAX = 32
 
 
