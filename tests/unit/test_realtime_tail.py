@@ -55,6 +55,26 @@ def test_take_stops_at_the_byte_budget_but_always_takes_one():
     assert chosen == [0]
 
 
+@pytest.mark.parametrize("entries, count, budget, chosen, cursor", [
+    ([entry(10)] * 5, 3, 1 << 20, [0, 1, 2], 3),  # count reached
+    ([entry(10)] * 5, 10, 1 << 20, [0, 1, 2, 3, 4], 5),  # the end of the run reached
+    ([entry(10)] * 5, 10, 25, [0, 1], 2),  # the budget reached: the rest waits
+    ([entry(10), entry(10, expire_at_ms=5), entry(10)], 10, 1 << 20, [0, 2], 3),  # one expired
+    ([entry(10), entry(10, expire_at_ms=50), entry(10)], 10, 1 << 20, [0, 1, 2], 3),  # not yet
+])
+def test_take_without_tags_takes_the_whole_window_unless_an_entry_expired_or_it_is_too_big(
+        entries, count, budget, chosen, cursor):
+    tail = Tail(bytes_max=10_000)
+    tail.add("s", 7, entries, 10 * len(entries))
+    got: list[int] = []
+    payloads: dict[int, bytes] = {}
+    expired: list[bytes] = []
+    assert tail.covering("s", 7).take(7, 100, count, frozenset(), 10, budget, payloads, got,
+                                      expired) == cursor + 7
+    assert got == [seq + 7 for seq in chosen] and sorted(payloads) == got
+    assert len(expired) == (1 if any(e[2] == 5 for e in entries) else 0)
+
+
 def test_retention_below_the_tail_forgets_the_subject():
     tail = Tail(bytes_max=10_000)
     tail.add("s", 5, [entry(1)] * 3, 3)
