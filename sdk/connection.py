@@ -1,8 +1,8 @@
 """Client side of the data plane: one pipelined TCP connection per broker, and a pool of them.
 
 A ``Connection`` says ``hello`` once, then any number of requests may be in flight on it at the
-same time: each gets a fresh request id (``rid``) and a future, and one reader task hands every
-response to the future of its rid (docs/PROTOCOL.md). A long-poll ``pull`` therefore never holds
+same time: each gets a fresh request id (``rid``) and a future, and the socket's protocol hands
+every response to the future of its rid as it arrives (docs/PROTOCOL.md). A long-poll ``pull`` therefore never holds
 up an ``ack`` or a ``send`` on the same connection.
 
 Failure model:
@@ -31,11 +31,11 @@ from sdk.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame, parse_res
 
 log = logging.getLogger(__name__)
 
-# Bytes asked of the socket per read; frames longer than this are assembled by the FrameDecoder.
-READ_CHUNK_BYTES = 256 * 1024
-
 # How long connecting plus the hello round trip may take, in milliseconds.
 CONNECT_TIMEOUT_MS_DEFAULT = 5_000
+
+# How long ``close`` lets frames already queued drain to the broker before dropping them, in ms.
+CLOSE_FLUSH_TIMEOUT_MS = 5_000
 
 
 class RequestTimeout(ConnectionLost):
@@ -58,26 +58,28 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class Connection:
-    """One persistent, pipelined connection to a broker. Make it with ``await Connection.open``."""
+    """One persistent, pipelined connection to a broker. Make it with ``await Connection.open``.
 
-    def __init__(
-        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    The socket is driven by an ``asyncio.Protocol`` (no reader task, no StreamReader): answers
+    are decoded as bytes arrive and handed to the future of their rid, and the requests made in
+    one event-loop turn leave in one write."""
+
+    def __init__(self, address: str) -> None:
         self.address = address
         # What the broker said about itself in the hello answer: {kind, group, node}.
         self.server: dict[str, Any] = {}
-        self._reader = reader
-        self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None  # set once connected
         self._decoder = FrameDecoder()
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._out: list[bytes] = []  # frames waiting for this turn's write
+        self._writable: asyncio.Future[None] | None = None  # set while the socket is full
         self._close_error: ConnectionLost | None = None
         # A rid-less error answer: the broker rejected a frame and is about to close on us.
         self._close_error_hint: QmqError | None = None
         self._closed_event = asyncio.Event()
-        self._reader_task = asyncio.get_running_loop().create_task(
-            self._read_loop(), name=f"qmq-conn-reader {address}"
-        )
+        self._lost_event = asyncio.Event()  # the transport has closed
 
     @classmethod
     async def open(
@@ -94,15 +96,16 @@ class Connection:
         the broker cannot be reached or its certificate is refused, the QmqError of the hello
         answer (Unauthorized, NotSupported, ...) if it refuses us."""
         host, port = parse_address(address)
+        conn = cls(address)
         try:
             async with asyncio.timeout(connect_timeout_ms / 1000):
-                reader, writer = await asyncio.open_connection(host, port, ssl=ssl_context)
+                await conn._loop.create_connection(lambda: _ConnectionProtocol(conn), host, port,
+                                                   ssl=ssl_context)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             raise ConnectionLost(
                 f"cannot connect to broker {address} within {connect_timeout_ms} ms: "
                 f"{exc or type(exc).__name__}"
             ) from None
-        conn = cls(address, reader, writer)
         try:
             answer = await conn.request(
                 {
@@ -146,58 +149,59 @@ class Connection:
             raise ConnectionLost(str(self._close_error))
         rid = next(self._rids)
         data = encode_frame({**op, "rid": rid})
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = future
-        try:
-            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
-                self._writer.write(data)
-                await self._writer.drain()
-                return await future
-        except TimeoutError:
-            raise RequestTimeout(
+        # A timer per request rather than asyncio.timeout(): it fails just this future and
+        # costs one TimerHandle, not a context manager and a task cancellation.
+        timer = None if timeout_ms is None else loop.call_later(
+            timeout_ms / 1000, _expire, future, RequestTimeout(
                 f"no answer from broker {self.address} to {op.get('op')} (rid {rid}) "
-                f"within {timeout_ms} ms"
-            ) from None
-        except (OSError, RuntimeError) as exc:  # RuntimeError: write on a closing transport
-            self._fail(ConnectionLost(f"writing to broker {self.address} failed: {exc}"))
-            raise ConnectionLost(f"writing to broker {self.address} failed: {exc}") from None
+                f"within {timeout_ms} ms"))
+        try:
+            if not self._out:
+                loop.call_soon(self._flush)
+            self._out.append(data)
+            if self._writable is not None:  # the socket is full: wait, as drain() would
+                await asyncio.wait((self._writable, future), return_when=asyncio.FIRST_COMPLETED)
+            return await future
         finally:
             self._pending.pop(rid, None)
+            if timer is not None:
+                timer.cancel()
 
     async def close(self) -> None:
         """Close the connection; pending requests fail with ConnectionLost."""
         self._fail(ConnectionLost(f"connection to broker {self.address} was closed by the client"))
-        if self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()
+        if self._transport is not None:
             try:
-                await self._reader_task
-            except asyncio.CancelledError:
-                pass
-        try:
-            await self._writer.wait_closed()
-        except (OSError, RuntimeError):
-            pass  # the peer may have reset it already; it is closed either way
+                async with asyncio.timeout(CLOSE_FLUSH_TIMEOUT_MS / 1000):
+                    await self._lost_event.wait()
+            except TimeoutError:  # a broker that does not read what is queued for it
+                self._transport.abort()
+                await self._lost_event.wait()
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        error: ConnectionLost
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+
+    def _received(self, data: bytes) -> None:
+        if self._close_error is not None:
+            return
         try:
-            while True:
-                data = await self._reader.read(READ_CHUNK_BYTES)
-                if not data:
-                    error = ConnectionLost(f"broker {self.address} closed the connection")
-                    break
-                for frame in self._decoder.feed(data):
-                    self._dispatch(frame)
+            frames = self._decoder.feed(data)
         except QmqError as exc:
-            error = ConnectionLost(f"broker {self.address} sent an unreadable frame: {exc}")
-        except OSError as exc:
-            error = ConnectionLost(f"connection to broker {self.address} failed: {exc}")
-        except asyncio.CancelledError:
-            self._fail(ConnectionLost(f"connection to broker {self.address} was closed"))
-            raise
-        self._fail(error)
+            self._fail(ConnectionLost(f"broker {self.address} sent an unreadable frame: {exc}"))
+            return
+        for frame in frames:
+            self._dispatch(frame)
 
     def _dispatch(self, frame: dict[str, Any]) -> None:
         try:
@@ -219,6 +223,20 @@ class Connection:
             future.set_result(answer)
         # An unknown rid is the late answer of a request that timed out or was cancelled.
 
+    def _lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._fail(ConnectionLost(f"broker {self.address} closed the connection"))
+        else:
+            self._fail(ConnectionLost(f"connection to broker {self.address} failed: {exc}"))
+        self._set_writable()
+        self._lost_event.set()
+
+    def _set_writable(self) -> None:
+        if self._writable is not None:
+            if not self._writable.done():
+                self._writable.set_result(None)
+            self._writable = None
+
     def _fail(self, error: ConnectionLost) -> None:
         if self._close_error is not None:
             return
@@ -230,8 +248,43 @@ class Connection:
             if not future.done():
                 future.set_exception(ConnectionLost(str(error)))
         self._pending.clear()
-        self._writer.close()
+        self._flush()  # what was already asked for still goes out before the close
+        if self._transport is not None:
+            self._transport.close()
         self._closed_event.set()
+
+
+def _expire(future: asyncio.Future[Any], error: RequestTimeout) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+class _ConnectionProtocol(asyncio.Protocol):
+    """Hands a Connection the events of its socket."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._connection._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._connection._received(data)
+
+    def eof_received(self) -> bool:
+        return False  # the broker is done with us: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._lost(exc)
+
+    def pause_writing(self) -> None:
+        connection = self._connection
+        if connection._writable is None:
+            connection._writable = connection._loop.create_future()
+
+    def resume_writing(self) -> None:
+        self._connection._set_writable()
 
 
 def check_identity(client_id: str, app: str, token: str | None) -> None:

@@ -5,6 +5,11 @@ import the other; it imports no server code. A ``FrameServer`` decodes frames, p
 and calls the server's ``handle(session, request)`` coroutine, one task per request so a long
 poll never blocks the requests pipelined behind it on the same connection.
 
+Each connection is an ``asyncio.Protocol``: frames are decoded in ``data_received`` as bytes
+arrive, with no reader task and no StreamReader between the socket and the decoder, and the
+answers finished in one event-loop turn leave in one write (one system call for many answers
+under load). A client that does not read its answers is not read from until it does.
+
 A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
 the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
 an error response and the connection stays open. ``on_error(code)``, if given, is told the code
@@ -33,7 +38,6 @@ from sdk.protocol import (
 
 log = logging.getLogger(__name__)
 
-_READ_CHUNK_BYTES = 256 * 1024
 # Longest silence allowed in the middle of a frame, in milliseconds. A client that sent part of a
 # frame and then nothing for this long is stuck or hostile (slowloris); its connection, and the
 # partial frame buffered for it, are dropped. Silence between frames is fine (idle producers).
@@ -91,8 +95,8 @@ class FrameServer:
         self._on_error = on_error
         self._ssl = ssl_context  # None: plain TCP; else every connection is TLS
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()  # of the open connections
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
+        self._connections: set[_FrameConnection] = set()  # open client connections
         self._requests: set[asyncio.Task[None]] = set()
         self._stopping = False  # stop() began: frames still arriving are not served
         self.port: int | None = None
@@ -109,8 +113,9 @@ class FrameServer:
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._serve, self._host, self._port,
-                                                  ssl=self._ssl)
+        loop = self._loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _FrameConnection(self), self._host,
+                                                self._port, ssl=self._ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -124,102 +129,56 @@ class FrameServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
-        for writer in self._writers:
-            transport = writer.transport
-            if not transport.is_closing():
-                transport.pause_reading()
+        for connection in self._connections:
+            connection.pause_reading()
         if self._requests:
             await asyncio.wait(set(self._requests), timeout=grace_ms / 1000)
-        for task in list(self._requests) + list(self._connections):
+        for task in list(self._requests):
             task.cancel()
-        await asyncio.gather(*self._requests, *self._connections, return_exceptions=True)
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        for connection in list(self._connections):
+            connection.close()  # answers already written still go out first
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        self._writers.add(writer)
-        peername = writer.get_extra_info("peername")
-        session = Session(peer=f"{peername[0]}:{peername[1]}" if peername else "?")
-        decoder = FrameDecoder(self._max_frame_bytes)
-        try:
-            while True:
-                if decoder.buffered_bytes:
-                    try:
-                        data = await asyncio.wait_for(reader.read(_READ_CHUNK_BYTES),
-                                                      self._partial_frame_timeout_s)
-                    except TimeoutError:
-                        log.info("closing %s: %d bytes of a frame, then nothing for %d ms",
-                                 session.peer, decoder.buffered_bytes,
-                                 self._partial_frame_timeout_s * 1000)
-                        break
-                else:
-                    data = await reader.read(_READ_CHUNK_BYTES)
-                if not data:
-                    break
-                try:
-                    frames = decoder.feed(data)
-                except QmqError as exc:
-                    log.info("closing %s after a bad frame: %s", session.peer, exc)
-                    writer.write(encode_frame(self._error_response(None, exc)))
-                    await writer.drain()
-                    break
-                for frame in frames:
-                    self._dispatch(session, frame, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        finally:
-            session.closed = True
-            self._connections.discard(task)
-            self._writers.discard(writer)
-            writer.close()
-            if self._on_disconnect is not None:
-                self._on_disconnect(session)
-
-    def _dispatch(self, session: Session, frame: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    def _dispatch(self, connection: _FrameConnection, frame: dict[str, Any]) -> None:
+        """Check one decoded frame and start answering it; runs inside ``data_received``."""
         if self._stopping:  # already buffered when reading paused: left unanswered, see stop()
             return
+        session = connection.session
         try:
             request = parse_request(frame)
         except QmqError as exc:
-            self._write(writer, self._error_response(request_rid(frame), exc))
+            connection.send(self._error_response(request_rid(frame), exc))
             return
         if not session.greeted and not isinstance(request, Hello):
             exc = BadRequest(f"{request.op} before hello: hello must be the first request")
-            self._write(writer, self._error_response(request.rid, exc))
+            connection.send(self._error_response(request.rid, exc))
             return
         if isinstance(request, Hello):
             # Recorded before the handler runs so requests pipelined right behind hello pass.
             session.client_id, session.app, session.token = (
                 request.client_id, request.app, request.token,
             )
-        task = asyncio.create_task(self._answer(session, request, writer))
+        # A task per request, so a long poll never holds up the requests pipelined behind it.
+        task = self._loop.create_task(self._answer(connection, request))
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
-    async def _answer(self, session: Session, request: Request, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
-            response = await self._handler(session, request)
+            response = await self._handler(connection.session, request)
             response["rid"] = request.rid
         except QmqError as exc:
             response = self._error_response(request.rid, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a server bug: answer, log it, keep serving others
-            log.exception("internal error answering %s from %s", request.op, session.peer)
+            log.exception("internal error answering %s from %s", request.op,
+                          connection.session.peer)
             response = self._error_response(request.rid,
                                             Internal(f"{type(exc).__name__}: {exc}"))
-        if writer.is_closing():
-            return
-        self._write(writer, response)
-        try:
-            await writer.drain()
-        except ConnectionError:
-            pass
+        connection.send(response)
 
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
         """The error response for ``exc``, counted by ``on_error`` first."""
@@ -227,7 +186,132 @@ class FrameServer:
             self._on_error(exc.code)
         return error_response(rid, exc)
 
-    @staticmethod
-    def _write(writer: asyncio.StreamWriter, response: dict[str, Any]) -> None:
-        if not writer.is_closing():
-            writer.write(encode_frame(response))
+
+class _FrameConnection(asyncio.Protocol):
+    """One client connection of a FrameServer: frames are decoded as bytes arrive (no reader
+    task, no StreamReader), and answers finished in the same event-loop turn leave in one
+    write.
+
+    Backpressure: while the client does not read its answers (the transport's write buffer is
+    over its high-water mark) no more requests are read from it."""
+
+    def __init__(self, server: FrameServer) -> None:
+        self._server = server
+        self._loop = server._loop
+        self._decoder = FrameDecoder(server._max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+        self.session = Session(peer="?")
+        self._out: list[bytes] = []  # encoded answers waiting for this turn's write
+        self._closing = False
+        self._reading_paused = False  # by stop() or by backpressure
+        self._write_paused = False
+        self._last_data_s = 0.0  # loop time of the latest bytes received
+        self._stall_timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peername = transport.get_extra_info("peername")
+        self.session.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self._server._connections.add(self)
+        if self._server._stopping:
+            self.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        decoder = self._decoder
+        try:
+            frames = decoder.feed(data)
+        except QmqError as exc:
+            log.info("closing %s after a bad frame: %s", self.session.peer, exc)
+            self.send(self._server._error_response(None, exc))
+            self.close()
+            return
+        dispatch = self._server._dispatch
+        for frame in frames:
+            dispatch(self, frame)
+        if decoder.buffered_bytes:
+            self._last_data_s = self._loop.time()
+            if self._stall_timer is None:
+                self._stall_timer = self._loop.call_later(
+                    self._server._partial_frame_timeout_s, self._check_stalled)
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.session.closed = True
+        self._out.clear()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        server = self._server
+        if self in server._connections:
+            server._connections.discard(self)
+            if server._on_disconnect is not None:
+                server._on_disconnect(self.session)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self._transport is not None and not self._reading_paused:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._transport is not None and not self._reading_paused and not self._closing:
+            self._transport.resume_reading()
+
+    # -- for the server -------------------------------------------------------------------------
+
+    def send(self, response: dict[str, Any]) -> None:
+        """Queue one answer; the answers of this loop turn are written together at its end."""
+        if self._closing:
+            return
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(encode_frame(response))
+
+    def pause_reading(self) -> None:
+        """Read no more requests from this client (the server is stopping)."""
+        self._reading_paused = True
+        transport = self._transport
+        if transport is not None and not transport.is_closing() and not self._write_paused:
+            transport.pause_reading()
+
+    def close(self) -> None:
+        """Write what is queued, then close; the session counts as closed from now on."""
+        if self._closing:
+            return
+        self._flush()
+        self._closing = True
+        self.session.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out or self._transport is None or self._transport.is_closing():
+            out.clear()
+            return
+        self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+
+    def _check_stalled(self) -> None:
+        """Drop a client that sent part of a frame and then nothing for the partial-frame
+        timeout (silence while we are not reading is ours, not the client's)."""
+        self._stall_timer = None
+        if self._closing or not self._decoder.buffered_bytes:
+            return
+        timeout_s = self._server._partial_frame_timeout_s
+        silent_s = self._loop.time() - self._last_data_s
+        if silent_s < timeout_s or self._reading_paused or self._write_paused:
+            self._stall_timer = self._loop.call_later(max(timeout_s - silent_s, 0.001),
+                                                      self._check_stalled)
+            return
+        log.info("closing %s: %d bytes of a frame, then nothing for %d ms", self.session.peer,
+                 self._decoder.buffered_bytes, timeout_s * 1000)
+        self.close()

@@ -69,3 +69,63 @@ async def test_a_client_silent_between_frames_keeps_its_connection():
         writer.close()
     finally:
         await server.stop()
+
+
+async def _read_answers(reader: asyncio.StreamReader, count: int) -> list[dict[str, Any]]:
+    """Read until ``count`` answers arrived; bounded by WAIT_S per read."""
+    decoder = FrameDecoder()
+    answers: list[dict[str, Any]] = []
+    while len(answers) < count:
+        data = await asyncio.wait_for(reader.read(1 << 20), WAIT_S)
+        assert data, f"connection closed after {len(answers)} of {count} answers"
+        answers += decoder.feed(data)
+    return answers
+
+
+async def test_a_client_that_reads_its_answers_late_still_gets_every_one_in_full():
+    blob = b"x" * (256 * 1024)  # 100 answers of this are far more than the socket buffers hold
+
+    async def big_answer(session: Session, request: Request) -> dict[str, Any]:
+        return {"blob": blob}
+
+    server = FrameServer(big_answer)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"".join(_hello(rid) for rid in range(1, 101)))
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the server fills the socket and must wait for us
+        answers = await _read_answers(reader, 100)
+        assert sorted(a["rid"] for a in answers) == list(range(1, 101))
+        assert {len(a["blob"]) for a in answers} == {len(blob)}
+        # The connection still serves after the backlog drained.
+        writer.write(_hello(101))
+        await writer.drain()
+        assert (await _read_answers(reader, 1))[0]["rid"] == 101
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_answers_to_pipelined_requests_come_back_as_each_is_done_not_in_order():
+    release = asyncio.Event()
+
+    async def slow_first(session: Session, request: Request) -> dict[str, Any]:
+        if request.rid == 2:
+            await release.wait()
+        return {"ok": True}
+
+    server = FrameServer(slow_first)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1) + _hello(2) + _hello(3))
+        await writer.drain()
+        first = await _read_answers(reader, 2)
+        assert sorted(a["rid"] for a in first) == [1, 3]
+        assert server.requests_in_flight == 1
+        release.set()
+        assert [a["rid"] for a in await _read_answers(reader, 1)] == [2]
+        writer.close()
+    finally:
+        await server.stop()

@@ -6,8 +6,10 @@ import asyncio
 
 import pytest
 
+import sdk.connection as connection_module
 from sdk.connection import Connection, ConnectionPool, RequestTimeout, parse_address
 from sdk.errors import BadRequest, ConnectionLost, Forbidden, NotSupported
+from sdk.protocol import FrameDecoder, encode_frame
 from tests.unit.test_sdk_fakes import FakeBroker, broker_a  # noqa: F401  (fixture)
 
 
@@ -79,6 +81,43 @@ async def test_no_answer_within_the_timeout_raises_request_timeout_and_keeps_the
     assert not conn.closed
     assert conn.pending_count == 0
     await conn.close()
+
+
+async def test_a_request_to_a_broker_that_stops_reading_times_out_and_close_does_not_hang(
+        monkeypatch):
+    """A broker that answers hello and then reads nothing: requests fill the socket, wait for
+    room like a drain, and still end at their timeout; close gives up flushing in time."""
+    monkeypatch.setattr(connection_module, "CLOSE_FLUSH_TIMEOUT_MS", 200)
+    held: list[asyncio.StreamWriter] = []
+
+    async def hello_then_deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        frames: list[dict] = []
+        while not frames:
+            frames += decoder.feed(await reader.read(65536))
+        writer.write(encode_frame({"rid": frames[0]["rid"], "ok": True, "server": {}}))
+        writer.transport.pause_reading()
+        held.append(writer)
+
+    server = await asyncio.start_server(hello_then_deaf, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        conn = await Connection.open(f"127.0.0.1:{port}", client_id="c", app="a", token=None)
+        big = {"op": "send", "messages": [b"x" * (6 * 1024 * 1024)]}
+        results = await asyncio.wait_for(asyncio.gather(
+            *(conn.request(big, timeout_ms=300) for _ in range(4)), return_exceptions=True), 30)
+        assert [type(r) for r in results] == [RequestTimeout] * 4
+        # The socket is full now: the next request waits for room, and only for its timeout.
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(conn.request(big, timeout_ms=300), 30)
+        assert conn.pending_count == 0
+        await asyncio.wait_for(conn.close(), 30)
+        assert conn.closed
+    finally:
+        for writer in held:
+            writer.transport.abort()
+        server.close()
+        await server.wait_closed()
 
 
 async def test_connecting_to_a_closed_port_raises_connection_lost():
