@@ -460,9 +460,12 @@ class Scheduler:
             next_bucket_ms = self.bucket_of(now_ms) + self.config.bucket_ms
             wake_at = next_bucket_ms if next_due is None else min(next_due, next_bucket_ms)
             delay_s = max(0, wake_at - self.clock()) / 1000
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the turn
+            # the wakeup is set, and stop() then waits for this task for ever.
             try:
-                await asyncio.wait_for(self._wakeup.wait(), delay_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(delay_s):
+                    await self._wakeup.wait()
+            except TimeoutError:
                 pass
 
     def _refill_due(self) -> bool:

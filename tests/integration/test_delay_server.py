@@ -490,3 +490,15 @@ async def test_a_hot_slot_larger_than_the_window_cap_is_delivered_completely_and
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_stop_finishes_even_when_the_dispatcher_is_woken_in_the_same_turn(
+        tmp_path, clock, realtime):
+    # A wakeup and the stop's cancel reaching the dispatcher together once made the cancel
+    # vanish (asyncio.wait_for on 3.11) and stop() wait for ever; try every few loop turns apart.
+    for turns_between in range(4):
+        server = await start(tmp_path / str(turns_between), clock, realtime)
+        server.scheduler.poke()
+        for _ in range(turns_between):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(server.stop(), 30)
