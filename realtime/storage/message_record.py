@@ -22,6 +22,7 @@ encrypted or compressed.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from itertools import repeat
@@ -86,6 +87,13 @@ def encode_message_record(
     ))
 
 
+@functools.lru_cache(maxsize=256)
+def _head_struct(subject_length: int) -> struct.Struct:
+    """FIXED, then a subject of ``subject_length`` bytes (exact: no padding), then
+    message_id_length: a record's bytes up to its message id, in one ``pack``."""
+    return struct.Struct(f">QQQH{subject_length}sH")
+
+
 def encode_subject_records(
     timestamp_ms: int,
     subject: str,
@@ -104,10 +112,7 @@ def encode_subject_records(
     subject_bytes = subject.encode("utf-8")
     if len(subject_bytes) > SUBJECT_BYTES_MAX:
         raise ValueError(f"subject of {len(subject_bytes)} bytes exceeds {SUBJECT_BYTES_MAX}")
-    head = struct.Struct(
-        f">QQQH{len(subject_bytes)}s"  # FIXED, then the subject (its exact length, no padding)
-        "H"  # message_id_length
-    )
+    head = _head_struct(len(subject_bytes))
     try:
         heads = list(map(head.pack, repeat(timestamp_ms), subject_sequences, tag_blooms,
                          repeat(len(subject_bytes)), repeat(subject_bytes),

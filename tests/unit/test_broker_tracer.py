@@ -108,21 +108,26 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
 
 @pytest.mark.parametrize("deliver_at_ms", [None, T0_MS + 5], ids=["produced", "dispatched"])
 @pytest.mark.parametrize("with_duplicate", [False, True], ids=["batch", "message by message"])
+@pytest.mark.parametrize("ids", [["m1", "a/b~c", "!#$%&'()*+,-.:;<=>?@[]^_`{|}"],
+                                 ["m1", 'quote"back\\slash', "\U0001f600\ud800"],
+                                 ["m1", "tab\there", "del\x7f"]],
+                         ids=["plain ids", "escaped ids", "control characters"])
 def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_message(
-        tmp_path, deliver_at_ms, with_duplicate):
+        tmp_path, deliver_at_ms, with_duplicate, ids):
     """A batch of one subject takes the batch path; a duplicate in it sends it down the
     per-message path: both write what message_members and TraceWriter.line write."""
-    ids = ["m1", 'quote"back\\slash', "\U0001f600\ud800"]
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
-    messages = [checked(i, "orders.créé")._replace(deliver_at_ms=deliver_at_ms) for i in ids]
+    messages = [checked(i, "orders.créé")._replace(deliver_at_ms=deliver_at_ms,
+                                                   created_at_ms=T0_MS + n % 2)
+                for n, i in enumerate(ids)]
     sequences: list[int | None] = [5, 6, 7]
     if with_duplicate:
         messages.append(checked("m1", "orders.créé"))
         sequences.append(None)
     tracer.stored(messages, sequences, T0_MS + 1)
-    members = [message_members(msg_id, "orders.créé", created_at_ms=T0_MS,
-                               deliver_at_ms=deliver_at_ms) for msg_id in ids]
+    members = [message_members(msg_id, "orders.créé", created_at_ms=T0_MS + n % 2,
+                               deliver_at_ms=deliver_at_ms) for n, msg_id in enumerate(ids)]
     assert tracer._recent["orders.créé"] == dict(zip([5, 6, 7], members))
     writer.close()
     (path,) = tmp_path.glob("*/*.jsonl")
