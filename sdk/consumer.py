@@ -343,7 +343,10 @@ class Consumer:
     a consumer killed with kill -9, keeps at most ``prefetch`` messages (plus those in its
     handlers) from the others until the broker's ack timeout or consumer expiry hands them on.
     A pull asks only for what fits (``min(pull_batch, free prefetch)``) and is sent once half a
-    batch fits. Acks go as pull-sequence ranges every ``ack_interval_ms``, or at once when
+    batch fits. (Each of a subscription's pull loops, one per broker group and for the retry
+    subject, asks for what fits when it sends its pull; if several answer at once the buffer
+    fills and the later answers wait for room, so the bound is ``prefetch`` plus what those
+    concurrent pulls brought.) Acks go as pull-sequence ranges every ``ack_interval_ms``, or at once when
     ``ack_pending_max`` wait: one request of a few ranges per thousand messages at high rates.
 
     ``token`` and ``tls`` work as for the Producer; with auth on, a subject outside the token's
