@@ -17,7 +17,7 @@ Unknown keys in a request are ignored so that a newer client can add optional fi
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, Sequence, Union
 
 import msgpack
@@ -157,9 +157,13 @@ class FrameDecoder:
 
 
 # --- requests ----------------------------------------------------------------------------------
+#
+# Requests are slotted dataclasses, not frozen ones: one is made per request on every server's
+# hot path, and a frozen dataclass's __init__ (object.__setattr__ per field) cost four times as
+# much. Treat them as read-only all the same.
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Hello:
     """First request on a connection: who the client is and its app token."""
 
@@ -171,7 +175,7 @@ class Hello:
     protocol: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Send:
     """A batch of ``encode_message`` payloads; the broker stores each verbatim."""
 
@@ -180,7 +184,7 @@ class Send:
     messages: list[bytes]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Pull:
     """Ask for up to ``max_count`` messages of (subject, group), waiting up to ``wait_ms``."""
 
@@ -196,7 +200,7 @@ class Pull:
     broadcast: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Ack:
     """Acknowledge inclusive [first, last] pull-sequence ranges."""
 
@@ -208,7 +212,7 @@ class Ack:
     ranges: list[tuple[int, int]]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Nack:
     """Hand pulled messages back for a retry after ``retry_after_ms`` (None = group backoff)."""
 
@@ -221,7 +225,7 @@ class Nack:
     retry_after_ms: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Cancel:
     """Cancel delayed messages by id; ``deliver_at_ms[i]`` is when ``ids[i]`` is due (its
     receipt says), which is how the delay server finds it without an index of every id."""
@@ -232,7 +236,7 @@ class Cancel:
     deliver_at_ms: list[int]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Heartbeat:
     """Keep a consumer online and say which (subject, group) pairs it consumes."""
 
@@ -242,7 +246,7 @@ class Heartbeat:
     subscriptions: list[tuple[str, str]]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Subjects:
     """Admin: the subjects a realtime broker stores whose name starts with ``prefix``."""
 
@@ -251,7 +255,7 @@ class Subjects:
     prefix: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Browse:
     """Admin: read up to ``max_count`` stored messages of ``subject`` without consuming them,
     from ``from_sequence`` (None: from the subject's purge watermark)."""
@@ -263,7 +267,7 @@ class Browse:
     max_count: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Purge:
     """Admin: hide a dead-letter subject's messages up to and including ``through_sequence``."""
 
@@ -368,16 +372,50 @@ def _parse_send(f: _Fields, rid: int) -> Send:
     return Send(rid, messages)
 
 
+# (subject, group, consumer_id) triples that passed validation. A consumer names the same three
+# in every pull and ack, and checking them (two regular expressions) was a third of the cost of
+# parsing one; a triple seen before is valid again. Bounded: cleared when full.
+_VALID_CONSUMER_FIELDS: set[tuple[str, str, str]] = set()
+VALID_CONSUMER_FIELDS_MAX = 4096
+
+
 def _consumer_fields(f: _Fields) -> tuple[str, str, str]:
+    frame = f.frame
+    known = (frame.get("subject"), frame.get("group"), frame.get("consumer_id"))
+    if (type(known[0]) is str and type(known[1]) is str and type(known[2]) is str
+            and known in _VALID_CONSUMER_FIELDS):
+        return known  # type: ignore[return-value]
     subject = f.get("subject")
     validate_subject(subject, allow_internal=True)
     group = f.get("group")
     validate_group(group)
-    return subject, group, f.client_id("consumer_id")
+    checked = (subject, group, f.client_id("consumer_id"))
+    if len(_VALID_CONSUMER_FIELDS) >= VALID_CONSUMER_FIELDS_MAX:
+        _VALID_CONSUMER_FIELDS.clear()
+    _VALID_CONSUMER_FIELDS.add(checked)
+    return checked
 
 
 def _parse_pull(f: _Fields, rid: int) -> Pull:
     subject, group, consumer_id = _consumer_fields(f)
+    # The usual pull (no tag filter, every field well-formed) in one test; anything else takes
+    # the checks below, which name the defect.
+    frame = f.frame
+    max_count = frame.get("max_count")
+    wait_ms = frame.get("wait_ms", 0)
+    start = frame.get("start", "latest")
+    broadcast = frame.get("broadcast", False)
+    if (type(max_count) is int and 1 <= max_count <= MAX_PULL_BATCH_MESSAGES
+            and type(wait_ms) is int and 0 <= wait_ms <= MAX_PULL_WAIT_MS
+            and not frame.get("tags") and type(frame.get("tags", [])) is list
+            and (start == "latest" or start == "earliest") and type(start) is str
+            and (broadcast is False or broadcast is True)):
+        return Pull(rid, subject, group, consumer_id, max_count, wait_ms, [], start, broadcast)
+    return _parse_pull_checked(f, rid, subject, group, consumer_id)
+
+
+def _parse_pull_checked(f: _Fields, rid: int, subject: str, group: str,
+                        consumer_id: str) -> Pull:
     max_count = f.get("max_count")
     if type(max_count) is not int:
         raise f._bad("max_count", "int", max_count)
@@ -413,7 +451,14 @@ def _parse_ack(f: _Fields, rid: int) -> Ack:
     if len(raw) > MAX_ACK_RANGES:
         raise TooLarge(f"ack of {len(raw)} ranges exceeds MAX_ACK_RANGES {MAX_ACK_RANGES}")
     ranges: list[tuple[int, int]] = []
+    append = ranges.append
     for item in raw:
+        if type(item) is list and len(item) == 2:
+            first, last = item
+            if type(first) is int and type(last) is int and 0 <= first <= last <= _U64_MAX:
+                append((first, last))
+                continue
+        # Not a well-formed range: the checks below say what is wrong with it.
         if not (
             isinstance(item, list)
             and len(item) == 2
@@ -587,7 +632,7 @@ def parse_request(frame: dict[str, Any]) -> Request:
 def encode_request(req: Request) -> dict[str, Any]:
     """The wire map of a typed request (the inverse of ``parse_request``)."""
     frame: dict[str, Any] = {"op": req.op}
-    for name, value in vars(req).items():
+    for name, value in ((f.name, getattr(req, f.name)) for f in fields(req)):
         if isinstance(value, list):
             value = [list(v) if isinstance(v, tuple) else v for v in value]
         frame[name] = value

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk import errors
+from sdk import errors, protocol
 from sdk.errors import (
     BadRequest,
     DelayOutOfRange,
@@ -626,3 +626,49 @@ def test_a_cancel_due_time_must_be_a_non_negative_int():
     for bad in (-1, "5", 1.5, None):
         with pytest.raises(BadRequest, match="cancel.deliver_at_ms must hold non-negative int"):
             parse_request({"op": "cancel", "rid": 1, "ids": ["a"], "deliver_at_ms": [bad]})
+
+
+def _pull_frame(**fields) -> dict:
+    frame = {"op": "pull", "rid": 1, "subject": "orders", "group": "billing",
+             "consumer_id": "c-1", "max_count": 32, "wait_ms": 5000}
+    frame.update(fields)
+    return frame
+
+
+def test_a_consumer_seen_before_is_checked_as_strictly_as_a_new_one():
+    assert parse_request(_pull_frame()).consumer_id == "c-1"  # now remembered as valid
+    with pytest.raises(BadRequest, match="pull.consumer_id of 201 characters"):
+        parse_request(_pull_frame(consumer_id="c" * 201))
+    with pytest.raises(BadRequest, match="subject must be str, got bytes"):
+        parse_request(_pull_frame(subject=b"orders"))
+    with pytest.raises(BadRequest, match="not a valid name"):
+        parse_request(_pull_frame(group="bill ing"))
+    with pytest.raises(BadRequest, match="lacks field 'group'"):
+        parse_request({k: v for k, v in _pull_frame().items() if k != "group"})
+    with pytest.raises(BadRequest, match="pull.max_count 1025 exceeds"):
+        parse_request(_pull_frame(max_count=1025))
+    with pytest.raises(BadRequest, match="pull.start must be str, got NoneType"):
+        parse_request(_pull_frame(start=None))
+
+
+def test_the_memory_of_valid_consumers_stays_bounded():
+    for n in range(protocol.VALID_CONSUMER_FIELDS_MAX + 10):
+        parse_request(_pull_frame(consumer_id=f"c-{n}"))
+    assert 0 < len(protocol._VALID_CONSUMER_FIELDS) <= protocol.VALID_CONSUMER_FIELDS_MAX
+
+
+@pytest.mark.parametrize("ranges, words", [
+    ([[1, 2], [True, 3]], "must hold \\[first, last\\] pairs"),
+    ([[1, 2], [3]], "must hold \\[first, last\\] pairs"),
+    ([[1, 2], [-1, 3]], "must hold \\[first, last\\] pairs"),
+    ([[1, 2], [0, 2**64]], "must hold \\[first, last\\] pairs"),
+    ([[1, 2], (3, 4)], "must hold \\[first, last\\] pairs"),
+    ([[5, 9], [9, 5]], "ack range \\[9, 5\\] has first > last"),
+])
+def test_a_bad_ack_range_after_good_ones_is_refused_naming_it(ranges, words):
+    frame = {"op": "ack", "rid": 1, "subject": "s", "group": "g", "consumer_id": "c",
+             "ranges": ranges}
+    with pytest.raises(BadRequest, match=words):
+        parse_request(frame)
+    frame["ranges"] = [[0, 0], [3, 2**64 - 1]]
+    assert parse_request(frame).ranges == [(0, 0), (3, 2**64 - 1)]
