@@ -114,14 +114,16 @@ class Scheduler:
         # -> delay-log offset of its first entry not loaded. Everything of the bucket from
         # there on is on disk only, and is loaded, in disk order, as the window drains.
         self._resume_at: dict[int, int] = {}
-        # Every loaded entry until it is confirmed or cancelled: key -> entry.
-        self._tracked: dict[tuple[int, int], ScheduleEntry] = {}
+        # Every loaded entry until it is confirmed or cancelled, keyed by its delay-log offset
+        # (unique per message, and an int: hashing it costs nothing, unlike a tuple key).
+        self._tracked: dict[int, ScheduleEntry] = {}
         self._bucket_counts: dict[int, int] = defaultdict(int)
-        # id hash -> keys of tracked entries with that hash (any bucket; almost always one key):
-        # how a cancel finds a loaded entry. A list, not a set: ~60 bytes less per entry.
-        self._by_id: dict[int, list[tuple[int, int]]] = {}
-        self._in_flight: set[tuple[int, int]] = set()
-        self._retry_ms: dict[tuple[int, int], int] = {}
+        # id hash -> the key of the tracked entry with that hash (any bucket), or a list of
+        # keys when several share it: how a cancel finds a loaded entry. A bare key for the
+        # usual single one saves a list (~90 bytes) per entry.
+        self._by_id: dict[int, int | list[int]] = {}
+        self._in_flight: set[int] = set()
+        self._retry_ms: dict[int, int] = {}
         # Due entries wait here for a dispatch worker; a worker takes everything queued (up to
         # dispatch_batch_max), so while workers are busy small ticks merge into one request.
         self._due: deque[ScheduleEntry] = deque()
@@ -321,45 +323,44 @@ class Scheduler:
         return bucket_ms < self._next_load_ms or bucket_ms == self._loading_bucket_ms
 
     def _track(self, entry: ScheduleEntry) -> None:
-        key = entry.key
+        key = entry.delay_log_offset
         if key in self._tracked:
             return
         self._tracked[key] = entry
         self._bucket_counts[entry.bucket_ms] += 1
         same_hash = self._by_id.get(entry.id_hash)
         if same_hash is None:
-            self._by_id[entry.id_hash] = [key]
-        else:
+            self._by_id[entry.id_hash] = key
+        elif type(same_hash) is list:
             same_hash.append(key)
+        else:
+            self._by_id[entry.id_hash] = [same_hash, key]
         self.wheel.add(entry, entry.deliver_at_ms, key)
 
-    def _untrack(self, key: tuple[int, int]) -> None:
-        entry = self._tracked.pop(key, None)
-        if entry is None:
-            return
-        self.wheel.remove(key)
-        self._in_flight.discard(key)
-        self._retry_ms.pop(key, None)
-        count = self._bucket_counts[entry.bucket_ms] - 1
-        if count:
-            self._bucket_counts[entry.bucket_ms] = count
-        else:
-            del self._bucket_counts[entry.bucket_ms]
-        ids = self._by_id.get(entry.id_hash)
-        if ids is not None:
-            if key in ids:
-                ids.remove(key)
-            if not ids:
-                del self._by_id[entry.id_hash]
+    def _keys_of_hash(self, id_hash: int) -> list[int]:
+        keys = self._by_id.get(id_hash)
+        return [] if keys is None else keys if type(keys) is list else [keys]
+
+    def _forget_hash(self, id_hash: int, key: int) -> None:
+        keys = self._by_id.get(id_hash)
+        if keys == key:
+            del self._by_id[id_hash]
+        elif type(keys) is list and key in keys:
+            keys.remove(key)
+            if len(keys) == 1:
+                self._by_id[id_hash] = keys[0]
+
+    def _untrack(self, key: int) -> None:
+        self._untrack_many([self._tracked[key]] if key in self._tracked else [])
 
     def _untrack_many(self, entries: list[ScheduleEntry]) -> None:
-        """``_untrack`` of each entry, with the lookups bound once (runs per dispatched batch)."""
+        """Forget confirmed or cancelled entries, with the lookups bound once (this runs per
+        dispatched batch)."""
         tracked_pop, in_flight, by_id = self._tracked.pop, self._in_flight, self._by_id
-        bucket_counts = self._bucket_counts
         retry_ms = self._retry_ms
         per_bucket: dict[int, int] = {}
         for entry in entries:
-            key = (entry.bucket_ms, entry.index)
+            key = entry.delay_log_offset
             if tracked_pop(key, None) is None:
                 continue  # cancelled meanwhile
             if key in in_flight:  # in flight: advance already took it out of the wheel
@@ -368,14 +369,13 @@ class Scheduler:
                 self.wheel.remove(key)
             if retry_ms:
                 retry_ms.pop(key, None)
-            per_bucket[entry.bucket_ms] = per_bucket.get(entry.bucket_ms, 0) + 1
-            ids = by_id.get(entry.id_hash)
-            if ids is not None:
-                if len(ids) == 1:
-                    if ids[0] == key:
-                        del by_id[entry.id_hash]
-                elif key in ids:
-                    ids.remove(key)
+            bucket_ms = entry.bucket_ms
+            per_bucket[bucket_ms] = per_bucket.get(bucket_ms, 0) + 1
+            if by_id.get(entry.id_hash) == key:
+                del by_id[entry.id_hash]
+            else:
+                self._forget_hash(entry.id_hash, key)
+        bucket_counts = self._bucket_counts
         for bucket_ms, done in per_bucket.items():
             count = bucket_counts[bucket_ms] - done
             if count:
@@ -478,7 +478,7 @@ class Scheduler:
         return self._preload_task is not None and not self._preload_task.done()
 
     def _start_dispatch(self, due: list[ScheduleEntry]) -> None:
-        self._in_flight.update([(e.bucket_ms, e.index) for e in due])
+        self._in_flight.update([e.delay_log_offset for e in due])
         self._due.extend(due)
         size = self.config.dispatch_batch_max
         # Running workers are all busy with a batch (one leaves when the queue is empty), so
@@ -501,7 +501,7 @@ class Scheduler:
                 await self._dispatch_chunk(chunk)
             except Exception as exc:  # our bug: the chunk must not stay in flight forever
                 log.exception("dispatch of %d messages failed", len(chunk))
-                self._retry([e for e in chunk if e.key in self._in_flight],
+                self._retry([e for e in chunk if e.delay_log_offset in self._in_flight],
                             f"{type(exc).__name__}: {exc}")
 
     async def _dispatch_chunk(self, chunk: list[ScheduleEntry]) -> None:
@@ -626,7 +626,7 @@ class Scheduler:
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         now_ms = self.clock()
         for entry in entries:
-            key = entry.key
+            key = entry.delay_log_offset
             if key not in self._tracked:
                 continue  # cancelled meanwhile
             self._in_flight.discard(key)
@@ -646,7 +646,7 @@ class Scheduler:
         assert self.store is not None
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.store.done_before())
         id_hash = zlib.crc32(message_id.encode("utf-8"))
-        keys = [k for k in self._by_id.get(id_hash, ()) if k[0] == bucket_ms]
+        keys = [k for k in self._keys_of_hash(id_hash) if self._tracked[k].bucket_ms == bucket_ms]
         # Take candidates out of the wheel first, so the dispatcher cannot send one while the
         # cancel is being recorded; put back those that turn out to be another message.
         held = [k for k in keys if k not in self._in_flight]
@@ -655,7 +655,7 @@ class Scheduler:
         in_flight = [k for k in keys if k in self._in_flight]
         entries = [self._tracked[k] for k in held + in_flight]
         ids = await self._io(lambda: [self.store.read(e).message_id for e in entries])  # type: ignore[union-attr]
-        mine = {e.key for e, i in zip(entries, ids) if i == message_id}
+        mine = {e.delay_log_offset for e, i in zip(entries, ids) if i == message_id}
         if mine & set(in_flight) and not (mine & set(held)):
             outcome = "already_dispatched"
         else:
@@ -671,7 +671,7 @@ class Scheduler:
         self._wakeup.set()
         return outcome
 
-    def _retry_at(self, key: tuple[int, int], entry: ScheduleEntry) -> int:
+    def _retry_at(self, key: int, entry: ScheduleEntry) -> int:
         return entry.deliver_at_ms if key not in self._retry_ms else self.clock()
 
     # ------------------------------------------------------------------ housekeeping

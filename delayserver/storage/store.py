@@ -523,16 +523,20 @@ class DelayStore:
                                      f"not in the schedule (the bucket has {count} entries)")
         for bucket, positions in by_bucket.items():
             state = self._done.state(bucket)
-            done = state.dispatched, state.cancelled
-            fresh: dict[int, int] = {}  # done key -> position, first one wins
-            for position in positions:
-                entry = entries[position]
-                key = (entry.delay_log_offset << 32) | entry.id_hash  # done_key, inlined
-                if key not in done[0] and key not in done[1] and key not in fresh:
-                    fresh[key] = position
-            if not fresh:
+            chosen_at = positions
+            keys = [(entries[p].delay_log_offset << 32) | entries[p].id_hash  # done_key
+                    for p in positions]
+            if (len(set(keys)) != len(keys) or not state.dispatched.isdisjoint(keys)
+                    or not state.cancelled.isdisjoint(keys)):
+                # Some are done already or given twice (rare): keep the first of each.
+                fresh: dict[int, int] = {}  # done key -> position
+                for key, position in zip(keys, positions):
+                    if not state.is_done(key) and key not in fresh:
+                        fresh[key] = position
+                chosen_at = list(fresh.values())
+            if not chosen_at:
                 continue
-            chosen = [entries[position] for position in fresh.values()]
+            chosen = [entries[position] for position in chosen_at]
             try:
                 self._done.write_entries(bucket, KIND_DISPATCHED,
                                          [e.delay_log_offset for e in chosen],
@@ -542,7 +546,7 @@ class DelayStore:
             if subjects is None:
                 per_subject = Counter(self._subject_of(e) for e in chosen)
             else:
-                per_subject = Counter(subjects[position] for position in fresh.values())
+                per_subject = Counter([subjects[position] for position in chosen_at])
             self._counts.remove_many(bucket, per_subject)
             self._lower_bucket_pending(bucket, len(chosen))
             self._done_since_checkpoint += len(chosen)
