@@ -213,15 +213,14 @@ class Scheduler:
         call = _PendingCall(results, asyncio.get_running_loop().create_future())
         accepted = 0
         deliver_at_max_ms = now_ms + self.config.max_delay_ms
-        quick_check = self._quick_check.check
         tracing = self.tracer.enabled
-        for payload in payloads:
+        # The quick check (sdk.send_check; for a batch, one C call where it is built) accepts
+        # our producers' payloads without building a Message; anything it is unsure of gets
+        # the full check, which decides and words the error.
+        checks = self._quick_check.check_many(list(payloads), deliver_at_max_ms)
+        for payload, checked in zip(payloads, checks):
             trace = None
             try:
-                # The quick check (sdk.send_check) accepts our producers' payloads without
-                # building a Message; anything it is unsure of gets the full check, which
-                # decides and words the error.
-                checked = quick_check(payload, deliver_at_max_ms)
                 if checked is not None:
                     message_id, subject, deliver_at_ms = (checked.id, checked.subject,
                                                           checked.deliver_at_ms)

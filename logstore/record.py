@@ -66,6 +66,8 @@ class _CrcSeeds(dict):
 
 
 _CRC_SEEDS = _CrcSeeds()
+CRC_SEEDS = _CRC_SEEDS  # for readers that check records of known sizes (SegmentedLog.read_bodies)
+LENGTH_CRC = _LENGTH_CRC  # a header's (body_length, crc32)
 
 
 def encode_record(body: bytes) -> bytes:

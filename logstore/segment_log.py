@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import add
+from operator import add, eq, sub
 from typing import Callable, Iterable, Iterator, Sequence
 
 from logstore.errors import (
@@ -48,7 +48,9 @@ from logstore.errors import (
 from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
 from logstore.record import HEADER as HEADER_STRUCT
 from logstore.record import (
+    CRC_SEEDS,
     HEADER_SIZE_BYTES,
+    LENGTH_CRC,
     MAGIC,
     VERSION,
     check_header,
@@ -539,41 +541,62 @@ class SegmentedLog:
         if self._pending and offsets[-1] + HEADER_SIZE_BYTES + body_sizes[-1] > (
                 self._end - self._buffered_bytes()):
             self.flush()
-        header = HEADER_STRUCT.unpack_from
         limit = self.config.record_size_bytes_max
         first_offset, end = self.first_offset, self._end
+        # Run boundaries, found with C-level maps: a new run starts where the gap to the
+        # previous record is too wide or a new segment begins.
+        ends = list(map(add, offsets, map(add, body_sizes, repeat(HEADER_SIZE_BYTES))))
+        segment_of = list(map(bisect.bisect_right, repeat(self._bases, count), offsets))
+        breaks = [k for k, gap, same in zip(range(1, count), map(sub, offsets[1:], ends),
+                                             map(eq, segment_of[1:], segment_of))
+                  if gap > gap_bytes_max or not same]
+        breaks.append(count)
         i = 0
-        while i < count:
-            offset = offsets[i]
-            if not first_offset <= offset < end:
-                i += 1
-                continue
-            segment, position = self._locate(offset)
-            segment_end = segment.base_offset + segment.size_bytes
-            run_end = offset + HEADER_SIZE_BYTES + body_sizes[i]
-            j = i + 1
-            while j < count:
-                following = offsets[j]
-                following_end = following + HEADER_SIZE_BYTES + body_sizes[j]
-                if (following - run_end > gap_bytes_max or following_end > segment_end
-                        or following_end - offset > READ_RUN_BYTES_MAX or following < offset):
-                    break
-                run_end = max(run_end, following_end)
-                j += 1
-            data = memoryview(segment.handle.pread(position, run_end - offset))
-            for k in range(i, j):
+        for run_stop in breaks:
+            while i < run_stop:
+                offset = offsets[i]
+                if not first_offset <= offset < end:
+                    i += 1
+                    continue
+                segment, position = self._locate(offset)
+                # At most READ_RUN_BYTES_MAX per pread (at least one record).
+                j = max(i + 1, bisect.bisect_right(ends, offset + READ_RUN_BYTES_MAX, i, run_stop))
+                run_end = max(ends[i:j])
+                self._read_run(segment, position, offset, run_end, offsets, body_sizes, i, j,
+                               out, limit)
+                i = j
+        return out
+
+    @staticmethod
+    def _read_run(segment: _Segment, position: int, offset: int, run_end: int,
+                  offsets: Sequence[int], body_sizes: Sequence[int], i: int, j: int,
+                  out: list[memoryview | None], limit: int) -> None:
+        """read_bodies of records i..j-1, which lie in ``segment`` between ``offset`` and
+        ``run_end``: one pread, then every record checked."""
+        data = memoryview(segment.handle.pread(position, run_end - offset))
+        sizes = body_sizes[i:j]
+        if j - i >= 8 and len(data) == run_end - offset and max(sizes) <= limit:
+            # The whole run is there: check every record with C-level maps (no bytecode
+            # per record). Seeding the CRC with the caller's size and the standard
+            # magic/version/attributes makes one CRC call check the header too.
+            ats = [following - offset for following in offsets[i:j]]
+            starts = [at + HEADER_SIZE_BYTES for at in ats]
+            bodies = list(map(data.__getitem__, map(slice, starts, map(add, starts, sizes))))
+            crcs = map(crc32, bodies, map(CRC_SEEDS.__getitem__, sizes))
+            stored = map(LENGTH_CRC.unpack_from, repeat(data, len(ats)), ats)
+            out[i:j] = map(_body_if, map(eq, stored, zip(sizes, crcs)), bodies)
+        else:
+            for k in range(i, j):  # a few records, a short read (a file cut) or an odd size
                 at = offsets[k] - offset
                 size = body_sizes[k]
                 if at + HEADER_SIZE_BYTES + size > len(data) or size > limit:
                     continue
-                body_length, crc, magic, version, _attributes = header(data, at)
+                body_length, crc, magic, version, _attributes = HEADER_STRUCT.unpack_from(data, at)
                 if body_length != size or magic != MAGIC or version != VERSION:
                     continue
                 body = data[at + HEADER_SIZE_BYTES : at + HEADER_SIZE_BYTES + size]
                 if crc32(body, crc32(data[at + 8 : at + 12], crc32(data[at : at + 4]))) == crc:
                     out[k] = body
-            i = j
-        return out
 
     def iterate(self, from_offset: int | None = None) -> Iterator[tuple[int, bytes]]:
         """Yield (offset, body) from ``from_offset`` (default: the first record) to the end.
@@ -692,3 +715,8 @@ class SegmentedLog:
                 segment.handle.close()
             self._closed = True
             self._fast_path_end = -1
+
+
+def _body_if(good: bool, body: memoryview) -> memoryview | None:
+    """``body`` when its record checked out, else None (read_bodies' result per record)."""
+    return body if good else None
