@@ -1,9 +1,11 @@
 """Build hook for the optional C extensions; every other setting is in pyproject.toml.
 
 ``logstore._framing`` frames log records in C (see logstore/_framing.c); ``sdk._send_check``
-is the servers' quick check of sent payloads over a batch (see sdk/_send_check.c). Both are
-optional: when no C compiler is present the build goes on without them and the pure-Python
-twins (logstore.record, sdk.send_check) do the work.
+is the servers' quick check of sent payloads over a batch (see sdk/_send_check.c);
+``realtime.storage._codecs`` encodes a commit's message records and consumer-log entries (see
+realtime/storage/_codecs.c). All are optional: when no C compiler is present the build goes on
+without them and the pure-Python twins (logstore.record, sdk.send_check,
+realtime.storage.message_record and consumer_log) do the work.
 """
 
 from setuptools import Extension, setup
@@ -12,5 +14,7 @@ setup(
     ext_modules=[
         Extension("logstore._framing", sources=["logstore/_framing.c"], optional=True),
         Extension("sdk._send_check", sources=["sdk/_send_check.c"], optional=True),
+        Extension("realtime.storage._codecs", sources=["realtime/storage/_codecs.c"],
+                  optional=True),
     ],
 )

@@ -31,10 +31,16 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
-from typing import Iterable, NamedTuple
+from typing import NamedTuple, Sequence
 
 from logstore import DiskFull, FileHandle, LogWriteFailed, Opener, fsync_directory
 from realtime.storage.errors import CorruptEntry, StoreFailed
+
+try:
+    # The C twin of encode_entries (realtime/storage/_codecs.c); optional.
+    from realtime.storage._codecs import encode_entries as _encode_entries_c
+except ImportError:  # pragma: no cover - only where the extension was not built
+    _encode_entries_c = None
 
 ENTRY = struct.Struct(
     ">Q"  # timestamp_ms
@@ -71,12 +77,21 @@ def encode_entry(entry: Entry) -> bytes:
     return head + CRC.pack(zlib.crc32(head))
 
 
-def encode_entries(timestamps_ms: Iterable[int], message_log_offsets: Iterable[int],
-                   sizes_bytes: Iterable[int], tag_blooms: Iterable[int]) -> bytes:
+def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[int],
+                   sizes_bytes: Sequence[int], tag_blooms: Sequence[int]) -> bytes:
     """The bytes of several entries given column by column: ``encode_entry`` of each, joined.
 
-    The store indexes a whole commit at once; every step here is a ``map`` in C, so no Python
-    code runs per entry. Raises ValueError when a field does not fit its width."""
+    The store indexes a whole commit at once: with the optional C twin built (``_codecs``) and
+    the columns given as lists, it does the work; otherwise every step here is a ``map`` in C.
+    Raises ValueError when a field does not fit its width or the columns differ in length."""
+    if not len(timestamps_ms) == len(message_log_offsets) == len(sizes_bytes) == len(tag_blooms):
+        raise ValueError(f"columns of {len(timestamps_ms)} timestamps, "
+                         f"{len(message_log_offsets)} offsets, {len(sizes_bytes)} sizes and "
+                         f"{len(tag_blooms)} blooms differ in length")
+    if _encode_entries_c is not None and type(timestamps_ms) is list and type(
+            message_log_offsets) is list and type(sizes_bytes) is list and type(
+            tag_blooms) is list:
+        return _encode_entries_c(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms)
     try:
         heads = list(map(ENTRY.pack, timestamps_ms, message_log_offsets, sizes_bytes,
                          tag_blooms))

@@ -26,7 +26,13 @@ import functools
 import struct
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Iterable, Sequence
+from typing import Sequence
+
+try:
+    # The C twin of encode_subject_records (realtime/storage/_codecs.c); optional.
+    from realtime.storage._codecs import encode_subject_records as _encode_subject_records_c
+except ImportError:  # pragma: no cover - only where the extension was not built
+    _encode_subject_records_c = None
 
 FIXED = struct.Struct(
     ">Q"  # timestamp_ms
@@ -97,21 +103,34 @@ def _head_struct(subject_length: int) -> struct.Struct:
 def encode_subject_records(
     timestamp_ms: int,
     subject: str,
-    subject_sequences: Iterable[int],
-    tag_blooms: Iterable[int],
+    subject_sequences: Sequence[int],
+    tag_blooms: Sequence[int],
     message_ids_utf8: Sequence[bytes],
     payloads: Sequence[bytes],
 ) -> list[bytes]:
     """Encode the record bodies of several messages of one ``subject`` stored at one time,
     given column by column: the same bytes as ``encode_message_record`` per message.
 
-    A batch is the broker's hot path, so the per-record work runs in C (``map`` over one
-    ``struct`` whose format holds this subject) and no Python code runs per record. Raises
-    ValueError when a field does not fit its width.
+    A batch is the broker's hot path: with the optional C twin built (``_codecs``) and the
+    columns given as lists of ints and bytes, it does the work; otherwise the per-record work
+    runs in C anyway (``map`` over one ``struct`` whose format holds this subject). Raises
+    ValueError when a field does not fit its width or the columns differ in length.
     """
     subject_bytes = subject.encode("utf-8")
     if len(subject_bytes) > SUBJECT_BYTES_MAX:
         raise ValueError(f"subject of {len(subject_bytes)} bytes exceeds {SUBJECT_BYTES_MAX}")
+    if not (len(subject_sequences) == len(tag_blooms) == len(message_ids_utf8)
+            == len(payloads)):
+        raise ValueError(f"columns of {len(subject_sequences)} sequences, {len(tag_blooms)} "
+                         f"blooms, {len(message_ids_utf8)} ids and {len(payloads)} payloads "
+                         f"differ in length")
+    if _encode_subject_records_c is not None and type(subject_sequences) is list and type(
+            tag_blooms) is list and type(message_ids_utf8) is list and type(payloads) is list:
+        try:
+            return _encode_subject_records_c(timestamp_ms, subject_bytes, subject_sequences,
+                                             tag_blooms, message_ids_utf8, payloads)
+        except TypeError:
+            pass  # a payload or id that is bytes-like but not bytes: the Python path takes it
     head = _head_struct(len(subject_bytes))
     try:
         heads = list(map(head.pack, repeat(timestamp_ms), subject_sequences, tag_blooms,
@@ -121,9 +140,6 @@ def encode_subject_records(
         # Q and H refuse what does not fit u64 / u16: a timestamp, sequence or bloom outside
         # [0, U64_MAX], or a message id over MESSAGE_ID_BYTES_MAX bytes.
         raise ValueError(f"message record field out of range: {exc}") from None
-    if not len(heads) == len(message_ids_utf8) == len(payloads):
-        raise ValueError(f"columns of {len(heads)} sequences, {len(message_ids_utf8)} ids and "
-                         f"{len(payloads)} payloads differ in length")
     return list(map(b"".join, zip(heads, message_ids_utf8, payloads)))
 
 

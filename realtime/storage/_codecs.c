@@ -1,0 +1,226 @@
+/* realtime.storage._codecs: C twins of the two batch encoders of the realtime store (optional).
+ *
+ * encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes
+ *     consumer_log.encode_entries: per entry, big-endian u64 timestamp_ms, u64 offset,
+ *     u32 size, u64 tag_bloom, then u32 CRC-32 (zlib) of those 28 bytes.
+ * encode_subject_records(timestamp_ms, subject_utf8, sequences, tag_blooms, ids_utf8,
+ *                        payloads) -> list[bytes]
+ *     message_record.encode_subject_records once the subject is UTF-8: per record, u64
+ *     timestamp_ms, u64 sequence, u64 tag_bloom, u16 subject length, the subject, u16 id length,
+ *     the id, the payload.
+ *
+ * The layouts are documented in consumer_log.py and message_record.py, which hold the pure-Python
+ * twins; these take lists only (the Python wrappers fall back to the twins for anything else).
+ * A value out of its field's width, or of the wrong type, raises ValueError as the twins do.
+ * Why C: a commit encodes every message's record and entry; even as C-level maps the Python
+ * twins spend most of their time in per-item call overhead (three struct/CRC calls per entry).
+ * tests/unit/test_realtime_storage_codecs.py holds both to the same bytes and the same errors.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ENTRY_HEAD_BYTES 28
+#define ENTRY_BYTES 32
+#define RECORD_FIXED_BYTES 26 /* timestamp, sequence, bloom, subject length */
+
+static uint32_t crc_table[256];
+
+static void build_crc_table(void)
+{
+    for (uint32_t byte = 0; byte < 256; byte++) {
+        uint32_t crc = byte;
+        for (int bit = 0; bit < 8; bit++) {
+            crc = (crc & 1) ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
+        }
+        crc_table[byte] = crc;
+    }
+}
+
+/* zlib.crc32(data) */
+static uint32_t crc32_of(const unsigned char *data, size_t size)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < size; i++) {
+        crc = crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+    }
+    return ~crc;
+}
+
+static void put_be(unsigned char *out, uint64_t value, int size)
+{
+    for (int i = size - 1; i >= 0; i--) {
+        out[i] = (unsigned char)value;
+        value >>= 8;
+    }
+}
+
+/* The int at ``list[index]`` as an unsigned of at most ``max``; -1 with ValueError set when it
+ * is not an int in [0, max]. */
+static int get_field(PyObject *list, Py_ssize_t index, uint64_t max, const char *name,
+                     uint64_t *out)
+{
+    PyObject *item = PyList_GET_ITEM(list, index);
+    if (PyLong_Check(item)) {
+        unsigned long long value = PyLong_AsUnsignedLongLong(item);
+        if (!(value == (unsigned long long)-1 && PyErr_Occurred()) && value <= max) {
+            *out = value;
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    PyErr_Format(PyExc_ValueError, "%s field out of range: %R", name, item);
+    return -1;
+}
+
+static int same_lengths(PyObject **lists, int count, Py_ssize_t *length)
+{
+    *length = PyList_GET_SIZE(lists[0]);
+    for (int i = 1; i < count; i++) {
+        if (PyList_GET_SIZE(lists[i]) != *length) {
+            PyErr_SetString(PyExc_ValueError, "columns differ in length");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *encode_entries(PyObject *module, PyObject *args)
+{
+    PyObject *columns[4];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!:encode_entries", &PyList_Type, &columns[0],
+                          &PyList_Type, &columns[1], &PyList_Type, &columns[2], &PyList_Type,
+                          &columns[3])) {
+        return NULL;
+    }
+    Py_ssize_t count;
+    if (same_lengths(columns, 4, &count) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * ENTRY_BYTES);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++, at += ENTRY_BYTES) {
+        uint64_t timestamp, offset, size, bloom;
+        if (get_field(columns[0], i, UINT64_MAX, "timestamp_ms", &timestamp) < 0
+                || get_field(columns[1], i, UINT64_MAX, "message_log_offset", &offset) < 0
+                || get_field(columns[2], i, UINT32_MAX, "size_bytes", &size) < 0
+                || get_field(columns[3], i, UINT64_MAX, "tag_bloom", &bloom) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        put_be(at, timestamp, 8);
+        put_be(at + 8, offset, 8);
+        put_be(at + 16, size, 4);
+        put_be(at + 20, bloom, 8);
+        put_be(at + ENTRY_HEAD_BYTES, crc32_of(at, ENTRY_HEAD_BYTES), 4);
+    }
+    (void)module;
+    return out;
+}
+
+static PyObject *encode_subject_records(PyObject *module, PyObject *args)
+{
+    PyObject *timestamp_object;
+    uint64_t timestamp;
+    const char *subject;
+    Py_ssize_t subject_size;
+    PyObject *columns[4]; /* sequences, tag blooms, ids (bytes), payloads (bytes) */
+    if (!PyArg_ParseTuple(args, "Oy#O!O!O!O!:encode_subject_records", &timestamp_object,
+                          &subject, &subject_size, &PyList_Type, &columns[0], &PyList_Type,
+                          &columns[1], &PyList_Type, &columns[2], &PyList_Type, &columns[3])) {
+        return NULL;
+    }
+    PyObject *holder = PyList_New(1); /* get_field reads from a list */
+    if (holder == NULL) {
+        return NULL;
+    }
+    Py_INCREF(timestamp_object);
+    PyList_SET_ITEM(holder, 0, timestamp_object);
+    int bad = get_field(holder, 0, UINT64_MAX, "timestamp_ms", &timestamp);
+    Py_DECREF(holder);
+    if (bad < 0) {
+        return NULL;
+    }
+    if (subject_size > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
+        return NULL;
+    }
+    Py_ssize_t count;
+    if (same_lengths(columns, 4, &count) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t sequence, bloom;
+        PyObject *id = PyList_GET_ITEM(columns[2], i);
+        PyObject *payload = PyList_GET_ITEM(columns[3], i);
+        if (get_field(columns[0], i, UINT64_MAX, "subject_sequence", &sequence) < 0
+                || get_field(columns[1], i, UINT64_MAX, "tag_bloom", &bloom) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (!PyBytes_Check(id) || !PyBytes_Check(payload)) {
+            /* The Python twin takes any bytes-like payload: its wrapper falls back to it. */
+            PyErr_SetString(PyExc_TypeError, "message id and payload must be bytes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (PyBytes_GET_SIZE(id) > 0xFFFF) {
+            PyErr_Format(PyExc_ValueError, "message_id_length field out of range: %zd bytes",
+                         PyBytes_GET_SIZE(id));
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_ssize_t id_size = PyBytes_GET_SIZE(id);
+        Py_ssize_t payload_size = PyBytes_GET_SIZE(payload);
+        PyObject *record = PyBytes_FromStringAndSize(
+            NULL, RECORD_FIXED_BYTES + subject_size + 2 + id_size + payload_size);
+        if (record == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *at = (unsigned char *)PyBytes_AS_STRING(record);
+        put_be(at, timestamp, 8);
+        put_be(at + 8, sequence, 8);
+        put_be(at + 16, bloom, 8);
+        put_be(at + 24, (uint64_t)subject_size, 2);
+        at += RECORD_FIXED_BYTES;
+        memcpy(at, subject, subject_size);
+        at += subject_size;
+        put_be(at, (uint64_t)id_size, 2);
+        memcpy(at + 2, PyBytes_AS_STRING(id), id_size);
+        memcpy(at + 2 + id_size, PyBytes_AS_STRING(payload), payload_size);
+        PyList_SET_ITEM(out, i, record);
+    }
+    (void)module;
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_entries", encode_entries, METH_VARARGS,
+     "encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes"},
+    {"encode_subject_records", encode_subject_records, METH_VARARGS,
+     "encode_subject_records(timestamp_ms, subject_utf8, sequences, tag_blooms, ids_utf8, "
+     "payloads) -> list[bytes]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "realtime.storage._codecs",
+    "C twins of the realtime store's batch encoders (optional speed-up).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__codecs(void)
+{
+    build_crc_table();
+    return PyModule_Create(&module_def);
+}
