@@ -82,3 +82,21 @@ def test_failing_a_batch_leaves_the_messages_already_settled_alone(loop):
     assert results[0] == Receipt("a", "orders", "rt-1", "stored")
     assert [type(r) for r in results[1:]] == [Internal, Internal]
     assert call.failed == 2
+
+
+def test_a_result_that_says_stored_but_carries_an_error_is_an_error(loop):
+    call = call_of(loop, 2)
+    part = Part(call, 0, ["a", "b"], [b"pa", b"pb"], None)
+    contradictory = {**refused("b", "forbidden"), "status": "stored"}
+    retry, _ = settle("orders", "rt-1", [part], {"results": [stored("a"), contradictory]})
+    assert retry == []
+    assert call.results[0] == Receipt("a", "orders", "rt-1", "stored")
+    assert isinstance(call.results[1], Forbidden)
+
+
+def test_results_that_are_not_maps_are_resent_not_crashed_on(loop):
+    call = call_of(loop, 2)
+    part = Part(call, 0, ["a", "b"], [b"pa", b"pb"], None)
+    retry, error = settle("orders", "rt-1", [part], {"results": [stored("a"), ["b", "stored"]]})
+    assert [p.ids for p in retry] == [["b"]] and isinstance(error, Internal)
+    assert call.results[0] == Receipt("a", "orders", "rt-1", "stored")
