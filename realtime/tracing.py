@@ -75,6 +75,8 @@ class BrokerTracer:
         self._recent: dict[str, dict[int, str]] = {}
         # wire subject -> its encoded subject member (event loop only)
         self._subject_members: dict[str, str] = {}
+        # the last stored-line frame: ((now_ms, extra), (start, end)); event loop only
+        self._last_frame: tuple[tuple[int, str], tuple[str, str]] = ((-1, ""), ("", ""))
 
     def held_before_restart(self, subject: str, key: str, consumer: str,
                             entries: dict[int, int]) -> None:
@@ -160,24 +162,37 @@ class BrokerTracer:
         else:
             id_columns = [repeat('"msg_id":'), map(_json_str, ids)]
         head = f'{self._subject_member(subject)},"created_at_ms":'
-        # A batch's messages were mostly created within the same few milliseconds: convert each
-        # distinct time once.
-        created_text = {value: str(value) for value in set(created)}
-        columns = [*id_columns, repeat(head), map(created_text.__getitem__, created)]
         if deliver_types == {int}:
             extra = ""
-            columns += [repeat(',"deliver_at_ms":'), map(str, delivers)]
+            times = set(created).union(delivers)
         elif deliver_types == {type(None)}:
             extra = PRODUCED_MEMBER
+            times = set(created)
         else:
             return False
+        # A batch's messages were mostly created (and are due) within the same few
+        # milliseconds: each distinct time is converted once.
+        text = {value: str(value) for value in times}.__getitem__
+        columns = [*id_columns, repeat(head), map(text, created)]
+        if extra == "":
+            columns += [repeat(',"deliver_at_ms":'), map(text, delivers)]
+        start, end = self._frame(now_ms, extra)
+        members = list(map("".join, zip(*columns)))
         writer = self.writer
         assert writer is not None
-        start, end = writer.frame("stored", now_ms, extra)
-        members = list(map("".join, zip(*columns)))
         writer.emit_lines(list(map("".join, zip(repeat(start), members, repeat(end)))))
         self._remember(subject, sequences, members)  # type: ignore[arg-type]  # no None here
         return True
+
+    def _frame(self, now_ms: int, extra: str) -> tuple[str, str]:
+        """``TraceWriter.frame`` of a stored line, kept for the last (time, extra): the requests
+        of one commit share it."""
+        key = (now_ms, extra)
+        if self._last_frame[0] != key:
+            writer = self.writer
+            assert writer is not None
+            self._last_frame = (key, writer.frame("stored", now_ms, extra))
+        return self._last_frame[1]
 
     def _subject_member(self, subject: str) -> str:
         """``,"subject":...`` of a user subject, kept for the first SUBJECT_MEMBERS_MAX."""

@@ -142,3 +142,14 @@ def test_a_duplicate_in_a_stored_batch_gets_no_line(tmp_path):
     tracer.stored([checked("m1"), checked("m2"), checked("m3")], [0, None, 1], T0_MS)
     writer.close()
     assert [line["msg_id"] for line in raw_lines(tmp_path)] == ["m1", "m3"]
+
+
+def test_stored_lines_carry_the_time_and_flag_of_their_own_call(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tracer.stored([checked("m1")], [0], T0_MS + 1)
+    tracer.stored([checked("m2")._replace(deliver_at_ms=T0_MS)], [1], T0_MS + 1)
+    tracer.stored([checked("m3")], [2], T0_MS + 2)
+    writer.close()
+    assert [(line["msg_id"], line["ts_ms"], line.get("produced")) for line in raw_lines(tmp_path)] \
+        == [("m1", T0_MS + 1, True), ("m2", T0_MS + 1, None), ("m3", T0_MS + 2, True)]
