@@ -49,7 +49,7 @@ from sdk.errors import (
     type_name,
 )
 from sdk.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
-from sdk.message import Message, encode_message, validate_message
+from sdk.message import Message, encode_checked_message, encode_message, validate_message
 from sdk.routes import Route, RouteCache
 from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 from sdk.tls import TlsOption, client_context
@@ -290,8 +290,8 @@ class Producer:
             expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
             id=self._new_id() if message_id is None else message_id,
         )
-        validate_message(message, now_ms=now_ms)
-        payload = encode_message(message)
+        validate_message(message, now_ms=now_ms)  # checks the field types too
+        payload = encode_checked_message(message)
         call = Call(1, asyncio.get_running_loop().create_future())
         self._enqueue(subject, call, [message.id], [payload],
                       None if deliver_at_ms is None else [deliver_at_ms])
