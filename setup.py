@@ -3,9 +3,11 @@
 ``logstore._framing`` frames log records in C (see logstore/_framing.c); ``sdk._send_check``
 is the servers' quick check of sent payloads over a batch (see sdk/_send_check.c);
 ``realtime.storage._codecs`` encodes a commit's message records and consumer-log entries (see
-realtime/storage/_codecs.c). All are optional: when no C compiler is present the build goes on
-without them and the pure-Python twins (logstore.record, sdk.send_check,
-realtime.storage.message_record and consumer_log) do the work.
+realtime/storage/_codecs.c); ``delayserver._due_records`` checks and parses the delay-log
+records of due messages (see delayserver/_due_records.c; links zlib for CRC-32). All are
+optional: when no C compiler (or zlib header) is present the build goes on without them and the
+pure-Python twins (logstore.record, sdk.send_check, realtime.storage.message_record and
+consumer_log, delayserver.storage.due_records) do the work.
 """
 
 from setuptools import Extension, setup
@@ -16,5 +18,7 @@ setup(
         Extension("sdk._send_check", sources=["sdk/_send_check.c"], optional=True),
         Extension("realtime.storage._codecs", sources=["realtime/storage/_codecs.c"],
                   optional=True),
+        Extension("delayserver._due_records", sources=["delayserver/_due_records.c"],
+                  libraries=["z"], optional=True),
     ],
 )

@@ -528,20 +528,32 @@ class SegmentedLog:
                     gap_bytes_max: int = READ_RUN_GAP_BYTES_MAX) -> list[memoryview | None]:
         """The bodies of the records at ``offsets`` (ascending), whose body sizes the caller
         knows from an index: records of one segment lying within ``gap_bytes_max`` of each other
-        are fetched with one ``pread`` per run (at most ``READ_RUN_BYTES_MAX``) instead of one
-        each. Each record is checked like ``read`` (magic, version, length equal to the size
-        given, CRC); a record that fails, or an offset outside the log, gives None in its place,
-        so the caller can ``read`` it alone for the exact error."""
+        are fetched with one ``pread`` per run (``read_runs``) instead of one each. Each record
+        is checked like ``read`` (magic, version, length equal to the size given, CRC); a record
+        that fails, or an offset outside the log, gives None in its place, so the caller can
+        ``read`` it alone for the exact error."""
+        out: list[memoryview | None] = [None] * len(offsets)
+        limit = self.config.record_size_bytes_max
+        for data, run_start, i, j in self.read_runs(offsets, body_sizes, gap_bytes_max):
+            self._check_run(data, run_start, offsets, body_sizes, i, j, out, limit)
+        return out
+
+    def read_runs(self, offsets: Sequence[int], body_sizes: Sequence[int],
+                  gap_bytes_max: int = READ_RUN_GAP_BYTES_MAX,
+                  ) -> list[tuple[memoryview, int, int, int]]:
+        """The raw bytes behind ``read_bodies``, unchecked: (data, run start offset, i, j) per
+        run, ``data`` holding records i..j-1 of ``offsets`` (ascending, body sizes known) read
+        with one ``pread`` (shorter than asked only if the file was cut). Offsets outside the
+        log are in no run. For a caller that checks and parses records in one pass."""
         if self._closed:
             raise LogClosed(self.directory)
         count = len(offsets)
-        out: list[memoryview | None] = [None] * count
+        runs: list[tuple[memoryview, int, int, int]] = []
         if not count:
-            return out
+            return runs
         if self._pending and offsets[-1] + HEADER_SIZE_BYTES + body_sizes[-1] > (
                 self._end - self._buffered_bytes()):
             self.flush()
-        limit = self.config.record_size_bytes_max
         first_offset, end = self.first_offset, self._end
         # Run boundaries, found with C-level maps: a new run starts where the gap to the
         # previous record is too wide or a new segment begins.
@@ -561,42 +573,42 @@ class SegmentedLog:
                 segment, position = self._locate(offset)
                 # At most READ_RUN_BYTES_MAX per pread (at least one record).
                 j = max(i + 1, bisect.bisect_right(ends, offset + READ_RUN_BYTES_MAX, i, run_stop))
-                run_end = max(ends[i:j])
-                self._read_run(segment, position, offset, run_end, offsets, body_sizes, i, j,
-                               out, limit)
+                run_end = max(ends[i:j]) if j - i > 1 else ends[i]
+                runs.append((memoryview(segment.handle.pread(position, run_end - offset)),
+                             offset, i, j))
                 i = j
-        return out
+        return runs
 
     @staticmethod
-    def _read_run(segment: _Segment, position: int, offset: int, run_end: int,
-                  offsets: Sequence[int], body_sizes: Sequence[int], i: int, j: int,
-                  out: list[memoryview | None], limit: int) -> None:
-        """read_bodies of records i..j-1, which lie in ``segment`` between ``offset`` and
-        ``run_end``: one pread, then every record checked."""
-        data = memoryview(segment.handle.pread(position, run_end - offset))
+    def _check_run(data: memoryview, offset: int, offsets: Sequence[int],
+                   body_sizes: Sequence[int], i: int, j: int, out: list[memoryview | None],
+                   limit: int) -> None:
+        """Check records i..j-1 of a run read from ``offset`` into ``data``; the body of each
+        one that checks out goes to ``out``."""
         sizes = body_sizes[i:j]
-        if j - i >= 8 and len(data) == run_end - offset and max(sizes) <= limit:
-            # The whole run is there: check every record with C-level maps (no bytecode
-            # per record). Seeding the CRC with the caller's size and the standard
-            # magic/version/attributes makes one CRC call check the header too.
-            ats = [following - offset for following in offsets[i:j]]
-            starts = [at + HEADER_SIZE_BYTES for at in ats]
+        if j - i >= 8 and len(data) >= max(map(add, offsets[i:j], sizes)) - offset + (
+                HEADER_SIZE_BYTES) and max(sizes) <= limit:
+            # Every record is there: check them with C-level maps (no bytecode per record).
+            # Seeding the CRC with the caller's size and the standard magic/version/attributes
+            # makes one CRC call check the header too.
+            starts = [following - offset + HEADER_SIZE_BYTES for following in offsets[i:j]]
             bodies = list(map(data.__getitem__, map(slice, starts, map(add, starts, sizes))))
             crcs = map(crc32, bodies, map(CRC_SEEDS.__getitem__, sizes))
-            stored = map(LENGTH_CRC.unpack_from, repeat(data, len(ats)), ats)
+            stored = map(LENGTH_CRC.unpack_from, repeat(data, j - i),
+                         [start - HEADER_SIZE_BYTES for start in starts])
             out[i:j] = map(_body_if, map(eq, stored, zip(sizes, crcs)), bodies)
-        else:
-            for k in range(i, j):  # a few records, a short read (a file cut) or an odd size
-                at = offsets[k] - offset
-                size = body_sizes[k]
-                if at + HEADER_SIZE_BYTES + size > len(data) or size > limit:
-                    continue
-                body_length, crc, magic, version, _attributes = HEADER_STRUCT.unpack_from(data, at)
-                if body_length != size or magic != MAGIC or version != VERSION:
-                    continue
-                body = data[at + HEADER_SIZE_BYTES : at + HEADER_SIZE_BYTES + size]
-                if crc32(body, crc32(data[at + 8 : at + 12], crc32(data[at : at + 4]))) == crc:
-                    out[k] = body
+            return
+        for k in range(i, j):  # a few records, a short read (a file cut) or an odd size
+            at = offsets[k] - offset
+            size = body_sizes[k]
+            if at + HEADER_SIZE_BYTES + size > len(data) or size > limit:
+                continue
+            body_length, crc, magic, version, _attributes = HEADER_STRUCT.unpack_from(data, at)
+            if body_length != size or magic != MAGIC or version != VERSION:
+                continue
+            body = data[at + HEADER_SIZE_BYTES : at + HEADER_SIZE_BYTES + size]
+            if crc32(body, crc32(data[at + 8 : at + 12], crc32(data[at : at + 4]))) == crc:
+                out[k] = body
 
     def iterate(self, from_offset: int | None = None) -> Iterator[tuple[int, bytes]]:
         """Yield (offset, body) from ``from_offset`` (default: the first record) to the end.

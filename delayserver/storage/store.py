@@ -50,9 +50,6 @@ from delayserver.storage.delay_checkpoint import (
     encode_delay_checkpoint,
 )
 from delayserver.storage.delay_record import (
-    FIXED as DELAY_FIXED,
-    OVERHEAD_SIZE_BYTES as DELAY_OVERHEAD_BYTES,
-    SUBJECT_LENGTH as DELAY_SUBJECT_LENGTH,
     U64_MAX,
     DelayedRecord,
     decode_delay_header,
@@ -60,6 +57,7 @@ from delayserver.storage.delay_record import (
     encode_delay_record,
 )
 from delayserver.storage.done_log import DoneState, done_key
+from delayserver.storage.due_records import parse_due_run
 from delayserver.storage.done_record import KIND_CANCELLED, KIND_DISPATCHED, DoneRecord
 from delayserver.storage.errors import CorruptScheduleEntry, StoreClosed, StoreFailed
 from delayserver.storage.layout import DAY_MS, HOUR_MS, Layout
@@ -92,7 +90,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_DONE_RECORDS = 100_000  # dispatch/cancel records between checkpoints
 SCHEDULE_FLUSH_INTERVAL_MS = 1_000  # tick() writes the schedule buffer at least this often
 SUBJECT_CACHE_ENTRIES_MAX = 100_000  # subjects of read records kept for the pending counts
-SUBJECT_NAMES_MAX = 10_000  # distinct subjects whose decoded name read_payloads keeps
 EMPTY_BUCKETS_MAX = 100_000  # buckets known to have nothing pending (for buckets_with_pending)
 DELAY_LOG_WRITE_BUFFER_BYTES_MAX = 64 << 20  # a commit's batch reaches the OS in one write
 CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "already_past",
@@ -171,7 +168,6 @@ class DelayStore:
         self._last_schedule_flush_ms = now_ms
         self._subjects: dict[int, str] = {}
         self._subject_names: dict[str, str] = {}
-        self._subject_by_bytes: dict[bytes, str] = {}  # read_payloads: a subject decoded once
         self._empty_buckets: set[int] = set()
         # Exact pending counts of the buckets loaded or begun since open (``load_bucket``
         # counts them, or the bucket's first entry is committed now; commits, dispatches and
@@ -404,57 +400,38 @@ class DelayStore:
     def read_payloads(self, entries: Sequence[ScheduleEntry]) -> tuple[list[str], list[bytes]]:
         """The subject and the stored payload of each entry's record, in the order given: what
         dispatching needs, read batch-shaped. Records are fetched in delay-log order, runs of
-        neighbours with one ``pread`` each (``SegmentedLog.read_bodies``, which verifies each
-        record's CRC), and checked against their entry (length, due time, bucket, id hash)
-        without decoding the message or building a ``DelayedRecord``. A record that fails any
-        check is read alone with ``read``, which raises the exact error."""
+        neighbours with one ``pread`` each (``SegmentedLog.read_runs``), then checked (CRC) and
+        parsed against their entry (length, due time, bucket, id hash) a run at a time by
+        ``parse_due_run`` (C where built), without decoding the message or building a
+        ``DelayedRecord``. A record that fails any check is read alone with ``read``, which
+        raises the exact error."""
         self._check_open()
         count = len(entries)
         all_offsets = [entry.delay_log_offset for entry in entries]
         order = sorted(range(count), key=all_offsets.__getitem__)
-        bodies = self._log.read_bodies([all_offsets[i] for i in order],
-                                       [entries[i].size_bytes for i in order])
+        ordered = [entries[i] for i in order]
+        offsets = [entry.delay_log_offset for entry in ordered]
+        sizes = [entry.size_bytes for entry in ordered]
+        parsed: list[tuple[str, bytes] | None] = [None] * count
+        limit = self.config.record_size_bytes_max
+        for data, run_start, i, j in self._log.read_runs(offsets, sizes):
+            run = ordered[i:j]
+            parsed[i:j] = parse_due_run(
+                data, [offset - run_start for offset in offsets[i:j]], sizes[i:j],
+                [e.deliver_at_ms for e in run], [e.bucket_ms for e in run],
+                [e.id_hash for e in run], limit)
         subjects: list[str] = [""] * count
         payloads: list[bytes] = [b""] * count
-        names = self._subject_by_bytes
-        fixed = DELAY_FIXED.unpack_from
-        subject_length_of = DELAY_SUBJECT_LENGTH.unpack_from
-        crc32 = zlib.crc32
-        id_at, length_bytes = DELAY_FIXED.size, DELAY_SUBJECT_LENGTH.size
-        for position, body in zip(order, bodies):
-            entry = entries[position]
-            if body is not None and len(body) >= DELAY_OVERHEAD_BYTES:
-                deliver_at_ms, bucket_ms, id_length = fixed(body, 0)
-                subject_length_at = id_at + id_length
-                if (deliver_at_ms == entry.deliver_at_ms and bucket_ms == entry.bucket_ms
-                        and id_length and subject_length_at + length_bytes <= len(body)):
-                    (subject_length,) = subject_length_of(body, subject_length_at)
-                    payload_at = subject_length_at + length_bytes + subject_length
-                    if (subject_length and payload_at <= len(body)
-                            and crc32(body[id_at:subject_length_at]) == entry.id_hash):
-                        subject_bytes = body[subject_length_at + length_bytes:payload_at].tobytes()
-                        subject = names.get(subject_bytes)
-                        if subject is None:
-                            subject = self._subject_name(subject_bytes)
-                        if subject is not None:
-                            subjects[position] = subject
-                            payloads[position] = body[payload_at:].tobytes()
-                            continue
-            record = self.read(entry)  # raises what is wrong with it
-            subjects[position] = record.subject
-            payloads[position] = record.payload
+        names = self._subject_names
+        for position, entry, pair in zip(order, ordered, parsed):
+            if pair is None:
+                record = self.read(entry)  # raises what is wrong with it
+                pair = (record.subject, record.payload)
+            subject = pair[0]
+            # One str object per subject name, not one per message (they live in batches).
+            subjects[position] = names.get(subject) or names.setdefault(subject, subject)
+            payloads[position] = pair[1]
         return subjects, payloads
-
-    def _subject_name(self, subject_bytes: bytes) -> str | None:
-        """The subject decoded from a record (None if not UTF-8), remembered by its bytes."""
-        try:
-            subject = subject_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if len(self._subject_by_bytes) >= SUBJECT_NAMES_MAX:
-            self._subject_by_bytes.clear()
-        self._subject_by_bytes[subject_bytes] = subject
-        return subject
 
     def _checked_record(self, entry: ScheduleEntry, body: bytes) -> DelayedRecord:
         try:
