@@ -61,8 +61,8 @@ class Connection:
     """One persistent, pipelined connection to a broker. Make it with ``await Connection.open``.
 
     The socket is driven by an ``asyncio.Protocol`` (no reader task, no StreamReader): answers
-    are decoded as bytes arrive and handed to the future of their rid, and the requests made in
-    one event-loop turn leave in one write."""
+    are decoded as bytes arrive and handed to the future of their rid; the first request of an
+    event-loop turn is written at once and the rest of that turn's requests in one write."""
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -73,7 +73,8 @@ class Connection:
         self._decoder = FrameDecoder()
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._out: list[bytes] = []  # frames waiting for this turn's write
+        self._out: list[bytes] = []  # frames waiting for the end of this loop turn
+        self._wrote_this_turn = False  # a request went out directly in this loop turn
         self._writable: asyncio.Future[None] | None = None  # set while the socket is full
         self._close_error: ConnectionLost | None = None
         # A rid-less error answer: the broker rejected a frame and is about to close on us.
@@ -159,9 +160,14 @@ class Connection:
                 f"no answer from broker {self.address} to {op.get('op')} (rid {rid}) "
                 f"within {timeout_ms} ms"))
         try:
-            if not self._out:
-                loop.call_soon(self._flush)
-            self._out.append(data)
+            # The first request of a loop turn leaves at once; more from the same turn (the
+            # batches of one send_many) leave together when it ends.
+            if self._wrote_this_turn:
+                self._out.append(data)
+            elif self._transport is not None and not self._transport.is_closing():
+                self._wrote_this_turn = True
+                loop.call_soon(self._end_turn)
+                self._transport.write(data)
             if self._writable is not None:  # the socket is full: wait, as drain() would
                 await asyncio.wait((self._writable, future), return_when=asyncio.FIRST_COMPLETED)
             return await future
@@ -182,6 +188,10 @@ class Connection:
                 await self._lost_event.wait()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _end_turn(self) -> None:
+        self._wrote_this_turn = False
+        self._flush()
 
     def _flush(self) -> None:
         out = self._out

@@ -6,9 +6,10 @@ and calls the server's ``handle(session, request)`` coroutine, one task per requ
 poll never blocks the requests pipelined behind it on the same connection.
 
 Each connection is an ``asyncio.Protocol``: frames are decoded in ``data_received`` as bytes
-arrive, with no reader task and no StreamReader between the socket and the decoder, and the
-answers finished in one event-loop turn leave in one write (one system call for many answers
-under load). A client that does not read its answers is not read from until it does.
+arrive, with no reader task and no StreamReader between the socket and the decoder; the first
+answer finished in an event-loop turn is written at once and any more from the same turn leave
+together in one write when it ends (one system call for many answers under load, no added
+latency for a lone one). A client that does not read its answers is not read from until it does.
 
 A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
 the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
@@ -189,8 +190,8 @@ class FrameServer:
 
 class _FrameConnection(asyncio.Protocol):
     """One client connection of a FrameServer: frames are decoded as bytes arrive (no reader
-    task, no StreamReader), and answers finished in the same event-loop turn leave in one
-    write.
+    task, no StreamReader); the first answer of a loop turn is written at once, the rest of
+    that turn's answers in one write at its end.
 
     Backpressure: while the client does not read its answers (the transport's write buffer is
     over its high-water mark) no more requests are read from it."""
@@ -201,7 +202,8 @@ class _FrameConnection(asyncio.Protocol):
         self._decoder = FrameDecoder(server._max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self.session = Session(peer="?")
-        self._out: list[bytes] = []  # encoded answers waiting for this turn's write
+        self._out: list[bytes] = []  # encoded answers waiting for the end of this loop turn
+        self._wrote_this_turn = False  # an answer went out directly in this loop turn
         self._closing = False
         self._reading_paused = False  # by stop() or by backpressure
         self._write_paused = False
@@ -268,12 +270,24 @@ class _FrameConnection(asyncio.Protocol):
     # -- for the server -------------------------------------------------------------------------
 
     def send(self, response: dict[str, Any]) -> None:
-        """Queue one answer; the answers of this loop turn are written together at its end."""
+        """Write one answer: the first of a loop turn at once (no added latency), any more
+        finished in the same turn together, in one write when the turn ends."""
         if self._closing:
             return
-        if not self._out:
-            self._loop.call_soon(self._flush)
-        self._out.append(encode_frame(response))
+        data = encode_frame(response)
+        if self._wrote_this_turn:
+            self._out.append(data)
+            return
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        self._wrote_this_turn = True
+        self._loop.call_soon(self._end_turn)
+        transport.write(data)
+
+    def _end_turn(self) -> None:
+        self._wrote_this_turn = False
+        self._flush()
 
     def pause_reading(self) -> None:
         """Read no more requests from this client (the server is stopping)."""
