@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
@@ -344,36 +345,52 @@ class Broker:
         None for a duplicate."""
         tracing = self.tracer.enabled
         now_ms = self.clock() if tracing else 0
-        notify: set[str] = set()
+        messages = (batch[0].messages if len(batch) == 1
+                    else list(chain.from_iterable(request.messages for request in batch)))
+        subjects = set(map(_subjects_of, messages))
+        if (len(subjects) == 1 and None not in sequences
+                and sequences[-1] - sequences[0] == len(sequences) - 1):
+            # The usual commit: one subject, every message stored, in one run. Its requests
+            # are published together: one tail run, one call to the tracer.
+            subject = next(iter(subjects))
+            self._publish_run(subject, batch, messages, sequences)
+            if tracing:
+                self.tracer.stored(messages, sequences, now_ms)
+            self._notify(subject)
+            return
         position = 0
         for request in batch:
-            messages = request.messages
-            count = len(messages)
+            count = len(request.messages)
             request_sequences = sequences[position:position + count]
             position += count
-            subjects = set(map(_subjects_of, messages))
-            if (len(subjects) == 1 and None not in request_sequences
+            request_subjects = set(map(_subjects_of, request.messages))
+            if (len(request_subjects) == 1 and None not in request_sequences
                     and request_sequences[-1] - request_sequences[0] == count - 1):
-                # The usual request: one subject, every message stored, in one run.
-                self._publish_run(next(iter(subjects)), request, request_sequences)
+                self._publish_run(next(iter(request_subjects)), [request], request.messages,
+                                  request_sequences)
             else:
                 self._publish_each(request, request_sequences)
-            notify.update(subjects)
             if tracing:
-                self.tracer.stored(messages, request_sequences, now_ms)
-        for subject in notify:
+                self.tracer.stored(request.messages, request_sequences, now_ms)
+        for subject in subjects:
             self._notify(subject)
 
-    def _publish_run(self, subject: str, request: _SendRequest, sequences: list[int]) -> None:
-        """``_publish`` of a request whose messages all went to ``subject`` in one run."""
-        messages, payloads = request.messages, request.payloads
+    def _publish_run(self, subject: str, batch: list[_SendRequest], messages: list[Checked],
+                     sequences: list[int]) -> None:
+        """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
         stored = [{"id": message_id, "status": "stored"}
                   for message_id in map(_ids_of, messages)]
-        if request.slots is None:
-            request.results[:] = stored
-        else:
-            for slot, result in zip(request.slots, stored):
-                request.results[slot] = result
+        position = 0
+        for request in batch:
+            count = len(request.messages)
+            if request.slots is None:
+                request.results[:] = stored[position:position + count]
+            else:
+                for slot, result in zip(request.slots, stored[position:position + count]):
+                    request.results[slot] = result
+            position += count
+        payloads = (batch[0].payloads if len(batch) == 1
+                    else list(chain.from_iterable(request.payloads for request in batch)))
         entries: list[Entry] = list(zip(payloads, map(_tags_of, messages),
                                         map(_expiries_of, messages)))
         self._tail_add(subject, (sequences[0], entries, [sum(map(len, payloads))]))
@@ -419,16 +436,22 @@ class Broker:
         store = self.store
         assert store is not None
         try:
-            for request in batch:
-                messages = request.messages
-                tags = list(map(_tags_of, messages))
-                if any(tags):
-                    hashes: list[Any] = [[tag_hash(t) for t in message_tags] if message_tags
-                                         else () for message_tags in tags]
-                else:
-                    hashes = [()] * len(messages)
-                store.append_many(list(map(_subjects_of, messages)), list(map(_ids_of, messages)),
-                                  hashes, now_ms, request.payloads)
+            # The requests' messages as one set of columns: the store takes a run of one
+            # subject at a time, so requests of the same subject are checked, numbered and
+            # encoded together.
+            if len(batch) == 1:
+                messages, payloads = batch[0].messages, batch[0].payloads
+            else:
+                messages = list(chain.from_iterable(request.messages for request in batch))
+                payloads = list(chain.from_iterable(request.payloads for request in batch))
+            tags = list(map(_tags_of, messages))
+            if any(tags):
+                hashes: list[Any] = [[tag_hash(t) for t in message_tags] if message_tags
+                                     else () for message_tags in tags]
+            else:
+                hashes = [()] * len(messages)
+            store.append_many(list(map(_subjects_of, messages)), list(map(_ids_of, messages)),
+                              hashes, now_ms, payloads)
             sequences = store.commit_sequences()
         except BaseException:
             store.discard()  # no request of a failed commit may ride along with the next one

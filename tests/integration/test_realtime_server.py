@@ -13,6 +13,7 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from sdk.message import decode_message
 from sdk.protocol import encode_frame
+from sdk.trace import read_events
 from tests.harness import wait_for
 from tests.rawclient import FakeClock, RawClient, message
 
@@ -343,3 +344,31 @@ async def test_big_messages_are_split_over_pulls_that_each_fit_in_a_frame(client
 
 def test_frames_are_length_prefixed_msgpack_maps():
     assert encode_frame({"op": "x"})[:4] == struct.pack(">I", len(msgpack.packb({"op": "x"})))
+
+
+async def test_sends_committed_together_answer_each_message_and_deliver_every_stored_one(
+        server, clock):
+    """Requests that share a group commit: one subject over several requests, two subjects in
+    one request, an id sent twice in one commit. Each message gets its own answer, each stored
+    one is delivered once per subject in order, and each is traced as stored once."""
+    client = await RawClient.connect(server.port)
+    requests = [
+        [message("a", f"a{n}".encode(), clock, id=f"a{n}") for n in range(0, 5)],
+        [message("a", f"a{n}".encode(), clock, id=f"a{n}") for n in range(5, 9)],
+        [message("b", b"b0", clock, id="b0"), message("a", b"a9", clock, id="a9"),
+         message("b", b"b1", clock, id="b1")],
+        [message("a", b"again", clock, id="a3"), message("b", b"b2", clock, id="b2")],
+    ]
+    responses = await asyncio.gather(*(client.send(*request) for request in requests))
+    statuses = [[(r["id"], r["status"]) for r in response["results"]] for response in responses]
+    assert statuses[:3] == [[(m.id, "stored") for m in request] for request in requests[:3]]
+    assert statuses[3] == [("a3", "duplicate"), ("b2", "stored")]
+    a = await client.pull("a", "g", "c1", start="earliest")
+    b = await client.pull("b", "g", "c1", start="earliest")
+    assert bodies(a) == [f"a{n}".encode() for n in range(10)]
+    assert bodies(b) == [b"b0", b"b1", b"b2"]
+    await client.close()
+    server.trace.flush()
+    stored = [e["msg_id"] for e in read_events([server.config.trace_directory])
+              if e["event"] == "stored"]
+    assert sorted(stored) == sorted([f"a{n}" for n in range(10)] + ["b0", "b1", "b2"])

@@ -1,0 +1,77 @@
+"""Broker.send and its group commit, in-process: requests that share one commit each get their
+own answers, and every stored message reaches the tail, the pulls and the trace once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from realtime.broker import Broker
+from realtime.config import RealtimeConfig
+from realtime.tracing import BrokerTracer
+from sdk.message import Message, decode_message, encode_message
+from sdk.protocol import Pull
+from sdk.trace import TraceWriter, read_events
+from tests.rawclient import FakeClock
+
+
+@pytest.fixture
+async def broker(tmp_path):
+    clock = FakeClock()
+    broker = Broker(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), clock)
+    broker.tracer = BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt",
+                                             clock_ms=clock, background=False))
+    await broker.start()
+    yield broker
+    await broker.stop()
+
+
+def payload(subject: str, message_id: str, body: bytes, **fields) -> bytes:
+    return encode_message(Message.create(subject, body, now_ms=FakeClock()(), id=message_id,
+                                         **fields))
+
+
+async def send_in_one_commit(broker: Broker, requests: list[list[bytes]]) -> list[list]:
+    """Send every request before the committer runs: tasks start in order, each queues its
+    request, and the committer, woken by the first, runs after them all (asyncio is FIFO)."""
+    commits = []
+    broker.on_commit = commits.append
+    answers = await asyncio.gather(*(broker.send(request) for request in requests))
+    assert len(commits) == 1, f"the requests took {len(commits)} commits"
+    return answers
+
+
+async def bodies(broker: Broker, subject: str) -> list[bytes]:
+    pulled = await broker.pull(Pull(1, subject, "g", "c1", 100, 0, [], "earliest", False))
+    return [decode_message(p).body for p in pulled.payloads]
+
+
+async def test_requests_of_one_subject_in_one_commit_each_get_their_own_answers(broker):
+    requests = [[payload("a", f"a{n}", b"%d" % n) for n in range(first, first + 3)]
+                for first in (0, 3, 6)]
+    answers = await send_in_one_commit(broker, requests)
+    assert [[r["id"] for r in answer] for answer in answers] == [
+        ["a0", "a1", "a2"], ["a3", "a4", "a5"], ["a6", "a7", "a8"]]
+    assert all(r["status"] == "stored" for answer in answers for r in answer)
+    assert await bodies(broker, "a") == [b"%d" % n for n in range(9)]
+
+
+async def test_a_commit_of_mixed_subjects_bad_messages_and_a_repeated_id_answers_each(broker):
+    requests = [
+        [payload("a", "a0", b"a0"), payload("b", "b0", b"b0"), b"\xc1not a message"],
+        [payload("a", "a0", b"again"), payload("a", "a1", b"a1")],
+        [payload("b", "b1", b"b1", tags=("vip",))],
+    ]
+    answers = await send_in_one_commit(broker, requests)
+    assert [[(r["id"], r.get("status") or r["error"]["code"]) for r in answer]
+            for answer in answers] == [
+        [("a0", "stored"), ("b0", "stored"), ("", "bad_request")],
+        [("a0", "duplicate"), ("a1", "stored")],
+        [("b1", "stored")]]
+    assert await bodies(broker, "a") == [b"a0", b"a1"]
+    assert await bodies(broker, "b") == [b"b0", b"b1"]
+    broker.tracer.writer.flush()
+    stored = [e["msg_id"] for e in read_events([broker.tracer.writer.directory])
+              if e["event"] == "stored"]
+    assert sorted(stored) == ["a0", "a1", "b0", "b1"]
