@@ -142,7 +142,8 @@ class _IdMaker:
     counter tells one producer's messages apart) at a seventh of the cost: no syscall per id."""
 
     def __init__(self) -> None:
-        self._format = os.urandom(8).hex() + "%016x"
+        self._prefix = os.urandom(8).hex()
+        self._format = self._prefix + "%016x"
         self._counter = 0
 
     def __call__(self) -> str:
@@ -150,10 +151,23 @@ class _IdMaker:
         return self._format % self._counter
 
     def many(self, count: int) -> list[str]:
-        """``count`` fresh ids in one go (the ids of one ``send_many`` call)."""
+        """``count`` fresh ids in one go (the ids of one ``send_many`` call): the same strings
+        as ``count`` calls, made per 256 consecutive counters as one shared head plus its last
+        two hex digits from a table (a C-level concatenation per id, no formatting)."""
         first = self._counter + 1
-        self._counter += count
-        return list(map(self._format.__mod__, range(first, first + count)))
+        end = first + count
+        self._counter = end - 1
+        ids: list[str] = []
+        start = first
+        while start < end:
+            block_end = min(end, (start | 0xFF) + 1)  # the next multiple of 256
+            head = f"{self._prefix}{start >> 8:014x}"
+            ids += map(head.__add__, _LOW_HEX[start & 0xFF:(block_end - 1 & 0xFF) + 1])
+            start = block_end
+        return ids
+
+
+_LOW_HEX = tuple(f"{low:02x}" for low in range(256))  # the last two hex digits of a counter
 
 
 # Batches are kept per (subject, delayed): delayed messages go to delay servers.
@@ -345,7 +359,7 @@ class Producer:
             id=self._new_id(),
         )
         validate_message(template)
-        if any(type(body) is not bytes for body in bodies):
+        if set(map(type, bodies)) != {bytes}:  # a C pass; the loop below only when needed
             for body in bodies:
                 if not isinstance(body, (bytes, bytearray, memoryview)):
                     raise BadRequest(f"message field body must be bytes, got {type_name(body)}")

@@ -43,6 +43,9 @@ class Receipt(NamedTuple):
 
 _new_tuple = tuple.__new__  # Receipt without its generated __new__: the hot path makes many
 _get_id = itemgetter("id")
+# What ``settle`` returns as the reason when nothing is resent (never raised; made once rather
+# than per answer).
+_NO_ERROR = Internal("no error")
 
 
 class Call:
@@ -141,7 +144,7 @@ def settle(subject: str, broker_group: str, parts: list[Part],
             f"{len(results) if isinstance(results, list) else 'no'} results"
         )
     retry: list[Part] = []
-    retry_error: QmqError = Internal("no error")
+    retry_error: QmqError = _NO_ERROR
     pos = 0
     for part in parts:
         n = len(part.ids)
@@ -197,7 +200,7 @@ def _settle_one_by_one(subject: str, broker_group: str, part: Part,
     failures, which come back as a new part holding just those messages."""
     call = part.call
     keep: list[int] = []
-    error_kept: QmqError = Internal("no error")
+    error_kept: QmqError = _NO_ERROR
     for k, (message_id, result) in enumerate(zip(part.ids, results)):
         if type(result) is not dict or result.get("id") != message_id:
             keep.append(k)

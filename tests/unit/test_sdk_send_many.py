@@ -200,3 +200,15 @@ def test_splicing_is_refused_when_the_template_does_not_encode_canonically():
     payload = (b"\x84\xa1i\xa1x\xa1s\xa6orders\xa1b\xc4\x01y\xa1c\xce\x00\x00\x00\x05")
     fields = msgpack.unpackb(payload, raw=False)
     assert _spliced_payloads(payload, fields, {"i": ["a"], "b": [b"z"]}) is None
+
+
+def test_ids_made_in_bulk_are_the_ids_made_one_by_one_across_every_boundary():
+    from sdk.producer import _IdMaker
+
+    bulk, single = _IdMaker(), _IdMaker()
+    single._prefix, single._format = bulk._prefix, bulk._format
+    for count in (1, 254, 1, 256, 257, 1024, 3, 511, 1):
+        assert bulk.many(count) == [single() for _ in range(count)]
+    bulk._counter = single._counter = 2**40 - 3  # the shared head changes mid-call
+    assert bulk.many(600) == [single() for _ in range(600)]
+    assert len({*bulk.many(1000)}) == 1000 and bulk() == single._format % (single._counter + 1001)
