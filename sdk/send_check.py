@@ -26,6 +26,8 @@ from sdk.limits import (
     MAX_PROPERTIES,
     MAX_PROPERTY_KEY_BYTES,
     MAX_PROPERTY_VALUE_BYTES,
+    MAX_TAG_BYTES,
+    MAX_TAGS,
 )
 from sdk.message import (
     ORIGIN_ID_PROPERTY,
@@ -76,7 +78,7 @@ class QuickCheck:
         if _check_many_c is None or type(payloads) is not list:
             return list(map(self.check, payloads, repeat(deliver_at_max_ms)))
         out = _check_many_c(payloads, deliver_at_max_ms, self._valid_subjects, Checked,
-                            MAX_BODY_BYTES, MAX_MESSAGE_ID_CHARS)
+                            MAX_BODY_BYTES, MAX_MESSAGE_ID_CHARS, MAX_TAGS, MAX_TAG_BYTES)
         if None in out:
             check = self.check
             for index, checked in enumerate(out):

@@ -151,7 +151,7 @@ needs_c = pytest.mark.skipif(check_many_c is None, reason="sdk._send_check not b
 
 def c_check(data: object, subjects: set[str]) -> Checked | None:
     (out,) = check_many_c([data], DELIVER_AT_MAX_MS, subjects, Checked, MAX_BODY_BYTES,
-                          MAX_MESSAGE_ID_CHARS)
+                          MAX_MESSAGE_ID_CHARS, MAX_TAGS, MAX_TAG_BYTES)
     return out
 
 
@@ -168,7 +168,7 @@ def test_the_c_twin_decides_only_as_the_python_check_does(fields, mutation):
     expected = python.check(data, DELIVER_AT_MAX_MS)
     decided = c_check(data, python._valid_subjects)
     assert decided is None or (decided == expected and type(decided) is Checked)
-    if mutation is None and "t" not in fields and "p" not in fields:
+    if mutation is None and "p" not in fields:
         assert decided == expected  # the shapes it is for are decided in C
 
 
@@ -181,14 +181,17 @@ def test_the_c_twin_leaves_bytes_that_are_not_a_message_to_the_python_check(data
 
 @needs_c
 def test_the_c_twin_defers_every_cut_of_a_valid_payload_and_anything_not_bytes():
-    data = payload(d=NOW_MS, x=NOW_MS + 1, r=2)
-    assert c_check(data, {"orders"}) == Checked("m-1", "orders", (), NOW_MS + 1, NOW_MS, NOW_MS,
-                                                2, None)
+    data = payload(d=NOW_MS, x=NOW_MS + 1, r=2, t=["vip", "é"])
+    assert c_check(data, {"orders"}) == Checked("m-1", "orders", ("vip", "é"), NOW_MS + 1,
+                                                NOW_MS, NOW_MS, 2, None)
     for cut in range(len(data)):
         assert c_check(data[:cut], {"orders"}) is None
     assert c_check(data + b"\x00", {"orders"}) is None
     assert c_check(bytearray(data), {"orders"}) is None
     assert c_check(data, set()) is None  # a subject the Python check has not validated yet
+    bad_utf8 = payload(t=["v"]).replace(b"\xa1v", b"\xa1\xff")  # a tag that is not UTF-8
+    assert c_check(bad_utf8, {"orders"}) is None
+    assert QuickCheck().check(bad_utf8, DELIVER_AT_MAX_MS) is None
 
 
 @pytest.mark.parametrize("fields", [{}, {"t": ["vip"]}, {"s": "new.subject"}, {"c": -1},
@@ -207,6 +210,11 @@ EDGE_CASES = [
     ("c", 2**64 - 1), ("c", 1.5), ("c", True), ("c", None), ("d", DELIVER_AT_MAX_MS),
     ("d", DELIVER_AT_MAX_MS + 1), ("d", -1), ("d", None), ("x", -(2**63)), ("x", None),
     ("x", 2**63), ("r", None), ("r", -1), ("r", 0), ("r", 2**64 - 1), ("zz", 1), ("i", ...),
+    ("t", []), ("t", ["vip"]), ("t", ["t"] * MAX_TAGS), ("t", ["t"] * (MAX_TAGS + 1)),
+    ("t", [""]), ("t", ["t" * MAX_TAG_BYTES]), ("t", ["t" * (MAX_TAG_BYTES + 1)]),
+    ("t", ["é" * (MAX_TAG_BYTES // 2)]), ("t", ["é" * (MAX_TAG_BYTES // 2 + 1)]),
+    ("t", ["\U0001f600", "a"]), ("t", [1]), ("t", "vip"), ("t", None), ("t", [b"vip"]),
+    ("t", [["a"]]),
 ]
 
 
