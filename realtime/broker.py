@@ -446,8 +446,10 @@ class Broker:
                 payloads = list(chain.from_iterable(request.payloads for request in batch))
             tags = list(map(_tags_of, messages))
             if any(tags):
-                hashes: list[Any] = [[tag_hash(t) for t in message_tags] if message_tags
-                                     else () for message_tags in tags]
+                # Messages of a batch share a few tag sets: hash each distinct set once.
+                hashes_of = {message_tags: tuple(map(tag_hash, message_tags))
+                             for message_tags in set(tags)}
+                hashes: list[Any] = list(map(hashes_of.__getitem__, tags))
             else:
                 hashes = [()] * len(messages)
             store.append_many(list(map(_subjects_of, messages)), list(map(_ids_of, messages)),

@@ -143,11 +143,16 @@ class WriteBatch:
             if longest > self.record_size_bytes_max:
                 raise ValueError
             if any(tag_hashes):
-                blooms = [self._bloom(hashes) for hashes in tag_hashes]
+                if set(map(type, tag_hashes)) == {tuple}:
+                    # A batch's messages share a few tag sets: one bloom per distinct set.
+                    bloom_of = {hashes: self._bloom(hashes) for hashes in set(tag_hashes)}
+                    blooms = list(map(bloom_of.__getitem__, tag_hashes))
+                else:
+                    blooms = [self._bloom(hashes) for hashes in tag_hashes]
             else:
                 blooms = [0] * len(payloads)
             return message_ids, ids_utf8, blooms, payloads
-        except (ValueError, UnicodeEncodeError):
+        except (ValueError, TypeError, UnicodeEncodeError):
             # Find and name the message at fault the way a single append does.
             for message_id, hashes, payload in zip(message_ids, tag_hashes, payloads):
                 check_message(subject, message_id, hashes, payload, self.record_size_bytes_max)

@@ -391,8 +391,8 @@ def test_append_many_gives_what_the_same_appends_one_at_a_time_give(tmp_path_fac
         size = max(1, len(batch) // (chunks + 1))
         for start in range(0, len(batch), size):
             chunk = batch[start:start + size]
-            many.append_many([m[0] for m in chunk], [m[1] for m in chunk], [m[2] for m in chunk],
-                             T0, [m[3] for m in chunk])
+            many.append_many([m[0] for m in chunk], [m[1] for m in chunk],
+                             [tuple(m[2]) for m in chunk], T0, [m[3] for m in chunk])
         expected = one.commit()
         assert many.commit_sequences() == [None if a.duplicate else a.sequence for a in expected]
     assert many.end_sequences() == one.end_sequences()
@@ -401,6 +401,14 @@ def test_append_many_gives_what_the_same_appends_one_at_a_time_give(tmp_path_fac
             assert many.read(subject, sequence) == one.read(subject, sequence)
     one.close()
     many.close()
+
+
+@pytest.mark.parametrize("hashes", [((1 << 32),), (-1,), ([1],), ("1",)])
+def test_a_bad_tag_hash_in_append_many_is_a_value_error(data_dir, hashes):
+    store = open_store(data_dir)
+    with pytest.raises(ValueError, match="tag hash"):
+        store.append_many(["s", "s"], ["a", "b"], [(1, 2), hashes], T0, [b"1", b"2"])
+    assert store.commit_sequences() == []
 
 
 def test_a_bad_message_in_append_many_buffers_none_of_the_batch(data_dir):
