@@ -643,6 +643,14 @@ class Scheduler:
         "already_past" (its bucket is finished: too late) or "unknown". A cancelled message is
         never delivered."""
         assert self.store is not None
+        # Not while a bucket is being loaded: a load that read the message as pending before
+        # the cancel was recorded would put it into the wheel after this looked there, and it
+        # would be delivered although the answer was "cancelled".
+        async with self._preload_lock:
+            return await self._cancel_unloading(message_id, deliver_at_ms)
+
+    async def _cancel_unloading(self, message_id: str, deliver_at_ms: int) -> str:
+        assert self.store is not None
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.store.done_before())
         id_hash = zlib.crc32(message_id.encode("utf-8"))
         keys = [k for k in self._keys_of_hash(id_hash) if self._tracked[k].bucket_ms == bucket_ms]

@@ -1,0 +1,92 @@
+"""The delay scheduler's window and dispatch path against races with loads, cancels and bad
+records: the Scheduler alone, a fake clock, a recording dispatch function, no sleeping for time
+(only event-loop turns and waits on the scheduler's own tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from delayserver.config import DelayConfig
+from delayserver.scheduler import Scheduler
+from sdk.message import decode_message, encode_message
+from tests.rawclient import FakeClock, message
+
+BUCKET_MS = 1_000
+
+
+class Broker:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.received: list[tuple[int, Any]] = []
+
+    async def dispatch(self, subject: str, payloads: list[bytes]):
+        for payload in payloads:
+            self.received.append((self.clock(), decode_message(payload)))
+        return "rt", [{"id": decode_message(p).id, "status": "stored"} for p in payloads]
+
+    def bodies(self) -> list[bytes]:
+        return [m.body for _, m in self.received]
+
+
+async def started(tmp_path, clock, broker, **overrides) -> Scheduler:
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, **overrides)
+    scheduler = Scheduler(config, clock, broker.dispatch)
+    await scheduler.start()
+    return scheduler
+
+
+async def settle(scheduler: Scheduler) -> None:
+    """Let the dispatcher look at the (fake) time and finish what it started."""
+    for _ in range(5):
+        scheduler.poke()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        if scheduler._preload_task is not None:
+            await asyncio.wait({scheduler._preload_task}, timeout=5)
+        tasks = set(scheduler._dispatch_tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+
+async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_delivered(
+        tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker, preload_buckets=1)
+    try:
+        due = scheduler.bucket_of(clock()) + 5 * BUCKET_MS + 500  # beyond the window: disk only
+        doomed = message("s", b"doomed", clock, deliver_at_ms=due)
+        kept = message("s", b"kept", clock, deliver_at_ms=due)
+        answers = await scheduler.schedule([encode_message(doomed), encode_message(kept)])
+        assert {a["status"] for a in answers} == {"stored"}
+        assert len(scheduler._tracked) == 0
+
+        # Hold the bucket's load on the I/O thread until the cancel has queued its work.
+        store = scheduler.store
+        load = store.load_bucket_slice
+        go, loading = threading.Event(), threading.Event()
+
+        def held_load(*args):
+            loading.set()
+            go.wait(10)
+            return load(*args)
+
+        store.load_bucket_slice = held_load
+        clock.advance(5 * BUCKET_MS)  # the bucket enters the window: the dispatcher loads it
+        scheduler.poke()
+        while not loading.is_set():
+            await asyncio.sleep(0)
+        cancel = asyncio.create_task(scheduler.cancel(doomed.id, due))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        go.set()
+        assert await cancel == "cancelled"
+        await settle(scheduler)
+        clock.advance(BUCKET_MS)
+        await settle(scheduler)
+        assert broker.bodies() == [b"kept"], "a cancelled message is never delivered"
+    finally:
+        await scheduler.stop()
