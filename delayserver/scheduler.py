@@ -410,6 +410,10 @@ class Scheduler:
                 self._next_load_ms = horizon_ms + self.config.bucket_ms
                 break
             bucket_ms = buckets[0]
+            # The buckets before it had nothing when listed: count them as loaded now, in the
+            # same turn, so a message committed into one after the listing tracks itself
+            # (otherwise it stayed on disk, below _next_load_ms, and was never dispatched).
+            self._next_load_ms = bucket_ms
             self._loading_bucket_ms = bucket_ms
             try:
                 await self._load_slice(bucket_ms, 0)

@@ -90,3 +90,47 @@ async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_del
         assert broker.bodies() == [b"kept"], "a cancelled message is never delivered"
     finally:
         await scheduler.stop()
+
+
+async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_is_delivered(
+        tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker, preload_buckets=3)
+    try:
+        now_bucket = scheduler.bucket_of(clock())
+        later = message("s", b"later", clock, deliver_at_ms=now_bucket + 5 * BUCKET_MS + 10)
+        assert (await scheduler.schedule([encode_message(later)]))[0]["status"] == "stored"
+        await settle(scheduler)
+        assert len(scheduler._tracked) == 0, "beyond the window: on disk only"
+
+        store = scheduler.store
+        listing = store.buckets_with_pending
+        go, loading = threading.Event(), threading.Event()
+
+        def held_listing(*args):
+            found = listing(*args)
+            loading.set()
+            go.wait(10)
+            return found
+
+        store.buckets_with_pending = held_listing
+        clock.advance(2 * BUCKET_MS)  # the later message's bucket enters the window
+        scheduler.poke()
+        while not loading.is_set():
+            await asyncio.sleep(0)
+        # Meanwhile a message for the bucket before it, which had nothing when the loader
+        # listed the buckets to load (its commit reaches the I/O thread before the load).
+        sooner = message("s", b"sooner", clock, deliver_at_ms=now_bucket + 4 * BUCKET_MS + 10)
+        send = asyncio.create_task(scheduler.schedule([encode_message(sooner)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        go.set()
+        assert (await send)[0]["status"] == "stored"
+        await settle(scheduler)
+        clock.advance(4 * BUCKET_MS)
+        await settle(scheduler)
+        assert broker.bodies() == [b"sooner", b"later"]
+        assert all(at >= m.deliver_at_ms for at, m in broker.received)
+    finally:
+        await scheduler.stop()
