@@ -517,8 +517,21 @@ class Scheduler:
             subjects, payloads = await self._io(self.store.read_payloads, chunk)
         except Exception as exc:
             log.exception("reading %d due messages failed", len(chunk))
-            self._retry(chunk, f"read failed: {exc}")
-            return
+            if len(chunk) == 1:
+                self._retry(chunk, f"read failed: {exc}")
+                return
+            # Read them one by one, so a bad record is retried (and reported) alone instead of
+            # holding back every message of its chunk with it, retry after retry.
+            results = await self._io(self._read_each, chunk)
+            failed = [e for e, r in zip(chunk, results) if isinstance(r, Exception)]
+            if failed:
+                self._retry(failed, f"read failed: {exc}")
+            read = [(e, r) for e, r in zip(chunk, results) if not isinstance(r, Exception)]
+            if not read:
+                return
+            chunk = [e for e, _ in read]
+            subjects = [r[0] for _, r in read]
+            payloads = [r[1] for _, r in read]
         size = self.config.dispatch_batch_max
         if subjects.count(subjects[0]) == len(subjects):  # one subject: the usual hot slot
             groups = [(subjects[0], chunk, payloads)]
@@ -536,6 +549,20 @@ class Scheduler:
         await asyncio.gather(*(
             one(subject, entries[start:start + size], batch[start:start + size])
             for subject, entries, batch in groups for start in range(0, len(entries), size)))
+
+    def _read_each(self, chunk: list[ScheduleEntry]) -> list[tuple[str, bytes] | Exception]:
+        """(subject, payload) of each entry read alone, or the exception its read raised."""
+        assert self.store is not None
+        out: list[tuple[str, bytes] | Exception] = []
+        for entry in chunk:
+            try:
+                subjects, payloads = self.store.read_payloads([entry])
+                out.append((subjects[0], payloads[0]))
+            except Exception as exc:
+                log.error("due message at delay-log offset %d of bucket %d unreadable: %s",
+                          entry.delay_log_offset, entry.bucket_ms, exc)
+                out.append(exc)
+        return out
 
     async def _dispatch_batch(self, subject: str, entries: list[ScheduleEntry],
                               payloads: list[bytes]) -> None:

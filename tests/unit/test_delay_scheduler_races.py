@@ -134,3 +134,32 @@ async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_i
         assert all(at >= m.deliver_at_ms for at, m in broker.received)
     finally:
         await scheduler.stop()
+
+
+async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_read_with_it(
+        tmp_path):
+    import os
+
+    from logstore.faults import flip_bit
+
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 100
+        sent = [message("s", b"m%d" % i, clock, deliver_at_ms=due) for i in range(5)]
+        answers = await scheduler.schedule([encode_message(m) for m in sent])
+        assert {a["status"] for a in answers} == {"stored"}
+        bad = sorted(scheduler._tracked.values(), key=lambda e: e.delay_log_offset)[2]
+        segment_dir = scheduler.store.layout.delaylog_dir
+        [segment] = [os.path.join(segment_dir, name) for name in os.listdir(segment_dir)
+                     if name.endswith(".log")]
+        flip_bit(segment, bad.delay_log_offset + 12 + bad.size_bytes - 1)  # its last body byte
+        clock.advance(100)
+        await settle(scheduler)
+        clock.advance(60_000)  # time for any retries
+        await settle(scheduler)
+        assert sorted(broker.bodies()) == [b"m0", b"m1", b"m3", b"m4"]
+        assert bad.delay_log_offset in scheduler._tracked, "kept, not dropped silently"
+    finally:
+        await scheduler.stop()
