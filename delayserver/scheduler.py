@@ -185,6 +185,11 @@ class Scheduler:
         for task in self._dispatch_tasks:
             task.cancel()
         await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
+        # Confirmed batches the recorder had not reached when the grace time ran out: record
+        # them below with the rest, or a restart would dispatch them again.
+        for batch in self._to_record:
+            self._unrecorded.extend(batch.entries)
+        self._to_record = []
         if self.store is not None:
             if not self.write_failed:  # a failed store refuses writes until reopened
                 await self.record_unrecorded()
@@ -639,8 +644,7 @@ class Scheduler:
                 for batch in waiting:
                     self._confirmed(batch)
         finally:
-            # Cancelled (stop) with batches queued: they stay in flight, unrecorded, and a
-            # restart dispatches them again.
+            # Cancelled (stop) with batches queued: stop() records them.
             self._recording = False
 
     def _confirmed(self, batch: _Confirmed) -> None:

@@ -163,3 +163,60 @@ async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_
         assert bad.delay_log_offset in scheduler._tracked, "kept, not dropped silently"
     finally:
         await scheduler.stop()
+
+
+async def test_dispatches_confirmed_but_not_yet_recorded_when_the_grace_time_ends_are_not_sent_again_after_a_restart(  # noqa: E501
+        tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    later_confirmed = asyncio.Event()
+    plain_dispatch = broker.dispatch
+
+    async def dispatch(subject, payloads):
+        if decode_message(payloads[0]).body == b"later":
+            await later_confirmed.wait()
+        return await plain_dispatch(subject, payloads)
+
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, dispatch_batch_max=1, shutdown_grace_ms=0)
+    scheduler = Scheduler(config, clock, dispatch)
+    await scheduler.start()
+    due = clock() + 100
+    sent = [message("s", body, clock, deliver_at_ms=due) for body in (b"first", b"later")]
+    answers = await scheduler.schedule([encode_message(m) for m in sent])
+    assert {a["status"] for a in answers} == {"stored"}
+
+    # Hold the first batch's dispatch record on the I/O thread; the second batch is confirmed
+    # meanwhile and waits in the recorder's queue when stop() runs out of grace time.
+    store = scheduler.store
+    record = store.record_dispatched
+    go, recording = threading.Event(), threading.Event()
+
+    def held_record(*args):
+        recording.set()
+        go.wait(10)
+        return record(*args)
+
+    store.record_dispatched = held_record
+    clock.advance(100)
+    scheduler.poke()
+    while not recording.is_set():
+        await asyncio.sleep(0)
+    later_confirmed.set()
+    while len(broker.received) < 2:
+        await asyncio.sleep(0)
+    stop = asyncio.create_task(scheduler.stop())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    go.set()
+    await stop
+
+    again = Broker(clock)
+    restarted = await started(tmp_path, clock, again)
+    try:
+        clock.advance(60_000)
+        await settle(restarted)
+        assert sorted(broker.bodies()) == [b"first", b"later"]
+        assert again.bodies() == [], "a confirmed dispatch is never sent again after a restart"
+    finally:
+        await restarted.stop()
