@@ -350,7 +350,15 @@ static PyObject *check_many(PyObject *module, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        /* check_one allocates tuples, which can run the garbage collector and so any
+         * finalizer, which could shrink the list and free a payload being read: hold the
+         * payload, and look at the list's size again each time. */
+        if (i >= PyList_GET_SIZE(payloads)) {
+            PyErr_SetString(PyExc_RuntimeError, "payloads changed size during check_many");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *payload = Py_NewRef(PyList_GET_ITEM(payloads, i));
         PyObject *checked;
         if (PyBytes_CheckExact(payload)) {
             checked = check_one((const unsigned char *)PyBytes_AS_STRING(payload),
@@ -358,6 +366,7 @@ static PyObject *check_many(PyObject *module, PyObject *args)
         } else {
             checked = Py_NewRef(Py_None);
         }
+        Py_DECREF(payload);
         if (checked == NULL) {
             Py_DECREF(out);
             return NULL;

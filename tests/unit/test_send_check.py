@@ -3,6 +3,10 @@ same fields, and defers everything else to it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -200,6 +204,34 @@ def test_check_many_gives_what_check_gives_payload_by_payload(fields):
     payloads = [payload(i=f"m-{n}", **fields) for n in range(3)] + [b"\xc1", payload()]
     assert QuickCheck().check_many(payloads, DELIVER_AT_MAX_MS) == [
         QuickCheck().check(p, DELIVER_AT_MAX_MS) for p in payloads]
+
+
+@needs_c
+def test_the_c_twin_survives_a_finalizer_that_empties_the_batch_while_it_reads():
+    # Tuples the C twin allocates can run the garbage collector, and with it any finalizer;
+    # one that empties the list must not leave the C loop reading freed memory. In a child
+    # process: the bug this guards against is a segfault.
+    script = textwrap.dedent("""
+        import gc, msgpack
+        from sdk._send_check import check_many
+        from sdk.send_check import Checked
+        payloads = [msgpack.packb({"i": "m", "s": "o", "b": b"", "c": 1, "t": ["a"]},
+                                  use_bin_type=True) for _ in range(4)]
+        args = (payloads, 10**13, {"o"}, Checked, 1 << 22, 128, 10, 64)
+        class EmptiesTheBatch:
+            def __del__(self):
+                payloads.clear()
+        gc.set_threshold(1)
+        cycle = EmptiesTheBatch(); cycle.me = cycle; del cycle
+        try:
+            check_many(*args)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "payloads changed size during check_many\n"
 
 
 EDGE_CASES = [
