@@ -152,6 +152,14 @@ static PyObject *parse_due_run(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *item = NULL;
+        /* parse_one allocates tuples, which can run the garbage collector and so any
+         * finalizer, which could shrink a list: look at the sizes again each time. */
+        for (int l = 0; l < 5; l++) {
+            if (PyList_GET_SIZE(lists[l]) <= k) {
+                PyErr_SetString(PyExc_RuntimeError, "a list changed size during parse_due_run");
+                goto fail;
+            }
+        }
         PyObject *at_object = PyList_GET_ITEM(lists[0], k);
         uint64_t fields[4]; /* size, due, bucket, id hash */
         int bad = 0;

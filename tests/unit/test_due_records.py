@@ -3,6 +3,9 @@ malformed runs of delay-log records, and the Python twin's answers are the right
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import zlib
 
 import pytest
@@ -115,3 +118,35 @@ def test_both_twins_agree_on_any_corruption_of_a_run(data):
     ats = [a + data.draw(st.sampled_from([0, 0, 0, -1, 1, 13])) for a in ats]
     both(bytes(corrupted[:cut]), ats, sizes, [7, 8, 9, 10], [BUCKET_MS] * 4,
          [zlib.crc32(i) for i in ids])
+
+
+@pytest.mark.skipif(parse_due_run_c is None, reason="delayserver._due_records not built")
+def test_the_c_twin_survives_a_finalizer_that_empties_a_list_while_it_parses():
+    # Tuples the C twin allocates can run the garbage collector, and with it any finalizer;
+    # one that empties a list must not leave the C loop indexing past it. In a child process:
+    # the bug this guards against is a segfault.
+    script = textwrap.dedent("""
+        import gc, zlib
+        from delayserver._due_records import parse_due_run
+        from delayserver.storage.delay_record import encode_delay_record
+        from logstore.record import encode_record
+        body = encode_delay_record(5, 5, b"m", b"o", b"p")
+        framed = encode_record(body)
+        ats = [k * len(framed) for k in range(4)]
+        args = (framed * 4, ats, [len(body)] * 4, [5] * 4, [5] * 4, [zlib.crc32(b"m")] * 4,
+                1 << 20)
+        class EmptiesTheRun:
+            def __del__(self):
+                ats.clear()
+        keep = [(k, -k) for k in range(5000)]  # empties the 2-tuple free list
+        gc.set_threshold(1)
+        cycle = EmptiesTheRun(); cycle.me = cycle; del cycle
+        try:
+            parse_due_run(*args)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "a list changed size during parse_due_run\n"
