@@ -135,6 +135,17 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
                           &columns[1], &PyList_Type, &columns[2], &PyList_Type, &columns[3])) {
         return NULL;
     }
+    if (subject_size > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
+        return NULL;
+    }
+    Py_ssize_t count;
+    if (same_lengths(columns, 4, &count) < 0) {
+        return NULL;
+    }
+    if (count == 0) {
+        return PyList_New(0); /* as the twin: no record, so no timestamp_ms field to check */
+    }
     PyObject *holder = PyList_New(1); /* get_field reads from a list */
     if (holder == NULL) {
         return NULL;
@@ -144,14 +155,6 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
     int bad = get_field(holder, 0, UINT64_MAX, "timestamp_ms", &timestamp);
     Py_DECREF(holder);
     if (bad < 0) {
-        return NULL;
-    }
-    if (subject_size > 0xFFFF) {
-        PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
-        return NULL;
-    }
-    Py_ssize_t count;
-    if (same_lengths(columns, 4, &count) < 0) {
         return NULL;
     }
     PyObject *out = PyList_New(count);

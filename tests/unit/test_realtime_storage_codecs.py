@@ -90,6 +90,12 @@ def test_a_batch_record_field_out_of_its_width_is_a_value_error(column, ts, seq,
 
 
 @COLUMN_KINDS
+@pytest.mark.parametrize("ts", [-1, 1 << 64, 1.5, None])
+def test_an_empty_batch_of_records_is_empty_whatever_its_timestamp(column, ts):
+    # No record, so no field to encode: both twins answer [] (the C one used to raise).
+    assert encode_subject_records(ts, "s", column([]), column([]), column([]), column([])) == []
+
+@COLUMN_KINDS
 def test_batch_columns_of_different_lengths_are_a_value_error(column):
     with pytest.raises(ValueError, match="differ in length"):
         encode_subject_records(0, "s", column([1, 2]), column([0]), column([b"i"] * 2),
