@@ -62,9 +62,16 @@ TAIL_BYTES_MAX = 64 << 20
 # Consumer-log entries one pull looks at (after tag and expiry filtering) before it answers.
 PULL_SCAN_ENTRIES_MAX = 10_000
 
-# The msgpack bytes of the payload key "x" (expire_at_ms, a fixstr of 1 byte): a payload that
-# does not contain them has no expiry, so a pull without tags need not decode it.
+# The msgpack bytes the payload key "x" (expire_at_ms) can take: a fixstr of 1 byte, as our
+# encoder writes it, or a str 8/16/32 from another encoder (msgpack allows each). A payload that
+# contains none of them has no expiry, so a pull without tags need not decode it.
 _EXPIRE_KEY = b"\xa1x"
+_EXPIRE_KEYS_LONGHAND = (b"\xd9\x01x", b"\xda\x00\x01x", b"\xdb\x00\x00\x00\x01x")
+
+
+def _may_expire(payload: bytes) -> bool:
+    """False only when ``payload`` certainly has no expire_at_ms (no encoding of its key)."""
+    return _EXPIRE_KEY in payload or any(key in payload for key in _EXPIRE_KEYS_LONGHAND)
 
 
 class Pulled(NamedTuple):
@@ -647,7 +654,7 @@ class Broker:
                 if payloads and len(stored.payload) > budget_bytes:
                     new_cursor = stored.sequence  # the rest waits for the next pull
                     break
-                if not tags and _EXPIRE_KEY not in stored.payload:
+                if not tags and not _may_expire(stored.payload):
                     # Nothing to check without a decode: no tag filter, and the payload has no
                     # expire_at_ms (its key's bytes do not occur in it). It was validated when
                     # it was sent and its CRC verified on this read.
