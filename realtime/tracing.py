@@ -290,8 +290,9 @@ class BrokerTracer:
             found = [member for first, last in firsts
                      for member in map(pop, range(first, last + 1), repeat(None))]
         else:  # wide ranges over few holdings: walk the holdings
-            starts = [first for first, _ in firsts]
-            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, firsts, starts)]]
+            disjoint = _merged(firsts)
+            starts = [first for first, _ in disjoint]
+            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, disjoint, starts)]]
         lines = [f"{start}{member}{end}" for member in found if type(member) is str]
         from_store = [member for member in found if type(member) is int]
         if not held:
@@ -353,6 +354,21 @@ class BrokerTracer:
         return [c for (s, k, c) in self._held if s == subject and k == key]
 
 
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted inclusive ranges made disjoint (a client may send them overlapping or nested),
+    so a bisect on their starts finds the one range that holds a value."""
+    merged: list[tuple[int, int]] = []
+    for first, last in ranges:
+        if merged and first <= merged[-1][1]:
+            if last > merged[-1][1]:
+                merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
+
+
 def _in_ranges(value: int, ranges: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether ``value`` lies in one of the sorted, disjoint ``ranges`` (``starts`` their
+    firsts)."""
     index = bisect.bisect_right(starts, value) - 1
     return index >= 0 and ranges[index][0] <= value <= ranges[index][1]

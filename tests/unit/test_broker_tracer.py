@@ -25,6 +25,7 @@ def pulled_entries(count: int) -> list[dict]:
     ([(2, 4)], ["m2", "m3", "m4"]),  # narrow: walks the sequences
     ([(7, 7), (0, 1), (1, 2)], ["m0", "m1", "m2", "m7"]),  # overlapping: each acked once
     ([(0, 99)], [f"m{i}" for i in range(10)]),  # wide: walks the holdings
+    ([(0, 60), (1, 2)], [f"m{i}" for i in range(10)]),  # wide, one inside another
     ([(5, 3), (20, 30)], []),  # empty or outside what is held
 ])
 def test_an_ack_traces_exactly_the_held_entries_in_its_ranges_once_each(tmp_path, ranges,
