@@ -35,7 +35,7 @@ from sdk.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
 from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
-from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
+from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_PULL_WAIT_MS
 from sdk.message import (
     ORIGIN_ID_PROPERTY,
     decode_message,
@@ -43,7 +43,7 @@ from sdk.message import (
     tag_hash,
     validate_message,
 )
-from sdk.protocol import Ack, Heartbeat, Pull
+from sdk.protocol import Ack, Heartbeat, Leave, Pull
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -156,6 +156,10 @@ class Broker:
         # answers without any when cursor == end.
         self._known_cursors: dict[tuple[str, str], int] = {}
         self._release_rounds = 0  # expiry rounds that released something; see _pull_once
+        # (subject, pull-log group, consumer id) -> event-loop time of its last leave: a long
+        # poll that began before it ends empty instead of taking entries for a consumer that is
+        # gone. Forgotten once no pull can be that old (MAX_PULL_WAIT_MS).
+        self._left_at_s: dict[tuple[str, str, str], float] = {}
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
         # For metrics, read at scrape time: [messages, payload bytes] stored per subject (counted
         # per commit and subject, not per message), messages refused per error code, long polls
@@ -497,14 +501,22 @@ class Broker:
         """
         key = group_key(request.group, request.consumer_id, request.broadcast)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.wait_ms / 1000
+        started_s = loop.time()
+        deadline = started_s + request.wait_ms / 1000
         tags = frozenset(request.tags)
+        leave_key = (request.subject, key, request.consumer_id)
+        left_at_s = self._left_at_s
         while True:
-            if gone is not None and gone():
+            if (gone is not None and gone()) or left_at_s.get(leave_key, -1.0) >= started_s:
                 return NOTHING_PULLED
             event = self._event(request.subject)
             self._touch(request.subject, key, request.consumer_id)
             pulled = await self._pull_once(request, key, tags)
+            if pulled.payloads and left_at_s.get(leave_key, -1.0) >= started_s:
+                # The consumer left while this pull was recording entries for it: hand them
+                # on like the leave did with the rest.
+                await self._release_consumer([leave_key])
+                return NOTHING_PULLED
             if pulled.payloads:
                 self._touch(request.subject, key, request.consumer_id)
                 return pulled
@@ -788,6 +800,41 @@ class Broker:
             for key in self._keys_for(subject, group, request.consumer_id):
                 self._touch(subject, key, request.consumer_id)
 
+    async def leave(self, request: Leave) -> int:
+        """A consumer closing: hand everything it holds of the pairs it names to the others of
+        its groups now, and end its waiting long polls. Returns how many entries it released."""
+        consumers = [(subject, key, request.consumer_id)
+                     for subject, group in request.subscriptions
+                     for key in self._keys_for(subject, group, request.consumer_id)]
+        now_s = asyncio.get_running_loop().time()
+        left_at_s = self._left_at_s
+        for old in [k for k, at_s in left_at_s.items() if at_s < now_s - MAX_PULL_WAIT_MS / 1000]:
+            del left_at_s[old]  # no pull that began before it can still be waiting
+        for leave_key in consumers:
+            left_at_s[leave_key] = now_s
+            self._notify(leave_key[0])  # its long polls wake and see the leave
+        return await self._release_consumer(consumers)
+
+    async def _release_consumer(self, consumers: list[tuple[str, str, str]]) -> int:
+        released = await self._pulllog_io(self._remove_consumers_io, consumers, self.clock())
+        self._after_release(released)
+        return sum(released.values())
+
+    def _remove_consumers_io(self, consumers: list[tuple[str, str, str]],
+                             now_ms: int) -> dict[tuple[str, str], int]:
+        pulllog = self.pulllog
+        assert pulllog is not None
+        released: dict[tuple[str, str], int] = {}
+        for subject, key, consumer_id in consumers:
+            self._last_seen.get((subject, key), {}).pop(consumer_id, None)
+            if not pulllog.has_group(subject, key):
+                continue
+            count = len(pulllog.remove_consumer(subject, key, consumer_id, now_ms))
+            if count:
+                released[(subject, key)] = released.get((subject, key), 0) + count
+                self._prune_traced(subject, key)
+        return released
+
     # ------------------------------------------------------------------ background loops
 
     async def _expiry_loop(self) -> None:
@@ -802,12 +849,17 @@ class Broker:
     async def expire_now(self) -> int:
         """Release timed-out and offline consumers' entries to the others; returns how many."""
         released = await self._pulllog_io(self._expire_io, self.clock())
+        self._after_release(released)
+        return sum(released.values())
+
+    def _after_release(self, released: dict[tuple[str, str], int]) -> None:
+        """Entries went back to the redelivery queues of these groups: the next pulls must ask
+        the pull log (not the tail), and waiting long polls wake to take them."""
         if released:
             self._release_rounds += 1
         for subject, key in released:
             self._known_cursors.pop((subject, key), None)
             self._notify(subject)
-        return sum(released.values())
 
     def _expire_io(self, now_ms: int) -> dict[tuple[str, str], int]:
         pulllog = self.pulllog
@@ -826,11 +878,18 @@ class Broker:
                     seen.pop(consumer.consumer, None)
             if count:
                 released[(subject, key)] = count
-                if self.tracer.enabled:
-                    for consumer_id in self.tracer.consumers(subject, key):
-                        self.tracer.prune(subject, key, consumer_id, {
-                            e.pull_seq for e in pulllog.unacked(subject, key, consumer_id)})
+                self._prune_traced(subject, key)
         return released
+
+    def _prune_traced(self, subject: str, key: str) -> None:
+        """After a release (pull-log thread): the tracer forgets the entries no consumer of the
+        group holds any more."""
+        if self.tracer.enabled:
+            pulllog = self.pulllog
+            assert pulllog is not None
+            for consumer_id in self.tracer.consumers(subject, key):
+                self.tracer.prune(subject, key, consumer_id, {
+                    e.pull_seq for e in pulllog.unacked(subject, key, consumer_id)})
 
     async def _flush_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000

@@ -38,7 +38,7 @@ FSYNC_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0
 COMMIT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 # Every op a realtime broker can be asked (anything else is counted as "other").
-REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "cancel", "subjects",
+REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "leave", "cancel", "subjects",
                "browse", "purge", "other")
 
 

@@ -25,7 +25,7 @@ from sdk.framed_server import FrameServer, Session
 from sdk.metrics_http import MetricsListener
 from sdk.payload_sender import PayloadSender
 from sdk.protocol import (
-    Ack, Browse, Cancel, Heartbeat, Hello, Nack, Pull, Purge, Request, Send, Subjects,
+    Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
     pull_response,
 )
 from sdk.registration import Registration
@@ -174,7 +174,7 @@ class RealtimeServer:
         grant = await self.gate.grant(session.token, session.app)
         if isinstance(request, (Pull, Ack, Nack)):
             grant.check_consume(request.subject)
-        elif isinstance(request, Heartbeat):
+        elif isinstance(request, (Heartbeat, Leave)):
             for subject, _group in request.subscriptions:
                 grant.check_consume(subject)
         elif isinstance(request, (Subjects, Browse, Purge)):
@@ -196,6 +196,8 @@ class RealtimeServer:
         if isinstance(request, Heartbeat):
             broker.heartbeat(request)
             return {"ok": True}
+        if isinstance(request, Leave):
+            return {"released": await broker.leave(request)}
         if isinstance(request, Nack):
             return {"nacked": await self.nacks.nack(request)}
         if isinstance(request, Cancel):

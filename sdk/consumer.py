@@ -18,8 +18,10 @@ Shape of a running consumer (one per process and group is typical):
   (``/api/clients/heartbeat``) that this consumer is alive, every ``heartbeat_interval_ms``.
 
 Delivery is at least once. A message not acked within the group's ack timeout (60 s by default,
-on the broker) is handed out again; so are prefetched messages that were never handed to the
-application when the consumer closed.
+on the broker) is handed out again. ``close()`` ends with op leave to every broker: what the
+consumer still holds (prefetched and never handed to the application, or not acked) goes to the
+group's other consumers at once; a consumer that dies without closing loses it to them after
+the broker's consumer expiry (30 s).
 
 Retries (DESIGN.md 8): ``msg.nack()`` hands the message back; the broker re-publishes a copy with
 ``retries + 1`` through a delay server to ``%retry%<subject>%<group>`` on the group's backoff
@@ -461,8 +463,8 @@ class Consumer:
 
     async def close(self) -> None:
         """Graceful close: stop pulling, wait up to ``close_timeout_ms`` for running handlers,
-        send pending acks, close connections. Iterators end; prefetched messages that were never
-        handed out are redelivered by the broker after the ack timeout."""
+        send pending acks, leave (each broker hands what this consumer still holds, prefetched
+        or unacked, to the group's other consumers at once), close connections. Iterators end."""
         if self._closing:
             await self._closed.wait()
             return
@@ -475,6 +477,7 @@ class Consumer:
             if self._heartbeat_task is not None:
                 self._heartbeat_task.cancel()
                 await asyncio.gather(self._heartbeat_task, return_exceptions=True)
+            await self._leave()
         finally:
             await self._pool.close()
             await self._routes.close()
@@ -734,9 +737,8 @@ class Consumer:
             await self.heartbeat()
             await asyncio.sleep(self.heartbeat_interval_ms / 1000)
 
-    async def heartbeat(self) -> None:
-        """Tell each broker we pull from, and the MetaServer, that this consumer is alive.
-        Failures are logged as warnings: the next heartbeat (or pull) tries again."""
+    def _pairs_by_address(self) -> dict[str, list[list[str]]]:
+        """The [subject, group] pairs this consumer pulls from each broker address."""
         by_address: dict[str, list[list[str]]] = {}
         for sub in self._subscriptions.values():
             for (source, _group), address in sub.addresses.items():
@@ -744,13 +746,29 @@ class Consumer:
                 pairs = by_address.setdefault(address, [])
                 if pair not in pairs:
                     pairs.append(pair)
+        return by_address
 
+    async def _to_brokers(self, op: str, by_address: dict[str, list[list[str]]]) -> None:
+        """Send a heartbeat or leave to each broker; a failure is logged as a warning (the
+        next heartbeat or pull tries again; without a leave the broker hands the consumer's
+        messages on when it expires)."""
         async def to_broker(address: str, subscriptions: list[list[str]]) -> None:
-            op = {"op": "heartbeat", "consumer_id": self.consumer_id, "subscriptions": subscriptions}
+            request = {"op": op, "consumer_id": self.consumer_id, "subscriptions": subscriptions}
             try:
-                await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
+                await self._pool.request(address, request, CONTROL_TIMEOUT_MS)
             except QmqError as exc:
-                log.warning("heartbeat to broker %s failed: %s", address, exc)
+                log.warning("%s to broker %s failed: %s", op, address, exc)
+
+        await asyncio.gather(*(to_broker(a, s) for a, s in by_address.items()))
+
+    async def _leave(self) -> None:
+        """Tell every broker we pulled from that this consumer is gone, so what it still holds
+        (prefetched, never handed out, or not acked) goes to the group's others at once."""
+        await self._to_brokers("leave", self._pairs_by_address())
+
+    async def heartbeat(self) -> None:
+        """Tell each broker we pull from, and the MetaServer, that this consumer is alive.
+        Failures are logged as warnings: the next heartbeat (or pull) tries again."""
 
         async def to_meta() -> None:
             try:
@@ -761,7 +779,7 @@ class Consumer:
             except QmqError as exc:
                 log.warning("heartbeat to the MetaServer failed: %s", exc)
 
-        await asyncio.gather(to_meta(), *(to_broker(a, s) for a, s in by_address.items()))
+        await asyncio.gather(to_meta(), self._to_brokers("heartbeat", self._pairs_by_address()))
 
 
 __all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]

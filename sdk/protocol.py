@@ -247,6 +247,18 @@ class Heartbeat:
 
 
 @dataclass(slots=True)
+class Leave:
+    """A consumer closing gracefully: the broker hands what it still holds (pulled, not acked)
+    of these (subject, group) pairs to the group's other consumers at once, instead of after
+    the consumer expiry time."""
+
+    op: ClassVar[str] = "leave"
+    rid: int
+    consumer_id: str
+    subscriptions: list[tuple[str, str]]
+
+
+@dataclass(slots=True)
 class Subjects:
     """Admin: the subjects a realtime broker stores whose name starts with ``prefix``."""
 
@@ -277,7 +289,8 @@ class Purge:
     through_sequence: int
 
 
-Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Subjects, Browse, Purge]
+Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Leave, Subjects, Browse,
+                Purge]
 
 _MISSING = object()
 
@@ -520,19 +533,27 @@ def _parse_cancel(f: _Fields, rid: int) -> Cancel:
     return Cancel(rid, ids, due)
 
 
-def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:
-    consumer_id = f.client_id("consumer_id")
+def _subscriptions(f: _Fields, op: str) -> list[tuple[str, str]]:
+    """The ``subscriptions`` field of a heartbeat or leave: [subject, group] pairs."""
     subscriptions: list[tuple[str, str]] = []
     for item in f.array("subscriptions"):
         if not (isinstance(item, list) and len(item) == 2):
             raise BadRequest(
-                f"heartbeat.subscriptions must hold [subject, group] pairs, got {type_name(item)}"
+                f"{op}.subscriptions must hold [subject, group] pairs, got {type_name(item)}"
             )
         subject, group = item
         validate_subject(subject, allow_internal=True)
         validate_group(group)
         subscriptions.append((subject, group))
-    return Heartbeat(rid, consumer_id, subscriptions)
+    return subscriptions
+
+
+def _parse_heartbeat(f: _Fields, rid: int) -> Heartbeat:
+    return Heartbeat(rid, f.client_id("consumer_id"), _subscriptions(f, "heartbeat"))
+
+
+def _parse_leave(f: _Fields, rid: int) -> Leave:
+    return Leave(rid, f.client_id("consumer_id"), _subscriptions(f, "leave"))
 
 
 def _parse_subjects(f: _Fields, rid: int) -> Subjects:
@@ -596,6 +617,7 @@ _PARSERS = {
     "nack": _parse_nack,
     "cancel": _parse_cancel,
     "heartbeat": _parse_heartbeat,
+    "leave": _parse_leave,
     "subjects": _parse_subjects,
     "browse": _parse_browse,
     "purge": _parse_purge,
@@ -743,6 +765,7 @@ __all__ = [
     "Nack",
     "Cancel",
     "Heartbeat",
+    "Leave",
     "Subjects",
     "Browse",
     "Purge",

@@ -99,3 +99,33 @@ async def test_a_message_not_acked_within_the_ack_timeout_is_delivered_again(clu
         waited_s = again[0].at - first.at
         # The broker stamps the pull a moment before the client sees it: allow 0.2 s of that.
         assert waited_s >= ACK_TIMEOUT_MS / 1000 - 0.2, f"{message_id} back after {waited_s:.2f} s"
+
+
+@pytest.mark.timeout(90)
+async def test_messages_a_closing_consumer_still_holds_go_to_the_others_at_once(cluster):
+    # Ack timeout and consumer expiry of 10 minutes: what comes back within the test came back
+    # because the closing consumer left.
+    cluster.start_meta()
+    cluster.start_broker("rt1", "--ack-timeout-ms", "600000", "--consumer-expiry-ms", "600000")
+    await registered(cluster, "rt1")
+    subject, group = "orders.leave", "billing"
+    ids = [f"leave-{i:03d}" for i in range(100)]
+    async with qmq.Producer(cluster.meta_url) as producer:
+        await send_all(producer, subject, ids)
+
+    async with qmq.Consumer(cluster.meta_url, group=group, start="earliest") as closing:
+        async for msg in closing.subscribe(subject):
+            handled = msg.id
+            await msg.ack()
+            break  # the rest of its pull stays prefetched, never handed to the application
+
+    ledger = Ledger()
+    staying = await RunningConsumer(cluster.meta_url, group, subject, ledger,
+                                    name="staying").start()
+    try:
+        await wait_for(lambda: ledger.ids >= set(ids) - {handled}, 30,
+                       "the closing consumer's prefetched messages to reach the other")
+    finally:
+        await close_all([staying])
+    assert ledger.ids == set(ids) - {handled}
+    assert ledger.duplicates() == {}

@@ -12,7 +12,7 @@ from logstore.faults import FaultPlan
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from sdk.message import decode_message, encode_message
-from sdk.protocol import encode_frame
+from sdk.protocol import Leave, encode_frame
 from sdk.trace import read_events
 from tests.harness import wait_for
 from tests.rawclient import FakeClock, RawClient, message
@@ -142,6 +142,52 @@ async def test_an_expired_consumers_unacked_messages_go_to_the_others(server, cl
         await server.broker.expire_now()
     taken = await client.pull("s", "g", "survivor")
     assert sorted(bodies(taken)) == [b"1", b"2"]
+
+
+async def test_a_consumer_that_leaves_hands_what_it_holds_to_the_others_at_once(client, clock):
+    await client.send(*(message("s", b"%d" % i, clock) for i in range(4)))
+    held = await client.pull("s", "g", "leaving", start="earliest")
+    assert len(held["payloads"]) == 4
+    await client.ack("s", "g", "leaving", [[0, 0]])
+    left = await client.request({"op": "leave", "consumer_id": "leaving",
+                                 "subscriptions": [["s", "g"]]})
+    assert left["released"] == 3
+    # No time has passed: neither the ack timeout nor the consumer expiry is behind this.
+    taken = await client.pull("s", "g", "staying")
+    assert sorted(bodies(taken)) == [b"1", b"2", b"3"]
+    assert taken["redelivered"] == [1, 1, 1]
+    again = await client.request({"op": "leave", "consumer_id": "leaving",
+                                  "subscriptions": [["s", "g"], ["never.pulled", "g"]]})
+    assert again["released"] == 0, "leaving twice, or a pair never pulled, releases nothing"
+
+
+async def test_a_long_poll_of_a_consumer_that_leaves_ends_empty_and_takes_nothing(client, clock):
+    await client.pull("s", "g", "leaving", start="earliest")
+    poll = asyncio.create_task(client.pull("s", "g", "leaving", wait_ms=10_000))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await client.request({"op": "leave", "consumer_id": "leaving", "subscriptions": [["s", "g"]]})
+    assert (await asyncio.wait_for(poll, 5))["payloads"] == []
+    await client.send(message("s", b"after", clock))
+    assert bodies(await client.pull("s", "g", "staying")) == [b"after"]
+
+
+async def test_entries_a_pull_records_while_its_consumer_leaves_go_to_the_others(
+        server, client, clock):
+    await client.send(*(message("s", b"%d" % i, clock) for i in range(2)))
+    broker = server.broker
+    pull_once = broker._pull_once
+
+    async def leave_meanwhile(request, key, tags):
+        # The leave is answered between the pull's start and its trip to the pull log.
+        await broker.leave(Leave(0, "leaving", [("s", "g")]))
+        return await pull_once(request, key, tags)
+
+    broker._pull_once = leave_meanwhile
+    assert (await client.pull("s", "g", "leaving", start="earliest"))["payloads"] == []
+    broker._pull_once = pull_once
+    taken = await client.pull("s", "g", "staying")
+    assert sorted(bodies(taken)) == [b"0", b"1"]
 
 
 async def test_every_broadcast_consumer_gets_every_message(client, clock):

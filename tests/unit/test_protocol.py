@@ -37,6 +37,7 @@ from sdk.protocol import (
     FrameDecoder,
     Heartbeat,
     Hello,
+    Leave,
     Nack,
     Pull,
     Purge,
@@ -252,6 +253,7 @@ VALID_REQUESTS = [
     Browse(rid=12, subject="%dead%orders%billing", from_sequence=7, max_count=50),
     Browse(rid=13, subject="orders", from_sequence=None, max_count=1),
     Purge(rid=14, subject="%dead%orders%billing", through_sequence=41),
+    Leave(rid=15, consumer_id="c", subscriptions=[("s", "g"), ("%retry%s%g", "g")]),
 ]
 
 
@@ -356,6 +358,9 @@ def _wire(req) -> dict:
         (13, "subject", "%retry%orders%billing", "is not a dead-letter subject"),
         (13, "through_sequence", None, "purge.through_sequence must be int, got NoneType"),
         (13, "through_sequence", -1, r"purge.through_sequence -1 is outside 0\.\."),
+        (14, "subscriptions", [["s"]], "leave.subscriptions must hold"),
+        (14, "subscriptions", [["bad subject", "g"]], "not a valid name"),
+        (14, "consumer_id", 7, "leave.consumer_id must be str, got int"),
     ],
 )
 def test_a_wrong_field_is_a_bad_request_naming_the_field_and_its_type(base, field, value, words):
