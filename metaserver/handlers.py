@@ -111,6 +111,12 @@ async def client_heartbeat(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).client_heartbeat(**body))
 
 
+async def client_leave(request: web.Request) -> web.Response:
+    """``POST /api/clients/leave``: a client closing gracefully is offline at once."""
+    body = await _body(request, v.CLIENT_LEAVE)
+    return web.json_response(await _registry(request).client_leave(**body))
+
+
 async def admin_brokers(request: web.Request) -> web.Response:
     """``GET /api/admin/brokers``."""
     _query(request, {})  # takes none: a typo'd filter is a 400, not ignored
@@ -233,6 +239,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/brokers/deregister", deregister_broker)
     app.router.add_get("/api/route", route)
     app.router.add_post("/api/clients/heartbeat", client_heartbeat)
+    app.router.add_post("/api/clients/leave", client_leave)
     app.router.add_get("/api/admin/brokers", admin_brokers)
     app.router.add_get("/api/admin/subjects", admin_subjects)
     app.router.add_get("/api/admin/groups", admin_groups)

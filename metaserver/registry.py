@@ -384,6 +384,20 @@ class Registry:
 
         return await self._write(body)
 
+    async def client_leave(self, client_id: str) -> dict[str, Any]:
+        """Mark a client offline now (it closed), instead of after ``client_expiry_ms``.
+        ``known`` says whether the client had ever sent a heartbeat."""
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            client = await s.get(Client, client_id)
+            if client is None:
+                return {"ok": True, "known": False}
+            client.online = False
+            client.last_seen_ms = self.clock()
+            return {"ok": True, "known": True}
+
+        return await self._write(body)
+
     # -- admin views ----------------------------------------------------------------------------
 
     async def list_brokers(self) -> list[dict[str, Any]]:

@@ -236,6 +236,10 @@ CLIENT_HEARTBEAT = {
     "role": Field(str, check=one_of(*ROLES)),
 }
 
+CLIENT_LEAVE = {
+    "client_id": Field(str, check=check_nonempty),
+}
+
 READONLY = {
     "group": Field(str, check=check_name),
     "readonly": Field(bool),

@@ -763,8 +763,15 @@ class Consumer:
 
     async def _leave(self) -> None:
         """Tell every broker we pulled from that this consumer is gone, so what it still holds
-        (prefetched, never handed out, or not acked) goes to the group's others at once."""
-        await self._to_brokers("leave", self._pairs_by_address())
+        (prefetched, never handed out, or not acked) goes to the group's others at once, and
+        the MetaServer, so it no longer counts as online. A failure is a warning."""
+        async def to_meta() -> None:
+            try:
+                await self._routes.client_leave(client_id=self.consumer_id)
+            except QmqError as exc:
+                log.warning("leave to the MetaServer failed: %s", exc)
+
+        await asyncio.gather(to_meta(), self._to_brokers("leave", self._pairs_by_address()))
 
     async def heartbeat(self) -> None:
         """Tell each broker we pull from, and the MetaServer, that this consumer is alive.

@@ -215,6 +215,11 @@ class RouteCache:
                 "role": role}
         await self._call("POST", "/api/clients/heartbeat", json=body)
 
+    async def client_leave(self, *, client_id: str) -> None:
+        """``POST /api/clients/leave`` (the client is closing: offline at once); raises
+        MetaUnavailable or the MetaServer's error."""
+        await self._call("POST", "/api/clients/leave", json={"client_id": client_id})
+
     async def close(self) -> None:
         """Close the HTTP session if this cache made it."""
         if self._session is not None and self._owns_session:

@@ -442,6 +442,23 @@ async def test_admin_groups_report_lag_summed_over_brokers_from_the_latest_backl
     assert (billing["online_clients"], billing["lag"], billing["brokers"]) == (1, 7, 1)
 
 
+async def test_a_client_that_leaves_is_offline_at_once_and_comes_back_with_its_next_heartbeat(
+    api: Api, clock: FakeClock
+) -> None:
+    body = {"client_id": "c1", "app": "a", "group": "g", "subjects": ["s"], "role": "consumer"}
+    await api.ok("POST", "/api/clients/heartbeat", body)
+    await api.ok("POST", "/api/clients/heartbeat", {**body, "client_id": "c2"})
+    assert await api.ok("POST", "/api/clients/leave", {"client_id": "c1"}) == {
+        "ok": True, "known": True}
+    [group] = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert group["online_clients"] == 1, "no waiting for the client expiry"
+    assert await api.ok("POST", "/api/clients/leave", {"client_id": "never-seen"}) == {
+        "ok": True, "known": False}
+    await api.ok("POST", "/api/clients/heartbeat", body)
+    [group] = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert group["online_clients"] == 2
+
+
 async def test_clients_unseen_for_exactly_the_expiry_stay_online_and_one_ms_later_go_offline(
     api: Api, clock: FakeClock
 ) -> None:

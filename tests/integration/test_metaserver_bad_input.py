@@ -41,6 +41,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/api/brokers/deregister": {"group": "rt-gone", "address": "127.0.0.1:9"},
     "/api/clients/heartbeat": {"client_id": "c1", "app": "shop", "group": "g",
                                "subjects": ["s"], "role": "consumer"},
+    "/api/clients/leave": {"client_id": "c1"},
     "/api/admin/brokers/readonly": {"group": "rt1", "readonly": False},
     "/api/admin/dead/redrive": {"subject": "s", "group": "g", "ids": ["m1"]},
     "/api/admin/dead/purge": {"subject": "s", "group": "g", "through_sequence": 3},

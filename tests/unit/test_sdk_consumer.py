@@ -113,6 +113,24 @@ async def test_graceful_close_sends_pending_acks(meta, broker_a):
     assert broker_a.ack_ranges == [[[1, 2]]]
 
 
+async def test_close_leaves_every_broker_it_pulled_from_and_the_metaserver_after_its_last_acks(
+        meta, broker_a, broker_b):
+    meta.set_route("orders", [broker_a, broker_b])
+    broker_a.publish("orders", b"1")
+    c = consumer(meta)
+    async with c:
+        [msg] = await take(c.subscribe("orders"), 1)
+        await msg.ack()
+        await broker_b.wait_until(lambda: any(r["op"] == "pull" for r in broker_b.requests))
+        assert broker_a.leaves == [] and meta.leaves == []
+    for broker in (broker_a, broker_b):
+        assert [(r["consumer_id"], r["subscriptions"]) for r in broker.leaves] == [
+            ("c1", [["orders", "billing"]])]
+    ops = [r["op"] for r in broker_a.requests]
+    assert ops.index("leave") > ops.index("ack"), "acks first: a leave hands on what is unacked"
+    assert meta.leaves == [{"client_id": "c1"}]
+
+
 async def test_close_ends_the_iterator(meta, broker_a):
     meta.set_route("orders", [broker_a])
     c = consumer(meta, wait_ms=60_000)

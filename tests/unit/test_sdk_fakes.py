@@ -41,6 +41,7 @@ class FakeBroker:
         self.stored: dict[str, Message] = {}
         self.ack_ranges: list[list[list[int]]] = []  # the ranges of each ack op
         self.heartbeats: list[dict[str, Any]] = []
+        self.leaves: list[dict[str, Any]] = []
         self._ready: dict[str, list[Message]] = {}
         self._next_pull_seq: dict[str, int] = {}
         self._faults: dict[str, list[tuple[str, Any]]] = {}
@@ -172,6 +173,9 @@ class FakeBroker:
         if req.op == "heartbeat":
             self.heartbeats.append(frame)
             return {"rid": rid, "ok": True}
+        if req.op == "leave":
+            self.leaves.append(frame)
+            return {"rid": rid, "released": 0}
         if req.op == "nack":
             raise error_from_wire("not_supported", "nack needs the delay server")
         raise error_from_wire("bad_request", f"fake broker does not do {req.op}")
@@ -200,6 +204,7 @@ class FakeMeta:
         self.version = 1
         self.route_requests: list[dict[str, str]] = []
         self.heartbeats: list[dict[str, Any]] = []
+        self.leaves: list[dict[str, Any]] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Condition()
@@ -212,6 +217,7 @@ class FakeMeta:
         app = web.Application()
         app.router.add_get("/api/route", self._route)
         app.router.add_post("/api/clients/heartbeat", self._heartbeat)
+        app.router.add_post("/api/clients/leave", self._leave)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -247,6 +253,10 @@ class FakeMeta:
             for b in brokers
         ]
         return web.json_response({"subject": subject, "version": self.version, "groups": groups})
+
+    async def _leave(self, request: web.Request) -> web.Response:
+        self.leaves.append(await request.json())
+        return web.json_response({"ok": True, "known": True})
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         self.heartbeats.append(await request.json())
