@@ -279,20 +279,18 @@ class BrokerTracer:
         writer = self.writer
         assert writer is not None
         start, end = writer.frame("acked", now_ms, consumer_members(key, consumer))
-        firsts = sorted(ranges)
+        firsts = _merged(sorted(ranges))  # a client may send them overlapping or nested
         span = sum(last - first + 1 for first, last in firsts)
         found: list[str | int | None]
         if span <= 2 * len(held):
             # Walk the acked sequences: the cost follows the ack, not what the consumer holds
-            # (a consumer with many in flight acks a few at a time). Popping settles an entry
-            # named twice by overlapping ranges once.
+            # (a consumer with many in flight acks a few at a time).
             pop = held.pop
             found = [member for first, last in firsts
                      for member in map(pop, range(first, last + 1), repeat(None))]
         else:  # wide ranges over few holdings: walk the holdings
-            disjoint = _merged(firsts)
-            starts = [first for first, _ in disjoint]
-            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, disjoint, starts)]]
+            starts = [first for first, _ in firsts]
+            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, firsts, starts)]]
         lines = [f"{start}{member}{end}" for member in found if type(member) is str]
         from_store = [member for member in found if type(member) is int]
         if not held:
@@ -355,8 +353,8 @@ class BrokerTracer:
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted inclusive ranges made disjoint (a client may send them overlapping or nested),
-    so a bisect on their starts finds the one range that holds a value."""
+    """Sorted inclusive ranges made disjoint, so each sequence is walked once and a bisect on
+    their starts finds the one range that holds a value."""
     merged: list[tuple[int, int]] = []
     for first, last in ranges:
         if merged and first <= merged[-1][1]:
