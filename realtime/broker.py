@@ -71,7 +71,9 @@ _EXPIRE_KEYS_LONGHAND = (b"\xd9\x01x", b"\xda\x00\x01x", b"\xdb\x00\x00\x00\x01x
 
 def _may_expire(payload: bytes) -> bool:
     """False only when ``payload`` certainly has no expire_at_ms (no encoding of its key)."""
-    return _EXPIRE_KEY in payload or any(key in payload for key in _EXPIRE_KEYS_LONGHAND)
+    # Every longhand form ends in b"\x01x": one search rules them all out in the usual case.
+    return _EXPIRE_KEY in payload or (
+        b"\x01x" in payload and any(key in payload for key in _EXPIRE_KEYS_LONGHAND))
 
 
 class Pulled(NamedTuple):
