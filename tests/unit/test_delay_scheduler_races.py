@@ -30,12 +30,37 @@ class Broker:
         return [m.body for _, m in self.received]
 
 
-async def started(tmp_path, clock, broker, **overrides) -> Scheduler:
+async def started(tmp_path, clock, dispatch, **overrides) -> Scheduler:
     config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
                          trace=False, **overrides)
-    scheduler = Scheduler(config, clock, broker.dispatch)
+    scheduler = Scheduler(config, clock, dispatch)
     await scheduler.start()
     return scheduler
+
+
+class Held:
+    """Holds every call of one store method on the I/O thread until ``release()`` (10 s at
+    most): before the call runs, or after it returned with ``after=True``."""
+
+    def __init__(self, store, name: str, *, after: bool = False) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+        original = getattr(store, name)
+
+        def held(*args):
+            result = original(*args) if after else None
+            self.entered.set()
+            self.go.wait(10)
+            return result if after else original(*args)
+
+        setattr(store, name, held)
+
+    async def wait_entered(self) -> None:
+        """Return once a call has reached the hold (event-loop turns only, no sleeping)."""
+        while not self.entered.is_set():
+            await asyncio.sleep(0)
+
+    def release(self) -> None:
+        self.go.set()
 
 
 async def settle(scheduler: Scheduler) -> None:
@@ -55,7 +80,7 @@ async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_del
         tmp_path):
     clock = FakeClock()
     broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker, preload_buckets=1)
+    scheduler = await started(tmp_path, clock, broker.dispatch, preload_buckets=1)
     try:
         due = scheduler.bucket_of(clock()) + 5 * BUCKET_MS + 500  # beyond the window: disk only
         doomed = message("s", b"doomed", clock, deliver_at_ms=due)
@@ -65,24 +90,14 @@ async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_del
         assert len(scheduler._tracked) == 0
 
         # Hold the bucket's load on the I/O thread until the cancel has queued its work.
-        store = scheduler.store
-        load = store.load_bucket_slice
-        go, loading = threading.Event(), threading.Event()
-
-        def held_load(*args):
-            loading.set()
-            go.wait(10)
-            return load(*args)
-
-        store.load_bucket_slice = held_load
+        load = Held(scheduler.store, "load_bucket_slice")
         clock.advance(5 * BUCKET_MS)  # the bucket enters the window: the dispatcher loads it
         scheduler.poke()
-        while not loading.is_set():
-            await asyncio.sleep(0)
+        await load.wait_entered()
         cancel = asyncio.create_task(scheduler.cancel(doomed.id, due))
         for _ in range(10):
             await asyncio.sleep(0)
-        go.set()
+        load.release()
         assert await cancel == "cancelled"
         await settle(scheduler)
         clock.advance(BUCKET_MS)
@@ -96,7 +111,7 @@ async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_i
         tmp_path):
     clock = FakeClock()
     broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker, preload_buckets=3)
+    scheduler = await started(tmp_path, clock, broker.dispatch, preload_buckets=3)
     try:
         now_bucket = scheduler.bucket_of(clock())
         later = message("s", b"later", clock, deliver_at_ms=now_bucket + 5 * BUCKET_MS + 10)
@@ -104,28 +119,17 @@ async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_i
         await settle(scheduler)
         assert len(scheduler._tracked) == 0, "beyond the window: on disk only"
 
-        store = scheduler.store
-        listing = store.buckets_with_pending
-        go, loading = threading.Event(), threading.Event()
-
-        def held_listing(*args):
-            found = listing(*args)
-            loading.set()
-            go.wait(10)
-            return found
-
-        store.buckets_with_pending = held_listing
+        listing = Held(scheduler.store, "buckets_with_pending", after=True)
         clock.advance(2 * BUCKET_MS)  # the later message's bucket enters the window
         scheduler.poke()
-        while not loading.is_set():
-            await asyncio.sleep(0)
+        await listing.wait_entered()
         # Meanwhile a message for the bucket before it, which had nothing when the loader
         # listed the buckets to load (its commit reaches the I/O thread before the load).
         sooner = message("s", b"sooner", clock, deliver_at_ms=now_bucket + 4 * BUCKET_MS + 10)
         send = asyncio.create_task(scheduler.schedule([encode_message(sooner)]))
         for _ in range(10):
             await asyncio.sleep(0)
-        go.set()
+        listing.release()
         assert (await send)[0]["status"] == "stored"
         await settle(scheduler)
         clock.advance(4 * BUCKET_MS)
@@ -144,7 +148,7 @@ async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_
 
     clock = FakeClock()
     broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker)
+    scheduler = await started(tmp_path, clock, broker.dispatch)
     try:
         due = clock() + 100
         sent = [message("s", b"m%d" % i, clock, deliver_at_ms=due) for i in range(5)]
@@ -177,10 +181,8 @@ async def test_dispatches_confirmed_but_not_yet_recorded_when_the_grace_time_end
             await later_confirmed.wait()
         return await plain_dispatch(subject, payloads)
 
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, dispatch_batch_max=1, shutdown_grace_ms=0)
-    scheduler = Scheduler(config, clock, dispatch)
-    await scheduler.start()
+    scheduler = await started(tmp_path, clock, dispatch, dispatch_batch_max=1,
+                              shutdown_grace_ms=0)
     due = clock() + 100
     sent = [message("s", body, clock, deliver_at_ms=due) for body in (b"first", b"later")]
     answers = await scheduler.schedule([encode_message(m) for m in sent])
@@ -188,31 +190,21 @@ async def test_dispatches_confirmed_but_not_yet_recorded_when_the_grace_time_end
 
     # Hold the first batch's dispatch record on the I/O thread; the second batch is confirmed
     # meanwhile and waits in the recorder's queue when stop() runs out of grace time.
-    store = scheduler.store
-    record = store.record_dispatched
-    go, recording = threading.Event(), threading.Event()
-
-    def held_record(*args):
-        recording.set()
-        go.wait(10)
-        return record(*args)
-
-    store.record_dispatched = held_record
+    record = Held(scheduler.store, "record_dispatched")
     clock.advance(100)
     scheduler.poke()
-    while not recording.is_set():
-        await asyncio.sleep(0)
+    await record.wait_entered()
     later_confirmed.set()
     while len(broker.received) < 2:
         await asyncio.sleep(0)
     stop = asyncio.create_task(scheduler.stop())
     for _ in range(10):
         await asyncio.sleep(0)
-    go.set()
+    record.release()
     await stop
 
     again = Broker(clock)
-    restarted = await started(tmp_path, clock, again)
+    restarted = await started(tmp_path, clock, again.dispatch)
     try:
         clock.advance(60_000)
         await settle(restarted)
