@@ -84,9 +84,9 @@ class AckBatcher:
             self._full.set()
 
     async def _run(self) -> None:
-        while True:
+        while not self.closed:
             await self._has_pending.wait()
-            if not self._full.is_set():
+            if not self._full.is_set() and not self.closed:
                 try:
                     async with asyncio.timeout(self.interval_ms / 1000):
                         await self._full.wait()
@@ -130,13 +130,21 @@ class AckBatcher:
         self._attempts.pop(key, None)
 
     async def close(self) -> None:
-        """Stop the timer and send what is recorded; later acks are dropped by the caller."""
+        """Stop the timer and send what is recorded; later acks are dropped by the caller.
+
+        A flush in progress is waited for, never cancelled: a cancelled flush could drop acks it
+        had taken but not yet written, and the consumer's leave, sent next, would then hand those
+        messages to another consumer although the application had handled them. Acks that fail
+        with a retriable error are tried again here (up to ACK_ATTEMPTS_MAX), since no later
+        flush will come."""
         self.closed = True
+        self._has_pending.set()  # wake the timer task: it ends after its current flush
+        self._full.set()
         if self._task is not None:
-            self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.flush()
-
+        while self._pending:  # re-added after a retriable failure; _send gives up in time
+            await self.flush()
 
 __all__ = ["ACK_ATTEMPTS_MAX", "AckBatcher", "AckKey", "seqs_to_ranges"]

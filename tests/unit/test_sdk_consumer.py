@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -129,6 +130,39 @@ async def test_close_leaves_every_broker_it_pulled_from_and_the_metaserver_after
     ops = [r["op"] for r in broker_a.requests]
     assert ops.index("leave") > ops.index("ack"), "acks first: a leave hands on what is unacked"
     assert meta.leaves == [{"client_id": "c1"}]
+
+
+async def test_close_waits_for_an_ack_in_flight_before_it_leaves(meta, broker_a):
+    # A leave overtaking an unanswered ack would hand the acked message to another consumer.
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"1")
+    broker_a.ack_gate = asyncio.Event()
+    c = consumer(meta, ack_pending_max=1)
+    await c.__aenter__()
+    [msg] = await take(c.subscribe("orders"), 1)
+    await msg.ack()  # the ack timer sends it at once and waits for the answer
+    await broker_a.wait_until(lambda: broker_a.ops("ack"))
+    closing = asyncio.create_task(c.close())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.5):  # a leave that does not wait arrives well within this
+            await broker_a.wait_until(lambda: broker_a.leaves)
+    assert broker_a.leaves == [], "no leave while an ack is unanswered"
+    broker_a.ack_gate.set()
+    await closing
+    assert broker_a.acked_seqs() == [1]
+    assert len(broker_a.leaves) == 1
+
+
+async def test_close_sends_again_an_ack_that_failed_with_a_retriable_error(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"1")
+    broker_a.fail_next("ack", "error", ("overloaded", "broker busy"))
+    async with consumer(meta) as c:
+        [msg] = await take(c.subscribe("orders"), 1)
+        await msg.ack()
+    assert broker_a.acked_seqs() == [1]
+    assert [r["op"] for r in broker_a.requests if r["op"] in ("ack", "leave")] == [
+        "ack", "ack", "leave"]
 
 
 async def test_close_ends_the_iterator(meta, broker_a):

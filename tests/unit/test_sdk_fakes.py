@@ -51,6 +51,8 @@ class FakeBroker:
         self._server: asyncio.Server | None = None
         # When set to an unset Event, send requests are held (unanswered) until it is set.
         self.send_gate: asyncio.Event | None = None
+        # The same for ack requests.
+        self.ack_gate: asyncio.Event | None = None
 
     async def start(self) -> FakeBroker:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -168,6 +170,8 @@ class FakeBroker:
         if req.op == "pull":
             return await self._pull(req)
         if req.op == "ack":
+            if self.ack_gate is not None:
+                await self.ack_gate.wait()
             self.ack_ranges.append([list(r) for r in req.ranges])
             return {"rid": rid, "acked": sum(b - a + 1 for a, b in req.ranges)}
         if req.op == "heartbeat":
