@@ -143,8 +143,10 @@ class AckBatcher:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        # Taking the lock also waits out a flush_acks() in progress, whatever it has in flight.
         await self.flush()
         while self._pending:  # re-added after a retriable failure; _send gives up in time
             await self.flush()
+
 
 __all__ = ["ACK_ATTEMPTS_MAX", "AckBatcher", "AckKey", "seqs_to_ranges"]
