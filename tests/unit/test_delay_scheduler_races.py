@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
@@ -14,6 +15,7 @@ from sdk.message import decode_message, encode_message
 from tests.rawclient import FakeClock, message
 
 BUCKET_MS = 1_000
+T = TypeVar("T")
 
 
 class Broker:
@@ -62,6 +64,16 @@ class Held:
     def release(self) -> None:
         self.go.set()
 
+    async def release_after(self, operation: Awaitable[T]) -> T:
+        """Start ``operation`` while the call is held, give it event-loop turns to reach what
+        the held call blocks (a lock, the I/O thread's queue), then release and return its
+        result."""
+        task = asyncio.ensure_future(operation)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        self.release()
+        return await task
+
 
 async def settle(scheduler: Scheduler) -> None:
     """Let the dispatcher look at the (fake) time and finish what it started."""
@@ -94,11 +106,7 @@ async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_del
         clock.advance(5 * BUCKET_MS)  # the bucket enters the window: the dispatcher loads it
         scheduler.poke()
         await load.wait_entered()
-        cancel = asyncio.create_task(scheduler.cancel(doomed.id, due))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        load.release()
-        assert await cancel == "cancelled"
+        assert await load.release_after(scheduler.cancel(doomed.id, due)) == "cancelled"
         await settle(scheduler)
         clock.advance(BUCKET_MS)
         await settle(scheduler)
@@ -126,11 +134,8 @@ async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_i
         # Meanwhile a message for the bucket before it, which had nothing when the loader
         # listed the buckets to load (its commit reaches the I/O thread before the load).
         sooner = message("s", b"sooner", clock, deliver_at_ms=now_bucket + 4 * BUCKET_MS + 10)
-        send = asyncio.create_task(scheduler.schedule([encode_message(sooner)]))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        listing.release()
-        assert (await send)[0]["status"] == "stored"
+        answers = await listing.release_after(scheduler.schedule([encode_message(sooner)]))
+        assert answers[0]["status"] == "stored"
         await settle(scheduler)
         clock.advance(4 * BUCKET_MS)
         await settle(scheduler)
@@ -197,11 +202,7 @@ async def test_dispatches_confirmed_but_not_yet_recorded_when_the_grace_time_end
     later_confirmed.set()
     while len(broker.received) < 2:
         await asyncio.sleep(0)
-    stop = asyncio.create_task(scheduler.stop())
-    for _ in range(10):
-        await asyncio.sleep(0)
-    record.release()
-    await stop
+    await record.release_after(scheduler.stop())
 
     again = Broker(clock)
     restarted = await started(tmp_path, clock, again.dispatch)
