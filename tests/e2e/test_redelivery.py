@@ -8,26 +8,17 @@ import time
 import pytest
 
 import qmq
-from tests.e2e.support import Ledger, RunningConsumer, close_all, send_all
-from tests.harness import admin, group_lag, wait_for
+from tests.e2e.support import Ledger, RunningConsumer, close_all, send_all, start_cluster
+from tests.harness import group_lag, wait_for
 
 ACK_TIMEOUT_MS = 1_500
-
-
-async def registered(cluster, *groups: str) -> None:
-    def ready() -> bool:
-        rows = admin(cluster.meta_url, "brokers")
-        return {r["group"] for r in rows if r["state"] == "rw"} >= set(groups)
-
-    await wait_for(ready, 20, f"brokers {groups} to register", in_thread=True)
 
 
 @pytest.mark.timeout(90)
 async def test_messages_held_by_a_consumer_killed_with_kill_9_reach_the_other_consumers(cluster):
     # A 60 s ack timeout: anything that comes back within the test came back through expiry.
-    cluster.start_meta()
-    cluster.start_broker("rt1", "--ack-timeout-ms", "60000", "--consumer-expiry-ms", "2000")
-    await registered(cluster, "rt1")
+    await start_cluster(cluster, "rt1",
+                        broker_flags=("--ack-timeout-ms", "60000", "--consumer-expiry-ms", "2000"))
     subject, group = "orders.kill9", "billing"
     first = [f"k9-a-{i:03d}" for i in range(300)]
     second = [f"k9-b-{i:03d}" for i in range(200)]
@@ -66,10 +57,8 @@ async def test_messages_held_by_a_consumer_killed_with_kill_9_reach_the_other_co
 
 @pytest.mark.timeout(60)
 async def test_a_message_not_acked_within_the_ack_timeout_is_delivered_again(cluster):
-    cluster.start_meta()
-    cluster.start_broker("rt1", "--ack-timeout-ms", str(ACK_TIMEOUT_MS),
-                         "--consumer-expiry-ms", "30000")
-    await registered(cluster, "rt1")
+    await start_cluster(cluster, "rt1", broker_flags=("--ack-timeout-ms", str(ACK_TIMEOUT_MS),
+                                                      "--consumer-expiry-ms", "30000"))
     subject, group = "orders.acktimeout", "billing"
     ids = [f"late-{i}" for i in range(5)]
     ledger = Ledger()
@@ -105,9 +94,8 @@ async def test_a_message_not_acked_within_the_ack_timeout_is_delivered_again(clu
 async def test_messages_a_closing_consumer_still_holds_go_to_the_others_at_once(cluster):
     # Ack timeout and consumer expiry of 10 minutes: what comes back within the test came back
     # because the closing consumer left.
-    cluster.start_meta()
-    cluster.start_broker("rt1", "--ack-timeout-ms", "600000", "--consumer-expiry-ms", "600000")
-    await registered(cluster, "rt1")
+    await start_cluster(cluster, "rt1", broker_flags=("--ack-timeout-ms", "600000",
+                                                      "--consumer-expiry-ms", "600000"))
     subject, group = "orders.leave", "billing"
     ids = [f"leave-{i:03d}" for i in range(100)]
     async with qmq.Producer(cluster.meta_url) as producer:
