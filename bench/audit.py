@@ -1,6 +1,6 @@
 """Audit benchmark: time ``qmq audit`` over N synthetic trace events on ``local[2]``.
 
-Generates a realistic trace with ``sdk.trace.TraceWriter`` (one realtime and one delay server per
+Generates a realistic trace with ``tracelog.events.TraceWriter`` (one realtime and one delay server per
 generator process, the writer clock following the simulated time so files rotate hourly over
 about 3 hours), then runs ``qmq audit`` in a fresh process, as a user would, and times it.
 
@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sdk.trace import TraceWriter, trace_event  # noqa: E402
+from tracelog.events import TraceWriter, trace_event  # noqa: E402
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3_600_000  # simulated time the trace covers

@@ -30,8 +30,8 @@ import msgpack
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
 from delayserver.tracing import DelayTracer
-from sdk.message import Message, encode_message
-from sdk.trace import TraceWriter
+from wire.message import Message, encode_message
+from tracelog.events import TraceWriter
 
 BODY_BYTES = 256
 SEND_CHUNK = 256  # messages per schedule() call while storing

@@ -28,9 +28,9 @@ import time
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
-from sdk.message import Message, encode_message
-from sdk.protocol import Ack, Pull, encode_frame, pull_response
-from sdk.trace import TraceWriter
+from wire.message import Message, encode_message
+from wire.protocol import Ack, Pull, encode_frame, pull_response
+from tracelog.events import TraceWriter
 
 BODY_BYTES = 256
 SEND_BATCH = 256

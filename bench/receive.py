@@ -27,8 +27,8 @@ from typing import Any
 
 from sdk.acks import AckBatcher
 from sdk.consumer import Consumer, Subscription, _PulledBatch
-from sdk.message import Message, encode_message
-from sdk.protocol import decode_frame_payload, encode_frame, pull_response
+from wire.message import Message, encode_message
+from wire.protocol import decode_frame_payload, encode_frame, pull_response
 
 BODY_BYTES = 256
 SUBJECT = "bench.receive"

@@ -29,8 +29,8 @@ from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.server import tune_gc
 from realtime.tracing import BrokerTracer
-from sdk.message import Message, encode_message
-from sdk.trace import TraceWriter
+from wire.message import Message, encode_message
+from tracelog.events import TraceWriter
 
 BODY_BYTES = 256
 SUBJECT = "bench.send"

@@ -26,10 +26,10 @@ import statistics
 import tempfile
 import time
 
-from sdk.send_check import Checked, QuickCheck
+from serverkit.send_check import Checked, QuickCheck
 from realtime.tracing import BrokerTracer
-from sdk.message import Message, encode_message
-from sdk.trace import TraceWriter
+from wire.message import Message, encode_message
+from tracelog.events import TraceWriter
 
 BODY_BYTES = 256
 EVENTS_PER_MESSAGE = 4  # produced, stored, pulled, acked

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from sdk.limits import MAX_DELAY_MS
+from wire.limits import MAX_DELAY_MS
 
 FLUSH_MODES = ("sync", "async")
 

@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from delayserver.stats import LATENESS_BOUNDS_MS
 from delayserver.storage import CANCEL_OUTCOMES  # one list: a new outcome gets its own label
-from sdk.errors import WIRE_ERRORS, QmqError
+from wire.errors import WIRE_ERRORS, QmqError
 
 if TYPE_CHECKING:
     from delayserver.scheduler import Dispatch, Scheduler

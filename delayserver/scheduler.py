@@ -32,9 +32,10 @@ from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
 from delayserver.wheel import TimingWheel
 from logstore.errors import DiskFull, LogWriteFailed
 from logstore.fileio import Opener, OsFile
-from sdk.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
-from sdk.message import TracePeek, decode_message, peek_message_id, trace_members, validate_message
-from sdk.send_check import QuickCheck
+from wire.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
+from tracelog.peek import TracePeek, trace_members
+from wire.message import decode_message, peek_message_id, validate_message
+from serverkit.send_check import QuickCheck
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -219,7 +220,7 @@ class Scheduler:
         accepted = 0
         deliver_at_max_ms = now_ms + self.config.max_delay_ms
         tracing = self.tracer.enabled
-        # The quick check (sdk.send_check; for a batch, one C call where it is built) accepts
+        # The quick check (serverkit.send_check; for a batch, one C call where it is built) accepts
         # our producers' payloads without building a Message; anything it is unsure of gets
         # the full check, which decides and words the error.
         checks = self._quick_check.check_many(list(payloads), deliver_at_max_ms)

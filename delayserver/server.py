@@ -15,15 +15,15 @@ from delayserver.metrics import DelayMetrics
 from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
-from sdk.access import AccessCache, Gate
-from sdk.errors import Forbidden, NotSupported
-from sdk.framed_server import FrameServer, Session
-from sdk.metrics_http import MetricsListener
-from sdk.payload_sender import PayloadSender
-from sdk.protocol import Cancel, Hello, Request, Send
-from sdk.registration import Registration
-from sdk.tls import client_context, server_context
-from sdk.trace import TraceWriter
+from serverkit.access import AccessCache, Gate
+from wire.errors import Forbidden, NotSupported
+from serverkit.frame_server import FrameServer, Session
+from serverkit.metrics_http import MetricsListener
+from serverkit.payload_sender import PayloadSender
+from wire.protocol import Cancel, Hello, Request, Send
+from serverkit.registration import Registration
+from wire.tls import client_context, server_context
+from tracelog.events import TraceWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The delay server's trace events (``sdk.trace``): produced and scheduled when a delayed message
+"""The delay server's trace events (``tracelog.events``): produced and scheduled when a delayed message
 is made durable (one ``scheduled`` line flagged ``produced``, which readers expand into both),
 dispatched when a realtime broker confirmed it (with its lateness), cancelled."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from sdk.message import TracePeek, peek_trace_members
-from sdk.trace import PRODUCED_MEMBER, TraceWriter, message_members
+from tracelog.peek import TracePeek, peek_trace_members
+from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members
 
 
 class DelayTracer:
@@ -33,7 +33,7 @@ class DelayTracer:
                 extra = f',"lateness_ms":{ts_ms - peeked.deliver_at_ms}'
             elif kind == "scheduled" and peeked.internal is None and not peeked.retries:
                 # A producer's own delayed message entered the system here: its scheduled line
-                # is flagged produced, and readers expand it into both events (sdk.trace).
+                # is flagged produced, and readers expand it into both events (tracelog.events).
                 extra = PRODUCED_MEMBER
             lines.append(writer.line(kind, ts_ms, peeked.members, extra))
         writer.emit_lines(lines)

@@ -24,8 +24,8 @@ from metaserver.metrics import MetaMetrics
 from metaserver.registry import Registry
 from metaserver.tokens import TOKENS_KEY, Tokens, auth_middleware
 from metaserver.validation import BODY_SIZE_BYTES_MAX
-from sdk.metrics_http import METRICS_PATH, scrape
-from sdk.tls import server_context
+from serverkit.metrics_http import METRICS_PATH, scrape
+from wire.tls import server_context
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from sdk.limits import MAX_TOKEN_CHARS
+from wire.limits import MAX_TOKEN_CHARS
 
 # Database URL schemes the MetaServer runs on. Both are async SQLAlchemy drivers.
 SQLITE_URL_PREFIX = "sqlite+aiosqlite://"

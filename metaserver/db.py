@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
+from metaserver.models import Base
 
 # Key of the PostgreSQL advisory lock held while migrating, so MetaServers started together over
 # one database do not both run the same migration. Any constant works; this one spells "qmqmeta".
@@ -81,6 +82,7 @@ def _upgrade_sync(connection: Connection) -> str:
     """Run ``alembic upgrade head`` on a connection that is already in a transaction."""
     config = alembic_config()
     config.attributes["connection"] = connection
+    config.attributes["target_metadata"] = Base.metadata
     command.upgrade(config, "head")
     revision = MigrationContext.configure(connection).get_current_revision()
     assert revision is not None, "alembic left no revision behind"

@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 from metaserver.errors import BadRequest, BrokerUnreachable, NotFound
 from metaserver.validation import Field, check_name
 from sdk.connection import Connection
-from sdk.errors import NotFound as WireNotFound
-from sdk.errors import QmqError
-from sdk.limits import MAX_MESSAGE_ID_CHARS, MAX_PULL_BATCH_MESSAGES
-from sdk.message import (
+from wire.errors import NotFound as WireNotFound
+from wire.errors import QmqError
+from wire.limits import MAX_MESSAGE_ID_CHARS, MAX_PULL_BATCH_MESSAGES
+from wire.message import (
     DEAD_PREFIX,
     Message,
     dead_subject,
@@ -41,7 +41,7 @@ from sdk.message import (
     parse_internal_subject,
     validate_message,
 )
-from sdk.payload_sender import PayloadSender
+from serverkit.payload_sender import PayloadSender
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -13,8 +13,8 @@ from metaserver import validation as v
 from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
 from metaserver.registry import Registry
 from metaserver.tokens import CREATE, REVOKE, TOKEN_KEY, TOKENS_KEY, Tokens
-from sdk.payload_sender import PayloadSender
-from sdk.tls import client_context
+from serverkit.payload_sender import PayloadSender
+from wire.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from metaserver import validation as v
 from metaserver.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from metaserver.models import AppToken
-from sdk.access import Grant, check_patterns
-from sdk.errors import QmqError
+from serverkit.access import Grant, check_patterns
+from wire.errors import QmqError
 
 if TYPE_CHECKING:
     from metaserver.registry import Registry

@@ -7,19 +7,36 @@ Two ways in:
   inside that transaction (and under an advisory lock on PostgreSQL);
 * by hand: ``alembic -c migrations/alembic.ini -x db_url=... upgrade head`` (or
   ``sqlalchemy.url`` in the ini file) builds its own async engine.
+
+The models' metadata (only ``--autogenerate`` needs it) is handed in, never imported here: the
+MetaServer passes ``config.attributes["target_metadata"]``, and by hand ``-x models=MODULE`` names
+a module whose ``Base.metadata`` is used. So ``metaserver`` imports ``migrations`` and not the
+other way round (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+from typing import Any
 
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from metaserver.models import Base
 
-target_metadata = Base.metadata
+
+def _target_metadata() -> Any:
+    """The models' metadata: handed in by the MetaServer, or named with ``-x models=MODULE``."""
+    metadata = context.config.attributes.get("target_metadata")
+    if metadata is None:
+        module = context.get_x_argument(as_dictionary=True).get("models")
+        if module:
+            metadata = importlib.import_module(module).Base.metadata
+    return metadata
+
+
+target_metadata = _target_metadata()
 
 
 def _run(connection: Connection) -> None:

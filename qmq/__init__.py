@@ -3,7 +3,7 @@
     async with qmq.Producer("http://127.0.0.1:8090") as producer:
         receipt = await producer.send("order.created", b"...")
 
-``qmq.errors`` is ``sdk.errors``; the CLI lives in ``qmq.cli``. The names are exactly the
+``qmq.errors`` is ``wire.errors``; the CLI lives in ``qmq.cli``. The names are exactly the
 SDK's public ones (``sdk.__all__``), so the two lists cannot drift apart.
 """
 

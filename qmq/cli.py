@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from qmq.commands import CommandError
     from qmq.launcher import setup_logging
-    from sdk.errors import QmqError
+    from wire.errors import QmqError
 
     setup_logging(args.log_level)
     try:

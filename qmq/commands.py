@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from sdk.access import bearer
-from sdk.tls import client_context, http_ssl
+from wire.http import bearer, http_ssl
+from wire.tls import client_context
 
 
 class CommandError(Exception):

@@ -34,9 +34,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 from pulllog import PullLogStore
 from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.storage import CorruptEntry, MessageStore, SequenceOutOfRange
-from sdk.errors import BadRequest, NotFound
-from sdk.message import DEAD_PREFIX
-from sdk.protocol import Browse, Purge, Subjects, browsed_message
+from wire.errors import BadRequest, NotFound
+from wire.message import DEAD_PREFIX
+from wire.protocol import Browse, Purge, Subjects, browsed_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

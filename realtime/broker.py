@@ -30,20 +30,20 @@ from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
-from realtime.io_thread import IoThread
-from sdk.send_check import Checked, QuickCheck
+from serverkit.io_thread import IoThread
+from serverkit.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
-from sdk.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
-from sdk.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_PULL_WAIT_MS
-from sdk.message import (
+from wire.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
+from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_PULL_WAIT_MS
+from wire.message import (
     ORIGIN_ID_PROPERTY,
     decode_message,
     peek_message_id,
     tag_hash,
     validate_message,
 )
-from sdk.protocol import Ack, Heartbeat, Leave, Pull
+from wire.protocol import Ack, Heartbeat, Leave, Pull
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -299,7 +299,7 @@ class Broker:
         return messages, valid, slots
 
     def _full_check(self, payload: bytes, now_ms: int) -> Checked:
-        """Decode and validate with sdk.message; the QmqError says what is wrong."""
+        """Decode and validate with wire.message; the QmqError says what is wrong."""
         message = decode_message(payload)
         validate_message(message, allow_internal=True, now_ms=now_ms)
         deliver_at_ms = message.deliver_at_ms

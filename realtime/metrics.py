@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sdk.errors import WIRE_ERRORS
+from wire.errors import WIRE_ERRORS
 
 if TYPE_CHECKING:
     from realtime.broker import Broker

@@ -14,10 +14,10 @@ import logging
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from realtime.retries import RetryCopy, RetryPolicies, plan_retry
-from sdk.errors import (
+from wire.errors import (
     ConnectionLost, Internal, NoRoute, NotFound, NotSupported, Overloaded, error_from_wire,
 )
-from sdk.protocol import Nack
+from wire.protocol import Nack
 
 if TYPE_CHECKING:
     from realtime.broker import Broker

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sdk.errors import BadRequest
-from sdk.message import (
+from wire.errors import BadRequest
+from wire.message import (
     ORIGIN_ID_PROPERTY,
     Message,
     dead_subject,

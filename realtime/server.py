@@ -19,18 +19,18 @@ from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
 from realtime.tracing import BrokerTracer
-from sdk.access import AccessCache, Gate
-from sdk.errors import NotSupported
-from sdk.framed_server import FrameServer, Session
-from sdk.metrics_http import MetricsListener
-from sdk.payload_sender import PayloadSender
-from sdk.protocol import (
+from serverkit.access import AccessCache, Gate
+from wire.errors import NotSupported
+from serverkit.frame_server import FrameServer, Session
+from serverkit.metrics_http import MetricsListener
+from serverkit.payload_sender import PayloadSender
+from wire.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
     pull_response,
 )
-from sdk.registration import Registration
-from sdk.tls import client_context, server_context
-from sdk.trace import TraceWriter
+from serverkit.registration import Registration
+from wire.tls import client_context, server_context
+from tracelog.events import TraceWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The realtime broker's trace events (``sdk.trace``): produced, stored, pulled, redelivered,
+"""The realtime broker's trace events (``tracelog.events``): produced, stored, pulled, redelivered,
 acked, nacked, retried, dead and expired. ``produced`` is written as a flag on the message's
 ``stored`` line, which readers expand into both events.
 
@@ -21,9 +21,9 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Iterable, Sequence
 
-from sdk.send_check import Checked
-from sdk.message import TracePeek, peek_trace_members, trace_members
-from sdk.trace import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
+from serverkit.send_check import Checked
+from tracelog.peek import TracePeek, peek_trace_members, trace_members
+from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
                        subject_member)
 
 _peek = peek_trace_members
@@ -98,7 +98,7 @@ class BrokerTracer:
         if self._stored_run(messages, sequences, now_ms):
             return
         # A producer's own message: one stored line flagged produced stands for both events
-        # (readers expand it, sdk.trace), a quarter of the lines a message costs.
+        # (readers expand it, tracelog.events), a quarter of the lines a message costs.
         start, end = writer.frame("stored", now_ms, PRODUCED_MEMBER)
         lines = []
         remembered: dict[str, tuple[list[int], list[str]]] = {}

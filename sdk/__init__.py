@@ -1,13 +1,14 @@
 """The pyqmq client SDK (asyncio): Producer, Consumer, Message and the errors they raise.
 
-The wire codec (sdk.protocol, sdk.message, sdk.limits, sdk.errors) is shared with the servers;
-the client parts (sdk.connection, sdk.routes, sdk.producer, sdk.consumer) are used by applications.
-docs/SDK.md describes the API.
+The client only: connections (``sdk.connection``), routes from the MetaServer (``sdk.routes``),
+batching (``sdk.send_batch``), acks (``sdk.acks``), ``sdk.producer`` and ``sdk.consumer``. What it
+shares with the servers (message codec, protocol frames, errors, limits, TLS) is ``wire``, the
+only other package of ours it imports. docs/SDK.md describes the API.
 """
 
-from sdk import errors
+from wire import errors
 from sdk.consumer import Consumer, ReceivedMessage, Subscription
-from sdk.errors import (
+from wire.errors import (
     BadRequest,
     ConnectionLost,
     DelayOutOfRange,
@@ -23,7 +24,7 @@ from sdk.errors import (
     Unauthorized,
 )
 from sdk.connection import RequestTimeout
-from sdk.message import Message
+from wire.message import Message
 from sdk.producer import Producer, Receipt
 
 __all__ = [

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sdk.errors import QmqError
-from sdk.limits import MAX_ACK_RANGES
+from wire.errors import QmqError
+from wire.limits import MAX_ACK_RANGES
 
 log = logging.getLogger(__name__)
 

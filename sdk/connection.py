@@ -25,9 +25,9 @@ import logging
 import ssl
 from typing import Any
 
-from sdk.errors import BadRequest, ConnectionLost, QmqError
-from sdk.limits import MAX_CLIENT_ID_CHARS, MAX_TOKEN_CHARS
-from sdk.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame, parse_response
+from wire.errors import BadRequest, ConnectionLost, QmqError
+from wire.limits import MAX_CLIENT_ID_CHARS, MAX_TOKEN_CHARS
+from wire.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame, parse_response
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class RequestTimeout(ConnectionLost):
     """Client side: no answer to a request within its timeout. Retriable: the request may or may
     not have been executed, so only idempotent requests (sends carry their id) are resent.
 
-    Lives here rather than in sdk/errors.py only until the codec owner adds it there."""
+    Lives here rather than in wire/errors.py only until the codec owner adds it there."""
 
     code = "timeout"
 

@@ -44,9 +44,9 @@ from typing import Any, Literal
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
-from sdk.errors import NoRoute, QmqError
-from sdk.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
-from sdk.message import (
+from wire.errors import NoRoute, QmqError
+from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
+from wire.message import (
     Message,
     decode_message_fields,
     message_from_fields,
@@ -57,9 +57,9 @@ from sdk.message import (
     validate_tags,
 )
 from sdk.producer import default_client_id, duration_ms
-from sdk.protocol import pull_columns
+from wire.protocol import pull_columns
 from sdk.routes import Route, RouteCache
-from sdk.tls import TlsOption, client_context
+from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ReceivedMessage:
     """A pulled message and what is needed to ack or nack it.
 
     Built once per message on the receive path, so it is kept light: the fields are read
-    straight from the checked payload map (``sdk.message.decode_message_fields``), what the
+    straight from the checked payload map (``wire.message.decode_message_fields``), what the
     messages of one pull share lives in one ``_PulledBatch``, and the ``Message`` object is
     only built if ``.message`` is asked for."""
 

@@ -2,7 +2,7 @@
 
 Path of one ``send``:
 
-1. The message is built and checked with ``sdk.message.validate_message`` before anything is
+1. The message is built and checked with ``wire.message.validate_message`` before anything is
    queued, so a bad message raises at once without a round trip.
 2. It joins the open batch of its subject. A batch leaves after the current event-loop turn when
    no batch of its subject is on the wire (so a lone message does not wait); otherwise it lingers
@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
-from sdk.errors import (
+from wire.errors import (
     BadRequest,
     ConnectionLost,
     DelayOutOfRange,
@@ -48,11 +48,11 @@ from sdk.errors import (
     TooLarge,
     type_name,
 )
-from sdk.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
-from sdk.message import Message, encode_checked_message, encode_message, validate_message
+from wire.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
+from wire.message import Message, encode_checked_message, encode_message, validate_message
 from sdk.routes import Route, RouteCache
 from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
-from sdk.tls import TlsOption, client_context
+from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class Producer:
         due time, from ``deliver_ats``) replaced. ``bodies`` are all ``bytes``.
 
         The payload is a msgpack map whose id, body and due time sit under the keys "i", "b"
-        and "d" (sdk.message); if the template does not encode that way, each message is built
+        and "d" (wire.message); if the template does not encode that way, each message is built
         and encoded on its own instead."""
         ids = self._new_id.many(len(bodies))
         payload = encode_message(template)

@@ -29,9 +29,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from sdk.access import bearer
-from sdk.tls import http_ssl
-from sdk.errors import NoRoute, QmqError, error_from_wire
+from wire.http import bearer, http_ssl
+from wire.errors import NoRoute, QmqError, error_from_wire
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
-from sdk.errors import Internal, QmqError, error_from_wire
+from wire.errors import Internal, QmqError, error_from_wire
 
 
 class Receipt(NamedTuple):

@@ -1,4 +1,4 @@
-"""PySpark audit jobs over the trace events written by ``sdk.trace`` (DESIGN.md section 12).
+"""PySpark audit jobs over the trace events written by ``tracelog.events`` (DESIGN.md section 12).
 
 Every job is a pure ``DataFrame -> DataFrame`` transform over the events DataFrame that
 ``load_events`` reads (schema ``EVENT_SCHEMA``); ``spark_audit.main.run`` is the thin main behind

@@ -1,6 +1,6 @@
 """Reading trace files into the events DataFrame.
 
-``load_events`` reads ``<dir>/*/*.jsonl`` (the hourly layout of ``sdk.trace.TraceWriter``) under
+``load_events`` reads ``<dir>/*/*.jsonl`` (the hourly layout of ``tracelog.events.TraceWriter``) under
 each path, local or any Hadoop URI (``hdfs://``, ``s3a://``...), with the explicit schema and
 ``DROPMALFORMED``: a torn last line or any line that is not a JSON object of the right types is
 dropped. ``normalize_events`` is the pure part: required fields present, a line flagged
@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sdk.trace import EVENT_FIELD_NAMES, HOUR_MS, PRODUCED_FLAG, REQUIRED_FIELDS
+from tracelog.events import EVENT_FIELD_NAMES, HOUR_MS, PRODUCED_FLAG, REQUIRED_FIELDS
 from spark_audit.schema import EVENT_SCHEMA, LINE_SCHEMA
 
 # An hour directory holds what a writer wrote during that hour by its clock; an event's ts_ms may
@@ -28,7 +28,7 @@ HOUR_DIR_SLACK_MS = HOUR_MS
 
 def expand_produced(lines: DataFrame) -> DataFrame:
     """A row flagged ``produced`` (a stored or scheduled line of a message that entered the
-    system there, ``sdk.trace``) becomes two: a ``produced`` row at its created_at_ms (its
+    system there, ``tracelog.events``) becomes two: a ``produced`` row at its created_at_ms (its
     ts_ms when it has none), every other field the same, then the row itself. Rows without the
     flag, and frames without the column (files from before the flag), pass unchanged.
 

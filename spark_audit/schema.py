@@ -1,4 +1,4 @@
-"""The Spark schema of a trace event, built from ``sdk.trace.EVENT_FIELDS`` (one source of truth).
+"""The Spark schema of a trace event, built from ``tracelog.events.EVENT_FIELDS`` (one source of truth).
 
 Spark is always given this schema: inference would cost a pass over the data and would guess
 types from whatever lines it sampled (an hour with no ``lateness_ms`` would drop the column).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql.types import (BooleanType, IntegerType, LongType, StringType, StructField,
                                StructType)
 
-from sdk.trace import EVENT_FIELDS, EVENT_KINDS, LINE_FIELDS
+from tracelog.events import EVENT_FIELDS, EVENT_KINDS, LINE_FIELDS
 
 _SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType(),
                 "boolean": BooleanType()}

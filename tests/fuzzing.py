@@ -34,8 +34,8 @@ from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.message import Message, encode_message
-from sdk.protocol import FrameDecoder, encode_frame
+from wire.message import Message, encode_message
+from wire.protocol import FrameDecoder, encode_frame
 
 T = TypeVar("T")
 

@@ -6,8 +6,8 @@ import asyncio
 import itertools
 from typing import Any
 
-from sdk.message import Message, encode_message
-from sdk.protocol import FrameDecoder, encode_frame
+from wire.message import Message, encode_message
+from wire.protocol import FrameDecoder, encode_frame
 
 
 class FakeClock:

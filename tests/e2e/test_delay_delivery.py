@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 
 import qmq
-from sdk.limits import MAX_DELAY_MS
-from sdk.message import Message
+from wire.limits import MAX_DELAY_MS
+from wire.message import Message
 from tests.harness import (
     Arrivals, consume_into, epoch_ms, run_qmq, start_delay_cluster, wait_for,
 )

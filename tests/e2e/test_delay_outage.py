@@ -10,7 +10,7 @@ import time
 import pytest
 
 import qmq
-from sdk.message import retry_subject
+from wire.message import retry_subject
 from tests.harness import Arrivals, epoch_ms, start_delay_cluster, wait_registered
 
 ACK_TIMEOUT_MS = 2_000

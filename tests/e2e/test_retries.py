@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 import qmq
-from sdk.message import retry_subject
+from wire.message import retry_subject
 from tests.harness import Arrivals, run_qmq, start_delay_cluster, wait_for
 
 BACKOFF_MS = (300, 600, 900)

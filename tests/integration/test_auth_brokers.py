@@ -19,8 +19,8 @@ from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.access import AccessCache, Grant
-from sdk.errors import Forbidden, Internal, Unauthorized
+from serverkit.access import AccessCache, Grant
+from wire.errors import Forbidden, Internal, Unauthorized
 from tests.rawclient import RawClient
 
 ADMIN = "cluster-admin-secret-0123456789"

@@ -21,8 +21,8 @@ from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.config import RealtimeConfig
 from realtime.retries import RetryPolicies, RetryPolicy, plan_retry
 from realtime.server import RealtimeServer
-from sdk.limits import MAX_BODY_BYTES
-from sdk.message import Message, decode_message, encode_message
+from wire.limits import MAX_BODY_BYTES
+from wire.message import Message, decode_message, encode_message
 from tests.rawclient import RawClient
 
 DEAD = "%dead%orders%billing"

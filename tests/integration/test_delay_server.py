@@ -10,8 +10,8 @@ import pytest
 
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
-from sdk.errors import Overloaded
-from sdk.message import decode_message, encode_message
+from wire.errors import Overloaded
+from wire.message import decode_message, encode_message
 from tests.rawclient import FakeClock, RawClient, message
 
 DAY_MS = 86_400_000

@@ -23,7 +23,7 @@ from delayserver.server import DelayServer
 from realtime.broker import DELIVER_AT_SKEW_MS_MAX
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.limits import (
+from wire.limits import (
     MAX_ACK_RANGES,
     MAX_BODY_BYTES,
     MAX_CLIENT_ID_CHARS,

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from metaserver.config import MetaConfig, sqlite_url
 from metaserver.validation import BODY_SIZE_BYTES_MAX
-from sdk.limits import MAX_TOKEN_CHARS
+from wire.limits import MAX_TOKEN_CHARS
 from tests.fuzzing import FUZZ_SETTINGS, ClusterThread, tracebacks
 
 # Longest wait for one HTTP answer.

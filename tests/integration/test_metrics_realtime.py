@@ -9,7 +9,7 @@ import pytest
 from realtime import metrics as realtime_metrics
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.message import encode_message
+from wire.message import encode_message
 from tests.metricsclient import scrape
 from tests.rawclient import FakeClock, RawClient, message
 

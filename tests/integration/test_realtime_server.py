@@ -11,9 +11,9 @@ import pytest
 from logstore.faults import FaultPlan
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.message import decode_message, encode_message
-from sdk.protocol import Leave, encode_frame
-from sdk.trace import read_events
+from wire.message import decode_message, encode_message
+from wire.protocol import Leave, encode_frame
+from tracelog.events import read_events
 from tests.harness import wait_for
 from tests.rawclient import FakeClock, RawClient, message
 

@@ -14,7 +14,7 @@ from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.message import Message, decode_message
+from wire.message import Message, decode_message
 from tests.rawclient import RawClient
 
 BACKOFF_MS = (150, 300)

@@ -21,7 +21,7 @@ from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from sdk.connection import Connection
-from sdk.errors import ConnectionLost
+from wire.errors import ConnectionLost
 from tests.rawclient import RawClient
 
 ADMIN = "tls-admin-secret-0123456789"

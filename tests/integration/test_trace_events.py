@@ -10,9 +10,9 @@ from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from sdk.message import Message, decode_message
-from sdk.protocol import pull_entries
-from sdk.trace import read_events
+from wire.message import Message, decode_message
+from wire.protocol import pull_entries
+from tracelog.events import read_events
 from tests.rawclient import RawClient
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from sdk.trace import EVENT_FIELD_NAMES, trace_event
+from tracelog.events import EVENT_FIELD_NAMES, trace_event
 from spark_audit import EVENT_SCHEMA, normalize_events
 
 T = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -1,10 +1,10 @@
-"""sdk.access: subject patterns, what a grant covers, and the pattern limits at their bounds."""
+"""serverkit.access: subject patterns, what a grant covers, and the pattern limits at their bounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from sdk.access import (
+from serverkit.access import (
     OPEN,
     PATTERN_CHARS_MAX,
     PATTERNS_PER_TOKEN_MAX,
@@ -14,7 +14,7 @@ from sdk.access import (
     covers,
     subject_of,
 )
-from sdk.errors import BadRequest, Forbidden
+from wire.errors import BadRequest, Forbidden
 
 ORDERS = Grant(app="shop", produce=("order.*",), consume=("order.created", "audit.?"))
 

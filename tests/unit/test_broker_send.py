@@ -10,9 +10,9 @@ import pytest
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
-from sdk.message import Message, decode_message, encode_message
-from sdk.protocol import Pull
-from sdk.trace import TraceWriter, read_events
+from wire.message import Message, decode_message, encode_message
+from wire.protocol import Pull
+from tracelog.events import TraceWriter, read_events
 from tests.rawclient import FakeClock
 
 

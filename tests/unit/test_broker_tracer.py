@@ -9,9 +9,9 @@ import json
 import pytest
 
 from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
-from sdk.message import Message, encode_message
-from sdk.send_check import Checked
-from sdk.trace import PRODUCED_MEMBER, TraceWriter, message_members, read_events
+from wire.message import Message, encode_message
+from serverkit.send_check import Checked
+from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members, read_events
 
 T0_MS = 1_767_225_600_000
 

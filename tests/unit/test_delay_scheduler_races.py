@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
-from sdk.message import decode_message, encode_message
+from wire.message import decode_message, encode_message
 from tests.rawclient import FakeClock, message
 
 BUCKET_MS = 1_000

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 from delayserver.tracing import DelayTracer
-from sdk.message import Message, encode_message, trace_members
-from sdk.send_check import QuickCheck
-from sdk.trace import TraceWriter, read_events
+from tracelog.peek import trace_members
+from wire.message import Message, encode_message
+from serverkit.send_check import QuickCheck
+from tracelog.events import TraceWriter, read_events
 
 T0_MS = 1_767_225_600_000
 

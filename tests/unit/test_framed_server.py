@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sdk.framed_server import FrameServer, Session
-from sdk.protocol import FrameDecoder, Request, encode_frame
+from serverkit.frame_server import FrameServer, Session
+from wire.protocol import FrameDecoder, Request, encode_frame
 
 # Short enough for a unit test, long enough that a healthy client on a loaded machine never hits it.
 PARTIAL_FRAME_TIMEOUT_MS = 1000

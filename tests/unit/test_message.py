@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk.errors import BadRequest, DelayOutOfRange, QmqError, TooLarge
-from sdk.limits import (
+from wire.errors import BadRequest, DelayOutOfRange, QmqError, TooLarge
+from wire.limits import (
     MAX_BODY_BYTES,
     MAX_DELAY_MS,
     MAX_MESSAGE_ID_CHARS,
@@ -19,7 +19,7 @@ from sdk.limits import (
     MAX_TAG_BYTES,
     MAX_TAGS,
 )
-from sdk.message import (
+from wire.message import (
     InternalSubject,
     Message,
     dead_subject,

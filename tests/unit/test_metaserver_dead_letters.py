@@ -8,8 +8,8 @@ import pytest
 from metaserver import dead_letters as dead
 from metaserver.errors import BadRequest
 from realtime import retries
-from sdk.limits import MAX_MESSAGE_ID_CHARS
-from sdk.message import Message, validate_message
+from wire.limits import MAX_MESSAGE_ID_CHARS
+from wire.message import Message, validate_message
 
 
 def dead_letter(**fields) -> Message:

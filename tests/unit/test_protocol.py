@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk import errors, protocol
-from sdk.errors import (
+from wire import errors, protocol
+from wire.errors import (
     BadRequest,
     DelayOutOfRange,
     NotSupported,
@@ -19,7 +19,7 @@ from sdk.errors import (
     TooLarge,
     error_from_wire,
 )
-from sdk.limits import (
+from wire.limits import (
     MAX_ACK_RANGES,
     MAX_DELAY_MS,
     MAX_FRAME_BYTES,
@@ -28,8 +28,8 @@ from sdk.limits import (
     MAX_SEND_BATCH_MESSAGES,
     MAX_TAGS,
 )
-from sdk.message import Message, encode_message
-from sdk.protocol import (
+from wire.message import Message, encode_message
+from wire.protocol import (
     MAX_SUBJECT_PREFIX_CHARS,
     Ack,
     Browse,

@@ -12,7 +12,7 @@ from realtime import admin as admin_module
 from realtime.admin import ADMIN_GROUP, StorageAdmin
 from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.storage import MessageStore, StoreConfig
-from sdk.errors import BadRequest, NotFound
+from wire.errors import BadRequest, NotFound
 
 T0 = 1_700_000_000_000
 HOUR_MS = 3_600_000

@@ -9,7 +9,7 @@ import realtime.broker
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from realtime.tail import Tail
-from sdk.message import decode_message
+from wire.message import decode_message
 from tests.rawclient import FakeClock, RawClient, message
 
 

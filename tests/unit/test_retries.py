@@ -12,7 +12,7 @@ from realtime.retries import (
     origin_subject,
     plan_retry,
 )
-from sdk.message import Message, decode_message, encode_message
+from wire.message import Message, decode_message, encode_message
 
 NOW_MS = 1_700_000_000_000
 

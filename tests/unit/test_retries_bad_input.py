@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from realtime.retries import ORIGIN_ID_PROPERTY, RETRIES_COUNT_MAX, RetryPolicies, plan_retry
-from sdk.message import Message, decode_message, encode_message, validate_message
+from wire.message import Message, decode_message, encode_message, validate_message
 
 NOW_MS = 1_700_000_000_000
 

@@ -8,8 +8,8 @@ import pytest
 
 import sdk.connection as connection_module
 from sdk.connection import Connection, ConnectionPool, RequestTimeout, parse_address
-from sdk.errors import BadRequest, ConnectionLost, Forbidden, NotSupported
-from sdk.protocol import FrameDecoder, encode_frame
+from wire.errors import BadRequest, ConnectionLost, Forbidden, NotSupported
+from wire.protocol import FrameDecoder, encode_frame
 from tests.unit.test_sdk_fakes import FakeBroker, broker_a  # noqa: F401  (fixture)
 
 

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from sdk.consumer import Consumer, Subscription, _PulledBatch, seqs_to_ranges
-from sdk.errors import BadRequest, Forbidden, NotSupported
-from sdk.message import Message, encode_message
-from sdk.protocol import pull_response
+from wire.errors import BadRequest, Forbidden, NotSupported
+from wire.message import Message, encode_message
+from wire.protocol import pull_response
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
 
 # Timers are set far away unless a test is about them, so nothing happens by the clock.

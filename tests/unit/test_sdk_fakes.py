@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sdk.errors import QmqError, error_from_wire
-from sdk.message import Message, decode_message, encode_message
-from sdk.protocol import (
+from wire.errors import QmqError, error_from_wire
+from wire.message import Message, decode_message, encode_message
+from wire.protocol import (
     FrameDecoder,
     encode_frame,
     error_response,

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sdk.errors import (
+from wire.errors import (
     BadRequest, ConnectionLost, DelayOutOfRange, Forbidden, Overloaded, TooLarge,
 )
-from sdk.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
-from sdk.message import decode_message
+from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
+from wire.message import decode_message
 from sdk.producer import Producer, Receipt
 from sdk.routes import RouteCache
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)

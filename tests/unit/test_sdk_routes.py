@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from sdk.errors import BadRequest, NoRoute
+from wire.errors import BadRequest, NoRoute
 from sdk.routes import MetaUnavailable, RouteCache, parse_route
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from sdk.errors import Forbidden, Internal, Overloaded
+from wire.errors import Forbidden, Internal, Overloaded
 from sdk.send_batch import Call, Part, Receipt, fail_parts, settle
 
 

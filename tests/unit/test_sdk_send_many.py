@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk.errors import BadRequest, Forbidden, TooLarge
-from sdk.limits import MAX_BODY_BYTES
-from sdk.message import Message, decode_message, encode_message
+from wire.errors import BadRequest, Forbidden, TooLarge
+from wire.limits import MAX_BODY_BYTES
+from wire.message import Message, decode_message, encode_message
 from sdk.producer import Producer, Receipt, _spliced_payloads
 from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
 
@@ -129,8 +129,8 @@ async def test_delayed_send_many_encodes_each_due_time_and_its_receipts_can_canc
 async def test_a_bad_delayed_send_many_is_refused_before_anything_is_sent(meta, broker_a):
     from datetime import timedelta
 
-    from sdk.errors import DelayOutOfRange
-    from sdk.limits import MAX_DELAY_MS
+    from wire.errors import DelayOutOfRange
+    from wire.limits import MAX_DELAY_MS
 
     meta.set_route("orders", [broker_a])
     async with producer(meta, clock_ms=lambda: 1_000_000) as p:

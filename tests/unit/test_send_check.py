@@ -1,4 +1,4 @@
-"""sdk.send_check: the servers' quick check accepts only what the full check accepts, with the
+"""serverkit.send_check: the servers' quick check accepts only what the full check accepts, with the
 same fields, and defers everything else to it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from realtime.broker import DELIVER_AT_SKEW_MS_MAX
-from sdk.errors import QmqError
-from sdk.limits import (
+from wire.errors import QmqError
+from wire.limits import (
     MAX_BODY_BYTES,
     MAX_MESSAGE_ID_CHARS,
     MAX_PROPERTIES,
@@ -23,14 +23,14 @@ from sdk.limits import (
     MAX_TAG_BYTES,
     MAX_TAGS,
 )
-from sdk.message import (
+from wire.message import (
     ORIGIN_ID_PROPERTY,
     Message,
     decode_message,
     encode_message,
     validate_message,
 )
-from sdk.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
+from serverkit.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
 
 NOW_MS = 1_700_000_000_000
 DELIVER_AT_MAX_MS = NOW_MS + DELIVER_AT_SKEW_MS_MAX
@@ -147,10 +147,10 @@ def test_the_cache_of_valid_subjects_stays_bounded():
 
 
 try:
-    from sdk._send_check import check_many as check_many_c
+    from serverkit._send_check import check_many as check_many_c
 except ImportError:  # the optional C twin was not built: its own tests are skipped
     check_many_c = None
-needs_c = pytest.mark.skipif(check_many_c is None, reason="sdk._send_check not built")
+needs_c = pytest.mark.skipif(check_many_c is None, reason="serverkit._send_check not built")
 
 
 def c_check(data: object, subjects: set[str]) -> Checked | None:
@@ -213,8 +213,8 @@ def test_the_c_twin_survives_a_finalizer_that_empties_the_batch_while_it_reads()
     # process: the bug this guards against is a segfault.
     script = textwrap.dedent("""
         import gc, msgpack
-        from sdk._send_check import check_many
-        from sdk.send_check import Checked
+        from serverkit._send_check import check_many
+        from serverkit.send_check import Checked
         payloads = [msgpack.packb({"i": "m", "s": "o", "b": b"", "c": 1, "t": ["a"]},
                                   use_bin_type=True) for _ in range(4)]
         args = (payloads, 10**13, {"o"}, Checked, 1 << 22, 128, 10, 64)

@@ -1,4 +1,4 @@
-"""sdk.trace: the event builder, the batching hourly TraceWriter and the read_events helper."""
+"""tracelog.events: the event builder, the batching hourly TraceWriter and the read_events helper."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk.trace import (
+from tracelog.events import (
     EVENT_FIELD_NAMES,
     EVENT_KINDS,
     TraceWriter,
@@ -145,7 +145,7 @@ def test_when_batches_back_up_the_oldest_are_dropped_and_counted(tmp_path, caplo
     for i in range(7):  # [0,1] [2,3] held; 4 -> drop [0,1]; [4,5] full; 6 -> drop [2,3]
         writer.emit(ev(str(i)))
     assert writer.dropped_events == 4
-    with caplog.at_level(logging.WARNING, logger="sdk.trace"):
+    with caplog.at_level(logging.WARNING, logger="tracelog.events"):
         writer.close()
     assert [e["msg_id"] for e in read_events([tmp_path])] == ["4", "5", "6"]
     assert "dropped 4 events" in caplog.text
@@ -329,7 +329,8 @@ def test_emit_lines_queues_a_whole_list_under_the_same_limits_as_emit(tmp_path):
 
 
 def test_a_retry_copys_trace_view_names_the_user_subject_and_the_chain_it_belongs_to():
-    from sdk.message import Message, encode_message, peek_trace_members
+    from tracelog.peek import peek_trace_members
+    from wire.message import Message, encode_message
 
     copy = Message.create("%retry%orders%billing", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 5,
                           properties={"qmq-origin-id": "m1"}, id="m1.r1")

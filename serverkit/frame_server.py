@@ -25,9 +25,9 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from sdk.errors import BadRequest, Internal, QmqError
-from sdk.limits import MAX_FRAME_BYTES
-from sdk.protocol import (
+from wire.errors import BadRequest, Internal, QmqError
+from wire.limits import MAX_FRAME_BYTES
+from wire.protocol import (
     FrameDecoder,
     Hello,
     Request,

@@ -42,9 +42,4 @@ def server_context(cert_path: str | None, key_path: str | None) -> ssl.SSLContex
     return context
 
 
-def http_ssl(context: ssl.SSLContext | None) -> ssl.SSLContext | bool:
-    """What aiohttp's ``ssl=`` wants: our context, or True (default verification for https)."""
-    return context if context is not None else True
-
-
-__all__ = ["TlsOption", "client_context", "http_ssl", "server_context"]
+__all__ = ["TlsOption", "client_context", "server_context"]

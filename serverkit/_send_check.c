@@ -1,14 +1,14 @@
-/* sdk._send_check: the C twin of sdk.send_check.QuickCheck.check over a batch (optional).
+/* serverkit._send_check: the C twin of serverkit.send_check.QuickCheck.check over a batch (optional).
  *
  * check_many(payloads, deliver_at_max_ms, valid_subjects, checked_type, body_bytes_max,
  *            id_chars_max, tags_max, tag_bytes_max) -> list
  *
- * One entry per payload: a ``checked_type`` tuple (sdk.send_check.Checked) when the payload is
+ * One entry per payload: a ``checked_type`` tuple (serverkit.send_check.Checked) when the payload is
  * surely a valid message, else None, meaning "not decided here": the caller then runs the
  * Python QuickCheck.check on that payload, which runs the full check in turn. So this function
  * may only ever accept what the Python check accepts, with the same fields; it may defer more.
  *
- * It reads the msgpack map (sdk.message's one-letter keys) straight from the bytes, building no
+ * It reads the msgpack map (wire.message's one-letter keys) straight from the bytes, building no
  * dict and no body object. It decides only the common shapes and defers everything else:
  *   - the keys i, s, b, c (required), d, x, r (optional ints) and t (optional tags), each at
  *     most once; any other key (properties "p" included) defers;
@@ -385,8 +385,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "sdk._send_check",
-    "C twin of sdk.send_check.QuickCheck.check over a batch (optional speed-up).", -1, methods,
+    PyModuleDef_HEAD_INIT, "serverkit._send_check",
+    "C twin of serverkit.send_check.QuickCheck.check over a batch (optional speed-up).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__send_check(void)

@@ -1,13 +1,13 @@
 """The servers' quick check of a sent payload, ahead of the full one (used by the realtime
 broker and the delay server, so it lives with the pieces they share).
 
-Every sent payload is decoded and validated before it is stored. ``sdk.message.decode_message``
+Every sent payload is decoded and validated before it is stored. ``wire.message.decode_message``
 plus ``validate_message`` build a ``Message`` and check every field and limit: about 7 us per
 message, a quarter of the broker's CPU per message. ``quick_check`` does the same checks
 straight on the decoded map and builds no object, for the payloads our producers make. It only
 ever *accepts*: anything it is not sure of (an unknown key, a value out of range, a future
 ``deliver_at_ms``, bytes that are not msgpack) returns None and the caller runs the full check,
-which decides and words the error. Subjects and tags are still checked by sdk.message's own
+which decides and words the error. Subjects and tags are still checked by wire.message's own
 functions, ids by the same rule written inline; tests/unit/test_send_check.py holds both paths
 to the same answers.
 """
@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import msgpack
 
-from sdk.errors import BadRequest
-from sdk.limits import (
+from wire.errors import BadRequest
+from wire.limits import (
     MAX_BODY_BYTES,
     MAX_MESSAGE_ID_CHARS,
     MAX_PROPERTIES,
@@ -29,18 +29,18 @@ from sdk.limits import (
     MAX_TAG_BYTES,
     MAX_TAGS,
 )
-from sdk.message import (
+from wire.message import (
     ORIGIN_ID_PROPERTY,
     validate_subject,
     validate_tags,
 )
 
-# Payload keys quick_check understands (sdk.message's table); any other key defers.
+# Payload keys quick_check understands (wire.message's table); any other key defers.
 _KEYS = frozenset("isbctpdrx")
 try:
-    # The C twin of ``check`` over a batch (sdk/_send_check.c); optional: without it
+    # The C twin of ``check`` over a batch (serverkit/_send_check.c); optional: without it
     # ``check_many`` runs ``check`` per payload, with the same results.
-    from sdk._send_check import check_many as _check_many_c
+    from serverkit._send_check import check_many as _check_many_c
 except ImportError:  # pragma: no cover - only where the extension was not built
     _check_many_c = None
 

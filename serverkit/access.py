@@ -35,9 +35,9 @@ from typing import Any
 
 import aiohttp
 
-from sdk.errors import BadRequest, Forbidden, Internal, QmqError, Unauthorized
-from sdk.message import peek_subject
-from sdk.tls import http_ssl
+from wire.errors import BadRequest, Forbidden, Internal, QmqError, Unauthorized
+from wire.message import peek_subject
+from wire.http import bearer, http_ssl
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,6 @@ def covers(patterns: Iterable[str], name: str) -> bool:
     """True when one of ``patterns`` matches the (user) subject of ``name``."""
     subject = subject_of(name)
     return any(fnmatch.fnmatchcase(subject, pattern) for pattern in patterns)
-
-
-def bearer(token: str | None) -> dict[str, str]:
-    """HTTP headers carrying ``token`` as a Bearer credential (none without a token)."""
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def token_hint(token: str | None) -> str:
@@ -339,7 +334,6 @@ __all__ = [
     "OPEN",
     "PATTERNS_PER_TOKEN_MAX",
     "PATTERN_CHARS_MAX",
-    "bearer",
     "check_pattern",
     "check_patterns",
     "covers",

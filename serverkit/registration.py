@@ -15,8 +15,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 
-from sdk.access import bearer
-from sdk.tls import http_ssl
+from wire.http import bearer, http_ssl
 
 log = logging.getLogger(__name__)
 

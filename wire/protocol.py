@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Sequence, Union
 
 import msgpack
 
-from sdk.errors import (
+from wire.errors import (
     BadRequest,
     DelayOutOfRange,
     NotSupported,
@@ -31,7 +31,7 @@ from sdk.errors import (
     error_from_wire,
     type_name,
 )
-from sdk.limits import (
+from wire.limits import (
     MAX_ACK_RANGES,
     MAX_CLIENT_ID_CHARS,
     MAX_DELAY_MS,
@@ -41,7 +41,7 @@ from sdk.limits import (
     MAX_SEND_BATCH_MESSAGES,
     MAX_TOKEN_CHARS,
 )
-from sdk.message import (
+from wire.message import (
     DEAD_PREFIX,
     validate_group,
     validate_message_id,

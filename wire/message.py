@@ -29,9 +29,8 @@ from typing import Any, Literal, NamedTuple
 
 import msgpack
 
-from sdk.errors import BadRequest, DelayOutOfRange, TooLarge, type_name
-from sdk.trace import message_members
-from sdk.limits import (
+from wire.errors import BadRequest, DelayOutOfRange, TooLarge, type_name
+from wire.limits import (
     MAX_BODY_BYTES,
     MAX_DELAY_MS,
     MAX_MESSAGE_ID_CHARS,
@@ -498,54 +497,6 @@ __all__ = [
 
 # The property holding the id of the first message of a retry chain (set on retry copies).
 ORIGIN_ID_PROPERTY = "qmq-origin-id"
-
-
-class TracePeek(NamedTuple):
-    """A payload as the tracers need it: its message members pre-encoded for a trace line
-    (``sdk.trace.message_members``) and what decides which events it gets."""
-
-    members: str
-    created_at_ms: int | None
-    deliver_at_ms: int | None
-    retries: int
-    internal: str | None  # "retry" or "dead" for a copy on an internal subject, else None
-
-
-def _trace_peek(msg_id: Any, wire: Any, origin_id: Any, created_at_ms: Any,
-                deliver_at_ms: Any, retries: Any) -> TracePeek:
-    internal = parse_internal_subject(wire) if wire[:1] == "%" else None
-    members = message_members(
-        msg_id, internal.subject if internal is not None else wire, origin_id=origin_id,
-        created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms, retries=retries)
-    return TracePeek(members, created_at_ms, deliver_at_ms, retries,
-                     internal.kind if internal is not None else None)
-
-
-def peek_trace_members(payload: bytes) -> TracePeek | None:
-    """A payload's trace view (``TracePeek``: its id, user subject, origin id, times and
-    retries encoded as event members), read without building or validating a Message. None if
-    unreadable or if a field is of a type the trace schema cannot hold."""
-    try:
-        data = msgpack.unpackb(payload, raw=False)
-        properties = data.get("p")
-        return _trace_peek(data["i"], data["s"],
-                           properties.get(ORIGIN_ID_PROPERTY) if properties else None,
-                           data.get("c"), data.get("d"), data.get("r", 0))
-    except Exception:
-        return None
-
-
-def trace_members(msg_id: str, wire_subject: str, *, origin_id: str | None,
-                  created_at_ms: int | None, deliver_at_ms: int | None,
-                  retries: int) -> TracePeek | None:
-    """``peek_trace_members`` of a message whose fields are at hand already (a broker that
-    checked it before storing it), so its payload need not be decoded again; None if a field
-    does not fit the trace schema or the subject is a malformed internal name."""
-    try:
-        return _trace_peek(msg_id, wire_subject, origin_id, created_at_ms, deliver_at_ms,
-                           retries)
-    except (ValueError, BadRequest, TypeError):
-        return None
 
 
 def peek_message_id(payload: bytes) -> str:

@@ -13,8 +13,8 @@ import ssl
 from typing import Any
 
 from sdk.connection import ConnectionPool
-from sdk.errors import ConnectionLost, NoRoute, QmqError, error_from_wire
-from sdk.limits import MAX_SEND_BATCH_MESSAGES
+from wire.errors import ConnectionLost, NoRoute, QmqError, error_from_wire
+from wire.limits import MAX_SEND_BATCH_MESSAGES
 from sdk.routes import RouteCache
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ Hierarchy (wire code in brackets; * = retriable, i.e. the same request may succe
     +-- BadRequest              [bad_request]        malformed bytes, wrong field type, bad name/id/tag
     +-- Unauthorized            [unauthorized]       missing or unknown token
     +-- Forbidden               [forbidden]          token may not produce/consume this subject
-    +-- TooLarge                [too_large]          a size limit in sdk.limits was exceeded
+    +-- TooLarge                [too_large]          a size limit in wire.limits was exceeded
     +-- DelayOutOfRange         [delay_out_of_range] deliver_at_ms beyond now + MAX_DELAY_MS
     +-- ReadOnly              * [readonly]           broker group is draining; send elsewhere
     +-- Overloaded            * [overloaded]         server is shedding load; back off and retry
@@ -73,7 +73,7 @@ class Forbidden(QmqError):
 
 
 class TooLarge(QmqError):
-    """A size limit from ``sdk.limits`` was exceeded (frame, body, batch, properties, ranges)."""
+    """A size limit from ``wire.limits`` was exceeded (frame, body, batch, properties, ranges)."""
 
     code = "too_large"
 

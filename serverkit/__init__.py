@@ -1,0 +1,9 @@
+"""What every server shares and no client needs: the frame server (``frame_server``), MetaServer
+registration and heartbeats (``registration``), the access gate and its cache of token checks
+(``access``), the ``/metrics`` listener (``metrics_http``), forwarding payloads to a subject's
+brokers (``payload_sender``), the quick check of a sent batch (``send_check``, with its optional C
+twin ``_send_check``) and the I/O thread a synchronous store runs on (``io_thread``).
+
+It imports ``wire`` and ``tracelog``, and ``sdk`` for the client connection and route cache
+that a server uses when it calls another server; never a server package.
+"""
