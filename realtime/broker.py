@@ -37,6 +37,7 @@ from realtime.tail import Entry, Tail
 from wire.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_PULL_WAIT_MS
 from wire.message import (
+    KEY_EXPIRE_AT_MS,
     ORIGIN_ID_PROPERTY,
     decode_message,
     peek_message_id,
@@ -62,18 +63,21 @@ TAIL_BYTES_MAX = 64 << 20
 # Consumer-log entries one pull looks at (after tag and expiry filtering) before it answers.
 PULL_SCAN_ENTRIES_MAX = 10_000
 
-# The msgpack bytes the payload key "x" (expire_at_ms) can take: a fixstr of 1 byte, as our
-# encoder writes it, or a str 8/16/32 from another encoder (msgpack allows each). A payload that
-# contains none of them has no expiry, so a pull without tags need not decode it.
-_EXPIRE_KEY = b"\xa1x"
-_EXPIRE_KEYS_LONGHAND = (b"\xd9\x01x", b"\xda\x00\x01x", b"\xdb\x00\x00\x00\x01x")
+# The msgpack bytes the payload key KEY_EXPIRE_AT_MS (one byte, "x") can take: a fixstr of 1
+# byte, as our encoder writes it (b"\xa1x"), or a str 8/16/32 of length 1 from another encoder
+# (msgpack allows each), which all end in b"\x01x". A payload that contains none of them has no
+# expiry, so a pull without tags need not decode it.
+_EXPIRE_KEY = b"\xa1" + KEY_EXPIRE_AT_MS.encode()
+_EXPIRE_KEY_LONGHAND_END = b"\x01" + KEY_EXPIRE_AT_MS.encode()
+_EXPIRE_KEYS_LONGHAND = tuple(kind + _EXPIRE_KEY_LONGHAND_END
+                              for kind in (b"\xd9", b"\xda\x00", b"\xdb\x00\x00\x00"))
 
 
 def _may_expire(payload: bytes) -> bool:
     """False only when ``payload`` certainly has no expire_at_ms (no encoding of its key)."""
-    # Every longhand form ends in b"\x01x": one search rules them all out in the usual case.
+    # Every longhand form ends alike: one search rules them all out in the usual case.
     return _EXPIRE_KEY in payload or (
-        b"\x01x" in payload and any(key in payload for key in _EXPIRE_KEYS_LONGHAND))
+        _EXPIRE_KEY_LONGHAND_END in payload and any(key in payload for key in _EXPIRE_KEYS_LONGHAND))
 
 
 class Pulled(NamedTuple):

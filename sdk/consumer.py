@@ -47,6 +47,13 @@ from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTi
 from wire.errors import NoRoute, QmqError
 from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
+    KEY_BODY,
+    KEY_CREATED_AT_MS,
+    KEY_ID,
+    KEY_PROPERTIES,
+    KEY_RETRIES,
+    KEY_SUBJECT,
+    KEY_TAGS,
     Message,
     decode_message_fields,
     message_from_fields,
@@ -122,17 +129,17 @@ class ReceivedMessage:
             self._message = message_from_fields(self._fields)
         return self._message
 
-    id = property(lambda self: self._fields["i"], doc="The message id.")
-    retries = property(lambda self: self._fields.get("r", 0),
+    id = property(lambda self: self._fields[KEY_ID], doc="The message id.")
+    retries = property(lambda self: self._fields.get(KEY_RETRIES, 0),
                        doc="How many times it was nacked and retried before (0 on first try).")
-    wire_subject = property(lambda self: self._fields["s"],
+    wire_subject = property(lambda self: self._fields[KEY_SUBJECT],
                             doc="The subject it was pulled from (``%retry%...`` for a retry).")
-    body = property(lambda self: self._fields["b"], doc="The body bytes.")
-    tags = property(lambda self: tuple(self._fields.get("t") or ()),
+    body = property(lambda self: self._fields[KEY_BODY], doc="The body bytes.")
+    tags = property(lambda self: tuple(self._fields.get(KEY_TAGS) or ()),
                     doc="The tags (tuple of str).")
-    properties = property(lambda self: self._fields.setdefault("p", {}),
+    properties = property(lambda self: self._fields.setdefault(KEY_PROPERTIES, {}),
                           doc="The str -> str properties.")
-    created_at_ms = property(lambda self: self._fields["c"],
+    created_at_ms = property(lambda self: self._fields[KEY_CREATED_AT_MS],
                              doc="When the producer made it, epoch ms.")
     broker_group = property(lambda self: self._batch.broker_group,
                             doc="The broker group it was pulled from.")
@@ -142,7 +149,7 @@ class ReceivedMessage:
     @property
     def subject(self) -> str:
         """The user subject (for a retry copy, the subject it was first sent to)."""
-        wire = self._fields["s"]
+        wire = self._fields[KEY_SUBJECT]
         if wire[:1] != "%":
             return wire
         internal = parse_internal_subject(wire)

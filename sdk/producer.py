@@ -49,7 +49,15 @@ from wire.errors import (
     type_name,
 )
 from wire.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
-from wire.message import Message, encode_checked_message, encode_message, validate_message
+from wire.message import (
+    KEY_BODY,
+    KEY_DELIVER_AT_MS,
+    KEY_ID,
+    Message,
+    encode_checked_message,
+    encode_message,
+    validate_message,
+)
 from sdk.routes import Route, RouteCache
 from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 from wire.tls import TlsOption, client_context
@@ -382,23 +390,23 @@ class Producer:
         """Fresh ids, and one payload per body: the template's payload map with its id, body (and
         due time, from ``deliver_ats``) replaced. ``bodies`` are all ``bytes``.
 
-        The payload is a msgpack map whose id, body and due time sit under the keys "i", "b"
-        and "d" (wire.message); if the template does not encode that way, each message is built
+        The payload is a msgpack map whose id, body and due time sit under the keys KEY_ID, KEY_BODY
+        and KEY_DELIVER_AT_MS (wire.message); if the template does not encode that way, each message is built
         and encoded on its own instead."""
         ids = self._new_id.many(len(bodies))
         payload = encode_message(template)
         fields = msgpack.unpackb(payload, raw=False)
-        if (fields.get("i") != template.id or fields.get("b") != bytes(template.body)
-                or fields.get("d") != template.deliver_at_ms):
+        if (fields.get(KEY_ID) != template.id or fields.get(KEY_BODY) != bytes(template.body)
+                or fields.get(KEY_DELIVER_AT_MS) != template.deliver_at_ms):
             return ids, [encode_message(Message(
                 id=message_id, subject=template.subject, body=body, tags=template.tags,
                 properties=template.properties, created_at_ms=template.created_at_ms,
                 expire_at_ms=template.expire_at_ms,
                 deliver_at_ms=None if deliver_ats is None else deliver_ats[index]))
                 for index, (message_id, body) in enumerate(zip(ids, bodies))]
-        columns: dict[str, Sequence[Any]] = {"i": ids, "b": bodies}
+        columns: dict[str, Sequence[Any]] = {KEY_ID: ids, KEY_BODY: bodies}
         if deliver_ats is not None:
-            columns["d"] = deliver_ats
+            columns[KEY_DELIVER_AT_MS] = deliver_ats
         spliced = _spliced_payloads(payload, fields, columns)
         if spliced is not None:
             return ids, spliced
@@ -408,14 +416,14 @@ class Producer:
         # One dict reused for every message: only the changing fields are set in it.
         if deliver_ats is None:
             for message_id, body in zip(ids, bodies):
-                fields["i"] = message_id
-                fields["b"] = body
+                fields[KEY_ID] = message_id
+                fields[KEY_BODY] = body
                 append(packb(fields))
             return ids, payloads
         for message_id, body, deliver_at_ms in zip(ids, bodies, deliver_ats):
-            fields["i"] = message_id
-            fields["b"] = body
-            fields["d"] = deliver_at_ms
+            fields[KEY_ID] = message_id
+            fields[KEY_BODY] = body
+            fields[KEY_DELIVER_AT_MS] = deliver_at_ms
             append(packb(fields))
         return ids, payloads
 

@@ -30,13 +30,21 @@ from wire.limits import (
     MAX_TAGS,
 )
 from wire.message import (
+    KEY_BODY,
+    KEY_CREATED_AT_MS,
+    KEY_DELIVER_AT_MS,
+    KEY_EXPIRE_AT_MS,
+    KEY_ID,
+    KEY_PROPERTIES,
+    KEY_RETRIES,
+    KEY_SUBJECT,
+    KEY_TAGS,
     ORIGIN_ID_PROPERTY,
+    PAYLOAD_KEYS,
     validate_subject,
     validate_tags,
 )
 
-# Payload keys quick_check understands (wire.message's table); any other key defers.
-_KEYS = frozenset("isbctpdrx")
 try:
     # The C twin of ``check`` over a batch (serverkit/_send_check.c); optional: without it
     # ``check_many`` runs ``check`` per payload, with the same results.
@@ -96,10 +104,10 @@ class QuickCheck:
         if type(fields) is not dict:
             return None
         get = fields.get
-        message_id = get("i")
-        subject = get("s")
-        body = get("b")
-        created_at_ms = get("c")
+        message_id = get(KEY_ID)
+        subject = get(KEY_SUBJECT)
+        body = get(KEY_BODY)
+        created_at_ms = get(KEY_CREATED_AT_MS)
         # validate_message_id's rule, [\x21-\x7e]{1,MAX}, as str methods (no regex, no call):
         # ASCII and printable is \x20-\x7e, and the space is refused apart.
         if (type(message_id) is not str or type(subject) is not str or type(body) is not bytes
@@ -117,16 +125,16 @@ class QuickCheck:
                 self._valid_subjects.clear()
             self._valid_subjects.add(subject)
         if len(fields) == 4:
-            # Exactly i, s, b and c (all four were found above): a producer's plain message,
+            # Exactly id, subject, body and created_at_ms (all four found above): a producer's plain message,
             # nothing more to check. A tuple made directly, not through the NamedTuple's
             # Python-level __new__.
             return _new_tuple(Checked, (message_id, subject, (), None, None, created_at_ms, 0,
                                         None))
-        if not fields.keys() <= _KEYS:
+        if not fields.keys() <= PAYLOAD_KEYS:  # an unknown key: the full check decides
             return None
         tags: tuple[str, ...] = ()
-        if "t" in fields:
-            tag_list = fields["t"]
+        if KEY_TAGS in fields:
+            tag_list = fields[KEY_TAGS]
             if type(tag_list) is not list:
                 return None
             try:
@@ -134,21 +142,22 @@ class QuickCheck:
             except BadRequest:
                 return None
             tags = tuple(tag_list)
-        if "p" in fields and not _properties_ok(fields["p"]):
+        if KEY_PROPERTIES in fields and not _properties_ok(fields[KEY_PROPERTIES]):
             return None
-        expire_at_ms = get("x")
-        deliver_at_ms = get("d")
-        retries = get("r", 0)
+        expire_at_ms = get(KEY_EXPIRE_AT_MS)
+        deliver_at_ms = get(KEY_DELIVER_AT_MS)
+        retries = get(KEY_RETRIES, 0)
         for value in (expire_at_ms, deliver_at_ms):
             if value is not None and (type(value) is not int or value < 0):
                 return None
-        if ("x" in fields and expire_at_ms is None) or ("d" in fields and deliver_at_ms is None):
+        if ((KEY_EXPIRE_AT_MS in fields and expire_at_ms is None)
+                or (KEY_DELIVER_AT_MS in fields and deliver_at_ms is None)):
             return None  # an explicit nil: the full check refuses it
         if type(retries) is not int or retries < 0:
             return None
         if deliver_at_ms is not None and deliver_at_ms > deliver_at_max_ms:
             return None
-        properties = get("p")
+        properties = get(KEY_PROPERTIES)
         return _new_tuple(Checked, (message_id, subject, tags, expire_at_ms, deliver_at_ms,
                                     created_at_ms, retries,
                                     properties.get(ORIGIN_ID_PROPERTY) if properties else None))

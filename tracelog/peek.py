@@ -14,7 +14,16 @@ import msgpack
 
 from tracelog.events import message_members
 from wire.errors import BadRequest
-from wire.message import ORIGIN_ID_PROPERTY, parse_internal_subject
+from wire.message import (
+    KEY_CREATED_AT_MS,
+    KEY_DELIVER_AT_MS,
+    KEY_ID,
+    KEY_PROPERTIES,
+    KEY_RETRIES,
+    KEY_SUBJECT,
+    ORIGIN_ID_PROPERTY,
+    parse_internal_subject,
+)
 
 
 class TracePeek(NamedTuple):
@@ -44,10 +53,11 @@ def peek_trace_members(payload: bytes) -> TracePeek | None:
     unreadable or if a field is of a type the trace schema cannot hold."""
     try:
         data = msgpack.unpackb(payload, raw=False)
-        properties = data.get("p")
-        return _trace_peek(data["i"], data["s"],
+        properties = data.get(KEY_PROPERTIES)
+        return _trace_peek(data[KEY_ID], data[KEY_SUBJECT],
                            properties.get(ORIGIN_ID_PROPERTY) if properties else None,
-                           data.get("c"), data.get("d"), data.get("r", 0))
+                           data.get(KEY_CREATED_AT_MS), data.get(KEY_DELIVER_AT_MS),
+                           data.get(KEY_RETRIES, 0))
     except Exception:
         return None
 

@@ -15,6 +15,10 @@ broker stores verbatim and hands back in ``pull``; it is a msgpack map with one-
     r    retries         int                omitted when 0
     x    expire_at_ms    int                omitted when None (never expires)
 
+The keys are the ``KEY_*`` constants below, and no other Python module spells them
+(tests/unit/test_message.py checks); the C twin of the servers' send check
+(serverkit/_send_check.c) reads them as the letters of this table.
+
 Unknown keys are ignored when decoding so a newer producer's extra fields pass through old code.
 ``decode_message`` checks structure and types only; ``validate_message`` checks the limits.
 """
@@ -50,6 +54,19 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_RE = re.compile(NAME_PATTERN)
 # Ids are producer-made; any printable ASCII except space, so they are safe in logs and paths.
 _ID_RE = re.compile(r"[\x21-\x7e]+")
+
+# The payload's keys, one letter each since every payload repeats them (the table above).
+KEY_ID = "i"
+KEY_SUBJECT = "s"
+KEY_BODY = "b"
+KEY_CREATED_AT_MS = "c"
+KEY_TAGS = "t"
+KEY_PROPERTIES = "p"
+KEY_DELIVER_AT_MS = "d"
+KEY_RETRIES = "r"
+KEY_EXPIRE_AT_MS = "x"
+PAYLOAD_KEYS = frozenset({KEY_ID, KEY_SUBJECT, KEY_BODY, KEY_CREATED_AT_MS, KEY_TAGS,
+                          KEY_PROPERTIES, KEY_DELIVER_AT_MS, KEY_RETRIES, KEY_EXPIRE_AT_MS})
 
 RETRY_PREFIX = "%retry%"
 DEAD_PREFIX = "%dead%"
@@ -331,24 +348,8 @@ def encode_checked_message(msg: Message) -> bytes:
     """``encode_message`` for a message whose field types were already checked (by
     ``validate_message``): the producer's ``send`` validates, then encodes without checking
     the same types twice."""
-    payload: dict[str, Any] = {
-        "i": msg.id,
-        "s": msg.subject,
-        "b": msg.body if type(msg.body) is bytes else bytes(msg.body),
-        "c": msg.created_at_ms,
-    }
-    if msg.tags:
-        payload["t"] = list(msg.tags)
-    if msg.properties:
-        payload["p"] = msg.properties
-    if msg.deliver_at_ms is not None:
-        payload["d"] = msg.deliver_at_ms
-    if msg.retries:
-        payload["r"] = msg.retries
-    if msg.expire_at_ms is not None:
-        payload["x"] = msg.expire_at_ms
     try:
-        return msgpack.packb(payload, use_bin_type=True)
+        return msgpack.packb(message_fields(msg), use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as exc:
         # Lone surrogates in a str cannot be encoded as UTF-8.
         raise BadRequest(f"message cannot be encoded: {exc}") from None
@@ -381,33 +382,33 @@ def decode_message(data: bytes) -> Message:
         ) from None
     if not isinstance(payload, dict):
         raise BadRequest(f"message payload must be a msgpack map, got {type_name(payload)}")
-    tags = _field(payload, "t", "tags", list, required=False) or []
+    tags = _field(payload, KEY_TAGS, "tags", list, required=False) or []
     for tag in tags:
         if not isinstance(tag, str):
             raise BadRequest(f"message field tags must hold str, got {type_name(tag)}")
-    properties = _field(payload, "p", "properties", dict, required=False) or {}
+    properties = _field(payload, KEY_PROPERTIES, "properties", dict, required=False) or {}
     for key, value in properties.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise BadRequest(
                 "message field properties must map str to str, got "
                 f"{type_name(key)} -> {type_name(value)}"
             )
-    retries = _field(payload, "r", "retries", int, required=False)
+    retries = _field(payload, KEY_RETRIES, "retries", int, required=False)
     return Message(
-        id=_field(payload, "i", "id", str, required=True),
-        subject=_field(payload, "s", "subject", str, required=True),
-        body=_field(payload, "b", "body", bytes, required=True),
+        id=_field(payload, KEY_ID, "id", str, required=True),
+        subject=_field(payload, KEY_SUBJECT, "subject", str, required=True),
+        body=_field(payload, KEY_BODY, "body", bytes, required=True),
         tags=tuple(tags),
         properties=properties,
-        created_at_ms=_field(payload, "c", "created_at_ms", int, required=True),
-        deliver_at_ms=_field(payload, "d", "deliver_at_ms", int, required=False),
+        created_at_ms=_field(payload, KEY_CREATED_AT_MS, "created_at_ms", int, required=True),
+        deliver_at_ms=_field(payload, KEY_DELIVER_AT_MS, "deliver_at_ms", int, required=False),
         retries=0 if retries is None else retries,
-        expire_at_ms=_field(payload, "x", "expire_at_ms", int, required=False),
+        expire_at_ms=_field(payload, KEY_EXPIRE_AT_MS, "expire_at_ms", int, required=False),
     )
 
 
 # Keys of the optional payload fields and the exact type each must have when present.
-_OPTIONAL_FIELD_TYPES = (("d", int), ("r", int), ("x", int))
+_OPTIONAL_FIELD_TYPES = ((KEY_DELIVER_AT_MS, int), (KEY_RETRIES, int), (KEY_EXPIRE_AT_MS, int))
 _MISSING = object()
 _unpackb = msgpack.unpackb
 
@@ -415,11 +416,11 @@ _unpackb = msgpack.unpackb
 def _optional_fields_ok(fields: dict) -> bool:
     """The optional fields of an unpacked payload have decode_message's types (no call per
     field on the common path: the caller looks here only when there are more than 4 keys)."""
-    tags = fields.get("t", _MISSING)
+    tags = fields.get(KEY_TAGS, _MISSING)
     if tags is not _MISSING and (type(tags) is not list
                                  or not all(type(tag) is str for tag in tags)):
         return False
-    properties = fields.get("p", _MISSING)
+    properties = fields.get(KEY_PROPERTIES, _MISSING)
     if properties is not _MISSING and (
             type(properties) is not dict
             or not all(type(k) is str and type(v) is str for k, v in properties.items())):
@@ -440,38 +441,44 @@ def decode_message_fields(data: bytes) -> dict[str, Any]:
         fields = _unpackb(data, raw=False, strict_map_key=True)
     except Exception:
         fields = None
-    if (type(fields) is dict and type(fields.get("i")) is str and type(fields.get("s")) is str
-            and type(fields.get("b")) is bytes and type(fields.get("c")) is int
+    if (type(fields) is dict and type(fields.get(KEY_ID)) is str
+            and type(fields.get(KEY_SUBJECT)) is str and type(fields.get(KEY_BODY)) is bytes
+            and type(fields.get(KEY_CREATED_AT_MS)) is int
             and (len(fields) == 4 or _optional_fields_ok(fields))):
         return fields
     return message_fields(decode_message(data))  # raises BadRequest, worded by decode_message
 
 
 def message_fields(msg: Message) -> dict[str, Any]:
-    """The payload map of ``msg`` as ``decode_message_fields`` returns it (for a message the
-    fast check did not accept but ``decode_message`` did)."""
-    fields: dict[str, Any] = {"i": msg.id, "s": msg.subject, "b": bytes(msg.body),
-                              "c": msg.created_at_ms}
+    """The payload map of ``msg``: what ``encode_message`` packs, and what
+    ``decode_message_fields`` returns (for a message its fast check did not accept but
+    ``decode_message`` did)."""
+    fields: dict[str, Any] = {
+        KEY_ID: msg.id,
+        KEY_SUBJECT: msg.subject,
+        KEY_BODY: msg.body if type(msg.body) is bytes else bytes(msg.body),
+        KEY_CREATED_AT_MS: msg.created_at_ms,
+    }
     if msg.tags:
-        fields["t"] = list(msg.tags)
+        fields[KEY_TAGS] = list(msg.tags)
     if msg.properties:
-        fields["p"] = dict(msg.properties)
+        fields[KEY_PROPERTIES] = msg.properties
     if msg.deliver_at_ms is not None:
-        fields["d"] = msg.deliver_at_ms
+        fields[KEY_DELIVER_AT_MS] = msg.deliver_at_ms
     if msg.retries:
-        fields["r"] = msg.retries
+        fields[KEY_RETRIES] = msg.retries
     if msg.expire_at_ms is not None:
-        fields["x"] = msg.expire_at_ms
+        fields[KEY_EXPIRE_AT_MS] = msg.expire_at_ms
     return fields
 
 
 def message_from_fields(fields: dict[str, Any]) -> Message:
     """The ``Message`` of a map from ``decode_message_fields``."""
     return Message(
-        id=fields["i"], subject=fields["s"], body=fields["b"], tags=tuple(fields.get("t") or ()),
-        properties=fields.get("p") or {}, created_at_ms=fields["c"],
-        deliver_at_ms=fields.get("d"), retries=fields.get("r") or 0,
-        expire_at_ms=fields.get("x"))
+        id=fields[KEY_ID], subject=fields[KEY_SUBJECT], body=fields[KEY_BODY],
+        tags=tuple(fields.get(KEY_TAGS) or ()), properties=fields.get(KEY_PROPERTIES) or {},
+        created_at_ms=fields[KEY_CREATED_AT_MS], deliver_at_ms=fields.get(KEY_DELIVER_AT_MS),
+        retries=fields.get(KEY_RETRIES) or 0, expire_at_ms=fields.get(KEY_EXPIRE_AT_MS))
 
 
 __all__ = [
@@ -504,7 +511,7 @@ def peek_message_id(payload: bytes) -> str:
     (so an error result can still name the message)."""
     try:
         data = msgpack.unpackb(payload, raw=False)
-        value = data.get("i") if isinstance(data, dict) else None
+        value = data.get(KEY_ID) if isinstance(data, dict) else None
         return value if isinstance(value, str) else ""
     except Exception:
         return ""
@@ -515,7 +522,7 @@ def peek_subject(payload: bytes) -> str | None:
     before the full check); None if the payload has no readable subject."""
     try:
         data = msgpack.unpackb(payload, raw=False)
-        value = data.get("s") if isinstance(data, dict) else None
+        value = data.get(KEY_SUBJECT) if isinstance(data, dict) else None
         return value if isinstance(value, str) else None
     except Exception:
         return None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -400,3 +404,45 @@ def test_a_message_to_an_internal_subject_needs_allow_internal():
 def test_an_invalid_subject_makes_the_message_invalid():
     with pytest.raises(BadRequest, match="not a valid name"):
         validate_message(a_message(subject="no spaces"))
+
+
+def test_the_payload_keys_are_the_ones_protocol_md_documents():
+    from wire.message import PAYLOAD_KEYS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md").read_text()
+    documented = set(re.findall(r"^\| `(\w)` +\|", text, re.MULTILINE))
+    assert PAYLOAD_KEYS == documented == set("isbctpdrx")
+
+
+def _payload_key_literals(path: Path) -> list[str]:
+    """Lines of ``path`` where a one-letter payload key is spelled as a str literal used as a
+    map key: a subscript, a dict display key, a ``get``/``setdefault``/``pop`` argument or the
+    left side of ``in``."""
+    letters = set("isbctpdrx")
+
+    def is_key(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in letters
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        keys: list[ast.AST] = []
+        if isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        elif isinstance(node, ast.Dict):
+            keys = [key for key in node.keys if key is not None]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "setdefault", "pop") and node.args):
+            keys = [node.args[0]]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            keys = [node.left]
+        found += [f"{path}:{key.lineno}" for key in keys if is_key(key)]
+    return found
+
+
+def test_only_wire_message_spells_the_payload_keys():
+    root = Path(__file__).resolve().parents[2]
+    packages = ("wire", "sdk", "serverkit", "tracelog", "realtime", "delayserver", "metaserver",
+                "qmq", "spark_audit", "bench")
+    spelled = [line for package in packages for path in sorted((root / package).rglob("*.py"))
+               if path != root / "wire" / "message.py" for line in _payload_key_literals(path)]
+    assert spelled == []
