@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from logstore.segment_log import FLUSH_MODES
 from wire.limits import MAX_DELAY_MS
-
-FLUSH_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)

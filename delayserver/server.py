@@ -16,6 +16,7 @@ from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from serverkit.access import AccessCache, Gate
+from wire.clock import wall_clock_ms
 from wire.errors import Forbidden, NotSupported
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
@@ -46,7 +47,7 @@ def offset_clock(offset_ms: int) -> Callable[[], int]:
     """The wall clock in ms, shifted by ``offset_ms`` (test use: prove 40-day delays quickly)."""
 
     def now_ms() -> int:
-        return time.time_ns() // 1_000_000 + offset_ms
+        return wall_clock_ms() + offset_ms
 
     return now_ms
 

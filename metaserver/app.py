@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -25,16 +24,12 @@ from metaserver.registry import Registry
 from metaserver.tokens import TOKENS_KEY, Tokens, auth_middleware
 from metaserver.validation import BODY_SIZE_BYTES_MAX
 from serverkit.metrics_http import METRICS_PATH, scrape
+from wire.clock import wall_clock_ms
 from wire.tls import server_context
 
 log = logging.getLogger(__name__)
 
 METRICS_KEY = web.AppKey("metaserver_metrics", MetaMetrics)
-
-
-def wall_clock_ms() -> int:
-    """Return the wall-clock time in milliseconds since the Unix epoch."""
-    return time.time_ns() // 1_000_000
 
 
 def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> web.Application:

@@ -51,6 +51,7 @@ from logstore import (
     SegmentedLog,
     Truncation,
 )
+from logstore.segment_log import FLUSH_MODES
 from pulllog.actions import (
     RELEASE_REASON_ACK_TIMEOUT,
     U64_MAX,
@@ -80,7 +81,6 @@ from pulllog.state import (
 
 log = logging.getLogger(__name__)
 
-FLUSH_MODES = ("sync", "async")
 SEGMENT_SIZE_BYTES_MIN = 1024  # smaller segments would hold only a handful of actions
 ACTIONS_DIRECTORY = "actions"
 CHECKPOINT_NAME = "pullstate"

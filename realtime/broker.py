@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -44,6 +43,7 @@ from wire.message import (
     tag_hash,
     validate_message,
 )
+from wire.clock import wall_clock_ms
 from wire.protocol import Ack, Heartbeat, Leave, Pull
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,6 @@ class Pulled(NamedTuple):
 
 
 NOTHING_PULLED = Pulled((), (), ())
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch (the default clock)."""
-    return time.time_ns() // 1_000_000
 
 
 def group_key(group: str, consumer_id: str, broadcast: bool) -> str:
@@ -966,4 +961,4 @@ class Broker:
         return rows
 
 
-__all__ = ["Broker", "NOTHING_PULLED", "Pulled", "group_key", "wall_clock_ms"]
+__all__ = ["Broker", "NOTHING_PULLED", "Pulled", "group_key"]

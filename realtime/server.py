@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 from logstore.fileio import Opener, OsFile
 from realtime.admin import BrokerAdmin, StorageAdmin
-from realtime.broker import Broker, wall_clock_ms
+from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
 from realtime.tracing import BrokerTracer
 from serverkit.access import AccessCache, Gate
+from wire.clock import wall_clock_ms
 from wire.errors import NotSupported
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener

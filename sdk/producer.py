@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -38,6 +37,7 @@ from typing import Any
 import msgpack
 
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
+from wire.clock import wall_clock_ms
 from wire.errors import (
     BadRequest,
     ConnectionLost,
@@ -71,11 +71,6 @@ _PAYLOAD_OVERHEAD_BYTES = 8  # msgpack bin header per payload, rounded up
 # First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
 RETRY_BACKOFF_MS_DEFAULT = 50
 RETRY_BACKOFF_MS_MAX = 2_000
-
-
-def wall_clock_ms() -> int:
-    """Epoch milliseconds of the wall clock (for message timestamps)."""
-    return time.time_ns() // 1_000_000
 
 
 def duration_ms(value: timedelta | int | float, name: str) -> int:
@@ -665,5 +660,4 @@ __all__ = [
     "default_client_id",
     "duration_ms",
     "epoch_ms",
-    "wall_clock_ms",
 ]

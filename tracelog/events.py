@@ -73,6 +73,8 @@ from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
+from wire.clock import wall_clock_ms
+
 log = logging.getLogger(__name__)
 
 EVENT_KINDS = (
@@ -216,10 +218,6 @@ def safe_server_name(server: str) -> str:
     return _UNSAFE_NAME_CHARS.sub("_", server)
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class TraceWriter:
     """Buffers events in memory and appends them in batches to hourly JSON Lines files.
 
@@ -257,7 +255,7 @@ class TraceWriter:
         self._flush_interval_ms = flush_interval_ms
         self._batch_max = batch_max
         self._pending_events_max = pending_events_max
-        self._clock_ms = clock_ms or _wall_clock_ms
+        self._clock_ms = clock_ms or wall_clock_ms
         self._cond = threading.Condition()  # guards everything up to _closed; never held for I/O
         self._server_member = f',"server":{_json_str(server)}'
         self._current: list[str] = []  # encoded lines (see ``line``)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from logstore.segment_log import FLUSH_MODES
 from realtime.storage.message_record import OVERHEAD_SIZE_BYTES
 
 SUBJECT_BYTES_MAX = 512  # UTF-8 bytes of a subject; internal ones are %retry%<subject>%<group>
@@ -12,7 +13,6 @@ TAG_HASHES_MAX = 10  # tag hashes per message (a message has at most 10 tags)
 TAG_HASH_MAX = (1 << 32) - 1  # tag hashes are 32-bit unsigned ints
 U64_MAX = (1 << 64) - 1  # sequences, counts and timestamps are stored as u64
 TIMESTAMP_MS_MAX = U64_MAX
-FLUSH_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)
