@@ -30,11 +30,12 @@ from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
 from delayserver.wheel import TimingWheel
-from logstore.errors import DiskFull, LogWriteFailed
+from logstore.errors import DiskFull
 from logstore.fileio import Opener, OsFile
-from wire.errors import DelayOutOfRange, Internal, Overloaded, QmqError, ReadOnly
+from wire.errors import DelayOutOfRange, QmqError, ReadOnly
 from tracelog.peek import TracePeek, trace_members
 from wire.message import decode_message, peek_message_id, validate_message
+from serverkit.committer import GroupCommitter
 from serverkit.send_check import QuickCheck
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,9 @@ class Scheduler:
         self.wheel = TimingWheel(config.tick_ms)
         self._quick_check = QuickCheck()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
-        self._pending: list[_PendingSend] = []
-        self._commit_wakeup = asyncio.Event()
+        self._commits: GroupCommitter[_PendingSend, list[ScheduleEntry]] = GroupCommitter(
+            f"delay group {config.group}", self._commit_io_call, self._committed_batch,
+            self._fail_batch, self._go_readonly)
         self._wakeup = asyncio.Event()  # the dispatcher re-checks the wheel
         self._next_load_ms = 0  # first bucket not yet loaded into the wheel
         self._loading_bucket_ms: int | None = None
@@ -155,7 +157,7 @@ class Scheduler:
         self._next_load_ms = self.store.done_before()
         await self.preload()
         self._tasks = [
-            asyncio.create_task(self._committer(), name="delay-committer"),
+            asyncio.create_task(self._commits.run(), name="delay-committer"),
             asyncio.create_task(self._dispatcher(), name="delay-dispatcher"),
             asyncio.create_task(self._housekeeping(), name="delay-housekeeping"),
         ]
@@ -175,8 +177,7 @@ class Scheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._pending:
-            await self._commit_batch()
+        await self._commits.commit_pending()
         # Dispatch workers hand what was confirmed to a recorder task they start, so wait
         # until none of either is left (or the grace time is over).
         loop = asyncio.get_running_loop()
@@ -253,38 +254,25 @@ class Scheduler:
             except QmqError as exc:
                 results.append({"id": peek_message_id(payload), "error": exc.to_wire()})
                 continue
-            self._pending.append(_PendingSend(message_id, subject, payload, deliver_at_ms, call,
-                                              len(results), trace))
+            self._commits.pending.append(_PendingSend(message_id, subject, payload,
+                                                      deliver_at_ms, call, len(results), trace))
             results.append(None)  # filled in by the commit
             accepted += 1
         if not accepted:
             return results
-        self._commit_wakeup.set()
+        self._commits.wake()
         return await call.future
 
-    async def _committer(self) -> None:
-        while True:
-            await self._commit_wakeup.wait()
-            self._commit_wakeup.clear()
-            if self._pending:
-                await self._commit_batch()
+    def _commit_io_call(self, batch: list[_PendingSend]) -> Awaitable[list[ScheduleEntry]]:
+        """The group commit's store call: ``_append_and_commit`` on the I/O thread."""
+        return self._io(self._append_and_commit, batch)
 
-    async def _commit_batch(self) -> None:
-        batch, self._pending = self._pending, []
-        try:
-            entries = await self._io(self._append_and_commit, batch)
-        except DiskFull as exc:
-            self._fail_batch(batch, Overloaded(f"delay group {self.config.group} disk full: {exc}"))
-            return
-        except LogWriteFailed as exc:
-            log.error("write failure, delay server goes read-only until restarted: %s", exc)
-            self.readonly = self.write_failed = True
-            self._fail_batch(batch, Internal(f"delay storage write failed: {exc}"))
-            return
-        except Exception as exc:
-            log.exception("delay commit failed")
-            self._fail_batch(batch, Internal(f"commit failed: {type(exc).__name__}: {exc}"))
-            return
+    def _go_readonly(self) -> None:
+        """A sticky write failure: refuse sends until restarted."""
+        self.readonly = self.write_failed = True
+
+    def _committed_batch(self, batch: list[_PendingSend], entries: list[ScheduleEntry]) -> None:
+        """Answer a committed batch and put its entries of loaded buckets into the window."""
         if self.tracer.enabled:
             self.tracer.scheduled_peeked([(p.trace, p.payload) for p in batch], self.clock())
         window_max = self.config.wheel_entries_max

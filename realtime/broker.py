@@ -22,18 +22,19 @@ import os
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence, TypeVar
 
-from logstore.errors import DiskFull, LogStoreError, LogWriteFailed
+from logstore.errors import LogStoreError
 from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
 from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
+from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
 from serverkit.send_check import Checked, QuickCheck
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Entry, Tail
-from wire.errors import BadRequest, Internal, NotFound, Overloaded, QmqError, ReadOnly
+from wire.errors import BadRequest, NotFound, QmqError, ReadOnly
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES, MAX_PULL_WAIT_MS
 from wire.message import (
     KEY_EXPIRE_AT_MS,
@@ -138,8 +139,9 @@ class Broker:
         self._store_thread = IoThread("realtime-store-io")
         self._pull_thread = IoThread("realtime-pulllog-io")
         self._quick_check = QuickCheck()
-        self._pending: list[_SendRequest] = []
-        self._commit_wakeup = asyncio.Event()
+        self._commits: GroupCommitter[_SendRequest, list[int | None]] = GroupCommitter(
+            f"broker group {config.group}", self._commit_io_call, self._publish_committed,
+            self._fail_batch, self._go_readonly)
         self._subject_events: dict[str, asyncio.Event] = {}
         # (subject, pull-log group) -> consumer id -> last pull or heartbeat, in ms
         self._last_seen: dict[tuple[str, str], dict[str, int]] = {}
@@ -186,7 +188,7 @@ class Broker:
         await self._pulllog_io(self._open_pulllog)
         await self._pulllog_io(self._seed_tracer_io)
         self._tasks = [
-            asyncio.create_task(self._committer(), name="realtime-committer"),
+            asyncio.create_task(self._commits.run(), name="realtime-committer"),
             asyncio.create_task(self._expiry_loop(), name="realtime-expiry"),
             asyncio.create_task(self._retention_loop(), name="realtime-retention"),
             # Runs in both flush modes: the pull log is always flushed asynchronously.
@@ -243,8 +245,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pending:
-            await self._commit_batch()
+        await self._commits.commit_pending()
         if self.pulllog is not None:
             await self._pulllog_io(self.pulllog.close)
         if self.store is not None:
@@ -270,8 +271,8 @@ class Broker:
             messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
         if messages:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._pending.append(_SendRequest(messages, valid, slots, results, future))
-            self._commit_wakeup.set()
+            self._commits.pending.append(_SendRequest(messages, valid, slots, results, future))
+            self._commits.wake()
             await future
         return results
 
@@ -314,38 +315,33 @@ class Broker:
                        message.deliver_at_ms, message.created_at_ms, message.retries,
                        message.properties.get(ORIGIN_ID_PROPERTY))
 
-    async def _committer(self) -> None:
-        while True:
-            await self._commit_wakeup.wait()
-            self._commit_wakeup.clear()
-            if self._pending:
-                await self._commit_batch()
+    def _commit_io_call(self, batch: list[_SendRequest]) -> Awaitable[list[int | None]]:
+        """The group commit's store call: ``_append_and_commit`` on the store thread."""
+        return self._store_io(self._append_and_commit, batch, self.clock())
 
-    async def _commit_batch(self) -> None:
-        batch, self._pending = self._pending, []
-        error: QmqError | None = None
-        try:
-            outcomes = await self._store_io(self._append_and_commit, batch, self.clock())
-        except DiskFull as exc:
-            error = Overloaded(f"broker {self.config.group} disk full, send refused: {exc}")
-        except LogWriteFailed as exc:
-            log.error("write failure, broker goes read-only until restarted: %s", exc)
-            self.readonly = self.write_failed = True
-            error = Internal(f"broker {self.config.group} storage write failed: {exc}")
-        except Exception as exc:  # a bug: fail the batch loudly, keep the broker up
-            log.exception("commit failed")
-            error = Internal(f"commit failed: {type(exc).__name__}: {exc}")
-        if error is not None:
-            wire = error.to_wire()
-            self._count_error(error.code, sum(len(request.messages) for request in batch))
-            for request in batch:
-                slots = request.slots if request.slots is not None else range(len(request.results))
-                for slot, message in zip(slots, request.messages):
-                    request.results[slot] = {"id": message.id, "error": wire}
-        else:
-            self._publish(batch, outcomes)
-            if self.on_commit is not None:
-                self.on_commit(len(outcomes))
+    def _go_readonly(self) -> None:
+        """A sticky write failure: refuse sends until restarted."""
+        self.readonly = self.write_failed = True
+
+    def _fail_batch(self, batch: list[_SendRequest], error: QmqError) -> None:
+        """Answer every message of a batch whose commit failed with ``error``."""
+        wire = error.to_wire()
+        self._count_error(error.code, sum(len(request.messages) for request in batch))
+        for request in batch:
+            slots = request.slots if request.slots is not None else range(len(request.results))
+            for slot, message in zip(slots, request.messages):
+                request.results[slot] = {"id": message.id, "error": wire}
+        self._answer(batch)
+
+    def _publish_committed(self, batch: list[_SendRequest], outcomes: list[int | None]) -> None:
+        """Answer a committed batch, feed the tail and the metrics, wake the pulls."""
+        self._publish(batch, outcomes)
+        if self.on_commit is not None:
+            self.on_commit(len(outcomes))
+        self._answer(batch)
+
+    @staticmethod
+    def _answer(batch: list[_SendRequest]) -> None:
         for request in batch:
             if not request.future.done():
                 request.future.set_result(None)

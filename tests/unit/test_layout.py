@@ -27,7 +27,9 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "tracelog": frozenset({"wire"}),
     "sdk": frozenset({"wire"}),
     "pulllog": frozenset({"logstore"}),
-    "serverkit": frozenset({"sdk", "wire", "tracelog"}),
+    # logstore: the group committer triages its errors (DiskFull, LogWriteFailed) and the
+    # common server config takes its FLUSH_MODES.
+    "serverkit": frozenset({"sdk", "wire", "tracelog", "logstore"}),
     "realtime": frozenset({"pulllog", "logstore", "serverkit", "wire", "tracelog"}),
     "delayserver": frozenset({"logstore", "serverkit", "wire", "tracelog"}),
     "metaserver": frozenset({"migrations", "serverkit", "sdk", "wire", "tracelog"}),

@@ -1,0 +1,100 @@
+"""``GroupCommitter``: the group commit of a server's sends, and what a failed commit means.
+
+Sends queue up while a commit runs; the next commit takes everything queued in one store call,
+so many sends share one fsync (``flush=sync``). The realtime broker and the delay server both
+commit this way; each hands in its store call and what to do with a batch that was committed
+or refused.
+
+A failed commit is triaged here, the same for both servers:
+
+| raised by the store          | the batch is answered | and the server                      |
+|------------------------------|-----------------------|-------------------------------------|
+| ``DiskFull``                 | ``Overloaded``        | keeps taking sends (space may come) |
+| ``LogWriteFailed`` (sticky)  | ``Internal``          | goes read-only until restarted      |
+| anything else (our bug)      | ``Internal``          | logs the traceback, stays up        |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Generic, TypeVar
+
+from logstore.errors import DiskFull, LogWriteFailed
+from wire.errors import Internal, Overloaded, QmqError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")  # one queued item (a request, or one message of one)
+R = TypeVar("R")  # what the store call returns for a batch
+
+
+def commit_error(exc: Exception, name: str) -> tuple[QmqError, bool]:
+    """The error a batch whose commit raised ``exc`` is answered with, and whether the server
+    must go read-only until restarted (a sticky write failure). ``name`` says which server
+    ("broker group realtime-1"), for the message."""
+    if isinstance(exc, DiskFull):
+        return Overloaded(f"{name} disk full, send refused: {exc}"), False
+    if isinstance(exc, LogWriteFailed):
+        log.error("write failure, %s goes read-only until restarted: %s", name, exc)
+        return Internal(f"{name} storage write failed: {exc}"), True
+    log.error("%s commit failed", name, exc_info=exc)  # a bug: fail the batch loudly, stay up
+    return Internal(f"commit failed: {type(exc).__name__}: {exc}"), False
+
+
+class GroupCommitter(Generic[T, R]):
+    """Commits what ``pending`` holds, all of it at once, whenever ``wake()`` is called.
+
+    Event loop only: ``pending`` is appended to by the server's send path and swapped for an
+    empty list by the commit, both on the event loop; only ``commit`` (the server's store
+    call, which goes to its I/O thread) leaves it.
+
+    - ``commit(batch)``: stores the batch, returns what ``committed`` is told;
+    - ``committed(batch, result)``: answers a stored batch;
+    - ``failed(batch, error)``: answers a refused batch with ``error`` (see the module table);
+    - ``write_failed()``: a sticky write failure happened: the server goes read-only.
+    """
+
+    def __init__(self, name: str, commit: Callable[[list[T]], Awaitable[R]],
+                 committed: Callable[[list[T], R], None],
+                 failed: Callable[[list[T], QmqError], None],
+                 write_failed: Callable[[], None]) -> None:
+        self.name = name
+        self.pending: list[T] = []  # event loop: queued for the next commit
+        self._commit = commit
+        self._committed = committed
+        self._failed = failed
+        self._write_failed = write_failed
+        self._wakeup = asyncio.Event()
+
+    def wake(self) -> None:
+        """Event loop: something was queued in ``pending``; the committer takes it soon."""
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """The committer task: one commit each time it is woken with something queued."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if self.pending:
+                await self.commit_batch()
+
+    async def commit_pending(self) -> None:
+        """Commit what is queued now (a server's ``stop()``, once ``run`` is cancelled)."""
+        if self.pending:
+            await self.commit_batch()
+
+    async def commit_batch(self) -> None:
+        """Take everything queued and commit it in one store call; answer it either way."""
+        batch, self.pending = self.pending, []
+        try:
+            result = await self._commit(batch)
+        except Exception as exc:
+            error, sticky = commit_error(exc, self.name)
+            if sticky:
+                self._write_failed()
+            self._failed(batch, error)
+            return
+        self._committed(batch, result)
+
+
+__all__ = ["GroupCommitter", "commit_error"]

@@ -1,0 +1,90 @@
+"""serverkit.committer: sends queued while a commit runs share the next one, and a failed
+commit is answered by what the store raised (both servers commit through it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from logstore.errors import DiskFull, LogWriteFailed
+from serverkit.committer import GroupCommitter
+from wire.errors import QmqError
+
+
+class Server:
+    """What a server hands a GroupCommitter: a store call and what to do with its outcome."""
+
+    def __init__(self, raises: Exception | None = None) -> None:
+        self.raises = raises
+        self.commits: list[list[str]] = []
+        self.answers: list[tuple[list[str], object]] = []
+        self.readonly = False
+        self.committer: GroupCommitter[str, int] = GroupCommitter(
+            "test group t1", self.commit, self.committed, self.failed, self.go_readonly)
+
+    async def commit(self, batch: list[str]) -> int:
+        self.commits.append(batch)
+        await asyncio.sleep(0)  # another send may queue meanwhile
+        if self.raises is not None:
+            raise self.raises
+        return len(batch)
+
+    def committed(self, batch: list[str], count: int) -> None:
+        self.answers.append((batch, count))
+
+    def failed(self, batch: list[str], error: QmqError) -> None:
+        self.answers.append((batch, error))
+
+    def go_readonly(self) -> None:
+        self.readonly = True
+
+
+async def test_everything_queued_before_the_committer_runs_goes_into_one_commit() -> None:
+    server = Server()
+    server.committer.pending.extend(["a", "b", "c"])
+    server.committer.wake()
+    task = asyncio.create_task(server.committer.run())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    task.cancel()
+    assert server.commits == [["a", "b", "c"]]
+    assert server.answers == [(["a", "b", "c"], 3)]
+    assert server.committer.pending == []
+
+
+async def test_a_full_disk_refuses_the_batch_as_overloaded_and_the_server_stays_writable() -> None:
+    server = Server(DiskFull("/data/log", dropped_records=2))
+    server.committer.pending.extend(["a", "b"])
+    await server.committer.commit_pending()
+    (batch, error), = server.answers
+    assert batch == ["a", "b"] and isinstance(error, QmqError)
+    assert error.code == "overloaded" and "test group t1 disk full" in error.message
+    assert error.retriable
+    assert not server.readonly
+
+
+async def test_a_sticky_write_failure_fails_the_batch_and_makes_the_server_read_only() -> None:
+    server = Server(LogWriteFailed("/data/log", "fsync", OSError(5, "EIO")))
+    server.committer.pending.append("a")
+    await server.committer.commit_pending()
+    (batch, error), = server.answers
+    assert error.code == "internal" and "test group t1 storage write failed" in error.message
+    assert server.readonly
+
+
+async def test_a_bug_in_the_store_call_fails_only_that_batch_and_names_the_exception() -> None:
+    server = Server(KeyError("oops"))
+    server.committer.pending.append("a")
+    await server.committer.commit_pending()
+    (batch, error), = server.answers
+    assert error.code == "internal" and "KeyError" in error.message
+    assert not server.readonly
+    server.raises = None
+    server.committer.pending.append("b")
+    await server.committer.commit_pending()
+    assert server.answers[-1] == (["b"], 1)
+
+
+async def test_commit_pending_with_nothing_queued_makes_no_store_call() -> None:
+    server = Server()
+    await server.committer.commit_pending()
+    assert server.commits == [] and server.answers == []
