@@ -557,11 +557,12 @@ async def test_unknown_paths_and_methods_answer_json_errors(api: Api) -> None:
 # -- several MetaServers, body limit, schema ------------------------------------------------------
 
 
+# Several MetaServers share PostgreSQL only; SQLite is for one MetaServer.
+@pytest.mark.parametrize("db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)],
+                         indirect=True)
 async def test_two_metaservers_over_one_postgresql_agree_on_a_new_subjects_route(
     db_url: str, clock: FakeClock
 ) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("several MetaServers share PostgreSQL; SQLite is for one MetaServer")
     async with serve(db_url, clock) as a, serve(db_url, clock) as b:
         for i in (1, 2, 3):
             await a.register(f"rt{i}", f"127.0.0.1:{1000 + i}")
