@@ -36,6 +36,7 @@ from wire.errors import DelayOutOfRange, QmqError, ReadOnly
 from tracelog.peek import TracePeek, trace_members
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
+from wire.protocol import delayed_send_result, send_result_error
 from serverkit.send_check import QuickCheck
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class Scheduler:
                 if self.readonly:
                     raise ReadOnly(f"delay group {self.config.group} is read-only")
             except QmqError as exc:
-                results.append({"id": peek_message_id(payload), "error": exc.to_wire()})
+                results.append(send_result_error(peek_message_id(payload), exc))
                 continue
             self._commits.pending.append(_PendingSend(message_id, subject, payload,
                                                       deliver_at_ms, call, len(results), trace))
@@ -285,15 +286,14 @@ class Scheduler:
                     # The window is full: the entry stays on disk, and so does everything
                     # committed into this bucket after it; the loader resumes here.
                     self._resume_at[bucket_ms] = entry.delay_log_offset
-            pending.call.results[pending.index] = {"id": pending.message_id, "status": "stored",
-                                                   "deliver_at_ms": entry.deliver_at_ms}
+            pending.call.results[pending.index] = delayed_send_result(pending.message_id,
+                                                                      entry.deliver_at_ms)
         self._answer(batch)
         self._wakeup.set()
 
     def _fail_batch(self, batch: list[_PendingSend], error: QmqError) -> None:
-        wire = error.to_wire()
         for pending in batch:
-            pending.call.results[pending.index] = {"id": pending.message_id, "error": wire}
+            pending.call.results[pending.index] = send_result_error(pending.message_id, error)
         self._answer(batch)
 
     @staticmethod

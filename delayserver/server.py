@@ -21,7 +21,7 @@ from wire.errors import Forbidden, NotSupported
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
 from serverkit.payload_sender import PayloadSender
-from wire.protocol import Cancel, Hello, Request, Send
+from wire.protocol import Cancel, Hello, Request, Send, cancel_result, hello_response
 from serverkit.registration import Registration
 from wire.tls import client_context, server_context
 from tracelog.events import TraceWriter
@@ -177,8 +177,7 @@ class DelayServer:
         # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
         grant = await self.gate.grant(session.token, session.app)
         if isinstance(request, Hello):
-            return {"ok": True, "server": {"kind": "delay", "group": self.config.group,
-                                           "node": self.address}}
+            return hello_response("delay", self.config.group, self.address)
         if isinstance(request, Send):
             self.gate.check_send(grant, request.messages)
             results = await self.scheduler.schedule(request.messages)
@@ -193,7 +192,7 @@ class DelayServer:
             for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
                 status = await self.scheduler.cancel(message_id, deliver_at_ms)
                 self.metrics.count_cancel(status)
-                results.append({"id": message_id, "status": status})
+                results.append(cancel_result(message_id, status))
             return {"results": results}
         raise NotSupported(f"op {request.op} is not served by delay servers; "
                            "pull and ack go to realtime brokers")

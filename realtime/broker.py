@@ -45,7 +45,15 @@ from wire.message import (
     validate_message,
 )
 from wire.clock import wall_clock_ms
-from wire.protocol import Ack, Heartbeat, Leave, Pull
+from wire.protocol import (
+    Ack,
+    Heartbeat,
+    Leave,
+    Pull,
+    send_result_error,
+    send_result_ok,
+    send_results_stored,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -290,7 +298,7 @@ class Broker:
                 try:
                     checked = self._full_check(payload, now_ms)
                 except QmqError as exc:
-                    results[slot] = {"id": peek_message_id(payload), "error": exc.to_wire()}
+                    results[slot] = send_result_error(peek_message_id(payload), exc)
                     self._count_error(exc.code, 1)
                     continue
             messages.append(checked)
@@ -325,12 +333,11 @@ class Broker:
 
     def _fail_batch(self, batch: list[_SendRequest], error: QmqError) -> None:
         """Answer every message of a batch whose commit failed with ``error``."""
-        wire = error.to_wire()
         self._count_error(error.code, sum(len(request.messages) for request in batch))
         for request in batch:
             slots = request.slots if request.slots is not None else range(len(request.results))
             for slot, message in zip(slots, request.messages):
-                request.results[slot] = {"id": message.id, "error": wire}
+                request.results[slot] = send_result_error(message.id, error)
         self._answer(batch)
 
     def _publish_committed(self, batch: list[_SendRequest], outcomes: list[int | None]) -> None:
@@ -386,8 +393,7 @@ class Broker:
     def _publish_run(self, subject: str, batch: list[_SendRequest], messages: list[Checked],
                      sequences: list[int]) -> None:
         """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
-        stored = [{"id": message_id, "status": "stored"}
-                  for message_id in map(_ids_of, messages)]
+        stored = send_results_stored(map(_ids_of, messages))
         position = 0
         for request in batch:
             count = len(request.messages)
@@ -411,9 +417,9 @@ class Broker:
         for slot, message, payload, sequence in zip(slots, request.messages, request.payloads,
                                                     sequences):
             if sequence is None:
-                results[slot] = {"id": message.id, "status": "duplicate"}
+                results[slot] = send_result_ok(message.id, duplicate=True)
                 continue
-            results[slot] = {"id": message.id, "status": "stored"}
+            results[slot] = send_result_ok(message.id)
             subject = message.subject
             run = stored.get(subject)
             if run is None or run[0] + len(run[1]) != sequence:

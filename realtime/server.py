@@ -27,7 +27,7 @@ from serverkit.metrics_http import MetricsListener
 from serverkit.payload_sender import PayloadSender
 from wire.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
-    pull_response,
+    hello_response, pull_response,
 )
 from serverkit.registration import Registration
 from wire.tls import client_context, server_context
@@ -181,8 +181,7 @@ class RealtimeServer:
         elif isinstance(request, (Subjects, Browse, Purge)):
             grant.check_admin(request.op)
         if isinstance(request, Hello):
-            return {"ok": True, "server": {"kind": "realtime", "group": self.config.group,
-                                           "node": self.address}}
+            return hello_response("realtime", self.config.group, self.address)
         if isinstance(request, Send):
             self.gate.check_send(grant, request.messages)
             if broker.readonly and not broker.write_failed and self.registration is not None:

@@ -17,8 +17,8 @@ Unknown keys in a request are ignored so that a newer client can add optional fi
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Literal, Sequence, Union
 
 import msgpack
 
@@ -651,17 +651,9 @@ def parse_request(frame: dict[str, Any]) -> Request:
     return parser(_Fields(op, frame), rid)
 
 
-def encode_request(req: Request) -> dict[str, Any]:
-    """The wire map of a typed request (the inverse of ``parse_request``)."""
-    frame: dict[str, Any] = {"op": req.op}
-    for name, value in ((f.name, getattr(req, f.name)) for f in fields(req)):
-        if isinstance(value, list):
-            value = [list(v) if isinstance(v, tuple) else v for v in value]
-        frame[name] = value
-    return frame
-
-
 # --- responses ---------------------------------------------------------------------------------
+#
+# What a server's handler returns, without ``rid``: the frame server adds it (FrameServer).
 
 
 def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
@@ -669,9 +661,9 @@ def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
     return {"rid": rid, "error": exc.to_wire()}
 
 
-def hello_response(rid: int, kind: str, group: str, node: str) -> dict[str, Any]:
-    """``{rid, ok: True, server: {kind, group, node}}``."""
-    return {"rid": rid, "ok": True, "server": {"kind": kind, "group": group, "node": node}}
+def hello_response(kind: str, group: str, node: str) -> dict[str, Any]:
+    """``{ok: True, server: {kind, group, node}}``: which server answered a ``hello``."""
+    return {"ok": True, "server": {"kind": kind, "group": group, "node": node}}
 
 
 def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:
@@ -679,9 +671,26 @@ def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:
     return {"id": message_id, "status": "duplicate" if duplicate else "stored"}
 
 
+def send_results_stored(message_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """``send_result_ok`` of each id, stored: a whole commit's results in one call (no call
+    per message on the broker's send path)."""
+    return [{"id": message_id, "status": "stored"} for message_id in message_ids]
+
+
+def delayed_send_result(message_id: str, deliver_at_ms: int) -> dict[str, Any]:
+    """A delay server's send result for a stored message: ``deliver_at_ms`` is what a later
+    ``cancel`` names it by."""
+    return {"id": message_id, "status": "stored", "deliver_at_ms": deliver_at_ms}
+
+
 def send_result_error(message_id: str, exc: QmqError) -> dict[str, Any]:
     """One failed entry of a send response's ``results``."""
     return {"id": message_id, "error": exc.to_wire()}
+
+
+def cancel_result(message_id: str, status: str) -> dict[str, Any]:
+    """One entry of a cancel response's ``results`` (``status`` as docs/PROTOCOL.md lists)."""
+    return {"id": message_id, "status": status}
 
 
 def pull_response(pull_seqs: Sequence[int], payloads: Sequence[bytes],
@@ -712,13 +721,6 @@ def pull_columns(answer: dict[str, Any]) -> tuple[list[int], list[Any], list[int
             bad = next(value for value in column if type(value) is not int)
             raise BadRequest(f"pull response field {name} must hold int, got {type_name(bad)}")
     return pull_seqs, payloads, redelivered
-
-
-def pull_entries(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    """A pull response as one ``{pull_seq, payload, redelivered}`` map per message, in order
-    (for tools and tests; the consumer reads the columns)."""
-    return [{"pull_seq": pull_seq, "payload": payload, "redelivered": times}
-            for pull_seq, payload, times in zip(*pull_columns(answer))]
 
 
 def browsed_message(sequence: int, payload: bytes) -> dict[str, Any]:
@@ -773,13 +775,14 @@ __all__ = [
     "Request",
     "request_rid",
     "parse_request",
-    "encode_request",
     "error_response",
     "hello_response",
     "send_result_ok",
+    "send_results_stored",
+    "delayed_send_result",
     "send_result_error",
+    "cancel_result",
     "pull_columns",
-    "pull_entries",
     "pull_response",
     "browsed_message",
     "parse_response",

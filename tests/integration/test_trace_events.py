@@ -11,7 +11,7 @@ from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from wire.message import Message, decode_message
-from wire.protocol import pull_entries
+from wire.protocol import pull_columns
 from tracelog.events import read_events
 from tests.rawclient import RawClient
 
@@ -21,11 +21,13 @@ def now_ms() -> int:
 
 
 async def pull_until(client: RawClient, subject: str, count: int, timeout_s: float = 10):
-    got = []
+    """(pull_seq, payload) of at least ``count`` messages of ``subject``, pulled as they come."""
+    got: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
         response = await client.pull(subject, "billing", "c1", start="earliest", wait_ms=500)
-        got.extend(pull_entries(response))
+        pull_seqs, payloads, _redelivered = pull_columns(response)
+        got.extend(zip(pull_seqs, payloads))
     assert len(got) >= count, f"{len(got)} of {count} arrived on {subject}"
     return got
 
@@ -70,18 +72,16 @@ async def test_each_servers_events_tell_what_happened_to_each_message(tmp_path):
                                           "deliver_at_ms": [cancelled.deliver_at_ms]})
             time.sleep(0.01)  # let the stale message's expiry pass (1 ms)
             first = await pull_until(client, "orders", 2)
-            for entry in first:
-                msg = decode_message(entry["payload"])
-                if msg.id == retried.id:
+            for pull_seq, payload in first:
+                if decode_message(payload).id == retried.id:
                     await client.request({"op": "nack", "subject": "orders", "group": "billing",
-                                          "consumer_id": "c1", "pull_seqs": [entry["pull_seq"]]})
+                                          "consumer_id": "c1", "pull_seqs": [pull_seq]})
                 else:
-                    await client.ack("orders", "billing", "c1",
-                                     [[entry["pull_seq"], entry["pull_seq"]]])
-            for entry in await pull_until(client, "orders", 1):  # the delayed one
-                await client.ack("orders", "billing", "c1", [[entry["pull_seq"]] * 2])
-            copy = (await pull_until(client, "%retry%orders%billing", 1))[0]
-            await client.ack("%retry%orders%billing", "billing", "c1", [[copy["pull_seq"]] * 2])
+                    await client.ack("orders", "billing", "c1", [[pull_seq, pull_seq]])
+            for pull_seq, _payload in await pull_until(client, "orders", 1):  # the delayed one
+                await client.ack("orders", "billing", "c1", [[pull_seq] * 2])
+            copy_seq, _payload = (await pull_until(client, "%retry%orders%billing", 1))[0]
+            await client.ack("%retry%orders%billing", "billing", "c1", [[copy_seq] * 2])
         finally:
             await client.close()
             await delayed_client.close()

@@ -150,7 +150,7 @@ class FakeBroker:
             raise error_from_wire(*arg)
         rid = req.rid
         if req.op == "hello":
-            return hello_response(rid, "realtime", self.group, f"{self.group}-n1")
+            return {"rid": rid, **hello_response("realtime", self.group, f"{self.group}-n1")}
         if req.op == "send":
             if self.send_gate is not None:
                 await self.send_gate.wait()
