@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.pg import PgCluster, PgUnavailable
+
+# No Hypothesis deadline: its default (200 ms per example) is an upper bound on wall-clock time,
+# which a test on a shared 2-core machine fails by being slow, not wrong.
+settings.register_profile("qmq", deadline=None)
+settings.load_profile("qmq")
 
 
 @pytest.fixture(scope="session")
