@@ -10,12 +10,13 @@ import sys
 from typing import Any
 
 from delayserver.config import DelayConfig
-from delayserver.server import DelayServer, offset_clock
+from delayserver.server import DelayServer
 from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from metaserver.tokens import new_secret
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
+from serverkit.server import offset_clock
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "leave", "ca
 class RealtimeMetrics:
     """The registry of one broker and the few metrics its server updates directly."""
 
-    def __init__(self, broker: "Broker", nacks: "NackHandler", group: str) -> None:
+    def __init__(self, group: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._broker = broker
+        self._broker: Broker | None = None  # set by watch()
         requests = Counter("qmq_realtime_requests", "Requests answered, by op (each send or "
                            "pull request counts once, whatever its batch size).", ["op"],
                            registry=self.registry)
@@ -71,6 +71,10 @@ class RealtimeMetrics:
         info.labels(group).set(1)
         # Error responses to whole requests, by code; written on the event loop only.
         self.request_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
+
+    def watch(self, broker: "Broker", nacks: "NackHandler") -> None:
+        """Collect ``broker``'s and ``nacks``' figures from now on."""
+        self._broker = broker
         self.registry.register(_BrokerCollector(broker, nacks, self.request_errors))
 
     def count_request(self, op: str) -> None:
@@ -87,6 +91,8 @@ class RealtimeMetrics:
 
         Broadcast consumers have a pull-log group each; their rows are summed under the group,
         as ``qmq admin groups`` sums them."""
+        if self._broker is None:
+            return  # not watching a broker yet: nothing to count
         lag: dict[tuple[str, str], int] = {}
         consumers: dict[tuple[str, str], int] = {}
         for row in await self._broker.backlog():

@@ -1,0 +1,213 @@
+"""``ServerBase``: what a realtime broker's and a delay server's process do alike around their
+core (the broker, the scheduler): the frame server, the ``/metrics`` listener, registration
+with the MetaServer, TLS contexts, the access gate, the trace writer, and the order of start-up
+and graceful shutdown.
+
+Start: open the core (storage recovered) -> listen -> metrics listener -> register. Stop:
+deregister -> stop the metrics listener -> stop reading requests and finish those in flight
+(``shutdown_grace_ms``) -> stop the core (commit, checkpoint, close) -> close the trace, the
+gate. Everything here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import time
+from typing import Any, Awaitable, Callable, ClassVar, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from serverkit.access import AccessCache, Gate
+from serverkit.config import ServerConfig
+from serverkit.frame_server import FrameServer, Session
+from serverkit.metrics_http import MetricsListener
+from serverkit.registration import Registration
+from tracelog.events import TraceWriter
+from wire.clock import wall_clock_ms
+from wire.protocol import Request
+from wire.tls import client_context, server_context
+
+log = logging.getLogger(__name__)
+
+# Garbage-collector thresholds for a server process. Every message makes a few short-lived
+# objects (frames, results, a batch waiting for its commit); with CPython's default gen0
+# threshold (700) the ones in flight at a collection are promoted, which soon triggers full
+# collections that walk every long-lived object with the event loop stopped: 55-75 ms each with
+# a few hundred thousand ids in a broker's dedup index, or 10^5 entries in a delay server's
+# window, several per second at full load. Collecting young objects every 20,000 allocations
+# lets batches die young; a young collection then takes a few ms, and full ones become rare.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Apply GC_THRESHOLDS to this process and, the first time, move what exists now (modules,
+    a server's recovered storage state) out of the collector's way (``gc.freeze``)."""
+    if gc.get_threshold()[0] < GC_THRESHOLDS[0]:
+        gc.set_threshold(*GC_THRESHOLDS)
+        gc.freeze()
+
+
+def offset_clock(offset_ms: int) -> Callable[[], int]:
+    """The wall clock in ms, shifted by ``offset_ms`` (TEST ONLY: prove 40-day delays quickly);
+    the wall clock itself when the offset is 0."""
+    if not offset_ms:
+        return wall_clock_ms
+
+    def now_ms() -> int:
+        return wall_clock_ms() + offset_ms
+
+    return now_ms
+
+
+class ServerMetrics(Protocol):
+    """What ``ServerBase`` needs of a server's metrics."""
+
+    registry: CollectorRegistry
+
+    def count_error(self, code: str) -> None:
+        """Count one error response to a whole request."""
+
+    async def refresh(self) -> None:
+        """Recompute the scrape-time gauges."""
+
+
+class WritableCore(Protocol):
+    """What ``ServerBase`` needs of a server's core to follow the MetaServer's state."""
+
+    readonly: bool  # refuse sends (the MetaServer drains the group, or a sticky write failure)
+    write_failed: bool  # a sticky write failure: read-only until restarted
+
+
+class ServerBase:
+    """One server process around its core; a subclass supplies the core and ``handle``.
+
+    Subclass hooks: ``_open_core`` (recover storage, build the core), ``_core`` (it, for the
+    MetaServer's state), ``_report`` (the heartbeat's report), ``_begin_drain`` (before in-flight
+    requests are finished), ``_close_core`` (stop it and the clients it holds) and ``handle``.
+    """
+
+    KIND: ClassVar[str]  # "realtime" or "delay": the registration kind and the trace name
+    # What a stop did between finishing requests and deregistering, for its summary line.
+    STOP_SUMMARY: ClassVar[str]
+
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics,
+                 clock: Callable[[], int] | None = None) -> None:
+        server_ssl = server_context(config.tls_cert, config.tls_key)  # a bad pair fails first
+        self.config = config
+        self.clock = clock or offset_clock(config.clock_offset_ms)
+        self.metrics = metrics
+        self.peer_ssl = client_context(config.tls_ca)  # for the MetaServer and peer servers
+        self.trace = TraceWriter(config.trace_directory, f"{self.KIND}:{config.group}",
+                                 enabled=config.trace)
+        self.gate = Gate(AccessCache(config.meta_url, token=config.token,
+                                     ttl_ms=config.auth_ttl_ms, ssl_context=self.peer_ssl)
+                         if config.meta_url else None)
+        self.frames = FrameServer(self.handle, host=config.host, port=config.port,
+                                  on_error=metrics.count_error, ssl_context=server_ssl)
+        self.metrics_listener: MetricsListener | None = None
+        if config.metrics_port is not None:
+            self.metrics_listener = MetricsListener(
+                metrics.registry, host=config.host, port=config.metrics_port,
+                refresh=metrics.refresh)
+        self.registration: Registration | None = None
+        self.port: int | None = None
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"{self.config.advertise_host or self.config.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this server (None without a metrics listener)."""
+        return self.metrics_listener.url if self.metrics_listener is not None else None
+
+    async def start(self) -> None:
+        """Recover the storage, listen, then register with the MetaServer (if configured)."""
+        await self._open_core()
+        self.port = await self.frames.start()
+        self.config = dataclasses.replace(self.config, port=self.port)
+        if self.metrics_listener is not None:
+            metrics_port = await self.metrics_listener.start()
+            self.config = dataclasses.replace(self.config, metrics_port=metrics_port)
+        config = self.config
+        if config.meta_url:
+            self.registration = Registration(
+                config.meta_url, group=config.group, kind=self.KIND, address=self.address,
+                heartbeat_interval_ms=config.heartbeat_interval_ms, report=self._report,
+                on_state=self._on_state, token=config.token, ssl_context=self.peer_ssl)
+            await self.registration.start()
+        if config.clock_offset_ms:
+            log.warning("TEST ONLY: %s clock offset by %d ms", self.KIND, config.clock_offset_ms)
+        log.info("%s group %s listening on %s%s", self.KIND, config.group, self.address,
+                 f", metrics on {self.metrics_url}" if self.metrics_url else "")
+
+    def _on_state(self, state: str) -> None:
+        """The MetaServer's heartbeat answer: ``rw`` or ``readonly`` (a sticky write failure
+        keeps the server read-only whatever it says)."""
+        core = self._core()
+        core.readonly = state == "readonly" or core.write_failed
+        log.info("MetaServer set %s group %s to %s", self.KIND, self.config.group, state)
+
+    async def stop(self) -> str:
+        """Deregister, stop accepting, finish in-flight requests, stop the core (commit what is
+        queued, checkpoint, close the storage). Returns what it did, for the log; a second
+        call does nothing."""
+        group = self.config.group
+        if self._stopped:
+            return f"{self.KIND} group {group} already stopped"
+        self._stopped = True
+        started = time.monotonic()
+        deregistered = False
+        if self.registration is not None:
+            deregistered = await self.registration.stop(deregister=True)
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
+        self._begin_drain()
+        in_flight = self.frames.requests_in_flight
+        await self.frames.stop(self.config.shutdown_grace_ms)
+        await self._close_core()
+        await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
+        await self.gate.close()
+        summary = (
+            f"{self.KIND} group {group} stopped in "
+            f"{(time.monotonic() - started) * 1000:.0f} ms: {in_flight} in-flight request(s) "
+            f"finished, {self.STOP_SUMMARY}, "
+            + ("deregistered from the MetaServer" if deregistered else "not deregistered")
+        )
+        log.info("%s", summary)
+        return summary
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    async def _open_core(self) -> None:
+        """Recover the storage and make the core ready to answer requests."""
+        raise NotImplementedError
+
+    def _core(self) -> WritableCore:
+        """The core whose ``readonly`` follows the MetaServer's state."""
+        raise NotImplementedError
+
+    def _report(self) -> Awaitable[Any]:
+        """What each heartbeat reports to the MetaServer."""
+        raise NotImplementedError
+
+    def _begin_drain(self) -> None:
+        """Called after deregistering, just before the frame server stops reading requests
+        and finishes the ones in flight (a broker answers its long polls now)."""
+
+    async def _close_core(self) -> None:
+        """Stop the core: commit what is queued, checkpoint, close; and the clients it holds."""
+        raise NotImplementedError
+
+    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
+        """Answer one data-plane request."""
+        raise NotImplementedError
+
+
+__all__ = ["GC_THRESHOLDS", "ServerBase", "ServerMetrics", "WritableCore", "offset_clock",
+           "tune_gc"]
