@@ -53,33 +53,40 @@ class Server:
             self.process.wait(SERVER_STOP_TIMEOUT_S)
 
 
-def start_server(name: str, qmq_args: list[str], command: list[str] | None = None) -> Server:
-    """Run ``python -m qmq --log-level warning <qmq_args>`` (or ``command`` in place of
-    ``python -m qmq``) and wait for its address."""
-    process = subprocess.Popen(
-        [*(command or [sys.executable, "-m", "qmq"]), "--log-level", "warning", *qmq_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+def start_process(name: str, argv: list[str], ready: re.Pattern[str] = _ADDRESS_RE,
+                  address: str = "", timeout_s: float = SERVER_READY_TIMEOUT_S,
+                  cwd: str | None = None) -> Server:
+    """Run ``argv`` (stderr merged into stdout) and wait until a line matches ``ready``. The
+    server's address is ``address`` when given (a server told its port), else the pattern's
+    first group (a server that picked its own port and printed it)."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=cwd)
     server = Server(name, process)
-    ready = threading.Event()
+    seen = threading.Event()
 
     def read_output() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             server.lines.append(line.rstrip("\n"))
-            match = _ADDRESS_RE.search(line)
-            if match and not server.address:
-                server.address = match.group(1)
-                ready.set()
-        ready.set()  # the process ended: stop waiting
+            match = ready.search(line)
+            if match and not seen.is_set():
+                server.address = address or match.group(1)
+                seen.set()
+        seen.set()  # the process ended: stop waiting
 
     threading.Thread(target=read_output, name=f"{name}-output", daemon=True).start()
-    if not ready.wait(SERVER_READY_TIMEOUT_S) or not server.address:
+    if not seen.wait(timeout_s) or not server.address:
         server.stop()
         tail = "\n".join(server.lines[-20:])
-        raise RuntimeError(f"{name} did not report an address within "
-                           f"{SERVER_READY_TIMEOUT_S} s:\n{tail}")
+        raise RuntimeError(f"{name} was not ready within {timeout_s} s:\n{tail}")
     return server
+
+
+def start_server(name: str, qmq_args: list[str], command: list[str] | None = None) -> Server:
+    """Run ``python -m qmq --log-level warning <qmq_args>`` (or ``command`` in place of
+    ``python -m qmq``) and wait for its address."""
+    return start_process(
+        name, [*(command or [sys.executable, "-m", "qmq"]), "--log-level", "warning", *qmq_args])
 
 
 class Cluster:

@@ -91,6 +91,24 @@ def _command(env_name: str) -> list[str] | None:
     return shlex.split(value) if value else None
 
 
+def admin_get(meta_url: str, what: str) -> Any:
+    """GET ``/api/admin/<what>`` of the MetaServer at ``meta_url``, decoded from JSON."""
+    with urllib.request.urlopen(f"{meta_url}/api/admin/{what}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def wait_registered(meta_url: str, timeout_s: float = 30) -> None:
+    """Wait until a realtime and a delay server are registered read-write with the
+    MetaServer at ``meta_url`` (clients can route to both)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = admin_get(meta_url, "brokers")["brokers"]
+        if {(r["kind"], r["state"]) for r in rows} >= {("realtime", "rw"), ("delay", "rw")}:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the realtime and delay servers did not register in time")
+
+
 class DelayCluster:
     """MetaServer + realtime broker + delay server in a fresh temp dir; ``close()`` stops them."""
 
@@ -130,17 +148,10 @@ class DelayCluster:
         return f"http://{self.meta.address}"
 
     def admin(self, what: str) -> Any:
-        with urllib.request.urlopen(f"{self.meta_url}/api/admin/{what}", timeout=10) as response:
-            return json.loads(response.read())
+        return admin_get(self.meta_url, what)
 
-    def _wait_registered(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            rows = self.admin("brokers")["brokers"]
-            if {(r["kind"], r["state"]) for r in rows} >= {("realtime", "rw"), ("delay", "rw")}:
-                return
-            time.sleep(0.1)
-        raise RuntimeError("the realtime and delay servers did not register in time")
+    def _wait_registered(self) -> None:
+        wait_registered(self.meta_url)
 
     def close(self) -> None:
         for server in reversed(self.servers):

