@@ -9,6 +9,7 @@ benchmark.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -18,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 # Replaces ``python -m qmq`` for the broker only, e.g. to profile it:
 # QMQ_BENCH_BROKER_CMD="py-spy record -o broker.svg -- python -m qmq"
@@ -130,6 +133,27 @@ class Cluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+async def paced(count: int, rate_per_s: float,
+                start: Callable[[int], Awaitable[None]]) -> tuple[float, float]:
+    """Start ``start(0)`` .. ``start(count - 1)`` as tasks on a fixed schedule of ``rate_per_s``
+    (a slow one does not hold back the next), then wait for them all. Returns the monotonic
+    times the schedule began and the last one was started (how well the rate was kept)."""
+    tasks: set[asyncio.Task[None]] = set()
+    began = time.monotonic()
+    started = 0
+    while started < count:
+        due = min(count, int((time.monotonic() - began) * rate_per_s) + 1)
+        while started < due:
+            task = asyncio.ensure_future(start(started))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            started += 1
+        await asyncio.sleep(max(0.0, began + started / rate_per_s - time.monotonic()))
+    last_started = time.monotonic()
+    await asyncio.gather(*tasks)
+    return began, last_started
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

@@ -54,7 +54,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench._cluster import Cluster, cpu_model, cpu_pressure_us, percentile, process_cpu_s
+from bench._cluster import (
+    Cluster, cpu_model, cpu_pressure_us, paced, percentile, process_cpu_s,
+)
 
 RUNS = 3
 BODY_BYTES = 256
@@ -132,19 +134,7 @@ async def _produce_at_rate(meta_url: str, subject: str, count: int, rate: int,
 
     async with Producer(meta_url, **options) as producer:
         await producer.send(subject, body(count))  # warm-up, not counted
-        tasks: set[asyncio.Task[Any]] = set()
-        start = time.monotonic()
-        sent = 0
-        while sent < count:
-            due = min(count, int((time.monotonic() - start) * rate) + 1)
-            while sent < due:
-                task = asyncio.create_task(send_one(sent))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                sent += 1
-            next_due_s = start + sent / rate
-            await asyncio.sleep(max(0.0, next_due_s - time.monotonic()))
-        await asyncio.gather(*tasks)
+        start, _ = await paced(count, rate, send_one)
         return {"start_ns": int(start * 1e9), "end_ns": time.monotonic_ns(), "cpu_s": 0.0,
                 "acks_ns": acks_ns}
 

@@ -70,10 +70,12 @@ class Clients:
         return out
 
     def start(self, role: str, params: dict[str, Any]) -> str:
-        """Start a producer; returns its out file."""
+        """Start a producer; returns its out file. What it prints goes to ``<out>.log`` (a
+        pipe nobody reads could fill and stall it)."""
         out = self._out(role)
-        process = subprocess.Popen(self._argv(role, params, out), cwd=REPO_ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with open(out + ".log", "w", encoding="utf-8") as log:
+            process = subprocess.Popen(self._argv(role, params, out), cwd=REPO_ROOT,
+                                       stdout=log, stderr=subprocess.STDOUT, text=True)
         self._started.append((role, process, out))
         return out
 
@@ -92,7 +94,7 @@ class Clients:
             result = _read(path)
             if result is None or "error" in result:
                 printed = ("\n".join(child.lines[-20:]) if isinstance(child, Server)
-                           else (process.stdout.read() if process.stdout else ""))
+                           else _tail(path + ".log"))
                 raise RuntimeError(f"{self.setting.key} {role} failed: "
                                    f"{(result or {}).get('error', 'no result')}\n{printed}")
             out[role] = result
@@ -107,6 +109,14 @@ class Clients:
                 process.wait(10)
 
 
+def _tail(path: str, chars: int = 3_000) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError:
+        return ""
+
+
 def _read(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -119,18 +129,24 @@ def _delivery_checks(consumed: dict[str, Any]) -> dict[str, float]:
     return {"missing": consumed["missing"], "duplicates": consumed["duplicates"]}
 
 
-def measure_w1(clients: Clients, sizes: Sizes) -> dict[str, float]:
-    """W1: delayed sends with 32 in flight, delays uniform over the range; lateness."""
-    count, (low_ms, high_ms) = sizes.w1_messages, sizes.w1_delay_ms
-    timeout_s = high_ms / 1000 + count / SLOWEST_PER_S + WORKER_SLACK_S
-    subject = "dl.w1"
+def _run_delayed(clients: Clients, subject: str, count: int, timeout_s: float,
+                 when: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The clients of a delayed workload: (for Redis, the mover), the consumer, then the
+    producer of ``count`` delayed messages due as ``when`` says; their figures."""
     if clients.setting.system == "redis":
         clients.start_ready("mover", {"subject": subject, "count": count, "timeout_s": timeout_s})
     clients.start_ready("consume", {"subject": subject, "count": count, "timeout_s": timeout_s,
                                     "delayed": True})
-    clients.start("produce_delayed", {"subject": subject, "count": count,
-                                      "delay_low_ms": low_ms, "delay_high_ms": high_ms})
-    out = clients.results(timeout_s + WORKER_SLACK_S)
+    clients.start("produce_delayed", {"subject": subject, "count": count, **when})
+    return clients.results(timeout_s + WORKER_SLACK_S)
+
+
+def measure_w1(clients: Clients, sizes: Sizes) -> dict[str, float]:
+    """W1: delayed sends with 32 in flight, delays uniform over the range; lateness."""
+    count, (low_ms, high_ms) = sizes.w1_messages, sizes.w1_delay_ms
+    timeout_s = high_ms / 1000 + count / SLOWEST_PER_S + WORKER_SLACK_S
+    out = _run_delayed(clients, "dl.w1", count, timeout_s,
+                       {"delay_low_ms": low_ms, "delay_high_ms": high_ms})
     produced, consumed = out["produce_delayed"], out["consume"]
     figures = {
         "sends_per_s": count / ((produced["end_ns"] - produced["start_ns"]) / 1e9),
@@ -154,14 +170,7 @@ def measure_w2(clients: Clients, sizes: Sizes, sends_per_s: float | None) -> dic
     rate = max(W2_SENDS_PER_S_FLOOR, sends_per_s or W2_SENDS_PER_S_GUESS)
     lead_s = W2_LEAD_MIN_S + W2_LEAD_FACTOR * count / rate
     timeout_s = lead_s + count / SLOWEST_PER_S + WORKER_SLACK_S
-    subject = "dl.w2"
-    if clients.setting.system == "redis":
-        clients.start_ready("mover", {"subject": subject, "count": count, "timeout_s": timeout_s})
-    clients.start_ready("consume", {"subject": subject, "count": count, "timeout_s": timeout_s,
-                                    "delayed": True})
-    clients.start("produce_delayed", {"subject": subject, "count": count,
-                                      "lead_ms": int(lead_s * 1000)})
-    out = clients.results(timeout_s + WORKER_SLACK_S)
+    out = _run_delayed(clients, "dl.w2", count, timeout_s, {"lead_ms": int(lead_s * 1000)})
     produced, consumed = out["produce_delayed"], out["consume"]
     due_at_ms = produced["due_at_ms"]
     return {
@@ -212,7 +221,8 @@ def measure_latency(clients: Clients, sizes: Sizes) -> dict[str, float]:
         "p50_ms": consumed["latency_p50_ms"], "p99_ms": consumed["latency_p99_ms"],
         "max_ms": consumed["latency_max_ms"],
         "server_cpu_us": produced["server_cpu_s"] / count * 1e6,
-        "offered_per_s": produced["offered_per_s"],
+        "rate_per_s": sizes.rate_per_s, "offered_per_s": produced["offered_per_s"],
+        "confirmed_per_s": produced["confirmed_per_s"],
         "confirm_p99_ms": produced["confirm_p99_ms"], "failed_sends": produced["failed"],
         **_delivery_checks(consumed),
     }

@@ -103,16 +103,28 @@ def markdown_tables(meta: dict[str, Any], runs: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+RATE_KEPT_MIN = 0.95  # a latency run whose confirmations fell further behind the rate is flagged
+_PROBLEM_NOTES = {"missing": " (not received before the consumer's wait ended)"}
+
+
 def delivery_problems(runs: dict[str, Any]) -> list[str]:
     """Every run in which a message went missing, came twice, came early or failed to send,
-    or W2's messages were not all stored before their due time."""
+    W2's messages were not all stored before their due time, or a latency run's system could
+    not keep up with the rate."""
     problems = []
     for key, by_workload in runs.items():
         for workload, per_run in by_workload.items():
             for number, run in enumerate(per_run, 1):
                 for name in ("missing", "duplicates", "early", "failed_sends"):
                     if run.get(name, 0):
-                        problems.append(f"{key} {workload} run {number}: {name} {run[name]:g}")
+                        problems.append(f"{key} {workload} run {number}: {name} {run[name]:g}"
+                                        + _PROBLEM_NOTES.get(name, ""))
+                kept = run.get("confirmed_per_s", 0) / run.get("rate_per_s", 1)
+                if "rate_per_s" in run and kept < RATE_KEPT_MIN:
+                    problems.append(f"{key} {workload} run {number}: confirmed "
+                                    f"{run['confirmed_per_s']:,.0f}/s of the "
+                                    f"{run['rate_per_s']:,}/s sent: a backlog, not the latency "
+                                    "at that rate")
                 if run.get("stored_before_due_s", 1) <= 0:
                     problems.append(f"{key} {workload} run {number}: the sends ended "
                                     f"{-run['stored_before_due_s']:.2f} s after the due time")
@@ -177,8 +189,8 @@ def section(meta: dict[str, Any], runs: dict[str, Any], note: str) -> str:
     if note:
         parts += ["", note]
     parts += ["", markdown_tables(meta, runs), ""]
-    parts.append("Every message delivered once, none early, no failed send."
-                 if not problems else "Delivery problems: " + "; ".join(problems) + ".")
+    parts.append("Every message delivered once, none early, no failed send, every rate kept."
+                 if not problems else "Problems: " + "; ".join(problems) + ".")
     if goals:
         parts += ["", "pyqmq against issue 18's goals (medians):", *goals]
     return "\n".join(parts) + "\n"

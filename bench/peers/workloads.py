@@ -20,7 +20,7 @@ import struct
 import time
 from typing import Any, Callable, Protocol
 
-from bench._cluster import percentile, process_cpu_s
+from bench._cluster import paced, percentile, process_cpu_s
 
 BODY_BYTES = 256
 _HEADER = struct.Struct(">QQq")  # sequence number, send time (monotonic ns), due (epoch ms or 0)
@@ -126,23 +126,12 @@ async def produce_at_rate(driver: Driver, subject: str, count: int, rate_per_s: 
             return
         confirm_ns.append(time.monotonic_ns() - sent_ns)
 
-    tasks: set[asyncio.Task[None]] = set()
     server_cpu_s = servers_cpu_s(cpu_pids)
-    start = time.monotonic()
-    sent = 0
-    while sent < count:
-        due = min(count, int((time.monotonic() - start) * rate_per_s) + 1)
-        while sent < due:
-            task = asyncio.create_task(send_one(sent))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            sent += 1
-        await asyncio.sleep(max(0.0, start + sent / rate_per_s - time.monotonic()))
-    offered_per_s = count / (time.monotonic() - start)
-    await asyncio.gather(*tasks)
+    start, last_started = await paced(count, rate_per_s, send_one)
     elapsed_s, server_cpu_s = time.monotonic() - start, servers_cpu_s(cpu_pids) - server_cpu_s
     confirm_ns.sort()
-    return {"offered_per_s": offered_per_s, "confirmed_per_s": count / elapsed_s,
+    return {"offered_per_s": count / max(1e-9, last_started - start),
+            "confirmed_per_s": count / elapsed_s,
             "server_cpu_s": server_cpu_s, "failed": len(failed),
             "first_failure": failed[0] if failed else "",
             "confirm_p50_ms": percentile(confirm_ns, 0.5) / 1e6,
