@@ -1,6 +1,6 @@
 """Redis Streams' driver for the peers benchmark (redis-py asyncio, RESP over TCP loopback).
 
-- send: ``XADD <subject> * b <body>``; batch: one non-transactional pipeline of XADDs.
+- send: ``XADD <subject> * body <body>``; batch: one non-transactional pipeline of XADDs.
 - consume: a consumer group (``XGROUP CREATE <subject> peers 0 MKSTREAM``), ``XREADGROUP``
   with ``COUNT 256 BLOCK 1000``, then one ``XACK`` naming every id of that read.
 - delayed: Redis has no delayed delivery; the usual pattern is a sorted set scored by due time
@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 GROUP = "peers"
+BODY_FIELD = "body"  # the stream entry's one field (the mover's script spells it too)
 CONSUMER = "c1"
 READ_COUNT = 256
 READ_BLOCK_MS = 1_000
@@ -31,7 +32,7 @@ POOL_CONNECTIONS_MAX = 64  # connections, one per command in flight (32 delayed 
 MOVE_SCRIPT = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, body in ipairs(due) do
-    redis.call('XADD', KEYS[2], '*', 'b', body)
+    redis.call('XADD', KEYS[2], '*', 'body', body)
 end
 if #due > 0 then
     redis.call('ZREM', KEYS[1], unpack(due))
@@ -85,18 +86,18 @@ class RedisDriver:
             for _stream, entries in reply or ():
                 ids = []
                 for entry_id, fields in entries:
-                    on_message(fields[b"b"])
+                    on_message(fields[BODY_FIELD.encode()])
                     ids.append(entry_id)
                 if ids:
                     await self._redis.xack(subject, GROUP, *ids)
 
     async def send(self, subject: str, body: bytes) -> None:
-        await self._redis.xadd(subject, {"b": body})
+        await self._redis.xadd(subject, {BODY_FIELD: body})
 
     async def send_many(self, subject: str, bodies: list[bytes]) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
             for body in bodies:
-                pipe.xadd(subject, {"b": body})
+                pipe.xadd(subject, {BODY_FIELD: body})
             await pipe.execute()
 
     async def send_at(self, subject: str, body: bytes, due_ms: int) -> None:
