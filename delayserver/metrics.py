@@ -179,6 +179,14 @@ class _DispatchCollector(Collector):
         for code, count in sorted(metrics.dispatch_failures.items()):
             failures.add_metric([code], count)
         yield failures
+        given_up = CounterMetricFamily(
+            "qmq_delay_messages_given_up", "Messages the scheduler gave up on, by reason "
+            "(each also traced as gave_up, docs/AUDIT.md).", labels=["reason"])
+        scheduler = metrics._scheduler
+        if scheduler is not None:
+            for reason, count in sorted(scheduler.tracer.gave_up_counts.items()):
+                given_up.add_metric([reason], count)
+        yield given_up
         errors = CounterMetricFamily(
             "qmq_delay_errors", "Errors answered, by wire code; scope=request: a whole request "
             "refused, scope=message: one message of a send batch refused.",

@@ -236,7 +236,7 @@ class Scheduler:
                         trace = trace_members(message_id, subject, origin_id=checked.origin_id,
                                               created_at_ms=checked.created_at_ms,
                                               deliver_at_ms=deliver_at_ms,
-                                              retries=checked.retries)
+                                              retries=checked.retries, tags=checked.tags)
                 else:
                     message = decode_message(payload)
                     validate_message(message, allow_internal=True)
@@ -577,6 +577,7 @@ class Scheduler:
         confirmed: list[ScheduleEntry] = []
         confirmed_payloads: list[bytes] = []
         failed: list[ScheduleEntry] = []
+        refused: list[bytes] = []
         for position, entry in enumerate(entries):
             result = results[position] if position < len(results) else {}
             error = result.get("error")
@@ -590,8 +591,10 @@ class Scheduler:
                 log.error("realtime refused message of %s for good (%s); dropped from the "
                           "schedule", subject, error)
                 confirmed.append(entry)
+                refused.append(payloads[position])
             else:
                 failed.append(entry)
+        self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
         if confirmed:
             self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms)
         if failed:
@@ -630,6 +633,9 @@ class Scheduler:
                     # Delivered but not recorded: a restart would dispatch them again and the
                     # broker's de-duplication absorbs it. They stay out of the wheel.
                     log.exception("recording %d dispatches failed", len(entries))
+                    for batch in waiting:
+                        self.tracer.gave_up(batch.payloads, batch.confirmed_at_ms,
+                                            "dispatch_unrecorded")
                 for batch in waiting:
                     self._confirmed(batch)
         finally:

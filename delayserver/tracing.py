@@ -1,13 +1,16 @@
 """The delay server's trace events (``tracelog.events``): produced and scheduled when a delayed message
 is made durable (one ``scheduled`` line flagged ``produced``, which readers expand into both),
-dispatched when a realtime broker confirmed it (with its lateness), cancelled."""
+dispatched when a realtime broker confirmed it (with its lateness), cancelled, and ``gave_up``
+with a reason when the scheduler gives up on one (``dispatch_refused``: the broker refused it for
+good and it left the schedule; ``dispatch_unrecorded``: confirmed, but its dispatch record could
+not be written). Give-ups are counted in ``gave_up_counts`` whether tracing is on or not."""
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
 from tracelog.peek import TracePeek, peek_trace_members
-from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members
+from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members, reason_member
 
 
 class DelayTracer:
@@ -19,6 +22,26 @@ class DelayTracer:
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer
         self.enabled = writer is not None and writer.enabled
+        # gave_up reason -> messages (event loop only; read by metrics)
+        self.gave_up_counts: dict[str, int] = {}
+
+    def gave_up(self, payloads: Sequence[bytes], now_ms: int, reason: str) -> None:
+        """The scheduler gave up on these messages (``reason``: a key of
+        ``tracelog.events.GIVE_UP_REASONS``); ``group`` is left out: it concerns every group."""
+        if not payloads:
+            return
+        self.gave_up_counts[reason] = self.gave_up_counts.get(reason, 0) + len(payloads)
+        if not self.enabled:
+            return
+        writer = self.writer
+        assert writer is not None
+        extra = reason_member(reason)
+        lines = []
+        for payload in payloads:
+            peeked = peek_trace_members(payload)
+            if peeked is not None:
+                lines.append(writer.line("gave_up", now_ms, peeked.members, extra))
+        writer.emit_lines(lines)
 
     def _emit_all(self, kind: str, payloads: Iterable[bytes], ts_ms: int) -> None:
         writer = self.writer

@@ -195,6 +195,7 @@ class Broker:
         self._ends, self._firsts = await self._store_io(self._open_store, self._started_ms)
         await self._pulllog_io(self._open_pulllog)
         await self._pulllog_io(self._seed_tracer_io)
+        await self._store_io(self.tracer.name_from_store, self._read_payload_io)
         self._tasks = [
             asyncio.create_task(self._commits.run(), name="realtime-committer"),
             asyncio.create_task(self._expiry_loop(), name="realtime-expiry"),
@@ -240,6 +241,15 @@ class Broker:
                     self.tracer.held_before_restart(subject, key, consumer.consumer, {
                         e.pull_seq: e.consumer_log_seq
                         for e in pulllog.unacked(subject, key, consumer.consumer)})
+            queued = pulllog.redelivery_count(subject, key)
+            if queued:
+                self.tracer.queued_before_restart(
+                    subject, key, pulllog.take_redeliveries(subject, key, queued))
+
+    def _read_payload_io(self, subject: str, seq: int) -> bytes:
+        """Store thread: one stored payload (raises LogStoreError when it cannot be read)."""
+        assert self.store is not None
+        return self.store.read(subject, seq).payload
 
     def end_long_polls(self) -> None:
         """Answer every waiting long poll now (with what is there, often nothing) instead of
@@ -507,6 +517,7 @@ class Broker:
         started_s = loop.time()
         deadline = started_s + request.wait_ms / 1000
         tags = frozenset(request.tags)
+        self.tracer.subscribed(request.subject, key, request.consumer_id, tags, self.clock())
         leave_key = (request.subject, key, request.consumer_id)
         left_at_s = self._left_at_s
         while True:
@@ -712,6 +723,8 @@ class Broker:
                 if not chosen_payloads[i]:
                     pulllog.record_ack(subject, key, consumer_id,
                                        [(pull_seqs[i], pull_seqs[i])], now_ms)
+            self.tracer.redeliveries_unreadable(  # a give-up: traced with its reason
+                subject, key, [s for s, p in zip(log_seqs, chosen_payloads) if not p], now_ms)
             pull_seqs = [pull_seqs[i] for i in keep]
             log_seqs = tuple(log_seqs[i] for i in keep)
             chosen_payloads = [chosen_payloads[i] for i in keep]
@@ -751,20 +764,22 @@ class Broker:
         now_ms = self.clock()
         acked, from_store = await self._pulllog_io(self._ack_io, request, now_ms)
         for key, seqs in from_store:
-            payloads = await self._store_io(self._payloads_io, request.subject, seqs)
+            payloads, unreadable = await self._store_io(self._payloads_io, request.subject, seqs)
             self.tracer.acked_payloads(payloads, key, request.consumer_id, now_ms)
+            self.tracer.acks_unreadable(request.subject, key, request.consumer_id, unreadable,
+                                        now_ms)
         return acked
 
-    def _payloads_io(self, subject: str, seqs: list[int]) -> list[bytes]:
-        """Store thread: the stored payloads of ``seqs`` (those still readable)."""
+    def _payloads_io(self, subject: str, seqs: list[int]) -> tuple[list[bytes], list[int]]:
+        """Store thread: the stored payloads of ``seqs`` still readable, and the seqs not."""
         assert self.store is not None
-        out = []
+        out, unreadable = [], []
         for seq in seqs:
             try:
                 out.append(self.store.read(subject, seq).payload)
             except LogStoreError:
-                pass
-        return out
+                unreadable.append(seq)
+        return out, unreadable
 
     def _keys_for(self, subject: str, group: str, consumer_id: str) -> list[str]:
         keys = [group]
@@ -816,6 +831,7 @@ class Broker:
         for leave_key in consumers:
             left_at_s[leave_key] = now_s
             self._notify(leave_key[0])  # its long polls wake and see the leave
+        self.tracer.unsubscribed(consumers, self.clock(), "left")
         return await self._release_consumer(consumers)
 
     async def _release_consumer(self, consumers: list[tuple[str, str, str]]) -> int:
@@ -851,8 +867,10 @@ class Broker:
 
     async def expire_now(self) -> int:
         """Release timed-out and offline consumers' entries to the others; returns how many."""
-        released = await self._pulllog_io(self._expire_io, self.clock())
+        now_ms = self.clock()
+        released = await self._pulllog_io(self._expire_io, now_ms)
         self._after_release(released)
+        self.tracer.expire_subscriptions(self._last_seen, now_ms, self.config.consumer_expiry_ms)
         return sum(released.values())
 
     def _after_release(self, released: dict[tuple[str, str], int]) -> None:

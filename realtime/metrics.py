@@ -171,6 +171,12 @@ class _BrokerCollector(Collector):
         yield errors
         yield GaugeMetricFamily("qmq_realtime_long_polls_waiting", "Pulls waiting for "
                                 "messages now (long polling).", value=broker.waiting_pulls)
+        given_up = CounterMetricFamily(
+            "qmq_realtime_messages_given_up", "Messages the broker gave up on, by reason (each "
+            "also traced as gave_up, docs/AUDIT.md).", labels=["reason"])
+        for reason, count in sorted(list(broker.tracer.gave_up_counts.items())):
+            given_up.add_metric([reason], count)
+        yield given_up
 
 
 __all__ = ["OTHER_SUBJECTS", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]

@@ -1,6 +1,18 @@
 """The realtime broker's trace events (``tracelog.events``): produced, stored, pulled, redelivered,
-acked, nacked, retried, dead and expired. ``produced`` is written as a flag on the message's
-``stored`` line, which readers expand into both events.
+acked, nacked, retried, dead, expired, gave_up, subscribed and unsubscribed. ``produced`` is
+written as a flag on the message's ``stored`` line, which readers expand into both events.
+
+Give-ups (``gave_up`` with a reason, counted in ``gave_up_counts`` even when tracing is off):
+a redelivery whose record the store cannot read (``redelivery_unreadable``: the broker acks it
+in the group's name so it does not come back forever) and an ack of a record the store cannot
+read to name it (``ack_unreadable``). To name the first, the members of entries released for
+redelivery are kept (``_released``) until they are handed out again; a broker that restarts
+learns them, and those of what consumers held, by reading their records once at start
+(``name_from_store``).
+
+Subscriptions: the first pull of a consumer since the start, and any pull whose tag filter
+differs from its last one, is traced as ``subscribed`` with the filter; a consumer's leave or
+expiry as ``unsubscribed``. The audit expects of a group only what its filters select.
 
 Events carry the user subject (a retry copy's ``%retry%<subject>%<group>`` is traced under
 ``<subject>``) and the chain's origin id, read from the payload without building a ``Message``.
@@ -24,7 +36,8 @@ from typing import Any, Iterable, Sequence
 from serverkit.send_check import Checked
 from tracelog.peek import TracePeek, peek_trace_members, trace_members
 from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
-                       subject_member)
+                             message_members, reason_member,
+                             subject_member, subscription_event)
 
 _peek = peek_trace_members
 _json_str = json_string_literal
@@ -49,6 +62,7 @@ _deliver_of = itemgetter(4)
 _created_of = itemgetter(5)
 _retries_of = itemgetter(6)
 _origin_of = itemgetter(7)
+_tags_of = itemgetter(2)
 
 
 def _producers_own(peeked: TracePeek) -> bool:
@@ -67,9 +81,17 @@ class BrokerTracer:
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer
         self.enabled = writer is not None and writer.enabled
-        # (subject, pull-log group, consumer) -> pull seq -> message members of what it holds,
-        # or its consumer-log sequence for an entry pulled before a restart (members unknown)
-        self._held: dict[tuple[str, str, str], dict[int, str | int]] = {}
+        # (subject, pull-log group, consumer) -> pull seq -> (message members, consumer-log
+        # seq) of what it holds, or the consumer-log seq alone for an entry pulled before a
+        # restart whose record could not be read then (members unknown); pull-log thread
+        self._held: dict[tuple[str, str, str], dict[int, tuple[str, int] | int]] = {}
+        # (subject, pull-log group) -> consumer-log seq -> members of entries released for
+        # redelivery and not handed out again yet (pull-log thread)
+        self._released: dict[tuple[str, str], dict[int, str]] = {}
+        # (subject, pull-log group, consumer) -> its last tag filter (event loop only)
+        self._subscriptions: dict[tuple[str, str, str], frozenset[str]] = {}
+        # gave_up reason -> messages, counted whether tracing is on or not (read by metrics)
+        self.gave_up_counts: dict[str, int] = {}
         # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
         # on the first pull (pull-log thread): single dict operations are atomic under the GIL.
         self._recent: dict[str, dict[int, str]] = {}
@@ -81,9 +103,127 @@ class BrokerTracer:
     def held_before_restart(self, subject: str, key: str, consumer: str,
                             entries: dict[int, int]) -> None:
         """Remember entries (pull seq -> consumer-log seq) a consumer held when the broker
-        started, so their acks can be traced from the store (pull-log thread)."""
+        started, so their acks can be traced (pull-log thread, at start); ``name_from_store``
+        then gives them their members."""
         if self.enabled and entries:
             self._held.setdefault((subject, key, consumer), {}).update(entries)
+
+    def queued_before_restart(self, subject: str, key: str, log_seqs: Iterable[int]) -> None:
+        """Remember the entries waiting for redelivery when the broker started (at start), so
+        ``name_from_store`` names them; a later unreadable redelivery is then traced by name."""
+        if self.enabled:
+            released = self._released.setdefault((subject, key), {})
+            released.update(zip(log_seqs, repeat("")))
+
+    def name_from_store(self, read: Any) -> None:
+        """At start, before any pull or ack: read the records of the entries remembered by
+        ``held_before_restart`` and ``queued_before_restart`` (``read(subject, log_seq)`` ->
+        payload, raising for an unreadable record) and keep their members. Entries whose record
+        cannot be read stay unnamed: an ack of one is traced as ``ack_unreadable``."""
+        if not self.enabled:
+            return
+        for (subject, _key, _consumer), held in self._held.items():
+            for pull_seq, value in list(held.items()):
+                if type(value) is int:
+                    members = self._read_members(read, subject, value)
+                    if members is not None:
+                        held[pull_seq] = (members, value)
+        for (subject, _key), released in self._released.items():
+            for log_seq in [seq for seq, members in released.items() if not members]:
+                members = self._read_members(read, subject, log_seq)
+                if members is None:
+                    del released[log_seq]
+                else:
+                    released[log_seq] = members
+
+    @staticmethod
+    def _read_members(read: Any, subject: str, log_seq: int) -> str | None:
+        try:
+            peeked = _peek(read(subject, log_seq))
+        except Exception:  # an unreadable record: named later, if ever, by its sequence
+            return None
+        return None if peeked is None else peeked.members
+
+    # ------------------------------------------------------------------ give-ups
+
+    def _count_gave_up(self, reason: str, count: int) -> None:
+        if count:
+            self.gave_up_counts[reason] = self.gave_up_counts.get(reason, 0) + count
+
+    def redeliveries_unreadable(self, subject: str, key: str, log_seqs: Sequence[int],
+                                now_ms: int) -> None:
+        """Redeliveries whose records could not be read, acked in the group's name so they do
+        not come back forever (pull-log thread): ``gave_up`` ``redelivery_unreadable``, named
+        by what was remembered when they were released (the unnamed ones as
+        ``<subject>@<consumer-log seq>``)."""
+        self._count_gave_up("redelivery_unreadable", len(log_seqs))
+        if not self.enabled or not log_seqs:
+            return
+        released = self._released.get((subject, key), {})
+        members = [released.pop(seq, None) or message_members(f"{subject}@{seq}", subject)
+                   for seq in log_seqs]
+        self._gave_up_lines(members, now_ms, "redelivery_unreadable", key)
+
+    def acks_unreadable(self, subject: str, key: str, consumer: str, log_seqs: Sequence[int],
+                        now_ms: int) -> None:
+        """Acks of entries pulled before a restart whose records could not be read to name
+        them: ``gave_up`` ``ack_unreadable`` under ``<subject>@<consumer-log seq>``."""
+        self._count_gave_up("ack_unreadable", len(log_seqs))
+        if self.enabled and log_seqs:
+            self._gave_up_lines([message_members(f"{subject}@{seq}", subject) for seq in log_seqs],
+                                now_ms, "ack_unreadable", key, consumer)
+
+    def _gave_up_lines(self, members: Sequence[str], now_ms: int, reason: str,
+                       group: str | None, consumer: str | None = None) -> None:
+        writer = self.writer
+        assert writer is not None
+        extra = consumer_members(group, consumer) + reason_member(reason)
+        writer.emit_lines([writer.line("gave_up", now_ms, found, extra) for found in members])
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def subscribed(self, subject: str, key: str, consumer: str, tags: frozenset[str],
+                   now_ms: int) -> None:
+        """A pull of ``consumer`` of pull-log group ``key`` with tag filter ``tags`` (empty:
+        every message); traced when it is new or differs from the consumer's last (event loop).
+        Pulls of internal subjects (retry copies, dead letters) are not subscriptions."""
+        if not self.enabled:
+            return
+        hkey = (subject, key, consumer)
+        if self._subscriptions.get(hkey) == tags or subject[:1] == "%":
+            return
+        self._subscriptions[hkey] = tags
+        writer = self.writer
+        assert writer is not None
+        writer.emit(subscription_event("subscribed", ts_ms=now_ms, subject=subject, group=key,
+                                       consumer=consumer, tags=tags))
+
+    def unsubscribed(self, consumers: Iterable[tuple[str, str, str]], now_ms: int,
+                     reason: str) -> None:
+        """(subject, pull-log group, consumer) left or expired (event loop)."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        assert writer is not None
+        for hkey in consumers:
+            if self._subscriptions.pop(hkey, None) is not None:
+                subject, key, consumer = hkey
+                writer.emit(subscription_event("unsubscribed", ts_ms=now_ms, subject=subject,
+                                               group=key, consumer=consumer, reason=reason))
+
+    def expire_subscriptions(self, last_seen: dict[tuple[str, str], dict[str, int]],
+                             now_ms: int, expiry_ms: int) -> None:
+        """Trace as expired the subscriptions of consumers not seen (``last_seen``: (subject,
+        group) -> consumer -> last pull or heartbeat) for ``expiry_ms`` (event loop)."""
+        if not self.enabled or not self._subscriptions:
+            return
+        gone = []
+        for hkey in self._subscriptions:
+            seen_ms = last_seen.get((hkey[0], hkey[1]), {}).get(hkey[2])
+            if seen_ms is None or now_ms - seen_ms > expiry_ms:
+                gone.append(hkey)
+        if gone:
+            self.unsubscribed(gone, now_ms, "expired")
 
     def stored(self, messages: Sequence[Checked], sequences: Sequence[int | None],
                now_ms: int) -> None:
@@ -108,7 +248,7 @@ class BrokerTracer:
             msg_id, subject, created_at_ms = checked.id, checked.subject, checked.created_at_ms
             if (type(msg_id) is str and type(created_at_ms) is int and subject[:1] != "%"
                     and checked.deliver_at_ms is None and not checked.retries
-                    and checked.origin_id is None):
+                    and checked.origin_id is None and not checked.tags):
                 # The common case, built here: message_members' output for these values
                 # (a unit test holds them equal) without its general checks.
                 members = (f'"msg_id":{_json_str(msg_id)}{self._subject_member(subject)},'
@@ -118,7 +258,7 @@ class BrokerTracer:
                 peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
                                        created_at_ms=created_at_ms,
                                        deliver_at_ms=checked.deliver_at_ms,
-                                       retries=checked.retries)
+                                       retries=checked.retries, tags=checked.tags)
                 if peeked is None:
                     continue
                 members = peeked.members
@@ -137,13 +277,15 @@ class BrokerTracer:
                     now_ms: int) -> bool:
         """``stored`` of the usual batch, every line built by maps in C: one user subject, all
         stored, no retry copy, and either none delayed (a producer's own messages: lines
-        flagged produced) or all delayed (dispatched by a delay server: with deliver_at_ms).
+        flagged produced) or all delayed (dispatched by a delay server: with deliver_at_ms);
+        none with tags.
         The same text as the per-message path (unit tests hold them equal); False, having
         done nothing, for any other batch."""
         subjects = set(map(_subject_of, messages))
         if (len(subjects) != 1 or None in sequences
                 or set(map(_retries_of, messages)) != {0}
-                or set(map(_origin_of, messages)) != {None}):
+                or set(map(_origin_of, messages)) != {None}
+                or any(map(_tags_of, messages))):
             return False
         subject = next(iter(subjects))
         ids = list(map(_id_of, messages))
@@ -247,19 +389,28 @@ class BrokerTracer:
             members = list(map(recent.pop, log_seqs, repeat(None)))
         else:
             members = [None] * len(pull_seqs)
+        if redelivered is not None and log_seqs:
+            released = self._released.get((subject, key))
+            if released:  # redeliveries: named when they were released, no decode
+                named = list(map(released.pop, log_seqs, repeat(None)))
+                members = [found or again or None for found, again in zip(members, named)]
         if None in members:  # not stored lately (or taken by another group): decode
             for index, found in enumerate(members):
                 if found is None:
                     peeked = _peek(payloads[index])
                     if peeked is not None:
                         members[index] = peeked.members
+        if not log_seqs:  # a caller that does not know them (tests, benchmarks)
+            log_seqs = [-1] * len(pull_seqs)
         if None in members:  # unreadable payloads: nothing to name them by
             kept = [i for i, found in enumerate(members) if found is not None]
             pull_seqs = [pull_seqs[i] for i in kept]
             members = [members[i] for i in kept]
+            log_seqs = [log_seqs[i] for i in kept]
             if redelivered is not None:
                 redelivered = [redelivered[i] for i in kept]
-        held.update(zip(pull_seqs, members))
+        # Held with their consumer-log seqs: released entries keep their names (``prune``).
+        held.update(zip(pull_seqs, zip(members, log_seqs)))
         lines = [f"{start}{found}{end}" for found in members]
         if redelivered is not None:
             lines += [writer.line("redelivered", now_ms, found, extra)
@@ -269,8 +420,9 @@ class BrokerTracer:
     def acked(self, subject: str, key: str, consumer: str,
               ranges: Sequence[tuple[int, int]], now_ms: int) -> list[int]:
         """Trace the held entries in ``ranges`` as acked (pull-log thread). Returns the
-        consumer-log sequences of acked entries pulled before a restart: the caller reads their
-        payloads from the store and passes them to ``acked_payloads``."""
+        consumer-log sequences of acked entries pulled before a restart that are still unnamed:
+        the caller reads their payloads from the store and passes them to ``acked_payloads``
+        (and those it cannot read to ``acks_unreadable``)."""
         if not self.enabled:
             return []
         held = self._held.get((subject, key, consumer))
@@ -281,7 +433,7 @@ class BrokerTracer:
         start, end = writer.frame("acked", now_ms, consumer_members(key, consumer))
         firsts = _merged(sorted(ranges))  # a client may send them overlapping or nested
         span = sum(last - first + 1 for first, last in firsts)
-        found: list[str | int | None]
+        found: list[tuple[str, int] | int | None]
         if span <= 2 * len(held):
             # Walk the acked sequences: the cost follows the ack, not what the consumer holds
             # (a consumer with many in flight acks a few at a time).
@@ -291,7 +443,7 @@ class BrokerTracer:
         else:  # wide ranges over few holdings: walk the holdings
             starts = [first for first, _ in firsts]
             found = [held.pop(s) for s in [s for s in held if _in_ranges(s, firsts, starts)]]
-        lines = [f"{start}{member}{end}" for member in found if type(member) is str]
+        lines = [f"{start}{member[0]}{end}" for member in found if type(member) is tuple]
         from_store = [member for member in found if type(member) is int]
         if not held:
             del self._held[(subject, key, consumer)]
@@ -330,11 +482,17 @@ class BrokerTracer:
         self._emit_all("expired", payloads, now_ms, key)
 
     def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
-        """Forget entries of ``consumer`` no longer held (released to others); pull-log thread."""
+        """Forget entries of ``consumer`` no longer held (released to others); their names are
+        kept by consumer-log seq until they are handed out again (pull-log thread)."""
         held = self._held.get((subject, key, consumer))
         if held:
+            released = self._released.setdefault((subject, key), {})
             for pull_seq in [s for s in held if s not in still_held]:
-                del held[pull_seq]
+                value = held.pop(pull_seq)
+                if type(value) is tuple and value[1] >= 0:
+                    released[value[1]] = value[0]
+            if not released:
+                del self._released[(subject, key)]
             if not held:
                 del self._held[(subject, key, consumer)]
 

@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tracelog.events import EVENT_FIELD_NAMES, HOUR_MS, PRODUCED_FLAG, REQUIRED_FIELDS
+from tracelog.events import (EVENT_FIELD_NAMES, HOUR_MS, MESSAGE_ID_FIELD, PRODUCED_FLAG,
+                             REQUIRED_FIELDS, SUBSCRIPTION_KINDS, SUBSCRIPTION_REQUIRED_FIELDS)
 from spark_audit.schema import EVENT_SCHEMA, LINE_SCHEMA
 
 # An hour directory holds what a writer wrote during that hour by its clock; an event's ts_ms may
@@ -50,11 +51,19 @@ def expand_produced(lines: DataFrame) -> DataFrame:
 
 
 def normalize_events(raw: DataFrame) -> DataFrame:
-    """Drop rows missing a required field; expand ``produced`` flags (``expand_produced``);
-    ``origin_id`` defaults to ``msg_id``, ``retries`` to 0; columns in schema order."""
+    """Drop rows missing a required field (``tracelog.events.complete``: ``msg_id``, or for a
+    subscription event ``group`` and ``consumer``); expand ``produced`` flags
+    (``expand_produced``); ``origin_id`` defaults to ``msg_id``, ``retries`` to 0; columns in
+    schema order."""
     required = F.lit(True)
     for name in REQUIRED_FIELDS:
         required = required & F.col(name).isNotNull()
+    subscription = F.col("event").isin(*SUBSCRIPTION_KINDS)
+    for_subscription = F.lit(True)
+    for name in SUBSCRIPTION_REQUIRED_FIELDS:
+        for_subscription = for_subscription & F.col(name).isNotNull()
+    required = required & F.when(subscription, for_subscription).otherwise(
+        F.col(MESSAGE_ID_FIELD).isNotNull())
     defaults = {
         "origin_id": F.coalesce(F.col("origin_id"), F.col("msg_id")),
         "retries": F.coalesce(F.col("retries"), F.lit(0)),

@@ -6,13 +6,13 @@ types from whatever lines it sampled (an hour with no ``lateness_ms`` would drop
 
 from __future__ import annotations
 
-from pyspark.sql.types import (BooleanType, IntegerType, LongType, StringType, StructField,
-                               StructType)
+from pyspark.sql.types import (ArrayType, BooleanType, IntegerType, LongType, StringType,
+                               StructField, StructType)
 
 from tracelog.events import EVENT_FIELDS, EVENT_KINDS, LINE_FIELDS
 
 _SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType(),
-                "boolean": BooleanType()}
+                "boolean": BooleanType(), "array<string>": ArrayType(StringType())}
 
 # The events DataFrame's schema (what every job gets).
 EVENT_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
@@ -22,8 +22,10 @@ LINE_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
                           for name, kind in LINE_FIELDS])
 
 # Lifecycle order of the kinds, to order events of one message that share a millisecond.
+# Subscription events have no message, so never appear in a history; they are listed last.
 LIFECYCLE_ORDER = ("produced", "scheduled", "cancelled", "dispatched", "stored", "expired",
-                   "redelivered", "pulled", "nacked", "retried", "acked", "dead")
+                   "redelivered", "pulled", "nacked", "retried", "acked", "dead", "gave_up",
+                   "subscribed", "unsubscribed")
 assert sorted(LIFECYCLE_ORDER) == sorted(EVENT_KINDS), "every kind needs a lifecycle position"
 
 # The fields of one entry of an anomaly's history, in order.

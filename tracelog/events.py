@@ -27,6 +27,14 @@ Fields (``EVENT_FIELDS``; a missing key reads as null, so ``trace_event`` omits 
     deliver_at_ms  long | null     the message's deliver_at_ms (null = at once)
     retries        int             the copy's retry count (0 for a first delivery; absent = 0)
     lateness_ms    long | null     dispatched only: ts_ms - deliver_at_ms
+    tags           array<string>   the message's tags (absent = none); on ``subscribed``, the
+                                   consumer's tag filter (absent = every message)
+    reason         string | null   why: ``gave_up`` (see GIVE_UP_REASONS), ``unsubscribed``
+                                   (``left`` or ``expired``)
+
+Subscription events (``SUBSCRIPTION_KINDS``) are about a consumer, not a message: they carry
+``subject``, ``group``, ``consumer`` (all required) and no ``msg_id``. Every other kind needs a
+``msg_id``.
 
 A line may also carry ``"produced":true`` (``LINE_FIELDS``; written as ``PRODUCED_MEMBER``): on a
 ``stored`` or ``scheduled`` line it says the message entered the system there, and readers
@@ -44,6 +52,9 @@ broker's confirmation; ``pulled`` handed to a consumer (a redelivery is ``pulled
 server (msg_id = the copy's id, origin_id = the root); ``dead`` a copy stored in the dead-letter
 subject; ``expired`` not delivered because expire_at passed. ``pulled`` events carry the
 message's created_at_ms and deliver_at_ms (the audit needs them for lateness and early delivery).
+``gave_up`` a server dropped, skipped or gave up on the message (``reason`` says why; ``group``
+null = for every group); ``subscribed`` a consumer pulled with a tag filter other than the one it
+had (or for the first time since the broker started); ``unsubscribed`` it left or expired.
 
 Tracing is best effort: ``TraceWriter.emit`` never blocks on I/O and memory is bounded, so when
 the disk is slow or failing, events are dropped (oldest batch first) and counted
@@ -79,9 +90,24 @@ log = logging.getLogger(__name__)
 
 EVENT_KINDS = (
     "produced", "stored", "scheduled", "cancelled", "dispatched", "pulled", "acked", "nacked",
-    "redelivered", "retried", "dead", "expired",
+    "redelivered", "retried", "dead", "expired", "gave_up", "subscribed", "unsubscribed",
 )
 _EVENT_KIND_SET = frozenset(EVENT_KINDS)
+# Kinds about a consumer's subscription rather than a message: no msg_id.
+SUBSCRIPTION_KINDS = ("subscribed", "unsubscribed")
+# ``gave_up`` reasons: a server dropped, skipped or gave up on a message. The audit reports the
+# message as lost with the reason, unless the group settled it after all.
+GIVE_UP_REASONS = {
+    "dispatch_refused": "the realtime broker refused the delay server's dispatch for good "
+                        "(bad_request, too_large or forbidden); it left the schedule",
+    "dispatch_unrecorded": "dispatched and confirmed, but writing its dispatch record failed: "
+                           "a restart may dispatch it again (the broker de-duplicates)",
+    "redelivery_unreadable": "its record could not be read for a redelivery; acked in the "
+                             "group's name so it does not come back forever",
+    "ack_unreadable": "a consumer acked it after a restart, but its record could not be read "
+                      "to name it (msg_id is <subject>@<consumer-log sequence>)",
+}
+UNSUBSCRIBE_REASONS = ("left", "expired")
 
 # (name, Spark SQL type): the one schema; spark_audit.schema builds its StructType from it.
 EVENT_FIELDS: tuple[tuple[str, str], ...] = (
@@ -97,6 +123,8 @@ EVENT_FIELDS: tuple[tuple[str, str], ...] = (
     ("deliver_at_ms", "long"),
     ("retries", "int"),
     ("lateness_ms", "long"),
+    ("tags", "array<string>"),
+    ("reason", "string"),
 )
 EVENT_FIELD_NAMES = tuple(name for name, _ in EVENT_FIELDS)
 # What a line may carry: the event fields plus the flag readers expand (see above); not an event
@@ -105,7 +133,9 @@ PRODUCED_FLAG = "produced"
 LINE_FIELDS: tuple[tuple[str, str], ...] = EVENT_FIELDS + ((PRODUCED_FLAG, "boolean"),)
 # The flag as line members, for ``TraceWriter.line``'s ``extra``.
 PRODUCED_MEMBER = f',"{PRODUCED_FLAG}":true'
-REQUIRED_FIELDS = ("event", "ts_ms", "msg_id", "subject")  # a line without one is dropped
+REQUIRED_FIELDS = ("event", "ts_ms", "subject")  # a line without one is dropped
+MESSAGE_ID_FIELD = "msg_id"  # also required, except on SUBSCRIPTION_KINDS lines
+SUBSCRIPTION_REQUIRED_FIELDS = ("group", "consumer")  # required on SUBSCRIPTION_KINDS lines
 
 FLUSH_INTERVAL_MS_DEFAULT = 1_000  # longest an event waits in memory before being written
 BATCH_MAX_DEFAULT = 10_000  # events per batch; a full batch wakes the writer thread at once
@@ -128,12 +158,16 @@ def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
                 origin_id: str | None = None, group: str | None = None,
                 consumer: str | None = None, created_at_ms: int | None = None,
                 deliver_at_ms: int | None = None, retries: int = 0,
-                lateness_ms: int | None = None, produced: bool = False) -> dict[str, Any]:
+                lateness_ms: int | None = None, produced: bool = False,
+                tags: Iterable[str] | None = None, reason: str | None = None) -> dict[str, Any]:
     """Build one event for ``TraceWriter.emit``: null fields are left out, ``origin_id`` defaults
     to ``msg_id``, a ``dispatched`` event's ``lateness_ms`` defaults to ts_ms - deliver_at_ms.
-    ``produced``: the line also stands for a ``produced`` event (see the module docstring)."""
-    if event not in _EVENT_KIND_SET:
-        raise ValueError(f"trace event kind {event!r} is not one of {', '.join(EVENT_KINDS)}")
+    ``produced``: the line also stands for a ``produced`` event (see the module docstring).
+    ``tags``: the message's tags (left out when empty). Subscription events are built by
+    ``subscription_event``."""
+    if event not in _EVENT_KIND_SET or event in SUBSCRIPTION_KINDS:
+        raise ValueError(f"trace event kind {event!r} is not one of "
+                         f"{', '.join(k for k in EVENT_KINDS if k not in SUBSCRIPTION_KINDS)}")
     out: dict[str, Any] = {"event": event, "ts_ms": ts_ms, "msg_id": msg_id, "subject": subject}
     if origin_id is not None and origin_id != msg_id:
         out["origin_id"] = origin_id
@@ -151,9 +185,43 @@ def trace_event(event: str, *, ts_ms: int, msg_id: str, subject: str,
         lateness_ms = ts_ms - deliver_at_ms
     if lateness_ms is not None:
         out["lateness_ms"] = lateness_ms
+    if tags:
+        out["tags"] = list(tags)
+    if reason is not None:
+        out["reason"] = reason
     if produced:
         out[PRODUCED_FLAG] = True
     return out
+
+
+def subscription_event(event: str, *, ts_ms: int, subject: str, group: str, consumer: str,
+                       tags: Iterable[str] | None = None, reason: str | None = None
+                       ) -> dict[str, Any]:
+    """A ``subscribed`` (with the consumer's tag filter; None or empty = every message) or
+    ``unsubscribed`` (with a reason from UNSUBSCRIBE_REASONS) event for ``TraceWriter.emit``."""
+    if event not in SUBSCRIPTION_KINDS:
+        raise ValueError(f"subscription event kind {event!r} is not one of "
+                         f"{', '.join(SUBSCRIPTION_KINDS)}")
+    if event == "unsubscribed" and reason not in UNSUBSCRIBE_REASONS:
+        raise ValueError(f"unsubscribed reason {reason!r} is not one of "
+                         f"{', '.join(UNSUBSCRIBE_REASONS)}")
+    out: dict[str, Any] = {"event": event, "ts_ms": ts_ms, "subject": subject, "group": group,
+                           "consumer": consumer}
+    if tags:
+        out["tags"] = sorted(tags)
+    if reason is not None:
+        out["reason"] = reason
+    return out
+
+
+def complete(raw: dict[str, Any]) -> bool:
+    """Whether a parsed line has the fields its kind requires (REQUIRED_FIELDS; ``msg_id``, or
+    ``group`` and ``consumer`` for SUBSCRIPTION_KINDS). Readers drop the others."""
+    if any(raw.get(name) is None for name in REQUIRED_FIELDS):
+        return False
+    if raw["event"] in SUBSCRIPTION_KINDS:
+        return all(raw.get(name) is not None for name in SUBSCRIPTION_REQUIRED_FIELDS)
+    return raw.get(MESSAGE_ID_FIELD) is not None
 
 
 def _json_int(name: str, value: object) -> str:
@@ -164,7 +232,7 @@ def _json_int(name: str, value: object) -> str:
 
 def message_members(msg_id: str, subject: str, *, origin_id: str | None = None,
                     created_at_ms: int | None = None, deliver_at_ms: int | None = None,
-                    retries: int = 0) -> str:
+                    retries: int = 0, tags: Iterable[str] | None = None) -> str:
     """The message's part of an event line, pre-encoded: JSON object members (no braces) with
     the same values and the same omissions as ``trace_event``. Built once per message and
     shared by its events (``TraceWriter.line``): the fast path of a broker's tracing.
@@ -189,7 +257,24 @@ def message_members(msg_id: str, subject: str, *, origin_id: str | None = None,
             out += f',"deliver_at_ms":{_json_int("deliver_at_ms", deliver_at_ms)}'
     if retries:
         out += f',"retries":{_json_int("retries", retries)}'
+    if tags:
+        out += tags_member(tags)
     return out
+
+
+def tags_member(tags: Iterable[str]) -> str:
+    """``,"tags":[...]`` for a message's (non-empty) tags. Raises ValueError for a non-str."""
+    encoded = []
+    for tag in tags:
+        if type(tag) is not str:
+            raise ValueError(f"trace tags must be str, got {tag!r}")
+        encoded.append(_json_str(tag))
+    return f',"tags":[{",".join(encoded)}]'
+
+
+def reason_member(reason: str) -> str:
+    """``,"reason":...`` for ``TraceWriter.line``'s ``extra`` (a ``gave_up`` line)."""
+    return f',"reason":{_json_str(reason)}'
 
 
 def subject_member(subject: str) -> str:
@@ -452,6 +537,37 @@ class TraceWriter:
         self._last_report_ms = now
 
 
+_HOUR_DIR_NAME = re.compile(r"^[0-9]{10}$")
+
+
+def _is_trace_dir(path: str, names: list[str]) -> bool:
+    """A trace directory has an hour directory (``YYYYMMDDHH``) holding a ``.jsonl`` file."""
+    for name in names:
+        if _HOUR_DIR_NAME.match(name):
+            try:
+                if any(f.endswith(".jsonl") for f in os.listdir(os.path.join(path, name))):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def find_trace_dirs(root: str | os.PathLike[str]) -> list[str]:
+    """Every trace directory under ``root`` (``root`` itself included), sorted: directories
+    with an hour directory that holds a trace file, as ``TraceWriter`` lays them out. A data dir
+    of ``qmq up`` gives ``<root>/realtime/trace`` and ``<root>/delay/trace``; a directory of
+    several servers' data dirs gives each of theirs. Symbolic links are not followed, and the
+    search does not descend into a trace directory."""
+    found = []
+    for path, dirs, _files in os.walk(os.fspath(root)):
+        if _is_trace_dir(path, dirs):
+            found.append(path)
+            dirs[:] = []
+        else:
+            dirs.sort()
+    return sorted(found)
+
+
 def _trace_files(path: str) -> list[str]:
     if os.path.isdir(path):
         return sorted(glob.glob(os.path.join(glob.escape(path), "*", "*.jsonl")))
@@ -473,8 +589,7 @@ def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]
                         raw = json.loads(line)
                     except ValueError:
                         continue
-                    if not isinstance(raw, dict) or any(raw.get(k) is None for k in
-                                                        REQUIRED_FIELDS):
+                    if not isinstance(raw, dict) or not complete(raw):
                         continue
                     event = {name: raw.get(name) for name in EVENT_FIELD_NAMES}
                     if event["origin_id"] is None:

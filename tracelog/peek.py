@@ -21,6 +21,7 @@ from wire.message import (
     KEY_PROPERTIES,
     KEY_RETRIES,
     KEY_SUBJECT,
+    KEY_TAGS,
     ORIGIN_ID_PROPERTY,
     parse_internal_subject,
 )
@@ -38,11 +39,11 @@ class TracePeek(NamedTuple):
 
 
 def _trace_peek(msg_id: Any, wire: Any, origin_id: Any, created_at_ms: Any,
-                deliver_at_ms: Any, retries: Any) -> TracePeek:
+                deliver_at_ms: Any, retries: Any, tags: Any = None) -> TracePeek:
     internal = parse_internal_subject(wire) if wire[:1] == "%" else None
     members = message_members(
         msg_id, internal.subject if internal is not None else wire, origin_id=origin_id,
-        created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms, retries=retries)
+        created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms, retries=retries, tags=tags)
     return TracePeek(members, created_at_ms, deliver_at_ms, retries,
                      internal.kind if internal is not None else None)
 
@@ -50,27 +51,28 @@ def _trace_peek(msg_id: Any, wire: Any, origin_id: Any, created_at_ms: Any,
 def peek_trace_members(payload: bytes) -> TracePeek | None:
     """A payload's trace view (``TracePeek``: its id, user subject, origin id, times and
     retries encoded as event members), read without building or validating a Message. None if
-    unreadable or if a field is of a type the trace schema cannot hold."""
+    unreadable or if a field is of a type the trace schema cannot hold. The message's tags are
+    among the members, so the audit knows which groups' filters select it."""
     try:
         data = msgpack.unpackb(payload, raw=False)
         properties = data.get(KEY_PROPERTIES)
         return _trace_peek(data[KEY_ID], data[KEY_SUBJECT],
                            properties.get(ORIGIN_ID_PROPERTY) if properties else None,
                            data.get(KEY_CREATED_AT_MS), data.get(KEY_DELIVER_AT_MS),
-                           data.get(KEY_RETRIES, 0))
+                           data.get(KEY_RETRIES, 0), data.get(KEY_TAGS))
     except Exception:
         return None
 
 
 def trace_members(msg_id: str, wire_subject: str, *, origin_id: str | None,
                   created_at_ms: int | None, deliver_at_ms: int | None,
-                  retries: int) -> TracePeek | None:
+                  retries: int, tags: tuple[str, ...] = ()) -> TracePeek | None:
     """``peek_trace_members`` of a message whose fields are at hand already (a broker that
     checked it before storing it), so its payload need not be decoded again; None if a field
     does not fit the trace schema or the subject is a malformed internal name."""
     try:
         return _trace_peek(msg_id, wire_subject, origin_id, created_at_ms, deliver_at_ms,
-                           retries)
+                           retries, tags)
     except (ValueError, BadRequest, TypeError):
         return None
 

@@ -502,3 +502,34 @@ async def test_stop_finishes_even_when_the_dispatcher_is_woken_in_the_same_turn(
         for _ in range(turns_between):
             await asyncio.sleep(0)
         await asyncio.wait_for(server.stop(), 30)
+
+
+async def test_a_dispatch_refused_for_good_is_traced_as_given_up_and_counted(tmp_path, clock):
+    from tracelog.events import read_events
+
+    class Refusing(Realtime):
+        async def dispatch(self, subject, payloads):
+            await super().dispatch(subject, payloads)
+            return "rt-test", [{"error": {"code": "bad_request", "message": "no"}}
+                               if decode_message(p).id == "doomed" else
+                               {"id": decode_message(p).id, "status": "stored"}
+                               for p in payloads]
+
+    realtime = Refusing(clock)
+    server = await start(tmp_path, clock, realtime)
+    client = await RawClient.connect(server.port)
+    try:
+        for msg_id in ("kept", "doomed"):
+            await client.send(message("s", msg_id.encode(), clock, id=msg_id,
+                                      deliver_at_ms=clock() + 100))
+        clock.advance(200)
+        await realtime.wait_for(2, server)
+        await wait_until(lambda: server.scheduler.tracer.gave_up_counts, server)
+    finally:
+        await client.close()
+        await server.stop()
+    events = read_events([tmp_path / "delay" / "trace"])
+    assert sorted((e["event"], e["msg_id"], e["reason"]) for e in events
+                  if e["event"] in ("dispatched", "gave_up")) == [
+        ("dispatched", "kept", None), ("gave_up", "doomed", "dispatch_refused")]
+    assert server.scheduler.tracer.gave_up_counts == {"dispatch_refused": 1}

@@ -35,10 +35,12 @@ def test_load_events_reads_every_hour_of_every_directory_and_drops_bad_lines(spa
                    'garbage\n'
                    '{"event":"acked","ts_ms":9,"msg_id":"torn","sub')  # torn last line
     expected = spark.createDataFrame([
-        ("produced", T, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None),
+        ("produced", T, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None, None,
+         None),
         ("retried", T + HOUR_MS, "realtime:rt-1", "m1.r1", "m1", "s", "g", None, None,
-         T + HOUR_MS + 5, 1, None),
-        ("dispatched", T + 7, "delay:d-1", "m2", "m2", "s", None, None, None, T + 5, 0, 2),
+         T + HOUR_MS + 5, 1, None, None, None),
+        ("dispatched", T + 7, "delay:d-1", "m2", "m2", "s", None, None, None, T + 5, 0, 2, None,
+         None),
     ], EVENT_SCHEMA)
     events = load_events(spark, [str(tmp_path / "a"), f"file://{tmp_path / 'b'}"])
     assertDataFrameEqual(events, expected)
@@ -77,12 +79,16 @@ def test_a_line_flagged_produced_loads_as_a_produced_row_and_its_own_row(spark, 
            trace_event("scheduled", ts_ms=T + 2, msg_id="m2", subject="s", created_at_ms=T + 1,
                        deliver_at_ms=T + 900, produced=True))
     expected = spark.createDataFrame([
-        ("produced", T, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None),
-        ("stored", T + 4, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None),
-        ("stored", T + 4, "realtime:rt-1", "m1.r1", "m1", "s", None, None, T + 1, T + 3, 1,
+        ("produced", T, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None, None,
          None),
-        ("produced", T + 1, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None),
-        ("scheduled", T + 2, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None),
+        ("stored", T + 4, "realtime:rt-1", "m1", "m1", "s", None, None, T, None, 0, None, None,
+         None),
+        ("stored", T + 4, "realtime:rt-1", "m1.r1", "m1", "s", None, None, T + 1, T + 3, 1,
+         None, None, None),
+        ("produced", T + 1, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None,
+         None, None),
+        ("scheduled", T + 2, "delay:d-1", "m2", "m2", "s", None, None, T + 1, T + 900, 0, None,
+         None, None),
     ], EVENT_SCHEMA)
     assertDataFrameEqual(load_events(spark, [str(tmp_path)]), expected)
     # The window applies to the derived row's own time.

@@ -154,3 +154,80 @@ def test_stored_lines_carry_the_time_and_flag_of_their_own_call(tmp_path):
     writer.close()
     assert [(line["msg_id"], line["ts_ms"], line.get("produced")) for line in raw_lines(tmp_path)] \
         == [("m1", T0_MS + 1, True), ("m2", T0_MS + 1, None), ("m3", T0_MS + 2, True)]
+
+
+def test_a_tagged_message_carries_its_tags_on_its_stored_line(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tagged = Checked("t1", "orders", ("vip", "eu"), None, None, T0_MS, 0, None)
+    tracer.stored([checked("m0"), tagged], [0, 1], T0_MS)
+    writer.close()
+    assert [(e["event"], e["msg_id"], e["tags"]) for e in read_events([tmp_path])] == [
+        ("produced", "m0", None), ("stored", "m0", None),
+        ("produced", "t1", ["vip", "eu"]), ("stored", "t1", ["vip", "eu"])]
+
+
+def test_a_consumers_filter_is_traced_when_it_first_pulls_and_when_it_changes(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    for at, tags in ((1, frozenset()), (2, frozenset()), (3, frozenset({"vip"})),
+                     (4, frozenset({"vip"}))):
+        tracer.subscribed("orders", "billing", "c1", tags, T0_MS + at)
+    tracer.subscribed("%retry%orders%billing", "billing", "c1", frozenset(), T0_MS + 5)
+    tracer.subscribed("orders", "billing", "c2", frozenset(), T0_MS + 6)
+    tracer.subscribed("orders", "audit#a1", "a1", frozenset(), T0_MS + 6)
+    tracer.unsubscribed([("orders", "billing", "c1")], T0_MS + 7, "left")
+    # c2 last seen 1 s ago and a1 just now: with a 500 ms expiry only c2 expires.
+    last_seen = {("orders", "billing"): {"c2": T0_MS + 6}, ("orders", "audit#a1"): {"a1": T0_MS + 1_000}}
+    tracer.expire_subscriptions(last_seen, T0_MS + 1_006, 500)
+    tracer.expire_subscriptions(last_seen, T0_MS + 1_007, 500)  # nothing more
+    writer.close()
+    assert [(e["event"], e["ts_ms"] - T0_MS, e["group"], e["consumer"], e["tags"], e["reason"])
+            for e in read_events([tmp_path])] == [
+        ("subscribed", 1, "billing", "c1", None, None),
+        ("subscribed", 3, "billing", "c1", ["vip"], None),
+        ("subscribed", 6, "billing", "c2", None, None),
+        ("subscribed", 6, "audit#a1", "a1", None, None),
+        ("unsubscribed", 7, "billing", "c1", None, "left"),
+        ("unsubscribed", 1_006, "billing", "c2", None, "expired")]
+
+
+def test_an_unreadable_redelivery_is_traced_as_given_up_under_the_name_it_was_released_with(
+        tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    payloads = [encode_message(Message.create("orders", b"x", now_ms=T0_MS, id=f"m{i}"))
+                for i in range(3)]
+    tracer.pulled_columns("orders", "billing", "c1", [0, 1, 2], payloads, None, T0_MS, [10, 11, 12])
+    tracer.prune("orders", "billing", "c1", {2})  # 0 and 1 released, 2 still held
+    # m0 comes back readable (named without a decode: its payload here is garbage), m1 does not.
+    tracer.pulled_columns("orders", "billing", "c2", [3], [b"\xc1"], [1], T0_MS + 1, [10])
+    tracer.redeliveries_unreadable("orders", "billing", [11, 99], T0_MS + 2)
+    writer.close()
+    assert [(e["event"], e["msg_id"], e["consumer"], e["reason"])
+            for e in read_events([tmp_path]) if e["ts_ms"] > T0_MS] == [
+        ("pulled", "m0", "c2", None), ("redelivered", "m0", "c2", None),
+        ("gave_up", "m1", None, "redelivery_unreadable"),
+        ("gave_up", "orders@99", None, "redelivery_unreadable")]
+    assert tracer.gave_up_counts == {"redelivery_unreadable": 2}
+
+
+def test_after_a_restart_held_and_queued_entries_are_named_from_the_store_once(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    stored = {seq: encode_message(Message.create("orders", b"x", now_ms=T0_MS, id=f"m{seq}"))
+              for seq in (5, 6, 8)}
+
+    def read(subject, seq):
+        return stored[seq]  # 7 and 9 are unreadable: KeyError
+
+    tracer.held_before_restart("orders", "billing", "c1", {0: 5, 1: 7})
+    tracer.queued_before_restart("orders", "billing", [8, 9])
+    tracer.name_from_store(read)
+    assert tracer.acked("orders", "billing", "c1", [(0, 1)], T0_MS + 1) == [7]  # unnamed
+    tracer.acks_unreadable("orders", "billing", "c1", [7], T0_MS + 1)
+    tracer.redeliveries_unreadable("orders", "billing", [8, 9], T0_MS + 2)
+    writer.close()
+    assert [(e["event"], e["msg_id"], e["reason"]) for e in read_events([tmp_path])] == [
+        ("acked", "m5", None), ("gave_up", "orders@7", "ack_unreadable"),
+        ("gave_up", "m8", "redelivery_unreadable"), ("gave_up", "orders@9", "redelivery_unreadable")]

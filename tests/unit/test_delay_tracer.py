@@ -53,7 +53,8 @@ def test_scheduled_lines_from_the_quick_checks_fields_equal_those_read_from_the_
     assert checked is not None
     peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
                            created_at_ms=checked.created_at_ms,
-                           deliver_at_ms=checked.deliver_at_ms, retries=checked.retries)
+                           deliver_at_ms=checked.deliver_at_ms, retries=checked.retries,
+                           tags=checked.tags)
     # The copy comes without members (as after the full check): the tracer reads its payload.
     from_fields = _lines(tmp_path, "fields", lambda t: t.scheduled_peeked(
         [(peeked, payloads[0]), (None, payloads[1])], T0_MS + 3))

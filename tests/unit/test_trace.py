@@ -14,14 +14,19 @@ from hypothesis import strategies as st
 from tracelog.events import (
     EVENT_FIELD_NAMES,
     EVENT_KINDS,
+    SUBSCRIPTION_KINDS,
     TraceWriter,
     consumer_members,
     hour_dir_name,
     message_members,
     read_events,
+    reason_member,
     safe_server_name,
+    subscription_event,
     trace_event,
 )
+
+MESSAGE_KINDS = [kind for kind in EVENT_KINDS if kind not in SUBSCRIPTION_KINDS]
 
 HOUR_MS = 3_600_000
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -236,7 +241,8 @@ def test_read_events_normalises_missing_fields(tmp_path):
     assert read_events([path]) == [{
         "event": "produced", "ts_ms": 5, "server": None, "msg_id": "m", "origin_id": "m",
         "subject": "s", "group": None, "consumer": None, "created_at_ms": None,
-        "deliver_at_ms": None, "retries": 0, "lateness_ms": None}]
+        "deliver_at_ms": None, "retries": 0, "lateness_ms": None, "tags": None,
+        "reason": None}]
 
 
 def test_read_events_expands_a_line_flagged_produced_into_produced_then_its_own_event(tmp_path):
@@ -245,7 +251,8 @@ def test_read_events_expands_a_line_flagged_produced_into_produced_then_its_own_
                            created_at_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, produced=True))
         w.emit(trace_event("stored", ts_ms=T0_MS + 9, msg_id="n", subject="s", produced=True))
     common = {"server": "delay:d1", "subject": "s", "group": None, "consumer": None,
-              "retries": 0, "lateness_ms": None, "deliver_at_ms": None}
+              "retries": 0, "lateness_ms": None, "deliver_at_ms": None, "tags": None,
+              "reason": None}
     assert read_events([tmp_path]) == [
         {**common, "event": "produced", "ts_ms": T0_MS, "msg_id": "m", "origin_id": "m",
          "created_at_ms": T0_MS, "deliver_at_ms": T0_MS + 60_000},
@@ -284,21 +291,24 @@ _maybe_text = st.none() | st.text()  # any code point, lone surrogates and contr
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(EVENT_KINDS), ts_ms=_ints, msg_id=st.text(), subject=st.text(),
+@given(kind=st.sampled_from(MESSAGE_KINDS), ts_ms=_ints, msg_id=st.text(), subject=st.text(),
        origin_id=_maybe_text, group=_maybe_text, consumer=_maybe_text,
        created_at_ms=_maybe_int, deliver_at_ms=_maybe_int,
-       retries=st.integers(min_value=0, max_value=2**31 - 1), server=st.text())
+       retries=st.integers(min_value=0, max_value=2**31 - 1), server=st.text(),
+       tags=st.lists(st.text(), max_size=3), reason=_maybe_text)
 def test_a_pre_encoded_line_parses_to_what_json_dumps_of_the_event_gives(
         kind, ts_ms, msg_id, subject, origin_id, group, consumer, created_at_ms, deliver_at_ms,
-        retries, server):
+        retries, server, tags, reason):
     event = trace_event(kind, ts_ms=ts_ms, msg_id=msg_id, subject=subject, origin_id=origin_id,
                         group=group, consumer=consumer, created_at_ms=created_at_ms,
-                        deliver_at_ms=deliver_at_ms, retries=retries)
+                        deliver_at_ms=deliver_at_ms, retries=retries, tags=tags, reason=reason)
     lateness = (f',"lateness_ms":{event["lateness_ms"]}' if "lateness_ms" in event else "")
+    why = "" if reason is None else reason_member(reason)
     writer = TraceWriter("unused", server, background=False)
     line = writer.line(kind, ts_ms, message_members(
         msg_id, subject, origin_id=origin_id, created_at_ms=created_at_ms,
-        deliver_at_ms=deliver_at_ms, retries=retries), consumer_members(group, consumer) + lateness)
+        deliver_at_ms=deliver_at_ms, retries=retries, tags=tags),
+        consumer_members(group, consumer) + lateness + why)
     assert line.isascii() and "\n" not in line
     assert json.loads(line) == json.loads(json.dumps({**event, "server": server}))
 
@@ -341,3 +351,32 @@ def test_a_retry_copys_trace_view_names_the_user_subject_and_the_chain_it_belong
         "msg_id": "m1.r1", "subject": "orders", "origin_id": "m1", "created_at_ms": T0_MS,
         "deliver_at_ms": T0_MS + 5, "retries": 1}
     assert peek_trace_members(b"\xc1 not msgpack") is None
+
+
+def test_subscription_events_need_no_message_id_and_read_back_with_their_filter(tmp_path):
+    with TraceWriter(tmp_path, "realtime:rt-1", clock_ms=FakeClock(T0_MS),
+                     background=False) as writer:
+        writer.emit(subscription_event("subscribed", ts_ms=T0_MS, subject="s", group="g",
+                                       consumer="c1", tags=frozenset({"vip", "eu"})))
+        writer.emit(subscription_event("unsubscribed", ts_ms=T0_MS + 1, subject="s", group="g",
+                                       consumer="c1", reason="left"))
+    (path,) = (tmp_path / "2026010100").iterdir()
+    with open(path, "a", encoding="ascii") as file:  # the same without a consumer: dropped
+        file.write('{"event":"subscribed","ts_ms":5,"subject":"s","group":"g"}\n')
+    assert [(e["event"], e["msg_id"], e["origin_id"], e["tags"], e["reason"])
+            for e in read_events([tmp_path])] == [
+        ("subscribed", None, None, ["eu", "vip"], None),
+        ("unsubscribed", None, None, None, "left")]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: trace_event("subscribed", ts_ms=1, msg_id="m", subject="s"), "is not one of"),
+    (lambda: subscription_event("pulled", ts_ms=1, subject="s", group="g", consumer="c"),
+     "'pulled' is not one of subscribed, unsubscribed"),
+    (lambda: subscription_event("unsubscribed", ts_ms=1, subject="s", group="g", consumer="c",
+                                reason="bored"), "reason 'bored' is not one of left, expired"),
+])
+def test_a_subscription_event_is_built_only_by_its_own_builder_with_a_known_reason(make,
+                                                                                  message):
+    with pytest.raises(ValueError, match=message):
+        make()
