@@ -175,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     tools = (install.ensure_peers(args.peers_venv, not args.no_install, need_nats, need_redis)
              if need_nats or need_redis else None)
     started = datetime.now(timezone.utc)
+    versions = {"pyqmq": servers.pyqmq_version(), **(tools.versions if tools else {})}
     print(f"bench.peers {started:%Y-%m-%d %H:%M} UTC: {', '.join(s.key for s in settings)}; "
           f"{', '.join(workloads)}; {runs} run(s); {sizes}", flush=True)
     shared_server = args.shared_server or args.quick
     results, loads, cpu_short = run_all(settings, workloads, runs, sizes, tools, shared_server)
-    versions = {"pyqmq": servers.pyqmq_version(), **(tools.versions if tools else {})}
     meta = {
         "date": f"{started:%Y-%m-%d %H:%M} UTC",
         "command": "python -m bench.peers " + " ".join(argv if argv is not None
