@@ -21,11 +21,15 @@ from metaserver.config import MetaConfig
 from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
 from metaserver.metrics import MetaMetrics
 from metaserver.registry import Registry
+from metaserver.schedule_api import RUNNER_KEY, SCHEDULES_KEY, add_schedule_routes
+from metaserver.schedule_plan import SchedulePlanner
+from metaserver.schedule_runner import ScheduleRunner
+from metaserver.schedules import Schedules
 from metaserver.tokens import TOKENS_KEY, Tokens, auth_middleware
 from metaserver.validation import BODY_SIZE_BYTES_MAX
 from serverkit.metrics_http import METRICS_PATH, scrape
 from wire.clock import wall_clock_ms
-from wire.tls import server_context
+from wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,15 @@ def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> we
     app[REGISTRY_KEY] = registry
     app[TOKENS_KEY] = Tokens(registry)
     app[METRICS_KEY] = metrics
+    app[SCHEDULES_KEY] = Schedules(registry)
+    # The runner presents the configured admin (or internal) token to the delay servers.
+    app[RUNNER_KEY] = ScheduleRunner(
+        registry, SchedulePlanner(grace_ms=config.schedule_misfire_grace_ms),
+        token=config.admin_token or config.internal_token,
+        ssl_context=client_context(config.tls_ca),
+        poll_interval_ms=config.schedule_poll_interval_ms, metrics=metrics)
     add_routes(app)
+    add_schedule_routes(app)
     app.router.add_get(METRICS_PATH, _metrics)
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -61,17 +73,22 @@ def get_registry(app: web.Application) -> Registry:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Open the database (migrating it) and run the expiry loop for the app's lifetime."""
+    """Open the database (migrating it) and run the expiry loop and the schedule runner for
+    the app's lifetime."""
     registry = app[REGISTRY_KEY]
     await registry.open()
     log.info("MetaServer database at revision %s", registry.revision)
-    expiry = asyncio.create_task(registry.run_expiry_loop(), name="metaserver-expiry")
+    tasks = [asyncio.create_task(registry.run_expiry_loop(), name="metaserver-expiry"),
+             asyncio.create_task(app[RUNNER_KEY].run(), name="metaserver-schedules")]
     try:
         yield
     finally:
-        expiry.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await expiry
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await app[RUNNER_KEY].close()
         await registry.close()
 
 

@@ -53,6 +53,12 @@ class MetaConfig:
     tls_key: str | None = None
     # PEM CA bundle trusted when the MetaServer calls TLS brokers (dead-letter admin).
     tls_ca: str | None = None
+    # Milliseconds an occurrence of a recurring schedule may be handed over late and still count
+    # as on time; an older one is a misfire, and the schedule's misfire policy decides.
+    schedule_misfire_grace_ms: int = 60_000
+    # Longest sleep of the schedule runner between two looks at the database, in ms (another
+    # MetaServer may have created a schedule).
+    schedule_poll_interval_ms: int = 1_000
 
     def __post_init__(self) -> None:
         """Validate every field; raise ValueError quoting the key and the offending value."""
@@ -67,6 +73,8 @@ class MetaConfig:
         _check_int("client_expiry_ms", self.client_expiry_ms, 1)
         _check_int("route_groups_default", self.route_groups_default, 1)
         _check_int("expiry_check_interval_ms", self.expiry_check_interval_ms, 1)
+        _check_int("schedule_misfire_grace_ms", self.schedule_misfire_grace_ms, 1)
+        _check_int("schedule_poll_interval_ms", self.schedule_poll_interval_ms, 1)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"tls_cert {self.tls_cert!r} and tls_key {self.tls_key!r} go "
                              "together: give both or neither")

@@ -6,7 +6,8 @@ Hierarchy::
     +-- BadRequest           400 bad_request: bad JSON, unknown field, wrong type, bad value
     +-- Unauthorized         401 unauthorized: auth is on and the request has no valid token
     +-- Forbidden            403 forbidden: the token is valid but not an admin token
-    +-- NotFound             404 not_found: unknown broker, broker group or path
+    +-- NotFound             404 not_found: unknown broker, broker group, schedule or path
+    +-- Conflict             409 conflict: the name is taken, or the state forbids the change
     +-- TooLarge             413 too_large: request body over BODY_SIZE_BYTES_MAX
     +-- NoRoute              503 no_route: no live broker group can serve the subject (retriable)
     +-- BrokerUnreachable    503 broker_unavailable: no broker that could answer an admin
@@ -59,6 +60,14 @@ class NotFound(ApiError):
 
     status = 404
     code = "not_found"
+
+
+class Conflict(ApiError):
+    """The request clashes with what is stored: a name already taken, or a change the current
+    state does not allow (pausing a finished schedule)."""
+
+    status = 409
+    code = "conflict"
 
 
 class TooLarge(ApiError):

@@ -45,6 +45,11 @@ class MetaMetrics:
         self.consumer_groups = Gauge("qmq_meta_consumer_groups", "Distinct consumer groups "
                                      "known (registered or reported in a broker's backlog), at "
                                      "scrape time.", registry=self.registry)
+        self.schedule_occurrences = Counter(
+            "qmq_meta_schedule_occurrences", "Occurrences of recurring schedules by what became "
+            "of them: sent (handed to a delay server), skipped (missed, dropped by the misfire "
+            "policy), failed (a hand-over or cancel that will be retried).", ["what"],
+            registry=self.registry)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

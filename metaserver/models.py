@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     UniqueConstraint,
@@ -28,6 +29,9 @@ SUBJECT_CHARS_MAX = 512
 ADDRESS_CHARS_MAX = 300
 STATE_CHARS_MAX = 16
 TOKEN_HINT_CHARS_MAX = 16
+CRON_CHARS_MAX = 200
+TZ_CHARS_MAX = 64
+ERROR_CHARS_MAX = 500
 
 # Named constraints so migrations can refer to them on every database.
 NAMING_CONVENTION = {
@@ -150,3 +154,55 @@ class AppToken(Base):
     # The first characters of the secret (not enough to guess the rest), so lists can name it.
     token_hint: Mapped[str] = mapped_column(String(TOKEN_HINT_CHARS_MAX), default="",
                                             server_default="")
+
+
+class Schedule(Base):
+    """A recurring (or one-off) schedule and how far the MetaServers got with it.
+
+    The definition: ``subject``, ``body``, ``tags``, ``properties`` of each occurrence's message,
+    when it fires (``kind`` cron | every | at with ``cron``/``every_ms``/``at_ms``, ``tz``,
+    ``start_ms``, ``end_ms``) and the ``misfire`` policy (skip | once | all). ``state`` is
+    active | paused | finished | deleted; a deleted row has no ``name`` (so the name is free
+    again) and lives only until what it handed over is cancelled.
+
+    The progress (``metaserver.schedule_runner``): every occurrence at or before ``after_ms``
+    was handed to a delay server or skipped; ``pending_fire_ms`` is the latest handed over,
+    held by delay group ``pending_group``. ``doubt`` lists ``[fire_ms, delay group]`` pairs
+    whose hand-over is not confirmed (or, once the schedule is paused or deleted, that must be
+    cancelled); ``doubt_owner`` is the MetaServer sending them until ``action_ms``, after which
+    any MetaServer resolves them. ``action_ms`` is when a runner must look at the row next
+    (None: never).
+    """
+
+    __tablename__ = "schedules"
+    # AUTOINCREMENT on SQLite: ids go into message ids, so a deleted schedule's id is never
+    # reused (PostgreSQL's sequence never reuses one either).
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str | None] = mapped_column(String(NAME_CHARS_MAX), unique=True, nullable=True)
+    app: Mapped[str] = mapped_column(String(NAME_CHARS_MAX))  # of the token that made it
+    subject: Mapped[str] = mapped_column(String(SUBJECT_CHARS_MAX))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    tags: Mapped[Any] = mapped_column(JSON)  # list of str
+    properties: Mapped[Any] = mapped_column(JSON)  # str -> str
+    kind: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    cron: Mapped[str | None] = mapped_column(String(CRON_CHARS_MAX), nullable=True)
+    every_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tz: Mapped[str] = mapped_column(String(TZ_CHARS_MAX))
+    start_ms: Mapped[int] = mapped_column(BigInteger)
+    end_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    misfire: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    state: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
+    created_at_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger)
+    after_ms: Mapped[int] = mapped_column(BigInteger)
+    pending_fire_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    pending_group: Mapped[str | None] = mapped_column(String(NAME_CHARS_MAX), nullable=True)
+    sent_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    doubt: Mapped[Any] = mapped_column(JSON, nullable=True)  # [[fire_ms, group], ...]
+    doubt_owner: Mapped[str | None] = mapped_column(String(NAME_CHARS_MAX), nullable=True)
+    action_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    last_error: Mapped[str | None] = mapped_column(String(ERROR_CHARS_MAX), nullable=True)

@@ -350,6 +350,12 @@ class Registry:
         for name in sorted(subjects):
             await self._replan(s, name, subjects[name], rows_by_subject[name], views, load, now)
 
+    async def delay_route(self, role: str) -> list[dict[str, Any]]:
+        """The delay groups of a ``kind=delay`` route for ``role``, read without a write (the
+        schedule runner asks on every pass)."""
+        async with self._read() as s:
+            return delay_groups(role, await _group_views(s))
+
     # -- clients --------------------------------------------------------------------------------
 
     async def client_heartbeat(

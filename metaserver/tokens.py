@@ -200,6 +200,9 @@ def needs_admin(path: str) -> bool:
 TOKENS_KEY = web.AppKey("metaserver_tokens", Tokens)
 # Where the middleware leaves the request's token for handlers that call brokers on its behalf.
 TOKEN_KEY = web.RequestKey("qmq_token", str)
+# Where it leaves the token's grant for handlers that check subjects (schedules): None while
+# auth is off, when everyone may do everything.
+GRANT_KEY = web.RequestKey("qmq_grant", object)
 
 
 @web.middleware
@@ -207,9 +210,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Let a request through only with the token its path needs (see the module doc)."""
     token = bearer_token(request)
     request[TOKEN_KEY] = token
+    request[GRANT_KEY] = None
     if not request.path.startswith("/api/"):
         return await handler(request)
     checked = await request.app[TOKENS_KEY].check(token)
+    request[GRANT_KEY] = checked.grant
     if not checked.enabled:
         return await handler(request)
     if checked.grant is None:

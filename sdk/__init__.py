@@ -1,7 +1,8 @@
 """The pyqmq client SDK (asyncio): Producer, Consumer, Message and the errors they raise.
 
 The client only: connections (``sdk.connection``), routes from the MetaServer (``sdk.routes``),
-batching (``sdk.send_batch``), acks (``sdk.acks``), ``sdk.producer`` and ``sdk.consumer``. What it
+batching (``sdk.send_batch``), acks (``sdk.acks``), ``sdk.producer`` and ``sdk.consumer``, and the
+schedule API client (``sdk.schedules``). What it
 shares with the servers (message codec, protocol frames, errors, limits, TLS) is ``wire``, the
 only other package of ours it imports. docs/SDK.md describes the API.
 """
@@ -10,6 +11,7 @@ from wire import errors
 from sdk.consumer import Consumer, ReceivedMessage, Subscription
 from wire.errors import (
     BadRequest,
+    Conflict,
     ConnectionLost,
     DelayOutOfRange,
     Forbidden,
@@ -26,6 +28,7 @@ from wire.errors import (
 from sdk.connection import RequestTimeout
 from wire.message import Message
 from sdk.producer import Producer, Receipt
+from sdk.schedules import Schedules
 
 __all__ = [
     "errors",
@@ -34,6 +37,7 @@ __all__ = [
     "Consumer",
     "ReceivedMessage",
     "Subscription",
+    "Schedules",
     "Message",
     "QmqError",
     "BadRequest",
@@ -48,5 +52,6 @@ __all__ = [
     "Internal",
     "ConnectionLost",
     "NoRoute",
+    "Conflict",
     "RequestTimeout",
 ]

@@ -15,6 +15,7 @@ Hierarchy (wire code in brackets; * = retriable, i.e. the same request may succe
     +-- Internal              * [internal]           server bug or I/O failure
     +-- ConnectionLost        * (client side only)   the connection closed before an answer
     +-- NoRoute               * (client side only)   the MetaServer knows no broker for a subject
+    +-- Conflict                (MetaServer HTTP only) the name is taken, or the state forbids it
 
 Every error has ``code`` (stable string, the wire code), ``retriable`` and, once it has come back
 from a server, ``rid`` (the request id it answered). Messages quote the value and the limit with
@@ -131,7 +132,15 @@ class NoRoute(QmqError):
     retriable = True
 
 
-# Only server errors travel on the wire; ConnectionLost and NoRoute are made by the client.
+class Conflict(QmqError):
+    """MetaServer HTTP only (409): the name is taken (a schedule), or the current state does
+    not allow the change (pausing a finished schedule). Never on the binary protocol."""
+
+    code = "conflict"
+
+
+# Only server errors travel on the wire; ConnectionLost and NoRoute are made by the client,
+# Conflict comes only from the MetaServer's HTTP API.
 WIRE_ERRORS: dict[str, type[QmqError]] = {
     cls.code: cls
     for cls in (
@@ -177,6 +186,7 @@ __all__ = [
     "Internal",
     "ConnectionLost",
     "NoRoute",
+    "Conflict",
     "WIRE_ERRORS",
     "error_from_wire",
     "type_name",

@@ -104,7 +104,10 @@ def clock() -> FakeClock:
 
 @asynccontextmanager
 async def serve(db_url: str, clock: FakeClock, **config: Any) -> AsyncIterator[Api]:
-    """Run a MetaServer on port 0 over ``db_url`` and yield a client of it."""
+    """Run a MetaServer on port 0 over ``db_url`` and yield a client of it. The background
+    expiry loop is all but off: the tests run expiry themselves (``Api.expire``), and a loop
+    round between a test's clock advance and its own call would take its answer away."""
+    config.setdefault("expiry_check_interval_ms", 3_600_000)
     cfg = MetaConfig(db_url=db_url, port=0, broker_expiry_ms=EXPIRY_MS,
                      client_expiry_ms=CLIENT_EXPIRY_MS, **config)
     async with start_metaserver(cfg, clock) as server, aiohttp.ClientSession() as session:

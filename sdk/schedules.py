@@ -1,0 +1,156 @@
+"""Recurring schedules from the client: create, list, show, pause, resume, delete, next fire times.
+
+The MetaServer keeps the schedules and hands each occurrence to a delay server
+(docs/SCHEDULES.md); this is a thin asyncio client of its ``/api/schedules`` paths::
+
+    async with qmq.Schedules("http://127.0.0.1:8090", token=TOKEN) as schedules:
+        await schedules.create("standup", "team.reminders", b"stand-up in 5",
+                               cron="55 8 * * MON-FRI", tz="Europe/Berlin")
+        for fire in await schedules.next("standup", 3):
+            print(fire["local"])
+
+Durations and times are converted to milliseconds here, at the edge: ``every`` is a timedelta
+or ms; ``at``/``start``/``end`` an aware datetime, epoch ms, or an ISO 8601 string (one without
+an offset is wall-clock time in ``tz``). Errors are the wire errors (BadRequest, Forbidden,
+NotFound, Conflict, ...), raised from the MetaServer's answer.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from wire.errors import BadRequest, Conflict, ConnectionLost, QmqError, error_from_wire
+from wire.http import bearer, http_ssl
+from wire.tls import TlsOption, client_context
+
+# Longest wait for one MetaServer answer, in milliseconds.
+REQUEST_TIMEOUT_MS_DEFAULT = 10_000
+
+
+def _time(value: datetime | int | str | None, name: str) -> int | str | None:
+    """``at``/``start``/``end`` as the API takes them: epoch ms or an ISO 8601 string."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return value.isoformat()  # wall-clock time in the schedule's tz
+        return int(value.timestamp() * 1000)
+    if type(value) is int:
+        return value
+    raise BadRequest(f"{name} must be a datetime, epoch ms or ISO 8601 text, got "
+                     f"{type(value).__name__}")
+
+
+def _every_ms(every: timedelta | int | None) -> int | None:
+    if every is None or type(every) is int:
+        return every
+    if isinstance(every, timedelta):
+        return int(every / timedelta(milliseconds=1))
+    raise BadRequest(f"every must be a timedelta or ms, got {type(every).__name__}")
+
+
+class Schedules:
+    """A client of the MetaServer's schedule API at ``meta_url``; see the module doc."""
+
+    def __init__(self, meta_url: str, *, token: str | None = None, tls: TlsOption = None,
+                 timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT) -> None:
+        self.meta_url = meta_url.rstrip("/")
+        self._headers = bearer(token)
+        self._ssl = http_ssl(client_context(tls))
+        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Schedules:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def create(self, name: str, subject: str, body: bytes | str, *,
+                     cron: str | None = None, every: timedelta | int | None = None,
+                     at: datetime | int | str | None = None, tz: str = "UTC",
+                     start: datetime | int | str | None = None,
+                     end: datetime | int | str | None = None, misfire: str = "skip",
+                     tags: list[str] | tuple[str, ...] = (),
+                     properties: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create schedule ``name``: each occurrence sends ``body`` to ``subject``.
+
+        Exactly one of ``cron`` (5 fields, day-of-week by name: ``0 9 * * MON-FRI``),
+        ``every`` (a timedelta or ms) or ``at`` (one occurrence). ``misfire`` (skip | once |
+        all) decides what is sent for occurrences missed while no MetaServer ran. Returns the
+        schedule as the MetaServer shows it; Conflict when the name is taken."""
+        raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        try:
+            text, encoding = raw.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(raw).decode("ascii"), "base64"
+        request: dict[str, Any] = {
+            "name": name, "subject": subject, "body": text, "encoding": encoding,
+            "tags": list(tags), "properties": dict(properties or {}), "tz": tz,
+            "misfire": misfire, "cron": cron, "every_ms": _every_ms(every),
+            "at": _time(at, "at"), "start": _time(start, "start"), "end": _time(end, "end")}
+        request = {key: value for key, value in request.items() if value is not None}
+        return await self._call("POST", "/api/schedules", request)
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Every schedule the token may see (those whose subject it may produce to)."""
+        return (await self._call("GET", "/api/schedules"))["schedules"]
+
+    async def get(self, name: str) -> dict[str, Any]:
+        """One schedule: its definition, state, next fire time and counts."""
+        return await self._call("GET", f"/api/schedules/{quote(name)}")
+
+    async def pause(self, name: str) -> dict[str, Any]:
+        """Stop sending; the occurrence already handed to a delay server is cancelled."""
+        return await self._call("POST", f"/api/schedules/{quote(name)}/pause")
+
+    async def resume(self, name: str) -> dict[str, Any]:
+        """Send again from now on (occurrences that fell in the pause are not sent)."""
+        return await self._call("POST", f"/api/schedules/{quote(name)}/resume")
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        """Delete it; its pending occurrence is cancelled and the name is free again."""
+        return await self._call("DELETE", f"/api/schedules/{quote(name)}")
+
+    async def next(self, name: str, n: int = 10) -> list[dict[str, Any]]:
+        """The next ``n`` fire times from now: ``[{fire_ms, local, utc}]``."""
+        answer = await self._call("GET", f"/api/schedules/{quote(name)}/next",
+                                  params={"n": str(n)})
+        return answer["fires"]
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    params: dict[str, str] | None = None) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            async with self._session.request(method, self.meta_url + path, json=body,
+                                              params=params, headers=self._headers,
+                                              ssl=self._ssl) as response:
+                data = await response.json(content_type=None)
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ConnectionLost(f"{method} {path} at the MetaServer {self.meta_url} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        if status >= 400:
+            error = data.get("error", {}) if isinstance(data, dict) else {}
+            code, message = str(error.get("code", "")), str(error.get("message", data))
+            raise Conflict(message) if code == "conflict" else _error(code, message)
+        return data
+
+
+def _error(code: str, message: str) -> QmqError:
+    return error_from_wire(code, message)
+
+
+__all__ = ["Schedules"]
