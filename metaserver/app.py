@@ -53,7 +53,8 @@ def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> we
         registry, SchedulePlanner(grace_ms=config.schedule_misfire_grace_ms),
         token=config.admin_token or config.internal_token,
         ssl_context=client_context(config.tls_ca),
-        poll_interval_ms=config.schedule_poll_interval_ms, metrics=metrics)
+        poll_interval_ms=config.schedule_poll_interval_ms, lease_ms=config.schedule_lease_ms,
+        metrics=metrics)
     add_routes(app)
     add_schedule_routes(app)
     app.router.add_get(METRICS_PATH, _metrics)

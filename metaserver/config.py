@@ -59,6 +59,9 @@ class MetaConfig:
     # Longest sleep of the schedule runner between two looks at the database, in ms (another
     # MetaServer may have created a schedule).
     schedule_poll_interval_ms: int = 1_000
+    # Milliseconds a MetaServer's claim on a schedule's occurrences is its own; if it dies
+    # holding one, another MetaServer resolves the claim once this has passed.
+    schedule_lease_ms: int = 30_000
 
     def __post_init__(self) -> None:
         """Validate every field; raise ValueError quoting the key and the offending value."""
@@ -75,6 +78,7 @@ class MetaConfig:
         _check_int("expiry_check_interval_ms", self.expiry_check_interval_ms, 1)
         _check_int("schedule_misfire_grace_ms", self.schedule_misfire_grace_ms, 1)
         _check_int("schedule_poll_interval_ms", self.schedule_poll_interval_ms, 1)
+        _check_int("schedule_lease_ms", self.schedule_lease_ms, 1)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"tls_cert {self.tls_cert!r} and tls_key {self.tls_key!r} go "
                              "together: give both or neither")

@@ -8,6 +8,7 @@ import os
 import sys
 
 from qmq.audit import add_audit_parser, run_audit
+from qmq.schedule_cli import add_schedule_parser
 
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_server(meta)
     meta.add_argument("--tls-ca", default=os.environ.get("QMQ_TLS_CA"),
                       help="PEM CA file trusted for TLS brokers (dead-letter admin calls)")
+    meta.add_argument("--schedule-misfire-grace-ms", type=int, default=60_000,
+                      help="a schedule's occurrence handed over later than this is a misfire, "
+                           "and the schedule's --misfire policy decides (default 60000)")
+    meta.add_argument("--schedule-lease-ms", type=int, default=30_000,
+                      help="how long a claim on a schedule's next occurrence is this "
+                           "MetaServer's alone; another resolves it after (default 30000)")
 
     rt = sub.add_parser("realtime", help="run a realtime broker")
     rt.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
@@ -195,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens create: an admin token (admin API, brokers, every subject)")
     _add_token(admin, "an admin token")
     add_audit_parser(sub)
+    add_schedule_parser(sub, _add_token, DEFAULT_META_URL)
     return parser
 
 
@@ -257,7 +265,9 @@ async def _run(args: argparse.Namespace) -> int:
 
         await launcher.run_metaserver_command(MetaConfig(
             db_url=args.db, host=args.host, port=args.port, admin_token=args.admin_token,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca))
+            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+            schedule_misfire_grace_ms=args.schedule_misfire_grace_ms,
+            schedule_lease_ms=args.schedule_lease_ms))
         return 0
     if hasattr(args, "token"):
         commands.CLIENT.set(commands.ClientSettings(token=args.token, tls_ca=args.tls_ca))
@@ -303,6 +313,10 @@ async def _run(args: argparse.Namespace) -> int:
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,
                                               args.broadcast)
+    if args.command == "schedule":
+        from qmq.schedule_cli import run_schedule
+
+        return await run_schedule(args, commands.parse_properties(getattr(args, "prop", [])))
     if args.command == "audit":
         return run_audit(args)  # blocking Spark driver; nothing else runs on this loop
     if args.command == "admin" and args.what == "dead":
