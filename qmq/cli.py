@@ -203,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token(admin, "an admin token")
     add_audit_parser(sub)
     add_schedule_parser(sub, _add_token, DEFAULT_META_URL)
+    outbox = sub.add_parser("outbox", help="the transactional outbox (docs/OUTBOX.md)")
+    outbox_actions = outbox.add_subparsers(dest="action", metavar="ACTION", required=True)
+    relay = outbox_actions.add_parser("relay", help="send what committed in the outbox table "
+                                      "(one relay per table at a time)")
+    relay.add_argument("--db", required=True, help="the application's database: "
+                       "postgresql://USER@HOST/DB or sqlite:///FILE (async drivers are used)")
+    relay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    relay.add_argument("--batch", type=int, default=2000, help="rows per pass")
+    _add_token(relay, "the app's token")
     return parser
 
 
@@ -313,6 +322,11 @@ async def _run(args: argparse.Namespace) -> int:
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,
                                               args.broadcast)
+    if args.command == "outbox":
+        from qmq.outbox_relay import run_relay_command
+
+        return await run_relay_command(args.db, args.meta, token=args.token, tls=args.tls_ca,
+                                       batch_max=args.batch)
     if args.command == "schedule":
         from qmq.schedule_cli import run_schedule
 

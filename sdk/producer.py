@@ -57,6 +57,7 @@ from wire.message import (
     encode_checked_message,
     encode_message,
     validate_message,
+    validate_message_id,
 )
 from sdk.routes import Route, RouteCache
 from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
@@ -328,13 +329,16 @@ class Producer:
         delay: timedelta | int | Sequence[timedelta | int] | None = None,
         deliver_at: datetime | int | Sequence[datetime | int] | None = None,
         return_exceptions: bool = False,
+        message_ids: Sequence[str] | None = None,
     ) -> list[Receipt] | list[Receipt | QmqError]:
         """Send one message per body, all to ``subject`` with the same tags, properties and
         expiry, and return their Receipts in order once brokers have them all.
 
         The fast path for many messages: the messages are validated and encoded in one go and
         go into batches directly, with one future for the whole call instead of one per message.
-        Each message gets a fresh id. Batching, routing and retries are those of ``send``.
+        Each message gets a fresh id, or its own from ``message_ids`` (one per body, to make a
+        later resend idempotent, as the outbox relay does). Batching, routing and retries are
+        those of ``send``.
         ``delay`` or ``deliver_at`` (as in ``send``) makes them delayed messages, held by a delay
         server: one value for all, or a list/tuple with one value per body; the receipts carry
         each ``deliver_at_ms`` for ``cancel``.
@@ -349,6 +353,13 @@ class Producer:
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         if not bodies:
             return []
+        if message_ids is not None:
+            message_ids = list(message_ids)
+            if len(message_ids) != len(bodies):
+                raise BadRequest(f"message_ids has {len(message_ids)} ids for {len(bodies)} "
+                                 "bodies: give one per body")
+            for message_id in message_ids:
+                validate_message_id(message_id)
         now_ms = self._clock_ms()
         deliver_ats = _deliver_times(len(bodies), now_ms, delay, deliver_at)
         template = Message.create(
@@ -371,7 +382,7 @@ class Producer:
             size = max(map(len, bodies))
             raise TooLarge(f"message body of {size} bytes exceeds MAX_BODY_BYTES {MAX_BODY_BYTES}")
         call = Call(len(bodies), asyncio.get_running_loop().create_future())
-        ids, payloads = self._encode_many(template, bodies, deliver_ats)
+        ids, payloads = self._encode_many(template, bodies, deliver_ats, message_ids)
         self._enqueue(subject, call, ids, payloads, deliver_ats)
         results = await call.future
         if call.failed and not return_exceptions:
@@ -381,14 +392,15 @@ class Producer:
         return results
 
     def _encode_many(self, template: Message, bodies: list[bytes] | tuple[bytes, ...],
-                     deliver_ats: list[int] | None = None) -> tuple[list[str], list[bytes]]:
-        """Fresh ids, and one payload per body: the template's payload map with its id, body (and
+                     deliver_ats: list[int] | None = None,
+                     given_ids: list[str] | None = None) -> tuple[list[str], list[bytes]]:
+        """Fresh ids (or ``given_ids``), and one payload per body: the template's payload map with its id, body (and
         due time, from ``deliver_ats``) replaced. ``bodies`` are all ``bytes``.
 
         The payload is a msgpack map whose id, body and due time sit under the keys KEY_ID, KEY_BODY
         and KEY_DELIVER_AT_MS (wire.message); if the template does not encode that way, each message is built
         and encoded on its own instead."""
-        ids = self._new_id.many(len(bodies))
+        ids = self._new_id.many(len(bodies)) if given_ids is None else given_ids
         payload = encode_message(template)
         fields = msgpack.unpackb(payload, raw=False)
         if (fields.get(KEY_ID) != template.id or fields.get(KEY_BODY) != bytes(template.body)

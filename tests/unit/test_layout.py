@@ -138,6 +138,13 @@ def test_importing_the_client_loads_no_server_code() -> None:
     assert "sqlalchemy" not in loaded and "alembic" not in loaded
 
 
+def test_the_outbox_and_the_idempotent_consumer_load_only_client_code() -> None:
+    # They need SQLAlchemy, so ``import qmq`` does not load them; imported by name, they bring
+    # the SDK and nothing of the servers.
+    loaded = loaded_modules("import qmq.outbox, qmq.outbox_relay, qmq.idempotent")
+    assert loaded & PACKAGES == {"qmq", "sdk", "wire"}
+
+
 def test_the_audit_loads_the_trace_schema_without_any_server_or_client_code() -> None:
     loaded = loaded_module_names("import spark_audit.schema, spark_audit.load")
     assert {name.split(".")[0] for name in loaded} & PACKAGES == {"spark_audit", "tracelog", "wire"}
