@@ -333,8 +333,11 @@ class ScheduleRunner:
 
     async def _confirm(self, s: AsyncSession, jobs: list[_Job]) -> None:
         now_ms = self.registry.clock()
+        rows = {row.id: row for row in (await s.execute(
+            select(Schedule).where(Schedule.id.in_([job.row_id for job in jobs]))
+            .order_by(Schedule.id).with_for_update())).scalars()}
         for job in jobs:
-            row = await s.get(Schedule, job.row_id, with_for_update=True)
+            row = rows.get(job.row_id)
             if row is None or row.doubt_owner != self.owner or row.doubt != job.doubt:
                 continue  # our lease ran out and another runner took over: its resolve decides
             self._count("sent", len(job.sent))

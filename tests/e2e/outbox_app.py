@@ -3,7 +3,8 @@
     python -m tests.e2e.outbox_app --db URL --meta URL MODE [options]
 
 Modes:
-  write N        commit N orders, each with its outbox message (one transaction each), print
+  write N        commit N orders, each with its outbox message to --subject (one transaction
+                 each), print
                  "committed N", then, with --hang, wait to be killed without relaying anything
   relay          relay in-process until the outbox is empty, print "drained", exit
   relay-die      relay one pass and SIGKILL itself after sending, before the rows are marked
@@ -59,14 +60,14 @@ async def setup(db_url: str):
     return engine
 
 
-async def write(engine, count: int, hang: bool) -> None:
+async def write(engine, count: int, hang: bool, subject: str) -> None:
     sessions = async_sessionmaker(engine)
     async with sessions() as session:
         first = (await session.scalar(select(func.coalesce(func.max(Order.id), 0)))) + 1
     for order in range(first, first + count):
         async with sessions() as session, session.begin():
             session.add(Order(id=order, state="new"))
-            outbox.send(session, "order.created", str(order).encode(), key=f"order-{order}")
+            outbox.send(session, subject, str(order).encode(), key=f"order-{order}")
     say(f"committed {count}")
     if hang:
         await asyncio.Event().wait()
@@ -115,13 +116,14 @@ async def main() -> int:
     parser.add_argument("mode", choices=["write", "relay", "relay-die", "consume"])
     parser.add_argument("count", type=int, nargs="?", default=1)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--subject", default="order.created")
     parser.add_argument("--hang-before-commit", action="store_true")
     parser.add_argument("--hang-after-commit", action="store_true")
     args = parser.parse_args()
     engine = await setup(args.db)
     try:
         if args.mode == "write":
-            await write(engine, args.count, args.hang)
+            await write(engine, args.count, args.hang, args.subject)
         elif args.mode in ("relay", "relay-die"):
             await relay(engine, args.meta, args.mode == "relay-die")
         else:

@@ -80,25 +80,28 @@ async def received(meta_url: str, subject: str, group: str, expected: int) -> Co
 
 async def test_messages_of_a_killed_app_and_a_killed_relay_arrive_once_after_restart(
         up: UpProcess, db_url: str) -> None:
-    writer = app(db_url, up.meta_url, "write", "20", "--hang", ready="committed 20")
+    subject = f"orders-{uuid.uuid4().hex[:6]}"  # the qmq up is shared by the module's tests
+    writer = app(db_url, up.meta_url, "write", "20", "--hang", "--subject", subject,
+                 ready="committed 20")
     writer.kill9()  # committed, never relayed
     died = run_app(db_url, up.meta_url, "relay-die")
     assert died.returncode == -9 and "sent 20, dying" in died.stdout, died.stdout + died.stderr
     done = run_app(db_url, up.meta_url, "relay")  # sends the same 20 ids again
     assert done.returncode == 0 and "drained" in done.stdout, done.stdout + done.stderr
-    counts = await received(up.meta_url, "order.created", f"g-{uuid.uuid4().hex[:6]}", 20)
+    counts = await received(up.meta_url, subject, "g", 20)
     assert counts == Counter({str(order): 1 for order in range(1, 21)})
 
 
 async def test_two_relays_started_at_once_send_no_duplicates(up: UpProcess, db_url: str) -> None:
-    written = run_app(db_url, up.meta_url, "write", "2000")
+    subject = f"orders-{uuid.uuid4().hex[:6]}"
+    written = run_app(db_url, up.meta_url, "write", "2000", "--subject", subject)
     assert "committed 2000" in written.stdout, written.stdout + written.stderr
     args = ["outbox", "relay", "--db", db_url, "--meta", up.meta_url, "--batch", "100"]
     ready = re.compile(r"(outbox relay of)")
     with ThreadPoolExecutor(2) as pool:
         relays = list(pool.map(lambda _: start_server("relay", args, ready=ready), range(2)))
     try:
-        counts = await received(up.meta_url, "order.created", f"g-{uuid.uuid4().hex[:6]}", 2000)
+        counts = await received(up.meta_url, subject, "g", 2000)
         assert len(counts) == 2000 and set(counts.values()) == {1}
         holders = [r for r in relays if "holds the lock" in r.text()]
         assert len(holders) == 1, [r.text() for r in relays]
