@@ -29,7 +29,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from bench._cluster import Cluster, cpu_model, cpu_pressure_us, process_cpu_s
+from bench._cluster import Cluster, cpu_model, process_cpu_s
+from bench.delay import Pressure
 
 GOAL_MSG_PER_S = 10_000
 BODY_BYTES = 256
@@ -120,14 +121,14 @@ async def run(args: argparse.Namespace) -> None:
                 return
             started, load_before = time.monotonic(), os.getloadavg()
             cpu_before = (process_cpu_s(relay.pid), process_cpu_s(cluster.broker.pid))
-            pressure_before = cpu_pressure_us()
+            pressure = Pressure()
             left = args.messages
             while left and time.monotonic() - started < DRAIN_TIMEOUT_S:
                 await asyncio.sleep(0.05)
                 left = await pending_rows(db_url)
             elapsed = time.monotonic() - started
             cpu_after = (process_cpu_s(relay.pid), process_cpu_s(cluster.broker.pid))
-            pressure_after = cpu_pressure_us()
+            pressure_share = pressure.share()
         finally:
             relay.terminate()
             relay.wait(30)
@@ -138,10 +139,8 @@ async def run(args: argparse.Namespace) -> None:
               f"(goal >= {GOAL_MSG_PER_S:,}: {verdict}){'' if not left else f'; {left} left'}")
         print(f"  CPU: relay {cpu_after[0] - cpu_before[0]:.1f} s, broker "
               f"{cpu_after[1] - cpu_before[1]:.1f} s over {elapsed:.1f} s")
-        if pressure_before is not None and pressure_after is not None:
-            share = (pressure_after - pressure_before) / 1e6 / elapsed
-            print(f"  CPU pressure meanwhile: some task waited for a CPU {100 * share:.0f}% of "
-                  "the time")
+        print(f"  CPU pressure meanwhile: some task waited for a CPU {100 * pressure_share:.0f}% "
+              "of the time")
         print(f"  load average: {load_before[0]:.2f} before the relay, {os.getloadavg()[0]:.2f} "
               "after")
 

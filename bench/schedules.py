@@ -3,11 +3,11 @@ real processes on loopback: how late each occurrence arrives, and what the MetaS
 delay server spend on it.
 
 Run: ``.venv/bin/python -m bench.schedules`` (100,000 schedules, 3 measured minutes, about 6
-minutes in all) or ``--quick`` (10,000 schedules, 1 minute). ``--db URL`` runs the MetaServer on
-that database (e.g. PostgreSQL) instead of a fresh SQLite file.
+minutes in all) or ``--quick`` (10,000 schedules, 1 minute).
 
-Processes (``python -m qmq``, 127.0.0.1 port 0, temp dir removed at the end): a MetaServer, a
-realtime broker (``--flush sync``) and a delay server (``--flush sync``, 1-minute buckets). The
+Processes (``python -m qmq``, 127.0.0.1 port 0, temp dir removed at the end, as
+``bench/delay.py`` starts them, without trace): a MetaServer on SQLite, a realtime broker
+(``--flush sync``) and a delay server (``--flush sync``, 1-minute buckets). The
 schedules are written straight into the MetaServer's database (the API's create path is not what
 is measured; a sample of ``--api-creates`` schedules goes through the API to report its rate).
 One SDK ``qmq.Consumer`` in a child process records, for every occurrence, its receive wall time
@@ -30,15 +30,13 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from typing import Any
 
-from bench._cluster import Server, cpu_model, cpu_pressure_us, percentile, process_cpu_s, start_server
+from bench._cluster import cpu_model, percentile, process_cpu_s
+from bench.delay import DelayCluster, Pressure
 
 MINUTE_MS = 60_000
 INSERT_CHUNK = 5_000
@@ -50,54 +48,9 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ScheduleCluster:
-    """MetaServer + realtime broker + delay server in a fresh temp dir."""
-
-    def __init__(self, db_url: str | None) -> None:
-        self.directory = tempfile.mkdtemp(prefix="qmq-bench-schedules-")
-        self.db_url = db_url or f"sqlite+aiosqlite:///{os.path.join(self.directory, 'meta.db')}"
-        self.servers: list[Server] = []
-        try:
-            self.meta = self._add(start_server("metaserver", [
-                "metaserver", "--db", self.db_url, "--host", "127.0.0.1", "--port", "0"]))
-            self.realtime = self._add(start_server("realtime", [
-                "realtime", "--meta", self.meta_url, "--group", "rt1", "--no-trace",
-                "--data-dir", os.path.join(self.directory, "realtime"), "--host", "127.0.0.1",
-                "--port", "0", "--flush", "sync", "--metrics-port", "0"]))
-            self.delay = self._add(start_server("delay", [
-                "delay", "--meta", self.meta_url, "--group", "d1", "--no-trace",
-                "--data-dir", os.path.join(self.directory, "delay"), "--host", "127.0.0.1",
-                "--port", "0", "--flush", "sync", "--metrics-port", "0"]))
-            self._wait_registered()
-        except BaseException:
-            self.close()
-            raise
-
-    def _add(self, server: Server) -> Server:
-        self.servers.append(server)
-        return server
-
-    @property
-    def meta_url(self) -> str:
-        return f"http://{self.meta.address}"
-
-    def _wait_registered(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"{self.meta_url}/api/admin/brokers", timeout=10) as r:
-                rows = json.loads(r.read())["brokers"]
-            if {(b["kind"], b["state"]) for b in rows} >= {("realtime", "rw"), ("delay", "rw")}:
-                return
-            time.sleep(0.2)
-        raise RuntimeError("brokers did not register")
-
-    def cpu(self) -> dict[str, float]:
-        return {s.name: process_cpu_s(s.pid) for s in self.servers}
-
-    def close(self) -> None:
-        for server in reversed(self.servers):
-            server.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+def cpu_of(cluster: DelayCluster) -> dict[str, float]:
+    """CPU seconds used so far by each server of the cluster."""
+    return {s.name: process_cpu_s(s.pid) for s in cluster.servers}
 
 
 async def insert_schedules(db_url: str, count: int, now_ms: int) -> float:
@@ -200,7 +153,8 @@ async def run(args: argparse.Namespace) -> None:
     print(f"bench.schedules {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; {cpu_model()}, "
           f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; {args.schedules:,} "
           f"schedules every minute, {args.minutes} measured minute(s)", flush=True)
-    cluster = ScheduleCluster(args.db)
+    cluster = DelayCluster(trace=False)
+    db_url = f"sqlite+aiosqlite:///{os.path.join(cluster.directory, 'meta.db')}"
     out_path = os.path.join(cluster.directory, "arrivals.txt")
     consumer = None
     try:
@@ -208,7 +162,7 @@ async def run(args: argparse.Namespace) -> None:
             rate = await api_creates(cluster.meta_url, args.api_creates)
             print(f"  API creates: {args.api_creates:,} at {rate:,.0f}/s (32 in flight)")
         now = wall_ms()
-        seconds = await insert_schedules(cluster.db_url, args.schedules, now)
+        seconds = await insert_schedules(db_url, args.schedules, now)
         print(f"  {args.schedules:,} schedules written to the database in {seconds:.1f} s",
               flush=True)
         # Measured: the minutes starting with the second full minute from now.
@@ -217,12 +171,12 @@ async def run(args: argparse.Namespace) -> None:
         consumer = start_consumer(cluster.meta_url, out_path, last_ms + int(SETTLE_S * 1000))
         while wall_ms() < first_ms - 1_000:
             await asyncio.sleep(0.5)
-        cpu_before, pressure_before, load_before = cluster.cpu(), cpu_pressure_us(), os.getloadavg()
+        cpu_before, pressure, load_before = cpu_of(cluster), Pressure(), os.getloadavg()
         window_start = time.monotonic()
         while wall_ms() < last_ms + MINUTE_MS - 1_000:
             await asyncio.sleep(0.5)
         window_s = time.monotonic() - window_start
-        cpu_after, pressure_after = cluster.cpu(), cpu_pressure_us()
+        cpu_after, pressure_share = cpu_of(cluster), pressure.share()
         consumer.wait(timeout=SETTLE_S + 60)
         result = analyse(out_path, first_ms, last_ms, args.schedules)
         print(f"  occurrences fired in the measured minutes: {result['received']:,} received of "
@@ -235,10 +189,8 @@ async def run(args: argparse.Namespace) -> None:
             used = cpu_after[name] - cpu_before[name]
             print(f"  CPU {name:<10} {used / minutes:6.1f} s per minute "
                   f"({100 * used / window_s:5.1f}% of one core)")
-        if pressure_before is not None and pressure_after is not None:
-            share = (pressure_after - pressure_before) / 1e6 / window_s
-            print(f"  CPU pressure meanwhile: some task waited for a CPU {100 * share:.0f}% of the "
-                  "time")
+        print(f"  CPU pressure meanwhile: some task waited for a CPU {100 * pressure_share:.0f}% "
+              "of the time")
         print(f"  load average: {load_before[0]:.2f} at the start of the window, "
               f"{os.getloadavg()[0]:.2f} at its end")
     finally:
@@ -257,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=100_000)
     parser.add_argument("--minutes", type=int, default=3, help="measured minutes")
     parser.add_argument("--quick", action="store_true", help="10,000 schedules, 1 minute")
-    parser.add_argument("--db", default=None, help="MetaServer database URL (default SQLite)")
     parser.add_argument("--api-creates", type=int, default=1_000,
                         help="schedules created through the API first, for its rate")
     args = parser.parse_args(argv)
