@@ -5,68 +5,25 @@
  *
  *     u32 body_length | u32 crc32 | u16 magic 0x514D | u8 version 1 | u8 attributes 0 | body
  *
- * all big-endian, the CRC being zlib's CRC-32 (IEEE polynomial, reflected, init and final xor
- * 0xFFFFFFFF) over bytes 0..3 and 8..end. Why C: a log append is dominated by per-record Python
+ * all big-endian, the CRC being zlib's CRC-32 over bytes 0..3 and 8..end (this links zlib and calls
+ * its crc32, like delayserver/_due_records.c and realtime/storage/_codecs.c). Why C: a log append is dominated by per-record Python
  * calls (length, CRC, header pack, join); here they cost one loop iteration. record.py falls
  * back to the pure-Python frame_records when this module was not built, and the codec tests
  * check both against zlib.crc32.
- *
- * The CRC is the table-driven "slicing-by-8" method: eight 256-entry tables, built at import,
- * let one step consume 8 bytes with 8 lookups instead of 8 dependent single-byte steps.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <zlib.h>
 
 #define HEADER_SIZE_BYTES 12
-#define CRC_POLYNOMIAL_REFLECTED 0xEDB88320u
-
-static uint32_t crc_tables[8][256];
-
-static void build_crc_tables(void)
-{
-    for (uint32_t byte = 0; byte < 256; byte++) {
-        uint32_t crc = byte;
-        for (int bit = 0; bit < 8; bit++) {
-            crc = (crc & 1) ? CRC_POLYNOMIAL_REFLECTED ^ (crc >> 1) : crc >> 1;
-        }
-        crc_tables[0][byte] = crc;
-    }
-    /* crc_tables[t][b]: the CRC state after byte b followed by t zero bytes. */
-    for (uint32_t byte = 0; byte < 256; byte++) {
-        uint32_t crc = crc_tables[0][byte];
-        for (int t = 1; t < 8; t++) {
-            crc = crc_tables[0][crc & 0xFF] ^ (crc >> 8);
-            crc_tables[t][byte] = crc;
-        }
-    }
-}
-
-static uint32_t load_le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Continue a CRC-32: crc32_update(crc32_update(0, a), b) == zlib.crc32(a + b). */
+/* Continue a CRC-32 with zlib's (the same function as Python's zlib.crc32):
+ * crc32_update(crc32_update(0, a), b) == zlib.crc32(a + b). */
 static uint32_t crc32_update(uint32_t crc, const unsigned char *data, size_t size)
 {
-    crc = ~crc;
-    while (size >= 8) {
-        uint32_t low = crc ^ load_le32(data);
-        uint32_t high = load_le32(data + 4);
-        crc = crc_tables[7][low & 0xFF] ^ crc_tables[6][(low >> 8) & 0xFF]
-            ^ crc_tables[5][(low >> 16) & 0xFF] ^ crc_tables[4][low >> 24]
-            ^ crc_tables[3][high & 0xFF] ^ crc_tables[2][(high >> 8) & 0xFF]
-            ^ crc_tables[1][(high >> 16) & 0xFF] ^ crc_tables[0][high >> 24];
-        data += 8;
-        size -= 8;
-    }
-    while (size--) {
-        crc = crc_tables[0][(crc ^ *data++) & 0xFF] ^ (crc >> 8);
-    }
-    return ~crc;
+    return (uint32_t)crc32_z(crc, data, size);
 }
 
 static void store_be32(unsigned char *p, uint32_t value)
@@ -138,7 +95,7 @@ static struct PyModuleDef framing_module = {
     PyModuleDef_HEAD_INIT,
     "logstore._framing",
     "C twin of logstore.record.frame_records (see logstore/_framing.c).",
-    -1, /* no per-module state: the CRC tables are read-only after import */
+    -1, /* no per-module state */
     framing_methods,
     NULL,
     NULL,
@@ -148,6 +105,5 @@ static struct PyModuleDef framing_module = {
 
 PyMODINIT_FUNC PyInit__framing(void)
 {
-    build_crc_tables();
     return PyModule_Create(&framing_module);
 }

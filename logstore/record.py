@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import struct
 
+from logstore.twins import c_twin
+
 try:
     # zlib-ng's crc32 is the same CRC-32 as zlib's (same polynomial, same values, checked by the
     # codec tests) computed with SIMD: about 4x faster on a 100-byte body. zlib's is the
@@ -103,15 +105,10 @@ def frame_records_python(bodies: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-try:
-    # The same function in C (logstore/_framing.c, built by setup.py when a compiler is there):
-    # about 3x cheaper per record, which is most of what a log append costs.
-    from logstore._framing import frame_records
-
-    FRAMING = "c"  # which frame_records is in use (bench.storage prints it)
-except ImportError:  # pragma: no cover - only where the optional extension was not built
-    frame_records = frame_records_python
-    FRAMING = "python"
+# The same function in C (logstore/_framing.c, optional, chosen by logstore.twins): about 3x
+# cheaper per record, which is most of what a log append costs.
+frame_records = c_twin("logstore._framing", "frame_records") or frame_records_python
+FRAMING = "python" if frame_records is frame_records_python else "c"  # bench.storage prints it
 
 
 def check_header(header: bytes, record_size_bytes_max: int) -> tuple[int, int, str | None]:
@@ -128,10 +125,16 @@ def check_header(header: bytes, record_size_bytes_max: int) -> tuple[int, int, s
     return body_length, crc, None
 
 
+def record_crc(data: bytes | memoryview, at: int, body: bytes | memoryview) -> int:
+    """The CRC-32 that the header at byte ``at`` of ``data`` must hold for ``body``: over the
+    header's length (bytes 0..3), magic, version and attributes (8..11), then the body. The one
+    definition of the record CRC for every reader (the C twins compute the same with zlib)."""
+    return crc32(body, crc32(data[at + 8 : at + 12], crc32(data[at : at + 4])))
+
+
 def crc_matches(header: bytes, body: bytes | memoryview, crc: int) -> bool:
     """True when ``crc`` covers the header's length, magic, version, attributes and ``body``."""
-    computed = crc32(body, crc32(header[8:12], crc32(header[0:4])))
-    return computed == crc
+    return record_crc(header, 0, body) == crc
 
 
 def decode_record(data: bytes, record_size_bytes_max: int) -> tuple[bytes, int]:

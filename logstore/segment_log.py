@@ -57,6 +57,7 @@ from logstore.record import (
     crc32,
     crc_matches,
     frame_records,
+    record_crc,
 )
 
 log = logging.getLogger(__name__)
@@ -607,7 +608,7 @@ class SegmentedLog:
             if body_length != size or magic != MAGIC or version != VERSION:
                 continue
             body = data[at + HEADER_SIZE_BYTES : at + HEADER_SIZE_BYTES + size]
-            if crc32(body, crc32(data[at + 8 : at + 12], crc32(data[at : at + 4]))) == crc:
+            if record_crc(data, at, body) == crc:
                 out[k] = body
 
     def iterate(self, from_offset: int | None = None) -> Iterator[tuple[int, bytes]]:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import msgpack
 
+from logstore.twins import c_twin
 from wire.errors import BadRequest
 from wire.limits import (
     MAX_BODY_BYTES,
@@ -45,12 +46,9 @@ from wire.message import (
     validate_tags,
 )
 
-try:
-    # The C twin of ``check`` over a batch (serverkit/_send_check.c); optional: without it
-    # ``check_many`` runs ``check`` per payload, with the same results.
-    from serverkit._send_check import check_many as _check_many_c
-except ImportError:  # pragma: no cover - only where the extension was not built
-    _check_many_c = None
+# The C twin of ``check`` over a batch (serverkit/_send_check.c); optional, chosen by
+# logstore.twins: without it ``check_many`` runs ``check`` per payload, with the same results.
+_check_many_c = c_twin("serverkit._send_check", "check_many")
 
 _new_tuple = tuple.__new__
 # Subjects already found valid; cleared when it passes this size, so it stays bounded.

@@ -33,3 +33,22 @@ def pg_cluster() -> Iterator[PgCluster]:
 def pg_url(pg_cluster: PgCluster) -> str:
     """asyncpg URL (``postgresql+asyncpg://...``) of a database in the session's cluster."""
     return pg_cluster.url
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--twin-users", action="store_true",
+        help="run only the test files that import, through any chain of our modules, a module "
+             "that chooses a C twin (tests/twins.py); CI's pass with QMQ_NO_EXTENSIONS=1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--twin-users"):
+        return
+    from tests.twins import uses_twins
+
+    kept = [item for item in items if uses_twins(item.path)]
+    deselected = [item for item in items if not uses_twins(item.path)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept

@@ -24,7 +24,8 @@ import zlib
 from typing import Sequence
 
 from delayserver.storage.delay_record import FIXED, SUBJECT_LENGTH
-from logstore.record import HEADER, MAGIC, VERSION
+from logstore.record import HEADER, MAGIC, VERSION, record_crc
+from logstore.twins import c_twin
 
 _ID_AT = FIXED.size  # 18
 _MIN_BODY_BYTES = FIXED.size + SUBJECT_LENGTH.size  # 20
@@ -48,7 +49,7 @@ def parse_due_run_python(data: bytes | memoryview, ats: Sequence[int], sizes: Se
         if length != size or magic != MAGIC or version != VERSION:
             continue
         body = view[at + header_size : at + header_size + size]
-        if crc32(body, crc32(view[at + 8 : at + 12], crc32(view[at : at + 4]))) != crc:
+        if record_crc(view, at, body) != crc:
             continue
         if size < _MIN_BODY_BYTES:
             continue
@@ -70,10 +71,4 @@ def parse_due_run_python(data: bytes | memoryview, ats: Sequence[int], sizes: Se
     return out
 
 
-try:
-    from delayserver._due_records import parse_due_run
-
-    PARSING = "c"  # which parse_due_run is in use
-except ImportError:  # pragma: no cover - only where the optional extension was not built
-    parse_due_run = parse_due_run_python
-    PARSING = "python"
+parse_due_run = c_twin("delayserver._due_records", "parse_due_run") or parse_due_run_python

@@ -21,32 +21,16 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <zlib.h>
 
 #define ENTRY_HEAD_BYTES 28
 #define ENTRY_BYTES 32
 #define RECORD_FIXED_BYTES 26 /* timestamp, sequence, bloom, subject length */
 
-static uint32_t crc_table[256];
-
-static void build_crc_table(void)
-{
-    for (uint32_t byte = 0; byte < 256; byte++) {
-        uint32_t crc = byte;
-        for (int bit = 0; bit < 8; bit++) {
-            crc = (crc & 1) ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
-        }
-        crc_table[byte] = crc;
-    }
-}
-
-/* zlib.crc32(data) */
+/* zlib.crc32(data): zlib's own crc32, as in the other C twins. */
 static uint32_t crc32_of(const unsigned char *data, size_t size)
 {
-    uint32_t crc = 0xFFFFFFFFu;
-    for (size_t i = 0; i < size; i++) {
-        crc = crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
-    }
-    return ~crc;
+    return (uint32_t)crc32_z(0, data, size);
 }
 
 static void put_be(unsigned char *out, uint64_t value, int size)
@@ -224,6 +208,5 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__codecs(void)
 {
-    build_crc_table();
     return PyModule_Create(&module_def);
 }

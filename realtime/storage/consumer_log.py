@@ -34,13 +34,11 @@ from itertools import chain
 from typing import NamedTuple, Sequence
 
 from logstore import DiskFull, FileHandle, LogWriteFailed, Opener, fsync_directory
+from logstore.twins import c_twin
 from realtime.storage.errors import CorruptEntry, StoreFailed
 
-try:
-    # The C twin of encode_entries (realtime/storage/_codecs.c); optional.
-    from realtime.storage._codecs import encode_entries as _encode_entries_c
-except ImportError:  # pragma: no cover - only where the extension was not built
-    _encode_entries_c = None
+# The C twin of encode_entries (realtime/storage/_codecs.c); optional, chosen by logstore.twins.
+_encode_entries_c = c_twin("realtime.storage._codecs", "encode_entries")
 
 ENTRY = struct.Struct(
     ">Q"  # timestamp_ms

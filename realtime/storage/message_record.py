@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Sequence
 
-try:
-    # The C twin of encode_subject_records (realtime/storage/_codecs.c); optional.
-    from realtime.storage._codecs import encode_subject_records as _encode_subject_records_c
-except ImportError:  # pragma: no cover - only where the extension was not built
-    _encode_subject_records_c = None
+from logstore.twins import c_twin
+
+# The C twin of encode_subject_records (realtime/storage/_codecs.c); optional, chosen by
+# logstore.twins.
+_encode_subject_records_c = c_twin("realtime.storage._codecs", "encode_subject_records")
 
 FIXED = struct.Struct(
     ">Q"  # timestamp_ms

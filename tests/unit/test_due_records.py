@@ -15,14 +15,12 @@ from hypothesis import strategies as st
 from delayserver.storage.delay_record import FIXED, SUBJECT_LENGTH, encode_delay_record
 from delayserver.storage.due_records import parse_due_run_python
 from logstore.record import encode_record
+from tests.twins import built_twin
 
 LIMIT = 16 << 20
 BUCKET_MS = 1_700_000_040_000
 
-try:
-    from delayserver._due_records import parse_due_run as parse_due_run_c
-except ImportError:  # pragma: no cover - only where the optional extension was not built
-    parse_due_run_c = None
+parse_due_run_c = built_twin("delayserver._due_records", "parse_due_run")
 
 
 def body(message_id: bytes, subject: bytes, payload: bytes, due: int,

@@ -24,12 +24,11 @@ from logstore.record import (
     encode_record,
     encode_record_into,
     frame_records_python,
+    record_crc,
 )
+from tests.twins import built_twin
 
-try:
-    from logstore._framing import frame_records as frame_records_c
-except ImportError:  # the optional C extension was not built
-    frame_records_c = None
+frame_records_c = built_twin("logstore._framing", "frame_records")
 
 RECORD_LIMIT_BYTES = 1 << 16
 bodies = st.binary(max_size=4096)
@@ -63,6 +62,19 @@ def zlib_framed(body: bytes) -> bytes:
 @given(body=bodies)
 def test_every_record_carries_zlibs_crc32_of_its_length_header_tail_and_body(body):
     assert encode_record(body) == zlib_framed(body)
+
+
+@given(body=bodies, attributes=st.integers(0, 255), prefix=st.binary(max_size=16))
+def test_the_record_crc_covers_length_magic_version_attributes_and_body_wherever_it_starts(
+        body, attributes, prefix):
+    framed = bytearray(encode_record(body))
+    framed[11] = attributes
+    data = prefix + bytes(framed)
+    expected = zlib.crc32(bytes(framed[0:4]) + bytes(framed[8:12]) + body)
+    assert record_crc(data, len(prefix), body) == expected
+    assert record_crc(memoryview(data), len(prefix), memoryview(body)) == expected
+    if attributes == 0:
+        assert struct.unpack_from(">I", framed, 4)[0] == expected
 
 
 FRAMERS = [

@@ -31,6 +31,7 @@ from wire.message import (
     validate_message,
 )
 from serverkit.send_check import VALID_SUBJECTS_MAX, Checked, QuickCheck
+from tests.twins import built_twin
 
 NOW_MS = 1_700_000_000_000
 DELIVER_AT_MAX_MS = NOW_MS + DELIVER_AT_SKEW_MS_MAX
@@ -146,10 +147,7 @@ def test_the_cache_of_valid_subjects_stays_bounded():
     assert len(check._valid_subjects) <= VALID_SUBJECTS_MAX
 
 
-try:
-    from serverkit._send_check import check_many as check_many_c
-except ImportError:  # the optional C twin was not built: its own tests are skipped
-    check_many_c = None
+check_many_c = built_twin("serverkit._send_check", "check_many")
 needs_c = pytest.mark.skipif(check_many_c is None, reason="serverkit._send_check not built")
 
 
