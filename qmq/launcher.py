@@ -89,34 +89,21 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
     )
     clock = offset_clock(clock_offset_ms)
     async with start_metaserver(meta_config) as meta:
-        realtime_config = RealtimeConfig(
-            data_dir=os.path.join(data_dir, "realtime"),
-            meta_url=meta.url,
-            group="realtime-1",
-            host=host,
-            port=realtime_port,
-            flush=flush,
+        # What the two servers of one `qmq up` share (ServerConfig's fields).
+        shared: dict[str, Any] = dict(
+            meta_url=meta.url, host=host, flush=flush,
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
-            clock_offset_ms=clock_offset_ms,
-            trace=trace,
-            token=internal_token,
-            **(realtime_options or {}),
-            metrics_port=realtime_metrics_port,
+            clock_offset_ms=clock_offset_ms, trace=trace, token=internal_token,
+        )
+        realtime_config = RealtimeConfig(
+            data_dir=os.path.join(data_dir, "realtime"), group="realtime-1", port=realtime_port,
+            metrics_port=realtime_metrics_port, **shared, **(realtime_options or {}),
         )
         realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()
         delay_config = DelayConfig(
-            data_dir=os.path.join(data_dir, "delay"),
-            meta_url=meta.url,
-            group="delay-1",
-            host=host,
-            port=delay_port,
-            flush=flush,
-            heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
-            clock_offset_ms=clock_offset_ms,
-            trace=trace,
-            token=internal_token,
-            metrics_port=delay_metrics_port,
+            data_dir=os.path.join(data_dir, "delay"), group="delay-1", port=delay_port,
+            metrics_port=delay_metrics_port, **shared,
         )
         delay = DelayServer(delay_config, clock)
         await delay.start()

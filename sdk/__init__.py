@@ -9,22 +9,7 @@ only other package of ours it imports. docs/SDK.md describes the API.
 
 from wire import errors
 from sdk.consumer import Consumer, ReceivedMessage, Subscription
-from wire.errors import (
-    BadRequest,
-    Conflict,
-    ConnectionLost,
-    DelayOutOfRange,
-    Forbidden,
-    Internal,
-    NoRoute,
-    NotFound,
-    NotSupported,
-    Overloaded,
-    QmqError,
-    ReadOnly,
-    TooLarge,
-    Unauthorized,
-)
+from wire.errors import *  # noqa: F401,F403  (every error a client may catch: errors.ERRORS)
 from sdk.connection import RequestTimeout
 from wire.message import Message
 from sdk.producer import Producer, Receipt
@@ -39,19 +24,6 @@ __all__ = [
     "Subscription",
     "Schedules",
     "Message",
-    "QmqError",
-    "BadRequest",
-    "Unauthorized",
-    "Forbidden",
-    "TooLarge",
-    "DelayOutOfRange",
-    "ReadOnly",
-    "Overloaded",
-    "NotFound",
-    "NotSupported",
-    "Internal",
-    "ConnectionLost",
-    "NoRoute",
-    "Conflict",
+    *(cls.__name__ for cls in errors.ERRORS),
     "RequestTimeout",
 ]

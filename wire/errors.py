@@ -139,22 +139,28 @@ class Conflict(QmqError):
     code = "conflict"
 
 
+# Every error a client may catch, the base first: the SDK exports exactly these (sdk.__all__),
+# so a new error class is listed once, here.
+ERRORS: tuple[type[QmqError], ...] = (
+    QmqError,
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    TooLarge,
+    DelayOutOfRange,
+    ReadOnly,
+    Overloaded,
+    NotFound,
+    NotSupported,
+    Internal,
+    ConnectionLost,
+    NoRoute,
+    Conflict,
+)
 # Only server errors travel on the wire; ConnectionLost and NoRoute are made by the client,
 # Conflict comes only from the MetaServer's HTTP API.
 WIRE_ERRORS: dict[str, type[QmqError]] = {
-    cls.code: cls
-    for cls in (
-        BadRequest,
-        Unauthorized,
-        Forbidden,
-        TooLarge,
-        DelayOutOfRange,
-        ReadOnly,
-        Overloaded,
-        NotFound,
-        NotSupported,
-        Internal,
-    )
+    cls.code: cls for cls in ERRORS if cls not in (QmqError, ConnectionLost, NoRoute, Conflict)
 }
 
 
@@ -173,20 +179,8 @@ def type_name(value: object) -> str:
 
 
 __all__ = [
-    "QmqError",
-    "BadRequest",
-    "Unauthorized",
-    "Forbidden",
-    "TooLarge",
-    "DelayOutOfRange",
-    "ReadOnly",
-    "Overloaded",
-    "NotFound",
-    "NotSupported",
-    "Internal",
-    "ConnectionLost",
-    "NoRoute",
-    "Conflict",
+    *(cls.__name__ for cls in ERRORS),
+    "ERRORS",
     "WIRE_ERRORS",
     "error_from_wire",
     "type_name",

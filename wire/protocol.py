@@ -427,17 +427,22 @@ def _parse_pull(f: _Fields, rid: int) -> Pull:
     return _parse_pull_checked(f, rid, subject, group, consumer_id)
 
 
-def _parse_pull_checked(f: _Fields, rid: int, subject: str, group: str,
-                        consumer_id: str) -> Pull:
+def _max_count(f: _Fields) -> int:
+    """The ``max_count`` of a pull or browse: an int in 1..MAX_PULL_BATCH_MESSAGES."""
     max_count = f.get("max_count")
     if type(max_count) is not int:
         raise f._bad("max_count", "int", max_count)
     if max_count > MAX_PULL_BATCH_MESSAGES:
-        raise BadRequest(
-            f"pull.max_count {max_count} exceeds MAX_PULL_BATCH_MESSAGES {MAX_PULL_BATCH_MESSAGES}"
-        )
+        raise BadRequest(f"{f.op}.max_count {max_count} exceeds MAX_PULL_BATCH_MESSAGES "
+                         f"{MAX_PULL_BATCH_MESSAGES}")
     if max_count < 1:
-        raise BadRequest(f"pull.max_count must be >= 1, got {max_count}")
+        raise BadRequest(f"{f.op}.max_count must be >= 1, got {max_count}")
+    return max_count
+
+
+def _parse_pull_checked(f: _Fields, rid: int, subject: str, group: str,
+                        consumer_id: str) -> Pull:
+    max_count = _max_count(f)
     wait_ms = f.get("wait_ms", 0)
     if type(wait_ms) is not int:
         raise f._bad("wait_ms", "int", wait_ms)
@@ -584,17 +589,7 @@ def _parse_browse(f: _Fields, rid: int) -> Browse:
         if type(from_sequence) is not int:
             raise f._bad("from_sequence", "int or nil", from_sequence)
         _sequence(f, "from_sequence", from_sequence)
-    max_count = f.get("max_count")
-    if type(max_count) is not int:
-        raise f._bad("max_count", "int", max_count)
-    if max_count > MAX_PULL_BATCH_MESSAGES:
-        raise BadRequest(
-            f"browse.max_count {max_count} exceeds MAX_PULL_BATCH_MESSAGES "
-            f"{MAX_PULL_BATCH_MESSAGES}"
-        )
-    if max_count < 1:
-        raise BadRequest(f"browse.max_count must be >= 1, got {max_count}")
-    return Browse(rid, subject, from_sequence, max_count)
+    return Browse(rid, subject, from_sequence, _max_count(f))
 
 
 def _parse_purge(f: _Fields, rid: int) -> Purge:
