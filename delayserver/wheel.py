@@ -55,20 +55,15 @@ class TimingWheel:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._live
 
-    @staticmethod
-    def key_of(entry: Any) -> Hashable:
-        """An entry's default key: ``entry.key`` when it has one (``ScheduleEntry``'s is
-        (bucket_ms, index)), else the entry itself."""
-        key = getattr(entry, "key", None)
-        return entry if key is None else key
-
     def add(self, entry: Any, deliver_at_ms: int, key: Hashable | None = None) -> None:
-        """Hold ``entry`` until ``deliver_at_ms``. Adding a key that is already held replaces the
-        held entry (it is then returned once, at the new time). O(1) but for a new slot."""
+        """Hold ``entry`` until ``deliver_at_ms`` under ``key`` (the entry itself when None; the
+        preload window keys a schedule entry by its delay-log offset). Adding a key that is
+        already held replaces the held entry (it is then returned once, at the new time). O(1)
+        but for a new slot."""
         if not isinstance(deliver_at_ms, int):
             raise ValueError(f"deliver_at_ms {deliver_at_ms!r} must be an int")
         if key is None:
-            key = self.key_of(entry)
+            key = entry
         item = (deliver_at_ms, key, entry)
         replaced = self._live.get(key)
         if replaced is not None:

@@ -30,7 +30,8 @@ the server finished that bucket) is filed in the watermark's bucket, so the serv
 resumes from the watermark, still delivers it at once. ``ScheduleEntry.bucket_ms`` is the bucket
 it was filed in.
 
-Not thread-safe: one owner calls it.
+Not thread-safe: one owner calls it. In the delay server that is the scheduler's delay-io
+thread, for every call from opening to ``close`` (the ``observe_fsync`` callback runs there too).
 """
 
 from __future__ import annotations
@@ -141,11 +142,6 @@ class ScheduleEntry:
     delay_log_offset: int  # where its record is in the delay log
     size_bytes: int  # body size of that record
     id_hash: int  # CRC-32 of the message id
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """(bucket_ms, index): the entry's identity in the timing wheel."""
-        return (self.bucket_ms, self.index)
 
 
 class DelayStore:

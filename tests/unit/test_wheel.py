@@ -52,13 +52,13 @@ def test_a_removed_entry_is_never_returned_and_next_due_skips_it():
     assert wheel.remove("k2") is False
 
 
-def test_schedule_entries_are_keyed_by_bucket_and_index():
+def test_an_entry_added_without_a_key_is_held_under_itself():
     wheel = TimingWheel()
     entry = ScheduleEntry(bucket_ms=60_000, index=3, deliver_at_ms=60_500, delay_log_offset=0,
                           size_bytes=10, id_hash=1)
     wheel.add(entry, entry.deliver_at_ms)
-    assert (60_000, 3) in wheel
-    assert wheel.remove((60_000, 3))
+    assert entry in wheel
+    assert wheel.remove(entry)
     assert wheel.advance(10**9) == []
 
 
