@@ -72,9 +72,9 @@ async def one_run(messages: int) -> float:
             all_confirmed.set()
         return "rt-bench", msgpack.unpackb(answer)["results"]
 
-    scheduler = Scheduler(DelayConfig(data_dir=directory, port=0), clock, dispatch)
     trace = TraceWriter(os.path.join(directory, "trace"), "delay:bench", clock_ms=clock)
-    scheduler.tracer = DelayTracer(trace)
+    scheduler = await Scheduler.open(DelayConfig(data_dir=directory, port=0), clock, dispatch,
+                                     tracer=DelayTracer(trace))
     try:
         await scheduler.start()
         second_ms = clock.now_ms - clock.now_ms % 60_000 + 30_000
@@ -92,7 +92,7 @@ async def one_run(messages: int) -> float:
         scheduler.poke()
         await asyncio.wait_for(all_confirmed.wait(), DISPATCH_TIMEOUT_S)
         deadline = time.monotonic() + DISPATCH_TIMEOUT_S
-        while scheduler._dispatch_tasks and time.monotonic() < deadline:  # the last records
+        while scheduler.dispatcher.tasks and time.monotonic() < deadline:  # the last records
             await asyncio.sleep(0.001)
         return (time.process_time() - cpu_s) / messages * 1e6
     finally:

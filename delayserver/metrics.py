@@ -45,7 +45,12 @@ def hour_label(hour_start_ms: int) -> str:
 
 
 class DelayMetrics:
-    """The registry of one delay server and the metrics its server updates directly."""
+    """The registry of one delay server and the metrics its server updates directly.
+
+    Threads: ``fsync_seconds`` is observed on the store's delay-io thread (a prometheus_client
+    metric takes its own lock); every other field is written on the event loop, and scrapes
+    run there too.
+    """
 
     def __init__(self, group: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 
 
 class DelayServer(ServerBase):
-    """A running delay server: ``await start()`` recovers, listens and registers."""
+    """A running delay server: ``await start()`` recovers, listens and registers.
+
+    Threads: every field is the event loop's. The scheduler's store runs on its own delay-io
+    thread and the trace writer on its own thread (their docstrings say what they share).
+    """
 
     KIND = "delay"
     STOP_SUMMARY = ("queued sends committed, dispatches recorded, delay store fsynced and "
@@ -50,18 +54,24 @@ class DelayServer(ServerBase):
                                          client_id=f"delay-{config.group}", token=config.token,
                                          ssl_context=self.peer_ssl)
             dispatch = self._sender.send
-        self.scheduler = Scheduler(config, self.clock, metrics.observe_dispatch(dispatch),
-                                   opener)
-        metrics.watch(self.scheduler)
-        self.scheduler.tracer = DelayTracer(self.trace)
+        self._dispatch = metrics.observe_dispatch(dispatch)
+        self._opener = opener
+        self._scheduler: Scheduler | None = None  # built by start(), once its store is open
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler over this server's store (there once ``start`` opened the store)."""
+        if self._scheduler is None:
+            raise RuntimeError(f"delay group {self.config.group} is not started")
+        return self._scheduler
 
     async def _open_core(self) -> None:
         tune_gc()
-        await self.scheduler.start()
-        store = self.scheduler.store
-        assert store is not None
-        # Installed on the store's own thread, the only one that calls the store.
-        await self.scheduler._io(store.observe_fsync, self.metrics.fsync_seconds.observe)
+        self._scheduler = await Scheduler.open(
+            self.config, self.clock, self._dispatch, self._opener,
+            tracer=DelayTracer(self.trace), on_fsync=self.metrics.fsync_seconds.observe)
+        self.metrics.watch(self._scheduler)
+        await self._scheduler.start()
 
     def _core(self) -> Scheduler:
         return self.scheduler
@@ -70,7 +80,8 @@ class DelayServer(ServerBase):
         return self.scheduler.report()
 
     async def _close_core(self) -> None:
-        await self.scheduler.stop()
+        if self._scheduler is not None:
+            await self._scheduler.stop()
         if self._sender is not None:
             await self._sender.close()
 

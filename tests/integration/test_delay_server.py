@@ -67,7 +67,7 @@ async def settle(server: DelayServer) -> None:
     for _ in range(3):
         server.scheduler.poke()
         await asyncio.sleep(0.02)
-        tasks = set(server.scheduler._dispatch_tasks)
+        tasks = set(server.scheduler.dispatcher.tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=5)
 
@@ -295,7 +295,7 @@ async def wait_until(condition, server: DelayServer, timeout_s: float = 10) -> N
 async def test_while_the_realtime_side_is_slow_due_messages_go_in_fewer_larger_requests_and_records(
     server, client, clock, realtime, monkeypatch
 ):
-    from delayserver.scheduler import DISPATCH_CONCURRENCY
+    from delayserver.dispatch import DISPATCH_CONCURRENCY
 
     gate = asyncio.Event()
     requests: list[int] = []
@@ -306,7 +306,7 @@ async def test_while_the_realtime_side_is_slow_due_messages_go_in_fewer_larger_r
         await gate.wait()
         return await answer(subject, payloads)
 
-    server.scheduler._dispatch_fn = slow_dispatch
+    server.scheduler.dispatcher.send = slow_dispatch
     store = server.scheduler.store
     recorded: list[int] = []
     record = store.record_dispatched
@@ -378,10 +378,10 @@ async def test_the_quick_check_stores_what_the_full_check_accepts_and_refuses_th
 async def test_a_hot_slot_backlog_is_read_in_chunks_and_each_message_sent_once_in_small_batches(
     tmp_path, clock, realtime, monkeypatch
 ):
-    import delayserver.scheduler as scheduler_module
+    import delayserver.dispatch as dispatch_module
 
-    monkeypatch.setattr(scheduler_module, "HOT_BACKLOG_ENTRIES", 32)
-    monkeypatch.setattr(scheduler_module, "HOT_CHUNK_ENTRIES_MAX", 100)
+    monkeypatch.setattr(dispatch_module, "HOT_BACKLOG_ENTRIES", 32)
+    monkeypatch.setattr(dispatch_module, "HOT_CHUNK_ENTRIES_MAX", 100)
     server = await start(tmp_path, clock, realtime, dispatch_batch_max=16)
     client = await RawClient.connect(server.port)
     requests: list[int] = []
@@ -391,7 +391,7 @@ async def test_a_hot_slot_backlog_is_read_in_chunks_and_each_message_sent_once_i
         requests.append(len(payloads))
         return await answer(subject, payloads)
 
-    server.scheduler._dispatch_fn = counting_dispatch
+    server.scheduler.dispatcher.send = counting_dispatch
     store = server.scheduler.store
     reads: list[int] = []
     read_payloads = store.read_payloads
@@ -430,7 +430,7 @@ async def test_a_dispatch_a_full_disk_kept_from_being_recorded_is_recorded_later
         plan.disk_capacity_bytes = plan.bytes_written  # the dispatch record will not fit
         clock.advance(200)
         await realtime.wait_for(1, server)
-        await wait_until(lambda: server.scheduler._unrecorded, server)
+        await wait_until(lambda: server.scheduler.dispatcher.unrecorded, server)
         assert await server.scheduler.record_unrecorded() == 0, "still full"
         plan.free_space(1 << 20)
         assert await server.scheduler.record_unrecorded() == 1
@@ -455,14 +455,15 @@ async def test_a_hot_slot_larger_than_the_window_cap_is_delivered_completely_and
     client = await RawClient.connect(server.port)
     scheduler = server.scheduler
     largest = 0
-    track = scheduler._track
+    window = scheduler.window
+    track = window.track
 
-    def counting_track(entry):
+    def counting_track(entries):
         nonlocal largest
-        track(entry)
-        largest = max(largest, len(scheduler._tracked))
+        track(entries)
+        largest = max(largest, len(window))
 
-    scheduler._track = counting_track
+    window.track = counting_track
     try:
         ahead_ms = 1_500 if sent == "into_the_loaded_window" else 10_000
         due = clock() + ahead_ms
@@ -486,7 +487,7 @@ async def test_a_hot_slot_larger_than_the_window_cap_is_delivered_completely_and
         assert all(at >= m.deliver_at_ms for at, m in realtime.received)
         assert largest <= cap
         await settle(server)
-        assert scheduler._resume_at == {}
+        assert window.resume_at == {}
     finally:
         await client.close()
         await server.stop()

@@ -35,7 +35,7 @@ class Broker:
 async def started(tmp_path, clock, dispatch, **overrides) -> Scheduler:
     config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
                          trace=False, **overrides)
-    scheduler = Scheduler(config, clock, dispatch)
+    scheduler = await Scheduler.open(config, clock, dispatch)
     await scheduler.start()
     return scheduler
 
@@ -83,7 +83,7 @@ async def settle(scheduler: Scheduler) -> None:
             await asyncio.sleep(0)
         if scheduler._preload_task is not None:
             await asyncio.wait({scheduler._preload_task}, timeout=5)
-        tasks = set(scheduler._dispatch_tasks)
+        tasks = set(scheduler.dispatcher.tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=5)
 
@@ -99,7 +99,7 @@ async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_del
         kept = message("s", b"kept", clock, deliver_at_ms=due)
         answers = await scheduler.schedule([encode_message(doomed), encode_message(kept)])
         assert {a["status"] for a in answers} == {"stored"}
-        assert len(scheduler._tracked) == 0
+        assert len(scheduler.window.tracked) == 0
 
         # Hold the bucket's load on the I/O thread until the cancel has queued its work.
         load = Held(scheduler.store, "load_bucket_slice")
@@ -125,7 +125,7 @@ async def test_a_message_for_an_empty_bucket_stored_while_a_later_bucket_loads_i
         later = message("s", b"later", clock, deliver_at_ms=now_bucket + 5 * BUCKET_MS + 10)
         assert (await scheduler.schedule([encode_message(later)]))[0]["status"] == "stored"
         await settle(scheduler)
-        assert len(scheduler._tracked) == 0, "beyond the window: on disk only"
+        assert len(scheduler.window.tracked) == 0, "beyond the window: on disk only"
 
         listing = Held(scheduler.store, "buckets_with_pending", after=True)
         clock.advance(2 * BUCKET_MS)  # the later message's bucket enters the window
@@ -159,7 +159,7 @@ async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_
         sent = [message("s", b"m%d" % i, clock, deliver_at_ms=due) for i in range(5)]
         answers = await scheduler.schedule([encode_message(m) for m in sent])
         assert {a["status"] for a in answers} == {"stored"}
-        bad = sorted(scheduler._tracked.values(), key=lambda e: e.delay_log_offset)[2]
+        bad = sorted(scheduler.window.tracked.values(), key=lambda e: e.delay_log_offset)[2]
         segment_dir = scheduler.store.layout.delaylog_dir
         [segment] = [os.path.join(segment_dir, name) for name in os.listdir(segment_dir)
                      if name.endswith(".log")]
@@ -169,7 +169,7 @@ async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_
         clock.advance(60_000)  # time for any retries
         await settle(scheduler)
         assert sorted(broker.bodies()) == [b"m0", b"m1", b"m3", b"m4"]
-        assert bad.delay_log_offset in scheduler._tracked, "kept, not dropped silently"
+        assert bad.delay_log_offset in scheduler.window.tracked, "kept, not dropped silently"
     finally:
         await scheduler.stop()
 

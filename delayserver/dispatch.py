@@ -1,0 +1,306 @@
+"""``Dispatcher``: sends the preload window's due entries to realtime brokers and records each
+confirmed dispatch in the store's dispatch log (DESIGN.md section 9, ARCHITECTURE.md "The delay
+path", step 3).
+
+The scheduler's timer moves due entries into flight (``PreloadWindow.take_due``) and calls
+``start``; up to ``DISPATCH_CONCURRENCY`` workers each take what is queued, read it in one store
+call and send it per subject in batches of ``dispatch_batch_max``. A worker hands what a broker
+confirmed to the recorder and sends its next batch meanwhile; what was not confirmed goes back
+into the window to be retried with backoff. Only once recorded is a dispatch traced, counted
+and forgotten by the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
+
+from delayserver.config import DelayConfig
+from delayserver.stats import DispatchStats
+from delayserver.storage import DelayStore, ScheduleEntry
+from delayserver.tracing import DelayTracer
+from delayserver.window import PreloadWindow
+from logstore.errors import DiskFull
+from wire.errors import QmqError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]]]]]
+Io = Callable[..., Awaitable[Any]]  # runs fn(*args) on the store's delay-io thread
+
+DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
+# A due backlog this long (a hot slot) is taken by one worker in chunks of up to
+# HOT_CHUNK_ENTRIES_MAX: read in one store call (one sequential pass when the records lie close
+# together, instead of a pread each), ~300 bytes of payload each while in flight (~10 MB).
+HOT_BACKLOG_ENTRIES = 4_096
+HOT_CHUNK_ENTRIES_MAX = 32_768
+# Refusals the realtime side will repeat for ever: such a message is recorded as dispatched.
+REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
+
+
+@dataclass
+class _Confirmed:
+    """One batch the realtime side confirmed, waiting for its dispatch-log record."""
+
+    entries: list[ScheduleEntry]
+    subject: str
+    payloads: list[bytes]  # those to trace (a message refused for good is not traced)
+    confirmed_at_ms: int
+
+
+class Dispatcher:
+    """The dispatch workers and the recorder of one scheduler.
+
+    Threads: every field is owned by the event loop. The store is only ever called through
+    ``io`` (its delay-io thread); ``_read_each_on_io`` is the one method that runs there.
+
+    - ``send``: the function that sends a batch to the realtime side (tests swap it);
+    - ``tasks``: running workers and the recorder (``stop`` waits for them);
+    - ``unrecorded``: confirmed dispatches a full disk kept from being recorded; housekeeping
+      records them (``record_unrecorded``) once space returns, so they are not dispatched
+      again after a restart and their buckets can be marked done;
+    - ``_to_record``, ``_recording``: confirmed batches queued for the recorder, and whether
+      its task runs; ``_send_slots``: requests on the wire.
+    """
+
+    def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
+                 window: PreloadWindow, store: DelayStore, io: Io, stats: DispatchStats,
+                 tracer: DelayTracer, wake: Callable[[], None]) -> None:
+        self.config = config
+        self.clock = clock
+        self.send = send
+        self.window = window
+        self.store = store
+        self.stats = stats
+        self.tracer = tracer
+        self._io = io
+        self._wake = wake  # makes the scheduler's timer look at the window again
+        self._send_slots = asyncio.Semaphore(DISPATCH_CONCURRENCY)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._to_record: list[_Confirmed] = []
+        self._recording = False
+        self.unrecorded: list[ScheduleEntry] = []
+
+    # ------------------------------------------------------------------ workers
+
+    def start(self) -> None:
+        """Start workers for what the window queued as due: running workers are all busy with
+        a batch (one leaves when the queue is empty), so what is queued needs new ones, up to
+        DISPATCH_CONCURRENCY; beyond that it waits and merges into larger requests."""
+        idle_slots = DISPATCH_CONCURRENCY - len(self.tasks)
+        batches = -(-len(self.window.due) // self.config.dispatch_batch_max)
+        for _ in range(min(idle_slots, batches)):
+            task = asyncio.create_task(self._worker())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _worker(self) -> None:
+        """Dispatch queued due entries until the queue is empty: a batch at a time, or, when a
+        hot slot has left a backlog, a large chunk read in one go and sent in batches."""
+        window, size = self.window, self.config.dispatch_batch_max
+        while window.due:
+            take = HOT_CHUNK_ENTRIES_MAX if len(window.due) >= HOT_BACKLOG_ENTRIES else size
+            chunk = window.pop_due(take)
+            try:
+                await self._dispatch_chunk(chunk)
+            except Exception as exc:  # our bug: the chunk must not stay in flight forever
+                log.exception("dispatch of %d messages failed", len(chunk))
+                self._retry(window.still_in_flight(chunk), f"{type(exc).__name__}: {exc}")
+
+    async def _dispatch_chunk(self, chunk: list[ScheduleEntry]) -> None:
+        """Read the chunk's subjects and payloads in one store call (records lying close
+        together in the delay log, as a hot slot stored in one burst does, share reads), then
+        send them per subject in batches of ``dispatch_batch_max``, DISPATCH_CONCURRENCY
+        requests on the wire at a time across all workers."""
+        try:
+            subjects, payloads = await self._io(self.store.read_payloads, chunk)
+        except Exception as exc:
+            log.exception("reading %d due messages failed", len(chunk))
+            read = await self._read_alone(chunk, exc)
+            if not read:
+                return
+            chunk, subjects, payloads = read
+        size = self.config.dispatch_batch_max
+        if subjects.count(subjects[0]) == len(subjects):  # one subject: the usual hot slot
+            groups = [(subjects[0], chunk, payloads)]
+        else:
+            positions: dict[str, list[int]] = defaultdict(list)
+            for position, subject in enumerate(subjects):
+                positions[subject].append(position)
+            groups = [(subject, [chunk[i] for i in where], [payloads[i] for i in where])
+                      for subject, where in positions.items()]
+
+        async def one(subject: str, entries: list[ScheduleEntry], batch: list[bytes]) -> None:
+            async with self._send_slots:
+                await self._dispatch_batch(subject, entries, batch)
+
+        await asyncio.gather(*(
+            one(subject, entries[start:start + size], batch[start:start + size])
+            for subject, entries, batch in groups for start in range(0, len(entries), size)))
+
+    async def _read_alone(self, chunk: list[ScheduleEntry], exc: Exception
+                          ) -> tuple[list[ScheduleEntry], list[str], list[bytes]] | None:
+        """After a failed read of ``chunk``: read its entries one by one, so a bad record is
+        retried (and reported) alone instead of holding back every message of its chunk with
+        it, retry after retry. Returns what read well as (entries, subjects, payloads), or
+        None when nothing did."""
+        if len(chunk) == 1:
+            self._retry(chunk, f"read failed: {exc}")
+            return None
+        results = await self._io(self._read_each_on_io, chunk)
+        failed = [e for e, r in zip(chunk, results) if isinstance(r, Exception)]
+        if failed:
+            self._retry(failed, f"read failed: {exc}")
+        read = [(e, r) for e, r in zip(chunk, results) if not isinstance(r, Exception)]
+        if not read:
+            return None
+        return [e for e, _ in read], [r[0] for _, r in read], [r[1] for _, r in read]
+
+    def _read_each_on_io(self, chunk: list[ScheduleEntry]) -> list[tuple[str, bytes] | Exception]:
+        """On the delay-io thread: (subject, payload) of each entry read alone, or the
+        exception its read raised."""
+        out: list[tuple[str, bytes] | Exception] = []
+        for entry in chunk:
+            try:
+                subjects, payloads = self.store.read_payloads([entry])
+                out.append((subjects[0], payloads[0]))
+            except Exception as exc:
+                log.error("due message at delay-log offset %d of bucket %d unreadable: %s",
+                          entry.delay_log_offset, entry.bucket_ms, exc)
+                out.append(exc)
+        return out
+
+    async def _dispatch_batch(self, subject: str, entries: list[ScheduleEntry],
+                              payloads: list[bytes]) -> None:
+        """Send one batch of one subject and hand what the broker confirmed to the recorder
+        (without waiting for its dispatch-log write, so the next batch goes out meanwhile);
+        what it did not confirm is retried with backoff."""
+        try:
+            _group, results = await self.send(subject, payloads)
+        except QmqError as exc:
+            log.warning("dispatch of %d messages to %s failed, will retry: %s",
+                        len(entries), subject, exc)
+            self._retry(entries, f"realtime did not take the batch: {exc}")
+            return
+        confirmed_at_ms = self.clock()
+        if len(results) == len(entries) and not [r for r in results if "error" in r]:
+            self._record_soon(entries, subject, payloads, confirmed_at_ms)
+            return
+        confirmed: list[ScheduleEntry] = []
+        confirmed_payloads: list[bytes] = []
+        failed: list[ScheduleEntry] = []
+        refused: list[bytes] = []
+        for position, entry in enumerate(entries):
+            result = results[position] if position < len(results) else {}
+            error = result.get("error")
+            if error is None and result:
+                confirmed.append(entry)
+                confirmed_payloads.append(payloads[position])
+            elif error is not None and error.get("code") in REFUSED_FOR_GOOD:
+                # The realtime side will never take it: record it as dispatched so it does
+                # not loop forever, and say so loudly.
+                log.error("realtime refused message of %s for good (%s); dropped from the "
+                          "schedule", subject, error)
+                confirmed.append(entry)
+                refused.append(payloads[position])
+            else:
+                failed.append(entry)
+        self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
+        if confirmed:
+            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms)
+        if failed:
+            self._retry(failed, "realtime did not confirm")
+
+    def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
+        self.window.retry(entries, self.clock())
+        log.info("%d dispatches retry (%s)", len(entries), why)
+        self._wake()
+
+    # ------------------------------------------------------------------ recording
+
+    def _record_soon(self, entries: list[ScheduleEntry], subject: str, payloads: list[bytes],
+                     confirmed_at_ms: int) -> None:
+        """Queue confirmed dispatches for the recorder: everything confirmed while one
+        ``record_dispatched`` call runs shares the next (one dispatch-log fsync per bucket).
+        Only once recorded are they traced, counted and forgotten; until then they stay in
+        flight (a cancel answers ``already_dispatched``)."""
+        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms))
+        if not self._recording:
+            self._recording = True
+            task = asyncio.create_task(self._recorder(), name="delay-recorder")
+            self.tasks.add(task)  # stop() waits for it like for a dispatch
+            task.add_done_callback(self.tasks.discard)
+
+    async def _recorder(self) -> None:
+        """Record what ``_record_soon`` queued, one store call per round, until nothing is
+        queued. Never raises: a failure is logged (see below)."""
+        try:
+            while self._to_record:
+                waiting, self._to_record = self._to_record, []
+                entries = [e for batch in waiting for e in batch.entries]
+                subjects = [batch.subject for batch in waiting for _ in batch.entries]
+                try:
+                    await self._io(self.store.record_dispatched, entries, subjects)
+                except DiskFull as exc:
+                    # The world's fault, expected while the disk is full: no traceback.
+                    log.warning("recording %d dispatches failed, disk full; will retry: %s",
+                                len(entries), exc)
+                    self.unrecorded.extend(entries)
+                except Exception:
+                    # Delivered but not recorded: a restart would dispatch them again and the
+                    # broker's de-duplication absorbs it. They stay out of the wheel.
+                    log.exception("recording %d dispatches failed", len(entries))
+                    for batch in waiting:
+                        self.tracer.gave_up(batch.payloads, batch.confirmed_at_ms,
+                                            "dispatch_unrecorded")
+                for batch in waiting:
+                    self._confirmed(batch)
+        finally:
+            # Cancelled (stop) with batches queued: stop() records them.
+            self._recording = False
+
+    def _confirmed(self, batch: _Confirmed) -> None:
+        """A recorded batch: count its lateness, trace it, forget its entries."""
+        at_ms = batch.confirmed_at_ms
+        self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
+        if self.tracer.enabled:
+            self.tracer.dispatched(batch.payloads, at_ms)
+        self.window.forget(batch.entries)
+        if self.window.refill_due():
+            self._wake()  # the scheduler's timer starts the refill
+
+    async def record_unrecorded(self) -> int:
+        """Record the confirmed dispatches a full disk held back; returns how many were
+        recorded, 0 while the disk is still full."""
+        if not self.unrecorded:
+            return 0
+        entries, self.unrecorded = self.unrecorded, []
+        try:
+            await self._io(self.store.record_dispatched, entries)
+        except DiskFull:
+            self.unrecorded = entries + self.unrecorded
+            return 0
+        log.warning("recorded %d dispatches held back by a full disk", len(entries))
+        return len(entries)
+
+    async def stop(self, grace_ms: int) -> None:
+        """Wait up to ``grace_ms`` for the workers and the recorder, then cancel what is left;
+        confirmed batches the recorder had not reached join ``unrecorded`` (the caller records
+        them, or a restart would dispatch them again)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_ms / 1000
+        while self.tasks and loop.time() < deadline:
+            await asyncio.wait(set(self.tasks), timeout=deadline - loop.time())
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for batch in self._to_record:
+            self.unrecorded.extend(batch.entries)
+        self._to_record = []
+
+
+__all__ = ["DISPATCH_CONCURRENCY", "Dispatch", "Dispatcher"]
