@@ -64,11 +64,6 @@ class AckBatcher:
         self._task: asyncio.Task[None] | None = None
         self.closed = False
 
-    @property
-    def pending_count(self) -> int:
-        """Acks recorded and not sent yet."""
-        return self._count
-
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qmq-acks")
 
