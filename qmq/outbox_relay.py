@@ -34,7 +34,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import BigInteger, any_, bindparam, delete, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -43,6 +44,7 @@ from sdk.producer import Producer
 from sdk.send_batch import Receipt
 from wire.clock import wall_clock_ms
 from wire.errors import QmqError
+from wire.limits import MAX_SEND_BATCH_MESSAGES
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +96,14 @@ class Relay:
         self.clock = clock
         # Called with the rows just sent, before they are marked (tests stop a relay there).
         self.after_send = after_send
-        self.producer = Producer(meta_url, app="qmq-outbox", token=token, tls=tls)
+        self.producer = Producer(meta_url, app="qmq-outbox", token=token, tls=tls,
+                                 batch_size_max=MAX_SEND_BATCH_MESSAGES)
         self.table = OutboxRow.__tablename__
         self.sent = 0  # messages handed to brokers (counting resends)
         self._passes = 0
         self._lock_connection: AsyncConnection | None = None
         self._lock_file: int | None = None
+        self._prefetched: list[Any] | None = None
 
     async def close(self) -> None:
         """Release the lock, close the producer and (if it made it) the engine."""
@@ -176,30 +180,50 @@ class Relay:
     # -- a pass ---------------------------------------------------------------------------------
 
     async def relay_once(self) -> int:
-        """One pass (see the module doc); returns the number of rows it handled."""
+        """One pass (see the module doc); returns the number of rows it handled. After a full
+        batch, the next batch is read while this one is sent."""
         await self._check_lock()
         now_ms = self.clock()
-        async with self.engine.connect() as connection:
-            rows = (await connection.execute(
-                select(OutboxRow.__table__).where(OutboxRow.state == PENDING,
-                                                  OutboxRow.next_attempt_ms <= now_ms)
-                .order_by(OutboxRow.id).limit(self.batch_max))).all()
-            await connection.rollback()
+        rows, self._prefetched = self._prefetched or await self._read(now_ms, 0), None
         self._passes += 1
         if self._passes % PRUNE_EVERY_PASSES == 0:
             await self._prune(now_ms)
         if not rows:
             return 0
-        sends = [row for row in rows if row.kind != CANCEL]
-        cancels = [row for row in rows if row.kind == CANCEL]
-        done: list[int] = []  # row ids finished: deleted
-        kept: dict[str, list[int]] = defaultdict(list)  # delay group -> ids kept as sent
-        failed: dict[int, str] = {}
-        if cancels:
-            sends = await self._cancel(cancels, sends, done, failed)
-        await self._send(sends, done, kept, failed)
-        await self._mark(rows, done, kept, failed, now_ms)
+        # Rows after this batch's last id, all later than it: a cancel among them is handled
+        # once this batch is marked. Failed rows of this batch come back in a pass from id 0.
+        ahead = (asyncio.create_task(self._read(now_ms, rows[-1].id))
+                 if len(rows) == self.batch_max else None)
+        try:
+            sends = [row for row in rows if row.kind != CANCEL]
+            cancels = [row for row in rows if row.kind == CANCEL]
+            done: list[int] = []  # row ids finished: deleted
+            kept: dict[str, list[int]] = defaultdict(list)  # delay group -> ids kept as sent
+            failed: dict[int, str] = {}
+            if cancels:
+                sends = await self._cancel(cancels, sends, done, failed)
+            await self._send(sends, done, kept, failed)
+            await self._mark(rows, done, kept, failed, now_ms)
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
+            raise
+        if ahead is not None:
+            self._prefetched = await ahead
         return len(rows)
+
+    async def _read(self, now_ms: int, after_id: int) -> list[Any]:
+        """Up to ``batch_max`` pending rows due now, with ids above ``after_id``, in id order."""
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(
+                select(OutboxRow.__table__).where(OutboxRow.state == PENDING,
+                                                  OutboxRow.next_attempt_ms <= now_ms,
+                                                  OutboxRow.id > after_id)
+                .order_by(OutboxRow.id).limit(self.batch_max))).all()
+            await connection.rollback()
+        return list(rows)
 
     async def _send(self, sends: list[Any], done: list[int], kept: dict[str, list[int]],
                     failed: dict[int, str]) -> None:
@@ -280,9 +304,9 @@ class Relay:
         async with self.engine.begin() as connection:
             table = OutboxRow.__table__
             if done:
-                await connection.execute(delete(table).where(table.c.id.in_(done)))
+                await connection.execute(delete(table).where(self._among(table.c.id, done)))
             for group, ids in kept.items():
-                await connection.execute(update(table).where(table.c.id.in_(ids)).values(
+                await connection.execute(update(table).where(self._among(table.c.id, ids)).values(
                     state=SENT, sent_at_ms=now_ms, delay_group=group, last_error=None))
             for row_id, error in failed.items():
                 tries = attempts[row_id] + 1
@@ -292,6 +316,12 @@ class Relay:
                 await connection.execute(update(table).where(table.c.id == row_id).values(
                     attempts=tries, next_attempt_ms=now_ms + backoff_ms,
                     last_error=error[:ERROR_CHARS_MAX]))
+
+    def _among(self, column: Any, ids: list[int]) -> Any:
+        """``column IN ids``; on PostgreSQL as ``= ANY(array)``: one parameter, not thousands."""
+        if self.engine.dialect.name == "postgresql":
+            return column == any_(bindparam("ids", ids, type_=ARRAY(BigInteger)))
+        return column.in_(ids)
 
     async def _prune(self, now_ms: int) -> None:
         """Drop relayed delayed messages whose time is long past (no cancel can matter)."""
