@@ -50,6 +50,8 @@ CATCHUP_SENDS_MAX = 1000
 # Missed occurrences one plan steps through one by one; past that it jumps to the first one
 # still on time (counting the skipped ones only as "at least this many").
 PLAN_STEPS_MAX = 100_000
+# Answers of FireTimes.first_after remembered per definition (a dict of ints).
+FIRST_AFTER_MEMO_MAX = 4_096
 # How far ahead of its fire time an occurrence is handed to the delay server at most, in ms.
 # Closer ones go at once; a further one waits (the runner plans it again this long before).
 AHEAD_MS_MAX_DEFAULT = 86_400_000
@@ -173,6 +175,10 @@ class FireTimes:
         self.spec = spec
         self.tz = zone(spec.tz)
         self._trigger: BaseTrigger | None = None
+        # after_ms -> first_after(after_ms): many schedules share a definition and their
+        # progress (every "0 9 * * MON-FRI" fired at the same time), so the answer is asked
+        # again and again; APScheduler takes ~60 us per question.
+        self._memo: dict[int, int | None] = {}
         # Vixie cron's rule: a schedule that names its hours fires once per wall-clock time.
         self._once_per_wall_time = False
         start = ms_to_datetime(spec.start_ms, self.tz)
@@ -196,6 +202,15 @@ class FireTimes:
 
     def first_after(self, after_ms: int) -> int | None:
         """The first fire time later than ``after_ms``, or None when there is none."""
+        memo = self._memo
+        if after_ms in memo:
+            return memo[after_ms]
+        if len(memo) >= FIRST_AFTER_MEMO_MAX:
+            memo.clear()
+        fire_ms = memo[after_ms] = self._first_after(after_ms)
+        return fire_ms
+
+    def _first_after(self, after_ms: int) -> int | None:
         if self._trigger is None:  # "at": one fire time, later than after_ms or gone
             at_ms = self.spec.at_ms
             assert at_ms is not None

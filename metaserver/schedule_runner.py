@@ -32,9 +32,10 @@ import socket
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.models import Schedule
@@ -74,6 +75,29 @@ GONE_STATUSES = frozenset({"cancelled", "unknown", "already_cancelled"})
 # Cancel answers saying the occurrence was (or is being) delivered.
 DELIVERED_STATUSES = frozenset({"already_dispatched", "already_past"})
 ERROR_CHARS_MAX = 500
+
+
+# The table, read and written with Core in the runner's transactions: loading and flushing
+# ORM objects cost several times the planning itself at 1,000 rows a pass.
+_TABLE = Schedule.__table__
+# What the runner changes in a row; written back with one executemany UPDATE per transaction.
+_PROGRESS = ("state", "after_ms", "pending_fire_ms", "pending_group", "sent_count",
+             "skipped_count", "doubt", "doubt_owner", "action_ms", "last_error")
+_STORE = (update(_TABLE).where(_TABLE.c.id == bindparam("p_id"))
+          .values({name: bindparam(f"p_{name}", type_=_TABLE.c[name].type)
+                   for name in _PROGRESS}))
+
+
+async def _load(s: AsyncSession, statement: Any) -> list[SimpleNamespace]:
+    """The rows of ``statement`` as plain objects with one attribute per column."""
+    return [SimpleNamespace(**row) for row in (await s.execute(statement)).mappings()]
+
+
+async def _store(s: AsyncSession, rows: list[SimpleNamespace]) -> None:
+    """Write the runner's columns of ``rows`` back."""
+    if rows:
+        await s.execute(_STORE, [{"p_id": row.id, **{f"p_{name}": getattr(row, name)
+                                                    for name in _PROGRESS}} for row in rows])
 
 
 @dataclass
@@ -174,9 +198,9 @@ class ScheduleRunner:
 
     async def _claim(self, s: AsyncSession, now_ms: int,
                      targets: list[dict[str, Any]]) -> list[_Job]:
-        rows = (await s.execute(
-            select(Schedule).where(Schedule.action_ms <= now_ms).order_by(Schedule.action_ms)
-            .limit(CLAIM_ROWS_MAX).with_for_update(skip_locked=True))).scalars().all()
+        rows = await _load(s, select(_TABLE).where(_TABLE.c.action_ms <= now_ms)
+                           .order_by(_TABLE.c.action_ms).limit(CLAIM_ROWS_MAX)
+                           .with_for_update(skip_locked=True))
         jobs = []
         for row in rows:
             if row.doubt is not None:
@@ -193,9 +217,10 @@ class ScheduleRunner:
                 job = self._plan(row, now_ms, targets)
                 if job is not None:
                     jobs.append(job)
+        await _store(s, rows)
         return jobs
 
-    def _plan(self, row: Schedule, now_ms: int, targets: list[dict[str, Any]]) -> _Job | None:
+    def _plan(self, row: Any, now_ms: int, targets: list[dict[str, Any]]) -> _Job | None:
         """Plan one active row; a job when there is something to hand over."""
         try:
             plan = self.planner.plan(self._fire_times(trigger_spec(row)), row.after_ms, now_ms,
@@ -224,12 +249,12 @@ class ScheduleRunner:
         self._own(row, now_ms)
         return job
 
-    def _own(self, row: Schedule, now_ms: int) -> None:
+    def _own(self, row: Any, now_ms: int) -> None:
         row.doubt_owner = self.owner
         row.action_ms = now_ms + self.lease_ms
 
     @staticmethod
-    def _job(row: Schedule, resolve: bool) -> _Job:
+    def _job(row: Any, resolve: bool) -> _Job:
         return _Job(row.id, row.name, row.subject, row.body, list(row.tags),
                     dict(row.properties), row.tz, [list(entry) for entry in row.doubt],
                     resolve, row.state == ACTIVE)
@@ -333,13 +358,15 @@ class ScheduleRunner:
 
     async def _confirm(self, s: AsyncSession, jobs: list[_Job]) -> None:
         now_ms = self.registry.clock()
-        rows = {row.id: row for row in (await s.execute(
-            select(Schedule).where(Schedule.id.in_([job.row_id for job in jobs]))
-            .order_by(Schedule.id).with_for_update())).scalars()}
+        rows = {row.id: row for row in await _load(
+            s, select(_TABLE).where(_TABLE.c.id.in_([job.row_id for job in jobs]))
+            .order_by(_TABLE.c.id).with_for_update())}
+        mine = []
         for job in jobs:
             row = rows.get(job.row_id)
             if row is None or row.doubt_owner != self.owner or row.doubt != job.doubt:
                 continue  # our lease ran out and another runner took over: its resolve decides
+            mine.append(row)
             self._count("sent", len(job.sent))
             if job.unsettled:
                 self._count("failed", len(job.unsettled))
@@ -349,8 +376,9 @@ class ScheduleRunner:
                 self._settle_active(row, job, now_ms)
             else:
                 await self._settle_stopped(s, row, job, now_ms)
+        await _store(s, [row for row in mine if not getattr(row, "deleted", False)])
 
-    def _settle_active(self, row: Schedule, job: _Job, now_ms: int) -> None:
+    def _settle_active(self, row: Any, job: _Job, now_ms: int) -> None:
         done = job.sent + job.delivered
         if job.sent:
             row.pending_fire_ms = max(job.sent)
@@ -371,7 +399,7 @@ class ScheduleRunner:
             pending = row.pending_fire_ms
             row.action_ms = pending if pending is not None and pending > now_ms else now_ms
 
-    async def _settle_stopped(self, s: AsyncSession, row: Schedule, job: _Job,
+    async def _settle_stopped(self, s: AsyncSession, row: Any, job: _Job,
                               now_ms: int) -> None:
         """The row was paused or deleted (before or during this pass)."""
         to_cancel = [[fire_ms, job.group, 0] for fire_ms in job.sent]
@@ -385,6 +413,7 @@ class ScheduleRunner:
             return
         if row.state == DELETED:
             await s.execute(delete(Schedule).where(Schedule.id == row.id))
+            row.deleted = True
             return
         row.doubt = row.doubt_owner = None
         row.action_ms = now_ms if row.state == ACTIVE else None  # resumed meanwhile: plan
