@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Index, Integer, LargeBinary, MetaData, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from sdk.producer import duration_ms, epoch_ms
+from sdk.producer import due_ms, epoch_ms
 from wire.clock import wall_clock_ms
 from wire.errors import BadRequest
 from wire.limits import MAX_DELAY_MS
@@ -105,16 +105,7 @@ def send(session: Any, subject: str, body: bytes, *, delay: timedelta | int | No
     bad one fails in the caller's transaction, not in the relay.
     """
     now_ms = wall_clock_ms() if now_ms is None else now_ms
-    if delay is not None and deliver_at is not None:
-        raise BadRequest("give delay or deliver_at, not both")
-    deliver_at_ms = None
-    if delay is not None:
-        delay_ms = duration_ms(delay, "delay")
-        if delay_ms < 0:
-            raise BadRequest(f"delay must not be negative, got {delay_ms} ms")
-        deliver_at_ms = now_ms + delay_ms
-    elif deliver_at is not None:
-        deliver_at_ms = epoch_ms(deliver_at, "deliver_at")
+    deliver_at_ms = due_ms(now_ms, delay, deliver_at)
     _check_key(key)
     message = Message.create(subject, body, now_ms=now_ms, tags=tuple(tags),
                              properties=dict(properties or {}), deliver_at_ms=deliver_at_ms,

@@ -94,6 +94,22 @@ def epoch_ms(value: datetime | int, name: str) -> int:
     raise BadRequest(f"{name} must be an aware datetime or epoch ms, got {type(value).__name__}")
 
 
+def due_ms(now_ms: int, delay: timedelta | int | None,
+           deliver_at: datetime | int | None) -> int | None:
+    """The due time in epoch ms of one message sent at ``now_ms`` with ``delay`` or
+    ``deliver_at`` (None: not delayed); BadRequest for both at once or a negative delay."""
+    if delay is not None and deliver_at is not None:
+        raise BadRequest("give delay or deliver_at, not both")
+    if delay is not None:
+        delay_ms = duration_ms(delay, "delay")
+        if delay_ms < 0:
+            raise BadRequest(f"delay must not be negative, got {delay_ms} ms")
+        return now_ms + delay_ms
+    if deliver_at is not None:
+        return epoch_ms(deliver_at, "deliver_at")
+    return None
+
+
 def _deliver_times(
     count: int,
     now_ms: int,
@@ -290,14 +306,7 @@ class Producer:
         if isinstance(tags, str):
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         now_ms = self._clock_ms()
-        deliver_at_ms = None
-        if delay is not None:
-            delay_ms = duration_ms(delay, "delay")
-            if delay_ms < 0:
-                raise BadRequest(f"delay must not be negative, got {delay_ms} ms")
-            deliver_at_ms = now_ms + delay_ms
-        elif deliver_at is not None:
-            deliver_at_ms = epoch_ms(deliver_at, "deliver_at")
+        deliver_at_ms = due_ms(now_ms, delay, deliver_at)
         message = Message.create(
             subject,
             body,
@@ -670,6 +679,7 @@ __all__ = [
     "Producer",
     "Receipt",
     "default_client_id",
+    "due_ms",
     "duration_ms",
     "epoch_ms",
 ]

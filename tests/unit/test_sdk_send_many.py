@@ -212,3 +212,15 @@ def test_ids_made_in_bulk_are_the_ids_made_one_by_one_across_every_boundary():
     bulk._counter = single._counter = 2**40 - 3  # the shared head changes mid-call
     assert bulk.many(600) == [single() for _ in range(600)]
     assert len({*bulk.many(1000)}) == 1000 and bulk() == single._format % (single._counter + 1001)
+
+
+async def test_send_many_sends_the_callers_own_ids_one_per_body(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        receipts = await p.send_many("orders", [b"a", b"b"], message_ids=["outbox-1", "outbox-2"])
+        assert [r.message_id for r in receipts] == ["outbox-1", "outbox-2"]
+        assert broker_a.stored["outbox-2"].body == b"b"
+        with pytest.raises(BadRequest, match="message_ids has 1 ids for 2 bodies"):
+            await p.send_many("orders", [b"a", b"b"], message_ids=["only-one"])
+        with pytest.raises(BadRequest):
+            await p.send_many("orders", [b"a"], message_ids=["bad id with spaces\x00"])
