@@ -62,6 +62,8 @@ CLAIM_ROWS_MAX = 1000
 LEASE_MS_DEFAULT = 30_000
 # Wait for a delay server's answer, in ms.
 REQUEST_TIMEOUT_MS_DEFAULT = 5_000
+# Passes whose hand-over runs while the next batch is claimed, at most.
+PASSES_IN_FLIGHT_MAX = 2
 # Shortest sleep after a pass that found nothing it could claim, in ms.
 IDLE_MS_MIN = 10
 # After a failed hand-over or cancel, or with no delay group to send to, look again after this.
@@ -157,22 +159,45 @@ class ScheduleRunner:
 
     async def run(self) -> None:
         """Run passes until cancelled, sleeping until the next row's ``action_ms`` (at most
-        ``poll_interval_ms``: another MetaServer may have made work) or a poke."""
-        while True:
-            try:
-                handled = await self.run_once()
-                wait_ms = 0 if handled >= CLAIM_ROWS_MAX else await self._idle_ms()
-                if not handled:
-                    # Due rows another MetaServer holds locked right now: do not spin on them.
-                    wait_ms = max(wait_ms, IDLE_MS_MIN)
-            except Exception:
-                # A database or delay-server hiccup must not end the runner; the next pass retries.
-                log.exception("schedule runner pass failed; retrying in %d ms", RETRY_AFTER_MS)
-                wait_ms = RETRY_AFTER_MS
-            if wait_ms > 0:
+        ``poll_interval_ms``: another MetaServer may have made work) or a poke. While full
+        batches are due, the next batch is claimed while the last is handed over (at most
+        PASSES_IN_FLIGHT_MAX at once)."""
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    claimed, jobs, targets = await self._claim_pass()
+                    if jobs:
+                        task = asyncio.create_task(self._finish_logged(jobs, targets))
+                        in_flight.add(task)
+                        task.add_done_callback(in_flight.discard)
+                    if claimed >= CLAIM_ROWS_MAX:
+                        while len(in_flight) >= PASSES_IN_FLIGHT_MAX:
+                            await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    # Nothing claimable although rows are due: another MetaServer holds them
+                    # locked right now; do not spin on them.
+                    wait_ms = max(await self._idle_ms(), 0 if claimed else IDLE_MS_MIN)
+                except Exception:
+                    # A database hiccup must not end the runner; the next pass retries.
+                    log.exception("schedule runner pass failed; retrying in %d ms",
+                                  RETRY_AFTER_MS)
+                    wait_ms = RETRY_AFTER_MS
                 self._wakeup.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), wait_ms / 1000)
+        finally:
+            for task in list(in_flight):
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _finish_logged(self, jobs: list[_Job], targets: list[dict[str, Any]]) -> None:
+        try:
+            await self._finish(jobs, targets)
+        except Exception:
+            # The rows stay claimed until their lease ends; then any runner resolves them.
+            log.exception("handing over %d schedule(s) failed; resolved after the lease",
+                          len(jobs))
 
     async def _idle_ms(self) -> int:
         """Milliseconds until the earliest ``action_ms``, capped at the poll interval."""
@@ -184,20 +209,28 @@ class ScheduleRunner:
 
     async def run_once(self) -> int:
         """One pass: claim, hand over, confirm. Returns the number of rows claimed."""
+        claimed, jobs, targets = await self._claim_pass()
+        if jobs:
+            await self._finish(jobs, targets)
+        return claimed
+
+    async def _claim_pass(self) -> tuple[int, list[_Job], list[dict[str, Any]]]:
+        """Step 1: (rows claimed, the jobs among them, the delay groups to send to)."""
         now_ms = self.registry.clock()
         targets = await self.registry.delay_route("producer")
-        jobs = await self.registry._write(lambda s: self._claim(s, now_ms, targets))
-        if not jobs:
-            return 0
+        claimed, jobs = await self.registry._write(lambda s: self._claim(s, now_ms, targets))
+        return claimed, jobs, targets
+
+    async def _finish(self, jobs: list[_Job], targets: list[dict[str, Any]]) -> None:
+        """Steps 2 and 3."""
         await self._resolve(jobs)
         await self._hand_over(jobs, targets)
         await self.registry._write(lambda s: self._confirm(s, jobs))
-        return len(jobs)
 
     # -- 1. claim -------------------------------------------------------------------------------
 
     async def _claim(self, s: AsyncSession, now_ms: int,
-                     targets: list[dict[str, Any]]) -> list[_Job]:
+                     targets: list[dict[str, Any]]) -> tuple[int, list[_Job]]:
         rows = await _load(s, select(_TABLE).where(_TABLE.c.action_ms <= now_ms)
                            .order_by(_TABLE.c.action_ms).limit(CLAIM_ROWS_MAX)
                            .with_for_update(skip_locked=True))
@@ -218,7 +251,7 @@ class ScheduleRunner:
                 if job is not None:
                     jobs.append(job)
         await _store(s, rows)
-        return jobs
+        return len(rows), jobs
 
     def _plan(self, row: Any, now_ms: int, targets: list[dict[str, Any]]) -> _Job | None:
         """Plan one active row; a job when there is something to hand over."""
