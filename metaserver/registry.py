@@ -31,6 +31,7 @@ from metaserver.routing import (
     plan_route,
     producer_groups,
 )
+from serverkit.periodic import run_every
 
 log = logging.getLogger(__name__)
 
@@ -246,15 +247,10 @@ class Registry:
         return result
 
     async def run_expiry_loop(self) -> None:
-        """Run ``expire_now`` every ``expiry_check_interval_ms`` until cancelled."""
-        interval_s = self.config.expiry_check_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.expire_now()
-            except Exception:
-                # A database hiccup must not end expiry for good; the next round retries.
-                log.exception("expiry check failed; retrying in %.3f s", interval_s)
+        """Run ``expire_now`` every ``expiry_check_interval_ms`` until cancelled (a database
+        hiccup does not end it: the next round retries)."""
+        await run_every(self.config.expiry_check_interval_ms, self.expire_now, log,
+                        "expiry check")
 
     # -- routes ---------------------------------------------------------------------------------
 
