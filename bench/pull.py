@@ -60,10 +60,8 @@ async def run_once(count: int, rounds: int, consumers: int, pull_batch: int) -> 
     """CPU seconds per message of the consume phases of ``rounds`` rounds."""
     with tempfile.TemporaryDirectory(prefix="qmq-bench-pull-") as directory:
         config = RealtimeConfig(data_dir=directory, port=0)
-        broker = Broker(config)
         writer = TraceWriter(config.trace_directory, "realtime:bench")
-        broker.tracer = BrokerTracer(writer)
-        await broker.start()
+        broker = await Broker.open(config, tracer=BrokerTracer(writer))
         cpu_s = 0.0
         try:
             for _ in range(rounds):

@@ -27,7 +27,7 @@ import time
 
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
-from realtime.server import tune_gc
+from serverkit.server import tune_gc
 from realtime.tracing import BrokerTracer
 from wire.message import Message, encode_message
 from tracelog.events import TraceWriter
@@ -50,10 +50,9 @@ def payloads(count: int, batch: int, delayed: bool) -> list[list[bytes]]:
 async def run_once(count: int, batch: int, in_flight: int, delayed: bool) -> float:
     """CPU microseconds per message of sending ``count`` messages."""
     with tempfile.TemporaryDirectory() as data_dir:
-        broker = Broker(RealtimeConfig(data_dir=data_dir, port=0))
         writer = TraceWriter(os.path.join(data_dir, "trace"), "realtime:bench")
-        broker.tracer = BrokerTracer(writer)
-        await broker.start()
+        broker = await Broker.open(RealtimeConfig(data_dir=data_dir, port=0),
+                                   tracer=BrokerTracer(writer))
         tune_gc()
         requests = payloads(count, batch, delayed)
         slots = asyncio.Semaphore(in_flight)

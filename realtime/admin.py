@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 from pulllog import PullLogStore
-from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
+from realtime.pulls import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.storage import CorruptEntry, MessageStore, SequenceOutOfRange
 from wire.errors import BadRequest, NotFound
 from wire.message import DEAD_PREFIX
@@ -242,11 +242,11 @@ class BrokerAdmin:
     """Answers ``subjects``/``browse``/``purge`` for a running broker, running each
     ``StorageAdmin`` step on the thread that owns its store."""
 
-    def __init__(self, storage: StorageAdmin, *, store_io: Runner, pulllog_io: Runner,
-                 clock: Callable[[], int]) -> None:
+    def __init__(self, storage: StorageAdmin, *, on_store_thread: Runner,
+                 on_pulllog_thread: Runner, clock: Callable[[], int]) -> None:
         self.storage = storage
-        self._store_io = store_io
-        self._pulllog_io = pulllog_io
+        self._on_store_thread = on_store_thread
+        self._on_pulllog_thread = on_pulllog_thread
         self.clock = clock
 
     async def answer(self, request: Subjects | Browse | Purge) -> dict[str, Any]:
@@ -258,35 +258,35 @@ class BrokerAdmin:
         return await self.purge(request.subject, request.through_sequence)
 
     async def subjects(self, prefix: str) -> dict[str, Any]:
-        spans, truncated = await self._store_io(self.storage.ranges_store, prefix)
-        watermarks = await self._pulllog_io(self.storage.watermarks_pulllog,
-                                            [s.subject for s in spans])
+        spans, truncated = await self._on_store_thread(self.storage.ranges_store, prefix)
+        watermarks = await self._on_pulllog_thread(self.storage.watermarks_pulllog,
+                                                   [s.subject for s in spans])
         return subjects_answer(spans, truncated, watermarks)
 
     async def browse(self, subject: str, from_sequence: int | None,
                      max_count: int) -> dict[str, Any]:
-        watermark = await self._pulllog_io(self.storage.watermark_pulllog, subject)
-        result = await self._store_io(self.storage.read_store, subject, from_sequence,
-                                      watermark, max_count)
+        watermark = await self._on_pulllog_thread(self.storage.watermark_pulllog, subject)
+        result = await self._on_store_thread(self.storage.read_store, subject, from_sequence,
+                                             watermark, max_count)
         return browse_answer(result)
 
     async def purge(self, subject: str, through_sequence: int) -> dict[str, Any]:
         check_purgeable(subject)
-        span = await self._store_io(self.storage.range_store, subject)
-        before, after = await self._pulllog_io(self.storage.advance_pulllog, span,
-                                               through_sequence, self.clock())
+        span = await self._on_store_thread(self.storage.range_store, subject)
+        before, after = await self._on_pulllog_thread(self.storage.advance_pulllog, span,
+                                                      through_sequence, self.clock())
         return purge_answer(before, after)
 
     async def protect(self, subject: str) -> int:
         """Give ``subject`` a purge watermark at its first sequence (if it has none), so that
         retention keeps its messages until they are purged; returns the watermark."""
-        span = await self._store_io(self.storage.range_store, subject)
-        return await self._pulllog_io(self.storage.ensure_watermark_pulllog, subject,
-                                      span.first_sequence, self.clock())
+        span = await self._on_store_thread(self.storage.range_store, subject)
+        return await self._on_pulllog_thread(self.storage.ensure_watermark_pulllog, subject,
+                                             span.first_sequence, self.clock())
 
     async def retention_floor(self, subject: str) -> int | None:
         """Where retention must keep ``subject`` from, as the pull log says (None: anywhere)."""
-        return await self._pulllog_io(self.storage.retention_floor_pulllog, subject)
+        return await self._on_pulllog_thread(self.storage.retention_floor_pulllog, subject)
 
 
 __all__ = [

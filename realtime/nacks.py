@@ -29,7 +29,12 @@ RetrySender = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict]]]]
 
 
 class NackHandler:
-    """Turns nacks into retries and dead letters for one broker."""
+    """Turns nacks into retries and dead letters for one broker.
+
+    Owners: ``stats`` and the set of protected dead-letter subjects belong to the event loop.
+    Methods ending in ``_io`` run on the I/O thread their first docstring line names (through
+    the broker's runners); every other one on the event loop.
+    """
 
     def __init__(self, broker: "Broker", policies: RetryPolicies,
                  send_retries: RetrySender | None,
@@ -44,13 +49,13 @@ class NackHandler:
     async def nack(self, request: Nack) -> int:
         """Hand off a copy of each nacked message, then ack the originals; returns how many."""
         broker = self.broker
-        keys = broker._keys_for(request.subject, request.group, request.consumer_id)
-        key, entries = await broker._pulllog_io(self._held_io, request.subject, keys,
+        keys = broker.keys_for(request.subject, request.group, request.consumer_id)
+        key, entries = await broker.on_pulllog_thread(self._held_io, request.subject, keys,
                                                 request.consumer_id, request.pull_seqs)
         if not entries:
             return 0
         seqs = [cl_seq for _pull_seq, cl_seq in entries]
-        payloads = await broker._store_io(self._read_io, request.subject, seqs)
+        payloads = await broker.on_store_thread(self._read_io, request.subject, seqs)
         now_ms = broker.clock()
         copies = [plan_retry(p, request.group, self.policies, now_ms, request.retry_after_ms)
                   for p in payloads]
@@ -64,8 +69,8 @@ class NackHandler:
             tracer.copied([c.payload for c in retries], False, request.group, now_ms)
             tracer.copied([c.payload for c in dead], True, request.group, now_ms)
         ranges = [(pull_seq, pull_seq) for pull_seq, _ in entries]
-        await broker._pulllog_io(self._ack_io, request.subject, key, request.consumer_id,
-                                 ranges, broker.clock())
+        await broker.on_pulllog_thread(self._ack_io, request.subject, key,
+                                       request.consumer_id, ranges, broker.clock())
         self.stats["nacked"] += len(entries)
         return len(entries)
 
@@ -101,9 +106,9 @@ class NackHandler:
 
     def _held_io(self, subject: str, keys: list[str], consumer: str,
                  pull_seqs: list[int]) -> tuple[str, list[tuple[int, int]]]:
-        """(pull-log group, [(pull seq, consumer-log seq)]) of the nacked entries still held."""
+        """Pull-log thread: (pull-log group, [(pull seq, consumer-log seq)]) of the nacked
+        entries still held."""
         pulllog = self.broker.pulllog
-        assert pulllog is not None
         wanted = set(pull_seqs)
         known = [key for key in keys if pulllog.has_group(subject, key)]
         if not known:
@@ -117,8 +122,8 @@ class NackHandler:
         return known[0], []
 
     def _read_io(self, subject: str, seqs: list[int]) -> list[bytes]:
+        """Store thread: the payloads of the nacked entries."""
         store = self.broker.store
-        assert store is not None
         try:
             return [store.read(subject, seq).payload for seq in seqs]
         except Exception as exc:  # storage fault: the nack fails, the message stays unacked
@@ -126,8 +131,8 @@ class NackHandler:
 
     def _ack_io(self, subject: str, key: str, consumer: str, ranges: list[tuple[int, int]],
                 now_ms: int) -> int:
+        """Pull-log thread: ack the nacked entries, now that their copies are handed off."""
         pulllog = self.broker.pulllog
-        assert pulllog is not None
         self.broker.tracer.forget(subject, key, consumer, [first for first, _ in ranges])
         return pulllog.record_ack(subject, key, consumer, ranges, now_ms)
 

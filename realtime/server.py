@@ -5,6 +5,7 @@ shutdown it shares with the delay server)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from logstore.fileio import Opener, OsFile
@@ -27,9 +28,20 @@ from wire.protocol import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _Core:
+    """What a started realtime server runs: the broker, over storage opened by ``start()``,
+    and the request handlers built over it."""
+
+    broker: Broker
+    nacks: NackHandler
+    admin: BrokerAdmin
+
+
 class RealtimeServer(ServerBase):
     """A running realtime broker: ``await start()`` recovers, binds and registers, ``await
-    stop()`` drains."""
+    stop()`` drains. ``broker``, ``nacks`` and ``admin`` exist from ``start()`` on (the broker
+    is built over its opened storage)."""
 
     KIND = "realtime"
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
@@ -45,30 +57,55 @@ class RealtimeServer(ServerBase):
         super().__init__(config, metrics, clock)
         self.config: RealtimeConfig = config
         self.metrics: RealtimeMetrics = metrics
-        self.broker = Broker(config, self.clock, opener)
-        self.broker.tracer = BrokerTracer(self.trace)
-        self.broker.on_commit = metrics.commit_batch_messages.observe
-        self.admin: BrokerAdmin | None = None  # made on first use, once storage is open
+        self._opener = opener
+        self._running: _Core | None = None  # set by start()
         self._retry_sender: PayloadSender | None = None
         if config.meta_url:
             # Retry copies go to delay servers under this broker's own token.
             self._retry_sender = PayloadSender(config.meta_url, kind="delay",
                                                client_id=f"realtime-{config.group}",
                                                token=config.token, ssl_context=self.peer_ssl)
-        self.nacks = NackHandler(
-            self.broker,
-            RetryPolicies(RetryPolicy(config.retry_backoff_ms, config.retries_max)),
-            self._retry_sender.send if self._retry_sender else None,
-            protect_dead_subject=lambda subject: self._admin().protect(subject),
-        )
-        metrics.watch(self.broker, self.nacks)
+
+    def _started(self) -> _Core:
+        core = self._running
+        if core is None:
+            raise RuntimeError(f"realtime group {self.config.group} is not started")
+        return core
+
+    @property
+    def broker(self) -> Broker:
+        """The broker (from ``start()`` on)."""
+        return self._started().broker
+
+    @property
+    def nacks(self) -> NackHandler:
+        """Turns nacks into retries and dead letters (from ``start()`` on)."""
+        return self._started().nacks
+
+    @property
+    def admin(self) -> BrokerAdmin:
+        """The admin ops (subjects, browse, purge) over the broker's storage, each step on the
+        I/O thread of the store it touches (from ``start()`` on)."""
+        return self._started().admin
 
     async def _open_core(self) -> None:
-        await self.broker.start()
-        store = self.broker.store
-        assert store is not None
+        config = self.config
+        broker = await Broker.open(config, self.clock, self._opener, BrokerTracer(self.trace))
+        broker.on_commit = self.metrics.commit_batch_messages.observe
+        admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
+                            on_store_thread=broker.on_store_thread,
+                            on_pulllog_thread=broker.on_pulllog_thread, clock=broker.clock)
+        nacks = NackHandler(
+            broker,
+            RetryPolicies(RetryPolicy(config.retry_backoff_ms, config.retries_max)),
+            self._retry_sender.send if self._retry_sender else None,
+            protect_dead_subject=admin.protect,
+        )
+        self._running = _Core(broker, nacks, admin)
+        self.metrics.watch(broker, nacks)
         # Installed on the store's own thread, the only one that calls the store.
-        await self.broker._store_io(store.observe_fsync, self.metrics.fsync_seconds.observe)
+        await broker.on_store_thread(broker.store.observe_fsync,
+                                     self.metrics.fsync_seconds.observe)
         tune_gc()  # after recovery, so gc.freeze moves the recovered state out of its way
 
     def _core(self) -> Broker:
@@ -78,16 +115,19 @@ class RealtimeServer(ServerBase):
         return self.broker.backlog()
 
     def _begin_drain(self) -> None:
-        self.broker.end_long_polls()
+        if self._running is not None:
+            self._running.broker.end_long_polls()
 
     async def _close_core(self) -> None:
-        await self.broker.stop()
+        if self._running is not None:
+            await self._running.broker.stop()
         if self._retry_sender is not None:
             await self._retry_sender.close()
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request, after checking what the connection's token allows."""
-        broker = self.broker
+        core = self._started()
+        broker = core.broker
         self.metrics.count_request(request.op)
         # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
         grant = await self.gate.grant(session.token, session.app)
@@ -117,23 +157,12 @@ class RealtimeServer(ServerBase):
         if isinstance(request, Leave):
             return {"released": await broker.leave(request)}
         if isinstance(request, Nack):
-            return {"nacked": await self.nacks.nack(request)}
+            return {"nacked": await core.nacks.nack(request)}
         if isinstance(request, Cancel):
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
         if isinstance(request, (Subjects, Browse, Purge)):
-            return await self._admin().answer(request)
+            return await core.admin.answer(request)
         raise NotSupported(f"op {request.op} is not served by realtime servers")
-
-    def _admin(self) -> BrokerAdmin:
-        """The admin ops (subjects, browse, purge) over the broker's storage, each step on the
-        I/O thread of the store it touches."""
-        if self.admin is None:
-            broker = self.broker
-            assert broker.store is not None and broker.pulllog is not None, "broker not started"
-            self.admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
-                                     store_io=broker._store_io, pulllog_io=broker._pulllog_io,
-                                     clock=broker.clock)
-        return self.admin
 
 
 __all__ = ["RealtimeServer"]

@@ -76,7 +76,26 @@ class BrokerTracer:
     Events are encoded here, straight to JSON lines (``TraceWriter.line``), and handed to the
     writer once per call. A message's members are encoded once and shared by its events: on
     store from what the send check already read, on pull from the payload (one decoding), and
-    an entry pulled is remembered with its members, so its ack costs no decoding."""
+    an entry pulled is remembered with its members, so its ack costs no decoding.
+
+    Owners (the broker calls each method on the thread that has the data at hand, and its
+    docstring says which when it is not the event loop):
+
+    - ``_held`` (what each consumer holds) and ``_released`` (what waits for redelivery): the
+      pull-log thread (``pulled_columns``, ``acked``, ``prune``, ``forget``,
+      ``held_before_restart``, ``queued_before_restart``, ``consumers``), and the store thread
+      once at start (``name_from_store``), before any pull or ack;
+    - ``_subscriptions``: the event loop (``subscribed``, ``unsubscribed``,
+      ``expire_subscriptions``);
+    - ``gave_up_counts``: one writer thread per reason (``redelivery_unreadable`` the pull-log
+      thread, ``ack_unreadable`` the event loop), read by metrics at scrape time;
+    - ``_recent`` (members of messages just stored): filled on the event loop (``stored``),
+      taken on the pull-log thread (``pulled_columns``); each side's step is a dict operation
+      done in C, atomic under the GIL, and a member not found is decoded from the payload;
+    - ``_subject_members`` and ``_last_frame``: the event loop (``stored``);
+    - ``writer`` and ``enabled``: set at construction, never written after
+      (``TraceWriter.emit_lines`` is thread-safe).
+    """
 
     def __init__(self, writer: TraceWriter | None) -> None:
         self.writer = writer

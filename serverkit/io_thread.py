@@ -18,7 +18,13 @@ T = TypeVar("T")
 
 
 class IoThread:
-    """Runs ``fn(*args)`` on its thread for ``await io.call(fn, *args)``; exceptions propagate."""
+    """Runs ``fn(*args)`` on its thread for ``await io.call(fn, *args)``; exceptions propagate.
+
+    Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread gets); ``_done``
+    is shared and only touched under ``_done_lock`` (the thread appends, the loop takes all);
+    ``_loop`` is written once by the event loop's first ``call``, before the thread can need
+    it. ``call`` runs on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
+    """
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -17,7 +17,7 @@ from delayserver.server import DelayServer
 from metaserver import MetaConfig, sqlite_url, start_metaserver
 from qmq import cli, commands
 from realtime.admin import ADMIN_GROUP
-from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
+from realtime.pulls import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.config import RealtimeConfig
 from realtime.retries import RetryPolicies, RetryPolicy, plan_retry
 from realtime.server import RealtimeServer
@@ -207,7 +207,7 @@ async def test_a_bad_redrive_or_purge_request_is_a_bad_request(three_dead):
 
 
 async def test_purge_removes_dead_letters_from_the_list_and_retention_may_drop_them(three_dead):
-    admin = three_dead.broker._admin()
+    admin = three_dead.broker.admin
     assert await admin.retention_floor(DEAD) is None
     partial = await three_dead.ok("POST", "/api/admin/dead/purge",
                                   {"subject": "orders", "group": "billing", "through_sequence": 0})

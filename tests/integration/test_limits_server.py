@@ -20,7 +20,7 @@ import pytest
 
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
-from realtime.broker import DELIVER_AT_SKEW_MS_MAX
+from realtime.sends import DELIVER_AT_SKEW_MS_MAX
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from wire.limits import (

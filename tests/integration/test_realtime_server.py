@@ -176,16 +176,16 @@ async def test_entries_a_pull_records_while_its_consumer_leaves_go_to_the_others
         server, client, clock):
     await client.send(*(message("s", b"%d" % i, clock) for i in range(2)))
     broker = server.broker
-    pull_once = broker._pull_once
+    pull_once = broker.pulls._pull_once
 
     async def leave_meanwhile(request, key, tags):
         # The leave is answered between the pull's start and its trip to the pull log.
         await broker.leave(Leave(0, "leaving", [("s", "g")]))
         return await pull_once(request, key, tags)
 
-    broker._pull_once = leave_meanwhile
+    broker.pulls._pull_once = leave_meanwhile  # type: ignore[method-assign]
     assert (await client.pull("s", "g", "leaving", start="earliest"))["payloads"] == []
-    broker._pull_once = pull_once
+    broker.pulls._pull_once = pull_once  # type: ignore[method-assign]
     taken = await client.pull("s", "g", "staying")
     assert sorted(bodies(taken)) == [b"0", b"1"]
 

@@ -113,5 +113,5 @@ async def test_a_nack_while_no_delay_server_is_up_fails_and_the_message_stays_un
     assert answer["error"]["code"] == "overloaded"
     assert "no delay server reachable" in answer["error"]["message"]
     # Still held by c1, so it comes back after the ack timeout rather than being lost.
-    held = await realtime.broker._pulllog_io(realtime.broker.pulllog.unacked, "orders", "billing", "c1")
+    held = await realtime.broker.on_pulllog_thread(realtime.broker.pulllog.unacked, "orders", "billing", "c1")
     assert [e.pull_seq for e in held] == [seq]

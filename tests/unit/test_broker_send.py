@@ -19,10 +19,10 @@ from tests.rawclient import FakeClock
 @pytest.fixture
 async def broker(tmp_path):
     clock = FakeClock()
-    broker = Broker(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), clock)
-    broker.tracer = BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt",
-                                             clock_ms=clock, background=False))
-    await broker.start()
+    tracer = BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt", clock_ms=clock,
+                                      background=False))
+    broker = await Broker.open(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), clock,
+                               tracer=tracer)
     yield broker
     await broker.stop()
 

@@ -10,7 +10,7 @@ import pytest
 from pulllog import PullLogConfig, PullLogStore
 from realtime import admin as admin_module
 from realtime.admin import ADMIN_GROUP, StorageAdmin
-from realtime.broker import PULL_RESPONSE_PAYLOAD_BYTES_MAX
+from realtime.pulls import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.storage import MessageStore, StoreConfig
 from wire.errors import BadRequest, NotFound
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realtime.broker import DELIVER_AT_SKEW_MS_MAX
+from realtime.sends import DELIVER_AT_SKEW_MS_MAX
 from wire.errors import QmqError
 from wire.limits import (
     MAX_BODY_BYTES,

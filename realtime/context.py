@@ -1,0 +1,37 @@
+"""``BrokerContext``: what the realtime broker's parts (``Sends``, ``Pulls``, ``Holdings``)
+share, handed to each when the broker builds them over its opened stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from pulllog import PullLogStore
+from realtime.committed import Committed
+from realtime.config import RealtimeConfig
+from realtime.consumers import ConsumerBook
+from realtime.storage import MessageStore
+from realtime.tracing import BrokerTracer
+
+Runner = Callable[..., Awaitable[Any]]  # ``await run(fn, *args)``: fn(*args) on one I/O thread
+
+
+@dataclass(frozen=True)
+class BrokerContext:
+    """The broker's stores, the runners of their threads and the state its parts share. The
+    references never change; whose thread owns what they point to is said where it is kept
+    (``Broker``'s docstring sums it up)."""
+
+    config: RealtimeConfig
+    clock: Callable[[], int]  # the broker's clock, ms
+    store: MessageStore  # called on the store thread only (through on_store_thread)
+    pulllog: PullLogStore  # called on the pull-log thread only (through on_pulllog_thread)
+    on_store_thread: Runner
+    on_pulllog_thread: Runner
+    committed: Committed  # event loop
+    book: ConsumerBook  # event loop
+    tracer: BrokerTracer
+    stats: dict[str, int]  # one writer thread per key (see Broker)
+
+
+__all__ = ["BrokerContext", "Runner"]

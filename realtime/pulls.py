@@ -1,0 +1,342 @@
+"""``Pulls``: the realtime broker's pull path, long polling included.
+
+A pull of one (subject, pull-log group) takes the group's redeliveries first, then scans the
+consumer log from its cursor (tag filter, expiry), records what it took in the pulling
+consumer's pull log and answers it as three columns (``Pulled``). Pulls of one group run one at
+a time. A group that keeps up is served from the in-memory tail (``Committed``) in one trip to
+the pull-log thread, or with none when its known cursor says it is caught up
+(``ConsumerBook``); only a group behind the tail, or a redelivery of an old message, reads the
+message store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, NamedTuple, Sequence
+
+from logstore.errors import LogStoreError
+from realtime.consumers import ConsumerKey, group_key
+from realtime.context import BrokerContext
+from wire.errors import QmqError
+from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
+from wire.message import KEY_EXPIRE_AT_MS, decode_message, tag_hash
+from wire.protocol import Pull
+
+log = logging.getLogger(__name__)
+
+# A pull response stops growing at this many payload bytes so the frame stays under
+# MAX_FRAME_BYTES with room for the envelope; one message always fits (bodies <= MAX_BODY_BYTES).
+PULL_RESPONSE_PAYLOAD_BYTES_MAX = MAX_FRAME_BYTES - MAX_BODY_BYTES // 2
+
+# Consumer-log entries one pull looks at (after tag and expiry filtering) before it answers.
+PULL_SCAN_ENTRIES_MAX = 10_000
+
+# The msgpack bytes the payload key KEY_EXPIRE_AT_MS (one byte, "x") can take: a fixstr of 1
+# byte, as our encoder writes it (b"\xa1x"), or a str 8/16/32 of length 1 from another encoder
+# (msgpack allows each), which all end in b"\x01x". A payload that contains none of them has no
+# expiry, so a pull without tags need not decode it.
+_EXPIRE_KEY = b"\xa1" + KEY_EXPIRE_AT_MS.encode()
+_EXPIRE_KEY_LONGHAND_END = b"\x01" + KEY_EXPIRE_AT_MS.encode()
+_EXPIRE_KEYS_LONGHAND = tuple(kind + _EXPIRE_KEY_LONGHAND_END
+                              for kind in (b"\xd9", b"\xda\x00", b"\xdb\x00\x00\x00"))
+
+
+def _may_expire(payload: bytes) -> bool:
+    """False only when ``payload`` certainly has no expire_at_ms (no encoding of its key)."""
+    # Every longhand form ends alike: one search rules them all out in the usual case.
+    return _EXPIRE_KEY in payload or (
+        _EXPIRE_KEY_LONGHAND_END in payload and any(key in payload for key in _EXPIRE_KEYS_LONGHAND))
+
+
+def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int | None) -> bool:
+    """Exact tag match (the consumer log's bloom mask is only a pre-filter) and not expired
+    at ``now_ms`` (None: ignore expiry)."""
+    try:
+        message = decode_message(payload)
+    except QmqError:
+        return False
+    if tags and not tags.intersection(message.tags):
+        return False
+    if now_ms is not None and message.expire_at_ms is not None and message.expire_at_ms <= now_ms:
+        return False
+    return True
+
+
+class Pulled(NamedTuple):
+    """What a pull hands out, as the columns of the pull response (docs/PROTOCOL.md): entry i
+    is ``payloads[i]`` under pull seq ``pull_seqs[i]``, handed out ``redelivered[i]`` times
+    before."""
+
+    pull_seqs: Sequence[int]
+    payloads: Sequence[bytes]
+    redelivered: Sequence[int]
+
+
+NOTHING_PULLED = Pulled((), (), ())
+
+
+class Pulls:
+    """The pull path of one broker.
+
+    Owners: ``waiting_pulls`` and the per-group locks belong to the event loop;
+    ``stats["pulled"]`` and ``stats["redelivered"]`` are written on the pull-log thread only
+    (``_record_pull_io``), read by metrics at scrape time. Methods ending in ``_io`` run on the
+    I/O thread their first docstring line names; every other one on the event loop.
+    """
+
+    def __init__(self, ctx: BrokerContext,
+                 release: Callable[[list[ConsumerKey]], Awaitable[int]]) -> None:
+        self._ctx = ctx
+        self._release = release  # hands a departed consumer's holdings to the others
+        self.waiting_pulls = 0  # long polls waiting now (metrics)
+        # Pulls of one (subject, pull-log group) run one at a time: cursor -> entries -> record.
+        self._group_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
+        """Hand the group's next entries (redeliveries first) to the pulling consumer.
+
+        With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
+        ``gone`` tells whether the consumer's connection has ended: a long poll that wakes for
+        a consumer killed meanwhile returns nothing, instead of recording entries as held by a
+        consumer nobody answers for (they would wait for its expiry before anyone else got them).
+        A long poll of a consumer that leaves (op ``leave``) meanwhile ends empty too.
+        """
+        subject, consumer_id = request.subject, request.consumer_id
+        key = group_key(request.group, consumer_id, request.broadcast)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.wait_ms / 1000
+        tags = frozenset(request.tags)
+        ctx = self._ctx
+        book, committed, clock = ctx.book, ctx.committed, ctx.clock
+        ctx.tracer.subscribed(subject, key, consumer_id, tags, clock())
+        leave_key = (subject, key, consumer_id)
+        mark = book.pull_begins()
+        while True:
+            if (gone is not None and gone()) or book.left_since(leave_key, mark):
+                return NOTHING_PULLED
+            event = committed.event(subject)
+            book.seen(subject, key, consumer_id, clock())
+            pulled = await self._pull_once(request, key, tags)
+            if pulled.payloads and book.left_since(leave_key, mark):
+                # The consumer left while this pull was recording entries for it: hand them
+                # on like the leave did with the rest.
+                await self._release([leave_key])
+                return NOTHING_PULLED
+            if pulled.payloads:
+                book.seen(subject, key, consumer_id, clock())
+                return pulled
+            remaining = deadline - loop.time()
+            if remaining <= 0 or committed.stopping:
+                return NOTHING_PULLED
+            self.waiting_pulls += 1
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                return NOTHING_PULLED
+            finally:
+                self.waiting_pulls -= 1
+
+    async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled:
+        """One attempt of a pull: nothing when the group is known to be caught up, else under
+        the group's lock from the tail (known cursor) or as the pull log plans it."""
+        subject = request.subject
+        group = (subject, key)
+        book = self._ctx.book
+        if book.caught_up(group, self._ctx.committed.ends.get(subject, 0)):
+            return NOTHING_PULLED  # nothing to redeliver either: no need to ask the pull log
+        lock = self._group_locks.get(group)
+        if lock is None:
+            lock = self._group_locks[group] = asyncio.Lock()
+        async with lock:
+            release_round = book.release_round()
+            known = book.take_cursor(group)
+            out = None
+            if known is not None:
+                out, new_cursor = await self._pull_from_tail(request, key, tags, known)
+            if out is None:
+                out, new_cursor, drained = await self._pull_planned(request, key, tags)
+                if not drained:
+                    return out
+            # The redelivery queue is empty (only the lock holder takes from it): unless a
+            # release round put something back meanwhile, the next pull may skip the plan.
+            book.remember_cursor(group, new_cursor, release_round)
+            return out
+
+    async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
+                              cursor: int) -> tuple[Pulled | None, int]:
+        """One trip to the pull-log thread: entries from the tail after the cursor the group had
+        at its last pull. None when the tail does not reach back to it, or when the pull log
+        says the cursor moved or entries wait for redelivery after all."""
+        subject = request.subject
+        ctx = self._ctx
+        end = ctx.committed.ends.get(subject, 0)
+        if cursor >= end:
+            return NOTHING_PULLED, cursor
+        tail = ctx.committed.tail.covering(subject, cursor)
+        if tail is None:
+            return None, cursor
+        now_ms = ctx.clock()
+        payloads: dict[int, bytes] = {}
+        chosen: list[int] = []
+        expired: list[bytes] | None = [] if ctx.tracer.enabled else None
+        new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), request.max_count,
+                               tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen,
+                               expired)
+        if new_cursor == cursor:
+            return None, cursor  # the tail does not reach what the store says is committed
+        out = await ctx.on_pulllog_thread(self._record_pull_io, request, key, chosen,
+                                          new_cursor, payloads, now_ms, cursor)
+        if out is not None and expired:
+            ctx.tracer.expired(expired, key, now_ms)
+        return out, new_cursor
+
+    async def _pull_planned(self, request: Pull, key: str, tags: frozenset[str],
+                            ) -> tuple[Pulled, int, bool]:
+        """Ask the pull log for the group's redeliveries and cursor, take the entries (tail or
+        store) and record them. Returns them, the new cursor, and whether the redelivery queue
+        was drained."""
+        subject = request.subject
+        ctx = self._ctx
+        committed = ctx.committed
+        start = (committed.ends if request.start == "latest" else committed.firsts).get(subject, 0)
+        redeliveries, cursor = await ctx.on_pulllog_thread(
+            self._plan_pull_io, subject, key, start, request.max_count, ctx.clock())
+        drained = len(redeliveries) < request.max_count
+        end = committed.ends.get(subject, 0)
+        if not redeliveries and cursor >= end:
+            return NOTHING_PULLED, cursor, drained
+        now_ms = ctx.clock()
+        payloads: dict[int, bytes] = {}
+        missing = []
+        for seq in redeliveries:
+            cached = committed.tail.get(subject, seq)
+            if cached is None:
+                missing.append(seq)
+            else:
+                payloads[seq] = cached[0]
+        remaining = request.max_count - len(redeliveries)
+        tail = committed.tail.covering(subject, cursor) if remaining > 0 else None
+        expired: list[bytes] | None = [] if ctx.tracer.enabled else None
+        if missing or (remaining > 0 and cursor < end and tail is None):
+            # Behind the tail: read the message store (queued behind any commit).
+            found, new_cursor = await ctx.on_store_thread(
+                self._read_io, subject, missing, cursor if tail is None else end, end,
+                remaining, tags, now_ms, expired)
+            payloads.update(found)
+            scanned = [seq for seq in found if seq not in redeliveries]
+        else:
+            scanned, new_cursor = [], cursor
+        chosen = list(redeliveries) + scanned
+        if tail is not None:
+            budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
+            new_cursor = tail.take(cursor, min(end, cursor + PULL_SCAN_ENTRIES_MAX), remaining,
+                                   tags, now_ms, budget_bytes, payloads, chosen, expired)
+        if not chosen and new_cursor == cursor:
+            return NOTHING_PULLED, cursor, drained
+        out = await ctx.on_pulllog_thread(self._record_pull_io, request, key, chosen,
+                                          new_cursor, payloads, now_ms, None)
+        assert out is not None  # no expected cursor: never refused
+        if expired:
+            ctx.tracer.expired(expired, key, now_ms)
+        return out, new_cursor, drained
+
+    def _plan_pull_io(self, subject: str, key: str, start: int, max_count: int,
+                      now_ms: int) -> tuple[list[int], int]:
+        """Pull-log thread: the group's redeliveries to take now (up to ``max_count``) and its
+        cursor; a group pulling for the first time starts at ``start``."""
+        pulllog = self._ctx.pulllog
+        if not pulllog.has_group(subject, key):
+            pulllog.ensure_group(subject, key, start, now_ms)
+        return pulllog.take_redeliveries(subject, key, max_count), pulllog.cursor(subject, key)
+
+    def _read_io(self, subject: str, seqs: list[int], cursor: int, end: int, count: int,
+                 tags: frozenset[str], now_ms: int, expired: list[bytes] | None = None,
+                 ) -> tuple[dict[int, bytes], int]:
+        """Store thread: the payloads of ``seqs`` (b"" when unreadable), then up to ``count``
+        deliverable messages from ``cursor``; returns them and the new cursor. Messages passed
+        over because they expired go to ``expired`` (for tracing)."""
+        store = self._ctx.store
+        payloads: dict[int, bytes] = {}
+        for seq in seqs:
+            try:
+                payloads[seq] = store.read(subject, seq).payload
+            except LogStoreError as exc:
+                # Deleted by retention's hard cap or damaged: it cannot be delivered again.
+                log.error("redelivery of %s seq %d impossible: %s", subject, seq, exc)
+                payloads[seq] = b""
+        new_cursor = cursor
+        if count > 0 and cursor < end:
+            start = max(cursor, store.first_sequence(subject))
+            hashes = [tag_hash(t) for t in tags] if tags else None
+            found, new_cursor = store.scan(subject, start, count, hashes)
+            budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
+            for stored in found:
+                if payloads and len(stored.payload) > budget_bytes:
+                    new_cursor = stored.sequence  # the rest waits for the next pull
+                    break
+                if not tags and not _may_expire(stored.payload):
+                    # Nothing to check without a decode: no tag filter, and the payload has no
+                    # expire_at_ms (its key's bytes do not occur in it). It was validated when
+                    # it was sent and its CRC verified on this read.
+                    payloads[stored.sequence] = stored.payload
+                    budget_bytes -= len(stored.payload)
+                elif _deliverable(stored.payload, tags, now_ms):
+                    payloads[stored.sequence] = stored.payload
+                    budget_bytes -= len(stored.payload)
+                elif expired is not None and _deliverable(stored.payload, tags, None):
+                    expired.append(stored.payload)  # it matched; only its expiry kept it back
+        return payloads, new_cursor
+
+    def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
+                        payloads: dict[int, bytes], now_ms: int,
+                        expected_cursor: int | None) -> Pulled | None:
+        """Pull-log thread: record the pull; None (nothing recorded) if ``expected_cursor`` is
+        given and the group's cursor is not there or entries wait for redelivery. The answer is
+        built as columns straight from the recorded batch: nothing is built per message."""
+        ctx = self._ctx
+        pulllog = ctx.pulllog
+        subject = request.subject
+        if expected_cursor is not None and (
+                pulllog.cursor(subject, key) != expected_cursor
+                or pulllog.redelivery_count(subject, key)):
+            return None
+        consumer_id = request.consumer_id
+        batch = pulllog.record_pull(subject, key, consumer_id, chosen, new_cursor, now_ms)
+        log_seqs = batch.consumer_log_seqs
+        if not log_seqs:
+            return NOTHING_PULLED
+        first = batch.first_pull_seq
+        pull_seqs: list[int] = list(range(first, first + len(log_seqs)))
+        chosen_payloads = list(map(payloads.__getitem__, log_seqs))
+        redelivered = batch.redelivered
+        if b"" in chosen_payloads:
+            # Not deliverable (a redelivery whose message is gone): ack it at once so it does
+            # not come back forever. Rare: the columns are rebuilt without those entries.
+            keep = [i for i, payload in enumerate(chosen_payloads) if payload]
+            for i in range(len(log_seqs)):
+                if not chosen_payloads[i]:
+                    pulllog.record_ack(subject, key, consumer_id,
+                                       [(pull_seqs[i], pull_seqs[i])], now_ms)
+            ctx.tracer.redeliveries_unreadable(  # a give-up: traced with its reason
+                subject, key, [s for s, p in zip(log_seqs, chosen_payloads) if not p], now_ms)
+            pull_seqs = [pull_seqs[i] for i in keep]
+            log_seqs = tuple(log_seqs[i] for i in keep)
+            chosen_payloads = [chosen_payloads[i] for i in keep]
+            if redelivered is not None:
+                redelivered = [redelivered[i] for i in keep]
+        if redelivered is None:
+            times = [0] * len(pull_seqs)
+        else:
+            times = redelivered
+            ctx.stats["redelivered"] += len(redelivered) - redelivered.count(0)
+        ctx.stats["pulled"] += len(pull_seqs)
+        if ctx.tracer.enabled:
+            ctx.tracer.pulled_columns(subject, key, consumer_id, pull_seqs, chosen_payloads,
+                                      redelivered, now_ms, log_seqs)
+        return Pulled(pull_seqs, chosen_payloads, times)
+
+
+__all__ = ["NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX", "PULL_SCAN_ENTRIES_MAX", "Pulled",
+           "Pulls"]

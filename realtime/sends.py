@@ -1,0 +1,308 @@
+"""``Sends``: the realtime broker's send path. A request's payloads are checked (the quick check
+over the whole batch, the full check for what it is unsure of), queued for the group commit
+(``serverkit.committer``), appended and committed on the store thread, then answered, put into
+the in-memory tail (``Committed``) and traced; the subjects' long polls wake.
+
+The path is batch-shaped: a request's messages travel as ``Checked`` tuples and their payloads,
+and the store takes them as columns, so nothing is built per message beyond the check's tuple
+and the answer's map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Awaitable, Callable
+
+from realtime.context import BrokerContext
+from realtime.tail import Entry
+from serverkit.committer import GroupCommitter
+from serverkit.send_check import Checked, QuickCheck
+from wire.errors import BadRequest, QmqError, ReadOnly
+from wire.message import (
+    ORIGIN_ID_PROPERTY,
+    decode_message,
+    peek_message_id,
+    tag_hash,
+    validate_message,
+)
+from wire.protocol import send_result_error, send_result_ok, send_results_stored
+
+log = logging.getLogger(__name__)
+
+# A message stamped a little in the future is clock skew between hosts and is stored now;
+# further ahead it belongs to a delay server and is refused rather than delivered early.
+DELIVER_AT_SKEW_MS_MAX = 5_000
+
+# Columns of a batch of Checked tuples, taken by ``map`` in C rather than a loop per message.
+_ids_of = itemgetter(0)
+_subjects_of = itemgetter(1)
+_tags_of = itemgetter(2)
+_expiries_of = itemgetter(3)
+
+Run = tuple[int, list[Entry], list[int]]  # first sequence, its entries, [payload bytes]
+
+
+@dataclass
+class SendRequest:
+    """One ``send`` request's valid messages, waiting for the next group commit."""
+
+    messages: list[Checked]
+    payloads: list[bytes]
+    slots: list[int] | None  # index in ``results`` of each message; None: all of them, in order
+    results: list[Any]
+    future: asyncio.Future[None]
+
+
+class Sends:
+    """The send path of one broker.
+
+    Owners: ``readonly``, ``write_failed``, ``message_errors``, ``sent_by_subject`` and
+    ``on_commit`` belong to the event loop (``readonly`` is also set by the server when the
+    MetaServer drains the group); ``stats["sent"]`` and ``stats["duplicates"]`` are written on
+    the store thread only (``_append_and_commit_io``), read by metrics at scrape time. Methods
+    ending in ``_io`` run on the store thread; every other one on the event loop.
+    """
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._quick_check = QuickCheck()
+        self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
+        self.write_failed = False  # a sticky write failure: read-only until restarted
+        # For metrics, read at scrape time: [messages, payload bytes] stored per subject (counted
+        # per commit and subject, not per message), messages refused per error code, and a
+        # callback told each group commit's message count.
+        self.sent_by_subject: dict[str, list[int]] = {}
+        self.message_errors: dict[str, int] = {}
+        self.on_commit: Callable[[int], None] | None = None
+        self.commits: GroupCommitter[SendRequest, list[int | None]] = GroupCommitter(
+            f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
+            self._fail_batch, self._go_readonly)
+
+    async def send(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+        """Validate and store a batch; each result says stored, duplicate or the error.
+
+        Replies only once the batch is durable under the flush mode.
+        """
+        now_ms = self._ctx.clock()
+        # Every payload through the quick check in one call (C when built); in the usual case
+        # all pass and the request goes to the committer as it came, with no loop here.
+        checks = self._quick_check.check_many(payloads, now_ms + DELIVER_AT_SKEW_MS_MAX)
+        results: list[Any] = [None] * len(payloads)
+        if None not in checks and not self.readonly:
+            messages, valid, slots = checks, payloads, None
+        else:
+            messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
+        if messages:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.commits.pending.append(SendRequest(messages, valid, slots, results, future))
+            self.commits.wake()
+            await future
+        return results
+
+    def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
+                     results: list[Any], now_ms: int,
+                     ) -> tuple[list[Checked], list[bytes], list[int]]:
+        """The full check of every payload the quick check did not accept (all of them when
+        read-only): the valid messages, their payloads and slots; errors go to ``results``."""
+        messages: list[Checked] = []
+        valid: list[bytes] = []
+        slots: list[int] = []
+        readonly = self.readonly
+        for slot, (payload, checked) in enumerate(zip(payloads, checks)):
+            if checked is None or readonly:
+                try:
+                    checked = self._full_check(payload, now_ms)
+                except QmqError as exc:
+                    results[slot] = send_result_error(peek_message_id(payload), exc)
+                    self._count_error(exc.code, 1)
+                    continue
+            messages.append(checked)
+            valid.append(payload)
+            slots.append(slot)
+        return messages, valid, slots
+
+    def _full_check(self, payload: bytes, now_ms: int) -> Checked:
+        """Decode and validate with wire.message; the QmqError says what is wrong."""
+        message = decode_message(payload)
+        validate_message(message, allow_internal=True, now_ms=now_ms)
+        deliver_at_ms = message.deliver_at_ms
+        if deliver_at_ms is not None and deliver_at_ms > now_ms + DELIVER_AT_SKEW_MS_MAX:
+            raise BadRequest(
+                f"message {message.id} has deliver_at_ms {message.deliver_at_ms}, "
+                f"{message.deliver_at_ms - now_ms} ms ahead, exceeds DELIVER_AT_SKEW_MS_MAX "
+                f"{DELIVER_AT_SKEW_MS_MAX}: send delayed messages to a delay server"
+            )
+        if self.readonly:
+            raise ReadOnly(f"broker group {self._ctx.config.group} is read-only; send "
+                           "elsewhere")
+        return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
+                       message.deliver_at_ms, message.created_at_ms, message.retries,
+                       message.properties.get(ORIGIN_ID_PROPERTY))
+
+    # ------------------------------------------------------------------ the group commit
+
+    def _commit_call(self, batch: list[SendRequest]) -> Awaitable[list[int | None]]:
+        """The group commit's store call: ``_append_and_commit_io`` on the store thread."""
+        ctx = self._ctx
+        return ctx.on_store_thread(self._append_and_commit_io, batch, ctx.clock())
+
+    def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> list[int | None]:
+        """Store thread: append every request's messages (column by column) and commit them.
+        Returns each message's sequence, None for a duplicate."""
+        store = self._ctx.store
+        try:
+            # The requests' messages as one set of columns: the store takes a run of one
+            # subject at a time, so requests of the same subject are checked, numbered and
+            # encoded together.
+            if len(batch) == 1:
+                messages, payloads = batch[0].messages, batch[0].payloads
+            else:
+                messages = list(chain.from_iterable(request.messages for request in batch))
+                payloads = list(chain.from_iterable(request.payloads for request in batch))
+            tags = list(map(_tags_of, messages))
+            if any(tags):
+                # Messages of a batch share a few tag sets: hash each distinct set once.
+                hashes_of = {message_tags: tuple(map(tag_hash, message_tags))
+                             for message_tags in set(tags)}
+                hashes: list[Any] = list(map(hashes_of.__getitem__, tags))
+            else:
+                hashes = [()] * len(messages)
+            store.append_many(list(map(_subjects_of, messages)), list(map(_ids_of, messages)),
+                              hashes, now_ms, payloads)
+            sequences = store.commit_sequences()
+        except BaseException:
+            store.discard()  # no request of a failed commit may ride along with the next one
+            raise
+        assert len(sequences) == len(messages), (len(sequences), len(messages))
+        duplicates = sequences.count(None)
+        stats = self._ctx.stats
+        stats["duplicates"] += duplicates
+        stats["sent"] += len(sequences) - duplicates
+        return sequences
+
+    def _go_readonly(self) -> None:
+        """A sticky write failure: refuse sends until restarted."""
+        self.readonly = self.write_failed = True
+
+    def _fail_batch(self, batch: list[SendRequest], error: QmqError) -> None:
+        """Answer every message of a batch whose commit failed with ``error``."""
+        self._count_error(error.code, sum(len(request.messages) for request in batch))
+        for request in batch:
+            slots = request.slots if request.slots is not None else range(len(request.results))
+            for slot, message in zip(slots, request.messages):
+                request.results[slot] = send_result_error(message.id, error)
+        self._answer(batch)
+
+    def _publish_committed(self, batch: list[SendRequest], outcomes: list[int | None]) -> None:
+        """Answer a committed batch, feed the tail and the metrics, wake the pulls."""
+        self._publish(batch, outcomes)
+        if self.on_commit is not None:
+            self.on_commit(len(outcomes))
+        self._answer(batch)
+
+    @staticmethod
+    def _answer(batch: list[SendRequest]) -> None:
+        for request in batch:
+            if not request.future.done():
+                request.future.set_result(None)
+
+    def _count_error(self, code: str, count: int) -> None:
+        self.message_errors[code] = self.message_errors.get(code, 0) + count
+
+    # ------------------------------------------------------------------ publishing a commit
+
+    def _publish(self, batch: list[SendRequest], sequences: list[int | None]) -> None:
+        """Fill in the results, put what was stored in the tail and wake the subjects' pulls.
+
+        ``sequences`` has one entry per message of the batch, in order: its sequence if stored,
+        None for a duplicate."""
+        tracer = self._ctx.tracer
+        tracing = tracer.enabled
+        now_ms = self._ctx.clock() if tracing else 0
+        messages = (batch[0].messages if len(batch) == 1
+                    else list(chain.from_iterable(request.messages for request in batch)))
+        subjects = set(map(_subjects_of, messages))
+        if (len(subjects) == 1 and None not in sequences
+                and sequences[-1] - sequences[0] == len(sequences) - 1):
+            # The usual commit: one subject, every message stored, in one run. Its requests
+            # are published together: one tail run, one call to the tracer.
+            subject = next(iter(subjects))
+            self._publish_run(subject, batch, messages, sequences)  # type: ignore[arg-type]
+            if tracing:
+                tracer.stored(messages, sequences, now_ms)
+            self._ctx.committed.notify(subject)
+            return
+        position = 0
+        for request in batch:
+            count = len(request.messages)
+            request_sequences = sequences[position:position + count]
+            position += count
+            request_subjects = set(map(_subjects_of, request.messages))
+            if (len(request_subjects) == 1 and None not in request_sequences
+                    and request_sequences[-1] - request_sequences[0] == count - 1):
+                self._publish_run(next(iter(request_subjects)), [request], request.messages,
+                                  request_sequences)  # type: ignore[arg-type]
+            else:
+                self._publish_each(request, request_sequences)
+            if tracing:
+                tracer.stored(request.messages, request_sequences, now_ms)
+        for subject in subjects:
+            self._ctx.committed.notify(subject)
+
+    def _publish_run(self, subject: str, batch: list[SendRequest], messages: list[Checked],
+                     sequences: list[int]) -> None:
+        """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
+        stored = send_results_stored(map(_ids_of, messages))
+        position = 0
+        for request in batch:
+            count = len(request.messages)
+            if request.slots is None:
+                request.results[:] = stored[position:position + count]
+            else:
+                for slot, result in zip(request.slots, stored[position:position + count]):
+                    request.results[slot] = result
+            position += count
+        payloads = (batch[0].payloads if len(batch) == 1
+                    else list(chain.from_iterable(request.payloads for request in batch)))
+        entries: list[Entry] = list(zip(payloads, map(_tags_of, messages),
+                                        map(_expiries_of, messages)))
+        self._tail_add(subject, (sequences[0], entries, [sum(map(len, payloads))]))
+
+    def _publish_each(self, request: SendRequest, sequences: list[int | None]) -> None:
+        """``_publish`` of a request with duplicates or several subjects, message by message."""
+        stored: dict[str, Run] = {}
+        results = request.results
+        slots = request.slots if request.slots is not None else range(len(results))
+        for slot, message, payload, sequence in zip(slots, request.messages, request.payloads,
+                                                    sequences):
+            if sequence is None:
+                results[slot] = send_result_ok(message.id, duplicate=True)
+                continue
+            results[slot] = send_result_ok(message.id)
+            subject = message.subject
+            run = stored.get(subject)
+            if run is None or run[0] + len(run[1]) != sequence:
+                if run is not None:  # not contiguous (never expected): keep the later run
+                    self._tail_add(subject, run)
+                run = stored[subject] = (sequence, [], [0])
+            run[1].append((payload, message.tags, message.expire_at_ms))
+            run[2][0] += len(payload)
+        for subject, run in stored.items():
+            self._tail_add(subject, run)
+
+    def _tail_add(self, subject: str, run: Run) -> None:
+        """Count a stored run for the metrics and put it into the tail."""
+        first, entries, size = run
+        sent = self.sent_by_subject.get(subject)
+        if sent is None:
+            sent = self.sent_by_subject[subject] = [0, 0]
+        sent[0] += len(entries)
+        sent[1] += size[0]
+        self._ctx.committed.add(subject, first, entries, size[0])
+
+
+__all__ = ["DELIVER_AT_SKEW_MS_MAX", "SendRequest", "Sends"]
