@@ -47,26 +47,25 @@ async def run_metaserver_command(config: MetaConfig) -> None:
     _print("metaserver stopped: in-flight requests finished, database closed")
 
 
-async def run_realtime_command(config: RealtimeConfig) -> None:
-    """Serve one realtime broker until SIGTERM/SIGINT, then stop it gracefully."""
-    server = RealtimeServer(config, offset_clock(config.clock_offset_ms))
+async def _serve(kind: str, server: RealtimeServer | DelayServer) -> None:
+    """Serve one broker until SIGTERM/SIGINT, then stop it gracefully."""
+    config = server.config
     await server.start()
-    _print(f"realtime group {config.group} listening on {server.address} (data {config.data_dir}, "
+    _print(f"{kind} group {config.group} listening on {server.address} (data {config.data_dir}, "
            f"flush {config.flush}{_metrics_note(server.metrics_url)})")
     await _wait_for_signal()
-    _print("realtime server stopping")
+    _print(f"{kind} server stopping")
     _print(await server.stop())
+
+
+async def run_realtime_command(config: RealtimeConfig) -> None:
+    """Serve one realtime broker until SIGTERM/SIGINT, then stop it gracefully."""
+    await _serve("realtime", RealtimeServer(config, offset_clock(config.clock_offset_ms)))
 
 
 async def run_delay_command(config: DelayConfig) -> None:
     """Serve one delay server until SIGTERM/SIGINT, then stop it gracefully."""
-    server = DelayServer(config)
-    await server.start()
-    _print(f"delay group {config.group} listening on {server.address} (data {config.data_dir}, "
-           f"flush {config.flush}{_metrics_note(server.metrics_url)})")
-    await _wait_for_signal()
-    _print("delay server stopping")
-    _print(await server.stop())
+    await _serve("delay", DelayServer(config))
 
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
