@@ -124,7 +124,9 @@ async def test_a_cancelled_message_is_never_delivered_and_a_late_or_unknown_canc
 
         # Through the SDK: cancel well before the time, then a later message shows the
         # cancelled one's time has passed (plus a margin) without it.
-        doomed = await producer.send(subject, b"cancel me", delay=1_500)
+        # 4 s: the cancel must reach the delay server before the message is due, on a
+        # loaded machine too.
+        doomed = await producer.send(subject, b"cancel me", delay=4_000)
         assert await producer.cancel(doomed) == "cancelled"
         assert await producer.cancel(doomed) == "already_cancelled"
         witness = await producer.send(subject, b"witness",
@@ -139,22 +141,20 @@ async def test_a_cancelled_message_is_never_delivered_and_a_late_or_unknown_canc
         assert epoch_ms() >= doomed.deliver_at_ms + 1_000
         assert doomed.message_id not in arrivals.ids
 
-        # Through the CLI: qmq send --delay-ms prints what qmq cancel needs.
+        # Through the CLI: qmq send --delay-ms prints what qmq cancel needs. The delay is long
+        # (each CLI call is a process start, seconds on a loaded machine); that a cancelled
+        # message is never delivered is shown above, so here the second cancel proves the first
+        # took effect without waiting for the due time.
         meta = ("--meta", cluster.meta_url)
-        sent = _receipt_line(await _cli("send", subject, "cli: cancel me", "--delay-ms", "6000",
+        sent = _receipt_line(await _cli("send", subject, "cli: cancel me", "--delay-ms", "600000",
                                         *meta))
         assert sent["status"] == "stored" and sent["group"] == "d1"
-        cli_witness = await producer.send(subject, b"cli witness",
-                                          deliver_at=int(sent["deliver_at_ms"]) + 1_500)
-        out = await _cli("cancel", subject, sent["id"], "--group", sent["group"],
-                         "--deliver-at-ms", sent["deliver_at_ms"], *meta)
-        assert out.split() == ["cancelled", f"id={sent['id']}"]
-        await wait_for(lambda: cli_witness.message_id in arrivals.ids, 30,
-                       "the CLI witness to arrive")
-        assert epoch_ms() >= int(sent["deliver_at_ms"]) + 1_000
-        assert sent["id"] not in arrivals.ids
+        cancel = ("cancel", subject, sent["id"], "--group", sent["group"],
+                  "--deliver-at-ms", sent["deliver_at_ms"], *meta)
+        assert (await _cli(*cancel)).split() == ["cancelled", f"id={sent['id']}"]
+        assert (await _cli(*cancel)).split() == ["already_cancelled", f"id={sent['id']}"]
         consuming.cancel()
 
-    assert {a.body for a in arrivals.items} == {b"delivered first", b"witness", b"cli witness"}
+    assert {a.body for a in arrivals.items} == {b"delivered first", b"witness"}
     assert arrivals.duplicates() == {}
     assert arrivals.early() == []

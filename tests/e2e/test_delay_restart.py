@@ -104,7 +104,10 @@ async def test_messages_due_while_the_delay_server_was_down_are_delivered_at_onc
         consuming.cancel()
 
     print(f"{len(overdue)} overdue messages delivered {caught_up_s:.2f} s after the restart")
-    assert caught_up_s < 3.0, f"overdue messages took {caught_up_s:.2f} s after the restart"
+    # Generous on purpose (a loaded machine restarts slowly): the bound only tells "dispatched
+    # as soon as the restarted server loaded its overdue buckets" from "left for a later sweep";
+    # how fast is bench.delay's business.
+    assert caught_up_s < 20.0, f"overdue messages took {caught_up_s:.2f} s after the restart"
     assert arrivals.duplicates() == {}
     assert arrivals.early() == []
 
@@ -135,7 +138,9 @@ async def test_a_40_day_and_a_2_year_delay_are_delivered_on_time_under_a_shifted
             print(f"{arrival.body.decode()}: {arrival.lateness_ms} ms after its deliver_at "
                   f"(clock offset {offset_ms} ms)")
             assert arrival.at_ms >= receipt.deliver_at_ms
-            assert arrival.lateness_ms < 3_000
+            # Generous: a restart on a loaded machine can outlast lead_ms, and the message is
+            # then overdue and sent at once; the bound only rules out "found by a later sweep".
+            assert arrival.lateness_ms < 20_000
         await asyncio.sleep(0.5)
         consuming.cancel()
 
