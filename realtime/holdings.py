@@ -14,6 +14,7 @@ import logging
 from logstore.errors import LogStoreError
 from realtime.consumers import ConsumerKey, Group, OfflineView
 from realtime.context import BrokerContext
+from realtime.storage.errors import StorageError
 from wire.errors import NotFound
 from wire.protocol import Ack, Heartbeat, Leave
 
@@ -85,7 +86,7 @@ class Holdings:
         for seq in seqs:
             try:
                 out.append(store.read(subject, seq).payload)
-            except LogStoreError:
+            except (LogStoreError, StorageError):
                 unreadable.append(seq)
         return out, unreadable
 

@@ -18,6 +18,7 @@ from typing import Awaitable, Callable, NamedTuple, Sequence
 from logstore.errors import LogStoreError
 from realtime.consumers import ConsumerKey, group_key
 from realtime.context import BrokerContext
+from realtime.storage.errors import StorageError
 from wire.errors import QmqError
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
 from wire.message import KEY_EXPIRE_AT_MS, decode_message, tag_hash
@@ -262,8 +263,10 @@ class Pulls:
         for seq in seqs:
             try:
                 payloads[seq] = store.read(subject, seq).payload
-            except LogStoreError as exc:
-                # Deleted by retention's hard cap or damaged: it cannot be delivered again.
+            except (LogStoreError, StorageError) as exc:
+                # Deleted by retention's hard cap or damaged (the store raises its own
+                # CorruptEntry / SequenceOutOfRange, not a LogStoreError: catching only that
+                # failed every pull of the group, forever): it cannot be delivered again.
                 log.error("redelivery of %s seq %d impossible: %s", subject, seq, exc)
                 payloads[seq] = b""
         new_cursor = cursor

@@ -109,7 +109,9 @@ class BrokerTracer:
         self._released: dict[tuple[str, str], dict[int, str]] = {}
         # (subject, pull-log group, consumer) -> its last tag filter (event loop only)
         self._subscriptions: dict[tuple[str, str, str], frozenset[str]] = {}
-        # gave_up reason -> messages, counted whether tracing is on or not (read by metrics)
+        # gave_up reason -> messages, counted whether tracing is on or not (read by metrics);
+        # each reason has one writer: redelivery_unreadable the pull-log thread,
+        # ack_unreadable the event loop
         self.gave_up_counts: dict[str, int] = {}
         # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
         # on the first pull (pull-log thread): single dict operations are atomic under the GIL.
