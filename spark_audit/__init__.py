@@ -2,8 +2,8 @@
 
 Every job is a pure ``DataFrame -> DataFrame`` transform over the events DataFrame that
 ``load_events`` reads (schema ``EVENT_SCHEMA``); ``spark_audit.main.run`` is the thin main behind
-``qmq audit`` that reads, runs the jobs, writes Parquet and ``report.md``. docs/AUDIT.md describes
-the event semantics and every output column.
+``qmq audit`` that reads, runs the jobs, writes Parquet, ``report.md`` and ``report.html``.
+docs/AUDIT.md describes the event semantics and every output column.
 
     load_events(spark, paths, since_ms, until_ms)       -> events
     delivery_audit(events, deadline_ms[, horizon_ms])   -> per (subject, group)
@@ -11,6 +11,8 @@ the event semantics and every output column.
     retry_audit(events)                                 -> per (subject, group, retries)
     retry_summary(retry_audit(events))                  -> per (subject, group)
     anomalies(events, deadline_ms[, horizon_ms])        -> per anomalous message, with history
+    subscription_rules(events)                          -> per group: what its subscriptions exclude
+    give_ups(events), timeline(events, bucket_ms)       -> give-ups per reason; activity over time
 
 Each top-level job is a composition of smaller steps, also exported, so that ``main`` can
 compute a shared intermediate once (``delivery_facts``, ``duplicate_pulls``,
@@ -18,6 +20,7 @@ compute a shared intermediate once (``delivery_facts``, ``duplicate_pulls``,
 (the ``audit`` extra).
 """
 
+from spark_audit.activity import give_ups, timeline
 from spark_audit.anomalies import anomalies, flagged_messages, with_history
 from spark_audit.delay import delay_audit, delayed_messages, lateness_values, summarize_delay
 from spark_audit.delivery import (
@@ -31,6 +34,7 @@ from spark_audit.histogram import histogram
 from spark_audit.load import load_events, normalize_events
 from spark_audit.retry import retry_audit, retry_summary
 from spark_audit.schema import EVENT_SCHEMA
+from spark_audit.subscriptions import subscription_rules
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -41,6 +45,7 @@ __all__ = [
     "delivery_facts",
     "duplicate_pulls",
     "flagged_messages",
+    "give_ups",
     "histogram",
     "latency_values",
     "lateness_values",
@@ -49,6 +54,8 @@ __all__ = [
     "retry_audit",
     "retry_summary",
     "summarize_delay",
+    "subscription_rules",
     "summarize_delivery",
+    "timeline",
     "with_history",
 ]

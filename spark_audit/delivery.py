@@ -2,18 +2,28 @@
 
 A message is keyed by its ``origin_id``, so the retry copies of a chain count as the message.
 It is *expected* by a group when it was offered (``produced``, or ``dispatched`` by the delay
-server) as a first delivery, not cancelled, not expired (for that group, or with no group), and
-became deliverable (max(created_at_ms, deliver_at_ms)) no earlier than the group's start. A group
-starts at its first event, or at the deliverable time of the earliest message it pulled if that
-is earlier (it was evidently subscribed by then, e.g. a group started at ``earliest``).
+server) as a first delivery, not cancelled, not expired (for that group, or with no group),
+became deliverable (max(created_at_ms, deliver_at_ms)) no earlier than the group's start, and
+the group's subscriptions select it (``spark_audit.subscriptions``: tag filters, broadcast
+consumers that left). A group starts at its first event, or at the deliverable time of the
+earliest message it pulled if that is earlier (it was evidently subscribed by then, e.g. a group
+started at ``earliest``).
 
 An expected chain is *settled* by the group's first ``acked`` or ``dead`` (a dead letter is an
 outcome, reported by the retry audit, not a loss). It is due deadline_ms after it became
 deliverable, or after its latest retry copy became deliverable (a nack restarts the clock: the
-consumer asked for the retry). *Lost*: due before the horizon and not settled by its due time.
-*In flight*: due at or after the horizon and not settled yet. The horizon is ``horizon_ms`` (the end
-of the audited window) or else the latest event time, so messages sent in the last deadline_ms
-of a trace are not called lost.
+consumer asked for the retry). Then, at the horizon:
+
+- *lost*: a server gave up on it (``gave_up``, for this group or for all; not
+  ``dispatch_unrecorded``, which is not a loss) and the group never settled it. Evidence that it
+  is gone: reported at once, due or not.
+- *overdue*: otherwise due before the horizon and not settled by its due time: still held by a
+  server (the anomaly names the holder and for how long), or settled late.
+- *in flight*: due at or after the horizon, not settled yet, nothing given up. A message in the
+  middle of its retries is due after its latest retry copy's time, so it is in flight.
+
+The horizon is ``horizon_ms`` (the end of the audited window) or else the latest event time, so
+messages sent in the last deadline_ms of a trace are not called late.
 """
 
 from __future__ import annotations
@@ -21,8 +31,12 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from spark_audit.subscriptions import RULE_TYPE, excluded_by, subscription_rules
+
 KEY = ["subject", "group", "origin_id"]
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative rank error 1/10000
+# gave_up reasons that are no evidence of a loss (tracelog.events.GIVE_UP_REASONS)
+NOT_A_LOSS_REASONS = ("dispatch_unrecorded",)
 
 
 def kind(*kinds: str) -> Column:
@@ -39,37 +53,54 @@ def group_starts(events: DataFrame) -> DataFrame:
             .groupBy("subject", "group").agg(F.min(start).alias("start_ms")))
 
 
-_OFFER_KINDS = ("produced", "scheduled", "dispatched", "cancelled", "expired")
+def group_table(events: DataFrame) -> DataFrame:
+    """(subject, group, start_ms, rules): ``group_starts`` with each group's subscription rules
+    (``spark_audit.subscriptions``; null for a group with none). Small."""
+    return group_starts(events).join(subscription_rules(events), ["subject", "group"], "left")
+
+
+_OFFER_KINDS = ("produced", "scheduled", "dispatched", "cancelled", "expired", "gave_up")
 _HANDLED = ("pulled", "redelivered", "acked", "nacked", "retried", "dead")
 
 
-def chain_facts(events: DataFrame) -> DataFrame:
+def chain_facts(events: DataFrame, deadline_ms: int = 0) -> DataFrame:
     """One row per (subject, group, origin_id) that the group was expected to receive or touched:
     expected (module docstring), deliverable_ms, first_pull_ms, acked_ms, dead_ms (first of
     each), handled (the group pulled, acked, nacked, retried or dead-lettered a copy), retries
-    (highest among those events) and chain_deliver_at_ms (deliver time of the chain's latest
-    copy). Deadline-independent: the delivery and retry audits both derive from it.
+    (highest among those events), chain_deliver_at_ms (deliver time of the chain's latest copy)
+    and given_up (a server gave up on a copy, for this group or all). ``deadline_ms`` only
+    widens the window in which a tag filter can exclude a message (the subscriptions module);
+    the delivery and retry audits both derive from this.
 
     One aggregation does it, with no join of big tables: the message-level events (no group) are
-    copied to every group of their subject (a broadcast of ``group_starts``) and aggregated with
-    the group's own events under the same key."""
+    copied to every group of their subject (a broadcast of ``group_table``) and aggregated with
+    the group's own events under the same key. Every aggregation buffer is fixed-width (the
+    tags and rules are only read inside a boolean)."""
     columns = ["subject", "origin_id", "msg_id", "event", "ts_ms", "created_at_ms",
-               "deliver_at_ms", "retries"]
+               "deliver_at_ms", "retries", "tags", "reason"]
     offers = (events.where(F.col("group").isNull() & kind(*_OFFER_KINDS)).select(*columns)
-              .join(F.broadcast(group_starts(events)), "subject")
+              .join(F.broadcast(group_table(events)), "subject")
               .withColumn("offer", F.lit(True)))
     # Only the kinds read below: a retry copy's stored/scheduled/dispatched carry its group but
     # nothing needed here (``retried`` carries the copy's deliver time).
-    touched = (events.where(F.col("group").isNotNull() & kind(*_HANDLED, "expired"))
+    touched = (events.where(F.col("group").isNotNull() & kind(*_HANDLED, "expired", "gave_up"))
                .select(*columns, "group", F.lit(None).cast("long").alias("start_ms"),
+                       F.lit(None).cast(RULE_TYPE).alias("rules"),
                        F.lit(False).alias("offer")))
     ts = F.col("ts_ms")
     first_offer = F.col("offer") & (F.col("msg_id") == F.col("origin_id"))
     handled = kind(*_HANDLED)
+    row_deliverable = F.coalesce(F.greatest("created_at_ms", "deliver_at_ms"), ts)
+    gave_up = kind("gave_up") & ~F.coalesce(F.col("reason").isin(*NOT_A_LOSS_REASONS),
+                                             F.lit(False))
     chains = offers.unionByName(touched).groupBy(*KEY).agg(
         F.min(F.when(first_offer & kind("produced", "dispatched"), ts)).alias("offered_ms"),
         F.max(first_offer & kind("cancelled")).alias("cancelled"),
         F.max(kind("expired")).alias("expired"),  # for all groups (offer rows) or for this one
+        F.max(F.when(first_offer & kind("produced", "dispatched"),
+                     excluded_by(F.col("rules"), F.col("tags"), row_deliverable, deadline_ms))
+              ).alias("filtered"),
+        F.max(gave_up).alias("given_up"),
         F.max(F.when(first_offer, F.col("created_at_ms"))).alias("created_at_ms"),
         F.max(F.when(first_offer, F.col("deliver_at_ms"))).alias("deliver_at_ms"),
         F.max("start_ms").alias("start_ms"),
@@ -82,31 +113,38 @@ def chain_facts(events: DataFrame) -> DataFrame:
     )
     deliverable = F.coalesce(F.greatest("created_at_ms", "deliver_at_ms"), F.col("offered_ms"))
     expected = (F.col("offered_ms").isNotNull() & ~F.col("cancelled") & ~F.col("expired")
-                & (F.col("deliverable_ms") >= F.col("start_ms")))
+                & (F.col("deliverable_ms") >= F.col("start_ms"))
+                & ~F.coalesce(F.col("filtered"), F.lit(False)))
     return (chains.withColumn("deliverable_ms", F.when(F.col("offered_ms").isNotNull(),
                                                        deliverable))
             .select(*KEY, F.coalesce(expected, F.lit(False)).alias("expected"),
                     F.when(expected, F.col("deliverable_ms")).alias("deliverable_ms"),
                     "first_pull_ms", "acked_ms", "dead_ms", "handled", "retries",
-                    "chain_deliver_at_ms"))
+                    "chain_deliver_at_ms", "given_up"))
 
 
 def _judge(chains: DataFrame, deadline_ms: int, horizon_ms: Column) -> DataFrame:
     due_ms = F.greatest("deliverable_ms", "chain_deliver_at_ms") + F.lit(deadline_ms)
     settled_ms = F.least("acked_ms", "dead_ms")
+    unsettled = settled_ms.isNull()
+    lost = F.col("expected") & F.col("given_up") & unsettled
     # Strictly before the horizon: an ack at exactly due_ms is in time, and the horizon's own
     # millisecond may not be (an exclusive --until) or not yet be (the last event) fully seen.
-    lost = (F.col("expected") & (F.col("due_ms") < horizon_ms)
-            & (settled_ms.isNull() | (settled_ms > F.col("due_ms"))))
-    in_flight = F.col("expected") & (F.col("due_ms") >= horizon_ms) & settled_ms.isNull()
+    overdue = (F.col("expected") & ~F.col("lost") & (F.col("due_ms") < horizon_ms)
+               & (unsettled | (settled_ms > F.col("due_ms"))))
+    in_flight = F.col("expected") & ~F.col("lost") & (F.col("due_ms") >= horizon_ms) & unsettled
+    held_ms = F.when(F.col("overdue"), F.coalesce(settled_ms, horizon_ms) - F.col("deliverable_ms"))
     return (chains.withColumn("due_ms", F.when(F.col("expected"), due_ms))
             .withColumn("lost", lost)
+            .withColumn("overdue", overdue)
             .withColumn("in_flight", in_flight)
+            .withColumn("held_ms", held_ms)
             .withColumn("latency_ms", F.col("first_pull_ms") - F.col("deliverable_ms")))
 
 
 def judge_delivery(chains: DataFrame, deadline_ms: int, horizon_ms: int) -> DataFrame:
-    """``chain_facts`` plus due_ms, lost, in_flight and latency_ms (module docstring)."""
+    """``chain_facts`` plus due_ms, lost, overdue, in_flight, held_ms (overdue: settled time or
+    horizon minus deliverable time) and latency_ms (module docstring)."""
     return _judge(chains, deadline_ms, F.lit(horizon_ms).cast("long"))
 
 
@@ -114,7 +152,7 @@ def delivery_facts(events: DataFrame, deadline_ms: int, horizon_ms: int | None =
                    ) -> DataFrame:
     """``judge_delivery(chain_facts(events), ...)``; the horizon defaults to the latest event
     time (a one-row aggregate joined in, so this stays lazy)."""
-    chains = chain_facts(events)
+    chains = chain_facts(events, deadline_ms)
     if horizon_ms is not None:
         return judge_delivery(chains, deadline_ms, horizon_ms)
     latest = events.agg(F.max("ts_ms").alias("_horizon_ms"))
@@ -139,12 +177,13 @@ def summarize_delivery(facts: DataFrame, duplicates: DataFrame) -> DataFrame:
         F.count("first_pull_ms").alias("delivered"),
         F.count("acked_ms").alias("acked"),
         F.count(F.when(F.col("lost"), 1)).alias("lost"),
+        F.count(F.when(F.col("overdue"), 1)).alias("overdue"),
         F.count(F.when(F.col("in_flight"), 1)).alias("in_flight"),
         latency.alias("latency"),
     )
     duplicated = duplicates.groupBy("subject", "group").agg(F.count(F.lit(1)).alias("duplicated"))
     return per_group.join(duplicated, ["subject", "group"], "left").select(
-        "subject", "group", "produced", "delivered", "acked", "lost", "in_flight",
+        "subject", "group", "produced", "delivered", "acked", "lost", "overdue", "in_flight",
         F.coalesce(F.col("duplicated"), F.lit(0)).alias("duplicated"),
         F.col("latency")[0].alias("latency_p50_ms"), F.col("latency")[1].alias("latency_p99_ms"),
     )
@@ -152,8 +191,9 @@ def summarize_delivery(facts: DataFrame, duplicates: DataFrame) -> DataFrame:
 
 def delivery_audit(events: DataFrame, deadline_ms: int, horizon_ms: int | None = None
                    ) -> DataFrame:
-    """Per (subject, group): produced (expected), delivered, acked, lost, in_flight, duplicated,
-    latency_p50_ms, latency_p99_ms (first pull minus deliverable time, expected messages)."""
+    """Per (subject, group): produced (expected), delivered, acked, lost, overdue, in_flight,
+    duplicated, latency_p50_ms, latency_p99_ms (first pull minus deliverable time, expected
+    messages)."""
     return summarize_delivery(delivery_facts(events, deadline_ms, horizon_ms),
                               duplicate_pulls(events))
 

@@ -92,7 +92,7 @@ def _hour_start_ms(name: str) -> int | None:
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
-    except NotADirectoryError:
+    except (NotADirectoryError, FileNotFoundError):
         return []
 
 
@@ -117,6 +117,25 @@ def trace_globs(paths: Sequence[str], since_ms: int | None = None,
                     and any(f.endswith(".jsonl") for f in _listdir(os.path.join(local, name)))):
                 globs.append(f"{path}/{name}/*.jsonl")
     return globs
+
+
+def local_trace_bytes(paths: Sequence[str]) -> int | None:
+    """The size of the trace files under ``paths`` (``<dir>/*/*.jsonl``), or None when a path
+    is not local (its size is not worth a round trip to remote storage)."""
+    total = 0
+    for path in paths:
+        if not _is_local(path):
+            return None
+        local = _local_dir(path.rstrip("/") or "/")
+        for name in _listdir(local):
+            hour = os.path.join(local, name)
+            for file_name in _listdir(hour):
+                if file_name.endswith(".jsonl"):
+                    try:
+                        total += os.path.getsize(os.path.join(hour, file_name))
+                    except OSError:
+                        continue
+    return total
 
 
 def load_events(spark: SparkSession, paths: Sequence[str], since_ms: int | None = None,

@@ -1,4 +1,4 @@
-"""The thin main behind ``qmq audit``: read the trace, run the jobs, write Parquet and report.md.
+"""The thin main behind ``qmq audit``: read the trace, run the jobs, write Parquet and reports.
 
 Outputs under ``out_dir`` (any Hadoop URI or a local path; each overwritten):
 
@@ -7,12 +7,15 @@ Outputs under ``out_dir`` (any Hadoop URI or a local path; each overwritten):
     retries/             retry_audit             per (subject, group, retries)
     retry_summary/       retry_summary           per (subject, group)
     anomalies/           anomalies               per anomalous message, with history
+    gave_up/             activity.give_ups       per (subject, group, reason, server)
     latency_histogram/   histogram of first-pull latency (all groups)
     lateness_histogram/  histogram of dispatch lateness (all subjects)
-    report.md
+    timeline/            activity.timeline       deliveries, redeliveries, retries per bucket
+    report.md, report.html
 
-Returns 1 when a message was lost or delivered early, else 0. The events are read once and
-persisted (memory, spilling to disk) because every job scans them.
+Returns an exit code (``exit_code``): 1 when a message was lost or delivered early, 4 when
+messages are only overdue, else 0 (a kind the options allow does not count). The events are
+read once and persisted (memory, spilling to disk) because every job scans them.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from dataclasses import dataclass
 
 from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_audit import report
-from spark_audit.anomalies import flagged_messages, with_history
+from spark_audit import html_report, report
+from spark_audit.activity import give_ups, timeline, timeline_bucket_ms
+from spark_audit.anomalies import KIND_ORDER, flagged_messages, with_history
 from spark_audit.delay import delayed_messages, lateness_values, summarize_delay
 from spark_audit.delivery import (
     chain_facts,
@@ -40,7 +44,8 @@ from spark_audit.delivery import (
 )
 from spark_audit.errors import NoTraceFiles
 from spark_audit.histogram import histogram
-from spark_audit.load import load_events
+from spark_audit.load import load_events, local_trace_bytes
+from spark_audit.output import Table, collect_tables, rows_as_dicts, write_tables, write_text
 from spark_audit.retry import retry_distribution, retry_summary
 
 DEADLINE_MS_DEFAULT = 300_000  # 5 min: well past the default 60 s ack timeout
@@ -49,7 +54,12 @@ ANOMALY_SAMPLES_MAX = 20  # anomaly rows shown in report.md (all of them are in 
 # MB at most); beyond, all events are shuffled to meet them.
 HISTORY_BROADCAST_ROWS_MAX = 200_000
 LOCAL_SHUFFLE_PARTITIONS = 8  # local[*] on a few cores: Spark's default 200 is mostly overhead
-EXIT_OK, EXIT_FOUND = 0, 1
+# A local audit of a trace this small is mostly JVM start and per-job costs: it runs with fewer
+# shuffle partitions and a JVM tuned to start fast (C1 only, serial GC) rather than to run long.
+SMALL_TRACE_BYTES = 64 << 20
+SMALL_TRACE_SHUFFLE_PARTITIONS = 2
+SMALL_TRACE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+EXIT_OK, EXIT_FOUND, EXIT_OVERDUE = 0, 1, 4
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,9 @@ class AuditOptions:
     deadline_ms: int = DEADLINE_MS_DEFAULT  # ack deadline after a message became deliverable
     master: str = "local[*]"  # Spark master URL
     driver_memory: str | None = "2g"  # local mode: the executors live in the driver's JVM
+    conf: tuple[tuple[str, str], ...] = ()  # Spark settings (key, value), applied last
+    allow_lost: bool = False  # lost messages are reported but do not fail the gate
+    allow_overdue: bool = False  # overdue messages are reported but do not fail the gate
 
 
 def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
@@ -74,38 +87,21 @@ def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
     if options.master.startswith("local"):
-        builder = builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
+        size = local_trace_bytes(options.trace_dirs)
+        small = size is not None and size <= SMALL_TRACE_BYTES
+        partitions = SMALL_TRACE_SHUFFLE_PARTITIONS if small else LOCAL_SHUFFLE_PARTITIONS
+        # No web UI for a one-shot local job: it costs start-up time and a port.
+        builder = (builder.config("spark.sql.shuffle.partitions", str(partitions))
+                   .config("spark.ui.enabled", "false"))
+        if small:
+            builder = builder.config("spark.driver.extraJavaOptions", SMALL_TRACE_JAVA_OPTIONS)
         if options.driver_memory:
             builder = builder.config("spark.driver.memory", options.driver_memory)
+    for key, value in options.conf:
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
-
-
-def write_text(spark: SparkSession, uri: str, text: str) -> None:
-    """Write ``text`` to ``uri`` through Hadoop's FileSystem, so --out may be HDFS/S3 or local."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
-    try:
-        stream.write(bytearray(text.encode("utf-8")))
-    finally:
-        stream.close()
-
-
-def _sort_key(order: list[str]) -> Callable[[Row], tuple]:
-    return lambda row: tuple((row[c] is None, row[c]) for c in order)
-
-
-def _save(spark: SparkSession, df: DataFrame, out_dir: str, name: str,
-          order: list[str]) -> list[dict]:
-    """Collect a small result, sort it by ``order`` on the driver, write it as one Parquet file
-    and return its rows. Collecting first computes the result once (an ``orderBy`` would add a
-    sampling job); the write then only serialises the collected rows."""
-    rows = sorted(df.collect(), key=_sort_key(order))
-    spark.createDataFrame(rows, df.schema).coalesce(1).write.mode("overwrite").parquet(
-        f"{out_dir.rstrip('/')}/{name}")
-    return [row.asDict(recursive=True) for row in rows]
 
 
 def _keep(df: DataFrame) -> DataFrame:
@@ -113,91 +109,118 @@ def _keep(df: DataFrame) -> DataFrame:
     return df.persist(StorageLevel.MEMORY_AND_DISK_DESER)
 
 
-def _read_events(spark: SparkSession, options: AuditOptions) -> tuple[DataFrame, int, int]:
-    """The events, persisted, with their count and latest time (one job that also fills the
-    cache). Raises NoTraceFiles when a path has no trace file."""
+def _read_events(spark: SparkSession, options: AuditOptions
+                 ) -> tuple[DataFrame, int, int, int]:
+    """The events, persisted, with their count and first and latest time (one job that also
+    fills the cache). Raises NoTraceFiles when a path has no trace file."""
     try:
         events = _keep(load_events(spark, list(options.trace_dirs), options.since_ms,
                                    options.until_ms))
-        total, latest_ms = events.agg(F.count(F.lit(1)), F.max("ts_ms")).first()
+        total, first_ms, latest_ms = events.agg(F.count(F.lit(1)), F.min("ts_ms"),
+                                                F.max("ts_ms")).first()
     except AnalysisException as exc:
         if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
             raise NoTraceFiles(", ".join(options.trace_dirs), str(exc).splitlines()[0]) from exc
         raise
-    return events, total, latest_ms or 0
+    return events, total, first_ms or 0, latest_ms or 0
 
 
-def _save_anomalies(spark: SparkSession, flagged: DataFrame, events: DataFrame,
-                    out_dir: str) -> tuple[dict[str, int], list[dict]]:
-    """Write the flagged anomalies with their histories (possibly many rows: straight to
-    Parquet); return the count per kind and the first few rows for the report."""
-    path = f"{out_dir.rstrip('/')}/anomalies"
-    broadcast = flagged.count() <= HISTORY_BROADCAST_ROWS_MAX
-    with_history(flagged, events, broadcast=broadcast).write.mode("overwrite").parquet(path)
-    flagged.unpersist()
-    written = spark.read.parquet(path)
-    counts = {r["kind"]: r["count"] for r in written.groupBy("kind").count().collect()}
-    kind_order = F.array_position(F.array(*map(F.lit, ("lost", "early", "duplicate", "dead"))),
-                                  F.col("kind"))
-    samples = [r.asDict(recursive=True) for r in written.orderBy(
-        kind_order, "subject", "group", "msg_id").limit(ANOMALY_SAMPLES_MAX).collect()]
-    return counts, samples
+def _small_tables(events: DataFrame, chains: DataFrame, facts: DataFrame,
+                  duplicates: DataFrame, delayed: DataFrame, flagged: DataFrame,
+                  bucket_ms: int) -> dict[str, tuple[DataFrame, list[str]]]:
+    """Every small result: name -> (DataFrame, sort columns). Computed in one job."""
+    retry_table = retry_distribution(chains)
+    return {
+        "delivery": (summarize_delivery(facts, duplicates), ["subject", "group"]),
+        "latency_histogram": (histogram(latency_values(facts), "latency_ms"), ["hi_ms"]),
+        "delay": (summarize_delay(delayed), ["subject"]),
+        "lateness_histogram": (histogram(lateness_values(delayed), "lateness_ms"), ["hi_ms"]),
+        "retries": (retry_table, ["subject", "group", "retries"]),
+        "retry_summary": (retry_summary(retry_table), ["subject", "group"]),
+        "gave_up": (give_ups(events), ["subject", "group", "reason", "server"]),
+        "timeline": (timeline(events, bucket_ms), ["start_ms", "event"]),
+        "_anomaly_counts": (flagged.groupBy("kind").count(), ["kind"]),
+    }
+
+
+def _anomaly_samples(flagged: DataFrame, events: DataFrame) -> list[dict]:
+    """The first ANOMALY_SAMPLES_MAX anomalies of each kind, with their histories."""
+    rank = F.row_number().over(Window.partitionBy("kind").orderBy("subject", "group", "msg_id"))
+    first = flagged.withColumn("_rank", rank).where(F.col("_rank") <= ANOMALY_SAMPLES_MAX)
+    samples = rows_as_dicts(with_history(first.drop("_rank"), events, broadcast=True).collect())
+    samples.sort(key=lambda r: (KIND_ORDER.index(r["kind"]), r["subject"], r["group"] or "",
+                                r["msg_id"]))
+    return samples
+
+
+def _write_outputs(spark: SparkSession, out: str, tables: dict[str, Table],
+                   flagged: DataFrame, events: DataFrame, anomalies: int) -> list[dict]:
+    """Write every output (the small tables and the anomalies with their histories) at once;
+    returns the report's anomaly samples, fetched meanwhile."""
+    samples: list[dict] = []
+
+    def write_anomalies() -> None:
+        broadcast = anomalies <= HISTORY_BROADCAST_ROWS_MAX
+        with_history(flagged, events, broadcast=broadcast).write.mode("overwrite").parquet(
+            f"{out.rstrip('/')}/anomalies")
+
+    def fetch_samples() -> None:
+        if anomalies:
+            samples.extend(_anomaly_samples(flagged, events))
+
+    write_tables(spark, out, tables, write_anomalies, fetch_samples)
+    return samples
 
 
 def audit(spark: SparkSession, options: AuditOptions,
           progress: Callable[[str], None]) -> report.AuditResults:
     """Run every job over the trace, writing each result under ``options.out_dir``."""
-    out = options.out_dir
     started = time.perf_counter()
 
     def step(message: str) -> None:
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
     step(f"reading events from {', '.join(options.trace_dirs)}...")
-    events, total, latest_ms = _read_events(spark, options)
+    events, total, first_ms, latest_ms = _read_events(spark, options)
+    kept = [events]
     try:
         step(f"{total:,} events")
-        step("delivery audit...")
+        step("delivery, delay and retry audits...")
         # The intermediate tables feed several outputs each: computed once, kept.
         horizon_ms = latest_ms if options.until_ms is None else options.until_ms
-        chains = _keep(chain_facts(events))
+        chains = _keep(chain_facts(events, options.deadline_ms))
         facts = judge_delivery(chains, options.deadline_ms, horizon_ms)
         duplicates = _keep(duplicate_pulls(events))
         delayed = _keep(delayed_messages(events))
-        delivery = _save(spark, summarize_delivery(facts, duplicates), out, "delivery",
-                         ["subject", "group"])
-        step(f"{len(delivery):,} (subject, group) pairs: {sum(r['produced'] for r in delivery):,}"
-             f" expected, {sum(r['lost'] for r in delivery):,} lost, "
-             f"{sum(r['duplicated'] for r in delivery):,} duplicated")
-        latency = _save(spark, histogram(latency_values(facts), "latency_ms"), out,
-                        "latency_histogram", ["hi_ms"])
-        step("delay audit...")
-        delay = _save(spark, summarize_delay(delayed), out, "delay", ["subject"])
-        lateness = _save(spark, histogram(lateness_values(delayed), "lateness_ms"), out,
-                         "lateness_histogram", ["hi_ms"])
-        step(f"{sum(r['dispatched'] for r in delay):,} dispatched, "
-             f"{sum(r['early'] for r in delay):,} early")
-        step("retry audit...")
-        retry_table = retry_distribution(chains)
-        retries = _save(spark, retry_table, out, "retries", ["subject", "group", "retries"])
-        collected = spark.createDataFrame([tuple(r.values()) for r in retries], retry_table.schema)
-        summary = _save(spark, retry_summary(collected), out, "retry_summary",
-                        ["subject", "group"])
-        step(f"{sum(r['dead'] for r in summary):,} dead, "
-             f"{sum(r['succeeded_after_retries'] for r in summary):,} succeeded after retries")
-        step("anomalies...")
         flagged = _keep(flagged_messages(facts, duplicates, delayed, events))
-        for kept in (chains, duplicates, delayed):
-            kept.unpersist()
-        counts, samples = _save_anomalies(spark, flagged, events, out)
-        step(f"{sum(counts.values()):,} anomalies {counts}")
+        kept += [chains, duplicates, delayed, flagged]
+        bucket_ms = timeline_bucket_ms(first_ms, latest_ms)
+        tables = collect_tables(_small_tables(events, chains, facts, duplicates, delayed,
+                                              flagged, bucket_ms))
+        counts = {row[0]: row[1] for row in tables.pop("_anomaly_counts").rows}
+        delivery, delay = tables["delivery"].dicts(), tables["delay"].dicts()
+        step(f"{len(delivery):,} (subject, group) pairs: "
+             f"{sum(r['produced'] for r in delivery):,} expected, "
+             f"{sum(r['lost'] for r in delivery):,} lost, "
+             f"{sum(r['overdue'] for r in delivery):,} overdue, "
+             f"{sum(r['early'] for r in delay):,} early; anomalies {counts}")
+        step("writing outputs...")
+        samples = _write_outputs(spark, options.out_dir, tables, flagged, events,
+                                 sum(counts.values()))
     finally:
-        events.unpersist()
+        for df in kept:
+            df.unpersist()
+    step("done")
     return report.AuditResults(
         trace_dirs=options.trace_dirs, since_ms=options.since_ms, until_ms=options.until_ms,
         deadline_ms=options.deadline_ms, events=total, delivery=delivery, delay=delay,
-        retry_summary=summary, retries=retries, anomaly_counts=counts, anomaly_samples=samples,
-        latency_histogram=latency, lateness_histogram=lateness,
+        retry_summary=tables["retry_summary"].dicts(), retries=tables["retries"].dicts(),
+        anomaly_counts=counts, anomaly_samples=samples,
+        latency_histogram=tables["latency_histogram"].dicts(),
+        lateness_histogram=tables["lateness_histogram"].dicts(),
+        gave_up=tables["gave_up"].dicts(), timeline=tables["timeline"].dicts(),
+        timeline_bucket_ms=bucket_ms,
+        allow_lost=options.allow_lost, allow_overdue=options.allow_overdue,
         generated_at_ms=time.time_ns() // 1_000_000,
         notes=() if total else ("no events in the trace window: nothing was audited",))
 
@@ -206,18 +229,30 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def exit_code(results: report.AuditResults) -> int:
+    """EXIT_FOUND if anything counted by the gate was lost or delivered early, else
+    EXIT_OVERDUE if anything counted was overdue, else EXIT_OK (docs/AUDIT.md)."""
+    if results.early or (results.lost and not results.allow_lost):
+        return EXIT_FOUND
+    if results.overdue and not results.allow_overdue:
+        return EXIT_OVERDUE
+    return EXIT_OK
+
+
 def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int:
-    """Audit, write report.md, print the summary; 1 if anything was lost or early, else 0.
-    Raises NoTraceFiles when a trace path holds no trace file."""
+    """Audit, write report.md and report.html, print the summary; returns the exit code
+    (``exit_code``). Raises NoTraceFiles when a trace path holds no trace file."""
     # py4j narrates its connections at INFO; only its warnings matter here.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
     spark, created = spark_session(options)
+    out = options.out_dir.rstrip("/")
     try:
         results = audit(spark, options, progress)
-        write_text(spark, f"{options.out_dir.rstrip('/')}/report.md", report.render(results))
-        progress(f"wrote {options.out_dir.rstrip('/')}/report.md")
+        write_text(spark, f"{out}/report.md", report.render(results))
+        write_text(spark, f"{out}/report.html", html_report.render(results))
+        progress(f"wrote {out}/report.md and {out}/report.html")
     finally:
         if created:
             spark.stop()
     print(report.summary(results), flush=True)
-    return EXIT_OK if results.passed else EXIT_FOUND
+    return exit_code(results)

@@ -1,8 +1,9 @@
 """report.md: the audit's results as Markdown tables and ASCII bar charts (no Spark here).
 
-Markdown rather than HTML: it reads the same in a terminal, a CI log, a code review and a browser
-(GitHub renders it), diffs well between two runs, and needs no viewer. The charts are text bars
-on a power-of-two millisecond scale inside fenced blocks, so they survive any renderer.
+Markdown reads the same in a terminal, a CI log, a code review and a browser (GitHub renders
+it), diffs well between two runs, and needs no viewer. The charts are text bars on a
+power-of-two millisecond scale inside fenced blocks, so they survive any renderer. report.html
+(``spark_audit.html_report``) shows the same results with real charts.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 Row = Mapping[str, Any]
 BAR_WIDTH_CHARS = 40
 
-DELIVERY_COLUMNS = ("subject", "group", "produced", "delivered", "acked", "lost", "in_flight",
-                    "duplicated", "latency_p50_ms", "latency_p99_ms")
+DELIVERY_COLUMNS = ("subject", "group", "produced", "delivered", "acked", "lost", "overdue",
+                    "in_flight", "duplicated", "latency_p50_ms", "latency_p99_ms")
 DELAY_COLUMNS = ("subject", "scheduled", "dispatched", "cancelled", "lateness_p50_ms",
                  "lateness_p99_ms", "lateness_max_ms", "early")
 RETRY_SUMMARY_COLUMNS = ("subject", "group", "messages", "retried", "dead",
                          "succeeded_after_retries", "max_retries")
 RETRY_COLUMNS = ("subject", "group", "retries", "messages", "acked", "dead")
+GAVE_UP_COLUMNS = ("subject", "group", "reason", "server", "messages")
+ANOMALY_KINDS = ("lost", "overdue", "early", "duplicate", "dead")
 
 
 @dataclass(frozen=True)
@@ -41,21 +44,42 @@ class AuditResults:
     anomaly_samples: Sequence[Row]  # the first few anomaly rows, history included
     latency_histogram: Sequence[Row]  # lo_ms, hi_ms, count (all subjects and groups)
     lateness_histogram: Sequence[Row]
+    gave_up: Sequence[Row] = ()  # subject, group, reason, server, messages
+    timeline: Sequence[Row] = ()  # start_ms, event, count
+    timeline_bucket_ms: int = 60_000
+    allow_lost: bool = False  # lost messages do not fail the gate
+    allow_overdue: bool = False  # overdue messages do not fail the gate
     generated_at_ms: int = 0
     notes: Sequence[str] = field(default_factory=tuple)
 
     @property
     def lost(self) -> int:
+        """Messages lost, all groups."""
         return sum(row["lost"] for row in self.delivery)
 
     @property
+    def overdue(self) -> int:
+        """Messages overdue (held past their deadline, or settled late), all groups."""
+        return sum(row.get("overdue", 0) for row in self.delivery)
+
+    @property
     def early(self) -> int:
+        """Messages dispatched or pulled before their deliver time."""
         return sum(row["early"] for row in self.delay)
 
     @property
     def passed(self) -> bool:
-        """The gate: no lost message and no early delivery."""
-        return self.lost == 0 and self.early == 0
+        """The gate: nothing early, and nothing lost or overdue unless allowed."""
+        return (self.early == 0 and (self.allow_lost or self.lost == 0)
+                and (self.allow_overdue or self.overdue == 0))
+
+    def verdict(self) -> str:
+        """One line: PASS or FAIL and the counts (``qmq audit``'s first line of output)."""
+        counts = f"{self.lost:,} lost, {self.overdue:,} overdue, {self.early:,} early"
+        allowed = [kind for kind, allow in (("lost", self.allow_lost),
+                                            ("overdue", self.allow_overdue)) if allow]
+        note = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{'PASS' if self.passed else 'FAIL'}: {counts}{note}"
 
 
 def iso_ms(ms: int | None) -> str:
@@ -116,25 +140,39 @@ def bars(histogram: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def history_entry(e: Row) -> str:
+    """One event of a history: ``00:00:00.010Z pulled billing/c1 r1 (reason) @realtime:rt-1``."""
+    return (f"{iso_ms(e['ts_ms'])[11:]} {e['event']}"
+            + (f" {e['group']}" if e["group"] else "")
+            + (f"/{e['consumer']}" if e["consumer"] else "")
+            + (f" r{e['retries']}" if e["retries"] else "")
+            + (f" ({e['reason']})" if e.get("reason") else "")
+            + f" @{e['server']}")
+
+
 def _history(entries: Sequence[Row] | None) -> str:
     if not entries:
         return "-"
-    return "; ".join(
-        f"{iso_ms(e['ts_ms'])[11:]} {e['event']}"
-        + (f" {e['group']}" if e["group"] else "")
-        + (f"/{e['consumer']}" if e["consumer"] else "")
-        + (f" r{e['retries']}" if e["retries"] else "")
-        + f" @{e['server']}"
-        for e in entries)
+    return "; ".join(map(history_entry, entries))
+
+
+def why(row: Row) -> str:
+    """What an anomaly row says beyond its kind: the reason, the holder, how long held."""
+    parts = []
+    if row.get("reason"):
+        parts.append(row["reason"])
+    if row.get("holder"):
+        consumer = f" (last handed to {row['holder_consumer']})" if row.get(
+            "holder_consumer") else ""
+        parts.append(f"at {row['holder']}{consumer}")
+    if row.get("held_ms") is not None:
+        parts.append(f"for {duration_label(row['held_ms'])}")
+    return " ".join(parts) or "-"
 
 
 def summary(results: AuditResults) -> str:
     """The verdict and the delivery and delay tables (what ``qmq audit`` prints)."""
-    if results.passed:
-        verdict = "PASS: no lost message, no early delivery"
-    else:
-        verdict = f"FAIL: {results.lost:,} lost, {results.early:,} early"
-    parts = [f"{verdict} ({results.events:,} events)", "",
+    parts = [f"{results.verdict()} ({results.events:,} events)", "",
              "Delivery per (subject, group):", table(DELIVERY_COLUMNS, results.delivery), "",
              "Delay per subject:", table(DELAY_COLUMNS, results.delay)]
     return "\n".join(parts)
@@ -147,7 +185,7 @@ def render(results: AuditResults) -> str:
         "# qmq audit report",
         "",
         f"- Verdict: **{'PASS' if results.passed else 'FAIL'}** "
-        f"({results.lost:,} lost, {results.early:,} early)",
+        f"({results.verdict().split(': ', 1)[1]})",
         f"- Trace: {', '.join(f'`{d}`' for d in results.trace_dirs)}",
         f"- Window: {iso_ms(results.since_ms)} to {iso_ms(results.until_ms)} "
         f"(events with since <= ts_ms < until)",
@@ -159,9 +197,10 @@ def render(results: AuditResults) -> str:
         "",
         "## Delivery per (subject, group)",
         "",
-        "`produced` counts the messages the group was expected to receive; `in_flight` ones are "
-        "not due yet at the end of the trace. Latency: first pull minus deliverable time "
-        "(percentile_approx).",
+        "`produced` counts the messages the group was expected to receive (its subscriptions "
+        "select them); `lost` ones a server gave up on; `overdue` ones were still held past "
+        "their deadline or settled late; `in_flight` ones are not due yet at the end of the "
+        "trace. Latency: first pull minus deliverable time (percentile_approx).",
         "",
         table(DELIVERY_COLUMNS, results.delivery),
         "",
@@ -191,18 +230,25 @@ def render(results: AuditResults) -> str:
         "",
         table(RETRY_COLUMNS, results.retries),
         "",
+        "## Give-ups",
+        "",
+        "Every `gave_up` event: a server dropped, skipped or gave up on a message "
+        "(docs/AUDIT.md lists the reasons).",
+        "",
+        table(GAVE_UP_COLUMNS, results.gave_up) if results.gave_up else "(none)",
+        "",
         "## Anomalies",
         "",
-        table(("kind", "rows"), [{"kind": k, "rows": counts.get(k, 0)}
-                                 for k in ("lost", "duplicate", "early", "dead")]),
+        table(("kind", "rows"), [{"kind": k, "rows": counts.get(k, 0)} for k in ANOMALY_KINDS]),
         "",
     ]
     if results.anomaly_samples:
         shown = len(results.anomaly_samples)
-        lines += [f"First {shown} of {sum(counts.values()):,} (all in `anomalies/`, Parquet):",
+        lines += [f"{shown} of {sum(counts.values()):,}, the first of each kind (all in "
+                  "`anomalies/`, Parquet):",
                   "",
-                  table(("kind", "subject", "group", "msg_id", "history"), [
-                      {**row, "history": _history(row["history"])}
+                  table(("kind", "subject", "group", "msg_id", "why", "history"), [
+                      {**row, "why": why(row), "history": _history(row["history"])}
                       for row in results.anomaly_samples]),
                   ""]
     return "\n".join(lines)

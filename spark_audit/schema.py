@@ -29,4 +29,4 @@ LIFECYCLE_ORDER = ("produced", "scheduled", "cancelled", "dispatched", "stored",
 assert sorted(LIFECYCLE_ORDER) == sorted(EVENT_KINDS), "every kind needs a lifecycle position"
 
 # The fields of one entry of an anomaly's history, in order.
-HISTORY_FIELDS = ("ts_ms", "event", "server", "group", "consumer", "retries")
+HISTORY_FIELDS = ("ts_ms", "event", "server", "group", "consumer", "retries", "reason")

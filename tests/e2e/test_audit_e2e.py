@@ -9,10 +9,15 @@ The scenario, on two subjects:
   server, then acked); one nacked every time until it is dead-lettered (``--retries-max 1``).
 - ``orders.timeout`` (delayed), group ``reaper``: DELAYED messages due a second or two ahead,
   and one more cancelled right after its send (never delivered).
+- ``orders.tagged``: TAGGED messages, half tagged ``vip``, to a group ``vip`` that subscribes
+  with the tag filter ``vip`` (it must be expected to receive only those), a group ``all``
+  without a filter, and a broadcast group ``cache`` of two consumers; one of them leaves before
+  LATE_TAGGED more are sent, which only the others are owed.
 
-The audit reads both servers' trace directories after a graceful stop (so every event is
-flushed) and must exit 0 (no lost, no early: redeliveries and dead letters do not fail the
-gate), with Parquet tables and report.md giving the counts below.
+The audit finds both servers' trace directories under the data dir (``--data-dir``) after a
+graceful stop (so every event is flushed) and must exit 0 (nothing lost, overdue or early:
+redeliveries and dead letters do not fail the gate, and no group is owed what its
+subscriptions exclude), with Parquet tables and report.md giving the counts below.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import pytest
 import qmq
 from tests.harness import Cluster, run_qmq, start_consumer_worker, wait_for
 
-PAID, TIMEOUT = "orders.paid", "orders.timeout"
-BILLING, REAPER = "billing", "reaper"
+PAID, TIMEOUT, TAGGED = "orders.paid", "orders.timeout", "orders.tagged"
+BILLING, REAPER, VIP, ALL, CACHE = "billing", "reaper", "vip", "all", "cache"
+TAGGED_COUNT = 6  # half of them tagged vip
+LATE_TAGGED = 2  # sent after cache-2 left: one vip, one not
 HELD = 12  # held by the consumer that is killed
 LATER = 8  # realtime messages sent after the kill
 DELAYED = 4  # delayed messages that are delivered
@@ -128,6 +135,59 @@ async def run_scenario(cluster: Cluster, meta_url: str) -> dict:
             "doomed_records": worker.records()}
 
 
+async def run_tagged_and_broadcast(meta_url: str) -> dict[str, set[str]]:
+    """TAGGED messages to a vip-filtered group, an unfiltered one and two broadcast consumers,
+    then LATE_TAGGED more after one broadcast consumer left. Returns the ids each got."""
+    got: dict[str, set[str]] = {}
+
+    async def take(name: str, subscription) -> None:
+        async for msg in subscription:
+            got.setdefault(name, set()).add(msg.id)
+            await msg.ack()
+
+    def tagged(i: int) -> tuple[str, list[str]]:
+        return f"tagged-{i:02d}", ["vip"] if i % 2 == 0 else ["std"]
+
+    consumers = {
+        VIP: qmq.Consumer(meta_url, group=VIP, consumer_id="vip-1", **CONSUMER_OPTIONS),
+        ALL: qmq.Consumer(meta_url, group=ALL, consumer_id="all-1", **CONSUMER_OPTIONS),
+        "cache-1": qmq.Consumer(meta_url, group=CACHE, consumer_id="cache-1", broadcast=True,
+                                **CONSUMER_OPTIONS),
+        "cache-2": qmq.Consumer(meta_url, group=CACHE, consumer_id="cache-2", broadcast=True,
+                                **CONSUMER_OPTIONS),
+    }
+    tasks = []
+    for name, consumer in consumers.items():
+        await consumer.__aenter__()
+        tags = ["vip"] if name == VIP else None
+        tasks.append(asyncio.create_task(take(name, consumer.subscribe(TAGGED, tags=tags))))
+    try:
+        async with qmq.Producer(meta_url) as producer:
+            for i in range(TAGGED_COUNT):
+                message_id, tags = tagged(i)
+                await producer.send(TAGGED, b"t", message_id=message_id, tags=tags)
+            first = {tagged(i)[0] for i in range(TAGGED_COUNT)}
+            await wait_for(lambda: all(got.get(n, set()) >= first
+                                       for n in (ALL, "cache-1", "cache-2")), 60,
+                           "the tagged messages to reach every unfiltered consumer")
+            await consumers.pop("cache-2").__aexit__(None, None, None)  # leaves
+            for i in range(TAGGED_COUNT, TAGGED_COUNT + LATE_TAGGED):
+                message_id, tags = tagged(i)
+                await producer.send(TAGGED, b"t", message_id=message_id, tags=tags)
+            everything = {tagged(i)[0] for i in range(TAGGED_COUNT + LATE_TAGGED)}
+            vip = {m for m in everything if int(m[-2:]) % 2 == 0}
+            await wait_for(lambda: got.get(ALL, set()) >= everything
+                           and got.get("cache-1", set()) >= everything
+                           and got.get(VIP, set()) >= vip, 60,
+                           "the late tagged messages to arrive")
+    finally:
+        for task in tasks:
+            task.cancel()
+        for consumer in consumers.values():
+            await consumer.__aexit__(None, None, None)
+    return got
+
+
 def dead_letters(meta_url: str) -> list[dict]:
     result = run_qmq("admin", "dead", "list", "--subject", PAID, "--group", BILLING,
                      "--meta", meta_url, "--json")
@@ -141,33 +201,43 @@ async def test_the_audit_of_a_real_run_reports_exactly_the_redeliveries_retries_
         cluster, tmp_path):
     up = await asyncio.to_thread(cluster.start_up, *UP_FLAGS)
     seen = await run_scenario(cluster, up.meta_url)
+    tagged = await run_tagged_and_broadcast(up.meta_url)
+    assert tagged[VIP] == {f"tagged-{i:02d}" for i in range(0, TAGGED_COUNT + LATE_TAGGED, 2)}
     assert seen["cancelled"] not in seen["got"], "a cancelled message was delivered"
     redelivered = [i for i in seen["held"] if any(r >= 1 for _g, _r, r in seen["got"][i])]
     assert redelivered == seen["held"], "the killed consumer's messages must come back"
 
     assert await asyncio.to_thread(up.terminate, 60) == 0, up.text()[-3000:]
     data_dir = tmp_path / "up"
-    trace_dirs = [data_dir / "realtime" / "trace", data_dir / "delay" / "trace"]
     out = tmp_path / "audit"
     started = time.monotonic()
     result = await asyncio.to_thread(
-        run_qmq, "audit", *(arg for d in trace_dirs for arg in ("--trace-dir", str(d))),
+        run_qmq, "audit", "--data-dir", str(data_dir),
         "--out", str(out), "--master", "local[2]", "--driver-memory", "1g",
         timeout_s=AUDIT_TIMEOUT_S)
     print(f"qmq audit took {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-4000:]}"
-    assert result.stdout.startswith("PASS: no lost message, no early delivery")
+    assert result.stdout.startswith("PASS: 0 lost, 0 overdue, 0 early")
+    assert (f"trace directories: {data_dir / 'delay' / 'trace'}, "
+            f"{data_dir / 'realtime' / 'trace'}") in result.stderr
 
     paid_total = HELD + LATER + 2  # + the retried message + the dead one
     delivery = rows_by(parquet_rows(out / "delivery"), "subject", "group")
-    assert set(delivery) == {(PAID, BILLING), (TIMEOUT, REAPER)}
-    counts = ("produced", "delivered", "acked", "lost", "in_flight", "duplicated")
+    assert set(delivery) == {(PAID, BILLING), (TIMEOUT, REAPER), (TAGGED, VIP), (TAGGED, ALL),
+                             (TAGGED, f"{CACHE}#cache-1"), (TAGGED, f"{CACHE}#cache-2")}
+    counts = ("produced", "delivered", "acked", "lost", "overdue", "in_flight", "duplicated")
     assert {k: delivery[(PAID, BILLING)][k] for k in counts} == {
         "produced": paid_total, "delivered": paid_total, "acked": paid_total - 1,  # dead: no ack
-        "lost": 0, "in_flight": 0, "duplicated": HELD}  # each held message pulled twice
+        "lost": 0, "overdue": 0, "in_flight": 0, "duplicated": HELD}  # held: pulled twice
     assert {k: delivery[(TIMEOUT, REAPER)][k] for k in counts} == {
         "produced": DELAYED, "delivered": DELAYED, "acked": DELAYED,  # the cancelled: not due
-        "lost": 0, "in_flight": 0, "duplicated": 0}
+        "lost": 0, "overdue": 0, "in_flight": 0, "duplicated": 0}
+    every, before_leave = TAGGED_COUNT + LATE_TAGGED, TAGGED_COUNT
+    for group, owed in ((VIP, every // 2), (ALL, every), (f"{CACHE}#cache-1", every),
+                        (f"{CACHE}#cache-2", before_leave)):
+        assert {k: delivery[(TAGGED, group)][k] for k in counts} == {
+            "produced": owed, "delivered": owed, "acked": owed, "lost": 0, "overdue": 0,
+            "in_flight": 0, "duplicated": 0}, group
 
     delay = rows_by(parquet_rows(out / "delay"), "subject")
     assert {k: delay[(TIMEOUT,)][k] for k in ("scheduled", "dispatched", "cancelled", "early")} \
@@ -199,10 +269,12 @@ async def test_the_audit_of_a_real_run_reports_exactly_the_redeliveries_retries_
     assert not any(a["origin_id"] == seen["cancelled"] for a in anomalies)
 
     report = (out / "report.md").read_text()
-    assert "- Verdict: **PASS** (0 lost, 0 early)" in report
+    assert "- Verdict: **PASS** (0 lost, 0 overdue, 0 early)" in report
     assert (f"| {PAID} | {BILLING} | {paid_total} | {paid_total} | {paid_total - 1} | 0 | 0 | "
-            f"{HELD} |") in report
-    assert f"| {TIMEOUT} | {REAPER} | {DELAYED} | {DELAYED} | {DELAYED} | 0 | 0 | 0 |" in report
+            f"0 | {HELD} |") in report
+    assert (f"| {TIMEOUT} | {REAPER} | {DELAYED} | {DELAYED} | {DELAYED} | 0 | 0 | 0 | "
+            "0 |") in report
+    assert "PASS: 0 lost, 0 overdue, 0 early" in (out / "report.html").read_text()
     assert f"| {PAID} | {BILLING} | {paid_total} | 2 | 1 | 1 | 2 |" in report  # retry summary
     delay_rows = [line for line in report.splitlines()
                   if line.startswith(f"| {TIMEOUT} | {DELAYED + 1} | {DELAYED} | 1 | ")]

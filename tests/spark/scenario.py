@@ -5,7 +5,7 @@ it is expected to receive only messages deliverable from then on. DEADLINE_MS is
 horizon is the last event, m9's produced at T+25000.
 
     m1   produced, stored, pulled, acked                          ok, latency 5
-    m2   produced, stored, never pulled                           LOST for billing
+    m2   produced, stored, never pulled                           OVERDUE for billing (held)
     m3   pulled twice (redelivered), acked                        DUPLICATE for billing
     m4   delayed to T+1000, dispatched at T+990, pulled at T+995  EARLY
     m5   delayed to T+2000, dispatched 4 ms late                  ok for both groups
@@ -15,6 +15,7 @@ horizon is the last event, m9's produced at T+25000.
     m9   produced last: due after the horizon                     in flight for both groups
     m10  produced at T+3000, acked by both groups                 ok
     m11  expired before delivery                                  not expected
+    m12  delayed to T+1000, the broker refused its dispatch       LOST for billing (gave_up)
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ RT, DS = "realtime:rt-1", "delay:d-1"
 
 
 def _e(kind, dt, msg_id, server=RT, *, origin=None, group=None, consumer=None, created=None,
-       deliver_at=None, retries=0, lateness=None):
+       deliver_at=None, retries=0, lateness=None, reason=None):
     event = trace_event(kind, ts_ms=T + dt, msg_id=msg_id, subject="orders", origin_id=origin,
                         group=group, consumer=consumer, created_at_ms=created,
-                        deliver_at_ms=deliver_at, retries=retries, lateness_ms=lateness)
+                        deliver_at_ms=deliver_at, retries=retries, lateness_ms=lateness,
+                        reason=reason)
     event["server"] = server
     return event
 
@@ -106,6 +108,9 @@ def scenario_events() -> list[dict]:
         _pull("acked", 3006, "m10", "search", "s1", created=3000),
         *_immediate("m11", 400),
         _e("expired", 405, "m11"),
+        *_delayed("m12", 300, 1000, None),
+        _e("gave_up", 1000, "m12", DS, created=T + 300, deliver_at=T + 1000,
+           reason="dispatch_refused"),
         *_immediate("m9", 25_000)[:1],
     ]
 

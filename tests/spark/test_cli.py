@@ -43,28 +43,37 @@ def test_the_audit_of_the_scenario_fails_and_writes_every_output(spark, tmp_path
     assert audit("--trace-dir", trace, "--out", out) == 1
 
     assertDataFrameEqual(spark.read.parquet(str(out / "delivery")), spark.createDataFrame([
-        ("orders", "billing", 9, 7, 6, 1, 1, 1, 10, 30),
-        ("orders", "search", 3, 2, 2, 0, 1, 0, 5, 20)], DELIVERY_SCHEMA))
+        ("orders", "billing", 10, 7, 6, 1, 1, 1, 1, 10, 30),
+        ("orders", "search", 3, 2, 2, 0, 0, 1, 0, 5, 20)], DELIVERY_SCHEMA))
     assert [r.early for r in spark.read.parquet(str(out / "delay")).collect()] == [1]
     assert sorted((r.kind, r.msg_id) for r in spark.read.parquet(str(out / "anomalies"))
                   .collect()) == [("dead", "m6.r2"), ("duplicate", "m3"), ("early", "m4"),
-                                  ("lost", "m2")]
+                                  ("lost", "m12"), ("overdue", "m2")]
     assert spark.read.parquet(str(out / "retries")).count() == 4
     assert spark.read.parquet(str(out / "retry_summary")).count() == 2
     assert spark.read.parquet(str(out / "latency_histogram")).count() == 5
     assert spark.read.parquet(str(out / "lateness_histogram")).count() == 4
+    assert [tuple(r) for r in spark.read.parquet(str(out / "gave_up")).collect()] == [
+        ("orders", None, "dispatch_refused", "delay:d-1", 1)]
+    assert spark.read.parquet(str(out / "timeline")).count() > 0
 
     report = (out / "report.md").read_text()
-    assert "- Verdict: **FAIL** (1 lost, 1 early)" in report
-    assert "| orders | billing | 9 | 7 | 6 | 1 | 1 | 1 | 10 | 30 |" in report
-    assert "| orders | 5 | 4 | 1 | 1 | 4 | 4 | 1 |" in report  # delay
+    assert "- Verdict: **FAIL** (1 lost, 1 overdue, 1 early)" in report
+    assert "| orders | billing | 10 | 7 | 6 | 1 | 1 | 1 | 1 | 10 | 30 |" in report
+    assert "| orders | 6 | 4 | 1 | 1 | 4 | 4 | 1 |" in report  # delay
     assert "| orders | billing | 7 | 2 | 1 | 1 | 2 |" in report  # retry summary
-    assert "| lost | orders | billing | m2 | 00:00:00.010Z produced @realtime:rt-1; " in report
+    assert ("| lost | orders | billing | m12 | dispatch_refused at delay:d-1 | "
+            "00:00:00.300Z produced @delay:d-1; ") in report
+    assert ("| overdue | orders | billing | m2 | held at realtime:rt-1 for 24.99 s | "
+            "00:00:00.010Z produced @realtime:rt-1; ") in report
+    assert "| orders | - | dispatch_refused | delay:d-1 | 1 |" in report  # give-ups
+    page = (out / "report.html").read_text()
+    assert "FAIL: 1 lost, 1 overdue, 1 early" in page and page.count("<svg") == 3
     assert "8 ms - <16 ms | " + "#" * 40 in report  # the tallest latency bar: 10, 10, 10
     printed = capsys.readouterr()
-    assert printed.out.startswith("FAIL: 1 lost, 1 early (60 events)")
-    for line in ("reading events", "60 events", "delivery audit...", "delay audit...",
-                 "retry audit...", "anomalies..."):
+    assert printed.out.startswith("FAIL: 1 lost, 1 overdue, 1 early (63 events)")
+    for line in ("reading events", "63 events", "delivery, delay and retry audits...",
+                 "1 lost, 1 overdue, 1 early; anomalies", "writing outputs...", "done"):
         assert line in printed.err
 
 
@@ -75,8 +84,8 @@ def test_a_clean_window_passes_with_exit_code_zero(spark, tmp_path, capsys):
     assert audit("--trace-dir", tmp_path / "trace", "--out", tmp_path / "out",
                  "--since", "2026-01-01T00:00:00Z", "--until", T + 10_010) == 0
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "- Verdict: **PASS** (0 lost, 0 early)" in report
-    assert "| orders | billing | 4 | 3 | 3 | 0 | 1 | 0 | 10 | 30 |" in report
+    assert "- Verdict: **PASS** (0 lost, 0 overdue, 0 early)" in report
+    assert "| orders | billing | 4 | 3 | 3 | 0 | 0 | 1 | 0 | 10 | 30 |" in report
     assert capsys.readouterr().out.startswith("PASS")
 
 
@@ -120,3 +129,61 @@ def test_a_trace_directory_without_trace_files_exits_with_code_two(spark, tmp_pa
     (tmp_path / "2026010100").mkdir()
     assert audit("--trace-dir", tmp_path, "--out", tmp_path / "out") == 2
     assert "no trace files (<hour>/*.jsonl) under" in capsys.readouterr().err
+
+
+def test_overdue_messages_alone_exit_with_code_four_unless_allowed(spark, tmp_path, capsys):
+    # m2 is owed to billing and never pulled: overdue once its deadline passed (m10 at T+3000
+    # is the last event and the horizon); m1 and m10 were acked in time.
+    events = [e for e in scenario_events() if e["msg_id"] in ("m1", "m2", "m10")
+              and e.get("group") in (None, "billing")]
+    write_trace(tmp_path / "trace", events)
+    args = ("--trace-dir", tmp_path / "trace", "--out", tmp_path / "out", "--deadline-ms", 100)
+    assert main(["audit", *map(str, args)]) == 4
+    assert capsys.readouterr().out.startswith("FAIL: 0 lost, 1 overdue, 0 early")
+    assert main(["audit", *map(str, args), "--allow-overdue"]) == 0
+    assert capsys.readouterr().out.startswith("PASS: 0 lost, 1 overdue, 0 early; allowed: "
+                                              "overdue")
+
+
+def test_a_data_dir_gives_every_trace_directory_under_it_once(monkeypatch, tmp_path, capsys):
+    import spark_audit.main
+
+    def server(path, name):
+        write_trace(path, [{**scenario_events()[0], "server": name}])
+
+    server(tmp_path / "up" / "realtime" / "trace", "realtime:rt-1")
+    server(tmp_path / "up" / "delay" / "trace", "delay:d-1")
+    server(tmp_path / "nodes" / "rt-2" / "data" / "trace", "realtime:rt-2")
+    server(tmp_path / "nodes" / "rt-2" / "data" / "trace" / "2026010100" / "nested", "x")
+    (tmp_path / "nodes" / "rt-3" / "2026010100").mkdir(parents=True)  # an hour dir, no file
+    seen = []
+    monkeypatch.setattr(spark_audit.main, "run", lambda options: seen.append(options) or 0)
+    up, nodes = tmp_path / "up", tmp_path / "nodes"
+    assert audit("--data-dir", up, "--data-dir", nodes, "--trace-dir", up / "delay" / "trace",
+                 "--out", tmp_path / "o", "--conf", "spark.executor.memory=4g",
+                 "--conf", "spark.x= a=b") == 0
+    assert seen[0].trace_dirs == (str(up / "delay" / "trace"), str(up / "realtime" / "trace"),
+                                  str(nodes / "rt-2" / "data" / "trace"))
+    assert seen[0].conf == (("spark.executor.memory", "4g"), ("spark.x", " a=b"))
+    assert "trace directories: " in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert audit("--data-dir", tmp_path / "empty", "--out", tmp_path / "o") == 2
+    assert "holds no trace directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--conf", "spark.executor.memory"], "is not KEY=VALUE"),
+    (["--data-dir", "hdfs://nn/qmq"], "is not a local directory"),
+])
+def test_bad_discovery_and_conf_arguments_exit_with_code_two(tmp_path, capsys, args, message):
+    try:
+        code = audit("--out", tmp_path / "out", *args)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_without_any_trace_or_data_dir_the_audit_exits_with_code_two(tmp_path, capsys):
+    assert audit("--out", tmp_path / "out") == 2
+    assert "give at least one --trace-dir or --data-dir" in capsys.readouterr().err

@@ -12,8 +12,9 @@ DELAY_SCHEMA = ("subject string, scheduled long, dispatched long, cancelled long
 
 
 def test_the_scenario_counts_retry_copies_and_finds_the_early_dispatch(spark, scenario):
-    # Scheduled: m4 m5 m8 m6.r1 m7.r1; dispatched all but m8 (cancelled), lateness -10 4 1 2.
-    expected = spark.createDataFrame([("orders", 5, 4, 1, 1, 4, 4, 1)], DELAY_SCHEMA)
+    # Scheduled: m4 m5 m8 m12 m6.r1 m7.r1; dispatched all but m8 (cancelled) and m12 (refused),
+    # lateness -10 4 1 2.
+    expected = spark.createDataFrame([("orders", 6, 4, 1, 1, 4, 4, 1)], DELAY_SCHEMA)
     assertDataFrameEqual(delay_audit(scenario), expected)
 
 

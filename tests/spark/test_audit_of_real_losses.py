@@ -1,0 +1,174 @@
+"""A real run that loses specific messages on purpose, and the audit that must name exactly them.
+
+A MetaServer, a realtime broker and a delay server run in-process with tracing on; clients
+speak the wire protocol. Faults are injected, not hoped for:
+
+- ``refused-1``, a delayed message, is refused for good by the realtime side when the delay
+  server dispatches it (``refuse_dispatch`` wraps the scheduler's dispatch function and answers
+  ``bad_request`` for it, as a broker would for a message it will never take): the scheduler
+  drops it from the schedule.
+- ``corrupt-1`` is pulled and held by a consumer; the broker is restarted (so nothing is cached
+  in memory), one bit of the record is flipped on disk (``logstore.faults.flip_bit``), the
+  consumer expires, and its redelivery cannot be read: the broker acks it in the group's name.
+- ``held-1`` is pulled by a consumer of another group that never acks it: past the deadline the
+  broker still holds it, so it is overdue, not lost.
+
+Everything else is delivered and acked in time. The audit (the session's SparkSession) must exit
+1 and name exactly refused-1 and corrupt-1 as lost, with their reasons, and held-1 as overdue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from delayserver.config import DelayConfig
+from delayserver.server import DelayServer
+from logstore.faults import flip_bit
+from metaserver.app import start_metaserver
+from metaserver.config import MetaConfig, sqlite_url
+from qmq.cli import main
+from realtime.config import RealtimeConfig
+from realtime.server import RealtimeServer
+from wire.message import Message, decode_message
+from wire.protocol import pull_columns
+from tests.rawclient import RawClient
+
+DEADLINE_MS = 3_000  # generous for a loaded machine: an ack in time must not look late
+CORRUPT_MARKER = b"please-damage-this-body"
+WAIT_S = 30
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def refuse_dispatch(scheduler, doomed: set[str]) -> None:
+    """Fault injection: the realtime side refuses the ids in ``doomed`` for good (bad_request)
+    when ``scheduler`` dispatches them; the rest go through to the real brokers."""
+    real = scheduler._dispatch_fn
+
+    async def dispatch(subject: str, payloads: list[bytes]):
+        ids = [decode_message(p).id for p in payloads]
+        kept = [p for p, i in zip(payloads, ids) if i not in doomed]
+        group, results = await real(subject, kept) if kept else ("rt-1", [])
+        answers = iter(results)
+        return group, [{"id": i, "error": {"code": "bad_request", "message": "injected"}}
+                       if i in doomed else next(answers) for i in ids]
+
+    scheduler._dispatch_fn = dispatch
+
+
+async def until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def pull_ack(client: RawClient, subject: str, group: str, consumer: str, want: set[str],
+                   hold: set[str] = frozenset()) -> None:
+    """Pull until every id of ``want`` arrived; ack all but those in ``hold``."""
+    got: set[str] = set()
+    deadline = time.monotonic() + WAIT_S
+    while not want <= got:
+        assert time.monotonic() < deadline, f"{want - got} never arrived on {subject}"
+        response = await client.pull(subject, group, consumer, start="earliest", wait_ms=300)
+        pull_seqs, payloads, _redelivered = pull_columns(response)
+        ids = [decode_message(p).id for p in payloads]
+        acks = [[seq, seq] for seq, i in zip(pull_seqs, ids) if i not in hold]
+        got.update(ids)
+        if acks:
+            await client.ack(subject, group, consumer, acks)
+
+
+def rt_config(tmp_path, meta_url: str) -> RealtimeConfig:
+    return RealtimeConfig(data_dir=str(tmp_path / "rt"), meta_url=meta_url, group="rt-1", port=0,
+                          consumer_expiry_ms=1_000, expiry_check_interval_ms=100,
+                          heartbeat_interval_ms=200)
+
+
+def damage(data_dir: str, marker: bytes) -> None:
+    """Flip one bit inside ``marker`` in the message-log segment that holds it."""
+    for root, _dirs, files in os.walk(data_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as file:
+                offset = file.read().find(marker)
+            if offset >= 0 and "trace" not in path:
+                flip_bit(path, offset + len(marker) // 2)
+                return
+    raise AssertionError(f"{marker!r} is in no file under {data_dir}")
+
+
+async def run_the_faulty_scenario(tmp_path) -> int:
+    """Run it; returns when held-1 was sent (epoch ms)."""
+    meta_config = MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"), port=0)
+    async with start_metaserver(meta_config) as meta:
+        rt = RealtimeServer(rt_config(tmp_path, meta.url))
+        await rt.start()
+        delay = DelayServer(DelayConfig(data_dir=str(tmp_path / "delay"), meta_url=meta.url,
+                                        group="delay-1", port=0, bucket_ms=1_000,
+                                        heartbeat_interval_ms=200))
+        refuse_dispatch(delay.scheduler, {"refused-1"})
+        await delay.start()
+        try:
+            client = await RawClient.connect(rt.port)
+            delayed = await RawClient.connect(delay.port)
+            for msg_id, body in (("ok-1", b"a"), ("ok-2", b"b"), ("corrupt-1", CORRUPT_MARKER)):
+                await client.send(Message.create("orders", body, now_ms=now_ms(), id=msg_id))
+            held_at_ms = now_ms()
+            await client.send(Message.create("held.s", b"h", now_ms=held_at_ms, id="held-1"))
+            for msg_id in ("late-ok", "refused-1"):
+                await delayed.send(Message.create("orders", b"d", now_ms=now_ms(), id=msg_id,
+                                                  deliver_at_ms=now_ms() + 300))
+            await pull_ack(client, "orders", "billing", "c1", {"ok-1", "ok-2", "corrupt-1"},
+                           hold={"corrupt-1"})
+            await pull_ack(client, "held.s", "keeper", "k1", {"held-1"}, hold={"held-1"})
+            await pull_ack(client, "orders", "billing", "c1", {"late-ok"})
+            await until(lambda: delay.scheduler.tracer.gave_up_counts, "the refused dispatch")
+            await client.close()
+            await rt.stop()
+            # Restarted: what c1 and k1 hold is named from the store, then one record rots.
+            rt = RealtimeServer(rt_config(tmp_path, meta.url))
+            await rt.start()
+            damage(str(tmp_path / "rt"), CORRUPT_MARKER)
+            client = await RawClient.connect(rt.port)
+            counts = rt.broker.tracer.gave_up_counts
+            deadline = time.monotonic() + WAIT_S
+            while not counts.get("redelivery_unreadable"):  # c1 expires, c2 finds it unreadable
+                assert time.monotonic() < deadline, "the unreadable redelivery never came up"
+                response = await client.pull("orders", "billing", "c2", wait_ms=200)
+                assert pull_columns(response)[1] == []
+            await client.close()
+            await delayed.close()
+        finally:
+            await delay.stop()
+            await rt.stop()
+    return held_at_ms
+
+
+def test_the_audit_of_a_run_with_injected_losses_names_exactly_the_lost_ids(
+        spark, tmp_path, capsys):
+    # Not an async test: the CLI runs its own event loop, and the session's SparkSession is
+    # the active one only on this thread.
+    held_at_ms = asyncio.run(run_the_faulty_scenario(tmp_path))
+    # The audit's horizon (--until) is past held-1's deadline, whatever the run's pace.
+    until_ms = max(now_ms(), held_at_ms + DEADLINE_MS + 1_000)
+    out = tmp_path / "audit"
+    code = main(["audit", "--data-dir", str(tmp_path), "--out", str(out),
+                 "--deadline-ms", str(DEADLINE_MS), "--until", str(until_ms)])
+    printed = capsys.readouterr()
+    assert code == 1, printed.out + printed.err[-3000:]
+    rows = spark.read.parquet(str(out / "anomalies")).collect()
+    judged = sorted((r.kind, r.group, r.msg_id, r.reason, r.holder) for r in rows
+                    if r.kind in ("lost", "overdue"))
+    assert judged == [
+        ("lost", "billing", "corrupt-1", "redelivery_unreadable", "realtime:rt-1"),
+        ("lost", "billing", "refused-1", "dispatch_refused", "delay:delay-1"),
+        ("overdue", "keeper", "held-1", "held", "realtime:rt-1")]
+    assert [r.kind for r in rows if r.kind not in ("lost", "overdue")] == []
+    (held,) = [r for r in rows if r.kind == "overdue"]
+    assert held.holder_consumer == "k1" and held.held_ms > DEADLINE_MS
+    assert printed.out.startswith("FAIL: 2 lost, 1 overdue, 0 early")
