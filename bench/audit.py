@@ -1,19 +1,24 @@
-"""Audit benchmark: time ``qmq audit`` over N synthetic trace events on ``local[2]``.
+"""Audit benchmark: time ``qmq audit`` over synthetic traces on ``local[2]``, with the goals.
 
-Generates a realistic trace with ``tracelog.events.TraceWriter`` (one realtime and one delay server per
-generator process, the writer clock following the simulated time so files rotate hourly over
-about 3 hours), then runs ``qmq audit`` in a fresh process, as a user would, and times it.
+Generates a realistic trace with ``tracelog.events.TraceWriter`` (one realtime and one delay
+server per generator process, the writer clock following the simulated time so files rotate
+hourly over about 3 hours), then runs ``qmq audit`` in a fresh process, as a user would, and
+times it, JVM start included. Each size runs ``--runs`` times; the median is compared with the
+goal, and the load average is printed beside it (the machine is shared: say so with a figure).
 
-Mix per message: produced, stored, pulled, acked (one group per subject, 16 subjects); 5% are
-delayed (+ scheduled, dispatched, lateness 0-50 ms); 2% are nacked once and succeed on a retry
-copy 5 s later (+ nacked, retried, scheduled, dispatched, stored, pulled, acked); 0.1% are
-nacked twice and dead-lettered. The audit must find 0 lost, 0 early and exactly the dead ones.
+Mix per message: produced, stored, pulled, acked (one group per subject, 16 subjects, each
+subscribed at the start); 5% are delayed (+ scheduled, dispatched, lateness 0-50 ms); 2% are
+nacked once and succeed on a retry copy 5 s later (+ nacked, retried, scheduled, dispatched,
+stored, pulled, acked); 0.1% are nacked twice and dead-lettered. On the first subject, every
+other message is tagged ``vip`` and a second group subscribed with the filter ``vip`` takes
+those (so the subscription rules run). The audit must find 0 lost, 0 overdue, 0 early and
+exactly the dead ones.
 
-    python -m bench.audit            # 1M events
-    python -m bench.audit --full     # 10M events
-    python -m bench.audit --events 200000 --keep /tmp/trace
+    python -m bench.audit                    # 10k events (3 runs), then 10M (1 run)
+    python -m bench.audit --sizes 10000 --runs 5
+    python -m bench.audit --sizes 1000000 --keep /tmp/trace
 
-Goal (issue "Trace events and the Spark audit"): 10M events audited in < 3 minutes on local[2].
+Goals (issue 14): 10k events in <= 15 s and 10M events in <= 120 s on local[2].
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tracelog.events import TraceWriter, trace_event  # noqa: E402
+from tracelog.events import TraceWriter, subscription_event, trace_event  # noqa: E402
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3_600_000  # simulated time the trace covers
@@ -40,9 +46,9 @@ EVENTS_PER_MESSAGE = 4 + 2 * DELAYED_SHARE + 7 * RETRIED_SHARE + 9 * DEAD_SHARE
 RETRY_DELAY_MS = 5_000
 DEADLINE_MS = 300_000
 SEED = 20260101
-GOAL_FULL_S = 180
-FULL_EVENTS = 10_000_000
-DEFAULT_EVENTS = 1_000_000
+GOALS_S = {10_000: 15, 10_000_000: 120}  # events -> wall-time goal of one audit, seconds
+DEFAULT_RUNS = {10_000: 3, 10_000_000: 1}
+VIP_SUBJECT = SUBJECTS[0]
 
 
 class SimClock:
@@ -55,6 +61,24 @@ class SimClock:
         return self.now_ms
 
 
+def _subscriptions(worker: int) -> list[tuple[str, dict]]:
+    """Every group subscribes at the start; the vip group with its tag filter."""
+    out = [("r", subscription_event("subscribed", ts_ms=START_MS, subject=s, group=s + ".g",
+                                    consumer=f"c1-{worker}")) for s in SUBJECTS]
+    out.append(("r", subscription_event("subscribed", ts_ms=START_MS, subject=VIP_SUBJECT,
+                                        group=VIP_SUBJECT + ".vip", consumer=f"v1-{worker}",
+                                        tags=["vip"])))
+    return out
+
+
+def _vip_events(msg_id: str, t: int) -> list[tuple[str, dict]]:
+    """The vip group's pull and ack of a vip message stored at ``t``."""
+    common = dict(subject=VIP_SUBJECT, group=VIP_SUBJECT + ".vip", consumer="v1",
+                  created_at_ms=t)
+    return [("r", trace_event("pulled", ts_ms=t + 3, msg_id=msg_id, **common)),
+            ("r", trace_event("acked", ts_ms=t + 4, msg_id=msg_id, **common))]
+
+
 def _message_events(rng: random.Random, msg_id: str, subject: str, t: int) -> list[dict]:
     """One message's events (realtime and delay server mixed), in time order."""
     group, root = subject + ".g", msg_id
@@ -62,7 +86,12 @@ def _message_events(rng: random.Random, msg_id: str, subject: str, t: int) -> li
     deliver_at = t + rng.randint(1_000, 60_000) if roll < DELAYED_SHARE else None
     ready = t if deliver_at is None else deliver_at + rng.randint(0, 50)
     common = dict(subject=subject, created_at_ms=t, deliver_at_ms=deliver_at)
-    out = [("d" if deliver_at else "r", trace_event("produced", ts_ms=t, msg_id=msg_id, **common))]
+    vip = subject == VIP_SUBJECT and deliver_at is None and rng.random() < 0.5
+    tags = ["vip"] if vip else None
+    out = [("d" if deliver_at else "r", trace_event("produced", ts_ms=t, msg_id=msg_id,
+                                                    tags=tags, **common))]
+    if vip:
+        out += _vip_events(msg_id, t)
     if deliver_at is not None:
         out.append(("d", trace_event("scheduled", ts_ms=t + 1, msg_id=msg_id, **common)))
         out.append(("d", trace_event("dispatched", ts_ms=ready, msg_id=msg_id, **common)))
@@ -102,10 +131,13 @@ def generate(worker: int, workers: int, events_target: int, directory: str) -> t
     clock = SimClock()
     writers = {kind: TraceWriter(directory, f"{name}-{worker}", clock_ms=clock, background=False)
                for kind, name in (("r", "realtime:rt"), ("d", "delay:d"))}
-    messages = int(events_target / workers / EVENTS_PER_MESSAGE)
+    messages = max(1, int(events_target / workers / EVENTS_PER_MESSAGE))
     step_ms = SPAN_MS / messages
     written = 0
     started = time.perf_counter()
+    for kind, event in _subscriptions(worker):
+        writers[kind].emit(event)
+        written += 1
     for i in range(messages):
         t = START_MS + int(i * step_ms)
         clock.now_ms = t
@@ -129,47 +161,78 @@ def disk_bytes(path: str) -> int:
                for f in files)
 
 
+def write_trace(events_target: int, workers: int, trace: str) -> int:
+    """Generate the trace; returns its event count (and prints what it wrote)."""
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.map(_generate_star, [(w, workers, events_target, trace)
+                                            for w in range(workers)])
+    events = sum(n for n, _ in results)
+    size = disk_bytes(trace)
+    per_process = sum(n / s for n, s in results) / len(results)
+    print(f"trace: {events:,} events, {size / 1e6:,.1f} MB ({size / events:.0f} B/event), "
+          f"written in {time.perf_counter() - started:.1f} s; TraceWriter {per_process:,.0f} "
+          f"events/s per process")
+    return events
+
+
+def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, str]:
+    """One ``qmq audit`` in a fresh process: (wall seconds, its verdict line)."""
+    command = [sys.executable, "-m", "qmq", "--log-level", "warning", "audit",
+               "--trace-dir", trace, "--out", out, "--master", args.master,
+               "--driver-memory", args.driver_memory, "--deadline-ms", str(DEADLINE_MS)]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if args.verbose:
+        print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("[")))
+    verdict = proc.stdout.splitlines()[0] if proc.stdout else proc.stderr[-3000:]
+    if proc.returncode != 0:
+        raise SystemExit(f"qmq audit exited {proc.returncode}: {verdict}")
+    return seconds, verdict
+
+
+def bench_size(events_target: int, runs: int, args: argparse.Namespace, base: str) -> bool:
+    """Generate a trace of about ``events_target`` events and audit it ``runs`` times; print
+    every time, the median and the goal. True if the goal (if any) is met."""
+    trace, out = os.path.join(base, f"trace-{events_target}"), os.path.join(base, "out")
+    shutil.rmtree(trace, ignore_errors=True)  # a kept directory would be appended to
+    events = write_trace(events_target, args.workers, trace)
+    times = []
+    for run in range(runs):
+        load = os.getloadavg()[0]
+        seconds, verdict = audit_once(trace, out, args)
+        times.append(seconds)
+        print(f"  run {run + 1}/{runs}: {seconds:.1f} s ({events / seconds:,.0f} events/s), "
+              f"load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+              f"CPUs; {verdict}")
+    median = statistics.median(times)
+    goal = GOALS_S.get(events_target)
+    verdict = "" if goal is None else (f"   goal: <= {goal} s: "
+                                       f"{'met' if median <= goal else 'NOT met'}")
+    print(f"qmq audit ({args.master}, driver {args.driver_memory}) of {events:,} events: "
+          f"median {median:.1f} s of {runs} (min {min(times):.1f}, max {max(times):.1f})"
+          f"{verdict}")
+    return goal is None or median <= goal
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=DEFAULT_EVENTS)
-    parser.add_argument("--full", action="store_true", help=f"{FULL_EVENTS:,} events")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(GOALS_S),
+                        help="trace sizes in events (default: the goals' 10k and 10M)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="audits per size (default 3 for 10k, 1 for 10M, else 1)")
     parser.add_argument("--workers", type=int, default=2, help="generator processes")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
-    parser.add_argument("--keep", default=None, help="write the trace here and keep it")
+    parser.add_argument("--keep", default=None, help="write the traces here and keep them")
+    parser.add_argument("--verbose", action="store_true", help="print the audit's progress")
     args = parser.parse_args()
-    events_target = FULL_EVENTS if args.full else args.events
     base = args.keep or tempfile.mkdtemp(prefix="qmq-bench-audit-")
-    trace, out = os.path.join(base, "trace"), os.path.join(base, "out")
-    for stale in (trace, out):  # a kept directory from an earlier run would be appended to
-        shutil.rmtree(stale, ignore_errors=True)
     try:
-        started = time.perf_counter()
-        with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-            results = pool.map(_generate_star, [(w, args.workers, events_target, trace)
-                                                for w in range(args.workers)])
-        events = sum(n for n, _ in results)
-        gen_s = time.perf_counter() - started
-        size = disk_bytes(trace)
-        per_process = sum(n / s for n, s in results) / len(results)
-        print(f"trace: {events:,} events, {size / 1e6:,.0f} MB ({size / events:.0f} B/event), "
-              f"written in {gen_s:.1f} s; TraceWriter {per_process:,.0f} events/s per process "
-              f"(trace_event + emit + JSON + write)")
-        command = [sys.executable, "-m", "qmq", "--log-level", "warning", "audit",
-                   "--trace-dir", trace, "--out", out, "--master", args.master,
-                   "--driver-memory", args.driver_memory, "--deadline-ms", str(DEADLINE_MS)]
-        started = time.perf_counter()
-        proc = subprocess.run(command, capture_output=True, text=True)
-        audit_s = time.perf_counter() - started
-        progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
-        print("\n".join(progress))
-        print(proc.stdout.splitlines()[0] if proc.stdout else proc.stderr[-3000:])
-        # No pro-rata goal for smaller runs: JVM start and Spark's per-job costs are fixed.
-        print(f"qmq audit ({args.master}, driver {args.driver_memory}): {audit_s:.1f} s for "
-              f"{events:,} events = {events / audit_s:,.0f} events/s, exit code "
-              f"{proc.returncode}   goal: < {GOAL_FULL_S} s for {FULL_EVENTS:,} (--full); "
-              f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        return 0 if proc.returncode == 0 else 1
+        met = [bench_size(size, args.runs or DEFAULT_RUNS.get(size, 1), args, base)
+               for size in args.sizes]
+        return 0 if all(met) else 1
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
