@@ -4,7 +4,7 @@ A MetaServer, a realtime broker and a delay server run in-process with tracing o
 speak the wire protocol. Faults are injected, not hoped for:
 
 - ``refused-1``, a delayed message, is refused for good by the realtime side when the delay
-  server dispatches it (``refuse_dispatch`` wraps the scheduler's dispatch function and answers
+  server dispatches it (``refuse_dispatch`` wraps the server's dispatch function and answers
   ``bad_request`` for it, as a broker would for a message it will never take): the scheduler
   drops it from the schedule.
 - ``corrupt-1`` is pulled and held by a consumer; the broker is restarted (so nothing is cached
@@ -44,10 +44,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def refuse_dispatch(scheduler, doomed: set[str]) -> None:
-    """Fault injection: the realtime side refuses the ids in ``doomed`` for good (bad_request)
-    when ``scheduler`` dispatches them; the rest go through to the real brokers."""
-    real = scheduler._dispatch_fn
+def refuse_dispatch(server: DelayServer, doomed: set[str]) -> None:
+    """Fault injection (before ``start``): the realtime side refuses the ids in ``doomed`` for
+    good (bad_request) when ``server`` dispatches them; the rest go through to the real
+    brokers."""
+    real = server._dispatch
 
     async def dispatch(subject: str, payloads: list[bytes]):
         ids = [decode_message(p).id for p in payloads]
@@ -57,7 +58,7 @@ def refuse_dispatch(scheduler, doomed: set[str]) -> None:
         return group, [{"id": i, "error": {"code": "bad_request", "message": "injected"}}
                        if i in doomed else next(answers) for i in ids]
 
-    scheduler._dispatch_fn = dispatch
+    server._dispatch = dispatch
 
 
 async def until(condition, what: str) -> None:
@@ -111,7 +112,7 @@ async def run_the_faulty_scenario(tmp_path) -> int:
         delay = DelayServer(DelayConfig(data_dir=str(tmp_path / "delay"), meta_url=meta.url,
                                         group="delay-1", port=0, bucket_ms=1_000,
                                         heartbeat_interval_ms=200))
-        refuse_dispatch(delay.scheduler, {"refused-1"})
+        refuse_dispatch(delay, {"refused-1"})
         await delay.start()
         try:
             client = await RawClient.connect(rt.port)
