@@ -334,6 +334,8 @@ class Pulls:
         else:
             times = redelivered
             ctx.stats["redelivered"] += len(redelivered) - redelivered.count(0)
+        assert len(pull_seqs) == len(chosen_payloads) == len(times), (
+            len(pull_seqs), len(chosen_payloads), len(times))
         ctx.stats["pulled"] += len(pull_seqs)
         if ctx.tracer.enabled:
             ctx.tracer.pulled_columns(subject, key, consumer_id, pull_seqs, chosen_payloads,
