@@ -137,6 +137,36 @@ def crc_matches(header: bytes, body: bytes | memoryview, crc: int) -> bool:
     return record_crc(header, 0, body) == crc
 
 
+def split_records(data: bytes | memoryview, record_size_bytes_max: int,
+                  ) -> tuple[list[memoryview], int, str | None]:
+    """Check the whole records at the start of ``data`` (bytes copied from a log, as
+    replication ships them): (their bodies, the bytes they span, the problem that stopped the
+    scan or None). None means the scan reached the end of ``data`` or stopped at a record that
+    is only partly there, which a reader that asked for a byte budget expects; a problem is
+    corruption (bad magic, version or attributes, a length over the limit, a CRC mismatch).
+    Attributes must be 0, the only value written, so framing the bodies again gives these bytes.
+    """
+    view = memoryview(data)
+    bodies: list[memoryview] = []
+    at, size = 0, len(view)
+    while size - at >= HEADER_SIZE_BYTES:
+        header = view[at : at + HEADER_SIZE_BYTES]
+        body_length, crc, problem = check_header(bytes(header), record_size_bytes_max)
+        if problem is None and header[11] != 0:
+            problem = f"attributes 0x{header[11]:02x} are not 0"
+        if problem is not None:
+            return bodies, at, problem
+        end = at + HEADER_SIZE_BYTES + body_length
+        if end > size:
+            break
+        body = view[at + HEADER_SIZE_BYTES : end]
+        if record_crc(view, at, body) != crc:
+            return bodies, at, "crc mismatch"
+        bodies.append(body)
+        at = end
+    return bodies, at, None
+
+
 def decode_record(data: bytes, record_size_bytes_max: int) -> tuple[bytes, int]:
     """Decode one whole record from the start of ``data``; returns (body, framed size).
 

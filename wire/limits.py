@@ -66,8 +66,22 @@ MAX_CLIENT_ID_CHARS = 200
 # bound keeps a token check (an HTTP call to the MetaServer) far below its body limit.
 MAX_TOKEN_CHARS = 512
 
+# Most bytes of log one `fetch` answer carries (a single record larger than this goes whole), and
+# most bytes of a checkpoint one `snapshot` answer carries. Half a frame: the answer's other
+# fields and msgpack's framing of the bin field fit beside it.
+MAX_FETCH_BYTES = 4 * _MIB
+
+# Longest wait of one `fetch` at the end of a log (a follower's long poll), in milliseconds.
+MAX_FETCH_WAIT_MS = 60_000
+
+# Longest server id in a `fetch` or `snapshot` (16 hex digits today; the MetaServer takes 64).
+MAX_SERVER_ID_CHARS = 64
+
 __all__ = [
     "MAX_FRAME_BYTES",
+    "MAX_FETCH_BYTES",
+    "MAX_FETCH_WAIT_MS",
+    "MAX_SERVER_ID_CHARS",
     "MAX_BODY_BYTES",
     "MAX_SEND_BATCH_MESSAGES",
     "MAX_TAGS",

@@ -48,6 +48,7 @@ from wire.message import (
     validate_subject,
     validate_tags,
 )
+from wire.replication import Fetch, Snapshot, parse_fetch, parse_snapshot
 
 PROTOCOL_VERSION = 1
 
@@ -290,7 +291,7 @@ class Purge:
 
 
 Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Leave, Subjects, Browse,
-                Purge]
+                Purge, Fetch, Snapshot]
 
 _MISSING = object()
 
@@ -616,6 +617,9 @@ _PARSERS = {
     "subjects": _parse_subjects,
     "browse": _parse_browse,
     "purge": _parse_purge,
+    # The replication ops (wire.replication) read their map themselves.
+    "fetch": lambda f, rid: parse_fetch(f.frame, rid),
+    "snapshot": lambda f, rid: parse_snapshot(f.frame, rid),
 }
 OPS = tuple(_PARSERS)
 

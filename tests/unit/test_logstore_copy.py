@@ -1,0 +1,156 @@
+"""SegmentedLog's copying API (replication): read_raw, append_raw, truncate and reset, and
+record.split_records, the check every copied byte goes through."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logstore import CorruptRecord, OffsetOutOfRange, SegmentedLog
+from logstore.faults import flip_bit
+from logstore.record import HEADER_SIZE_BYTES, encode_record, split_records
+
+
+def copy_all(source: SegmentedLog, target: SegmentedLog, max_bytes: int) -> int:
+    """Copy ``source`` into ``target`` chunk by chunk as a follower would; returns the chunks."""
+    chunks = 0
+    offset = target.end_offset
+    while True:
+        data = source.read_raw(offset, max_bytes)
+        if not data:
+            return chunks
+        offset = target.append_raw(offset, data)
+        chunks += 1
+
+
+def bodies_of(log: SegmentedLog) -> list[tuple[int, bytes]]:
+    return list(log.iterate())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(st.binary(max_size=2048), max_size=30),
+       max_bytes=st.integers(1, 6000))
+def test_a_log_copied_chunk_by_chunk_holds_the_same_records_at_the_same_offsets(
+        tiny_config, bodies, max_bytes):
+    with tempfile.TemporaryDirectory() as directory:
+        source = SegmentedLog(os.path.join(directory, "a"), tiny_config)
+        source.append_many(bodies)
+        source.sync()
+        target = SegmentedLog(os.path.join(directory, "b"), tiny_config)
+        copy_all(source, target, max_bytes)
+        target.sync()
+        assert target.end_offset == source.end_offset
+        assert bodies_of(target) == bodies_of(source)
+        target.close()
+        reopened = SegmentedLog(os.path.join(directory, "b"), tiny_config)
+        assert bodies_of(reopened) == bodies_of(source)
+
+
+def test_read_raw_returns_a_record_larger_than_max_bytes_whole(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    log.append(b"x" * 1500)
+    log.sync()
+    data = log.read_raw(0, 10)
+    assert data == encode_record(b"x" * 1500)
+
+
+def test_read_raw_stops_at_the_flushed_end_and_at_end_offset(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    first = log.append(b"one")
+    second = log.append(b"two")
+    assert log.read_raw(0, 4096) == b""  # still in the write buffer
+    log.flush()
+    assert log.read_raw(0, 4096, end_offset=second) == encode_record(b"one")
+    assert log.read_raw(first, 4096) == encode_record(b"one") + encode_record(b"two")
+    assert log.read_raw(log.end_offset, 4096) == b""
+
+
+def test_read_raw_outside_the_log_raises_offset_out_of_range(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    log.append(b"one")
+    log.sync()
+    with pytest.raises(OffsetOutOfRange):
+        log.read_raw(log.end_offset + 1, 4096)
+
+
+def test_read_raw_raises_corrupt_record_on_a_flipped_byte(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    log.append(b"a" * 100)
+    log.append(b"b" * 100)
+    log.sync()
+    flip_bit(log.segments()[0].path, HEADER_SIZE_BYTES * 2 + 100 + 5)
+    with pytest.raises(CorruptRecord) as caught:
+        log.read_raw(0, 4096)
+    assert caught.value.offset == HEADER_SIZE_BYTES + 100
+
+
+def test_append_raw_refuses_a_flipped_byte_and_appends_nothing(log_dir, tiny_config):
+    data = bytearray(encode_record(b"a" * 10) + encode_record(b"b" * 10))
+    data[-3] ^= 0x10
+    log = SegmentedLog(log_dir, tiny_config)
+    with pytest.raises(CorruptRecord) as caught:
+        log.append_raw(0, bytes(data))
+    assert caught.value.offset == HEADER_SIZE_BYTES + 10
+    assert log.end_offset == 0
+
+
+def test_append_raw_refuses_a_partial_record_and_a_wrong_offset(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    with pytest.raises(CorruptRecord, match="partial record"):
+        log.append_raw(0, encode_record(b"abc")[:-1])
+    with pytest.raises(ValueError, match="start at offset 5"):
+        log.append_raw(5, encode_record(b"abc"))
+
+
+def test_split_records_refuses_nonzero_attributes_and_stops_quietly_at_a_partial_record():
+    record = bytearray(encode_record(b"abc"))
+    good = bytes(record)
+    bodies, used, problem = split_records(good + good[:7], 2048)
+    assert [bytes(b) for b in bodies] == [b"abc"] and used == len(good) and problem is None
+    record[11] = 1
+    _bodies, used, problem = split_records(bytes(record), 2048)
+    assert used == 0 and "attributes" in problem
+
+
+def test_truncate_cuts_the_tail_across_segments_and_survives_reopen(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    offsets = log.append_many([bytes([i]) * 1000 for i in range(10)])
+    log.sync()
+    assert len(log.segments()) > 2
+    end = log.end_offset
+    assert log.truncate(offsets[4]) == end - offsets[4]
+    assert log.end_offset == offsets[4]
+    assert log.append(b"new") == offsets[4]
+    log.close()
+    reopened = SegmentedLog(log_dir, tiny_config)
+    assert [body for _o, body in reopened.iterate()] == [bytes([i]) * 1000 for i in range(4)] + [
+        b"new"]
+
+
+def test_truncate_at_a_segment_base_and_at_the_end(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    log.append_many([bytes([i]) * 1000 for i in range(8)])
+    log.sync()
+    base = log.segments()[1].base_offset
+    assert log.truncate(log.end_offset) == 0
+    log.truncate(base)
+    assert log.end_offset == base
+    assert [s.base_offset for s in log.segments()][-1] == base
+    with pytest.raises(OffsetOutOfRange):
+        log.truncate(base + 1)
+
+
+def test_reset_starts_an_empty_log_at_any_offset_that_reopens_there(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    log.append_many([b"x" * 500] * 5)
+    log.sync()
+    log.reset(123_456)
+    assert (log.first_offset, log.end_offset) == (123_456, 123_456)
+    log.append_raw(123_456, encode_record(b"copied"))
+    log.close()
+    reopened = SegmentedLog(log_dir, tiny_config)
+    assert list(reopened.iterate()) == [(123_456, b"copied")]

@@ -1,0 +1,230 @@
+"""The replication ops of the frame protocol: ``fetch`` and ``snapshot`` (slave -> master).
+
+Pure codec, like ``wire.protocol``, which parses them with every other op (``parse_request``)
+and whose framing they use. docs/REPLICATION.md 8.2 and 13.5 and docs/PROTOCOL.md describe them:
+
+* ``fetch``: the bytes of one replicated log from ``offset`` (whole CRC-framed records, as
+  stored), at most ``max_bytes``, the master holding the request up to ``wait_ms`` at the log's
+  end. The offset acknowledges everything before it. ``last_epoch`` is the epoch of the slave's
+  record ending at ``offset``; when the master's epoch history disagrees the answer carries
+  ``diverging`` and no data, and the slave cuts its log before fetching again.
+* ``snapshot``: part of the master's newest checkpoint of a log whose records the slave needs
+  were deleted by the master's retention (the pull log's actions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from wire.errors import BadRequest, type_name
+from wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS, MAX_SERVER_ID_CHARS
+
+# The logs a slave copies from its master (docs/REPLICATION.md 8.1): a realtime group's message
+# log and pull-log actions, a delay group's delay log and done journal.
+REPLICATED_LOGS = ("message", "actions", "delay", "done")
+# Logs whose state a follower can take whole from the master's checkpoint (``snapshot``).
+SNAPSHOT_LOGS = ("actions",)
+_SERVER_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._:-")
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(slots=True)
+class Fetch:
+    """The bytes of ``log`` from ``offset``, at most ``max_bytes``, waiting up to ``wait_ms`` at
+    its end; ``offset`` acknowledges [0, offset), ``last_epoch`` is checked by the master."""
+
+    op: ClassVar[str] = "fetch"
+    rid: int
+    server_id: str
+    epoch: int
+    log: str
+    offset: int
+    last_epoch: int
+    max_bytes: int
+    wait_ms: int
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Bytes from ``position`` of the master's newest checkpoint of ``log`` (``sequence`` 0)
+    or of the checkpoint ``sequence`` an earlier answer named."""
+
+    op: ClassVar[str] = "snapshot"
+    rid: int
+    server_id: str
+    epoch: int
+    log: str
+    sequence: int
+    position: int
+    max_bytes: int
+
+
+def _uint(op: str, frame: dict[str, Any], name: str, low: int = 0, high: int = _U64_MAX) -> int:
+    """An int field in [low, high]; BadRequest naming the op and the field otherwise."""
+    if name not in frame:
+        raise BadRequest(f"{op} request lacks field {name!r}")
+    value = frame[name]
+    if type(value) is not int:
+        raise BadRequest(f"{op}.{name} must be int, got {type_name(value)}")
+    if not low <= value <= high:
+        raise BadRequest(f"{op}.{name} {value} is outside {low}..{high}")
+    return value
+
+
+def _text(op: str, frame: dict[str, Any], name: str) -> str:
+    if name not in frame:
+        raise BadRequest(f"{op} request lacks field {name!r}")
+    value = frame[name]
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{op}.{name} must be a non-empty str, got {type_name(value)}")
+    return value
+
+
+def _common(op: str, frame: dict[str, Any], logs: tuple[str, ...]) -> tuple[str, int, str]:
+    """The (server_id, epoch, log) every replication request carries."""
+    server_id = _text(op, frame, "server_id")
+    if len(server_id) > MAX_SERVER_ID_CHARS or not set(server_id) <= _SERVER_ID_CHARS:
+        raise BadRequest(f"{op}.server_id {server_id[:80]!r} must be 1..{MAX_SERVER_ID_CHARS} "
+                         f"characters of [A-Za-z0-9._:-]")
+    log_name = _text(op, frame, "log")
+    if log_name not in logs:
+        raise BadRequest(f"{op}.log {log_name[:80]!r} is not one of {', '.join(logs)}")
+    return server_id, _uint(op, frame, "epoch"), log_name
+
+
+def parse_fetch(frame: dict[str, Any], rid: int) -> Fetch:
+    """A ``fetch`` request map (rid already checked) -> ``Fetch``; BadRequest names the field."""
+    server_id, epoch, log_name = _common("fetch", frame, REPLICATED_LOGS)
+    return Fetch(rid, server_id, epoch, log_name, _uint("fetch", frame, "offset"),
+                 _uint("fetch", frame, "last_epoch"),
+                 _uint("fetch", frame, "max_bytes", 1, MAX_FETCH_BYTES),
+                 _uint("fetch", frame, "wait_ms", 0, MAX_FETCH_WAIT_MS))
+
+
+def parse_snapshot(frame: dict[str, Any], rid: int) -> Snapshot:
+    """A ``snapshot`` request map -> ``Snapshot``; BadRequest names the field."""
+    server_id, epoch, log_name = _common("snapshot", frame, SNAPSHOT_LOGS)
+    return Snapshot(rid, server_id, epoch, log_name, _uint("snapshot", frame, "sequence"),
+                    _uint("snapshot", frame, "position"),
+                    _uint("snapshot", frame, "max_bytes", 1, MAX_FETCH_BYTES))
+
+
+def fetch_request(server_id: str, epoch: int, log: str, offset: int, last_epoch: int,
+                  max_bytes: int, wait_ms: int) -> dict[str, Any]:
+    """The map a slave sends (without rid, which its connection adds)."""
+    return {"op": "fetch", "server_id": server_id, "epoch": epoch, "log": log,
+            "offset": offset, "last_epoch": last_epoch, "max_bytes": max_bytes,
+            "wait_ms": wait_ms}
+
+
+def snapshot_request(server_id: str, epoch: int, log: str, sequence: int, position: int,
+                     max_bytes: int) -> dict[str, Any]:
+    """The ``snapshot`` map a slave sends (without rid)."""
+    return {"op": "snapshot", "server_id": server_id, "epoch": epoch, "log": log,
+            "sequence": sequence, "position": position, "max_bytes": max_bytes}
+
+
+# --- answers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    """A ``fetch`` answer: the master's epoch, the log's bytes [offset, next_offset), where the
+    log starts and ends, the epoch history entries the slave must record for that range, and
+    ``diverging`` ((epoch, end_offset): no data, cut there first) or None."""
+
+    epoch: int
+    log: str
+    offset: int
+    data: bytes
+    next_offset: int
+    log_start: int
+    log_end: int
+    epochs: tuple[tuple[int, int], ...]
+    diverging: tuple[int, int] | None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The answer's map (without rid)."""
+        return {"epoch": self.epoch, "log": self.log, "offset": self.offset, "data": self.data,
+                "next_offset": self.next_offset, "log_start": self.log_start,
+                "log_end": self.log_end, "epochs": [list(entry) for entry in self.epochs],
+                "diverging": None if self.diverging is None else {
+                    "epoch": self.diverging[0], "end_offset": self.diverging[1]}}
+
+
+def parse_fetch_answer(answer: dict[str, Any]) -> FetchAnswer:
+    """Client side: a checked ``FetchAnswer``; BadRequest names the defect."""
+    op = "fetch answer"
+    epoch, offset = _uint(op, answer, "epoch"), _uint(op, answer, "offset")
+    next_offset = _uint(op, answer, "next_offset")
+    log_start, log_end = _uint(op, answer, "log_start"), _uint(op, answer, "log_end")
+    data = answer.get("data")
+    if not isinstance(data, bytes):
+        raise BadRequest(f"{op} data must be bin, got {type_name(data)}")
+    if next_offset != offset + len(data):
+        raise BadRequest(f"{op} next_offset {next_offset} is not offset {offset} + "
+                         f"{len(data)} bytes of data")
+    epochs = answer.get("epochs")
+    if type(epochs) is not list or not all(
+            type(item) is list and len(item) == 2
+            and all(type(x) is int and 0 <= x <= _U64_MAX for x in item) for item in epochs):
+        raise BadRequest(f"{op} epochs must be a list of [epoch, start_offset] pairs, got "
+                         f"{epochs!r:.80}")
+    raw = answer.get("diverging")
+    diverging = None
+    if raw is not None:
+        if not (isinstance(raw, dict) and type(raw.get("epoch")) is int
+                and type(raw.get("end_offset")) is int):
+            raise BadRequest(f"{op} diverging must be {{epoch, end_offset}} or nil, got "
+                             f"{raw!r:.80}")
+        diverging = (raw["epoch"], raw["end_offset"])
+    return FetchAnswer(epoch, _text(op, answer, "log"), offset, data, next_offset, log_start,
+                       log_end, tuple((e, s) for e, s in epochs), diverging)
+
+
+@dataclass(frozen=True)
+class SnapshotAnswer:
+    """A ``snapshot`` answer: bytes [position, position + len(data)) of checkpoint
+    ``sequence`` (``size`` bytes in all), which covers the log up to ``covers_offset``."""
+
+    epoch: int
+    log: str
+    sequence: int
+    covers_offset: int
+    size: int
+    position: int
+    data: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        """The answer's map (without rid)."""
+        return {"epoch": self.epoch, "log": self.log, "sequence": self.sequence,
+                "covers_offset": self.covers_offset, "size": self.size,
+                "position": self.position, "data": self.data}
+
+
+def parse_snapshot_answer(answer: dict[str, Any]) -> SnapshotAnswer:
+    """Client side: a checked ``SnapshotAnswer``; BadRequest names the defect."""
+    op = "snapshot answer"
+    data = answer.get("data")
+    if not isinstance(data, bytes):
+        raise BadRequest(f"{op} data must be bin, got {type_name(data)}")
+    parsed = SnapshotAnswer(_uint(op, answer, "epoch"), _text(op, answer, "log"),
+                            _uint(op, answer, "sequence"), _uint(op, answer, "covers_offset"),
+                            _uint(op, answer, "size"), _uint(op, answer, "position"), data)
+    if parsed.position + len(data) > parsed.size:
+        raise BadRequest(f"{op} runs past its size: {parsed.position} + {len(data)} > "
+                         f"{parsed.size}")
+    return parsed
+
+
+def epochs_of(entries: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Epoch history entries as the answer carries them (plain pairs)."""
+    return tuple((int(epoch), int(start)) for epoch, start in entries)
+
+
+__all__ = [
+    "REPLICATED_LOGS", "SNAPSHOT_LOGS", "Fetch", "FetchAnswer", "Snapshot", "SnapshotAnswer",
+    "epochs_of", "fetch_request", "parse_fetch", "parse_fetch_answer", "parse_snapshot",
+    "parse_snapshot_answer", "snapshot_request",
+]
