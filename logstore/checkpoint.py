@@ -116,6 +116,14 @@ class CheckpointStore:
 
     def load_latest(self) -> Checkpoint | None:
         """The newest checkpoint that verifies, or None; damaged ones are logged and skipped."""
+        return next(self._verified(), None)
+
+    def load_all(self) -> list[Checkpoint]:
+        """Every checkpoint kept that verifies, newest first (a replica cutting its log back
+        looks for the newest one below the cut)."""
+        return list(self._verified())
+
+    def _verified(self):
         for sequence, path in reversed(self._files()):
             try:
                 with open(path, "rb") as f:
@@ -126,5 +134,15 @@ class CheckpointStore:
             if stored_sequence != sequence:
                 log.warning("checkpoint %s says sequence %d; skipped", path, stored_sequence)
                 continue
-            return Checkpoint(sequence, payload, path)
-        return None
+            yield Checkpoint(sequence, payload, path)
+
+    def delete_after(self, sequence: int) -> int:
+        """Delete every checkpoint numbered above ``sequence`` (they describe state a cut log
+        no longer has); returns how many. Later writes keep numbering upwards from the newest
+        file left, so a deleted number may be used again for a new checkpoint."""
+        doomed = [path for number, path in self._files() if number > sequence]
+        for path in doomed:
+            os.unlink(path)
+        if doomed:
+            fsync_directory(self.directory)
+        return len(doomed)

@@ -704,12 +704,12 @@ class SegmentedLog:
             raise CorruptRecord(segment.path, offset, "no whole record before the copy limit")
         return data[:used]
 
-    def append_raw(self, offset: int, data: bytes) -> int:
+    def append_raw(self, offset: int, data: bytes) -> list[bytes]:
         """Append whole records copied from another log with ``read_raw``, at ``offset``, which
         must be this log's end (the copy keeps the source's offsets). Every record is checked
         first and nothing is appended unless all are good (CorruptRecord names the first bad
-        one); the bodies are framed again, which gives back the same bytes. Returns the new
-        end offset; durable per the usual ``flush``/``sync`` contract."""
+        one); the bodies are framed again, which gives back the same bytes. Returns the bodies
+        appended (for the caller to index); durable per the usual ``flush``/``sync`` contract."""
         if offset != self._end:
             raise ValueError(f"copied records start at offset {offset} but the log {self.directory} "
                              f"ends at {self._end}")
@@ -718,9 +718,28 @@ class SegmentedLog:
             problem = f"{len(data) - used} bytes of a partial record at the end"
         if problem is not None:
             raise CorruptRecord(f"{self.directory} (copied bytes)", offset + used, problem)
-        self.append_many([bytes(body) for body in bodies])
+        copied = [bytes(body) for body in bodies]
+        self.append_many(copied)
         assert self._end == offset + len(data), (self._end, offset, len(data))
-        return self._end
+        return copied
+
+    def verify(self, offset: int, max_bytes: int) -> tuple[int, CorruptRecord | None]:
+        """Check the records from ``offset`` (a record boundary), about ``max_bytes`` of them,
+        as a scrub of a copy does: (where the next check goes on, or the first bad record's
+        error). Only what was written to the OS is looked at; at its end the next offset is
+        the end (start again from ``first_offset`` for another pass)."""
+        offset = max(offset, self.first_offset)
+        checked = 0
+        while checked < max_bytes:
+            try:
+                data = self.read_raw(offset, min(max_bytes - checked, READ_RUN_BYTES_MAX))
+            except CorruptRecord as exc:
+                return offset, exc
+            if not data:
+                break
+            offset += len(data)
+            checked += len(data)
+        return offset, None
 
     def truncate(self, offset: int) -> int:
         """Cut every record at or after ``offset`` durably (a follower dropping a tail its new

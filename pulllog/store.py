@@ -67,6 +67,7 @@ from pulllog.actions import (
     decode_action,
     encode_action,
 )
+from pulllog.copying import CopyingMixin
 from pulllog.errors import ActionLogGap, CorruptAction, CorruptCheckpoint, UnknownGroup
 from pulllog.snapshot import decode_snapshot, encode_snapshot
 from pulllog.state import (
@@ -147,13 +148,16 @@ def _check_uint(kind: str, value: object) -> None:
         raise ValueError(f"{kind} {value!r} must be an integer in [0, {U64_MAX}]")
 
 
-class PullLogStore:
+class PullLogStore(CopyingMixin):
     """Pull logs, acks and redelivery for every (subject, group) of one broker."""
 
     def __init__(self, directory: str, config: PullLogConfig = PullLogConfig(), *,
-                 opener: Opener = OsFile) -> None:
+                 opener: Opener = OsFile, follower: bool = False) -> None:
         self.directory = directory
         self.config = config
+        # A follower (a slave's copy, pulllog.copying) writes no action of its own: its action
+        # log holds exactly the master's bytes. ``promote`` makes it a store that writes.
+        self._follower = follower
         self._closed = False
         self._failed: LogStoreError | None = None
         self._unlogged: DiskFull | None = None  # the disk filled: changes live in memory only
@@ -185,26 +189,44 @@ class PullLogStore:
         self._actions_since_checkpoint = replayed
         untorn = self._log.recovery.truncation is None
         fresh = checkpoint is None and self._log.end_offset == 0
-        clean = untorn and (fresh or isinstance(last, Closed))
-        if not clean:
-            # Pull seqs handed out in actions that did not survive must never be reused. The new
-            # epoch goes into a checkpoint at once, so no later torn tail can take it back.
-            self._write(EpochStarted(self._state.epoch + 1))
-            if lost_tail:
-                # The old checkpoint's offset may now fall inside a record: start over from here.
-                self._kept_offsets = []
+        # Whether the log ends as a clean close left it (or is new): then the pull seqs it
+        # handed out are all recorded and the epoch may stay (``_begin_session``).
+        self._clean_end = untorn and (fresh or isinstance(last, Closed))
+        if lost_tail and follower:
+            # The checkpoint covers copied actions the log lost: state and log disagree, so the
+            # copy starts again (from the master's log start or its snapshot).
+            self._state, self._kept_offsets, self._actions_since_checkpoint = PullState(), [], 0
+            self._log.reset(0)
+            self._checkpoints.delete_after(0)
+        elif lost_tail:
+            # The old checkpoint's offset may now fall inside a record: start over from here.
+            self._kept_offsets = []
             self.checkpoint()
-        # Durable before anything is handed out: if this session crashes, the log no longer ends
-        # with the last session's CLOSED, so the next open starts a new epoch.
-        self._write(Opened())
-        self._guarded(self._log.sync)
+        clean = self._clean_end
+        if not follower:
+            self._begin_session()
         self.recovery = PullLogRecovery(
             checkpoint.sequence if checkpoint else None, offset, replayed, self._log.recovery,
             clean, self._state.epoch,
         )
         if not clean:
-            log.warning("pull log %s: unclean shutdown; replayed %d actions, epoch now %d",
-                        directory, replayed, self._state.epoch)
+            log.warning("pull log %s: unclean shutdown; replayed %d actions, epoch %s",
+                        directory, replayed,
+                        "to be raised when it serves" if follower else self._state.epoch)
+
+    def _begin_session(self) -> None:
+        """Start writing: a new pull-seq epoch unless the log ends cleanly, then OPENED."""
+        if not self._clean_end:
+            # Pull seqs handed out in actions that did not survive (or, for a promoted copy,
+            # were never copied) must never be reused. The new epoch goes into a checkpoint at
+            # once, so no later torn tail can take it back.
+            self._write(EpochStarted(self._state.epoch + 1))
+            self.checkpoint()
+        # Durable before anything is handed out: if this session crashes, the log no longer ends
+        # with the last session's CLOSED, so the next open starts a new epoch.
+        self._write(Opened())
+        self._guarded(self._log.sync)
+        self._clean_end = False
 
     def _open_log(self, opener: Opener, verify_from_offset: int) -> SegmentedLog:
         config = self.config
@@ -242,6 +264,7 @@ class PullLogStore:
 
     def _write(self, action: Action) -> object:
         """Log ``action``, apply it, and sync / checkpoint as configured; returns apply's result."""
+        assert not self._follower, "a follower's pull log records only what it copies"
         if self._failed is not None:
             raise self._failed
         self._state.check(action)
@@ -541,9 +564,13 @@ class PullLogStore:
             return
         try:
             # While unlogged, CLOSED may be recorded only once a checkpoint covers what the log
-            # lost; without it the next open starts a new epoch, as after a crash.
-            if self._failed is None and (self._unlogged is None
-                                         or self._checkpoint_unless_full()):
+            # lost; without it the next open starts a new epoch, as after a crash. A follower
+            # records nothing of its own (its copy ends as the master's does).
+            if self._follower:
+                if self._failed is None:
+                    self._log.sync()
+            elif self._failed is None and (self._unlogged is None
+                                           or self._checkpoint_unless_full()):
                 try:
                     self._log.append(encode_action(Closed()))
                     self._log.sync()

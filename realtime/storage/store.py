@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -36,6 +37,7 @@ from realtime.storage.config import (
     StoreConfig,
 )
 from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
+from realtime.storage.copying import cut_indexes, index_copied
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import (
     CorruptEntry,
@@ -403,6 +405,88 @@ class MessageStore:
                 if len(messages) == max_count:
                     break
         return messages, sequence
+
+    # ------------------------------------------------------------------ copying (replication)
+
+    def copy_bounds(self) -> tuple[int, int]:
+        """(first offset, end offset) of the message log as a copy may read it: everything
+        written to the OS (a master ships committed records; docs/REPLICATION.md 8.2)."""
+        self._check_open()
+        log_ = self._message_log.log
+        return log_.first_offset, log_.flushed_offset
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        """Whole message-log records from ``offset`` as stored (``SegmentedLog.read_raw``)."""
+        self._check_open()
+        return self._message_log.log.read_raw(offset, max_bytes)
+
+    def append_copy(self, offset: int, data: bytes) -> int:
+        """A slave: append records copied from the master's message log at ``offset`` (this
+        log's end), make them durable per the flush mode, then index them (consumer logs, dedup)
+        as a commit does. Nothing is appended unless every record checks out (CorruptRecord).
+        Returns the new end offset."""
+        self._check_writable()
+        if self._batch.bodies:
+            raise ValueError("a slave's message store has uncommitted appends of its own")
+        message_log = self._message_log
+        try:
+            bodies = message_log.log.append_raw(offset, data)
+            if self.config.flush_mode == "sync":
+                message_log.log.sync()
+            else:
+                message_log.log.flush()
+        except LogWriteFailed as exc:
+            self._failed = exc
+            raise
+        try:
+            index_copied(bodies, offset, self._consumer_logs, self._open_consumer_log,
+                         self._dedup, message_log.directory)
+        except (StoreFailed, CorruptRecord) as exc:
+            # The records are durable but not indexed: recovery indexes them at the next open.
+            self._failed = exc
+            raise
+        self._maybe_checkpoint()
+        return message_log.end_offset
+
+    def truncate_copy(self, offset: int) -> int:
+        """Cut the message log at ``offset`` (a record boundary) with every index entry and
+        dedup id of what is cut, durably, and checkpoint the result: a rejoining slave drops
+        a tail its master does not have, or a slave drops a rotten record to fetch it again.
+        Returns the bytes cut."""
+        self._check_writable()
+        message_log = self._message_log
+        if offset >= message_log.end_offset:
+            return 0
+        cut_indexes(message_log, self._consumer_logs, self._dedup, offset)
+        try:
+            cut = message_log.log.truncate(offset)
+            message_log.log.sync()
+        except LogWriteFailed as exc:
+            self._failed = exc
+            raise
+        self._write_checkpoint()
+        log.warning("message store %s: cut %d bytes of copied log at offset %d", self.data_dir,
+                    cut, offset)
+        return cut
+
+    def reset_copy(self, offset: int) -> None:
+        """Throw every record and index away and start the message log empty at ``offset``:
+        a slave whose master's retention deleted what it would fetch next."""
+        self._check_writable()
+        for clog in self._consumer_logs.values():
+            clog.close()
+            shutil.rmtree(clog.directory)
+        self._consumer_logs.clear()
+        self._dedup.clear()
+        self._message_log.log.reset(offset)
+        self._write_checkpoint()
+
+    def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
+        """Scrub about ``max_bytes`` of the message log from ``offset``: (where to go on, the
+        offset of the first record that fails its checks or None)."""
+        self._check_open()
+        next_offset, problem = self._message_log.log.verify(offset, max_bytes)
+        return next_offset, problem.offset if problem is not None else None
 
     # ------------------------------------------------------------------ retention, closing
 

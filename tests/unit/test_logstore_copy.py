@@ -23,7 +23,8 @@ def copy_all(source: SegmentedLog, target: SegmentedLog, max_bytes: int) -> int:
         data = source.read_raw(offset, max_bytes)
         if not data:
             return chunks
-        offset = target.append_raw(offset, data)
+        target.append_raw(offset, data)
+        offset = target.end_offset
         chunks += 1
 
 
@@ -154,3 +155,23 @@ def test_reset_starts_an_empty_log_at_any_offset_that_reopens_there(log_dir, tin
     log.close()
     reopened = SegmentedLog(log_dir, tiny_config)
     assert list(reopened.iterate()) == [(123_456, b"copied")]
+
+
+def test_verify_walks_the_log_in_steps_and_names_the_first_rotten_record(log_dir, tiny_config):
+    log = SegmentedLog(log_dir, tiny_config)
+    offsets = log.append_many([bytes([i]) * 700 for i in range(12)])
+    log.sync()
+    position, steps = 0, 0
+    while position < log.end_offset:
+        position, problem = log.verify(position, 2000)
+        assert problem is None
+        steps += 1
+    assert steps > 2
+    flip_bit(log.segments()[1].path, 40)
+    position, problem = 0, None
+    while problem is None:
+        position, problem = log.verify(position, 2000)
+    bad = max(o for o in offsets if o <= log.segments()[1].base_offset + 40)
+    assert problem.offset == position == bad
+    log.truncate(bad)
+    assert log.verify(0, 1 << 20) == (bad, None)
