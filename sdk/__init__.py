@@ -24,6 +24,7 @@ __all__ = [
     "Subscription",
     "Schedules",
     "Message",
-    *(cls.__name__ for cls in errors.ERRORS),
     "RequestTimeout",
 ]
+# The error classes (wire.errors.ERRORS), in a form type checkers follow.
+__all__ += errors.__all__

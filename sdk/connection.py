@@ -228,7 +228,7 @@ class Connection:
             else:
                 log.warning("broker %s sent an answer we cannot use: %s", self.address, exc)
             return
-        future = self._pending.get(rid)
+        future = self._pending.get(rid) if rid is not None else None
         if future is not None and not future.done():
             future.set_result(answer)
         # An unknown rid is the late answer of a request that timed out or was cancelled.

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
@@ -49,6 +49,8 @@ from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
     KEY_BODY,
     KEY_CREATED_AT_MS,
+    KEY_DELIVER_AT_MS,
+    KEY_EXPIRE_AT_MS,
     KEY_ID,
     KEY_PROPERTIES,
     KEY_RETRIES,
@@ -66,6 +68,7 @@ from wire.message import (
 from sdk.producer import default_client_id, duration_ms
 from wire.protocol import pull_columns
 from sdk.routes import Route, RouteCache
+from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable
 from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,10 @@ PULL_BATCH_DEFAULT = 256
 ACK_PENDING_MAX_DEFAULT = 1024
 
 Handler = Callable[["ReceivedMessage"], Awaitable[Any]]
+# What ``@consumer.handler`` takes: an async function of a ReceivedMessage, or a plain one of
+# a BlockingMessage (run in a worker thread).
+HandlerT = TypeVar("HandlerT", bound=Callable[["ReceivedMessage"], Awaitable[object]]
+                   | SyncHandler)
 
 
 class _PulledBatch:
@@ -129,22 +136,60 @@ class ReceivedMessage:
             self._message = message_from_fields(self._fields)
         return self._message
 
-    id = property(lambda self: self._fields[KEY_ID], doc="The message id.")
-    retries = property(lambda self: self._fields.get(KEY_RETRIES, 0),
-                       doc="How many times it was nacked and retried before (0 on first try).")
-    wire_subject = property(lambda self: self._fields[KEY_SUBJECT],
-                            doc="The subject it was pulled from (``%retry%...`` for a retry).")
-    body = property(lambda self: self._fields[KEY_BODY], doc="The body bytes.")
-    tags = property(lambda self: tuple(self._fields.get(KEY_TAGS) or ()),
-                    doc="The tags (tuple of str).")
-    properties = property(lambda self: self._fields.setdefault(KEY_PROPERTIES, {}),
-                          doc="The str -> str properties.")
-    created_at_ms = property(lambda self: self._fields[KEY_CREATED_AT_MS],
-                             doc="When the producer made it, epoch ms.")
-    broker_group = property(lambda self: self._batch.broker_group,
-                            doc="The broker group it was pulled from.")
-    address = property(lambda self: self._batch.address,
-                       doc="The broker address it was pulled from (acks go there).")
+    @property
+    def id(self) -> str:
+        """The message id."""
+        return self._fields[KEY_ID]
+
+    @property
+    def retries(self) -> int:
+        """How many times it was nacked and retried before (0 on first try)."""
+        return self._fields.get(KEY_RETRIES, 0)
+
+    @property
+    def wire_subject(self) -> str:
+        """The subject it was pulled from (``%retry%...`` for a retry)."""
+        return self._fields[KEY_SUBJECT]
+
+    @property
+    def body(self) -> bytes:
+        """The body bytes."""
+        return self._fields[KEY_BODY]
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The tags."""
+        return tuple(self._fields.get(KEY_TAGS) or ())
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The str -> str properties."""
+        return self._fields.setdefault(KEY_PROPERTIES, {})
+
+    @property
+    def created_at_ms(self) -> int:
+        """When the producer made it, epoch ms."""
+        return self._fields[KEY_CREATED_AT_MS]
+
+    @property
+    def deliver_at_ms(self) -> int | None:
+        """When it was due, epoch ms (None: sent to be delivered at once)."""
+        return self._fields.get(KEY_DELIVER_AT_MS)
+
+    @property
+    def expire_at_ms(self) -> int | None:
+        """After this epoch ms it is not delivered (None: never expires)."""
+        return self._fields.get(KEY_EXPIRE_AT_MS)
+
+    @property
+    def broker_group(self) -> str:
+        """The broker group it was pulled from."""
+        return self._batch.broker_group
+
+    @property
+    def address(self) -> str:
+        """The broker address it was pulled from (acks go there)."""
+        return self._batch.address
 
     @property
     def subject(self) -> str:
@@ -342,7 +387,8 @@ class Consumer:
     ``concurrency`` (16) default handler concurrency, ``broadcast`` (False) every consumer gets
     every message, ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
     ``ack_pending_max`` (1024) for ack batching, ``route_refresh_ms`` (30000),
-    ``close_timeout_ms`` (10000) how long close waits for running handlers.
+    ``close_timeout_ms`` (10000) how long close waits for running handlers,
+    ``handler_threads`` (= ``concurrency``) worker threads of the plain-function handlers.
 
     Why these defaults: a pull and an ack cost the broker about as much per request as a few
     dozen messages do, so at high rates each must carry hundreds of messages (RocketMQ keeps up
@@ -385,8 +431,10 @@ class Consumer:
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         routes: RouteCache | None = None,
         tls: TlsOption = None,
+        handler_threads: int | None = None,
     ) -> None:
         validate_group(group)
+        handler_threads = concurrency if handler_threads is None else handler_threads
         prefetch = pull_batch if prefetch is None else prefetch
         if start not in ("latest", "earliest"):
             raise ValueError(f"Consumer option start must be 'latest' or 'earliest', got {start!r}")
@@ -401,6 +449,7 @@ class Consumer:
             ("route_refresh_ms", route_refresh_ms, 1, None),
             ("reconnect_backoff_max_ms", reconnect_backoff_max_ms, 0, None),
             ("close_timeout_ms", close_timeout_ms, 0, None),
+            ("handler_threads", handler_threads, 1, None),
         ):
             if type(value) is not int or value < low or (high is not None and value > high):
                 bound = f"{low}..{high}" if high is not None else f">= {low}"
@@ -431,6 +480,8 @@ class Consumer:
         self._subscriptions: dict[str, Subscription] = {}
         self._handlers: list[_HandlerSpec] = []
         self._handler_tasks: set[asyncio.Task[None]] = set()
+        # Worker threads of the handlers that are plain functions (sdk.threaded).
+        self._threads = ThreadedHandlers(handler_threads)
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._started = False
         self._closing = False
@@ -486,6 +537,7 @@ class Consumer:
                 await asyncio.gather(self._heartbeat_task, return_exceptions=True)
             await self._leave()
         finally:
+            self._threads.shutdown()
             await self._pool.close()
             await self._routes.close()
             self._closed.set()
@@ -542,17 +594,24 @@ class Consumer:
 
     def handler(
         self, subject: str, tags: list[str] | None = None, concurrency: int | None = None
-    ) -> Callable[[Handler], Handler]:
-        """Register ``async def fn(msg)`` for ``subject``: returns -> ack, raises -> nack (see the
-        module docstring). At most ``concurrency`` (default: the consumer's) run at once."""
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Register ``fn(msg)`` for ``subject``: returns -> ack, raises -> nack (see the module
+        docstring). At most ``concurrency`` (default: the consumer's) run at once.
+
+        ``async def fn(msg)`` runs on the event loop with a ``ReceivedMessage``; a plain
+        ``def fn(msg)`` runs in a worker thread of the consumer's pool (``handler_threads``
+        threads, default ``concurrency``) with a ``sdk.threaded.BlockingMessage``, whose
+        ``ack()``/``nack()`` block; so Django or Flask code can be a handler as it is."""
         limit = self.concurrency if concurrency is None else concurrency
         if type(limit) is not int or limit < 1:
             raise ValueError(f"handler concurrency must be an int >= 1, got {limit!r}")
 
-        def register(fn: Handler) -> Handler:
-            if not asyncio.iscoroutinefunction(fn):
-                raise TypeError(f"handler {fn!r} must be an async function")
-            spec = _HandlerSpec(subject, list(tags) if tags else None, fn, limit)
+        def register(fn: HandlerT) -> HandlerT:
+            if not callable(fn):
+                raise TypeError(f"handler {fn!r} must be a function")
+            call = (cast(Handler, fn) if is_async_callable(fn)
+                    else self._threads.wrap(cast(SyncHandler, fn)))
+            spec = _HandlerSpec(subject, list(tags) if tags else None, call, limit)
             self._handlers.append(spec)
             if self._started:
                 self._start_handler(spec)
@@ -636,8 +695,8 @@ class Consumer:
                 del sub.pull_loops[(source, name)]
                 sub.addresses.pop((source, name), None)
         for name in names:
-            task = sub.pull_loops.get((source, name))
-            if task is None or task.done():
+            running = sub.pull_loops.get((source, name))
+            if running is None or running.done():
                 sub.pull_loops[(source, name)] = asyncio.get_running_loop().create_task(
                     self._pull_loop(sub, source, name), name=f"qmq-pull {source}@{name}"
                 )

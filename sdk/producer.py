@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 import msgpack
 
@@ -130,7 +130,7 @@ def _deliver_times(
                          "or a single value for all")
     if delay is not None:
         if values is None:
-            delays_ms = [duration_ms(delay, "delay")] * count
+            delays_ms = [duration_ms(delay, "delay")] * count  # type: ignore[arg-type]  # one value
         else:
             delays_ms = [v if type(v) is int else duration_ms(v, "delay") for v in values]
         low_ms = min(delays_ms)
@@ -327,6 +327,26 @@ class Producer:
             raise result
         return result
 
+    @overload
+    async def send_many(
+        self, subject: str, bodies: list[bytes] | tuple[bytes, ...], *,
+        tags: tuple[str, ...] | list[str] = (), properties: dict[str, str] | None = None,
+        expire_at: datetime | int | None = None,
+        delay: timedelta | int | Sequence[timedelta | int] | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
+        return_exceptions: Literal[False] = False, message_ids: Sequence[str] | None = None,
+    ) -> list[Receipt]: ...
+
+    @overload
+    async def send_many(
+        self, subject: str, bodies: list[bytes] | tuple[bytes, ...], *,
+        tags: tuple[str, ...] | list[str] = (), properties: dict[str, str] | None = None,
+        expire_at: datetime | int | None = None,
+        delay: timedelta | int | Sequence[timedelta | int] | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
+        return_exceptions: Literal[True], message_ids: Sequence[str] | None = None,
+    ) -> list[Receipt | QmqError]: ...
+
     async def send_many(
         self,
         subject: str,
@@ -427,7 +447,7 @@ class Producer:
         if spliced is not None:
             return ids, spliced
         packb = msgpack.Packer(use_bin_type=True).pack
-        payloads = []
+        payloads: list[bytes] = []
         append = payloads.append
         # One dict reused for every message: only the changing fields are set in it.
         if deliver_ats is None:

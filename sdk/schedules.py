@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime, timedelta
+import builtins
 from typing import Any
 from urllib.parse import quote
 
@@ -123,7 +124,7 @@ class Schedules:
         """Delete it; its pending occurrence is cancelled and the name is free again."""
         return await self._call("DELETE", f"/api/schedules/{quote(name)}")
 
-    async def next(self, name: str, n: int = 10) -> list[dict[str, Any]]:
+    async def next(self, name: str, n: int = 10) -> builtins.list[dict[str, Any]]:
         """The next ``n`` fire times from now: ``[{fire_ms, local, utc}]``."""
         answer = await self._call("GET", f"/api/schedules/{quote(name)}/next",
                                   params={"n": str(n)})

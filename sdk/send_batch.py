@@ -208,7 +208,8 @@ def _settle_one_by_one(subject: str, broker_group: str, part: Part,
             continue
         error = result.get("error")
         if error is None:
-            status = "duplicate" if result.get("status") == "duplicate" else "stored"
+            status: Literal["stored", "duplicate"] = (
+                "duplicate" if result.get("status") == "duplicate" else "stored")
             due = None if part.dues is None else part.dues[k]
             call.settle(part.slot(k), Receipt(message_id, subject, broker_group, status, due))
             continue

@@ -139,8 +139,9 @@ class Conflict(QmqError):
     code = "conflict"
 
 
-# Every error a client may catch, the base first: the SDK exports exactly these (sdk.__all__),
-# so a new error class is listed once, here.
+# Every error a client may catch, the base first: the SDK exports exactly these (sdk.__all__
+# adds this module's __all__, whose names type checkers read, so a new error class is named
+# there too; tests/unit/test_typing.py holds the two lists equal).
 ERRORS: tuple[type[QmqError], ...] = (
     QmqError,
     BadRequest,
@@ -178,10 +179,21 @@ def type_name(value: object) -> str:
     return type(value).__name__
 
 
+# The names of ERRORS, in order, as a literal list: type checkers read it (a comprehension they
+# cannot), and ``from wire.errors import *`` (the SDK) takes exactly the errors.
 __all__ = [
-    *(cls.__name__ for cls in ERRORS),
-    "ERRORS",
-    "WIRE_ERRORS",
-    "error_from_wire",
-    "type_name",
+    "QmqError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "TooLarge",
+    "DelayOutOfRange",
+    "ReadOnly",
+    "Overloaded",
+    "NotFound",
+    "NotSupported",
+    "Internal",
+    "ConnectionLost",
+    "NoRoute",
+    "Conflict",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Literal, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Literal, Sequence, Union
 
 import msgpack
 
@@ -83,7 +83,7 @@ def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) ->
     return _HEADER.pack(len(payload)) + payload
 
 
-def decode_frame_payload(payload: bytes) -> dict[str, Any]:
+def decode_frame_payload(payload: bytes | memoryview) -> dict[str, Any]:
     """One frame's msgpack payload -> map with str keys; BadRequest otherwise."""
     try:
         obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
@@ -424,7 +424,8 @@ def _parse_pull(f: _Fields, rid: int) -> Pull:
             and not frame.get("tags") and type(frame.get("tags", [])) is list
             and (start == "latest" or start == "earliest") and type(start) is str
             and (broadcast is False or broadcast is True)):
-        return Pull(rid, subject, group, consumer_id, max_count, wait_ms, [], start, broadcast)
+        return Pull(rid, subject, group, consumer_id, max_count, wait_ms, [], start,  # type: ignore[arg-type]  # start checked just above
+                    broadcast)
     return _parse_pull_checked(f, rid, subject, group, consumer_id)
 
 
@@ -605,7 +606,7 @@ def _parse_purge(f: _Fields, rid: int) -> Purge:
     return Purge(rid, subject, through)
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[_Fields, int], Request]] = {
     "hello": _parse_hello,
     "send": _parse_send,
     "pull": _parse_pull,
@@ -704,9 +705,9 @@ def pull_columns(answer: dict[str, Any]) -> tuple[list[int], list[Any], list[int
     to be arrays of one length with int pull seqs and redelivery counts (C loops, no call per
     message). Payloads are not checked here: each is decoded on its own. BadRequest names the
     defect."""
-    pull_seqs = answer.get("pull_seqs")
-    payloads = answer.get("payloads")
-    redelivered = answer.get("redelivered")
+    pull_seqs: Any = answer.get("pull_seqs")
+    payloads: Any = answer.get("payloads")
+    redelivered: Any = answer.get("redelivered")
     for name, column in (("pull_seqs", pull_seqs), ("payloads", payloads),
                          ("redelivered", redelivered)):
         if type(column) is not list:

@@ -407,8 +407,10 @@ async def test_bad_subscriptions_and_options_fail_at_once(meta):
         c.subscribe("orders")
         with pytest.raises(ValueError, match="already subscribed"):
             c.subscribe("orders")
-        with pytest.raises(TypeError, match="async"):
-            c.handler("refunds")(lambda msg: None)
+        with pytest.raises(TypeError, match="must be a function"):
+            c.handler("refunds")("not callable")
+        with pytest.raises(ValueError, match="handler_threads"):
+            Consumer(meta.url, group="g", handler_threads=0)
 
 
 async def test_a_pull_that_outlives_its_timeout_reconnects(meta, broker_a, monkeypatch):
