@@ -3,18 +3,22 @@
 The servers use this among themselves: the delay server dispatches due messages to the
 subject's realtime brokers, and a realtime broker hands nacked messages to a delay server. The
 payload bytes are sent verbatim (never re-encoded), so a resend after a failure carries the same
-message id and the receiving broker's de-duplication makes it harmless.
+message id; and each id has a home group among the subject's groups (a hash of the id), so the
+resend reaches the broker that stored the first copy, whose de-duplication makes it harmless.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+import zlib
 from typing import Any
 
 from sdk.connection import ConnectionPool
 from wire.errors import ConnectionLost, NoRoute, QmqError, error_from_wire
 from wire.limits import MAX_SEND_BATCH_MESSAGES
+from wire.message import peek_message_id
 from sdk.routes import RouteCache
 
 log = logging.getLogger(__name__)
@@ -42,57 +46,102 @@ class PayloadSender:
         self.routes = RouteCache(meta_url, kind=kind, token=token, ssl_context=ssl_context)
         self.pool = ConnectionPool(client_id=client_id, app=app, token=token,
                                    ssl_context=ssl_context)
-        self._next = 0
 
     async def send(self, subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
-        """Send ``payloads`` (all of ``subject``) and return (broker group, per-payload results).
+        """Send ``payloads`` (all of ``subject``) and return (the broker group that took the
+        first payload, per-payload results in the order given).
 
-        Tries each group of the route in turn on a retriable failure, refreshing the route once;
-        raises the last error when none accepted the batch. A per-payload error is returned in its
-        result, not raised.
+        Each payload goes to its message id's home group (``home_group``), so a resend of an id
+        (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
+        group, whose de-duplication absorbs it. A part whose home refuses with a retriable
+        failure moves on to the next groups in turn; the route is refreshed once. Raises the
+        last error when some part found no group to take it; a per-payload error is returned in
+        its result, not raised.
         """
         if not payloads:
             return "", []
+        results: list[dict[str, Any] | None] = [None] * len(payloads)
+        first_group = ""
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
+        pending = list(range(len(payloads)))
         for attempt in range(2):
             route = await (self.routes.refresh(subject, "producer") if attempt
                            else self.routes.get(subject, "producer"))
-            groups = [g for g in route.groups if g.addresses]
+            # Sorted by name: every sender computes the same home for an id.
+            groups = sorted((g for g in route.groups if g.addresses), key=lambda g: g.group)
             if not groups:
                 continue
-            self._next += 1
-            # Every address of every group: a group's list can still hold a broker that died
-            # (kill -9) beside its restarted replacement until the MetaServer expires it.
-            first = self._next % len(groups)
-            rotated = groups[first:] + groups[:first]
-            targets = [(group, address) for group in rotated for address in group.addresses]
-            for group, address in targets:
-                try:
-                    results: list[dict[str, Any]] = []
-                    for start in range(0, len(payloads), MAX_SEND_BATCH_MESSAGES):
-                        chunk = payloads[start:start + MAX_SEND_BATCH_MESSAGES]
-                        answer = await self.pool.request(
-                            address, {"op": "send", "messages": chunk}, self.send_timeout_ms
-                        )
-                        results.extend(answer.get("results", []))
-                    if _all_retriable_failures(results):
-                        error = results[0]["error"]
-                        raise error_from_wire(error["code"], error["message"])
-                    return group.group, results
-                except QmqError as exc:
-                    if not exc.retriable:
-                        raise
-                    log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
-                             self.kind, group.group, address, subject, exc)
-                    last_error = exc
-                    if isinstance(exc, ConnectionLost):
-                        await self.pool.discard(address)
+            parts: dict[int, list[int]] = {}
+            for position in pending:
+                home = home_group(payloads[position], len(groups))
+                parts.setdefault(home, []).append(position)
+            outcomes = await asyncio.gather(*(
+                self._send_part(subject, groups, home, [payloads[p] for p in positions])
+                for home, positions in parts.items()
+            ), return_exceptions=True)
+            pending = []
+            for positions, outcome in zip(parts.values(), outcomes):
+                if isinstance(outcome, BaseException):
+                    if not (isinstance(outcome, QmqError) and outcome.retriable):
+                        raise outcome  # every part has finished: nothing is left running
+                    last_error = outcome
+                    pending.extend(positions)
+                    continue
+                group_name, part_results = outcome
+                if 0 in positions:
+                    first_group = group_name
+                for position, result in zip(positions, part_results):
+                    results[position] = result
+            if not pending:
+                return first_group, [r if r is not None else {} for r in results]
+            pending.sort()
         raise last_error
+
+    async def _send_part(self, subject: str, groups: list[Any], home: int,
+                         payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]] | QmqError:
+        """Send one home group's part, trying the other groups in turn on a retriable failure;
+        returns (group, results) or the last retriable error (a non-retriable one is raised)."""
+        # Every address of every group: a group's list can still hold a broker that died
+        # (kill -9) beside its restarted replacement until the MetaServer expires it.
+        rotated = groups[home:] + groups[:home]
+        targets = [(group, address) for group in rotated for address in group.addresses]
+        last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
+        for group, address in targets:
+            try:
+                results: list[dict[str, Any]] = []
+                for start in range(0, len(payloads), MAX_SEND_BATCH_MESSAGES):
+                    chunk = payloads[start:start + MAX_SEND_BATCH_MESSAGES]
+                    answer = await self.pool.request(
+                        address, {"op": "send", "messages": chunk}, self.send_timeout_ms
+                    )
+                    results.extend(answer.get("results", []))
+                if _all_retriable_failures(results):
+                    error = results[0]["error"]
+                    raise error_from_wire(error["code"], error["message"])
+                return group.group, results
+            except QmqError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
+                         self.kind, group.group, address, subject, exc)
+                last_error = exc
+                if isinstance(exc, ConnectionLost):
+                    await self.pool.discard(address)
+        return last_error
 
     async def close(self) -> None:
         """Close connections and the route cache's HTTP session."""
         await self.pool.close()
         await self.routes.close()
+
+
+def home_group(payload: bytes, group_count: int) -> int:
+    """Index, among ``group_count`` groups sorted by name, of the home of ``payload``'s message
+    id: CRC-32 of the id, so it is the same in every process and after every restart. A payload
+    whose id cannot be read goes to the first group."""
+    if group_count <= 1:
+        return 0
+    return zlib.crc32(peek_message_id(payload).encode()) % group_count
 
 
 def _all_retriable_failures(results: list[dict[str, Any]]) -> bool:
