@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from logstore.descriptors import CAPACITY_MIN
 from logstore.segment_log import FLUSH_MODES
 from realtime.storage.message_record import OVERHEAD_SIZE_BYTES
 
@@ -25,6 +26,8 @@ class StoreConfig:
     flush_mode: str = "sync"  # "sync": commit() fsyncs (group commit); "async": tick() fsyncs
     flush_interval_ms: int = 100  # ms; async mode: longest time between fsyncs with data pending
     consumer_log_entries_per_file: int = 1 << 20  # entries (32 bytes each) per consumer-log file
+    consumer_log_files_open_max: int = 256  # consumer-log files open at once, all subjects; the
+    # server sizes it from its open-files limit (serverkit.open_files)
     dedup_window_ms: int = 10 * 60_000  # ms; a resent id within this is a duplicate
     dedup_ids_max: int = 1_000_000  # ids remembered in all; the oldest are forgotten first
     retention_ms: int = 72 * 3600_000  # ms; segments older than this go once no group needs them
@@ -41,6 +44,7 @@ class StoreConfig:
             "record_size_bytes_max": OVERHEAD_SIZE_BYTES,
             "flush_interval_ms": 1,
             "consumer_log_entries_per_file": 1,
+            "consumer_log_files_open_max": CAPACITY_MIN,
             "dedup_window_ms": 0,
             "dedup_ids_max": 0,
             "retention_ms": 0,

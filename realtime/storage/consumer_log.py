@@ -28,12 +28,12 @@ import errno
 import os
 import struct
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple, Sequence
 
-from logstore import DiskFull, FileHandle, LogWriteFailed, Opener, fsync_directory
+from logstore import DiskFull, FileHandle, LogWriteFailed, fsync_directory
+from logstore.descriptors import DescriptorCache
 from logstore.twins import c_twin
 from realtime.storage.errors import CorruptEntry, StoreFailed
 
@@ -49,7 +49,6 @@ ENTRY = struct.Struct(
 CRC = struct.Struct(">I")  # crc32 of the 28 bytes above
 ENTRY_SIZE_BYTES = ENTRY.size + CRC.size  # 32
 FILE_SUFFIX = ".clog"
-READ_HANDLES_MAX = 8  # read-only files kept open per subject besides the active one
 
 
 class Entry(NamedTuple):
@@ -124,15 +123,22 @@ class DeletedFile:
 
 
 class ConsumerLog:
-    """The files of one subject's consumer log. Not thread-safe: the store is its one owner."""
+    """The files of one subject's consumer log. Not thread-safe: the store is its one owner.
 
-    def __init__(self, directory: str, subject: str, entries_per_file: int, opener: Opener) -> None:
+    It keeps no descriptor of its own: every file is opened through ``files``, the store's
+    ``DescriptorCache`` shared by all subjects, so the open files of a store are bounded however
+    many subjects it has. A handle is used at once and never kept across calls. Files written
+    since the last ``sync`` are remembered by base (``_dirty``) and fsynced through a fresh
+    handle if the cache closed theirs meanwhile.
+    """
+
+    def __init__(self, directory: str, subject: str, entries_per_file: int,
+                 files: DescriptorCache) -> None:
         self.directory = directory
         self.subject = subject
         self.entries_per_file = entries_per_file
-        self._opener = opener
+        self._files = files
         self._bases: list[int] = []
-        self._handles: OrderedDict[int, FileHandle] = OrderedDict()
         self._dirty: set[int] = set()
         self._directory_dirty = False
         self.end = 0  # next sequence to be indexed
@@ -199,36 +205,24 @@ class ConsumerLog:
             self.end = kept[-1] + whole // ENTRY_SIZE_BYTES
             self.first_sequence = kept[0]
         if self.layout_problems:
-            fsync_directory(self.directory)
+            self._fsync_directory()
+
+    def _fsync_directory(self) -> None:
+        """fsync the directory; an open that finds no descriptor left is retried after the
+        cache lets go of its own."""
+        self._files.retry_on_emfile(fsync_directory, self.directory)
 
     def _unlink(self, bases: list[int]) -> None:
         for base in bases:
-            handle = self._handles.pop(base, None)
-            if handle is not None:
-                handle.close()
+            path = self._file_path(base)
+            self._files.discard(path)
             self._dirty.discard(base)
-            os.unlink(self._file_path(base))
+            os.unlink(path)
 
     def _handle(self, base: int) -> FileHandle:
-        handle = self._handles.get(base)
-        if handle is not None:
-            self._handles.move_to_end(base)
-            return handle
-        handle = self._opener(self._file_path(base))
-        self._handles[base] = handle
-        self._trim_handles(keep=base)
-        return handle
-
-    def _trim_handles(self, keep: int | None = None) -> None:
-        """Close the least recently used clean handles beyond READ_HANDLES_MAX + the active one."""
-        active = self._bases[-1] if self._bases else None
-        while len(self._handles) > READ_HANDLES_MAX + 1:
-            for old in self._handles:
-                if old not in (active, keep) and old not in self._dirty:
-                    self._handles.pop(old).close()
-                    break
-            else:
-                break
+        """The open handle of the file at ``base``: use it at once, before any other call that
+        may open a file (the cache may close it then)."""
+        return self._files.get(self._file_path(base))
 
     # ------------------------------------------------------------------ reading
 
@@ -366,17 +360,16 @@ class ConsumerLog:
     def sync(self) -> None:
         """fsync every file written since the last sync (and the directory if files changed)."""
         for base in sorted(self._dirty):
-            handle = self._handles.get(base)
-            if handle is not None:
-                try:
-                    handle.sync()
-                except OSError as exc:
-                    raise StoreFailed(handle.path, exc) from exc
+            try:
+                # Through the cache: the handle that wrote it may have been closed since, and
+                # fsync of a fresh descriptor flushes the file's data all the same.
+                self._handle(base).sync()
+            except OSError as exc:
+                raise StoreFailed(self._file_path(base), exc) from exc
         self._dirty.clear()
-        self._trim_handles()
         if self._directory_dirty:
             try:
-                fsync_directory(self.directory)
+                self._fsync_directory()
             except OSError as exc:
                 raise StoreFailed(self.directory, exc) from exc
             self._directory_dirty = False
@@ -394,11 +387,11 @@ class ConsumerLog:
             del self._bases[0]
             deleted.append(DeletedFile(base, path, size))
         if deleted:
-            fsync_directory(self.directory)
+            self._fsync_directory()
         return deleted
 
     def close(self) -> None:
-        """Close every file (no fsync: the index is rebuilt from the message log if needed)."""
-        for handle in self._handles.values():
-            handle.close()
-        self._handles.clear()
+        """Close this subject's files held by the cache (no fsync: the index is rebuilt from
+        the message log if needed)."""
+        for base in self._bases:
+            self._files.discard(self._file_path(base))

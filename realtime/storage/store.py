@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from logstore.descriptors import DescriptorCache
 from logstore import (
     CheckpointStore,
     CorruptRecord,
@@ -109,6 +110,12 @@ class MessageStore:
         check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         self.data_dir = data_dir
         self.config = config
+        # Every consumer-log file is opened through this cache, so a store with any number of
+        # subjects keeps at most consumer_log_files_open_max of them open; the message log's
+        # segments open through it too, so an open that finds no descriptor left is retried
+        # after the cache closed its own (logstore.descriptors).
+        self._files = DescriptorCache(opener, config.consumer_log_files_open_max)
+        opener = self._files.opener(opener)
         self._opener = opener
         self._closed = False
         self._failed: StorageError | None = None
@@ -167,9 +174,9 @@ class MessageStore:
         directory = os.path.join(self._consumer_root, name)
         created = not os.path.isdir(directory)
         clog = ConsumerLog(directory, subject, self.config.consumer_log_entries_per_file,
-                           self._opener)
+                           self._files)
         if created and is_hashed(name):
-            write_subject_file(directory, subject)
+            self._files.retry_on_emfile(write_subject_file, directory, subject)
         return clog
 
     def _check_open(self) -> None:
@@ -517,4 +524,5 @@ class MessageStore:
             self._message_log.log.close()
             for clog in self._consumer_logs.values():
                 clog.close()
+            self._files.close()
             self._closed = True

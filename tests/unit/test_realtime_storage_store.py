@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -326,15 +330,67 @@ def test_a_closed_store_refuses_every_call(data_dir):
         store.read("s", 0)
 
 
-def test_reads_across_many_consumer_log_files_keep_few_files_open(data_dir):
-    store = open_store(data_dir)
-    for i in range(60):
-        store.append("s", f"id{i}", [], T0, payload_of("s", i))
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_store_of_many_subjects_keeps_at_most_its_budget_of_consumer_log_files_open(data_dir):
+    config = dataclasses.replace(TINY, consumer_log_files_open_max=5)
+    store = open_store(data_dir, config)
+    before = open_descriptors()
+    for i in range(60):  # 12 subjects of 5 messages: 2 files each (4 entries per file)
+        store.append(f"s{i % 12}", f"id{i}", [], T0, payload_of("s", i))
+        if i % 7 == 6:
+            store.commit()
     store.commit()
-    for sequence in (59, 0, 30, 1, 58):
-        assert store.read("s", sequence).payload == payload_of("s", sequence)
-    assert [m.payload for m in store.scan("s", 0, 100)[0]] == [payload_of("s", i) for i in range(60)]
-    assert len(store._consumer_logs["s"]._handles) <= 9
+    for i in range(60):
+        assert store.read(f"s{i % 12}", i // 12).payload == payload_of("s", i)
+    assert [m.payload for m in store.scan("s3", 0, 100)[0]] == [
+        payload_of("s", i) for i in range(3, 60, 12)]
+    assert store._files.open_count <= 5
+    assert open_descriptors() - before <= 5 + 1  # a new message-log segment at most
+    store.close()
+    reopened = open_store(data_dir, config)  # recovery goes through the cache too
+    assert reopened.end_sequences() == {f"s{k}": 5 for k in range(12)}
+    assert reopened._files.open_count <= 5
+    reopened.close()
+
+
+def _emfile_beyond(limit: int):
+    """An opener that, like a process at its open-files limit, refuses a file while
+    ``limit`` of its files are open."""
+    from logstore import OsFile
+
+    open_files: set = set()
+
+    class Limited(OsFile):
+        def __init__(self, path: str) -> None:
+            if len(open_files) >= limit:
+                raise OSError(errno.EMFILE, "Too many open files (injected)", path)
+            super().__init__(path)
+            open_files.add(self)
+
+        def close(self) -> None:
+            open_files.discard(self)
+            super().close()
+
+    return Limited, open_files
+
+
+def test_running_out_of_descriptors_fails_no_commit_of_any_subject(data_dir):
+    opener, open_files = _emfile_beyond(4)  # one message-log segment + 3 consumer-log files
+    config = dataclasses.replace(TINY, consumer_log_files_open_max=50,
+                                 segment_size_bytes_max=1 << 20)
+    store = open_store(data_dir, config, opener=opener)
+    for round_ in range(3):
+        for k in range(20):
+            store.append(f"s{k}", f"id{round_}-{k}", [], T0, payload_of(f"s{k}", round_))
+        store.commit()  # 20 subjects to index; only 3 files may be open at a time
+    assert store.end_sequences() == {f"s{k}": 3 for k in range(20)}
+    for k in range(20):
+        assert [m.payload for m in store.scan(f"s{k}", 0, 10)[0]] == [
+            payload_of(f"s{k}", r) for r in range(3)]
+    assert store._files.relieved > 0 and len(open_files) <= 4
     store.close()
 
 
