@@ -4,7 +4,8 @@ Synchronous plain classes over files: no asyncio, no network, and nothing of our
 
 - ``SegmentedLog`` / ``LogConfig``: the segmented log (``logstore.segment_log``).
 - ``CheckpointStore``: atomic checkpoint files (``logstore.checkpoint``).
-- ``OsFile`` / ``FileHandle`` / ``write_file_atomically``: file access (``logstore.fileio``).
+- ``OsFile`` / ``FileHandle`` / ``write_file_atomically``: file access (``logstore.fileio``);
+  ``DescriptorCache``: a bounded set of open files shared by a store (``logstore.descriptors``).
 - ``FaultPlan`` / ``FaultyFile`` / ``flip_bit``: fault injection for tests (``logstore.faults``).
 - Errors in ``logstore.errors``.
 """
@@ -17,6 +18,7 @@ from logstore.errors import (
     LogStoreError,
     LogWriteFailed,
     OffsetOutOfRange,
+    OutOfDescriptors,
     RecordTooLarge,
 )
 from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory, write_file_atomically
@@ -25,6 +27,7 @@ from logstore.segment_log import LogConfig, RecoveryReport, SegmentedLog, Segmen
 __all__ = [
     "Checkpoint", "CheckpointStore", "CorruptRecord", "DiskFull", "FileHandle", "LogClosed",
     "LogConfig", "LogStoreError", "LogWriteFailed", "OffsetOutOfRange", "Opener", "OsFile",
-    "RecordTooLarge", "RecoveryReport", "SegmentInfo", "SegmentedLog", "Truncation",
+    "OutOfDescriptors", "RecordTooLarge", "RecoveryReport", "SegmentInfo", "SegmentedLog",
+    "Truncation",
     "fsync_directory", "write_file_atomically",
 ]

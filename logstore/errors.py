@@ -9,6 +9,8 @@ Hierarchy::
     ├── LogWriteFailed            a write or fsync failed; sticky until the log is reopened
     ├── DiskFull                  a write hit ENOSPC; not sticky: the unflushed appends are dropped,
     │                             the file is cut back, and a later append may succeed (retriable)
+    ├── OutOfDescriptors          an open found no file descriptor left even after the store closed
+    │                             its own (EMFILE/ENFILE); not sticky: the batch is refused (retriable)
     └── LogClosed                 the log was used after close()
 
 Storage raises these for the world's faults (bad bytes, failed syscalls); our own bugs are assertions.
@@ -79,6 +81,19 @@ class DiskFull(LogStoreError):
         super().__init__(
             f"disk full writing {path}: {dropped_records} unflushed record(s) dropped; retry later"
         )
+
+
+class OutOfDescriptors(LogStoreError):
+    """Opening a file failed for want of a descriptor (EMFILE/ENFILE) even after the store
+    let go of every one it could; what was written for the batch was cut back. Retry later;
+    raise the open-files limit if it persists (docs/OPERATIONS.md)."""
+
+    retriable = True
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(f"no file descriptor left to open {path}: {cause}; retry later")
 
 
 class LogClosed(LogStoreError):

@@ -42,6 +42,7 @@ from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Tail
 from realtime.tracing import BrokerTracer
 from serverkit.io_thread import IoThread
+from serverkit.open_files import files_cached_budget
 from serverkit.periodic import run_every
 from wire.clock import wall_clock_ms
 from wire.protocol import Ack, Heartbeat, Leave, Pull
@@ -74,6 +75,8 @@ def _open_store_io(config: RealtimeConfig, opener: Opener, now_ms: int,
         flush_mode=config.flush,
         flush_interval_ms=config.flush_interval_ms,
         consumer_log_entries_per_file=config.consumer_log_entries_per_file,
+        consumer_log_files_open_max=(config.consumer_log_files_open_max
+                                     or files_cached_budget()),
         dedup_window_ms=config.dedup_window_ms,
         retention_ms=config.retention_ms,
     ), opener=opener, now_ms=now_ms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from logstore.descriptors import CAPACITY_MIN
 from realtime.retries import DEFAULT_BACKOFF_MS, DEFAULT_RETRIES_MAX
 from serverkit.config import ServerConfig
 
@@ -19,6 +20,9 @@ class RealtimeConfig(ServerConfig):
     port: int = 20881  # TCP port; 0 picks a free one
     segment_size_bytes_max: int = 64 << 20  # message-log segment size, in bytes
     consumer_log_entries_per_file: int = 1 << 20  # consumer-log file size, in 32-byte entries
+    # Consumer-log files kept open at once, all subjects; None: a share of the open-files limit
+    # (serverkit.open_files.files_cached_budget).
+    consumer_log_files_open_max: int | None = None
     ack_timeout_ms: int = 60_000  # a pulled message not acked in this time (ms) is handed out again
     ack_timeout_ms_by_group: dict[str, int] = field(default_factory=dict)  # per-group overrides, in ms
     consumer_expiry_ms: int = 30_000  # a consumer silent this long (ms) is offline; its holdings move
@@ -44,6 +48,10 @@ class RealtimeConfig(ServerConfig):
                              f"{self.retry_backoff_ms!r}")
         if not isinstance(self.retries_max, int) or self.retries_max < 0:
             raise ValueError(f"retries_max must be an integer >= 0, got {self.retries_max!r}")
+        files = self.consumer_log_files_open_max
+        if files is not None and (type(files) is not int or files < CAPACITY_MIN):
+            raise ValueError(f"consumer_log_files_open_max must be an integer >= {CAPACITY_MIN} "
+                             f"or None, got {files!r}")
         for group, value in self.ack_timeout_ms_by_group.items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ack_timeout_ms_by_group[{group!r}] must be > 0, got {value!r}")

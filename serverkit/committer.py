@@ -10,6 +10,7 @@ A failed commit is triaged here, the same for both servers:
 | raised by the store          | the batch is answered | and the server                      |
 |------------------------------|-----------------------|-------------------------------------|
 | ``DiskFull``                 | ``Overloaded``        | keeps taking sends (space may come) |
+| ``OutOfDescriptors``         | ``Overloaded``        | keeps taking sends (files may close)|
 | ``LogWriteFailed`` (sticky)  | ``Internal``          | goes read-only until restarted      |
 | anything else (our bug)      | ``Internal``          | logs the traceback, stays up        |
 """
@@ -20,7 +21,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, Generic, TypeVar
 
-from logstore.errors import DiskFull, LogWriteFailed
+from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
 from wire.errors import Internal, Overloaded, QmqError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ def commit_error(exc: Exception, name: str) -> tuple[QmqError, bool]:
     ("broker group realtime-1"), for the message."""
     if isinstance(exc, DiskFull):
         return Overloaded(f"{name} disk full, send refused: {exc}"), False
+    if isinstance(exc, OutOfDescriptors):
+        log.warning("%s refused a batch: %s", name, exc)
+        return Overloaded(f"{name} out of file descriptors, send refused: {exc}"), False
     if isinstance(exc, LogWriteFailed):
         log.error("write failure, %s goes read-only until restarted: %s", name, exc)
         return Internal(f"{name} storage write failed: {exc}"), True

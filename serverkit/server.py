@@ -3,7 +3,7 @@ core (the broker, the scheduler): the frame server, the ``/metrics`` listener, r
 with the MetaServer, TLS contexts, the access gate, the trace writer, and the order of start-up
 and graceful shutdown.
 
-Start: open the core (storage recovered) -> listen -> metrics listener -> register. Stop:
+Start: raise the open-files limit -> open the core (storage recovered) -> listen -> metrics listener -> register. Stop:
 deregister -> stop the metrics listener -> stop reading requests and finish those in flight
 (``shutdown_grace_ms``) -> stop the core (commit, checkpoint, close) -> close the trace, the
 gate. Everything here runs on the event loop.
@@ -24,6 +24,7 @@ from serverkit.access import AccessCache, Gate
 from serverkit.config import ServerConfig
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
+from serverkit.open_files import OpenFilesLimit, raise_open_files_limit
 from serverkit.registration import Registration
 from tracelog.events import TraceWriter
 from wire.clock import wall_clock_ms
@@ -114,6 +115,7 @@ class ServerBase:
                 refresh=metrics.refresh)
         self.registration: Registration | None = None
         self.port: int | None = None
+        self.open_files: OpenFilesLimit | None = None  # set by start()
         self._stopped = False
 
     @property
@@ -127,7 +129,10 @@ class ServerBase:
         return self.metrics_listener.url if self.metrics_listener is not None else None
 
     async def start(self) -> None:
-        """Recover the storage, listen, then register with the MetaServer (if configured)."""
+        """Raise the open-files limit, recover the storage, listen, then register with the
+        MetaServer (if configured)."""
+        # First: the storage sizes its descriptor cache from the limit it finds.
+        self.open_files = raise_open_files_limit()
         await self._open_core()
         self.port = await self.frames.start()
         self.config = dataclasses.replace(self.config, port=self.port)

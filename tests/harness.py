@@ -127,9 +127,11 @@ def _spawn(name: str, cmd: list[str], ready: re.Pattern[str],
 
 
 def start_server(name: str, args: list[str], env: dict[str, str] | None = None,
-                 ready: re.Pattern[str] = _LISTEN) -> ServerProcess:
-    """Run ``qmq <args>`` and wait for its ready line (``ready`` group 1 is the address)."""
-    cmd = [sys.executable, "-m", "qmq", "--log-level", "warning", *args]
+                 ready: re.Pattern[str] = _LISTEN, wrapper: tuple[str, ...] = (),
+                 log_level: str = "warning") -> ServerProcess:
+    """Run ``qmq <args>`` and wait for its ready line (``ready`` group 1 is the address).
+    ``wrapper``: a command it runs under (``("prlimit", "--nofile=128:256")``)."""
+    cmd = [*wrapper, sys.executable, "-m", "qmq", "--log-level", log_level, *args]
     process, output, address = _spawn(name, cmd, ready, env)
     return ServerProcess(name, args, process, address, output)
 

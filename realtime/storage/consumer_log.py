@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple, Sequence
 
-from logstore import DiskFull, FileHandle, LogWriteFailed, fsync_directory
-from logstore.descriptors import DescriptorCache
+from logstore import DiskFull, FileHandle, LogWriteFailed, OutOfDescriptors, fsync_directory
+from logstore.descriptors import DescriptorCache, out_of_descriptors
 from logstore.twins import c_twin
 from realtime.storage.errors import CorruptEntry, StoreFailed
 
@@ -217,7 +217,23 @@ class ConsumerLog:
             path = self._file_path(base)
             self._files.discard(path)
             self._dirty.discard(base)
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass  # a cut-back file whose open failed (no descriptor left) was never made
+
+    def _truncate_file(self, base: int, size_bytes: int) -> None:
+        """Cut the file at ``base`` to ``size_bytes``: through its handle, or by path when no
+        descriptor is left to open one (a batch cut back because its own open found none must
+        not fail the store)."""
+        try:
+            handle = self._handle(base)
+        except OSError as exc:
+            if not out_of_descriptors(exc):
+                raise
+            os.truncate(self._file_path(base), size_bytes)  # not cached: the open failed
+            return
+        handle.truncate(size_bytes)
 
     def _handle(self, base: int) -> FileHandle:
         """The open handle of the file at ``base``: use it at once, before any other call that
@@ -280,7 +296,8 @@ class ConsumerLog:
 
     def append_entries(self, entries: list[Entry]) -> None:
         """Write entries for sequences ``end, end+1, ...``. On failure the log is cut back to
-        where it was and ``DiskFull`` (retriable), ``LogWriteFailed`` or ``StoreFailed`` raised."""
+        where it was and ``DiskFull`` or ``OutOfDescriptors`` (retriable), ``LogWriteFailed`` or
+        ``StoreFailed`` raised."""
         self.append_encoded(b"".join(map(encode_entry, entries)))
 
     def append_encoded(self, data: bytes) -> None:
@@ -312,6 +329,9 @@ class ConsumerLog:
             self._cut_back(start_end, start_bases, exc)
             if exc.errno == errno.ENOSPC:
                 raise DiskFull(path, count) from exc
+            if out_of_descriptors(exc):
+                # Nothing was written (the open failed) and the log is cut back: not sticky.
+                raise OutOfDescriptors(path, exc) from exc
             raise LogWriteFailed(path, "write", exc) from exc
 
     def _cut_back(self, end: int, bases_count: int, cause: OSError) -> None:
@@ -320,7 +340,7 @@ class ConsumerLog:
             del self._bases[bases_count:]
             if self._bases:
                 base = self._bases[-1]
-                self._handle(base).truncate((end - base) * ENTRY_SIZE_BYTES)
+                self._truncate_file(base, (end - base) * ENTRY_SIZE_BYTES)
         except OSError as exc:
             raise StoreFailed(self.directory, exc) from cause
         self.end = end
@@ -349,8 +369,7 @@ class ConsumerLog:
         self._bases = [base for base in self._bases if base < sequence]
         if self._bases:
             base = self._bases[-1]
-            handle = self._handle(base)
-            handle.truncate((sequence - base) * ENTRY_SIZE_BYTES)
+            self._truncate_file(base, (sequence - base) * ENTRY_SIZE_BYTES)
             self._dirty.add(base)
         self._directory_dirty = True
         self.end = sequence

@@ -4,8 +4,9 @@ commit is answered by what the store raised (both servers commit through it)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
-from logstore.errors import DiskFull, LogWriteFailed
+from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
 from serverkit.committer import GroupCommitter
 from wire.errors import QmqError
 
@@ -60,6 +61,16 @@ async def test_a_full_disk_refuses_the_batch_as_overloaded_and_the_server_stays_
     assert error.code == "overloaded" and "test group t1 disk full" in error.message
     assert error.retriable
     assert not server.readonly
+
+
+async def test_running_out_of_descriptors_refuses_the_batch_as_overloaded_and_stays_writable(
+) -> None:
+    server = Server(OutOfDescriptors("/data/clog/s/0.clog", OSError(errno.EMFILE, "EMFILE")))
+    server.committer.pending.append("a")
+    await server.committer.commit_pending()
+    (batch, error), = server.answers
+    assert error.code == "overloaded" and "out of file descriptors" in error.message
+    assert error.retriable and not server.readonly
 
 
 async def test_a_sticky_write_failure_fails_the_batch_and_makes_the_server_read_only() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logstore import DiskFull, LogWriteFailed
+from logstore import DiskFull, LogWriteFailed, OutOfDescriptors
 from logstore.faults import FaultPlan
 from realtime.storage import MessageStore, SequenceOutOfRange, StoreClosed, StoreConfig
 
@@ -356,16 +356,17 @@ def test_a_store_of_many_subjects_keeps_at_most_its_budget_of_consumer_log_files
     reopened.close()
 
 
-def _emfile_beyond(limit: int):
+def _emfile_beyond(limit: int, limits: list[int] | None = None):
     """An opener that, like a process at its open-files limit, refuses a file while
-    ``limit`` of its files are open."""
+    ``limit`` of its files are open (``limits[0]`` instead, when given, so a test can move it)."""
     from logstore import OsFile
 
     open_files: set = set()
+    limits = limits if limits is not None else [limit]
 
     class Limited(OsFile):
         def __init__(self, path: str) -> None:
-            if len(open_files) >= limit:
+            if len(open_files) >= limits[0]:
                 raise OSError(errno.EMFILE, "Too many open files (injected)", path)
             super().__init__(path)
             open_files.add(self)
@@ -484,3 +485,29 @@ def test_discard_drops_the_appends_since_the_last_commit(data_dir):
     store.append_many(["s"], ["a"], [()], T0, [b"3"])
     assert store.commit_sequences() == [0]
     assert store.read("s", 0).payload == b"3"
+
+
+def test_an_open_that_finds_no_descriptor_even_after_relief_refuses_the_batch_without_failing_the_store(
+        data_dir):
+    limits = [1 << 20]
+    opener, open_files = _emfile_beyond(0, limits)
+    config = dataclasses.replace(TINY, segment_size_bytes_max=1 << 20)
+    store = open_store(data_dir, config, opener=opener)
+    store.append("a", "a0", [], T0, payload_of("a", 0))
+    store.commit()
+    # Only the files outside the cache (the message-log segment): closing the cache's own
+    # does not make room.
+    limits[0] = len(open_files) - store._files.open_count
+    store.append("a", "a1", [], T0, payload_of("a", 1))
+    store.append("b", "b0", [], T0, payload_of("b", 0))
+    with pytest.raises(OutOfDescriptors) as raised:
+        store.commit()
+    assert raised.value.retriable
+    # Cut back: nothing of the batch indexed, and the store not failed.
+    assert store.end_sequence("a") == 1 and store.end_sequences().get("b", 0) == 0
+    limits[0] = 1 << 20  # a descriptor comes back: the store takes sends again
+    store.append("b", "b1", [], T0, payload_of("b", 1))
+    store.commit()
+    assert store.read("b", store.end_sequence("b") - 1).payload == payload_of("b", 1)
+    assert store.read("a", 0).payload == payload_of("a", 0)
+    store.close()
