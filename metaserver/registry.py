@@ -19,6 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from metaserver.backlog import apply_heartbeat_backlog
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
@@ -140,10 +141,14 @@ class Registry:
         kind: str,
         address: str,
         state: str,
-        backlog: list[Any] | dict[str, Any],
+        backlog: list[Any] | dict[str, Any] | None,
         stats: dict[str, Any] | None,
+        backlog_base: int | None = None,
+        backlog_changes: list[dict[str, Any]] | None = None,
+        backlog_removed: list[list[str]] | None = None,
     ) -> dict[str, Any]:
-        """Record a broker heartbeat; NotFound when the broker must register (again)."""
+        """Record a broker heartbeat and what it says of its backlog (metaserver.backlog);
+        NotFound when the broker must register (again)."""
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             now = self.clock()
@@ -163,11 +168,18 @@ class Registry:
             broker.reported_state = state
             broker.state = effective
             broker.last_heartbeat_ms = now
-            broker.stats = {"backlog": backlog, "stats": stats}
+            outcome = apply_heartbeat_backlog(
+                broker.stats, backlog=backlog, base=backlog_base, changes=backlog_changes or [],
+                removed=backlog_removed or [], stats=stats)
+            if outcome.stats is not None:  # else untouched: no rewrite of an unchanged backlog
+                broker.stats = outcome.stats
             if changed:
                 await s.flush()
                 await self._reconcile(s, now)
-            return {"ok": True, "state": effective}
+            answer: dict[str, Any] = {"ok": True, "state": effective}
+            if backlog_base is not None or isinstance(backlog, list):
+                answer["backlog_version"] = outcome.version
+            return answer
 
         return await self._write(body)
 

@@ -217,9 +217,35 @@ REGISTER = {
     "state": Field(str, required=False, default="rw", check=one_of(*BROKER_REPORTED_STATES)),
 }
 
+def check_backlog_removed(key: str, value: list[Any]) -> list[list[str]]:
+    """Check a heartbeat's removed backlog pairs: ``[subject, group]`` each."""
+    if len(value) > BACKLOG_ENTRIES_MAX:
+        raise BadRequest(f"{key} has {len(value)} entries, over the limit {BACKLOG_ENTRIES_MAX}")
+    out = []
+    for i, pair in enumerate(value):
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not all(isinstance(item, str) for item in pair)):
+            raise BadRequest(f"{key}[{i}] must be a [subject, group] pair of strings")
+        out.append([check_subject(f"{key}[{i}][0]", pair[0]), check_name(f"{key}[{i}][1]", pair[1])])
+    return out
+
+
+def check_backlog_rows(key: str, value: list[Any]) -> list[Any]:
+    """Check a heartbeat's changed backlog rows (a list, as ``check_backlog``)."""
+    checked = check_backlog(key, value)
+    assert isinstance(checked, list)
+    return checked
+
+
+# A broker heartbeat. ``backlog`` replaces the backlog held (absent: unchanged); or
+# ``backlog_base`` with ``backlog_changes`` and ``backlog_removed`` change it
+# (metaserver/backlog.py; the broker's side is serverkit/backlog.py).
 HEARTBEAT = {
     **REGISTER,
-    "backlog": Field((list, dict), required=False, default=list, check=check_backlog),
+    "backlog": Field((list, dict), required=False, default=None, check=check_backlog),
+    "backlog_base": Field(int, required=False, default=None, check=check_count),
+    "backlog_changes": Field(list, required=False, default=list, check=check_backlog_rows),
+    "backlog_removed": Field(list, required=False, default=list, check=check_backlog_removed),
     "stats": Field(dict, required=False, default=None),
 }
 

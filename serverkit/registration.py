@@ -4,6 +4,13 @@ Shared by the realtime and delay servers (neither may import the other). The Met
 to a heartbeat carries the state it wants (``rw`` or ``readonly``); a 404 means it forgot us
 (restarted on a fresh database, or expired us) and we register again. While the MetaServer is
 down the server keeps serving and keeps trying.
+
+The backlog rides on heartbeats as changes against what the MetaServer acknowledged
+(``serverkit.backlog.BacklogSync``), so a heartbeat does not grow with the number of groups.
+Every other answer is logged with the MetaServer's reason; a refused heartbeat (400) is
+followed at once by one that only says we are alive, so a backlog the MetaServer will not take
+never expires the broker (nor makes it cycle through registering again). Heartbeats are sent
+one at a time (a lock): a change list is only meaningful against the answer before it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 
+from serverkit.backlog import BacklogSync
 from wire.http import bearer, http_ssl
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,8 @@ class Registration:
         self.registered = False
         self.state = "rw"
         self._last_refresh_s = float("-inf")
+        self.backlog = BacklogSync()  # what the MetaServer holds of our backlog
+        self._lock = asyncio.Lock()  # one heartbeat at a time
 
     async def start(self) -> None:
         """Try to register now and keep heartbeating in the background."""
@@ -101,6 +111,7 @@ class Registration:
             )
             if status == 200:
                 self.registered = True
+                self.backlog.reset()  # a new registration: send the whole backlog again
                 log.info("registered %s group %s at %s with %s", self.kind, self.group,
                          self.address, self.meta_url)
             else:
@@ -118,23 +129,53 @@ class Registration:
         await self.heartbeat_now()
 
     async def heartbeat_now(self) -> None:
-        """Send one heartbeat (registering first if needed)."""
-        if not self.registered:
-            await self._register_quietly()
+        """Send one heartbeat (registering first if needed), after any in flight."""
+        async with self._lock:
             if not self.registered:
+                await self._register_quietly()
+                if not self.registered:
+                    return
+            identity = {"group": self.group, "kind": self.kind, "address": self.address,
+                        "state": self.state}
+            body = {**identity, **self.backlog.fields(await self._report())}
+            answer = await self._send_heartbeat(body)
+            if answer is None:
                 return
-        body = {"group": self.group, "kind": self.kind, "address": self.address,
-                "state": self.state, "backlog": await self._report()}
+            status, data = answer
+            if status == 200:
+                self.backlog.acknowledged(
+                    data.get("backlog_version") if isinstance(data, dict) else None)
+                self._take_state(data)
+                return
+            self.backlog.reset()  # the MetaServer's copy is unknown now
+            if status == 404:
+                self.registered = False
+                await self._register_quietly()
+                return
+            log.error("heartbeat refused by %s: HTTP %d: %s", self.meta_url, status,
+                      _reason(data))
+            if status == 400:
+                # Say we are alive without the backlog, so a refused backlog is logged at every
+                # heartbeat but never lets the MetaServer expire us.
+                answer = await self._send_heartbeat(identity)
+                if answer is not None and answer[0] == 200:
+                    self._take_state(answer[1])
+                elif answer is not None:
+                    log.error("heartbeat without backlog refused by %s: HTTP %d: %s",
+                              self.meta_url, answer[0], _reason(answer[1]))
+
+    async def _send_heartbeat(self, body: dict[str, Any]) -> tuple[int, Any] | None:
+        """POST one heartbeat; None (logged) when the MetaServer could not be reached."""
         try:
-            status, data = await self._post("/api/brokers/heartbeat", body)
+            return await self._post("/api/brokers/heartbeat", body)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.backlog.reset()  # it may or may not have taken the changes
             log.warning("heartbeat to %s failed: %s", self.meta_url, exc)
-            return
-        if status == 404:
-            self.registered = False
-            await self._register_quietly()
-            return
-        if status == 200 and isinstance(data, dict) and data.get("state") in ("rw", "readonly"):
+            return None
+
+    def _take_state(self, data: Any) -> None:
+        """The state a heartbeat's answer asks for (``rw`` or ``readonly``)."""
+        if isinstance(data, dict) and data.get("state") in ("rw", "readonly"):
             if data["state"] != self.state:
                 self.state = data["state"]
                 self._on_state(self.state)
@@ -146,3 +187,11 @@ class Registration:
                 await self.heartbeat_now()
             except Exception:
                 log.exception("heartbeat failed")
+
+
+def _reason(data: Any) -> str:
+    """The MetaServer's reason in an error answer (``{"error": {"code", "message"}}``)."""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        error = data["error"]
+        return f"{error.get('code')}: {error.get('message')}"
+    return repr(data)[:500]

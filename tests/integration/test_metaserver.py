@@ -134,7 +134,7 @@ async def test_a_registered_broker_heartbeats_and_is_routed_to_producers_and_con
     assert reg["broker_id"] >= 1
     assert reg["heartbeat_interval_ms"] == EXPIRY_MS // 3
     status, hb = await api.heartbeat("rt1", "127.0.0.1:20881", backlog=[])
-    assert (status, hb) == (200, {"ok": True, "state": "rw"})
+    assert (status, hb) == (200, {"ok": True, "state": "rw", "backlog_version": 1})
     status, route = await api.route("order.created")
     assert status == 200
     assert route == {

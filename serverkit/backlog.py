@@ -1,0 +1,127 @@
+"""``BacklogSync``: a broker's backlog sent to the MetaServer as changes, not whole every time.
+
+A realtime broker reports one row per (subject, group): ``{"subject", "group", "lag",
+"consumers"}``. Sent whole with every heartbeat, that is 285 KB every few seconds at 3,000
+groups, and past the MetaServer's ``BACKLOG_ENTRIES_MAX`` (10,000) rows the heartbeat is refused
+and the broker expires. So the rows go as changes against what the MetaServer acknowledged, as
+Kafka's incremental fetch sessions do:
+
+- ``fields(rows)`` gives the backlog fields of the next heartbeat. With nothing acknowledged
+  (the first heartbeat, or after a refusal or a re-registration) they are ``backlog``: a
+  full list that replaces what the MetaServer holds. Afterwards they are ``backlog_base`` (the
+  version the MetaServer last answered), ``backlog_changes`` (rows new or changed since) and
+  ``backlog_removed`` (``[subject, group]`` pairs gone since). An idle broker sends an empty
+  change list: its heartbeat no longer grows with its groups.
+- At most ``BACKLOG_ROWS_PER_HEARTBEAT_MAX`` rows (changes and removals together) go in one
+  heartbeat; the rest go in the next ones, so the first heartbeats of a broker with 30,000
+  groups bring the MetaServer's view up to date in a few intervals, each well under the limit.
+- ``acknowledged(version)``: the MetaServer took the heartbeat and answered ``backlog_version``;
+  what was sent is what it holds now. A version of None (a MetaServer that had lost the base,
+  or an older one that knows no versions) means: send the whole backlog again.
+- ``reset()``: the MetaServer's copy is unknown (a refused or unanswered heartbeat, a
+  re-registration): the next heartbeat sends the whole backlog again.
+
+Rows of one (subject, group) are merged (a broadcast group has one pull-log key per consumer):
+their lags and consumers are summed.
+
+A stats object (a delay server's backlog is a dict) is passed through whole: it does not grow.
+
+Not thread-safe: the event loop's registration task owns it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+# Rows (changes and removals together) one heartbeat carries at most; below the MetaServer's
+# BACKLOG_ENTRIES_MAX (10,000; serverkit may not import metaserver, a test pairs the two).
+BACKLOG_ROWS_PER_HEARTBEAT_MAX = 5_000
+
+Key = tuple[str, str]  # (subject, group)
+Row = tuple[int, int]  # (lag, consumers)
+
+
+def merge_rows(rows: Iterable[dict[str, Any]]) -> dict[Key, Row]:
+    """Backlog rows by (subject, group), the lags and consumers of one pair summed."""
+    merged: dict[Key, Row] = {}
+    for row in rows:
+        key = (row["subject"], row["group"])
+        lag, consumers = merged.get(key, (0, 0))
+        merged[key] = (lag + row["lag"], consumers + row.get("consumers", 0))
+    return merged
+
+
+def _row(key: Key, value: Row) -> dict[str, Any]:
+    return {"subject": key[0], "group": key[1], "lag": value[0], "consumers": value[1]}
+
+
+class BacklogSync:
+    """The backlog the MetaServer acknowledged, and what the next heartbeat must add to it.
+
+    Owner: the event loop (the registration's heartbeats, sent one at a time).
+    """
+
+    def __init__(self, rows_max: int = BACKLOG_ROWS_PER_HEARTBEAT_MAX) -> None:
+        if rows_max < 1:
+            raise ValueError(f"rows_max {rows_max} must be at least 1")
+        self.rows_max = rows_max
+        self.version: int | None = None  # the MetaServer's version of what ``_acked`` holds
+        self._acked: dict[Key, Row] = {}  # what the MetaServer holds (as far as we know)
+        self._sent: dict[Key, Row | None] = {}  # the last heartbeat's rows (None: a removal)
+        self._sent_full = False  # the last heartbeat replaced the MetaServer's backlog
+
+    def reset(self) -> None:
+        """The MetaServer's copy is unknown: the next heartbeat sends the whole backlog."""
+        self.version = None
+        self._acked = {}
+        self._sent = {}
+        self._sent_full = False
+
+    def fields(self, backlog: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
+        """The backlog fields of the next heartbeat (see the module docstring)."""
+        if isinstance(backlog, dict):
+            self._sent, self._sent_full = {}, False
+            return {"backlog": backlog}
+        now = merge_rows(backlog)
+        if self.version is None:
+            keys = sorted(now)[: self.rows_max]
+            self._sent = {key: now[key] for key in keys}
+            self._sent_full = True
+            return {"backlog": [_row(key, now[key]) for key in keys]}
+        acked = self._acked
+        changed = [key for key, value in now.items() if acked.get(key) != value]
+        removed = [key for key in acked if key not in now]
+        changed.sort()
+        removed.sort()
+        removed = removed[: self.rows_max]
+        changed = changed[: self.rows_max - len(removed)]
+        self._sent = {key: now[key] for key in changed}
+        self._sent.update((key, None) for key in removed)
+        self._sent_full = False
+        return {"backlog_base": self.version,
+                "backlog_changes": [_row(key, now[key]) for key in changed],
+                "backlog_removed": [list(key) for key in removed]}
+
+    def acknowledged(self, version: Any) -> None:
+        """The heartbeat of the last ``fields`` was answered with ``backlog_version``
+        ``version``: the MetaServer holds what it sent (None or not an int: send it whole)."""
+        if type(version) is not int:
+            self.reset()
+            return
+        if self._sent_full:
+            self._acked = {}
+        for key, value in self._sent.items():
+            if value is None:
+                self._acked.pop(key, None)
+            else:
+                self._acked[key] = value
+        self._sent, self._sent_full = {}, False
+        self.version = version
+
+    @property
+    def acked_rows(self) -> int:
+        """Rows the MetaServer holds, as far as this broker knows."""
+        return len(self._acked)
+
+
+__all__ = ["BACKLOG_ROWS_PER_HEARTBEAT_MAX", "BacklogSync", "merge_rows"]
