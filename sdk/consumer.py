@@ -733,9 +733,13 @@ class Consumer:
                 answer = await self._pool.request(address, op, self.wait_ms + PULL_TIMEOUT_SLACK_MS)
             except QmqError as exc:
                 if not exc.retriable:
-                    log.error("pull of %r from broker group %s refused (%s: %s); stopping it",
+                    # Raised by the iterator (or logged once by a handler's dispatch loop), so
+                    # only a debug line here: a refusal is reported once.
+                    log.debug("pull of %r from broker group %s refused (%s: %s); stopping it",
                               source, broker_group, exc.code, exc.message)
                     sub._prefetch.put_nowait(exc)
+                    # Refused: no heartbeat or leave for it either (each would be refused too).
+                    sub.addresses.pop((source, broker_group), None)
                     return
                 failures += 1
                 if isinstance(exc, RequestTimeout):

@@ -139,13 +139,14 @@ class Grant:
     def check_produce(self, subject: str) -> None:
         """Raise Forbidden (naming app, subject and patterns) unless ``may_produce(subject)``."""
         if not self.may_produce(subject):
-            raise Forbidden(f"app {self.app!r} may not produce to subject {subject!r} "
+            # Named as the user knows it: a retry or dead subject is its user subject's.
+            raise Forbidden(f"app {self.app!r} may not produce to subject {subject_of(subject)!r} "
                             f"(its produce patterns: {list(self.produce)})")
 
     def check_consume(self, subject: str) -> None:
         """Raise Forbidden (naming app, subject and patterns) unless ``may_consume(subject)``."""
         if not self.may_consume(subject):
-            raise Forbidden(f"app {self.app!r} may not consume subject {subject!r} "
+            raise Forbidden(f"app {self.app!r} may not consume subject {subject_of(subject)!r} "
                             f"(its consume patterns: {list(self.consume)})")
 
     def check_admin(self, op: str) -> None:

@@ -49,6 +49,13 @@ def test_tokens_are_created_listed_and_revoked_with_the_cli_and_gate_send_and_co
     refused = run_qmq("send", "payment.x", "no", "--token", shop, *meta)
     assert refused.returncode == 1
     assert "forbidden: app 'shop' may not produce to subject 'payment.x'" in refused.stderr
+    # A refused consume says so in one line, naming the subject typed (not its retry subject).
+    for _ in range(3):
+        denied = run_qmq("consume", "payment.x", "--group", "g1", "--count", "1", "--token",
+                         shop, *meta)
+        lines = [line for line in denied.stderr.splitlines() if line.strip()]
+        assert denied.returncode != 0 and len(lines) == 1, denied.stderr
+        assert "may not consume subject 'payment.x'" in lines[0] and "%" not in lines[0]
     consumed = run_qmq("consume", "order.created", "--group", "g1", "--start", "earliest",
                        "--count", "1", "--token", shop, *meta)
     assert consumed.returncode == 0, consumed.stderr

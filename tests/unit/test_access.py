@@ -48,6 +48,12 @@ def test_a_grant_refuses_subjects_outside_its_patterns_naming_app_subject_and_pa
         ORDERS.check_admin("browse")
 
 
+def test_a_refused_retry_subject_is_named_as_the_subject_the_user_typed() -> None:
+    with pytest.raises(Forbidden, match=r"may not consume subject 'order\.paid' ") as refused:
+        ORDERS.check_consume("%retry%order.paid%billing")
+    assert "%" not in str(refused.value)
+
+
 def test_an_admin_grant_covers_every_subject_including_internal_ones() -> None:
     admin = Grant(app="ops", produce=(), consume=(), admin=True)
     admin.check_produce("%retry%payment.x%g")
