@@ -66,13 +66,23 @@ def parse_deliver_at(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+# ``qmq send --count N`` sends its copies in at least this many batches (fewer copies: one per
+# batch), each to the next group of the route.
+SEND_SPREAD_BATCHES = 8
+
+
 async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str],
                        properties: dict[str, str], count: int, delay_ms: int | None = None,
                        deliver_at_ms: int | None = None) -> int:
-    """Send ``count`` copies of a message (delayed if asked); prints one receipt line each."""
+    """Send ``count`` copies of a message (delayed if asked); prints one receipt line each.
+
+    The copies travel in at least SEND_SPREAD_BATCHES batches (one each when fewer), and the
+    producer's round robin starts at a random group, so CLI sends spread over the route's
+    groups as an application's do."""
     from sdk.producer import Producer
 
-    async with Producer(meta_url, **_sdk_options()) as producer:
+    batch_size_max = max(1, -(-count // SEND_SPREAD_BATCHES))
+    async with Producer(meta_url, batch_size_max=batch_size_max, **_sdk_options()) as producer:
         receipts = await asyncio.gather(*(
             producer.send(subject, body, tags=tags, properties=properties, delay=delay_ms,
                           deliver_at=deliver_at_ms)

@@ -10,7 +10,9 @@ Path of one ``send``:
    answered. It leaves at once when it holds ``batch_size_max`` messages (or would pass the frame
    limit). ``send_many`` puts many messages into batches in one go.
 3. At most ``in_flight_max`` batches are on the wire at a time; more wait for a slot.
-4. A batch goes to one broker group of the subject's producer route, round robin per batch.
+4. A batch goes to one broker group of the subject's producer route, round robin per batch,
+   starting at a random group (``route_start``), so that short-lived producers (the CLI, a
+   cron job) spread over the groups as a long-lived one does.
 5. A retriable failure (connection lost, no answer in ``send_timeout_ms``, readonly, overloaded,
    internal) refreshes the route and resends the SAME message ids to the next group, up to
    ``retries_max`` times; the broker de-duplicates an id it already stored (status "duplicate").
@@ -27,6 +29,7 @@ import asyncio
 import functools
 import logging
 import os
+import random
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -206,6 +209,8 @@ class Producer:
     * ``in_flight_max`` (32): batches on the wire at once.
     * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
     * ``retries_max`` (3): resends of a failed batch (so up to retries_max + 1 attempts).
+    * ``route_start`` (random): the index (modulo the route's length) of the group that a
+      subject's first batch goes to; later batches go round robin from there.
 
     ``token`` is the app's token: said in every broker hello and sent as Bearer to the
     MetaServer; with auth on, a missing or revoked one fails with Unauthorized and a subject
@@ -230,7 +235,9 @@ class Producer:
         routes: RouteCache | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         tls: TlsOption = None,
+        route_start: int | None = None,
     ) -> None:
+        route_start = random.randrange(1 << 16) if route_start is None else route_start
         for name, value, low in (
             ("linger_ms", linger_ms, 0),
             ("batch_size_max", batch_size_max, 1),
@@ -238,6 +245,7 @@ class Producer:
             ("send_timeout_ms", send_timeout_ms, 1),
             ("retries_max", retries_max, 0),
             ("retry_backoff_ms", retry_backoff_ms, 0),
+            ("route_start", route_start, 0),
         ):
             if type(value) is not int or value < low:
                 raise ValueError(f"Producer option {name} must be an int >= {low}, got {value!r}")
@@ -262,7 +270,10 @@ class Producer:
         self._open: dict[_Key, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
+        # (subject, delayed) -> the turn of its next batch; a subject's first batch takes
+        # route_start (the group at that index modulo the route's length).
         self._round_robin: dict[_Key, int] = {}
+        self._route_start = route_start
         self._on_wire: dict[_Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
         self._new_id = _IdMaker()
         self._closing = False
@@ -602,7 +613,7 @@ class Producer:
         messages = batch.payloads()
         key = (subject, batch.delayed)
         routes = self._delay_routes if batch.delayed else self._routes
-        turn = self._round_robin.get(key, 0)
+        turn = self._round_robin.get(key, self._route_start)
         self._round_robin[key] = turn + 1
         route: Route | None = None
         attempt = 0

@@ -98,6 +98,9 @@ def test_qmq_admin_readonly_sends_producers_elsewhere_and_readonly_everywhere_re
     wait_until(lambda: realtime_groups() == {"realtime-1": "rw", "rt2": "rw"}, 20,
                "both realtime groups to register")
     first = receipts(ok(run_qmq("send", "demo.ro", "before", *meta)))
+    # The copies of one command go to both groups, as an application's sends do.
+    spread = receipts(ok(run_qmq("send", "demo.spread", "x", "--count", "4", *meta)))
+    assert sorted(r["group"] for r in spread) == ["realtime-1", "realtime-1", "rt2", "rt2"]
 
     assert json.loads(ok(run_qmq("admin", "readonly", "realtime-1", "on", *meta)))["readonly"]
     elsewhere = [r for _ in range(3) for r in receipts(ok(run_qmq("send", "demo.ro", "x", *meta)))]

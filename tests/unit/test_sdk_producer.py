@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (f
 
 def producer(meta, **options) -> Producer:
     options.setdefault("retry_backoff_ms", 0)
+    options.setdefault("route_start", 0)  # the first batch goes to the route's first group
     return Producer(meta.url, app="shop", **options)
 
 
@@ -146,6 +148,16 @@ async def test_batches_are_spread_over_the_route_groups_round_robin(meta, broker
     async with producer(meta) as p:
         groups = [(await p.send("orders", b"x")).broker_group for _ in range(4)]
     assert groups == ["group-a", "group-b", "group-a", "group-b"]
+
+
+async def test_each_new_producer_starts_its_round_robin_at_a_random_group(meta, broker_a, broker_b):
+    meta.set_route("orders", [broker_a, broker_b])
+    first_groups = set()
+    random.seed(17)  # the producers draw route_start from the random module
+    for _ in range(40):
+        async with Producer(meta.url, retry_backoff_ms=0) as p:
+            first_groups.add((await p.send("orders", b"x")).broker_group)
+    assert first_groups == {"group-a", "group-b"}
 
 
 async def test_the_cached_route_is_used_when_the_metaserver_is_down(meta, broker_a, caplog):

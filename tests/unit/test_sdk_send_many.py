@@ -21,6 +21,7 @@ HOUR_MS = 3_600_000
 
 def producer(meta, **options) -> Producer:
     options.setdefault("retry_backoff_ms", 0)
+    options.setdefault("route_start", 0)  # the first batch goes to the route's first group
     return Producer(meta.url, app="shop", **options)
 
 
