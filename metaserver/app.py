@@ -132,7 +132,7 @@ async def start_metaserver(
         await site.start()
         host, port = runner.addresses[0][:2]
         server = RunningMetaServer(app=app, host=host, port=port, tls=ssl_context is not None)
-        log.info("MetaServer listening on %s", server.url)
+        log.debug("MetaServer listening on %s", server.url)  # the launcher says it once
         yield server
     finally:
         await runner.cleanup()

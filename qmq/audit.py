@@ -21,8 +21,6 @@ import traceback
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
-from tracelog.events import find_trace_dirs
-
 DEADLINE_MS_DEFAULT = 300_000  # the same as spark_audit.main.DEADLINE_MS_DEFAULT (no pyspark here)
 EXIT_BAD_ARGUMENTS = 2
 EXIT_AUDIT_FAILED = 3
@@ -134,6 +132,8 @@ def trace_dirs_of(args: argparse.Namespace) -> tuple[list[str], str | None]:
     for path in args.trace_dirs:
         add(path)
     for data_dir in args.data_dirs:
+        from tracelog.events import find_trace_dirs  # lazily: the CLI's client commands load us
+
         under = find_trace_dirs(data_dir)
         if not under:
             return [], (f"--data-dir {data_dir} holds no trace directory (<dir>/<YYYYMMDDHH>/"

@@ -1,4 +1,10 @@
-"""The ``qmq`` command line: servers, the all-in-one launcher, send/consume and admin commands."""
+"""The ``qmq`` command line: servers, the all-in-one launcher, send/consume and admin commands.
+
+Client commands (send, consume, cancel, admin, schedule, outbox) load the SDK and nothing of the
+servers: ``qmq.launcher``, which imports the MetaServer (SQLAlchemy, Alembic) and both brokers,
+is imported only by the server commands (tests/unit/test_layout.py holds the client commands'
+import closure), so ``qmq send`` starts in a fraction of a second.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Any
 
 from qmq.audit import add_audit_parser, run_audit
 from qmq.schedule_cli import add_schedule_parser
@@ -25,6 +32,17 @@ def metrics_port_for(data_port: int, metrics_port: int | None, enabled: bool = T
     if metrics_port is not None:
         return metrics_port
     return 0 if data_port == 0 else data_port + METRICS_PORT_OFFSET
+
+
+def meta_url(text: str) -> str:
+    """``--meta``: a MetaServer URL (``http://HOST:PORT`` or ``https://``), or several separated
+    by commas; one without a scheme is refused with the URL it probably meant."""
+    for part in text.split(","):
+        part = part.strip()
+        if not part.startswith(("http://", "https://")):
+            hint = f"http://{part}" if part else DEFAULT_META_URL
+            raise argparse.ArgumentTypeError(f"{part!r} is not a URL: did you mean {hint}?")
+    return text
 
 
 def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,10 +68,30 @@ def _add_tls_server(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
 
 
+class _VersionAction(argparse.Action):
+    """``qmq --version``: the installed distribution's version (read only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("pyqmq")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            text = "unknown (not installed)"
+        print(f"qmq (pyqmq) {text}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level argument parser with every sub-command registered."""
     parser = argparse.ArgumentParser(prog="qmq", description="pyqmq: delayed and realtime messaging")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text",
+                        help="text lines, or one JSON object per line (for a log pipeline)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)")
@@ -100,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "MetaServer's alone; another resolves it after (default 30000)")
 
     rt = sub.add_parser("realtime", help="run a realtime broker")
-    rt.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
     rt.add_argument("--data-dir", required=True)
     rt.add_argument("--host", default="127.0.0.1")
     rt.add_argument("--port", type=int, default=20881)
@@ -122,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_flags(rt)
 
     delay = sub.add_parser("delay", help="run a delay server")
-    delay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
     delay.add_argument("--data-dir", required=True)
     delay.add_argument("--host", default="127.0.0.1")
     delay.add_argument("--port", type=int, default=20801)
@@ -146,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     send = sub.add_parser("send", help="send a message")
     send.add_argument("subject")
     send.add_argument("body", help="message body (UTF-8 text); '-' reads stdin")
-    send.add_argument("--meta", default=DEFAULT_META_URL)
+    send.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
     send.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
     send.add_argument("--prop", action="append", default=[], help="key=value (repeatable)")
     send.add_argument("--count", type=int, default=1, help="send this many copies")
@@ -162,13 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--group", required=True, help="the delay group in the receipt")
     cancel.add_argument("--deliver-at-ms", type=int, required=True,
                         help="deliver_at_ms from the receipt")
-    cancel.add_argument("--meta", default=DEFAULT_META_URL)
+    cancel.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
     _add_token(cancel, "the app's token")
 
     consume = sub.add_parser("consume", help="print and ack messages of a subject")
     consume.add_argument("subject")
     consume.add_argument("--group", required=True)
-    consume.add_argument("--meta", default=DEFAULT_META_URL)
+    consume.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
     consume.add_argument("--tag", action="append", default=None, help="only these tags")
     consume.add_argument("--start", choices=["latest", "earliest"], default="latest")
     consume.add_argument("--broadcast", action="store_true")
@@ -183,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("args", nargs="*", help="readonly: GROUP on|off; dead: list | show "
                        "BROKER_GROUP DEAD_SUBJECT SEQUENCE | redrive SUBJECT GROUP | purge "
                        "SUBJECT GROUP; tokens: create | list | revoke ID")
-    admin.add_argument("--meta", default=DEFAULT_META_URL)
+    admin.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
     admin.add_argument("--json", action="store_true", help="print JSON")
     admin.add_argument("--subject", help="dead list: only this subject")
     admin.add_argument("--group", help="dead list: only this consumer group")
@@ -202,14 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens create: an admin token (admin API, brokers, every subject)")
     _add_token(admin, "an admin token")
     add_audit_parser(sub)
-    add_schedule_parser(sub, _add_token, DEFAULT_META_URL)
+    add_schedule_parser(sub, _add_token, DEFAULT_META_URL, meta_url)
     outbox = sub.add_parser("outbox", help="the transactional outbox (docs/OUTBOX.md)")
     outbox_actions = outbox.add_subparsers(dest="action", metavar="ACTION", required=True)
     relay = outbox_actions.add_parser("relay", help="send what committed in the outbox table "
                                       "(one relay per table at a time)")
     relay.add_argument("--db", required=True, help="the application's database: "
                        "postgresql://USER@HOST/DB or sqlite:///FILE (async drivers are used)")
-    relay.add_argument("--meta", default=DEFAULT_META_URL, help="MetaServer URL")
+    relay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
     relay.add_argument("--batch", type=int, default=2000, help="rows per pass")
     _add_token(relay, "the app's token")
     return parser
@@ -223,10 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from qmq.commands import CommandError
-    from qmq.launcher import setup_logging
+    from qmq.logs import setup_logging
     from wire.errors import QmqError
 
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     try:
         return asyncio.run(_run(args))
     except CommandError as exc:
@@ -252,8 +290,18 @@ def _backoff(text: str | None) -> dict[str, tuple[int, ...]]:
         raise ValueError(f"--retry-backoff-ms {text!r} must be comma-separated integers") from None
 
 
+SERVER_COMMANDS = ("up", "metaserver", "realtime", "delay")
+
+
 async def _run(args: argparse.Namespace) -> int:
-    from qmq import commands, launcher
+    if args.command in SERVER_COMMANDS:
+        return await _run_server(args)
+    return await _run_client(args)
+
+
+async def _run_server(args: argparse.Namespace) -> int:
+    """``qmq up|metaserver|realtime|delay``: the only commands that load server code."""
+    from qmq import launcher
 
     if args.command == "up":
         await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
@@ -278,8 +326,6 @@ async def _run(args: argparse.Namespace) -> int:
             schedule_misfire_grace_ms=args.schedule_misfire_grace_ms,
             schedule_lease_ms=args.schedule_lease_ms))
         return 0
-    if hasattr(args, "token"):
-        commands.CLIENT.set(commands.ClientSettings(token=args.token, tls_ca=args.tls_ca))
     if args.command == "realtime":
         from realtime.config import RealtimeConfig
 
@@ -308,6 +354,15 @@ async def _run(args: argparse.Namespace) -> int:
             **extra,
         ))
         return 0
+    raise AssertionError(f"unhandled server command {args.command}")
+
+
+async def _run_client(args: argparse.Namespace) -> int:
+    """The client commands: the SDK and the MetaServer's HTTP API, no server code."""
+    from qmq import commands
+
+    if hasattr(args, "token"):
+        commands.CLIENT.set(commands.ClientSettings(token=args.token, tls_ca=args.tls_ca))
     if args.command == "send":
         body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode("utf-8")
         deliver_at_ms = (commands.parse_deliver_at(args.deliver_at)

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import Any
 
 from delayserver.config import DelayConfig
@@ -16,21 +15,21 @@ from metaserver.config import MetaConfig, sqlite_url
 from metaserver.tokens import new_secret
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
+from qmq.logs import say
 from serverkit.server import offset_clock
 
 log = logging.getLogger(__name__)
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
-async def _wait_for_signal() -> None:
+def _stop_on_signal() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, handled from now on: a command installs it before it
+    starts anything, so a signal that comes while it starts (or just after its ready line) stops
+    it gracefully instead of interrupting it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def _metrics_note(url: str | None) -> str:
@@ -39,23 +38,25 @@ def _metrics_note(url: str | None) -> str:
 
 async def run_metaserver_command(config: MetaConfig) -> None:
     """Serve the MetaServer until SIGTERM/SIGINT."""
+    stop = _stop_on_signal()
     async with start_metaserver(config) as server:
-        _print(f"metaserver listening on {server.url} (db {config.db_url}, metrics "
+        say(f"metaserver listening on {server.url} (db {config.db_url}, metrics "
                f"{server.url}/metrics)")
-        await _wait_for_signal()
-        _print("metaserver stopping")
-    _print("metaserver stopped: in-flight requests finished, database closed")
+        await stop.wait()
+        say("metaserver stopping")
+    say("metaserver stopped: in-flight requests finished, database closed")
 
 
 async def _serve(kind: str, server: RealtimeServer | DelayServer) -> None:
     """Serve one broker until SIGTERM/SIGINT, then stop it gracefully."""
     config = server.config
+    stop = _stop_on_signal()
     await server.start()
-    _print(f"{kind} group {config.group} listening on {server.address} (data {config.data_dir}, "
+    say(f"{kind} group {config.group} listening on {server.address} (data {config.data_dir}, "
            f"flush {config.flush}{_metrics_note(server.metrics_url)})")
-    await _wait_for_signal()
-    _print(f"{kind} server stopping")
-    _print(await server.stop())
+    await stop.wait()
+    say(f"{kind} server stopping")
+    say(await server.stop())
 
 
 async def run_realtime_command(config: RealtimeConfig) -> None:
@@ -80,6 +81,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
     Auth is off unless ``admin_token`` is given or tokens are created; the two brokers hold a
     fresh internal token so they keep working either way. Each server serves /metrics: the
     MetaServer on its own port, the others on ``*_metrics_port`` when given."""
+    stop = _stop_on_signal()
     os.makedirs(data_dir, exist_ok=True)
     internal_token = new_secret()
     meta_config = MetaConfig(
@@ -106,33 +108,22 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         )
         delay = DelayServer(delay_config, clock)
         await delay.start()
-        _print("pyqmq is up:")
-        _print(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
-        _print(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
-        _print(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
-        _print(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
-        _print(f"  metrics     {meta.url}/metrics   (metaserver)")
+        say("pyqmq is up:")
+        say(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
+        say(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
+        say(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
+        say(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
+        say(f"  metrics     {meta.url}/metrics   (metaserver)")
         for url, name in ((realtime.metrics_url, "realtime"), (delay.metrics_url, "delay")):
             if url:
-                _print(f"              {url}   ({name})")
-        _print(f"try: qmq send demo hello --meta {meta.url}")
-        _print(f"     qmq send demo later --delay-ms 5000 --meta {meta.url}")
-        _print(f"     qmq consume demo --group g1 --start earliest --meta {meta.url}")
-        _print("Ctrl-C stops everything.")
-        await _wait_for_signal()
-        _print("stopping")
-        _print(await delay.stop())
-        _print(await realtime.stop())
-        _print("metaserver stopping")
-    _print("metaserver stopped: in-flight requests finished, database closed")
-
-
-def setup_logging(level: str) -> None:
-    """Log to stderr at ``level``."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Alembic narrates every migration check at INFO; only its warnings matter to an operator.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+                say(f"              {url}   ({name})")
+        say(f"try: qmq send demo hello --meta {meta.url}")
+        say(f"     qmq send demo later --delay-ms 5000 --meta {meta.url}")
+        say(f"     qmq consume demo --group g1 --start earliest --meta {meta.url}")
+        say("Ctrl-C stops everything.")
+        await stop.wait()
+        say("stopping")
+        say(await delay.stop())
+        say(await realtime.stop())
+        say("metaserver stopping")
+    say("metaserver stopped: in-flight requests finished, database closed")

@@ -41,7 +41,8 @@ def _time_arg(text: str | None) -> int | str | None:
     return int(text) if text.isdigit() else text
 
 
-def add_schedule_parser(sub: Any, add_client_flags: Any, default_meta: str) -> None:
+def add_schedule_parser(sub: Any, add_client_flags: Any, default_meta: str,
+                        meta_type: Any = str) -> None:
     """Register ``qmq schedule ...`` on the CLI's sub-parsers."""
     schedule = sub.add_parser("schedule", help="recurring schedules (cron, every, at)")
     actions = schedule.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -71,7 +72,8 @@ def add_schedule_parser(sub: Any, add_client_flags: Any, default_meta: str) -> N
     upcoming.add_argument("name")
     upcoming.add_argument("-n", type=int, default=10, help="how many (default 10)")
     for parser in actions.choices.values():
-        parser.add_argument("--meta", default=os.environ.get("QMQ_META", default_meta))
+        parser.add_argument("--meta", default=os.environ.get("QMQ_META", default_meta),
+                            type=meta_type)
         parser.add_argument("--json", action="store_true", help="print JSON")
         add_client_flags(parser, "the app's (or an admin) token")
 

@@ -148,7 +148,8 @@ class ServerBase:
             await self.registration.start()
         if config.clock_offset_ms:
             log.warning("TEST ONLY: %s clock offset by %d ms", self.KIND, config.clock_offset_ms)
-        log.info("%s group %s listening on %s%s", self.KIND, config.group, self.address,
+        # DEBUG: the launcher (qmq.launcher) says this line to the operator once.
+        log.debug("%s group %s listening on %s%s", self.KIND, config.group, self.address,
                  f", metrics on {self.metrics_url}" if self.metrics_url else "")
 
     def _on_state(self, state: str) -> None:
@@ -184,7 +185,7 @@ class ServerBase:
             f"finished, {self.STOP_SUMMARY}, "
             + ("deregistered from the MetaServer" if deregistered else "not deregistered")
         )
-        log.info("%s", summary)
+        log.debug("%s", summary)  # returned: the launcher says it once
         return summary
 
     # ------------------------------------------------------------------ subclass hooks

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 
-from tests.harness import admin, free_port, run_qmq, start_realtime, wait_until
+from tests.harness import REPO_ROOT, _spawn, admin, free_port, run_qmq, start_realtime, wait_until
 
 
 def table(stdout: str) -> list[dict[str, str]]:
@@ -135,3 +136,37 @@ def test_a_command_against_an_unreachable_metaserver_fails_with_a_clear_message(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("qmq: ") and url in last, last
     assert "unreachable" in last or "cannot reach" in last, last
+
+
+def test_qmq_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    done = run_qmq("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"qmq (pyqmq) {version('pyqmq')}"
+
+
+@pytest.mark.parametrize("meta", ["127.0.0.1:8090", "localhost:8090,http://10.0.0.1:8090"])
+def test_a_meta_url_without_a_scheme_is_refused_with_the_url_it_probably_meant(meta) -> None:
+    done = run_qmq("send", "demo", "hi", "--meta", meta)
+    first = meta.split(",")[0]
+    assert done.returncode == 2 and f"did you mean http://{first}?" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_qmq_up_says_each_start_and_stop_line_once(cluster, log_format) -> None:
+    args = [sys.executable, "-m", "qmq", "--log-format", log_format, "up", "--data-dir",
+            str(cluster.root / "up"), "--meta-port", "0", "--realtime-port", "0", "--delay-port",
+            "0"]
+    process, output, _ = _spawn("qmq up", args, re.compile(r"(Ctrl-C) stops everything"))
+    process.send_signal(2)  # Ctrl-C
+    assert process.wait(60) == 0
+    lines = [line for line in "".join(output).splitlines() if line.strip()]
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]  # every line is one JSON object
+        assert {"ts", "level", "logger", "message"} <= set(records[0])
+        lines = [record["message"] for record in records]
+    for said in ("metaserver  http://", "realtime    ", "Ctrl-C stops everything",
+                 "delay group delay-1 stopped in", "realtime group realtime-1 stopped in",
+                 "metaserver stopped"):
+        assert sum(said in line for line in lines) == 1, (said, lines)

@@ -184,3 +184,25 @@ def test_servers_and_libraries_log_instead_of_printing(package: str) -> None:
                     and node.func.id == "print"):
                 printing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert printing == []
+
+
+# Client commands as a user runs them, against a MetaServer that is not there: each fails at
+# once, having loaded everything it loads to do its work.
+CLIENT_COMMANDS = (
+    ["send", "demo", "hi"], ["send", "demo", "later", "--delay-ms", "1000"],
+    ["cancel", "demo", "ID", "--group", "delay-1", "--deliver-at-ms", "1"],
+    ["consume", "demo", "--group", "g", "--count", "1"], ["admin", "brokers"],
+    ["admin", "dead", "list"], ["admin", "tokens", "list"], ["schedule", "list"],
+)
+# Third-party packages of the servers and the audit that a client command must not load.
+SERVER_LIBRARIES = {"sqlalchemy", "alembic", "aiosqlite", "asyncpg", "apscheduler", "pyspark",
+                    "jinja2", "prometheus_client"}
+
+
+def test_client_commands_load_no_server_code() -> None:
+    code = ("import sys\nfrom qmq import cli\n"
+            f"for argv in {CLIENT_COMMANDS!r}:\n"
+            "    cli.main([*argv, '--meta', 'http://127.0.0.1:9'])\n")
+    loaded = loaded_modules(code)
+    assert loaded & PACKAGES == {"qmq", "sdk", "wire"}
+    assert loaded & SERVER_LIBRARIES == set()
