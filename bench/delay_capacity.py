@@ -10,7 +10,7 @@ close), and a third reopens after that crash: the worst-case replay.
     python bench/delay_capacity.py           # 1M
     python bench/delay_capacity.py --full    # 10M (about 3 GB of disk)
 
-Goals printed beside the figures (docs/shared DESIGN.md section 14): 10 M pending in <= 256 MB RSS,
+Goals printed beside the figures (docs/DESIGN.md section 14): 10 M pending in <= 256 MB RSS,
 restart <= 15 s, >= 40,000 delayed sends/s. Time here is the benchmark's own (perf_counter);
 the store itself is given a fixed fake now_ms.
 """
