@@ -21,9 +21,11 @@ import traceback
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
+from qmq.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+
 DEADLINE_MS_DEFAULT = 300_000  # the same as spark_audit.main.DEADLINE_MS_DEFAULT (no pyspark here)
-EXIT_BAD_ARGUMENTS = 2
-EXIT_AUDIT_FAILED = 3
+EXIT_BAD_ARGUMENTS = EXIT_USAGE
+EXIT_AUDIT_FAILED = EXIT_UNAVAILABLE  # Spark or Java failed: not a verdict (that is exit 1)
 
 
 def parse_time_ms(text: str) -> int:

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from qmq.admin_cli import add_admin_parser, run_admin
 from qmq.audit import add_audit_parser, run_audit
 from qmq.schedule_cli import add_schedule_parser
 
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--delay-ms", type=int, default=None, help="deliver this many ms from now")
     when.add_argument("--deliver-at", default=None,
                       help="deliver at this time: ISO 8601 with a timezone, or epoch ms")
+    send.add_argument("--json", action="store_true", help="print each receipt as JSON")
     _add_token(send, "the app's token")
 
     cancel = sub.add_parser("cancel", help="cancel a delayed message (as qmq send printed it)")
@@ -201,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--deliver-at-ms", type=int, required=True,
                         help="deliver_at_ms from the receipt")
     cancel.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
+    cancel.add_argument("--json", action="store_true", help="print the outcome as JSON")
     _add_token(cancel, "the app's token")
 
     consume = sub.add_parser("consume", help="print and ack messages of a subject")
@@ -215,30 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="stop when nothing arrives for this long")
     _add_token(consume, "the app's token")
 
-    admin = sub.add_parser("admin", help="inspect and steer the cluster")
-    admin.add_argument("what", choices=["brokers", "subjects", "groups", "readonly", "dead",
-                                        "delay", "tokens"])
-    admin.add_argument("args", nargs="*", help="readonly: GROUP on|off; dead: list | show "
-                       "BROKER_GROUP DEAD_SUBJECT SEQUENCE | redrive SUBJECT GROUP | purge "
-                       "SUBJECT GROUP; tokens: create | list | revoke ID")
-    admin.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
-    admin.add_argument("--json", action="store_true", help="print JSON")
-    admin.add_argument("--subject", help="dead list: only this subject")
-    admin.add_argument("--group", help="dead list: only this consumer group")
-    admin.add_argument("--id", action="append", dest="ids", default=None,
-                       help="dead redrive: only this message id (repeatable)")
-    admin.add_argument("--through", type=int, default=None,
-                       help="dead purge: purge through this sequence (default: all)")
-    admin.add_argument("--broker-group", default=None, help="dead purge: only this broker group")
-    admin.add_argument("--app", default=None, help="tokens create: the app the token is for")
-    admin.add_argument("--produce", action="append", default=[],
-                       help="tokens create: a subject pattern it may send to, e.g. 'order.*' "
-                            "(repeatable)")
-    admin.add_argument("--consume", action="append", default=[],
-                       help="tokens create: a subject pattern it may consume (repeatable)")
-    admin.add_argument("--admin", action="store_true",
-                       help="tokens create: an admin token (admin API, brokers, every subject)")
-    _add_token(admin, "an admin token")
+    add_admin_parser(sub, lambda parser: (
+        parser.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                            help="MetaServer URL"),
+        _add_token(parser, "an admin token")))
     add_audit_parser(sub)
     add_schedule_parser(sub, _add_token, DEFAULT_META_URL, meta_url)
     outbox = sub.add_parser("outbox", help="the transactional outbox (docs/OUTBOX.md)")
@@ -261,23 +244,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from qmq.commands import CommandError
+    from qmq.exits import EXIT_INTERRUPTED, EXIT_USAGE, exit_code_of_error
     from qmq.logs import setup_logging
     from wire.errors import QmqError
 
     setup_logging(args.log_level, args.log_format)
-    try:
+    try:  # one exit-code table for every command: qmq.exits
         return asyncio.run(_run(args))
     except CommandError as exc:
         print(f"qmq: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except QmqError as exc:  # the service refused or could not be reached: say so, no traceback
         print(f"qmq: {args.command} failed: {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
+        return exit_code_of_error(exc.retriable)
     except ValueError as exc:  # configuration errors name the key and the value
         print(f"qmq: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _backoff(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -369,10 +353,10 @@ async def _run_client(args: argparse.Namespace) -> int:
                          if args.deliver_at is not None else None)
         return await commands.send_command(args.meta, args.subject, body, args.tag,
                                            commands.parse_properties(args.prop), args.count,
-                                           args.delay_ms, deliver_at_ms)
+                                           args.delay_ms, deliver_at_ms, args.json)
     if args.command == "cancel":
         return await commands.cancel_command(args.meta, args.subject, args.id, args.group,
-                                             args.deliver_at_ms)
+                                             args.deliver_at_ms, args.json)
     if args.command == "consume":
         return await commands.consume_command(args.meta, args.subject, args.group, args.tag,
                                               args.start, args.count, args.idle_timeout_s,
@@ -388,18 +372,8 @@ async def _run_client(args: argparse.Namespace) -> int:
         return await run_schedule(args, commands.parse_properties(getattr(args, "prop", [])))
     if args.command == "audit":
         return run_audit(args)  # blocking Spark driver; nothing else runs on this loop
-    if args.command == "admin" and args.what == "dead":
-        return await commands.admin_dead_command(
-            args.meta, args.args, subject=args.subject, group=args.group, ids=args.ids,
-            through=args.through, broker_group=args.broker_group, as_json=args.json)
-    if args.command == "admin" and args.what == "tokens":
-        return await commands.admin_tokens_command(
-            args.meta, args.args, app=args.app, produce=args.produce, consume=args.consume,
-            admin=args.admin, as_json=args.json)
-    if args.command == "admin" and args.what == "delay":
-        return await commands.admin_delay_command(args.meta, args.json)
     if args.command == "admin":
-        return await commands.admin_command(args.meta, args.what, args.json, args.args)
+        return await run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -12,12 +12,18 @@ from typing import Any
 
 import aiohttp
 
+from qmq.exits import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, exit_code_of_http_status
 from wire.http import bearer, http_ssl
 from wire.tls import client_context
 
 
 class CommandError(Exception):
-    """A CLI command failed in a way the user should read (printed without a traceback)."""
+    """A CLI command failed in a way the user should read (printed without a traceback);
+    ``exit_code`` is its row of the table in qmq.exits (a usage error unless said)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,9 @@ SEND_SPREAD_BATCHES = 8
 
 async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str],
                        properties: dict[str, str], count: int, delay_ms: int | None = None,
-                       deliver_at_ms: int | None = None) -> int:
-    """Send ``count`` copies of a message (delayed if asked); prints one receipt line each.
+                       deliver_at_ms: int | None = None, as_json: bool = False) -> int:
+    """Send ``count`` copies of a message (delayed if asked); prints one receipt line each
+    (a JSON object each with ``as_json``).
 
     The copies travel in at least SEND_SPREAD_BATCHES batches (one each when fewer), and the
     producer's round robin starts at a random group, so CLI sends spread over the route's
@@ -89,6 +96,11 @@ async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str]
             for _ in range(count)
         ))
     for receipt in receipts:
+        if as_json:
+            print(json.dumps({"status": receipt.status, "id": receipt.message_id,
+                              "subject": receipt.subject, "group": receipt.broker_group,
+                              "deliver_at_ms": receipt.deliver_at_ms if receipt.delayed else None}))
+            continue
         due = f" deliver_at_ms={receipt.deliver_at_ms}" if receipt.delayed else ""
         print(f"{receipt.status} id={receipt.message_id} subject={receipt.subject} "
               f"group={receipt.broker_group}{due}")
@@ -96,15 +108,16 @@ async def send_command(meta_url: str, subject: str, body: bytes, tags: list[str]
 
 
 async def cancel_command(meta_url: str, subject: str, message_id: str, delay_group: str,
-                         deliver_at_ms: int) -> int:
+                         deliver_at_ms: int, as_json: bool = False) -> int:
     """Cancel a delayed message named as ``qmq send`` printed it; exit 0 only if cancelled."""
     from sdk.producer import Producer, Receipt
 
     receipt = Receipt(message_id, subject, delay_group, "stored", deliver_at_ms)
     async with Producer(meta_url, **_sdk_options()) as producer:
         status = await producer.cancel(receipt)
-    print(f"{status} id={message_id}")
-    return 0 if status in ("cancelled", "already_cancelled") else 1
+    print(json.dumps({"status": status, "id": message_id}) if as_json
+          else f"{status} id={message_id}")
+    return 0 if status in ("cancelled", "already_cancelled") else EXIT_FAILED
 
 
 async def consume_command(meta_url: str, subject: str, group: str, tags: list[str] | None,
@@ -156,11 +169,12 @@ async def _admin_request(meta_url: str, method: str, path: str,
                     error = data.get("error", {}) if isinstance(data, dict) else {}
                     raise CommandError(
                         f"{method} {path} failed: {response.status} "
-                        f"{error.get('code', '')}: {error.get('message', data)}"
-                    )
+                        f"{error.get('code', '')}: {error.get('message', data)}",
+                        exit_code_of_http_status(response.status))
                 return data
-    except aiohttp.ClientError as exc:
-        raise CommandError(f"cannot reach the MetaServer at {meta_url}: {exc}") from exc
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise CommandError(f"cannot reach the MetaServer at {meta_url}: {exc or type(exc).__name__}",
+                           EXIT_UNAVAILABLE) from exc
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -221,7 +235,7 @@ def _print_errors(errors: list[dict[str, Any]]) -> int:
             where += f" ({error['address']})"
         print(f"qmq: broker {where or '?'}: {error.get('code', '')}: {error.get('message', '')}",
               file=sys.stderr)
-    return 1 if errors else 0
+    return EXIT_FAILED if errors else 0
 
 
 _DEAD_USAGE = (

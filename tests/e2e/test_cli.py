@@ -100,7 +100,8 @@ def test_qmq_admin_readonly_sends_producers_elsewhere_and_readonly_everywhere_re
                "both realtime groups to register")
     first = receipts(ok(run_qmq("send", "demo.ro", "before", *meta)))
     # The copies of one command go to both groups, as an application's sends do.
-    spread = receipts(ok(run_qmq("send", "demo.spread", "x", "--count", "4", *meta)))
+    spread = [json.loads(line) for line in ok(run_qmq(
+        "send", "demo.spread", "x", "--count", "4", "--json", *meta)).splitlines()]
     assert sorted(r["group"] for r in spread) == ["realtime-1", "realtime-1", "rt2", "rt2"]
 
     assert json.loads(ok(run_qmq("admin", "readonly", "realtime-1", "on", *meta)))["readonly"]
@@ -126,16 +127,18 @@ def test_qmq_admin_readonly_sends_producers_elsewhere_and_readonly_everywhere_re
 @pytest.mark.parametrize("command", [
     ("send", "demo", "hello"),
     ("admin", "brokers"),
+    ("admin", "dead", "list"),
     ("consume", "demo", "--group", "g1", "--count", "1"),
+    ("schedule", "list"),
 ])
-def test_a_command_against_an_unreachable_metaserver_fails_with_a_clear_message(command):
+def test_a_command_against_an_unreachable_metaserver_exits_3_with_one_clear_line(command):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     result = run_qmq(*command, "--meta", url, timeout_s=45)
-    assert result.returncode != 0
+    assert result.returncode == 3, (result.returncode, result.stderr)  # EXIT_UNAVAILABLE
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("qmq: ") and url in last, last
-    assert "unreachable" in last or "cannot reach" in last, last
+    assert re.search(r"unreachable|cannot reach|cannot connect", last, re.I), last
 
 
 def test_qmq_version_prints_the_installed_version() -> None:
@@ -170,3 +173,25 @@ def test_qmq_up_says_each_start_and_stop_line_once(cluster, log_format) -> None:
                  "delay group delay-1 stopped in", "realtime group realtime-1 stopped in",
                  "metaserver stopped"):
         assert sum(said in line for line in lines) == 1, (said, lines)
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["admin", "dead", "show", "--help"], "usage: qmq admin dead show [-h]"),
+    (["admin", "tokens", "create", "--help"], "usage: qmq admin tokens create [-h]"),
+    (["admin", "readonly", "--help"], "usage: qmq admin readonly [-h]"),
+])
+def test_each_admin_command_has_its_own_help(argv, usage) -> None:
+    done = run_qmq(*argv)
+    assert done.returncode == 0 and done.stdout.startswith(usage), done.stdout
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["admin", "nope"], "invalid choice: 'nope' (choose from 'brokers', "),
+    (["admin", "dead", "show", "rt1"], "the following arguments are required: DEAD_SUBJECT"),
+    (["admin", "readonly", "rt1", "maybe"], "invalid choice: 'maybe' (choose from 'on', 'off')"),
+    (["admin", "tokens", "revoke", "x"], "argument ID: invalid int value: 'x'"),
+    (["send", "demo", "hi", "--prop", "novalue"], "property 'novalue' must look like key=value"),
+])
+def test_a_usage_error_exits_2_naming_what_is_wrong(argv, said) -> None:
+    done = run_qmq(*argv, "--meta", "http://127.0.0.1:9")
+    assert done.returncode == 2 and said in done.stderr, done.stderr
