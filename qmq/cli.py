@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--meta-port", type=int, default=8090, help="MetaServer HTTP port (0 = any)")
     up.add_argument("--realtime-port", type=int, default=20881, help="realtime port (0 = any)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    up.add_argument("--advertise-host", default=None,
+                    help="the address the brokers register and clients are told "
+                         "(default --host; needed when --host is 0.0.0.0 or ::)")
     up.add_argument("--delay-port", type=int, default=20801, help="delay server port (0 = any)")
     up.add_argument("--flush", choices=["sync", "async"], default="sync")
     up.add_argument("--clock-offset-ms", type=int, default=0, help=argparse.SUPPRESS)
@@ -142,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
     rt.add_argument("--data-dir", required=True)
     rt.add_argument("--host", default="127.0.0.1")
+    rt.add_argument("--advertise-host", default=None,
+                    help="the address registered with the MetaServer and told to clients "
+                         "(default --host; needed when --host is 0.0.0.0 or ::)")
     rt.add_argument("--port", type=int, default=20881)
     rt.add_argument("--group", default="realtime-1", help="broker group name")
     rt.add_argument("--flush", choices=["sync", "async"], default="sync")
@@ -164,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
     delay.add_argument("--data-dir", required=True)
     delay.add_argument("--host", default="127.0.0.1")
+    delay.add_argument("--advertise-host", default=None,
+                    help="the address registered with the MetaServer and told to clients "
+                         "(default --host; needed when --host is 0.0.0.0 or ::)")
     delay.add_argument("--port", type=int, default=20801)
     delay.add_argument("--group", default="delay-1", help="delay group name")
     delay.add_argument("--flush", choices=["sync", "async"], default="sync")
@@ -289,7 +298,8 @@ async def _run_server(args: argparse.Namespace) -> int:
 
     if args.command == "up":
         await launcher.run_up(args.data_dir, args.meta_port, args.realtime_port, args.delay_port,
-                              args.host, flush=args.flush, clock_offset_ms=args.clock_offset_ms,
+                              args.host, advertise_host=args.advertise_host,
+                              flush=args.flush, clock_offset_ms=args.clock_offset_ms,
                               trace=not args.no_trace, admin_token=args.admin_token,
                               realtime_options={
                                   "ack_timeout_ms": args.ack_timeout_ms,
@@ -315,6 +325,7 @@ async def _run_server(args: argparse.Namespace) -> int:
 
         await launcher.run_realtime_command(RealtimeConfig(
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
+            advertise_host=args.advertise_host,
             port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
             consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
             retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
@@ -329,6 +340,7 @@ async def _run_server(args: argparse.Namespace) -> int:
         extra = {"max_delay_ms": args.max_delay_ms} if args.max_delay_ms else {}
         await launcher.run_delay_command(DelayConfig(
             data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
+            advertise_host=args.advertise_host,
             port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
             wheel_entries_max=args.wheel_entries_max,
             clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,

@@ -70,7 +70,8 @@ async def run_delay_command(config: DelayConfig) -> None:
 
 
 async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: int, host: str,
-                 *, flush: str = "sync", clock_offset_ms: int = 0, trace: bool = True,
+                 *, advertise_host: str | None = None, flush: str = "sync",
+                 clock_offset_ms: int = 0, trace: bool = True,
                  realtime_options: dict[str, Any] | None = None,
                  admin_token: str | None = None,
                  realtime_metrics_port: int | None = None,
@@ -92,7 +93,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
     async with start_metaserver(meta_config) as meta:
         # What the two servers of one `qmq up` share (ServerConfig's fields).
         shared: dict[str, Any] = dict(
-            meta_url=meta.url, host=host, flush=flush,
+            meta_url=meta.url, host=host, advertise_host=advertise_host, flush=flush,
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms, trace=trace, token=internal_token,
         )

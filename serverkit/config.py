@@ -11,6 +11,9 @@ from typing import ClassVar
 from logstore.segment_log import FLUSH_MODES
 
 PORT_MAX = 65535  # highest TCP port number
+# Hosts that mean "every address" to listen on: no client can connect to one, so a server that
+# registers with the MetaServer must advertise another (advertise_host).
+WILDCARD_HOSTS = ("0.0.0.0", "::", "", "[::]")
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class ServerConfig:
     group: str = ""  # group name registered with the MetaServer (each server has a default)
     host: str = "127.0.0.1"  # address to listen on (loopback by default)
     port: int = 0  # TCP port of the frame protocol; 0 picks a free one
-    advertise_host: str | None = None  # address clients are told; defaults to host
+    advertise_host: str | None = None  # address registered and told to clients; default host (a wildcard host needs one)
     metrics_port: int | None = None  # HTTP port of GET /metrics on host; 0 = a free one; None = off
     flush: str = "sync"  # "sync": answer a send after fsync (group commit); "async": fsync on interval
     flush_interval_ms: int = 100  # async flush: longest time between fsyncs, in ms
@@ -51,6 +54,13 @@ class ServerConfig:
             raise ValueError(f"flush {self.flush!r} is not one of {FLUSH_MODES}")
         if not 0 <= self.port <= PORT_MAX:
             raise ValueError(f"port {self.port} is not in 0..{PORT_MAX}")
+        advertised = self.advertise_host if self.advertise_host is not None else self.host
+        if self.meta_url is not None and advertised in WILDCARD_HOSTS:
+            key = "advertise_host" if self.advertise_host is not None else "host"
+            raise ValueError(
+                f"{key} {advertised!r} cannot be registered with the MetaServer: clients cannot "
+                f"connect to it; give advertise_host (--advertise-host), the address clients "
+                f"reach this server at (host {self.host!r} may stay, to listen on every address)")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= PORT_MAX:
             raise ValueError(f"metrics_port {self.metrics_port} is not in 0..{PORT_MAX}")
         for key in self.COMMON_POSITIVE_INT_KEYS + self.POSITIVE_INT_KEYS:
@@ -69,4 +79,4 @@ class ServerConfig:
         return f"{self.advertise_host or self.host}:{self.port}"
 
 
-__all__ = ["PORT_MAX", "ServerConfig"]
+__all__ = ["PORT_MAX", "WILDCARD_HOSTS", "ServerConfig"]

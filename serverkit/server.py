@@ -121,7 +121,7 @@ class ServerBase:
     @property
     def address(self) -> str:
         """``host:port`` clients connect to."""
-        return f"{self.config.advertise_host or self.config.host}:{self.port}"
+        return f"{self.config.advertise_host or self.config.host}:{self.port}"  # never a wildcard (config)
 
     @property
     def metrics_url(self) -> str | None:
