@@ -1,8 +1,10 @@
 """Prometheus metrics of one delay server (docs/OPERATIONS.md lists every one).
 
 Dispatch counts and the lateness histogram are the scheduler's own ``DispatchStats``, turned
-into metric families at scrape time; pending messages per hour come from the store's pending
-counts (``Scheduler.report``) at scrape time, through the store's I/O thread. What the server
+into metric families at scrape time; pending messages by how far ahead they are due (a fixed set
+of horizons, so the series never grow with time) come from the store's pending counts per hour
+(``Scheduler.report``) at scrape time, through the store's I/O thread. Times are in seconds, as
+Prometheus has them; the process collectors add CPU, memory, descriptors and the Python version. What the server
 counts directly is counted per request, per dispatch batch or per result: scheduled and refused
 messages, cancels by outcome, dispatch failures by code, fsync latency.
 
@@ -12,10 +14,10 @@ figures.
 
 from __future__ import annotations
 
-import datetime
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+                               ProcessCollector)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -28,20 +30,29 @@ if TYPE_CHECKING:
     from delayserver.scheduler import Dispatch, Scheduler
     from delayserver.stats import DispatchStats
 
-# Hours with their own label on the pending gauge, earliest first; pending messages of later
-# hours are summed under LATER_HOURS (a 2-year horizon has 17,520 hours).
-PENDING_HOUR_LABELS_MAX = 168
-LATER_HOURS = "later"
+HOUR_MS = 3_600_000
+# The ``due_in`` horizons of the pending gauge: (label, bound in ms ahead of now). The store
+# counts pending messages per UTC hour, so an hour's messages go to the first horizon that its
+# start is within (the current hour, and overdue ones, to "1h"); past the last: "later".
+PENDING_HORIZONS_MS = (("1h", HOUR_MS), ("6h", 6 * HOUR_MS), ("1d", 24 * HOUR_MS),
+                       ("7d", 7 * 24 * HOUR_MS), ("30d", 30 * 24 * HOUR_MS),
+                       ("365d", 365 * 24 * HOUR_MS))
+LATER = "later"
 
 FSYNC_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5)
 REQUEST_OPS = ("hello", "send", "cancel", "other")
 
 
-def hour_label(hour_start_ms: int) -> str:
-    """The ``hour`` label of an hour starting at ``hour_start_ms``: ISO 8601 in UTC."""
-    moment = datetime.datetime.fromtimestamp(hour_start_ms / 1000, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%MZ")
+def pending_by_horizon(per_hour: dict[int, int], now_ms: int) -> dict[str, int]:
+    """Pending counts per hour start as counts per ``due_in`` horizon (every label, 0 too)."""
+    counts = {label: 0 for label, _ in PENDING_HORIZONS_MS} | {LATER: 0}
+    for hour_start_ms, count in per_hour.items():
+        ahead_ms = hour_start_ms - now_ms
+        label = next((name for name, bound_ms in PENDING_HORIZONS_MS if ahead_ms < bound_ms),
+                     LATER)
+        counts[label] += count
+    return counts
 
 
 class DelayMetrics:
@@ -67,15 +78,18 @@ class DelayMetrics:
             "qmq_delay_fsync_seconds", "Time one group commit spent in fsync of the delay log.",
             buckets=FSYNC_BUCKETS_S, registry=self.registry)
         self.pending = Gauge(
-            "qmq_delay_pending_messages", "Messages waiting for their time, by the UTC hour "
-            "they are due in (hour=later: past the first 168 hours with any), at scrape time.",
-            ["hour"], registry=self.registry)
+            "qmq_delay_pending_messages", "Messages waiting for their time, by how far ahead "
+            "they are due (due_in: 1h, 6h, 1d, 7d, 30d, 365d, later; by the hour they are due "
+            "in), at scrape time.", ["due_in"], registry=self.registry)
         self.window = Gauge("qmq_delay_window_messages", "Messages of the preload window held "
                             "in memory (the timing wheel), at scrape time.",
                             registry=self.registry)
         info = Gauge("qmq_delay_info", "Always 1; labels name this delay server.", ["group"],
                      registry=self.registry)
         info.labels(group).set(1)
+        # process_* (CPU seconds, resident memory, open descriptors) and python_info.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         # Written on the event loop only; collected with the scheduler's figures.
         self.request_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
         self.message_errors: dict[str, int] = {code: 0 for code in WIRE_ERRORS}
@@ -134,18 +148,13 @@ class DelayMetrics:
         return counted
 
     async def refresh(self) -> None:
-        """Scrape time: pending per hour and the window size, from the scheduler's report."""
+        """Scrape time: pending by horizon and the window size, from the scheduler's report."""
         if self._scheduler is None:
             return
         report = await self._scheduler.report()
-        hours = sorted((int(hour), count) for hour, count in report["pending_per_hour"].items())
-        later = sum(count for _, count in hours[PENDING_HOUR_LABELS_MAX:])
-        # No await between clear and set: a scrape on this loop never sees a half-filled gauge.
-        self.pending.clear()
-        for hour_ms, count in hours[:PENDING_HOUR_LABELS_MAX]:
-            self.pending.labels(hour_label(hour_ms)).set(count)
-        if later:
-            self.pending.labels(LATER_HOURS).set(later)
+        per_hour = {int(hour): count for hour, count in report["pending_per_hour"].items()}
+        for label, count in pending_by_horizon(per_hour, self._scheduler.clock()).items():
+            self.pending.labels(label).set(count)
         self.window.set(report["in_memory"])
 
 
@@ -170,11 +179,11 @@ class _DispatchCollector(Collector):
         buckets, cumulative = [], 0
         for bound_ms, count in zip(LATENESS_BOUNDS_MS, stats.histogram):
             cumulative += count
-            buckets.append((floatToGoString(bound_ms), cumulative))  # "200.0", as Histogram
+            buckets.append((floatToGoString(bound_ms / 1000), cumulative))  # "0.2", as Histogram
         buckets.append(("+Inf", cumulative + stats.histogram[-1]))
         lateness = HistogramMetricFamily(
-            "qmq_delay_dispatch_lateness_ms", "Dispatch time minus due time, in ms.")
-        lateness.add_metric([], buckets, sum_value=stats.lateness_ms_sum)
+            "qmq_delay_dispatch_lateness_seconds", "Dispatch time minus due time, in seconds.")
+        lateness.add_metric([], buckets, sum_value=stats.lateness_ms_sum / 1000)
         yield lateness
         metrics = self._metrics
         failures = CounterMetricFamily(
@@ -203,4 +212,4 @@ class _DispatchCollector(Collector):
         yield errors
 
 
-__all__ = ["DelayMetrics", "LATER_HOURS", "PENDING_HOUR_LABELS_MAX", "hour_label"]
+__all__ = ["DelayMetrics", "LATER", "PENDING_HORIZONS_MS", "pending_by_horizon"]

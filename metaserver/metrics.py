@@ -13,7 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (CollectorRegistry, Counter, Gauge, PlatformCollector,
+                               ProcessCollector)
 
 from metaserver.registry import Registry
 
@@ -31,6 +32,9 @@ class MetaMetrics:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # process_* (CPU seconds, resident memory, open descriptors) and python_info.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self._meta = registry
         self.requests = Counter("qmq_meta_http_requests", "HTTP requests answered, by route "
                                 "pattern, method and status.", ["route", "method", "status"],

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               PlatformCollector, ProcessCollector)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -47,6 +48,9 @@ class RealtimeMetrics:
 
     def __init__(self, group: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # process_* (CPU seconds, resident memory, open descriptors) and python_info.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self._broker: Broker | None = None  # set by watch()
         requests = Counter("qmq_realtime_requests", "Requests answered, by op (each send or "
                            "pull request counts once, whatever its batch size).", ["op"],

@@ -47,35 +47,40 @@ async def client(server):
     await client.close()
 
 
-def test_hour_labels_are_utc_iso_hours():
-    assert delay_metrics.hour_label(START_MS) == "2023-11-14T22:00Z"
-    assert delay_metrics.hour_label(START_MS + 26 * HOUR_MS) == "2023-11-16T00:00Z"
+def test_pending_hours_fall_into_the_first_horizon_their_start_is_within():
+    now_ms = START_MS + 30 * 60_000  # half past: the current hour started before now
+    per_hour = {START_MS: 1, START_MS + HOUR_MS: 2, START_MS + 6 * HOUR_MS: 3,
+                START_MS + 400 * 24 * HOUR_MS: 4}
+    assert delay_metrics.pending_by_horizon(per_hour, now_ms) == {
+        "1h": 3, "6h": 3, "1d": 0, "7d": 0, "30d": 0, "365d": 0, "later": 4}
 
 
-async def test_pending_messages_are_counted_in_the_hour_they_are_due(server, client, clock):
+def pending(scraped) -> dict[str, float]:
+    """The pending gauge's horizons that hold messages."""
+    return {dict(labels)["due_in"]: value
+            for labels, value in scraped.labelled("qmq_delay_pending_messages").items() if value}
+
+
+async def test_pending_messages_are_counted_by_how_far_ahead_they_are_due(server, client, clock):
     due = [START_MS + 2 * HOUR_MS + 5, START_MS + 2 * HOUR_MS + 59 * 60_000,
-           START_MS + 5 * HOUR_MS + 1]
+           START_MS + 30 * HOUR_MS + 1, START_MS + 2 * 365 * 24 * HOUR_MS - HOUR_MS]
     sent = await client.send(*[message("orders", b"m%d" % i, clock, deliver_at_ms=at)
                                for i, at in enumerate(due)])
-    assert [r["status"] for r in sent["results"]] == ["stored"] * 3
+    assert [r["status"] for r in sent["results"]] == ["stored"] * 4
 
     scraped = await scrape(server.metrics_url)
-    pending = {dict(labels)["hour"]: value
-               for labels, value in scraped.labelled("qmq_delay_pending_messages").items()}
-    assert pending == {"2023-11-15T00:00Z": 2, "2023-11-15T03:00Z": 1}
-    assert scraped["qmq_delay_messages_scheduled_total"] == 3
+    assert pending(scraped) == {"6h": 2, "7d": 1, "later": 1}
+    # Every horizon is always there: a fixed set of series, whatever is pending.
+    assert len(scraped.labelled("qmq_delay_pending_messages")) == 7
+    assert scraped["qmq_delay_messages_scheduled_total"] == 4
     assert scraped["qmq_delay_requests_total", {"op": "send"}] == 1
 
 
-async def test_hours_past_the_label_cap_are_summed_under_later(
-        server, client, clock, monkeypatch):
-    monkeypatch.setattr(delay_metrics, "PENDING_HOUR_LABELS_MAX", 1)
-    await client.send(*[message("orders", b"m%d" % h, clock, deliver_at_ms=START_MS + h * HOUR_MS)
-                        for h in (3, 4, 6)])
+async def test_the_process_and_platform_collectors_are_scraped(server):
     scraped = await scrape(server.metrics_url)
-    pending = {dict(labels)["hour"]: value
-               for labels, value in scraped.labelled("qmq_delay_pending_messages").items()}
-    assert pending == {"2023-11-15T01:00Z": 1, delay_metrics.LATER_HOURS: 2}
+    assert scraped["process_resident_memory_bytes"] > 0
+    assert scraped["process_open_fds"] > 0
+    assert len(scraped.labelled("python_info")) == 1
 
 
 async def test_dispatches_fill_the_lateness_histogram_with_how_late_they_went(
@@ -89,14 +94,14 @@ async def test_dispatches_fill_the_lateness_histogram_with_how_late_they_went(
     scraped = await scrape(server.metrics_url)
     assert scraped["qmq_delay_messages_dispatched_total"] == 2
     assert scraped["qmq_delay_early_dispatches_total"] == 0
-    lateness = "qmq_delay_dispatch_lateness_ms"
+    lateness = "qmq_delay_dispatch_lateness_seconds"
     assert scraped[f"{lateness}_count"] == 2
-    assert scraped[f"{lateness}_sum"] == 1_500
-    assert scraped[f"{lateness}_bucket", {"le": "200.0"}] == 0
-    assert scraped[f"{lateness}_bucket", {"le": "500.0"}] == 1
-    assert scraped[f"{lateness}_bucket", {"le": "1000.0"}] == 2
+    assert scraped[f"{lateness}_sum"] == 1.5
+    assert scraped[f"{lateness}_bucket", {"le": "0.2"}] == 0
+    assert scraped[f"{lateness}_bucket", {"le": "0.5"}] == 1
+    assert scraped[f"{lateness}_bucket", {"le": "1.0"}] == 2
     assert scraped[f"{lateness}_bucket", {"le": "+Inf"}] == 2
-    assert scraped.labelled("qmq_delay_pending_messages") == {}  # nothing left to send
+    assert pending(scraped) == {}  # nothing left to send
     assert scraped["qmq_delay_fsync_seconds_count"] >= 1
 
 
@@ -135,4 +140,4 @@ async def test_cancels_and_errors_are_counted_by_outcome_and_code(server, client
     assert scraped[errors, {"code": "delay_out_of_range", "scope": "message"}] == 1
     assert scraped[errors, {"code": "not_supported", "scope": "request"}] == 1
     assert scraped["qmq_delay_messages_scheduled_total"] == 1
-    assert scraped.labelled("qmq_delay_pending_messages") == {}
+    assert pending(scraped) == {}
