@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], int]
 T = TypeVar("T")
 
+# Counts a realtime broker's heartbeat backlog rows carry since it started, summed per
+# (group, subject) over the online brokers by list_consumer_groups.
+GROUP_COUNTS = ("redelivered", "retried", "dead")
 # Attempts of a write transaction that lost an insert race to another MetaServer.
 WRITE_ATTEMPTS_MAX = 3
 
@@ -474,7 +477,8 @@ class Registry:
                 key = (group, subject)
                 if key not in pairs:
                     pairs[key] = {"group": group, "subject": subject, "online_clients": 0,
-                                  "lag": 0, "brokers": 0, "broker_consumers": 0}
+                                  "lag": 0, "brokers": 0, "broker_consumers": 0,
+                                  "redelivered": 0, "retried": 0, "dead": 0}
                 return pairs[key]
 
             for cg in (await s.execute(select(ConsumerGroup))).scalars():
@@ -495,6 +499,8 @@ class Registry:
                     item["lag"] += entry["lag"]
                     item["brokers"] += 1
                     item["broker_consumers"] += entry.get("consumers", 0)
+                    for name in GROUP_COUNTS:
+                        item[name] += entry.get(name, 0)
             return [pairs[k] for k in sorted(pairs)]
 
 

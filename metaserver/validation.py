@@ -188,6 +188,11 @@ BACKLOG_ENTRY = {
     "group": Field(str, check=check_name),
     "lag": Field(int, check=check_count),
     "consumers": Field(int, required=False, default=0, check=check_count),
+    # Since the broker started: entries handed out again, and nacked copies sent to retry or
+    # to the dead-letter subject (the console's redelivery and retry counts).
+    "redelivered": Field(int, required=False, default=0, check=check_count),
+    "retried": Field(int, required=False, default=0, check=check_count),
+    "dead": Field(int, required=False, default=0, check=check_count),
 }
 
 

@@ -108,7 +108,9 @@ class Broker:
     - pull-log thread: ``pulllog`` (only there, through ``on_pulllog_thread``);
     - ``stats``: one writer thread per key: ``sent``/``duplicates`` the store thread,
       ``pulled``/``redelivered``/``acked`` the pull-log thread; metrics read it at scrape time
-      (an int read is atomic).
+      (an int read is atomic);
+    - ``redelivered_by_group``: (subject, pull-log group) -> entries handed out again since
+      start: the pull-log thread writes it (``Pulls``) and reads it (``_backlog_io``).
 
     Methods ending in ``_io`` run on the I/O thread their first docstring line names; every
     other one on the event loop.
@@ -127,10 +129,12 @@ class Broker:
         self.on_pulllog_thread = stores.pulllog_thread.call
         self._tracer = tracer
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
+        self.redelivered_by_group: dict[tuple[str, str], int] = {}
         self.committed = Committed(Tail(TAIL_BYTES_MAX), stores.ends, stores.firsts)
         self.book = ConsumerBook(stores.opened_at_ms, config.consumer_expiry_ms)
         ctx = BrokerContext(config, clock, self.store, self.pulllog, self.on_store_thread,
-                            self.on_pulllog_thread, self.committed, self.book, tracer, self.stats)
+                            self.on_pulllog_thread, self.committed, self.book, tracer, self.stats,
+                            self.redelivered_by_group)
         self.sends = Sends(ctx)
         self.holdings = Holdings(ctx)
         self.pulls = Pulls(ctx, self.holdings.release)
@@ -333,7 +337,8 @@ class Broker:
     # ------------------------------------------------------------------ reporting
 
     async def backlog(self) -> list[dict[str, Any]]:
-        """Per (subject, group): messages not yet acked (lag) and consumers the broker knows."""
+        """Per (subject, group): messages not yet acked (lag), consumers the broker knows, and
+        entries handed out again since start (``redelivered``)."""
         return await self.on_pulllog_thread(self._backlog_io, dict(self.committed.ends),
                                             self.book.consumer_counts())
 
@@ -349,7 +354,8 @@ class Broker:
             lag = max(0, ends.get(subject, 0) - pulllog.cursor(subject, key))
             lag += pulllog.held_count(subject, key) + pulllog.redelivery_count(subject, key)
             rows.append({"subject": subject, "group": key.split("#", 1)[0], "lag": lag,
-                         "consumers": consumers.get((subject, key), 0)})
+                         "consumers": consumers.get((subject, key), 0),
+                         "redelivered": self.redelivered_by_group.get((subject, key), 0)})
         return rows
 
 

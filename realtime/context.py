@@ -32,6 +32,7 @@ class BrokerContext:
     book: ConsumerBook  # event loop
     tracer: BrokerTracer
     stats: dict[str, int]  # one writer thread per key (see Broker)
+    redelivered_by_group: dict[tuple[str, str], int]  # pull-log thread (see Broker)
 
 
 __all__ = ["BrokerContext", "Runner"]

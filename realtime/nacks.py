@@ -11,7 +11,7 @@ which the receiving brokers' de-duplication by copy id absorbs.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from realtime.retries import RetryCopy, RetryPolicies, plan_retry
 from wire.errors import (
@@ -45,6 +45,9 @@ class NackHandler:
         self._protect = protect_dead_subject
         self._protected: set[str] = set()
         self.stats = {"nacked": 0, "retried": 0, "dead": 0}
+        # (subject as nacked, group) -> [retried, dead] copies handed off since start, for the
+        # heartbeat's backlog rows (``annotate``). Event-loop only.
+        self.by_group: dict[tuple[str, str], list[int]] = {}
 
     async def nack(self, request: Nack) -> int:
         """Hand off a copy of each nacked message, then ack the originals; returns how many."""
@@ -63,6 +66,9 @@ class NackHandler:
         dead = [c for c in copies if c.dead]
         await self._hand_off(retries, retry=True)
         await self._hand_off(dead, retry=False)
+        counts = self.by_group.setdefault((request.subject, request.group), [0, 0])
+        counts[0] += len(retries)
+        counts[1] += len(dead)
         tracer = broker.tracer
         if tracer.enabled:
             tracer.nacked(payloads, request.group, request.consumer_id, now_ms)
@@ -103,6 +109,14 @@ class NackHandler:
                     raise error_from_wire(error["code"], f"{copy.message.id} not handed off to "
                                           f"{subject}: {error['message']}")
             self.stats["retried" if retry else "dead"] += len(group_copies)
+
+    def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Add ``retried`` and ``dead`` (copies handed off since start) to the broker's backlog
+        rows, which are per (subject, group); a pair with nacks but no row gets no row."""
+        for row in rows:
+            counts = self.by_group.get((row["subject"], row["group"]))
+            row["retried"], row["dead"] = counts if counts is not None else (0, 0)
+        return rows
 
     def _held_io(self, subject: str, keys: list[str], consumer: str,
                  pull_seqs: list[int]) -> tuple[str, list[tuple[int, int]]]:

@@ -333,7 +333,11 @@ class Pulls:
             times = [0] * len(pull_seqs)
         else:
             times = redelivered
-            ctx.stats["redelivered"] += len(redelivered) - redelivered.count(0)
+            again = len(redelivered) - redelivered.count(0)
+            ctx.stats["redelivered"] += again
+            if again:
+                by_group = ctx.redelivered_by_group
+                by_group[(subject, key)] = by_group.get((subject, key), 0) + again
         assert len(pull_seqs) == len(chosen_payloads) == len(times), (
             len(pull_seqs), len(chosen_payloads), len(times))
         ctx.stats["pulled"] += len(pull_seqs)

@@ -111,8 +111,8 @@ class RealtimeServer(ServerBase):
     def _core(self) -> Broker:
         return self.broker
 
-    def _report(self) -> Awaitable[list[dict[str, Any]]]:
-        return self.broker.backlog()
+    async def _report(self) -> list[dict[str, Any]]:
+        return self.nacks.annotate(await self.broker.backlog())
 
     def _begin_drain(self) -> None:
         if self._running is not None:

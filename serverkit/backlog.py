@@ -1,7 +1,7 @@
 """``BacklogSync``: a broker's backlog sent to the MetaServer as changes, not whole every time.
 
 A realtime broker reports one row per (subject, group): ``{"subject", "group", "lag",
-"consumers"}``. Sent whole with every heartbeat, that is 285 KB every few seconds at 3,000
+"consumers"}`` and, when not 0, ``"redelivered"``, ``"retried"`` and ``"dead"``. Sent whole with every heartbeat, that is 285 KB every few seconds at 3,000
 groups, and past the MetaServer's ``BACKLOG_ENTRIES_MAX`` (10,000) rows the heartbeat is refused
 and the broker expires. So the rows go as changes against what the MetaServer acknowledged, as
 Kafka's incremental fetch sessions do:
@@ -22,7 +22,9 @@ Kafka's incremental fetch sessions do:
   re-registration): the next heartbeat sends the whole backlog again.
 
 Rows of one (subject, group) are merged (a broadcast group has one pull-log key per consumer):
-their lags and consumers are summed.
+their counts (``COUNTS``: lag, consumers, and since the broker started the entries redelivered
+and the nacked copies retried or dead) are summed. A count of 0 other than lag and consumers is
+left out of the row sent, so a quiet group's row stays as short as before.
 
 A stats object (a delay server's backlog is a dict) is passed through whole: it does not grow.
 
@@ -37,22 +39,31 @@ from typing import Any, Iterable
 # BACKLOG_ENTRIES_MAX (10,000; serverkit may not import metaserver, a test pairs the two).
 BACKLOG_ROWS_PER_HEARTBEAT_MAX = 5_000
 
+# The counts of a backlog row, in a Row's order; all but lag are optional in a row (0 if absent).
+COUNTS = ("lag", "consumers", "redelivered", "retried", "dead")
+# Counts sent even when 0 (the MetaServer's BACKLOG_ENTRY requires lag).
+_COUNTS_ALWAYS_SENT = ("lag", "consumers")
+
 Key = tuple[str, str]  # (subject, group)
-Row = tuple[int, int]  # (lag, consumers)
+Row = tuple[int, ...]  # one int per name of COUNTS
 
 
 def merge_rows(rows: Iterable[dict[str, Any]]) -> dict[Key, Row]:
-    """Backlog rows by (subject, group), the lags and consumers of one pair summed."""
+    """Backlog rows by (subject, group), the counts (``COUNTS``) of one pair summed."""
     merged: dict[Key, Row] = {}
+    zero = (0,) * len(COUNTS)
     for row in rows:
         key = (row["subject"], row["group"])
-        lag, consumers = merged.get(key, (0, 0))
-        merged[key] = (lag + row["lag"], consumers + row.get("consumers", 0))
+        held = merged.get(key, zero)
+        merged[key] = tuple(total + row.get(name, 0) for total, name in zip(held, COUNTS))
     return merged
 
 
 def _row(key: Key, value: Row) -> dict[str, Any]:
-    return {"subject": key[0], "group": key[1], "lag": value[0], "consumers": value[1]}
+    row: dict[str, Any] = {"subject": key[0], "group": key[1]}
+    row.update((name, count) for name, count in zip(COUNTS, value)
+               if count or name in _COUNTS_ALWAYS_SENT)
+    return row
 
 
 class BacklogSync:
@@ -124,4 +135,4 @@ class BacklogSync:
         return len(self._acked)
 
 
-__all__ = ["BACKLOG_ROWS_PER_HEARTBEAT_MAX", "BacklogSync", "merge_rows"]
+__all__ = ["BACKLOG_ROWS_PER_HEARTBEAT_MAX", "COUNTS", "BacklogSync", "merge_rows"]

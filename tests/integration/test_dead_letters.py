@@ -358,3 +358,38 @@ async def test_admin_delay_reports_each_delay_servers_latest_stats(cluster, tmp_
         assert "lateness: p50 n/a, p99 n/a, max 0 ms; early 0" in out
     finally:
         await delay.stop()
+
+
+async def test_the_heartbeat_backlog_counts_redeliveries_retries_and_dead_copies_per_group(
+        tmp_path):
+    config = MetaConfig(db_url=sqlite_url(str(tmp_path / "meta.db")), port=0)
+    async with start_metaserver(config) as meta:
+        broker = RealtimeServer(RealtimeConfig(
+            data_dir=str(tmp_path / "rt"), meta_url=meta.url, group="rt1", port=0,
+            retries_max=0, expiry_check_interval_ms=3_600_000,
+            heartbeat_interval_ms=3_600_000))
+        await broker.start()
+        client = await RawClient.connect(broker.port)
+        try:
+            payloads = [encode_message(Message(id=f"m{i}", subject="orders", body=b"x",
+                                               created_at_ms=T0)) for i in range(3)]
+            await client.request({"op": "send", "messages": payloads})
+            first = await client.pull("orders", "billing", "c1", start="earliest", max_count=3)
+            # c1 leaves holding all three: c2 gets them again (redelivered), then nacks two of
+            # them, which with no retries allowed go to the dead-letter subject.
+            await client.request({"op": "leave", "consumer_id": "c1",
+                                  "subscriptions": [["orders", "billing"]]})
+            again = await client.pull("orders", "billing", "c2", max_count=3)
+            assert len(first["payloads"]) == len(again["payloads"]) == 3
+            await client.request({"op": "nack", "subject": "orders", "group": "billing",
+                                  "consumer_id": "c2", "pull_seqs": again["pull_seqs"][:2]})
+            await broker.registration.heartbeat_now()
+            async with aiohttp.ClientSession() as http:
+                async with http.get(meta.url + "/api/admin/groups") as resp:
+                    groups = (await resp.json())["groups"]
+            (billing,) = [g for g in groups if (g["group"], g["subject"]) == ("billing", "orders")]
+            assert (billing["redelivered"], billing["retried"], billing["dead"]) == (3, 0, 2)
+            assert billing["lag"] == 1
+        finally:
+            await client.close()
+            await broker.stop()

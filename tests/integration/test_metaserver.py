@@ -445,6 +445,20 @@ async def test_admin_groups_report_lag_summed_over_brokers_from_the_latest_backl
     assert (billing["online_clients"], billing["lag"], billing["brokers"]) == (1, 7, 1)
 
 
+async def test_admin_groups_sum_the_redelivery_retry_and_dead_counts_of_online_brokers(
+    api: Api, clock: FakeClock
+) -> None:
+    await api.register("rt1", "127.0.0.1:1001")
+    await api.register("rt2", "127.0.0.1:1002")
+    entry = {"subject": "orders", "group": "billing", "lag": 1}
+    await api.heartbeat("rt1", "127.0.0.1:1001", backlog=[
+        {**entry, "redelivered": 4, "retried": 2, "dead": 1}])
+    await api.heartbeat("rt2", "127.0.0.1:1002", backlog=[{**entry, "redelivered": 1}])
+    groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    (billing,) = groups
+    assert (billing["redelivered"], billing["retried"], billing["dead"]) == (5, 2, 1)
+
+
 async def test_a_client_that_leaves_is_offline_at_once_and_comes_back_with_its_next_heartbeat(
     api: Api, clock: FakeClock
 ) -> None:

@@ -96,9 +96,10 @@ def test_a_lost_answer_is_caught_by_the_version_and_nothing_is_lost():
 
 
 def test_rows_of_one_subject_and_group_are_summed():
-    merged = merge_rows([{"subject": "s", "group": "g", "lag": 2, "consumers": 1},
-                         {"subject": "s", "group": "g", "lag": 3, "consumers": 1}])
-    assert merged == {("s", "g"): (5, 2)}
+    merged = merge_rows([{"subject": "s", "group": "g", "lag": 2, "consumers": 1,
+                          "redelivered": 2},
+                         {"subject": "s", "group": "g", "lag": 3, "consumers": 1, "dead": 5}])
+    assert merged == {("s", "g"): (5, 2, 2, 0, 5)}  # lag, consumers, redelivered, retried, dead
 
 
 def test_a_delay_servers_stats_object_goes_whole_and_asks_for_no_version():
@@ -115,3 +116,20 @@ def test_a_heartbeat_without_backlog_fields_changes_nothing_held():
     meta.heartbeat({"backlog": rows(2)})
     held = meta.stats
     assert meta.heartbeat({}) is None and meta.stats is held
+
+
+def test_redelivered_retried_and_dead_counts_reach_the_metaserver_and_a_change_of_one_is_sent():
+    sync, meta = BacklogSync(), MetaServer()
+    backlog = rows(2)
+    first = sync.fields(backlog)
+    assert "redelivered" not in first["backlog"][0]  # a count of 0 is left out of the row
+    sync.acknowledged(meta.heartbeat(first))
+    counted = rows(2)
+    counted[1].update(redelivered=3, retried=2, dead=1)
+    delta = sync.fields(counted)
+    assert delta["backlog_changes"] == [{"subject": "s00001", "group": "g", "lag": 1,
+                                         "consumers": 1, "redelivered": 3, "retried": 2,
+                                         "dead": 1}]
+    sync.acknowledged(meta.heartbeat(delta))
+    assert meta.backlog() == merge_rows(counted)
+
