@@ -53,6 +53,9 @@ class MetaConfig:
     tls_key: str | None = None
     # PEM CA bundle trusted when the MetaServer calls TLS brokers (dead-letter admin).
     tls_ca: str | None = None
+    # Directories whose trace files the console's message lookup reads (each a trace directory
+    # or a directory above some, e.g. a data dir); empty: the lookup has nothing to read.
+    trace_dirs: tuple[str, ...] = ()
     # Milliseconds an occurrence of a recurring schedule may be handed over late and still count
     # as on time; an older one is a misfire, and the schedule's misfire policy decides.
     schedule_misfire_grace_ms: int = 60_000
@@ -78,6 +81,9 @@ class MetaConfig:
         _check_int("expiry_check_interval_ms", self.expiry_check_interval_ms, 1)
         _check_int("schedule_misfire_grace_ms", self.schedule_misfire_grace_ms, 1)
         _check_int("schedule_poll_interval_ms", self.schedule_poll_interval_ms, 1)
+        if not isinstance(self.trace_dirs, tuple) or not all(
+                isinstance(d, str) and d for d in self.trace_dirs):
+            raise ValueError(f"trace_dirs {self.trace_dirs!r} must be a tuple of directory paths")
         _check_int("schedule_lease_ms", self.schedule_lease_ms, 1)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"tls_cert {self.tls_cert!r} and tls_key {self.tls_key!r} go "

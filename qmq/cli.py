@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_server(meta)
     meta.add_argument("--tls-ca", default=os.environ.get("QMQ_TLS_CA"),
                       help="PEM CA file trusted for TLS brokers (dead-letter admin calls)")
+    meta.add_argument("--trace-dir", action="append", default=[], dest="trace_dirs",
+                      help="a directory of trace files (or above some) the console's message "
+                           "lookup reads; repeat for several")
     meta.add_argument("--schedule-misfire-grace-ms", type=int, default=60_000,
                       help="a schedule's occurrence handed over later than this is a misfire, "
                            "and the schedule's --misfire policy decides (default 60000)")
@@ -318,7 +321,7 @@ async def _run_server(args: argparse.Namespace) -> int:
             db_url=args.db, host=args.host, port=args.port, admin_token=args.admin_token,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
             schedule_misfire_grace_ms=args.schedule_misfire_grace_ms,
-            schedule_lease_ms=args.schedule_lease_ms))
+            schedule_lease_ms=args.schedule_lease_ms, trace_dirs=tuple(args.trace_dirs)))
         return 0
     if args.command == "realtime":
         from realtime.config import RealtimeConfig

@@ -88,6 +88,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
     meta_config = MetaConfig(
         db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port,
         admin_token=admin_token, internal_token=internal_token,
+        trace_dirs=(os.path.abspath(data_dir),),  # the console's message lookup reads both
     )
     clock = offset_clock(clock_offset_ms)
     async with start_metaserver(meta_config) as meta:

@@ -589,16 +589,23 @@ def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]
                         raw = json.loads(line)
                     except ValueError:
                         continue
-                    if not isinstance(raw, dict) or not complete(raw):
-                        continue
-                    event = {name: raw.get(name) for name in EVENT_FIELD_NAMES}
-                    if event["origin_id"] is None:
-                        event["origin_id"] = event["msg_id"]
-                    if event["retries"] is None:
-                        event["retries"] = 0
-                    if raw.get(PRODUCED_FLAG) is True and event["event"] != "produced":
-                        ts_ms = event["created_at_ms"]
-                        events.append({**event, "event": "produced",
-                                       "ts_ms": event["ts_ms"] if ts_ms is None else ts_ms})
-                    events.append(event)
+                    events += line_events(raw)
     return events
+
+
+def line_events(raw: Any) -> list[dict[str, Any]]:
+    """The events of one decoded line, normalised as the audit reads them (see ``read_events``):
+    none for a line that is not an object with the required fields, two for a line flagged
+    ``produced``."""
+    if not isinstance(raw, dict) or not complete(raw):
+        return []
+    event = {name: raw.get(name) for name in EVENT_FIELD_NAMES}
+    if event["origin_id"] is None:
+        event["origin_id"] = event["msg_id"]
+    if event["retries"] is None:
+        event["retries"] = 0
+    if raw.get(PRODUCED_FLAG) is True and event["event"] != "produced":
+        ts_ms = event["created_at_ms"]
+        return [{**event, "event": "produced",
+                 "ts_ms": event["ts_ms"] if ts_ms is None else ts_ms}, event]
+    return [event]
