@@ -11,9 +11,11 @@ from aiohttp import web
 from metaserver import dead_letters as dead
 from metaserver import validation as v
 from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
+from metaserver.gateway_codec import error_status
 from metaserver.registry import Registry
 from metaserver.tokens import CREATE, REVOKE, TOKEN_KEY, TOKENS_KEY, Tokens
 from serverkit.payload_sender import PayloadSender
+from wire.errors import QmqError
 from wire.tls import client_context
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as exc:
         return _error_response(exc)
+    except QmqError as exc:  # the gateway's: a broker's answer or the SDK's own check
+        return web.json_response({"error": {"code": exc.code, "message": exc.message}},
+                                 status=error_status(exc.code, exc.retriable))
     except web.HTTPRequestEntityTooLarge:
         size = request.content_length
         what = f"request body of {size} bytes" if size is not None else "request body"
@@ -141,12 +146,17 @@ async def admin_readonly(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).set_group_readonly(**body))
 
 
+async def realtime_brokers(registry: Registry, token: str | None, group: str | None = None
+                           ) -> list[dead.BrokerRef]:
+    """The online realtime brokers (of ``group``), to be called with ``token``: the admin's
+    own, an admin token whenever auth is on."""
+    return dead.realtime_brokers(await registry.list_brokers(), group, token=token,
+                                 ssl_context=client_context(registry.config.tls_ca))
+
+
 async def _realtime_brokers(request: web.Request, group: str | None = None
                             ) -> list[dead.BrokerRef]:
-    # The admin's own token goes along to the brokers: it is an admin token whenever auth is on.
-    registry = _registry(request)
-    return dead.realtime_brokers(await registry.list_brokers(), group, token=request[TOKEN_KEY],
-                                 ssl_context=client_context(registry.config.tls_ca))
+    return await realtime_brokers(_registry(request), request[TOKEN_KEY], group)
 
 
 async def admin_dead(request: web.Request) -> web.Response:
@@ -164,22 +174,26 @@ async def admin_dead_message(request: web.Request) -> web.Response:
         brokers, params["broker_group"], params["dead_subject"], params["sequence"]))
 
 
+async def redrive_dead(registry: Registry, origin: str, token: str | None, subject: str,
+                       group: str, ids: list[str] | None) -> dict[str, object]:
+    """Re-drive dead letters of ``subject``/``group`` through the realtime route this very
+    server (at ``origin``) answers, on behalf of ``token``'s holder."""
+    brokers = await realtime_brokers(registry, token)
+    sender = PayloadSender(origin, kind="realtime", client_id=dead.ADMIN_CLIENT_ID,
+                           app=dead.ADMIN_APP, token=token,
+                           ssl_context=client_context(registry.config.tls_ca))
+    try:
+        return await dead.redrive(brokers, sender, subject, group, ids, registry.clock())
+    finally:
+        await sender.close()
+
+
 async def admin_dead_redrive(request: web.Request) -> web.Response:
     """``POST /api/admin/dead/redrive {subject, group, ids?}``."""
     body = await _body(request, dead.REDRIVE)
-    registry = _registry(request)
-    brokers = await _realtime_brokers(request)
-    # Re-driven messages take the subject's realtime route, which this very server answers.
-    sender = PayloadSender(str(request.url.origin()), kind="realtime",
-                           client_id=dead.ADMIN_CLIENT_ID, app=dead.ADMIN_APP,
-                           token=request[TOKEN_KEY],
-                           ssl_context=client_context(registry.config.tls_ca))
-    try:
-        answer = await dead.redrive(brokers, sender, body["subject"], body["group"],
-                                    body["ids"], registry.clock())
-    finally:
-        await sender.close()
-    return web.json_response(answer)
+    return web.json_response(await redrive_dead(
+        _registry(request), str(request.url.origin()), request[TOKEN_KEY], body["subject"],
+        body["group"], body["ids"]))
 
 
 async def admin_dead_purge(request: web.Request) -> web.Response:

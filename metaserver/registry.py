@@ -442,6 +442,17 @@ class Registry:
                 for b in brokers
             ]
 
+    async def subject_count(self) -> int:
+        """How many subjects have a route."""
+        async with self._read() as s:
+            return int((await s.execute(select(func.count()).select_from(Subject))).scalar_one())
+
+    async def consumer_group_count(self) -> int:
+        """How many (consumer group, subject) pairs consumers have named."""
+        async with self._read() as s:
+            return int((await s.execute(select(func.count()).select_from(ConsumerGroup)))
+                       .scalar_one())
+
     async def list_subjects(self) -> list[dict[str, Any]]:
         """Return every routed subject with its route version and groups (active and drained)."""
         async with self._read() as s:
