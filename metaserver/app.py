@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from metaserver.config import MetaConfig
+from metaserver.console import add_console_routes
+from metaserver.gateway import add_gateway_routes
+from metaserver.openapi import OPENAPI_PATH, serve_openapi
 from metaserver.handlers import REGISTRY_KEY, add_routes, error_middleware
 from metaserver.metrics import MetaMetrics
 from metaserver.registry import Registry
@@ -57,6 +60,9 @@ def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> we
         metrics=metrics)
     add_routes(app)
     add_schedule_routes(app)
+    add_console_routes(app)
+    add_gateway_routes(app)
+    app.router.add_get(OPENAPI_PATH, serve_openapi)
     app.router.add_get(METRICS_PATH, _metrics)
     app.cleanup_ctx.append(_lifecycle)
     return app

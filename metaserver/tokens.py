@@ -198,6 +198,8 @@ def needs_admin(path: str) -> bool:
 
 
 TOKENS_KEY = web.AppKey("metaserver_tokens", Tokens)
+# Paths under /api/ open to everyone: the gateway's OpenAPI document describes, it grants nothing.
+OPEN_API_PATHS = frozenset({"/api/openapi.json"})
 # Where the middleware leaves the request's token for handlers that call brokers on its behalf.
 TOKEN_KEY = web.RequestKey("qmq_token", str)
 # Where it leaves the token's grant for handlers that check subjects (schedules): None while
@@ -211,7 +213,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     token = bearer_token(request)
     request[TOKEN_KEY] = token
     request[GRANT_KEY] = None
-    if not request.path.startswith("/api/"):
+    if not request.path.startswith("/api/") or request.path in OPEN_API_PATHS:
         return await handler(request)
     checked = await request.app[TOKENS_KEY].check(token)
     request[GRANT_KEY] = checked.grant

@@ -233,6 +233,7 @@ class Producer:
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         client_id: str | None = None,
         routes: RouteCache | None = None,
+        delay_routes: RouteCache | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         tls: TlsOption = None,
         route_start: int | None = None,
@@ -261,8 +262,8 @@ class Producer:
         self._clock_ms = clock_ms
         ssl_context = client_context(tls)
         self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
-        self._delay_routes = RouteCache(meta_url, kind="delay", token=token,
-                                        ssl_context=ssl_context)
+        self._delay_routes = delay_routes or RouteCache(meta_url, kind="delay", token=token,
+                                                        ssl_context=ssl_context)
         self._pool = ConnectionPool(
             client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
             ssl_context=ssl_context,
