@@ -47,7 +47,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status != 404:
             error = BadRequest(f"{request.method} {request.path}: {exc.reason}")
             error.status = exc.status
-        return _error_response(error)
+        response = _error_response(error)
+        if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return _error_response(InternalError("internal error; see the MetaServer log"))

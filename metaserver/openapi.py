@@ -37,8 +37,20 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or null: an optional request field given as null counts as left out."""
+    if "$ref" in schema:
+        return schema
+    out = {**schema, "nullable": True}
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
 def _object(properties: dict[str, Any], required: list[str],
             description: str = "") -> dict[str, Any]:
+    properties = {name: schema if name in required else _nullable(schema)
+                  for name, schema in properties.items()}
     out: dict[str, Any] = {"type": "object", "properties": properties, "required": required,
                            "additionalProperties": False}
     if description:
