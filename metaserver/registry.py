@@ -442,37 +442,27 @@ class Registry:
                 for b in brokers
             ]
 
-    async def subject_count(self) -> int:
-        """How many subjects have a route."""
-        async with self._read() as s:
-            return int((await s.execute(select(func.count()).select_from(Subject))).scalar_one())
-
-    async def consumer_group_count(self) -> int:
-        """How many (consumer group, subject) pairs consumers have named."""
-        async with self._read() as s:
-            return int((await s.execute(select(func.count()).select_from(ConsumerGroup)))
-                       .scalar_one())
-
     async def list_subjects(self) -> list[dict[str, Any]]:
         """Return every routed subject with its route version and groups (active and drained)."""
+        # Columns, not ORM objects: a console page lists thousands of rows, and building an
+        # instance per row was most of its time.
         async with self._read() as s:
             views = await _group_views(s)
-            rows_by_subject: dict[str, list[SubjectRoute]] = defaultdict(list)
-            for row in (await s.execute(select(SubjectRoute))).scalars():
-                rows_by_subject[row.subject].append(row)
-            subjects = (await s.execute(select(Subject).order_by(Subject.name))).scalars()
+            rows_by_subject: dict[str, list[tuple[str, bool]]] = defaultdict(list)
+            routes = await s.execute(select(SubjectRoute.subject, SubjectRoute.group_name,
+                                            SubjectRoute.active))
+            for subject, group_name, active in routes.all():
+                rows_by_subject[subject].append((group_name, active))
+            subjects = await s.execute(select(Subject.name, Subject.version)
+                                       .order_by(Subject.name))
             out = []
-            for subj in subjects:
-                rows = sorted(rows_by_subject[subj.name], key=lambda r: r.group_name)
+            for name, version in subjects.all():
                 groups = [
-                    {
-                        "group": r.group_name,
-                        "active": r.active,
-                        "state": views[r.group_name].state if r.group_name in views else "offline",
-                    }
-                    for r in rows
+                    {"group": group_name, "active": active,
+                     "state": views[group_name].state if group_name in views else "offline"}
+                    for group_name, active in sorted(rows_by_subject[name])
                 ]
-                out.append({"subject": subj.name, "version": subj.version, "groups": groups})
+                out.append({"subject": name, "version": version, "groups": groups})
             return out
 
     async def list_consumer_groups(self) -> list[dict[str, Any]]:
@@ -492,19 +482,22 @@ class Registry:
                                   "redelivered": 0, "retried": 0, "dead": 0}
                 return pairs[key]
 
-            for cg in (await s.execute(select(ConsumerGroup))).scalars():
-                pair(cg.name, cg.subject)
+            # Columns, not ORM objects (see list_subjects).
+            known = await s.execute(select(ConsumerGroup.name, ConsumerGroup.subject))
+            for name, subject in known.all():
+                pair(name, subject)
             clients = await s.execute(
-                select(Client).where(Client.online.is_(True), Client.role == "consumer")
+                select(Client.group_name, Client.subjects)
+                .where(Client.online.is_(True), Client.role == "consumer")
             )
-            for client in clients.scalars():
-                for subject in client.subjects or []:
-                    pair(client.group_name, subject)["online_clients"] += 1
+            for group_name, subjects in clients.all():
+                for subject in subjects or []:
+                    pair(group_name, subject)["online_clients"] += 1
             brokers = await s.execute(
-                select(Broker).where(Broker.state != "offline", Broker.kind == "realtime")
+                select(Broker.stats).where(Broker.state != "offline", Broker.kind == "realtime")
             )
-            for broker in brokers.scalars():
-                backlog = (broker.stats or {}).get("backlog")
+            for (stats,) in brokers.all():
+                backlog = (stats or {}).get("backlog")
                 for entry in backlog if isinstance(backlog, list) else []:
                     item = pair(entry["group"], entry["subject"])
                     item["lag"] += entry["lag"]
@@ -531,7 +524,9 @@ async def _group_views(s: AsyncSession) -> dict[str, GroupView]:
     }
     online = await s.execute(select(Broker).where(Broker.state != "offline"))
     for broker in online.scalars():
-        view = views[broker.group_name]
+        view = views.get(broker.group_name)
+        if view is None:  # registered with a new group after the groups were read
+            continue
         if broker.state == "rw":
             view.rw_addresses.append(broker.address)
         else:

@@ -7,6 +7,7 @@ nothing fetched from elsewhere. ``add_console_routes`` puts its pages on the Met
   message lookup, schedules, tokens);
 * ``actions``: the forms that change things (re-drive, purge, tokens, schedules) and login;
 * ``session``: the cookie session and CSRF; ``render``: templates and the page wrapper;
+* ``snapshot``: the registry's figures shared by every request for up to 5 s;
 * ``model`` and ``chart``: the figures and the chart geometry, pure functions.
 """
 
@@ -18,6 +19,8 @@ from aiohttp import web
 
 from metaserver.console import actions, views
 from metaserver.console.render import ENV_KEY, make_environment
+from metaserver.console.snapshot import Snapshots
+from metaserver.handlers import REGISTRY_KEY
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -25,6 +28,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 def add_console_routes(app: web.Application) -> None:
     """Register the console's pages, its static files and ``GET /api/admin/trace``."""
     app[ENV_KEY] = make_environment()
+    app[views.SNAPSHOTS_KEY] = Snapshots(app[REGISTRY_KEY])
+    app.on_cleanup.append(_close_snapshots)
     router = app.router
     router.add_get("/", views.overview)
     router.add_get("/subjects", views.subjects)
@@ -46,3 +51,7 @@ def add_console_routes(app: web.Application) -> None:
     router.add_post("/logout", actions.logout)
     router.add_get("/api/admin/trace", views.trace_api)
     router.add_static("/static", STATIC_DIR, append_version=False)
+
+
+async def _close_snapshots(app: web.Application) -> None:
+    await app[views.SNAPSHOTS_KEY].close()

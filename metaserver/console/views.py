@@ -20,6 +20,7 @@ from metaserver.console import model
 from metaserver.console.chart import bar_chart
 from metaserver.console.render import format_ms, page
 from metaserver.console.session import Viewer
+from metaserver.console.snapshot import Snapshot, Snapshots
 from metaserver.errors import BadRequest, NotFound
 from metaserver.handlers import REGISTRY_KEY, realtime_brokers
 from metaserver.registry import Registry
@@ -35,6 +36,7 @@ from wire.limits import MAX_MESSAGE_ID_CHARS
 from wire.message import parse_internal_subject
 
 Context = dict[str, Any]
+SNAPSHOTS_KEY = web.AppKey("console_snapshots", Snapshots)
 
 
 def registry_of(request: web.Request) -> Registry:
@@ -68,51 +70,56 @@ def broker_token(request: web.Request, viewer: Viewer) -> tuple[bool, str | None
     return token is not None, token
 
 
+def snapshots(request: web.Request) -> Snapshots:
+    """The console's shared figures (see ``snapshot``)."""
+    return request.app[SNAPSHOTS_KEY]
+
+
+def _figures(request: web.Request, snap: Snapshot) -> Context:
+    """What every page drawn from a snapshot says about its age."""
+    return {"snap": snap, "snapshot_ttl_ms": snapshots(request).ttl_ms}
+
+
 @page("overview.html")
 async def overview(request: web.Request, viewer: Viewer, form: dict[str, str]) -> Context:
     """``GET /``: every broker and delay server with state, role, heartbeat age and lag."""
-    registry = registry_of(request)
-    brokers, subjects, groups = await asyncio.gather(
-        registry.list_brokers(), registry.subject_count(), registry.consumer_group_count())
-    return {"overview": model.overview(brokers), "subjects": subjects, "groups": groups,
-            "expiry_ms": registry.config.broker_expiry_ms}
+    snap = await snapshots(request).get()
+    return {**_figures(request, snap), "overview": snap.overview,
+            "subjects": len(snap.subjects), "groups": len(snap.groups),
+            "expiry_ms": registry_of(request).config.broker_expiry_ms}
 
 
 @page("subjects.html")
 async def subjects(request: web.Request, viewer: Viewer, form: dict[str, str]) -> Context:
     """``GET /subjects?q=&page=&gpage=``: routed subjects and consumer groups with backlog,
     online consumers, redelivery and retry counts, a page of each at a time."""
-    registry = registry_of(request)
+    snap = await snapshots(request).get()
     query = request.query.get("q", "")[:200]
-    listed, raw_groups = await asyncio.gather(registry.list_subjects(),
-                                              registry.list_consumer_groups())
-    groups = [g for g in model.group_rows(raw_groups) if viewer.may_see(g["subject"])]
-    # A group's %retry% subject is routed like any other; its backlog shows in the group's row.
-    user = [s for s in listed if not s["subject"].startswith("%")]
-    rows = [s for s in model.subject_rows(user, groups) if viewer.may_see(s["subject"])]
+    groups = [g for g in snap.groups if viewer.may_see(g["subject"])]
+    rows = [s for s in snap.subjects if viewer.may_see(s["subject"])]
     subject_page = model.paginate(model.matching(rows, query, "subject"),
                                   int_param(request, "page", 1, 1, 10**9))
     group_page = model.paginate(model.matching(groups, query, "subject", "group"),
                                 int_param(request, "gpage", 1, 1, 10**9))
-    return {"q": query, "subject_page": subject_page, "group_page": group_page,
-            "internal": len(listed) - len(user)}
+    return {**_figures(request, snap), "q": query, "subject_page": subject_page,
+            "group_page": group_page, "internal": snap.internal_subjects}
 
 
 @page("delay.html")
 async def delay(request: web.Request, viewer: Viewer, form: dict[str, str]) -> Context:
     """``GET /delay?hours=N``: pending delayed messages per hour as a chart, per server and per
     subject."""
-    registry = registry_of(request)
     hours = int_param(request, "hours", model.CHART_HOURS_DEFAULT, 1, model.CHART_HOURS_MAX)
-    servers = dead.delay_stats(await registry.list_brokers())
-    per_hour = model.delay_hours(servers, registry.clock(), hours)
+    snap = await snapshots(request).get()
+    servers = snap.delay
+    per_hour = model.delay_hours(servers, registry_of(request).clock(), hours)
     points = [(format_ms(start)[11:16], count) for start, count in per_hour.hours]
     # The date under the first bar and under each midnight, so the day shows where it changes.
     marks = {i: format_ms(start)[:10] for i, (start, _) in enumerate(per_hour.hours)
              if i == 0 or start % (24 * HOUR_MS) == 0}
     top = [(s, c) for s, c in model.delay_subjects(servers) if viewer.may_see(s)]
-    return {"servers": servers, "per_hour": per_hour, "chart": bar_chart(points, marks=marks),
-            "hours": hours, "top_subjects": top}
+    return {**_figures(request, snap), "servers": servers, "per_hour": per_hour,
+            "chart": bar_chart(points, marks=marks), "hours": hours, "top_subjects": top}
 
 
 @page("dead.html")

@@ -132,3 +132,34 @@ def test_an_app_viewer_sees_the_subjects_its_patterns_cover_and_an_open_console_
     assert viewer.read_only
     assert [s for s in ("order.a", "pay", "other") if viewer.may_see(s)] == ["order.a", "pay"]
     assert Viewer(auth_enabled=False, app=None, admin=True).may_see("anything")
+
+
+async def test_a_stale_snapshot_is_served_while_one_refresh_replaces_it():
+    import asyncio
+
+    from metaserver.console.snapshot import Snapshots
+
+    now = [0.0]
+    taken: list[int] = []
+    release = asyncio.Event()
+
+    async def taker(registry: object) -> object:
+        taken.append(len(taken))
+        if len(taken) > 1:
+            await release.wait()
+        return len(taken)
+
+    snaps = Snapshots(None, ttl_ms=1000,  # type: ignore[arg-type]
+                      monotonic_ms=lambda: now[0], taker=taker)
+    assert await snaps.get() == 1  # the first waits for it
+    now[0] = 999
+    assert await snaps.get() == 1 and len(taken) == 1  # fresh: no refresh
+    now[0] = 1000
+    assert [await snaps.get(), await snaps.get()] == [1, 1]  # stale: served, one refresh
+    await asyncio.sleep(0)
+    assert len(taken) == 2
+    release.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert await snaps.get() == 2
+    await snaps.close()
