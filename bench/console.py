@@ -64,10 +64,12 @@ class Fleet:
         self.held: dict[str, list[str]] = {}  # broker group -> its subjects, once routed
         hour = now_ms - now_ms % HOUR_MS
         self.delay_stats = {
-            "pending_total": 72 * 100, "in_memory": 200, "dispatched": 10_000,
+            "pending_total": sum(100 + (h * 37 % 121) - 60 for h in range(72)), "in_memory": 200, "dispatched": 10_000,
             "dispatch_rate_per_s": 25.0, "early": 0, "lateness_ms_max": 40,
             "lateness_ms_p50_le": 5, "lateness_ms_p99_le": 50, "done_before_ms": hour,
-            "pending_per_hour": {str(hour + h * HOUR_MS): 100 for h in range(72)},
+            # A day's rhythm, so the chart has a shape: 40..160 per hour.
+            "pending_per_hour": {str(hour + h * HOUR_MS): 100 + (h * 37 % 121) - 60
+                                 for h in range(72)},
             "pending_per_subject": {subject_name(h): 100 for h in range(72)}}
 
     def heartbeats(self) -> list[dict[str, Any]]:
