@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,10 @@ SECRET_PREFIX = "qmq_"
 SECRET_RANDOM_BYTES = 32
 # Characters of the secret kept in the database to name a token in listings.
 HINT_CHARS = 8
+# How long the database's answer about a token (and whether auth is on) is reused, in ms, and
+# how many tokens' answers are kept at most (all are dropped when that is reached).
+CHECK_CACHE_MS = 1_000
+CHECK_CACHE_ENTRIES_MAX = 10_000
 # App names of the configured tokens, as /api/auth/check reports them.
 CONFIG_ADMIN_APP = "admin"
 INTERNAL_APP = "qmq-internal"
@@ -117,6 +122,12 @@ class Tokens:
         self._configured = [(secret, app) for secret, app in
                             ((config.admin_token, CONFIG_ADMIN_APP),
                              (config.internal_token, INTERNAL_APP)) if secret]
+        # Answers of the database, kept CHECK_CACHE_MS so a busy gateway does not ask it once
+        # per request: whether auth is on, and each stored token's grant (None: unknown or
+        # revoked), by hash. Emptied by create and revoke, so on this MetaServer they take
+        # effect at once; on others sharing the database within CHECK_CACHE_MS. Event loop only.
+        self._enabled: tuple[bool, float] | None = None
+        self._grants: dict[str, tuple[Grant | None, float]] = {}
 
     async def create(self, app: str, produce: list[Any], consume: list[Any],
                      admin: bool) -> dict[str, Any]:
@@ -141,7 +152,10 @@ class Tokens:
             return {**_row_view(row), "token": secret}
 
         # Sharing the registry's write path keeps SQLite writes of this process serialized.
-        return await self.registry._write(body)
+        try:
+            return await self.registry._write(body)
+        finally:
+            self._forget()
 
     async def list(self) -> list[dict[str, Any]]:
         """Every token, revoked ones included, oldest first; never a secret."""
@@ -160,16 +174,29 @@ class Tokens:
                 row.revoked_at_ms = self.registry.clock()
             return _row_view(row)
 
-        return await self.registry._write(body)
+        try:
+            return await self.registry._write(body)
+        finally:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop the cached answers: the tokens changed."""
+        self._enabled = None
+        self._grants.clear()
 
     async def enabled(self) -> bool:
         """True when auth is on: an admin token is configured or a live token is stored."""
         if self.registry.config.admin_token:
             return True
+        now = time.monotonic()
+        if self._enabled is not None and self._enabled[1] > now:
+            return self._enabled[0]
         async with self.registry._read() as session:
             live = await session.execute(
                 select(AppToken.id).where(AppToken.revoked_at_ms.is_(None)).limit(1))
-            return live.first() is not None
+            enabled = live.first() is not None
+        self._enabled = (enabled, now + CHECK_CACHE_MS / 1000)
+        return enabled
 
     async def check(self, secret: str | None) -> Checked:
         """Look ``secret`` up: its grant if it is a configured or live stored token."""
@@ -182,14 +209,22 @@ class Tokens:
         for configured, app in self._configured:
             if hmac.compare_digest(secret.encode("utf-8"), configured.encode("utf-8")):
                 return Grant(app=app, produce=("*",), consume=("*",), admin=True)
+        digest = hash_secret(secret)
+        now = time.monotonic()
+        cached = self._grants.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
         async with self.registry._read() as session:
             row = (await session.execute(
-                select(AppToken).where(AppToken.token_hash == hash_secret(secret))
+                select(AppToken).where(AppToken.token_hash == digest)
             )).scalar_one_or_none()
-        if row is None or row.revoked_at_ms is not None:
-            return None
-        return Grant(app=row.app, produce=tuple(row.produce_patterns),
-                     consume=tuple(row.consume_patterns), admin=row.admin)
+        grant = None if row is None or row.revoked_at_ms is not None else Grant(
+            app=row.app, produce=tuple(row.produce_patterns),
+            consume=tuple(row.consume_patterns), admin=row.admin)
+        if len(self._grants) >= CHECK_CACHE_ENTRIES_MAX:
+            self._grants.clear()
+        self._grants[digest] = (grant, now + CHECK_CACHE_MS / 1000)
+        return grant
 
 
 def needs_admin(path: str) -> bool:
