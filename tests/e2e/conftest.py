@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import Cluster
+from tests.harness import Cluster, UpProcess, start_up
 
 
 @pytest.hookimpl(wrapper=True)
@@ -33,3 +33,14 @@ def cluster(tmp_path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
         cluster.stop_all()
         if request.node.stash.get(_CALL_FAILED, False):
             print(cluster.dump())
+
+
+@pytest.fixture(scope="session")
+def gateway_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    """One ``qmq up`` shared by the gateway's tests (its OpenAPI checks, docs/HTTP.md's
+    examples): they send to subjects of their own and need nothing else of it."""
+    up = start_up(str(tmp_path_factory.mktemp("gateway") / "up"))
+    try:
+        yield up
+    finally:
+        up.terminate()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,15 +24,6 @@ EXAMPLES = int(os.environ.get("QMQ_OPENAPI_EXAMPLES", "25"))
 TEST_WAIT_MS_MAX = 200
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.UpProcess]:
-    server = harness.start_up(str(Path(tmp_path_factory.mktemp("openapi")) / "up"))
-    try:
-        yield server
-    finally:
-        server.terminate()
-
-
 # Built from the same function the server answers /api/openapi.json with (the test below checks
 # they agree); schemathesis' lazy loading from a fixture does not run under pytest 9.
 # A send or cancel of more than MAX_SEND_BATCH_MESSAGES is 413 too_large, as the binary
@@ -48,8 +37,8 @@ CONFIG = SchemathesisConfig.from_dict({"checks": {
 schema = schemathesis.openapi.from_dict(openapi_document(), config=CONFIG)
 
 
-def test_the_served_document_is_the_one_tested(up: harness.UpProcess) -> None:
-    with urllib.request.urlopen(up.meta_url + "/api/openapi.json", timeout=30) as resp:
+def test_the_served_document_is_the_one_tested(gateway_up: harness.UpProcess) -> None:
+    with urllib.request.urlopen(gateway_up.meta_url + "/api/openapi.json", timeout=30) as resp:
         assert json.load(resp) == json.loads(json.dumps(openapi_document()))
 
 
@@ -57,8 +46,8 @@ def test_the_served_document_is_the_one_tested(up: harness.UpProcess) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_every_gateway_answer_matches_the_openapi_document(case: Any,
-                                                           up: harness.UpProcess) -> None:
+                                                           gateway_up: harness.UpProcess) -> None:
     wait_ms = case.body.get("wait_ms") if isinstance(case.body, dict) else None
     if type(wait_ms) is int and TEST_WAIT_MS_MAX < wait_ms <= MAX_PULL_WAIT_MS:
         case.body["wait_ms"] = TEST_WAIT_MS_MAX  # still valid; an invalid one stays invalid
-    case.call_and_validate(base_url=up.meta_url)
+    case.call_and_validate(base_url=gateway_up.meta_url)

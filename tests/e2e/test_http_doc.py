@@ -7,8 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,27 +22,18 @@ def example_blocks() -> list[str]:
     return BLOCK.findall(examples)
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.UpProcess]:
-    server = harness.start_up(str(Path(tmp_path_factory.mktemp("httpdoc")) / "up"))
-    try:
-        yield server
-    finally:
-        server.terminate()
-
-
 def test_the_doc_has_an_example_for_every_gateway_endpoint():
     script = "\n".join(example_blocks())
     for path in ("/api/send", "/api/cancel", "/api/pull", "/api/ack", "/api/nack"):
         assert f'"$QMQ{path}"' in script, path
 
 
-def test_every_example_of_the_http_doc_runs_against_qmq_up(up):
+def test_every_example_of_the_http_doc_runs_against_qmq_up(gateway_up):
     for tool in ("curl", "jq", "bash"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is missing (.ci/run installs it)")
     script = "set -euo pipefail\n" + "\n".join(example_blocks())
-    run = subprocess.run(["bash", "-c", script], env={**os.environ, "QMQ": up.meta_url},
+    run = subprocess.run(["bash", "-c", script], env={**os.environ, "QMQ": gateway_up.meta_url},
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout

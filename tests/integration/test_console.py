@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -58,27 +59,28 @@ class Browser:
                 return await resp.json()
 
 
-@pytest.fixture
-async def open_console(tmp_path: Any) -> AsyncIterator[Browser]:
-    config = MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"), port=0,
-                        trace_dirs=(str(tmp_path),))
-    async with start_metaserver(config) as meta:
+@asynccontextmanager
+async def browser_on(tmp_path: Any, **config: Any) -> AsyncIterator[Browser]:
+    """A MetaServer on SQLite with ``config`` and a Browser on it."""
+    meta_config = MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"), port=0, **config)
+    async with start_metaserver(meta_config) as meta:
         browser = Browser(meta)
         try:
             yield browser
         finally:
             await browser.http.close()
+
+
+@pytest.fixture
+async def open_console(tmp_path: Any) -> AsyncIterator[Browser]:
+    async with browser_on(tmp_path, trace_dirs=(str(tmp_path),)) as browser:
+        yield browser
 
 
 @pytest.fixture
 async def console(tmp_path: Any) -> AsyncIterator[Browser]:
-    config = MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"), port=0, admin_token=ADMIN)
-    async with start_metaserver(config) as meta:
-        browser = Browser(meta)
-        try:
-            yield browser
-        finally:
-            await browser.http.close()
+    async with browser_on(tmp_path, admin_token=ADMIN) as browser:
+        yield browser
 
 
 async def test_every_page_answers_html_with_the_security_headers_while_auth_is_off(
