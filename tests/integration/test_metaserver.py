@@ -488,7 +488,7 @@ async def test_clients_unseen_for_exactly_the_expiry_stay_online_and_one_ms_late
     assert (await api.expire())["clients_offline"] == 1
     groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
     assert groups == [{"group": "g", "subject": "s", "online_clients": 0, "lag": 0, "brokers": 0,
-                       "broker_consumers": 0}]
+                       "broker_consumers": 0, "redelivered": 0, "retried": 0, "dead": 0}]
 
 
 # -- bad requests -------------------------------------------------------------------------------
