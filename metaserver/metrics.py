@@ -49,6 +49,10 @@ class MetaMetrics:
         self.consumer_groups = Gauge("qmq_meta_consumer_groups", "Distinct consumer groups "
                                      "known (registered or reported in a broker's backlog), at "
                                      "scrape time.", registry=self.registry)
+        self.write_transactions = Counter(
+            "qmq_meta_write_transactions", "Database write transactions committed by this "
+            "MetaServer (counted at scrape time).", registry=self.registry)
+        self._writes_counted = 0
         self.schedule_occurrences = Counter(
             "qmq_meta_schedule_occurrences", "Occurrences of recurring schedules by what became "
             "of them: sent (handed to a delay server), skipped (missed, dropped by the misfire "
@@ -78,6 +82,9 @@ class MetaMetrics:
             self.brokers.labels(kind, state).set(count)
         self.subjects.set(subjects)
         self.consumer_groups.set(len(groups))
+        writes = self._meta.write_transactions
+        self.write_transactions.inc(writes - self._writes_counted)
+        self._writes_counted = writes
 
 
 def _error_code(response: web.StreamResponse) -> str:

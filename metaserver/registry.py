@@ -23,6 +23,7 @@ from metaserver.backlog import apply_heartbeat_backlog
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
+from metaserver.liveness import ClientLiveness
 from metaserver.models import Broker, BrokerGroup, Client, ConsumerGroup, Subject, SubjectRoute
 from metaserver.routing import (
     GroupView,
@@ -61,6 +62,8 @@ class Registry:
         self._sessions: async_sessionmaker[AsyncSession] | None = None
         self._write_lock: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
         self._started_ms = 0
+        self.write_transactions = 0  # committed write transactions (the event loop's; metrics)
+        self.liveness = ClientLiveness()  # client heartbeats that only say "still here"
 
     async def open(self) -> None:
         """Open the database and apply pending migrations."""
@@ -76,7 +79,12 @@ class Registry:
         self._started_ms = self.clock()
 
     async def close(self) -> None:
-        """Close the database connections."""
+        """Write the heartbeat times still pending, then close the database connections."""
+        if self.engine is not None and self.liveness.pending:
+            try:
+                await self._write(self.liveness.flush)
+            except Exception:  # closing anyway: the clients' next heartbeats restore them
+                log.warning("client heartbeat times not written at close", exc_info=True)
         if self.engine is not None:
             await self.engine.dispose()
             self.engine = None
@@ -96,7 +104,9 @@ class Registry:
         for attempt in range(1, WRITE_ATTEMPTS_MAX + 1):
             try:
                 async with self._write_lock, self._sessions() as session, session.begin():
-                    return await body(session)
+                    result = await body(session)
+                self.write_transactions += 1
+                return result
             except (IntegrityError, _RaceLost):
                 if attempt == WRITE_ATTEMPTS_MAX:
                     raise
@@ -232,6 +242,7 @@ class Registry:
         async def body(s: AsyncSession) -> dict[str, int]:
             now = self.clock()
             brokers = clients = 0
+            await self.liveness.flush(s)  # first: expiry must see every heartbeat noted
             if now - self._started_ms > self.config.broker_expiry_ms:
                 result = await s.execute(
                     update(Broker)
@@ -243,15 +254,15 @@ class Registry:
                 )
                 brokers = result.rowcount or 0
             if now - self._started_ms > self.config.client_expiry_ms:
-                result = await s.execute(
-                    update(Client)
-                    .where(
-                        Client.online.is_(True),
-                        Client.last_seen_ms < now - self.config.client_expiry_ms,
-                    )
-                    .values(online=False)
-                )
-                clients = result.rowcount or 0
+                stale = (Client.online.is_(True),
+                         Client.last_seen_ms < now - self.config.client_expiry_ms)
+                expired = list((await s.execute(select(Client.client_id).where(*stale)))
+                               .scalars())
+                if expired:
+                    result = await s.execute(update(Client).where(*stale).values(online=False))
+                    clients = result.rowcount or 0
+                    for client_id in expired:  # their next heartbeats must set them online
+                        self.liveness.forget(client_id)
             if brokers:
                 await self._reconcile(s, now)
             return {"brokers_offline": brokers, "clients_offline": clients}
@@ -270,7 +281,14 @@ class Registry:
     # -- routes ---------------------------------------------------------------------------------
 
     async def route(self, subject: str, role: str, kind: str) -> dict[str, Any]:
-        """Return the route of ``subject`` for ``role``; creates the realtime assignment if new."""
+        """Return the route of ``subject`` for ``role``; creates the realtime assignment if new.
+        A route that needs no change is answered from a read, not a write transaction: every
+        client refreshes its routes every ``route_refresh_ms``."""
+        if kind != "delay":
+            async with self._read() as s:
+                unchanged = await self._route_unchanged(s, subject, role)
+            if unchanged is not None and unchanged["groups"]:
+                return unchanged
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             if kind == "delay":
@@ -301,6 +319,25 @@ class Registry:
         if not answer["groups"]:
             raise NoRoute(f"no live {kind} broker group can serve subject {subject!r}", subject)
         return answer
+
+    async def _route_unchanged(self, s: AsyncSession, subject: str,
+                               role: str) -> dict[str, Any] | None:
+        """The realtime route of ``subject`` read as it is, or None when it must be (re)planned
+        (a write transaction does that under the subject's lock)."""
+        subj = await s.get(Subject, subject)
+        if subj is None:
+            return None
+        views = await _group_views(s)
+        rows = list((await s.execute(
+            select(SubjectRoute).where(SubjectRoute.subject == subject))).scalars().all())
+        usable = {v.name for v in views.values() if v.kind == "realtime" and v.usable}
+        active = [r.group_name for r in rows if r.active]
+        if plan_route(active, usable, await _route_load(s),
+                      self.config.route_groups_default) is not None:
+            return None
+        groups = (producer_groups(active, views) if role == "producer"
+                  else consumer_groups([r.group_name for r in rows], views))
+        return {"subject": subject, "version": subj.version, "groups": groups}
 
     async def _replan(
         self,
@@ -372,7 +409,12 @@ class Registry:
     async def client_heartbeat(
         self, client_id: str, app: str, group: str, subjects: list[str], role: str
     ) -> dict[str, Any]:
-        """Record that a producer or consumer is alive, and the (group, subject) pairs it uses."""
+        """Record that a producer or consumer is alive, and the (group, subject) pairs it uses.
+        A heartbeat that repeats what is stored is only noted, and written in a batch with the
+        others by the next expiry check (metaserver.liveness)."""
+        signature = self.liveness.signature(app, group, role, subjects)
+        if self.liveness.note(client_id, signature, self.clock()):
+            return {"ok": True}
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             now = self.clock()
@@ -399,11 +441,14 @@ class Registry:
                         s.add(ConsumerGroup(name=group, subject=subject, created_at_ms=now))
             return {"ok": True}
 
-        return await self._write(body)
+        answer = await self._write(body)
+        self.liveness.written(client_id, signature)
+        return answer
 
     async def client_leave(self, client_id: str) -> dict[str, Any]:
         """Mark a client offline now (it closed), instead of after ``client_expiry_ms``.
         ``known`` says whether the client had ever sent a heartbeat."""
+        self.liveness.forget(client_id)
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             client = await s.get(Client, client_id)

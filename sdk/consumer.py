@@ -331,6 +331,9 @@ class Subscription:
         self.pull_loops: dict[tuple[str, str], asyncio.Task[None]] = {}
         # (wire subject, broker group) -> address its pull loop uses now (heartbeats go there).
         self.addresses: dict[tuple[str, str], str] = {}
+        # (wire subject, broker group) -> loop time its last pull was sent (the broker notes
+        # the consumer as seen when a pull begins: a heartbeat soon after adds nothing).
+        self.pull_sent_at: dict[tuple[str, str], float] = {}
         self.route_tasks: list[asyncio.Task[None]] = []
         self.refresh_wanted = asyncio.Event()
 
@@ -729,9 +732,11 @@ class Consumer:
                 "wait_ms": self.wait_ms, "tags": sub.tags, "start": start,
                 "broadcast": self.broadcast,
             }
+            sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
             try:
                 answer = await self._pool.request(address, op, self.wait_ms + PULL_TIMEOUT_SLACK_MS)
             except QmqError as exc:
+                sub.pull_sent_at.pop((source, broker_group), None)
                 if not exc.retriable:
                     # Raised by the iterator (or logged once by a handler's dispatch loop), so
                     # only a debug line here: a refusal is reported once.
@@ -807,11 +812,17 @@ class Consumer:
             await self.heartbeat()
             await asyncio.sleep(self.heartbeat_interval_ms / 1000)
 
-    def _pairs_by_address(self) -> dict[str, list[list[str]]]:
-        """The [subject, group] pairs this consumer pulls from each broker address."""
+    def _pairs_by_address(self, unpulled_for_s: float | None = None,
+                          ) -> dict[str, list[list[str]]]:
+        """The [subject, group] pairs this consumer pulls from each broker address; with
+        ``unpulled_for_s``, only those whose last pull was sent longer ago than that."""
         by_address: dict[str, list[list[str]]] = {}
+        now = asyncio.get_running_loop().time()
         for sub in self._subscriptions.values():
-            for (source, _group), address in sub.addresses.items():
+            for (source, group), address in sub.addresses.items():
+                if unpulled_for_s is not None and now - sub.pull_sent_at.get(
+                        (source, group), float("-inf")) < unpulled_for_s:
+                    continue  # its pull told the broker we are alive, more recently than this
                 pair = [source, self.group]
                 pairs = by_address.setdefault(address, [])
                 if pair not in pairs:
@@ -856,7 +867,12 @@ class Consumer:
             except QmqError as exc:
                 log.warning("heartbeat to the MetaServer failed: %s", exc)
 
-        await asyncio.gather(to_meta(), self._to_brokers("heartbeat", self._pairs_by_address()))
+        # A broker notes a consumer as seen whenever one of its pulls begins: pairs pulled
+        # within the interval need no heartbeat (an idle consumer parked in long polls sends
+        # its brokers none; issue 19).
+        recent_s = self.heartbeat_interval_ms / 1000
+        await asyncio.gather(to_meta(), self._to_brokers(
+            "heartbeat", self._pairs_by_address(unpulled_for_s=recent_s)))
 
 
 __all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]

@@ -491,6 +491,39 @@ async def test_clients_unseen_for_exactly_the_expiry_stay_online_and_one_ms_late
                        "broker_consumers": 0, "redelivered": 0, "retried": 0, "dead": 0}]
 
 
+async def test_repeated_client_heartbeats_are_written_in_one_batch_by_the_expiry_check(
+    api: Api, clock: FakeClock
+) -> None:
+    registry = api.server.registry
+    clock.advance(CLIENT_EXPIRY_MS)  # past the grace period after the MetaServer's start
+    bodies = [{"client_id": f"c{i}", "app": "a", "group": "g", "subjects": ["s"],
+               "role": "consumer"} for i in range(50)]
+    for body in bodies:  # first heartbeats: written one by one, seen at once
+        await api.ok("POST", "/api/clients/heartbeat", body)
+    [group] = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert group["online_clients"] == 50
+    for _ in range(3):
+        clock.advance(CLIENT_EXPIRY_MS // 2)
+        for body in bodies:
+            await api.ok("POST", "/api/clients/heartbeat", body)
+        assert registry.liveness.pending == 50  # each noted, none written
+        assert (await api.expire())["clients_offline"] == 0  # flushed, then checked
+        assert registry.liveness.pending == 0
+    clock.advance(CLIENT_EXPIRY_MS + 1)
+    assert (await api.expire())["clients_offline"] == 50
+    await api.ok("POST", "/api/clients/heartbeat", bodies[0])  # written in full: online again
+    [group] = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert group["online_clients"] == 1
+
+
+async def test_a_client_that_changes_its_subjects_is_written_at_once(api: Api) -> None:
+    body = {"client_id": "c1", "app": "a", "group": "g", "subjects": ["s"], "role": "consumer"}
+    await api.ok("POST", "/api/clients/heartbeat", body)
+    await api.ok("POST", "/api/clients/heartbeat", {**body, "subjects": ["s", "t"]})
+    groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert [(g["subject"], g["online_clients"]) for g in groups] == [("s", 1), ("t", 1)]
+
+
 # -- bad requests -------------------------------------------------------------------------------
 
 REGISTER_OK = {"group": "rt1", "kind": "realtime", "address": "127.0.0.1:1001"}

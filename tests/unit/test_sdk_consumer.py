@@ -331,6 +331,18 @@ async def test_heartbeats_name_the_subscriptions_to_the_broker_and_the_metaserve
                          "subjects": ["orders"], "role": "consumer"}
 
 
+async def test_a_consumer_parked_in_long_polls_sends_its_broker_no_heartbeat(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    # Long polls of 50 ms: each pull, begun more recently than the 2 s interval, tells the
+    # broker the consumer is alive; the MetaServer still gets its heartbeats.
+    async with consumer(meta, heartbeat_interval_ms=2_000, wait_ms=50) as c:
+        c.subscribe("orders")
+        await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 4)
+        await c.heartbeat()
+        await meta.wait_until(lambda: any(h["subjects"] == ["orders"] for h in meta.heartbeats))
+    assert broker_a.heartbeats == []
+
+
 async def test_a_broker_group_that_joins_the_route_gets_a_pull_loop(meta, broker_a, broker_b):
     meta.set_route("orders", [broker_a])
     broker_b.publish("orders", b"from b")

@@ -1,0 +1,200 @@
+"""How a broker's and a MetaServer's costs grow with consumers and groups (issue 19).
+
+Three measurements, each over a fresh loopback cluster (``bench._cluster.Cluster``):
+
+- ``idle``: N connected consumers (one ``qmq.Consumer`` each, on 10 subjects, one group) with
+  no traffic. After they settle, the broker's and the MetaServer's CPU per second over a
+  window, and the MetaServer's database write transactions per second
+  (``qmq_meta_write_transactions_total``).
+- ``groups``: G consumer groups set up by a first pull each (a raw client, one subject per
+  group, as ``qmq`` consumers do on their first pull); the broker's CPU per group setup, in
+  batches, so a creep as groups accumulate shows as a rising figure.
+- ``admin``: the wall time of ``qmq admin groups`` against the MetaServer.
+
+``--tree DIR`` runs the servers (and the CLI) from another checkout, e.g. an export of main
+before a change (``git archive main | tar -x -C DIR``), so before and after can alternate in
+one sitting: ``--tree`` may be given twice and the runs alternate between the trees. Every run
+prints the 1-minute load average beside it: the machine may be shared, and the figures are
+only comparable between runs of one sitting.
+
+    python -m bench.scale idle --consumers 300 --runs 3
+    python -m bench.scale groups --groups 3000
+    python -m bench.scale admin --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import qmq
+from bench._cluster import Cluster, process_cpu_s
+from tests.rawclient import RawClient
+
+SUBJECTS = 10
+CONNECT_WAIT_S = 300.0  # longest wait for every consumer to connect to the broker
+SETTLE_S = 20.0  # after they connected: first heartbeats and routes are written; then the window
+WINDOW_S = 15.0  # longer than one SDK heartbeat interval (5 s) and one long poll (5 s)
+
+
+def load_average() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+@contextmanager
+def tree(directory: str | None) -> Iterator[None]:
+    """Run the servers (python -m qmq, started from the cwd) from ``directory`` if given."""
+    if directory is None:
+        yield
+        return
+    before_cwd, before_path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(directory)
+    os.environ["PYTHONPATH"] = directory
+    try:
+        yield
+    finally:
+        os.chdir(before_cwd)
+        if before_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before_path
+
+
+def connections(port: str) -> int:
+    """Established TCP connections to the local ``port`` (the broker's clients)."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return len(out.splitlines())
+
+
+def meta_writes(meta_url: str) -> float:
+    """The MetaServer's ``qmq_meta_write_transactions_total``; from a MetaServer without it
+    (before issue 19), its answered heartbeats, one write transaction each."""
+    with urllib.request.urlopen(f"{meta_url}/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    heartbeats = 0.0
+    for line in lines:
+        if line.startswith("qmq_meta_write_transactions_total "):
+            return float(line.split()[1])
+        if line.startswith("qmq_meta_http_requests_total{") and "heartbeat" in line \
+                and 'status="200"' in line:
+            heartbeats += float(line.rsplit(" ", 1)[1])
+    return heartbeats
+
+
+async def idle_run(consumers: int) -> dict[str, Any]:
+    """One run of ``idle``: CPU of the broker and MetaServer per second, writes per second."""
+    with Cluster() as cluster:
+        pool = [qmq.Consumer(cluster.meta_url, group="idle", consumer_id=f"c{i}")
+                for i in range(consumers)]
+        for i, consumer in enumerate(pool):
+            await consumer.__aenter__()
+            consumer.subscribe(f"idle.s{i % SUBJECTS}")
+        try:
+            port = cluster.broker.address.rsplit(":", 1)[1]
+            deadline = time.monotonic() + CONNECT_WAIT_S
+            while connections(port) < consumers and time.monotonic() < deadline:
+                await asyncio.sleep(1)
+            connected = connections(port)
+            await asyncio.sleep(SETTLE_S)
+            broker0, meta0 = process_cpu_s(cluster.broker.pid), process_cpu_s(cluster.meta.pid)
+            writes0 = await asyncio.to_thread(meta_writes, cluster.meta_url)
+            began = time.monotonic()
+            await asyncio.sleep(WINDOW_S)
+            elapsed = time.monotonic() - began
+            broker1, meta1 = process_cpu_s(cluster.broker.pid), process_cpu_s(cluster.meta.pid)
+            writes1 = await asyncio.to_thread(meta_writes, cluster.meta_url)
+        finally:
+            await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
+    return {"consumers": consumers, "connected": connected,
+            "broker_cpu_pct": round(100 * (broker1 - broker0) / elapsed, 1),
+            "meta_cpu_pct": round(100 * (meta1 - meta0) / elapsed, 1),
+            # the window's two scrapes are writes of none: only heartbeats and flushes count
+            "meta_writes_per_s": round((writes1 - writes0) / elapsed, 1),
+            "load_1m": round(load_average(), 1)}
+
+
+async def groups_run(groups: int, batch: int) -> dict[str, Any]:
+    """One run of ``groups``: broker CPU ms per group setup, per batch of ``batch`` groups."""
+    with Cluster() as cluster:
+        host, port = cluster.broker.address.rsplit(":", 1)
+        client = await RawClient.connect(int(port))
+        per_batch = []
+        try:
+            for first in range(0, groups, batch):
+                cpu0 = process_cpu_s(cluster.broker.pid)
+                count = min(batch, groups - first)
+                answers = await asyncio.gather(*(
+                    client.pull(f"grp.s{i}", f"g{i}", "c1") for i in range(first, first + count)))
+                assert all("pull_seqs" in a for a in answers), answers[:3]
+                per_batch.append(round(1000 * (process_cpu_s(cluster.broker.pid) - cpu0) / count,
+                                       2))
+        finally:
+            await client.close()
+    return {"groups": groups, "broker_cpu_ms_per_group_by_batch": per_batch,
+            "first_batch": per_batch[0], "last_batch": per_batch[-1],
+            "load_1m": round(load_average(), 1)}
+
+
+def admin_run(groups: int) -> dict[str, Any]:
+    """One run of ``admin``: wall seconds of ``qmq admin groups``."""
+    with Cluster() as cluster:
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "qmq", "admin", "groups", "--meta",
+                               cluster.meta_url], capture_output=True, text=True, timeout=120)
+        wall_s = time.monotonic() - began
+        assert done.returncode == 0, done.stderr
+    return {"admin_groups_wall_s": round(wall_s, 2), "load_1m": round(load_average(), 1)}
+
+
+def summarize(label: str, runs: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
+    """Medians of ``keys`` over ``runs``."""
+    return {"tree": label, "runs": len(runs),
+            **{f"median_{key}": statistics.median(r[key] for r in runs) for key in keys},
+            "load_1m": [r["load_1m"] for r in runs]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["idle", "groups", "admin"])
+    parser.add_argument("--consumers", type=int, default=300)
+    parser.add_argument("--groups", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tree", action="append", default=[],
+                        help="run the servers from this checkout (give twice to alternate)")
+    args = parser.parse_args()
+    trees: list[str | None] = [os.path.abspath(t) for t in args.tree] or [None]
+    results: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
+    for run in range(args.runs):
+        for directory in trees:
+            with tree(directory):
+                if args.what == "idle":
+                    result = asyncio.run(idle_run(args.consumers))
+                elif args.what == "groups":
+                    result = asyncio.run(groups_run(args.groups, args.batch))
+                else:
+                    result = admin_run(args.groups)
+            result["tree"] = str(directory)
+            results[str(directory)].append(result)
+            print(json.dumps(result), flush=True)
+    keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s"],
+            "groups": ["first_batch", "last_batch"],
+            "admin": ["admin_groups_wall_s"]}[args.what]
+    for label, runs in results.items():
+        print(json.dumps(summarize(label, runs, keys)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
