@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)")
     up.add_argument("--data-dir", default="./qmq-data", help="where all state lives")
+    up.add_argument("--config", default=None, metavar="FILE",
+                    help="a TOML file of settings (docs/CLI.md); flags given win over it")
     up.add_argument("--meta-port", type=int, default=8090, help="MetaServer HTTP port (0 = any)")
     up.add_argument("--realtime-port", type=int, default=20881, help="realtime port (0 = any)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -127,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
                       help="sqlite+aiosqlite:///FILE or postgresql+asyncpg://USER@HOST/DB")
     meta.add_argument("--host", default="127.0.0.1")
+    meta.add_argument("--config", default=None, metavar="FILE",
+                      help="a TOML file of settings (docs/CLI.md); flags given win over it")
     meta.add_argument("--port", type=int, default=8090)
     meta.add_argument("--admin-token", default=os.environ.get("QMQ_ADMIN_TOKEN"),
                       help="accept this secret as an admin token and turn auth on "
@@ -146,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rt = sub.add_parser("realtime", help="run a realtime broker")
     rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
-    rt.add_argument("--data-dir", required=True)
+    rt.add_argument("--data-dir", default=None, help="required, here or in --config")
+    rt.add_argument("--config", default=None, metavar="FILE",
+                    help="a TOML file of settings (docs/CLI.md); flags given win over it")
     rt.add_argument("--host", default="127.0.0.1")
     rt.add_argument("--advertise-host", default=None,
                     help="the address registered with the MetaServer and told to clients "
@@ -171,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     delay = sub.add_parser("delay", help="run a delay server")
     delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
-    delay.add_argument("--data-dir", required=True)
+    delay.add_argument("--data-dir", default=None, help="required, here or in --config")
+    delay.add_argument("--config", default=None, metavar="FILE",
+                       help="a TOML file of settings (docs/CLI.md); flags given win over it")
     delay.add_argument("--host", default="127.0.0.1")
     delay.add_argument("--advertise-host", default=None,
                     help="the address registered with the MetaServer and told to clients "
@@ -261,6 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     from wire.errors import QmqError
 
     setup_logging(args.log_level, args.log_format)
+    if args.command in SERVER_COMMANDS:
+        from qmq import config_file
+
+        args.explicit = config_file.explicit_flags(sys.argv[1:] if argv is None else argv)
+        try:
+            args.config_data = config_file.load(args.config) if args.config else {}
+        except ValueError as exc:
+            print(f"qmq: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:  # one exit-code table for every command: qmq.exits
         return asyncio.run(_run(args))
     except CommandError as exc:
@@ -295,6 +312,24 @@ async def _run(args: argparse.Namespace) -> int:
     return await _run_client(args)
 
 
+def _server_settings(args: argparse.Namespace, config_class: type, section: str,
+                     from_flags: dict[str, Any], data_port: int | None = None) -> Any:
+    """``config_class`` from the flags and the ``--config`` file's ``[section]``: a flag given
+    wins over the file, the file over the flags' defaults."""
+    from qmq import config_file
+
+    from_file = (config_file.settings(config_class, args.config, section, args.config_data)
+                 if args.config else {})
+    merged = config_file.merge(from_flags, from_file, args.explicit)
+    if data_port is not None and ("metrics_port" not in from_file
+                                  or "metrics_port" in args.explicit):  # data port + 10 unless told
+        merged["metrics_port"] = metrics_port_for(merged.get("port", data_port),
+                                                  args.metrics_port, not args.no_metrics)
+    if merged.get("data_dir") is None and "data_dir" in from_flags:
+        raise ValueError(f"data_dir: give --data-dir, or data_dir in [{section}] of --config")
+    return config_class(**merged)
+
+
 async def _run_server(args: argparse.Namespace) -> int:
     """``qmq up|metaserver|realtime|delay``: the only commands that load server code."""
     from qmq import launcher
@@ -304,56 +339,79 @@ async def _run_server(args: argparse.Namespace) -> int:
                               args.host, advertise_host=args.advertise_host,
                               flush=args.flush, clock_offset_ms=args.clock_offset_ms,
                               trace=not args.no_trace, admin_token=args.admin_token,
-                              realtime_options={
-                                  "ack_timeout_ms": args.ack_timeout_ms,
-                                  "consumer_expiry_ms": args.consumer_expiry_ms,
-                                  "retries_max": args.retries_max,
-                                  **_backoff(args.retry_backoff_ms)},
                               realtime_metrics_port=metrics_port_for(
                                   args.realtime_port, args.realtime_metrics_port),
                               delay_metrics_port=metrics_port_for(
-                                  args.delay_port, args.delay_metrics_port))
+                                  args.delay_port, args.delay_metrics_port),
+                              **_up_options(args))
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig
 
-        await launcher.run_metaserver_command(MetaConfig(
+        await launcher.run_metaserver_command(_server_settings(args, MetaConfig, "metaserver", dict(
             db_url=args.db, host=args.host, port=args.port, admin_token=args.admin_token,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
             schedule_misfire_grace_ms=args.schedule_misfire_grace_ms,
-            schedule_lease_ms=args.schedule_lease_ms, trace_dirs=tuple(args.trace_dirs)))
+            schedule_lease_ms=args.schedule_lease_ms, trace_dirs=tuple(args.trace_dirs))))
         return 0
+    common = dict(data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
+                  advertise_host=args.advertise_host, port=args.port, flush=args.flush,
+                  clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
+                  trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
+                  tls_key=args.tls_key, tls_ca=args.tls_ca)
     if args.command == "realtime":
         from realtime.config import RealtimeConfig
 
-        await launcher.run_realtime_command(RealtimeConfig(
-            data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
-            advertise_host=args.advertise_host,
-            port=args.port, flush=args.flush, ack_timeout_ms=args.ack_timeout_ms,
-            consumer_expiry_ms=args.consumer_expiry_ms, clock_offset_ms=args.clock_offset_ms,
-            retries_max=args.retries_max, **_backoff(args.retry_backoff_ms),
-            trace=not args.no_trace, trace_dir=args.trace_dir, token=args.token,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-            metrics_port=metrics_port_for(args.port, args.metrics_port, not args.no_metrics),
-        ))
+        await launcher.run_realtime_command(_server_settings(args, RealtimeConfig, "realtime", dict(
+            common, ack_timeout_ms=args.ack_timeout_ms, consumer_expiry_ms=args.consumer_expiry_ms,
+            retries_max=args.retries_max, **_backoff(args.retry_backoff_ms)), args.port))
         return 0
     if args.command == "delay":
         from delayserver.config import DelayConfig
 
         extra = {"max_delay_ms": args.max_delay_ms} if args.max_delay_ms else {}
-        await launcher.run_delay_command(DelayConfig(
-            data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
-            advertise_host=args.advertise_host,
-            port=args.port, flush=args.flush, bucket_ms=args.bucket_ms,
-            wheel_entries_max=args.wheel_entries_max,
-            clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
-            trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
-            tls_key=args.tls_key, tls_ca=args.tls_ca,
-            metrics_port=metrics_port_for(args.port, args.metrics_port, not args.no_metrics),
-            **extra,
-        ))
+        await launcher.run_delay_command(_server_settings(args, DelayConfig, "delay", dict(
+            common, bucket_ms=args.bucket_ms, wheel_entries_max=args.wheel_entries_max, **extra),
+            args.port))
         return 0
     raise AssertionError(f"unhandled server command {args.command}")
+
+
+# ``qmq up``'s flags that set a field of one of its servers: flag -> ((table, field), ...).
+_UP_FLAGS = {
+    "meta_port": (("metaserver", "port"),), "realtime_port": (("realtime", "port"),),
+    "delay_port": (("delay", "port"),), "admin_token": (("metaserver", "admin_token"),),
+    "host": (("metaserver", "host"), ("realtime", "host"), ("delay", "host")),
+    "advertise_host": (("realtime", "advertise_host"), ("delay", "advertise_host")),
+    "flush": (("realtime", "flush"), ("delay", "flush")),
+    "ack_timeout_ms": (("realtime", "ack_timeout_ms"),),
+    "consumer_expiry_ms": (("realtime", "consumer_expiry_ms"),),
+    "retries_max": (("realtime", "retries_max"),),
+    "retry_backoff_ms": (("realtime", "retry_backoff_ms"),),
+    "realtime_metrics_port": (("realtime", "metrics_port"),),
+    "delay_metrics_port": (("delay", "metrics_port"),),
+}
+
+
+def _up_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``qmq up``'s per-server settings beyond its own: the ``--config`` file's tables, then the
+    flags given explicitly (which win)."""
+    from delayserver.config import DelayConfig
+    from metaserver.config import MetaConfig
+    from qmq import config_file
+    from realtime.config import RealtimeConfig
+
+    options: dict[str, dict[str, Any]] = {"metaserver": {}, "realtime": {}, "delay": {}}
+    if args.config:
+        for section, cls in (("metaserver", MetaConfig), ("realtime", RealtimeConfig),
+                             ("delay", DelayConfig)):
+            options[section] = config_file.settings(cls, args.config, section, args.config_data)
+    flag_values = {**vars(args), **_backoff(args.retry_backoff_ms)}
+    for flag in args.explicit & set(_UP_FLAGS):
+        for section, field in _UP_FLAGS[flag]:
+            options[section][field] = flag_values[flag]
+    return {"meta_options": options["metaserver"], "realtime_options": options["realtime"],
+            "delay_options": options["delay"]}
 
 
 async def _run_client(args: argparse.Namespace) -> int:

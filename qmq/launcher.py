@@ -73,23 +73,26 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
                  *, advertise_host: str | None = None, flush: str = "sync",
                  clock_offset_ms: int = 0, trace: bool = True,
                  realtime_options: dict[str, Any] | None = None,
+                 meta_options: dict[str, Any] | None = None,
+                 delay_options: dict[str, Any] | None = None,
                  admin_token: str | None = None,
                  realtime_metrics_port: int | None = None,
                  delay_metrics_port: int | None = None) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
-    server, sharing one data dir. ``realtime_options``: more ``RealtimeConfig`` fields (ack
-    timeout, consumer expiry, retry schedule), so one command can run short test timeouts.
+    server, sharing one data dir. ``meta_options``, ``realtime_options``, ``delay_options``:
+    fields of each server's config that win over the ones set here (``--config`` tables, flags
+    such as a short ack timeout for tests).
     Auth is off unless ``admin_token`` is given or tokens are created; the two brokers hold a
     fresh internal token so they keep working either way. Each server serves /metrics: the
     MetaServer on its own port, the others on ``*_metrics_port`` when given."""
     stop = _stop_on_signal()
     os.makedirs(data_dir, exist_ok=True)
     internal_token = new_secret()
-    meta_config = MetaConfig(
-        db_url=sqlite_url(os.path.join(data_dir, "metaserver.db")), host=host, port=meta_port,
-        admin_token=admin_token, internal_token=internal_token,
-        trace_dirs=(os.path.abspath(data_dir),),  # the console's message lookup reads both
-    )
+    meta_config = MetaConfig(**{
+        "db_url": sqlite_url(os.path.join(data_dir, "metaserver.db")), "host": host,
+        "port": meta_port, "admin_token": admin_token, "internal_token": internal_token,
+        "trace_dirs": (os.path.abspath(data_dir),),  # the console's message lookup reads both
+        **(meta_options or {})})
     clock = offset_clock(clock_offset_ms)
     async with start_metaserver(meta_config) as meta:
         # What the two servers of one `qmq up` share (ServerConfig's fields).
@@ -98,16 +101,15 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             heartbeat_interval_ms=meta_config.heartbeat_interval_ms,
             clock_offset_ms=clock_offset_ms, trace=trace, token=internal_token,
         )
-        realtime_config = RealtimeConfig(
-            data_dir=os.path.join(data_dir, "realtime"), group="realtime-1", port=realtime_port,
-            metrics_port=realtime_metrics_port, **shared, **(realtime_options or {}),
-        )
+        realtime_config = RealtimeConfig(**{
+            "data_dir": os.path.join(data_dir, "realtime"), "group": "realtime-1",
+            "port": realtime_port, "metrics_port": realtime_metrics_port, **shared,
+            **(realtime_options or {})})
         realtime = RealtimeServer(realtime_config, clock)
         await realtime.start()
-        delay_config = DelayConfig(
-            data_dir=os.path.join(data_dir, "delay"), group="delay-1", port=delay_port,
-            metrics_port=delay_metrics_port, **shared,
-        )
+        delay_config = DelayConfig(**{
+            "data_dir": os.path.join(data_dir, "delay"), "group": "delay-1", "port": delay_port,
+            "metrics_port": delay_metrics_port, **shared, **(delay_options or {})})
         delay = DelayServer(delay_config, clock)
         await delay.start()
         say("pyqmq is up:")
