@@ -6,7 +6,8 @@ page, 200 by default). Goal: p99 < 200 ms for every page.
 A ``qmq metaserver`` subprocess on SQLite (127.0.0.1, port 0) is seeded over its own HTTP API,
 as brokers and clients would fill it: ``--brokers`` brokers register and heartbeat (nine in ten
 realtime, in groups of two; the rest delay servers, whose stats carry 72 hours of pending
-counts), each realtime broker reporting the backlog of its subjects for two consumer groups;
+counts), each realtime broker reporting the backlog of its subjects for two consumer groups
+as real brokers do (``serverkit.backlog.BacklogSync``: whole once, then only the changes);
 then ``--subjects`` subjects get routes (one consumer route request each) and two consumer
 groups each (client heartbeats). Then every page is fetched ``--requests`` times, one request
 at a time, from this process (aiohttp), and p50/p99/max are printed per page with the goal
@@ -34,6 +35,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
 from bench._cluster import percentile, process_cpu_s, start_server
+from serverkit.backlog import BacklogSync
 from metaserver.db import make_engine
 from metaserver.models import Client, ConsumerGroup, Subject, SubjectRoute
 
@@ -62,6 +64,9 @@ class Fleet:
                       for i in range(delay_count)]
         self.subjects = subjects
         self.held: dict[str, list[str]] = {}  # broker group -> its subjects, once routed
+        # address -> what the MetaServer holds of that realtime broker's backlog
+        self.syncs: dict[str, BacklogSync] = {address: BacklogSync()
+                                              for _, address in self.realtime}
         hour = now_ms - now_ms % HOUR_MS
         self.delay_stats = {
             "pending_total": sum(100 + (h * 37 % 121) - 60 for h in range(72)), "in_memory": 200, "dispatched": 10_000,
@@ -73,13 +78,14 @@ class Fleet:
             "pending_per_subject": {subject_name(h): 100 for h in range(72)}}
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        """One heartbeat per broker: realtime ones with the backlog of their subjects."""
+        """One heartbeat per broker: realtime ones with the backlog of their subjects, as the
+        changes since what the MetaServer acknowledged (``acknowledged`` takes its answer)."""
         out: list[dict[str, Any]] = [{
             "group": group, "kind": "realtime", "address": address,
-            "backlog": [{"subject": s, "group": cg, "lag": (i * 7 + n) % 500, "consumers": 1,
-                         "redelivered": n % 3, "retried": n % 2, "dead": 0}
-                        for n, s in enumerate(self.held.get(group, []))
-                        for cg in CONSUMER_GROUPS]}
+            **self.syncs[address].fields([
+                {"subject": s, "group": cg, "lag": (i * 7 + n) % 500, "consumers": 1,
+                 "redelivered": n % 3, "retried": n % 2, "dead": 0}
+                for n, s in enumerate(self.held.get(group, [])) for cg in CONSUMER_GROUPS])}
             for i, (group, address) in enumerate(self.realtime)]
         out += [{"group": group, "kind": "delay", "address": address,
                  "backlog": self.delay_stats} for group, address in self.delay]
@@ -148,9 +154,13 @@ async def seeded(meta_url: str, db_url: str, subjects: int = 1000, brokers: int 
                 return await resp.json()
 
         async def heartbeat(body: dict[str, Any]) -> None:
+            sync = fleet.syncs.get(body["address"])
             async with http.post("/api/brokers/heartbeat", json=body) as resp:
-                if resp.status != 404:
-                    return
+                answer = await resp.json() if resp.status == 200 else {}
+            if sync is not None:  # as serverkit.registration: an unknown answer sends it whole
+                sync.acknowledged(answer.get("backlog_version"))
+            if resp.status != 404:
+                return
             # Expired while the MetaServer was busy: register again, as a real broker does.
             await call("POST", "/api/brokers/register", json={
                 k: body[k] for k in ("group", "kind", "address")})
