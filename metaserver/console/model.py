@@ -80,8 +80,15 @@ class Overview:
     delay: list[dict[str, Any]] = field(default_factory=list)
     online: int = 0
     offline: int = 0
-    backlog: int = 0  # messages not acked, over online realtime brokers
-    pending: int = 0  # delayed messages waiting, over online delay servers
+    backlog: int = 0  # messages not acked, over online realtime masters
+    pending: int = 0  # delayed messages waiting, over online delay masters
+
+
+def _counted(broker: dict[str, Any]) -> bool:
+    """Whether the broker's backlog or pending count goes into the totals: online, and the
+    master of its group (a slave holds a copy of the same messages; without replication
+    every broker is its group's only one)."""
+    return broker["state"] != "offline" and broker.get("role") in (None, "master")
 
 
 def overview(brokers: list[dict[str, Any]]) -> Overview:
@@ -100,13 +107,13 @@ def overview(brokers: list[dict[str, Any]]) -> Overview:
             row.update(pending=stats.get("pending_total"),
                        dispatch_rate=stats.get("dispatch_rate_per_s"),
                        lateness_p99=stats.get("lateness_ms_p99_le"))
-            if online and isinstance(row["pending"], int):
+            if _counted(b) and isinstance(row["pending"], int):
                 out.pending += row["pending"]
             out.delay.append(row)
         else:
             backlog = sum(entry.get("lag", 0) for entry in _backlog_rows(b))
             row.update(backlog=backlog, pairs=len(_backlog_rows(b)))
-            if online:
+            if _counted(b):
                 out.backlog += backlog
             out.realtime.append(row)
     return out

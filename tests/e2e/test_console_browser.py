@@ -123,6 +123,7 @@ def test_every_page_loads_without_errors_and_is_screenshotted(up):
         page.goto(base + "/tokens")
         shot(page, "tokens")
         page.goto(base + "/dead/purge?subject=orders&group=billing")
+        assert "purges 1 dead letter on every broker" in page.inner_text(".warn-box")
         shot(page, "purge-confirm")
         assert errors == []
 

@@ -35,6 +35,22 @@ def test_the_overview_puts_online_servers_first_and_sums_backlog_and_pending_of_
     assert view.delay[0]["dispatch_rate"] == 1.5
 
 
+def test_a_slaves_copy_is_shown_with_its_role_and_lag_but_left_out_of_the_totals():
+    brokers = [
+        broker("rt1", "realtime", stats={"backlog": [{"lag": 3}]}, role="master", epoch=4),
+        broker("rt1", "realtime", stats={"backlog": [{"lag": 3}]}, role="slave", epoch=4,
+               in_sync=True, lag_ms=1200, lag_bytes=4096),
+        broker("d1", "delay", stats={"backlog": {"pending_total": 7}}, role="master", epoch=1),
+        broker("d1", "delay", stats={"backlog": {"pending_total": 7}}, role="slave", epoch=1,
+               in_sync=False, lag_bytes=10),
+    ]
+    view = model.overview(brokers)
+    assert (view.online, view.backlog, view.pending) == (4, 3, 7)
+    slave = [r for r in view.realtime if r["role"] == "slave"][0]
+    assert (slave["epoch"], slave["in_sync"], slave["lag"]) == (4, True, "1,200 ms / 4,096 B")
+    assert [r["role"] for r in view.delay] == ["master", "slave"]
+
+
 def test_a_broker_without_replication_fields_shows_dashes_for_role_and_lag():
     row = model.overview([broker("rt1", "realtime", stats=None)]).realtime[0]
     assert (row["role"], row["lag"], row["backlog"]) == ("-", "-", 0)
