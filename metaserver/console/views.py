@@ -95,8 +95,7 @@ async def subjects(request: web.Request, viewer: Viewer, form: dict[str, str]) -
     online consumers, redelivery and retry counts, a page of each at a time."""
     snap = await snapshots(request).get()
     query = request.query.get("q", "")[:200]
-    groups = [g for g in snap.groups if viewer.may_see(g["subject"])]
-    rows = [s for s in snap.subjects if viewer.may_see(s["subject"])]
+    groups, rows = viewer.visible(snap.groups), viewer.visible(snap.subjects)
     subject_page = model.paginate(model.matching(rows, query, "subject"),
                                   int_param(request, "page", 1, 1, 10**9))
     group_page = model.paginate(model.matching(groups, query, "subject", "group"),

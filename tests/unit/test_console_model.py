@@ -179,3 +179,14 @@ async def test_a_stale_snapshot_is_served_while_one_refresh_replaces_it():
         await asyncio.sleep(0)
     assert await snaps.get() == 2
     await snaps.close()
+
+
+def test_visible_rows_are_those_an_app_may_see_and_all_rows_for_an_admin_or_an_open_console():
+    rows = [{"subject": "order.a"}, {"subject": "pay"}, {"subject": "other"}]
+    app = Viewer(auth_enabled=True, app="shop", admin=False,
+                 grant=Grant(app="shop", produce=("order.*",), consume=("pay",)))
+    assert [r["subject"] for r in app.visible(rows)] == ["order.a", "pay"]
+    admin = Viewer(auth_enabled=True, app="ops", admin=True,
+                   grant=Grant(app="ops", produce=(), consume=(), admin=True))
+    assert admin.visible(rows) is rows
+    assert Viewer(auth_enabled=False, app=None, admin=True).visible(rows) is rows
