@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import qmq
 from bench._cluster import Cluster, process_cpu_s
-from tests.rawclient import RawClient
+from tests.rawclient import FakeClock, RawClient, message
 
 SUBJECTS = 10
 CONNECT_WAIT_S = 300.0  # longest wait for every consumer to connect to the broker
@@ -130,19 +130,32 @@ async def groups_run(groups: int, batch: int) -> dict[str, Any]:
         host, port = cluster.broker.address.rsplit(":", 1)
         client = await RawClient.connect(int(port))
         per_batch = []
+        clock = FakeClock()
         try:
+            for first in range(0, groups, 200):  # one message per subject: a pull creates a group
+                sent = await client.send(*(message(f"grp.s{i}", b"x", clock)
+                                           for i in range(first, min(groups, first + 200))))
+                assert all(r["status"] == "stored" for r in sent["results"]), sent
             for first in range(0, groups, batch):
                 cpu0 = process_cpu_s(cluster.broker.pid)
                 count = min(batch, groups - first)
                 answers = await asyncio.gather(*(
-                    client.pull(f"grp.s{i}", f"g{i}", "c1") for i in range(first, first + count)))
-                assert all("pull_seqs" in a for a in answers), answers[:3]
+                    client.pull(f"grp.s{i}", f"g{i}", "c1", start="earliest")
+                    for i in range(first, first + count)))
+                assert all(len(a.get("pull_seqs", ())) == 1 for a in answers), answers[:3]
                 per_batch.append(round(1000 * (process_cpu_s(cluster.broker.pid) - cpu0) / count,
                                        2))
+            # What the groups cost once set up, with no traffic: the broker's background rounds
+            # (expiry, heartbeat backlog, flush) over every group.
+            cpu0, began = process_cpu_s(cluster.broker.pid), time.monotonic()
+            await asyncio.sleep(WINDOW_S)
+            idle_pct = round(100 * (process_cpu_s(cluster.broker.pid) - cpu0)
+                             / (time.monotonic() - began), 1)
         finally:
             await client.close()
     return {"groups": groups, "broker_cpu_ms_per_group_by_batch": per_batch,
             "first_batch": per_batch[0], "last_batch": per_batch[-1],
+            "idle_broker_cpu_pct": idle_pct,
             "load_1m": round(load_average(), 1)}
 
 
@@ -190,7 +203,7 @@ def main() -> None:
             results[str(directory)].append(result)
             print(json.dumps(result), flush=True)
     keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s"],
-            "groups": ["first_batch", "last_batch"],
+            "groups": ["first_batch", "last_batch", "idle_broker_cpu_pct"],
             "admin": ["admin_groups_wall_s"]}[args.what]
     for label, runs in results.items():
         print(json.dumps(summarize(label, runs, keys)), flush=True)

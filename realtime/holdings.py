@@ -157,6 +157,10 @@ class Holdings:
         released: dict[Group, int] = {}
         removed: list[Removed] = []
         for subject, key in pulllog.groups():
+            if not pulllog.held_count(subject, key):
+                # Nothing held: no ack timeout to run out, no offline consumer's entries to
+                # hand on. Most groups of a broker with thousands, each second (issue 19).
+                continue
             group = key.split("#", 1)[0]
             count = len(pulllog.release_expired(
                 subject, key, config.ack_timeout_ms_for(group), now_ms
