@@ -70,6 +70,14 @@ def test_the_elastic_pool_example_loses_nothing_while_workers_join_and_leave(
     assert re.search(r"600 distinct\), 0 lost", done.stdout), done.stdout
 
 
+def test_the_scheduled_report_example_builds_a_report_per_occurrence(up: UpProcess) -> None:
+    done = run_example("scheduled_report.py", "--meta", up.meta_url, "--every-s", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "06:00:00" in done.stdout  # the daily schedule's next occurrences, Berlin time
+    assert "report 3: built for the quick schedule" in done.stdout
+    assert "schedules deleted" in done.stdout
+
+
 def test_the_schedule_commands_create_list_show_next_pause_and_delete(up: UpProcess) -> None:
     meta = ("--meta", up.meta_url)
     made = run_qmq("schedule", "create", "standup", "--subject", "team.remind", "--body", "hi",
