@@ -16,7 +16,8 @@ Runs, one after the other on the same cluster:
   SDK against the gateway with one message per request.
 
 Printed beside the figures: the MetaServer's and the broker's CPU seconds per run, and the load
-average, since the machine may be shared; a latency run whose schedule fell behind says so. A
+average, since the machine may be shared; a latency run whose schedule fell behind, or which
+finished below 90% of its rate (its latency is then queueing), says so. A
 benchmark, not a test: it asserts nothing, and every wait is bounded.
 """
 
@@ -38,6 +39,8 @@ BODY = "x" * 256
 SUBJECT = "bench.gateway"
 # Longest a throughput or latency run may take before it is abandoned, in seconds.
 RUN_TIMEOUT_S = 600.0
+# A paced run that finished below this share of its asked rate did not keep up with it.
+KEPT_UP_SHARE = 0.9
 
 
 @dataclass
@@ -51,11 +54,16 @@ class Result:
     meta_cpu_s: float
     broker_cpu_s: float
     behind_s: float = 0.0  # a paced run: how late its last start was
+    rate: float | None = None  # a paced run: the rate asked for, messages per second
 
     def line(self) -> str:
         rate = self.messages / self.seconds if self.seconds else float("nan")
         lat = sorted(self.latencies_ms)
         behind = f"  (schedule {self.behind_s:.1f} s behind)" if self.behind_s > 0.5 else ""
+        if self.rate is not None and rate < KEPT_UP_SHARE * self.rate:
+            # Calls start on schedule whether or not earlier ones have answered (open loop),
+            # so a server that cannot keep up shows as queueing: latency grows with the run.
+            behind += f"  (did not keep up with {self.rate:.0f}/s: latency is queueing)"
         return (f"{self.name:34} {self.messages:>7,} {rate:>10,.0f} {percentile(lat, 0.5):>8.1f} "
                 f"{percentile(lat, 0.99):>8.1f} {self.meta_cpu_s:>8.1f} {self.broker_cpu_s:>8.1f}"
                 f"{behind}")
@@ -82,7 +90,8 @@ class Bench:
             raise RuntimeError(f"gateway send failed: HTTP {resp.status} {answer}")
 
     async def measured(self, name: str, messages: int,
-                       body: Callable[[list[float]], Awaitable[float]]) -> Result:
+                       body: Callable[[list[float]], Awaitable[float]],
+                       rate: float | None = None) -> Result:
         meta, broker = self.cluster.meta.pid, self.cluster.broker.pid
         meta_cpu, broker_cpu = process_cpu_s(meta), process_cpu_s(broker)
         latencies: list[float] = []
@@ -90,7 +99,7 @@ class Bench:
         behind = await asyncio.wait_for(body(latencies), RUN_TIMEOUT_S)
         seconds = time.perf_counter() - started
         return Result(name, messages, seconds, latencies, process_cpu_s(meta) - meta_cpu,
-                      process_cpu_s(broker) - broker_cpu, behind)
+                      process_cpu_s(broker) - broker_cpu, behind, rate)
 
     async def throughput(self, name: str, messages: int, in_flight: int,
                          send: Callable[[], Awaitable[None]], per_call: int = 1) -> Result:
@@ -121,7 +130,7 @@ class Bench:
             began, last = await paced(messages, rate, one)
             return max(0.0, last - began - messages / rate)
 
-        return await self.measured(name, messages, body)
+        return await self.measured(name, messages, body, rate)
 
 
 async def run(args: argparse.Namespace) -> None:
