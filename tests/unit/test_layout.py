@@ -206,3 +206,16 @@ def test_client_commands_load_no_server_code() -> None:
     loaded = loaded_modules(code)
     assert loaded & PACKAGES == {"qmq", "sdk", "wire"}
     assert loaded & SERVER_LIBRARIES == set()
+
+
+def test_the_qmq_package_names_the_sdks_public_names_without_importing_the_sdk() -> None:
+    import qmq
+    import sdk
+
+    assert sorted(qmq.__all__) == sorted(["sync", *sdk.__all__])
+    assert qmq.Producer is sdk.Producer and qmq.NoRoute is sdk.NoRoute
+    star: dict[str, object] = {}
+    exec("from qmq import *", star)
+    assert star["sync"] is qmq.sync and star["Consumer"] is sdk.Consumer
+    loaded = loaded_modules("import qmq")
+    assert loaded & PACKAGES == {"qmq", "wire"} and "aiohttp" not in loaded
