@@ -13,6 +13,10 @@ Hierarchy (wire code in brackets; * = retriable, i.e. the same request may succe
     +-- NotFound                [not_found]          unknown subject, group, message id, ...
     +-- NotSupported            [not_supported]      op or protocol version this server lacks
     +-- Internal              * [internal]           server bug or I/O failure
+    +-- NotMaster             * [not_master]         not the leased master of its group; re-route
+    +-- Unavailable           * [unavailable]        cannot serve yet (no MetaServer heard since start)
+    +-- StaleEpoch              [stale_epoch]        replication request from an older epoch
+    +-- NotEnoughReplicas     * [not_enough_replicas] fewer slaves in sync than min_insync
     +-- ConnectionLost        * (client side only)   the connection closed before an answer
     +-- NoRoute               * (client side only)   the MetaServer knows no broker for a subject
     +-- Conflict                (MetaServer HTTP only) the name is taken, or the state forbids it
@@ -118,6 +122,38 @@ class Internal(QmqError):
     retriable = True
 
 
+class NotMaster(QmqError):
+    """The server is not the leased, active master of its group (a slave, a master whose lease
+    ran out, one handing over to another server, or one that does not know its role yet).
+    The client refreshes the route and resends (docs/REPLICATION.md)."""
+
+    code = "not_master"
+    retriable = True
+
+
+class Unavailable(QmqError):
+    """The server cannot serve yet: it has heard from no MetaServer since it started, so it does
+    not know whether auth is on, and it fails closed rather than open."""
+
+    code = "unavailable"
+    retriable = True
+
+
+class StaleEpoch(QmqError):
+    """A replication request carries an epoch older than the server's: its sender must learn
+    the group's new master before it asks again."""
+
+    code = "stale_epoch"
+
+
+class NotEnoughReplicas(QmqError):
+    """Fewer slaves of the group are in sync than its ``min_insync``: the write is refused so it
+    is never acknowledged by too few machines. The MetaServer routes producers elsewhere."""
+
+    code = "not_enough_replicas"
+    retriable = True
+
+
 class ConnectionLost(QmqError):
     """Client side: the connection closed before the answer arrived (never sent on the wire)."""
 
@@ -154,6 +190,10 @@ ERRORS: tuple[type[QmqError], ...] = (
     NotFound,
     NotSupported,
     Internal,
+    NotMaster,
+    Unavailable,
+    StaleEpoch,
+    NotEnoughReplicas,
     ConnectionLost,
     NoRoute,
     Conflict,

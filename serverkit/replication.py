@@ -1,0 +1,83 @@
+"""The seam between the control plane (roles, leases, the MetaServer) and the data plane (log
+shipping, sync waits, truncation): what a server's replication reports in each heartbeat, and
+what it is told when its role changes. docs/REPLICATION.md section 12.
+
+The data plane implements ``ReplicationStatus`` and hands it to ``RealtimeServer`` /
+``DelayServer`` (``replication=``). ``NoReplication``, the default, copies nothing and
+proposes no slave in sync, so every group stays solo and works as before replication existed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from serverkit.role import RoleView
+
+# Most logs one report may name (realtime has two, delay two).
+POSITIONS_MAX = 8
+# Most slaves one master may propose as in sync.
+INSYNC_MAX = 16
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One heartbeat's replication figures. Every field is optional (None / empty = unknown)."""
+
+    position: int | None = None  # end offset of the primary log held (message log / delay log)
+    positions: dict[str, int] = field(default_factory=dict)  # log name -> end offset held
+    lag_bytes: int | None = None  # slave: bytes behind the master, as of its last fetch
+    lag_ms: int | None = None  # slave: age of the oldest record it lacks (0 = caught up)
+    insync: tuple[str, ...] = ()  # master: the slaves it counts as in sync (its proposal)
+    handover_ready: str | None = None  # master, in a switchover: the target has everything
+    writable: bool = True  # master: False while min_insync refuses writes
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``replica`` object of a heartbeat request (docs/REPLICATION.md 13.4)."""
+        out: dict[str, Any] = {"writable": self.writable}
+        if self.position is not None:
+            out["position"] = self.position
+        if self.positions:
+            out["positions"] = dict(list(self.positions.items())[:POSITIONS_MAX])
+        if self.lag_bytes is not None:
+            out["lag_bytes"] = self.lag_bytes
+        if self.lag_ms is not None:
+            out["lag_ms"] = self.lag_ms
+        if self.insync:
+            out["insync"] = list(self.insync[:INSYNC_MAX])
+        if self.handover_ready is not None:
+            out["handover_ready"] = self.handover_ready
+        return out
+
+
+class ReplicationStatus(Protocol):
+    """What the data plane gives the control plane (docs/REPLICATION.md 12)."""
+
+    def report(self) -> ReplicaReport:
+        """Figures for the next heartbeat; called on the event loop, must not block."""
+
+    async def on_role(self, view: RoleView) -> None:
+        """The role, epoch, master or switchover changed. For a new master: stop fetching and
+        seal the logs (epoch history), then return; writes stay refused until it returns. For
+        a slave: writes are already refused; stop the master's writers, truncate, follow."""
+
+    def last_epoch(self) -> int:
+        """The newest epoch in this server's epoch history (0 for a new server)."""
+
+
+class NoReplication:
+    """The default: nothing is copied, no slave is ever proposed, every group stays solo."""
+
+    def report(self) -> ReplicaReport:
+        """No figures: nothing is replicated."""
+        return ReplicaReport()
+
+    async def on_role(self, view: RoleView) -> None:
+        """Nothing to seal or truncate."""
+
+    def last_epoch(self) -> int:
+        """No epoch history is kept."""
+        return 0
+
+
+__all__ = ["INSYNC_MAX", "POSITIONS_MAX", "NoReplication", "ReplicaReport", "ReplicationStatus"]
