@@ -15,9 +15,10 @@ from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
+from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import Forbidden, NotSupported
-from wire.protocol import Cancel, Hello, Request, Send, cancel_result, hello_response
+from wire.protocol import Cancel, Hello, Request, Send, cancel_result
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,13 @@ class DelayServer(ServerBase):
         clock: Callable[[], int] | None = None,
         dispatch: Dispatch | None = None,
         opener: Opener = OsFile,
+        replication: ReplicationStatus | None = None,
     ) -> None:
         if dispatch is None and not config.meta_url:
             raise ValueError("a delay server needs meta_url (or a dispatch function) to "
                              "reach realtime brokers")
         metrics = DelayMetrics(config.group)
-        super().__init__(config, metrics, clock)
+        super().__init__(config, metrics, clock, replication)
         self.config: DelayConfig = config
         self.metrics: DelayMetrics = metrics
         self._sender: PayloadSender | None = None
@@ -54,7 +56,9 @@ class DelayServer(ServerBase):
                                          client_id=f"delay-{config.group}", token=config.token,
                                          ssl_context=self.peer_ssl)
             dispatch = self._sender.send
-        self._dispatch = metrics.observe_dispatch(dispatch)
+        # Only a leased master dispatches (docs/REPLICATION.md 5): a slave, or an old master
+        # that lost its lease, is refused and its scheduler retries with backoff.
+        self._dispatch = metrics.observe_dispatch(self._fenced(dispatch))
         self._opener = opener
         self._scheduler: Scheduler | None = None  # built by start(), once its store is open
 
@@ -64,6 +68,18 @@ class DelayServer(ServerBase):
         if self._scheduler is None:
             raise RuntimeError(f"delay group {self.config.group} is not started")
         return self._scheduler
+
+    def _fenced(self, dispatch: Dispatch) -> Dispatch:
+        """``dispatch`` that only a leased master may make: it waits while the role settles
+        (overdue messages are due before the first registration answers), then a slave or a
+        fenced old master gets NotMaster, which the scheduler retries with its backoff."""
+
+        async def fenced(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+            await self._settle_role()
+            self._check_role()
+            return await dispatch(subject, payloads)
+
+        return fenced
 
     async def _open_core(self) -> None:
         tune_gc()
@@ -91,11 +107,15 @@ class DelayServer(ServerBase):
         # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
         grant = await self.gate.grant(session.token, session.app)
         if isinstance(request, Hello):
-            return hello_response("delay", self.config.group, self.address)
+            return self._hello()
+        # Only the leased master serves, and it checks again before answering (a write whose
+        # commit outlived the lease is not acknowledged).
+        self._check_role()
         if isinstance(request, Send):
             self.gate.check_send(grant, request.messages)
             results = await self.scheduler.schedule(request.messages)
             self.metrics.count_schedule_results(results)
+            self._check_role()
             return {"results": results}
         if isinstance(request, Cancel):
             # A cancel names no subject: any token that may produce somewhere may cancel.
@@ -107,6 +127,7 @@ class DelayServer(ServerBase):
                 status = await self.scheduler.cancel(message_id, deliver_at_ms)
                 self.metrics.count_cancel(status)
                 results.append(cancel_result(message_id, status))
+            self._check_role()
             return {"results": results}
         raise NotSupported(f"op {request.op} is not served by delay servers; "
                            "pull and ack go to realtime brokers")

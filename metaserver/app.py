@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -39,9 +40,18 @@ log = logging.getLogger(__name__)
 METRICS_KEY = web.AppKey("metaserver_metrics", MetaMetrics)
 
 
-def create_app(config: MetaConfig, clock: Callable[[], int] | None = None) -> web.Application:
-    """Return the MetaServer application; ``clock`` returns ms (tests pass a fake one)."""
-    registry = Registry(config, clock or wall_clock_ms)
+def monotonic_ms() -> int:
+    """Milliseconds of the monotonic clock: lease watches measure with it, never the wall."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def create_app(config: MetaConfig, clock: Callable[[], int] | None = None,
+               mono_clock: Callable[[], int] | None = None) -> web.Application:
+    """Return the MetaServer application; ``clock`` returns wall ms and ``mono_clock``
+    monotonic ms (tests pass one fake clock, which then drives both)."""
+    if mono_clock is None:
+        mono_clock = clock or monotonic_ms
+    registry = Registry(config, clock or wall_clock_ms, mono_clock)
     metrics = MetaMetrics(registry)
     # The metrics middleware is outermost so it counts the answer the error middleware made;
     # error_middleware comes next so the auth middleware's refusals become JSON errors too.
@@ -86,6 +96,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await registry.open()
     log.info("MetaServer database at revision %s", registry.revision)
     tasks = [asyncio.create_task(registry.run_expiry_loop(), name="metaserver-expiry"),
+             asyncio.create_task(registry.run_failover_loop(), name="metaserver-failover"),
              asyncio.create_task(app[RUNNER_KEY].run(), name="metaserver-schedules")]
     try:
         yield
@@ -123,13 +134,18 @@ class RunningMetaServer:
         """Run the expiry check at once (with the app's clock)."""
         return await self.registry.expire_now()
 
+    async def failover_now(self) -> list[object]:
+        """Run the failover check at once (with the app's clocks); returns what it promoted."""
+        return list(await self.registry.replication.check())
+
 
 @contextlib.asynccontextmanager
 async def start_metaserver(
-    config: MetaConfig, clock: Callable[[], int] | None = None
+    config: MetaConfig, clock: Callable[[], int] | None = None,
+    mono_clock: Callable[[], int] | None = None,
 ) -> AsyncIterator[RunningMetaServer]:
     """Serve a MetaServer on ``config.host:config.port`` (0 = a free port) until the block ends."""
-    app = create_app(config, clock)
+    app = create_app(config, clock, mono_clock)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

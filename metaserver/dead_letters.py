@@ -79,22 +79,25 @@ class BrokerRef:
 def realtime_brokers(brokers: list[dict[str, Any]], group: str | None = None, *,
                      token: str | None = None,
                      ssl_context: ssl.SSLContext | None = None) -> list[BrokerRef]:
-    """The online realtime brokers of ``Registry.list_brokers()`` (of one group if given), to be
-    reached with ``token`` (over TLS with ``ssl_context``)."""
+    """The online realtime masters of ``Registry.list_brokers()`` (of one group if given), to be
+    reached with ``token`` (over TLS with ``ssl_context``). Slaves serve no client, the admin
+    included (docs/REPLICATION.md 3)."""
     return [BrokerRef(b["group"], b["address"], token, ssl_context) for b in brokers
             if b["kind"] == "realtime" and b["state"] != "offline"
+            and b.get("role", "master") == "master"
             and (group is None or b["group"] == group)]
 
 
 def delay_stats(brokers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per online delay broker with the stats of its latest heartbeat.
+    """One entry per online delay master with the stats of its latest heartbeat (a slave holds
+    a copy of the same messages; counting it would count them twice).
 
     A delay server reports its stats object as the heartbeat's ``backlog``; an explicit
     ``stats`` object is used when there is no such backlog.
     """
     out = []
     for b in brokers:
-        if b["kind"] != "delay" or b["state"] == "offline":
+        if b["kind"] != "delay" or b["state"] == "offline" or b.get("role", "master") != "master":
             continue
         raw = b["stats"] or {}
         stats = raw.get("backlog") if isinstance(raw.get("backlog"), dict) else raw.get("stats")

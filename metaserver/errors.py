@@ -8,6 +8,7 @@ Hierarchy::
     +-- Forbidden            403 forbidden: the token is valid but not an admin token
     +-- NotFound             404 not_found: unknown broker, broker group, schedule or path
     +-- Conflict             409 conflict: the name is taken, or the state forbids the change
+                             (a schedule, a switchover that cannot start, an unclean promotion)
     +-- TooLarge             413 too_large: request body over BODY_SIZE_BYTES_MAX
     +-- NoRoute              503 no_route: no live broker group can serve the subject (retriable)
     +-- BrokerUnreachable    503 broker_unavailable: no broker that could answer an admin
@@ -64,7 +65,8 @@ class NotFound(ApiError):
 
 class Conflict(ApiError):
     """The request clashes with what is stored: a name already taken, or a change the current
-    state does not allow (pausing a finished schedule)."""
+    state does not allow (pausing a finished schedule, a switchover to a slave that is not in
+    sync, an unclean promotion before the master's lease surely expired)."""
 
     status = 409
     code = "conflict"

@@ -13,7 +13,8 @@ from metaserver import validation as v
 from metaserver.errors import ApiError, BadRequest, InternalError, NotFound, TooLarge
 from metaserver.gateway_codec import error_status
 from metaserver.registry import Registry
-from metaserver.tokens import CREATE, REVOKE, TOKEN_KEY, TOKENS_KEY, Tokens
+from metaserver.replication import RoleRequest, synthetic_id
+from metaserver.tokens import AUTH_ENABLED_KEY, CREATE, REVOKE, TOKEN_KEY, TOKENS_KEY, Tokens
 from serverkit.payload_sender import PayloadSender
 from wire.errors import QmqError
 from wire.tls import client_context
@@ -76,22 +77,62 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+def _role_request(body: dict[str, Any]) -> RoleRequest:
+    """Take the replication fields out of a register or heartbeat body."""
+    server_id = body.pop("server_id") or synthetic_id(body["group"], body["address"])
+    return RoleRequest(server_id=server_id, epoch=body.pop("epoch"), role=body.pop("role"),
+                       master_id=body.pop("master_id"), replication=body.pop("replication"),
+                       replica=body.pop("replica", None))
+
+
+async def _with_auth(request: web.Request, answer: dict[str, Any]) -> web.Response:
+    """A broker answer plus ``auth``: whether auth is on, so a server that has not yet checked
+    a token knows whether to let clients in (it fails closed until it knows)."""
+    enabled = request.get(AUTH_ENABLED_KEY)
+    if enabled is None:
+        enabled = await request.app[TOKENS_KEY].enabled()
+    return web.json_response({**answer, "auth": enabled})
+
+
 async def register_broker(request: web.Request) -> web.Response:
     """``POST /api/brokers/register``."""
     body = await _body(request, v.REGISTER)
-    return web.json_response(await _registry(request).register_broker(**body))
+    role = _role_request(body)
+    return await _with_auth(request, await _registry(request).register_broker(**body, role=role))
 
 
 async def heartbeat_broker(request: web.Request) -> web.Response:
     """``POST /api/brokers/heartbeat``."""
     body = await _body(request, v.HEARTBEAT)
-    return web.json_response(await _registry(request).heartbeat_broker(**body))
+    role = _role_request(body)
+    return await _with_auth(request, await _registry(request).heartbeat_broker(**body, role=role))
 
 
 async def deregister_broker(request: web.Request) -> web.Response:
     """``POST /api/brokers/deregister``."""
     body = await _body(request, v.DEREGISTER)
     return web.json_response(await _registry(request).deregister_broker(**body))
+
+
+async def admin_replication(request: web.Request) -> web.Response:
+    """``GET /api/admin/replication``: per group its epoch, master, in-sync set, settings."""
+    _query(request, {})
+    return web.json_response({"replication":
+                              await _registry(request).replication.list_groups()})
+
+
+async def admin_replication_set(request: web.Request) -> web.Response:
+    """``POST /api/admin/replication {group, mode?, min_insync?}``."""
+    body = await _body(request, v.REPLICATION_SETTINGS)
+    return web.json_response(await _registry(request).replication.set_settings(
+        body["group"], body["mode"], body["min_insync"]))
+
+
+async def admin_switchover(request: web.Request) -> web.Response:
+    """``POST /api/admin/switchover {group, to?, unclean?}``."""
+    body = await _body(request, v.SWITCHOVER)
+    return web.json_response(await _registry(request).replication.switchover(
+        body["group"], body["to"], body["unclean"]))
 
 
 def _query(request: web.Request, spec: dict[str, v.Field]) -> dict[str, Any]:
@@ -261,6 +302,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/admin/subjects", admin_subjects)
     app.router.add_get("/api/admin/groups", admin_groups)
     app.router.add_post("/api/admin/brokers/readonly", admin_readonly)
+    app.router.add_get("/api/admin/replication", admin_replication)
+    app.router.add_post("/api/admin/replication", admin_replication_set)
+    app.router.add_post("/api/admin/switchover", admin_switchover)
     app.router.add_get("/api/admin/dead", admin_dead)
     app.router.add_get("/api/admin/dead/message", admin_dead_message)
     app.router.add_post("/api/admin/dead/redrive", admin_dead_redrive)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import (CollectorRegistry, Counter, Gauge, PlatformCollector,
                                ProcessCollector)
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from metaserver.registry import Registry
+from metaserver.replication import PROMOTION_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,13 @@ class MetaMetrics:
             "of them: sent (handed to a delay server), skipped (missed, dropped by the misfire "
             "policy), failed (a hand-over or cancel that will be retried).", ["what"],
             registry=self.registry)
+        self.group_epoch = Gauge("qmq_meta_group_epoch", "Each broker group's epoch (it goes "
+                                 "up by one per change of master), at scrape time.", ["group"],
+                                 registry=self.registry)
+        self.group_insync = Gauge("qmq_meta_group_insync_slaves", "Slaves each broker group's "
+                                  "database row counts as in sync, at scrape time.", ["group"],
+                                  registry=self.registry)
+        self.registry.register(_Failovers(registry))
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -78,13 +87,32 @@ class MetaMetrics:
             counts[key] = counts.get(key, 0) + 1
         subjects = len(await self._meta.list_subjects())
         groups = {row["group"] for row in await self._meta.list_consumer_groups()}
+        replication = await self._meta.replication.list_groups()
         for (kind, state), count in counts.items():
             self.brokers.labels(kind, state).set(count)
+        for row in replication:
+            self.group_epoch.labels(row["group"]).set(row["epoch"])
+            self.group_insync.labels(row["group"]).set(len(row["insync"]))
         self.subjects.set(subjects)
         self.consumer_groups.set(len(groups))
         writes = self._meta.write_transactions
         self.write_transactions.inc(writes - self._writes_counted)
         self._writes_counted = writes
+
+
+class _Failovers:
+    """``qmq_meta_failovers_total{reason}``: promotions this MetaServer made, read at scrape."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._stats = registry.replication.stats
+
+    def collect(self) -> Iterator[Metric]:
+        """The counter family, every reason present (0 until it happens)."""
+        family = CounterMetricFamily("qmq_meta_failovers", "Changes of a group's master this "
+                                     "MetaServer made, by reason.", labels=["reason"])
+        for reason in PROMOTION_REASONS:
+            family.add_metric([reason], self._stats.promotions.get(reason, 0))
+        yield family
 
 
 def _error_code(response: web.StreamResponse) -> str:

@@ -18,8 +18,8 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
-    UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -32,6 +32,9 @@ TOKEN_HINT_CHARS_MAX = 16
 CRON_CHARS_MAX = 200
 TZ_CHARS_MAX = 64
 ERROR_CHARS_MAX = 500
+# A server id: 16 hex digits from server.id, or "addr:<group>/<address>" for a server that sends
+# none (older servers, tests), so it must hold a group name and an address.
+SERVER_ID_CHARS_MAX = 512
 
 # Named constraints so migrations can refer to them on every database.
 NAMING_CONVENTION = {
@@ -50,7 +53,14 @@ class Base(DeclarativeBase):
 
 
 class BrokerGroup(Base):
-    """A broker group: the unit a subject is routed to. ``readonly`` is the admin's switch."""
+    """A broker group: the unit a subject is routed to. ``readonly`` is the admin's switch.
+
+    The replication columns (migration ``0004_replication``, docs/REPLICATION.md): ``epoch``
+    goes up by one on every change of ``master_id``, only in a transaction holding this row's
+    lock; ``lease_renewals`` counts the master's renewals (MetaServers watch it to know when a
+    lease has surely expired); ``writable`` is false while the master refuses writes for want
+    of in-sync slaves (producers are routed elsewhere).
+    """
 
     __tablename__ = "broker_groups"
 
@@ -58,22 +68,36 @@ class BrokerGroup(Base):
     kind: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))  # realtime | delay
     readonly: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at_ms: Mapped[int] = mapped_column(BigInteger)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    master_id: Mapped[str | None] = mapped_column(String(SERVER_ID_CHARS_MAX), nullable=True)
+    replication: Mapped[str] = mapped_column(String(STATE_CHARS_MAX), default="sync",
+                                             server_default="sync")  # sync | async
+    min_insync: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_renewals: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    epoch_started_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    switchover_to: Mapped[str | None] = mapped_column(String(SERVER_ID_CHARS_MAX), nullable=True)
+    switchover_deadline_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    writable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
 class Broker(Base):
-    """One broker process of a group, known by its address.
+    """One server of a group, known by its server id (``server.id`` in its data dir).
 
     ``reported_state`` is what the broker says in its heartbeat (rw | readonly, shown to admins);
     ``state`` is what the MetaServer decides: offline once heartbeats stop, readonly when the admin
     made the group readonly, rw otherwise. ``stats`` is the latest heartbeat's backlog (realtime: a list of
     ``{subject, group, lag, consumers}``) or stats object (delay).
+
+    Replication (``0004_replication``): ``role`` is master or slave (the group row's
+    ``master_id`` decides); ``in_sync`` is the database's in-sync set, written only from the
+    current master's heartbeats and by promotions; ``position``, ``positions``, ``lag_bytes``
+    and ``lag_ms`` are what the server last reported.
     """
 
     __tablename__ = "brokers"
-    __table_args__ = (UniqueConstraint("group_name", "address"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    group_name: Mapped[str] = mapped_column(ForeignKey("broker_groups.name"))
+    group_name: Mapped[str] = mapped_column(ForeignKey("broker_groups.name"), index=True)
     kind: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
     address: Mapped[str] = mapped_column(String(ADDRESS_CHARS_MAX))
     reported_state: Mapped[str] = mapped_column(String(STATE_CHARS_MAX))
@@ -81,6 +105,15 @@ class Broker(Base):
     last_heartbeat_ms: Mapped[int] = mapped_column(BigInteger)
     registered_at_ms: Mapped[int] = mapped_column(BigInteger)
     stats: Mapped[Any] = mapped_column(JSON, nullable=True)
+    server_id: Mapped[str] = mapped_column(String(SERVER_ID_CHARS_MAX), unique=True)
+    role: Mapped[str] = mapped_column(String(STATE_CHARS_MAX), default="slave",
+                                      server_default="slave")
+    reported_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    in_sync: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    position: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    positions: Mapped[Any] = mapped_column(JSON, nullable=True)
+    lag_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    lag_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Subject(Base):

@@ -25,6 +25,22 @@ from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
 from metaserver.liveness import ClientLiveness
 from metaserver.models import Broker, BrokerGroup, Client, ConsumerGroup, Subject, SubjectRoute
+from metaserver.replication import (
+    ReplicationOps,
+    RoleRequest,
+    apply_replica,
+    apply_settings,
+    find_server,
+    finish_handover,
+    hand_over_on_leave,
+    new_group,
+    promote,
+    role_answer,
+    servers_of,
+    settle_role,
+    supersede,
+    synthetic_id,
+)
 from metaserver.routing import (
     GroupView,
     broker_state,
@@ -52,11 +68,13 @@ class _RaceLost(Exception):
 
 
 class Registry:
-    """Brokers, routes and clients over the MetaServer database; time comes from ``clock`` (ms)."""
+    """Brokers, routes and clients over the MetaServer database; time comes from ``clock`` (wall
+    ms, stored in rows) and ``mono_clock`` (monotonic ms, for lease watches only)."""
 
-    def __init__(self, config: MetaConfig, clock: Clock) -> None:
+    def __init__(self, config: MetaConfig, clock: Clock, mono_clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock
+        self.mono_clock = mono_clock or clock
         self.engine: AsyncEngine | None = None
         self.revision: str | None = None
         self._sessions: async_sessionmaker[AsyncSession] | None = None
@@ -64,6 +82,7 @@ class Registry:
         self._started_ms = 0
         self.write_transactions = 0  # committed write transactions (the event loop's; metrics)
         self.liveness = ClientLiveness()  # client heartbeats that only say "still here"
+        self.replication = ReplicationOps(self)
 
     async def open(self) -> None:
         """Open the database and apply pending migrations."""
@@ -116,34 +135,47 @@ class Registry:
     # -- brokers --------------------------------------------------------------------------------
 
     async def register_broker(
-        self, group: str, kind: str, address: str, state: str
+        self, group: str, kind: str, address: str, state: str, role: RoleRequest | None = None
     ) -> dict[str, Any]:
-        """Register (or re-register after a restart) the broker at ``address`` in ``group``."""
+        """Register (or re-register after a restart) a server of ``group``: the server id in
+        ``role`` names it (``addr:<group>/<address>`` when it sent none); the answer says its
+        role, epoch and lease (docs/REPLICATION.md 3)."""
+        req = role or RoleRequest(server_id=synthetic_id(group, address))
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             now = self.clock()
-            grp = await s.get(BrokerGroup, group)
+            grp = await s.get(BrokerGroup, group, with_for_update=True)
             if grp is None:
-                grp = BrokerGroup(name=group, kind=kind, readonly=False, created_at_ms=now)
+                grp = new_group(group, kind, req, now)
                 s.add(grp)
                 await s.flush()
             elif grp.kind != kind:
                 raise BadRequest(f"broker group {group!r} is a {grp.kind} group, not {kind}")
-            broker = await _find_broker(s, group, address)
+            broker = await find_server(s, req.server_id)
+            if broker is not None and broker.group_name != group:
+                raise BadRequest(f"server {req.server_id} belongs to group "
+                                 f"{broker.group_name!r}, not {group!r}: its data is that "
+                                 "group's")
             effective = broker_state(grp.readonly)
+            await supersede(s, group, address, req.server_id)
             if broker is None:
-                broker = Broker(group_name=group, kind=kind, address=address, stats=None)
+                broker = Broker(group_name=group, kind=kind, address=address, stats=None,
+                                server_id=req.server_id, role="slave", in_sync=False)
                 s.add(broker)
+            broker.address = address
             broker.reported_state = state
             broker.state = effective
             broker.last_heartbeat_ms = now
             broker.registered_at_ms = now
+            apply_settings(grp, req.replication, req.server_id)
+            settle_role(grp, broker, req, now)
             await s.flush()
             await self._reconcile(s, now)
             return {
                 "broker_id": broker.id,
-                "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
                 "state": effective,
+                **role_answer(grp, broker, await servers_of(s, group), self.config.lease_ms,
+                              self.config.heartbeat_interval_ms),
             }
 
         return await self._write(body)
@@ -159,25 +191,29 @@ class Registry:
         backlog_base: int | None = None,
         backlog_changes: list[dict[str, Any]] | None = None,
         backlog_removed: list[list[str]] | None = None,
+        role: RoleRequest | None = None,
     ) -> dict[str, Any]:
-        """Record a broker heartbeat and what it says of its backlog (metaserver.backlog);
-        NotFound when the broker must register (again)."""
+        """Record a heartbeat: a master's renews its lease and carries its in-sync proposal;
+        what it says of its backlog is applied (metaserver.backlog; none: the last one stays).
+        NotFound when the server must register (again)."""
+        req = role or RoleRequest(server_id=synthetic_id(group, address))
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             now = self.clock()
-            broker = await _find_broker(s, group, address)
-            if broker is None or broker.state == "offline":
+            broker = await find_server(s, req.server_id)
+            if broker is None or broker.state == "offline" or broker.group_name != group:
                 raise NotFound(
-                    f"broker {address!r} of group {group!r} is not registered"
-                    + (" (marked offline)" if broker is not None else "")
+                    f"broker {address!r} (server {req.server_id}) of group {group!r} is not "
+                    "registered" + (" (marked offline)" if broker is not None else "")
                     + "; register again"
                 )
             if broker.kind != kind:
                 raise BadRequest(f"broker {address!r} is a {broker.kind} broker, not {kind}")
-            grp = await s.get(BrokerGroup, group)
+            grp = await s.get(BrokerGroup, group, with_for_update=True)
             assert grp is not None, f"broker {broker.id} has no group row"
             effective = broker_state(grp.readonly)
-            changed = effective != broker.state
+            changed = effective != broker.state or broker.address != address
+            broker.address = address
             broker.reported_state = state
             broker.state = effective
             broker.last_heartbeat_ms = now
@@ -186,25 +222,47 @@ class Registry:
                 removed=backlog_removed or [], stats=stats)
             if outcome.stats is not None:  # else untouched: no rewrite of an unchanged backlog
                 broker.stats = outcome.stats
+            changed |= settle_role(grp, broker, req, now)
+            servers = await servers_of(s, group)
+            changed |= apply_replica(grp, broker, servers, req)
+            handover = finish_handover(grp, broker, req)
+            if handover is not None and await promote(s, grp, handover, now,
+                                                      self.config.broker_expiry_ms):
+                self.replication.stats.promotions["switchover"] += 1
+                changed = True
             if changed:
                 await s.flush()
                 await self._reconcile(s, now)
-            answer: dict[str, Any] = {"ok": True, "state": effective}
+            answer: dict[str, Any] = {
+                "ok": True,
+                "state": effective,
+                **role_answer(grp, broker, await servers_of(s, group), self.config.lease_ms,
+                              self.config.heartbeat_interval_ms),
+            }
             if backlog_base is not None or isinstance(backlog, list):
                 answer["backlog_version"] = outcome.version
             return answer
 
         return await self._write(body)
 
-    async def deregister_broker(self, group: str, address: str) -> dict[str, Any]:
-        """Mark a broker offline at once (a clean shutdown)."""
+    async def deregister_broker(self, group: str, address: str,
+                                server_id: str | None = None) -> dict[str, Any]:
+        """Mark a broker offline at once (a clean shutdown). A master that leaves a group with an
+        online in-sync slave hands it over at once: the master stopped writing before it left."""
+        wanted = server_id or synthetic_id(group, address)
 
         async def body(s: AsyncSession) -> dict[str, Any]:
             now = self.clock()
-            broker = await _find_broker(s, group, address)
-            if broker is None:
-                raise NotFound(f"broker {address!r} of group {group!r} is not registered")
+            broker = await find_server(s, wanted)
+            if broker is None or broker.group_name != group:
+                raise NotFound(f"broker {address!r} (server {wanted}) of group {group!r} is "
+                               "not registered")
             broker.state = "offline"
+            grp = await s.get(BrokerGroup, group, with_for_update=True)
+            assert grp is not None, f"broker {broker.id} has no group row"
+            if grp.master_id == broker.server_id and await hand_over_on_leave(
+                    s, grp, now, self.config.broker_expiry_ms):
+                self.replication.stats.promotions["master shut down"] += 1
             await s.flush()
             await self._reconcile(s, now)
             return {"ok": True}
@@ -277,6 +335,17 @@ class Registry:
         hiccup does not end it: the next round retries)."""
         await run_every(self.config.expiry_check_interval_ms, self.expire_now, log,
                         "expiry check")
+
+    async def run_failover_loop(self) -> None:
+        """Run the failover check every ``failover_check_interval_ms`` until cancelled."""
+        interval_s = self.config.failover_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.replication.check()
+            except Exception:
+                # A database hiccup must not end failover for good; the next round retries.
+                log.exception("failover check failed; retrying in %.3f s", interval_s)
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -483,6 +552,14 @@ class Registry:
                     "heartbeat_age_ms": now - b.last_heartbeat_ms,
                     "registered_at_ms": b.registered_at_ms,
                     "stats": b.stats,
+                    "server_id": b.server_id,
+                    "role": b.role,
+                    "epoch": groups[b.group_name].epoch,
+                    "reported_epoch": b.reported_epoch,
+                    "in_sync": b.in_sync,
+                    "position": b.position,
+                    "lag_bytes": b.lag_bytes,
+                    "lag_ms": b.lag_ms,
                 }
                 for b in brokers
             ]
@@ -538,8 +615,10 @@ class Registry:
             for group_name, subjects in clients.all():
                 for subject in subjects or []:
                     pair(group_name, subject)["online_clients"] += 1
+            # Masters only: a slave reports the backlog of its copy, which would count it twice.
             brokers = await s.execute(
-                select(Broker.stats).where(Broker.state != "offline", Broker.kind == "realtime")
+                select(Broker.stats).where(Broker.state != "offline", Broker.kind == "realtime",
+                                           Broker.role == "master")
             )
             for (stats,) in brokers.all():
                 backlog = (stats or {}).get("backlog")
@@ -553,24 +632,21 @@ class Registry:
             return [pairs[k] for k in sorted(pairs)]
 
 
-async def _find_broker(s: AsyncSession, group: str, address: str) -> Broker | None:
-    """Return the broker at ``address`` in ``group``, if registered."""
-    result = await s.execute(
-        select(Broker).where(Broker.group_name == group, Broker.address == address)
-    )
-    return result.scalar_one_or_none()
-
-
 async def _group_views(s: AsyncSession) -> dict[str, GroupView]:
-    """Return every broker group with its online brokers sorted by state."""
+    """Return every broker group with its master's address (when the master is online): only
+    masters serve clients, so only they are routed to (docs/REPLICATION.md 3)."""
+    groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
     views = {
-        g.name: GroupView(name=g.name, kind=g.kind, readonly=g.readonly)
-        for g in (await s.execute(select(BrokerGroup))).scalars()
+        g.name: GroupView(name=g.name, kind=g.kind, readonly=g.readonly, epoch=g.epoch,
+                          writable=g.writable)
+        for g in groups.values()
     }
     online = await s.execute(select(Broker).where(Broker.state != "offline"))
     for broker in online.scalars():
         view = views.get(broker.group_name)
         if view is None:  # registered with a new group after the groups were read
+            continue
+        if broker.server_id != groups[broker.group_name].master_id:
             continue
         if broker.state == "rw":
             view.rw_addresses.append(broker.address)

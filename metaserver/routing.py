@@ -1,8 +1,11 @@
 """Routing rules, as pure functions over plain values (the registry feeds them from the database).
 
 * A group is **live** when at least one of its brokers is online (rw or readonly).
-* A group is **usable** by producers when it is live, the admin has not made it readonly, and at
+* A group is **usable** by producers when it is live, the admin has not made it readonly, its
+  master has not reported that it refuses writes (``writable``: too few slaves in sync), and at
   least one of its online brokers is rw. Producers only get the rw brokers' addresses.
+* Only a group's master serves clients, so a group's addresses are its master's alone
+  (docs/REPLICATION.md 3); the registry leaves slaves out of ``GroupView``.
 * A subject's realtime route holds ``min(route_groups_default, number of usable groups)`` active
   groups. When it holds fewer usable ones (a group went offline or readonly, or the subject is new,
   or new groups appeared), the missing ones are filled with the usable groups that carry the
@@ -26,6 +29,8 @@ class GroupView:
     name: str
     kind: str
     readonly: bool = False
+    epoch: int = 0  # the group's replication epoch, told to clients beside the addresses
+    writable: bool = True  # False while the master refuses writes for want of in-sync slaves
     rw_addresses: list[str] = field(default_factory=list)
     readonly_addresses: list[str] = field(default_factory=list)
 
@@ -37,7 +42,7 @@ class GroupView:
     @property
     def usable(self) -> bool:
         """True when producers may send to this group."""
-        return not self.readonly and bool(self.rw_addresses)
+        return not self.readonly and self.writable and bool(self.rw_addresses)
 
     @property
     def state(self) -> str:
@@ -113,4 +118,5 @@ def delay_groups(role: str, views: dict[str, GroupView]) -> list[dict[str, objec
 
 def _answer(view: GroupView, addresses: list[str]) -> dict[str, object]:
     """Return one group entry of a route answer."""
-    return {"group": view.name, "kind": view.kind, "state": view.state, "addresses": addresses}
+    return {"group": view.name, "kind": view.kind, "state": view.state, "addresses": addresses,
+            "epoch": view.epoch}

@@ -240,6 +240,8 @@ TOKEN_KEY = web.RequestKey("qmq_token", str)
 # Where it leaves the token's grant for handlers that check subjects (schedules): None while
 # auth is off, when everyone may do everything.
 GRANT_KEY = web.RequestKey("qmq_grant", object)
+# Where it leaves whether auth is on (it looked that up anyway), for the broker answers.
+AUTH_ENABLED_KEY = web.RequestKey("qmq_auth_enabled", bool)
 
 
 @web.middleware
@@ -252,6 +254,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     checked = await request.app[TOKENS_KEY].check(token)
     request[GRANT_KEY] = checked.grant
+    request[AUTH_ENABLED_KEY] = checked.enabled
     if not checked.enabled:
         return await handler(request)
     if checked.grant is None:

@@ -215,11 +215,97 @@ def check_subject_list(key: str, value: list[Any]) -> list[str]:
     return sorted(set(value))
 
 
+# A server id: server.id's 16 hex digits, or the MetaServer's own "addr:<group>/<address>".
+SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+SERVER_ROLES = ("master", "slave", "unknown")
+REPLICATION_MODES = ("sync", "async")
+# Limits of a heartbeat's replica report (docs/REPLICATION.md 13.4).
+REPLICA_POSITIONS_MAX = 8
+REPLICA_INSYNC_MAX = 16
+MIN_INSYNC_MAX = 16
+LOG_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def check_server_id(key: str, value: str) -> str:
+    """Check a server id against ``SERVER_ID_RE``."""
+    if not SERVER_ID_RE.fullmatch(value):
+        raise BadRequest(f"{key} {value!r} is not a server id ({SERVER_ID_RE.pattern})")
+    return value
+
+
+def check_min_insync(key: str, value: int) -> int:
+    """Check a group's min_insync: 0 .. MIN_INSYNC_MAX."""
+    if not 0 <= value <= MIN_INSYNC_MAX:
+        raise BadRequest(f"{key} {value} must be between 0 and MIN_INSYNC_MAX {MIN_INSYNC_MAX}")
+    return value
+
+
+SETTINGS = {
+    "mode": Field(str, required=False, check=one_of(*REPLICATION_MODES)),
+    "min_insync": Field(int, required=False, check=check_min_insync),
+}
+
+
+def check_settings(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``replication`` object ``{mode?, min_insync?}``."""
+    return parse_object(value, SETTINGS, key)
+
+
+def check_positions(key: str, value: dict[str, Any]) -> dict[str, int]:
+    """Check a ``positions`` object: at most REPLICA_POSITIONS_MAX log names -> offsets."""
+    if len(value) > REPLICA_POSITIONS_MAX:
+        raise BadRequest(f"{key} has {len(value)} logs, over REPLICA_POSITIONS_MAX "
+                         f"{REPLICA_POSITIONS_MAX}")
+    for name, offset in value.items():
+        if not LOG_NAME_RE.fullmatch(name):
+            raise BadRequest(f"{key} names the log {name!r}, not {LOG_NAME_RE.pattern}")
+        _check_type(f"{key}.{name}", offset, int)
+        check_count(f"{key}.{name}", offset)
+    return value
+
+
+def check_insync(key: str, value: list[Any]) -> list[str]:
+    """Check an in-sync proposal: at most REPLICA_INSYNC_MAX server ids."""
+    if len(value) > REPLICA_INSYNC_MAX:
+        raise BadRequest(f"{key} has {len(value)} servers, over REPLICA_INSYNC_MAX "
+                         f"{REPLICA_INSYNC_MAX}")
+    for i, item in enumerate(value):
+        _check_type(f"{key}[{i}]", item, str)
+        check_server_id(f"{key}[{i}]", item)
+    return list(value)
+
+
+REPLICA = {
+    "position": Field(int, required=False, check=check_count),
+    "positions": Field(dict, required=False, check=check_positions),
+    "lag_bytes": Field(int, required=False, check=check_count),
+    "lag_ms": Field(int, required=False, check=check_count),
+    "insync": Field(list, required=False, default=list, check=check_insync),
+    "handover_ready": Field(str, required=False, check=check_server_id),
+    "writable": Field(bool, required=False, default=True),
+}
+
+
+def check_replica(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    """Check a heartbeat's ``replica`` report."""
+    return parse_object(value, REPLICA, key)
+
+
+# The replication fields register and heartbeat share (docs/REPLICATION.md 13.4).
+ROLE_FIELDS = {
+    "server_id": Field(str, required=False, check=check_server_id),
+    "epoch": Field(int, required=False, default=0, check=check_count),
+    "role": Field(str, required=False, default="unknown", check=one_of(*SERVER_ROLES)),
+    "master_id": Field(str, required=False, check=check_server_id),
+    "replication": Field(dict, required=False, check=check_settings),
+}
+
 REGISTER = {
     "group": Field(str, check=check_name),
     "kind": Field(str, check=one_of(*BROKER_KINDS)),
     "address": Field(str, check=check_address),
     "state": Field(str, required=False, default="rw", check=one_of(*BROKER_REPORTED_STATES)),
+    **ROLE_FIELDS,
 }
 
 def check_backlog_removed(key: str, value: list[Any]) -> list[list[str]]:
@@ -252,11 +338,24 @@ HEARTBEAT = {
     "backlog_changes": Field(list, required=False, default=list, check=check_backlog_rows),
     "backlog_removed": Field(list, required=False, default=list, check=check_backlog_removed),
     "stats": Field(dict, required=False, default=None),
+    "replica": Field(dict, required=False, check=check_replica),
 }
 
 DEREGISTER = {
     "group": Field(str, check=check_name),
     "address": Field(str, check=check_address),
+    "server_id": Field(str, required=False, check=check_server_id),
+}
+
+SWITCHOVER = {
+    "group": Field(str, check=check_name),
+    "to": Field(str, required=False, check=check_server_id),
+    "unclean": Field(bool, required=False, default=False),
+}
+
+REPLICATION_SETTINGS = {
+    "group": Field(str, check=check_name),
+    **SETTINGS,
 }
 
 CLIENT_HEARTBEAT = {

@@ -8,6 +8,8 @@
     qmq admin dead purge SUBJECT GROUP [--through N] [--broker-group B] [--json]
     qmq admin tokens create --app A [--produce P] [--consume P] [--admin] [--json]
     qmq admin tokens list | revoke ID                      [--json]
+    qmq admin replication [GROUP --mode M --min-insync N]  [--json]
+    qmq admin switchover GROUP [--to SERVER_ID] [--unclean] [--wait-s S] [--json]
 
 Every leaf takes ``--meta``, ``--token`` and ``--tls-ca``. The work is done by qmq.commands;
 this module only parses (a leaf's ``run`` default names what to call).
@@ -80,12 +82,53 @@ async def _tokens(args: argparse.Namespace) -> int:
         admin=getattr(args, "admin", False), as_json=args.json)
 
 
+async def _replication(args: argparse.Namespace) -> int:
+    from qmq.commands import admin_replication_command
+
+    return await admin_replication_command(
+        args.meta, [args.group] if args.group else [], mode=args.mode,
+        min_insync=args.min_insync, as_json=args.json)
+
+
+async def _switchover(args: argparse.Namespace) -> int:
+    from qmq.commands import admin_switchover_command
+
+    return await admin_switchover_command(args.meta, [args.group], to=args.to,
+                                          unclean=args.unclean, wait_s=args.wait_s,
+                                          as_json=args.json)
+
+
+def _add_replication_parsers(whats: Any, add_client_flags: Callable[..., None]) -> None:
+    """``qmq admin replication`` and ``qmq admin switchover`` (docs/REPLICATION.md)."""
+    replication = _leaf(whats, "replication", "per broker group its epoch, master, in-sync "
+                        "slaves and settings; with GROUP and a flag, change its settings",
+                        _replication, add_client_flags)
+    replication.add_argument("group", nargs="?", metavar="GROUP",
+                             help="the broker group whose settings to change")
+    replication.add_argument("--mode", choices=["sync", "async"], default=None,
+                             help="set the group's replication mode")
+    replication.add_argument("--min-insync", type=int, default=None,
+                             help="set the group's fewest in-sync slaves")
+    switchover = _leaf(whats, "switchover", "hand a broker group's master role to a slave and "
+                       "wait until the group's epoch moves", _switchover, add_client_flags)
+    switchover.add_argument("group", metavar="GROUP", help="the broker group")
+    switchover.add_argument("--to", default=None, metavar="SERVER_ID",
+                            help="the server id to hand over to (default: the best in-sync "
+                                 "slave)")
+    switchover.add_argument("--unclean", action="store_true",
+                            help="promote --to although it is not in sync (the master is gone "
+                                 "for good; what it lacks is lost)")
+    switchover.add_argument("--wait-s", type=float, default=40.0,
+                            help="seconds to wait for the handover")
+
+
 def add_admin_parser(sub: Any, add_client_flags: Callable[..., None]) -> None:
     """Register ``qmq admin ...``; ``add_client_flags(parser)`` adds --meta, --token, --tls-ca."""
     admin = sub.add_parser("admin", help="inspect and steer the cluster",
                            description="inspect and steer the cluster (each command has --help)")
     whats = admin.add_subparsers(dest="what", metavar="COMMAND", required=True)
-    for name, text in (("brokers", "broker groups and brokers: address, state, heartbeat age"),
+    for name, text in (("brokers", "broker groups and brokers: address, server id, role, "
+                                   "epoch, state, in sync, lag, heartbeat age"),
                        ("subjects", "subjects and the broker groups of their routes"),
                        ("groups", "consumer groups: online clients and lag")):
         _leaf(whats, name, text, _listing, add_client_flags)
@@ -135,6 +178,7 @@ def add_admin_parser(sub: Any, add_client_flags: Callable[..., None]) -> None:
     _leaf(token_actions, "list", "list tokens (never their secrets)", _tokens, add_client_flags)
     revoke = _leaf(token_actions, "revoke", "revoke a token by id", _tokens, add_client_flags)
     revoke.add_argument("id", type=int, metavar="ID")
+    _add_replication_parsers(whats, add_client_flags)
 
 
 async def run_admin(args: argparse.Namespace) -> int:

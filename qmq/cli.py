@@ -53,6 +53,20 @@ def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
 
 
+META_HELP = ("MetaServer URL, or several separated by commas: tried in order from the last "
+             "one that answered (default $QMQ_META)")
+
+
+def _add_replication_flags(parser: argparse.ArgumentParser) -> None:
+    """``--replication`` and ``--min-insync``: set the group's settings (docs/REPLICATION.md 7)."""
+    parser.add_argument("--replication", choices=["sync", "async"], default=None,
+                        help="set the group's replication: sync (answer once every in-sync "
+                             "slave has a write; the group's default) or async")
+    parser.add_argument("--min-insync", type=int, default=None,
+                        help="set the group's fewest in-sync slaves to accept writes with "
+                             "(0, the default: carry on degraded)")
+
+
 def _add_token(parser: argparse.ArgumentParser, what: str) -> None:
     """``--token`` (default $QMQ_TOKEN) and ``--tls-ca`` (default $QMQ_TLS_CA) of a client or
     broker command."""
@@ -135,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     meta.add_argument("--admin-token", default=os.environ.get("QMQ_ADMIN_TOKEN"),
                       help="accept this secret as an admin token and turn auth on "
                            "(default $QMQ_ADMIN_TOKEN)")
+    meta.add_argument("--broker-expiry-ms", type=int, default=15_000,
+                      help="a server silent this long is offline")
+    meta.add_argument("--lease-ms", type=int, default=3_000,
+                      help="how long a master may accept writes after a renewal "
+                           "(docs/REPLICATION.md)")
+    meta.add_argument("--lease-margin-ms", type=int, default=500,
+                      help="extra wait past a lease before a slave may be promoted")
     _add_tls_server(meta)
     meta.add_argument("--tls-ca", default=os.environ.get("QMQ_TLS_CA"),
                       help="PEM CA file trusted for TLS brokers (dead-letter admin calls)")
@@ -149,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "MetaServer's alone; another resolves it after (default 30000)")
 
     rt = sub.add_parser("realtime", help="run a realtime broker")
-    rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
+    rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                    help=META_HELP)
     rt.add_argument("--data-dir", default=None, help="required, here or in --config")
     rt.add_argument("--config", default=None, metavar="FILE",
                     help="a TOML file of settings (docs/CLI.md); flags given win over it")
@@ -174,9 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token(rt, "this broker's admin token")
     _add_tls_server(rt)
     _add_metrics_flags(rt)
+    _add_replication_flags(rt)
 
     delay = sub.add_parser("delay", help="run a delay server")
-    delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
+    delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                       help=META_HELP)
     delay.add_argument("--data-dir", default=None, help="required, here or in --config")
     delay.add_argument("--config", default=None, metavar="FILE",
                        help="a TOML file of settings (docs/CLI.md); flags given win over it")
@@ -201,11 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token(delay, "this server's admin token")
     _add_tls_server(delay)
     _add_metrics_flags(delay)
+    _add_replication_flags(delay)
 
     send = sub.add_parser("send", help="send a message")
     send.add_argument("subject")
     send.add_argument("body", help="message body (UTF-8 text); '-' reads stdin")
-    send.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
+    send.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                      help=META_HELP)
     send.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
     send.add_argument("--prop", action="append", default=[], help="key=value (repeatable)")
     send.add_argument("--count", type=int, default=1, help="send this many copies")
@@ -222,14 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--group", required=True, help="the delay group in the receipt")
     cancel.add_argument("--deliver-at-ms", type=int, required=True,
                         help="deliver_at_ms from the receipt")
-    cancel.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
+    cancel.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                        help=META_HELP)
     cancel.add_argument("--json", action="store_true", help="print the outcome as JSON")
     _add_token(cancel, "the app's token")
 
     consume = sub.add_parser("consume", help="print and ack messages of a subject")
     consume.add_argument("subject")
     consume.add_argument("--group", required=True)
-    consume.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url)
+    consume.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                         help=META_HELP)
     consume.add_argument("--tag", action="append", default=None, help="only these tags")
     consume.add_argument("--start", choices=["latest", "earliest"], default="latest")
     consume.add_argument("--broadcast", action="store_true")
@@ -240,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_admin_parser(sub, lambda parser: (
         parser.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
-                            help="MetaServer URL"),
+                            help=META_HELP),
         _add_token(parser, "an admin token")))
     add_audit_parser(sub)
     add_schedule_parser(sub, _add_token, DEFAULT_META_URL, meta_url)
@@ -250,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(one relay per table at a time)")
     relay.add_argument("--db", required=True, help="the application's database: "
                        "postgresql://USER@HOST/DB or sqlite:///FILE (async drivers are used)")
-    relay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help="MetaServer URL")
+    relay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help=META_HELP)
     relay.add_argument("--batch", type=int, default=2000, help="rows per pass")
     _add_token(relay, "the app's token")
     return parser
@@ -352,13 +380,16 @@ async def _run_server(args: argparse.Namespace) -> int:
             db_url=args.db, host=args.host, port=args.port, admin_token=args.admin_token,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
             schedule_misfire_grace_ms=args.schedule_misfire_grace_ms,
-            schedule_lease_ms=args.schedule_lease_ms, trace_dirs=tuple(args.trace_dirs))))
+            schedule_lease_ms=args.schedule_lease_ms, trace_dirs=tuple(args.trace_dirs),
+            broker_expiry_ms=args.broker_expiry_ms, lease_ms=args.lease_ms,
+            lease_margin_ms=args.lease_margin_ms)))
         return 0
     common = dict(data_dir=args.data_dir, meta_url=args.meta, group=args.group, host=args.host,
                   advertise_host=args.advertise_host, port=args.port, flush=args.flush,
                   clock_offset_ms=args.clock_offset_ms, trace=not args.no_trace,
                   trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
-                  tls_key=args.tls_key, tls_ca=args.tls_ca)
+                  tls_key=args.tls_key, tls_ca=args.tls_ca, replication=args.replication,
+                  min_insync=args.min_insync)
     if args.command == "realtime":
         from realtime.config import RealtimeConfig
 

@@ -157,24 +157,30 @@ async def _admin_request(meta_url: str, method: str, path: str,
                          body: dict[str, Any] | None = None,
                          params: dict[str, str] | None = None,
                          timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
-    url = meta_url.rstrip("/") + path
+    """One admin call to the first MetaServer of ``meta_url`` (a comma-separated list) that
+    answers; CommandError naming the error, or naming every MetaServer that failed."""
+    from sdk.meta import MetaEndpoints, MetaUnavailable
+
     settings = CLIENT.get()
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.request(method, url, json=body, params=params,
-                                       headers=bearer(settings.token),
-                                       ssl=http_ssl(client_context(settings.tls_ca))) as response:
-                data = await response.json(content_type=None)
-                if response.status >= 400:
-                    error = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise CommandError(
-                        f"{method} {path} failed: {response.status} "
-                        f"{error.get('code', '')}: {error.get('message', data)}",
-                        exit_code_of_http_status(response.status))
-                return data
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise CommandError(f"cannot reach the MetaServer at {meta_url}: {exc or type(exc).__name__}",
-                           EXIT_UNAVAILABLE) from exc
+        endpoints = MetaEndpoints(meta_url)
+    except ValueError as exc:
+        raise CommandError(f"--meta: {exc}") from None
+    async with aiohttp.ClientSession() as session:
+        try:
+            answer = await endpoints.request(
+                session, method, path, timeout_s=timeout_s, headers=bearer(settings.token),
+                ssl=http_ssl(client_context(settings.tls_ca)), json=body, params=params)
+        except MetaUnavailable as exc:
+            raise CommandError(exc.message, EXIT_UNAVAILABLE) from None
+    data = answer.data
+    if answer.status >= 400:
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        raise CommandError(
+            f"{method} {path} failed: {answer.status} "
+            f"{error.get('code', '')}: {error.get('message', data)}",
+            exit_code_of_http_status(answer.status))
+    return data
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -188,7 +194,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 _ADMIN_COLUMNS = {
-    "brokers": ["group", "kind", "address", "state", "heartbeat_age_ms"],
+    "brokers": ["group", "kind", "address", "server_id", "role", "epoch", "state", "in_sync",
+                "lag_bytes", "lag_ms", "heartbeat_age_ms"],
     "subjects": ["subject", "version", "groups"],
     "groups": ["subject", "group", "online_clients", "lag"],
 }
@@ -210,6 +217,10 @@ async def admin_command(meta_url: str, what: str, as_json: bool, args: list[str]
     else:
         for row in rows:
             for key, value in list(row.items()):
+                if value is None and key in ("lag_bytes", "lag_ms"):
+                    row[key] = "-"  # nothing reported yet (no data plane, or a master)
+                elif isinstance(value, bool) and key == "in_sync":
+                    row[key] = "yes" if value else "no"
                 if isinstance(value, list):
                     row[key] = ",".join(
                         v.get("group", str(v)) if isinstance(v, dict) else str(v) for v in value
@@ -395,3 +406,74 @@ async def admin_tokens_command(meta_url: str, args: list[str], *, app: str | Non
               f"revoked token id={data['id']} app={data['app']}")
         return 0
     raise CommandError("usage: qmq admin tokens create --app NAME ... | list | revoke ID")
+
+
+_REPLICATION_COLUMNS = ["group", "kind", "epoch", "master_id", "master_address", "replication",
+                        "min_insync", "insync", "slaves", "writable", "switchover_to"]
+
+
+async def admin_replication_command(meta_url: str, args: list[str], *, mode: str | None,
+                                    min_insync: int | None, as_json: bool = False) -> int:
+    """``qmq admin replication [GROUP --mode M --min-insync N]``: per group its epoch, master,
+    in-sync set and settings; with a GROUP and a flag, change that group's settings."""
+    if args:
+        if len(args) != 1 or (mode is None and min_insync is None):
+            raise CommandError("usage: qmq admin replication [GROUP --mode sync|async "
+                               "--min-insync N]")
+        body: dict[str, Any] = {"group": args[0]}
+        if mode is not None:
+            body["mode"] = mode
+        if min_insync is not None:
+            body["min_insync"] = min_insync
+        data = await _admin_request(meta_url, "POST", "/api/admin/replication", body)
+        print(json.dumps(data))
+        return 0
+    rows = (await _admin_request(meta_url, "GET", "/api/admin/replication"))["replication"]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    shown = [{**row, "insync": ",".join(row["insync"]) or "-",
+              "slaves": ",".join(row["slaves"]) or "-",
+              "switchover_to": row["switchover_to"] or "-"} for row in rows]
+    print(_table(shown, _REPLICATION_COLUMNS))
+    return 0
+
+
+# Seconds between two looks at a switchover under way.
+SWITCHOVER_POLL_S = 0.2
+
+
+async def admin_switchover_command(meta_url: str, args: list[str], *, to: str | None,
+                                   unclean: bool, wait_s: float, as_json: bool = False) -> int:
+    """``qmq admin switchover GROUP [--to SERVER_ID] [--unclean]``: ask for a planned change
+    of master and wait (up to ``wait_s``) until the group's epoch moves; EXIT_FAILED (1) if it
+    did not."""
+    if len(args) != 1:
+        raise CommandError("usage: qmq admin switchover GROUP [--to SERVER_ID] [--unclean]")
+    group = args[0]
+    body: dict[str, Any] = {"group": group, "unclean": unclean}
+    if to is not None:
+        body["to"] = to
+    started = await _admin_request(meta_url, "POST", "/api/admin/switchover", body)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    row: dict[str, Any] = {}
+    while True:
+        rows = (await _admin_request(meta_url, "GET", "/api/admin/replication"))["replication"]
+        row = next((r for r in rows if r["group"] == group), {})
+        if row.get("epoch", 0) > started["epoch"] or started["state"] == "done":
+            break
+        if not row.get("switchover_to") or loop.time() > deadline:
+            if as_json:
+                print(json.dumps({**started, "state": "cancelled", "group_now": row}))
+            print(f"qmq: switchover of {group} to {started['to']} did not complete; "
+                  f"{row.get('master_id')} is still master at epoch {row.get('epoch')}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        await asyncio.sleep(SWITCHOVER_POLL_S)
+    if as_json:
+        print(json.dumps({**started, "state": "done", "epoch": row.get("epoch")}))
+    else:
+        print(f"switched group {group} from {started['from']} to {row.get('master_id')} "
+              f"at epoch {row.get('epoch')}")
+    return 0

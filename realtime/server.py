@@ -16,13 +16,15 @@ from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies, RetryPolicy
 from realtime.tracing import BrokerTracer
+from serverkit.access import Grant
 from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
+from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import NotSupported
 from wire.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
-    hello_response, pull_response,
+    pull_response,
 )
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,10 @@ class RealtimeServer(ServerBase):
         config: RealtimeConfig,
         clock: Callable[[], int] | None = None,
         opener: Opener = OsFile,
+        replication: ReplicationStatus | None = None,
     ) -> None:
         metrics = RealtimeMetrics(config.group)
-        super().__init__(config, metrics, clock)
+        super().__init__(config, metrics, clock, replication)
         self.config: RealtimeConfig = config
         self.metrics: RealtimeMetrics = metrics
         self._opener = opener
@@ -127,7 +130,6 @@ class RealtimeServer(ServerBase):
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         """Answer one data-plane request, after checking what the connection's token allows."""
         core = self._started()
-        broker = core.broker
         self.metrics.count_request(request.op)
         # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
         grant = await self.gate.grant(session.token, session.app)
@@ -139,7 +141,18 @@ class RealtimeServer(ServerBase):
         elif isinstance(request, (Subjects, Browse, Purge)):
             grant.check_admin(request.op)
         if isinstance(request, Hello):
-            return hello_response("realtime", self.config.group, self.address)
+            return self._hello()
+        # Only the leased master serves; it checks again before answering a write, so a write
+        # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
+        self._check_role()
+        answer = await self._serve(core, session, request, grant)
+        self._check_role()
+        return answer
+
+    async def _serve(self, core: _Core, session: Session, request: Request,
+                     grant: Grant) -> dict[str, Any]:
+        """Answer one request other than hello (the role was checked)."""
+        broker = core.broker
         if isinstance(request, Send):
             self.gate.check_send(grant, request.messages)
             if broker.readonly and not broker.write_failed and self.registration is not None:

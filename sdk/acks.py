@@ -50,8 +50,12 @@ class AckBatcher:
     """Collects acked pull sequences per ``AckKey`` and sends them as ranges every
     ``interval_ms`` or once ``pending_max`` are waiting."""
 
-    def __init__(self, send: SendAck, interval_ms: int, pending_max: int) -> None:
+    def __init__(self, send: SendAck, interval_ms: int, pending_max: int,
+                 resolve: Callable[[AckKey], str] | None = None) -> None:
         self._send_ack = send
+        # Where a key's acks go now: the group's current master, which after a failover is
+        # not the address the messages were pulled from (its pull log is a copy).
+        self._resolve = resolve
         self.interval_ms = interval_ms
         self.pending_max = pending_max
         # Acked pull seqs per key, in the order recorded; duplicates are dropped when sent.
@@ -102,6 +106,8 @@ class AckBatcher:
 
     async def _send(self, key: AckKey, seqs: list[int]) -> None:
         address, broker_group, subject = key
+        if self._resolve is not None:
+            address = self._resolve(key)
         ranges = seqs_to_ranges(seqs)
         for start in range(0, len(ranges), MAX_ACK_RANGES):
             chunk = ranges[start:start + MAX_ACK_RANGES]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast
@@ -383,6 +383,8 @@ class _HandlerSpec:
 
 class Consumer:
     """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
+    ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
+    go to the one that answered last and fail over to the next.
 
     Options (times in milliseconds): ``pull_batch`` (256) most messages asked for per pull,
     ``prefetch`` (= ``pull_batch``) most messages pulled and not yet handed to the application
@@ -413,7 +415,7 @@ class Consumer:
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         group: str,
         app: str = "default",
@@ -505,7 +507,8 @@ class Consumer:
         if self._closing:
             raise RuntimeError("Consumer is closed")
         self._started = True
-        self._acks = AckBatcher(self._control, self._ack_interval_ms, self._ack_pending_max)
+        self._acks = AckBatcher(self._control, self._ack_interval_ms, self._ack_pending_max,
+                                resolve=self._ack_address)
         self._acks.start()
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name="qmq-heartbeat"
@@ -801,6 +804,17 @@ class Consumer:
             "op": "nack", "subject": msg._batch.ack_key[2], "pull_seqs": [msg.pull_seq],
             "retry_after_ms": retry_after_ms,
         })
+
+    def _ack_address(self, key: tuple[str, str, str]) -> str:
+        """Where acks of ``key`` go now: the address they were pulled from, unless the cached
+        route names another master for that broker group (a failover: the new master holds a
+        copy of the pull log, so the same pull sequences ack there)."""
+        address, broker_group, subject = key
+        route = self._routes.cached(subject, "consumer")
+        group = route.group(broker_group) if route is not None else None
+        if group is None or address in group.addresses:
+            return address
+        return group.addresses[0]
 
     async def _control(self, address: str, op: dict[str, Any]) -> dict[str, Any]:
         """An ack/nack request for this consumer (group and consumer_id filled in)."""

@@ -199,6 +199,8 @@ _Key = tuple[str, bool]
 
 class Producer:
     """Sends messages to realtime brokers found through the MetaServer at ``meta_url``.
+    ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
+    go to the one that answered last and fail over to the next.
 
     Use as ``async with Producer(url) as producer:``; leaving the block flushes pending batches.
     Options (times in milliseconds):
@@ -220,7 +222,7 @@ class Producer:
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         app: str = "default",
         token: str | None = None,

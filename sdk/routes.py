@@ -1,5 +1,8 @@
 """Routes from the MetaServer: which broker groups serve a subject, cached by the client.
 
+``meta_url`` may name several MetaServers (a list, or URLs separated by commas); requests go to
+the one that answered last and move on to the next when it cannot answer (``sdk/meta.py``).
+
 ``GET {meta}/api/route?subject=S&role=producer|consumer&kind=realtime`` answers
 ``{subject, version, groups: [{group, kind, state, addresses}]}``, or HTTP 503 with error code
 ``no_route`` when no live broker group can serve the subject.
@@ -23,14 +26,15 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
+from sdk.meta import MetaEndpoints, MetaUnavailable, error_code
 from wire.http import bearer, http_ssl
-from wire.errors import NoRoute, QmqError, error_from_wire
+from wire.errors import NoRoute, error_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +80,6 @@ class Route:
             if group.group == name:
                 return group
         return None
-
-
-class MetaUnavailable(QmqError):
-    """The MetaServer could not be asked (down, timing out, answering 5xx or garbage).
-    Internal to this module: callers see a stale route or NoRoute, never this."""
-
-    code = "meta_unavailable"
-    retriable = True
 
 
 @dataclass
@@ -132,7 +128,7 @@ class RouteCache:
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         kind: str = "realtime",
         ttl_ms: int = ROUTE_TTL_MS_DEFAULT,
@@ -143,7 +139,8 @@ class RouteCache:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.meta_url = meta_url.rstrip("/")
+        self.meta = MetaEndpoints(meta_url)
+        self.meta_url = str(self.meta)
         self.kind = kind
         self.ttl_ms = ttl_ms
         self.stale_retry_ms = stale_retry_ms
@@ -236,30 +233,20 @@ class RouteCache:
         if self._session is None:
             self._session = aiohttp.ClientSession()
             self._owns_session = True
-        url = self.meta_url + path
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_ms / 1000)
-        try:
-            async with self._session.request(method, url, timeout=timeout, headers=self._headers,
-                                             ssl=http_ssl(self._ssl), **kwargs) as resp:
-                status = resp.status
-                try:
-                    data = await resp.json(content_type=None)
-                except ValueError:
-                    data = None
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise MetaUnavailable(
-                f"MetaServer {self.meta_url} is unreachable ({method} {path}): "
-                f"{exc or type(exc).__name__}"
-            ) from None
+        answer = await self.meta.request(self._session, method, path,
+                                         timeout_s=self.request_timeout_ms / 1000,
+                                         headers=self._headers, ssl=http_ssl(self._ssl), **kwargs)
+        status, data = answer.status, answer.data
+        code = error_code(data)
         error = data.get("error") if isinstance(data, dict) else None
-        code = error.get("code") if isinstance(error, dict) else None
         message = str(error.get("message", "")) if isinstance(error, dict) else ""
         if status == 200 and error is None:
             return data
         if code == "no_route":
             raise NoRoute(message or f"MetaServer has no route ({method} {path})")
-        if status >= 500 or not isinstance(code, str):
-            raise MetaUnavailable(f"MetaServer {self.meta_url} answered HTTP {status} to {method} {path}")
+        if status >= 500 or code is None:
+            raise MetaUnavailable(f"MetaServer {answer.url} answered HTTP {status} to {method} "
+                                  f"{path}")
         # A 4xx with a code is the MetaServer rejecting what we asked: the caller's fault.
         raise error_from_wire(code, f"MetaServer {method} {path}: {message}")
 

@@ -10,12 +10,14 @@ An admin token may do everything (including the broker admin ops ``subjects``/``
 ``purge``); brokers and the MetaServer's own broker calls use one.
 
 ``AccessCache`` is how realtime and delay servers learn what a token grants: it asks the
-MetaServer (``POST /api/auth/check``, authenticated with the broker's own token) and keeps each
-answer for ``ttl_ms`` (10 s), so a revoked token stops working within that time. When the
-MetaServer cannot be reached, cached answers (even expired ones) keep being used; a token never
-seen before is refused with a retriable ``internal`` error, unless the last answer the broker got
-said auth is off, or the broker never got an answer and has no token of its own (a server in a
-cluster with auth on needs one to register): then it is let in (docs/SECURITY.md).
+MetaServer (``POST /api/auth/check``, authenticated with the broker's own token; any MetaServer
+of its list) and keeps each answer for ``ttl_ms`` (10 s), so a revoked token stops working
+within that time. Every register and heartbeat answer also says whether auth is on
+(``note_auth``). When no MetaServer can be reached, cached answers (even expired ones) keep
+being used; a token never seen before is refused with a retriable ``internal`` error, unless the
+last word the broker got said auth is off (then it is let in). A broker that has had no word at
+all since it started fails closed: it refuses with a retriable ``unavailable`` error until a
+MetaServer answers, whether or not it holds a token of its own (docs/SECURITY.md).
 
 This module imports no server code: it sits in ``sdk`` beside the frame server for the same
 reason (both servers need it and neither may import the other).
@@ -29,13 +31,14 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from wire.errors import BadRequest, Forbidden, Internal, QmqError, Unauthorized
+from sdk.meta import MetaEndpoints, MetaUnavailable
+from wire.errors import BadRequest, Forbidden, Internal, QmqError, Unauthorized, Unavailable
 from wire.message import peek_subject
 from wire.http import bearer, http_ssl
 
@@ -182,7 +185,7 @@ class AccessCache:
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         token: str | None,
         ttl_ms: int = ACCESS_TTL_MS_DEFAULT,
@@ -192,7 +195,8 @@ class AccessCache:
     ) -> None:
         if ttl_ms <= 0 or retry_ms <= 0:
             raise ValueError(f"ttl_ms {ttl_ms} and retry_ms {retry_ms} must be > 0")
-        self.meta_url = meta_url.rstrip("/")
+        self.meta = MetaEndpoints(meta_url)
+        self.meta_url = str(self.meta)
         self.token = token
         self.ttl_ms = ttl_ms
         self.retry_ms = retry_ms
@@ -222,6 +226,10 @@ class AccessCache:
             await self._session.close()
             self._session = None
 
+    def note_auth(self, enabled: bool) -> None:
+        """A MetaServer said (in a register or heartbeat answer) whether auth is on."""
+        self.enabled = bool(enabled)
+
     # -- internals ------------------------------------------------------------------------------
 
     async def _refresh(self, key: str, stale: _Answer | None, app: str | None) -> _Answer:
@@ -243,10 +251,14 @@ class AccessCache:
                             exc.message, token_hint(key), self.retry_ms)
                 stale.expires_at_ms = self._clock_ms() + self.retry_ms
                 return stale
-            if self.enabled is False or (self.enabled is None and self.token is None):
-                # Auth was off when we last heard, or we never heard and this server holds no
-                # token of its own, which it would need to run in a cluster with auth on.
+            if self.enabled is False:
+                # Auth was off when we last heard: nothing to check a token against.
                 return _Answer(OPEN, self._clock_ms() + self.retry_ms)
+            if self.enabled is None:
+                # Never heard: auth may be on, so fail closed rather than open (issue 13).
+                raise Unavailable(f"this server has heard from no MetaServer since it started, "
+                                  f"so it does not know whether auth is on ({exc.message}); "
+                                  "retry later") from None
             raise Internal(f"cannot check the token {token_hint(key)} of app {app!r}: "
                            f"{exc.message}; retry later") from None
         if len(self._answers) >= ACCESS_ENTRIES_MAX and key not in self._answers:
@@ -259,25 +271,20 @@ class AccessCache:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=ACCESS_REQUEST_TIMEOUT_MS / 1000))
-        url = self.meta_url + "/api/auth/check"
         try:
-            async with self._session.post(url, json={"token": key or None},
-                                          headers=bearer(self.token),
-                                          ssl=http_ssl(self._ssl)) as resp:
-                status = resp.status
-                try:
-                    data: Any = await resp.json(content_type=None)
-                except ValueError:
-                    data = None
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise Internal(f"MetaServer {self.meta_url} is unreachable: "
-                           f"{exc or type(exc).__name__}") from None
+            answer = await self.meta.request(
+                self._session, "POST", "/api/auth/check",
+                timeout_s=ACCESS_REQUEST_TIMEOUT_MS / 1000, json={"token": key or None},
+                headers=bearer(self.token), ssl=http_ssl(self._ssl))
+        except MetaUnavailable as exc:
+            raise Internal(exc.message) from None
+        status, data = answer.status, answer.data
         if status in (401, 403):
-            raise Internal(f"MetaServer {self.meta_url} refused this broker's own token "
+            raise Internal(f"MetaServer {answer.url} refused this broker's own token "
                            f"{token_hint(self.token)} (HTTP {status}); start the broker with "
                            "--token of an admin token")
         if status != 200 or not isinstance(data, dict):
-            raise Internal(f"MetaServer {self.meta_url} answered HTTP {status} to a token check")
+            raise Internal(f"MetaServer {answer.url} answered HTTP {status} to a token check")
         return self._answer_of(data, key)
 
     def _answer_of(self, data: dict[str, Any], key: str) -> _Answer:
@@ -310,6 +317,11 @@ class Gate:
         if self.cache is None:
             return OPEN
         return await self.cache.grant(token, app)
+
+    def note_auth(self, enabled: bool) -> None:
+        """A register or heartbeat answer said whether auth is on (see AccessCache)."""
+        if self.cache is not None:
+            self.cache.note_auth(enabled)
 
     def check_send(self, grant: Grant, payloads: list[bytes]) -> None:
         """Raise Forbidden unless ``grant`` covers the subject of every payload (a payload whose

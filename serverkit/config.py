@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from logstore.segment_log import FLUSH_MODES
+from serverkit.role import check_settings, settings_of
+from wire.http import parse_meta_urls
 
 PORT_MAX = 65535  # highest TCP port number
 # Hosts that mean "every address" to listen on: no client can connect to one, so a server that
@@ -25,7 +27,7 @@ class ServerConfig:
     """
 
     data_dir: str  # the server's data directory (its logs, checkpoints and trace files)
-    meta_url: str | None = None  # MetaServer base URL; None runs without registration (tests)
+    meta_url: str | None = None  # MetaServer base URL(s), comma-separated; None runs without registration (tests)
     group: str = ""  # group name registered with the MetaServer (each server has a default)
     host: str = "127.0.0.1"  # address to listen on (loopback by default)
     port: int = 0  # TCP port of the frame protocol; 0 picks a free one
@@ -43,6 +45,8 @@ class ServerConfig:
     tls_cert: str | None = None  # PEM certificate chain file: serve TLS (with tls_key)
     tls_key: str | None = None  # PEM private key file of tls_cert
     tls_ca: str | None = None  # PEM CA bundle file to verify TLS peers (https MetaServer, TLS brokers)
+    replication: str | None = None  # "sync" | "async": set the group's mode (None: keep the group's)
+    min_insync: int | None = None  # set the group's fewest in-sync slaves (None: keep the group's)
 
     # Fields that must be positive integers: these and the subclass's POSITIVE_INT_KEYS.
     COMMON_POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
@@ -50,6 +54,9 @@ class ServerConfig:
     POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
+        if self.meta_url is not None:
+            parse_meta_urls(self.meta_url)  # ValueError naming the bad URL
+        check_settings(self.replication, self.min_insync)
         if self.flush not in FLUSH_MODES:
             raise ValueError(f"flush {self.flush!r} is not one of {FLUSH_MODES}")
         if not 0 <= self.port <= PORT_MAX:
@@ -67,6 +74,11 @@ class ServerConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
+
+    @property
+    def replication_settings(self) -> dict[str, object] | None:
+        """The explicit replication settings sent at registration, or None."""
+        return settings_of(self.replication, self.min_insync)
 
     @property
     def trace_directory(self) -> str:

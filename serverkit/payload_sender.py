@@ -13,6 +13,7 @@ import asyncio
 import logging
 import ssl
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from sdk.connection import ConnectionPool
@@ -31,7 +32,7 @@ class PayloadSender:
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         kind: str,
         client_id: str,

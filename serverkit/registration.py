@@ -1,16 +1,30 @@
-"""A server's registration with the MetaServer: register on start, heartbeat, re-register.
+"""A server's registration with the MetaServer: register on start, heartbeat, re-register, and
+keep the server's role (master or slave, epoch, lease) as the MetaServer's answers say.
 
-Shared by the realtime and delay servers (neither may import the other). The MetaServer's answer
-to a heartbeat carries the state it wants (``rw`` or ``readonly``); a 404 means it forgot us
-(restarted on a fresh database, or expired us) and we register again. While the MetaServer is
-down the server keeps serving and keeps trying.
+Shared by the realtime and delay servers (neither may import the other). Every heartbeat is a
+lease renewal for a master: ``ServerRole`` counts the lease from the moment the heartbeat was
+*sent* (``CLOCK_BOOTTIME``), and learns from every answer its role, epoch, the master, the
+in-sync set and any switchover (docs/REPLICATION.md 3-5). When the role changes, the data
+plane's ``ReplicationStatus.on_role`` runs (one at a time, in order) and only then is a new
+master activated. The answers also say whether auth is on, which the access cache needs to
+fail closed.
 
-The backlog rides on heartbeats as changes against what the MetaServer acknowledged
-(``serverkit.backlog.BacklogSync``), so a heartbeat does not grow with the number of groups.
-Every other answer is logged with the MetaServer's reason; a refused heartbeat (400) is
-followed at once by one that only says we are alive, so a backlog the MetaServer will not take
-never expires the broker (nor makes it cycle through registering again). Heartbeats are sent
-one at a time (a lock): a change list is only meaningful against the answer before it.
+``meta_url`` may list several MetaServers; each request goes to the one that answered last and
+fails over to the next within the same heartbeat, with a per-request timeout of two heartbeat
+intervals (so a hung MetaServer costs less than a lease). A 404 means the MetaServers forgot us
+(a fresh database, or we were expired): we register again. While no MetaServer can be reached
+the server keeps trying; a solo master keeps serving, a master of a replicated group stops at
+the end of its lease.
+
+The backlog rides on heartbeats (at most every STATS_INTERVAL_MS) as changes against what the
+MetaServer acknowledged (``serverkit.backlog.BacklogSync``), so a heartbeat does not grow with
+the number of groups. Every other answer is logged with the MetaServer's reason; a refused
+heartbeat (400) is followed at once by one without the backlog, so a backlog the MetaServer
+will not take never expires the server (nor ends a master's lease).
+
+Heartbeats are sent one at a time (a lock), so answers reach ``ServerRole`` in order and a
+change list is only ever meaningful against the answer before it. Everything here runs on the
+event loop's thread.
 """
 
 from __future__ import annotations
@@ -18,24 +32,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Sequence
 from typing import Any, Awaitable, Callable
 
 import aiohttp
 
+from sdk.meta import MetaEndpoints, MetaUnavailable
 from serverkit.backlog import BacklogSync
+from serverkit.replication import NoReplication, ReplicationStatus
+from serverkit.role import RoleGrant, RoleView, ServerRole, boottime_ms
 from wire.http import bearer, http_ssl
+from wire.tls import client_context
 
 log = logging.getLogger(__name__)
 
-_REQUEST_TIMEOUT_S = 5
+# Longest wait for one MetaServer request, in milliseconds (a hung one costs at most this).
+REQUEST_TIMEOUT_MS_MAX = 5_000
+# Shortest per-request timeout, in milliseconds, however short the heartbeat interval.
+REQUEST_TIMEOUT_MS_MIN = 500
+# Backlog statistics ride on a heartbeat at most this often, in milliseconds: renewals come
+# every lease_ms // 4, and the backlog of thousands of (subject, group) pairs need not.
+STATS_INTERVAL_MS = 3_000
+# Shortest gap between two heartbeats asked for with heartbeat_soon(), in milliseconds.
+HEARTBEAT_SOON_GAP_MS = 50
 
 
 class Registration:
-    """Keeps one broker registered with the MetaServer at ``meta_url``."""
+    """Keeps one server registered with the MetaServer(s) at ``meta_url`` and its role current."""
 
     def __init__(
         self,
-        meta_url: str,
+        meta_url: str | Sequence[str],
         *,
         group: str,
         kind: str,
@@ -45,79 +72,130 @@ class Registration:
         on_state: Callable[[str], None],
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        role: ServerRole | None = None,
+        replication: ReplicationStatus | None = None,
+        settings: dict[str, Any] | None = None,
+        on_auth: Callable[[bool], None] | None = None,
+        on_role: Callable[[RoleView], None] | None = None,
+        on_settled: Callable[[], None] | None = None,
+        clock_ms: Callable[[], int] = boottime_ms,
     ) -> None:
-        self.meta_url = meta_url.rstrip("/")
+        self.meta = MetaEndpoints(meta_url)
+        self.meta_url = str(self.meta)
         self.group = group
         self.kind = kind
         self.address = address
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self._report = report
         self._on_state = on_state
+        self.role = role or ServerRole(f"addr:{group}/{address}")
+        self.replication = replication or NoReplication()
+        # Explicit --replication / --min-insync: sent at registration only (the last wins).
+        self._settings = settings or None
+        self._on_auth = on_auth
+        self._on_role = on_role
+        # Called after every answer and every activation, so work waiting for the role to
+        # settle (a delay server's first dispatches) can look again.
+        self._on_settled = on_settled
+        self._clock_ms = clock_ms
         # Sent as Bearer on every call: an admin token when the MetaServer has auth on.
         self._headers = bearer(token)
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._role_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._soon = asyncio.Event()
         self.registered = False
         self.state = "rw"
         self._last_refresh_s = float("-inf")
+        self._last_stats_ms: int | None = None
         self.backlog = BacklogSync()  # what the MetaServer holds of our backlog
-        self._lock = asyncio.Lock()  # one heartbeat at a time
+
+    @property
+    def server_id(self) -> str:
+        """This server's id, as sent to the MetaServer."""
+        return self.role.server_id
 
     async def start(self) -> None:
-        """Try to register now and keep heartbeating in the background."""
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=_REQUEST_TIMEOUT_S)
-        )
-        await self._register_quietly()
+        """Try to register now and keep heartbeating in the background. When the registration
+        answers, the role it gives is taken (the data plane's ``on_role`` included) before this
+        returns, so a master serves from the start."""
+        self._session = aiohttp.ClientSession()
+        async with self._lock:
+            await self._register_quietly()
+        if self._role_task is not None:
+            await asyncio.gather(self._role_task, return_exceptions=True)
         self._task = asyncio.create_task(self._loop(), name=f"{self.kind}-registration")
 
     async def stop(self, deregister: bool = True) -> bool:
         """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone; True if
-        the MetaServer confirmed the deregistration."""
+        it confirmed the deregistration."""
         deregistered = False
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._role_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._session is not None:
             if deregister and self.registered:
+                body = {"group": self.group, "address": self.address,
+                        "server_id": self.server_id}
                 try:
-                    status, _ = await self._post("/api/brokers/deregister",
-                                                 {"group": self.group, "address": self.address})
+                    status, _ = await self._post("/api/brokers/deregister", body, patient=True)
                     deregistered = status == 200
                     if not deregistered:
-                        log.warning("deregister from %s answered HTTP %d", self.meta_url, status)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    log.warning("deregister from %s failed: %s", self.meta_url, exc)
+                        log.warning("deregister from %s answered HTTP %d", self.meta.url, status)
+                except MetaUnavailable as exc:
+                    log.warning("deregister failed: %s", exc.message)
             await self._session.close()
         return deregistered
 
-    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    def heartbeat_soon(self) -> None:
+        """Heartbeat now rather than at the next interval (an in-sync change, a handover ready,
+        a slave whose fetch failed); rate-limited to one per HEARTBEAT_SOON_GAP_MS."""
+        self._soon.set()
+
+    async def _post(self, path: str, body: dict[str, Any], *,
+                    patient: bool = False) -> tuple[int, Any]:
+        """POST to the MetaServers; a heartbeat waits two intervals per MetaServer (a hung one
+        must cost less than a lease), a ``patient`` call REQUEST_TIMEOUT_MS_MAX."""
         assert self._session is not None
-        async with self._session.post(self.meta_url + path, json=body, headers=self._headers,
-                                      ssl=http_ssl(self._ssl)) as response:
-            try:
-                data = await response.json(content_type=None)
-            except ValueError:
-                data = None
-            return response.status, data
+        timeout_ms = REQUEST_TIMEOUT_MS_MAX if patient else min(
+            REQUEST_TIMEOUT_MS_MAX, max(REQUEST_TIMEOUT_MS_MIN, 2 * self.heartbeat_interval_ms))
+        answer = await self.meta.request(self._session, "POST", path, timeout_s=timeout_ms / 1000,
+                                         headers=self._headers, ssl=http_ssl(self._ssl),
+                                         json=body)
+        return answer.status, answer.data
+
+    def _identity(self) -> dict[str, Any]:
+        view = self.role.view()
+        out: dict[str, Any] = {"group": self.group, "kind": self.kind, "address": self.address,
+                               "state": self.state, "server_id": self.server_id,
+                               "epoch": view.epoch, "role": view.role}
+        if view.master_id is not None and view.master_id != self.server_id:
+            out["master_id"] = view.master_id
+        return out
 
     async def _register_quietly(self) -> None:
+        """One registration attempt (the lock is held); its answer is a grant like any other."""
+        body = self._identity()
+        if self._settings:
+            body["replication"] = self._settings
+        sent_at = self.role.before_heartbeat(self._clock_ms(), proposes_slaves=False)
         try:
-            status, data = await self._post(
-                "/api/brokers/register",
-                {"group": self.group, "kind": self.kind, "address": self.address,
-                 "state": self.state},
-            )
-            if status == 200:
-                self.registered = True
-                self.backlog.reset()  # a new registration: send the whole backlog again
-                log.info("registered %s group %s at %s with %s", self.kind, self.group,
-                         self.address, self.meta_url)
-            else:
-                log.warning("register refused by %s: %s %s", self.meta_url, status, data)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            log.warning("MetaServer %s unreachable, will retry: %s", self.meta_url, exc)
+            status, data = await self._post("/api/brokers/register", body, patient=True)
+        except MetaUnavailable as exc:
+            log.warning("%s; will retry", exc.message)
+            return
+        if status != 200:
+            log.warning("register refused by %s: %s %s", self.meta.url, status, data)
+            return
+        self.registered = True
+        self._last_stats_ms = None
+        self.backlog.reset()  # a new registration: send the whole backlog again
+        log.info("registered %s group %s at %s (server %s) with %s", self.kind, self.group,
+                 self.address, self.server_id, self.meta.url)
+        self._apply(sent_at, data, proposed_slaves=False)
 
     async def refresh_state(self, min_interval_ms: int = 250) -> None:
         """Heartbeat now to learn the state the MetaServer wants, at most once per
@@ -129,60 +207,128 @@ class Registration:
         await self.heartbeat_now()
 
     async def heartbeat_now(self) -> None:
-        """Send one heartbeat (registering first if needed), after any in flight."""
+        """Send one heartbeat (registering first if needed)."""
         async with self._lock:
             if not self.registered:
                 await self._register_quietly()
-                if not self.registered:
-                    return
-            identity = {"group": self.group, "kind": self.kind, "address": self.address,
-                        "state": self.state}
-            body = {**identity, **self.backlog.fields(await self._report())}
-            answer = await self._send_heartbeat(body)
-            if answer is None:
                 return
-            status, data = answer
-            if status == 200:
-                self.backlog.acknowledged(
-                    data.get("backlog_version") if isinstance(data, dict) else None)
-                self._take_state(data)
-                return
-            self.backlog.reset()  # the MetaServer's copy is unknown now
-            if status == 404:
-                self.registered = False
-                await self._register_quietly()
-                return
-            log.error("heartbeat refused by %s: HTTP %d: %s", self.meta_url, status,
-                      _reason(data))
-            if status == 400:
-                # Say we are alive without the backlog, so a refused backlog is logged at every
-                # heartbeat but never lets the MetaServer expire us.
-                answer = await self._send_heartbeat(identity)
-                if answer is not None and answer[0] == 200:
-                    self._take_state(answer[1])
-                elif answer is not None:
-                    log.error("heartbeat without backlog refused by %s: HTTP %d: %s",
-                              self.meta_url, answer[0], _reason(answer[1]))
+            await self._heartbeat_locked()
 
-    async def _send_heartbeat(self, body: dict[str, Any]) -> tuple[int, Any] | None:
-        """POST one heartbeat; None (logged) when the MetaServer could not be reached."""
+    async def _heartbeat_locked(self) -> None:
+        """One heartbeat (the lock is held): identity, the data plane's report and, at most every
+        STATS_INTERVAL_MS, the backlog's changes; a 400 is followed by one without the backlog."""
+        report = self.replication.report()
+        body = {**self._identity(), "replica": report.to_json()}
+        now_ms = self._clock_ms()
+        with_backlog = (self._last_stats_ms is None
+                        or now_ms - self._last_stats_ms >= STATS_INTERVAL_MS)
+        if with_backlog:
+            backlog_fields = self.backlog.fields(await self._report())
+            self._last_stats_ms = now_ms
+        proposes = bool(report.insync)
+        status, data = await self._send_heartbeat(
+            {**body, **backlog_fields} if with_backlog else body, proposes)
+        if status == 200 and with_backlog:
+            self.backlog.acknowledged(
+                data.get("backlog_version") if isinstance(data, dict) else None)
+        if status in (0, 200):
+            return
+        self.backlog.reset()  # the MetaServer's copy is unknown now
+        if status == 404:
+            self.registered = False
+            await self._register_quietly()
+            return
+        log.error("heartbeat refused by %s: HTTP %d: %s", self.meta.url, status, _reason(data))
+        if status == 400 and with_backlog:
+            # Say we are alive (and renew the lease) without the backlog, so a refused backlog
+            # is logged at every heartbeat but never lets the MetaServer expire us.
+            status, data = await self._send_heartbeat(body, proposes)
+            if status not in (0, 200):
+                log.error("heartbeat without backlog refused by %s: HTTP %d: %s",
+                          self.meta.url, status, _reason(data))
+
+    async def _send_heartbeat(self, body: dict[str, Any], proposes: bool) -> tuple[int, Any]:
+        """POST one heartbeat and take in a 200 answer; (0, None) when no MetaServer could be
+        reached (logged)."""
+        sent_at = self.role.before_heartbeat(self._clock_ms(), proposes_slaves=proposes)
         try:
-            return await self._post("/api/brokers/heartbeat", body)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            status, data = await self._post("/api/brokers/heartbeat", body)
+        except MetaUnavailable as exc:
             self.backlog.reset()  # it may or may not have taken the changes
-            log.warning("heartbeat to %s failed: %s", self.meta_url, exc)
-            return None
+            log.warning("heartbeat failed: %s", exc.message)
+            return 0, None
+        if status == 200:
+            self._apply(sent_at, data, proposed_slaves=proposes)
+        return status, data
 
-    def _take_state(self, data: Any) -> None:
-        """The state a heartbeat's answer asks for (``rw`` or ``readonly``)."""
-        if isinstance(data, dict) and data.get("state") in ("rw", "readonly"):
-            if data["state"] != self.state:
-                self.state = data["state"]
-                self._on_state(self.state)
+    def _apply(self, sent_at_ms: int, data: Any, proposed_slaves: bool) -> None:
+        """Take in a register or heartbeat answer: state, auth, interval and role."""
+        if not isinstance(data, dict):
+            return
+        if data.get("state") in ("rw", "readonly") and data["state"] != self.state:
+            self.state = data["state"]
+            self._on_state(self.state)
+        if isinstance(data.get("auth"), bool) and self._on_auth is not None:
+            self._on_auth(data["auth"])
+        told = data.get("heartbeat_interval_ms")
+        if isinstance(told, int) and not isinstance(told, bool) and 0 < told:
+            self.heartbeat_interval_ms = told
+        grant = RoleGrant.from_answer(data)
+        if grant is None:
+            if "role" not in data and self.role.on_roleless_answer():
+                log.warning("MetaServer %s says nothing of roles (an older version): serving "
+                            "group %s as its only master", self.meta.url, self.group)
+            self._settled()
+            return
+        change = self.role.on_answer(sent_at_ms, grant, proposed_slaves)
+        if change.stale:
+            log.error("MetaServer %s answered epoch %d for group %s, older than the epoch %d "
+                      "this server knows; ignored", self.meta.url, grant.epoch, self.group,
+                      self.role.epoch)
+        elif change.changed:
+            self._role_changed(change.view)
+        self._settled()
+
+    def _settled(self) -> None:
+        if self._on_settled is not None:
+            self._on_settled()
+
+    def _role_changed(self, view: RoleView) -> None:
+        """Run the data plane's ``on_role`` after any earlier one, then activate a master."""
+        # The first role a server is given is news only at INFO; a change later is a warning.
+        level = logging.INFO if self.role.changes <= 1 else logging.WARNING
+        log.log(level, "group %s: server %s is %s at epoch %d (master %s at %s%s)", self.group,
+                self.server_id, view.role, view.epoch, view.master_id, view.master_address,
+                f", handing over to {view.switchover_to}" if view.switchover_to else "")
+        if self._on_role is not None:
+            self._on_role(view)
+        previous = self._role_task
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            try:
+                await self.replication.on_role(view)
+            except Exception:
+                # The data plane could not take the role: stay refusing, try at the next change.
+                log.exception("the data plane failed to take role %s at epoch %d", view.role,
+                              view.epoch)
+                return
+            if view.role == "master" and self.role.activate(view.epoch):
+                log.log(level, "group %s: server %s serves as master at epoch %d", self.group,
+                        self.server_id, view.epoch)
+            self._settled()
+
+        self._role_task = asyncio.create_task(run(), name=f"{self.kind}-role")
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
+            try:
+                await asyncio.wait_for(self._soon.wait(), self.heartbeat_interval_ms / 1000)
+                await asyncio.sleep(HEARTBEAT_SOON_GAP_MS / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._soon.clear()
             try:
                 await self.heartbeat_now()
             except Exception:
@@ -195,3 +341,23 @@ def _reason(data: Any) -> str:
         error = data["error"]
         return f"{error.get('code')}: {error.get('message')}"
     return repr(data)[:500]
+
+
+def server_registration(config: Any, *, kind: str, address: str,
+                        report: Callable[[], Awaitable[Any]], on_state: Callable[[str], None],
+                        role: ServerRole, replication: ReplicationStatus,
+                        on_auth: Callable[[bool], None],
+                        on_role: Callable[[RoleView], None],
+                        on_settled: Callable[[], None] | None = None) -> Registration:
+    """The Registration of a realtime or delay server from its config (both have ``meta_url``,
+    ``group``, ``heartbeat_interval_ms``, ``token``, ``tls_ca``, ``replication_settings``)."""
+    return Registration(
+        config.meta_url, group=config.group, kind=kind, address=address,
+        heartbeat_interval_ms=config.heartbeat_interval_ms, report=report, on_state=on_state,
+        token=config.token, ssl_context=client_context(config.tls_ca), role=role,
+        replication=replication, settings=config.replication_settings, on_auth=on_auth,
+        on_role=on_role, on_settled=on_settled)
+
+
+__all__ = ["HEARTBEAT_SOON_GAP_MS", "REQUEST_TIMEOUT_MS_MAX", "Registration",
+           "STATS_INTERVAL_MS", "server_registration"]

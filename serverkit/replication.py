@@ -59,10 +59,17 @@ class ReplicationStatus(Protocol):
     async def on_role(self, view: RoleView) -> None:
         """The role, epoch, master or switchover changed. For a new master: stop fetching and
         seal the logs (epoch history), then return; writes stay refused until it returns. For
-        a slave: writes are already refused; stop the master's writers, truncate, follow."""
+        a slave: writes are already refused; stop the master's writers, truncate, and start
+        following in a task of its own. It must return promptly: server start-up waits for the
+        first call, and later changes queue behind it."""
 
     def last_epoch(self) -> int:
         """The newest epoch in this server's epoch history (0 for a new server)."""
+
+    async def drain(self, timeout_ms: int) -> None:
+        """A replicated master is shutting down: it refuses writes and has finished the ones in
+        flight. Wait (at most ``timeout_ms``) until its in-sync slaves have everything, so the
+        slave promoted when it deregisters lacks nothing it acknowledged (``async`` mode)."""
 
 
 class NoReplication:
@@ -78,6 +85,9 @@ class NoReplication:
     def last_epoch(self) -> int:
         """No epoch history is kept."""
         return 0
+
+    async def drain(self, timeout_ms: int) -> None:
+        """Nothing to wait for."""
 
 
 __all__ = ["INSYNC_MAX", "POSITIONS_MAX", "NoReplication", "ReplicaReport", "ReplicationStatus"]

@@ -100,6 +100,25 @@ class RoleGrant:
         )
 
 
+def check_settings(replication: str | None, min_insync: int | None) -> None:
+    """Check a server's ``--replication`` / ``--min-insync``; ValueError naming key and value."""
+    if replication is not None and replication not in REPLICATION_MODES:
+        raise ValueError(f"replication {replication!r} is not one of {REPLICATION_MODES}")
+    if min_insync is not None and (not _is_int(min_insync)
+                                   or not 0 <= min_insync <= MIN_INSYNC_MAX):
+        raise ValueError(f"min_insync {min_insync!r} must be 0..{MIN_INSYNC_MAX}")
+
+
+def settings_of(replication: str | None, min_insync: int | None) -> dict[str, object] | None:
+    """The explicit settings a server sends at registration (None when it was given none)."""
+    out: dict[str, object] = {}
+    if replication is not None:
+        out["mode"] = replication
+    if min_insync is not None:
+        out["min_insync"] = min_insync
+    return out or None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -198,6 +217,15 @@ class ServerRole:
             self.changes += 1
         return RoleChange(self.view(), changed=changed)
 
+    def on_roleless_answer(self) -> bool:
+        """A MetaServer that knows nothing of roles (an older one, during an upgrade) answered:
+        serve as the unreplicated master it takes every server for. True when this changed
+        the role. Never used once an answer with a role was seen."""
+        if self.standalone or self.changes:
+            return False
+        self.role, self.master_id, self.active, self._solo = "master", self.server_id, True, True
+        return True
+
     def activate(self, epoch: int) -> bool:
         """The data plane sealed its logs for ``epoch``: a master of that epoch may now write.
         False (and nothing changes) when the role moved on meanwhile."""
@@ -274,6 +302,14 @@ class ServerRole:
         return max(0, self.lease_until_ms - now_ms)
 
     @property
+    def settling(self) -> bool:
+        """True in the passing states: role not known yet, or a new master still sealing its
+        logs. Work that only a master may do can wait for them to end (not for a lease)."""
+        if self.standalone or self._stepped_down:
+            return False
+        return self.role == "unknown" or (self.role == "master" and not self.active)
+
+    @property
     def solo(self) -> bool:
         """True while this master needs no lease (its group has no slave in sync)."""
         return self._solo
@@ -298,4 +334,6 @@ __all__ = [
     "RoleView",
     "ServerRole",
     "boottime_ms",
+    "check_settings",
+    "settings_of",
 ]

@@ -3,15 +3,22 @@ core (the broker, the scheduler): the frame server, the ``/metrics`` listener, r
 with the MetaServer, TLS contexts, the access gate, the trace writer, and the order of start-up
 and graceful shutdown.
 
-Start: raise the open-files limit -> open the core (storage recovered) -> listen -> metrics listener -> register. Stop:
-deregister -> stop the metrics listener -> stop reading requests and finish those in flight
-(``shutdown_grace_ms``) -> stop the core (commit, checkpoint, close) -> close the trace, the
-gate. Everything here runs on the event loop.
+Start: raise the open-files limit -> open the core (storage recovered) -> listen -> metrics
+listener -> register (and take the role the MetaServer gives). Stop: deregister -> stop the
+metrics listener -> stop reading requests and finish those in flight (``shutdown_grace_ms``)
+-> stop the core (commit, checkpoint, close) -> close the trace, the gate. A master of a replicated group refuses writes
+first and deregisters last, after ``ReplicationStatus.drain``, so the MetaServer can hand the
+group to an in-sync slave at once (docs/REPLICATION.md 9). Everything here runs on the event
+loop.
+
+The server's role (``serverkit.role.ServerRole``) decides who serves: ``_check_role`` raises
+``not_master`` unless this server is the leased, active master of its group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -25,10 +32,14 @@ from serverkit.config import ServerConfig
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
 from serverkit.open_files import OpenFilesLimit, raise_open_files_limit
-from serverkit.registration import Registration
+from serverkit.registration import Registration, server_registration
+from serverkit.replication import NoReplication, ReplicationStatus
+from serverkit.role import ServerRole, boottime_ms
+from serverkit.role_metrics import RoleMetrics
+from serverkit.server_id import load_or_create
 from tracelog.events import TraceWriter
 from wire.clock import wall_clock_ms
-from wire.protocol import Request
+from wire.protocol import Request, hello_response
 from wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
@@ -41,6 +52,9 @@ log = logging.getLogger(__name__)
 # window, several per second at full load. Collecting young objects every 20,000 allocations
 # lets batches die young; a young collection then takes a few ms, and full ones become rare.
 GC_THRESHOLDS = (20_000, 20, 100)
+# Longest work that only a master may do (a delay server's dispatch) waits for the role to
+# settle (the first answer, a new master sealing its logs) before it is refused, in ms.
+ROLE_SETTLE_WAIT_MS = 10_000
 
 
 def tune_gc() -> None:
@@ -95,9 +109,18 @@ class ServerBase:
     STOP_SUMMARY: ClassVar[str]
 
     def __init__(self, config: ServerConfig, metrics: ServerMetrics,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None,
+                 replication: ReplicationStatus | None = None) -> None:
         server_ssl = server_context(config.tls_cert, config.tls_key)  # a bad pair fails first
         self.config = config
+        # Who this server is and whether it may write (docs/REPLICATION.md): without a
+        # MetaServer it is a standalone master; otherwise the MetaServer's answers decide.
+        self.replication = replication or NoReplication()
+        self.role = ServerRole(load_or_create(config.data_dir), standalone=not config.meta_url,
+                               epoch=self.replication.last_epoch())
+        self.role_metrics = RoleMetrics(self.role, self.replication, metrics.registry)
+        # Set after every registration answer or activation (event-loop thread only).
+        self._role_event = asyncio.Event()
         self.clock = clock or offset_clock(config.clock_offset_ms)
         self.metrics = metrics
         self.peer_ssl = client_context(config.tls_ca)  # for the MetaServer and peer servers
@@ -141,10 +164,11 @@ class ServerBase:
             self.config = dataclasses.replace(self.config, metrics_port=metrics_port)
         config = self.config
         if config.meta_url:
-            self.registration = Registration(
-                config.meta_url, group=config.group, kind=self.KIND, address=self.address,
-                heartbeat_interval_ms=config.heartbeat_interval_ms, report=self._report,
-                on_state=self._on_state, token=config.token, ssl_context=self.peer_ssl)
+            self.registration = server_registration(
+                config, kind=self.KIND, address=self.address, report=self._report,
+                on_state=self._on_state, role=self.role, replication=self.replication,
+                on_auth=self.gate.note_auth, on_role=self.role_metrics.changed,
+                on_settled=self._role_event.set)
             await self.registration.start()
         if config.clock_offset_ms:
             log.warning("TEST ONLY: %s clock offset by %d ms", self.KIND, config.clock_offset_ms)
@@ -169,13 +193,19 @@ class ServerBase:
         self._stopped = True
         started = time.monotonic()
         deregistered = False
-        if self.registration is not None:
+        handing_over = not self.role.solo and self.role.role == "master"
+        if handing_over:
+            self.role.step_down()
+        elif self.registration is not None:
             deregistered = await self.registration.stop(deregister=True)
         if self.metrics_listener is not None:
             await self.metrics_listener.stop()
         self._begin_drain()
         in_flight = self.frames.requests_in_flight
         await self.frames.stop(self.config.shutdown_grace_ms)
+        if handing_over and self.registration is not None:
+            await self.replication.drain(self.config.shutdown_grace_ms)
+            deregistered = await self.registration.stop(deregister=True)
         await self._close_core()
         await asyncio.get_running_loop().run_in_executor(None, self.trace.close)
         await self.gate.close()
@@ -187,6 +217,28 @@ class ServerBase:
         )
         log.debug("%s", summary)  # returned: the launcher says it once
         return summary
+
+    # ------------------------------------------------------------------ roles
+
+    def _check_role(self) -> None:
+        """Raise NotMaster unless this server is the leased, active master of its group."""
+        self.role.check_writable(self.config.group, boottime_ms())
+
+    def _hello(self) -> dict[str, Any]:
+        """The answer to a ``hello``: this server, and its role and epoch."""
+        view = self.role.view()
+        return hello_response(self.KIND, self.config.group, self.address, view.role, view.epoch)
+
+    async def _settle_role(self) -> None:
+        """Wait (at most ROLE_SETTLE_WAIT_MS) while the role is settling, so work only a master
+        may do is not refused, and retried after a backoff, just because the first answer has
+        not come yet."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ROLE_SETTLE_WAIT_MS / 1000
+        while self.role.settling and loop.time() < deadline:
+            self._role_event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._role_event.wait(), deadline - loop.time())
 
     # ------------------------------------------------------------------ subclass hooks
 

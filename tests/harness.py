@@ -126,6 +126,14 @@ def _spawn(name: str, cmd: list[str], ready: re.Pattern[str],
     return process, output, found["value"]
 
 
+def spawn(name: str, cmd: list[str], ready: re.Pattern[str],
+          env: dict[str, str] | None = None) -> ServerProcess:
+    """Run any command (``cmd``) and wait for its ready line (``ready`` group 1 is the
+    address); ``tests/netns.py`` runs servers inside namespaces with it."""
+    process, output, address = _spawn(name, cmd, ready, env)
+    return ServerProcess(name, cmd, process, address, output)
+
+
 def start_server(name: str, args: list[str], env: dict[str, str] | None = None,
                  ready: re.Pattern[str] = _LISTEN, wrapper: tuple[str, ...] = (),
                  log_level: str = "warning") -> ServerProcess:

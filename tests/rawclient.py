@@ -38,9 +38,10 @@ class RawClient:
         self._reader_task = asyncio.create_task(self._read())
 
     @classmethod
-    async def connect(cls, port: int, hello: bool = True) -> "RawClient":
-        """Connect to 127.0.0.1:port and (by default) say hello."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def connect(cls, port: int, hello: bool = True,
+                      host: str = "127.0.0.1") -> "RawClient":
+        """Connect to host:port (loopback by default) and (by default) say hello."""
+        reader, writer = await asyncio.open_connection(host, port)
         client = cls(reader, writer)
         if hello:
             response = await client.request({"op": "hello", "client_id": "test", "app": "tests",

@@ -661,9 +661,12 @@ def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
     return {"rid": rid, "error": exc.to_wire()}
 
 
-def hello_response(kind: str, group: str, node: str) -> dict[str, Any]:
-    """``{ok: True, server: {kind, group, node}}``: which server answered a ``hello``."""
-    return {"ok": True, "server": {"kind": kind, "group": group, "node": node}}
+def hello_response(kind: str, group: str, node: str, role: str = "master",
+                   epoch: int = 0) -> dict[str, Any]:
+    """``{ok: True, server: {kind, group, node, role, epoch}}``: which server answered a
+    ``hello``, and its role in its group (docs/REPLICATION.md)."""
+    return {"ok": True, "server": {"kind": kind, "group": group, "node": node, "role": role,
+                                   "epoch": epoch}}
 
 
 def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit.access import AccessCache, Grant
-from wire.errors import Forbidden, Internal, Unauthorized
+from wire.errors import Forbidden, Internal, Unauthorized, Unavailable
 from tests.rawclient import RawClient
 
 ADMIN = "cluster-admin-secret-0123456789"
@@ -202,19 +202,41 @@ async def test_cached_grants_outlive_a_metaserver_outage_but_an_unseen_token_is_
         await cache.close()
 
 
-async def test_a_tokenless_broker_that_never_reached_the_metaserver_lets_clients_in(
+async def test_a_broker_that_never_reached_a_metaserver_fails_closed_with_or_without_a_token(
+        tmp_path: Any) -> None:
+    for own_token in (None, ADMIN):
+        cache = AccessCache("http://127.0.0.1:9", token=own_token, clock_ms=FakeMonotonic())
+        try:
+            with pytest.raises(Unavailable, match="does not know whether auth is on") as failed:
+                await cache.grant(None, "shop")
+            assert failed.value.retriable
+        finally:
+            await cache.close()
+
+
+async def test_a_broker_told_by_its_registration_that_auth_is_off_lets_clients_in_meanwhile(
         tmp_path: Any) -> None:
     cache = AccessCache("http://127.0.0.1:9", token=None, clock_ms=FakeMonotonic())
     try:
+        cache.note_auth(False)  # said by a register or heartbeat answer
         assert (await cache.grant(None, "shop")).admin  # the open grant of an auth-off cluster
+        cache.note_auth(True)
+        with pytest.raises(Internal, match="unreachable"):
+            await cache.grant(None, "shop")
     finally:
         await cache.close()
-    held = AccessCache("http://127.0.0.1:9", token=ADMIN, clock_ms=FakeMonotonic())
-    try:
-        with pytest.raises(Internal):  # a broker holding a token expects auth to be on
-            await held.grant(None, "shop")
-    finally:
-        await held.close()
+
+
+async def test_token_checks_fail_over_to_the_next_metaserver_of_the_list(tmp_path: Any) -> None:
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, admin_token=ADMIN)
+    async with start_metaserver(config) as meta:
+        cache = AccessCache(f"http://127.0.0.1:9,{meta.url}", token=ADMIN,
+                            clock_ms=FakeMonotonic())
+        try:
+            assert (await cache.grant(ADMIN, "ops")).admin
+            assert cache.meta.url == meta.url, "the one that answered is asked first from now on"
+        finally:
+            await cache.close()
 
 
 async def test_the_admin_api_reaches_brokers_with_the_callers_admin_token(

@@ -132,16 +132,20 @@ def names(route: dict[str, Any]) -> list[str]:
 async def test_a_registered_broker_heartbeats_and_is_routed_to_producers_and_consumers(api: Api) -> None:
     reg = await api.register("rt1", "127.0.0.1:20881")
     assert reg["broker_id"] >= 1
-    assert reg["heartbeat_interval_ms"] == EXPIRY_MS // 3
+    # A third of the expiry or a quarter of the lease, whichever is shorter.
+    assert reg["heartbeat_interval_ms"] == min(EXPIRY_MS // 3, MetaConfig.lease_ms // 4)
+    assert (reg["role"], reg["epoch"], reg["lease_required"]) == ("master", 1, False)
     status, hb = await api.heartbeat("rt1", "127.0.0.1:20881", backlog=[])
-    assert (status, hb) == (200, {"ok": True, "state": "rw", "backlog_version": 1})
+    assert status == 200
+    assert (hb["ok"], hb["state"], hb["role"], hb["epoch"]) == (True, "rw", "master", 1)
+    assert hb["backlog_version"] == 1
     status, route = await api.route("order.created")
     assert status == 200
     assert route == {
         "subject": "order.created",
         "version": 1,
         "groups": [{"group": "rt1", "kind": "realtime", "state": "rw",
-                    "addresses": ["127.0.0.1:20881"]}],
+                    "addresses": ["127.0.0.1:20881"], "epoch": 1}],
     }
     status, consumer = await api.route("order.created", role="consumer")
     assert (status, consumer) == (200, route)
@@ -154,11 +158,16 @@ async def test_a_heartbeat_from_an_unknown_broker_is_404_so_it_registers_again(a
     assert body["error"]["code"] == "not_found"
 
 
-async def test_a_group_with_two_brokers_gives_both_addresses(api: Api) -> None:
-    await api.register("rt1", "10.0.0.2:20881")
-    await api.register("rt1", "10.0.0.1:20881")
-    _, route = await api.route("s")
-    assert route["groups"][0]["addresses"] == ["10.0.0.1:20881", "10.0.0.2:20881"]
+async def test_a_second_server_of_a_group_is_a_slave_and_routes_name_the_master_only(
+        api: Api) -> None:
+    first = await api.register("rt1", "10.0.0.2:20881", server_id="aaaa")
+    second = await api.register("rt1", "10.0.0.1:20881", server_id="bbbb")
+    assert (first["role"], second["role"]) == ("master", "slave")
+    assert second["master"] == {"server_id": "aaaa", "address": "10.0.0.2:20881"}
+    for role in ("producer", "consumer"):
+        _, route = await api.route("s", role=role)
+        assert route["groups"][0]["addresses"] == ["10.0.0.2:20881"]
+        assert route["groups"][0]["epoch"] == 1
 
 
 async def test_a_subject_is_routed_to_two_of_three_groups_with_a_stable_version(api: Api) -> None:
@@ -307,14 +316,14 @@ async def test_a_readonly_group_is_hidden_from_producers_and_still_given_to_cons
 
     # The broker learns it from its heartbeat answer.
     _, hb = await api.heartbeat(drained, f"127.0.0.1:100{drained[-1]}")
-    assert hb == {"ok": True, "state": "readonly"}
+    assert (hb["ok"], hb["state"]) == (True, "readonly")
     brokers = {b["group"]: b for b in (await api.ok("GET", "/api/admin/brokers"))["brokers"]}
     assert brokers[drained]["state"] == "readonly"
     assert brokers[drained]["group_readonly"] is True
 
     await api.ok("POST", "/api/admin/brokers/readonly", {"group": drained, "readonly": False})
     _, hb = await api.heartbeat(drained, f"127.0.0.1:100{drained[-1]}")
-    assert hb == {"ok": True, "state": "rw"}
+    assert (hb["ok"], hb["state"]) == (True, "rw")
     status, body = await api.post("/api/admin/brokers/readonly", {"group": "nope", "readonly": True})
     assert (status, body["error"]["code"]) == (404, "not_found")
 
@@ -326,12 +335,12 @@ async def test_the_admin_switch_wins_over_a_broker_echoing_the_readonly_state_it
     await api.route("s")
     await api.ok("POST", "/api/admin/brokers/readonly", {"group": "rt1", "readonly": True})
     _, hb = await api.heartbeat("rt1", "127.0.0.1:1001", state="readonly")
-    assert hb == {"ok": True, "state": "readonly"}
+    assert (hb["ok"], hb["state"]) == (True, "readonly")
     assert (await api.route("s"))[0] == 503
     await api.ok("POST", "/api/admin/brokers/readonly", {"group": "rt1", "readonly": False})
     # The broker still reports what it was told last; the answer tells it to go back to rw.
     _, hb = await api.heartbeat("rt1", "127.0.0.1:1001", state="readonly")
-    assert hb == {"ok": True, "state": "rw"}
+    assert (hb["ok"], hb["state"]) == (True, "rw")
     _, route = await api.route("s")
     assert names(route) == ["rt1"]
     brokers = (await api.ok("GET", "/api/admin/brokers"))["brokers"]

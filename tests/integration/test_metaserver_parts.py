@@ -28,7 +28,10 @@ def test_the_config_defaults_are_the_documented_ones() -> None:
     assert (config.host, config.port) == ("127.0.0.1", 8090)
     assert (config.broker_expiry_ms, config.client_expiry_ms) == (15_000, 30_000)
     assert (config.route_groups_default, config.expiry_check_interval_ms) == (2, 1000)
-    assert config.heartbeat_interval_ms == 5000
+    assert (config.lease_ms, config.lease_margin_ms) == (3000, 500)
+    assert (config.failover_check_interval_ms, config.switchover_timeout_ms) == (250, 30_000)
+    # A quarter of the lease (a third of the expiry would be 5000).
+    assert config.heartbeat_interval_ms == 750
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.port = 1  # type: ignore[misc]
 
@@ -158,7 +161,7 @@ def test_the_migrations_are_found_next_to_the_installed_package() -> None:
     config = alembic_config()
     assert Path(config.get_main_option("script_location") or "") == migrations_dir()
     assert (migrations_dir() / "env.py").exists()
-    assert head_revision() == "0003_schedules"
+    assert head_revision() == "0004_replication"
 
 
 def test_alembic_by_hand_migrates_a_database_from_any_directory(tmp_path: Path) -> None:

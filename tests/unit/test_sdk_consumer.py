@@ -69,6 +69,27 @@ async def test_acks_are_coalesced_into_ranges_and_may_complete_out_of_order(meta
     assert (ack["subject"], ack["group"], ack["consumer_id"]) == ("orders", "billing", "c1")
 
 
+async def test_acks_go_to_the_broker_groups_new_master_after_a_failover(meta, broker_a):
+    from tests.unit.test_sdk_fakes import FakeBroker
+
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"1", b"2")
+    promoted = await FakeBroker("group-a").start()  # the same group, another server
+    try:
+        async with consumer(meta) as c:
+            first, second = await take(c.subscribe("orders"), 2)
+            meta.set_route("orders", [promoted])
+            await c._routes.refresh("orders", "consumer")
+            await first.ack()
+            await second.ack()
+            await c.flush_acks()
+        # The new master holds a copy of the pull log: the same pull sequences ack there.
+        assert promoted.ack_ranges == [[[1, 2]]]
+        assert broker_a.ack_ranges == []
+    finally:
+        await promoted.stop()
+
+
 async def test_acks_are_sent_by_the_ack_timer_without_a_flush(meta, broker_a):
     meta.set_route("orders", [broker_a])
     broker_a.publish("orders", b"x")

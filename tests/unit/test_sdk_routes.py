@@ -131,3 +131,78 @@ async def test_an_answer_that_is_not_json_counts_as_an_unavailable_metaserver(me
     with pytest.raises(MetaUnavailable):
         await cache._call("GET", "/api/nothing-here")
     await cache.close()
+
+
+# -- several MetaServers ---------------------------------------------------------------------------
+
+
+async def test_a_route_comes_from_the_next_metaserver_when_the_first_is_gone(meta, broker_a):
+    from tests.harness import free_port
+
+    meta.set_route("orders", [broker_a])
+    dead = f"http://127.0.0.1:{free_port()}"
+    cache = RouteCache([dead, meta.url])
+    try:
+        route = await cache.get("orders", "producer")
+        assert [g.group for g in route.groups] == ["group-a"]
+        assert cache.meta.url == meta.url, "the one that answered is asked first from now on"
+        await cache.refresh("orders", "producer")
+        assert len(meta.route_requests) == 2
+    finally:
+        await cache.close()
+
+
+async def test_a_no_route_answer_is_the_services_word_and_not_asked_elsewhere(meta):
+    from tests.unit.test_sdk_fakes import FakeMeta
+
+    other = await FakeMeta().start()
+    cache = RouteCache(f"{meta.url},{other.url}")
+    try:
+        with pytest.raises(NoRoute):
+            await cache.get("orders", "producer")
+        assert other.route_requests == []
+    finally:
+        await cache.close()
+        await other.stop()
+
+
+async def test_with_every_metaserver_down_the_error_names_each_one(meta, broker_a):
+    from tests.harness import free_port
+
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    cache = RouteCache(",".join(urls))
+    try:
+        with pytest.raises(NoRoute) as failed:
+            await cache.get("orders", "producer")
+        assert "any of 2 MetaServers" in failed.value.message
+        assert all(url in failed.value.message for url in urls)
+    finally:
+        await cache.close()
+
+
+@pytest.mark.parametrize(("value", "urls"), [
+    ("http://a:1", ("http://a:1",)),
+    ("http://a:1/, https://b:2", ("http://a:1", "https://b:2")),
+    (["http://a:1", "http://b:2,http://a:1"], ("http://a:1", "http://b:2")),
+])
+def test_metaserver_urls_are_a_list_or_comma_separated_in_order_without_repeats(value, urls):
+    from wire.http import parse_meta_urls
+
+    assert parse_meta_urls(value) == urls
+
+
+@pytest.mark.parametrize("value", ["", ",", "a:1", "ftp://x", ["http://a", 5]])
+def test_a_metaserver_url_list_without_urls_or_with_a_bad_one_is_refused(value):
+    from wire.http import parse_meta_urls
+
+    with pytest.raises(ValueError):
+        parse_meta_urls(value)
+
+
+def test_up_to_sixteen_metaserver_urls_are_accepted_and_seventeen_are_refused():
+    from wire.http import META_URLS_MAX, parse_meta_urls
+
+    urls = [f"http://h{i}:1" for i in range(META_URLS_MAX + 1)]
+    assert len(parse_meta_urls(urls[:META_URLS_MAX])) == META_URLS_MAX
+    with pytest.raises(ValueError, match="17 MetaServer URLs exceed META_URLS_MAX 16"):
+        parse_meta_urls(urls)

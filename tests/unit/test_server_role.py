@@ -173,3 +173,13 @@ def test_a_grant_is_read_from_an_answer_and_malformed_ones_grant_nothing():
     assert RoleGrant.from_answer({**answer, "epoch": True}) is None
     assert RoleGrant.from_answer({**answer, "lease_ms": 0}) is None
     assert RoleGrant.from_answer({**answer, "role": "boss"}) is None
+
+
+def test_a_metaserver_that_knows_nothing_of_roles_makes_a_solo_master_until_one_that_does():
+    role = ServerRole("me")
+    assert role.on_roleless_answer()
+    assert role.may_write(10**9) and role.solo
+    role.on_answer(role.before_heartbeat(0, False), grant("slave", master_id="x"),
+                   proposed_slaves=False)
+    assert not role.may_write(1)
+    assert not role.on_roleless_answer(), "once roles were seen, a roleless answer changes nothing"

@@ -1,0 +1,201 @@
+"""Servers and their roles, in one process with a real MetaServer: who serves, when a new master
+starts serving, failing closed, failing over between MetaServers, and a delay server that lost
+its mastership not dispatching (docs/REPLICATION.md 3-5, 12). The data plane is the stand-in of
+``tests/replication_stub.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from delayserver.config import DelayConfig
+from delayserver.server import DelayServer
+from metaserver import MetaConfig, sqlite_url, start_metaserver
+from realtime.config import RealtimeConfig
+from realtime.server import RealtimeServer
+from serverkit import server_id
+from serverkit.role import RoleView
+from tests.harness import free_port, wait_for
+from tests.rawclient import RawClient
+from tests.replication_stub import StubReplication
+from wire.message import Message, encode_message
+
+FIRST, SECOND = "00000000000000e1", "00000000000000f2"
+LEASE_MS = 2_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def realtime(tmp_path: Any, meta_url: str, me: str, peer: str,
+             stub: StubReplication | None = None) -> RealtimeServer:
+    data = tmp_path / me
+    data.mkdir(exist_ok=True)
+    server_id.write(str(data), bytes.fromhex(me))
+    stub = stub or StubReplication([peer])
+    server = RealtimeServer(RealtimeConfig(data_dir=str(data), meta_url=meta_url, group="rt1",
+                                           port=0, trace=False), replication=stub)
+    stub.role = server.role
+    return server
+
+
+async def send(port: int, n: int) -> dict[str, Any]:
+    client = await RawClient.connect(port)
+    try:
+        payload = encode_message(Message.create("orders", b"x", now_ms=now_ms(), id=f"r-{n}"))
+        answer = await client.request({"op": "send", "messages": [payload]})
+    finally:
+        await client.close()
+    return answer.get("error") or answer["results"][0]
+
+
+async def admin(url: str, method: str, path: str, body: Any = None) -> Any:
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, url + path, json=body) as response:
+            return await response.json()
+
+
+async def test_a_second_server_of_a_group_is_a_slave_that_answers_only_hello(tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST, SECOND)
+        second = realtime(tmp_path, meta.url, SECOND, FIRST)
+        await first.start()
+        await second.start()
+        try:
+            assert (first.role.role, second.role.role) == ("master", "slave")
+            assert (await send(first.port, 1))["status"] == "stored"
+            client = await RawClient.connect(second.port)
+            try:
+                hello = await client.request({"op": "hello", "client_id": "c", "app": "a",
+                                              "protocol": 1})
+                assert hello["server"]["role"] == "slave" and hello["server"]["epoch"] == 1
+                pull = await client.pull("orders", "g", "c")
+                assert pull["error"]["code"] == "not_master"
+                assert f"the master is {FIRST} at {first.address}" in pull["error"]["message"]
+            finally:
+                await client.close()
+        finally:
+            await second.stop()
+            await first.stop()
+
+
+class BlockingStub(StubReplication):
+    """A stand-in whose ``on_role`` for a master waits until the test lets it go."""
+
+    def __init__(self, peers: list[str]) -> None:
+        super().__init__(peers)
+        self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def on_role(self, view: RoleView) -> None:
+        await super().on_role(view)
+        if view.role == "master" and view.epoch > 1:
+            self.entered.set()
+            await self.release.wait()
+
+
+async def test_a_promoted_slave_serves_only_once_its_data_plane_has_sealed_its_logs(tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST, SECOND)
+        stub = BlockingStub([FIRST])
+        second = realtime(tmp_path, meta.url, SECOND, FIRST, stub)
+        await first.start()
+        await second.start()
+        try:
+            await wait_for(lambda: second.role.insync == (SECOND,) or
+                           second.role.lease_required, 20, "the slave in sync")
+            started = await admin(meta.url, "POST", "/api/admin/switchover",
+                                  {"group": "rt1", "to": SECOND})
+            assert started["state"] == "requested", started
+            await asyncio.wait_for(stub.entered.wait(), 30)
+            assert second.role.role == "master" and not second.role.active
+            refused = await send(second.port, 2)
+            assert refused["code"] == "not_master" and "sealing its logs" in refused["message"]
+            stub.release.set()
+            await wait_for(lambda: second.role.active, 10, "activation")
+            assert (await send(second.port, 3))["status"] == "stored"
+            assert [v.role for v in stub.views][-1] == "master"
+        finally:
+            stub.release.set()
+            await second.stop()
+            await first.stop()
+
+
+async def test_a_server_that_never_reached_a_metaserver_refuses_clients(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    server = realtime(tmp_path, dead, FIRST, SECOND)
+    await server.start()
+    try:
+        client = await RawClient.connect(server.port, hello=False)
+        try:
+            answer = await client.request({"op": "hello", "client_id": "c", "app": "a",
+                                           "protocol": 1})
+            assert answer["error"]["code"] == "unavailable", answer
+            assert "does not know whether auth is on" in answer["error"]["message"]
+        finally:
+            await client.close()
+    finally:
+        await server.stop()
+
+
+async def test_registration_and_token_checks_move_to_the_next_metaserver_of_the_list(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        server = realtime(tmp_path, f"{dead},{meta.url}", FIRST, SECOND)
+        await server.start()
+        try:
+            assert server.role.role == "master" and server.role.active
+            assert server.registration is not None
+            assert server.registration.meta.url == meta.url
+            assert (await send(server.port, 1))["status"] == "stored"
+        finally:
+            await server.stop()
+
+
+async def test_a_delay_server_that_lost_its_mastership_does_not_dispatch(tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    dispatched: list[RoleView] = []  # the first server's role at each dispatch it made
+    holder: list[DelayServer] = []
+
+    async def dispatch(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+        dispatched.append(holder[0].role.view())
+        return "rt1", [{"status": "stored"} for _ in payloads]
+
+    async with start_metaserver(config) as meta:
+        servers = []
+        for me, peer in ((FIRST, SECOND), (SECOND, FIRST)):
+            data = tmp_path / me
+            data.mkdir()
+            server_id.write(str(data), bytes.fromhex(me))
+            stub = StubReplication([peer])
+            server = DelayServer(DelayConfig(data_dir=str(data), meta_url=meta.url, group="d1",
+                                             port=0, bucket_ms=1000, trace=False),
+                                 dispatch=dispatch, replication=stub)
+            stub.role = server.role
+            servers.append(server)
+        first, second = servers
+        holder.append(first)
+        await first.start()
+        await second.start()
+        try:
+            await wait_for(lambda: first.role.lease_required, 20, "the slave in sync")
+            client = await RawClient.connect(first.port)
+            await client.send(Message.create("later", b"x", now_ms=now_ms(),
+                                             deliver_at_ms=now_ms() + 4000))
+            await client.close()
+            await admin(meta.url, "POST", "/api/admin/switchover", {"group": "d1", "to": SECOND})
+            await wait_for(lambda: first.role.role == "slave", 30, "the handover")
+            # Once due, its scheduler tries, is refused, and retries with backoff: never sent.
+            await wait_for(lambda: first.metrics.dispatch_failures.get("not_master", 0) >= 1,
+                           30, "the refused dispatch")
+            assert all(view.role == "master" for view in dispatched), dispatched
+        finally:
+            await second.stop()
+            await first.stop()
