@@ -570,9 +570,11 @@ def test_an_unknown_error_code_from_a_newer_server_keeps_its_code():
 
 
 def test_a_success_response_returns_its_rid_and_the_rest_of_the_map():
-    frame = {"rid": 3, **hello_response(kind="realtime", group="rt-1", node="n-1")}
+    frame = {"rid": 3, **hello_response(kind="realtime", group="rt-1", node="n-1",
+                                        role="slave", epoch=4)}
     assert parse_response(frame) == (
-        3, {"ok": True, "server": {"kind": "realtime", "group": "rt-1", "node": "n-1"}}
+        3, {"ok": True, "server": {"kind": "realtime", "group": "rt-1", "node": "n-1",
+                                   "role": "slave", "epoch": 4}}
     )
 
 
