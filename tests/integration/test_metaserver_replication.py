@@ -260,10 +260,11 @@ async def test_a_server_id_belongs_to_one_group_and_an_address_to_one_server(api
     assert rows == {M: "offline", "dddd000000000004": "rw"}
 
 
+# Several MetaServers share PostgreSQL only; SQLite is for one MetaServer.
+@pytest.mark.parametrize("db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)],
+                         indirect=True)
 async def test_two_metaservers_over_one_postgresql_promote_one_master(db_url: str,
                                                                       clock: FakeClock):
-    if not db_url.startswith("postgresql"):
-        pytest.skip("several MetaServers share PostgreSQL; SQLite is for one MetaServer")
     async with serve(db_url, clock, **QUIET) as a, serve(db_url, clock, **QUIET) as b:
         await replicated_group(a)
         await asyncio.gather(a.server.failover_now(), b.server.failover_now())
