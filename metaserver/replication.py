@@ -61,7 +61,7 @@ class RoleRequest:
 
 
 def synthetic_id(group: str, address: str) -> str:
-    """The server id of a server that sends none: its group and address (migration 0003)."""
+    """The server id of a server that sends none: its group and address (migration 0004)."""
     return f"addr:{group}/{address}"
 
 

@@ -88,7 +88,10 @@ class Registration:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self._report = report
         self._on_state = on_state
+        # Without a role (no server.id): known as the id the MetaServer gives a server that
+        # sends none, ``addr:<group>/<address>``; not sent, as it is no valid server id.
         self.role = role or ServerRole(f"addr:{group}/{address}")
+        self._sends_server_id = role is not None
         self.replication = replication or NoReplication()
         # Explicit --replication / --min-insync: sent at registration only (the last wins).
         self._settings = settings or None
@@ -138,8 +141,9 @@ class Registration:
                 await asyncio.gather(task, return_exceptions=True)
         if self._session is not None:
             if deregister and self.registered:
-                body = {"group": self.group, "address": self.address,
-                        "server_id": self.server_id}
+                body = {"group": self.group, "address": self.address}
+                if self._sends_server_id:
+                    body["server_id"] = self.server_id
                 try:
                     status, _ = await self._post("/api/brokers/deregister", body, patient=True)
                     deregistered = status == 200
@@ -170,8 +174,9 @@ class Registration:
     def _identity(self) -> dict[str, Any]:
         view = self.role.view()
         out: dict[str, Any] = {"group": self.group, "kind": self.kind, "address": self.address,
-                               "state": self.state, "server_id": self.server_id,
-                               "epoch": view.epoch, "role": view.role}
+                               "state": self.state, "epoch": view.epoch, "role": view.role}
+        if self._sends_server_id:
+            out["server_id"] = self.server_id
         if view.master_id is not None and view.master_id != self.server_id:
             out["master_id"] = view.master_id
         return out

@@ -40,16 +40,18 @@ class Broker:
         return [dict(row) for row in self.rows]
 
 
-def registration(url: str, broker: Broker) -> Registration:
+def registration(url: str, broker: Broker, clock: Clock) -> Registration:
+    # The registration reads the test's clock too: a backlog rides on a heartbeat at most every
+    # STATS_INTERVAL_MS, and each heartbeat here comes a third of the expiry after the last.
     reg = Registration(url, group="rt1", kind="realtime", address="127.0.0.1:20881",
                        heartbeat_interval_ms=3_600_000, report=broker.report,
-                       on_state=lambda state: None)
+                       on_state=lambda state: None, clock_ms=clock)
     post = reg._post
 
-    async def recording_post(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async def recording_post(path: str, body: dict[str, Any], **options: Any) -> tuple[int, Any]:
         if path.endswith("/heartbeat"):
             broker.sent.append(body)
-        return await post(path, body)
+        return await post(path, body, **options)
 
     reg._post = recording_post  # type: ignore[method-assign]
     return reg
@@ -75,7 +77,7 @@ async def test_a_broker_with_more_groups_than_a_heartbeat_takes_stays_registered
     meta, caplog,
 ):
     broker = Broker(GROUPS)
-    reg = registration(meta.url, broker)
+    reg = registration(meta.url, broker, meta.clock)
     await reg.start()
     try:
         for _ in range(4):
@@ -89,6 +91,7 @@ async def test_a_broker_with_more_groups_than_a_heartbeat_takes_stays_registered
         assert len(idle) < 1_000, idle  # an idle heartbeat: no row, whatever the groups
         broker.rows[5]["lag"] = 42
         del broker.rows[7]
+        meta.clock.now_ms += EXPIRY_MS // 3
         await reg.heartbeat_now()
         changed = broker.sent[-1]
         assert len(changed["backlog_changes"]) == 1 and len(changed["backlog_removed"]) == 1
@@ -104,7 +107,7 @@ async def test_a_refused_heartbeat_is_logged_with_the_reason_and_the_broker_is_n
 ):
     broker = Broker(3)
     broker.rows[0]["subject"] = "not a subject!"
-    reg = registration(meta.url, broker)
+    reg = registration(meta.url, broker, meta.clock)
     await reg.start()
     try:
         with caplog.at_level(logging.INFO, logger="serverkit.registration"):
