@@ -323,7 +323,10 @@ async def test_the_qmq_command_line_parses_the_dead_and_delay_admin_commands(thr
         0, "purged 1 dead letter(s) of orders / billing")
     assert await asyncio.to_thread(cli.main, ["admin", "delay", "--meta", url]) == 0
     assert capsys.readouterr().out.strip() == "(no online delay server)"
-    assert await asyncio.to_thread(cli.main, ["admin", "dead", "bogus", "--meta", url]) == 2
+    # An unknown action is argparse's usage error, exit code 2 (qmq/exits.py).
+    with pytest.raises(SystemExit) as exited:
+        await asyncio.to_thread(cli.main, ["admin", "dead", "bogus", "--meta", url])
+    assert exited.value.code == 2
     assert "usage: qmq admin dead" in capsys.readouterr().err
 
 
