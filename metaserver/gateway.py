@@ -56,8 +56,13 @@ class LocalRoutes(RouteCache):
     so it works behind any proxy. Cached and refreshed exactly as the SDK's RouteCache (this
     replaces only its ``_fetch``)."""
 
+    # A URL only to satisfy RouteCache's parsing of its MetaServer list: this cache asks no
+    # MetaServer over HTTP (``_fetch`` reads the registry), and ``.invalid`` (RFC 2606) names
+    # no host, so a stray request could reach nothing.
+    NO_URL = "http://in-process.invalid"
+
     def __init__(self, registry: Registry, kind: str) -> None:
-        super().__init__("in-process", kind=kind)
+        super().__init__(self.NO_URL, kind=kind)
         self._registry = registry
 
     async def _fetch(self, subject: str, role: Role) -> Route:

@@ -114,7 +114,7 @@ class Producer(_LoopClient):
     ``batch_size_max``, ``in_flight_max``, ``send_timeout_ms``, ``retries_max``, ``tls``, ...)
     and methods, which return once the async producer's would have. Thread-safe."""
 
-    def __init__(self, meta_url: str, **options: Any) -> None:
+    def __init__(self, meta_url: str | Sequence[str], **options: Any) -> None:
         super().__init__("producer")
         try:
             self._producer = self._make(lambda: AsyncProducer(meta_url, **options))
@@ -231,7 +231,7 @@ class Consumer(_LoopClient):
     thread) or Ctrl-C, ``start()`` serves them in the background. ``subscribe(subject)`` is a
     blocking iterator. Thread-safe."""
 
-    def __init__(self, meta_url: str, *, group: str,
+    def __init__(self, meta_url: str | Sequence[str], *, group: str,
                  start: Literal["latest", "earliest"] = "latest", **options: Any) -> None:
         super().__init__("consumer")
         try:

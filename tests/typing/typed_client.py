@@ -13,7 +13,8 @@ import qmq.sync
 
 
 async def produce() -> None:
-    async with qmq.Producer("http://127.0.0.1:8090", app="shop") as producer:
+    async with qmq.Producer(("http://10.0.0.1:8090", "http://10.0.0.2:8090"),
+                            app="shop") as producer:
         receipt: qmq.Receipt = await producer.send("order.created", b"42", tags=["vip"],
                                                    properties={"id": "42"})
         message_id: str = receipt.message_id
@@ -60,11 +61,14 @@ def blocking() -> None:
         receipt: qmq.Receipt = producer.send("order.timeout", b"42", delay=60_000)
         status: str = producer.cancel(receipt)
         print(status)
-    with qmq.sync.Consumer("http://127.0.0.1:8090", group="billing") as consumer:
+    # Several MetaServers: a list, as the async clients take (or one comma-separated string).
+    with qmq.sync.Consumer(["http://10.0.0.1:8090", "http://10.0.0.2:8090"],
+                           group="billing") as consumer:
         for msg in consumer.subscribe("order.created"):
             body: bytes = msg.body
             retries: int = msg.retries
             print(body, retries)
             msg.ack()
-    errors: tuple[type[qmq.QmqError], ...] = (qmq.Forbidden, qmq.NoRoute, qmq.DelayOutOfRange)
+    errors: tuple[type[qmq.QmqError], ...] = (qmq.Forbidden, qmq.NoRoute, qmq.DelayOutOfRange,
+                                              qmq.NotMaster, qmq.Unavailable)
     print(errors)
