@@ -34,6 +34,10 @@ def start_stub(cluster: Cluster, meta_url: str, name: str, me: str, peer: str) -
         str(data), "--group", "rt1", "--insync", peer], _LISTEN))
 
 
+def server_row(url: str, server: str) -> dict[str, Any]:
+    return next(r for r in admin(url, "brokers") if r["server_id"] == server)
+
+
 def group_row(url: str) -> dict[str, Any]:
     return next(r for r in admin(url, "replication") if r["group"] == "rt1")
 
@@ -63,12 +67,18 @@ async def test_a_switchover_moves_the_master_and_a_shutdown_hands_it_back(cluste
     assert (await send(first.port, 1))["status"] == "stored"
     assert (await send(second.port, 2))["code"] == "not_master"
 
+    await wait_for(lambda: server_row(url, SECOND)["lag_bytes"] == 0, 30,
+                   "the slave's lag reported", in_thread=True)
     listing = await asyncio.to_thread(run_qmq, "admin", "brokers", "--meta", url)
     assert listing.returncode == 0, listing.stderr
     header = listing.stdout.splitlines()[0].split()
-    assert header[:7] == ["group", "kind", "address", "server_id", "role", "epoch", "state"]
-    assert re.search(rf"{FIRST}\s+master\s+1\s+rw\s+yes", listing.stdout), listing.stdout
-    assert re.search(rf"{SECOND}\s+slave\s+1\s+rw\s+yes", listing.stdout), listing.stdout
+    assert header == ["group", "kind", "address", "server_id", "role", "epoch", "state",
+                      "in_sync", "lag_bytes", "lag_ms", "heartbeat_age_ms"]
+    # A master reports no lag of its own ("-"); the stand-in slave reports 0 bytes and 0 ms.
+    assert re.search(rf"{FIRST}\s+master\s+1\s+rw\s+yes\s+-\s+-\s", listing.stdout), \
+        listing.stdout
+    assert re.search(rf"{SECOND}\s+slave\s+1\s+rw\s+yes\s+0\s+0\s", listing.stdout), \
+        listing.stdout
 
     switched = await asyncio.to_thread(run_qmq, "admin", "switchover", "rt1", "--meta", url)
     assert switched.returncode == 0, switched.stdout + switched.stderr
