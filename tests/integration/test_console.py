@@ -230,3 +230,21 @@ async def test_the_trace_api_needs_an_admin_token_when_auth_is_on(console):
             assert resp.status == 401
     answer = await console.api("GET", "/api/admin/trace?id=m1")
     assert answer["events"] == [] and answer["configured"] == []
+
+
+async def test_the_overview_shows_each_servers_replication_role_epoch_and_lag(open_console):
+    api = open_console.api
+    for address, server_id in (("127.0.0.1:1", "aaaa"), ("127.0.0.1:2", "bbbb")):
+        await api("POST", "/api/brokers/register", {"group": "rt1", "kind": "realtime",
+                                                    "address": address, "server_id": server_id},
+                  None)
+    await api("POST", "/api/brokers/heartbeat", {
+        "group": "rt1", "kind": "realtime", "address": "127.0.0.1:2", "server_id": "bbbb",
+        "role": "slave", "epoch": 1, "replica": {"lag_bytes": 4096, "lag_ms": 1200}}, None)
+    _, overview, _ = await open_console.get("/")
+    rows = {address: re.sub(r"<[^>]+>|\s+", " ", row) for row in
+            re.findall(r"<tr class=[^>]*>(.*?)</tr>", overview, re.S)
+            for address in ("127.0.0.1:1", "127.0.0.1:2") if address in row}
+    master, slave = rows["127.0.0.1:1"], rows["127.0.0.1:2"]
+    assert " master " in master and " 1 " in master
+    assert " slave " in slave and "1,200 ms / 4,096 B" in slave and " 1 " in slave
