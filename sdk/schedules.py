@@ -13,18 +13,24 @@ Durations and times are converted to milliseconds here, at the edge: ``every`` i
 or ms; ``at``/``start``/``end`` an aware datetime, epoch ms, or an ISO 8601 string (one without
 an offset is wall-clock time in ``tz``). Errors are the wire errors (BadRequest, Forbidden,
 NotFound, Conflict, ...), raised from the MetaServer's answer.
+
+``meta_url`` may name several MetaServers, as the Producer's does; a call that cannot reach one
+goes to the next. A ``create`` whose answer was lost that way may have been made: tried again on
+the next MetaServer, it answers Conflict (the name is taken), and ``get`` shows it.
 """
 
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timedelta
 import builtins
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from sdk.meta import MetaEndpoints, MetaUnavailable
 from wire.errors import BadRequest, Conflict, ConnectionLost, QmqError, error_from_wire
 from wire.http import bearer, http_ssl
 from wire.tls import TlsOption, client_context
@@ -58,12 +64,15 @@ def _every_ms(every: timedelta | int | None) -> int | None:
 class Schedules:
     """A client of the MetaServer's schedule API at ``meta_url``; see the module doc."""
 
-    def __init__(self, meta_url: str, *, token: str | None = None, tls: TlsOption = None,
-                 timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT) -> None:
-        self.meta_url = meta_url.rstrip("/")
+    def __init__(self, meta_url: str | Sequence[str], *, token: str | None = None,
+                 tls: TlsOption = None, timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT) -> None:
+        # One MetaServer or several (a list, or URLs separated by commas): each call goes to the
+        # one that answered last and moves on to the next when it cannot be reached.
+        self.meta = MetaEndpoints(meta_url)
+        self.meta_url = str(self.meta)
         self._headers = bearer(token)
         self._ssl = http_ssl(client_context(tls))
-        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._timeout_s = timeout_ms / 1000
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Schedules:
@@ -133,16 +142,17 @@ class Schedules:
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
                     params: dict[str, str] | None = None) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession()
         try:
-            async with self._session.request(method, self.meta_url + path, json=body,
-                                              params=params, headers=self._headers,
-                                              ssl=self._ssl) as response:
-                data = await response.json(content_type=None)
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ConnectionLost(f"{method} {path} at the MetaServer {self.meta_url} failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+            answer = await self.meta.request(self._session, method, path,
+                                             timeout_s=self._timeout_s, headers=self._headers,
+                                             ssl=self._ssl, json=body, params=params)
+        except MetaUnavailable as exc:
+            raise ConnectionLost(exc.message) from None
+        status, data = answer.status, answer.data
+        if data is None:
+            raise ConnectionLost(f"{method} {path} at the MetaServer {answer.url}: HTTP {status} "
+                                 "with no JSON body")
         if status >= 400:
             error = data.get("error", {}) if isinstance(data, dict) else {}
             code, message = str(error.get("code", "")), str(error.get("message", data))

@@ -28,7 +28,7 @@ from metaserver.schedule_runner import ScheduleRunner
 from metaserver.schedules import check_new
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
 from tests.pg import PgCluster, create_database
 from tests.rawclient import RawClient
 from wire.message import Message
@@ -199,6 +199,19 @@ async def test_the_api_refuses_bad_definitions_with_the_reason(tmp_path: Any) ->
         assert [f["fire_ms"] for f in fires][1] - fires[0]["fire_ms"] == 1000
         with pytest.raises(qmq.BadRequest):
             await schedules.next("s", 1001)
+
+
+async def test_the_schedule_client_takes_several_metaservers_and_skips_one_that_is_down(
+        tmp_path: Any) -> None:
+    async with start_metaserver(MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0)) as m:
+        down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        async with qmq.Schedules([down, m.url]) as schedules:
+            await schedules.create("beat", "subj", "b", every=1000)
+            assert schedules.meta.url == m.url, "the one that answered is asked first now"
+            assert [s["name"] for s in await schedules.list()] == ["beat"]
+        async with qmq.Schedules(down) as lost:
+            with pytest.raises(qmq.ConnectionLost, match="unreachable"):
+                await lost.list()
 
 
 async def test_an_app_token_manages_only_schedules_of_subjects_it_may_produce_to(
