@@ -35,6 +35,17 @@ def cluster(tmp_path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
             print(cluster.dump())
 
 
+@pytest.fixture(scope="module")
+def module_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    """One ``qmq up --no-trace`` for a test module (the examples, the docs' snippets), started as
+    a user starts it and stopped after the module."""
+    cluster = Cluster(tmp_path_factory.mktemp("module-up"))
+    try:
+        yield cluster.start_up("--no-trace")
+    finally:
+        cluster.stop_all()
+
+
 @pytest.fixture(scope="session")
 def gateway_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     """One ``qmq up`` shared by the gateway's tests (its OpenAPI checks, docs/HTTP.md's

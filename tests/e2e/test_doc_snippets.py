@@ -13,13 +13,12 @@ import ast
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO_ROOT, Cluster, UpProcess
+from tests.harness import REPO_ROOT, UpProcess
 
 DOCUMENTED_META_URL = "http://127.0.0.1:8090"
 SNIPPET_TIMEOUT_S = 120
@@ -54,12 +53,8 @@ PROGRAMS = [s for s in SNIPPETS if not s.fragment]
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    cluster = Cluster(tmp_path_factory.mktemp("snippets-up"))
-    try:
-        yield cluster.start_up("--no-trace")
-    finally:
-        cluster.stop_all()
+def up(module_up: UpProcess) -> UpProcess:
+    return module_up
 
 
 def test_the_readme_and_the_sdk_guide_have_complete_programs() -> None:

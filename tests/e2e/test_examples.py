@@ -16,12 +16,8 @@ from tests.harness import REPO_ROOT, Cluster, UpProcess, run_qmq
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    cluster = Cluster(tmp_path_factory.mktemp("examples-up"))
-    try:
-        yield cluster.start_up("--no-trace")
-    finally:
-        cluster.stop_all()
+def up(module_up: UpProcess) -> UpProcess:
+    return module_up
 
 
 def test_the_order_timeout_example_cancels_the_unpaid_order_and_keeps_the_paid_one(
