@@ -531,6 +531,22 @@ class SegmentedLog:
             raise CorruptRecord(segment.path, offset, "crc mismatch")
         return body, offset + framed
 
+    def read_unverified(self, offset: int) -> bytes | None:
+        """The bytes of the record at ``offset`` WITHOUT the CRC check, or None when its
+        header is bad or it runs past its segment. Only for naming a record ``read`` refused
+        (a damaged body still holds its key fields): never return these bytes as data."""
+        if self._closed:
+            raise LogClosed(self.directory)
+        segment, position = self._locate(offset)
+        header = segment.handle.pread(position, HEADER_SIZE_BYTES)
+        if len(header) < HEADER_SIZE_BYTES:
+            return None
+        body_length, _crc, problem = check_header(header, self.config.record_size_bytes_max)
+        if problem:
+            return None
+        body = segment.handle.pread(position + HEADER_SIZE_BYTES, body_length)
+        return body if len(body) == body_length else None
+
     def read_bodies(self, offsets: Sequence[int], body_sizes: Sequence[int],
                     gap_bytes_max: int = READ_RUN_GAP_BYTES_MAX) -> list[memoryview | None]:
         """The bodies of the records at ``offsets`` (ascending), whose body sizes the caller

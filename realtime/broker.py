@@ -314,10 +314,16 @@ class Broker:
     async def _retention_round(self) -> None:
         """Delete what every pull-log group is past and retention lets go."""
         keep = await self.on_pulllog_thread(self._retention_keep_io)
-        report, firsts = await self.on_store_thread(self._retention_io, self.clock(), keep)
+        now_ms = self.clock()
+        report, firsts = await self.on_store_thread(self._retention_io, now_ms, keep)
         self.committed.retained(firsts)
         if report:
             log.info("retention: %s", report)
+        if report.unconsumed_deleted:  # a give-up: traced with its reason
+            log.error("retention's hard cap deleted %d messages a consumer group had not "
+                      "consumed", report.unconsumed_deleted)
+            self._tracer.retention_deleted(report.unconsumed_deleted, report.unconsumed_names,
+                                          now_ms)
 
     def _retention_keep_io(self) -> dict[str, int]:
         """Pull-log thread: per subject, the lowest sequence some pull-log group still needs."""
@@ -331,7 +337,8 @@ class Broker:
     def _retention_io(self, now_ms: int, keep: dict[str, int]) -> tuple[Any, dict[str, int]]:
         """Store thread: apply retention, keeping what ``keep`` says is needed; the report and
         the first sequences after it."""
-        report = self.store.apply_retention(now_ms, keep)
+        name = self._tracer.members_of if self._tracer.enabled else None
+        report = self.store.apply_retention(now_ms, keep, name)
         return report, _first_sequences(self.store)
 
     # ------------------------------------------------------------------ reporting

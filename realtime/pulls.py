@@ -222,9 +222,14 @@ class Pulls:
         expired: list[bytes] | None = [] if ctx.tracer.enabled else None
         if missing or (remaining > 0 and cursor < end and tail is None):
             # Behind the tail: read the message store (queued behind any commit).
+            unreadable: list[tuple[int, str | None]] = []
             found, new_cursor = await ctx.on_store_thread(
                 self._read_io, subject, missing, cursor if tail is None else end, end,
-                remaining, tags, now_ms, expired)
+                remaining, tags, now_ms, expired, unreadable)
+            if unreadable:  # passed over for good: a give-up, traced with its reason
+                log.error("pull of %s for %s passed over %d unreadable records (sequences %s)",
+                          subject, key, len(unreadable), [seq for seq, _ in unreadable][:10])
+                ctx.tracer.records_unreadable(subject, key, unreadable, now_ms)
             payloads.update(found)
             scanned = [seq for seq in found if seq not in redeliveries]
         else:
@@ -254,10 +259,13 @@ class Pulls:
 
     def _read_io(self, subject: str, seqs: list[int], cursor: int, end: int, count: int,
                  tags: frozenset[str], now_ms: int, expired: list[bytes] | None = None,
+                 unreadable: list[tuple[int, str | None]] | None = None,
                  ) -> tuple[dict[int, bytes], int]:
         """Store thread: the payloads of ``seqs`` (b"" when unreadable), then up to ``count``
         deliverable messages from ``cursor``; returns them and the new cursor. Messages passed
-        over because they expired go to ``expired`` (for tracing)."""
+        over because they expired go to ``expired`` (for tracing); records the scan passed over
+        because they fail verification go to ``unreadable`` as (sequence, id or None): a
+        damaged record must not fail every pull of the group, forever."""
         store = self._ctx.store
         payloads: dict[int, bytes] = {}
         for seq in seqs:
@@ -273,7 +281,8 @@ class Pulls:
         if count > 0 and cursor < end:
             start = max(cursor, store.first_sequence(subject))
             hashes = [tag_hash(t) for t in tags] if tags else None
-            found, new_cursor = store.scan(subject, start, count, hashes)
+            found, new_cursor = store.scan(subject, start, count, hashes,
+                                           unreadable=unreadable)
             budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
             for stored in found:
                 if payloads and len(stored.payload) > budget_bytes:

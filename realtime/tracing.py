@@ -4,8 +4,10 @@ written as a flag on the message's ``stored`` line, which readers expand into bo
 
 Give-ups (``gave_up`` with a reason, counted in ``gave_up_counts`` even when tracing is off):
 a redelivery whose record the store cannot read (``redelivery_unreadable``: the broker acks it
-in the group's name so it does not come back forever) and an ack of a record the store cannot
-read to name it (``ack_unreadable``). To name the first, the members of entries released for
+in the group's name so it does not come back forever), an ack of a record the store cannot
+read to name it (``ack_unreadable``), a record a group's pull passed over because it fails
+verification (``record_unreadable``) and a message retention's hard cap deleted before every
+group had consumed it (``retention_hard_cap``). To name the first, the members of entries released for
 redelivery are kept (``_released``) until they are handed out again; a broker that restarts
 learns them, and those of what consumers held, by reading their records once at start
 (``name_from_store``).
@@ -38,6 +40,7 @@ from tracelog.peek import TracePeek, peek_trace_members, trace_members
 from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
                              message_members, reason_member,
                              subject_member, subscription_event)
+from wire.message import parse_internal_subject
 
 _peek = peek_trace_members
 _json_str = json_string_literal
@@ -88,7 +91,8 @@ class BrokerTracer:
     - ``_subscriptions``: the event loop (``subscribed``, ``unsubscribed``,
       ``expire_subscriptions``);
     - ``gave_up_counts``: one writer thread per reason (``redelivery_unreadable`` the pull-log
-      thread, ``ack_unreadable`` the event loop), read by metrics at scrape time;
+      thread, ``ack_unreadable``, ``record_unreadable`` and ``retention_hard_cap`` the event
+      loop), read by metrics at scrape time;
     - ``_recent`` (members of messages just stored): filled on the event loop (``stored``),
       taken on the pull-log thread (``pulled_columns``); each side's step is a dict operation
       done in C, atomic under the GIL, and a member not found is decoded from the payload;
@@ -184,6 +188,33 @@ class BrokerTracer:
         members = [released.pop(seq, None) or message_members(f"{subject}@{seq}", subject)
                    for seq in log_seqs]
         self._gave_up_lines(members, now_ms, "redelivery_unreadable", key)
+
+    def records_unreadable(self, subject: str, key: str, found: Sequence[tuple[int, str | None]],
+                           now_ms: int) -> None:
+        """Records a group's pull passed over for good because they fail verification (event
+        loop): ``gave_up`` ``record_unreadable`` for the group, named by the id read without
+        the CRC check (``MessageStore.unverified_id``), else ``<subject>@<consumer-log seq>``."""
+        self._count_gave_up("record_unreadable", len(found))
+        if self.enabled and found:
+            internal = parse_internal_subject(subject)
+            user_subject = subject if internal is None else internal.subject
+            self._gave_up_lines([message_members(msg_id or f"{subject}@{seq}", user_subject)
+                                 for seq, msg_id in found], now_ms, "record_unreadable", key)
+
+    def retention_deleted(self, count: int, members: Sequence[str], now_ms: int) -> None:
+        """Messages retention's hard cap deleted before every pull-log group was past them
+        (event loop): ``gave_up`` ``retention_hard_cap`` for every group (group null: a group
+        that had acked it has settled it), named by the members the store thread built
+        (``members_of``)."""
+        self._count_gave_up("retention_hard_cap", count)
+        if self.enabled and members:
+            self._gave_up_lines(members, now_ms, "retention_hard_cap", None)
+
+    @staticmethod
+    def members_of(payload: bytes) -> str | None:
+        """The trace members of a stored payload (any thread), or None if it does not parse."""
+        peeked = _peek(payload)
+        return None if peeked is None else peeked.members
 
     def acks_unreadable(self, subject: str, key: str, consumer: str, log_seqs: Sequence[int],
                         now_ms: int) -> None:

@@ -106,6 +106,11 @@ GIVE_UP_REASONS = {
                              "group's name so it does not come back forever",
     "ack_unreadable": "a consumer acked it after a restart, but its record could not be read "
                       "to name it (msg_id is <subject>@<consumer-log sequence>)",
+    "record_unreadable": "a group's pull passed over its record for good: it fails "
+                         "verification (damaged on disk); named by the id read without the CRC "
+                         "check, else <subject>@<consumer-log sequence>",
+    "retention_hard_cap": "retention's hard cap (age or bytes) deleted it before every consumer "
+                          "group of its subject had consumed it",
 }
 UNSUBSCRIBE_REASONS = ("left", "expired")
 

@@ -66,6 +66,18 @@ class MessageLog:
         except ValueError as exc:
             raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
 
+    def read_id_unverified(self, offset: int) -> tuple[str, int, str] | None:
+        """(subject, subject sequence, message id) of the record at ``offset`` decoded WITHOUT
+        its CRC check, or None when even that fails: names a record ``read`` refuses."""
+        body = self.log.read_unverified(offset)
+        if body is None:
+            return None
+        try:
+            _ts, sequence, _bloom, subject, message_id, _at = decode_message_header(body)
+        except ValueError:
+            return None
+        return subject, sequence, message_id
+
     def timestamp_at(self, offset: int) -> int:
         """The timestamp of the record at ``offset``."""
         return self.read(offset)[0].timestamp_ms

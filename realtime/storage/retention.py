@@ -10,6 +10,9 @@ segment is never deleted. Oldest first, a segment is deleted when:
   subject lies in it ("retention"): online groups have consumed it.
 
 The first segment that qualifies for none of these stops the walk, so the log stays contiguous.
+Records a hard cap deletes at or after ``keep_sequences[subject]`` (a pull-log group of their
+subject had not consumed them) are counted in the report, and named when the caller passes
+``name_unconsumed`` (payload -> trace members), so the server can trace each as given up.
 Then every subject's first sequence moves to its first entry inside the retained log, and its
 consumer-log files whose entries are all below that are deleted (never its last file, which keeps
 the end sequence).
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from realtime.storage.config import StoreConfig
 from realtime.storage.consumer_log import ConsumerLog, DeletedFile
+from logstore import CorruptRecord
 from realtime.storage.message_log import MessageLog
+from realtime.storage.message_record import decode_message_record
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ class RetentionReport:
     first_sequences: dict[str, int] = field(default_factory=dict)  # subjects whose first moved
     consumer_log_files_deleted: dict[str, list[DeletedFile]] = field(default_factory=dict)
     kept_for: str | None = None  # the subject whose group stopped time-based deletion, if any
+    unconsumed_deleted: int = 0  # records a hard cap deleted that a pull-log group still needed
+    unconsumed_names: list[str] = field(default_factory=list)  # their name_unconsumed results
 
     def __bool__(self) -> bool:
         """True when anything was deleted or any first sequence moved (worth logging)."""
@@ -75,9 +82,38 @@ def _keep_offset(consumer_logs: dict[str, ConsumerLog],
     return lowest, lowest_subject
 
 
+def _note_unconsumed(message_log: MessageLog, doomed: list[DeletedSegment],
+                     keep_sequences: Mapping[str, int],
+                     name: Callable[[bytes], str | None] | None, report: RetentionReport) -> None:
+    """Count (and name) the records of hard-capped ``doomed`` segments at or after the lowest
+    sequence a pull-log group of their subject still needs: they are given up on."""
+    capped = [d for d in doomed if d.reason != "retention"]
+    if not capped or not keep_sequences:
+        return
+    for segment in capped:
+        try:
+            for offset, body in message_log.log.iterate(segment.base_offset):
+                if offset >= segment.end_offset:
+                    break
+                record = decode_message_record(body)
+                keep = keep_sequences.get(record.subject)
+                if keep is None or record.subject_sequence < keep:
+                    continue
+                report.unconsumed_deleted += 1
+                named = name(record.payload) if name is not None else None
+                if named is not None:
+                    report.unconsumed_names.append(named)
+        except (CorruptRecord, ValueError) as exc:  # the rest of the segment cannot be named
+            log.warning("message log: segment %s deleted by the hard cap has an unreadable "
+                        "record; its later records are not counted as given up: %s",
+                        segment.path, exc)
+
+
 def apply_retention(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
                     config: StoreConfig, now_ms: int,
-                    keep_sequences: Mapping[str, int]) -> RetentionReport:
+                    keep_sequences: Mapping[str, int],
+                    name_unconsumed: Callable[[bytes], str | None] | None = None,
+                    ) -> RetentionReport:
     """Delete what the rules above allow; returns the report."""
     report = RetentionReport()
     keep_offset, keep_subject = _keep_offset(consumer_logs, keep_sequences)
@@ -103,6 +139,7 @@ def apply_retention(message_log: MessageLog, consumer_logs: dict[str, ConsumerLo
         doomed.append(DeletedSegment(info.base_offset, info.end_offset, info.size_bytes,
                                      info.path, newest_ms, reason))
     if doomed:
+        _note_unconsumed(message_log, doomed, keep_sequences, name_unconsumed, report)
         message_log.log.delete_segments_before(doomed[-1].end_offset)
         report.deleted_segments = doomed
         report.bytes_deleted = sum(d.size_bytes for d in doomed)

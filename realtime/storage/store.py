@@ -386,13 +386,20 @@ class MessageStore:
 
     def scan(self, subject: str, from_sequence: int, max_count: int,
              tag_hashes: Sequence[int] | None = None,
-             max_entries: int = 10_000) -> tuple[list[StoredMessage], int]:
+             max_entries: int = 10_000,
+             unreadable: list[tuple[int, str | None]] | None = None,
+             ) -> tuple[list[StoredMessage], int]:
         """Committed messages from ``from_sequence`` whose tag bloom shares a bit with any of
         ``tag_hashes`` (None or empty: all), at most ``max_count`` of them, looking at most at
         ``max_entries`` entries. Returns (messages, the next sequence to look at).
 
         The bloom is a pre-filter: a message whose tag merely shares a bit (h1 % 64 == h2 % 64)
         is returned too, so the caller checks the exact tags in the payload.
+
+        A record that fails verification raises CorruptEntry, unless ``unreadable`` is given:
+        then the scan passes over it and appends (sequence, its message id or None) there, the
+        id decoded without the CRC check (``unverified_id``) so the caller can name what it
+        gives up on.
         """
         self._check_open()
         check_int("max_count", max_count, 0, U64_MAX)
@@ -407,11 +414,33 @@ class MessageStore:
         while sequence < stop and len(messages) < max_count:
             for entry in clog.entries(sequence, min(SCAN_READ_ENTRIES, stop - sequence)):
                 if not mask or entry.tag_bloom & mask:
-                    messages.append(self._load(clog, sequence, entry))
+                    try:
+                        messages.append(self._load(clog, sequence, entry))
+                    except CorruptEntry:
+                        if unreadable is None:
+                            raise
+                        unreadable.append((sequence, self.unverified_id(subject, sequence)))
                 sequence += 1
                 if len(messages) == max_count:
                     break
         return messages, sequence
+
+    def unverified_id(self, subject: str, sequence: int) -> str | None:
+        """The message id of ``subject``'s ``sequence`` read WITHOUT the record's CRC check
+        (a damaged body usually keeps its header), or None when the entry or the header is
+        unreadable or names another message. Only to name a message given up on."""
+        self._check_open()
+        try:
+            clog = self._check_range(check_subject(subject), sequence, allow_end=False)
+            entry = clog.entry(sequence)
+            if entry.is_hole:
+                return None
+            found = self._message_log.read_id_unverified(entry.message_log_offset)
+        except (StorageError, LogStoreError):
+            return None
+        if found is None or found[:2] != (subject, sequence):
+            return None
+        return found[2]
 
     # ------------------------------------------------------------------ copying (replication)
 
@@ -497,16 +526,20 @@ class MessageStore:
 
     # ------------------------------------------------------------------ retention, closing
 
-    def apply_retention(self, now_ms: int, keep_sequences: Mapping[str, int]) -> RetentionReport:
+    def apply_retention(self, now_ms: int, keep_sequences: Mapping[str, int],
+                        name_unconsumed: Callable[[bytes], str | None] | None = None,
+                        ) -> RetentionReport:
         """Delete old message-log segments and the consumer-log files below them (see
-        ``realtime.storage.retention``); the report says what went and why."""
+        ``realtime.storage.retention``); the report says what went and why, and counts (and
+        names, by ``name_unconsumed(payload)``) what a hard cap deleted before a pull-log
+        group of its subject was past it."""
         self._check_open()
         check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         for subject, sequence in keep_sequences.items():
             check_subject(subject)
             check_int(f"keep_sequences[{subject!r}]", sequence, 0, U64_MAX)
         report = apply_retention(self._message_log, self._consumer_logs, self.config, now_ms,
-                                 keep_sequences)
+                                 keep_sequences, name_unconsumed)
         if report.deleted_segments:
             self._write_checkpoint()
         return report

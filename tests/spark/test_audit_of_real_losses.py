@@ -10,18 +10,29 @@ speak the wire protocol. Faults are injected, not hoped for:
 - ``corrupt-1`` is pulled and held by a consumer; the broker is restarted (so nothing is cached
   in memory), one bit of the record is flipped on disk (``logstore.faults.flip_bit``), the
   consumer expires, and its redelivery cannot be read: the broker acks it in the group's name.
+- ``rotten-1`` is stored but never pulled before the restart; its record rots the same way, and
+  the ``stockers`` group's first pull of it (a scan of the store) passes over it for good
+  instead of failing every pull of the group: ``record_unreadable``, named by the id its
+  damaged record still holds.
+- ``capped-1`` and ``capped-2``, on a second broker with one record per segment, are held by a
+  consumer when retention's hard cap (lowered on the store thread: the fault) deletes their
+  segments: ``retention_hard_cap``. ``capped-3``, in the active segment, is acked.
 - ``held-1`` is pulled by a consumer of another group that never acks it: past the deadline the
   broker still holds it, so it is overdue, not lost.
 
 Everything else is delivered and acked in time. The audit (the session's SparkSession) must exit
-1 and name exactly refused-1 and corrupt-1 as lost, with their reasons, and held-1 as overdue.
+1 and name exactly refused-1, corrupt-1, rotten-1, capped-1 and capped-2 as lost, with their
+reasons, and held-1 as overdue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
+
+import pytest
 
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
@@ -37,6 +48,8 @@ from tests.rawclient import RawClient
 
 DEADLINE_MS = 3_000  # generous for a loaded machine: an ack in time must not look late
 CORRUPT_MARKER = b"please-damage-this-body"
+ROTTEN_MARKER = b"please-rot-this-unread-body"
+CAPPED_BODY_BYTES = 700  # with 1 KiB segments: one record per segment
 WAIT_S = 30
 
 
@@ -90,6 +103,33 @@ def rt_config(tmp_path, meta_url: str) -> RealtimeConfig:
                           heartbeat_interval_ms=200)
 
 
+async def lose_to_the_hard_cap(tmp_path, meta_url: str) -> None:
+    """A second broker, one record per segment: capped-1..3 pulled by ``slow``/s1, capped-3
+    acked; then the hard cap, lowered to 0 bytes, deletes every segment but the active one."""
+    rt2 = RealtimeServer(dataclasses.replace(
+        rt_config(tmp_path, meta_url), data_dir=str(tmp_path / "rt2"), group="rt-2",
+        segment_size_bytes_max=1024))
+    await rt2.start()
+    try:
+        client = await RawClient.connect(rt2.port)
+        for msg_id in ("capped-1", "capped-2", "capped-3"):
+            await client.send(Message.create("capped.s", b"c" * CAPPED_BODY_BYTES,
+                                             now_ms=now_ms(), id=msg_id))
+        await pull_ack(client, "capped.s", "slow", "s1", {"capped-1", "capped-2", "capped-3"},
+                       hold={"capped-1", "capped-2"})
+        store = rt2.broker.store
+
+        def lower_the_hard_cap() -> None:  # the fault, on the store's own thread
+            store.config = dataclasses.replace(store.config, retention_hard_cap_bytes=0)
+
+        await rt2.broker.on_store_thread(lower_the_hard_cap)
+        await rt2.broker._retention_round()
+        assert rt2.broker.tracer.gave_up_counts == {"retention_hard_cap": 2}
+        await client.close()
+    finally:
+        await rt2.stop()
+
+
 def damage(data_dir: str, marker: bytes) -> None:
     """Flip one bit inside ``marker`` in the message-log segment that holds it."""
     for root, _dirs, files in os.walk(data_dir):
@@ -119,6 +159,11 @@ async def run_the_faulty_scenario(tmp_path) -> int:
             delayed = await RawClient.connect(delay.port)
             for msg_id, body in (("ok-1", b"a"), ("ok-2", b"b"), ("corrupt-1", CORRUPT_MARKER)):
                 await client.send(Message.create("orders", body, now_ms=now_ms(), id=msg_id))
+            # stockers starts before rotten-1 is sent, so it is owed rotten-1.
+            await client.send(Message.create("stock", b"s", now_ms=now_ms(), id="stock-ok"))
+            await pull_ack(client, "stock", "stockers", "s1", {"stock-ok"})
+            await client.send(Message.create("stock", ROTTEN_MARKER, now_ms=now_ms(),
+                                             id="rotten-1"))
             held_at_ms = now_ms()
             await client.send(Message.create("held.s", b"h", now_ms=held_at_ms, id="held-1"))
             for msg_id in ("late-ok", "refused-1"):
@@ -135,7 +180,11 @@ async def run_the_faulty_scenario(tmp_path) -> int:
             rt = RealtimeServer(rt_config(tmp_path, meta.url))
             await rt.start()
             damage(str(tmp_path / "rt"), CORRUPT_MARKER)
+            damage(str(tmp_path / "rt"), ROTTEN_MARKER)
             client = await RawClient.connect(rt.port)
+            response = await client.pull("stock", "stockers", "s1", wait_ms=200)
+            assert pull_columns(response)[1] == []  # passed over, not a pull that fails
+            assert rt.broker.tracer.gave_up_counts == {"record_unreadable": 1}
             counts = rt.broker.tracer.gave_up_counts
             deadline = time.monotonic() + WAIT_S
             while not counts.get("redelivery_unreadable"):  # c1 expires, c2 finds it unreadable
@@ -144,12 +193,14 @@ async def run_the_faulty_scenario(tmp_path) -> int:
                 assert pull_columns(response)[1] == []
             await client.close()
             await delayed.close()
+            await lose_to_the_hard_cap(tmp_path, meta.url)
         finally:
             await delay.stop()
             await rt.stop()
     return held_at_ms
 
 
+@pytest.mark.timeout(900)  # three servers, two restarts and an audit on a loaded 2-core machine
 def test_the_audit_of_a_run_with_injected_losses_names_exactly_the_lost_ids(
         spark, tmp_path, capsys):
     # Not an async test: the CLI runs its own event loop, and the session's SparkSession is
@@ -168,8 +219,11 @@ def test_the_audit_of_a_run_with_injected_losses_names_exactly_the_lost_ids(
     assert judged == [
         ("lost", "billing", "corrupt-1", "redelivery_unreadable", "realtime:rt-1"),
         ("lost", "billing", "refused-1", "dispatch_refused", "delay:delay-1"),
+        ("lost", "slow", "capped-1", "retention_hard_cap", "realtime:rt-2"),
+        ("lost", "slow", "capped-2", "retention_hard_cap", "realtime:rt-2"),
+        ("lost", "stockers", "rotten-1", "record_unreadable", "realtime:rt-1"),
         ("overdue", "keeper", "held-1", "held", "realtime:rt-1")]
     assert [r.kind for r in rows if r.kind not in ("lost", "overdue")] == []
     (held,) = [r for r in rows if r.kind == "overdue"]
     assert held.holder_consumer == "k1" and held.held_ms > DEADLINE_MS
-    assert printed.out.startswith("FAIL: 2 lost, 1 overdue, 0 early")
+    assert printed.out.startswith("FAIL: 5 lost, 1 overdue, 0 early")

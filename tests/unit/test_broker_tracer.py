@@ -231,3 +231,23 @@ def test_after_a_restart_held_and_queued_entries_are_named_from_the_store_once(t
     assert [(e["event"], e["msg_id"], e["reason"]) for e in read_events([tmp_path])] == [
         ("acked", "m5", None), ("gave_up", "orders@7", "ack_unreadable"),
         ("gave_up", "m8", "redelivery_unreadable"), ("gave_up", "orders@9", "redelivery_unreadable")]
+
+
+def test_records_passed_over_and_messages_the_hard_cap_deleted_are_given_up_with_reasons(
+        tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tracer.records_unreadable("orders", "billing", [(4, "m4"), (5, None)], T0_MS + 1)
+    tracer.records_unreadable("%retry%orders%billing", "billing", [(0, "m9.r1")], T0_MS + 1)
+    retry = encode_message(Message.create("orders", b"x", now_ms=T0_MS, id="m7"))
+    members = [BrokerTracer.members_of(retry)]
+    assert BrokerTracer.members_of(b"\xc1") is None
+    tracer.retention_deleted(3, members, T0_MS + 2)  # 3 deleted, 1 named (tracing on here)
+    writer.close()
+    assert [(e["event"], e["msg_id"], e["subject"], e["group"], e["reason"])
+            for e in read_events([tmp_path])] == [
+        ("gave_up", "m4", "orders", "billing", "record_unreadable"),
+        ("gave_up", "orders@5", "orders", "billing", "record_unreadable"),
+        ("gave_up", "m9.r1", "orders", "billing", "record_unreadable"),
+        ("gave_up", "m7", "orders", None, "retention_hard_cap")]
+    assert tracer.gave_up_counts == {"record_unreadable": 3, "retention_hard_cap": 3}

@@ -316,3 +316,26 @@ def test_records_of_a_dropped_batch_left_at_the_tail_reappear_after_a_crash_as_c
     assert again.append("a", "dropped0", [], T0 + 1, b"").duplicate
     again.close()
     store._closed = True
+
+
+def test_a_scan_told_to_pass_over_a_damaged_record_names_it_by_its_unverified_id(data_dir):
+    from logstore.record import HEADER_SIZE_BYTES
+    from realtime.storage import CorruptEntry
+
+    fill(data_dir)
+    store = open_store(data_dir)
+    entry = store._consumer_logs["a"].entry(2)
+    store.close()
+    segment = sorted(glob.glob(os.path.join(data_dir, "messagelog", "*.log")))[0]
+    # The last payload byte: the header still names "a" sequence 2 and its id.
+    flip_bit(segment, entry.message_log_offset + HEADER_SIZE_BYTES + entry.size_bytes - 1)
+    store = open_store(data_dir, now_ms=T0 + 10 * TINY.dedup_window_ms)
+    with pytest.raises(CorruptEntry):
+        store.scan("a", 0, 10)
+    unreadable: list = []
+    found, next_sequence = store.scan("a", 0, 10, unreadable=unreadable)
+    assert [m.sequence for m in found] == [0, 1, *range(3, 11)] and next_sequence == 11
+    assert unreadable == [(2, "a:2")]
+    assert store.unverified_id("a", 3) == "a:3"
+    assert store.unverified_id("a", 99) is None
+    store.close()

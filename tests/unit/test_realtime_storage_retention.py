@@ -164,3 +164,34 @@ def test_a_subject_whose_records_are_all_deleted_keeps_its_end_sequence_over_a_r
     assert again.end_sequence("b") == 1 and again.first_sequence("b") == 1
     assert again.append("b", "b1", [], T0 + 5 * HOUR_MS, b"").sequence == 1
     again.close()
+
+
+def test_the_hard_cap_counts_and_names_what_a_group_had_not_consumed_and_only_that(data_dir):
+    config = dataclasses.replace(TINY, retention_hard_cap_bytes=8192)
+    store = fill(data_dir, config)
+    report = store.apply_retention(T0 + 20 * 60_000, {"a": 2, "b": 1},
+                                   lambda payload: f"payload of {payload[0]}")
+    first = store.first_sequence("a")
+    # "a" 0 and 1 (consumed) and "b" 0 (consumed) went unnoticed; 2 .. first-1 are given up.
+    assert first > 2
+    assert report.unconsumed_deleted == first - 2
+    assert report.unconsumed_names == [f"payload of {i}" for i in range(2, first)]
+    store.close()
+
+
+def test_time_retention_and_a_hard_cap_without_groups_give_nothing_up(data_dir):
+    store = fill(data_dir)
+    report = store.apply_retention(T0 + 5 * HOUR_MS, {"a": 9}, lambda payload: "named")
+    assert {d.reason for d in report.deleted_segments} == {"retention"}
+    assert report.unconsumed_deleted == 0 and report.unconsumed_names == []
+    store.close()
+    config = dataclasses.replace(TINY, retention_hard_cap_bytes=8192)
+    capped = MessageStore(data_dir + "-capped", config, now_ms=T0)
+    capped.append("a", "x", [], T0, b"x" * PAYLOAD_BYTES)
+    capped.commit()
+    for i in range(9):
+        capped.append("a", f"a{i}", [], T0, b"a" * PAYLOAD_BYTES)
+        capped.commit()
+    report = capped.apply_retention(T0, {}, lambda payload: "named")
+    assert report.deleted_segments and report.unconsumed_deleted == 0
+    capped.close()
