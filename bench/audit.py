@@ -176,20 +176,58 @@ def write_trace(events_target: int, workers: int, trace: str) -> int:
     return events
 
 
-def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, str]:
-    """One ``qmq audit`` in a fresh process: (wall seconds, its verdict line)."""
+CPU_SAMPLE_S = 0.25  # how often the audit's process tree is sampled for its CPU time
+
+
+def _tree_cpu_ticks(root: int, seen: dict[int, int]) -> None:
+    """Record in ``seen`` the CPU ticks (user + system) of ``root`` and its descendants (the
+    JVM is a child of the qmq process, reparented when it exits, so rusage misses it)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(name)] = int(fields[1])
+        ticks[int(name)] = int(fields[11]) + int(fields[12])
+    tree = {root}
+    for _ in range(4):  # qmq -> java, and any helper of either
+        tree |= {pid for pid, parent in parents.items() if parent in tree}
+    for pid in tree & ticks.keys():
+        seen[pid] = max(seen.get(pid, 0), ticks[pid])
+
+
+def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, float, str]:
+    """One ``qmq audit`` in a fresh process: (wall seconds, CPU seconds of the process and its
+    JVM, its verdict line). CPU time varies far less with the machine's load than wall time."""
     command = [sys.executable, "-m", "qmq", "--log-level", "warning", "audit",
                "--trace-dir", trace, "--out", out, "--master", args.master,
                "--driver-memory", args.driver_memory, "--deadline-ms", str(DEADLINE_MS)]
+    for setting in args.conf:
+        command += ["--conf", setting]
+    seen: dict[int, int] = {}
     started = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(command, stdout=out_file, stderr=err_file, text=True)
+        while proc.poll() is None:  # bounded by the audit's own run
+            _tree_cpu_ticks(proc.pid, seen)
+            time.sleep(CPU_SAMPLE_S)
+        seconds = time.perf_counter() - started
+        out_file.seek(0)
+        err_file.seek(0)
+        stdout, stderr = out_file.read(), err_file.read()
+    # Sampled: the last CPU_SAMPLE_S of each process (its shutdown) is not counted.
+    cpu_s = sum(seen.values()) / os.sysconf("SC_CLK_TCK")
     if args.verbose:
-        print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("[")))
-    verdict = proc.stdout.splitlines()[0] if proc.stdout else proc.stderr[-3000:]
+        print("\n".join(line for line in stderr.splitlines() if line.startswith("[")))
+    verdict = stdout.splitlines()[0] if stdout else stderr[-3000:]
     if proc.returncode != 0:
         raise SystemExit(f"qmq audit exited {proc.returncode}: {verdict}")
-    return seconds, verdict
+    return seconds, cpu_s, verdict
 
 
 def bench_size(events_target: int, runs: int, args: argparse.Namespace, base: str) -> bool:
@@ -198,12 +236,14 @@ def bench_size(events_target: int, runs: int, args: argparse.Namespace, base: st
     trace, out = os.path.join(base, f"trace-{events_target}"), os.path.join(base, "out")
     shutil.rmtree(trace, ignore_errors=True)  # a kept directory would be appended to
     events = write_trace(events_target, args.workers, trace)
-    times = []
+    times, cpu_times = [], []
     for run in range(runs):
         load = os.getloadavg()[0]
-        seconds, verdict = audit_once(trace, out, args)
+        seconds, cpu_s, verdict = audit_once(trace, out, args)
         times.append(seconds)
+        cpu_times.append(cpu_s)
         print(f"  run {run + 1}/{runs}: {seconds:.1f} s ({events / seconds:,.0f} events/s), "
+              f"CPU {cpu_s:.1f} s, "
               f"load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
               f"CPUs; {verdict}")
     median = statistics.median(times)
@@ -211,8 +251,8 @@ def bench_size(events_target: int, runs: int, args: argparse.Namespace, base: st
     verdict = "" if goal is None else (f"   goal: <= {goal} s: "
                                        f"{'met' if median <= goal else 'NOT met'}")
     print(f"qmq audit ({args.master}, driver {args.driver_memory}) of {events:,} events: "
-          f"median {median:.1f} s of {runs} (min {min(times):.1f}, max {max(times):.1f})"
-          f"{verdict}")
+          f"median {median:.1f} s of {runs} (min {min(times):.1f}, max {max(times):.1f}), "
+          f"CPU median {statistics.median(cpu_times):.1f} s{verdict}")
     return goal is None or median <= goal
 
 
@@ -225,6 +265,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="generator processes")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting passed to qmq audit (repeatable; for experiments)")
     parser.add_argument("--keep", default=None, help="write the traces here and keep them")
     parser.add_argument("--verbose", action="store_true", help="print the audit's progress")
     args = parser.parse_args()

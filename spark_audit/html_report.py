@@ -71,6 +71,14 @@ def table(columns: Sequence[str], rows: Iterable[Row], bad: Sequence[str] = ()) 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def warm_up() -> None:
+    """Import what drawing needs (about a second of CPU): ``main.run`` calls it on a thread
+    while the JVM starts, when the driver's Python only waits."""
+    import matplotlib.backends.backend_svg  # noqa: F401  (savefig(format="svg"))
+    import matplotlib.dates  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
 def _figure() -> Any:
     from matplotlib.figure import Figure  # the OO API: no pyplot, no global state
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +60,18 @@ LOCAL_SHUFFLE_PARTITIONS = 8  # local[*] on a few cores: Spark's default 200 is 
 SMALL_TRACE_BYTES = 64 << 20
 SMALL_TRACE_SHUFFLE_PARTITIONS = 2
 SMALL_TRACE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SMALL_TRACE_CONF = (
+    # Adaptive execution re-plans the rest of a query after each of its stages and runs each
+    # stage as a job of its own: dozens of re-optimisations of the audit's big plans, to tune
+    # partitions that hold a few kB.
+    ("spark.sql.adaptive.enabled", "false"),
+    # Generated code is compiled by Janino (on the driver for each query's stages, in the
+    # executors for each projection), and Janino looks up the names it resolves through every
+    # jar of the class path: a sampled profile of a 10k-event audit spent a quarter of the
+    # driver's time in jar lookups and a tenth in Janino. Interpreted rows cost nothing here.
+    ("spark.sql.codegen.wholeStage", "false"),
+    ("spark.sql.codegen.factoryMode", "NO_CODEGEN"),
+)
 EXIT_OK, EXIT_FOUND, EXIT_OVERDUE = 0, 1, 4
 
 
@@ -95,6 +108,8 @@ def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
                    .config("spark.ui.enabled", "false"))
         if small:
             builder = builder.config("spark.driver.extraJavaOptions", SMALL_TRACE_JAVA_OPTIONS)
+            for key, value in SMALL_TRACE_CONF:
+                builder = builder.config(key, value)
         if options.driver_memory:
             builder = builder.config("spark.driver.memory", options.driver_memory)
     for key, value in options.conf:
@@ -244,6 +259,8 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     (``exit_code``). Raises NoTraceFiles when a trace path holds no trace file."""
     # py4j narrates its connections at INFO; only its warnings matter here.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # The charts' imports, while this thread waits for the JVM (import is thread-safe).
+    threading.Thread(target=html_report.warm_up, name="audit-warm-up", daemon=True).start()
     spark, created = spark_session(options)
     out = options.out_dir.rstrip("/")
     try:
