@@ -3,8 +3,11 @@
 
 The cluster is a master and one worker started from the pyspark package's ``bin/spark-class``
 (``org.apache.spark.deploy.master.Master`` and ``...worker.Worker``), bound to 127.0.0.1 on
-free ports, stopped at the end. Both audits run as ``qmq audit`` processes over the same trace
-(tests/spark/scenario.py, whose outcome is known).
+free ports, stopped at the end. The cluster audit runs as a ``qmq audit`` process; the local
+one it is compared with runs in this process on the session's ``local[1]`` SparkSession (one
+JVM and one audit fewer than a second process; a different parallelism and shuffle partitioning
+that the results must not depend on). Both read the same trace (tests/spark/scenario.py,
+whose outcome is known).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
+from qmq.cli import main
 from tests.harness import free_port
 from tests.spark.scenario import DEADLINE_MS, scenario_events
 from tests.spark.test_cli import write_trace
@@ -80,12 +84,15 @@ def standalone_cluster(work_dir: Path) -> Iterator[str]:
             yield url
 
 
+def audit_arguments(trace: Path, out: Path) -> list[str]:
+    return ["audit", "--trace-dir", str(trace), "--out", str(out),
+            "--deadline-ms", str(DEADLINE_MS)]
+
+
 def run_audit(trace: Path, out: Path, master: str, *extra: str) -> subprocess.CompletedProcess:
-    # Two shuffle partitions on both (a cluster's default of 200 is 200 tasks per stage on two
-    # cores): the results must not depend on it.
+    # Two shuffle partitions (a cluster's default of 200 is 200 tasks per stage on two cores).
     return subprocess.run(
-        [sys.executable, "-m", "qmq", "audit", "--trace-dir", str(trace), "--out", str(out),
-         "--deadline-ms", str(DEADLINE_MS), "--master", master,
+        [sys.executable, "-m", "qmq", *audit_arguments(trace, out), "--master", master,
          "--conf", "spark.sql.shuffle.partitions=2", *extra],
         capture_output=True, text=True, timeout=AUDIT_TIMEOUT_S, env=spark_env(out.parent))
 
@@ -101,7 +108,7 @@ def without_generated(report: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_an_audit_on_a_standalone_cluster_gives_what_local_gives(tmp_path):
+def test_an_audit_on_a_standalone_cluster_gives_what_local_gives(spark, tmp_path, capsys):
     trace = tmp_path / "trace"
     write_trace(trace, scenario_events())
     with standalone_cluster(tmp_path / "spark") as url:
@@ -109,11 +116,13 @@ def test_an_audit_on_a_standalone_cluster_gives_what_local_gives(tmp_path):
                                "--conf", "spark.executor.memory=512m",
                                "--conf", "spark.driver.host=127.0.0.1",
                                "--conf", "spark.cores.max=2")
-    local = run_audit(trace, tmp_path / "local", "local[2]", "--driver-memory", "1g")
-    for result in (on_cluster, local):
-        assert result.returncode == 1, result.stderr[-4000:]  # the scenario loses m12
+    capsys.readouterr()
+    local_code = main(audit_arguments(trace, tmp_path / "local"))  # the session's local[1]
+    local_out = capsys.readouterr().out
+    assert on_cluster.returncode == 1, on_cluster.stderr[-4000:]  # the scenario loses m12
+    assert local_code == 1
     assert "1 lost, 1 overdue, 1 early" in on_cluster.stdout
-    assert on_cluster.stdout == local.stdout
+    assert on_cluster.stdout == local_out
     for name in OUTPUTS:
         assert table(tmp_path / "cluster", name) == table(tmp_path / "local", name), name
     reports = [without_generated((tmp_path / where / "report.md").read_text())
