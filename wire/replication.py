@@ -14,7 +14,7 @@ and whose framing they use. docs/REPLICATION.md 8.2 and 13.5 and docs/PROTOCOL.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from wire.errors import BadRequest, type_name
@@ -128,6 +128,16 @@ def snapshot_request(server_id: str, epoch: int, log: str, sequence: int, positi
 # --- answers -----------------------------------------------------------------------------------
 
 
+def _epochs(op: str, epochs: object) -> tuple[tuple[int, int], ...]:
+    """An answer's ``epochs``: [epoch, start_offset] pairs; BadRequest otherwise."""
+    if type(epochs) is not list or not all(
+            type(item) is list and len(item) == 2
+            and all(type(x) is int and 0 <= x <= _U64_MAX for x in item) for item in epochs):
+        raise BadRequest(f"{op} epochs must be a list of [epoch, start_offset] pairs, got "
+                         f"{epochs!r:.80}")
+    return tuple((item[0], item[1]) for item in epochs)
+
+
 @dataclass(frozen=True)
 class FetchAnswer:
     """A ``fetch`` answer: the master's epoch, the log's bytes [offset, next_offset), where the
@@ -143,6 +153,10 @@ class FetchAnswer:
     log_end: int
     epochs: tuple[tuple[int, int], ...]
     diverging: tuple[int, int] | None
+    # The ends of other logs this log's records may refer to, as the master had them when it
+    # read ``data`` (a pull-log action names messages): the slave applies ``data`` only once
+    # its copies reach them.
+    requires: dict[str, int] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         """The answer's map (without rid)."""
@@ -150,7 +164,8 @@ class FetchAnswer:
                 "next_offset": self.next_offset, "log_start": self.log_start,
                 "log_end": self.log_end, "epochs": [list(entry) for entry in self.epochs],
                 "diverging": None if self.diverging is None else {
-                    "epoch": self.diverging[0], "end_offset": self.diverging[1]}}
+                    "epoch": self.diverging[0], "end_offset": self.diverging[1]},
+                "requires": dict(self.requires)}
 
 
 def parse_fetch_answer(answer: dict[str, Any]) -> FetchAnswer:
@@ -165,12 +180,7 @@ def parse_fetch_answer(answer: dict[str, Any]) -> FetchAnswer:
     if next_offset != offset + len(data):
         raise BadRequest(f"{op} next_offset {next_offset} is not offset {offset} + "
                          f"{len(data)} bytes of data")
-    epochs = answer.get("epochs")
-    if type(epochs) is not list or not all(
-            type(item) is list and len(item) == 2
-            and all(type(x) is int and 0 <= x <= _U64_MAX for x in item) for item in epochs):
-        raise BadRequest(f"{op} epochs must be a list of [epoch, start_offset] pairs, got "
-                         f"{epochs!r:.80}")
+    epochs = _epochs(op, answer.get("epochs"))
     raw = answer.get("diverging")
     diverging = None
     if raw is not None:
@@ -179,8 +189,13 @@ def parse_fetch_answer(answer: dict[str, Any]) -> FetchAnswer:
             raise BadRequest(f"{op} diverging must be {{epoch, end_offset}} or nil, got "
                              f"{raw!r:.80}")
         diverging = (raw["epoch"], raw["end_offset"])
+    requires = answer.get("requires", {})
+    if not isinstance(requires, dict) or not all(
+            k in REPLICATED_LOGS and type(v) is int and 0 <= v <= _U64_MAX
+            for k, v in requires.items()):
+        raise BadRequest(f"{op} requires must map log names to offsets, got {requires!r:.80}")
     return FetchAnswer(epoch, _text(op, answer, "log"), offset, data, next_offset, log_start,
-                       log_end, tuple((e, s) for e, s in epochs), diverging)
+                       log_end, epochs, diverging, dict(requires))
 
 
 @dataclass(frozen=True)
@@ -195,12 +210,16 @@ class SnapshotAnswer:
     size: int
     position: int
     data: bytes
+    # The epoch history entry in force at ``covers_offset`` ([epoch, start_offset]), which the
+    # slave's history starts with once it installed the checkpoint.
+    epochs: tuple[tuple[int, int], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """The answer's map (without rid)."""
         return {"epoch": self.epoch, "log": self.log, "sequence": self.sequence,
                 "covers_offset": self.covers_offset, "size": self.size,
-                "position": self.position, "data": self.data}
+                "position": self.position, "data": self.data,
+                "epochs": [list(entry) for entry in self.epochs]}
 
 
 def parse_snapshot_answer(answer: dict[str, Any]) -> SnapshotAnswer:
@@ -211,20 +230,16 @@ def parse_snapshot_answer(answer: dict[str, Any]) -> SnapshotAnswer:
         raise BadRequest(f"{op} data must be bin, got {type_name(data)}")
     parsed = SnapshotAnswer(_uint(op, answer, "epoch"), _text(op, answer, "log"),
                             _uint(op, answer, "sequence"), _uint(op, answer, "covers_offset"),
-                            _uint(op, answer, "size"), _uint(op, answer, "position"), data)
+                            _uint(op, answer, "size"), _uint(op, answer, "position"), data,
+                            _epochs(op, answer.get("epochs", [])))
     if parsed.position + len(data) > parsed.size:
         raise BadRequest(f"{op} runs past its size: {parsed.position} + {len(data)} > "
                          f"{parsed.size}")
     return parsed
 
 
-def epochs_of(entries: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Epoch history entries as the answer carries them (plain pairs)."""
-    return tuple((int(epoch), int(start)) for epoch, start in entries)
-
-
 __all__ = [
     "REPLICATED_LOGS", "SNAPSHOT_LOGS", "Fetch", "FetchAnswer", "Snapshot", "SnapshotAnswer",
-    "epochs_of", "fetch_request", "parse_fetch", "parse_fetch_answer", "parse_snapshot",
+    "fetch_request", "parse_fetch", "parse_fetch_answer", "parse_snapshot",
     "parse_snapshot_answer", "snapshot_request",
 ]

@@ -1,0 +1,106 @@
+"""``InSyncTracker``: what a master knows of its slaves' copies, and whom a ``sync`` write waits
+for (docs/REPLICATION.md 7 and 8.3). A pure state machine told the time: no clock, no I/O.
+
+* A fetch at offset O of log L acknowledges [0, O) of L (Kafka's follower fetch). The slave is
+  *caught up* on L at that moment when O reached the master's end of L as the fetch found it.
+* A slave is in sync when it has been caught up on every replicated log within the last
+  ``insync_lag_max_ms``; the master proposes exactly these slaves in its heartbeats.
+* A ``sync`` write waits for every slave the master proposes *and* every slave the database
+  still counts as in sync: the database's set only shrinks after a heartbeat proposing the
+  smaller set was answered, so it is always a subset of the slaves a write waited for, which is
+  what makes promoting one of them safe. A slave the database counts that this master has not
+  heard from yet (a new master after a promotion) gets ``insync_lag_max_ms`` from the moment
+  this tracker started to show up before it is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SlaveProgress:
+    """One slave as the master sees it through its fetches."""
+
+    acked: dict[str, int] = field(default_factory=dict)  # log -> offset acknowledged
+    caught_up_ms: dict[str, int] = field(default_factory=dict)  # log -> last time at the end
+    last_fetch_ms: int = 0  # the newest fetch of any log
+
+
+class InSyncTracker:
+    """The slaves' progress, the in-sync proposal and the sync-write rule (module docstring).
+    Told the time in ms (any monotonic clock: only differences are used)."""
+
+    def __init__(self, logs: tuple[str, ...], insync_lag_max_ms: int, now_ms: int) -> None:
+        assert logs and insync_lag_max_ms > 0, (logs, insync_lag_max_ms)
+        self.logs = logs
+        self.insync_lag_max_ms = insync_lag_max_ms
+        self.started_ms = now_ms
+        self.slaves: dict[str, SlaveProgress] = {}
+        self.confirmed: tuple[str, ...] = ()  # the database's in-sync set, from the last answer
+
+    def on_fetch(self, slave: str, log: str, offset: int, log_end: int, now_ms: int) -> None:
+        """A fetch of ``log`` at ``offset`` from ``slave`` found the master's end at
+        ``log_end``: the slave has [0, offset); it is caught up when offset >= log_end."""
+        assert log in self.logs, log
+        progress = self.slaves.get(slave)
+        if progress is None:
+            progress = self.slaves[slave] = SlaveProgress()
+        if offset >= progress.acked.get(log, 0):
+            progress.acked[log] = offset
+        if offset >= log_end:
+            progress.caught_up_ms[log] = now_ms
+        progress.last_fetch_ms = max(progress.last_fetch_ms, now_ms)
+
+    def set_confirmed(self, insync: tuple[str, ...]) -> None:
+        """The database's in-sync set, as the last heartbeat answer told it."""
+        self.confirmed = tuple(insync)
+
+    def _caught_up_ms(self, slave: str, log: str) -> int | None:
+        progress = self.slaves.get(slave)
+        seen = progress.caught_up_ms.get(log) if progress is not None else None
+        if seen is None and slave in self.confirmed:
+            return self.started_ms  # not heard from yet: the grace of a new master
+        return seen
+
+    def in_sync(self, slave: str, now_ms: int) -> bool:
+        """Caught up on every log within ``insync_lag_max_ms`` of ``now_ms``."""
+        for log in self.logs:
+            seen = self._caught_up_ms(slave, log)
+            if seen is None or now_ms - seen > self.insync_lag_max_ms:
+                return False
+        return True
+
+    def proposal(self, now_ms: int) -> tuple[str, ...]:
+        """The slaves in sync now, sorted: what the next heartbeat proposes."""
+        candidates = set(self.slaves) | set(self.confirmed)
+        return tuple(sorted(s for s in candidates if self.in_sync(s, now_ms)))
+
+    def waiting_set(self, now_ms: int) -> tuple[str, ...]:
+        """Whom a ``sync`` write must wait for: the proposal and the database's set."""
+        return tuple(sorted(set(self.proposal(now_ms)) | set(self.confirmed)))
+
+    def acked(self, slave: str, log: str) -> int:
+        """The offset of ``log`` that ``slave`` acknowledged (0 when never heard from)."""
+        progress = self.slaves.get(slave)
+        return progress.acked.get(log, 0) if progress is not None else 0
+
+    def replicated(self, log: str, now_ms: int) -> int | None:
+        """The offset of ``log`` that every slave a write waits for has acknowledged; None when
+        it waits for nobody (no slave in sync: degraded, or refused by ``min_insync``)."""
+        waiting = self.waiting_set(now_ms)
+        if not waiting:
+            return None
+        return min(self.acked(slave, log) for slave in waiting)
+
+    def caught_up_to(self, slave: str, ends: dict[str, int]) -> bool:
+        """True when ``slave`` acknowledged every log up to the master's ``ends`` (a switchover
+        target that has everything)."""
+        return all(self.acked(slave, log) >= end for log, end in ends.items())
+
+    def forget(self, slave: str) -> None:
+        """Drop a slave's progress (it became the master, or another group's server)."""
+        self.slaves.pop(slave, None)
+
+
+__all__ = ["InSyncTracker", "SlaveProgress"]

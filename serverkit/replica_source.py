@@ -1,0 +1,244 @@
+"""``ReplicaSource``: a master's side of replication (docs/REPLICATION.md 7, 8.2, 8.3). It
+answers its slaves' ``fetch`` and ``snapshot`` requests, learns from each fetch offset what the
+slave has (``InSyncTracker``), proposes the in-sync set, and holds a ``sync`` write's answer
+until every slave it waits for has fetched past the write.
+
+A fetch at the end of a log waits (up to its ``wait_ms``) until the server says the log advanced
+(``advanced``: a commit, a flush of the pull log, a done record). What a fetch ships is what the
+store has written to the OS; its end, as ``advanced`` last said it, bounds what other logs'
+records may refer to (``FetchAnswer.requires``).
+
+Event loop only; the stores are read on their own threads through each ``ReplicatedLog.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Callable
+
+from serverkit.insync import InSyncTracker
+from serverkit.replica_log import ReplicatedLog, answer_fetch_io
+from wire.errors import NotEnoughReplicas, NotFound, NotMaster
+from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
+
+log = logging.getLogger(__name__)
+
+# A slave not caught up on every log for this long leaves the in-sync set (Kafka's
+# replica.lag.time.max.ms plays this part), in ms.
+INSYNC_LAG_MAX_MS_DEFAULT = 5_000
+
+
+class ReplicaSource:
+    """The master's side (module docstring). ``clock_ms`` is a monotonic clock in ms."""
+
+    def __init__(self, group: str, logs: dict[str, ReplicatedLog], clock_ms: Callable[[], int],
+                 on_insync_change: Callable[[], None],
+                 insync_lag_max_ms: int = INSYNC_LAG_MAX_MS_DEFAULT) -> None:
+        self.group = group
+        self.logs = logs
+        self._clock_ms = clock_ms
+        self._on_insync_change = on_insync_change
+        self.insync_lag_max_ms = insync_lag_max_ms
+        self.tracker = InSyncTracker(tuple(logs), insync_lag_max_ms, clock_ms())
+        self.epoch = 0
+        self.active = False  # serving fetches as this epoch's master
+        self.mode = "sync"
+        self.min_insync = 0
+        self.ends: dict[str, int] = {name: 0 for name in logs}  # committed ends, as told
+        self._advanced: dict[str, asyncio.Event] = {name: asyncio.Event() for name in logs}
+        self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
+        self._last_proposal: tuple[str, ...] = ()
+        self._degraded_logged: bool | None = None
+        # Figures for metrics and reports: bytes shipped, per log.
+        self.bytes_shipped: dict[str, int] = {name: 0 for name in logs}
+
+    # ------------------------------------------------------------------ the role
+
+    def start(self, epoch: int, ends: dict[str, int], confirmed: tuple[str, ...]) -> None:
+        """This server is the master of ``epoch`` with its logs ending at ``ends`` (sealed)."""
+        self.epoch = epoch
+        self.active = True
+        self.ends = dict(ends)
+        self.tracker = InSyncTracker(tuple(self.logs), self.insync_lag_max_ms, self._clock_ms())
+        self.tracker.set_confirmed(confirmed)
+        self._last_proposal = ()
+        for event in self._advanced.values():
+            event.set()
+
+    def stop(self, why: str) -> None:
+        """No longer the master: every write waiting for its slaves is refused (retriable)."""
+        self.active = False
+        error = NotMaster(f"group {self.group}: {why}; refresh the route and resend")
+        for waiters in self._waiters.values():
+            for _offset, future in waiters:
+                if not future.done():
+                    future.set_exception(error)
+            waiters.clear()
+        for event in self._advanced.values():
+            event.set()
+
+    def settings(self, mode: str, min_insync: int, confirmed: tuple[str, ...]) -> None:
+        """The group's settings and the database's in-sync set, from the last answer."""
+        self.mode, self.min_insync = mode, min_insync
+        self.tracker.set_confirmed(confirmed)
+        self.check_waiters()
+
+    # ------------------------------------------------------------------ writes
+
+    def advanced(self, name: str, end: int) -> None:
+        """The master committed (or flushed) ``name`` up to ``end``: wake its long polls."""
+        if end > self.ends.get(name, 0):
+            self.ends[name] = end
+        event = self._advanced[name]
+        event.set()
+        self._advanced[name] = asyncio.Event()
+
+    def refusal(self) -> str | None:
+        """Why writes are refused now (``min_insync`` not met), or None."""
+        if self.min_insync <= 0:
+            return None
+        insync = self.tracker.proposal(self._clock_ms())
+        if len(insync) >= self.min_insync:
+            return None
+        return (f"group {self.group} has {len(insync)} slave(s) in sync, fewer than its "
+                f"min_insync {self.min_insync}: the write is refused so that no machine alone "
+                f"acknowledges it; retry, or send to another group")
+
+    def check_writable(self) -> None:
+        """Raise NotEnoughReplicas (retriable) when ``min_insync`` refuses writes."""
+        reason = self.refusal()
+        if reason is not None:
+            raise NotEnoughReplicas(reason)
+
+    async def wait_replicated(self, name: str, end: int) -> None:
+        """Return once every slave a ``sync`` write waits for has fetched ``name`` past
+        ``end`` (at once under ``async``, or with no slave in sync: degraded). NotMaster when
+        this server stops being master meanwhile."""
+        self.advanced(name, end)
+        if self.mode != "sync":
+            return
+        replicated = self.tracker.replicated(name, self._clock_ms())
+        if replicated is None or replicated >= end:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[name].append((end, future))
+        await future
+
+    def check_waiters(self) -> None:
+        """Answer every waiting write its slaves now have (after a fetch, a change of the
+        in-sync set or of the settings)."""
+        now_ms = self._clock_ms()
+        for name, waiters in self._waiters.items():
+            if not waiters:
+                continue
+            replicated = self.tracker.replicated(name, now_ms) if self.mode == "sync" else None
+            keep = []
+            for end, future in waiters:
+                if future.done():
+                    continue
+                if replicated is None or replicated >= end:
+                    future.set_result(None)
+                else:
+                    keep.append((end, future))
+            waiters[:] = keep
+
+    def tick(self) -> tuple[str, ...]:
+        """Re-judge the in-sync set (a slave silent too long leaves it); returns the proposal.
+        A change asks for a heartbeat at once, so the database follows quickly."""
+        proposal = self.tracker.proposal(self._clock_ms())
+        if proposal != self._last_proposal:
+            log.info("group %s: slaves in sync now %s (were %s)", self.group,
+                     list(proposal) or "none", list(self._last_proposal) or "none")
+            self._last_proposal = proposal
+            self._on_insync_change()
+        degraded = self.active and not proposal and self.mode == "sync"
+        if degraded != self._degraded_logged:
+            if degraded and self._degraded_logged is not None:
+                log.warning("group %s has no slave in sync: writes are acknowledged by the "
+                            "master alone", self.group)
+            self._degraded_logged = degraded
+        self.check_waiters()
+        return proposal
+
+    # ------------------------------------------------------------------ fetch and snapshot
+
+    def _fence(self, server_id: str, epoch: int) -> None:
+        if not self.active:
+            raise NotMaster(f"this server is not the master of group {self.group}")
+        if epoch < self.epoch:
+            from wire.errors import StaleEpoch
+            raise StaleEpoch(f"fetch from {server_id} at epoch {epoch}, older than group "
+                             f"{self.group}'s epoch {self.epoch}: ask the MetaServer for the "
+                             f"master")
+
+    async def fetch(self, request: Fetch) -> dict:
+        """Answer a slave's fetch (the caller fenced a higher epoch through the role)."""
+        self._fence(request.server_id, request.epoch)
+        log_ = self.logs.get(request.log)
+        if log_ is None:
+            raise NotFound(f"group {self.group} replicates no log {request.log!r}; it has "
+                           f"{', '.join(self.logs)}")
+        answer = await self._answer(log_, request)
+        if (not answer.data and answer.diverging is None and request.wait_ms
+                and request.offset == answer.log_end >= answer.log_start and self.active):
+            event = self._advanced[log_.name]
+            try:
+                await asyncio.wait_for(event.wait(), request.wait_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._fence(request.server_id, request.epoch)
+            answer = await self._answer(log_, request)
+        return answer.to_wire()
+
+    async def _answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer:
+        answer: FetchAnswer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
+                                             request.last_epoch, request.max_bytes)
+        if answer.diverging is None and answer.offset >= answer.log_start:
+            self.tracker.on_fetch(request.server_id, log_.name, request.offset, answer.log_end,
+                                  self._clock_ms())
+            self.check_waiters()
+        self.bytes_shipped[log_.name] += len(answer.data)
+        if log_.requires:
+            # Read after the records were: every record they refer to was committed before.
+            answer.requires.update({name: self.ends.get(name, 0) for name in log_.requires})
+        return answer
+
+    async def snapshot(self, request: Snapshot) -> dict:
+        """Answer a slave's request for part of this master's newest checkpoint of a log."""
+        self._fence(request.server_id, request.epoch)
+        log_ = self.logs.get(request.log)
+        if log_ is None or not log_.snapshots:
+            raise NotFound(f"group {self.group} keeps no snapshot of log {request.log!r}")
+        answer = await log_.run(_snapshot_io, log_, self.epoch, request.sequence,
+                                request.position, request.max_bytes)
+        if answer is None:
+            raise NotFound(f"checkpoint {request.sequence} of log {request.log} is gone; ask "
+                           f"again with sequence 0")
+        return answer.to_wire()
+
+    # ------------------------------------------------------------------ reporting
+
+    def slave_lag(self, server_id: str) -> int:
+        """Bytes the slave lacks, over every log, as its last fetches acknowledged."""
+        return sum(max(0, end - self.tracker.acked(server_id, name))
+                   for name, end in self.ends.items())
+
+
+def _snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,
+                 max_bytes: int) -> SnapshotAnswer | None:
+    """Owner thread: bytes of the newest checkpoint (or checkpoint ``sequence``) of the log."""
+    found = log_.store.newest_checkpoint(sequence)  # type: ignore[attr-defined]
+    if found is None:
+        return None
+    checkpoint, covers = found
+    data = checkpoint_bytes = checkpoint.payload
+    data = checkpoint_bytes[position:position + max_bytes]
+    in_force = log_.history.in_force(covers)
+    epochs = ((in_force.epoch, in_force.start_offset),) if in_force is not None else ()
+    return SnapshotAnswer(epoch, log_.name, checkpoint.sequence, covers, len(checkpoint_bytes),
+                          position, data, epochs)
+
+
+__all__ = ["INSYNC_LAG_MAX_MS_DEFAULT", "ReplicaSource"]
