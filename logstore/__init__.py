@@ -12,6 +12,7 @@ Synchronous plain classes over files: no asyncio, no network, and nothing of our
 
 from logstore.checkpoint import Checkpoint, CheckpointStore
 from logstore.errors import (
+    CopyReset,
     CorruptRecord,
     DiskFull,
     LogClosed,
@@ -25,7 +26,7 @@ from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory, write_f
 from logstore.segment_log import LogConfig, RecoveryReport, SegmentedLog, SegmentInfo, Truncation
 
 __all__ = [
-    "Checkpoint", "CheckpointStore", "CorruptRecord", "DiskFull", "FileHandle", "LogClosed",
+    "Checkpoint", "CheckpointStore", "CopyReset", "CorruptRecord", "DiskFull", "FileHandle", "LogClosed",
     "LogConfig", "LogStoreError", "LogWriteFailed", "OffsetOutOfRange", "Opener", "OsFile",
     "OutOfDescriptors", "RecordTooLarge", "RecoveryReport", "SegmentInfo", "SegmentedLog",
     "Truncation",

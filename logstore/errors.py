@@ -11,7 +11,8 @@ Hierarchy::
     │                             the file is cut back, and a later append may succeed (retriable)
     ├── OutOfDescriptors          an open found no file descriptor left even after the store closed
     │                             its own (EMFILE/ENFILE); not sticky: the batch is refused (retriable)
-    └── LogClosed                 the log was used after close()
+    ├── LogClosed                 the log was used after close()
+    └── CopyReset                 a replica's copy cannot be cut back where asked: copy it again
 
 Storage raises these for the world's faults (bad bytes, failed syscalls); our own bugs are assertions.
 """
@@ -102,3 +103,8 @@ class LogClosed(LogStoreError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"log {path} is closed")
+
+
+class CopyReset(LogStoreError):
+    """A replica's store cannot cut its copy back to the offset asked (it keeps no state to
+    rebuild from there): its follower throws the copy away and copies the master's again."""

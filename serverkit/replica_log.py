@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
+from logstore import CopyReset
 from logstore.epoch_history import EpochEnd, EpochHistory
 from wire.replication import FetchAnswer
 
@@ -39,11 +40,6 @@ class CopyStore(Protocol):
 
     def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
         """Scrub from ``offset``: (where to go on, first bad record's offset or None)."""
-
-
-class CopyReset(Exception):
-    """A store cannot cut its copy where asked (it keeps no state to rebuild from there): the
-    follower starts the copy again from the master's log start (or its snapshot)."""
 
 
 @dataclass(frozen=True)

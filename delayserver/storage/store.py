@@ -57,6 +57,8 @@ from delayserver.storage.delay_record import (
     decode_delay_record,
     encode_delay_record,
 )
+from delayserver.storage.copying import CopyingMixin, DoneJournal, journal_bodies_for_dispatch
+from delayserver.storage.done_journal import KIND_DONE_BEFORE, encode_journal_record
 from delayserver.storage.done_log import DoneState, done_key
 from delayserver.storage.due_records import parse_due_run
 from delayserver.storage.done_record import KIND_CANCELLED, KIND_DISPATCHED, DoneRecord
@@ -144,13 +146,23 @@ class ScheduleEntry:
     id_hash: int  # CRC-32 of the message id
 
 
-class DelayStore:
-    """The delay server's messages on disk (module docstring)."""
+class DelayStore(CopyingMixin):
+    """The delay server's messages on disk (module docstring). Replication's side of it (the
+    done journal, a slave's copies) is ``delayserver.storage.copying``."""
 
     def __init__(self, data_dir: str, config: DelayStoreConfig = DelayStoreConfig(), *,
                  opener: Opener = OsFile, now_ms: int) -> None:
         self.data_dir = data_dir
         self.config = config
+        self._opener = opener
+        self._now_at_open_ms = now_ms
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Open (and recover) everything under the data dir: at construction, and after a
+        replica threw its copy away."""
+        data_dir, config, opener, now_ms = (self.data_dir, self.config, self._opener,
+                                            self._now_at_open_ms)
         self.layout = Layout(data_dir)
         for directory in (data_dir, self.layout.schedule_dir, self.layout.checkpoint_dir):
             os.makedirs(directory, exist_ok=True)
@@ -185,6 +197,8 @@ class DelayStore:
         # replays the same records again (idempotent). The replayed work counts towards it.
         self._bytes_since_checkpoint = state.replayed_bytes
         self._done_since_checkpoint = state.report.done_records_replayed
+        # Every dispatch, cancel and watermark move in commit order: what slaves copy.
+        self._journal = DoneJournal(data_dir, opener)
 
     # ------------------------------------------------------------------ state checks
 
@@ -494,6 +508,7 @@ class DelayStore:
                 if not 0 <= entries[position].index < count:
                     raise ValueError(f"entry {entries[position].index} of bucket {bucket} is "
                                      f"not in the schedule (the bucket has {count} entries)")
+        journal: list[bytes] = []
         for bucket, positions in by_bucket.items():
             state = self._done.state(bucket)
             chosen_at = positions
@@ -523,6 +538,10 @@ class DelayStore:
             self._counts.remove_many(bucket, per_subject)
             self._lower_bucket_pending(bucket, len(chosen))
             self._done_since_checkpoint += len(chosen)
+            journal.append(journal_bodies_for_dispatch(
+                bucket, [e.delay_log_offset for e in chosen], [e.id_hash for e in chosen],
+                [e.index for e in chosen], per_subject))
+        self.journal_done(journal)
         self._maybe_checkpoint()
 
     def _lower_bucket_pending(self, bucket_ms: int, done: int) -> None:
@@ -624,6 +643,10 @@ class DelayStore:
             self._counts.remove(bucket, subject)
         self._lower_bucket_pending(bucket, len(open_))
         self._done_since_checkpoint += len(open_)
+        self.journal_done([encode_journal_record(
+            KIND_CANCELLED, bucket, [raw.delay_log_offset for _i, raw, _s in open_],
+            [hashed] * len(open_), [index for index, _raw, _s in open_],
+            dict(Counter(subject for _i, _raw, subject in open_)))])
         self._maybe_checkpoint()
         return "cancelled", open_[0][2]
 
@@ -690,6 +713,7 @@ class DelayStore:
             self._done_before = previous
             raise
         self._retire(bucket_ms)
+        self.journal_done([encode_journal_record(KIND_DONE_BEFORE, bucket_ms, [], [], [], {})])
 
     def _retire(self, done_before_ms: int) -> None:
         """Delete the files of buckets below the (persisted) watermark and the delay-log
@@ -702,6 +726,7 @@ class DelayStore:
             self._empty_buckets.discard(bucket)
             self._bucket_pending.pop(bucket, None)
         delete_done_segments(self._log, self._chunk_max, self._chunk_size, done_before_ms)
+        self._journal.retire_below(done_before_ms)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -792,6 +817,7 @@ class DelayStore:
                 self.checkpoint()
         finally:
             self._log.close()
+            self._journal.log.close()
             self._closed = True
 
 

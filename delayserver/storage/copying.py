@@ -1,0 +1,318 @@
+"""A delay store as a replica (docs/REPLICATION.md 8): its two replicated logs, the delay log and
+the done journal (``done_journal``), on the master's side (what a fetch reads) and the slave's
+(applying what it copied to its own schedule, bucket files, pending counts and watermark).
+
+``DelayStore`` mixes in ``CopyingMixin``; ``delay_copy`` and ``done_copy`` are the two logs as
+``serverkit.replica_log.CopyStore``. Synchronous, on the store's one thread (delay-io), no clock.
+
+A slave files a copied message in the bucket the master filed it in (the record says), skips
+one below its done watermark (as recovery does), and applies a dispatch or cancel record to its
+bucket files and counts as the master's store call did. The watermark follows the master's
+journal; the counts of hours below it are dropped if a copy that began late still shows some.
+A copy is not cut back in place: a slave whose delay log or journal diverges from its master's
+starts both again from the master's (``CopyReset``), which costs a full copy and is rare (a
+rejoining master with an unreplicated tail, or a rotten record).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import zlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from delayserver.storage.delay_record import decode_delay_header
+from delayserver.storage.done_journal import (
+    DIRECTORY,
+    KIND_CANCELLED,
+    KIND_DISPATCHED,
+    KIND_DONE_BEFORE,
+    decode_journal_record,
+    encode_journal_record,
+    journal_bucket,
+)
+from delayserver.storage.errors import StoreFailed
+from delayserver.storage.layout import HOUR_MS
+from delayserver.storage.schedule_entry import encode_schedule_entry
+from logstore import CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFailed, SegmentedLog
+from logstore.record import HEADER_SIZE_BYTES
+
+if TYPE_CHECKING:
+    from delayserver.storage.store import DelayStore
+
+log = logging.getLogger(__name__)
+
+JOURNAL_SEGMENT_SIZE_BYTES_MAX = 4 << 20  # small segments: retention frees them sooner
+
+
+class DoneJournal:
+    """The done journal's log and, per segment, the highest bucket its records name, so that
+    segments wholly below the done watermark can go (scanned at open)."""
+
+    def __init__(self, data_dir: str, opener: Any) -> None:
+        self.log = SegmentedLog(os.path.join(data_dir, DIRECTORY), LogConfig(
+            segment_size_bytes_max=JOURNAL_SEGMENT_SIZE_BYTES_MAX), opener=opener)
+        self.max_bucket: dict[int, int] = {}  # segment base offset -> highest bucket named
+        for offset, body in self.log.iterate():
+            self._note(offset, body)
+
+    def _note(self, offset: int, body: bytes) -> None:
+        kind, bucket = journal_bucket(body)
+        if kind == KIND_DONE_BEFORE:
+            return
+        base = next((s.base_offset for s in reversed(self.log.segments())
+                     if s.base_offset <= offset), 0)
+        if self.max_bucket.get(base, -1) < bucket:
+            self.max_bucket[base] = bucket
+
+    def append(self, bodies: list[bytes]) -> None:
+        """Append and fsync journal records (the master's side)."""
+        if not bodies:
+            return
+        offsets = self.log.append_many(bodies)
+        self.log.sync()
+        for offset, body in zip(offsets, bodies):
+            self._note(offset, body)
+
+    def append_copied(self, offset: int, data: bytes) -> list[bytes]:
+        """Append records copied from the master's journal (fsynced); their bodies."""
+        bodies = self.log.append_raw(offset, data)
+        self.log.sync()
+        at = offset
+        for body in bodies:
+            self._note(at, body)
+            at += HEADER_SIZE_BYTES + len(body)
+        return bodies
+
+    def retire_below(self, done_before_ms: int) -> int:
+        """Delete the leading segments (never the active one) whose records all name buckets
+        below the watermark; returns how many."""
+        cut = None
+        for segment in self.log.segments()[:-1]:
+            if self.max_bucket.get(segment.base_offset, -1) >= done_before_ms:
+                break
+            cut = segment.end_offset
+        if cut is None:
+            return 0
+        deleted = self.log.delete_segments_before(cut)
+        for info in deleted:
+            self.max_bucket.pop(info.base_offset, None)
+        return len(deleted)
+
+
+def journal_bodies_for_dispatch(bucket: int, offsets: list[int], hashes: list[int],
+                                indexes: list[int], per_subject: Counter) -> bytes:
+    """The journal record of one bucket's confirmed dispatches."""
+    return encode_journal_record(KIND_DISPATCHED, bucket, offsets, hashes, indexes,
+                                 dict(per_subject))
+
+
+class _DelayCopy:
+    """The delay log as a ``CopyStore``."""
+
+    def __init__(self, store: DelayStore) -> None:
+        self._store = store
+
+    def copy_bounds(self) -> tuple[int, int]:
+        log_ = self._store._log
+        return log_.first_offset, log_.flushed_offset
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        return self._store._log.read_raw(offset, max_bytes)
+
+    def append_copy(self, offset: int, data: bytes) -> int:
+        return self._store.append_copied_records(offset, data)
+
+    def truncate_copy(self, offset: int) -> int:
+        if offset >= self._store._log.end_offset:
+            return 0
+        raise CopyReset(f"delay log cut at {offset} asked; a delay store starts its copy again")
+
+    def reset_copy(self, offset: int) -> None:
+        self._store.reset_copies(offset)
+
+    def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
+        next_offset, problem = self._store._log.verify(offset, max_bytes)
+        return next_offset, problem.offset if problem is not None else None
+
+
+class _DoneCopy:
+    """The done journal as a ``CopyStore``."""
+
+    def __init__(self, store: DelayStore) -> None:
+        self._store = store
+
+    def copy_bounds(self) -> tuple[int, int]:
+        log_ = self._store._journal.log
+        return log_.first_offset, log_.flushed_offset
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        return self._store._journal.log.read_raw(offset, max_bytes)
+
+    def append_copy(self, offset: int, data: bytes) -> int:
+        return self._store.apply_copied_journal(offset, data)
+
+    def truncate_copy(self, offset: int) -> int:
+        if offset >= self._store._journal.log.end_offset:
+            return 0
+        raise CopyReset(f"done journal cut at {offset} asked; a delay store starts its copy "
+                        f"again")
+
+    def reset_copy(self, offset: int) -> None:
+        # Records before the master's journal start name only finished buckets, which the
+        # next watermark record covers.
+        self._store._journal.log.reset(offset)
+        self._store._journal.max_bucket.clear()
+
+    def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
+        next_offset, problem = self._store._journal.log.verify(offset, max_bytes)
+        return next_offset, problem.offset if problem is not None else None
+
+
+class CopyingMixin:
+    """The replication side of ``DelayStore`` (module docstring)."""
+
+    @property
+    def delay_copy(self: DelayStore) -> _DelayCopy:  # type: ignore[misc]
+        """The delay log as replication sees it."""
+        return _DelayCopy(self)
+
+    @property
+    def done_copy(self: DelayStore) -> _DoneCopy:  # type: ignore[misc]
+        """The done journal as replication sees it."""
+        return _DoneCopy(self)
+
+    def append_copied_records(self: DelayStore, offset: int, data: bytes) -> int:  # type: ignore[misc]
+        """A slave: append delay-log records copied from the master at ``offset`` (its end),
+        make them durable per the flush mode, and file each in the bucket the master filed it
+        in (one below the done watermark is skipped, as recovery does). Returns the new end."""
+        self._check_writable()
+        delay_log = self._log
+        try:
+            bodies = delay_log.append_raw(offset, data)
+            if self.config.flush_mode == "sync":
+                delay_log.sync()
+            else:
+                delay_log.flush()
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        schedule, counts, known = self._schedule, self._counts, self._bucket_pending
+        at = offset
+        for body in bodies:
+            try:
+                deliver_at, bucket, id_bytes, subject, _ = decode_delay_header(body)
+            except ValueError as exc:
+                raise self._fail(CorruptRecord(delay_log.directory, at, f"copied: {exc}"))
+            if bucket >= self._done_before:
+                index = schedule.append(bucket, encode_schedule_entry(
+                    deliver_at, at, len(body), zlib.crc32(id_bytes)))
+                counts.add(bucket, subject)
+                if bucket in known:
+                    known[bucket] += 1
+                elif index == 0:
+                    known[bucket] = 1
+                chunk = at // self._chunk_size
+                if self._chunk_max.get(chunk, -1) < bucket:
+                    self._chunk_max[chunk] = bucket
+                self._empty_buckets.discard(bucket)
+            at += HEADER_SIZE_BYTES + len(body)
+        self._bytes_since_checkpoint += at - offset
+        if schedule.buffer_full:
+            self._flush_schedule_quietly()
+        self._maybe_checkpoint()
+        return delay_log.end_offset
+
+    def apply_copied_journal(self: DelayStore, offset: int, data: bytes) -> int:  # type: ignore[misc]
+        """A slave: append done-journal records copied from the master at ``offset`` and apply
+        each to the bucket files, pending counts and watermark. Returns the new end."""
+        self._check_writable()
+        try:
+            bodies = self._journal.append_copied(offset, data)
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+        for body in bodies:
+            try:
+                record = decode_journal_record(body)
+            except ValueError as exc:
+                raise self._fail(CorruptRecord(self._journal.log.directory, offset,
+                                               f"copied journal record: {exc}"))
+            if record.kind == KIND_DONE_BEFORE:
+                self._follow_done_before(record.bucket_ms)
+            elif record.bucket_ms >= self._done_before:
+                self._apply_done(record)
+        self._maybe_checkpoint()
+        return self._journal.log.end_offset
+
+    def _apply_done(self: DelayStore, record: Any) -> None:  # type: ignore[misc]
+        state = self._done.state(record.bucket_ms)
+        fresh = [i for i, (o, h) in enumerate(zip(record.offsets, record.id_hashes))
+                 if not state.is_done((o << 32) | h)]
+        if not fresh:
+            return
+        try:
+            self._done.write_entries(record.bucket_ms, record.kind,
+                                     [record.offsets[i] for i in fresh],
+                                     [record.id_hashes[i] for i in fresh],
+                                     [record.indexes[i] for i in fresh])
+        except StoreFailed as exc:
+            raise self._fail(exc)
+        per_subject: dict[str | None, int] = {(s or None): n for s, n in record.per_subject}
+        removed = self._counts.remove_many(record.bucket_ms, per_subject)
+        self._lower_bucket_pending(record.bucket_ms, removed)
+        self._done_since_checkpoint += len(fresh)
+
+    def _follow_done_before(self: DelayStore, bucket_ms: int) -> None:  # type: ignore[misc]
+        """The master finished every bucket below ``bucket_ms``: so has this copy. Counts a copy
+        still shows below it (one that began after some of its dispatch records) are dropped."""
+        if bucket_ms <= self._done_before:
+            return
+        stale = {hour: n for hour, n in self._counts.per_hour.items() if hour + HOUR_MS <= bucket_ms}
+        for hour, n in stale.items():
+            del self._counts.per_hour[hour]
+            self._counts.total -= n
+        if stale:
+            log.warning("delay store copy: dropped %d pending count(s) below the master's done "
+                        "watermark %d", sum(stale.values()), bucket_ms)
+        for bucket in list(self._schedule.index.buckets(self._done_before, bucket_ms - 1)):
+            self._bucket_pending[bucket] = 0
+        previous = self._done_before
+        self._done_before = bucket_ms
+        try:
+            self.checkpoint()
+        except BaseException:
+            self._done_before = previous
+            raise
+        self._retire(bucket_ms)
+
+    def journal_done(self: DelayStore, bodies: list[bytes]) -> None:  # type: ignore[misc]
+        """The master: append journal records written by this call's bucket files, durably. A
+        full disk leaves them out (a slave may then dispatch those messages again after a
+        failover; the realtime broker's de-duplication absorbs it)."""
+        try:
+            self._journal.append(bodies)
+        except DiskFull as exc:
+            log.warning("delay store: %d done-journal record(s) not written, disk full: %s",
+                        len(bodies), exc)
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+
+    def reset_copies(self: DelayStore, delay_start: int) -> None:  # type: ignore[misc]
+        """A slave throws its whole copy away: the delay log starts empty at ``delay_start``
+        (the master's log start), the journal at 0 (its follower then moves it to the master's
+        start), and the schedule, bucket files, touched logs and checkpoints are deleted."""
+        self._log.close()
+        self._journal.log.close()
+        for directory in (self.layout.delaylog_dir, self.layout.schedule_dir,
+                          self.layout.touched_dir, self.layout.checkpoint_dir,
+                          os.path.join(self.data_dir, DIRECTORY)):
+            shutil.rmtree(directory, ignore_errors=True)
+        self._reopen()
+        self._log.reset(delay_start)
+        log.warning("delay store %s: copy thrown away; it starts again at delay-log offset %d",
+                    self.data_dir, delay_start)
+
+
+__all__ = ["CopyingMixin", "DoneJournal", "JOURNAL_SEGMENT_SIZE_BYTES_MAX",
+           "journal_bodies_for_dispatch"]

@@ -1,0 +1,130 @@
+"""The done journal: every dispatch record, cancel record and move of the done watermark, in
+commit order, in one ``logstore.SegmentedLog`` under ``<data_dir>/donelog/``.
+
+The per-bucket ``.dispatched`` / ``.cancelled`` files are scattered over up to ~1 M buckets;
+the journal gives them one ordered log with one offset space, which is what a slave copies and
+applies to its own bucket files (docs/REPLICATION.md 8.1). It is appended in the same store call
+that writes the bucket files, after them, and fsynced before that call returns.
+
+Each journal record is one logstore record (logstore's framing gives it a length, a magic, a
+version and a CRC-32). Its body, all integers big-endian::
+
+    Offset | Size  | Field
+    -------+-------+-------------------------------------------------------------------
+    0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark
+    1      | 1     | body_version: 1
+    2      | 2     | reserved: 0
+    4      | 8     | bucket_ms: u64; kinds 1 and 2: the bucket the entries are filed in;
+           |       | kind 3: the new done watermark (every bucket below it is finished)
+    12     | 4     | entry_count: u32 (N; 0 for kind 3)
+    16     | 4     | subject_count: u32 (K; 0 for kind 3)
+    20     | 16*N  | entries: delay_log_offset u64, id_hash u32, index u32 (as in done_record)
+    ...    | ...   | K times: subject_length u16, subject UTF-8, count u32: how many of the
+           |       | entries are of that subject (for the pending counts; "" when unreadable)
+
+What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
+journal record, so a slave may dispatch that message again after a failover (the realtime
+broker's de-duplication absorbs it); records are not compressed (16 bytes per entry).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+HEADER = struct.Struct(
+    ">B"  # kind
+    "B"  # body_version
+    "H"  # reserved
+    "Q"  # bucket_ms
+    "I"  # entry_count
+    "I"  # subject_count
+)
+ENTRY = struct.Struct(
+    ">Q"  # delay_log_offset
+    "I"  # id_hash
+    "I"  # index
+)
+SUBJECT_LENGTH = struct.Struct(">H")  # subject_length
+SUBJECT_COUNT = struct.Struct(">I")  # count
+BODY_VERSION = 1
+KIND_DISPATCHED = 1
+KIND_CANCELLED = 2
+KIND_DONE_BEFORE = 3
+KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE)
+DIRECTORY = "donelog"
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    """One decoded journal record."""
+
+    kind: int
+    bucket_ms: int
+    offsets: tuple[int, ...] = ()
+    id_hashes: tuple[int, ...] = ()
+    indexes: tuple[int, ...] = ()
+    per_subject: tuple[tuple[str, int], ...] = ()  # subject ("" = unreadable) -> entries
+
+
+def encode_journal_record(kind: int, bucket_ms: int, offsets: list[int], id_hashes: list[int],
+                          indexes: list[int], per_subject: dict[str | None, int]) -> bytes:
+    """The body of one journal record; ValueError for a field out of range."""
+    if kind not in KINDS:
+        raise ValueError(f"journal kind {kind} is not one of {KINDS}")
+    if not len(offsets) == len(id_hashes) == len(indexes):
+        raise ValueError("journal entries need one offset, id hash and index each")
+    subjects = [((subject or "").encode("utf-8"), count) for subject, count in
+                per_subject.items() if count]
+    try:
+        parts = [HEADER.pack(kind, BODY_VERSION, 0, bucket_ms, len(offsets), len(subjects))]
+        parts.extend(map(ENTRY.pack, offsets, id_hashes, indexes))
+        for raw, count in subjects:
+            parts += [SUBJECT_LENGTH.pack(len(raw)), raw, SUBJECT_COUNT.pack(count)]
+    except struct.error as exc:
+        raise ValueError(f"a journal field is out of range: {exc}") from None
+    return b"".join(parts)
+
+
+def decode_journal_record(body: bytes) -> JournalRecord:
+    """Parse a journal record body; ValueError naming the defect."""
+    if len(body) < HEADER.size:
+        raise ValueError(f"journal record of {len(body)} bytes is shorter than its header")
+    kind, version, _reserved, bucket_ms, count, subject_count = HEADER.unpack_from(body)
+    if kind not in KINDS:
+        raise ValueError(f"unknown journal kind {kind}")
+    if version != BODY_VERSION:
+        raise ValueError(f"unknown journal body version {version}")
+    at = HEADER.size
+    if at + count * ENTRY.size > len(body):
+        raise ValueError(f"{count} entries run past the {len(body)}-byte record")
+    fields = [ENTRY.unpack_from(body, at + i * ENTRY.size) for i in range(count)]
+    at += count * ENTRY.size
+    per_subject = []
+    for _ in range(subject_count):
+        if at + SUBJECT_LENGTH.size > len(body):
+            raise ValueError("journal record ends inside a subject length")
+        (length,) = SUBJECT_LENGTH.unpack_from(body, at)
+        at += SUBJECT_LENGTH.size
+        if at + length + SUBJECT_COUNT.size > len(body):
+            raise ValueError("journal record ends inside a subject")
+        subject = body[at:at + length].decode("utf-8")
+        (number,) = SUBJECT_COUNT.unpack_from(body, at + length)
+        per_subject.append((subject, number))
+        at += length + SUBJECT_COUNT.size
+    if at != len(body):
+        raise ValueError(f"{len(body) - at} bytes after the journal record's last field")
+    return JournalRecord(kind, bucket_ms, tuple(f[0] for f in fields),
+                         tuple(f[1] for f in fields), tuple(f[2] for f in fields),
+                         tuple(per_subject))
+
+
+def journal_bucket(body: bytes) -> tuple[int, int]:
+    """(kind, bucket_ms) of a journal record body, read from its header alone."""
+    kind, _version, _reserved, bucket_ms, _count, _subjects = HEADER.unpack_from(body)
+    return kind, bucket_ms
+
+
+__all__ = ["DIRECTORY", "ENTRY", "HEADER", "JournalRecord", "KIND_CANCELLED",
+           "KIND_DISPATCHED", "KIND_DONE_BEFORE", "decode_journal_record",
+           "encode_journal_record", "journal_bucket"]

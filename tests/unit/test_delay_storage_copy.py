@@ -1,0 +1,121 @@
+"""DelayStore as a replica (delayserver.storage.copying): a slave that copies the master's delay
+log and done journal holds the same schedule, the same dispatched and cancelled entries, the
+same pending counts and the same done watermark, so it can take over dispatching; a copy it
+cannot cut back is thrown away and copied again."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayserver.storage import DelayStore, DelayStoreConfig
+from delayserver.storage.done_journal import (
+    KIND_DISPATCHED,
+    decode_journal_record,
+    encode_journal_record,
+)
+from logstore import CopyReset
+
+NOW_MS = 1_700_000_000_000
+BUCKET_MS = 1_000
+TINY = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    master = DelayStore(str(tmp_path / "master"), TINY, now_ms=NOW_MS)
+    slave = DelayStore(str(tmp_path / "slave"), TINY, now_ms=NOW_MS)
+    yield master, slave
+    master.close()
+    slave.close()
+
+
+def send(store: DelayStore, count: int, first_ms: int, prefix: str = "m") -> list:
+    for i in range(count):
+        store.append(f"{prefix}-{i}", f"subject-{i % 3}", first_ms + i * 150, b"payload %d" % i)
+    return store.commit()
+
+
+def copy(master: DelayStore, slave: DelayStore, max_bytes: int = 600) -> None:
+    """The delay log first, then the journal (its records refer to delay-log records)."""
+    for source, target in ((master.delay_copy, slave.delay_copy),
+                           (master.done_copy, slave.done_copy)):
+        offset = target.copy_bounds()[1]
+        while True:
+            data = source.read_copy(offset, max_bytes)
+            if not data:
+                break
+            offset = target.append_copy(offset, data)
+
+
+def view(store: DelayStore, buckets) -> tuple:
+    pending = {bucket: [(e.deliver_at_ms, e.delay_log_offset, store.read(e).message_id)
+                        for e in store.load_bucket(bucket)] for bucket in buckets}
+    stats = store.pending_stats()
+    return pending, stats.total, stats.per_hour, stats.per_subject, store.done_before()
+
+
+def test_a_copy_holds_the_same_pending_messages_counts_and_watermark(pair):
+    master, slave = pair
+    first = NOW_MS + 10_000
+    entries = send(master, 40, first)
+    master.record_dispatched(entries[:12])
+    assert master.cancel("m-20", entries[20].deliver_at_ms) == "cancelled"
+    buckets = sorted({e.bucket_ms for e in entries})
+    master.mark_done_before(entries[12].bucket_ms - entries[12].bucket_ms % BUCKET_MS)
+    copy(master, slave)
+    assert view(slave, buckets[2:]) == view(master, buckets[2:])
+    assert slave.done_before() == master.done_before() > 0
+
+
+def test_a_copy_taken_in_small_steps_while_the_master_works_ends_the_same(pair, tmp_path):
+    master, slave = pair
+    first = NOW_MS + 10_000
+    buckets = set()
+    for step in range(5):
+        entries = send(master, 10, first + step * 1_500, prefix=f"s{step}")
+        buckets |= {e.bucket_ms for e in entries}
+        copy(master, slave, max_bytes=200)
+        master.record_dispatched(entries[:3])
+        copy(master, slave, max_bytes=200)
+    assert view(slave, sorted(buckets)) == view(master, sorted(buckets))
+    slave.close()
+    reopened = DelayStore(str(tmp_path / "slave"), TINY, now_ms=NOW_MS)
+    assert view(reopened, sorted(buckets)) == view(master, sorted(buckets))
+    reopened.close()
+
+
+def test_a_promoted_copy_takes_over_dispatching_what_is_left(pair):
+    master, slave = pair
+    entries = send(master, 10, NOW_MS + 10_000)
+    master.record_dispatched(entries[:4])
+    copy(master, slave)
+    left = [e for b in sorted({e.bucket_ms for e in entries}) for e in slave.load_bucket(b)]
+    assert sorted(slave.read(e).message_id for e in left) == sorted(f"m-{i}" for i in range(4, 10))
+    slave.record_dispatched(left)
+    assert slave.pending_stats().total == 0
+
+
+def test_a_copy_cannot_be_cut_back_and_is_copied_again_from_the_master_start(pair):
+    master, slave = pair
+    entries = send(master, 10, NOW_MS + 10_000)
+    master.record_dispatched(entries[:2])
+    copy(master, slave)
+    send(slave, 3, NOW_MS + 20_000, prefix="own")  # a tail of its own, as an old master has
+    assert slave.delay_copy.truncate_copy(slave.delay_copy.copy_bounds()[1]) == 0
+    with pytest.raises(CopyReset):
+        slave.delay_copy.truncate_copy(0)
+    slave.delay_copy.reset_copy(master.delay_copy.copy_bounds()[0])
+    copy(master, slave)
+    buckets = sorted({e.bucket_ms for e in entries})
+    assert view(slave, buckets) == view(master, buckets)
+
+
+def test_journal_records_round_trip_with_their_subject_counts():
+    body = encode_journal_record(KIND_DISPATCHED, 5_000, [10, 99], [7, 8], [0, 3],
+                                 {"orders": 1, None: 1})
+    record = decode_journal_record(body)
+    assert (record.kind, record.bucket_ms, record.offsets, record.id_hashes, record.indexes) == (
+        KIND_DISPATCHED, 5_000, (10, 99), (7, 8), (0, 3))
+    assert record.per_subject == (("orders", 1), ("", 1))
+    with pytest.raises(ValueError, match="after the journal record"):
+        decode_journal_record(body + b"x")
