@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from logstore import Checkpoint, LogStoreError
+from logstore import Checkpoint, CopyReset, LogStoreError
 from logstore.record import HEADER_SIZE_BYTES
 from pulllog.actions import Closed, decode_action
 from pulllog.errors import CorruptAction, CorruptCheckpoint, PullLogError
@@ -29,9 +29,10 @@ if TYPE_CHECKING:  # the attributes the mixin uses, defined by PullLogStore
 log = logging.getLogger(__name__)
 
 
-class NeedsSnapshot(PullLogError):
+class NeedsSnapshot(CopyReset, PullLogError):
     """A follower cannot rebuild its state at an offset from what it holds (no checkpoint at
-    or below it whose actions are still there): it must install the master's checkpoint."""
+    or below it whose actions are still there): it must copy again, from the master's newest
+    checkpoint when the master's log no longer starts at 0."""
 
     def __init__(self, offset: int, first_offset: int) -> None:
         self.offset = offset
@@ -180,6 +181,23 @@ class CopyingMixin:
         self._actions_since_checkpoint = 0
         self._checkpoints.write(encode_snapshot(state, covers_offset, []))
         self._kept_offsets = [covers_offset]
+
+    def reset_copy(self, offset: int) -> None:
+        """Throw the copy away: an empty state, an empty action log starting at ``offset``,
+        no checkpoint (the follower then copies from the master's start or its snapshot)."""
+        assert self._follower, "only a follower's copy is thrown away"
+        self._log.reset(offset)
+        self._checkpoints.delete_after(0)
+        self._state = PullState()
+        self._clean_end = False
+        self._kept_offsets = []
+        self._actions_since_checkpoint = 0
+
+    def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
+        """Scrub about ``max_bytes`` of the action log from ``offset``: (where to go on, the
+        offset of the first record that fails its checks or None)."""
+        next_offset, problem = self._log.verify(offset, max_bytes)
+        return next_offset, problem.offset if problem is not None else None
 
     def promote(self) -> None:
         """The slave becomes master: start writing (a new pull-seq epoch unless the copy ends

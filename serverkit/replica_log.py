@@ -139,9 +139,11 @@ def scrub_io(log: ReplicatedLog, offset: int, max_bytes: int) -> tuple[int, int 
     """Owner thread: check about ``max_bytes`` of the copy from ``offset``; a rotten record
     found is cut (with everything after it) so the follower fetches it again. Returns (where
     the next scrub goes on, the offset cut at or None)."""
+    first, end = log.store.copy_bounds()
+    if not first <= offset < end:
+        offset = first  # the copy moved (cut, reset) or the last pass ended: start a new one
     next_offset, bad = log.store.verify_copy(offset, max_bytes)
     if bad is None:
-        first, end = log.store.copy_bounds()
         return (first if next_offset >= end else next_offset), None
     log.store.truncate_copy(bad)
     log.history.truncate(bad + 1)  # keep an epoch that began at the cut: its start stands

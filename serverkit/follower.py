@@ -1,0 +1,294 @@
+"""``Follower``: a slave's side of replication (docs/REPLICATION.md 8.2, 8.4, 8.6). It copies
+each replicated log from the master over one pipelined connection: catch-up first (fetches
+back to back), then tail (a fetch waits at the master's end up to ``wait_ms``), each from its
+own offset, which acknowledges what it has.
+
+* An answer's records are checked before anything is written (CRC, framing); a bad copy is
+  fetched again, up to ``CRC_RETRIES`` times in a row before backing off, and counted.
+* ``diverging``: the copy is cut where the histories agree (``cut_io``), or thrown away and
+  copied again when the store cannot cut there (``CopyReset``).
+* An offset below the master's log start: the copy starts again there (``reset_io``), or, for a
+  log whose state cannot be rebuilt from a later point (the pull log), from the master's newest
+  checkpoint (``snapshot``).
+* ``requires``: an answer is applied only once the copies of the logs its records refer to
+  reach the ends the master named, so a slave never holds an action about a message it lacks.
+* A scrub reads the copy back in the background (``scrub_bytes_per_s``): a rotten record is
+  cut with everything after it, and fetched again.
+
+Event loop only; the stores are called through each log's runner (their owner threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from logstore import CopyReset, CorruptRecord
+from serverkit.replica_log import ReplicatedLog, apply_io, cut_io, position_io, reset_io, scrub_io
+from wire.errors import ConnectionLost, QmqError, StaleEpoch
+from wire.limits import MAX_FETCH_BYTES
+from wire.replication import (
+    fetch_request,
+    parse_fetch_answer,
+    parse_snapshot_answer,
+    snapshot_request,
+)
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_MS = 500  # a caught-up fetch waits this long at the master's end
+CRC_RETRIES = 3  # a bad copy is fetched again this many times in a row before backing off
+BACKOFF_MS_MIN = 50
+BACKOFF_MS_MAX = 2_000
+REQUEST_TIMEOUT_MS = 10_000  # beyond the fetch's own wait
+SCRUB_BYTES_PER_S = 8 << 20  # the background scrub's pace over the copy
+SCRUB_STEP_BYTES = 1 << 20
+
+Connect = Callable[[str], Awaitable["object"]]  # address -> an sdk Connection (request, close)
+
+
+class Follower:
+    """The slave's side (module docstring). ``clock_ms`` is monotonic, in ms."""
+
+    def __init__(self, group: str, server_id: str, logs: list[ReplicatedLog], connect: Connect,
+                 clock_ms: Callable[[], int], on_trouble: Callable[[], None],
+                 fetch_bytes_max: int = MAX_FETCH_BYTES, wait_ms: int = FETCH_WAIT_MS,
+                 scrub_bytes_per_s: int = SCRUB_BYTES_PER_S) -> None:
+        self.group = group
+        self.server_id = server_id
+        self.logs = {item.name: item for item in logs}
+        self._connect = connect
+        self._clock_ms = clock_ms
+        self._on_trouble = on_trouble  # heartbeat soon: the master may have changed
+        self.fetch_bytes_max = fetch_bytes_max
+        self.wait_ms = wait_ms
+        self.scrub_bytes_per_s = scrub_bytes_per_s
+        self.epoch = 0
+        self.master_address: str | None = None
+        self._connection: object | None = None
+        self._connecting: asyncio.Lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._moved = asyncio.Event()  # set whenever a copy's end moves
+        # Event loop figures (metrics, reports): per log.
+        self.ends: dict[str, int] = {name: 0 for name in self.logs}  # the copy's end
+        self.master_ends: dict[str, int] = {name: 0 for name in self.logs}  # as last answered
+        self.caught_up_ms: dict[str, int | None] = {name: None for name in self.logs}
+        self.bytes_copied: dict[str, int] = {name: 0 for name in self.logs}
+        self.crc_errors = 0
+        self.scrub_repairs = 0
+        self.running = False
+
+    # ------------------------------------------------------------------ start and stop
+
+    def start(self, master_address: str, epoch: int) -> None:
+        """Follow the master at ``master_address`` in ``epoch`` (one task per log + scrub)."""
+        assert not self.running, "stop() the follower before starting it again"
+        self.master_address, self.epoch, self.running = master_address, epoch, True
+        self._tasks = [asyncio.create_task(self._follow(item), name=f"follow-{name}")
+                       for name, item in self.logs.items()]
+        if self.scrub_bytes_per_s:
+            self._tasks.append(asyncio.create_task(self._scrub(), name="scrub"))
+        log.info("group %s: following master %s at epoch %d", self.group, master_address, epoch)
+
+    async def stop(self) -> None:
+        """Stop fetching and wait until no copied record is still being written."""
+        self.running = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for item in self.logs.values():  # a thread runs calls in order: this one comes last
+            await item.run(_nothing)
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ figures
+
+    def lag_bytes(self) -> int:
+        """Bytes the copy lacked as of the last answers, over every log."""
+        return sum(max(0, self.master_ends[name] - self.ends[name]) for name in self.logs)
+
+    def lag_ms(self, now_ms: int) -> int | None:
+        """0 when every log is caught up; else how long since the least recent one was (None
+        when one never was)."""
+        if self.lag_bytes() == 0 and all(v is not None for v in self.caught_up_ms.values()):
+            return 0
+        times = list(self.caught_up_ms.values())
+        if any(t is None for t in times):
+            return None
+        return max(0, now_ms - min(times))  # type: ignore[type-var]
+
+    def caught_up(self) -> bool:
+        """Every log copied up to the master's end as last answered."""
+        return self.lag_bytes() == 0 and all(v is not None for v in self.caught_up_ms.values())
+
+    # ------------------------------------------------------------------ copying one log
+
+    async def _request(self, op: dict, timeout_ms: int) -> dict:
+        connection = await self._connected()
+        try:
+            return await connection.request(op, timeout_ms)  # type: ignore[attr-defined]
+        except ConnectionLost:
+            if self._connection is connection:
+                self._connection = None
+            raise
+
+    async def _connected(self) -> object:
+        async with self._connecting:
+            if self._connection is None or self._connection.closed:  # type: ignore[attr-defined]
+                assert self.master_address is not None
+                self._connection = await self._connect(self.master_address)
+            return self._connection
+
+    async def _follow(self, item: ReplicatedLog) -> None:
+        backoff_ms = BACKOFF_MS_MIN
+        bad_copies = 0
+        wait_ms = 0
+        while True:
+            try:
+                wait_ms = await self._step(item, wait_ms)
+                backoff_ms = BACKOFF_MS_MIN
+                bad_copies = 0
+                continue
+            except asyncio.CancelledError:
+                raise
+            except CorruptRecord as exc:
+                self.crc_errors += 1
+                bad_copies += 1
+                log.warning("group %s: copy of %s failed its check (%s); fetching it again",
+                            self.group, item.name, exc)
+                if bad_copies <= CRC_RETRIES:
+                    continue
+            except StaleEpoch as exc:
+                log.info("group %s: %s", self.group, exc)
+                self._on_trouble()
+            except (ConnectionLost, QmqError) as exc:
+                log.info("group %s: fetching %s from %s: %s", self.group, item.name,
+                         self.master_address, exc)
+                self._on_trouble()
+            except Exception:
+                log.exception("group %s: copying %s failed", self.group, item.name)
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(BACKOFF_MS_MAX, backoff_ms * 2)
+            wait_ms = 0
+
+    async def _step(self, item: ReplicatedLog, wait_ms: int) -> int:
+        """One fetch of ``item`` and what follows from it; returns the next fetch's wait."""
+        name = item.name
+        offset, last_epoch = await item.run(position_io, item)
+        self._moved_to(name, offset)
+        raw = await self._request(fetch_request(self.server_id, self.epoch, name, offset,
+                                                last_epoch, self.fetch_bytes_max, wait_ms),
+                                  wait_ms + REQUEST_TIMEOUT_MS)
+        answer = parse_fetch_answer(raw)
+        self.master_ends[name] = answer.log_end
+        if answer.diverging is not None:
+            try:
+                point = await item.run(cut_io, item, answer.diverging)
+                log.warning("group %s: %s copy diverged from the master's (epoch %d ended at "
+                            "%d there): cut at %d", self.group, name, answer.diverging[0],
+                            answer.diverging[1], point)
+            except CopyReset as exc:
+                log.warning("group %s: %s; copying it again", self.group, exc)
+                await item.run(reset_io, item, 0, ())
+            return 0
+        if answer.offset < answer.log_start:
+            if item.snapshots:
+                await self._install_snapshot(item)
+            else:
+                await item.run(reset_io, item, answer.log_start, answer.epochs)
+                log.warning("group %s: %s copy starts again at the master's log start %d",
+                            self.group, name, answer.log_start)
+            return 0
+        for other, end in answer.requires.items():
+            await self._wait_end(other, end)
+        try:
+            end = await item.run(apply_io, item, offset, answer.data, answer.epochs)
+        except ValueError as exc:  # the copy moved meanwhile (a reset by another log)
+            log.info("group %s: %s copy moved (%s); fetching again", self.group, name, exc)
+            return 0
+        self.bytes_copied[name] += len(answer.data)
+        self._moved_to(name, end)
+        if end >= answer.log_end:
+            self.caught_up_ms[name] = self._clock_ms()
+            return self.wait_ms
+        return 0
+
+    async def _install_snapshot(self, item: ReplicatedLog) -> None:
+        """Copy the master's newest checkpoint of ``item`` and install it."""
+        sequence, position, parts = 0, 0, []
+        while True:
+            raw = await self._request(snapshot_request(
+                self.server_id, self.epoch, item.name, sequence, position,
+                self.fetch_bytes_max), REQUEST_TIMEOUT_MS)
+            answer = parse_snapshot_answer(raw)
+            if sequence and answer.sequence != sequence:
+                sequence, position, parts = 0, 0, []
+                continue
+            sequence = answer.sequence
+            parts.append(answer.data)
+            position += len(answer.data)
+            if position >= answer.size:
+                break
+        payload = b"".join(parts)
+        await item.run(_install_io, item, payload, answer.covers_offset, answer.epochs)
+        log.warning("group %s: %s copy installed the master's checkpoint %d (%d bytes, covers "
+                    "offset %d)", self.group, item.name, sequence, len(payload),
+                    answer.covers_offset)
+
+    def _moved_to(self, name: str, end: int) -> None:
+        self.ends[name] = end
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def _wait_end(self, name: str, end: int) -> None:
+        """Wait until the copy of ``name`` reaches ``end``."""
+        while self.ends.get(name, end) < end:
+            await self._moved.wait()
+
+    # ------------------------------------------------------------------ scrubbing
+
+    async def _scrub(self) -> None:
+        """Read the copies back at ``scrub_bytes_per_s``; cut a rotten record for a re-fetch."""
+        positions = {name: 0 for name in self.logs}
+        step = min(SCRUB_STEP_BYTES, self.scrub_bytes_per_s)
+        while True:
+            for name, item in self.logs.items():
+                try:
+                    positions[name], bad = await item.run(scrub_io, item, positions[name], step)
+                except CopyReset as exc:
+                    log.error("group %s: rotten record in the %s copy (%s); copying again",
+                              self.group, name, exc)
+                    await item.run(reset_io, item, 0, ())
+                    self.scrub_repairs += 1
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("group %s: scrubbing the %s copy failed", self.group, name)
+                    continue
+                if bad is not None:
+                    self.scrub_repairs += 1
+                    log.error("group %s: rotten record at offset %d of the %s copy: cut there, "
+                              "fetching it again", self.group, bad, name)
+                    self._moved_to(name, bad)
+                await asyncio.sleep(step / self.scrub_bytes_per_s)
+
+
+def _nothing() -> None:
+    """A call that only marks its place in a thread's queue."""
+
+
+def _install_io(item: ReplicatedLog, payload: bytes, covers_offset: int,
+                epochs: tuple[tuple[int, int], ...]) -> None:
+    """Owner thread: install a master checkpoint and start the history with ``epochs``."""
+    item.store.install_snapshot(payload, covers_offset)  # type: ignore[attr-defined]
+    item.history.truncate(0)
+    for epoch, start in epochs:
+        if epoch > item.history.last_epoch:
+            item.history.append(epoch, start)
+
+
+__all__ = ["CRC_RETRIES", "FETCH_WAIT_MS", "Follower", "SCRUB_BYTES_PER_S"]
