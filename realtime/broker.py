@@ -43,6 +43,7 @@ from realtime.tail import Tail
 from realtime.tracing import BrokerTracer
 from serverkit.io_thread import IoThread
 from serverkit.open_files import files_cached_budget
+from serverkit.replica_source import NoWriteReplication, WriteReplication
 from serverkit.periodic import run_every
 from wire.clock import wall_clock_ms
 from wire.protocol import Ack, Heartbeat, Leave, Pull
@@ -89,10 +90,12 @@ def _first_sequences(store: MessageStore) -> dict[str, int]:
     return {subject: store.first_sequence(subject) for subject in store.subjects()}
 
 
-def _open_pulllog_io(config: RealtimeConfig) -> PullLogStore:
-    """Pull-log thread: open (and replay) the pull log."""
+def _open_pulllog_io(config: RealtimeConfig, follower: bool) -> PullLogStore:
+    """Pull-log thread: open (and replay) the pull log (as a copy that writes nothing until it
+    is promoted, when ``follower``)."""
     pulllog = PullLogStore(os.path.join(config.data_dir, "pulllog"),
-                           PullLogConfig(flush_interval_ms=config.flush_interval_ms))
+                           PullLogConfig(flush_interval_ms=config.flush_interval_ms),
+                           follower=follower)
     log.info("pull log open: %s", pulllog.recovery)
     return pulllog
 
@@ -117,7 +120,7 @@ class Broker:
     """
 
     def __init__(self, config: RealtimeConfig, clock: Callable[[], int], stores: OpenStores,
-                 tracer: BrokerTracer) -> None:
+                 tracer: BrokerTracer, replica: WriteReplication | None = None) -> None:
         self.config = config
         self.clock = clock
         self.store = stores.store
@@ -132,9 +135,11 @@ class Broker:
         self.redelivered_by_group: dict[tuple[str, str], int] = {}
         self.committed = Committed(Tail(TAIL_BYTES_MAX), stores.ends, stores.firsts)
         self.book = ConsumerBook(stores.opened_at_ms, config.consumer_expiry_ms)
+        self.replica = replica or NoWriteReplication()
         ctx = BrokerContext(config, clock, self.store, self.pulllog, self.on_store_thread,
                             self.on_pulllog_thread, self.committed, self.book, tracer, self.stats,
-                            self.redelivered_by_group)
+                            self.redelivered_by_group, self.replica)
+        self._ctx = ctx
         self.sends = Sends(ctx)
         self.holdings = Holdings(ctx)
         self.pulls = Pulls(ctx, self.holdings.release)
@@ -142,10 +147,13 @@ class Broker:
 
     @classmethod
     async def open(cls, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms,
-                   opener: Opener = OsFile, tracer: BrokerTracer | None = None) -> Broker:
+                   opener: Opener = OsFile, tracer: BrokerTracer | None = None,
+                   replica: WriteReplication | None = None, follower: bool = False) -> Broker:
         """Open (and recover) both stores on their threads, build the broker over them and
         start its background loops. ``opener``: tests pass ``logstore.faults.FaultPlan.opener``;
-        ``tracer``: the server's, with its ``TraceWriter`` (default: tracing off)."""
+        ``tracer``: the server's, with its ``TraceWriter`` (default: tracing off);
+        ``replica``: the sync waits of a replicated group; ``follower``: open as a copy that
+        writes nothing until ``promote`` (a server whose role the MetaServer decides)."""
         store_thread = IoThread("realtime-store-io")
         pulllog_thread = IoThread("realtime-pulllog-io")
         store: MessageStore | None = None
@@ -154,11 +162,12 @@ class Broker:
             opened_at_ms = clock()
             store, ends, firsts = await store_thread.call(_open_store_io, config, opener,
                                                           opened_at_ms)
-            pulllog = await pulllog_thread.call(_open_pulllog_io, config)
+            pulllog = await pulllog_thread.call(_open_pulllog_io, config, follower)
             broker = cls(config, clock, OpenStores(store, store_thread, pulllog, pulllog_thread,
                                                    opened_at_ms, ends, firsts),
-                         tracer or BrokerTracer(None))
-            await broker.on_pulllog_thread(broker._seed_tracer_io)
+                         tracer or BrokerTracer(None), replica)
+            if not follower:
+                await broker.on_pulllog_thread(broker._seed_tracer_io)
             await broker.on_store_thread(broker._tracer.name_from_store, broker._read_payload_io)
         except BaseException:
             if pulllog is not None:
@@ -168,16 +177,15 @@ class Broker:
             pulllog_thread.close()
             store_thread.close()
             raise
-        broker._start_rounds()
+        broker._start_rounds(master=not follower)
         return broker
 
-    def _start_rounds(self) -> None:
-        """Start the committer and the background rounds."""
+    def _start_rounds(self, master: bool) -> None:
+        """Start the background rounds: a copy's (the asynchronous flush, retention), and a
+        master's on top (the committer, the expiry of consumers and ack timeouts, which write
+        to the pull log)."""
         config = self.config
         self._tasks = [
-            asyncio.create_task(self.sends.commits.run(), name="realtime-committer"),
-            asyncio.create_task(run_every(config.expiry_check_interval_ms, self.expire_now,
-                                          log, "expiry check"), name="realtime-expiry"),
             asyncio.create_task(run_every(config.retention_check_interval_ms,
                                           self._retention_round, log, "retention"),
                                 name="realtime-retention"),
@@ -185,6 +193,43 @@ class Broker:
             asyncio.create_task(run_every(config.flush_interval_ms, self._flush_round, log,
                                           "async flush"), name="realtime-flush"),
         ]
+        if master:
+            self._tasks += [
+                asyncio.create_task(self.sends.commits.run(), name="realtime-committer"),
+                asyncio.create_task(run_every(config.expiry_check_interval_ms, self.expire_now,
+                                              log, "expiry check"), name="realtime-expiry"),
+            ]
+
+    async def _stop_rounds(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def promote(self) -> None:
+        """A copy becomes the master (docs/REPLICATION.md 8.5): the pull log starts writing (a
+        new pull-seq epoch unless the copy ended with a clean close), the event loop's view of
+        what is committed and who consumes is taken afresh from the stores, and the master's
+        rounds start. Consumers' held entries stay held and come back after the ack timeout or
+        the consumer expiry, counted from now."""
+        await self._stop_rounds()
+        await self.on_pulllog_thread(self.pulllog.promote)
+        ends, firsts = await self.on_store_thread(
+            lambda: (self.store.end_sequences(), _first_sequences(self.store)))
+        self.committed.restart(ends, firsts)
+        self.book.restart(self.clock())
+        await self.on_pulllog_thread(self._seed_tracer_io)
+        self._start_rounds(master=True)
+
+    async def demote(self) -> None:
+        """The master steps down (writes are refused already): what is queued is committed
+        (its senders are refused: it was never replicated), long polls end, the pull log
+        becomes a copy and only the copy's rounds go on."""
+        await self._stop_rounds()
+        await self.sends.commits.commit_pending()
+        self.committed.end_long_polls()
+        await self.on_pulllog_thread(self.pulllog.demote)
+        self._start_rounds(master=False)
 
     def _seed_tracer_io(self) -> None:
         """Pull-log thread: tell the tracer what consumers held before this start (their acks
@@ -214,10 +259,9 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop the loops, commit what is queued, checkpoint and close the storage."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.sends.commits.commit_pending()
+        await self._stop_rounds()
+        if not self.pulllog.follower:
+            await self.sends.commits.commit_pending()
         await self.on_pulllog_thread(self.pulllog.close)
         await self.on_store_thread(self.store.close)
         self._pulllog_thread.close()
@@ -240,6 +284,11 @@ class Broker:
     def heartbeat(self, request: Heartbeat) -> None:
         """Keep a consumer online for the (subject, group) pairs it names."""
         self.holdings.heartbeat(request)
+
+    async def actions_replicated(self) -> None:
+        """Wait until the slaves a ``sync`` write waits for have every pull-log action so far
+        (after an ack, a nack, a leave)."""
+        await self._ctx.actions_replicated()
 
     async def leave(self, request: Leave) -> int:
         """A consumer closing: release what it holds now (``Holdings.leave``)."""
@@ -302,7 +351,7 @@ class Broker:
 
     async def _flush_round(self) -> None:
         """The asynchronous flush: each store's ``tick`` on its thread (a failure of one does
-        not keep the other from its flush)."""
+        not keep the other from its flush); the slaves' long polls on the pull log wake."""
         now_ms = self.clock()
         for name, on_thread, tick in (("message store", self.on_store_thread, self.store.tick),
                                       ("pull log", self.on_pulllog_thread, self.pulllog.tick)):
@@ -310,6 +359,9 @@ class Broker:
                 await on_thread(tick, now_ms)
             except Exception:
                 log.exception("async flush of the %s failed", name)
+        if self.replica.replicating and not self.pulllog.follower:
+            end = await self.on_pulllog_thread(lambda: self.pulllog.copy_bounds()[1])
+            self.replica.advanced("actions", end)
 
     async def _retention_round(self) -> None:
         """Delete what every pull-log group is past and retention lets go."""

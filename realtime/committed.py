@@ -29,6 +29,14 @@ class Committed:
         self.stopping = False  # end_long_polls() was called: waiting pulls answer at once
         self._events: dict[str, asyncio.Event] = {}  # subject -> set by its next commit
 
+    def restart(self, ends: dict[str, int], firsts: dict[str, int]) -> None:
+        """A copy became the master: what is committed is what its store says now; the tail
+        starts empty (pulls of older messages read the store)."""
+        self.tail = Tail(self.tail.bytes_max)
+        self.ends = ends
+        self.firsts = firsts
+        self.stopping = False
+
     def add(self, subject: str, first: int, entries: list[Entry], size_bytes: int) -> None:
         """A committed run of ``subject`` (sequences from ``first``): into the tail."""
         self.tail.add(subject, first, entries, size_bytes)

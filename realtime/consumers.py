@@ -79,6 +79,11 @@ class ConsumerBook:
         self._known_cursors: dict[Group, int] = {}
         self._release_rounds = 0  # releases that put entries back in some redelivery queue
 
+    def restart(self, started_ms: int) -> None:
+        """A copy became the master at ``started_ms``: nobody has been seen yet, so every
+        consumer gets a full expiry from now to come back (as after a restart)."""
+        self.__init__(started_ms, self._consumer_expiry_ms)  # type: ignore[misc]
+
     # ------------------------------------------------------------------ presence
 
     def seen(self, subject: str, key: str, consumer_id: str, now_ms: int) -> None:

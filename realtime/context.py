@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from logstore import DiskFull
 from pulllog import PullLogStore
 from realtime.committed import Committed
 from realtime.config import RealtimeConfig
 from realtime.consumers import ConsumerBook
 from realtime.storage import MessageStore
 from realtime.tracing import BrokerTracer
+from serverkit.replica_source import WriteReplication
 
 Runner = Callable[..., Awaitable[Any]]  # ``await run(fn, *args)``: fn(*args) on one I/O thread
 
@@ -33,6 +35,25 @@ class BrokerContext:
     tracer: BrokerTracer
     stats: dict[str, int]  # one writer thread per key (see Broker)
     redelivered_by_group: dict[tuple[str, str], int]  # pull-log thread (see Broker)
+    replica: WriteReplication  # event loop: min_insync checks, sync waits (docs/REPLICATION.md 7)
+
+    async def actions_replicated(self) -> None:
+        """After a write to the pull log that a client is told of (an ack, a nack, a leave):
+        flush it and wait until the slaves a ``sync`` write waits for have it."""
+        if self.replica.replicating:
+            end = await self.on_pulllog_thread(_flush_io, self.pulllog)
+            await self.replica.wait_replicated("actions", end)
+
+
+def _flush_io(pulllog: PullLogStore) -> int:
+    """Pull-log thread: write what is buffered to the OS; the end a copy may read. A full disk
+    keeps the pull log's changes in memory only (``PullLogStore.unlogged``): what was logged
+    before is all a slave can have, and a failover then redelivers, never loses."""
+    try:
+        pulllog.flush()
+    except DiskFull:
+        pass
+    return pulllog.copy_bounds()[1]
 
 
 __all__ = ["BrokerContext", "Runner"]

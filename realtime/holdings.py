@@ -50,6 +50,8 @@ class Holdings:
             payloads, unreadable = await ctx.on_store_thread(self._payloads_io, subject, seqs)
             ctx.tracer.acked_payloads(payloads, key, consumer_id, now_ms)
             ctx.tracer.acks_unreadable(subject, key, consumer_id, unreadable, now_ms)
+        if acked:
+            await ctx.actions_replicated()
         return acked
 
     def _ack_io(self, request: Ack, keys: list[str], now_ms: int,
@@ -110,7 +112,10 @@ class Holdings:
         for subject, _key, _consumer_id in consumers:
             self._ctx.committed.notify(subject)  # its long polls wake and see the leave
         self._ctx.tracer.unsubscribed(consumers, self._ctx.clock(), "left")
-        return await self.release(consumers)
+        released = await self.release(consumers)
+        if released:
+            await self._ctx.actions_replicated()
+        return released
 
     async def release(self, consumers: list[ConsumerKey]) -> int:
         """Hand what these consumers hold to the others of their groups; they are gone.

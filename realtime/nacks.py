@@ -77,6 +77,7 @@ class NackHandler:
         ranges = [(pull_seq, pull_seq) for pull_seq, _ in entries]
         await broker.on_pulllog_thread(self._ack_io, request.subject, key,
                                        request.consumer_id, ranges, broker.clock())
+        await broker.actions_replicated()
         self.stats["nacked"] += len(entries)
         return len(entries)
 

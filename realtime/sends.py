@@ -55,6 +55,10 @@ class SendRequest:
     slots: list[int] | None  # index in ``results`` of each message; None: all of them, in order
     results: list[Any]
     future: asyncio.Future[None]
+    log_end: int = 0  # the message log's end after the commit that stored them
+
+
+Committed = tuple[list[int | None], int]  # a commit's sequences, and the message log's end
 
 
 class Sends:
@@ -78,15 +82,20 @@ class Sends:
         self.sent_by_subject: dict[str, list[int]] = {}
         self.message_errors: dict[str, int] = {}
         self.on_commit: Callable[[int], None] | None = None
-        self.commits: GroupCommitter[SendRequest, list[int | None]] = GroupCommitter(
+        self.commits: GroupCommitter[SendRequest, Committed] = GroupCommitter(
             f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
             self._fail_batch, self._go_readonly)
 
     async def send(self, payloads: list[bytes]) -> list[dict[str, Any]]:
         """Validate and store a batch; each result says stored, duplicate or the error.
 
-        Replies only once the batch is durable under the flush mode.
+        Replies only once the batch is durable under the flush mode and, under ``sync``
+        replication, once the slaves a write waits for have it (a request refused meanwhile,
+        its messages stored here alone, is answered with the error: the producer resends with
+        the same ids, which de-duplication absorbs).
         """
+        replica = self._ctx.replica
+        replica.check_writable()
         now_ms = self._ctx.clock()
         # Every payload through the quick check in one call (C when built); in the usual case
         # all pass and the request goes to the committer as it came, with no loop here.
@@ -98,9 +107,12 @@ class Sends:
             messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
         if messages:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.commits.pending.append(SendRequest(messages, valid, slots, results, future))
+            request = SendRequest(messages, valid, slots, results, future)
+            self.commits.pending.append(request)
             self.commits.wake()
             await future
+            if request.log_end and replica.replicating:
+                await replica.wait_replicated("message", request.log_end)
         return results
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
@@ -145,14 +157,14 @@ class Sends:
 
     # ------------------------------------------------------------------ the group commit
 
-    def _commit_call(self, batch: list[SendRequest]) -> Awaitable[list[int | None]]:
+    def _commit_call(self, batch: list[SendRequest]) -> Awaitable[Committed]:
         """The group commit's store call: ``_append_and_commit_io`` on the store thread."""
         ctx = self._ctx
         return ctx.on_store_thread(self._append_and_commit_io, batch, ctx.clock())
 
-    def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> list[int | None]:
+    def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> Committed:
         """Store thread: append every request's messages (column by column) and commit them.
-        Returns each message's sequence, None for a duplicate."""
+        Returns each message's sequence (None for a duplicate) and the message log's end."""
         store = self._ctx.store
         try:
             # The requests' messages as one set of columns: the store takes a run of one
@@ -182,7 +194,7 @@ class Sends:
         stats = self._ctx.stats
         stats["duplicates"] += duplicates
         stats["sent"] += len(sequences) - duplicates
-        return sequences
+        return sequences, store.copy_bounds()[1]
 
     def _go_readonly(self) -> None:
         """A sticky write failure: refuse sends until restarted."""
@@ -197,8 +209,14 @@ class Sends:
                 request.results[slot] = send_result_error(message.id, error)
         self._answer(batch)
 
-    def _publish_committed(self, batch: list[SendRequest], outcomes: list[int | None]) -> None:
-        """Answer a committed batch, feed the tail and the metrics, wake the pulls."""
+    def _publish_committed(self, batch: list[SendRequest], committed: Committed) -> None:
+        """Answer a committed batch, feed the tail and the metrics, wake the pulls. The
+        slaves' fetches hear of the new end first, so every message a consumer can be handed
+        lies below an end a pull-log copy is told it requires."""
+        outcomes, log_end = committed
+        self._ctx.replica.advanced("message", log_end)
+        for request in batch:
+            request.log_end = log_end
         self._publish(batch, outcomes)
         if self.on_commit is not None:
             self.on_commit(len(outcomes))

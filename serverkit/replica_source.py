@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Protocol
 
 from serverkit.insync import InSyncTracker
 from serverkit.replica_log import ReplicatedLog, answer_fetch_io
-from wire.errors import NotEnoughReplicas, NotFound, NotMaster
+from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch
 from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,40 @@ log = logging.getLogger(__name__)
 INSYNC_LAG_MAX_MS_DEFAULT = 5_000
 
 
+class WriteReplication(Protocol):
+    """What a server's write path asks of replication (``ReplicaSource`` implements it)."""
+
+    replicating: bool  # False: nothing to tell or wait for (skip computing log ends)
+
+    def check_writable(self) -> None:
+        """Raise NotEnoughReplicas when writes are refused (``min_insync``)."""
+
+    def advanced(self, name: str, end: int) -> None:
+        """Log ``name`` was committed (or flushed) up to ``end``."""
+
+    async def wait_replicated(self, name: str, end: int) -> None:
+        """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
+
+
+class NoWriteReplication:
+    """A server nobody copies (no MetaServer): nothing to check, tell or wait for."""
+
+    replicating = False
+
+    def check_writable(self) -> None:
+        """Writes are never refused for want of slaves."""
+
+    def advanced(self, name: str, end: int) -> None:
+        """Nobody is told."""
+
+    async def wait_replicated(self, name: str, end: int) -> None:
+        """Nothing to wait for."""
+
+
 class ReplicaSource:
     """The master's side (module docstring). ``clock_ms`` is a monotonic clock in ms."""
+
+    replicating = True
 
     def __init__(self, group: str, logs: dict[str, ReplicatedLog], clock_ms: Callable[[], int],
                  on_insync_change: Callable[[], None],
@@ -116,6 +148,9 @@ class ReplicaSource:
         """Return once every slave a ``sync`` write waits for has fetched ``name`` past
         ``end`` (at once under ``async``, or with no slave in sync: degraded). NotMaster when
         this server stops being master meanwhile."""
+        if not self.active:
+            raise NotMaster(f"group {self.group}: this server stopped being master before "
+                            f"its slaves had the write; refresh the route and resend")
         self.advanced(name, end)
         if self.mode != "sync":
             return
@@ -168,7 +203,6 @@ class ReplicaSource:
         if not self.active:
             raise NotMaster(f"this server is not the master of group {self.group}")
         if epoch < self.epoch:
-            from wire.errors import StaleEpoch
             raise StaleEpoch(f"fetch from {server_id} at epoch {epoch}, older than group "
                              f"{self.group}'s epoch {self.epoch}: ask the MetaServer for the "
                              f"master")
@@ -233,7 +267,7 @@ def _snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,
     if found is None:
         return None
     checkpoint, covers = found
-    data = checkpoint_bytes = checkpoint.payload
+    checkpoint_bytes = checkpoint.payload
     data = checkpoint_bytes[position:position + max_bytes]
     in_force = log_.history.in_force(covers)
     epochs = ((in_force.epoch, in_force.start_offset),) if in_force is not None else ()
@@ -241,4 +275,5 @@ def _snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,
                           position, data, epochs)
 
 
-__all__ = ["INSYNC_LAG_MAX_MS_DEFAULT", "ReplicaSource"]
+__all__ = ["INSYNC_LAG_MAX_MS_DEFAULT", "NoWriteReplication", "ReplicaSource",
+           "WriteReplication"]
