@@ -40,7 +40,7 @@ class BrokerContext:
     async def actions_replicated(self) -> None:
         """After a write to the pull log that a client is told of (an ack, a nack, a leave):
         flush it and wait until the slaves a ``sync`` write waits for have it."""
-        if self.replica.replicating:
+        if self.replica.waits():
             end = await self.on_pulllog_thread(_flush_io, self.pulllog)
             await self.replica.wait_replicated("actions", end)
 

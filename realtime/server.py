@@ -19,6 +19,8 @@ from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
 from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
+from serverkit.replica import Replica, connect_master
+from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import NotSupported
@@ -26,6 +28,10 @@ from wire.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
     pull_response,
 )
+from wire.replication import Fetch, Snapshot
+
+# The logs a realtime group's slaves copy (docs/REPLICATION.md 8.1), the primary one first.
+REPLICATED_LOGS = ("message", "actions")
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,11 @@ class RealtimeServer(ServerBase):
         replication: ReplicationStatus | None = None,
     ) -> None:
         metrics = RealtimeMetrics(config.group)
+        if replication is None and config.meta_url:
+            # The MetaServer decides the role: the data plane copies a master's logs as a
+            # slave and serves its slaves' fetches as a master (docs/REPLICATION.md 8).
+            replication = Replica(config.group, config.data_dir, REPLICATED_LOGS,
+                                  self._connect_peer)
         super().__init__(config, metrics, clock, replication)
         self.config: RealtimeConfig = config
         self.metrics: RealtimeMetrics = metrics
@@ -91,9 +102,25 @@ class RealtimeServer(ServerBase):
         I/O thread of the store it touches (from ``start()`` on)."""
         return self._started().admin
 
+    async def _connect_peer(self, address: str) -> object:
+        """A connection to this group's master, for the follower's fetches (own token)."""
+        return await connect_master(address, self.role.server_id, self.config.token,
+                                    self.peer_ssl)
+
     async def _open_core(self) -> None:
         config = self.config
-        broker = await Broker.open(config, self.clock, self._opener, BrokerTracer(self.trace))
+        replica = self.replication if isinstance(self.replication, Replica) else None
+        # A replicated server opens its stores as copies: the MetaServer's first answer
+        # decides whether it promotes them (master) or follows a master (slave).
+        broker = await Broker.open(config, self.clock, self._opener, BrokerTracer(self.trace),
+                                   replica=replica, follower=replica is not None)
+        if replica is not None:
+            replica.attach([
+                ReplicatedLog("message", broker.store, replica.histories["message"],
+                              broker.on_store_thread),
+                ReplicatedLog("actions", broker.pulllog, replica.histories["actions"],
+                              broker.on_pulllog_thread, requires=("message",), snapshots=True),
+            ], broker, self.role, self._heartbeat_soon)
         broker.on_commit = self.metrics.commit_batch_messages.observe
         admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
                             on_store_thread=broker.on_store_thread,
@@ -111,6 +138,10 @@ class RealtimeServer(ServerBase):
                                      self.metrics.fsync_seconds.observe)
         tune_gc()  # after recovery, so gc.freeze moves the recovered state out of its way
 
+    def _heartbeat_soon(self) -> None:
+        if self.registration is not None:
+            self.registration.heartbeat_soon()
+
     def _core(self) -> Broker:
         return self.broker
 
@@ -122,6 +153,8 @@ class RealtimeServer(ServerBase):
             self._running.broker.end_long_polls()
 
     async def _close_core(self) -> None:
+        if isinstance(self.replication, Replica):
+            await self.replication.close()
         if self._running is not None:
             await self._running.broker.stop()
         if self._retry_sender is not None:
@@ -142,6 +175,13 @@ class RealtimeServer(ServerBase):
             grant.check_admin(request.op)
         if isinstance(request, Hello):
             return self._hello()
+        if isinstance(request, (Fetch, Snapshot)):
+            # A slave's copy: served by the master whatever its lease (a master handing over
+            # must still be fetched from); the data plane fences by epoch.
+            grant.check_admin(request.op)
+            if not isinstance(self.replication, Replica):
+                raise NotSupported(f"realtime group {self.config.group} is not replicated")
+            return await self.replication.serve(request)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         self._check_role()

@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from typing import Awaitable, Callable, Protocol
 
 from logstore.epoch_history import EpochHistory, history_path
+from sdk.connection import Connection
 from serverkit.follower import Follower
 from serverkit.replica_log import ReplicatedLog, seal_io
 from serverkit.replica_source import INSYNC_LAG_MAX_MS_DEFAULT, ReplicaSource
@@ -38,6 +40,14 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL_MS = 250  # how often the in-sync set and a handover are looked at
 HISTORY_DIRECTORY = "replication"
+
+
+async def connect_master(address: str, server_id: str, token: str | None,
+                         ssl_context: ssl.SSLContext | None) -> Connection:
+    """A slave's connection to its master for fetches, said hello to with the server's own
+    token (the master checks it is an admin token)."""
+    return await Connection.open(address, client_id=f"replica-{server_id}", app="qmq-replica",
+                                 token=token, ssl_context=ssl_context)
 
 
 class Core(Protocol):
@@ -108,6 +118,29 @@ class Replica:
             await self.follower.stop()
         if self.source is not None:
             self.source.stop("the server is stopping")
+
+    # ------------------------------------------------------------------ the write path
+
+    replicating = True  # WriteReplication: a server with a MetaServer tells and waits
+
+    def check_writable(self) -> None:
+        """Raise NotEnoughReplicas while ``min_insync`` refuses writes."""
+        if self.source is not None:
+            self.source.check_writable()
+
+    def waits(self) -> bool:
+        """True when a ``sync`` write now waits for some slave."""
+        return self.source is not None and self.source.waits()
+
+    def advanced(self, name: str, end: int) -> None:
+        """The master committed (or flushed) ``name`` up to ``end``: wake the slaves' fetches."""
+        if self.source is not None and self.source.active:
+            self.source.advanced(name, end)
+
+    async def wait_replicated(self, name: str, end: int) -> None:
+        """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
+        if self.source is not None:
+            await self.source.wait_replicated(name, end)
 
     # ------------------------------------------------------------------ ReplicationStatus
 
@@ -249,4 +282,4 @@ def _others(view: RoleView) -> tuple[str, ...]:
     return tuple(server for server in view.insync if server != view.server_id)
 
 
-__all__ = ["Core", "HISTORY_DIRECTORY", "Replica", "TICK_INTERVAL_MS"]
+__all__ = ["Core", "HISTORY_DIRECTORY", "Replica", "TICK_INTERVAL_MS", "connect_master"]

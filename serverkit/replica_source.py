@@ -38,6 +38,10 @@ class WriteReplication(Protocol):
     def check_writable(self) -> None:
         """Raise NotEnoughReplicas when writes are refused (``min_insync``)."""
 
+    def waits(self) -> bool:
+        """True when a write now would wait for a slave (``sync`` with a slave in sync): a
+        write path may skip work (a flush of the pull log) that only a wait needs."""
+
     def advanced(self, name: str, end: int) -> None:
         """Log ``name`` was committed (or flushed) up to ``end``."""
 
@@ -52,6 +56,10 @@ class NoWriteReplication:
 
     def check_writable(self) -> None:
         """Writes are never refused for want of slaves."""
+
+    def waits(self) -> bool:
+        """Nobody to wait for."""
+        return False
 
     def advanced(self, name: str, end: int) -> None:
         """Nobody is told."""
@@ -143,6 +151,11 @@ class ReplicaSource:
         reason = self.refusal()
         if reason is not None:
             raise NotEnoughReplicas(reason)
+
+    def waits(self) -> bool:
+        """True when a ``sync`` write now waits for some slave."""
+        return (self.active and self.mode == "sync"
+                and bool(self.tracker.waiting_set(self._clock_ms())))
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once every slave a ``sync`` write waits for has fetched ``name`` past

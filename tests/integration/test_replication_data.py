@@ -1,0 +1,126 @@
+"""The data plane of a realtime group, in one process with a real MetaServer: a slave copies
+the master's message log and pull-log actions, a ``sync`` write waits for it, ``min_insync``
+refuses writes while no slave is in sync, and a promoted slave serves what it copied
+(docs/REPLICATION.md 7, 8)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+
+from metaserver import MetaConfig, sqlite_url, start_metaserver
+from realtime.config import RealtimeConfig
+from realtime.server import RealtimeServer
+from serverkit import server_id
+from serverkit.replica import Replica
+from tests.harness import wait_for
+from tests.rawclient import RawClient
+from wire.message import Message, decode_message, encode_message
+
+FIRST, SECOND = "00000000000000a1", "00000000000000b2"
+LEASE_MS = 2_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def realtime(tmp_path: Any, meta_url: str, me: str, **settings: Any) -> RealtimeServer:
+    data = tmp_path / me
+    data.mkdir(exist_ok=True)
+    server_id.write(str(data), bytes.fromhex(me))
+    return RealtimeServer(RealtimeConfig(data_dir=str(data), meta_url=meta_url, group="rt1",
+                                         port=0, trace=False, heartbeat_interval_ms=200,
+                                         **settings))
+
+
+async def send(port: int, ids: list[str]) -> list[dict[str, Any]]:
+    client = await RawClient.connect(port)
+    try:
+        payloads = [encode_message(Message.create("orders", b"x", now_ms=now_ms(), id=i))
+                    for i in ids]
+        answer = await client.request({"op": "send", "messages": payloads})
+    finally:
+        await client.close()
+    if "error" in answer:
+        return [answer["error"]]
+    return answer["results"]
+
+
+async def admin(url: str, method: str, path: str, body: Any = None) -> Any:
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, url + path, json=body) as response:
+            return await response.json()
+
+
+def replica(server: RealtimeServer) -> Replica:
+    assert isinstance(server.replication, Replica)
+    return server.replication
+
+
+async def test_a_slave_copies_the_master_and_serves_what_it_copied_once_switched_over(tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST)
+        second = realtime(tmp_path, meta.url, SECOND)
+        await first.start()
+        await second.start()
+        try:
+            assert (first.role.role, second.role.role) == ("master", "slave")
+            stored = await send(first.port, [f"m-{n}" for n in range(20)])
+            assert [r["status"] for r in stored] == ["stored"] * 20
+            client = await RawClient.connect(first.port)
+            pulled = await client.pull("orders", "g", "c1", max_count=5, start="earliest")
+            assert len(pulled["pull_seqs"]) == 5
+            acked = await client.ack("orders", "g", "c1", [[pulled["pull_seqs"][0],
+                                                            pulled["pull_seqs"][-1]]])
+            assert acked["acked"] == 5
+            await client.close()
+            await wait_for(lambda: SECOND in first.role.insync, 20, "the slave in sync")
+            # Under sync, a send is answered once the in-sync slave has it.
+            more = await send(first.port, [f"m-{n}" for n in range(20, 30)])
+            assert [r["status"] for r in more] == ["stored"] * 10
+            source = replica(first).source
+            assert source is not None
+            assert source.tracker.acked(SECOND, "message") >= source.ends["message"]
+            started = await admin(meta.url, "POST", "/api/admin/switchover",
+                                  {"group": "rt1", "to": SECOND})
+            assert started["state"] == "requested", started
+            await wait_for(lambda: second.role.role == "master" and second.role.active, 30,
+                           "the slave promoted")
+            resent = await send(second.port, ["m-3", "m-30"])
+            assert [r["status"] for r in resent] == ["duplicate", "stored"]
+            client = await RawClient.connect(second.port)
+            pulled = await client.pull("orders", "g", "c1", max_count=100)
+            await client.close()
+            # The five acked are not handed out again; the rest are, and the new one.
+            ids = [decode_message(p).id for p in pulled["payloads"]]
+            assert ids == [f"m-{n}" for n in range(5, 31)], ids
+        finally:
+            await second.stop()
+            await first.stop()
+
+
+async def test_min_insync_refuses_sends_while_no_slave_is_in_sync_and_accepts_them_after(
+        tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST, min_insync=1)
+        await first.start()
+        second = None
+        try:
+            refused = await send(first.port, ["a"])
+            assert refused[0]["code"] == "not_enough_replicas", refused
+            second = realtime(tmp_path, meta.url, SECOND)
+            await second.start()
+
+            async def accepted() -> bool:
+                return (await send(first.port, ["b"]))[0].get("status") == "stored"
+
+            await wait_for(accepted, 30, "a send accepted with the slave in sync")
+        finally:
+            if second is not None:
+                await second.stop()
+            await first.stop()
