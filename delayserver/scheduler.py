@@ -38,6 +38,7 @@ from wire.errors import DelayOutOfRange, QmqError, ReadOnly
 from tracelog.peek import TracePeek, trace_members
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
+from serverkit.replica_source import NoWriteReplication, WriteReplication
 from wire.protocol import delayed_send_result, send_result_error
 from serverkit.send_check import QuickCheck
 
@@ -97,10 +98,17 @@ class Scheduler:
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
                  store: DelayStore, executor: ThreadPoolExecutor, *, done_before_ms: int,
-                 tracer: DelayTracer | None = None) -> None:
+                 tracer: DelayTracer | None = None, replica: WriteReplication | None = None,
+                 follower: bool = False) -> None:
         self.config = config
         self.clock = clock
         self.store = store
+        # Replication (docs/REPLICATION.md 8): sync waits and min_insync refusals of a master;
+        # ``follower``: the store is a copy, filled by the data plane, and nothing here runs
+        # but its flush until ``promote`` (event loop).
+        self.replica = replica or NoWriteReplication()
+        self.follower = follower
+        self._dispatch = dispatch
         self._executor = executor
         self.tracer = tracer if tracer is not None else DelayTracer(None)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
@@ -109,8 +117,7 @@ class Scheduler:
         self.stats = DispatchStats()
         self.window = PreloadWindow(WindowLimits.from_config(config), done_before_ms)
         self._wakeup = asyncio.Event()  # the timer re-checks the window
-        self.dispatcher = Dispatcher(config, clock, dispatch, self.window, store, self._io,
-                                     self.stats, self.tracer, self._wakeup.set)
+        self.dispatcher = self._new_dispatcher()
         self._quick_check = QuickCheck()
         self._commits: GroupCommitter[_PendingSend, list[ScheduleEntry]] = GroupCommitter(
             f"delay group {config.group}", self._commit_io_call, self._committed_batch,
@@ -122,10 +129,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _new_dispatcher(self) -> Dispatcher:
+        return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
+                          self._io, self.stats, self.tracer, self._wakeup.set)
+
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
                    opener: Opener = OsFile, *, tracer: DelayTracer | None = None,
-                   on_fsync: Callable[[float], None] | None = None) -> Scheduler:
+                   on_fsync: Callable[[float], None] | None = None,
+                   replica: WriteReplication | None = None,
+                   follower: bool = False) -> Scheduler:
         """Open (and recover) the store on a new delay-io thread, then build the scheduler
         over it (``start`` loads the window and begins dispatching)."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
@@ -138,13 +151,21 @@ class Scheduler:
             executor.shutdown(wait=False)
             raise
         return cls(config, clock, dispatch, store, executor, done_before_ms=done_before_ms,
-                   tracer=tracer)
+                   tracer=tracer, replica=replica, follower=follower)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def on_io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the delay-io thread, the store's owner (replication's runner)."""
+        return await self._io(fn, *args)
+
     async def start(self) -> None:
-        """Load the window, start committing and dispatching."""
+        """Load the window, start committing and dispatching (a copy: only its flush)."""
+        if self.follower:
+            self._tasks = [asyncio.create_task(self._copy_housekeeping(),
+                                               name="delay-copy-housekeeping")]
+            return
         await self.preload()
         self._tasks = [
             asyncio.create_task(self._commits.run(), name="delay-committer"),
@@ -152,19 +173,56 @@ class Scheduler:
             asyncio.create_task(self._housekeeping(), name="delay-housekeeping"),
         ]
 
-    async def stop(self) -> None:
-        """Stop dispatching, commit queued sends, wait for in-flight dispatches, close the store."""
+    async def _stop_tasks(self) -> None:
         tasks = self._tasks + ([self._preload_task] if self._preload_task is not None else [])
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks, self._preload_task = [], None
+
+    async def _finish_master_work(self) -> None:
+        """Commit queued sends, wait for in-flight dispatches and record them."""
         await self._commits.commit_pending()
         await self.dispatcher.stop(self.config.shutdown_grace_ms)
         if not self.write_failed:  # a failed store refuses writes until reopened
             await self.record_unrecorded()
             await self.advance_done()
+
+    async def stop(self) -> None:
+        """Stop dispatching, commit queued sends, wait for in-flight dispatches, close the store."""
+        await self._stop_tasks()
+        if not self.follower:
+            await self._finish_master_work()
         await self._io(self.store.close)
         self._executor.shutdown(wait=True)
+
+    async def promote(self) -> None:
+        """The copy becomes the master (docs/REPLICATION.md 8.5): the window and dispatcher are
+        built afresh from the store (the copied schedule, bucket files and watermark), then it
+        loads and dispatches what is due, as after a restart."""
+        await self._stop_tasks()
+        self.done_before_ms = await self._io(self.store.done_before)
+        self.window = PreloadWindow(WindowLimits.from_config(self.config), self.done_before_ms)
+        self.dispatcher = self._new_dispatcher()
+        self.follower = False
+        await self.start()
+
+    async def demote(self) -> None:
+        """The master steps down (writes are refused already): queued sends are committed and
+        in-flight dispatches finished and recorded, then only the copy's flush runs."""
+        await self._stop_tasks()
+        await self._finish_master_work()
+        self.follower = True
+        await self.start()
+
+    async def _copy_housekeeping(self) -> None:
+        """A copy's round: the store's asynchronous flush and checkpoints."""
+        while True:
+            await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
+            try:
+                await self._io(self.store.tick, self.clock())
+            except Exception:
+                log.exception("delay copy housekeeping failed")
 
     # ------------------------------------------------------------------ accepting
 
@@ -182,6 +240,7 @@ class Scheduler:
         A message without ``deliver_at_ms``, or with one in the past, is due at once. One later
         than now + ``max_delay_ms`` is refused with ``delay_out_of_range``, never clamped.
         """
+        self.replica.check_writable()
         now_ms = self.clock()
         results: list[Any] = []
         call = _PendingCall(results, asyncio.get_running_loop().create_future())
@@ -228,7 +287,11 @@ class Scheduler:
         if not accepted:
             return results
         self._commits.wake()
-        return await call.future
+        answered = await call.future
+        if self.replica.replicating:
+            end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
+            await self.replica.wait_replicated("delay", end)
+        return answered
 
     def _commit_io_call(self, batch: list[_PendingSend]) -> Awaitable[list[ScheduleEntry]]:
         """The group commit's store call: ``_append_and_commit`` on the I/O thread."""
@@ -359,8 +422,18 @@ class Scheduler:
         # Not while a bucket is being loaded: a load that read the message as pending before
         # the cancel was recorded would put it into the wheel after this looked there, and it
         # would be delivered although the answer was "cancelled".
+        self.replica.check_writable()
         async with self._preload_lock:
-            return await self._cancel_unloading(message_id, deliver_at_ms)
+            outcome = await self._cancel_unloading(message_id, deliver_at_ms)
+        if outcome == "cancelled" and self.replica.replicating:
+            await self.journal_replicated()
+        return outcome
+
+    async def journal_replicated(self) -> None:
+        """Wait until the slaves a ``sync`` write waits for have the done journal so far (a
+        cancel: a new master must not deliver what was answered "cancelled")."""
+        end = await self._io(lambda: self.store.done_copy.copy_bounds()[1])
+        await self.replica.wait_replicated("done", end)
 
     async def _cancel_unloading(self, message_id: str, deliver_at_ms: int) -> str:
         """``cancel``, holding the loader's lock."""
@@ -423,6 +496,9 @@ class Scheduler:
                     self._last_done_check_ms = now_ms
                     await self.record_unrecorded()
                     await self.advance_done()
+                if self.replica.replicating:  # dispatch records and watermark moves
+                    end = await self._io(lambda: self.store.done_copy.copy_bounds()[1])
+                    self.replica.advanced("done", end)
             except Exception:
                 log.exception("delay housekeeping failed")
 
