@@ -303,7 +303,10 @@ class ReplicationOps:
         done = []
         for grp in groups:
             state, servers = group_state(grp), by_group.get(grp.name, [])
-            if state.lease_required(servers):
+            # A group whose master is offline is watched too, solo or not: an operator's
+            # unclean promotion of it waits for the same lease expiry (docs/REPLICATION.md 11).
+            master_online = any(x.online for x in servers if x.server_id == grp.master_id)
+            if state.lease_required(servers) or not master_online:
                 self.watch.observe(grp.name, grp.epoch, grp.lease_renewals, mono_ms)
             else:
                 self.watch.forget(grp.name)

@@ -124,3 +124,59 @@ async def test_min_insync_refuses_sends_while_no_slave_is_in_sync_and_accepts_th
             if second is not None:
                 await second.stop()
             await first.stop()
+
+
+async def pull_ids(port: int, group: str) -> list[str]:
+    client = await RawClient.connect(port)
+    try:
+        pulled = await client.pull("orders", group, "c1", max_count=100, start="earliest")
+    finally:
+        await client.close()
+    return [decode_message(p).id for p in pulled["payloads"]]
+
+
+async def test_an_old_master_rejoins_as_a_slave_cutting_the_tail_the_new_master_lacks(
+        tmp_path, caplog):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST)
+        second = realtime(tmp_path, meta.url, SECOND)
+        await first.start()
+        await second.start()
+        await wait_for(lambda: SECOND in first.role.insync, 20, "the slave in sync")
+        await send(first.port, [f"both-{n}" for n in range(10)])
+        await second.stop()
+        await wait_for(lambda: first.role.insync == (), 30, "the slave out of the in-sync set")
+        # A tail only the old master has: acknowledged by it alone (min_insync 0, degraded).
+        tail = await send(first.port, [f"tail-{n}" for n in range(5)])
+        assert [r["status"] for r in tail] == ["stored"] * 5
+        await first.stop()
+        second = realtime(tmp_path, meta.url, SECOND)
+        await second.start()
+
+        async def promoted() -> bool:
+            answer = await admin(meta.url, "POST", "/api/admin/switchover",
+                                 {"group": "rt1", "to": SECOND, "unclean": True})
+            return answer.get("state") == "done" or second.role.role == "master"
+
+        await wait_for(promoted, 30, "an unclean promotion once the old lease expired",
+                       interval_s=0.5)
+        await wait_for(lambda: second.role.role == "master" and second.role.active, 30,
+                       "the new master serving")
+        await send(second.port, [f"new-{n}" for n in range(3)])
+        first = realtime(tmp_path, meta.url, FIRST)
+        await first.start()
+        try:
+            assert first.role.role == "slave"
+            await wait_for(lambda: FIRST in second.role.insync, 30, "the old master in sync")
+            assert any("diverged" in r.getMessage() for r in caplog.records)
+            started = await admin(meta.url, "POST", "/api/admin/switchover",
+                                  {"group": "rt1", "to": FIRST})
+            assert started["state"] == "requested", started
+            await wait_for(lambda: first.role.role == "master" and first.role.active, 30,
+                           "the old master promoted back")
+            ids = await pull_ids(first.port, "fresh")
+            assert ids == [f"both-{n}" for n in range(10)] + [f"new-{n}" for n in range(3)]
+        finally:
+            await first.stop()
+            await second.stop()
