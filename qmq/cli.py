@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default --host; needed when --host is 0.0.0.0 or ::)")
     up.add_argument("--delay-port", type=int, default=20801, help="delay server port (0 = any)")
     up.add_argument("--flush", choices=["sync", "async"], default="sync")
+    up.add_argument("--replicas", type=int, default=1,
+                    help="servers per group: a master and N-1 slaves that copy it (1..5)")
     up.add_argument("--clock-offset-ms", type=int, default=0, help=argparse.SUPPRESS)
     up.add_argument("--no-trace", action="store_true", help="do not write trace events")
     up.add_argument("--ack-timeout-ms", type=int, default=60_000,
@@ -371,7 +373,7 @@ async def _run_server(args: argparse.Namespace) -> int:
                                   args.realtime_port, args.realtime_metrics_port),
                               delay_metrics_port=metrics_port_for(
                                   args.delay_port, args.delay_metrics_port),
-                              **_up_options(args))
+                              replicas=args.replicas, **_up_options(args))
         return 0
     if args.command == "metaserver":
         from metaserver.config import MetaConfig

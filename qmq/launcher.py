@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,9 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from qmq.logs import say
 from serverkit.server import offset_clock
+
+# Most servers one group of `qmq up --replicas` runs (a master and its slaves).
+REPLICAS_MAX = 5
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +81,18 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
                  delay_options: dict[str, Any] | None = None,
                  admin_token: str | None = None,
                  realtime_metrics_port: int | None = None,
-                 delay_metrics_port: int | None = None) -> None:
+                 delay_metrics_port: int | None = None, replicas: int = 1) -> None:
     """The all-in-one service: a MetaServer on SQLite, one realtime broker and one delay
     server, sharing one data dir. ``meta_options``, ``realtime_options``, ``delay_options``:
     fields of each server's config that win over the ones set here (``--config`` tables, flags
     such as a short ack timeout for tests).
     Auth is off unless ``admin_token`` is given or tokens are created; the two brokers hold a
     fresh internal token so they keep working either way. Each server serves /metrics: the
-    MetaServer on its own port, the others on ``*_metrics_port`` when given."""
+    MetaServer on its own port, the others on ``*_metrics_port`` when given. ``replicas``: the
+    servers each group has; the first is its master and the others slaves that copy it, on
+    ports chosen by the OS (docs/REPLICATION.md), for trying failover out on one machine."""
+    if not 1 <= replicas <= REPLICAS_MAX:
+        raise ValueError(f"replicas {replicas} is outside 1..{REPLICAS_MAX}")
     stop = _stop_on_signal()
     os.makedirs(data_dir, exist_ok=True)
     internal_token = new_secret()
@@ -112,10 +120,23 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
             "metrics_port": delay_metrics_port, **shared, **(delay_options or {})})
         delay = DelayServer(delay_config, clock)
         await delay.start()
+        slaves: list[RealtimeServer | DelayServer] = []
+        for n in range(1, replicas):
+            slaves.append(RealtimeServer(dataclasses.replace(
+                realtime_config, data_dir=f"{realtime_config.data_dir}-replica-{n}", port=0,
+                metrics_port=None), clock))
+            slaves.append(DelayServer(dataclasses.replace(
+                delay_config, data_dir=f"{delay_config.data_dir}-replica-{n}", port=0,
+                metrics_port=None), clock))
+        for slave in slaves:
+            await slave.start()
         say("pyqmq is up:")
         say(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
         say(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
         say(f"  delay       {delay.address}   group delay-1, data {delay_config.data_dir}")
+        for slave in slaves:
+            say(f"  {slave.KIND:<10}  {slave.address}   slave of group {slave.config.group}, "
+                f"data {slave.config.data_dir}")
         say(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
         say(f"  metrics     {meta.url}/metrics   (metaserver)")
         for url, name in ((realtime.metrics_url, "realtime"), (delay.metrics_url, "delay")):
@@ -127,7 +148,10 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         say("Ctrl-C stops everything.")
         await stop.wait()
         say("stopping")
+        # Masters first: each hands its group to an in-sync slave, which then stops alone.
         say(await delay.stop())
         say(await realtime.stop())
+        for slave in slaves:
+            say(await slave.stop())
         say("metaserver stopping")
     say("metaserver stopped: in-flight requests finished, database closed")

@@ -195,3 +195,22 @@ async def test_min_insync_refuses_sends_without_the_slave_and_a_flipped_byte_is_
         await wait_for(accepted, 60, "sends accepted with the slave back in sync")
     finally:
         await producer.close()
+
+
+@pytest.mark.timeout(120)
+async def test_qmq_up_with_two_replicas_runs_each_group_with_a_slave_in_sync(cluster: Cluster):
+    up = cluster.start_up("--replicas", "2")
+    assert re.search(r"realtime\s+\S+\s+slave of group realtime-1", up.text()), up.text()
+    assert re.search(r"delay\s+\S+\s+slave of group delay-1", up.text()), up.text()
+
+    def both_in_sync() -> bool:
+        rows = {r["group"]: r for r in admin(up.meta_url, "replication")}
+        return all(len(rows.get(g, {}).get("insync") or []) == 1
+                   for g in ("realtime-1", "delay-1"))
+
+    await wait_for(both_in_sync, 60, "a slave in sync in each group", in_thread=True)
+    async with qmq.Producer(up.meta_url) as producer:
+        receipt = await producer.send("demo", b"hello")
+    assert receipt.status == "stored"
+    assert up.terminate() == 0
+    assert "Traceback" not in up.text()
