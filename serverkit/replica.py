@@ -214,6 +214,13 @@ class Replica:
                              lag_ms=self.follower.lag_ms(self._clock_ms())
                              if self.follower.running else None)
 
+    def counters(self) -> dict[str, int]:
+        """The follower's counts for metrics: CRC errors on arrival, scrub repairs."""
+        follower = self.follower
+        if follower is None:
+            return {}
+        return {"crc_errors": follower.crc_errors, "scrub_repairs": follower.scrub_repairs}
+
     async def drain(self, timeout_ms: int) -> None:
         """A master shutting down: wait (at most ``timeout_ms``) until its in-sync slaves have
         every log to its end."""

@@ -34,6 +34,8 @@ class RoleMetrics:
                      "lag_ms"):
             yield GaugeMetricFamily(f"qmq_replication_{name}", "")
         yield CounterMetricFamily("qmq_replication_role_changes", "")
+        for name in ("crc_errors", "scrub_repairs"):
+            yield CounterMetricFamily(f"qmq_replication_{name}", "")
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, read now."""
@@ -66,6 +68,16 @@ class RoleMetrics:
                                       "master or switchover this server was told of.")
         changes.add_metric([], self.role_changes)
         yield changes
+        # The data plane's counts, when it keeps them (serverkit.replica.Replica.counters).
+        counters = getattr(self._replication, "counters", None)
+        figures = counters() if counters is not None else {}
+        for name, text in (("crc_errors", "Copied ranges that failed their CRC check on arrival "
+                                          "and were fetched again."),
+                           ("scrub_repairs", "Rotten records the background scrub found in this "
+                                             "server's copy, cut and fetched again.")):
+            family = CounterMetricFamily(f"qmq_replication_{name}", text)
+            family.add_metric([], figures.get(name, 0))
+            yield family
 
 
 __all__ = ["RoleMetrics"]
