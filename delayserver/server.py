@@ -15,7 +15,6 @@ from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
-from serverkit.replica import Replica, connect_master
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
@@ -25,8 +24,6 @@ from wire.replication import Fetch, Snapshot
 
 log = logging.getLogger(__name__)
 
-# The logs a delay group's slaves copy (docs/REPLICATION.md 8.1), the primary one first.
-REPLICATED_LOGS = ("delay", "done")
 
 
 class DelayServer(ServerBase):
@@ -37,6 +34,7 @@ class DelayServer(ServerBase):
     """
 
     KIND = "delay"
+    REPLICATED_LOGS = ("delay", "done")
     STOP_SUMMARY = ("queued sends committed, dispatches recorded, delay store fsynced and "
                     "checkpointed")
 
@@ -52,11 +50,6 @@ class DelayServer(ServerBase):
             raise ValueError("a delay server needs meta_url (or a dispatch function) to "
                              "reach realtime brokers")
         metrics = DelayMetrics(config.group)
-        if replication is None and config.meta_url:
-            # The MetaServer decides the role: the data plane copies a master's delay log and
-            # done journal as a slave and serves its slaves' fetches as a master.
-            replication = Replica(config.group, config.data_dir, REPLICATED_LOGS,
-                                  self._connect_peer)
         super().__init__(config, metrics, clock, replication)
         self.config: DelayConfig = config
         self.metrics: DelayMetrics = metrics
@@ -92,14 +85,9 @@ class DelayServer(ServerBase):
 
         return fenced
 
-    async def _connect_peer(self, address: str) -> object:
-        """A connection to this group's master, for the follower's fetches (own token)."""
-        return await connect_master(address, self.role.server_id, self.config.token,
-                                    self.peer_ssl)
-
     async def _open_core(self) -> None:
         tune_gc()
-        replica = self.replication if isinstance(self.replication, Replica) else None
+        replica = self.replica
         # A replicated server opens its store as a copy: the MetaServer's first answer decides
         # whether it promotes it (master) or follows a master (slave).
         scheduler = self._scheduler = await Scheduler.open(
@@ -117,10 +105,6 @@ class DelayServer(ServerBase):
             ], scheduler, self.role, self._heartbeat_soon)
         await scheduler.start()
 
-    def _heartbeat_soon(self) -> None:
-        if self.registration is not None:
-            self.registration.heartbeat_soon()
-
     def _core(self) -> Scheduler:
         return self.scheduler
 
@@ -128,8 +112,8 @@ class DelayServer(ServerBase):
         return self.scheduler.report()
 
     async def _close_core(self) -> None:
-        if isinstance(self.replication, Replica):
-            await self.replication.close()
+        if self.replica is not None:
+            await self.replica.close()
         if self._scheduler is not None:
             await self._scheduler.stop()
         if self._sender is not None:
@@ -143,12 +127,7 @@ class DelayServer(ServerBase):
         if isinstance(request, Hello):
             return self._hello()
         if isinstance(request, (Fetch, Snapshot)):
-            # A slave's copy: served by the master whatever its lease (a master handing over
-            # must still be fetched from); the data plane fences by epoch.
-            grant.check_admin(request.op)
-            if not isinstance(self.replication, Replica):
-                raise NotSupported(f"delay group {self.config.group} is not replicated")
-            return await self.replication.serve(request)
+            return await self._serve_replica(request, grant)
         # Only the leased master serves, and it checks again before answering (a write whose
         # commit outlived the lease is not acknowledged).
         self._check_role()

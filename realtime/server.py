@@ -19,7 +19,6 @@ from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
 from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
-from serverkit.replica import Replica, connect_master
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
@@ -30,8 +29,6 @@ from wire.protocol import (
 )
 from wire.replication import Fetch, Snapshot
 
-# The logs a realtime group's slaves copy (docs/REPLICATION.md 8.1), the primary one first.
-REPLICATED_LOGS = ("message", "actions")
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +49,7 @@ class RealtimeServer(ServerBase):
     is built over its opened storage)."""
 
     KIND = "realtime"
+    REPLICATED_LOGS = ("message", "actions")
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
 
@@ -63,11 +61,6 @@ class RealtimeServer(ServerBase):
         replication: ReplicationStatus | None = None,
     ) -> None:
         metrics = RealtimeMetrics(config.group)
-        if replication is None and config.meta_url:
-            # The MetaServer decides the role: the data plane copies a master's logs as a
-            # slave and serves its slaves' fetches as a master (docs/REPLICATION.md 8).
-            replication = Replica(config.group, config.data_dir, REPLICATED_LOGS,
-                                  self._connect_peer)
         super().__init__(config, metrics, clock, replication)
         self.config: RealtimeConfig = config
         self.metrics: RealtimeMetrics = metrics
@@ -102,14 +95,9 @@ class RealtimeServer(ServerBase):
         I/O thread of the store it touches (from ``start()`` on)."""
         return self._started().admin
 
-    async def _connect_peer(self, address: str) -> object:
-        """A connection to this group's master, for the follower's fetches (own token)."""
-        return await connect_master(address, self.role.server_id, self.config.token,
-                                    self.peer_ssl)
-
     async def _open_core(self) -> None:
         config = self.config
-        replica = self.replication if isinstance(self.replication, Replica) else None
+        replica = self.replica
         # A replicated server opens its stores as copies: the MetaServer's first answer
         # decides whether it promotes them (master) or follows a master (slave).
         broker = await Broker.open(config, self.clock, self._opener, BrokerTracer(self.trace),
@@ -138,10 +126,6 @@ class RealtimeServer(ServerBase):
                                      self.metrics.fsync_seconds.observe)
         tune_gc()  # after recovery, so gc.freeze moves the recovered state out of its way
 
-    def _heartbeat_soon(self) -> None:
-        if self.registration is not None:
-            self.registration.heartbeat_soon()
-
     def _core(self) -> Broker:
         return self.broker
 
@@ -153,8 +137,8 @@ class RealtimeServer(ServerBase):
             self._running.broker.end_long_polls()
 
     async def _close_core(self) -> None:
-        if isinstance(self.replication, Replica):
-            await self.replication.close()
+        if self.replica is not None:
+            await self.replica.close()
         if self._running is not None:
             await self._running.broker.stop()
         if self._retry_sender is not None:
@@ -176,12 +160,7 @@ class RealtimeServer(ServerBase):
         if isinstance(request, Hello):
             return self._hello()
         if isinstance(request, (Fetch, Snapshot)):
-            # A slave's copy: served by the master whatever its lease (a master handing over
-            # must still be fetched from); the data plane fences by epoch.
-            grant.check_admin(request.op)
-            if not isinstance(self.replication, Replica):
-                raise NotSupported(f"realtime group {self.config.group} is not replicated")
-            return await self.replication.serve(request)
+            return await self._serve_replica(request, grant)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         self._check_role()

@@ -27,19 +27,22 @@ from typing import Any, Awaitable, Callable, ClassVar, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from serverkit.access import AccessCache, Gate
+from serverkit.access import AccessCache, Gate, Grant
 from serverkit.config import ServerConfig
 from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
 from serverkit.open_files import OpenFilesLimit, raise_open_files_limit
 from serverkit.registration import Registration, server_registration
+from serverkit.replica import Replica, connect_master
 from serverkit.replication import NoReplication, ReplicationStatus
 from serverkit.role import ServerRole, boottime_ms
 from serverkit.role_metrics import RoleMetrics
 from serverkit.server_id import load_or_create
 from tracelog.events import TraceWriter
 from wire.clock import wall_clock_ms
+from wire.errors import NotSupported
 from wire.protocol import Request, hello_response
+from wire.replication import Fetch, Snapshot
 from wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,8 @@ class ServerBase:
     """
 
     KIND: ClassVar[str]  # "realtime" or "delay": the registration kind and the trace name
+    # The logs this kind of server's slaves copy (docs/REPLICATION.md 8.1), the primary first.
+    REPLICATED_LOGS: ClassVar[tuple[str, ...]]
     # What a stop did between finishing requests and deregistering, for its summary line.
     STOP_SUMMARY: ClassVar[str]
 
@@ -114,7 +119,11 @@ class ServerBase:
         server_ssl = server_context(config.tls_cert, config.tls_key)  # a bad pair fails first
         self.config = config
         # Who this server is and whether it may write (docs/REPLICATION.md): without a
-        # MetaServer it is a standalone master; otherwise the MetaServer's answers decide.
+        # MetaServer it is a standalone master; otherwise the MetaServer's answers decide, and
+        # the data plane copies a master's logs as a slave and serves its slaves as a master.
+        if replication is None and config.meta_url:
+            replication = Replica(config.group, config.data_dir, self.REPLICATED_LOGS,
+                                  self._connect_peer)
         self.replication = replication or NoReplication()
         self.role = ServerRole(load_or_create(config.data_dir), standalone=not config.meta_url,
                                epoch=self.replication.last_epoch())
@@ -223,6 +232,28 @@ class ServerBase:
     def _check_role(self) -> None:
         """Raise NotMaster unless this server is the leased, active master of its group."""
         self.role.check_writable(self.config.group, boottime_ms())
+
+    @property
+    def replica(self) -> Replica | None:
+        """The data plane, when this server runs it (a server with a MetaServer)."""
+        return self.replication if isinstance(self.replication, Replica) else None
+
+    async def _connect_peer(self, address: str) -> object:
+        """A connection to this group's master, for the follower's fetches (own token)."""
+        return await connect_master(address, self.role.server_id, self.config.token,
+                                    self.peer_ssl)
+
+    def _heartbeat_soon(self) -> None:
+        if self.registration is not None:
+            self.registration.heartbeat_soon()
+
+    async def _serve_replica(self, request: Fetch | Snapshot, grant: Grant) -> dict[str, Any]:
+        """A slave's ``fetch`` or ``snapshot``: answered whatever the lease (a master handing
+        over is still fetched from); the data plane fences by epoch. Admin tokens only."""
+        grant.check_admin(request.op)
+        if self.replica is None:
+            raise NotSupported(f"{self.KIND} group {self.config.group} is not replicated")
+        return await self.replica.serve(request)
 
     def _hello(self) -> dict[str, Any]:
         """The answer to a ``hello``: this server, and its role and epoch."""

@@ -1,0 +1,65 @@
+"""``serverkit.insync.InSyncTracker``: what a master knows of its slaves' copies, told the time
+(docs/REPLICATION.md 7 and 8.3)."""
+
+from __future__ import annotations
+
+from serverkit.insync import InSyncTracker
+
+LOGS = ("message", "actions")
+LAG_MAX_MS = 5_000
+
+
+def caught_up(tracker: InSyncTracker, slave: str, ends: dict[str, int], now_ms: int) -> None:
+    for log, end in ends.items():
+        tracker.on_fetch(slave, log, end, end, now_ms)
+
+
+def test_a_slave_is_in_sync_once_it_reached_the_end_of_every_log():
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker.on_fetch("s1", "message", 100, 100, 10)
+    assert tracker.proposal(10) == ()
+    tracker.on_fetch("s1", "actions", 40, 40, 20)
+    assert tracker.proposal(20) == ("s1",)
+
+
+def test_a_slave_behind_for_longer_than_the_lag_limit_leaves_the_in_sync_set():
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    caught_up(tracker, "s1", {"message": 100, "actions": 40}, 1_000)
+    tracker.on_fetch("s1", "message", 100, 500, 2_000)  # behind from now on
+    assert tracker.proposal(1_000 + LAG_MAX_MS) == ("s1",)
+    assert tracker.proposal(1_000 + LAG_MAX_MS + 1) == ()
+
+
+def test_a_sync_write_waits_for_the_slowest_slave_it_waits_for():
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    caught_up(tracker, "s1", {"message": 100, "actions": 40}, 10)
+    caught_up(tracker, "s2", {"message": 80, "actions": 40}, 10)
+    assert tracker.replicated("message", 10) == 80
+    assert tracker.caught_up_to("s1", {"message": 100, "actions": 40})
+    assert not tracker.caught_up_to("s2", {"message": 100, "actions": 40})
+
+
+def test_with_no_slave_to_wait_for_nothing_is_waited_for():
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    assert tracker.replicated("message", 0) is None
+    assert tracker.waiting_set(0) == ()
+
+
+def test_a_slave_the_database_counts_is_waited_for_until_the_database_drops_it():
+    # A new master has not heard from the database's in-sync slave yet: it gets the lag limit
+    # to show up, and writes wait for it meanwhile and after (until the set is confirmed).
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=1_000)
+    tracker.set_confirmed(("s1",))
+    assert tracker.proposal(1_000 + LAG_MAX_MS) == ("s1",)
+    assert tracker.proposal(1_000 + LAG_MAX_MS + 1) == ()
+    assert tracker.waiting_set(1_000 + LAG_MAX_MS + 1) == ("s1",)
+    assert tracker.replicated("message", 1_000 + LAG_MAX_MS + 1) == 0
+    tracker.set_confirmed(())
+    assert tracker.replicated("message", 1_000 + LAG_MAX_MS + 1) is None
+
+
+def test_an_older_fetch_offset_never_moves_what_a_slave_acknowledged_back():
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker.on_fetch("s1", "message", 100, 200, 10)
+    tracker.on_fetch("s1", "message", 60, 200, 20)  # a fetch that was overtaken
+    assert tracker.acked("s1", "message") == 100
