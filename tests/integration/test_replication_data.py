@@ -5,6 +5,7 @@ refuses writes while no slave is in sync, and a promoted slave serves what it co
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -180,3 +181,39 @@ async def test_an_old_master_rejoins_as_a_slave_cutting_the_tail_the_new_master_
         finally:
             await first.stop()
             await second.stop()
+
+
+def message_log_bytes(server: RealtimeServer) -> bytes:
+    directory = os.path.join(server.config.data_dir, "messagelog")
+    return b"".join(open(os.path.join(directory, name), "rb").read()
+                    for name in sorted(os.listdir(directory)) if name.endswith(".log"))
+
+
+async def test_a_byte_rotting_in_a_running_slaves_copy_is_found_by_the_scrub_and_fetched_again(
+        tmp_path):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST)
+        second = realtime(tmp_path, meta.url, SECOND)
+        await first.start()
+        await second.start()
+        try:
+            await wait_for(lambda: SECOND in first.role.insync, 20, "the slave in sync")
+            await send(first.port, [f"m-{n}" for n in range(200)])
+            await wait_for(lambda: message_log_bytes(second) == message_log_bytes(first), 20,
+                           "the copy complete")
+            directory = os.path.join(second.config.data_dir, "messagelog")
+            segment = os.path.join(directory, sorted(os.listdir(directory))[0])
+            with open(segment, "r+b") as f:
+                f.seek(1_000)
+                byte = f.read(1)
+                f.seek(1_000)
+                f.write(bytes([byte[0] ^ 0x01]))
+            follower = replica(second).follower
+            assert follower is not None
+            await wait_for(lambda: follower.scrub_repairs >= 1, 30, "the scrub to find it")
+            await wait_for(lambda: message_log_bytes(second) == message_log_bytes(first), 30,
+                           "the rotten record fetched again")
+        finally:
+            await second.stop()
+            await first.stop()
