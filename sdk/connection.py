@@ -225,6 +225,12 @@ class Connection:
                 # A connection-level error: the broker rejected a frame and will close on us.
                 log.warning("broker %s reported %s: %s", self.address, exc.code, exc.message)
                 self._close_error_hint = exc
+            elif exc.rid is not None:
+                # The late error answer of a request that timed out or was cancelled, like an
+                # unknown rid's result below: its caller is gone (a consumer that stopped on the
+                # same refusal from another pull), so it is no news to anyone.
+                log.debug("broker %s answered request %d after its caller left: %s",
+                          self.address, exc.rid, exc)
             else:
                 log.warning("broker %s sent an answer we cannot use: %s", self.address, exc)
             return

@@ -44,7 +44,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
-from wire.errors import NoRoute, QmqError
+from wire.errors import Forbidden, NoRoute, QmqError
 from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
     KEY_BODY,
@@ -851,6 +851,8 @@ class Consumer:
             request = {"op": op, "consumer_id": self.consumer_id, "subscriptions": subscriptions}
             try:
                 await self._pool.request(address, request, CONTROL_TIMEOUT_MS)
+            except Forbidden as exc:  # the pulls were refused too (and said so): nothing held
+                log.debug("%s to broker %s refused: %s", op, address, exc)
             except QmqError as exc:
                 log.warning("%s to broker %s failed: %s", op, address, exc)
 
