@@ -173,7 +173,7 @@ class Replica:
         self.source.start(view.epoch, ends, _others(view))
         self._apply_settings(view)
         self.serving_as = "master"
-        log.warning("group %s: sealed epoch %d at %s; serving as master", self.group,
+        log.info("group %s: sealed epoch %d at %s; serving as master", self.group,
                     view.epoch, ends)
 
     async def _become_slave(self, view: RoleView) -> None:

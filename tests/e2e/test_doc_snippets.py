@@ -10,6 +10,7 @@ allowed), so a typo still fails here.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -83,3 +84,23 @@ def test_every_program_snippet_runs_as_written_against_qmq_up(up: UpProcess,
         if done.returncode != 0:
             failed.append(f"{snippet.where}: exit {done.returncode}\n{done.stderr[-1500:]}")
     assert failed == [], "\n\n".join(failed)
+
+
+def readme_shell_block() -> str:
+    """The README's "Using it" shell block (the CLI tour a new user types first)."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Using it"):]
+    return re.search(r"^```sh\n(.*?)^```$", section, re.M | re.S).group(1)
+
+
+@pytest.mark.timeout(SNIPPET_TIMEOUT_S + 60)
+def test_the_readme_cli_tour_runs_as_written_against_qmq_up(up: UpProcess, tmp_path: Path) -> None:
+    # As written, but from this test's virtualenv and with QMQ_META naming the test's qmq up.
+    script = readme_shell_block().replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    done = subprocess.run(["sh", "-e", "-c", script], capture_output=True, text=True,
+                          timeout=SNIPPET_TIMEOUT_S, cwd=tmp_path,
+                          env={**os.environ, "QMQ_META": up.meta_url})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cancelled" in done.stdout, done.stdout
+    # The shared qmq up also holds the Python snippets' messages: any order.created may come.
+    assert '"subject": "order.created"' in done.stdout, done.stdout
