@@ -219,6 +219,9 @@ class Broker:
         self.committed.restart(ends, firsts)
         self.book.restart(self.clock())
         await self.on_pulllog_thread(self._seed_tracer_io)
+        # As at a start: what consumers held is named from the copy's records, so a later
+        # ack or an unreadable redelivery of it is traced by message id.
+        await self.on_store_thread(self._tracer.name_from_store, self._read_payload_io)
         self._start_rounds(master=True)
 
     async def demote(self) -> None:
