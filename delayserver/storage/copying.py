@@ -277,14 +277,7 @@ class CopyingMixin:
                         "watermark %d", sum(stale.values()), bucket_ms)
         for bucket in list(self._schedule.index.buckets(self._done_before, bucket_ms - 1)):
             self._bucket_pending[bucket] = 0
-        previous = self._done_before
-        self._done_before = bucket_ms
-        try:
-            self.checkpoint()
-        except BaseException:
-            self._done_before = previous
-            raise
-        self._retire(bucket_ms)
+        self._advance_watermark(bucket_ms)
 
     def journal_done(self: DelayStore, bodies: list[bytes]) -> None:  # type: ignore[misc]
         """The master: append journal records written by this call's bucket files, durably. A

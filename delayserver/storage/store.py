@@ -705,6 +705,12 @@ class DelayStore(CopyingMixin):
             if pending:
                 raise ValueError(f"bucket {bucket} still has {pending} pending message(s); "
                                  f"mark_done_before({bucket_ms}) would skip them")
+        self._advance_watermark(bucket_ms)
+        self.journal_done([encode_journal_record(KIND_DONE_BEFORE, bucket_ms, [], [], [], {})])
+
+    def _advance_watermark(self, bucket_ms: int) -> None:
+        """Move the done watermark to ``bucket_ms``, checkpoint it (put back if the checkpoint
+        fails, so memory never runs ahead of disk) and retire what lies below it."""
         previous = self._done_before
         self._done_before = bucket_ms
         try:
@@ -713,7 +719,6 @@ class DelayStore(CopyingMixin):
             self._done_before = previous
             raise
         self._retire(bucket_ms)
-        self.journal_done([encode_journal_record(KIND_DONE_BEFORE, bucket_ms, [], [], [], {})])
 
     def _retire(self, done_before_ms: int) -> None:
         """Delete the files of buckets below the (persisted) watermark and the delay-log
