@@ -1,64 +1,152 @@
-"""A broker's backlog as the MetaServer keeps it: replaced whole, or changed by a heartbeat's
-changes against a version (``serverkit.backlog.BacklogSync`` is the broker's side).
+"""A server's backlog as the MetaServer keeps it, apart from its lease (the broker's side is
+``serverkit.backlog.BacklogSync``).
 
-The backlog is kept in the broker row's ``stats`` JSON: ``{"backlog": [rows], "stats": ...,
-"backlog_version": n}``. ``apply_heartbeat_backlog`` says what a heartbeat makes of it:
+A server reports its backlog in ``POST /api/brokers/backlog``, never in the heartbeat that
+renews a master's lease: the renewal stays small and fast whatever the number of groups, and a
+slow or refused backlog costs no master its lease (docs/METASERVER.md). The backlog lives in
+its own tables (``models.BacklogHead``, ``models.BacklogRow``), never in the ``brokers`` row a
+renewal writes, and a change writes only the rows that changed.
 
-- ``backlog`` given (a list of rows, or a delay server's stats object): it replaces what is
-  held, under a new version when it is a list;
+``plan_backlog`` says what one report makes of what is held (pure: no database, no clock):
+
+- ``backlog`` given: a list of rows replaces every row held, under a new version; a delay
+  server's stats object replaces the rows with itself (no version);
 - ``backlog_base`` given: the changes and removals apply when the base is the version held
-  (a new version if anything changed; the stats are not rewritten when nothing did), and are
-  refused with version None when it is not (the MetaServer lost it, or another heartbeat came
-  between): the broker then sends the whole backlog again;
-- neither: a heartbeat that only says the broker is alive; nothing held changes.
+  (a new version if anything changed), and are refused with version None when it is not (the
+  MetaServer lost it, or another report came between): the server then sends it whole again;
+- neither: nothing held changes (only ``stats``, when given and different).
 
-Pure: no database, no clock.
+``store_backlog`` carries a plan out in the caller's transaction.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy import delete, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from metaserver.models import BacklogHead, BacklogRow, Broker
+
+# The counts of a stored row, as the heartbeat's BACKLOG_ENTRY names them.
+ROW_COUNTS = ("lag", "consumers", "redelivered", "retried", "dead")
+# Keys per DELETE ... WHERE (subject, group_name) IN (...): two bound values each, far below
+# SQLite's 32,766 and PostgreSQL's 65,535 bound values per statement.
+KEYS_PER_STATEMENT_MAX = 500
+
+Key = tuple[str, str]  # (subject, group)
 
 
 @dataclass(frozen=True)
-class BacklogOutcome:
-    """What a heartbeat makes of the broker's stats: the stats to store (None: keep them as
-    they are) and the ``backlog_version`` to answer (None: send the whole backlog again, or no
-    version because none was asked for)."""
+class BacklogPlan:
+    """What one report writes: ``replace`` drops every row held first; ``upserts`` (by key) and
+    ``removals`` are the rows written and deleted; ``version`` is answered (and stored when
+    ``new_version``); ``head_backlog`` is a delay server's stats object (stored when
+    ``replace``)."""
 
-    stats: dict[str, Any] | None
     version: int | None
+    new_version: bool = False
+    replace: bool = False
+    upserts: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    removals: list[Key] = field(default_factory=list)
+    head_backlog: dict[str, Any] | None = None
+
+    @property
+    def writes_rows(self) -> bool:
+        """Whether the plan writes the head or any row."""
+        return self.new_version or self.replace
 
 
-def apply_heartbeat_backlog(held: dict[str, Any] | None, *, backlog: Any, base: int | None,
-                            changes: list[dict[str, Any]], removed: list[list[str]],
-                            stats: dict[str, Any] | None) -> BacklogOutcome:
-    """The outcome of one heartbeat's backlog fields over ``held`` (the broker row's stats)."""
-    held = held or {}
-    held_version = held.get("backlog_version")
-    next_version = (held_version if type(held_version) is int else 0) + 1
+def plan_backlog(held_version: int | None, *, backlog: Any, base: int | None,
+                 changes: list[dict[str, Any]], removed: list[list[str]]) -> BacklogPlan:
+    """The plan of one report over the version held (see the module docstring)."""
+    next_version = (held_version or 0) + 1
+    if isinstance(backlog, list):
+        return BacklogPlan(next_version, new_version=True, replace=True,
+                           upserts=_by_key(backlog))
     if backlog is not None:
-        if isinstance(backlog, list):
-            return BacklogOutcome({"backlog": backlog, "stats": stats,
-                                   "backlog_version": next_version}, next_version)
-        return BacklogOutcome({"backlog": backlog, "stats": stats}, None)
-    stats_changed = stats is not None and stats != held.get("stats")
-    kept_stats = stats if stats is not None else held.get("stats")
-    if base is None:
-        return BacklogOutcome({**held, "stats": kept_stats} if stats_changed else None, None)
-    rows = held.get("backlog")
-    if base != held_version or not isinstance(rows, list):
-        return BacklogOutcome({**held, "stats": kept_stats} if stats_changed else None, None)
+        return BacklogPlan(None, replace=True, head_backlog=backlog)
+    if base is None or base != held_version:
+        return BacklogPlan(None)
     if not changes and not removed:
-        return BacklogOutcome({**held, "stats": kept_stats} if stats_changed else None, base)
-    by_key = {(row["subject"], row["group"]): row for row in rows}
-    for subject, group in removed:
-        by_key.pop((subject, group), None)
-    for row in changes:
-        by_key[(row["subject"], row["group"])] = row
-    return BacklogOutcome({"backlog": list(by_key.values()), "stats": kept_stats,
-                           "backlog_version": next_version}, next_version)
+        return BacklogPlan(base)
+    return BacklogPlan(next_version, new_version=True, upserts=_by_key(changes),
+                       removals=[(subject, group) for subject, group in removed])
 
 
-__all__ = ["BacklogOutcome", "apply_heartbeat_backlog"]
+def _by_key(rows: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """Rows by (subject, group); of two rows of one pair the later wins (a pair is one row)."""
+    return {(row["subject"], row["group"]): row for row in rows}
+
+
+async def store_backlog(s: AsyncSession, server_id: str, *, backlog: Any, base: int | None,
+                        changes: list[dict[str, Any]], removed: list[list[str]],
+                        stats: dict[str, Any] | None) -> int | None:
+    """Apply one report of ``server_id`` in the transaction of ``s``; the version to answer."""
+    head = await s.get(BacklogHead, server_id, with_for_update=True)
+    plan = plan_backlog(head.version if head is not None else None, backlog=backlog,
+                        base=base, changes=changes, removed=removed)
+    if head is None and (plan.writes_rows or stats is not None):
+        head = BacklogHead(server_id=server_id, version=None, backlog=None, stats=None)
+        s.add(head)
+    if head is not None and stats is not None and stats != head.stats:
+        head.stats = stats
+    if not plan.writes_rows:
+        return plan.version
+    assert head is not None
+    rows = BacklogRow.__table__
+    if plan.replace:
+        await s.execute(delete(rows).where(rows.c.server_id == server_id))
+        head.backlog = plan.head_backlog
+    else:
+        for chunk in _chunks(plan.removals + list(plan.upserts)):
+            await s.execute(delete(rows).where(
+                rows.c.server_id == server_id,
+                tuple_(rows.c.subject, rows.c.group_name).in_(chunk)))
+    if plan.upserts:
+        await s.execute(rows.insert(), [
+            {"server_id": server_id, "subject": subject, "group_name": group,
+             **{name: row.get(name, 0) for name in ROW_COUNTS}}
+            for (subject, group), row in plan.upserts.items()])
+    head.version = plan.version
+    return plan.version
+
+
+def _chunks(keys: list[Key]) -> list[list[Key]]:
+    return [keys[i:i + KEYS_PER_STATEMENT_MAX]
+            for i in range(0, len(keys), KEYS_PER_STATEMENT_MAX)]
+
+
+async def backlog_views(s: AsyncSession) -> dict[str, dict[str, Any]]:
+    """Per server id, its backlog as the admin view of brokers shows it: ``{backlog, stats,
+    backlog_version}``, ``backlog`` a list of ``{subject, group, lag, consumers, redelivered,
+    retried, dead}`` (a realtime broker) or a delay server's stats object."""
+    views: dict[str, dict[str, Any]] = {}
+    for head in (await s.execute(select(BacklogHead))).scalars():
+        views[head.server_id] = {"backlog": head.backlog if head.backlog is not None else [],
+                                 "stats": head.stats, "backlog_version": head.version}
+    rows = BacklogRow.__table__
+    # Columns, not ORM objects: 10,000 groups are 10,000 rows.
+    for row in (await s.execute(select(rows).order_by(rows.c.server_id, rows.c.subject,
+                                                      rows.c.group_name))).all():
+        view = views.get(row.server_id)
+        if view is not None and isinstance(view["backlog"], list):
+            view["backlog"].append({"subject": row.subject, "group": row.group_name,
+                                    **{name: getattr(row, name) for name in ROW_COUNTS}})
+    return views
+
+
+async def master_backlog_rows(s: AsyncSession) -> list[Any]:
+    """The backlog rows of every online realtime master (columns: subject, group_name and the
+    counts); a slave's rows are its copy's, which would count twice."""
+    rows = BacklogRow.__table__
+    brokers = Broker.__table__
+    return list((await s.execute(
+        select(rows).join(brokers, brokers.c.server_id == rows.c.server_id)
+        .where(brokers.c.state != "offline", brokers.c.kind == "realtime",
+               brokers.c.role == "master"))).all())
+
+
+__all__ = ["BacklogPlan", "KEYS_PER_STATEMENT_MAX", "ROW_COUNTS", "backlog_views",
+           "master_backlog_rows", "plan_backlog", "store_backlog"]

@@ -108,6 +108,12 @@ async def heartbeat_broker(request: web.Request) -> web.Response:
     return await _with_auth(request, await _registry(request).heartbeat_broker(**body, role=role))
 
 
+async def report_backlog(request: web.Request) -> web.Response:
+    """``POST /api/brokers/backlog``: a server's backlog, apart from its lease renewals."""
+    body = await _body(request, v.BACKLOG_REPORT)
+    return web.json_response(await _registry(request).report_backlog(**body))
+
+
 async def deregister_broker(request: web.Request) -> web.Response:
     """``POST /api/brokers/deregister``."""
     body = await _body(request, v.DEREGISTER)
@@ -295,6 +301,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/brokers/register", register_broker)
     app.router.add_post("/api/brokers/heartbeat", heartbeat_broker)
     app.router.add_post("/api/brokers/deregister", deregister_broker)
+    app.router.add_post("/api/brokers/backlog", report_backlog)
     app.router.add_get("/api/route", route)
     app.router.add_post("/api/clients/heartbeat", client_heartbeat)
     app.router.add_post("/api/clients/leave", client_leave)

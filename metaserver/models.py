@@ -85,8 +85,8 @@ class Broker(Base):
 
     ``reported_state`` is what the broker says in its heartbeat (rw | readonly, shown to admins);
     ``state`` is what the MetaServer decides: offline once heartbeats stop, readonly when the admin
-    made the group readonly, rw otherwise. ``stats`` is the latest heartbeat's backlog (realtime: a list of
-    ``{subject, group, lag, consumers}``) or stats object (delay).
+    made the group readonly, rw otherwise. ``stats`` is no longer written (until
+    ``0005_backlog_table`` it held the backlog, now in ``backlog_heads`` and ``backlog_rows``).
 
     Replication (``0004_replication``): ``role`` is master or slave (the group row's
     ``master_id`` decides); ``in_sync`` is the database's in-sync set, written only from the
@@ -114,6 +114,39 @@ class Broker(Base):
     positions: Mapped[Any] = mapped_column(JSON, nullable=True)
     lag_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     lag_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class BacklogHead(Base):
+    """What the MetaServer holds of one server's backlog besides its rows (migration
+    ``0005_backlog_table``): ``version`` of the rows in ``backlog_rows`` (None: a delay server,
+    whose ``backlog`` is a stats object kept here whole), and the server's ``stats`` object.
+
+    Apart from the ``brokers`` row on purpose: a backlog write never locks the row a lease
+    renewal writes (metaserver/backlog.py).
+    """
+
+    __tablename__ = "backlog_heads"
+
+    server_id: Mapped[str] = mapped_column(String(SERVER_ID_CHARS_MAX), primary_key=True)
+    version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    backlog: Mapped[Any] = mapped_column(JSON, nullable=True)
+    stats: Mapped[Any] = mapped_column(JSON, nullable=True)
+
+
+class BacklogRow(Base):
+    """One (subject, group) row of a realtime server's backlog: only rows that changed are
+    written (migration ``0005_backlog_table``; serverkit/backlog.py names the counts)."""
+
+    __tablename__ = "backlog_rows"
+
+    server_id: Mapped[str] = mapped_column(String(SERVER_ID_CHARS_MAX), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(SUBJECT_CHARS_MAX), primary_key=True)
+    group_name: Mapped[str] = mapped_column(String(NAME_CHARS_MAX), primary_key=True)
+    lag: Mapped[int] = mapped_column(BigInteger)
+    consumers: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    redelivered: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    retried: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    dead: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Subject(Base):

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from metaserver.backlog import apply_heartbeat_backlog
+from metaserver.backlog import backlog_views, master_backlog_rows, store_backlog
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
@@ -217,11 +217,6 @@ class Registry:
             broker.reported_state = state
             broker.state = effective
             broker.last_heartbeat_ms = now
-            outcome = apply_heartbeat_backlog(
-                broker.stats, backlog=backlog, base=backlog_base, changes=backlog_changes or [],
-                removed=backlog_removed or [], stats=stats)
-            if outcome.stats is not None:  # else untouched: no rewrite of an unchanged backlog
-                broker.stats = outcome.stats
             changed |= settle_role(grp, broker, req, now)
             servers = await servers_of(s, group)
             changed |= apply_replica(grp, broker, servers, req)
@@ -239,9 +234,48 @@ class Registry:
                 **role_answer(grp, broker, await servers_of(s, group), self.config.lease_ms,
                               self.config.heartbeat_interval_ms),
             }
-            if backlog_base is not None or isinstance(backlog, list):
-                answer["backlog_version"] = outcome.version
             return answer
+
+        answer = await self._write(body)
+        if backlog is not None or backlog_base is not None or stats is not None:
+            # An older broker's backlog on its heartbeat: stored in a transaction of its own,
+            # after the renewal's, as a report would be (the renewal never waits for rows).
+            version = await self.report_backlog(
+                group, address, backlog=backlog, backlog_base=backlog_base,
+                backlog_changes=backlog_changes, backlog_removed=backlog_removed, stats=stats,
+                server_id=req.server_id)
+            if backlog_base is not None or isinstance(backlog, list):
+                answer["backlog_version"] = version["backlog_version"]
+        return answer
+
+    async def report_backlog(
+        self,
+        group: str,
+        address: str,
+        *,
+        backlog: list[Any] | dict[str, Any] | None,
+        stats: dict[str, Any] | None,
+        backlog_base: int | None = None,
+        backlog_changes: list[dict[str, Any]] | None = None,
+        backlog_removed: list[list[str]] | None = None,
+        server_id: str | None = None,
+        kind: str | None = None,
+    ) -> dict[str, Any]:
+        """Apply a server's backlog report (metaserver.backlog) in a transaction that writes
+        only the backlog tables; ``{ok, backlog_version}``. NotFound when the server is not
+        registered (its heartbeats will register it again)."""
+        wanted = server_id or synthetic_id(group, address)
+
+        async def body(s: AsyncSession) -> dict[str, Any]:
+            broker = await find_server(s, wanted)
+            if broker is None or broker.state == "offline" or broker.group_name != group:
+                raise NotFound(f"server {wanted} of group {group!r} is not registered")
+            if kind is not None and broker.kind != kind:
+                raise BadRequest(f"server {wanted} is a {broker.kind} server, not {kind}")
+            version = await store_backlog(
+                s, wanted, backlog=backlog, base=backlog_base, changes=backlog_changes or [],
+                removed=backlog_removed or [], stats=stats)
+            return {"ok": True, "backlog_version": version}
 
         return await self._write(body)
 
@@ -538,7 +572,8 @@ class Registry:
             groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
             brokers = (
                 await s.execute(select(Broker).order_by(Broker.group_name, Broker.address))
-            ).scalars()
+            ).scalars().all()
+            backlogs = await backlog_views(s)
             return [
                 {
                     "broker_id": b.id,
@@ -551,7 +586,7 @@ class Registry:
                     "last_heartbeat_ms": b.last_heartbeat_ms,
                     "heartbeat_age_ms": now - b.last_heartbeat_ms,
                     "registered_at_ms": b.registered_at_ms,
-                    "stats": b.stats,
+                    "stats": backlogs.get(b.server_id),
                     "server_id": b.server_id,
                     "role": b.role,
                     "epoch": groups[b.group_name].epoch,
@@ -616,19 +651,13 @@ class Registry:
                 for subject in subjects or []:
                     pair(group_name, subject)["online_clients"] += 1
             # Masters only: a slave reports the backlog of its copy, which would count it twice.
-            brokers = await s.execute(
-                select(Broker.stats).where(Broker.state != "offline", Broker.kind == "realtime",
-                                           Broker.role == "master")
-            )
-            for (stats,) in brokers.all():
-                backlog = (stats or {}).get("backlog")
-                for entry in backlog if isinstance(backlog, list) else []:
-                    item = pair(entry["group"], entry["subject"])
-                    item["lag"] += entry["lag"]
-                    item["brokers"] += 1
-                    item["broker_consumers"] += entry.get("consumers", 0)
-                    for name in GROUP_COUNTS:
-                        item[name] += entry.get(name, 0)
+            for entry in await master_backlog_rows(s):
+                item = pair(entry.group_name, entry.subject)
+                item["lag"] += entry.lag
+                item["brokers"] += 1
+                item["broker_consumers"] += entry.consumers
+                for name in GROUP_COUNTS:
+                    item[name] += getattr(entry, name)
             return [pairs[k] for k in sorted(pairs)]
 
 

@@ -328,16 +328,30 @@ def check_backlog_rows(key: str, value: list[Any]) -> list[Any]:
     return checked
 
 
-# A broker heartbeat. ``backlog`` replaces the backlog held (absent: unchanged); or
+# A server's backlog report. ``backlog`` replaces the backlog held (absent: unchanged); or
 # ``backlog_base`` with ``backlog_changes`` and ``backlog_removed`` change it
 # (metaserver/backlog.py; the broker's side is serverkit/backlog.py).
-HEARTBEAT = {
-    **REGISTER,
+BACKLOG_FIELDS = {
     "backlog": Field((list, dict), required=False, default=None, check=check_backlog),
     "backlog_base": Field(int, required=False, default=None, check=check_count),
     "backlog_changes": Field(list, required=False, default=list, check=check_backlog_rows),
     "backlog_removed": Field(list, required=False, default=list, check=check_backlog_removed),
     "stats": Field(dict, required=False, default=None),
+}
+
+BACKLOG_REPORT = {
+    "group": Field(str, check=check_name),
+    "kind": Field(str, check=one_of(*BROKER_KINDS)),
+    "address": Field(str, check=check_address),
+    "server_id": Field(str, required=False, check=check_server_id),
+    **BACKLOG_FIELDS,
+}
+
+# A broker heartbeat: its lease renewal. Servers report their backlog apart
+# (BACKLOG_REPORT); the backlog fields are still taken from an older server.
+HEARTBEAT = {
+    **REGISTER,
+    **BACKLOG_FIELDS,
     "replica": Field(dict, required=False, check=check_replica),
 }
 

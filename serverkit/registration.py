@@ -16,15 +16,18 @@ intervals (so a hung MetaServer costs less than a lease). A 404 means the MetaSe
 the server keeps trying; a solo master keeps serving, a master of a replicated group stops at
 the end of its lease.
 
-The backlog rides on heartbeats (at most every STATS_INTERVAL_MS) as changes against what the
-MetaServer acknowledged (``serverkit.backlog.BacklogSync``), so a heartbeat does not grow with
-the number of groups. Every other answer is logged with the MetaServer's reason; a refused
-heartbeat (400) is followed at once by one without the backlog, so a backlog the MetaServer
-will not take never expires the server (nor ends a master's lease).
+A heartbeat is only the lease renewal and the data plane's report: it carries no backlog, so
+it stays small and fast whatever the number of groups. The backlog goes in reports of its own
+(``POST /api/brokers/backlog``, at most every STATS_INTERVAL_MS, from a task of its own) as
+changes against what the MetaServer acknowledged (``serverkit.backlog.BacklogSync``); the
+MetaServer writes them to tables of their own, apart from the row a renewal writes. A slow,
+refused or lost report is logged with its reason and sent whole again later; it never delays a
+heartbeat, so it never costs a master its lease nor expires a server. Every refused heartbeat
+is logged with the MetaServer's reason too.
 
-Heartbeats are sent one at a time (a lock), so answers reach ``ServerRole`` in order and a
-change list is only ever meaningful against the answer before it. Everything here runs on the
-event loop's thread.
+Heartbeats are sent one at a time (a lock), so answers reach ``ServerRole`` in order; reports
+are sent one at a time (another lock), so a change list is only ever meaningful against the
+answer before it. Everything here runs on the event loop's thread.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_MS_MAX = 5_000
 # Shortest per-request timeout, in milliseconds, however short the heartbeat interval.
 REQUEST_TIMEOUT_MS_MIN = 500
-# Backlog statistics ride on a heartbeat at most this often, in milliseconds: renewals come
-# every lease_ms // 4, and the backlog of thousands of (subject, group) pairs need not.
+# A backlog report goes at most this often, in milliseconds: renewals come every
+# lease_ms // 4, and the backlog of thousands of (subject, group) pairs need not.
 STATS_INTERVAL_MS = 3_000
 # Shortest gap between two heartbeats asked for with heartbeat_soon(), in milliseconds.
 HEARTBEAT_SOON_GAP_MS = 50
@@ -106,13 +109,14 @@ class Registration:
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._backlog_task: asyncio.Task[None] | None = None
+        self._backlog_lock = asyncio.Lock()  # one report at a time (see the module docstring)
         self._role_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._soon = asyncio.Event()
         self.registered = False
         self.state = "rw"
         self._last_refresh_s = float("-inf")
-        self._last_stats_ms: int | None = None
         self.backlog = BacklogSync()  # what the MetaServer holds of our backlog
 
     @property
@@ -130,12 +134,14 @@ class Registration:
         if self._role_task is not None:
             await asyncio.gather(self._role_task, return_exceptions=True)
         self._task = asyncio.create_task(self._loop(), name=f"{self.kind}-registration")
+        self._backlog_task = asyncio.create_task(self._backlog_loop(),
+                                                 name=f"{self.kind}-backlog")
 
     async def stop(self, deregister: bool = True) -> bool:
         """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone; True if
         it confirmed the deregistration."""
         deregistered = False
-        for task in (self._task, self._role_task):
+        for task in (self._task, self._backlog_task, self._role_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -196,7 +202,6 @@ class Registration:
             log.warning("register refused by %s: %s %s", self.meta.url, status, data)
             return
         self.registered = True
-        self._last_stats_ms = None
         self.backlog.reset()  # a new registration: send the whole backlog again
         log.info("registered %s group %s at %s (server %s) with %s", self.kind, self.group,
                  self.address, self.server_id, self.meta.url)
@@ -220,51 +225,51 @@ class Registration:
             await self._heartbeat_locked()
 
     async def _heartbeat_locked(self) -> None:
-        """One heartbeat (the lock is held): identity, the data plane's report and, at most every
-        STATS_INTERVAL_MS, the backlog's changes; a 400 is followed by one without the backlog."""
+        """One heartbeat (the lock is held): identity and the data plane's report, no backlog."""
         report = self.replication.report()
         body = {**self._identity(), "replica": report.to_json()}
-        now_ms = self._clock_ms()
-        with_backlog = (self._last_stats_ms is None
-                        or now_ms - self._last_stats_ms >= STATS_INTERVAL_MS)
-        if with_backlog:
-            backlog_fields = self.backlog.fields(await self._report())
-            self._last_stats_ms = now_ms
         proposes = bool(report.insync)
-        status, data = await self._send_heartbeat(
-            {**body, **backlog_fields} if with_backlog else body, proposes)
-        if status == 200 and with_backlog:
-            self.backlog.acknowledged(
-                data.get("backlog_version") if isinstance(data, dict) else None)
-        if status in (0, 200):
-            return
-        self.backlog.reset()  # the MetaServer's copy is unknown now
-        if status == 404:
-            self.registered = False
-            await self._register_quietly()
-            return
-        log.error("heartbeat refused by %s: HTTP %d: %s", self.meta.url, status, _reason(data))
-        if status == 400 and with_backlog:
-            # Say we are alive (and renew the lease) without the backlog, so a refused backlog
-            # is logged at every heartbeat but never lets the MetaServer expire us.
-            status, data = await self._send_heartbeat(body, proposes)
-            if status not in (0, 200):
-                log.error("heartbeat without backlog refused by %s: HTTP %d: %s",
-                          self.meta.url, status, _reason(data))
-
-    async def _send_heartbeat(self, body: dict[str, Any], proposes: bool) -> tuple[int, Any]:
-        """POST one heartbeat and take in a 200 answer; (0, None) when no MetaServer could be
-        reached (logged)."""
         sent_at = self.role.before_heartbeat(self._clock_ms(), proposes_slaves=proposes)
         try:
             status, data = await self._post("/api/brokers/heartbeat", body)
         except MetaUnavailable as exc:
-            self.backlog.reset()  # it may or may not have taken the changes
             log.warning("heartbeat failed: %s", exc.message)
-            return 0, None
+            return
         if status == 200:
             self._apply(sent_at, data, proposed_slaves=proposes)
-        return status, data
+        elif status == 404:
+            self.registered = False
+            await self._register_quietly()
+        else:
+            log.error("heartbeat refused by %s: HTTP %d: %s", self.meta.url, status,
+                      _reason(data))
+
+    async def report_backlog_now(self) -> None:
+        """Send one backlog report (changes against what the MetaServer acknowledged), apart
+        from the heartbeats: whatever it costs, no renewal waits for it."""
+        async with self._backlog_lock:
+            if not self.registered:
+                return
+            fields = self.backlog.fields(await self._report())
+            body: dict[str, Any] = {"group": self.group, "kind": self.kind,
+                                    "address": self.address, **fields}
+            if self._sends_server_id:
+                body["server_id"] = self.server_id
+            try:
+                status, data = await self._post("/api/brokers/backlog", body, patient=True)
+            except MetaUnavailable as exc:
+                self.backlog.reset()  # it may or may not have taken the changes
+                log.warning("backlog report failed: %s", exc.message)
+                return
+            if status == 200:
+                self.backlog.acknowledged(
+                    data.get("backlog_version") if isinstance(data, dict) else None)
+                return
+            self.backlog.reset()  # the MetaServer's copy is unknown now
+            if status == 404:
+                self.heartbeat_soon()  # not registered (any more): the heartbeat finds out
+            log.error("backlog report refused by %s: HTTP %d: %s", self.meta.url, status,
+                      _reason(data))
 
     def _apply(self, sent_at_ms: int, data: Any, proposed_slaves: bool) -> None:
         """Take in a register or heartbeat answer: state, auth, interval and role."""
@@ -338,6 +343,15 @@ class Registration:
                 await self.heartbeat_now()
             except Exception:
                 log.exception("heartbeat failed")
+
+
+    async def _backlog_loop(self) -> None:
+        while True:
+            try:
+                await self.report_backlog_now()
+            except Exception:
+                log.exception("backlog report failed")
+            await asyncio.sleep(STATS_INTERVAL_MS / 1000)
 
 
 def _reason(data: Any) -> str:

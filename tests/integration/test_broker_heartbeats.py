@@ -1,10 +1,12 @@
-"""A broker's heartbeats against a live MetaServer (issue 19): a backlog of more groups than the
-MetaServer takes in one heartbeat reaches it over a few heartbeats, the steady heartbeat of an
-idle broker stays small whatever its groups, and a refused heartbeat is logged with the
-MetaServer's reason and never expires the broker."""
+"""A broker's heartbeats and backlog reports against a live MetaServer (issue 19): a backlog of
+more groups than the MetaServer takes in one report reaches it over a few reports, the
+heartbeat (the lease renewal) carries no backlog and an idle report no row whatever the groups,
+and a refused or hung backlog report is logged with the MetaServer's reason and never expires
+the broker nor delays its lease renewal."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -30,20 +32,21 @@ class Clock:
 
 class Broker:
     """What a broker hands its registration: a backlog report it can change, and the bodies
-    of the heartbeats it sent."""
+    of the heartbeats and backlog reports it sent."""
 
     def __init__(self, groups: int) -> None:
         self.rows = [{"subject": f"orders.s{i:05d}", "group": f"g{i % 7}", "lag": 0,
                       "consumers": 1} for i in range(groups)]
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[dict[str, Any]] = []  # heartbeats
+        self.reports: list[dict[str, Any]] = []  # backlog reports
 
     async def report(self) -> list[dict[str, Any]]:
         return [dict(row) for row in self.rows]
 
 
 def registration(url: str, broker: Broker, clock: Clock) -> Registration:
-    # The registration reads the test's clock too: a backlog rides on a heartbeat at most every
-    # STATS_INTERVAL_MS, and each heartbeat here comes a third of the expiry after the last.
+    # The registration reads the test's clock too: each heartbeat here comes a third of the
+    # expiry after the last. Backlog reports are sent by the test (report_backlog_now).
     reg = Registration(url, group="rt1", kind="realtime", address="127.0.0.1:20881",
                        heartbeat_interval_ms=3_600_000, report=broker.report,
                        on_state=lambda state: None, clock_ms=clock)
@@ -52,6 +55,8 @@ def registration(url: str, broker: Broker, clock: Clock) -> Registration:
     async def recording_post(path: str, body: dict[str, Any], **options: Any) -> tuple[int, Any]:
         if path.endswith("/heartbeat"):
             broker.sent.append(body)
+        elif path.endswith("/backlog"):
+            broker.reports.append(body)
         return await post(path, body, **options)
 
     reg._post = recording_post  # type: ignore[method-assign]
@@ -76,30 +81,38 @@ async def held_backlog(meta) -> dict[tuple[str, str], int]:
     return {(r["subject"], r["group"]): r["lag"] for r in broker["stats"]["backlog"]}
 
 
+async def beat(meta, reg: Registration) -> None:
+    """A third of the expiry passes, the broker heartbeats, and the MetaServer expires nothing."""
+    meta.clock.now_ms += EXPIRY_MS // 3
+    await reg.heartbeat_now()
+    assert (await meta.expire_now())["brokers_offline"] == 0
+
+
 @pytest.mark.timeout(120)
-async def test_a_broker_with_more_groups_than_a_heartbeat_takes_stays_registered_and_idles_small(
-    meta, caplog,
+async def test_a_broker_with_more_groups_than_a_report_takes_stays_registered_and_idles_small(
+    meta,
 ):
     broker = Broker(GROUPS)
     reg = registration(meta.url, broker, meta.clock)
     await reg.start()
     try:
         for _ in range(3 * GROUPS // BACKLOG_ROWS_PER_HEARTBEAT_MAX):  # bounded: converges
-            meta.clock.now_ms += EXPIRY_MS // 3
-            await reg.heartbeat_now()
-            assert (await meta.expire_now())["brokers_offline"] == 0
-            if len(await held_backlog(meta)) == GROUPS and not broker.sent[-1].get(
+            await reg.report_backlog_now()
+            await beat(meta, reg)
+            if len(await held_backlog(meta)) == GROUPS and not broker.reports[-1].get(
                     "backlog_changes", True):
                 break
         assert reg.registered
         assert len(await held_backlog(meta)) == GROUPS
-        idle = json.dumps(broker.sent[-1]).encode()
-        assert len(idle) < 1_000, idle  # an idle heartbeat: no row, whatever the groups
+        assert all("backlog" not in key for body in broker.sent for key in body)
+        heartbeat = json.dumps(broker.sent[-1]).encode()
+        assert len(heartbeat) < 1_000, heartbeat  # the lease renewal: no backlog at all
+        idle = json.dumps(broker.reports[-1]).encode()
+        assert len(idle) < 1_000, idle  # an idle report: no row, whatever the groups
         broker.rows[5]["lag"] = 42
         del broker.rows[7]
-        meta.clock.now_ms += EXPIRY_MS // 3
-        await reg.heartbeat_now()
-        changed = broker.sent[-1]
+        await reg.report_backlog_now()
+        changed = broker.reports[-1]
         assert len(changed["backlog_changes"]) == 1 and len(changed["backlog_removed"]) == 1
         held = await held_backlog(meta)
         assert len(held) == GROUPS - 1 and held[("orders.s00005", "g5")] == 42
@@ -108,7 +121,7 @@ async def test_a_broker_with_more_groups_than_a_heartbeat_takes_stays_registered
 
 
 @pytest.mark.timeout(60)
-async def test_a_refused_heartbeat_is_logged_with_the_reason_and_the_broker_is_not_expired(
+async def test_a_refused_backlog_report_is_logged_with_the_reason_and_the_broker_is_not_expired(
     meta, caplog,
 ):
     broker = Broker(3)
@@ -118,11 +131,11 @@ async def test_a_refused_heartbeat_is_logged_with_the_reason_and_the_broker_is_n
     try:
         with caplog.at_level(logging.INFO, logger="serverkit.registration"):
             for _ in range(4):
-                meta.clock.now_ms += EXPIRY_MS // 3
-                await reg.heartbeat_now()
-                assert (await meta.expire_now())["brokers_offline"] == 0
+                await reg.report_backlog_now()
+                await beat(meta, reg)
         refusals = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-        assert len(refusals) == 4
+        assert len(refusals) >= 4  # the test's four and any of the registration's own loop
+        assert all(r.startswith("backlog report refused") for r in refusals)
         assert "HTTP 400: bad_request:" in refusals[0] and "not a subject!" in refusals[0]
         registered = [r for r in caplog.records if "registered realtime group" in r.getMessage()]
         assert registered == []  # never cycled through registering again
@@ -130,3 +143,46 @@ async def test_a_refused_heartbeat_is_logged_with_the_reason_and_the_broker_is_n
         assert state["state"] == "rw" and state["heartbeat_age_ms"] == 0
     finally:
         await reg.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_masters_lease_is_renewed_while_a_big_backlog_report_hangs_and_its_rows_follow(
+    meta,
+):
+    broker = Broker(BACKLOG_ROWS_PER_HEARTBEAT_MAX)
+    reg = registration(meta.url, broker, meta.clock)
+    await reg.start()
+    registry = meta.registry
+    report = registry.report_backlog
+    released = asyncio.Event()
+
+    async def hung_report(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        await released.wait()  # a MetaServer too slow to take the rows (bounded by the test)
+        return await report(*args, **kwargs)
+
+    registry.report_backlog = hung_report
+    try:
+        assert reg.role.view().role == "master"
+        hung = asyncio.create_task(reg.report_backlog_now())
+        await asyncio.wait_for(_until(lambda: len(broker.reports) == 1), 30)
+        renewed_before = len(broker.sent)
+        for _ in range(6):  # two lease periods at a heartbeat per third of the expiry
+            lease_until_ms = reg.role.lease_until_ms
+            await asyncio.wait_for(beat(meta, reg), 30)  # never waits for the report
+            assert reg.role.lease_until_ms > lease_until_ms  # renewed
+        assert len(broker.sent) == renewed_before + 6
+        assert not hung.done()
+        assert reg.role.view().role == "master"
+        assert reg.role.may_write(reg._clock_ms())
+        released.set()
+        await asyncio.wait_for(hung, 30)
+        assert len(await held_backlog(meta)) == BACKLOG_ROWS_PER_HEARTBEAT_MAX  # all arrived
+    finally:
+        released.set()
+        registry.report_backlog = report
+        await reg.stop()
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)

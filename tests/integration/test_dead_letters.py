@@ -227,7 +227,7 @@ async def test_the_admin_watermark_group_stays_out_of_the_heartbeat_backlog(thre
     await three_dead.ok("POST", "/api/admin/dead/purge", {"subject": "orders", "group": "billing",
                                                           "through_sequence": 0})
     await three_dead.client.pull("orders", "audit", "c1")
-    await three_dead.broker.registration.heartbeat_now()
+    await three_dead.broker.registration.report_backlog_now()
     (broker,) = (await three_dead.ok("GET", "/api/admin/brokers"))["brokers"]
     backlog = broker["stats"]["backlog"]
     assert {(b["subject"], b["group"]) for b in backlog} == {("orders", "audit")}
@@ -345,7 +345,7 @@ async def test_admin_delay_reports_each_delay_servers_latest_stats(cluster, tmp_
                                          created_at_ms=delay.clock(), deliver_at_ms=due_ms))
         assert sent["results"][0]["status"] == "stored"
         await client.close()
-        await delay.registration.heartbeat_now()
+        await delay.registration.report_backlog_now()
         (entry,) = (await cluster.ok("GET", "/api/admin/delay"))["delay"]
         assert (entry["group"], entry["address"]) == ("delay-1", delay.address)
         stats = entry["stats"]
@@ -386,7 +386,7 @@ async def test_the_heartbeat_backlog_counts_redeliveries_retries_and_dead_copies
             assert len(first["payloads"]) == len(again["payloads"]) == 3
             await client.request({"op": "nack", "subject": "orders", "group": "billing",
                                   "consumer_id": "c2", "pull_seqs": again["pull_seqs"][:2]})
-            await broker.registration.heartbeat_now()
+            await broker.registration.report_backlog_now()
             async with aiohttp.ClientSession() as http:
                 async with http.get(meta.url + "/api/admin/groups") as resp:
                     groups = (await resp.json())["groups"]

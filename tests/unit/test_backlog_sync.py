@@ -3,7 +3,7 @@ changes against the version it acknowledged, so a heartbeat does not grow with t
 
 from __future__ import annotations
 
-from metaserver.backlog import apply_heartbeat_backlog
+from metaserver.backlog import plan_backlog
 from metaserver.validation import BACKLOG_ENTRIES_MAX
 from serverkit.backlog import BACKLOG_ROWS_PER_HEARTBEAT_MAX, BacklogSync, merge_rows
 
@@ -14,22 +14,27 @@ def rows(n: int, lag: int = 1, prefix: str = "s") -> list[dict]:
 
 
 class MetaServer:
-    """The MetaServer's side, over one broker's stats, as the registry applies it."""
+    """The MetaServer's side, over one broker's rows, as ``store_backlog`` applies a plan."""
 
     def __init__(self) -> None:
-        self.stats: dict | None = None
+        self.version: int | None = None
+        self.rows: dict | None = None  # None: nothing held
 
     def heartbeat(self, fields: dict) -> int | None:
-        outcome = apply_heartbeat_backlog(
-            self.stats, backlog=fields.get("backlog"), base=fields.get("backlog_base"),
-            changes=fields.get("backlog_changes", []), removed=fields.get("backlog_removed", []),
-            stats=None)
-        if outcome.stats is not None:
-            self.stats = outcome.stats
-        return outcome.version
+        plan = plan_backlog(
+            self.version, backlog=fields.get("backlog"), base=fields.get("backlog_base"),
+            changes=fields.get("backlog_changes", []), removed=fields.get("backlog_removed", []))
+        if not plan.writes_rows:
+            return plan.version
+        rows = {} if plan.replace or self.rows is None else self.rows
+        for key in plan.removals:
+            rows.pop(key, None)
+        rows.update(plan.upserts)
+        self.rows, self.version = rows, plan.version
+        return plan.version
 
     def backlog(self) -> dict:
-        return merge_rows(self.stats["backlog"])
+        return merge_rows(self.rows.values())
 
 
 def test_the_broker_sends_fewer_rows_per_heartbeat_than_the_metaserver_takes():
@@ -76,7 +81,7 @@ def test_a_backlog_over_the_per_heartbeat_rows_goes_over_several_heartbeats():
 def test_a_metaserver_that_lost_the_base_gets_the_whole_backlog_at_the_next_heartbeat():
     sync, meta = BacklogSync(), MetaServer()
     sync.acknowledged(meta.heartbeat(sync.fields(rows(3))))
-    meta.stats = None  # a fresh database
+    meta.version = meta.rows = None  # a fresh database
     delta = sync.fields(rows(3, lag=2))
     assert meta.heartbeat(delta) is None
     sync.acknowledged(None)
@@ -114,8 +119,8 @@ def test_a_delay_servers_stats_object_goes_whole_and_asks_for_no_version():
 def test_a_heartbeat_without_backlog_fields_changes_nothing_held():
     meta = MetaServer()
     meta.heartbeat({"backlog": rows(2)})
-    held = meta.stats
-    assert meta.heartbeat({}) is None and meta.stats is held
+    held = meta.rows
+    assert meta.heartbeat({}) is None and meta.rows is held
 
 
 def test_redelivered_retried_and_dead_counts_reach_the_metaserver_and_a_change_of_one_is_sent():
