@@ -137,7 +137,8 @@ def _run_delayed(clients: Clients, subject: str, count: int, timeout_s: float,
         clients.start_ready("mover", {"subject": subject, "count": count, "timeout_s": timeout_s})
     clients.start_ready("consume", {"subject": subject, "count": count, "timeout_s": timeout_s,
                                     "delayed": True})
-    clients.start("produce_delayed", {"subject": subject, "count": count, **when})
+    clients.start("produce_delayed", {"subject": subject, "count": count,
+                                      "cpu_pids": clients.running.pids, **when})
     return clients.results(timeout_s + WORKER_SLACK_S)
 
 
@@ -155,6 +156,7 @@ def measure_w1(clients: Clients, sizes: Sizes) -> dict[str, float]:
         "lateness_max_ms": consumed["lateness_max_ms"],
         "early": consumed["early"], "failed_sends": produced["failed"],
         "producer_cpu_us": produced["cpu_s"] / count * 1e6,
+        "server_cpu_us": produced["server_cpu_s"] / count * 1e6,
         **_delivery_checks(consumed),
     }
     if "mover" in out:

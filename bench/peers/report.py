@@ -131,38 +131,64 @@ def delivery_problems(runs: dict[str, Any]) -> list[str]:
     return problems
 
 
-def goal_lines(runs: dict[str, Any]) -> list[str]:
-    """pyqmq against issue 18's goals, from the medians (only where both sides were run)."""
-    table = medians(runs)
-    if "pyqmq" not in table:
-        return []
-    ours = table["pyqmq"]
-    lines = []
+# Issue 18's goals where a peer's figure sets them, when that peer was not run in the sitting:
+# 2x NATS's 20.3k delayed sends/s (about 40k/s) and 2x Redis fsync-always's 35.7k msg/s end to
+# end, both from the issue's own measurement (not from this sitting; the line says so).
+ISSUE_DELAYED_SENDS_GOAL_PER_S = 40_000.0
+ISSUE_BEST_DURABLE_E2E_PER_S = 35_700.0
+
+
+def _goals_of(table: dict[str, Any], key: str) -> list[str]:
+    """``key`` (a pyqmq setting) against issue 18's goals, from the medians."""
+    ours = table[key]
+    lines: list[str] = []
 
     def line(text: str, value: float, goal: float, met: bool, digits: int = 2) -> None:
         if not math.isnan(value) and not math.isnan(goal):
-            lines.append(f"- {text}: {value:,.{digits}f} against {goal:,.{digits}f}: "
+            lines.append(f"- {key}: {text}: {value:,.{digits}f} against {goal:,.{digits}f}: "
                          f"{'met' if met else 'not met'}")
 
     nats = [_get(table, k, "w1", "sends_per_s") for k in table if k.startswith("nats")]
     nats = [v for v in nats if not math.isnan(v)]
+    value = _get(table, key, "w1", "sends_per_s")
     if nats:
-        value, goal = _get(table, "pyqmq", "w1", "sends_per_s"), 2 * max(nats)
-        line("delayed sends/s with 32 in flight >= 2x NATS's best", value, goal, value >= goal)
+        goal, text = 2 * max(nats), "delayed sends/s with 32 in flight >= 2x NATS's best"
+    else:
+        goal = ISSUE_DELAYED_SENDS_GOAL_PER_S
+        text = "delayed sends/s with 32 in flight >= 40,000 (2x NATS in the issue; NATS not run)"
+    line(text, value, goal, value >= goal)
+    value = _get(table, key, "w1", "server_cpu_us")
+    if not math.isnan(value):
+        lines.append(f"- {key}: server CPU-us per delayed send in W1 (no goal): {value:,.0f}")
     value = ours.get("w2", {}).get("last_after_due_s", float("nan"))
     line("W2: last received after due <= 0.2 s", value, 0.2, value <= 0.2, digits=3)
     value = ours.get("latency", {}).get("p50_ms", float("nan"))
-    line("latency p50 <= 1.0 ms", value, 1.0, value <= 1.0)
+    line("latency p50 at the fixed rate (send -> consumer) <= 1.0 ms", value, 1.0, value <= 1.0)
     value = ours.get("latency", {}).get("p99_ms", float("nan"))
-    line("latency p99 <= 3 ms", value, 3.0, value <= 3.0)
+    line("latency p99 at the fixed rate (send -> consumer) <= 3 ms", value, 3.0, value <= 3.0)
     value = ours.get("latency", {}).get("server_cpu_us", float("nan"))
-    line("server CPU-us/msg at the fixed rate <= 150", value, 150.0, value <= 150.0)
+    line("server CPU-us/msg at the fixed rate <= 150", value, 150.0, value <= 150.0, digits=0)
     durable = [_get(table, k, "e2e", "consumed_per_s") for k in table
-               if k != "pyqmq" and SETTINGS_BY_KEY[k].durable]
+               if SETTINGS_BY_KEY[k].system != "pyqmq" and SETTINGS_BY_KEY[k].durable]
     durable = [v for v in durable if not math.isnan(v)]
+    value = _get(table, key, "e2e", "consumed_per_s")
     if durable:
-        value, goal = _get(table, "pyqmq", "e2e", "consumed_per_s"), 2 * max(durable)
-        line("end to end msg/s >= 2x the best durable peer", value, goal, value >= goal)
+        goal, text = 2 * max(durable), "end to end msg/s >= 2x the best durable peer"
+    else:
+        goal = 2 * ISSUE_BEST_DURABLE_E2E_PER_S
+        text = ("end to end msg/s >= 71,400 (2x Redis fsync always's 35.7k in the issue; "
+                "no durable peer run)")
+    line(text, value, goal, value >= goal, digits=0)
+    return lines
+
+
+def goal_lines(runs: dict[str, Any]) -> list[str]:
+    """Every pyqmq setting run against issue 18's goals, from the medians."""
+    table = medians(runs)
+    lines: list[str] = []
+    for key in table:
+        if SETTINGS_BY_KEY[key].system == "pyqmq":
+            lines += _goals_of(table, key)
     return lines
 
 

