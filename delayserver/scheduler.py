@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -38,6 +37,7 @@ from wire.errors import DelayOutOfRange, QmqError, ReadOnly
 from tracelog.peek import TracePeek, trace_members
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
+from serverkit.io_thread import IoThread
 from serverkit.replica_source import NoWriteReplication, WriteReplication
 from wire.protocol import delayed_send_result, send_result_error
 from serverkit.send_check import QuickCheck
@@ -87,7 +87,7 @@ class Scheduler:
     """Owns an open ``DelayStore``, the preload window and the dispatcher; see the module
     docstring. Built by ``open``, which opens the store first; ``start`` begins dispatching.
 
-    Threads: the store is called only on the delay-io thread (``_executor``, through ``_io``);
+    Threads: the store is called only on the delay-io thread (``_io_thread``, through ``_io``);
     methods that run there say so in their first line. Every other field is owned by the event
     loop: ``window``, ``dispatcher``, ``stats``, ``readonly`` and ``write_failed`` (set by the
     MetaServer's state callback and by a commit's sticky write failure), ``done_before_ms``
@@ -97,7 +97,7 @@ class Scheduler:
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
-                 store: DelayStore, executor: ThreadPoolExecutor, *, done_before_ms: int,
+                 store: DelayStore, io_thread: IoThread, *, done_before_ms: int,
                  tracer: DelayTracer | None = None, replica: WriteReplication | None = None,
                  follower: bool = False) -> None:
         self.config = config
@@ -109,7 +109,7 @@ class Scheduler:
         self.replica = replica or NoWriteReplication()
         self.follower = follower
         self._dispatch = dispatch
-        self._executor = executor
+        self._io_thread = io_thread
         self.tracer = tracer if tracer is not None else DelayTracer(None)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
@@ -141,20 +141,22 @@ class Scheduler:
                    follower: bool = False) -> Scheduler:
         """Open (and recover) the store on a new delay-io thread, then build the scheduler
         over it (``start`` loads the window and begins dispatching)."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-io")
-        loop = asyncio.get_running_loop()
+        # An IoThread, not a ThreadPoolExecutor: a call costs a C queue put and its result
+        # comes back with others finished meanwhile in one loop wake-up, where
+        # run_in_executor made a concurrent future, a chained asyncio future and a
+        # call_soon_threadsafe per call (every group commit and dispatch goes through here).
+        io_thread = IoThread("delay-io")
         try:
-            store = await loop.run_in_executor(executor, open_store_on_io, config, clock(),
-                                               opener, on_fsync)
-            done_before_ms = await loop.run_in_executor(executor, store.done_before)
+            store = await io_thread.call(open_store_on_io, config, clock(), opener, on_fsync)
+            done_before_ms = await io_thread.call(store.done_before)
         except BaseException:
-            executor.shutdown(wait=False)
+            io_thread.close(wait=False)
             raise
-        return cls(config, clock, dispatch, store, executor, done_before_ms=done_before_ms,
+        return cls(config, clock, dispatch, store, io_thread, done_before_ms=done_before_ms,
                    tracer=tracer, replica=replica, follower=follower)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._io_thread.call(fn, *args)
 
     async def on_io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the delay-io thread, the store's owner (replication's runner)."""
@@ -194,7 +196,7 @@ class Scheduler:
         if not self.follower:
             await self._finish_master_work()
         await self._io(self.store.close)
-        self._executor.shutdown(wait=True)
+        self._io_thread.close()
 
     async def promote(self) -> None:
         """The copy becomes the master (docs/REPLICATION.md 8.5): the window and dispatcher are

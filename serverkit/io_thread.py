@@ -74,10 +74,12 @@ class IoThread:
             else:
                 future.set_exception(error)
 
-    def close(self) -> None:
-        """Finish the calls already submitted, then end the thread."""
+    def close(self, wait: bool = True) -> None:
+        """Finish the calls already submitted, then end the thread; ``wait=False`` returns at
+        once (a call still running, e.g. an open being cancelled, ends on its own)."""
         self._calls.put(None)
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
 
 __all__ = ["IoThread"]
