@@ -59,6 +59,7 @@ from wire.message import (
     Message,
     encode_checked_message,
     encode_message,
+    encode_plain_message,
     validate_message,
     validate_message_id,
 )
@@ -71,6 +72,10 @@ log = logging.getLogger(__name__)
 # Room left in a send frame for the envelope around the payloads (op, rid, msgpack headers).
 _FRAME_ENVELOPE_BYTES = 64 * 1024
 _PAYLOAD_OVERHEAD_BYTES = 8  # msgpack bin header per payload, rounded up
+
+# Subjects a producer remembers as valid (``send``'s plain path); forgotten all at once when
+# full, so a producer sending to ever new subjects stays bounded.
+PLAIN_SUBJECTS_MAX = 1024
 
 # First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
 RETRY_BACKOFF_MS_DEFAULT = 50
@@ -279,6 +284,9 @@ class Producer:
         self._route_start = route_start
         self._on_wire: dict[_Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
         self._new_id = _IdMaker()
+        # Subjects a full check passed (event loop only): a plain send to one of them (no tags,
+        # properties, expiry or own id) skips building and validating a Message.
+        self._plain_subjects: set[str] = set()
         self._closing = False
         self._closed = False
 
@@ -321,20 +329,37 @@ class Producer:
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         now_ms = self._clock_ms()
         deliver_at_ms = due_ms(now_ms, delay, deliver_at)
-        message = Message.create(
-            subject,
-            body,
-            now_ms=now_ms,
-            tags=tuple(tags),
-            properties=dict(properties or {}),
-            deliver_at_ms=deliver_at_ms,
-            expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
-            id=self._new_id() if message_id is None else message_id,
-        )
-        validate_message(message, now_ms=now_ms)  # checks the field types too
-        payload = encode_checked_message(message)
+        plain = (not tags and not properties and expire_at is None and message_id is None)
+        if (plain and type(subject) is str and subject in self._plain_subjects
+                and type(body) is bytes
+                and len(body) <= MAX_BODY_BYTES and type(now_ms) is int and now_ms >= 0
+                and (deliver_at_ms is None or (type(deliver_at_ms) is int
+                                               and 0 <= deliver_at_ms <= now_ms + MAX_DELAY_MS))):
+            # What validate_message would check of such a message: the subject passed it
+            # before, the id is ours, and the body, creation and due times were just checked.
+            # Anything else takes the full path, which words the error.
+            sent_id = self._new_id()
+            payload = encode_plain_message(sent_id, subject, body, now_ms, deliver_at_ms)
+        else:
+            message = Message.create(
+                subject,
+                body,
+                now_ms=now_ms,
+                tags=tuple(tags),
+                properties=dict(properties or {}),
+                deliver_at_ms=deliver_at_ms,
+                expire_at_ms=None if expire_at is None else epoch_ms(expire_at, "expire_at"),
+                id=self._new_id() if message_id is None else message_id,
+            )
+            validate_message(message, now_ms=now_ms)  # checks the field types too
+            payload = encode_checked_message(message)
+            sent_id = message.id
+            if plain:
+                if len(self._plain_subjects) >= PLAIN_SUBJECTS_MAX:
+                    self._plain_subjects.clear()
+                self._plain_subjects.add(subject)
         call = Call(1, asyncio.get_running_loop().create_future())
-        self._enqueue(subject, call, [message.id], [payload],
+        self._enqueue(subject, call, [sent_id], [payload],
                       None if deliver_at_ms is None else [deliver_at_ms])
         [result] = await call.future
         if isinstance(result, BaseException):

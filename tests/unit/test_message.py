@@ -30,6 +30,7 @@ from wire.message import (
     decode_message,
     decode_message_fields,
     encode_message,
+    encode_plain_message,
     message_from_fields,
     new_message_id,
     parse_internal_subject,
@@ -446,3 +447,10 @@ def test_only_wire_message_spells_the_payload_keys():
     spelled = [line for package in packages for path in sorted((root / package).rglob("*.py"))
                if path != root / "wire" / "message.py" for line in _payload_key_literals(path)]
     assert spelled == []
+
+
+def test_a_plain_message_encoded_from_its_fields_is_the_same_bytes_as_encode_message():
+    for deliver_at_ms in (None, 0, 1_795_622_400_123):
+        assert encode_plain_message("id-1", "orders.eu", b"\x00body", 1_234, deliver_at_ms) == \
+            encode_message(Message("id-1", "orders.eu", b"\x00body", created_at_ms=1_234,
+                                   deliver_at_ms=deliver_at_ms))

@@ -13,7 +13,7 @@ from wire.errors import (
     BadRequest, ConnectionLost, DelayOutOfRange, Forbidden, Overloaded, TooLarge,
 )
 from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
-from wire.message import decode_message
+from wire.message import Message, decode_message, encode_message
 from sdk.producer import Producer, Receipt
 from sdk.routes import RouteCache
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
@@ -184,6 +184,40 @@ async def test_an_invalid_message_is_rejected_before_anything_is_sent(meta, brok
         with pytest.raises(BadRequest):
             await p.send("orders", b"x", expire_at=datetime(2030, 1, 1))  # naive
     assert broker_a.ops("send") == []
+
+
+async def test_a_plain_send_to_a_subject_checked_before_sends_the_bytes_the_full_path_would(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, clock_ms=lambda: 1_234) as p:
+        first = await p.send("orders", b"one")  # full check; the subject is remembered
+        second = await p.send("orders", b"two", deliver_at=5_000)
+        third = await p.send("orders", b"three", delay=timedelta(seconds=1))
+    payloads = [m for op in broker_a.ops("send") for m in op["messages"]]
+    assert payloads[1:] == [
+        encode_message(Message(second.message_id, "orders", b"two", created_at_ms=1_234,
+                               deliver_at_ms=5_000)),
+        encode_message(Message(third.message_id, "orders", b"three", created_at_ms=1_234,
+                               deliver_at_ms=2_234)),
+    ]
+    assert decode_message(payloads[0]) == Message(first.message_id, "orders", b"one",
+                                                   created_at_ms=1_234)
+
+
+async def test_a_plain_send_to_a_subject_checked_before_is_still_refused_when_invalid(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        await p.send("orders", b"ok")
+        with pytest.raises(TooLarge):
+            await p.send("orders", b"x" * (MAX_BODY_BYTES + 1))
+        with pytest.raises(BadRequest, match="body must be bytes"):
+            await p.send("orders", "text")  # type: ignore[arg-type]
+        with pytest.raises(DelayOutOfRange, match="MAX_DELAY_MS"):
+            await p.send("orders", b"x", delay=timedelta(days=731))
+        with pytest.raises(BadRequest, match="deliver_at_ms must be >= 0"):
+            await p.send("orders", b"x", deliver_at=-1)
+    assert len(broker_a.ops("send")) == 1
 
 
 async def test_a_bad_delayed_send_is_refused_before_anything_is_sent(meta, broker_a):
