@@ -2,12 +2,13 @@
 system at a time, from Python clients, with 256-byte messages.
 
 Run: ``.venv/bin/python -m bench.peers`` (every system, 2 runs, 30-60 minutes) or
-``--quick`` (a smoke run: small sizes, 1 run). ``--systems pyqmq`` runs pyqmq alone and
-installs nothing. The peers' software is installed on first use (bench/peers/install.py).
+``--quick`` (a smoke run: small sizes, 1 run). ``--systems pyqmq`` runs pyqmq alone (with
+and without a sync slave: settings ``pyqmq`` and ``pyqmq-slave``) and installs nothing. The peers' software is installed on first use (bench/peers/install.py).
 
 Systems (bench/peers/servers.py; the durability of each is printed beside its figures):
-pyqmq (``qmq up``, flush sync), NATS JetStream (``sync_interval: always``; and the default),
-Redis Streams (AOF ``appendfsync always``; and ``everysec``).
+pyqmq (``qmq up``, flush sync; and ``--replicas 2``, one sync slave), NATS JetStream
+(``sync_interval: always``; and the default), Redis Streams (AOF ``appendfsync always``; and
+``everysec``).
 
 Workloads (bench/peers/workloads.py; the clients are processes of their own):
 - **W1**: 20,000 delayed messages, delays uniform over 1-20 s, 32 ``send(deliver_at=...)`` in
