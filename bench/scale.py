@@ -10,6 +10,10 @@ Three measurements, each over a fresh loopback cluster (``bench._cluster.Cluster
   group, as ``qmq`` consumers do on their first pull); the broker's CPU per group setup, in
   batches, so a creep as groups accumulate shows as a rising figure.
 - ``admin``: the wall time of ``qmq admin groups`` against the MetaServer.
+- ``grid``: the issue's table: subjects with a group each at ``--sizes`` (100, 1k, 10k) and
+  idle consumers at ``--consumer-sizes`` (100, 1,000); for each, the broker's and the
+  MetaServer's CPU while idle, their RSS, the bytes of one broker heartbeat and of one backlog
+  report (``qmq_meta_http_request_bytes_total`` over the window), and the broker's open files.
 
 ``--tree DIR`` runs the servers (and the CLI) from another checkout, e.g. an export of main
 before a change (``git archive main | tar -x -C DIR``), so before and after can alternate in
@@ -20,6 +24,7 @@ only comparable between runs of one sitting.
     python -m bench.scale idle --consumers 300 --runs 3
     python -m bench.scale groups --groups 3000
     python -m bench.scale admin --runs 5
+    python -m bench.scale grid --runs 1
 """
 
 from __future__ import annotations
@@ -92,6 +97,82 @@ def meta_writes(meta_url: str) -> float:
     return heartbeats
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MB (VmRSS), 0.0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def open_files(pid: int) -> int:
+    """Descriptors ``pid`` holds open now."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def request_bytes(meta_url: str) -> dict[str, tuple[float, float]]:
+    """Per broker route (heartbeat, backlog): (requests answered 200, request body bytes)."""
+    with urllib.request.urlopen(f"{meta_url}/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    out: dict[str, list[float]] = {"heartbeat": [0.0, 0.0], "backlog": [0.0, 0.0]}
+    for line in lines:
+        for name in out:
+            if f'route="/api/brokers/{name}"' not in line:
+                continue
+            if line.startswith("qmq_meta_http_requests_total{") and 'status="200"' in line:
+                out[name][0] += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("qmq_meta_http_request_bytes_total{"):
+                out[name][1] += float(line.rsplit(" ", 1)[1])
+    return {name: (count, size) for name, (count, size) in out.items()}
+
+
+class Window:
+    """CPU, writes and request bytes of a cluster over one measuring window."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def __aenter__(self) -> Window:
+        c = self.cluster
+        self.cpu0 = process_cpu_s(c.broker.pid), process_cpu_s(c.meta.pid)
+        self.writes0 = await asyncio.to_thread(meta_writes, c.meta_url)
+        self.bytes0 = await asyncio.to_thread(request_bytes, c.meta_url)
+        self.began = time.monotonic()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        c = self.cluster
+        self.elapsed = time.monotonic() - self.began
+        self.cpu1 = process_cpu_s(c.broker.pid), process_cpu_s(c.meta.pid)
+        self.writes1 = await asyncio.to_thread(meta_writes, c.meta_url)
+        self.bytes1 = await asyncio.to_thread(request_bytes, c.meta_url)
+        self.result = self._figures()
+
+    def _figures(self) -> dict[str, Any]:
+        """What the window measured, with the servers' RSS and the broker's open files at its
+        end (read while they run: ``result`` keeps it)."""
+        c, elapsed = self.cluster, self.elapsed
+        out: dict[str, Any] = {
+            "broker_cpu_pct": round(100 * (self.cpu1[0] - self.cpu0[0]) / elapsed, 1),
+            "meta_cpu_pct": round(100 * (self.cpu1[1] - self.cpu0[1]) / elapsed, 1),
+            # the window's scrapes are writes of none: only heartbeats and flushes count
+            "meta_writes_per_s": round((self.writes1 - self.writes0) / elapsed, 1),
+            "broker_rss_mb": rss_mb(c.broker.pid), "meta_rss_mb": rss_mb(c.meta.pid),
+            "broker_open_files": open_files(c.broker.pid)}
+        for name in ("heartbeat", "backlog"):
+            count = self.bytes1[name][0] - self.bytes0[name][0]
+            size = self.bytes1[name][1] - self.bytes0[name][1]
+            out[f"{name}_bytes"] = round(size / count) if count else None
+        return out
+
+
 async def idle_run(consumers: int) -> dict[str, Any]:
     """One run of ``idle``: CPU of the broker and MetaServer per second, writes per second."""
     with Cluster() as cluster:
@@ -107,20 +188,43 @@ async def idle_run(consumers: int) -> dict[str, Any]:
                 await asyncio.sleep(1)
             connected = connections(port)
             await asyncio.sleep(SETTLE_S)
-            broker0, meta0 = process_cpu_s(cluster.broker.pid), process_cpu_s(cluster.meta.pid)
-            writes0 = await asyncio.to_thread(meta_writes, cluster.meta_url)
-            began = time.monotonic()
-            await asyncio.sleep(WINDOW_S)
-            elapsed = time.monotonic() - began
-            broker1, meta1 = process_cpu_s(cluster.broker.pid), process_cpu_s(cluster.meta.pid)
-            writes1 = await asyncio.to_thread(meta_writes, cluster.meta_url)
+            async with Window(cluster) as window:
+                await asyncio.sleep(WINDOW_S)
         finally:
             await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
-    return {"consumers": consumers, "connected": connected,
-            "broker_cpu_pct": round(100 * (broker1 - broker0) / elapsed, 1),
-            "meta_cpu_pct": round(100 * (meta1 - meta0) / elapsed, 1),
-            # the window's two scrapes are writes of none: only heartbeats and flushes count
-            "meta_writes_per_s": round((writes1 - writes0) / elapsed, 1),
+    figures = window.result
+    return {"consumers": consumers, "connected": connected, **figures,
+            "broker_cpu_ms_per_consumer_s": round(
+                10 * figures["broker_cpu_pct"] / max(consumers, 1), 3),
+            "meta_cpu_ms_per_consumer_s": round(
+                10 * figures["meta_cpu_pct"] / max(consumers, 1), 3),
+            "load_1m": round(load_average(), 1)}
+
+
+async def subjects_run(subjects: int) -> dict[str, Any]:
+    """``subjects`` subjects with a message and a group each (set up by a raw client's pull),
+    then idle: what they cost while nothing happens."""
+    with Cluster() as cluster:
+        host, port = cluster.broker.address.rsplit(":", 1)
+        client = await RawClient.connect(int(port))
+        clock = FakeClock()
+        try:
+            for first in range(0, subjects, 200):
+                sent = await client.send(*(message(f"grid.s{i}", b"x", clock)
+                                           for i in range(first, min(subjects, first + 200))))
+                assert all(r["status"] == "stored" for r in sent["results"]), sent
+            for first in range(0, subjects, 500):
+                answers = await asyncio.gather(*(
+                    client.pull(f"grid.s{i}", f"g{i}", "c1", start="earliest")
+                    for i in range(first, min(subjects, first + 500))))
+                assert all(len(a.get("pull_seqs", ())) == 1 for a in answers), answers[:3]
+            # The backlog reaches the MetaServer in reports of at most 1,000 rows every 3 s.
+            await asyncio.sleep(SETTLE_S + 3 * subjects / 1000)
+            async with Window(cluster) as window:
+                await asyncio.sleep(WINDOW_S)
+        finally:
+            await client.close()
+    return {"subjects_and_groups": subjects, **window.result,
             "load_1m": round(load_average(), 1)}
 
 
@@ -180,7 +284,11 @@ def summarize(label: str, runs: list[dict[str, Any]], keys: list[str]) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["idle", "groups", "admin"])
+    parser.add_argument("what", choices=["idle", "groups", "admin", "grid"])
+    parser.add_argument("--sizes", default="100,1000,10000",
+                        help="grid: subjects (a group each) per run")
+    parser.add_argument("--consumer-sizes", default="100,1000",
+                        help="grid: idle consumers per run")
     parser.add_argument("--consumers", type=int, default=300)
     parser.add_argument("--groups", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=500)
@@ -188,6 +296,9 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[],
                         help="run the servers from this checkout (give twice to alternate)")
     args = parser.parse_args()
+    if args.what == "grid":
+        grid(args)
+        return
     trees: list[str | None] = [os.path.abspath(t) for t in args.tree] or [None]
     results: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
     for run in range(args.runs):
@@ -202,11 +313,27 @@ def main() -> None:
             result["tree"] = str(directory)
             results[str(directory)].append(result)
             print(json.dumps(result), flush=True)
-    keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s"],
+    keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s", "broker_rss_mb"],
             "groups": ["first_batch", "last_batch", "idle_broker_cpu_pct"],
             "admin": ["admin_groups_wall_s"]}[args.what]
     for label, runs in results.items():
         print(json.dumps(summarize(label, runs, keys)), flush=True)
+
+
+def grid(args: argparse.Namespace) -> None:
+    """The issue's table: one line per size and run, then the medians per size."""
+    keys = ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s", "broker_rss_mb",
+            "meta_rss_mb", "broker_open_files"]
+    for label, run, sizes in (
+            ("subjects", subjects_run, args.sizes),
+            ("consumers", idle_run, args.consumer_sizes)):
+        for size in (int(n) for n in sizes.split(",") if n):
+            runs = []
+            for _ in range(args.runs):
+                result = asyncio.run(run(size))
+                runs.append(result)
+                print(json.dumps(result), flush=True)
+            print(json.dumps(summarize(f"{label}={size}", runs, keys)), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ class MetaMetrics:
         self.requests = Counter("qmq_meta_http_requests", "HTTP requests answered, by route "
                                 "pattern, method and status.", ["route", "method", "status"],
                                 registry=self.registry)
+        self.request_bytes = Counter("qmq_meta_http_request_bytes", "Bytes of request bodies "
+                                     "answered, by route pattern (what brokers' heartbeats and "
+                                     "backlog reports cost on the wire).", ["route"],
+                                     registry=self.registry)
         self.errors = Counter("qmq_meta_errors", "Error answers, by their JSON error code.",
                               ["code"], registry=self.registry)
         self.brokers = Gauge("qmq_meta_brokers", "Registered brokers by kind and state (as the "
@@ -75,6 +79,8 @@ class MetaMetrics:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else UNMATCHED_ROUTE
         self.requests.labels(route, request.method, str(response.status)).inc()
+        if request.content_length:
+            self.request_bytes.labels(route).inc(request.content_length)
         if response.status >= 400:
             self.errors.labels(_error_code(response)).inc()
         return response

@@ -9,6 +9,9 @@ What it keeps, per (subject, pull-log group) (a broadcast consumer's pull-log gr
   consumer silent for ``consumer_expiry_ms`` is offline: the broker releases what it holds to
   the group's other consumers. A consumer the book has not seen since the broker started counts
   as seen at the start (it gets a full expiry from then to come back).
+- **parked polls**: a consumer with a long poll parked here is present however long the poll
+  waits (``park``/``unpark``): an idle consumer need send nothing while it waits, and its
+  polls may be long (issue 19: what an idle consumer costs is its polls per second).
 - **leaves**: consumers that closed (op ``leave``). A long poll notes ``pull_begins()`` when it
   starts; ``left_since`` then says whether its consumer left after that, so a poll that began
   before the leave ends empty instead of taking entries for a consumer that is gone. Leaves are
@@ -77,6 +80,8 @@ class ConsumerBook:
         # consumer -> (the number of its last leave, monotonic ms of it)
         self._left: dict[ConsumerKey, tuple[int, float]] = {}
         self._known_cursors: dict[Group, int] = {}
+        # consumer -> its long polls parked now (present while any is)
+        self._parked: dict[ConsumerKey, int] = {}
         self._release_rounds = 0  # releases that put entries back in some redelivery queue
 
     def restart(self, started_ms: int) -> None:
@@ -107,6 +112,23 @@ class ConsumerBook:
         """Consumers the book knows per (subject, pull-log group) (``qmq admin groups``)."""
         return {group: len(seen) for group, seen in self._last_seen.items()}
 
+    def park(self, consumer: ConsumerKey) -> None:
+        """A long poll of ``consumer`` parks: it is present until the poll ends."""
+        self._parked[consumer] = self._parked.get(consumer, 0) + 1
+
+    def unpark(self, consumer: ConsumerKey, now_ms: int) -> None:
+        """A parked long poll of ``consumer`` ended at ``now_ms``: seen then (unless it left
+        or was forgotten meanwhile: a poll's end does not bring it back)."""
+        count = self._parked.get(consumer, 0) - 1
+        if count > 0:
+            self._parked[consumer] = count
+        else:
+            self._parked.pop(consumer, None)
+        subject, key, consumer_id = consumer
+        seen = self._last_seen.get((subject, key))
+        if seen is not None and consumer_id in seen:
+            seen[consumer_id] = now_ms
+
     def forget(self, consumers: Iterable[ConsumerKey]) -> None:
         """The consumers left: they are no longer counted as present."""
         for subject, key, consumer_id in consumers:
@@ -117,6 +139,8 @@ class ConsumerBook:
     def offline_view(self, now_ms: int) -> OfflineView:
         """Who is offline at ``now_ms``, as a copy the pull-log thread may read."""
         copy = {group: dict(seen) for group, seen in self._last_seen.items()}
+        for subject, key, consumer_id in self._parked:  # waiting here: present now
+            copy.setdefault((subject, key), {})[consumer_id] = now_ms
         return OfflineView(copy, self._started_ms, now_ms - self._consumer_expiry_ms)
 
     def forget_offline(self, removed: Iterable[tuple[str, str, str, int]]) -> None:

@@ -131,6 +131,7 @@ class Pulls:
             if remaining <= 0 or committed.stopping:
                 return NOTHING_PULLED
             self.waiting_pulls += 1
+            book.park(leave_key)  # present while parked, however long it waits
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()
@@ -138,6 +139,7 @@ class Pulls:
                 return NOTHING_PULLED
             finally:
                 self.waiting_pulls -= 1
+                book.unpark(leave_key, clock())
 
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled:
         """One attempt of a pull: nothing when the group is known to be caught up, else under

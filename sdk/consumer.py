@@ -75,6 +75,15 @@ log = logging.getLogger(__name__)
 
 # Extra time a pull may take beyond its wait_ms before we call the broker silent, in ms.
 PULL_TIMEOUT_SLACK_MS = 5_000
+# Long-poll wait of one pull, in ms. An idle consumer costs the broker its polls per second
+# (issue 19): a poll parked on the broker keeps the consumer present however long it waits, and
+# an answer comes as soon as anything arrives, so a longer wait costs no latency; it only
+# bounds how soon a silently dead broker is noticed (wait + PULL_TIMEOUT_SLACK_MS). RocketMQ
+# parks pulls for 15 s.
+PULL_WAIT_MS_DEFAULT = 20_000
+# A retry subject's polls wait this many times ``wait_ms`` (at most MAX_PULL_WAIT_MS): it
+# carries only the group's retries, and a dead broker is noticed by the subject's own polls.
+RETRY_WAIT_FACTOR = 3
 # First reconnect pause after a failed pull, doubled per failure, in milliseconds.
 RECONNECT_BACKOFF_MS_INITIAL = 100
 # Longest wait for an ack, nack or heartbeat answer, in milliseconds.
@@ -334,6 +343,9 @@ class Subscription:
         # (wire subject, broker group) -> loop time its last pull was sent (the broker notes
         # the consumer as seen when a pull begins: a heartbeat soon after adds nothing).
         self.pull_sent_at: dict[tuple[str, str], float] = {}
+        # (wire subject, broker group) whose pull is out now: the broker counts the consumer
+        # as present while it is (parked or not), so no heartbeat goes for it.
+        self.pulls_out: set[tuple[str, str]] = set()
         self.route_tasks: list[asyncio.Task[None]] = []
         self.refresh_wanted = asyncio.Event()
 
@@ -388,7 +400,8 @@ class Consumer:
 
     Options (times in milliseconds): ``pull_batch`` (256) most messages asked for per pull,
     ``prefetch`` (= ``pull_batch``) most messages pulled and not yet handed to the application
-    per subscription, ``wait_ms`` (5000) long-poll wait, ``heartbeat_interval_ms`` (5000),
+    per subscription, ``wait_ms`` (20000) long-poll wait (a retry subject's: 3 times it, at
+    most 60000), ``heartbeat_interval_ms`` (5000),
     ``concurrency`` (16) default handler concurrency, ``broadcast`` (False) every consumer gets
     every message, ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
     ``ack_pending_max`` (1024) for ack batching, ``route_refresh_ms`` (30000),
@@ -425,7 +438,7 @@ class Consumer:
         start: Literal["latest", "earliest"] = "latest",
         pull_batch: int = PULL_BATCH_DEFAULT,
         prefetch: int | None = None,
-        wait_ms: int = 5000,
+        wait_ms: int = PULL_WAIT_MS_DEFAULT,
         heartbeat_interval_ms: int = 5000,
         concurrency: int = 16,
         ack_interval_ms: int = 20,
@@ -714,6 +727,8 @@ class Consumer:
         failures = 0
         # A retry subject carries only this group's retries: read it from its start.
         start = self.start if source == sub.subject else "earliest"
+        wait_ms = self.wait_ms if source == sub.subject else min(
+            MAX_PULL_WAIT_MS, RETRY_WAIT_FACTOR * self.wait_ms)
         while True:
             route = self._routes.cached(source, "consumer")
             group = route.group(broker_group) if route is not None else None
@@ -732,12 +747,13 @@ class Consumer:
             op = {
                 "op": "pull", "subject": source, "group": self.group,
                 "consumer_id": self.consumer_id, "max_count": min(self.pull_batch, room),
-                "wait_ms": self.wait_ms, "tags": sub.tags, "start": start,
+                "wait_ms": wait_ms, "tags": sub.tags, "start": start,
                 "broadcast": self.broadcast,
             }
             sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
+            sub.pulls_out.add((source, broker_group))
             try:
-                answer = await self._pool.request(address, op, self.wait_ms + PULL_TIMEOUT_SLACK_MS)
+                answer = await self._pool.request(address, op, wait_ms + PULL_TIMEOUT_SLACK_MS)
             except QmqError as exc:
                 sub.pull_sent_at.pop((source, broker_group), None)
                 if not exc.retriable:
@@ -759,6 +775,8 @@ class Consumer:
                 sub.refresh_wanted.set()
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
+            finally:
+                sub.pulls_out.discard((source, broker_group))
             failures = 0
             if answer.get("payloads"):
                 batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
@@ -834,9 +852,11 @@ class Consumer:
         now = asyncio.get_running_loop().time()
         for sub in self._subscriptions.values():
             for (source, group), address in sub.addresses.items():
-                if unpulled_for_s is not None and now - sub.pull_sent_at.get(
-                        (source, group), float("-inf")) < unpulled_for_s:
-                    continue  # its pull told the broker we are alive, more recently than this
+                if unpulled_for_s is not None and ((source, group) in sub.pulls_out
+                                                   or now - sub.pull_sent_at.get(
+                                                       (source, group), float("-inf"))
+                                                   < unpulled_for_s):
+                    continue  # its pull told the broker we are alive (or is out now)
                 pair = [source, self.group]
                 pairs = by_address.setdefault(address, [])
                 if pair not in pairs:

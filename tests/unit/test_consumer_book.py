@@ -154,3 +154,27 @@ def test_a_release_of_nothing_is_no_release_round(book: ConsumerBook) -> None:
     release_round = book.release_round()
     book.released([])
     assert book.release_round() == release_round
+
+
+def test_a_consumer_parked_in_a_long_poll_stays_present_however_long_it_waits(
+        book: ConsumerBook, clock: FakeClock) -> None:
+    consumer = ("orders", "billing", "idle")
+    book.seen(*consumer, clock())
+    book.park(consumer)
+    clock.advance(3 * EXPIRY_MS)  # a wait far past the expiry, with nothing sent meanwhile
+    assert not book.offline_view(clock()).offline(*consumer)
+    book.unpark(consumer, clock())  # the poll ends: seen then
+    clock.advance(EXPIRY_MS)
+    assert not book.offline_view(clock()).offline(*consumer)
+    clock.advance(1)
+    assert book.offline_view(clock()).offline(*consumer)
+
+
+def test_a_parked_poll_that_ends_after_its_consumer_left_does_not_bring_it_back(
+        book: ConsumerBook, clock: FakeClock) -> None:
+    consumer = ("orders", "billing", "gone")
+    book.seen(*consumer, clock())
+    book.park(consumer)
+    book.forget([consumer])
+    book.unpark(consumer, clock())
+    assert book.consumer_counts() == {GROUP: 0}
