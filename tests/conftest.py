@@ -38,17 +38,17 @@ def pg_url(pg_cluster: PgCluster) -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--twin-users", action="store_true",
-        help="run only the test files that import, through any chain of our modules, a module "
-             "that chooses a C twin (tests/twins.py); CI's pass with QMQ_NO_EXTENSIONS=1")
+        help="run only the unit-test files that import, through any chain of our modules, a "
+             "module that chooses a C twin (tests/twins.py); CI's pass with QMQ_NO_EXTENSIONS=1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--twin-users"):
         return
-    from tests.twins import uses_twins
+    from tests.twins import in_second_pass
 
-    kept = [item for item in items if uses_twins(item.path)]
-    deselected = [item for item in items if not uses_twins(item.path)]
+    kept = [item for item in items if in_second_pass(item.path)]
+    deselected = [item for item in items if not in_second_pass(item.path)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

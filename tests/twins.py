@@ -9,8 +9,8 @@ Everything is read from the source, never listed by hand, so it cannot go stale
   asks for.
 - ``uses_twins(test_file)``: whether a test file (or a conftest.py above it) imports, directly
   or through any chain of our modules (imports inside functions included), a module that
-  chooses a twin. CI's second pass, with ``QMQ_NO_EXTENSIONS=1``, runs exactly those test files
-  (``pytest --twin-users``, tests/conftest.py).
+  chooses a twin. CI's second pass, with ``QMQ_NO_EXTENSIONS=1``, runs those of them that are
+  unit tests (``pytest --twin-users``, tests/conftest.py).
 
 ``python -m tests.twins --check-built`` exits 1 naming every extension of setup.py that cannot
 be imported (.ci/run runs it after the install, so a C twin cannot be skipped silently).
@@ -112,6 +112,13 @@ def uses_twins(test_file: Path) -> bool:
     conftests = [parent / "conftest.py" for parent in test_file.parents
                  if parent.is_relative_to(ROOT) and (parent / "conftest.py").is_file()]
     return any(_reaches_a_twin(path) for path in [test_file, *conftests])
+
+
+def in_second_pass(test_file: Path) -> bool:
+    """True for the test files CI runs again with ``QMQ_NO_EXTENSIONS=1``: unit tests that use
+    twins. The unit tests drive every twin function through the storage classes directly; the
+    integration tests wrap the same calls in servers and would double the pass's time."""
+    return test_file.resolve().is_relative_to(ROOT / "tests" / "unit") and uses_twins(test_file)
 
 
 def built_twin(module: str, name: str) -> Any | None:

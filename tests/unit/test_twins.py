@@ -12,7 +12,8 @@ import pytest
 
 from logstore.twins import NO_EXTENSIONS_ENV, c_twin, extensions_disabled
 from tests import twins
-from tests.twins import ROOT, choosing_modules, extension_names, unbuilt_extensions, uses_twins
+from tests.twins import (
+    ROOT, choosing_modules, extension_names, in_second_pass, unbuilt_extensions, uses_twins)
 
 # Each module that chooses a twin: the name it keeps the chosen function under, and the
 # extension it asks for.
@@ -89,6 +90,15 @@ def test_the_second_pass_keeps_the_twin_tests_and_leaves_out_tests_that_load_no_
         assert uses_twins(tests / kept), kept
     for left_out in ("spark/test_load.py", "integration/test_metaserver.py"):
         assert not uses_twins(tests / left_out), left_out
+
+
+def test_the_second_pass_runs_the_unit_tests_of_the_twins_and_not_the_servers_around_them():
+    tests = ROOT / "tests"
+    for kept in ("unit/test_logstore_codecs.py", "unit/test_send_check.py",
+                 "unit/test_due_records.py", "unit/test_realtime_storage_codecs.py"):
+        assert in_second_pass(tests / kept), kept
+    for left_out in ("integration/test_realtime_server.py", "integration/test_delay_server.py"):
+        assert not in_second_pass(tests / left_out), left_out
 
 
 def test_the_import_graph_follows_imports_made_inside_functions(tmp_path):
