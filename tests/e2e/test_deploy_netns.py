@@ -3,7 +3,8 @@ bridge in a fourth namespace; the test creates and removes all of them, and noth
 machine's own network is touched). Each host runs the servers of its config file in the guide,
 with the guide's addresses 10.0.0.x moved to 10.213.0.x and its data directories to a
 temporary one; the MetaServer's database is the session's PostgreSQL, reached on its socket.
-Traffic goes through it from the meta host, and nothing is lost."""
+Auth is on as the guide's env files set it. The guide's "Checking it" block runs as written from
+the meta host; then more traffic goes through it, and nothing is lost."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ META_URL = f"http://{SUBNET}.1:8090"
 HOSTS = ("meta", "broker-a", "broker-b")  # in the guide's order: 10.0.0.1, .2, .3
 HOST_FILES = (REPO_ROOT / "docs" / "DEPLOY.md").read_text().split("```toml\n")[1:]
 TAG = f"q{os.getpid() % 100000}"  # namespace names of this run
+# The guide's /etc/qmq/env files: the MetaServer's QMQ_ADMIN_TOKEN turns auth on, and every
+# server and `qmq admin` passes it as QMQ_TOKEN.
+ADMIN_TOKEN = "deploy-test-admin-token-0123456789abcdef"
+CHECKING = (REPO_ROOT / "docs" / "DEPLOY.md").read_text().split("## Checking it", 1)[1]
+CHECK_BLOCK = CHECKING.split("```sh\n", 1)[1].split("```", 1)[0]
 
 pytestmark = pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0,
                                 reason="needs iproute2 and root for network namespaces")
@@ -79,7 +85,8 @@ def host_file(index: int, tmp_path: Path, db_url: str) -> Path:
 def in_host(index: int, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     """``qmq ARGS`` run on host ``index``."""
     return subprocess.run(["ip", "netns", "exec", ns(index), sys.executable, "-m", "qmq", *args],
-                          capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
+                          capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT,
+                          env={**os.environ, "QMQ_TOKEN": ADMIN_TOKEN})
 
 
 @pytest.mark.timeout(300)
@@ -93,9 +100,10 @@ def test_the_three_hosts_of_the_deployment_guide_carry_traffic_and_lose_nothing(
     try:
         for index, kinds in enumerate((("metaserver",), ("realtime", "delay"), ("realtime",))):
             config = host_file(index, tmp_path, socket_url)
+            env = {**os.environ, ("QMQ_ADMIN_TOKEN" if index == 0 else "QMQ_TOKEN"): ADMIN_TOKEN}
             for kind in kinds:
                 servers.append(start_server(f"{kind}@{HOSTS[index]}", [kind, "--config",
-                                                                     str(config)],
+                                                                     str(config)], env=env,
                                             wrapper=("ip", "netns", "exec", namespaces[index])))
 
         def brokers() -> dict[str, str]:
@@ -107,18 +115,31 @@ def test_the_three_hosts_of_the_deployment_guide_carry_traffic_and_lose_nothing(
                                          "rt2": f"{SUBNET}.3:20881 rw",
                                          "dl1": f"{SUBNET}.2:20801 rw"}, 60,
                    "rt1, rt2 and dl1 to register their advertised addresses")
-        sent = in_host(0, "send", "order.created", "x", "--count", "40", "--json",
+        # The guide's "Checking it" block as written, from the meta host, with its addresses
+        # moved and `QMQ_TOKEN=...` the admin token.
+        script = (CHECK_BLOCK.replace("10.0.0.", f"{SUBNET}.")
+                  .replace("QMQ_TOKEN=...", f"QMQ_TOKEN={ADMIN_TOKEN}"))
+        checked = subprocess.run(
+            ["ip", "netns", "exec", namespaces[0], "sh", "-e", "-c", script], capture_output=True,
+            text=True, timeout=180, cwd=tmp_path,
+            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "token: " in checked.stdout  # the shop token was created
+        assert len([line for line in checked.stdout.splitlines()
+                    if '"subject": "order.created"' in line]) == 10, checked.stdout
+
+        sent = in_host(0, "send", "order.paid", "x", "--count", "40", "--json",
                        "--meta", META_URL)
         assert sent.returncode == 0, sent.stderr
         receipts = [json.loads(line) for line in sent.stdout.splitlines()]
         assert {r["group"] for r in receipts} == {"rt1", "rt2"}  # both realtime hosts
-        delayed = in_host(0, "send", "order.created", "later", "--count", "5", "--delay-ms",
+        delayed = in_host(0, "send", "order.paid", "later", "--count", "5", "--delay-ms",
                           "2000", "--json", "--meta", META_URL)
         assert delayed.returncode == 0, delayed.stderr
         receipts += [json.loads(line) for line in delayed.stdout.splitlines()]
         assert {r["group"] for r in receipts[40:]} == {"dl1"}
 
-        consumed = in_host(0, "consume", "order.created", "--group", "billing", "--start",
+        consumed = in_host(0, "consume", "order.paid", "--group", "billing", "--start",
                            "earliest", "--count", "45", "--idle-timeout-s", "30",
                            "--meta", META_URL)
         assert consumed.returncode == 0, consumed.stderr
