@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "postgresql://USER@HOST/DB or sqlite:///FILE (async drivers are used)")
     relay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url, help=META_HELP)
     relay.add_argument("--batch", type=int, default=2000, help="rows per pass")
+    relay.add_argument("--json", action="store_true",
+                       help="print each status line as a JSON object")
     _add_token(relay, "the app's token")
     return parser
 
@@ -471,7 +473,7 @@ async def _run_client(args: argparse.Namespace) -> int:
         from qmq.outbox_relay import run_relay_command
 
         return await run_relay_command(args.db, args.meta, token=args.token, tls=args.tls_ca,
-                                       batch_max=args.batch)
+                                       batch_max=args.batch, as_json=args.json)
     if args.command == "schedule":
         from qmq.schedule_cli import run_schedule
 

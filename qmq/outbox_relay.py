@@ -331,9 +331,15 @@ class Relay:
                 table.c.state == SENT, table.c.deliver_at_ms < now_ms - KEEP_AFTER_DUE_MS))
 
 
+def _say(as_json: bool, text: str, **fields: Any) -> None:
+    """One status line of the relay: ``text``, or ``fields`` as one JSON object."""
+    print(json.dumps(fields) if as_json else text, flush=True)
+
+
 async def run_relay_command(db_url: str, meta_url: str, *, token: str | None, tls: Any,
-                            batch_max: int) -> int:
-    """``qmq outbox relay``: relay until SIGTERM/SIGINT, saying when it holds the lock."""
+                            batch_max: int, as_json: bool = False) -> int:
+    """``qmq outbox relay``: relay until SIGTERM/SIGINT, saying when it holds the lock (each
+    status line a JSON object with ``--json``)."""
     import signal
 
     stop = asyncio.Event()
@@ -341,17 +347,19 @@ async def run_relay_command(db_url: str, meta_url: str, *, token: str | None, tl
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     relay = Relay(db_url, meta_url, token=token, tls=tls, batch_max=batch_max)
-    print(f"outbox relay of {relay.table} starting (db {relay.engine.url!r})", flush=True)
+    _say(as_json, f"outbox relay of {relay.table} starting (db {relay.engine.url!r})",
+         event="starting", table=relay.table, db=repr(relay.engine.url))
     try:
         await relay.wait_lock(stop)
-        print(f"outbox relay holds the lock of {relay.table}; relaying to {meta_url}",
-              flush=True)
+        _say(as_json, f"outbox relay holds the lock of {relay.table}; relaying to {meta_url}",
+             event="relaying", table=relay.table, meta=meta_url)
         await relay.run(stop)
     except asyncio.CancelledError:
         pass
     finally:
         await relay.close()
-    print(f"outbox relay stopped: {relay.sent} message(s) sent", flush=True)
+    _say(as_json, f"outbox relay stopped: {relay.sent} message(s) sent", event="stopped",
+         table=relay.table, sent=relay.sent)
     return 0
 
 

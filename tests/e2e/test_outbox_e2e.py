@@ -11,6 +11,7 @@ database on PostgreSQL, the service a ``qmq up``:
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -97,17 +98,24 @@ async def test_two_relays_started_at_once_send_no_duplicates(up: UpProcess, db_u
     written = run_app(db_url, up.meta_url, "write", "2000", "--subject", subject)
     assert "committed 2000" in written.stdout, written.stdout + written.stderr
     args = ["outbox", "relay", "--db", db_url, "--meta", up.meta_url, "--batch", "100"]
-    ready = re.compile(r"(outbox relay of)")
-    with ThreadPoolExecutor(2) as pool:
-        relays = list(pool.map(lambda _: start_server("relay", args, ready=ready), range(2)))
+    ready = re.compile(r'(outbox relay of|"event": "starting")')
+    with ThreadPoolExecutor(2) as pool:  # the second says each status as JSON (--json)
+        relays = list(pool.map(lambda json_: start_server(
+            "relay", args + ["--json"] * json_, ready=ready), (False, True)))
     try:
         counts = await received(up.meta_url, subject, "g", 2000)
         assert len(counts) == 2000 and set(counts.values()) == {1}
-        holders = [r for r in relays if "holds the lock" in r.text()]
+        holders = [r for r in relays
+                   if "holds the lock" in r.text() or '"event": "relaying"' in r.text()]
         assert len(holders) == 1, [r.text() for r in relays]
     finally:
         for relay in relays:
             relay.terminate()
+    plain, as_json = (relay.text() for relay in relays)
+    sent = [int(m.group(1)) for m in re.finditer(r"stopped: (\d+) message", plain)]
+    sent += [json.loads(line)["sent"] for line in as_json.splitlines()
+             if line.startswith("{") and '"stopped"' in line]
+    assert sorted(sent) == [0, 2000], (plain, as_json)  # the lock holder sent them all
 
 
 async def test_a_consumer_killed_mid_handler_leaves_its_writes_exactly_once(
