@@ -99,15 +99,17 @@ def _changed(request: web.Request, answer: dict[str, Any]) -> web.Response:
 
 
 async def create(request: web.Request) -> web.Response:
-    """``POST /api/schedules``: a new schedule (201)."""
+    """``POST /api/schedules``: a new schedule (201), or the same one already there (200: a
+    create tried again after its answer was lost)."""
     body = v.parse_object(v.load_json_object(await request.read()), CREATE)
     _check_subject(request, body["subject"])
     schedules = _schedules(request)
     new = check_new(body, schedules.registry.clock())
     grant = _grant(request)
-    answer = await schedules.create(new, grant.app if grant is not None else NO_AUTH_APP)
-    request.app[RUNNER_KEY].poke()
-    return web.json_response(answer, status=201)
+    answer, made = await schedules.create(new, grant.app if grant is not None else NO_AUTH_APP)
+    if made:
+        request.app[RUNNER_KEY].poke()
+    return web.json_response(answer, status=201 if made else 200)
 
 
 async def list_all(request: web.Request) -> web.Response:

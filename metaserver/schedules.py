@@ -81,6 +81,21 @@ class NewSchedule:
     properties: dict[str, str]
     spec: TriggerSpec
     misfire: str
+    start_given: bool = True  # False: start_ms is the default the MetaServer chose at create
+
+    def same_as(self, row: Schedule, app: str) -> bool:
+        """Whether ``row`` is this schedule as far as the request said: a create tried again
+        after its answer was lost (another MetaServer, a client retry) finds it so. A start
+        the request left out was chosen from the clock and is not compared."""
+        spec = self.spec
+        return (row.app == app and row.subject == self.subject and row.body == self.body
+                and list(row.tags) == list(self.tags)
+                and dict(row.properties) == dict(self.properties)
+                and row.kind == spec.kind and row.cron == spec.cron
+                and row.every_ms == spec.every_ms and row.at_ms == spec.at_ms
+                and row.tz == spec.tz and row.end_ms == spec.end_ms
+                and row.misfire == self.misfire
+                and (not self.start_given or row.start_ms == spec.start_ms))
 
 
 def decode_body(text: str, encoding: str) -> bytes:
@@ -121,6 +136,7 @@ def check_new(body: dict[str, Any], now_ms: int) -> NewSchedule:
                                         f"(now is {now_ms} ms)")
     except ScheduleSpecError as exc:
         raise BadRequest(str(exc)) from None
+    start_given = start_ms is not None
     if start_ms is None:
         # An interval starts one interval after its creation, as APScheduler's does; the others
         # may fire from now on.
@@ -130,7 +146,7 @@ def check_new(body: dict[str, Any], now_ms: int) -> NewSchedule:
     spec = TriggerSpec(kind=kind, tz=tz, start_ms=start_ms, end_ms=end_ms, cron=cron,
                        every_ms=every_ms, at_ms=at_ms)
     new = NewSchedule(body["name"], body["subject"], message_body, body["tags"],
-                      body["properties"], spec, body["misfire"])
+                      body["properties"], spec, body["misfire"], start_given)
     _check_message(new, now_ms)
     return new
 
@@ -166,15 +182,19 @@ class Schedules:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
 
-    async def create(self, new: NewSchedule, app: str) -> dict[str, Any]:
-        """Store a new schedule; Conflict when the name is taken."""
+    async def create(self, new: NewSchedule, app: str) -> tuple[dict[str, Any], bool]:
+        """Store a new schedule; returns it and whether it is new. A schedule of that name
+        that is the same as far as the request said is returned as it is (a create tried again
+        after a lost answer); a different one is a Conflict."""
         now_ms = self.registry.clock()
 
-        async def body(s: AsyncSession) -> dict[str, Any]:
-            taken = await s.execute(select(Schedule.id).where(Schedule.name == new.name))
-            if taken.first() is not None:
-                raise Conflict(f"schedule {new.name!r} exists; delete it first or pick "
-                               "another name")
+        async def body(s: AsyncSession) -> tuple[dict[str, Any], bool]:
+            taken = (await s.execute(select(Schedule).where(Schedule.name == new.name))).scalar()
+            if taken is not None:
+                if new.same_as(taken, app):
+                    return view(taken, now_ms), False
+                raise Conflict(f"schedule {new.name!r} exists with another definition; delete "
+                               "it first or pick another name")
             spec = new.spec
             row = Schedule(
                 name=new.name, app=app, subject=new.subject, body=new.body, tags=new.tags,
@@ -185,7 +205,7 @@ class Schedules:
                 action_ms=now_ms)
             s.add(row)
             await s.flush()
-            return view(row, now_ms)
+            return view(row, now_ms), True
 
         return await self.registry._write(body)
 

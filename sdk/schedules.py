@@ -16,7 +16,7 @@ NotFound, Conflict, ...), raised from the MetaServer's answer.
 
 ``meta_url`` may name several MetaServers, as the Producer's does; a call that cannot reach one
 goes to the next. A ``create`` whose answer was lost that way may have been made: tried again on
-the next MetaServer, it answers Conflict (the name is taken), and ``get`` shows it.
+the next MetaServer, it finds the same definition there and returns that schedule.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class Schedules:
         Exactly one of ``cron`` (5 fields, day-of-week by name: ``0 9 * * MON-FRI``),
         ``every`` (a timedelta or ms) or ``at`` (one occurrence). ``misfire`` (skip | once |
         all) decides what is sent for occurrences missed while no MetaServer ran. Returns the
-        schedule as the MetaServer shows it; Conflict when the name is taken."""
+        schedule as the MetaServer shows it (the existing one when that name already has this
+        definition); Conflict when the name has another."""
         raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         try:
             text, encoding = raw.decode("utf-8"), "utf-8"
