@@ -118,4 +118,5 @@ def test_ci_runs_the_readme_command_first_then_the_build_check_then_the_python_t
                                                   "cd"))]
     assert commands[0] in readme
     assert commands[1:] == [".venv/bin/python -m tests.twins --check-built || exit 1",
-                            f"{NO_EXTENSIONS_ENV}=1 .venv/bin/python -m pytest -q -n 2 --twin-users"]
+                            f"{NO_EXTENSIONS_ENV}=1 .venv/bin/python -m pytest -q -n 2 "
+                            "--dist loadfile --twin-users"]
