@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.models import BacklogHead, BacklogRow, Broker
@@ -137,6 +137,25 @@ async def backlog_views(s: AsyncSession) -> dict[str, dict[str, Any]]:
     return views
 
 
+async def backlog_summaries(s: AsyncSession) -> dict[str, dict[str, Any]]:
+    """Per server id, what ``backlog_views`` gives without the rows: a realtime broker's
+    ``backlog`` is ``[]`` and ``backlog_total`` holds its sum of ``lag`` and its number of
+    (subject, group) rows, from one aggregate query. For pages and scrapes that need only
+    totals: 100 brokers of 1,000 groups are 100,000 rows not read."""
+    views: dict[str, dict[str, Any]] = {}
+    for head in (await s.execute(select(BacklogHead))).scalars():
+        views[head.server_id] = {"backlog": head.backlog if head.backlog is not None else [],
+                                 "stats": head.stats, "backlog_version": head.version}
+    rows = BacklogRow.__table__
+    totals = await s.execute(select(rows.c.server_id, func.coalesce(func.sum(rows.c.lag), 0),
+                                    func.count()).group_by(rows.c.server_id))
+    for server_id, lag, pairs in totals.all():
+        view = views.get(server_id)
+        if view is not None and isinstance(view["backlog"], list):
+            view["backlog_total"] = {"lag": int(lag), "pairs": int(pairs)}
+    return views
+
+
 async def master_backlog_rows(s: AsyncSession) -> list[Any]:
     """The backlog rows of every online realtime master (columns: subject, group_name and the
     counts); a slave's rows are its copy's, which would count twice."""
@@ -148,5 +167,6 @@ async def master_backlog_rows(s: AsyncSession) -> list[Any]:
                brokers.c.role == "master"))).all())
 
 
-__all__ = ["BacklogPlan", "KEYS_PER_STATEMENT_MAX", "ROW_COUNTS", "backlog_views",
+__all__ = ["BacklogPlan", "KEYS_PER_STATEMENT_MAX", "ROW_COUNTS", "backlog_summaries",
+           "backlog_views",
            "master_backlog_rows", "plan_backlog", "store_backlog"]

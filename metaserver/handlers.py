@@ -200,7 +200,8 @@ async def realtime_brokers(registry: Registry, token: str | None, group: str | N
                            ) -> list[dead.BrokerRef]:
     """The online realtime brokers (of ``group``), to be called with ``token``: the admin's
     own, an admin token whenever auth is on."""
-    return dead.realtime_brokers(await registry.list_brokers(), group, token=token,
+    return dead.realtime_brokers(await registry.list_brokers(backlog_rows=False), group,
+                                 token=token,
                                  ssl_context=client_context(registry.config.tls_ca))
 
 
@@ -257,7 +258,7 @@ async def admin_dead_purge(request: web.Request) -> web.Response:
 async def admin_delay(request: web.Request) -> web.Response:
     """``GET /api/admin/delay``: the latest stats of every online delay broker."""
     _query(request, {})
-    brokers = await _registry(request).list_brokers()
+    brokers = await _registry(request).list_brokers(backlog_rows=False)
     return web.json_response({"delay": dead.delay_stats(brokers)})
 
 

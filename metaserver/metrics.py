@@ -88,7 +88,7 @@ class MetaMetrics:
     async def refresh(self) -> None:
         """Scrape time: brokers by kind and state, subjects and consumer groups, from the DB."""
         counts = {(kind, state): 0 for kind in BROKER_KINDS for state in BROKER_STATES}
-        for broker in await self._meta.list_brokers():
+        for broker in await self._meta.list_brokers(backlog_rows=False):
             key = (broker["kind"], broker["state"])
             counts[key] = counts.get(key, 0) + 1
         subjects = len(await self._meta.list_subjects())

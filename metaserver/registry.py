@@ -19,7 +19,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from metaserver.backlog import backlog_views, master_backlog_rows, store_backlog
+from metaserver.backlog import (
+    backlog_summaries, backlog_views, master_backlog_rows, store_backlog)
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
@@ -565,15 +566,17 @@ class Registry:
 
     # -- admin views ----------------------------------------------------------------------------
 
-    async def list_brokers(self) -> list[dict[str, Any]]:
-        """Return every broker with its state and the age of its last heartbeat."""
+    async def list_brokers(self, *, backlog_rows: bool = True) -> list[dict[str, Any]]:
+        """Return every broker with its state and the age of its last heartbeat. Without
+        ``backlog_rows`` a realtime broker's ``stats`` carries ``backlog_total`` (sum of lag,
+        number of rows) instead of its rows (``backlog_summaries``)."""
         now = self.clock()
         async with self._read() as s:
             groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
             brokers = (
                 await s.execute(select(Broker).order_by(Broker.group_name, Broker.address))
             ).scalars().all()
-            backlogs = await backlog_views(s)
+            backlogs = await (backlog_views(s) if backlog_rows else backlog_summaries(s))
             return [
                 {
                     "broker_id": b.id,

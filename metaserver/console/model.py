@@ -66,10 +66,16 @@ def _delay_stats(broker: dict[str, Any]) -> dict[str, Any]:
     return stats if isinstance(stats, dict) else {}
 
 
-def _backlog_rows(broker: dict[str, Any]) -> list[dict[str, Any]]:
+def _backlog_total(broker: dict[str, Any]) -> tuple[int, int]:
+    """(messages not acked, (subject, group) rows) of a realtime broker: the registry's
+    ``backlog_total`` when it listed no rows, else summed from the rows."""
     raw = broker.get("stats") or {}
+    total = raw.get("backlog_total")
+    if isinstance(total, dict):
+        return int(total.get("lag", 0)), int(total.get("pairs", 0))
     backlog = raw.get("backlog")
-    return backlog if isinstance(backlog, list) else []
+    rows = backlog if isinstance(backlog, list) else []
+    return sum(entry.get("lag", 0) for entry in rows), len(rows)
 
 
 @dataclass
@@ -111,8 +117,8 @@ def overview(brokers: list[dict[str, Any]]) -> Overview:
                 out.pending += row["pending"]
             out.delay.append(row)
         else:
-            backlog = sum(entry.get("lag", 0) for entry in _backlog_rows(b))
-            row.update(backlog=backlog, pairs=len(_backlog_rows(b)))
+            backlog, pairs = _backlog_total(b)
+            row.update(backlog=backlog, pairs=pairs)
             if _counted(b):
                 out.backlog += backlog
             out.realtime.append(row)

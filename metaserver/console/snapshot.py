@@ -44,7 +44,8 @@ class Snapshot:
 async def take(registry: Registry) -> Snapshot:
     """Read the registry's lists once and fold them for the pages."""
     brokers, listed, raw_groups = await asyncio.gather(
-        registry.list_brokers(), registry.list_subjects(), registry.list_consumer_groups())
+        registry.list_brokers(backlog_rows=False), registry.list_subjects(),
+        registry.list_consumer_groups())
     groups = model.group_rows(raw_groups)
     user = [s for s in listed if not s["subject"].startswith("%")]
     return Snapshot(taken_ms=registry.clock(), overview=model.overview(brokers),

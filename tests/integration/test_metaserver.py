@@ -16,6 +16,7 @@ import pytest
 
 from metaserver import MetaConfig, RunningMetaServer, sqlite_url, start_metaserver
 from metaserver.db import current_revision, head_revision, make_engine
+from metaserver.handlers import REGISTRY_KEY
 from tests.pg import PgCluster, create_database
 
 EXPIRY_MS = 15_000
@@ -436,6 +437,12 @@ async def test_admin_groups_report_lag_summed_over_brokers_from_the_latest_backl
     groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
     by_key = {(g["group"], g["subject"]): g for g in groups}
     assert set(by_key) == {("billing", "order.created"), ("audit", "order.created")}
+    # The console's and the scrape's listing reads each broker's totals, not its rows.
+    registry = api.server.app[REGISTRY_KEY]
+    totals = {b["group"]: b["stats"]["backlog_total"]
+              for b in await registry.list_brokers(backlog_rows=False)}
+    assert totals == {"rt1": {"lag": 7, "pairs": 1}, "rt2": {"lag": 6, "pairs": 2}}
+    assert all(b["stats"]["backlog"] == [] for b in await registry.list_brokers(backlog_rows=False))
     billing = by_key[("billing", "order.created")]
     assert (billing["online_clients"], billing["lag"], billing["brokers"]) == (2, 12, 2)
     assert by_key[("audit", "order.created")]["lag"] == 1
