@@ -509,24 +509,47 @@ class Producer:
         or is being delivered), "already_cancelled", "already_past" (too late: the delay group
         has finished with that due time, so the message was delivered, or cancelled earlier),
         or "unknown" (that delay group does not know it). BadRequest for the receipt of a
-        message that was not delayed.
+        message that was not delayed. A retriable failure (``not_master`` while the delay group
+        fails over, a lost connection, no answer) is tried again with the route asked afresh,
+        up to ``retries_max`` times; a cancel whose answer was lost then says
+        "already_cancelled".
         """
         if receipt.deliver_at_ms is None:
             raise BadRequest(f"message {receipt.message_id} was not delayed; only delayed "
                              "messages can be cancelled")
-        route = await self._delay_routes.get(receipt.subject, "producer")
+        op = {"op": "cancel", "ids": [receipt.message_id],
+              "deliver_at_ms": [receipt.deliver_at_ms]}
+        attempt = 0
+        while True:
+            try:
+                return await self._cancel_at_group(receipt, op, refresh=attempt > 0)
+            except QmqError as exc:
+                # A failover of the delay group (not_master), a lost connection or no answer:
+                # the route is asked again and the cancel resent, as a send is. A cancel whose
+                # answer was lost then answers already_cancelled.
+                if not exc.retriable or attempt >= self.retries_max:
+                    raise
+                log.warning("cancel of %s at %s failed (%s: %s); asking the route again, "
+                            "attempt %d of %d", receipt.message_id, receipt.broker_group,
+                            exc.code, exc.message, attempt + 2, self.retries_max + 1)
+            attempt += 1
+            if self.retry_backoff_ms:
+                backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
+                await asyncio.sleep(backoff_ms / 1000)
+
+    async def _cancel_at_group(self, receipt: Receipt, op: dict[str, Any], *,
+                               refresh: bool) -> str:
+        """One try of ``cancel``: the delay group's address from the route, then the op."""
+        routes = self._delay_routes
+        route = await (routes.refresh if refresh else routes.get)(receipt.subject, "producer")
         group = route.group(receipt.broker_group)
-        if group is None or not group.addresses:
-            route = await self._delay_routes.refresh(receipt.subject, "producer")
+        if (group is None or not group.addresses) and not refresh:
+            route = await routes.refresh(receipt.subject, "producer")
             group = route.group(receipt.broker_group)
         if group is None or not group.addresses:
             raise NoRoute(f"delay group {receipt.broker_group} holding message "
                           f"{receipt.message_id} is not reachable now; try again")
-        answer = await self._pool.request(
-            group.addresses[0],
-            {"op": "cancel", "ids": [receipt.message_id], "deliver_at_ms": [receipt.deliver_at_ms]},
-            self.send_timeout_ms,
-        )
+        answer = await self._pool.request(group.addresses[0], op, self.send_timeout_ms)
         return str(answer["results"][0]["status"])
 
     async def flush(self) -> None:

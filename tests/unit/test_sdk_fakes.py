@@ -39,6 +39,7 @@ class FakeBroker:
         self.address = ""
         self.requests: list[dict[str, Any]] = []  # every request map, in arrival order
         self.stored: dict[str, Message] = {}
+        self.cancelled: set[str] = set()  # ids a cancel op named (as a delay group)
         self.ack_ranges: list[list[list[int]]] = []  # the ranges of each ack op
         self.heartbeats: list[dict[str, Any]] = []
         self.leaves: list[dict[str, Any]] = []
@@ -72,7 +73,7 @@ class FakeBroker:
 
     def fail_next(self, op: str, how: str, arg: Any = None) -> None:
         """Script the next ``op`` request: "drop" (abort the connection without answering),
-        "store_then_drop" (a send is stored, then the connection is aborted), "error" (answer
+        "store_then_drop" (a send is stored or a cancel done, then the connection is aborted), "error" (answer
         error ``arg`` = (code, message)), "result_error" (each send result is error ``arg``)."""
         self._faults.setdefault(op, []).append((how, arg))
 
@@ -182,6 +183,17 @@ class FakeBroker:
             return {"rid": rid, "released": 0}
         if req.op == "nack":
             raise error_from_wire("not_supported", "nack needs the delay server")
+        if req.op == "cancel":  # as a delay group: a stored id is cancelled once
+            results = []
+            for message_id in frame["ids"]:
+                status = "already_cancelled" if message_id in self.cancelled else (
+                    "cancelled" if message_id in self.stored else "unknown")
+                self.cancelled.add(message_id)
+                results.append({"id": message_id, "status": status})
+            if how == "store_then_drop":  # cancelled, and the answer is lost
+                writer.transport.abort()
+                return None
+            return {"rid": rid, "results": results}
         raise error_from_wire("bad_request", f"fake broker does not do {req.op}")
 
     async def _pull(self, req: Any) -> dict[str, Any]:

@@ -244,6 +244,31 @@ async def test_only_a_delayed_message_can_be_cancelled(meta, broker_a):
     assert [r["op"] for r in broker_a.requests] == ["hello", "send"]
 
 
+async def test_a_cancel_refused_as_not_master_during_a_failover_asks_the_route_again_and_lands(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        receipt = await p.send("orders", b"cancel order 42", delay=timedelta(minutes=30))
+        routes_before = len(meta.route_requests)
+        broker_a.fail_next("cancel", "error", ("not_master", "its lease ran out (epoch 1)"))
+        assert await p.cancel(receipt) == "cancelled"
+        assert len(meta.route_requests) > routes_before  # the route was asked again
+        # Its answer lost, a cancel sent again is told the truth: it was cancelled before.
+        broker_a.fail_next("cancel", "store_then_drop")
+        assert await p.cancel(receipt) == "already_cancelled"
+    assert [r["op"] for r in broker_a.requests].count("cancel") == 4
+
+
+async def test_a_cancel_refused_for_good_is_not_tried_again(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        receipt = await p.send("orders", b"x", delay=timedelta(minutes=30))
+        broker_a.fail_next("cancel", "error", ("forbidden", "app shop may not cancel orders"))
+        with pytest.raises(Forbidden, match="may not cancel"):
+            await p.cancel(receipt)
+    assert [r["op"] for r in broker_a.requests].count("cancel") == 1
+
+
 async def test_close_flushes_pending_batches(meta, broker_a):
     meta.set_route("orders", [broker_a])
     p = producer(meta, linger_ms=3_600_000)
