@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests import netns
-from tests.harness import _LISTEN, _UP_READY, REPO_ROOT, wait_until
+from tests.docblocks import fenced_blocks
+from tests.harness import _LISTEN, _UP_READY, wait_until
 
-_FENCE = re.compile(r"^(?P<before>[^\n]*)\n```sh\n(?P<code>.*?)^```$", re.M | re.S)
 _NOT_RUN = re.compile(r"<!-- not run: .+ -->$")
 BLOCK_TIMEOUT_S = 120
 VENV_BIN = Path(sys.executable).parent
@@ -45,15 +45,8 @@ class ShellBlock:
 
 def shell_blocks() -> list[ShellBlock]:
     """The ``sh`` blocks of README.md and docs/*.md, in file order."""
-    found = []
-    for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
-        text = path.read_text(encoding="utf-8")
-        for match in _FENCE.finditer(text):
-            line = text[:match.start("code")].count("\n")
-            previous = match.group("before").rsplit("\n", 1)[-1]
-            found.append(ShellBlock(f"{path.relative_to(REPO_ROOT)}:{line}", match.group("code"),
-                                    bool(_NOT_RUN.search(previous))))
-    return found
+    return [ShellBlock(b.where, b.code, bool(_NOT_RUN.search(b.line_above)))
+            for b in fenced_blocks("sh")]
 
 
 def block(first_line_start: str) -> ShellBlock:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.docblocks import fenced_blocks
 from tests.harness import REPO_ROOT, UpProcess
 
 DOCUMENTED_META_URL = "http://127.0.0.1:8090"
 SNIPPET_TIMEOUT_S = 120
-_FENCE = re.compile(r"^(?P<before>[^\n]*)\n```python\n(?P<code>.*?)^```$", re.M | re.S)
 _FRAGMENT = re.compile(r"<!-- fragment: .+ -->$")
 
 
@@ -38,15 +38,8 @@ class Snippet:
 
 def snippets() -> list[Snippet]:
     """The Python snippets of README.md and docs/*.md, in file order."""
-    found = []
-    for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
-        text = path.read_text(encoding="utf-8")
-        for match in _FENCE.finditer(text):
-            line = text[:match.start("code")].count("\n")
-            previous = match.group("before").rsplit("\n", 1)[-1]
-            found.append(Snippet(f"{Path(path).relative_to(REPO_ROOT)}:{line}", match.group("code"),
-                                 bool(_FRAGMENT.search(previous))))
-    return found
+    return [Snippet(b.where, b.code, bool(_FRAGMENT.search(b.line_above)))
+            for b in fenced_blocks("python")]
 
 
 SNIPPETS = snippets()
