@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,9 +163,12 @@ def test_the_readme_blocks_run_as_written_against_qmq_up_on_its_documented_ports
 
 
 @pytest.mark.timeout(4 * BLOCK_TIMEOUT_S)
-def test_the_readme_servers_started_one_by_one_register_under_their_groups(box) -> None:
+def test_the_readme_servers_started_each_in_its_own_shell_register_under_their_groups(box) -> None:
     net, cwd = box
-    for index, line in enumerate(block(PARTS).code.splitlines()):  # each in its own shell
-        start(net, cwd, f"part {index}", line.split("#", 1)[0].strip(), _LISTEN)
+    meta, *servers = [line.split("#", 1)[0].strip() for line in block(PARTS).code.splitlines()]
+    start(net, cwd, "metaserver", meta, _LISTEN)
+    with ThreadPoolExecutor(len(servers)) as pool:  # each in its own shell, as a reader would
+        list(pool.map(lambda command: start(net, cwd, command.split()[1], command, _LISTEN),
+                      servers))
     wait_until(lambda: brokers(net, cwd) == {"rt1": "rw", "rt2": "rw", "dl1": "rw"}, 60,
                "rt1, rt2 and dl1 to register with the MetaServer on port 8090")
