@@ -186,3 +186,53 @@ async def test_a_masters_lease_is_renewed_while_a_big_backlog_report_hangs_and_i
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+# What two minutes at the defaults hold: a heartbeat every 750 ms (lease_ms 3000 // 4), a lease
+# of 3 s, a backlog report every 3 s (STATS_INTERVAL_MS).
+DEFAULT_LEASE_MS = 3_000
+DEFAULT_HEARTBEAT_MS = DEFAULT_LEASE_MS // 4
+TWO_MINUTES_MS = 120_000
+STEADY_BYTES_MAX = 10_000
+
+
+@pytest.mark.timeout(180)
+async def test_with_10000_groups_a_broker_stays_registered_through_two_minutes_of_heartbeats_under_10_kb(
+    tmp_path,
+):
+    """The issue's full size. Two minutes of real time at the default intervals would be too
+    long for CI, so the MetaServer and the registration share a fake clock, moved by the default
+    heartbeat interval (750 ms) before each heartbeat: 160 heartbeats, 40 lease periods of the
+    default 3 s lease and 40 backlog reports (one per 3 s), as two minutes at the defaults would
+    have; the expiry runs after every heartbeat. After the first ten reports (1,000 rows each)
+    every heartbeat and every report stays under 10 KB."""
+    clock = Clock()
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"), port=0,
+                        lease_ms=DEFAULT_LEASE_MS, expiry_check_interval_ms=3_600_000)
+    groups = 10_000
+    broker = Broker(groups)
+    async with start_metaserver(config, clock) as meta:
+        meta.clock = clock
+        reg = registration(meta.url, broker, clock)
+        await reg.start()
+        try:
+            heartbeats = TWO_MINUTES_MS // DEFAULT_HEARTBEAT_MS
+            per_report = DEFAULT_LEASE_MS // DEFAULT_HEARTBEAT_MS  # 3 s of heartbeats
+            for beat_number in range(heartbeats):
+                clock.now_ms += DEFAULT_HEARTBEAT_MS
+                if beat_number % per_report == 0:
+                    await reg.report_backlog_now()
+                await reg.heartbeat_now()
+                assert (await meta.expire_now())["brokers_offline"] == 0
+                assert reg.registered and reg.role.view().role == "master"
+                assert reg.role.may_write(clock())
+            assert len(broker.sent) >= heartbeats
+            assert len(await held_backlog(meta)) == groups
+            converged = groups // BACKLOG_ROWS_PER_HEARTBEAT_MAX
+            steady = broker.sent[converged:] + broker.reports[converged + 1:]
+            sizes = [len(json.dumps(body).encode()) for body in steady]
+            assert max(sizes) < STEADY_BYTES_MAX, max(sizes)
+            (state,) = await meta.registry.list_brokers()
+            assert state["state"] == "rw"
+        finally:
+            await reg.stop()
