@@ -48,7 +48,8 @@ from tests.rawclient import FakeClock, RawClient, message
 SUBJECTS = 10
 CONNECT_WAIT_S = 300.0  # longest wait for every consumer to connect to the broker
 SETTLE_S = 20.0  # after they connected: first heartbeats and routes are written; then the window
-WINDOW_S = 15.0  # longer than one SDK heartbeat interval (5 s) and one long poll (5 s)
+WINDOW_S = 15.0
+CONSUMER_EXPIRY_S = 30.0  # the broker's default consumer expiry (RealtimeConfig)  # longer than one SDK heartbeat interval (5 s) and one long poll (5 s)
 
 
 def load_average() -> float:
@@ -218,8 +219,10 @@ async def subjects_run(subjects: int) -> dict[str, Any]:
                     client.pull(f"grid.s{i}", f"g{i}", "c1", start="earliest")
                     for i in range(first, min(subjects, first + 500))))
                 assert all(len(a.get("pull_seqs", ())) == 1 for a in answers), answers[:3]
-            # The backlog reaches the MetaServer in reports of at most 1,000 rows every 3 s.
-            await asyncio.sleep(SETTLE_S + 3 * subjects / 1000)
+            # The backlog reaches the MetaServer in reports of at most 1,000 rows every 3 s, and
+            # the raw client's consumer expires after the broker's consumer expiry (30 s): its
+            # groups' rows change once then, which must fall before the window.
+            await asyncio.sleep(max(SETTLE_S, CONSUMER_EXPIRY_S + 5) + 3 * subjects / 1000)
             async with Window(cluster) as window:
                 await asyncio.sleep(WINDOW_S)
         finally:
