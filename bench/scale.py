@@ -48,8 +48,8 @@ from tests.rawclient import FakeClock, RawClient, message
 SUBJECTS = 10
 CONNECT_WAIT_S = 300.0  # longest wait for every consumer to connect to the broker
 SETTLE_S = 20.0  # after they connected: first heartbeats and routes are written; then the window
-WINDOW_S = 15.0
-CONSUMER_EXPIRY_S = 30.0  # the broker's default consumer expiry (RealtimeConfig)  # longer than one SDK heartbeat interval (5 s) and one long poll (5 s)
+WINDOW_S = 15.0  # longer than one SDK heartbeat interval (5 s)
+CONSUMER_EXPIRY_S = 30.0  # the broker's default consumer expiry (RealtimeConfig)
 
 
 def load_average() -> float:
