@@ -341,7 +341,9 @@ async def test_run_serves_handlers_until_close(meta, broker_a):
 
 async def test_heartbeats_name_the_subscriptions_to_the_broker_and_the_metaserver(meta, broker_a):
     meta.set_route("orders", [broker_a])
-    async with consumer(meta, heartbeat_interval_ms=10) as c:
+    broker_a.publish("orders", b"fills the prefetch")
+    # A full prefetch buffer: no pull is out, so the broker needs heartbeats.
+    async with consumer(meta, heartbeat_interval_ms=10, prefetch=1, pull_batch=1) as c:
         c.subscribe("orders")
         await broker_a.wait_until(lambda: broker_a.heartbeats)
         await meta.wait_until(lambda: any(h["subjects"] == ["orders"] for h in meta.heartbeats))
