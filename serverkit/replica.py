@@ -273,6 +273,11 @@ class Replica:
         view = role.view()
         self._apply_settings(view)
         source.tick()
+        refusal = role.refusal(boottime_ms())  # the clock the server checks its role on
+        if refusal is not None:
+            # Its answers would be refused after the wait anyway (the role is asked again
+            # before a write is answered); don't hold them until a cut-off slave returns.
+            source.refuse_waiters(f"this server stopped accepting writes: {refusal}")
         target = view.switchover_to
         if target is None:
             self._handover_ready = None

@@ -110,14 +110,20 @@ class ReplicaSource:
     def stop(self, why: str) -> None:
         """No longer the master: every write waiting for its slaves is refused (retriable)."""
         self.active = False
+        self.refuse_waiters(why)
+        for event in self._advanced.values():
+            event.set()
+
+    def refuse_waiters(self, why: str) -> None:
+        """Refuse (retriable) every write waiting for its slaves: its answer could not be
+        given anyway (the role refuses writes now), and a slave it waits for may never come
+        (a master cut off from its slaves and the MetaServer keeps them in the database's set)."""
         error = NotMaster(f"group {self.group}: {why}; refresh the route and resend")
         for waiters in self._waiters.values():
             for _offset, future in waiters:
                 if not future.done():
                     future.set_exception(error)
             waiters.clear()
-        for event in self._advanced.values():
-            event.set()
 
     def settings(self, mode: str, min_insync: int, confirmed: tuple[str, ...]) -> None:
         """The group's settings and the database's in-sync set, from the last answer."""

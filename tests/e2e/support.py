@@ -7,10 +7,13 @@ Consumers here poll and heartbeat well inside the short consumer expiry the test
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import qmq
@@ -18,6 +21,8 @@ import qmq
 # Consumer options for brokers run with --consumer-expiry-ms of a few seconds: a long poll and a
 # heartbeat each well under that, so a consumer waiting for messages stays online.
 FAST: dict[str, Any] = {"wait_ms": 500, "heartbeat_interval_ms": 300}
+SEND_WINDOW = 20  # sends in flight of a ``Producing``
+SENDS_MAX = 100_000  # bound on a ``Producing`` loop
 
 
 @dataclass(frozen=True)
@@ -148,3 +153,45 @@ async def start_cluster(cluster: Any, *groups: str, broker_flags: tuple[str, ...
 
     await wait_for(all_rw, 20, f"broker groups {groups} to register", in_thread=True)
     return cluster.meta_url
+
+
+def same_bytes(master_dir: Path, slave_dir: Path) -> bool:
+    """The slave's message log holds the master's bytes (every segment, as far as both go)."""
+    for path in sorted(glob.glob(str(master_dir / "messagelog" / "*.log"))):
+        twin = slave_dir / "messagelog" / os.path.basename(path)
+        if not twin.exists():
+            return False
+        with open(path, "rb") as a, open(twin, "rb") as b:
+            mine, theirs = a.read(), b.read()
+        if theirs != mine[:len(theirs)] or len(theirs) < len(mine):
+            return False
+    return True
+
+
+class Producing:
+    """One producer sending ``SEND_WINDOW`` at a time (ids ``p-000000`` on, body = the id)
+    until ``stop`` is set; records every receipt's id and every failure."""
+
+    def __init__(self, producer: qmq.Producer, subject: str, stop: asyncio.Event) -> None:
+        self.acknowledged: set[str] = set()
+        self.statuses: Counter[str] = Counter()
+        self.failures: list[qmq.QmqError] = []
+        self.task = asyncio.create_task(self._run(producer, subject, stop))
+
+    async def _run(self, producer: qmq.Producer, subject: str, stop: asyncio.Event) -> None:
+        for first in range(0, SENDS_MAX, SEND_WINDOW):
+            if stop.is_set():
+                return
+            ids = [f"p-{n:06d}" for n in range(first, first + SEND_WINDOW)]
+            results = await asyncio.gather(
+                *(producer.send(subject, i.encode(), message_id=i) for i in ids),
+                return_exceptions=True)
+            for message_id, result in zip(ids, results):
+                if isinstance(result, qmq.Receipt):
+                    self.acknowledged.add(message_id)
+                    self.statuses[result.status] += 1
+                elif isinstance(result, qmq.QmqError):
+                    self.failures.append(result)
+                    await asyncio.sleep(0.01)
+                else:
+                    raise result

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import qmq
-from tests.e2e.support import Ledger, RunningConsumer, close_all
+from tests.e2e.support import Ledger, Producing, RunningConsumer, close_all, same_bytes
 from tests.harness import (
     Cluster, ServerProcess, admin, epoch_ms, start_realtime, start_server, wait_for,
 )
@@ -24,8 +24,6 @@ from wire.message import Message
 
 LEASE_FLAGS = ("--lease-ms", "2000")
 BROKER_FLAGS = ("--flush", "sync", "--ack-timeout-ms", "3000", "--consumer-expiry-ms", "3000")
-SEND_WINDOW = 20  # sends in flight
-SENDS_MAX = 100_000  # bound on the producing loop
 
 
 def start_meta(cluster: Cluster) -> ServerProcess:
@@ -47,32 +45,6 @@ def group_row(url: str) -> dict[str, Any]:
 
 def in_sync(url: str) -> bool:
     return bool(group_row(url)["insync"])
-
-
-class Producing:
-    """One producer sending ``SEND_WINDOW`` at a time until ``stop`` is set."""
-
-    def __init__(self, producer: qmq.Producer, subject: str, stop: asyncio.Event) -> None:
-        self.acknowledged: set[str] = set()
-        self.failures: list[qmq.QmqError] = []
-        self.task = asyncio.create_task(self._run(producer, subject, stop))
-
-    async def _run(self, producer: qmq.Producer, subject: str, stop: asyncio.Event) -> None:
-        for first in range(0, SENDS_MAX, SEND_WINDOW):
-            if stop.is_set():
-                return
-            ids = [f"p-{n:06d}" for n in range(first, first + SEND_WINDOW)]
-            results = await asyncio.gather(
-                *(producer.send(subject, i.encode(), message_id=i) for i in ids),
-                return_exceptions=True)
-            for message_id, result in zip(ids, results):
-                if isinstance(result, qmq.Receipt):
-                    self.acknowledged.add(message_id)
-                elif isinstance(result, qmq.QmqError):
-                    self.failures.append(result)
-                    await asyncio.sleep(0.01)
-                else:
-                    raise result
 
 
 @pytest.mark.timeout(240)
@@ -133,19 +105,6 @@ def flip_a_byte(data_dir: Path) -> str:
         f.seek(size // 2)
         f.write(bytes([byte[0] ^ 0x40]))
     return segment
-
-
-def same_bytes(master_dir: Path, slave_dir: Path) -> bool:
-    """The slave's message log holds the master's bytes (every segment, as far as both go)."""
-    for path in sorted(glob.glob(str(master_dir / "messagelog" / "*.log"))):
-        twin = slave_dir / "messagelog" / os.path.basename(path)
-        if not twin.exists():
-            return False
-        with open(path, "rb") as a, open(twin, "rb") as b:
-            mine, theirs = a.read(), b.read()
-        if theirs != mine[:len(theirs)] or len(theirs) < len(mine):
-            return False
-    return True
 
 
 @pytest.mark.timeout(240)

@@ -1,7 +1,8 @@
 """Servers and their roles, in one process with a real MetaServer: who serves, when a new master
 starts serving, failing closed, failing over between MetaServers, and a delay server that lost
-its mastership not dispatching (docs/REPLICATION.md 3-5, 12). The data plane is the stand-in of
-``tests/replication_stub.py``."""
+its mastership not dispatching (docs/REPLICATION.md 3-5, 12). The data plane is a stand-in
+(``StubReplication``) that copies nothing, so these tests see the control plane alone; the real
+data plane is tested by ``test_replication_data.py`` and the e2e replication tests."""
 
 from __future__ import annotations
 
@@ -17,14 +18,44 @@ from metaserver import MetaConfig, sqlite_url, start_metaserver
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit import server_id
-from serverkit.role import RoleView
+from serverkit.replication import ReplicaReport
+from serverkit.role import RoleView, ServerRole
 from tests.harness import free_port, wait_for
 from tests.rawclient import RawClient
-from tests.replication_stub import StubReplication
 from wire.message import Message, encode_message
 
 FIRST, SECOND = "00000000000000e1", "00000000000000f2"
 LEASE_MS = 2_000
+
+
+class StubReplication:
+    """A data plane that copies nothing: as master it proposes fixed peers as in sync (so the
+    MetaServer can promote them) and reports a switchover's target as ready at once."""
+
+    def __init__(self, peers: list[str]) -> None:
+        self.peers = tuple(peers)
+        self.role: ServerRole | None = None
+        self.views: list[RoleView] = []
+
+    def report(self) -> ReplicaReport:
+        """The peers as in sync (master), and the switchover target as ready."""
+        if self.role is None:  # not bound to its server yet
+            return ReplicaReport()
+        view = self.role.view()
+        if view.role != "master":
+            return ReplicaReport(position=0, lag_bytes=0, lag_ms=0)
+        return ReplicaReport(position=0, insync=self.peers, handover_ready=view.switchover_to)
+
+    async def on_role(self, view: RoleView) -> None:
+        """Nothing to seal or truncate; remember what was told."""
+        self.views.append(view)
+
+    def last_epoch(self) -> int:
+        """No epoch history."""
+        return 0
+
+    async def drain(self, timeout_ms: int) -> None:
+        """Nothing copied, nothing to wait for."""
 
 
 def now_ms() -> int:
