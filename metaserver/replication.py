@@ -230,6 +230,8 @@ def role_answer(grp: BrokerGroup, broker: Broker, servers: list[Broker],
                    if master is not None else
                    {"server_id": grp.master_id, "address": None} if grp.master_id else None),
         "insync": insync,
+        # Every other server registered in the group: the only fetchers a master counts.
+        "slaves": [b.server_id for b in servers if b.server_id != grp.master_id],
         "replication": {"mode": grp.replication, "min_insync": grp.min_insync},
         "switchover_to": grp.switchover_to,
         "heartbeat_interval_ms": heartbeat_interval_ms,

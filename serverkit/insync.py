@@ -3,6 +3,9 @@ for (docs/REPLICATION.md 7 and 8.3). A pure state machine told the time: no cloc
 
 * A fetch at offset O of log L acknowledges [0, O) of L (Kafka's follower fetch). The slave is
   *caught up* on L at that moment when O reached the master's end of L as the fetch found it.
+* Only fetches from the group's registered slaves count (``members``, as the MetaServer's last
+  answer named them): any holder of an admin token may fetch, but a server of another group,
+  or a tool, must not make the master believe that a write is on a slave of this group.
 * A slave is in sync when it has been caught up on every replicated log within the last
   ``insync_lag_max_ms``; the master proposes exactly these slaves in its heartbeats.
 * A ``sync`` write waits for every slave the master proposes *and* every slave the database
@@ -38,11 +41,15 @@ class InSyncTracker:
         self.started_ms = now_ms
         self.slaves: dict[str, SlaveProgress] = {}
         self.confirmed: tuple[str, ...] = ()  # the database's in-sync set, from the last answer
+        self.members: frozenset[str] = frozenset()  # the group's registered slaves, ditto
 
-    def on_fetch(self, slave: str, log: str, offset: int, log_end: int, now_ms: int) -> None:
+    def on_fetch(self, slave: str, log: str, offset: int, log_end: int, now_ms: int) -> bool:
         """A fetch of ``log`` at ``offset`` from ``slave`` found the master's end at
-        ``log_end``: the slave has [0, offset); it is caught up when offset >= log_end."""
+        ``log_end``: the slave has [0, offset); it is caught up when offset >= log_end.
+        False (and nothing is noted) when ``slave`` is not a registered slave of the group."""
         assert log in self.logs, log
+        if slave not in self.members:
+            return False
         progress = self.slaves.get(slave)
         if progress is None:
             progress = self.slaves[slave] = SlaveProgress()
@@ -51,6 +58,14 @@ class InSyncTracker:
         if offset >= log_end:
             progress.caught_up_ms[log] = now_ms
         progress.last_fetch_ms = max(progress.last_fetch_ms, now_ms)
+        return True
+
+    def set_members(self, members: tuple[str, ...]) -> None:
+        """The group's registered slaves, as the last answer named them; the progress of any
+        other server is forgotten."""
+        self.members = frozenset(members)
+        for slave in [s for s in self.slaves if s not in self.members]:
+            del self.slaves[slave]
 
     def set_confirmed(self, insync: tuple[str, ...]) -> None:
         """The database's in-sync set, as the last heartbeat answer told it."""

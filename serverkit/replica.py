@@ -196,7 +196,7 @@ class Replica:
     def _apply_settings(self, view: RoleView) -> None:
         assert self.source is not None
         self.source.settings(view.replication.mode, view.replication.min_insync,
-                             _others(view))
+                             _others(view), view.slaves)
 
     def report(self) -> ReplicaReport:
         """This server's figures for the next heartbeat (never blocks)."""

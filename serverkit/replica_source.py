@@ -91,6 +91,7 @@ class ReplicaSource:
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self._last_proposal: tuple[str, ...] = ()
         self._degraded_logged: bool | None = None
+        self._strangers: set[str] = set()  # fetchers not counted, already logged
         # Figures for metrics and reports: bytes shipped, per log.
         self.bytes_shipped: dict[str, int] = {name: 0 for name in logs}
 
@@ -125,9 +126,12 @@ class ReplicaSource:
                     future.set_exception(error)
             waiters.clear()
 
-    def settings(self, mode: str, min_insync: int, confirmed: tuple[str, ...]) -> None:
-        """The group's settings and the database's in-sync set, from the last answer."""
+    def settings(self, mode: str, min_insync: int, confirmed: tuple[str, ...],
+                 members: tuple[str, ...]) -> None:
+        """The group's settings, the database's in-sync set and the group's registered slaves
+        (the only fetchers counted), from the last answer."""
         self.mode, self.min_insync = mode, min_insync
+        self.tracker.set_members(members)
         self.tracker.set_confirmed(confirmed)
         self.check_waiters()
 
@@ -249,9 +253,14 @@ class ReplicaSource:
         answer: FetchAnswer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
                                              request.last_epoch, request.max_bytes)
         if answer.diverging is None and answer.offset >= answer.log_start:
-            self.tracker.on_fetch(request.server_id, log_.name, request.offset, answer.log_end,
-                                  self._clock_ms())
-            self.check_waiters()
+            if self.tracker.on_fetch(request.server_id, log_.name, request.offset,
+                                     answer.log_end, self._clock_ms()):
+                self.check_waiters()
+            elif request.server_id not in self._strangers:
+                self._strangers.add(request.server_id)
+                log.warning("group %s: %s fetches with an admin token but is not a registered "
+                            "slave of the group: served, never counted as holding a write",
+                            self.group, request.server_id)
         self.bytes_shipped[log_.name] += len(answer.data)
         if log_.requires:
             # Read after the records were: every record they refer to was committed before.

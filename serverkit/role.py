@@ -66,6 +66,7 @@ class RoleGrant:
     insync: tuple[str, ...] = ()  # the slaves the database counts as in sync
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
     switchover_to: str | None = None  # a planned switchover to this server is under way
+    slaves: tuple[str, ...] = ()  # every other server registered in the group
 
     @classmethod
     def from_answer(cls, data: Any) -> RoleGrant | None:
@@ -82,6 +83,7 @@ class RoleGrant:
         master_id = master.get("server_id") if isinstance(master, dict) else None
         master_address = master.get("address") if isinstance(master, dict) else None
         insync = data.get("insync")
+        slaves = data.get("slaves")
         settings = data.get("replication")
         mode = settings.get("mode") if isinstance(settings, dict) else None
         min_insync = settings.get("min_insync") if isinstance(settings, dict) else None
@@ -97,6 +99,8 @@ class RoleGrant:
                 mode if mode in REPLICATION_MODES else "sync",
                 min_insync if _is_int(min_insync) and 0 <= min_insync <= MIN_INSYNC_MAX else 0),
             switchover_to=switchover if isinstance(switchover, str) else None,
+            slaves=tuple(x for x in slaves if isinstance(x, str))
+            if isinstance(slaves, list) else (),
         )
 
 
@@ -138,6 +142,7 @@ class RoleView:
     lease_required: bool
     replication: ReplicationSettings
     standalone: bool
+    slaves: tuple[str, ...] = ()  # the group's other registered servers (a master counts these)
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,7 @@ class ServerRole:
         self.master_id: str | None = server_id if standalone else None
         self.master_address: str | None = None
         self.insync: tuple[str, ...] = ()
+        self.slaves: tuple[str, ...] = ()
         self.switchover_to: str | None = None
         self.replication = ReplicationSettings()
         self.lease_ms = 0
@@ -199,6 +205,7 @@ class ServerRole:
         self.master_id = grant.master_id
         self.master_address = grant.master_address
         self.insync = grant.insync
+        self.slaves = grant.slaves
         self.replication = grant.replication
         self.switchover_to = grant.switchover_to
         self.lease_ms = grant.lease_ms
@@ -320,7 +327,7 @@ class ServerRole:
             server_id=self.server_id, role=self.role, epoch=self.epoch, active=self.active,
             master_id=self.master_id, master_address=self.master_address, insync=self.insync,
             switchover_to=self.switchover_to, lease_required=self.lease_required,
-            replication=self.replication, standalone=self.standalone)
+            replication=self.replication, standalone=self.standalone, slaves=self.slaves)
 
 
 __all__ = [

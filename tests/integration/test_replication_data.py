@@ -217,3 +217,45 @@ async def test_a_byte_rotting_in_a_running_slaves_copy_is_found_by_the_scrub_and
         finally:
             await second.stop()
             await first.stop()
+
+
+async def test_a_fetcher_that_is_no_slave_of_the_group_never_lets_min_insync_writes_through(
+        tmp_path, caplog):
+    # An admin token may fetch, but only the group's registered slaves count as holding a
+    # write: a stranger that fetches every log to its end does not make a min_insync 1 master
+    # accept sends, and a real slave then does.
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    stranger = "00000000000000c3"
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST, min_insync=1)
+        await first.start()
+        second = None
+        client = await RawClient.connect(first.port)
+        try:
+            for _ in range(20):  # a few rounds at the end of both logs, 50 ms apart
+                for name in ("message", "actions"):
+                    answer = await client.request({
+                        "op": "fetch", "server_id": stranger, "epoch": first.role.epoch,
+                        "log": name, "offset": 0, "last_epoch": 0, "max_bytes": 1 << 20,
+                        "wait_ms": 50})
+                    assert "error" not in answer, answer  # served: the token is an admin one
+            source = replica(first).source
+            assert source is not None
+            assert source.tracker.acked(stranger, "message") == 0
+            assert stranger not in source.tracker.slaves
+            refused = await send(first.port, ["a"])
+            assert refused[0]["code"] == "not_enough_replicas", refused
+            assert any(f"{stranger} fetches with an admin token but is not a registered slave"
+                       in r.getMessage() for r in caplog.records)
+            second = realtime(tmp_path, meta.url, SECOND)
+            await second.start()
+
+            async def accepted() -> bool:
+                return (await send(first.port, ["b"]))[0].get("status") == "stored"
+
+            await wait_for(accepted, 30, "a send accepted with a real slave in sync")
+        finally:
+            await client.close()
+            if second is not None:
+                await second.stop()
+            await first.stop()

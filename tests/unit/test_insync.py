@@ -7,6 +7,13 @@ from serverkit.insync import InSyncTracker
 
 LOGS = ("message", "actions")
 LAG_MAX_MS = 5_000
+MEMBERS = ("s1", "s2")  # the group's registered slaves, as the MetaServer names them
+
+
+def new_tracker(now_ms: int = 0) -> InSyncTracker:
+    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=now_ms)
+    tracker.set_members(MEMBERS)
+    return tracker
 
 
 def caught_up(tracker: InSyncTracker, slave: str, ends: dict[str, int], now_ms: int) -> None:
@@ -15,7 +22,7 @@ def caught_up(tracker: InSyncTracker, slave: str, ends: dict[str, int], now_ms: 
 
 
 def test_a_slave_is_in_sync_once_it_reached_the_end_of_every_log():
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker = new_tracker()
     tracker.on_fetch("s1", "message", 100, 100, 10)
     assert tracker.proposal(10) == ()
     tracker.on_fetch("s1", "actions", 40, 40, 20)
@@ -23,7 +30,7 @@ def test_a_slave_is_in_sync_once_it_reached_the_end_of_every_log():
 
 
 def test_a_slave_behind_for_longer_than_the_lag_limit_leaves_the_in_sync_set():
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker = new_tracker()
     caught_up(tracker, "s1", {"message": 100, "actions": 40}, 1_000)
     tracker.on_fetch("s1", "message", 100, 500, 2_000)  # behind from now on
     assert tracker.proposal(1_000 + LAG_MAX_MS) == ("s1",)
@@ -31,7 +38,7 @@ def test_a_slave_behind_for_longer_than_the_lag_limit_leaves_the_in_sync_set():
 
 
 def test_a_sync_write_waits_for_the_slowest_slave_it_waits_for():
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker = new_tracker()
     caught_up(tracker, "s1", {"message": 100, "actions": 40}, 10)
     caught_up(tracker, "s2", {"message": 80, "actions": 40}, 10)
     assert tracker.replicated("message", 10) == 80
@@ -40,7 +47,7 @@ def test_a_sync_write_waits_for_the_slowest_slave_it_waits_for():
 
 
 def test_with_no_slave_to_wait_for_nothing_is_waited_for():
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker = new_tracker()
     assert tracker.replicated("message", 0) is None
     assert tracker.waiting_set(0) == ()
 
@@ -48,7 +55,7 @@ def test_with_no_slave_to_wait_for_nothing_is_waited_for():
 def test_a_slave_the_database_counts_is_waited_for_until_the_database_drops_it():
     # A new master has not heard from the database's in-sync slave yet: it gets the lag limit
     # to show up, and writes wait for it meanwhile and after (until the set is confirmed).
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=1_000)
+    tracker = new_tracker(1_000)
     tracker.set_confirmed(("s1",))
     assert tracker.proposal(1_000 + LAG_MAX_MS) == ("s1",)
     assert tracker.proposal(1_000 + LAG_MAX_MS + 1) == ()
@@ -59,7 +66,26 @@ def test_a_slave_the_database_counts_is_waited_for_until_the_database_drops_it()
 
 
 def test_an_older_fetch_offset_never_moves_what_a_slave_acknowledged_back():
-    tracker = InSyncTracker(LOGS, LAG_MAX_MS, now_ms=0)
+    tracker = new_tracker()
     tracker.on_fetch("s1", "message", 100, 200, 10)
     tracker.on_fetch("s1", "message", 60, 200, 20)  # a fetch that was overtaken
     assert tracker.acked("s1", "message") == 100
+
+
+def test_a_fetcher_that_is_not_a_registered_slave_of_the_group_never_counts():
+    # Any admin token may fetch; only the group's own slaves may hold a write for the master.
+    tracker = new_tracker()
+    assert not tracker.on_fetch("stranger", "message", 100, 100, 10)
+    assert not tracker.on_fetch("stranger", "actions", 40, 40, 10)
+    assert tracker.proposal(10) == ()
+    assert tracker.replicated("message", 10) is None
+    assert tracker.acked("stranger", "message") == 0
+
+
+def test_a_slave_the_metaserver_no_longer_names_is_forgotten():
+    tracker = new_tracker()
+    caught_up(tracker, "s1", {"message": 100, "actions": 40}, 10)
+    assert tracker.proposal(10) == ("s1",)
+    tracker.set_members(("s2",))
+    assert tracker.proposal(10) == ()
+    assert tracker.acked("s1", "message") == 0
