@@ -65,6 +65,13 @@ def _add_replication_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-insync", type=int, default=None,
                         help="set the group's fewest in-sync slaves to accept writes with "
                              "(0, the default: carry on degraded)")
+    # Defaults live in serverkit.config (SCRUB_*_DEFAULT), which client commands never load.
+    parser.add_argument("--scrub-bytes-per-s", type=int, default=None,
+                        help="a slave re-reads its copy at this pace to find bit rot (default "
+                             "4 MiB/s; 0: never)")
+    parser.add_argument("--scrub-pause-ms", type=int, default=None,
+                        help="rest between two scrub passes over the whole copy (default "
+                             "3600000: an hour)")
 
 
 def _add_token(parser: argparse.ArgumentParser, what: str) -> None:
@@ -394,6 +401,9 @@ async def _run_server(args: argparse.Namespace) -> int:
                   trace_dir=args.trace_dir, token=args.token, tls_cert=args.tls_cert,
                   tls_key=args.tls_key, tls_ca=args.tls_ca, replication=args.replication,
                   min_insync=args.min_insync)
+    for key in ("scrub_bytes_per_s", "scrub_pause_ms"):  # absent: the config's default
+        if getattr(args, key) is not None:
+            common[key] = getattr(args, key)
     if args.command == "realtime":
         from realtime.config import RealtimeConfig
 

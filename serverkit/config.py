@@ -13,6 +13,11 @@ from serverkit.role import check_settings, settings_of
 from wire.http import parse_meta_urls
 
 PORT_MAX = 65535  # highest TCP port number
+# A slave's background scrub (docs/REPLICATION.md 8.2): a pass re-reads the whole copy at this
+# pace, then rests, so bit rot is found within about a pass and a pause while the disk mostly
+# serves the live work (a 100 GB copy: a pass of about 7 hours, once every 8 hours).
+SCRUB_BYTES_PER_S_DEFAULT = 4 << 20
+SCRUB_PAUSE_MS_DEFAULT = 3_600_000
 # Hosts that mean "every address" to listen on: no client can connect to one, so a server that
 # registers with the MetaServer must advertise another (advertise_host).
 WILDCARD_HOSTS = ("0.0.0.0", "::", "", "[::]")
@@ -47,6 +52,8 @@ class ServerConfig:
     tls_ca: str | None = None  # PEM CA bundle file to verify TLS peers (https MetaServer, TLS brokers)
     replication: str | None = None  # "sync" | "async": set the group's mode (None: keep the group's)
     min_insync: int | None = None  # set the group's fewest in-sync slaves (None: keep the group's)
+    scrub_bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # a slave re-reads its copy at this pace to find bit rot; 0 = never
+    scrub_pause_ms: int = SCRUB_PAUSE_MS_DEFAULT  # rest between two scrub passes over the whole copy, in ms
 
     # Fields that must be positive integers: these and the subclass's POSITIVE_INT_KEYS.
     COMMON_POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
@@ -70,6 +77,10 @@ class ServerConfig:
                 f"reach this server at (host {self.host!r} may stay, to listen on every address)")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= PORT_MAX:
             raise ValueError(f"metrics_port {self.metrics_port} is not in 0..{PORT_MAX}")
+        for key in ("scrub_bytes_per_s", "scrub_pause_ms"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
         for key in self.COMMON_POSITIVE_INT_KEYS + self.POSITIVE_INT_KEYS:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
@@ -91,4 +102,5 @@ class ServerConfig:
         return f"{self.advertise_host or self.host}:{self.port}"
 
 
-__all__ = ["PORT_MAX", "WILDCARD_HOSTS", "ServerConfig"]
+__all__ = ["PORT_MAX", "SCRUB_BYTES_PER_S_DEFAULT", "SCRUB_PAUSE_MS_DEFAULT", "WILDCARD_HOSTS",
+           "ServerConfig"]

@@ -12,8 +12,9 @@ own offset, which acknowledges what it has.
   checkpoint (``snapshot``).
 * ``requires``: an answer is applied only once the copies of the logs its records refer to
   reach the ends the master named, so a slave never holds an action about a message it lacks.
-* A scrub reads the copy back in the background (``scrub_bytes_per_s``): a rotten record is
-  cut with everything after it, and fetched again.
+* A scrub reads the copy back in the background (``Scrub``: passes over every log at
+  ``bytes_per_s``, a rest of ``pause_ms`` between passes): a rotten record is cut with
+  everything after it, and fetched again.
 
 Event loop only; the stores are called through each log's runner (their owner threads).
 """
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from logstore import CopyReset, CorruptRecord
+from serverkit.config import SCRUB_BYTES_PER_S_DEFAULT, SCRUB_PAUSE_MS_DEFAULT
 from serverkit.replica_log import ReplicatedLog, apply_io, cut_io, position_io, reset_io, scrub_io
 from wire.errors import ConnectionLost, QmqError, StaleEpoch
 from wire.limits import MAX_FETCH_BYTES
@@ -42,8 +45,17 @@ CRC_RETRIES = 3  # a bad copy is fetched again this many times in a row before b
 BACKOFF_MS_MIN = 50
 BACKOFF_MS_MAX = 2_000
 REQUEST_TIMEOUT_MS = 10_000  # beyond the fetch's own wait
-SCRUB_BYTES_PER_S = 8 << 20  # the background scrub's pace over the copy
-SCRUB_STEP_BYTES = 1 << 20
+SCRUB_STEP_BYTES = 1 << 20  # the scrub reads at most this much per call on the owner thread
+
+
+
+@dataclass(frozen=True)
+class Scrub:
+    """The background scrub's settings (``ServerConfig.scrub_bytes_per_s``/``scrub_pause_ms``)."""
+
+    bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # pace of a pass; 0: no scrub at all
+    pause_ms: int = SCRUB_PAUSE_MS_DEFAULT  # rest after a pass over every log
+
 
 Connect = Callable[[str], Awaitable["object"]]  # address -> an sdk Connection (request, close)
 
@@ -54,7 +66,7 @@ class Follower:
     def __init__(self, group: str, server_id: str, logs: list[ReplicatedLog], connect: Connect,
                  clock_ms: Callable[[], int], on_trouble: Callable[[], None],
                  fetch_bytes_max: int = MAX_FETCH_BYTES, wait_ms: int = FETCH_WAIT_MS,
-                 scrub_bytes_per_s: int = SCRUB_BYTES_PER_S) -> None:
+                 scrub: Scrub = Scrub()) -> None:
         self.group = group
         self.server_id = server_id
         self.logs = {item.name: item for item in logs}
@@ -63,7 +75,7 @@ class Follower:
         self._on_trouble = on_trouble  # heartbeat soon: the master may have changed
         self.fetch_bytes_max = fetch_bytes_max
         self.wait_ms = wait_ms
-        self.scrub_bytes_per_s = scrub_bytes_per_s
+        self.scrub = scrub
         self.epoch = 0
         self.master_address: str | None = None
         self._connection: object | None = None
@@ -77,6 +89,7 @@ class Follower:
         self.bytes_copied: dict[str, int] = {name: 0 for name in self.logs}
         self.crc_errors = 0
         self.scrub_repairs = 0
+        self.scrub_passes = 0  # whole passes over every copy since the scrub started
         self.running = False
 
     # ------------------------------------------------------------------ start and stop
@@ -87,7 +100,7 @@ class Follower:
         self.master_address, self.epoch, self.running = master_address, epoch, True
         self._tasks = [asyncio.create_task(self._follow(item), name=f"follow-{name}")
                        for name, item in self.logs.items()]
-        if self.scrub_bytes_per_s:
+        if self.scrub.bytes_per_s > 0:
             self._tasks.append(asyncio.create_task(self._scrub(), name="scrub"))
         log.info("group %s: following master %s at epoch %d", self.group, master_address, epoch)
 
@@ -251,30 +264,49 @@ class Follower:
     # ------------------------------------------------------------------ scrubbing
 
     async def _scrub(self) -> None:
-        """Read the copies back at ``scrub_bytes_per_s``; cut a rotten record for a re-fetch."""
-        positions = {name: 0 for name in self.logs}
-        step = min(SCRUB_STEP_BYTES, self.scrub_bytes_per_s)
+        """Pass over every copy at ``scrub.bytes_per_s``, rest ``scrub.pause_ms``, again; a
+        rotten record is cut for a re-fetch. No scrub at all with a pace of 0."""
         while True:
             for name, item in self.logs.items():
-                try:
-                    positions[name], bad = await item.run(scrub_io, item, positions[name], step)
-                except CopyReset as exc:
-                    log.error("group %s: rotten record in the %s copy (%s); copying again",
-                              self.group, name, exc)
-                    await item.run(reset_io, item, 0, ())
-                    self.scrub_repairs += 1
-                    continue
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("group %s: scrubbing the %s copy failed", self.group, name)
-                    continue
-                if bad is not None:
-                    self.scrub_repairs += 1
-                    log.error("group %s: rotten record at offset %d of the %s copy: cut there, "
-                              "fetching it again", self.group, bad, name)
-                    self._moved_to(name, bad)
-                await asyncio.sleep(step / self.scrub_bytes_per_s)
+                await self._scrub_pass(name, item)
+            self.scrub_passes += 1
+            await asyncio.sleep(self.scrub.pause_ms / 1000)
+
+    async def _scrub_pass(self, name: str, item: ReplicatedLog) -> None:
+        """One pass over the copy of ``name``, up to where the copy ended when it began."""
+        step = min(SCRUB_STEP_BYTES, self.scrub.bytes_per_s)
+        pass_end = await item.run(_copy_end_io, item)
+        offset = 0
+        while True:
+            try:
+                next_offset, bad = await item.run(scrub_io, item, offset, step)
+            except CopyReset as exc:
+                log.error("group %s: rotten record in the %s copy (%s); copying again",
+                          self.group, name, exc)
+                await item.run(reset_io, item, 0, ())
+                self.scrub_repairs += 1
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("group %s: scrubbing the %s copy failed", self.group, name)
+                return
+            if bad is not None:
+                self.scrub_repairs += 1
+                log.error("group %s: rotten record at offset %d of the %s copy: cut there, "
+                          "fetching it again", self.group, bad, name)
+                self._moved_to(name, bad)
+                return
+            await asyncio.sleep(step / self.scrub.bytes_per_s)
+            # scrub_io starts over at the copy's first offset once it reached the end.
+            if next_offset <= offset or next_offset >= pass_end:
+                return
+            offset = next_offset
+
+
+def _copy_end_io(item: ReplicatedLog) -> int:
+    """Owner thread: where the copy ends now."""
+    return item.store.copy_bounds()[1]
 
 
 def _nothing() -> None:
@@ -291,4 +323,4 @@ def _install_io(item: ReplicatedLog, payload: bytes, covers_offset: int,
             item.history.append(epoch, start)
 
 
-__all__ = ["CRC_RETRIES", "FETCH_WAIT_MS", "Follower", "SCRUB_BYTES_PER_S"]
+__all__ = ["CRC_RETRIES", "FETCH_WAIT_MS", "Follower", "Scrub"]

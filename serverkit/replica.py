@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, Protocol
 
 from logstore.epoch_history import EpochHistory, history_path
 from sdk.connection import Connection
-from serverkit.follower import Follower
+from serverkit.follower import Follower, Scrub
 from serverkit.replica_log import ReplicatedLog, seal_io
 from serverkit.replica_source import INSYNC_LAG_MAX_MS_DEFAULT, ReplicaSource
 from serverkit.replication import ReplicaReport
@@ -66,7 +66,7 @@ class Replica:
     def __init__(self, group: str, data_dir: str, log_names: tuple[str, ...],
                  connect: Callable[[str], Awaitable[object]],
                  insync_lag_max_ms: int = INSYNC_LAG_MAX_MS_DEFAULT,
-                 clock_ms: Callable[[], int] = boottime_ms) -> None:
+                 clock_ms: Callable[[], int] = boottime_ms, scrub: Scrub = Scrub()) -> None:
         self.group = group
         directory = os.path.join(data_dir, HISTORY_DIRECTORY)
         self.histories = {name: EpochHistory(history_path(directory, name))
@@ -74,6 +74,7 @@ class Replica:
         self._connect = connect
         self._insync_lag_max_ms = insync_lag_max_ms
         self._clock_ms = clock_ms
+        self._scrub = scrub
         self.source: ReplicaSource | None = None
         self.follower: Follower | None = None
         self._core: Core | None = None
@@ -95,7 +96,7 @@ class Replica:
         self.source = ReplicaSource(self.group, {item.name: item for item in logs},
                                     self._clock_ms, self._insync_changed, self._insync_lag_max_ms)
         self.follower = Follower(self.group, role.server_id, logs, self._connect, self._clock_ms,
-                                 self._trouble)
+                                 self._trouble, scrub=self._scrub)
         self._ticker = asyncio.create_task(self._tick_forever(), name="replica-ticks")
 
     def set_heartbeat_soon(self, heartbeat_soon: Callable[[], None]) -> None:

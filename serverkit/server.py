@@ -33,6 +33,7 @@ from serverkit.frame_server import FrameServer, Session
 from serverkit.metrics_http import MetricsListener
 from serverkit.open_files import OpenFilesLimit, raise_open_files_limit
 from serverkit.registration import Registration, server_registration
+from serverkit.follower import Scrub
 from serverkit.replica import Replica, connect_master
 from serverkit.replication import NoReplication, ReplicationStatus
 from serverkit.role import ServerRole, boottime_ms
@@ -123,7 +124,8 @@ class ServerBase:
         # the data plane copies a master's logs as a slave and serves its slaves as a master.
         if replication is None and config.meta_url:
             replication = Replica(config.group, config.data_dir, self.REPLICATED_LOGS,
-                                  self._connect_peer)
+                                  self._connect_peer, scrub=Scrub(config.scrub_bytes_per_s,
+                                                                  config.scrub_pause_ms))
         self.replication = replication or NoReplication()
         self.role = ServerRole(load_or_create(config.data_dir), standalone=not config.meta_url,
                                epoch=self.replication.last_epoch())

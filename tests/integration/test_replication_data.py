@@ -194,7 +194,8 @@ async def test_a_byte_rotting_in_a_running_slaves_copy_is_found_by_the_scrub_and
     config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
     async with start_metaserver(config) as meta:
         first = realtime(tmp_path, meta.url, FIRST)
-        second = realtime(tmp_path, meta.url, SECOND)
+        # Passes 100 ms apart (an hour by default), at the default pace.
+        second = realtime(tmp_path, meta.url, SECOND, scrub_pause_ms=100)
         await first.start()
         await second.start()
         try:
@@ -211,7 +212,9 @@ async def test_a_byte_rotting_in_a_running_slaves_copy_is_found_by_the_scrub_and
                 f.write(bytes([byte[0] ^ 0x01]))
             follower = replica(second).follower
             assert follower is not None
+            passes = follower.scrub_passes
             await wait_for(lambda: follower.scrub_repairs >= 1, 30, "the scrub to find it")
+            await wait_for(lambda: follower.scrub_passes > passes, 30, "passes to go on")
             await wait_for(lambda: message_log_bytes(second) == message_log_bytes(first), 30,
                            "the rotten record fetched again")
         finally:

@@ -75,6 +75,7 @@ def test_a_flag_given_wins_over_the_file_and_the_file_over_the_flags_defaults(tm
     ("[realtime]\nretention_ms = true\n", "[realtime] retention_ms = True: must be int"),
     ("[realtime]\nretry_backoff_ms = [1, \"x\"]\n", "retry_backoff_ms = 'x': must be int"),
     ("[realtime]\nretention_ms = -5\n", "retention_ms must be a positive integer, got -5"),
+    ("[realtime]\nscrub_pause_ms = -1\n", "scrub_pause_ms must be an integer >= 0, got -1"),
     ("[realtime\n", "not valid TOML"),
 ])
 def test_a_bad_key_or_value_fails_at_start_naming_it(tmp_path, text, said):
