@@ -5,6 +5,7 @@ refuses writes while no slave is in sync, and a promoted slave serves what it co
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 import aiohttp
 
 from metaserver import MetaConfig, sqlite_url, start_metaserver
+from pulllog import PullLogConfig
+from pulllog.store import SEGMENT_SIZE_BYTES_MIN
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit import server_id
@@ -259,6 +262,81 @@ async def test_a_fetcher_that_is_no_slave_of_the_group_never_lets_min_insync_wri
             await wait_for(accepted, 30, "a send accepted with a real slave in sync")
         finally:
             await client.close()
+            if second is not None:
+                await second.stop()
+            await first.stop()
+
+
+def action_segments(server: RealtimeServer) -> list[str]:
+    directory = os.path.join(server.config.data_dir, "pulllog", "actions")
+    return sorted(name for name in os.listdir(directory) if name.endswith(".log"))
+
+
+async def test_a_slave_joining_after_the_masters_actions_were_retired_installs_a_snapshot(
+        tmp_path, monkeypatch, caplog):
+    # Small action segments, a checkpoint every 50 actions and one kept: the master retires
+    # its oldest actions quickly, so a slave that joins late cannot copy them from offset 0.
+    monkeypatch.setattr("realtime.broker.PullLogConfig", functools.partial(
+        PullLogConfig, segment_size_bytes_max=SEGMENT_SIZE_BYTES_MIN, checkpoint_every_actions=50,
+        checkpoints_kept=1))
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST)
+        await first.start()
+        second = None
+        try:
+            stored = (await send(first.port, [f"old-{n}" for n in range(150)])
+                      + await send(first.port, [f"old-{n}" for n in range(150, 300)]))
+            assert [r.get("status") for r in stored] == ["stored"] * 300, stored[:2]
+            client = await RawClient.connect(first.port)
+            try:
+                for _ in range(300):  # one pull and one ack per message: 600 actions
+                    pulled = await client.pull("orders", "g", "c1", max_count=1,
+                                               start="earliest")
+                    if not pulled["pull_seqs"]:
+                        break
+                    seq = pulled["pull_seqs"][0]
+                    assert (await client.ack("orders", "g", "c1", [[seq, seq]]))["acked"] == 1
+                await send(first.port, [f"new-{n}" for n in range(20)])
+                pulled = await client.pull("orders", "g", "c1", max_count=5)
+                seqs = pulled["pull_seqs"]
+                assert [decode_message(p).id for p in pulled["payloads"]] == \
+                    [f"new-{n}" for n in range(5)]
+                assert (await client.ack("orders", "g", "c1", [[seqs[0], seqs[-1]]]))["acked"] \
+                    == 5
+            finally:
+                await client.close()
+            # The master's first action segment is gone: offset 0 is past its retention.
+            assert action_segments(first)[0] != "00000000000000000000.log", action_segments(first)
+
+            second = realtime(tmp_path, meta.url, SECOND)
+            await second.start()
+            await wait_for(lambda: SECOND in first.role.insync, 30, "the late slave in sync")
+            assert any("installed the master's checkpoint" in r.getMessage()
+                       for r in caplog.records), "no snapshot was installed"
+            # It tails after the snapshot: an ack made now reaches it too.
+            client = await RawClient.connect(first.port)
+            try:
+                pulled = await client.pull("orders", "g", "c1", max_count=5)
+                seqs = pulled["pull_seqs"]
+                assert (await client.ack("orders", "g", "c1", [[seqs[0], seqs[-1]]]))["acked"] \
+                    == 5
+            finally:
+                await client.close()
+            started = await admin(meta.url, "POST", "/api/admin/switchover",
+                                  {"group": "rt1", "to": SECOND})
+            assert started["state"] == "requested", started
+            await wait_for(lambda: second.role.role == "master" and second.role.active, 30,
+                           "the late slave promoted")
+            client = await RawClient.connect(second.port)
+            try:
+                pulled = await client.pull("orders", "g", "c1", max_count=100)
+            finally:
+                await client.close()
+            # Nothing acknowledged comes back (no old-*, none of new-0..9), nothing is lost.
+            ids = [decode_message(p).id for p in pulled["payloads"]]
+            assert ids == [f"new-{n}" for n in range(10, 20)], ids
+        finally:
             if second is not None:
                 await second.stop()
             await first.stop()
