@@ -2,7 +2,11 @@
 for (docs/REPLICATION.md 7 and 8.3). A pure state machine told the time: no clock, no I/O.
 
 * A fetch at offset O of log L acknowledges [0, O) of L (Kafka's follower fetch). The slave is
-  *caught up* on L at that moment when O reached the master's end of L as the fetch found it.
+  *caught up* on L at that moment when O reached the master's end of L as the fetch found it,
+  and *was* caught up at the time of its previous fetch of L when O reached the end that fetch
+  found (Kafka's lastCaughtUpTime): under a steady stream of writes a slave's fetch rarely
+  finds the end still where it was, yet a slave that keeps having everything its previous
+  fetch saw is not lagging.
 * Only fetches from the group's registered slaves count (``members``, as the MetaServer's last
   answer named them): any holder of an admin token may fetch, but a server of another group,
   or a tool, must not make the master believe that a write is on a slave of this group.
@@ -28,6 +32,8 @@ class SlaveProgress:
     acked: dict[str, int] = field(default_factory=dict)  # log -> offset acknowledged
     caught_up_ms: dict[str, int] = field(default_factory=dict)  # log -> last time at the end
     last_fetch_ms: int = 0  # the newest fetch of any log
+    # log -> (the master's end as the previous fetch found it, when that fetch came)
+    previous: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class InSyncTracker:
@@ -55,8 +61,12 @@ class InSyncTracker:
             progress = self.slaves[slave] = SlaveProgress()
         if offset >= progress.acked.get(log, 0):
             progress.acked[log] = offset
+        previous = progress.previous.get(log)
         if offset >= log_end:
             progress.caught_up_ms[log] = now_ms
+        elif previous is not None and offset >= previous[0]:
+            progress.caught_up_ms[log] = max(progress.caught_up_ms.get(log, 0), previous[1])
+        progress.previous[log] = (log_end, now_ms)
         progress.last_fetch_ms = max(progress.last_fetch_ms, now_ms)
         return True
 

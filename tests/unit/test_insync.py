@@ -89,3 +89,25 @@ def test_a_slave_the_metaserver_no_longer_names_is_forgotten():
     tracker.set_members(("s2",))
     assert tracker.proposal(10) == ()
     assert tracker.acked("s1", "message") == 0
+
+
+def test_a_slave_that_keeps_having_what_its_previous_fetch_saw_stays_in_sync_under_load():
+    # A steady stream of writes: every fetch finds the end moved on since the previous one, so
+    # no fetch is ever at the end; the slave is caught up as of its previous fetch (Kafka).
+    tracker = new_tracker()
+    end = 0
+    for n in range(1, 40):  # 250 ms apart, 10 s in all: twice the lag limit
+        now_ms = n * 250
+        for log in LOGS:
+            tracker.on_fetch("s1", log, end, end + 100, now_ms)
+        end += 100
+    assert tracker.proposal(now_ms) == ("s1",)
+
+
+def test_a_slave_that_falls_behind_what_its_previous_fetch_saw_leaves_the_in_sync_set():
+    tracker = new_tracker()
+    caught_up(tracker, "s1", {"message": 100, "actions": 40}, 1_000)
+    for n in range(1, 40):  # it fetches, but each time from further behind the end
+        tracker.on_fetch("s1", "message", 100 + n, 100 + 1_000 * n, 1_000 + n * 250)
+        tracker.on_fetch("s1", "actions", 40, 40, 1_000 + n * 250)  # at the end of this one
+    assert tracker.proposal(1_000 + 39 * 250) == ()
