@@ -56,7 +56,9 @@ async def test_a_kill_9_of_a_delay_master_delivers_every_delay_after_the_failove
     rng = random.Random(13)
     async with qmq.Consumer(url, group="orders", **CONSUMER_OPTIONS) as consumer:
         consuming = asyncio.create_task(consume_into(consumer.subscribe(subject), arrivals))
-        async with qmq.Producer(url) as producer:
+        # Patient sends: on a loaded machine the MetaServer can miss the master's renewals for
+        # seconds, and the master then refuses writes (not_master) until one gets through.
+        async with qmq.Producer(url, retries_max=12) as producer:
             first_ms = epoch_ms() + LEAD_MS
             receipts: list[qmq.Receipt] = []
             for start in range(0, COUNT, 500):
