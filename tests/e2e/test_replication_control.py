@@ -77,7 +77,10 @@ async def test_a_switchover_under_load_loses_and_duplicates_nothing_and_a_shutdo
                                        start="earliest", reconnect_backoff_max_ms=500).start()
                  for n in range(2)]
     stop = asyncio.Event()
-    producer = qmq.Producer(url, send_timeout_ms=10_000)
+    # Patient sends: writes pause from the moment the master hands over until the target has
+    # heard of its promotion (its next heartbeat) and sealed its logs, which on a loaded machine
+    # outlasts the SDK's default 3 quick resends.
+    producer = qmq.Producer(url, send_timeout_ms=10_000, retries_max=12)
     try:
         await producer.__aenter__()
         run = Producing(producer, subject, stop)
