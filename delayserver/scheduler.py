@@ -209,6 +209,10 @@ class Scheduler:
         self.follower = False
         await self.start()
 
+    async def settle(self) -> None:
+        """A master handing over: nothing to flush (the delay log and the done journal are
+        written to the OS, and told, in each commit)."""
+
     async def demote(self) -> None:
         """The master steps down (writes are refused already): queued sends are committed and
         in-flight dispatches finished and recorded, then only the copy's flush runs."""

@@ -293,6 +293,11 @@ class Broker:
         (after an ack, a nack, a leave)."""
         await self._ctx.actions_replicated()
 
+    async def settle(self) -> None:
+        """A master handing over: every pull-log action so far readable by the slaves'
+        fetches (the message log is: a send is answered after its commit)."""
+        await self._ctx.actions_flushed()
+
     async def leave(self, request: Leave) -> int:
         """A consumer closing: release what it holds now (``Holdings.leave``)."""
         return await self.holdings.leave(request)

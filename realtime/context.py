@@ -44,6 +44,13 @@ class BrokerContext:
             end = await self.on_pulllog_thread(_flush_io, self.pulllog)
             await self.replica.wait_replicated("actions", end)
 
+    async def actions_flushed(self) -> None:
+        """Flush the pull log (what is buffered goes to the OS, where fetches read) and tell
+        the data plane its end (a master handing over)."""
+        if self.replica.replicating and not self.pulllog.follower:
+            self.replica.advanced("actions", await self.on_pulllog_thread(_flush_io,
+                                                                          self.pulllog))
+
 
 def _flush_io(pulllog: PullLogStore) -> int:
     """Pull-log thread: write what is buffered to the OS; the end a copy may read. A full disk

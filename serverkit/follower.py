@@ -28,7 +28,9 @@ from typing import Awaitable, Callable
 
 from logstore import CopyReset, CorruptRecord
 from serverkit.config import SCRUB_BYTES_PER_S_DEFAULT, SCRUB_PAUSE_MS_DEFAULT
-from serverkit.replica_log import ReplicatedLog, apply_io, cut_io, position_io, reset_io, scrub_io
+from serverkit.replica_log import (
+    ReplicatedLog, apply_io, cut_io, end_io, position_io, reset_io, scrub_io,
+)
 from wire.errors import ConnectionLost, QmqError, StaleEpoch
 from wire.limits import MAX_FETCH_BYTES
 from wire.replication import (
@@ -275,7 +277,7 @@ class Follower:
     async def _scrub_pass(self, name: str, item: ReplicatedLog) -> None:
         """One pass over the copy of ``name``, up to where the copy ended when it began."""
         step = min(SCRUB_STEP_BYTES, self.scrub.bytes_per_s)
-        pass_end = await item.run(_copy_end_io, item)
+        pass_end = await item.run(end_io, item)
         offset = 0
         while True:
             try:
@@ -302,11 +304,6 @@ class Follower:
             if next_offset <= offset or next_offset >= pass_end:
                 return
             offset = next_offset
-
-
-def _copy_end_io(item: ReplicatedLog) -> int:
-    """Owner thread: where the copy ends now."""
-    return item.store.copy_bounds()[1]
 
 
 def _nothing() -> None:

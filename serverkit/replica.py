@@ -29,7 +29,7 @@ from typing import Awaitable, Callable, Protocol
 from logstore.epoch_history import EpochHistory, history_path
 from sdk.connection import Connection
 from serverkit.follower import Follower, Scrub
-from serverkit.replica_log import ReplicatedLog, seal_io
+from serverkit.replica_log import ReplicatedLog, end_io, seal_io
 from serverkit.replica_source import INSYNC_LAG_MAX_MS_DEFAULT, ReplicaSource
 from serverkit.replication import ReplicaReport
 from serverkit.role import RoleView, ServerRole, boottime_ms
@@ -58,6 +58,10 @@ class Core(Protocol):
 
     async def demote(self) -> None:
         """Stop the master's work (writes are refused already); the stores become copies."""
+
+    async def settle(self) -> None:
+        """Make everything written so far readable by fetches (buffers to the OS) and tell
+        ``advanced``: a switchover hands over only once the target has all of it."""
 
 
 class Replica:
@@ -263,11 +267,11 @@ class Replica:
         while True:
             await asyncio.sleep(TICK_INTERVAL_MS / 1000)
             try:
-                self._tick()
+                await self._tick()
             except Exception:
                 log.exception("group %s: replication tick failed", self.group)
 
-    def _tick(self) -> None:
+    async def _tick(self) -> None:
         source, role = self.source, self._role
         if source is None or role is None or self.serving_as != "master":
             return
@@ -282,12 +286,22 @@ class Replica:
         target = view.switchover_to
         if target is None:
             self._handover_ready = None
-        elif self._handover_ready != target and source.tracker.caught_up_to(target,
-                                                                            source.ends):
+        elif self._handover_ready != target and await self._target_has_everything(target):
             self._handover_ready = target
             log.warning("group %s: switchover target %s has every log to its end", self.group,
                         target)
             self._heartbeat_soon()
+
+    async def _target_has_everything(self, target: str) -> bool:
+        """A master handing over (writes refused): has ``target`` fetched every log to its
+        end? The ends are read afresh from the stores after the core flushed its buffers, so a
+        pull answered just before the handover (its action still buffered) is on the target
+        before it is promoted, and not handed out again by it."""
+        assert self._core is not None and self.source is not None
+        await self._core.settle()
+        for item in self._logs:
+            self.source.advanced(item.name, await item.run(end_io, item))
+        return self.source.tracker.caught_up_to(target, self.source.ends)
 
 
 def _others(view: RoleView) -> tuple[str, ...]:

@@ -83,6 +83,11 @@ def _pairs(entries) -> tuple[tuple[int, int], ...]:
     return tuple((entry.epoch, entry.start_offset) for entry in entries)
 
 
+def end_io(log: ReplicatedLog) -> int:
+    """Owner thread: where the log ends as a fetch may read it."""
+    return log.store.copy_bounds()[1]
+
+
 def seal_io(log: ReplicatedLog, epoch: int) -> int:
     """Owner thread: a new master opens ``epoch`` at its log's end (durably, before it accepts
     a write); returns that offset. Nothing is written when the history already has it."""
@@ -151,4 +156,4 @@ def scrub_io(log: ReplicatedLog, offset: int, max_bytes: int) -> tuple[int, int 
 
 
 __all__ = ["CopyReset", "CopyStore", "ReplicatedLog", "Runner", "answer_fetch_io", "apply_io",
-           "cut_io", "position_io", "reset_io", "scrub_io", "seal_io"]
+           "cut_io", "end_io", "position_io", "reset_io", "scrub_io", "seal_io"]

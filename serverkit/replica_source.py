@@ -258,9 +258,10 @@ class ReplicaSource:
                 self.check_waiters()
             elif request.server_id not in self._strangers:
                 self._strangers.add(request.server_id)
-                log.warning("group %s: %s fetches with an admin token but is not a registered "
-                            "slave of the group: served, never counted as holding a write",
-                            self.group, request.server_id)
+                # Info: a new slave fetches before the master's next answer names it.
+                log.info("group %s: %s fetches with an admin token but is not (yet) a "
+                         "registered slave of the group: served, not counted as holding a "
+                         "write", self.group, request.server_id)
         self.bytes_shipped[log_.name] += len(answer.data)
         if log_.requires:
             # Read after the records were: every record they refer to was committed before.
