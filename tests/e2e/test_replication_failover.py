@@ -50,7 +50,7 @@ def in_sync(url: str) -> bool:
     return bool(group_row(url)["insync"])
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240 + AUDIT_TIMEOUT_S)  # the test, then one qmq audit (a JVM)
 async def test_a_kill_9_of_a_sync_master_under_load_loses_no_receipt(cluster: Cluster):
     meta = start_meta(cluster)
     master = start_member(cluster, "a")
