@@ -2,7 +2,7 @@
 
     qmq audit (--trace-dir DIR | --data-dir DIR)... --out DIR [--since T] [--until T]
               [--deadline-ms N] [--master URL] [--driver-memory SIZE] [--conf KEY=VALUE]...
-              [--allow-overdue] [--allow-lost]
+              [--allow-overdue] [--allow-lost] [--json]
 
 T is ISO 8601 (a time without a zone is UTC) or epoch milliseconds. ``--data-dir`` finds every
 trace directory under a data dir (``tracelog.events.find_trace_dirs``). Exit codes (one table,
@@ -92,6 +92,9 @@ def add_audit_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="report overdue messages without failing the gate")
     parser.add_argument("--allow-lost", action="store_true",
                         help="report lost messages without failing the gate")
+    parser.add_argument("--json", action="store_true",
+                        help="print the verdict and counts as one JSON document on stdout "
+                             "(exit codes unchanged)")
     return parser
 
 
@@ -167,7 +170,8 @@ def run_audit(args: argparse.Namespace) -> int:
                            since_ms=args.since, until_ms=args.until,
                            deadline_ms=args.deadline_ms, master=args.master,
                            driver_memory=args.driver_memory, conf=tuple(args.conf),
-                           allow_lost=args.allow_lost, allow_overdue=args.allow_overdue)
+                           allow_lost=args.allow_lost, allow_overdue=args.allow_overdue,
+                           json=args.json)
     try:
         return run(options)
     except AuditError as exc:

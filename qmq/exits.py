@@ -11,6 +11,7 @@ code   name                meaning
 3      EXIT_UNAVAILABLE    could not be done now: the MetaServer or a broker cannot be reached,
                            or answered an error that may pass (overloaded, readonly, internal,
                            no route); trying again later may work. ``audit``: Spark or Java failed
+4      (spark_audit)       ``audit`` only: overdue messages found, and nothing lost or early
 130    EXIT_INTERRUPTED    stopped by Ctrl-C before it finished
 =====  ==================  ==========================================================================
 

@@ -383,7 +383,7 @@ class Broker:
             log.error("retention's hard cap deleted %d messages a consumer group had not "
                       "consumed", report.unconsumed_deleted)
             self._tracer.retention_deleted(report.unconsumed_deleted, report.unconsumed_names,
-                                          now_ms)
+                                          now_ms, report.unconsumed_unnamed)
 
     def _retention_keep_io(self) -> dict[str, int]:
         """Pull-log thread: per subject, the lowest sequence some pull-log group still needs."""

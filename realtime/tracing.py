@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 from serverkit.send_check import Checked
 from tracelog.peek import TracePeek, peek_trace_members, trace_members
 from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
-                             message_members, reason_member,
+                             locator_member, message_members, reason_member,
                              subject_member, subscription_event)
 from wire.message import parse_internal_subject
 
@@ -66,6 +66,21 @@ _created_of = itemgetter(5)
 _retries_of = itemgetter(6)
 _origin_of = itemgetter(7)
 _tags_of = itemgetter(2)
+
+
+def _user_subject(subject: str) -> str:
+    """The user subject a wire subject (``%retry%<subject>%<group>``...) is traced under."""
+    internal = parse_internal_subject(subject)
+    return subject if internal is None else internal.subject
+
+
+def _by_location(subject: str, sequence: int) -> str:
+    """The members of a copy the broker cannot read (not even its id): named
+    ``<subject>@<consumer-log seq>``, with the locator (``seq``, and ``log_subject`` for an
+    internal subject) that the audit matches against the copy's ``stored`` line."""
+    user_subject = _user_subject(subject)
+    return (message_members(f"{subject}@{sequence}", user_subject)
+            + locator_member(sequence, None if user_subject == subject else subject))
 
 
 def _producers_own(peeked: TracePeek) -> bool:
@@ -185,30 +200,36 @@ class BrokerTracer:
         if not self.enabled or not log_seqs:
             return
         released = self._released.get((subject, key), {})
-        members = [released.pop(seq, None) or message_members(f"{subject}@{seq}", subject)
-                   for seq in log_seqs]
+        members = [released.pop(seq, None) or _by_location(subject, seq) for seq in log_seqs]
         self._gave_up_lines(members, now_ms, "redelivery_unreadable", key)
 
     def records_unreadable(self, subject: str, key: str, found: Sequence[tuple[int, str | None]],
                            now_ms: int) -> None:
         """Records a group's pull passed over for good because they fail verification (event
         loop): ``gave_up`` ``record_unreadable`` for the group, named by the id read without
-        the CRC check (``MessageStore.unverified_id``), else ``<subject>@<consumer-log seq>``."""
+        the CRC check (``MessageStore.unverified_id``), else ``<subject>@<consumer-log seq>``
+        with its locator (``_by_location``). Either way the line carries the locator, so the
+        audit can also find the origin of a retry copy named by its own id."""
         self._count_gave_up("record_unreadable", len(found))
         if self.enabled and found:
-            internal = parse_internal_subject(subject)
-            user_subject = subject if internal is None else internal.subject
-            self._gave_up_lines([message_members(msg_id or f"{subject}@{seq}", user_subject)
+            user_subject = _user_subject(subject)
+            log_subject = None if user_subject == subject else subject
+            self._gave_up_lines([message_members(msg_id, user_subject)
+                                 + locator_member(seq, log_subject) if msg_id
+                                 else _by_location(subject, seq)
                                  for seq, msg_id in found], now_ms, "record_unreadable", key)
 
-    def retention_deleted(self, count: int, members: Sequence[str], now_ms: int) -> None:
+    def retention_deleted(self, count: int, members: Sequence[str], now_ms: int,
+                          unnamed: Sequence[tuple[str, int]] = ()) -> None:
         """Messages retention's hard cap deleted before every pull-log group was past them
         (event loop): ``gave_up`` ``retention_hard_cap`` for every group (group null: a group
         that had acked it has settled it), named by the members the store thread built
-        (``members_of``)."""
+        (``members_of``), and those whose record could not be read (``unnamed``: (wire
+        subject, consumer-log seq)) by their location (``_by_location``)."""
         self._count_gave_up("retention_hard_cap", count)
-        if self.enabled and members:
-            self._gave_up_lines(members, now_ms, "retention_hard_cap", None)
+        if self.enabled and (members or unnamed):
+            self._gave_up_lines([*members, *(_by_location(s, seq) for s, seq in unnamed)],
+                                now_ms, "retention_hard_cap", None)
 
     @staticmethod
     def members_of(payload: bytes) -> str | None:
@@ -305,7 +326,7 @@ class BrokerTracer:
                 # (a unit test holds them equal) without its general checks.
                 members = (f'"msg_id":{_json_str(msg_id)}{self._subject_member(subject)},'
                            f'"created_at_ms":{created_at_ms}')
-                lines.append(f"{start}{members}{end}")
+                lines.append(f'{start}{members},"seq":{sequence}{end}')
             else:
                 peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
                                        created_at_ms=created_at_ms,
@@ -314,7 +335,11 @@ class BrokerTracer:
                 if peeked is None:
                     continue
                 members = peeked.members
-                lines.append(writer.line("stored", now_ms, members,
+                # The locator after the members: they are remembered for the pull, which
+                # does not carry it.
+                located = members + locator_member(sequence, subject if subject[:1] == "%"
+                                                   else None)
+                lines.append(writer.line("stored", now_ms, located,
                                          PRODUCED_MEMBER if _producers_own(peeked) else ""))
             run = remembered.get(subject)
             if run is None:
@@ -374,7 +399,8 @@ class BrokerTracer:
         members = list(map("".join, zip(*columns)))
         writer = self.writer
         assert writer is not None
-        writer.emit_lines(list(map("".join, zip(repeat(start), members, repeat(end)))))
+        writer.emit_lines(list(map("".join, zip(repeat(start), members, repeat(',"seq":'),
+                                                map(str, sequences), repeat(end)))))
         self._remember(subject, sequences, members)  # type: ignore[arg-type]  # no None here
         return True
 

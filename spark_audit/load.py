@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tracelog.events import (EVENT_FIELD_NAMES, HOUR_MS, MESSAGE_ID_FIELD, PRODUCED_FLAG,
+from tracelog.events import (EVENT_FIELD_NAMES, HOUR_MS, LOCATOR_FIELD_NAMES, MESSAGE_ID_FIELD,
+                             PRODUCED_FLAG,
                              REQUIRED_FIELDS, SUBSCRIPTION_KINDS, SUBSCRIPTION_REQUIRED_FIELDS)
 from spark_audit.schema import EVENT_SCHEMA, LINE_SCHEMA
 
@@ -54,7 +55,7 @@ def normalize_events(raw: DataFrame) -> DataFrame:
     """Drop rows missing a required field (``tracelog.events.complete``: ``msg_id``, or for a
     subscription event ``group`` and ``consumer``); expand ``produced`` flags
     (``expand_produced``); ``origin_id`` defaults to ``msg_id``, ``retries`` to 0; columns in
-    schema order."""
+    schema order, then the locators when the lines have them (``spark_audit.names``)."""
     required = F.lit(True)
     for name in REQUIRED_FIELDS:
         required = required & F.col(name).isNotNull()
@@ -68,8 +69,11 @@ def normalize_events(raw: DataFrame) -> DataFrame:
         "origin_id": F.coalesce(F.col("origin_id"), F.col("msg_id")),
         "retries": F.coalesce(F.col("retries"), F.lit(0)),
     }
+    # The locators (tracelog.events.LOCATOR_FIELDS) stay beside the event fields when the
+    # lines have them: spark_audit.names needs them, and drops them.
+    names = EVENT_FIELD_NAMES + tuple(n for n in LOCATOR_FIELD_NAMES if n in raw.columns)
     return expand_produced(raw.where(required)).select(
-        *[defaults.get(name, F.col(name)).alias(name) for name in EVENT_FIELD_NAMES])
+        *[defaults.get(name, F.col(name)).alias(name) for name in names])
 
 
 def _is_local(path: str) -> bool:

@@ -45,7 +45,9 @@ from spark_audit.delivery import (
 )
 from spark_audit.errors import NoTraceFiles
 from spark_audit.histogram import histogram
+from tracelog.events import LOCATOR_FIELD_NAMES
 from spark_audit.load import load_events, local_trace_bytes
+from spark_audit.names import has_locators, located_give_ups, name_give_ups
 from spark_audit.output import Table, collect_tables, rows_as_dicts, write_tables, write_text
 from spark_audit.retry import retry_distribution, retry_summary
 
@@ -89,6 +91,7 @@ class AuditOptions:
     conf: tuple[tuple[str, str], ...] = ()  # Spark settings (key, value), applied last
     allow_lost: bool = False  # lost messages are reported but do not fail the gate
     allow_overdue: bool = False  # overdue messages are reported but do not fail the gate
+    json: bool = False  # stdout: the verdict and counts as one JSON document, not the tables
 
 
 def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
@@ -125,19 +128,24 @@ def _keep(df: DataFrame) -> DataFrame:
 
 
 def _read_events(spark: SparkSession, options: AuditOptions
-                 ) -> tuple[DataFrame, int, int, int]:
+                 ) -> tuple[DataFrame, DataFrame, int, int, int]:
     """The events, persisted, with their count and first and latest time (one job that also
-    fills the cache). Raises NoTraceFiles when a path has no trace file."""
+    fills the cache and lists the give-ups to name by location: ``spark_audit.names``, a
+    second small job only when there are any), and the persisted frame they derive from (to
+    unpersist). Raises NoTraceFiles when a path has no trace file."""
     try:
-        events = _keep(load_events(spark, list(options.trace_dirs), options.since_ms,
-                                   options.until_ms))
-        total, first_ms, latest_ms = events.agg(F.count(F.lit(1)), F.min("ts_ms"),
-                                                F.max("ts_ms")).first()
+        events = cached = _keep(load_events(spark, list(options.trace_dirs),
+                                            options.since_ms, options.until_ms))
+        located = [located_give_ups()] if has_locators(events) else []
+        total, first_ms, latest_ms, *locations = events.agg(
+            F.count(F.lit(1)), F.min("ts_ms"), F.max("ts_ms"), *located).first()
     except AnalysisException as exc:
         if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
             raise NoTraceFiles(", ".join(options.trace_dirs), str(exc).splitlines()[0]) from exc
         raise
-    return events, total, first_ms or 0, latest_ms or 0
+    if located:  # give-ups named by location: looked up, then the locators are dropped
+        events = name_give_ups(events, locations[0]).drop(*LOCATOR_FIELD_NAMES)
+    return events, cached, total, first_ms or 0, latest_ms or 0
 
 
 def _small_tables(events: DataFrame, chains: DataFrame, facts: DataFrame,
@@ -196,8 +204,8 @@ def audit(spark: SparkSession, options: AuditOptions,
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
     step(f"reading events from {', '.join(options.trace_dirs)}...")
-    events, total, first_ms, latest_ms = _read_events(spark, options)
-    kept = [events]
+    events, cached, total, first_ms, latest_ms = _read_events(spark, options)
+    kept = [cached]
     try:
         step(f"{total:,} events")
         step("delivery, delay and retry audits...")
@@ -255,8 +263,8 @@ def exit_code(results: report.AuditResults) -> int:
 
 
 def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int:
-    """Audit, write report.md and report.html, print the summary; returns the exit code
-    (``exit_code``). Raises NoTraceFiles when a trace path holds no trace file."""
+    """Audit, write report.md and report.html, print the summary (or with ``options.json``
+    its JSON document, ``report.summary_json``); returns the exit code (``exit_code``). Raises NoTraceFiles when a trace path holds no trace file."""
     # py4j narrates its connections at INFO; only its warnings matter here.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
     # The charts' imports, while this thread waits for the JVM (import is thread-safe).
@@ -271,5 +279,7 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     finally:
         if created:
             spark.stop()
-    print(report.summary(results), flush=True)
-    return exit_code(results)
+    code = exit_code(results)
+    print(report.summary_json(results, code) if options.json else report.summary(results),
+          flush=True)
+    return code

@@ -8,6 +8,8 @@ power-of-two millisecond scale inside fenced blocks, so they survive any rendere
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -176,6 +178,30 @@ def summary(results: AuditResults) -> str:
              "Delivery per (subject, group):", table(DELIVERY_COLUMNS, results.delivery), "",
              "Delay per subject:", table(DELAY_COLUMNS, results.delay)]
     return "\n".join(parts)
+
+
+def summary_json(results: AuditResults, exit_code: int) -> str:
+    """The verdict and the counts as one JSON document (``qmq audit --json``): ``passed``,
+    ``verdict`` (the text line), ``exit_code``, ``lost``/``overdue``/``early`` (the gate's
+    counts), ``allowed`` (the kinds ``--allow-*`` let pass), ``events``, ``anomalies`` (rows
+    per kind), ``gave_up`` (give-ups per reason), and the ``delivery`` and ``delay`` rows."""
+    gave_up: dict[str, int] = {}
+    for row in results.gave_up:
+        gave_up[row["reason"]] = gave_up.get(row["reason"], 0) + row["messages"]
+    document = {
+        "passed": results.passed, "verdict": results.verdict(), "exit_code": exit_code,
+        "lost": results.lost, "overdue": results.overdue, "early": results.early,
+        "allowed": [kind for kind, allow in (("lost", results.allow_lost),
+                                             ("overdue", results.allow_overdue)) if allow],
+        "events": results.events, "deadline_ms": results.deadline_ms,
+        "since_ms": results.since_ms, "until_ms": results.until_ms,
+        "anomalies": {kind: results.anomaly_counts.get(kind, 0) for kind in ANOMALY_KINDS},
+        "gave_up": gave_up,
+        "delivery": [dict(row) for row in results.delivery],
+        "delay": [dict(row) for row in results.delay],
+        "notes": list(results.notes),
+    }
+    return json.dumps(document, sort_keys=False, default=str)
 
 
 def render(results: AuditResults) -> str:

@@ -135,7 +135,16 @@ EVENT_FIELD_NAMES = tuple(name for name, _ in EVENT_FIELDS)
 # What a line may carry: the event fields plus the flag readers expand (see above); not an event
 # field, so the events DataFrame and read_events never show it.
 PRODUCED_FLAG = "produced"
-LINE_FIELDS: tuple[tuple[str, str], ...] = EVENT_FIELDS + ((PRODUCED_FLAG, "boolean"),)
+# Where the realtime broker stored a copy, so a record it can no longer read (not even its id)
+# can be tied back to its message: a ``stored`` line carries its consumer-log sequence ``seq``
+# (and ``log_subject``, the internal subject, when the copy is a retry or dead copy stored under
+# ``%retry%...``/``%dead%...``), and a ``gave_up`` line named ``<subject>@<seq>`` carries the
+# same pair. The audit (``spark_audit.names``) matches them per server. Not event fields:
+# ``read_events`` leaves them out, the audit keeps them beside the events.
+LOCATOR_FIELDS: tuple[tuple[str, str], ...] = (("seq", "long"), ("log_subject", "string"))
+LOCATOR_FIELD_NAMES = tuple(name for name, _ in LOCATOR_FIELDS)
+LINE_FIELDS: tuple[tuple[str, str], ...] = (EVENT_FIELDS + LOCATOR_FIELDS
+                                            + ((PRODUCED_FLAG, "boolean"),))
 # The flag as line members, for ``TraceWriter.line``'s ``extra``.
 PRODUCED_MEMBER = f',"{PRODUCED_FLAG}":true'
 REQUIRED_FIELDS = ("event", "ts_ms", "subject")  # a line without one is dropped
@@ -280,6 +289,15 @@ def tags_member(tags: Iterable[str]) -> str:
 def reason_member(reason: str) -> str:
     """``,"reason":...`` for ``TraceWriter.line``'s ``extra`` (a ``gave_up`` line)."""
     return f',"reason":{_json_str(reason)}'
+
+
+def locator_member(sequence: int, log_subject: str | None = None) -> str:
+    """``,"seq":N`` (and ``,"log_subject":...`` for an internal subject) for ``TraceWriter.line``'s
+    ``extra``: where the broker stored a copy (``LOCATOR_FIELDS``)."""
+    out = f',"seq":{_json_int("seq", sequence)}'
+    if log_subject is not None:
+        out += f',"log_subject":{_json_str(log_subject)}'
+    return out
 
 
 def subject_member(subject: str) -> str:

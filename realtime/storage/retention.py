@@ -12,7 +12,8 @@ segment is never deleted. Oldest first, a segment is deleted when:
 The first segment that qualifies for none of these stops the walk, so the log stays contiguous.
 Records a hard cap deletes at or after ``keep_sequences[subject]`` (a pull-log group of their
 subject had not consumed them) are counted in the report, and named when the caller passes
-``name_unconsumed`` (payload -> trace members), so the server can trace each as given up.
+``name_unconsumed`` (payload -> trace members), so the server can trace each as given up; the
+walk goes through the consumer logs, so a damaged record is passed over, not the end of it.
 Then every subject's first sequence moves to its first entry inside the retained log, and its
 consumer-log files whose entries are all below that are deleted (never its last file, which keeps
 the end sequence).
@@ -28,9 +29,10 @@ from realtime.storage.config import StoreConfig
 from realtime.storage.consumer_log import ConsumerLog, DeletedFile
 from logstore import CorruptRecord
 from realtime.storage.message_log import MessageLog
-from realtime.storage.message_record import decode_message_record
+from realtime.storage.errors import CorruptEntry
 
 log = logging.getLogger(__name__)
+NOTE_ENTRIES_PER_READ = 4_096  # consumer-log entries read at once by the hard cap's naming walk
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class RetentionReport:
     kept_for: str | None = None  # the subject whose group stopped time-based deletion, if any
     unconsumed_deleted: int = 0  # records a hard cap deleted that a pull-log group still needed
     unconsumed_names: list[str] = field(default_factory=list)  # their name_unconsumed results
+    # (subject, sequence) of those whose record could not be read or named (named_unconsumed
+    # given): the server names them by their location
+    unconsumed_unnamed: list[tuple[str, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         """True when anything was deleted or any first sequence moved (worth logging)."""
@@ -82,31 +87,56 @@ def _keep_offset(consumer_logs: dict[str, ConsumerLog],
     return lowest, lowest_subject
 
 
-def _note_unconsumed(message_log: MessageLog, doomed: list[DeletedSegment],
-                     keep_sequences: Mapping[str, int],
+def _note_unconsumed(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
+                     doomed: list[DeletedSegment], keep_sequences: Mapping[str, int],
                      name: Callable[[bytes], str | None] | None, report: RetentionReport) -> None:
-    """Count (and name) the records of hard-capped ``doomed`` segments at or after the lowest
-    sequence a pull-log group of their subject still needs: they are given up on."""
-    capped = [d for d in doomed if d.reason != "retention"]
-    if not capped or not keep_sequences:
+    """Count (and name) the records of the ``doomed`` segments at or after the lowest sequence
+    a pull-log group of their subject still needs, when a hard cap deleted any of them: they
+    are given up on. (A segment deleted by plain retention holds no such record.)
+
+    Walked through each subject's consumer log rather than the message log: every entry says
+    where its record starts, so a damaged record is passed over and the walk goes on with the
+    next one (a scan of the message log would stop there, its length unknown). A record that
+    cannot be read or named goes to ``unconsumed_unnamed`` as (subject, sequence)."""
+    if all(d.reason == "retention" for d in doomed) or not keep_sequences:
         return
-    for segment in capped:
+    low, high = doomed[0].base_offset, doomed[-1].end_offset
+    for subject, keep in keep_sequences.items():
+        clog = consumer_logs.get(subject)
+        if clog is None:
+            continue
         try:
-            for offset, body in message_log.log.iterate(segment.base_offset):
-                if offset >= segment.end_offset:
-                    break
-                record = decode_message_record(body)
-                keep = keep_sequences.get(record.subject)
-                if keep is None or record.subject_sequence < keep:
-                    continue
+            sequence = max(keep, clog.find_first(
+                lambda e: not e.is_hole and e.message_log_offset >= low))
+            _note_subject(message_log, clog, sequence, high, name, report)
+        except CorruptEntry as exc:  # the index itself is damaged: the rest cannot be found
+            log.warning("message log: a consumer log of %r is damaged; records the hard cap "
+                        "deleted past it are not counted as given up: %s", subject, exc)
+
+
+def _note_subject(message_log: MessageLog, clog: ConsumerLog, sequence: int, high: int,
+                  name: Callable[[bytes], str | None] | None, report: RetentionReport) -> None:
+    """``_note_unconsumed`` for one subject: its entries from ``sequence`` below ``high``."""
+    while sequence < clog.end:
+        for entry in clog.entries(sequence, min(NOTE_ENTRIES_PER_READ, clog.end - sequence)):
+            if not entry.is_hole:
+                if entry.message_log_offset >= high:
+                    return
                 report.unconsumed_deleted += 1
-                named = name(record.payload) if name is not None else None
-                if named is not None:
-                    report.unconsumed_names.append(named)
-        except (CorruptRecord, ValueError) as exc:  # the rest of the segment cannot be named
-            log.warning("message log: segment %s deleted by the hard cap has an unreadable "
-                        "record; its later records are not counted as given up: %s",
-                        segment.path, exc)
+                named = None
+                if name is not None:
+                    try:
+                        record, _size = message_log.read(entry.message_log_offset)
+                    except CorruptRecord:
+                        pass
+                    else:
+                        if (record.subject, record.subject_sequence) == (clog.subject, sequence):
+                            named = name(record.payload)
+                    if named is None:
+                        report.unconsumed_unnamed.append((clog.subject, sequence))
+                    else:
+                        report.unconsumed_names.append(named)
+            sequence += 1
 
 
 def apply_retention(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
@@ -139,7 +169,8 @@ def apply_retention(message_log: MessageLog, consumer_logs: dict[str, ConsumerLo
         doomed.append(DeletedSegment(info.base_offset, info.end_offset, info.size_bytes,
                                      info.path, newest_ms, reason))
     if doomed:
-        _note_unconsumed(message_log, doomed, keep_sequences, name_unconsumed, report)
+        _note_unconsumed(message_log, consumer_logs, doomed, keep_sequences, name_unconsumed,
+                         report)
         message_log.log.delete_segments_before(doomed[-1].end_offset)
         report.deleted_segments = doomed
         report.bytes_deleted = sum(d.size_bytes for d in doomed)

@@ -14,21 +14,31 @@ speak the wire protocol. Faults are injected, not hoped for:
   the ``stockers`` group's first pull of it (a scan of the store) passes over it for good
   instead of failing every pull of the group: ``record_unreadable``, named by the id its
   damaged record still holds.
-- ``capped-1`` and ``capped-2``, on a second broker with one record per segment, are held by a
-  consumer when retention's hard cap (lowered on the store thread: the fault) deletes their
-  segments: ``retention_hard_cap``. ``capped-3``, in the active segment, is acked.
+- ``headless-1``, stored after ``rotten-1``, has the subject in its record's header damaged, so
+  not even its id can be read: the broker names it ``stock@<seq>`` with its location, and the
+  audit ties it to its ``stored`` line: ``record_unreadable`` under its own id.
+- ``retried-1`` is nacked by the ``fixers`` group; its retry copy ``retried-1.r1``, stored under
+  the retry subject after the delay server's dispatch, rots and is passed over by the group's
+  pull of the retry subject: the broker names it by the copy's id, the audit by its origin.
+- ``capped-1``, ``capped-2`` and ``capped-3``, on a second broker with small segments, are held
+  by a consumer when retention's hard cap (lowered on the store thread: the fault) deletes
+  their segments: ``retention_hard_cap``. ``capped-1``'s record is damaged first; the naming
+  walk passes over it (named by location) and names ``capped-2``, after it in the same
+  segment. ``capped-4``, in the active segment, is acked.
 - ``held-1`` is pulled by a consumer of another group that never acks it: past the deadline the
   broker still holds it, so it is overdue, not lost.
 
 Everything else is delivered and acked in time. The audit (the session's SparkSession) must exit
-1 and name exactly refused-1, corrupt-1, rotten-1, capped-1 and capped-2 as lost, with their
-reasons, and held-1 as overdue.
+1 and name exactly refused-1, corrupt-1, rotten-1, headless-1, retried-1 and capped-1..3 as
+lost, with their reasons, and held-1 as overdue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import glob
+import json
 import os
 import time
 
@@ -49,8 +59,13 @@ from tests.rawclient import RawClient
 DEADLINE_MS = 3_000  # generous for a loaded machine: an ack in time must not look late
 CORRUPT_MARKER = b"please-damage-this-body"
 ROTTEN_MARKER = b"please-rot-this-unread-body"
-CAPPED_BODY_BYTES = 700  # with 1 KiB segments: one record per segment
+RETRY_MARKER = b"please-rot-this-retry-copy"
+CAPPED_MARKER = b"please-rot-this-capped-body"
+# With 1 KiB segments: capped-1 and capped-2 share the first segment, capped-3 fills the second,
+# capped-4 starts the active one.
+CAPPED_BODY_BYTES = {"capped-1": 300, "capped-2": 300, "capped-3": 700, "capped-4": 700}
 WAIT_S = 30
+RETRY_SUBJECT = "%retry%redo%fixers"
 
 
 def now_ms() -> int:
@@ -104,19 +119,23 @@ def rt_config(tmp_path, meta_url: str) -> RealtimeConfig:
 
 
 async def lose_to_the_hard_cap(tmp_path, meta_url: str) -> None:
-    """A second broker, one record per segment: capped-1..3 pulled by ``slow``/s1, capped-3
-    acked; then the hard cap, lowered to 0 bytes, deletes every segment but the active one."""
+    """A second broker, small segments: capped-1..4 pulled by ``slow``/s1, capped-4 acked;
+    capped-1's record damaged; then the hard cap, lowered to 0 bytes, deletes every segment but
+    the active one."""
     rt2 = RealtimeServer(dataclasses.replace(
         rt_config(tmp_path, meta_url), data_dir=str(tmp_path / "rt2"), group="rt-2",
         segment_size_bytes_max=1024))
     await rt2.start()
     try:
         client = await RawClient.connect(rt2.port)
-        for msg_id in ("capped-1", "capped-2", "capped-3"):
-            await client.send(Message.create("capped.s", b"c" * CAPPED_BODY_BYTES,
-                                             now_ms=now_ms(), id=msg_id))
-        await pull_ack(client, "capped.s", "slow", "s1", {"capped-1", "capped-2", "capped-3"},
-                       hold={"capped-1", "capped-2"})
+        for msg_id, size in CAPPED_BODY_BYTES.items():
+            body = (CAPPED_MARKER if msg_id == "capped-1" else b"").ljust(size, b"c")
+            await client.send(Message.create("capped.s", body, now_ms=now_ms(), id=msg_id))
+        await pull_ack(client, "capped.s", "slow", "s1", set(CAPPED_BODY_BYTES),
+                       hold={"capped-1", "capped-2", "capped-3"})
+        segments = await rt2.broker.on_store_thread(rt2.broker.store._message_log.segments)
+        assert len(segments) == 3, segments  # the layout the docstring says
+        damage(str(tmp_path / "rt2"), CAPPED_MARKER)
         store = rt2.broker.store
 
         def lower_the_hard_cap() -> None:  # the fault, on the store's own thread
@@ -124,23 +143,38 @@ async def lose_to_the_hard_cap(tmp_path, meta_url: str) -> None:
 
         await rt2.broker.on_store_thread(lower_the_hard_cap)
         await rt2.broker._retention_round()
-        assert rt2.broker.tracer.gave_up_counts == {"retention_hard_cap": 2}
+        assert rt2.broker.tracer.gave_up_counts == {"retention_hard_cap": 3}
         await client.close()
     finally:
         await rt2.stop()
 
 
-def damage(data_dir: str, marker: bytes) -> None:
-    """Flip one bit inside ``marker`` in the message-log segment that holds it."""
-    for root, _dirs, files in os.walk(data_dir):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as file:
-                offset = file.read().find(marker)
-            if offset >= 0 and "trace" not in path:
-                flip_bit(path, offset + len(marker) // 2)
-                return
-    raise AssertionError(f"{marker!r} is in no file under {data_dir}")
+def message_log_files(data_dir: str) -> list[str]:
+    """The message-log segments under ``data_dir``, oldest first."""
+    return sorted(glob.glob(os.path.join(data_dir, "messagelog", "*.log")))
+
+
+def damage(data_dir: str, marker: bytes, *, last: bool = False, at: int = 0) -> None:
+    """Flip one bit of the message log: inside ``marker`` (its middle), or ``at`` bytes from
+    its start when ``at`` is given; the first occurrence, or the last one with ``last``."""
+    files = message_log_files(data_dir)
+    for path in reversed(files) if last else files:
+        with open(path, "rb") as file:
+            data = file.read()
+        offset = data.rfind(marker) if last else data.find(marker)
+        if offset >= 0:
+            flip_bit(path, offset + (at or len(marker) // 2))
+            return
+    raise AssertionError(f"{marker!r} is in no message-log segment under {data_dir}")
+
+
+def count_in_message_log(data_dir: str, marker: bytes) -> int:
+    """How many times ``marker`` is in the message log (a copy stored once is there once)."""
+    total = 0
+    for path in message_log_files(data_dir):
+        with open(path, "rb") as file:
+            total += file.read().count(marker)
+    return total
 
 
 async def run_the_faulty_scenario(tmp_path) -> int:
@@ -164,6 +198,19 @@ async def run_the_faulty_scenario(tmp_path) -> int:
             await pull_ack(client, "stock", "stockers", "s1", {"stock-ok"})
             await client.send(Message.create("stock", ROTTEN_MARKER, now_ms=now_ms(),
                                              id="rotten-1"))
+            await client.send(Message.create("stock", b"h", now_ms=now_ms(), id="headless-1"))
+            # fixers nacks retried-1 at once; its copy comes back through the delay server.
+            await client.send(Message.create("redo", RETRY_MARKER, now_ms=now_ms(),
+                                             id="retried-1"))
+            response = await client.pull("redo", "fixers", "f1", start="earliest", wait_ms=2_000)
+            pull_seqs, payloads, _ = pull_columns(response)
+            assert [decode_message(p).id for p in payloads] == ["retried-1"]
+            nacked = await client.request({"op": "nack", "subject": "redo", "group": "fixers",
+                                           "consumer_id": "f1", "pull_seqs": pull_seqs,
+                                           "retry_after_ms": 100})
+            assert "error" not in nacked, nacked
+            await until(lambda: count_in_message_log(str(tmp_path / "rt"), RETRY_MARKER) == 2,
+                        "retried-1's retry copy stored")
             held_at_ms = now_ms()
             await client.send(Message.create("held.s", b"h", now_ms=held_at_ms, id="held-1"))
             for msg_id in ("late-ok", "refused-1"):
@@ -181,10 +228,16 @@ async def run_the_faulty_scenario(tmp_path) -> int:
             await rt.start()
             damage(str(tmp_path / "rt"), CORRUPT_MARKER)
             damage(str(tmp_path / "rt"), ROTTEN_MARKER)
+            # The last byte of the subject in headless-1's header (before the id's length).
+            damage(str(tmp_path / "rt"), b"headless-1", at=-3)
+            damage(str(tmp_path / "rt"), RETRY_MARKER, last=True)  # the copy, not the original
             client = await RawClient.connect(rt.port)
             response = await client.pull("stock", "stockers", "s1", wait_ms=200)
             assert pull_columns(response)[1] == []  # passed over, not a pull that fails
-            assert rt.broker.tracer.gave_up_counts == {"record_unreadable": 1}
+            response = await client.pull(RETRY_SUBJECT, "fixers", "f1", start="earliest",
+                                         wait_ms=200)
+            assert pull_columns(response)[1] == []
+            assert rt.broker.tracer.gave_up_counts == {"record_unreadable": 3}
             counts = rt.broker.tracer.gave_up_counts
             deadline = time.monotonic() + WAIT_S
             while not counts.get("redelivery_unreadable"):  # c1 expires, c2 finds it unreadable
@@ -210,7 +263,7 @@ def test_the_audit_of_a_run_with_injected_losses_names_exactly_the_lost_ids(
     until_ms = max(now_ms(), held_at_ms + DEADLINE_MS + 1_000)
     out = tmp_path / "audit"
     code = main(["audit", "--data-dir", str(tmp_path), "--out", str(out),
-                 "--deadline-ms", str(DEADLINE_MS), "--until", str(until_ms)])
+                 "--deadline-ms", str(DEADLINE_MS), "--until", str(until_ms), "--json"])
     printed = capsys.readouterr()
     assert code == 1, printed.out + printed.err[-3000:]
     rows = spark.read.parquet(str(out / "anomalies")).collect()
@@ -219,11 +272,20 @@ def test_the_audit_of_a_run_with_injected_losses_names_exactly_the_lost_ids(
     assert judged == [
         ("lost", "billing", "corrupt-1", "redelivery_unreadable", "realtime:rt-1"),
         ("lost", "billing", "refused-1", "dispatch_refused", "delay:delay-1"),
+        ("lost", "fixers", "retried-1", "record_unreadable", "realtime:rt-1"),
         ("lost", "slow", "capped-1", "retention_hard_cap", "realtime:rt-2"),
         ("lost", "slow", "capped-2", "retention_hard_cap", "realtime:rt-2"),
+        ("lost", "slow", "capped-3", "retention_hard_cap", "realtime:rt-2"),
+        ("lost", "stockers", "headless-1", "record_unreadable", "realtime:rt-1"),
         ("lost", "stockers", "rotten-1", "record_unreadable", "realtime:rt-1"),
         ("overdue", "keeper", "held-1", "held", "realtime:rt-1")]
     assert [r.kind for r in rows if r.kind not in ("lost", "overdue")] == []
     (held,) = [r for r in rows if r.kind == "overdue"]
     assert held.holder_consumer == "k1" and held.held_ms > DEADLINE_MS
-    assert printed.out.startswith("FAIL: 5 lost, 1 overdue, 0 early")
+    verdict = json.loads(printed.out)  # --json: one document on stdout, the same exit code
+    assert (verdict["passed"], verdict["exit_code"], verdict["lost"], verdict["overdue"],
+            verdict["early"]) == (False, 1, 8, 1, 0)
+    assert verdict["verdict"].startswith("FAIL: 8 lost, 1 overdue, 0 early")
+    assert verdict["gave_up"] == {"dispatch_refused": 1, "redelivery_unreadable": 1,
+                                  "record_unreadable": 3, "retention_hard_cap": 3}
+    assert verdict["anomalies"]["lost"] == 8

@@ -7,8 +7,11 @@ that a real audit writes report.html beside report.md.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from spark_audit import html_report
-from spark_audit.report import AuditResults
+from spark_audit.report import AuditResults, summary_json
 from tests.browser import artifact_path, open_page
 
 T = 1_767_225_600_000
@@ -86,3 +89,18 @@ def test_the_html_report_renders_offline_with_its_charts_drawn_and_no_console_er
     assert verdict == "FAIL: 1 lost, 1 overdue, 0 early"
     assert anomalies == ["lost", "overdue"]
     assert "pulled billing/c1" in history
+
+
+def test_the_json_summary_gives_the_verdict_counts_and_what_the_options_allowed():
+    # The same results as the page above (no Spark): 1 lost, 1 overdue, nothing early.
+    failed = json.loads(summary_json(results(), 1))
+    assert (failed["passed"], failed["exit_code"], failed["lost"], failed["overdue"],
+            failed["early"], failed["allowed"]) == (False, 1, 1, 1, 0, [])
+    assert failed["verdict"] == "FAIL: 1 lost, 1 overdue, 0 early"
+    assert failed["anomalies"] == {"lost": 1, "overdue": 1, "early": 0, "duplicate": 2,
+                                   "dead": 0}
+    assert failed["gave_up"] == {"dispatch_refused": 1}
+    assert [row["group"] for row in failed["delivery"]] == ["billing", "search#s1"]
+    allowed = json.loads(summary_json(
+        dataclasses.replace(results(), allow_lost=True, allow_overdue=True), 0))
+    assert (allowed["passed"], allowed["allowed"]) == (True, ["lost", "overdue"])

@@ -11,7 +11,8 @@ import pytest
 from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
 from wire.message import Message, encode_message
 from serverkit.send_check import Checked
-from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members, read_events
+from tracelog.events import (PRODUCED_MEMBER, TraceWriter, locator_member, message_members,
+                             read_events)
 
 T0_MS = 1_767_225_600_000
 
@@ -100,8 +101,8 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
     tracer = BrokerTracer(writer)
     tracer.stored([checked(msg_id, subject)], [0], T0_MS + 1)
     expected = writer.line("stored", T0_MS + 1, message_members(msg_id, subject,
-                                                                created_at_ms=T0_MS),
-                           PRODUCED_MEMBER)
+                                                                created_at_ms=T0_MS)
+                           + locator_member(0), PRODUCED_MEMBER)
     writer.close()
     (path,) = tmp_path.glob("*/*.jsonl")
     assert path.read_text() == expected + "\n"
@@ -133,8 +134,9 @@ def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_me
     writer.close()
     (path,) = tmp_path.glob("*/*.jsonl")
     flag = PRODUCED_MEMBER if deliver_at_ms is None else ""
-    assert path.read_text() == "".join(writer.line("stored", T0_MS + 1, m, flag) + "\n"
-                                       for m in members)
+    assert path.read_text() == "".join(
+        writer.line("stored", T0_MS + 1, m + locator_member(seq), flag) + "\n"
+        for m, seq in zip(members, [5, 6, 7]))
 
 
 def test_a_duplicate_in_a_stored_batch_gets_no_line(tmp_path):

@@ -179,6 +179,28 @@ def test_the_hard_cap_counts_and_names_what_a_group_had_not_consumed_and_only_th
     store.close()
 
 
+def test_the_hard_cap_passes_over_a_damaged_record_and_names_the_records_after_it(data_dir):
+    config = dataclasses.replace(TINY, retention_hard_cap_bytes=8192)
+    store = fill(data_dir, config)
+    store.close()
+    # Damage the body of "a" 4, the middle record of its segment ("a" 3, 4, 5).
+    (segment,) = [p for p in glob.glob(os.path.join(data_dir, "messagelog", "*.log"))
+                  if bytes([4]) * PAYLOAD_BYTES in open(p, "rb").read()]
+    with open(segment, "r+b") as file:
+        offset = file.read().find(bytes([4]) * PAYLOAD_BYTES) + PAYLOAD_BYTES // 2
+        file.seek(offset)
+        file.write(bytes([4 ^ 0x10]))
+    store = MessageStore(data_dir, config, now_ms=T0 + 20 * 60_000)
+    report = store.apply_retention(T0 + 20 * 60_000, {"a": 2, "b": 1},
+                                   lambda payload: f"payload of {payload[0]}")
+    first = store.first_sequence("a")
+    assert first > 6  # "a" 5, after the damaged record, was deleted too
+    assert report.unconsumed_deleted == first - 2
+    assert report.unconsumed_names == [f"payload of {i}" for i in range(2, first) if i != 4]
+    assert report.unconsumed_unnamed == [("a", 4)]
+    store.close()
+
+
 def test_time_retention_and_a_hard_cap_without_groups_give_nothing_up(data_dir):
     store = fill(data_dir)
     report = store.apply_retention(T0 + 5 * HOUR_MS, {"a": 9}, lambda payload: "named")
