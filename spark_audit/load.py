@@ -51,11 +51,11 @@ def expand_produced(lines: DataFrame) -> DataFrame:
           if name != PRODUCED_FLAG])
 
 
-def normalize_events(raw: DataFrame) -> DataFrame:
+def normalize_events(raw: DataFrame, locators: bool = False) -> DataFrame:
     """Drop rows missing a required field (``tracelog.events.complete``: ``msg_id``, or for a
     subscription event ``group`` and ``consumer``); expand ``produced`` flags
     (``expand_produced``); ``origin_id`` defaults to ``msg_id``, ``retries`` to 0; columns in
-    schema order, then the locators when the lines have them (``spark_audit.names``)."""
+    schema order; with ``locators``, then the locators the lines have (``spark_audit.names``)."""
     required = F.lit(True)
     for name in REQUIRED_FIELDS:
         required = required & F.col(name).isNotNull()
@@ -71,7 +71,8 @@ def normalize_events(raw: DataFrame) -> DataFrame:
     }
     # The locators (tracelog.events.LOCATOR_FIELDS) stay beside the event fields when the
     # lines have them: spark_audit.names needs them, and drops them.
-    names = EVENT_FIELD_NAMES + tuple(n for n in LOCATOR_FIELD_NAMES if n in raw.columns)
+    names = EVENT_FIELD_NAMES + tuple(n for n in LOCATOR_FIELD_NAMES
+                                      if locators and n in raw.columns)
     return expand_produced(raw.where(required)).select(
         *[defaults.get(name, F.col(name)).alias(name) for name in names])
 
@@ -143,14 +144,15 @@ def local_trace_bytes(paths: Sequence[str]) -> int | None:
 
 
 def load_events(spark: SparkSession, paths: Sequence[str], since_ms: int | None = None,
-                until_ms: int | None = None) -> DataFrame:
+                until_ms: int | None = None, *, locators: bool = False) -> DataFrame:
     """The events under ``paths`` with ``since_ms <= ts_ms < until_ms`` (either bound optional),
-    normalised. A path with no trace file makes Spark raise ``AnalysisException``."""
+    normalised (with ``locators``: plus the locator columns, for ``spark_audit.names``). A path
+    with no trace file makes Spark raise ``AnalysisException``."""
     globs = trace_globs(paths, since_ms, until_ms)
     if not globs:
         return spark.createDataFrame([], EVENT_SCHEMA)
     raw = spark.read.schema(LINE_SCHEMA).option("mode", "DROPMALFORMED").json(globs)
-    events = normalize_events(raw)
+    events = normalize_events(raw, locators)
     if since_ms is not None:
         events = events.where(F.col("ts_ms") >= since_ms)
     if until_ms is not None:

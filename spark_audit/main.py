@@ -135,7 +135,7 @@ def _read_events(spark: SparkSession, options: AuditOptions
     unpersist). Raises NoTraceFiles when a path has no trace file."""
     try:
         events = cached = _keep(load_events(spark, list(options.trace_dirs),
-                                            options.since_ms, options.until_ms))
+                                            options.since_ms, options.until_ms, locators=True))
         located = [located_give_ups()] if has_locators(events) else []
         total, first_ms, latest_ms, *locations = events.agg(
             F.count(F.lit(1)), F.min("ts_ms"), F.max("ts_ms"), *located).first()
