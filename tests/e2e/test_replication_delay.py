@@ -1,6 +1,6 @@
 """The data plane of a delay group with real processes (docs/REPLICATION.md 8): a slave copies
 the master's delay log and done journal; kill -9 of the master while it dispatches 10k delays
-due over the next 30 s (the issue's size): after the failover every one is delivered, none early, none lost, and
+due over the next 30 s: after the failover every one is delivered, none early, none lost, and
 none that was answered "cancelled"."""
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from tests.harness import (
 CONSUMER_OPTIONS = {"wait_ms": 500, "heartbeat_interval_ms": 500, "reconnect_backoff_max_ms": 500,
                     "start": "earliest"}
 DELAY_FLAGS = ("--bucket-ms", "1000", "--flush", "sync")
-# The issue asks for 10k delays due over 30 s. 10k are sent; they fall due over 15 s, because a
-# 30 s window alone would hold the test for ~45 s on a quiet machine (~95 s measured on a busy
-# one), past the ~60 s a test may take.
+# 10k delays due over 30 s, as the replication issue asks: the window alone holds the test ~45 s
+# on a quiet machine, which the suite's two workers absorb.
 COUNT = 10_000
-DUE_OVER_MS = 15_000
+DUE_OVER_MS = 30_000
 LEAD_MS = 5_000  # the first is due this long after sending began (sending takes seconds)
 CANCELS = 100
 # The cancelled ones are sent last and fall due this long after they were sent (plus up to a
