@@ -4,14 +4,17 @@
 each (broker address, broker group, subject) as sorted [first, last] ranges every
 ``interval_ms``, or at once when ``pending_max`` are waiting. Acks may come in any order: one
 slow message holds back neither the others' acks nor the iterator. A failed ack is retried with
-the next flush, up to ACK_ATTEMPTS_MAX times; after that the broker's redelivery takes over
-(at-least-once, never loss).
+the next flush, to the group's current master: at least ACK_ATTEMPTS_MAX times, and for a
+retriable failure for as long as ACK_RETRY_MS from its first failure, which outlasts a
+switchover or a failover of the broker group (acks are refused with not_master until the new
+master serves). After that the broker's redelivery takes over (at-least-once, never loss).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,8 +23,15 @@ from wire.limits import MAX_ACK_RANGES
 
 log = logging.getLogger(__name__)
 
-# A batch of acks that failed this many times is given up (the broker redelivers those messages).
+# A batch of acks that failed this many times is given up (the broker redelivers those
+# messages), unless its failures are retriable and younger than ACK_RETRY_MS.
 ACK_ATTEMPTS_MAX = 5
+# How long retriable ack failures are retried, in milliseconds, counted from the first: longer
+# than a planned switchover or a failover (a lease, ~3-5 s) so that the acks of messages handled
+# meanwhile reach the new master before their ack timeout hands them out again.
+ACK_RETRY_MS = 30_000
+# Pause between tries of the last acks at close, in milliseconds (no later flush will come).
+CLOSE_RETRY_PAUSE_MS = 100
 
 # (broker address, broker group, subject)
 AckKey = tuple[str, str, str]
@@ -51,7 +61,8 @@ class AckBatcher:
     ``interval_ms`` or once ``pending_max`` are waiting."""
 
     def __init__(self, send: SendAck, interval_ms: int, pending_max: int,
-                 resolve: Callable[[AckKey], str] | None = None) -> None:
+                 resolve: Callable[[AckKey], str] | None = None,
+                 monotonic_ms: Callable[[], float] = lambda: time.monotonic() * 1000) -> None:
         self._send_ack = send
         # Where a key's acks go now: the group's current master, which after a failover is
         # not the address the messages were pulled from (its pull log is a copy).
@@ -61,6 +72,8 @@ class AckBatcher:
         # Acked pull seqs per key, in the order recorded; duplicates are dropped when sent.
         self._pending: dict[AckKey, list[int]] = {}
         self._attempts: dict[AckKey, int] = {}
+        self._failing_since_ms: dict[AckKey, float] = {}  # monotonic ms of a key's first failure
+        self._monotonic_ms = monotonic_ms
         self._count = 0
         self._has_pending = asyncio.Event()
         self._full = asyncio.Event()
@@ -115,8 +128,10 @@ class AckBatcher:
                 await self._send_ack(address, {"op": "ack", "subject": subject, "ranges": chunk})
             except QmqError as exc:
                 attempts = self._attempts.get(key, 0) + 1
+                since_ms = self._failing_since_ms.setdefault(key, self._monotonic_ms())
                 left = {s for first, last in ranges[start:] for s in range(first, last + 1)}
-                if exc.retriable and attempts < ACK_ATTEMPTS_MAX:
+                if exc.retriable and (attempts < ACK_ATTEMPTS_MAX
+                                      or self._monotonic_ms() - since_ms < ACK_RETRY_MS):
                     self._attempts[key] = attempts
                     log.warning("ack of %d message(s) of %r to %s failed (%s); will retry",
                                 len(left), subject, broker_group, exc)
@@ -124,11 +139,13 @@ class AckBatcher:
                         self.add(key, seq)
                 else:
                     self._attempts.pop(key, None)
+                    self._failing_since_ms.pop(key, None)
                     log.error("giving up acking %d message(s) of %r on %s after %d attempt(s) "
                               "(%s: %s); the broker will redeliver them after the ack timeout",
                               len(left), subject, broker_group, attempts, exc.code, exc.message)
                 return
         self._attempts.pop(key, None)
+        self._failing_since_ms.pop(key, None)
 
     async def close(self) -> None:
         """Stop the timer and send what is recorded; later acks are dropped by the caller.
@@ -136,8 +153,8 @@ class AckBatcher:
         A flush in progress is waited for, never cancelled: a cancelled flush could drop acks it
         had taken but not yet written, and the consumer's leave, sent next, would then hand those
         messages to another consumer although the application had handled them. Acks that fail
-        with a retriable error are tried again here (up to ACK_ATTEMPTS_MAX), since no later
-        flush will come."""
+        with a retriable error are tried again here (as in a flush: up to ACK_ATTEMPTS_MAX, and
+        ACK_RETRY_MS for retriable failures), since no later flush will come."""
         self.closed = True
         self._has_pending.set()  # wake the timer task: it ends after its current flush
         self._full.set()
@@ -147,7 +164,8 @@ class AckBatcher:
         # Taking the lock also waits out a flush_acks() in progress, whatever it has in flight.
         await self.flush()
         while self._pending:  # re-added after a retriable failure; _send gives up in time
+            await asyncio.sleep(CLOSE_RETRY_PAUSE_MS / 1000)
             await self.flush()
 
 
-__all__ = ["ACK_ATTEMPTS_MAX", "AckBatcher", "AckKey", "seqs_to_ranges"]
+__all__ = ["ACK_ATTEMPTS_MAX", "ACK_RETRY_MS", "AckBatcher", "AckKey", "seqs_to_ranges"]
