@@ -54,6 +54,15 @@ async def send(port: int, ids: list[str]) -> list[dict[str, Any]]:
     return answer["results"]
 
 
+async def wait_accepted(port: int, what: str) -> None:
+    """Send until the master at ``port`` stores a message (min_insync met again)."""
+
+    async def accepted() -> bool:
+        return (await send(port, ["b"]))[0].get("status") == "stored"
+
+    await wait_for(accepted, 30, what)
+
+
 async def admin(url: str, method: str, path: str, body: Any = None) -> Any:
     async with aiohttp.ClientSession() as session:
         async with session.request(method, url + path, json=body) as response:
@@ -120,11 +129,7 @@ async def test_min_insync_refuses_sends_while_no_slave_is_in_sync_and_accepts_th
             assert refused[0]["code"] == "not_enough_replicas", refused
             second = realtime(tmp_path, meta.url, SECOND)
             await second.start()
-
-            async def accepted() -> bool:
-                return (await send(first.port, ["b"]))[0].get("status") == "stored"
-
-            await wait_for(accepted, 30, "a send accepted with the slave in sync")
+            await wait_accepted(first.port, "a send accepted with the slave in sync")
         finally:
             if second is not None:
                 await second.stop()
@@ -257,11 +262,7 @@ async def test_a_fetcher_that_is_no_slave_of_the_group_never_lets_min_insync_wri
                        in r.getMessage() for r in caplog.records)
             second = realtime(tmp_path, meta.url, SECOND)
             await second.start()
-
-            async def accepted() -> bool:
-                return (await send(first.port, ["b"]))[0].get("status") == "stored"
-
-            await wait_for(accepted, 30, "a send accepted with a real slave in sync")
+            await wait_accepted(first.port, "a send accepted with a real slave in sync")
         finally:
             await client.close()
             if second is not None:
