@@ -39,6 +39,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+# The name of the handler setup_logging installs, so whoever set it up can find it again.
+CLI_HANDLER_NAME = "qmq-cli"
+
+
 def setup_logging(level: str, log_format: str = "text") -> None:
     """Log to stderr at ``level`` (debug, info, warning, error) in ``log_format``."""
     global _format
@@ -46,6 +50,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
         raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     _format = log_format
     handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(CLI_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -70,4 +75,4 @@ def json_mode() -> bool:
     return _format == "json"
 
 
-__all__ = ["JsonFormatter", "LOG_FORMATS", "json_mode", "say", "setup_logging"]
+__all__ = ["CLI_HANDLER_NAME", "JsonFormatter", "LOG_FORMATS", "json_mode", "say", "setup_logging"]

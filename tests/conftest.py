@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
 
+from qmq.logs import CLI_HANDLER_NAME
 from tests.pg import PgCluster, PgUnavailable
 
 # No Hypothesis deadline: its default (200 ms per example) is an upper bound on wall-clock time,
 # which a test on a shared 2-core machine fails by being slow, not wrong.
 settings.register_profile("qmq", deadline=None)
 settings.load_profile("qmq")
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found() -> Iterator[None]:
+    """Put the root logger back after each test: a test that runs the CLI in-process gets its
+    setup_logging (root at INFO, a handler on that test's stderr), which would otherwise leak
+    into every later test on the same worker (what a test's caplog sees, writes to a closed
+    stream). pytest's own capture handlers change between phases and are left alone."""
+    root = logging.getLogger()
+    alembic = logging.getLogger("alembic")
+    levels = root.level, alembic.level
+    yield
+    root.setLevel(levels[0])
+    alembic.setLevel(levels[1])
+    for handler in list(root.handlers):
+        if handler.get_name() == CLI_HANDLER_NAME:
+            root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
