@@ -10,7 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
@@ -48,7 +48,10 @@ def head_revision() -> str:
 
 def make_engine(db_url: str) -> AsyncEngine:
     """Create the async engine; SQLite gets WAL, a busy timeout and enforced foreign keys."""
-    engine = create_async_engine(db_url, pool_pre_ping=True)
+    # A ping before each checkout finds a PostgreSQL connection the server or a proxy closed;
+    # a SQLite file is never disconnected, and the ping cost each query a thread round trip.
+    sqlite = make_url(db_url).get_backend_name() == "sqlite"
+    engine = create_async_engine(db_url, pool_pre_ping=not sqlite)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     return engine

@@ -184,3 +184,40 @@ def test_a_configured_admin_token_shorter_than_16_characters_is_refused_without_
     with pytest.raises(ValueError, match="admin_token of 6 characters is too short") as info:
         MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), admin_token="secret")
     assert "secret" not in str(info.value).replace("too short", "")
+
+
+async def test_a_burst_of_requests_at_a_cache_expiry_asks_the_database_once(
+    tmp_path: Any,
+) -> None:
+    # 64 requests arriving together with nothing cached (a busy gateway when the 1 s cache
+    # runs out) share one look-up of "is auth on" and one of their token, not one each.
+    import asyncio
+
+    from sqlalchemy import event
+
+    from metaserver.tokens import TOKENS_KEY
+
+    async with start_metaserver(MetaConfig(db_url=sqlite_url(tmp_path / "meta.db"),
+                                           port=0)) as server:
+        tokens = server.app[TOKENS_KEY]
+        made = await tokens.create("shop", ["orders.*"], ["orders.*"], admin=False)
+        revoked = await tokens.create("old", ["orders.*"], [], admin=False)
+        await tokens.revoke(revoked["id"])  # also empties the cache
+        queries: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if "app_tokens" in statement:
+                queries.append(statement)
+
+        engine = server.registry.engine
+        assert engine is not None
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        checks = await asyncio.gather(*(tokens.check(None) for _ in range(32)),
+                                      *(tokens.check(made["token"]) for _ in range(32)))
+        assert len(queries) == 2  # once for "is auth on", once for the shop token
+        assert all(c.enabled for c in checks)
+        assert [c.grant is None for c in checks] == [True] * 32 + [False] * 32
+        assert {c.grant.app for c in checks if c.grant} == {"shop"}
+        # A token revoked on this MetaServer is refused at once, not after the cache's second.
+        await tokens.revoke(made["id"])
+        assert (await tokens.check(made["token"])).grant is None
