@@ -216,6 +216,22 @@ async def test_a_schedule_is_paused_and_resumed_from_the_console(console):
     assert status == 200 and "is active" in text
 
 
+async def test_a_schedules_next_fire_is_shown_in_utc_like_every_page_with_its_zones_time_below(
+    console,
+):
+    from metaserver.console.render import format_ms
+
+    await console.api("POST", "/api/schedules", {"name": "berlin", "subject": "reports",
+                                                 "body": "run", "cron": "0 3 * * *",
+                                                 "tz": "Europe/Berlin"})
+    shown = await console.api("GET", "/api/schedules/berlin")
+    await console.login(ADMIN)
+    _, text, _ = await console.get("/schedules")
+    assert "Next fire (UTC)" in text
+    assert format_ms(shown["next_fire_ms"]) in text  # 01:00 or 02:00 UTC, not 03:00
+    assert shown["next_fire"] in text and "T03:00:00" in shown["next_fire"]
+
+
 async def test_a_bad_query_parameter_is_an_error_page_not_a_crash(open_console):
     for path in ("/subjects?page=x", "/delay?hours=999", "/dead?subject=%25bad",
                  "/dead/message?broker_group=a&dead_subject=x&sequence=1",
