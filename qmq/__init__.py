@@ -10,7 +10,7 @@ twin for Django, Flask and scripts.
 ``qmq.errors`` is ``wire.errors``; the CLI lives in ``qmq.cli``. The names are the SDK's
 public ones (``sdk.__all__``) and ``sync``, so the two lists cannot drift apart.
 
-The SDK (and aiohttp under it) is imported on first use of one of its names, not by ``import
+The SDK is imported on first use of one of its names, not by ``import
 qmq`` itself: the ``qmq`` command imports this package, and ``qmq --help``, ``qmq --version`` or
 a server command have no use for the client.
 """

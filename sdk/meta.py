@@ -16,15 +16,18 @@ promotions they make are row-locked transactions (docs/REPLICATION.md 6).
 from __future__ import annotations
 
 import asyncio
+import json as json_module
 import logging
 import ssl as ssl_module
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
+from sdk import http1
 from wire.errors import QmqError
+
+if TYPE_CHECKING:  # the servers pass their aiohttp sessions; the client never imports aiohttp
+    import aiohttp
 from wire.http import parse_meta_urls
 
 log = logging.getLogger(__name__)
@@ -73,27 +76,29 @@ class MetaEndpoints:
     def __str__(self) -> str:
         return ",".join(self.urls)
 
-    async def request(self, session: aiohttp.ClientSession, method: str, path: str, *,
+    async def request(self, session: aiohttp.ClientSession | None, method: str, path: str, *,
                       timeout_s: float, headers: dict[str, str] | None = None,
                       ssl: ssl_module.SSLContext | bool = True, json: Any = None,
                       params: dict[str, str] | None = None) -> MetaAnswer:
-        """``method path`` on the first MetaServer that answers (see the module doc)."""
+        """``method path`` on the first MetaServer that answers (see the module doc). With an
+        aiohttp ``session`` (the servers', kept alive) it goes through that; with None through
+        ``sdk.http1``, so a client loads no aiohttp."""
         failures: list[str] = []
         count = len(self.urls)
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
         for step in range(count):
             index = (self._preferred + step) % count
             url = self.urls[index]
             try:
-                async with session.request(method, url + path, timeout=timeout, headers=headers,
-                                           ssl=ssl, json=json, params=params) as response:
-                    status = response.status
-                    try:
-                        data = await response.json(content_type=None)
-                    except ValueError:
-                        data = None
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                failures.append(f"{url} is unreachable: {str(exc) or type(exc).__name__}")
+                if session is None:
+                    status, data = await _ask_http1(method, url + path, timeout_s=timeout_s,
+                                                    headers=headers, ssl=ssl, json=json,
+                                                    params=params)
+                else:
+                    status, data = await _ask_aiohttp(session, method, url + path,
+                                                      timeout_s=timeout_s, headers=headers,
+                                                      ssl=ssl, json=json, params=params)
+            except _Unreachable as exc:
+                failures.append(f"{url} is unreachable: {exc}")
                 continue
             if status >= 500 and error_code(data) not in SERVICE_ERROR_CODES:
                 failures.append(f"{url} answered HTTP {status}")
@@ -105,6 +110,45 @@ class MetaEndpoints:
             return MetaAnswer(status, data, url)
         where = "MetaServer" if count == 1 else f"any of {count} MetaServers"
         raise MetaUnavailable(f"cannot ask {where} ({method} {path}): {'; '.join(failures)}")
+
+
+class _Unreachable(Exception):
+    """One MetaServer could not be asked; the message says why."""
+
+
+async def _ask_http1(method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+    """Status and decoded JSON (None if not JSON) of one request through ``sdk.http1``."""
+    try:
+        answer = await http1.request(method, url, **kwargs)
+    except (OSError, asyncio.TimeoutError, http1.HttpProtocolError) as exc:
+        raise _Unreachable(_reason(exc)) from None
+    try:
+        return answer.status, json_module.loads(answer.body) if answer.body else None
+    except ValueError:
+        return answer.status, None
+
+
+async def _ask_aiohttp(session: aiohttp.ClientSession, method: str, url: str, *,
+                       timeout_s: float, **kwargs: Any) -> tuple[int, Any]:
+    """Status and decoded JSON (None if not JSON) of one request through a server's session."""
+    import aiohttp  # already loaded by the server that made the session
+
+    try:
+        async with session.request(method, url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                   **kwargs) as response:
+            try:
+                return response.status, await response.json(content_type=None)
+            except ValueError:
+                return response.status, None
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise _Unreachable(_reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a request failed, for the MetaUnavailable message."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer in time (timeout)"
+    return str(exc) or type(exc).__name__
 
 
 __all__ = ["MetaAnswer", "MetaEndpoints", "MetaUnavailable", "SERVICE_ERROR_CODES", "error_code"]

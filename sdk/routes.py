@@ -28,13 +28,14 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Literal
 
 from sdk.meta import MetaEndpoints, MetaUnavailable, error_code
 from wire.http import bearer, http_ssl
 from wire.errors import NoRoute, error_from_wire
+
+if TYPE_CHECKING:  # a caller may pass its own session; the cache itself never loads aiohttp
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ def parse_route(data: object, subject: str, role: str) -> Route:
 class RouteCache:
     """Routes per (subject, role) from the MetaServer at ``meta_url``, cached as described above.
 
-    Owns an aiohttp session unless one is passed in; ``close`` closes only a session it owns.
+    Asks through ``sdk.http1`` (no aiohttp loaded) unless an aiohttp session is passed in, which
+    it then uses and never closes.
     """
 
     def __init__(
@@ -146,7 +148,6 @@ class RouteCache:
         self.stale_retry_ms = stale_retry_ms
         self.request_timeout_ms = request_timeout_ms
         self._session = session
-        self._owns_session = session is None
         self._clock_ms = clock_ms
         # The app's token, sent as Bearer: the MetaServer wants one when auth is on.
         self._headers = bearer(token)
@@ -217,9 +218,7 @@ class RouteCache:
         await self._call("POST", "/api/clients/leave", json={"client_id": client_id})
 
     async def close(self) -> None:
-        """Close the HTTP session if this cache made it."""
-        if self._session is not None and self._owns_session:
-            await self._session.close()
+        """Forget the session passed in (its owner closes it); nothing else stays open."""
         self._session = None
 
     # -- internals ------------------------------------------------------------------------------
@@ -230,9 +229,6 @@ class RouteCache:
         return parse_route(data, subject, role)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-            self._owns_session = True
         answer = await self.meta.request(self._session, method, path,
                                          timeout_s=self.request_timeout_ms / 1000,
                                          headers=self._headers, ssl=http_ssl(self._ssl), **kwargs)

@@ -28,8 +28,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from sdk.meta import MetaEndpoints, MetaUnavailable
 from wire.errors import BadRequest, Conflict, ConnectionLost, QmqError, error_from_wire
 from wire.http import bearer, http_ssl
@@ -73,7 +71,6 @@ class Schedules:
         self._headers = bearer(token)
         self._ssl = http_ssl(client_context(tls))
         self._timeout_s = timeout_ms / 1000
-        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Schedules:
         return self
@@ -82,10 +79,8 @@ class Schedules:
         await self.close()
 
     async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Nothing to release: each call opens and closes its own connection (``sdk.http1``);
+        kept so ``async with Schedules(...)`` and ``close()`` stay the API."""
 
     async def create(self, name: str, subject: str, body: bytes | str, *,
                      cron: str | None = None, every: timedelta | int | None = None,
@@ -142,10 +137,8 @@ class Schedules:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
                     params: dict[str, str] | None = None) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         try:
-            answer = await self.meta.request(self._session, method, path,
+            answer = await self.meta.request(None, method, path,
                                              timeout_s=self._timeout_s, headers=self._headers,
                                              ssl=self._ssl, json=body, params=params)
         except MetaUnavailable as exc:

@@ -20,8 +20,10 @@ from metaserver.app import start_metaserver
 from metaserver.config import MetaConfig, sqlite_url
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
+from qmq import commands
 from sdk.connection import Connection
-from wire.errors import ConnectionLost
+from sdk.routes import RouteCache
+from wire.errors import ConnectionLost, NoRoute
 from tests.rawclient import RawClient
 
 ADMIN = "tls-admin-secret-0123456789"
@@ -76,6 +78,15 @@ async def test_messages_round_trip_over_tls_with_an_https_metaserver_and_auth_on
                     await got.ack()
                 assert bodies == {b"now", b"later"}
                 assert now.status == "stored" and later.delayed
+            # The CLI's admin calls (sdk.http1, no aiohttp) over https with the token ...
+            commands.CLIENT.set(commands.ClientSettings(token=ADMIN, tls_ca=cert))
+            brokers = await commands._admin_request(meta.url, "GET", "/api/admin/brokers")
+            assert {b["group"] for b in brokers["brokers"]} == {"rt-1", "delay-1"}
+            # ... and without it: refused, exit 1 (qmq.exits), the MetaServer's code named.
+            commands.CLIENT.set(commands.ClientSettings(token=None, tls_ca=cert))
+            with pytest.raises(commands.CommandError, match="401 unauthorized") as refused:
+                await commands._admin_request(meta.url, "GET", "/api/admin/brokers")
+            assert refused.value.exit_code == 1
         finally:
             await delay.stop()
             await realtime.stop()
@@ -96,6 +107,9 @@ async def test_a_client_that_does_not_trust_the_certificate_cannot_connect(
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(aiohttp.ClientConnectorCertificateError):
                     await session.get(meta.url + "/health")
+            # ... as the client's own path does (a route lookup: nothing cached, so NoRoute) ...
+            with pytest.raises(NoRoute, match="CERTIFICATE_VERIFY_FAILED"):
+                await RouteCache(meta.url).get("secure.now", "producer")
             # ... a plain-TCP client gets no answer from a TLS broker ...
             assert realtime.port is not None
             with pytest.raises(ConnectionError):
