@@ -107,6 +107,12 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+# The server commands take no abbreviated flags (``--flu`` for ``--flush``): a flag given wins
+# over the --config file, and config_file.explicit_flags knows a flag by its full name only, so
+# an abbreviation would have been obeyed by argparse yet lost to the file's value.
+_SERVER_PARSER: dict[str, Any] = {"allow_abbrev": False}
+
+
 class _Unbuilt:
     """What a sub-command that is not being run gets instead of its parser: every call and
     attribute is a no-op returning another ``_Unbuilt``, so its flags cost nothing."""
@@ -165,7 +171,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     actions = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub: Any = _OnlyCommand(actions, only if only in COMMANDS else None)
 
-    up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)")
+    up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)",
+                        **_SERVER_PARSER)
     up.add_argument("--data-dir", default="./qmq-data", help="where all state lives")
     up.add_argument("--config", default=None, metavar="FILE",
                     help="a TOML file of settings (docs/CLI.md); flags given win over it")
@@ -197,7 +204,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     up.add_argument("--delay-metrics-port", type=int, default=None,
                     help=f"delay /metrics port (default --delay-port + {METRICS_PORT_OFFSET})")
 
-    meta = sub.add_parser("metaserver", help="run a MetaServer")
+    meta = sub.add_parser("metaserver", help="run a MetaServer", **_SERVER_PARSER)
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
                       help="sqlite+aiosqlite:///FILE or postgresql+asyncpg://USER@HOST/DB")
     meta.add_argument("--host", default="127.0.0.1")
@@ -227,7 +234,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                       help="how long a claim on a schedule's next occurrence is this "
                            "MetaServer's alone; another resolves it after (default 30000)")
 
-    rt = sub.add_parser("realtime", help="run a realtime broker")
+    rt = sub.add_parser("realtime", help="run a realtime broker", **_SERVER_PARSER)
     rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
                     help=META_HELP)
     rt.add_argument("--data-dir", default=None, help="required, here or in --config")
@@ -256,7 +263,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_metrics_flags(rt)
     _add_replication_flags(rt)
 
-    delay = sub.add_parser("delay", help="run a delay server")
+    delay = sub.add_parser("delay", help="run a delay server", **_SERVER_PARSER)
     delay.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
                        help=META_HELP)
     delay.add_argument("--data-dir", default=None, help="required, here or in --config")
@@ -429,10 +436,6 @@ async def _run_server(args: argparse.Namespace) -> int:
                               args.host, advertise_host=args.advertise_host,
                               flush=args.flush, clock_offset_ms=args.clock_offset_ms,
                               trace=not args.no_trace, admin_token=args.admin_token,
-                              realtime_metrics_port=metrics_port_for(
-                                  args.realtime_port, args.realtime_metrics_port),
-                              delay_metrics_port=metrics_port_for(
-                                  args.delay_port, args.delay_metrics_port),
                               replicas=args.replicas, **_up_options(args))
         return 0
     if args.command == "metaserver":
@@ -506,6 +509,12 @@ def _up_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     for flag in args.explicit & set(_UP_FLAGS):
         for section, field in _UP_FLAGS[flag]:
             options[section][field] = flag_values[flag]
+    # A metrics port neither flag nor file gives: the server's data port (the file's, if it
+    # moved it) + METRICS_PORT_OFFSET, as `qmq realtime` and `qmq delay` do.
+    for section, port_flag in (("realtime", "realtime_port"), ("delay", "delay_port")):
+        if "metrics_port" not in options[section]:
+            port = options[section].get("port", getattr(args, port_flag))
+            options[section]["metrics_port"] = metrics_port_for(port, None)
     return {"meta_options": options["metaserver"], "realtime_options": options["realtime"],
             "delay_options": options["delay"]}
 

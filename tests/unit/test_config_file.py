@@ -120,3 +120,35 @@ def test_the_example_file_of_docs_cli_md_starts_every_server(tmp_path):
     for cls, section in ((MetaConfig, "metaserver"), (RealtimeConfig, "realtime"),
                          (DelayConfig, "delay")):
         cls(**config_file.settings(cls, str(path), section, data))
+
+
+@pytest.mark.parametrize("command", ["up", "metaserver", "realtime", "delay"])
+def test_a_server_command_refuses_an_abbreviated_flag_so_none_is_lost_to_the_file(command,
+                                                                                   capsys):
+    # argparse would read --flu as --flush, but only full names count as given over the file
+    flag = {"metaserver": "--broker-exp"}.get(command, "--flu")
+    with pytest.raises(SystemExit) as stopped:
+        cli.build_parser().parse_args([command, flag, "5", "--config", "f"])
+    assert stopped.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_qmq_up_takes_the_metrics_ports_from_the_file(tmp_path):
+    def up_options(text: str, *flags: str) -> dict:
+        path = tmp_path / "qmq.toml"
+        path.write_text(text)
+        argv = ["up", "--config", str(path), *flags]
+        args = cli.build_parser().parse_args(argv)
+        args.explicit = config_file.explicit_flags(argv)
+        args.config_data = config_file.load(str(path))
+        return cli._up_options(args)
+
+    given = up_options("[realtime]\nmetrics_port = 9101\n[delay]\nmetrics_port = 9102\n")
+    assert (given["realtime_options"]["metrics_port"],
+            given["delay_options"]["metrics_port"]) == (9101, 9102)
+    moved = up_options("[realtime]\nport = 30000\n[delay]\nport = 0\n")
+    assert (moved["realtime_options"]["metrics_port"],
+            moved["delay_options"]["metrics_port"]) == (30010, 0)  # its data port + 10; 0: any
+    assert up_options("[realtime]\nport = 30000\n")["delay_options"]["metrics_port"] == 20811
+    flagged = up_options("[realtime]\nmetrics_port = 9101\n", "--realtime-metrics-port", "9201")
+    assert flagged["realtime_options"]["metrics_port"] == 9201  # a flag given wins
