@@ -32,6 +32,10 @@ class RealtimeConfig(ServerConfig):
     retention_check_interval_ms: int = 60_000  # how often retention runs, in ms
     retry_backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # delay (ms) before retry n: [n-1], last repeats
     retries_max: int = DEFAULT_RETRIES_MAX  # after this many retries a nacked message is dead
+    # Per-group retry policy: a group's own backoff schedule (ms) and retries before the dead
+    # letters; what a group's entry does not set comes from the two above.
+    retry_backoff_ms_by_group: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    retries_max_by_group: dict[str, int] = field(default_factory=dict)
 
     POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
         "segment_size_bytes_max", "consumer_log_entries_per_file", "ack_timeout_ms",
@@ -55,6 +59,15 @@ class RealtimeConfig(ServerConfig):
         for group, value in self.ack_timeout_ms_by_group.items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ack_timeout_ms_by_group[{group!r}] must be > 0, got {value!r}")
+        for group, backoff in self.retry_backoff_ms_by_group.items():
+            if not isinstance(backoff, tuple) or not backoff or any(
+                    type(v) is not int or v < 0 for v in backoff):
+                raise ValueError(f"retry_backoff_ms_by_group[{group!r}] must be non-negative "
+                                 f"integers, at least one, got {backoff!r}")
+        for group, value in self.retries_max_by_group.items():
+            if type(value) is not int or value < 0:
+                raise ValueError(f"retries_max_by_group[{group!r}] must be an integer >= 0, "
+                                 f"got {value!r}")
 
     def ack_timeout_ms_for(self, group: str) -> int:
         """The ack timeout of ``group``, in ms."""

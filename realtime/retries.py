@@ -56,14 +56,32 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class RetryPolicies:
-    """The default policy and per (subject, group) overrides."""
+    """The default policy, per-group overrides (``by_group``: the ``[realtime]`` table's
+    ``retry_backoff_ms_by_group`` and ``retries_max_by_group``) and per (subject, group) ones;
+    the most specific wins."""
 
     default: RetryPolicy = RetryPolicy()
     overrides: dict[tuple[str, str], RetryPolicy] = field(default_factory=dict)
+    by_group: dict[str, RetryPolicy] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, backoff_ms: tuple[int, ...], retries_max: int,
+                      backoff_ms_by_group: dict[str, tuple[int, ...]],
+                      retries_max_by_group: dict[str, int]) -> RetryPolicies:
+        """The policies of a broker's settings: a group named in either per-group table gets
+        its own policy, taking what that table does not say from the defaults."""
+        groups = set(backoff_ms_by_group) | set(retries_max_by_group)
+        return cls(RetryPolicy(backoff_ms, retries_max), by_group={
+            group: RetryPolicy(backoff_ms_by_group.get(group, backoff_ms),
+                               retries_max_by_group.get(group, retries_max))
+            for group in sorted(groups)})
 
     def for_group(self, subject: str, group: str) -> RetryPolicy:
         """The policy of ``group`` consuming ``subject``."""
-        return self.overrides.get((subject, group), self.default)
+        policy = self.overrides.get((subject, group))
+        if policy is not None:
+            return policy
+        return self.by_group.get(group, self.default)
 
 
 @dataclass(frozen=True)

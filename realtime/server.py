@@ -14,7 +14,7 @@ from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
-from realtime.retries import RetryPolicies, RetryPolicy
+from realtime.retries import RetryPolicies
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
 from serverkit.frame_server import Session
@@ -115,7 +115,9 @@ class RealtimeServer(ServerBase):
                             on_pulllog_thread=broker.on_pulllog_thread, clock=broker.clock)
         nacks = NackHandler(
             broker,
-            RetryPolicies(RetryPolicy(config.retry_backoff_ms, config.retries_max)),
+            RetryPolicies.from_settings(config.retry_backoff_ms, config.retries_max,
+                                        config.retry_backoff_ms_by_group,
+                                        config.retries_max_by_group),
             self._retry_sender.send if self._retry_sender else None,
             protect_dead_subject=admin.protect,
         )

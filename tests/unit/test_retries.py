@@ -90,3 +90,23 @@ def test_a_bad_policy_is_refused_naming_the_value(backoff, retries_max):
 
 def test_the_default_schedule_has_ten_steps():
     assert len(DEFAULT_BACKOFF_MS) == 10
+
+
+def test_a_groups_own_policy_applies_to_it_alone_and_takes_what_it_leaves_out_from_the_default():
+    policies = RetryPolicies.from_settings(
+        (1000, 2000), 5, backoff_ms_by_group={"shipping": (300,)},
+        retries_max_by_group={"billing": 1, "shipping": 2})
+    billing = nack_chain(policies, 2, group="billing")
+    assert [c.dead for c in billing] == [False, True]
+    assert billing[0].message.deliver_at_ms - NOW_MS == 1000  # the default schedule
+    shipping = nack_chain(policies, 3, group="shipping")
+    assert [c.dead for c in shipping] == [False, False, True]
+    assert [c.message.deliver_at_ms - NOW_MS for c in shipping[:2]] == [300, 300]
+    others = nack_chain(policies, 6, group="audit")
+    assert [c.dead for c in others] == [False] * 5 + [True]
+
+
+def test_a_subject_and_group_override_wins_over_the_groups_own_policy():
+    policies = RetryPolicies(by_group={"billing": RetryPolicy(retries_max=0)},
+                             overrides={("orders", "billing"): RetryPolicy(retries_max=1)})
+    assert [c.dead for c in nack_chain(policies, 2)] == [False, True]
