@@ -26,7 +26,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from sdk.acks import AckBatcher
-from sdk.consumer import Consumer, Subscription, _PulledBatch
+from sdk.consumer import Consumer, Subscription
+from sdk.received import _PulledBatch
 from wire.message import Message, encode_message
 from wire.protocol import decode_frame_payload, encode_frame, pull_response
 

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from sdk.consumer import Consumer, Subscription, _PulledBatch, seqs_to_ranges
+from sdk.consumer import Consumer, Subscription, seqs_to_ranges
+from sdk.received import _PulledBatch
 from wire.errors import BadRequest, Forbidden, NotSupported
 from wire.message import Message, encode_message
 from wire.protocol import pull_response

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from sdk.consumer import Consumer, _Prefetch
+from sdk.consumer import Consumer
+from sdk.received import _Prefetch
 from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
 
 NEVER_MS = 3_600_000
