@@ -98,10 +98,12 @@ class DelayServer(ServerBase):
         if replica is not None:
             store = scheduler.store
             replica.attach([
+                # The store cannot cut its copy back (delayserver/storage/copying.py): a
+                # diverging or rotten delay log or journal throws both away together.
                 ReplicatedLog("delay", store.delay_copy, replica.histories["delay"],
-                              scheduler.on_io),
+                              scheduler.on_io, empties=("done",)),
                 ReplicatedLog("done", store.done_copy, replica.histories["done"],
-                              scheduler.on_io, requires=("delay",)),
+                              scheduler.on_io, requires=("delay",), reset_with="delay"),
             ], scheduler, self.role, self._heartbeat_soon)
         await scheduler.start()
 

@@ -207,13 +207,13 @@ class Follower:
                             answer.diverging[1], point)
             except CopyReset as exc:
                 log.warning("group %s: %s; copying it again", self.group, exc)
-                await item.run(reset_io, item, 0, ())
+                await self._copy_again(item)
             return 0
         if answer.offset < answer.log_start:
             if item.snapshots:
                 await self._install_snapshot(item)
             else:
-                await item.run(reset_io, item, answer.log_start, answer.epochs)
+                await self._reset(item, answer.log_start, answer.epochs)
                 log.warning("group %s: %s copy starts again at the master's log start %d",
                             self.group, name, answer.log_start)
             return 0
@@ -230,6 +230,20 @@ class Follower:
             self.caught_up_ms[name] = self._clock_ms()
             return self.wait_ms
         return 0
+
+    async def _copy_again(self, item: ReplicatedLog) -> None:
+        """``item``'s copy cannot be cut back: throw it away from offset 0, with every log its
+        store cannot keep apart from it (``reset_with``, ``empties``), and copy them again."""
+        await self._reset(self.logs[item.reset_with] if item.reset_with else item, 0, ())
+
+    async def _reset(self, item: ReplicatedLog, start: int,
+                     epochs: tuple[tuple[int, int], ...]) -> None:
+        """Start ``item``'s copy empty at ``start``; the logs it ``empties`` start at 0."""
+        emptied = tuple(self.logs[name] for name in item.empties)
+        await item.run(reset_io, item, start, epochs, emptied)
+        self._moved_to(item.name, start)
+        for other in emptied:
+            self._moved_to(other.name, 0)
 
     async def _install_snapshot(self, item: ReplicatedLog) -> None:
         """Copy the master's newest checkpoint of ``item`` and install it."""
@@ -285,7 +299,7 @@ class Follower:
             except CopyReset as exc:
                 log.error("group %s: rotten record in the %s copy (%s); copying again",
                           self.group, name, exc)
-                await item.run(reset_io, item, 0, ())
+                await self._copy_again(item)
                 self.scrub_repairs += 1
                 return
             except asyncio.CancelledError:

@@ -55,6 +55,12 @@ class ReplicatedLog:
     run: Runner
     requires: tuple[str, ...] = ()
     snapshots: bool = False  # the store can ship and install whole checkpoints (actions)
+    # A store that keeps two logs together (a delay store's delay log and done journal): a
+    # reset of this log's copy empties the copies of ``empties`` too, so their histories are
+    # forgotten with it; a copy of this log that cannot be cut back (``CopyReset``) is thrown
+    # away by resetting ``reset_with`` (which empties this one) instead of this log alone.
+    empties: tuple[str, ...] = ()
+    reset_with: str | None = None
 
 
 # --------------------------------------------------------------------- the master's side
@@ -130,11 +136,16 @@ def cut_io(log: ReplicatedLog, diverging: tuple[int, int]) -> int:
     return point
 
 
-def reset_io(log: ReplicatedLog, start: int, epochs: tuple[tuple[int, int], ...]) -> None:
+def reset_io(log: ReplicatedLog, start: int, epochs: tuple[tuple[int, int], ...],
+             emptied: tuple[ReplicatedLog, ...] = ()) -> None:
     """Owner thread: start the copy empty at ``start`` (the master's log start), with the
-    epoch in force there as the whole history."""
+    epoch in force there as the whole history. ``emptied`` are the logs whose copies the store
+    empties with this one (``ReplicatedLog.empties``, same owner thread): their histories are
+    forgotten too, so no entry outlives the records it described."""
     log.store.reset_copy(start)
     log.history.truncate(0)
+    for other in emptied:
+        other.history.truncate(0)
     for epoch, entry_start in epochs:
         if epoch > log.history.last_epoch:
             log.history.append(epoch, entry_start)

@@ -10,8 +10,10 @@ one below its done watermark (as recovery does), and applies a dispatch or cance
 bucket files and counts as the master's store call did. The watermark follows the master's
 journal; the counts of hours below it are dropped if a copy that began late still shows some.
 A copy is not cut back in place: a slave whose delay log or journal diverges from its master's
-starts both again from the master's (``CopyReset``), which costs a full copy and is rare (a
-rejoining master with an unreplicated tail, or a rotten record).
+starts both again from the master's (``CopyReset``; the server's ``ReplicatedLog`` pair says
+``empties``/``reset_with``, so the follower resets the delay log, which empties the journal,
+whichever of the two diverged), which costs a full copy and is rare (a rejoining master with an
+unreplicated tail, or a rotten record).
 """
 
 from __future__ import annotations

@@ -155,10 +155,11 @@ async def start_cluster(cluster: Any, *groups: str, broker_flags: tuple[str, ...
     return cluster.meta_url
 
 
-def same_bytes(master_dir: Path, slave_dir: Path) -> bool:
-    """The slave's message log holds the master's bytes (every segment, as far as both go)."""
-    for path in sorted(glob.glob(str(master_dir / "messagelog" / "*.log"))):
-        twin = slave_dir / "messagelog" / os.path.basename(path)
+def same_bytes(master_dir: Path, slave_dir: Path, log_dir: str = "messagelog") -> bool:
+    """The slave's copy of a log (``log_dir``: ``messagelog``, or ``delaylog`` and
+    ``donelog`` of a delay server) holds the master's bytes, every segment."""
+    for path in sorted(glob.glob(str(master_dir / log_dir / "*.log"))):
+        twin = slave_dir / log_dir / os.path.basename(path)
         if not twin.exists():
             return False
         with open(path, "rb") as a, open(twin, "rb") as b:
