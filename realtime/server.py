@@ -104,8 +104,10 @@ class RealtimeServer(ServerBase):
                                    replica=replica, follower=replica is not None)
         if replica is not None:
             replica.attach([
+                # A copy that begins at the master's retention point first takes every
+                # subject's sequence there (realtime/storage/sequence_starts.py).
                 ReplicatedLog("message", broker.store, replica.histories["message"],
-                              broker.on_store_thread),
+                              broker.on_store_thread, snapshots=True),
                 ReplicatedLog("actions", broker.pulllog, replica.histories["actions"],
                               broker.on_pulllog_thread, requires=("message",), snapshots=True),
             ], broker, self.role, self._heartbeat_soon)

@@ -23,8 +23,9 @@ from wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS, MAX_SERVER_ID_CHARS
 # The logs a slave copies from its master (docs/REPLICATION.md 8.1): a realtime group's message
 # log and pull-log actions, a delay group's delay log and done journal.
 REPLICATED_LOGS = ("message", "actions", "delay", "done")
-# Logs whose state a follower can take whole from the master's checkpoint (``snapshot``).
-SNAPSHOT_LOGS = ("actions",)
+# Logs a follower that cannot copy from offset 0 starts from a master's snapshot (``snapshot``):
+# the pull log's checkpoint, the message log's sequence starts.
+SNAPSHOT_LOGS = ("message", "actions")
 _SERVER_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._:-")
 _U64_MAX = 2**64 - 1
 

@@ -1,5 +1,6 @@
-"""A slave's message store: indexing records copied from the master's message log, and cutting
-a copy back (docs/REPLICATION.md 8.4 and 8.6).
+"""A slave's message store: indexing records copied from the master's message log, cutting a
+copy back, and the sequence starts a copy that begins at the master's retention point installs
+first (docs/REPLICATION.md 8.2, 8.4 and 8.6).
 
 A copied record carries everything its index entry needs (subject, subject sequence, timestamp,
 tag bloom, message id), so a slave derives consumer logs and the dedup index from the records
@@ -89,4 +90,34 @@ def cut_indexes(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
     return cut
 
 
-__all__ = ["cut_indexes", "index_copied"]
+def sequence_starts(consumer_logs: dict[str, ConsumerLog], first_offset: int) -> dict[str, int]:
+    """The master: every subject's sequence at message-log offset ``first_offset`` (its log
+    start): that of its first record at or after it, or its end when it has none. A damaged
+    consumer-log entry makes it the subject's first kept sequence, a lower bound that the
+    copied records' own holes make up for."""
+    starts: dict[str, int] = {}
+    for subject, clog in consumer_logs.items():
+        try:
+            starts[subject] = clog.find_first(
+                lambda e: not e.is_hole and e.message_log_offset >= first_offset)
+        except CorruptEntry:
+            starts[subject] = clog.first_sequence
+    return starts
+
+
+def install_sequence_starts(consumer_logs: dict[str, ConsumerLog],
+                            open_consumer_log: Callable[[str], ConsumerLog],
+                            starts: dict[str, int]) -> None:
+    """A slave whose copy is empty: start every subject's consumer log at the master's
+    sequence (holes below it), so a subject whose records all lie below the copy's start goes
+    on numbering where the master did."""
+    for subject, sequence in starts.items():
+        clog = consumer_logs.get(subject)
+        if clog is None:
+            clog = consumer_logs[subject] = open_consumer_log(subject)
+        assert clog.end <= sequence, (subject, clog.end, sequence)
+        clog.fill_holes(sequence)
+        clog.sync()
+
+
+__all__ = ["cut_indexes", "index_copied", "install_sequence_starts", "sequence_starts"]

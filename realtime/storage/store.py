@@ -38,7 +38,9 @@ from realtime.storage.config import (
     StoreConfig,
 )
 from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
-from realtime.storage.copying import cut_indexes, index_copied
+from realtime.storage.copying import (
+    cut_indexes, index_copied, install_sequence_starts, sequence_starts,
+)
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import (
     CorruptEntry,
@@ -51,6 +53,9 @@ from realtime.storage.message_log import MessageLog
 from realtime.storage.message_record import tag_bloom
 from realtime.storage.recovery import StoreRecoveryReport, recover
 from realtime.storage.retention import RetentionReport, apply_retention
+from realtime.storage.sequence_starts import (
+    StartsSnapshot, decode_sequence_starts, encode_sequence_starts,
+)
 from realtime.storage.store_checkpoint import (
     CHECKPOINT_NAME,
     StoreCheckpoint,
@@ -515,6 +520,31 @@ class MessageStore:
         self._consumer_logs.clear()
         self._dedup.clear()
         self._message_log.log.reset(offset)
+        self._write_checkpoint()
+
+    def newest_checkpoint(self, sequence: int) -> tuple[StartsSnapshot, int] | None:
+        """The master: what a slave installs before it copies from this log's start
+        (``sequence_starts``), and the start it covers; None when ``sequence`` (an earlier
+        answer's log start) is not the start any more (retention moved it: ask again)."""
+        self._check_open()
+        first = self._message_log.log.first_offset
+        if sequence and sequence != first:
+            return None
+        payload = encode_sequence_starts(sequence_starts(self._consumer_logs, first), first)
+        return StartsSnapshot(first, payload), first
+
+    def install_snapshot(self, payload: bytes, covers_offset: int) -> None:
+        """A slave: start the copy empty at the master's log start ``covers_offset``, every
+        subject's consumer log at the master's sequence there (``sequence_starts``)."""
+        try:
+            starts, covered = decode_sequence_starts(payload)
+        except ValueError as exc:
+            raise CorruptRecord("<master sequence starts>", covers_offset, str(exc)) from exc
+        if covered != covers_offset:
+            raise CorruptRecord("<master sequence starts>", covers_offset,
+                                f"covers offset {covered}, the answer said {covers_offset}")
+        self.reset_copy(covers_offset)
+        install_sequence_starts(self._consumer_logs, self._open_consumer_log, starts)
         self._write_checkpoint()
 
     def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:

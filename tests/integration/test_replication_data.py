@@ -343,3 +343,105 @@ async def test_a_slave_joining_after_the_masters_actions_were_retired_installs_a
             if second is not None:
                 await second.stop()
             await first.stop()
+
+
+async def send_to(port: int, subject: str, ids: list[str]) -> list[dict[str, Any]]:
+    client = await RawClient.connect(port)
+    try:
+        payloads = [encode_message(Message.create(subject, b"x", now_ms=now_ms(), id=i))
+                    for i in ids]
+        answer = await client.request({"op": "send", "messages": payloads})
+    finally:
+        await client.close()
+    return [answer["error"]] if "error" in answer else answer["results"]
+
+
+async def consume(port: int, subject: str, count: int, max_count: int) -> list[str]:
+    """Pull and ack up to ``count`` messages of ``subject`` for group g, ``max_count`` a pull."""
+    ids: list[str] = []
+    client = await RawClient.connect(port)
+    try:
+        for _ in range(count):
+            if len(ids) >= count:
+                break
+            pulled = await client.pull(subject, "g", "c1", max_count=min(max_count, count - len(ids)),
+                                       start="earliest")
+            seqs = pulled["pull_seqs"]
+            if not seqs:
+                break
+            ids += [decode_message(p).id for p in pulled["payloads"]]
+            assert (await client.ack(subject, "g", "c1", [[seqs[0], seqs[-1]]]))["acked"] \
+                == len(seqs)
+    finally:
+        await client.close()
+    return ids
+
+
+def log_segments(server: RealtimeServer, *parts: str) -> list[str]:
+    directory = os.path.join(server.config.data_dir, *parts)
+    return sorted(name for name in os.listdir(directory) if name.endswith(".log"))
+
+
+async def test_a_slave_joining_after_the_masters_oldest_message_segments_were_deleted_copies_the_rest(
+        tmp_path, monkeypatch, caplog):
+    # Small message and action segments and a retention that deletes every consumed segment at
+    # once: a slave that joins late can copy neither log from offset 0. Subject "early" lives
+    # only in deleted segments, so the slave never sees one of its records.
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr("realtime.broker.PullLogConfig", functools.partial(
+        PullLogConfig, segment_size_bytes_max=SEGMENT_SIZE_BYTES_MIN, checkpoint_every_actions=50,
+        checkpoints_kept=1))
+    settings = {"segment_size_bytes_max": 2048, "retention_ms": 1,
+                "retention_check_interval_ms": 100}
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        first = realtime(tmp_path, meta.url, FIRST, **settings)
+        await first.start()
+        second = None
+        try:
+            for subject in ("early", "orders"):  # group g exists: retention keeps its backlog
+                assert await consume(first.port, subject, 1, 1) == []
+            early = [f"early-{n}" for n in range(60)]
+            old = [f"old-{n}" for n in range(200)]
+            for subject, ids in (("early", early), ("orders", old)):
+                for at in range(0, len(ids), 100):
+                    stored = await send_to(first.port, subject, ids[at:at + 100])
+                    assert {r.get("status") for r in stored} == {"stored"}, stored[:2]
+            assert await consume(first.port, "early", 60, 3) == early
+            assert await consume(first.port, "orders", 200, 3) == old
+            await send(first.port, [f"new-{n}" for n in range(20)])
+            assert await consume(first.port, "orders", 5, 5) == [f"new-{n}" for n in range(5)]
+
+            def retired() -> bool:
+                return (log_segments(first, "messagelog")[0] != "00000000000000000000.log"
+                        and log_segments(first, "pulllog", "actions")[0]
+                        != "00000000000000000000.log")
+
+            await wait_for(retired, 30, "the oldest message and action segments deleted")
+            # Retention spares the segment with new-*: every deleted one held only consumed
+            # records, among them every "early" one.
+            second = realtime(tmp_path, meta.url, SECOND, **settings)
+            await second.start()
+            await wait_for(lambda: SECOND in first.role.insync, 30, "the late slave in sync")
+            messages = [r.getMessage() for r in caplog.records]
+            assert any("message copy installed the master's checkpoint" in m
+                       for m in messages), messages
+            assert any("installed the master's checkpoint" in m for m in messages), messages
+            assert await consume(first.port, "orders", 5, 5) == [f"new-{n}" for n in range(5, 10)]
+            started = await admin(meta.url, "POST", "/api/admin/switchover",
+                                  {"group": "rt1", "to": SECOND})
+            assert started["state"] == "requested", started
+            await wait_for(lambda: second.role.role == "master" and second.role.active, 30,
+                           "the late slave promoted")
+            # Nothing acknowledged comes back, nothing is lost ...
+            assert await consume(second.port, "orders", 100, 100) == \
+                [f"new-{n}" for n in range(10, 20)]
+            # ... and a subject whose every record was deleted before the slave joined goes on
+            # from the master's sequence: group g, past all 60, gets the next one.
+            assert {r.get("status") for r in await send_to(second.port, "early",
+                                                           ["early-60"])} == {"stored"}
+            assert await consume(second.port, "early", 100, 100) == ["early-60"]
+        finally:
+            if second is not None:
+                await second.stop()
+            await first.stop()

@@ -30,6 +30,7 @@ from realtime.storage.message_record import (
     encode_subject_records,
     tag_bloom,
 )
+from realtime.storage.sequence_starts import decode_sequence_starts, encode_sequence_starts
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint,
     decode_store_checkpoint,
@@ -274,3 +275,18 @@ def test_bad_arguments_raise_value_error_naming_the_value(store, subject, messag
 def test_a_bad_config_value_fails_naming_the_key(key, value):
     with pytest.raises(ValueError, match=key):
         StoreConfig(**{key: value})
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=20), st.integers(0, 2**64 - 1), max_size=20),
+       st.integers(0, 2**64 - 1))
+def test_sequence_starts_round_trip(starts, covers_offset):
+    assert decode_sequence_starts(encode_sequence_starts(starts, covers_offset)) == \
+        (starts, covers_offset)
+
+
+@given(st.binary(max_size=64))
+def test_any_bytes_decode_to_sequence_starts_or_a_value_error(data):
+    try:
+        decode_sequence_starts(data)
+    except ValueError:
+        pass

@@ -154,3 +154,46 @@ def test_an_inconsistent_copy_is_refused_and_not_indexed(stores):
         other.append_copy(0, bytes(broken))
     assert other.copy_bounds() == (0, 0)
     other.close()
+
+
+def test_a_copy_begun_past_retention_numbers_a_subject_it_never_saw_where_the_master_does(
+        tmp_path):
+    # "only" has records in the first segments alone; retention deletes them, so a slave
+    # copying from the master's log start never sees one. The sequence starts tell it.
+    master = MessageStore(str(tmp_path / "master"), TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "slave"), TINY, now_ms=T0)
+    try:
+        for i in range(30):
+            master.append("only", f"only-{i}", [], T0, b"x" * 100)
+            master.commit()
+        commit_batches(master, 30, start=100)
+        report = master.apply_retention(T0 + 10 ** 12, {})
+        assert report.deleted_segments and master.copy_bounds()[0] > 0
+        assert master.first_sequence("only") == master.end_sequence("only") == 30
+        found = master.newest_checkpoint(0)
+        assert found is not None
+        snapshot, covers = found
+        assert snapshot.sequence == covers == master.copy_bounds()[0]
+        assert master.newest_checkpoint(covers + 1) is None  # a start retention moved past
+        slave.install_snapshot(snapshot.payload, covers)
+        copy(master, slave)
+        for subject in ("only", *SUBJECTS):
+            assert slave.end_sequence(subject) == master.end_sequence(subject), subject
+        assert slave.end_sequence("only") == 30
+        slave.append("only", "only-30", [], T0, b"y")
+        assert [a.sequence for a in slave.commit()] == [30]
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_sequence_starts_that_do_not_check_out_are_refused(stores):
+    master, slave = stores
+    commit_batches(master, 3)
+    snapshot, covers = master.newest_checkpoint(0)
+    rotten = bytearray(snapshot.payload)
+    rotten[len(rotten) // 2] ^= 0x01
+    with pytest.raises(CorruptRecord):
+        slave.install_snapshot(bytes(rotten), covers)
+    with pytest.raises(CorruptRecord):
+        slave.install_snapshot(snapshot.payload, covers + 1)
