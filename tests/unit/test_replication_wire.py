@@ -48,8 +48,8 @@ def test_every_replicated_log_can_be_fetched(name):
 def test_an_unknown_log_is_a_bad_request_naming_the_known_ones():
     with pytest.raises(BadRequest, match="fetch.log 'schedule' is not one of message, actions"):
         parse_request(fetch(log="schedule"))
-    with pytest.raises(BadRequest, match="snapshot.log 'message' is not one of actions"):
-        parse_request(snapshot_request("s", 1, "message", 0, 0, 10) | {"rid": 1})
+    with pytest.raises(BadRequest, match="snapshot.log 'delay' is not one of message, actions"):
+        parse_request(snapshot_request("s", 1, "delay", 0, 0, 10) | {"rid": 1})
 
 
 def test_fetch_max_bytes_is_accepted_up_to_the_limit_and_refused_past_it():
