@@ -240,10 +240,11 @@ class BrokerTracer:
     def acks_unreadable(self, subject: str, key: str, consumer: str, log_seqs: Sequence[int],
                         now_ms: int) -> None:
         """Acks of entries pulled before a restart whose records could not be read to name
-        them: ``gave_up`` ``ack_unreadable`` under ``<subject>@<consumer-log seq>``."""
+        them: ``gave_up`` ``ack_unreadable`` under ``<subject>@<consumer-log seq>`` with its
+        locator (``_by_location``), so the audit counts it as the ack of the copy stored there."""
         self._count_gave_up("ack_unreadable", len(log_seqs))
         if self.enabled and log_seqs:
-            self._gave_up_lines([message_members(f"{subject}@{seq}", subject) for seq in log_seqs],
+            self._gave_up_lines([_by_location(subject, seq) for seq in log_seqs],
                                 now_ms, "ack_unreadable", key, consumer)
 
     def _gave_up_lines(self, members: Sequence[str], now_ms: int, reason: str,

@@ -3,7 +3,8 @@ retries for the report's chart.
 
 ``give_ups``: one row per (subject, group, reason, server) with the number of ``gave_up``
 events; every give-up is listed, including those that are no loss (``dispatch_unrecorded``) and
-those the audit could not attach to a message (``ack_unreadable``).
+those the audit could not attach to a message (an ``ack_unreadable`` whose ``stored`` line is not
+in the trace).
 
 ``timeline``: counts of ``pulled`` (every hand-out, redeliveries included), ``redelivered``
 and ``retried`` events per time bucket. ``timeline_bucket_ms`` picks a round bucket width that

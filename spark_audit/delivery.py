@@ -15,8 +15,8 @@ deliverable, or after its latest retry copy became deliverable (a nack restarts 
 consumer asked for the retry). Then, at the horizon:
 
 - *lost*: a server gave up on it (``gave_up``, for this group or for all; not
-  ``dispatch_unrecorded``, which is not a loss) and the group never settled it. Evidence that it
-  is gone: reported at once, due or not.
+  ``dispatch_unrecorded`` or ``ack_unreadable``, which are no loss) and the group never settled
+  it. Evidence that it is gone: reported at once, due or not.
 - *overdue*: otherwise due before the horizon and not settled by its due time: still held by a
   server (the anomaly names the holder and for how long), or settled late.
 - *in flight*: due at or after the horizon, not settled yet, nothing given up. A message in the
@@ -35,8 +35,9 @@ from spark_audit.subscriptions import RULE_TYPE, excluded_by, subscription_rules
 
 KEY = ["subject", "group", "origin_id"]
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative rank error 1/10000
-# gave_up reasons that are no evidence of a loss (tracelog.events.GIVE_UP_REASONS)
-NOT_A_LOSS_REASONS = ("dispatch_unrecorded",)
+# gave_up reasons that are no evidence of a loss (tracelog.events.GIVE_UP_REASONS): a dispatch
+# whose record failed, and an ack the broker could not name (spark_audit.names makes it an ack)
+NOT_A_LOSS_REASONS = ("dispatch_unrecorded", "ack_unreadable")
 
 
 def kind(*kinds: str) -> Column:

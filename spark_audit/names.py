@@ -12,6 +12,12 @@ column for the job that fills the events cache, so the usual audit, with none, c
 rewrites the give-ups' ``msg_id`` and ``origin_id``, so the audit reports the message lost with
 the give-up's reason. A location of a server that never traced the store (a trace window that
 starts later, a lost trace file) keeps the name the broker gave.
+
+One give-up is no loss: ``ack_unreadable``, a consumer's ack of an entry whose record the broker
+could no longer read after a restart. Named like the others, it is also what it is, an ack of
+that copy by the group and consumer on the line: ``name_give_ups`` adds an ``acked`` event
+beside it (the ``gave_up`` line stays, for the give-up table and the message's history), so the
+message counts as acked, not overdue (``spark_audit.delivery.NOT_A_LOSS_REASONS``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pyspark.sql import functions as F
 
 from tracelog.events import LOCATOR_FIELD_NAMES
 
+# A located give-up of this reason that is found is also an ``acked`` event of its copy.
+ACK_REASON = "ack_unreadable"
 # Located give-ups looked up at most (a damaged disk, not a flood): beyond, the rest keep the
 # broker's names and the audit reports them under those.
 LOCATED_GIVE_UPS_MAX = 10_000
@@ -68,7 +76,15 @@ def name_give_ups(events: DataFrame, locations: Sequence[str]) -> DataFrame:
     ids = F.create_map(*[F.lit(v) for row in found for v in (row.at, row.msg_id)])
     origins = F.create_map(*[F.lit(v) for row in found for v in (row.at, row.origin_id)])
     at = F.when(_located_give_up(), _location())
-    return events.withColumns({
+    named = events.withColumns({
         "msg_id": F.coalesce(F.try_element_at(ids, at), F.col("msg_id")),
         "origin_id": F.coalesce(F.try_element_at(origins, at), F.col("origin_id")),
     })
+    # A named ack_unreadable is two events: the give-up, and the ack it was (no reason).
+    acked = (F.col("reason") == ACK_REASON) & F.try_element_at(ids, at).isNotNull()
+    kinds = F.when(acked, F.array(F.lit("gave_up"), F.lit("acked"))).otherwise(
+        F.array(F.col("event")))
+    ack_row = F.col("_kind") == "acked"
+    columns = {"event": F.col("_kind"), "reason": F.when(~ack_row, F.col("reason"))}
+    return named.select("*", F.explode(kinds).alias("_kind")).select(
+        *[columns.get(name, F.col(name)).alias(name) for name in events.columns])

@@ -105,7 +105,8 @@ GIVE_UP_REASONS = {
     "redelivery_unreadable": "its record could not be read for a redelivery; acked in the "
                              "group's name so it does not come back forever",
     "ack_unreadable": "a consumer acked it after a restart, but its record could not be read "
-                      "to name it (msg_id is <subject>@<consumer-log sequence>)",
+                      "to name it (msg_id is <subject>@<consumer-log sequence>, with its "
+                      "locator: the audit counts it as the ack of the copy stored there)",
     "record_unreadable": "a group's pull passed over its record for good: it fails "
                          "verification (damaged on disk); named by the id read without the CRC "
                          "check, else <subject>@<consumer-log sequence>",

@@ -233,6 +233,9 @@ def test_after_a_restart_held_and_queued_entries_are_named_from_the_store_once(t
     assert [(e["event"], e["msg_id"], e["reason"]) for e in read_events([tmp_path])] == [
         ("acked", "m5", None), ("gave_up", "orders@7", "ack_unreadable"),
         ("gave_up", "m8", "redelivery_unreadable"), ("gave_up", "orders@9", "redelivery_unreadable")]
+    # the unnamed ack carries its locator: the audit ties it to the copy stored there
+    lines = [line for path in tmp_path.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    assert [json.loads(line).get("seq") for line in lines if "ack_unreadable" in line] == [7]
 
 
 def test_records_passed_over_and_messages_the_hard_cap_deleted_are_given_up_with_reasons(
