@@ -229,10 +229,15 @@ class Registry:
             if changed:
                 await s.flush()
                 await self._reconcile(s, now)
+                # A promotion or the reconcile may have changed the group's rows: read them
+                # again. Otherwise ``servers`` are the rows as they stand (the session's identity
+                # map holds one object per row, changed in place), and a second query would
+                # cost a flush and a select on every renewal for nothing.
+                servers = await servers_of(s, group)
             answer: dict[str, Any] = {
                 "ok": True,
                 "state": effective,
-                **role_answer(grp, broker, await servers_of(s, group), self.config.lease_ms,
+                **role_answer(grp, broker, servers, self.config.lease_ms,
                               self.config.heartbeat_interval_ms),
             }
             return answer
