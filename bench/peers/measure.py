@@ -225,6 +225,7 @@ def measure_latency(clients: Clients, sizes: Sizes) -> dict[str, float]:
         "server_cpu_us": produced["server_cpu_s"] / count * 1e6,
         "rate_per_s": sizes.rate_per_s, "offered_per_s": produced["offered_per_s"],
         "confirmed_per_s": produced["confirmed_per_s"],
+        "confirm_p50_ms": produced["confirm_p50_ms"],
         "confirm_p99_ms": produced["confirm_p99_ms"], "failed_sends": produced["failed"],
         **_delivery_checks(consumed),
     }
