@@ -11,8 +11,8 @@
     qmq admin replication [GROUP --mode M --min-insync N]  [--json]
     qmq admin switchover GROUP [--to SERVER_ID] [--unclean] [--wait-s S] [--json]
 
-Every leaf takes ``--meta``, ``--token`` and ``--tls-ca``. The work is done by qmq.commands;
-this module only parses (a leaf's ``run`` default names what to call).
+Every leaf takes ``--meta``, ``--token`` and ``--tls-ca``. The work is done by
+qmq.admin_commands; this module only parses (a leaf's ``run`` default names what to call).
 """
 
 from __future__ import annotations
@@ -39,25 +39,25 @@ def _leaf(actions: Any, name: str, help_text: str, run: Runner, client_flags: Ca
 
 
 async def _listing(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_command
+    from qmq.admin_commands import admin_command
 
     return await admin_command(args.meta, args.what, args.json, [])
 
 
 async def _readonly(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_command
+    from qmq.admin_commands import admin_command
 
     return await admin_command(args.meta, "readonly", True, [args.group, args.state])
 
 
 async def _delay(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_delay_command
+    from qmq.admin_commands import admin_delay_command
 
     return await admin_delay_command(args.meta, args.json)
 
 
 async def _dead(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_dead_command
+    from qmq.admin_commands import admin_dead_command
 
     rest: list[str] = []
     if args.action == "show":
@@ -73,7 +73,7 @@ async def _dead(args: argparse.Namespace) -> int:
 
 
 async def _tokens(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_tokens_command
+    from qmq.admin_commands import admin_tokens_command
 
     rest = [str(args.id)] if args.action == "revoke" else []
     return await admin_tokens_command(
@@ -83,7 +83,7 @@ async def _tokens(args: argparse.Namespace) -> int:
 
 
 async def _replication(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_replication_command
+    from qmq.admin_commands import admin_replication_command
 
     return await admin_replication_command(
         args.meta, [args.group] if args.group else [], mode=args.mode,
@@ -91,7 +91,7 @@ async def _replication(args: argparse.Namespace) -> int:
 
 
 async def _switchover(args: argparse.Namespace) -> int:
-    from qmq.commands import admin_switchover_command
+    from qmq.admin_commands import admin_switchover_command
 
     return await admin_switchover_command(args.meta, [args.group], to=args.to,
                                           unclean=args.unclean, wait_s=args.wait_s,

@@ -14,10 +14,6 @@ import os
 import sys
 from typing import Any
 
-from qmq.admin_cli import add_admin_parser, run_admin
-from qmq.audit import add_audit_parser, run_audit
-from qmq.schedule_cli import add_schedule_parser
-
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
 # Without --metrics-port a server's /metrics listens this far above its data port (realtime
@@ -169,7 +165,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=["text", "json"], default="text",
                         help="text lines, or one JSON object per line (for a log pipeline)")
     actions = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub: Any = _OnlyCommand(actions, only if only in COMMANDS else None)
+    if only not in COMMANDS:
+        only = None
+    sub: Any = _OnlyCommand(actions, only)
 
     up = sub.add_parser("up", help="run MetaServer + realtime server in one process (SQLite)",
                         **_SERVER_PARSER)
@@ -331,12 +329,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                          help="stop when nothing arrives for this long")
     _add_token(consume, "the app's token")
 
-    add_admin_parser(sub, lambda parser: (
-        parser.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
-                            help=META_HELP),
-        _add_token(parser, "an admin token")))
-    add_audit_parser(sub)
-    add_schedule_parser(sub, _add_token, DEFAULT_META_URL, meta_url)
+    # The admin, audit and schedule parsers are modules of their own, loaded only when needed.
+    if only in (None, "admin"):
+        from qmq.admin_cli import add_admin_parser
+
+        add_admin_parser(sub, lambda parser: (
+            parser.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
+                                help=META_HELP),
+            _add_token(parser, "an admin token")))
+    if only in (None, "audit"):
+        from qmq.audit import add_audit_parser
+
+        add_audit_parser(sub)
+    if only in (None, "schedule"):
+        from qmq.schedule_cli import add_schedule_parser
+
+        add_schedule_parser(sub, _add_token, DEFAULT_META_URL, meta_url)
     outbox = sub.add_parser("outbox", help="the transactional outbox (docs/OUTBOX.md)")
     outbox_actions = outbox.add_subparsers(dest="action", metavar="ACTION", required=True)
     relay = outbox_actions.add_parser("relay", help="send what committed in the outbox table "
@@ -549,8 +557,12 @@ async def _run_client(args: argparse.Namespace) -> int:
 
         return await run_schedule(args, commands.parse_properties(getattr(args, "prop", [])))
     if args.command == "audit":
+        from qmq.audit import run_audit
+
         return run_audit(args)  # blocking Spark driver; nothing else runs on this loop
     if args.command == "admin":
+        from qmq.admin_cli import run_admin
+
         return await run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -80,7 +80,7 @@ def add_schedule_parser(sub: Any, add_client_flags: Any, default_meta: str,
 
 async def run_schedule(args: argparse.Namespace, properties: dict[str, str]) -> int:
     """Run one ``qmq schedule`` action; prints the result and returns the exit code."""
-    from qmq.commands import _table as table
+    from qmq.admin_commands import _table as table
     from sdk.schedules import Schedules
 
     async with Schedules(args.meta, token=args.token, tls=args.tls_ca) as schedules:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal, Sequence, Union
 
 import msgpack
 
@@ -48,7 +48,9 @@ from wire.message import (
     validate_subject,
     validate_tags,
 )
-from wire.replication import Fetch, Snapshot, parse_fetch, parse_snapshot
+
+if TYPE_CHECKING:  # the replication ops are parsed by wire.replication, loaded by servers only
+    from wire.replication import Fetch, Snapshot
 
 PROTOCOL_VERSION = 1
 
@@ -291,7 +293,7 @@ class Purge:
 
 
 Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Leave, Subjects, Browse,
-                Purge, Fetch, Snapshot]
+                Purge, "Fetch", "Snapshot"]
 
 _MISSING = object()
 
@@ -606,6 +608,12 @@ def _parse_purge(f: _Fields, rid: int) -> Purge:
     return Purge(rid, subject, through)
 
 
+def _replication() -> Any:
+    import wire.replication
+
+    return wire.replication
+
+
 _PARSERS: dict[str, Callable[[_Fields, int], Request]] = {
     "hello": _parse_hello,
     "send": _parse_send,
@@ -618,9 +626,10 @@ _PARSERS: dict[str, Callable[[_Fields, int], Request]] = {
     "subjects": _parse_subjects,
     "browse": _parse_browse,
     "purge": _parse_purge,
-    # The replication ops (wire.replication) read their map themselves.
-    "fetch": lambda f, rid: parse_fetch(f.frame, rid),
-    "snapshot": lambda f, rid: parse_snapshot(f.frame, rid),
+    # The replication ops (wire.replication) read their map themselves; that module is imported
+    # on the first such request, so a client (which never parses requests) does not load it.
+    "fetch": lambda f, rid: _replication().parse_fetch(f.frame, rid),
+    "snapshot": lambda f, rid: _replication().parse_snapshot(f.frame, rid),
 }
 OPS = tuple(_PARSERS)
 

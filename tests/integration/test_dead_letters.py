@@ -15,7 +15,7 @@ import pytest
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
 from metaserver import MetaConfig, sqlite_url, start_metaserver
-from qmq import cli, commands
+from qmq import admin_commands, cli, commands
 from realtime.admin import ADMIN_GROUP
 from realtime.pulls import PULL_RESPONSE_PAYLOAD_BYTES_MAX
 from realtime.config import RealtimeConfig
@@ -287,7 +287,7 @@ async def test_an_unreachable_broker_is_reported_in_errors_not_a_500(three_dead)
 
 
 async def test_cli_dead_list_prints_a_row_per_dead_letter(three_dead, capsys):
-    assert await commands.admin_dead_command(three_dead.meta.url, ["list"]) == 0
+    assert await admin_commands.admin_dead_command(three_dead.meta.url, ["list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["broker_group", "sequence", "subject", "group", "id", "retries",
                               "created_at", "size_bytes", "body_preview"]
@@ -298,15 +298,15 @@ async def test_cli_dead_list_prints_a_row_per_dead_letter(three_dead, capsys):
 
 async def test_cli_dead_show_redrive_and_purge(three_dead, capsys):
     url = three_dead.meta.url
-    assert await commands.admin_dead_command(url, ["show", "rt1", DEAD, "2"]) == 0
+    assert await admin_commands.admin_dead_command(url, ["show", "rt1", DEAD, "2"]) == 0
     assert '"body": "order 3 failed"' in capsys.readouterr().out
-    assert await commands.admin_dead_command(url, ["redrive", "orders", "billing"],
+    assert await admin_commands.admin_dead_command(url, ["redrive", "orders", "billing"],
                                              ids=["o2.r1"]) == 0
     assert capsys.readouterr().out.strip() == "redriven 1 message(s) to orders"
-    assert await commands.admin_dead_command(url, ["purge", "orders", "billing"], through=1) == 0
+    assert await admin_commands.admin_dead_command(url, ["purge", "orders", "billing"], through=1) == 0
     assert capsys.readouterr().out.strip() == "purged 2 dead letter(s) of orders / billing"
     with pytest.raises(commands.CommandError, match="usage: qmq admin dead list"):
-        await commands.admin_dead_command(url, ["show", "rt1"])
+        await admin_commands.admin_dead_command(url, ["show", "rt1"])
 
 
 async def test_the_qmq_command_line_parses_the_dead_and_delay_admin_commands(three_dead, capsys):
@@ -352,11 +352,11 @@ async def test_admin_delay_reports_each_delay_servers_latest_stats(cluster, tmp_
         assert stats["pending_total"] == 1 and stats["pending_per_subject"] == {"orders": 1}
         (hour,) = stats["pending_per_hour"]
         assert int(hour) % 3_600_000 == 0 and int(hour) <= due_ms < int(hour) + 3_600_000
-        assert await commands.admin_delay_command(cluster.meta.url) == 0
+        assert await admin_commands.admin_delay_command(cluster.meta.url) == 0
         out = capsys.readouterr().out
         assert "delay group delay-1 at " + delay.address in out
         assert "pending total: 1" in out
-        assert f"    {commands._iso_ms(int(hour))}  1" in out
+        assert f"    {admin_commands._iso_ms(int(hour))}  1" in out
         assert "    orders  1" in out
         assert "lateness: p50 n/a, p99 n/a, max 0 ms; early 0" in out
     finally:

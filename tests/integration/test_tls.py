@@ -80,12 +80,12 @@ async def test_messages_round_trip_over_tls_with_an_https_metaserver_and_auth_on
                 assert now.status == "stored" and later.delayed
             # The CLI's admin calls (sdk.http1, no aiohttp) over https with the token ...
             commands.CLIENT.set(commands.ClientSettings(token=ADMIN, tls_ca=cert))
-            brokers = await commands._admin_request(meta.url, "GET", "/api/admin/brokers")
+            brokers = await commands.admin_request(meta.url, "GET", "/api/admin/brokers")
             assert {b["group"] for b in brokers["brokers"]} == {"rt-1", "delay-1"}
             # ... and without it: refused, exit 1 (qmq.exits), the MetaServer's code named.
             commands.CLIENT.set(commands.ClientSettings(token=None, tls_ca=cert))
             with pytest.raises(commands.CommandError, match="401 unauthorized") as refused:
-                await commands._admin_request(meta.url, "GET", "/api/admin/brokers")
+                await commands.admin_request(meta.url, "GET", "/api/admin/brokers")
             assert refused.value.exit_code == 1
         finally:
             await delay.stop()

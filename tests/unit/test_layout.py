@@ -210,6 +210,15 @@ def test_client_commands_load_no_server_code() -> None:
     assert loaded & SERVER_LIBRARIES == set()
 
 
+def test_qmq_send_loads_neither_the_other_commands_nor_the_consumer() -> None:
+    # Without bytecode caches (PYTHONDONTWRITEBYTECODE=1 in a checkout) every module of ours a
+    # command imports is compiled on every run: a one-shot send loads only what it uses.
+    loaded = loaded_module_names(
+        "from qmq import cli\ncli.main(['send', 'demo', 'hi', '--meta', 'http://127.0.0.1:9'])")
+    assert loaded & {"qmq.admin_cli", "qmq.admin_commands", "qmq.audit", "qmq.schedule_cli",
+                     "sdk.consumer", "sdk.schedules", "wire.replication", "aiohttp"} == set()
+
+
 def test_the_qmq_package_names_the_sdks_public_names_without_importing_the_sdk() -> None:
     import qmq
     import sdk
