@@ -40,7 +40,7 @@ async def admin_command(meta_url: str, what: str, as_json: bool, args: list[str]
         if len(args) != 2 or args[1] not in ("on", "off"):
             raise CommandError("usage: qmq admin readonly GROUP on|off")
         data = await admin_request(meta_url, "POST", "/api/admin/brokers/readonly",
-                                    {"group": args[0], "readonly": args[1] == "on"})
+                                   {"group": args[0], "readonly": args[1] == "on"})
         print(json.dumps(data))
         return 0
     data = await admin_request(meta_url, "GET", f"/api/admin/{what}")
@@ -126,7 +126,7 @@ async def admin_dead_command(meta_url: str, args: list[str], *, subject: str | N
         if ids:
             body["ids"] = ids
         data = await admin_request(meta_url, "POST", "/api/admin/dead/redrive", body,
-                                    timeout_s=ADMIN_BULK_TIMEOUT_S)
+                                   timeout_s=ADMIN_BULK_TIMEOUT_S)
         if as_json:
             print(json.dumps(data, indent=2))
         else:
@@ -140,7 +140,7 @@ async def admin_dead_command(meta_url: str, args: list[str], *, subject: str | N
         if broker_group is not None:
             body["broker_group"] = broker_group
         data = await admin_request(meta_url, "POST", "/api/admin/dead/purge", body,
-                                    timeout_s=ADMIN_BULK_TIMEOUT_S)
+                                   timeout_s=ADMIN_BULK_TIMEOUT_S)
         if as_json:
             print(json.dumps(data, indent=2))
         else:
@@ -216,8 +216,8 @@ async def admin_tokens_command(meta_url: str, args: list[str], *, app: str | Non
             raise CommandError("usage: qmq admin tokens create --app NAME [--produce PATTERN] "
                                "[--consume PATTERN] [--admin]")
         data = await admin_request(meta_url, "POST", "/api/admin/tokens",
-                                    {"app": app, "produce": produce, "consume": consume,
-                                     "admin": admin})
+                                   {"app": app, "produce": produce, "consume": consume,
+                                    "admin": admin})
         if as_json:
             print(json.dumps(data, indent=2))
         else:
@@ -234,7 +234,7 @@ async def admin_tokens_command(meta_url: str, args: list[str], *, app: str | Non
         return 0
     if action == "revoke" and len(args) == 2 and args[1].isdigit():
         data = await admin_request(meta_url, "POST", "/api/admin/tokens/revoke",
-                                    {"id": int(args[1])})
+                                   {"id": int(args[1])})
         print(json.dumps(data) if as_json else
               f"revoked token id={data['id']} app={data['app']}")
         return 0
