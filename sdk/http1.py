@@ -30,6 +30,9 @@ HEADER_LINE_BYTES_MAX = 16 * 1024
 # Most header lines in one answer.
 HEADERS_MAX = 100
 
+# Bytes asked for per read of a body that runs to the close.
+READ_CHUNK_BYTES = 64 * 1024
+
 
 class HttpProtocolError(Exception):
     """The peer's answer is not HTTP/1.x as we read it (a bad status line, a bad length, too
@@ -116,10 +119,18 @@ async def _read_answer(reader: asyncio.StreamReader, method: str) -> HttpAnswer:
         length = int(length_text)
         _check_size(length)
         body = await reader.readexactly(length)
-    else:
-        body = await reader.read(ANSWER_BYTES_MAX + 1)
-        _check_size(len(body))
+    else:  # neither: the body runs to the close (Connection: close)
+        body = await _read_to_close(reader)
     return HttpAnswer(status, headers, body)
+
+
+async def _read_to_close(reader: asyncio.StreamReader) -> bytes:
+    """Everything up to the server's close (``read`` returns what has come so far, so loop)."""
+    body = bytearray()
+    while chunk := await reader.read(READ_CHUNK_BYTES):
+        body += chunk
+        _check_size(len(body))
+    return bytes(body)
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

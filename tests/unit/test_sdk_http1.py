@@ -65,6 +65,26 @@ async def test_a_chunked_answer_and_one_read_to_the_close_are_read_whole():
         assert (await http1.request("GET", url, timeout_s=5)).body == b"[1, 2]"
 
 
+async def test_an_answer_read_to_the_close_is_read_whole_whatever_its_pieces():
+    big = b"[" + b"1, " * 100_000 + b"1]"  # far more than one read returns
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(OK + b"\r\n" + big[:10])
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the client has read the head and a first piece by now
+        writer.write(big[10:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        assert (await http1.request("GET", url, timeout_s=5)).body == big
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("answer, said", [
     (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
     (OK + b"Content-Length: x1\r\n\r\n", "bad Content-Length 'x1'"),
