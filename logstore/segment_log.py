@@ -471,6 +471,15 @@ class SegmentedLog:
             self.on_fsync(time.perf_counter() - started_s)
         return self._durable_end
 
+    def sync_or_flush(self) -> None:
+        """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this
+        returns) or write it to the OS ("async": a process crash no longer loses it, and
+        ``tick`` fsyncs it on its interval). The one place a store decides this."""
+        if self.config.flush_mode == "sync":
+            self.sync()
+        else:
+            self.flush()
+
     def tick(self, now_ms: int) -> bool:
         """Async mode: flush, and fsync if ``flush_interval_ms`` passed with data pending.
 

@@ -104,10 +104,7 @@ class CopyingMixin:
         if action is not None:
             self._clean_end = isinstance(action, Closed)
         self._actions_since_checkpoint += len(bodies)
-        if self.config.flush_mode == "sync":  # type: ignore[attr-defined]
-            self._log.sync()
-        else:
-            self._log.flush()
+        self._log.sync_or_flush()
         if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:  # type: ignore[attr-defined]
             self.checkpoint()  # type: ignore[attr-defined]
         return self._log.end_offset

@@ -194,10 +194,7 @@ class CopyingMixin:
         delay_log = self._log
         try:
             bodies = delay_log.append_raw(offset, data)
-            if self.config.flush_mode == "sync":
-                delay_log.sync()
-            else:
-                delay_log.flush()
+            delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
         schedule, counts, known = self._schedule, self._counts, self._bucket_pending

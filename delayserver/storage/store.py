@@ -254,10 +254,7 @@ class DelayStore(CopyingMixin):
         end_before = delay_log.end_offset
         try:
             offsets = delay_log.append_many([item[0] for item in batch])
-            if self.config.flush_mode == "sync":
-                delay_log.sync()
-            else:
-                delay_log.flush()
+            delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
         entries = []

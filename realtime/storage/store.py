@@ -281,10 +281,7 @@ class MessageStore:
         message_log = self._message_log
         try:
             offsets = message_log.append_bodies(batch.bodies)
-            if self.config.flush_mode == "sync":
-                message_log.log.sync()
-            else:
-                message_log.log.flush()
+            message_log.log.sync_or_flush()
         except LogWriteFailed as exc:
             # Sticky: after a failed write or fsync the file's state is unknown until reopened.
             # Records of this batch that reached the file are never indexed; recovery treats
@@ -472,10 +469,7 @@ class MessageStore:
         message_log = self._message_log
         try:
             bodies = message_log.log.append_raw(offset, data)
-            if self.config.flush_mode == "sync":
-                message_log.log.sync()
-            else:
-                message_log.log.flush()
+            message_log.log.sync_or_flush()
         except LogWriteFailed as exc:
             self._failed = exc
             raise

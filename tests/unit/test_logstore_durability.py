@@ -178,6 +178,20 @@ def test_durable_offset_advances_only_on_sync(log_dir, tiny_config):
     log.close()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sync_or_flush_fsyncs_under_flush_sync_and_only_writes_to_the_os_under_async(log_dir, mode):
+    plan = FaultPlan()
+    log = SegmentedLog(log_dir, LogConfig(segment_size_bytes_max=4096, flush_mode=mode),
+                       opener=plan.opener)
+    append_range(log, 0, 3)
+    log.sync_or_flush()
+    assert os.path.getsize(os.path.join(log_dir, f"{0:020d}.log")) == 3 * FRAMED_SIZE
+    assert log.flushed_offset == log.end_offset == 3 * FRAMED_SIZE
+    assert log.durable_offset == (3 * FRAMED_SIZE if mode == "sync" else 0)
+    assert plan.syncs == (1 if mode == "sync" else 0)
+    log.close()
+
+
 def test_async_tick_fsyncs_only_after_the_interval_with_data_pending(log_dir):
     plan = FaultPlan()
     config = LogConfig(segment_size_bytes_max=4096, flush_mode="async", flush_interval_ms=100)
