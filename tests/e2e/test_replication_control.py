@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 import qmq
-from serverkit import server_id
-from tests.e2e.support import Ledger, Producing, RunningConsumer, close_all
-from tests.harness import Cluster, ServerProcess, admin, run_qmq, start_realtime, start_server, \
-    wait_for
+from tests.e2e import replication_support as replication
+from tests.e2e.replication_support import Load, start_leased_meta
+from tests.harness import Cluster, ServerProcess, admin, run_qmq, wait_for
 
 FIRST, SECOND = "0000000000000c01", "0000000000000d02"
 BROKER_FLAGS = ("--flush", "sync", "--replication", "sync", "--ack-timeout-ms", "5000",
@@ -32,11 +31,7 @@ BROKER_FLAGS = ("--flush", "sync", "--replication", "sync", "--ack-timeout-ms", 
 
 def start_member(cluster: Cluster, name: str, me: str) -> ServerProcess:
     """A realtime server of group rt1 with server id ``me`` on data dir ``root/<name>``."""
-    data = cluster.root / name
-    data.mkdir(exist_ok=True)
-    if not (data / "server.id").exists():
-        server_id.write(str(data), bytes.fromhex(me))
-    return cluster.keep(start_realtime(cluster.meta_url, str(data), "rt1", *BROKER_FLAGS))
+    return replication.start_member(cluster, "realtime", "rt1", name, *BROKER_FLAGS, me=me)
 
 
 def server_row(url: str, server: str) -> dict[str, Any]:
@@ -44,16 +39,13 @@ def server_row(url: str, server: str) -> dict[str, Any]:
 
 
 def group_row(url: str) -> dict[str, Any]:
-    return next(r for r in admin(url, "replication") if r["group"] == "rt1")
+    return replication.group_row(url, "rt1")
 
 
 @pytest.mark.timeout(180)
 async def test_a_switchover_under_load_loses_and_duplicates_nothing_and_a_shutdown_hands_back(
         cluster: Cluster):
-    cluster.meta = cluster.keep(start_server("metaserver", [
-        "metaserver", "--db", f"sqlite+aiosqlite:///{cluster.root / 'meta.db'}", "--port", "0",
-        "--lease-ms", "2000"]))
-    url = cluster.meta_url
+    url = start_leased_meta(cluster).url
     first = start_member(cluster, "first", FIRST)
     second = start_member(cluster, "second", SECOND)
     await wait_for(lambda: group_row(url)["insync"] == [SECOND], 60, "the slave in sync",
@@ -72,18 +64,12 @@ async def test_a_switchover_under_load_loses_and_duplicates_nothing_and_a_shutdo
         listing.stdout
 
     subject = "orders.switch"
-    live = Ledger()
-    consumers = [await RunningConsumer(url, "billing", subject, live, name=f"c{n}",
-                                       start="earliest", reconnect_backoff_max_ms=500).start()
-                 for n in range(2)]
-    stop = asyncio.Event()
     # Patient sends: writes pause from the moment the master hands over until the target has
     # heard of its promotion (its next heartbeat) and sealed its logs, which on a loaded machine
     # outlasts the SDK's default 3 quick resends.
-    producer = qmq.Producer(url, send_timeout_ms=10_000, retries_max=12)
+    load = await Load.start(url, subject, send_timeout_ms=10_000, retries_max=12)
+    run, live = load.run, load.live
     try:
-        await producer.__aenter__()
-        run = Producing(producer, subject, stop)
         await wait_for(lambda: len(run.acknowledged) >= 300, 60, "300 receipts")
         switched = await asyncio.to_thread(run_qmq, "admin", "switchover", "rt1", "--meta", url)
         assert switched.returncode == 0, switched.stdout + switched.stderr
@@ -91,15 +77,9 @@ async def test_a_switchover_under_load_loses_and_duplicates_nothing_and_a_shutdo
         at_switch = len(run.acknowledged)
         await wait_for(lambda: len(run.acknowledged) >= at_switch + 300, 60,
                        "300 receipts from the new master")
-        stop.set()
-        await run.task
-        everything = set(run.acknowledged)
-        await wait_for(lambda: live.ids >= everything, 60,
-                       "the consumers to get every acknowledged message", interval_s=0.2)
+        everything = await load.drain(60)
     finally:
-        stop.set()
-        await close_all(consumers)
-        await producer.close()
+        await load.close()
     print(f"{len(everything)} receipts ({at_switch} before the switchover; "
           f"{dict(run.statuses)}), {len(run.failures)} failed sends, "
           f"{len(live.duplicates())} ids delivered twice")

@@ -11,9 +11,10 @@ import random
 import pytest
 
 import qmq
+from tests.e2e import replication_support as replication
+from tests.e2e.replication_support import start_leased_meta
 from tests.harness import (
-    Arrivals, Cluster, admin, consume_into, epoch_ms, start_delay, start_realtime, start_server,
-    wait_for, wait_registered,
+    Arrivals, Cluster, consume_into, epoch_ms, start_realtime, wait_for, wait_registered,
 )
 
 CONSUMER_OPTIONS = {"wait_ms": 500, "heartbeat_interval_ms": 500, "reconnect_backoff_max_ms": 500,
@@ -32,20 +33,16 @@ CANCELS = 100
 CANCEL_LEAD_MS = 8_000
 SEEN_MS = 1_500  # a cancelled one, if it were wrongly dispatched, has arrived this long after due
 
-def group_row(url: str, group: str) -> dict:
-    return next(r for r in admin(url, "replication") if r["group"] == group)
+group_row = replication.group_row
 
 
 @pytest.mark.timeout(240)
 async def test_a_kill_9_of_a_delay_master_delivers_every_delay_after_the_failover(
         cluster: Cluster):
-    cluster.meta = cluster.keep(start_server("metaserver", [
-        "metaserver", "--db", f"sqlite+aiosqlite:///{cluster.root / 'meta.db'}", "--port", "0",
-        "--lease-ms", "2000"]))
-    url = cluster.meta_url
+    url = start_leased_meta(cluster).url
     cluster.keep(start_realtime(url, str(cluster.root / "rt1"), "rt1"))
-    master = cluster.keep(start_delay(url, str(cluster.root / "d1a"), "d1", *DELAY_FLAGS))
-    cluster.keep(start_delay(url, str(cluster.root / "d1b"), "d1", *DELAY_FLAGS))
+    master = replication.start_member(cluster, "delay", "d1", "d1a", *DELAY_FLAGS)
+    replication.start_member(cluster, "delay", "d1", "d1b", *DELAY_FLAGS)
     await asyncio.to_thread(wait_registered, url, {("realtime", "rt1"): "rw",
                                                    ("delay", "d1"): "rw"})
     await wait_for(lambda: bool(group_row(url, "d1")["insync"]), 60, "the delay slave in sync",

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 import qmq
-from serverkit import server_id
+from tests.e2e import replication_support as replication
+from tests.e2e.replication_support import start_leased_meta
 from tests.e2e.support import same_bytes
 from tests.harness import (
-    Arrivals, Cluster, admin, consume_into, epoch_ms, run_qmq, start_delay, start_realtime,
-    start_server, wait_for, wait_registered,
+    Arrivals, Cluster, ServerProcess, admin, consume_into, epoch_ms, run_qmq, start_realtime,
+    wait_for, wait_registered,
 )
 from tests.rawclient import RawClient
 from wire.message import Message
@@ -43,7 +44,7 @@ SEEN_MS = 1_500  # a wrongly dispatched one has arrived this long after its due 
 
 
 def group_row(url: str) -> dict:
-    return next(r for r in admin(url, "replication") if r["group"] == "d1")
+    return replication.group_row(url, "d1")
 
 
 def log_bytes(data_dir: Path, log_dir: str) -> int:
@@ -51,21 +52,14 @@ def log_bytes(data_dir: Path, log_dir: str) -> int:
     return sum(os.path.getsize(directory / name) for name in os.listdir(directory))
 
 
-def member(cluster: Cluster, name: str, me: str) -> object:
-    data = cluster.root / name
-    if not data.exists():
-        data.mkdir()
-        server_id.write(str(data), bytes.fromhex(me))
-    return cluster.keep(start_delay(cluster.meta_url, str(data), "d1", *FLAGS))
+def member(cluster: Cluster, name: str, me: str) -> ServerProcess:
+    return replication.start_member(cluster, "delay", "d1", name, *FLAGS, me=me)
 
 
 @pytest.mark.timeout(180)
 async def test_a_killed_delay_master_rejoins_holding_only_the_new_masters_copy_and_never_dispatches_its_own_tail(
         cluster: Cluster):
-    cluster.meta = cluster.keep(start_server("metaserver", [
-        "metaserver", "--db", f"sqlite+aiosqlite:///{cluster.root / 'meta.db'}", "--port", "0",
-        "--lease-ms", "2000"]))
-    url = cluster.meta_url
+    url = start_leased_meta(cluster).url
     cluster.keep(start_realtime(url, str(cluster.root / "rt1"), "rt1"))
     old = member(cluster, "old", OLD_ID)
     await asyncio.to_thread(wait_registered, url, {("realtime", "rt1"): "rw",

@@ -17,33 +17,28 @@ from typing import Any
 import pytest
 
 import qmq
-from tests.e2e.support import Ledger, Producing, RunningConsumer, close_all, same_bytes
-from tests.harness import (
-    Cluster, ServerProcess, admin, epoch_ms, run_qmq, start_realtime, start_server, wait_for,
-)
+from tests.e2e import replication_support as replication
+from tests.e2e.replication_support import Load, start_leased_meta
+from tests.e2e.support import same_bytes
+from tests.harness import Cluster, ServerProcess, admin, epoch_ms, run_qmq, wait_for
 from tests.rawclient import RawClient
 from wire.message import Message
 
-LEASE_FLAGS = ("--lease-ms", "2000")
 AUDIT_TIMEOUT_S = 600  # a fresh JVM and a few dozen Spark jobs on a loaded 2-core machine
 BROKER_FLAGS = ("--flush", "sync", "--ack-timeout-ms", "3000", "--consumer-expiry-ms", "3000")
 
 
 def start_meta(cluster: Cluster) -> ServerProcess:
-    cluster.meta = cluster.keep(start_server("metaserver", [
-        "metaserver", "--db", f"sqlite+aiosqlite:///{cluster.root / 'meta.db'}", "--port", "0",
-        *LEASE_FLAGS]))
-    return cluster.meta
+    return start_leased_meta(cluster)
 
 
-def start_member(cluster: Cluster, name: str, *extra: str, port: int = 0) -> ServerProcess:
+def start_member(cluster: Cluster, name: str, *extra: str) -> ServerProcess:
     """A realtime server of group rt1 on its own data dir ``root/<name>``."""
-    return cluster.keep(start_realtime(cluster.meta_url, str(cluster.root / name), "rt1",
-                                       *BROKER_FLAGS, *extra, port=port))
+    return replication.start_member(cluster, "realtime", "rt1", name, *BROKER_FLAGS, *extra)
 
 
 def group_row(url: str) -> dict[str, Any]:
-    return next(r for r in admin(url, "replication") if r["group"] == "rt1")
+    return replication.group_row(url, "rt1")
 
 
 def in_sync(url: str) -> bool:
@@ -57,15 +52,9 @@ async def test_a_kill_9_of_a_sync_master_under_load_loses_no_receipt(cluster: Cl
     start_member(cluster, "b")
     await wait_for(lambda: in_sync(meta.url), 60, "the slave in sync", in_thread=True)
     subject = "orders.paid"
-    live = Ledger()
-    consumers = [await RunningConsumer(meta.url, "billing", subject, live, name=f"c{n}",
-                                       start="earliest", reconnect_backoff_max_ms=500).start()
-                 for n in range(2)]
-    stop = asyncio.Event()
-    producer = qmq.Producer(meta.url, send_timeout_ms=3_000)
+    load = await Load.start(meta.url, subject, send_timeout_ms=3_000)
+    run, live = load.run, load.live
     try:
-        await producer.__aenter__()
-        run = Producing(producer, subject, stop)
         await wait_for(lambda: len(run.acknowledged) >= 300, 60, "300 receipts")
         epoch = group_row(meta.url)["epoch"]
         await asyncio.to_thread(master.kill9)
@@ -74,15 +63,9 @@ async def test_a_kill_9_of_a_sync_master_under_load_loses_no_receipt(cluster: Cl
                        in_thread=True)
         await wait_for(lambda: len(run.acknowledged) >= at_kill + 300, 60,
                        "300 receipts from the new master")
-        stop.set()
-        await run.task
-        everything = set(run.acknowledged)
-        await wait_for(lambda: live.ids >= everything, 90,
-                       "the consumers to get every acknowledged message", interval_s=0.2)
+        everything = await load.drain(90)
     finally:
-        stop.set()
-        await close_all(consumers)
-        await producer.close()
+        await load.close()
     assert everything - live.ids == set()
     print(f"{len(everything)} receipts ({at_kill} before the kill), {len(run.failures)} failed "
           f"sends, {len(live.duplicates())} ids delivered twice (at-least-once)")
