@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -62,6 +63,11 @@ T = TypeVar("T")
 GROUP_COUNTS = ("redelivered", "retried", "dead")
 # Attempts of a write transaction that lost an insert race to another MetaServer.
 WRITE_ATTEMPTS_MAX = 3
+# How long route reads reuse the broker groups' view (every group, its master's address), in
+# ms. A committed write of this MetaServer drops it at once, so only another MetaServer's change
+# (an expiry, a promotion) is seen up to this late: the default failover check interval. At
+# 1,000 idle consumers refreshing their routes the view was read ~70 times a second.
+GROUP_VIEWS_CACHE_MS = 250
 
 
 class _RaceLost(Exception):
@@ -84,6 +90,10 @@ class Registry:
         self.write_transactions = 0  # committed write transactions (the event loop's; metrics)
         self.liveness = ClientLiveness()  # client heartbeats that only say "still here"
         self.replication = ReplicationOps(self)
+        # Bumped by every committed write; a cached view read under an older one is not kept.
+        self._write_generation = 0
+        # (generation, monotonic expiry s, views) for route reads; read-only to its users.
+        self._views_cache: tuple[int, float, dict[str, GroupView]] | None = None
 
     async def open(self) -> None:
         """Open the database and apply pending migrations."""
@@ -126,6 +136,8 @@ class Registry:
                 async with self._write_lock, self._sessions() as session, session.begin():
                     result = await body(session)
                 self.write_transactions += 1
+                self._write_generation += 1
+                self._views_cache = None
                 return result
             except (IntegrityError, _RaceLost):
                 if attempt == WRITE_ATTEMPTS_MAX:
@@ -436,13 +448,14 @@ class Registry:
         subj = await s.get(Subject, subject)
         if subj is None:
             return None
-        views = await _group_views(s)
+        views = await self._group_views_cached(s)
         rows = list((await s.execute(
             select(SubjectRoute).where(SubjectRoute.subject == subject))).scalars().all())
         usable = {v.name for v in views.values() if v.kind == "realtime" and v.usable}
         active = [r.group_name for r in rows if r.active]
-        if plan_route(active, usable, await _route_load(s),
-                      self.config.route_groups_default) is not None:
+        # Whether the route must change does not depend on the load (which only picks the
+        # groups to add), so the read path skips counting every subject's routes.
+        if plan_route(active, usable, {}, self.config.route_groups_default) is not None:
             return None
         groups = (producer_groups(active, views) if role == "producer"
                   else consumer_groups([r.group_name for r in rows], views))
@@ -511,7 +524,19 @@ class Registry:
         """The delay groups of a ``kind=delay`` route for ``role``, read without a write (the
         schedule runner asks on every pass)."""
         async with self._read() as s:
-            return delay_groups(role, await _group_views(s))
+            return delay_groups(role, await self._group_views_cached(s))
+
+    async def _group_views_cached(self, s: AsyncSession) -> dict[str, GroupView]:
+        """``_group_views`` for read paths, reused for GROUP_VIEWS_CACHE_MS (see there)."""
+        now_s = time.monotonic()
+        cached = self._views_cache
+        if cached is not None and cached[0] == self._write_generation and cached[1] > now_s:
+            return cached[2]
+        generation = self._write_generation
+        views = await _group_views(s)
+        if generation == self._write_generation:  # no write committed while we read
+            self._views_cache = (generation, now_s + GROUP_VIEWS_CACHE_MS / 1000, views)
+        return views
 
     # -- clients --------------------------------------------------------------------------------
 
