@@ -295,13 +295,19 @@ class ReplicationOps:
         cannot finish, promote where a lease has surely expired. Returns what it promoted."""
         registry = self.registry
         now_ms, mono_ms = registry.clock(), registry.mono_clock()
+        # One statement for both tables (each statement costs ~2 ms of CPU through the ORM and
+        # aiosqlite, and this runs every failover_check_interval_ms): every group, each with
+        # its servers (None for a group without any).
         async with registry._read() as s:
-            groups = list((await s.execute(select(BrokerGroup))).scalars())
-            rows = list((await s.execute(select(Broker))).scalars())
+            pairs = list(await s.execute(select(BrokerGroup, Broker).outerjoin(
+                Broker, Broker.group_name == BrokerGroup.name)
+                .order_by(BrokerGroup.name, Broker.id)))
+        groups = list({grp.name: grp for grp, _ in pairs}.values())
         by_group: dict[str, list[ServerState]] = {}
-        for row in rows:
-            by_group.setdefault(row.group_name, []).append(
-                server_state(row, now_ms, self._expiry_ms))
+        for grp, row in pairs:
+            if row is not None:
+                by_group.setdefault(grp.name, []).append(
+                    server_state(row, now_ms, self._expiry_ms))
         done = []
         for grp in groups:
             state, servers = group_state(grp), by_group.get(grp.name, [])

@@ -165,7 +165,16 @@ class ScheduleRunner:
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
+                # Cleared before looking, so a poke made while a read runs is not lost.
+                self._wakeup.clear()
                 try:
+                    # Nothing due yet (the usual case: no schedule, or the next one later):
+                    # one small read says so. A claim pass (the delay route and a write
+                    # transaction) every poll was most of an idle MetaServer's schedule CPU.
+                    wait_ms = await self._idle_ms()
+                    if wait_ms > 0:
+                        await self._sleep(wait_ms)
+                        continue
                     claimed, jobs, targets = await self._claim_pass()
                     if jobs:
                         task = asyncio.create_task(self._finish_logged(jobs, targets))
@@ -183,13 +192,16 @@ class ScheduleRunner:
                     log.exception("schedule runner pass failed; retrying in %d ms",
                                   RETRY_AFTER_MS)
                     wait_ms = RETRY_AFTER_MS
-                self._wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), wait_ms / 1000)
+                await self._sleep(wait_ms)
         finally:
             for task in list(in_flight):
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _sleep(self, wait_ms: int) -> None:
+        """Wait ``wait_ms`` or until poked (since the loop last looked), whichever is first."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), wait_ms / 1000)
 
     async def _finish_logged(self, jobs: list[_Job], targets: list[dict[str, Any]]) -> None:
         try:
