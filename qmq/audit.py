@@ -2,7 +2,7 @@
 
     qmq audit (--trace-dir DIR | --data-dir DIR)... --out DIR [--since T] [--until T]
               [--deadline-ms N] [--master URL] [--driver-memory SIZE] [--conf KEY=VALUE]...
-              [--allow-overdue] [--allow-lost] [--json]
+              [--allow-overdue] [--allow-lost] [--class-archive-dir DIR] [--json]
 
 T is ISO 8601 (a time without a zone is UTC) or epoch milliseconds. ``--data-dir`` finds every
 trace directory under a data dir (``tracelog.events.find_trace_dirs``). Exit codes (one table,
@@ -92,6 +92,11 @@ def add_audit_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="report overdue messages without failing the gate")
     parser.add_argument("--allow-lost", action="store_true",
                         help="report lost messages without failing the gate")
+    parser.add_argument("--class-archive-dir", default=None, metavar="DIR",
+                        help="where the driver JVM's class-data-sharing archive is kept, built "
+                             "once in the background after the first audit and used by later "
+                             "ones (default $QMQ_AUDIT_CLASS_ARCHIVE_DIR, else "
+                             "~/.cache/pyqmq/audit-class-archive; 'off' turns it off)")
     parser.add_argument("--json", action="store_true",
                         help="print the verdict and counts as one JSON document on stdout "
                              "(exit codes unchanged)")
@@ -158,6 +163,7 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"qmq audit: {error}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
     try:
+        from spark_audit.class_archive import default_directory
         from spark_audit.errors import AuditError
         from spark_audit.main import AuditOptions, run
     except ImportError as exc:
@@ -171,7 +177,8 @@ def run_audit(args: argparse.Namespace) -> int:
                            deadline_ms=args.deadline_ms, master=args.master,
                            driver_memory=args.driver_memory, conf=tuple(args.conf),
                            allow_lost=args.allow_lost, allow_overdue=args.allow_overdue,
-                           json=args.json)
+                           json=args.json,
+                           class_archive_dir=args.class_archive_dir or default_directory())
     try:
         return run(options)
     except AuditError as exc:

@@ -21,6 +21,7 @@ read once and persisted (memory, spilling to disk) because every job scans them.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_audit import html_report, report
+from spark_audit import class_archive, html_report, report
 from spark_audit.activity import give_ups, timeline, timeline_bucket_ms
 from spark_audit.anomalies import KIND_ORDER, flagged_messages, with_history
 from spark_audit.delay import delayed_messages, lateness_values, summarize_delay
@@ -92,16 +93,43 @@ class AuditOptions:
     allow_lost: bool = False  # lost messages are reported but do not fail the gate
     allow_overdue: bool = False  # overdue messages are reported but do not fail the gate
     json: bool = False  # stdout: the verdict and counts as one JSON document, not the tables
+    # the driver JVM's class-data-sharing archive cache (spark_audit.class_archive); None: off
+    class_archive_dir: str | None = None
 
 
-def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
-    """The active session if there is one (tests, notebooks), else a new one; True if new."""
+@dataclass(frozen=True)
+class Session:
+    """The audit's SparkSession; ``created``: started here (stopped after the audit);
+    ``archive``: its driver JVM records its class list for this class archive."""
+
+    spark: SparkSession
+    created: bool
+    archive: class_archive.ClassArchive | None = None
+
+
+def _driver_java_options(options: AuditOptions, small: bool
+                         ) -> tuple[str, class_archive.ClassArchive | None]:
+    """The driver JVM's options, and the class archive it records a class list for (if any).
+    An operator's own spark.driver.extraJavaOptions (--conf) replaces them all."""
+    java = SMALL_TRACE_JAVA_OPTIONS if small else ""
+    if any(key == "spark.driver.extraJavaOptions" for key, _ in options.conf):
+        return java, None
+    archive = class_archive.plan(options.class_archive_dir)
+    if archive is None:
+        return java, None
+    archived, recording = archive.java_options(os.getpid())
+    return f"{java} {archived}".strip(), archive if recording else None
+
+
+def spark_session(options: AuditOptions) -> Session:
+    """The active session if there is one (tests, notebooks), else a new one."""
     active = SparkSession.getActiveSession()
     if active is not None:
-        return active, False
+        return Session(active, False)
     builder = (SparkSession.builder.master(options.master).appName("qmq-audit")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
+    small = False
     if options.master.startswith("local"):
         size = local_trace_bytes(options.trace_dirs)
         small = size is not None and size <= SMALL_TRACE_BYTES
@@ -110,16 +138,18 @@ def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
         builder = (builder.config("spark.sql.shuffle.partitions", str(partitions))
                    .config("spark.ui.enabled", "false"))
         if small:
-            builder = builder.config("spark.driver.extraJavaOptions", SMALL_TRACE_JAVA_OPTIONS)
             for key, value in SMALL_TRACE_CONF:
                 builder = builder.config(key, value)
         if options.driver_memory:
             builder = builder.config("spark.driver.memory", options.driver_memory)
+    java_options, archive = _driver_java_options(options, small)
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     for key, value in options.conf:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    return session, True
+    return Session(session, True, archive)
 
 
 def _keep(df: DataFrame) -> DataFrame:
@@ -269,15 +299,20 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
     # The charts' imports, while this thread waits for the JVM (import is thread-safe).
     threading.Thread(target=html_report.warm_up, name="audit-warm-up", daemon=True).start()
-    spark, created = spark_session(options)
+    session = spark_session(options)
+    spark = session.spark
     out = options.out_dir.rstrip("/")
     try:
         results = audit(spark, options, progress)
         write_text(spark, f"{out}/report.md", report.render(results))
         write_text(spark, f"{out}/report.html", html_report.render(results))
         progress(f"wrote {out}/report.md and {out}/report.html")
+        if session.archive is not None and class_archive.start_build(session.archive, spark,
+                                                                     os.getpid()):
+            progress(f"building the driver JVM's class archive for later audits in the "
+                     f"background: {session.archive.archive_path}")
     finally:
-        if created:
+        if session.created:
             spark.stop()
     code = exit_code(results)
     print(report.summary_json(results, code) if options.json else report.summary(results),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,11 @@ from tests.pg import PgCluster, PgUnavailable
 # which a test on a shared 2-core machine fails by being slow, not wrong.
 settings.register_profile("qmq", deadline=None)
 settings.load_profile("qmq")
+
+# The audits the tests run as processes of their own (qmq audit) use no JVM class archive: the
+# first would start a detached dump (about a minute and a half of CPU) after its verdict, and
+# write to the user's cache. tests/unit/test_class_archive.py covers the archive.
+os.environ["QMQ_AUDIT_CLASS_ARCHIVE_DIR"] = "off"
 
 
 @pytest.fixture(autouse=True)
