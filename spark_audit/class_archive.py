@@ -16,8 +16,9 @@ parsed and verified, mapped from one file. Making it safely, with audits running
    ``.failed`` file (with its output), so no later audit tries again for that key.
 3. Later audits start their JVM with ``-XX:SharedArchiveFile=<archive>``. The JVM checks the
    archive against its own version and class path and ignores it (it then loads classes as
-   usual) when they differ; the key also changes with the Java binary, the pyspark version and
-   its jars, so an upgrade builds a new archive rather than reuse a stale one.
+   usual) when they differ; the key also changes with the Java binary, the pyspark version, its
+   Spark home (each virtualenv has its own) and its jars, so an upgrade builds a new archive
+   rather than reuse a stale one.
 
 The dump is expensive once (about a minute and a half of CPU on the benchmark machine, run at
 a lower priority after the audit that recorded the list has exited) and saves about a quarter
@@ -67,10 +68,12 @@ def java_binary() -> str | None:
 
 
 def archive_key(java: str, spark_home: str, pyspark_version: str) -> str:
-    """A name for the archive of this Java binary, pyspark version and set of jars."""
+    """A name for the archive of this Java binary, pyspark version, Spark home and set of jars
+    (the archive records the class path: another Spark home's JVM would ignore it)."""
     digest = hashlib.sha256()
     stat = os.stat(java)
-    digest.update(f"{java}\0{stat.st_size}\0{stat.st_mtime_ns}\0{pyspark_version}\0".encode())
+    digest.update(f"{java}\0{stat.st_size}\0{stat.st_mtime_ns}\0{pyspark_version}\0"
+                  f"{os.path.realpath(spark_home)}\0".encode())
     jars = os.path.join(spark_home, "jars")
     for name in sorted(os.listdir(jars)) if os.path.isdir(jars) else ():
         digest.update(f"{name}\0{os.path.getsize(os.path.join(jars, name))}\0".encode())

@@ -123,4 +123,11 @@ def test_the_key_changes_with_the_jars_and_the_archive_can_be_turned_off(tmp_pat
     (tmp_path / "jars" / "b.jar").write_text("b")
     assert archive_key(str(java), str(tmp_path), "4.3.0") != before
     assert archive_key(str(java), str(tmp_path), "4.3.1").startswith("pyspark-4.3.1-")
+    other_home = tmp_path / "venv2"
+    (other_home / "jars").mkdir(parents=True)
+    for name in ("a.jar", "b.jar"):
+        (other_home / "jars" / name).write_text(name[0])
+    # the same jars in another virtualenv: another class path, so another archive
+    assert archive_key(str(java), str(other_home), "4.3.0") != archive_key(
+        str(java), str(tmp_path), "4.3.0")
     assert plan("off") is None and plan(None) is None and plan(str(tmp_path / "a b")) is None
