@@ -2,10 +2,10 @@
 
 Three measurements, each over a fresh loopback cluster (``bench._cluster.Cluster``):
 
-- ``idle``: N connected consumers (one ``qmq.Consumer`` each, on 10 subjects, one group) with
-  no traffic. After they settle, the broker's and the MetaServer's CPU per second over a
-  window, and the MetaServer's database write transactions per second
-  (``qmq_meta_write_transactions_total``).
+- ``idle``: N connected consumers (one ``qmq.Consumer`` each, on 10 subjects, one group, all
+  in one client process run from the tree) with no traffic. After they settle, the broker's,
+  the MetaServer's and the client process's CPU per second over a window, and the MetaServer's
+  database write transactions per second (``qmq_meta_write_transactions_total``).
 - ``groups``: G consumer groups set up by a first pull each (a raw client, one subject per
   group, as ``qmq`` consumers do on their first pull); the broker's CPU per group setup, in
   batches, so a creep as groups accumulate shows as a rising figure.
@@ -15,9 +15,10 @@ Three measurements, each over a fresh loopback cluster (``bench._cluster.Cluster
   MetaServer's CPU while idle, their RSS, the bytes of one broker heartbeat and of one backlog
   report (``qmq_meta_http_request_bytes_total`` over the window), and the broker's open files.
 
-``--tree DIR`` runs the servers (and the CLI) from another checkout, e.g. an export of main
-before a change (``git archive main | tar -x -C DIR``), so before and after can alternate in
-one sitting: ``--tree`` may be given twice and the runs alternate between the trees. Every run
+``--tree DIR`` runs the servers (and the CLI, and the idle consumers' process) from another
+checkout, e.g. an export of main before a change (``git archive main | tar -x -C DIR``, with
+the built C twins ``*.so`` copied in, else the servers run their Python twins), so before and
+after can alternate in one sitting: ``--tree`` may be given twice and the runs alternate between the trees. Every run
 prints the 1-minute load average beside it: the machine may be shared, and the figures are
 only comparable between runs of one sitting.
 
@@ -41,7 +42,6 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-import qmq
 from bench._cluster import Cluster, process_cpu_s
 from tests.rawclient import FakeClock, RawClient, message
 
@@ -53,6 +53,7 @@ SETTLE_S = 20.0  # after they connected: first heartbeats and routes are written
 # by chance (29-49% of a core for the same 300 consumers).
 WINDOW_S = 60.0
 CONSUMER_EXPIRY_S = 30.0  # the broker's default consumer expiry (RealtimeConfig)
+CLOSE_WAIT_S = 120.0  # longest wait for the client process to close its consumers and exit
 
 
 def load_average() -> float:
@@ -177,27 +178,60 @@ class Window:
         return out
 
 
+# The idle consumers' process: run with the tree's code on the path (``--tree``), so the
+# client side of a change (the SDK's heartbeats and route refreshes) is measured with it.
+# argv: MetaServer URL, consumers, subjects; prints "ready" once every consumer subscribed, and
+# closes them all gracefully when its stdin closes.
+CLIENT_SCRIPT = """
+import asyncio, sys
+import qmq
+
+async def main(meta_url, count, subjects):
+    pool = [qmq.Consumer(meta_url, group="idle", consumer_id=f"c{i}") for i in range(count)]
+    for i, consumer in enumerate(pool):
+        await consumer.__aenter__()
+        consumer.subscribe(f"idle.s{i % subjects}")
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
 async def idle_run(consumers: int) -> dict[str, Any]:
-    """One run of ``idle``: CPU of the broker and MetaServer per second, writes per second."""
+    """One run of ``idle``: CPU of the broker and MetaServer per second, writes per second,
+    with the consumers in a client process of their own (its CPU reported beside)."""
     with Cluster() as cluster:
-        pool = [qmq.Consumer(cluster.meta_url, group="idle", consumer_id=f"c{i}")
-                for i in range(consumers)]
-        for i, consumer in enumerate(pool):
-            await consumer.__aenter__()
-            consumer.subscribe(f"idle.s{i % SUBJECTS}")
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, cluster.meta_url,
+                                   str(consumers), str(SUBJECTS)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
+            assert client.stdout is not None and client.stdin is not None
+            ready = await asyncio.to_thread(client.stdout.readline)
+            assert ready.strip() == "ready", ready
             port = cluster.broker.address.rsplit(":", 1)[1]
             deadline = time.monotonic() + CONNECT_WAIT_S
             while connections(port) < consumers and time.monotonic() < deadline:
                 await asyncio.sleep(1)
             connected = connections(port)
             await asyncio.sleep(SETTLE_S)
+            client_cpu0 = process_cpu_s(client.pid)
             async with Window(cluster) as window:
                 await asyncio.sleep(WINDOW_S)
+            client_cpu_pct = round(100 * (process_cpu_s(client.pid) - client_cpu0)
+                                   / window.elapsed, 1)
         finally:
-            await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
+            if client.stdin is not None:
+                client.stdin.close()
+            try:
+                await asyncio.to_thread(client.wait, CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
     figures = window.result
     return {"consumers": consumers, "connected": connected, **figures,
+            "client_cpu_pct": client_cpu_pct,
             "broker_cpu_ms_per_consumer_s": round(
                 10 * figures["broker_cpu_pct"] / max(consumers, 1), 3),
             "meta_cpu_ms_per_consumer_s": round(

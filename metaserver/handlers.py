@@ -166,6 +166,13 @@ async def client_heartbeat(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).client_heartbeat(**body))
 
 
+async def client_heartbeats(request: web.Request) -> web.Response:
+    """``POST /api/clients/heartbeats {clients, left}``: a client process's heartbeat for all of
+    its clients, and those that closed since, in one request."""
+    body = await _body(request, v.CLIENT_HEARTBEATS)
+    return web.json_response(await _registry(request).client_heartbeats(**body))
+
+
 async def client_leave(request: web.Request) -> web.Response:
     """``POST /api/clients/leave``: a client closing gracefully is offline at once."""
     body = await _body(request, v.CLIENT_LEAVE)
@@ -306,6 +313,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/route", route)
     app.router.add_post("/api/clients/heartbeat", client_heartbeat)
     app.router.add_post("/api/clients/leave", client_leave)
+    app.router.add_post("/api/clients/heartbeats", client_heartbeats)
     app.router.add_get("/api/admin/brokers", admin_brokers)
     app.router.add_get("/api/admin/subjects", admin_subjects)
     app.router.add_get("/api/admin/groups", admin_groups)

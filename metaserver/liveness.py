@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from metaserver.models import Client
+from metaserver.models import Client, ConsumerGroup
 
 Signature = tuple[str, str, str, tuple[str, ...]]  # app, group, role, subjects
 
@@ -92,4 +92,35 @@ class ClientLiveness:
         return len(rows)
 
 
-__all__ = ["ClientLiveness"]
+async def write_clients(s: AsyncSession, clients: list[dict[str, Any]], now_ms: int) -> None:
+    """Write these clients' rows in full (online, seen at ``now_ms``: each a heartbeat's fields)
+    and the consumer groups of their (group, subject) pairs that are new, in the caller's
+    transaction: a process's new consumers cost one transaction, not one each."""
+    pairs: set[tuple[str, str]] = set()
+    rows = {row.client_id: row for row in (await s.execute(
+        select(Client).where(Client.client_id.in_([c["client_id"] for c in clients]))
+    )).scalars()}
+    for item in clients:
+        client = rows.get(item["client_id"])
+        if client is None:
+            client = Client(client_id=item["client_id"], first_seen_ms=now_ms)
+            s.add(client)
+        client.app = item["app"]
+        client.group_name = item["group"]
+        client.role = item["role"]
+        client.subjects = item["subjects"]
+        client.online = True
+        client.last_seen_ms = now_ms
+        if item["role"] == "consumer":
+            pairs.update((item["group"], subject) for subject in item["subjects"])
+    if not pairs:
+        return
+    known = {(name, subject) for name, subject in (await s.execute(
+        select(ConsumerGroup.name, ConsumerGroup.subject)
+        .where(ConsumerGroup.name.in_({group for group, _ in pairs}))
+    )).all()}
+    for group, subject in sorted(pairs - known):
+        s.add(ConsumerGroup(name=group, subject=subject, created_at_ms=now_ms))
+
+
+__all__ = ["ClientLiveness", "write_clients"]

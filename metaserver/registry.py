@@ -25,7 +25,7 @@ from metaserver.backlog import (
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
-from metaserver.liveness import ClientLiveness
+from metaserver.liveness import ClientLiveness, write_clients
 from metaserver.models import Broker, BrokerGroup, Client, ConsumerGroup, Subject, SubjectRoute
 from metaserver.replication import (
     ReplicationOps,
@@ -546,38 +546,46 @@ class Registry:
         """Record that a producer or consumer is alive, and the (group, subject) pairs it uses.
         A heartbeat that repeats what is stored is only noted, and written in a batch with the
         others by the next expiry check (metaserver.liveness)."""
-        signature = self.liveness.signature(app, group, role, subjects)
-        if self.liveness.note(client_id, signature, self.clock()):
-            return {"ok": True}
+        await self.client_heartbeats([{"client_id": client_id, "app": app, "group": group,
+                                       "subjects": subjects, "role": role}], [])
+        return {"ok": True}
 
-        async def body(s: AsyncSession) -> dict[str, Any]:
-            now = self.clock()
-            client = await s.get(Client, client_id)
-            if client is None:
-                client = Client(client_id=client_id, first_seen_ms=now)
-                s.add(client)
-            client.app = app
-            client.group_name = group
-            client.role = role
-            client.subjects = subjects
-            client.online = True
-            client.last_seen_ms = now
-            if role == "consumer" and subjects:
-                known = set(
-                    (
-                        await s.execute(
-                            select(ConsumerGroup.subject).where(ConsumerGroup.name == group)
-                        )
-                    ).scalars()
-                )
-                for subject in subjects:
-                    if subject not in known:
-                        s.add(ConsumerGroup(name=group, subject=subject, created_at_ms=now))
-            return {"ok": True}
+    async def client_heartbeats(self, clients: list[dict[str, Any]],
+                                left: list[str]) -> dict[str, Any]:
+        """A client process's heartbeat for all of its clients at once (``clients``: each a
+        single heartbeat's fields) and those that closed since (``left``). Heartbeats that
+        repeat what is stored are only noted, as ``client_heartbeat``'s; the new or changed
+        ones and the leaves go in one write transaction, not one each. Returns how many were
+        written and noted."""
+        for client_id in left:
+            self.liveness.forget(client_id)
+        gone = set(left)
+        now_ms = self.clock()
+        fresh: dict[str, dict[str, Any]] = {}
+        noted = 0
+        for client in clients:
+            if client["client_id"] in gone:
+                continue  # closed since: its leave wins
+            signature = self.liveness.signature(client["app"], client["group"], client["role"],
+                                                client["subjects"])
+            if self.liveness.note(client["client_id"], signature, now_ms):
+                noted += 1
+            else:
+                fresh[client["client_id"]] = client
+        if not fresh and not left:
+            return {"ok": True, "written": 0, "noted": noted}
 
-        answer = await self._write(body)
-        self.liveness.written(client_id, signature)
-        return answer
+        async def body(s: AsyncSession) -> None:
+            await write_clients(s, list(fresh.values()), self.clock())
+            if left:
+                await s.execute(update(Client).where(Client.client_id.in_(left))
+                                .values(online=False, last_seen_ms=self.clock()))
+
+        await self._write(body)
+        for client in fresh.values():
+            self.liveness.written(client["client_id"], self.liveness.signature(
+                client["app"], client["group"], client["role"], client["subjects"]))
+        return {"ok": True, "written": len(fresh), "noted": noted}
 
     async def client_leave(self, client_id: str) -> dict[str, Any]:
         """Mark a client offline now (it closed), instead of after ``client_expiry_ms``.

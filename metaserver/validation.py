@@ -384,6 +384,41 @@ CLIENT_LEAVE = {
     "client_id": Field(str, check=check_nonempty),
 }
 
+# Most clients one batched heartbeat (``POST /api/clients/heartbeats``) names, alive or left:
+# a client process sends all of its consumers in one request, in chunks of at most this many.
+CLIENTS_PER_HEARTBEAT_MAX = 1000
+
+
+def check_client_list(key: str, value: list[Any]) -> list[dict[str, Any]]:
+    """Check the ``clients`` of a batched heartbeat: each one a single heartbeat's body."""
+    if len(value) > CLIENTS_PER_HEARTBEAT_MAX:
+        raise BadRequest(f"{key} has {len(value)} clients, over the limit "
+                         f"CLIENTS_PER_HEARTBEAT_MAX {CLIENTS_PER_HEARTBEAT_MAX}")
+    out = []
+    for i, item in enumerate(value):
+        client = parse_object(item, CLIENT_HEARTBEAT, where=f"{key}[{i}]")
+        if client["role"] == "consumer" or client["group"]:
+            check_name(f"{key}[{i}].group", client["group"])
+        out.append(client)
+    return out
+
+
+def check_client_ids(key: str, value: list[Any]) -> list[str]:
+    """Check the ``left`` client ids of a batched heartbeat."""
+    if len(value) > CLIENTS_PER_HEARTBEAT_MAX:
+        raise BadRequest(f"{key} has {len(value)} client ids, over the limit "
+                         f"CLIENTS_PER_HEARTBEAT_MAX {CLIENTS_PER_HEARTBEAT_MAX}")
+    for i, item in enumerate(value):
+        _check_type(f"{key}[{i}]", item, str)
+        check_nonempty(f"{key}[{i}]", item)
+    return list(dict.fromkeys(value))
+
+
+CLIENT_HEARTBEATS = {
+    "clients": Field(list, required=False, default=list, check=check_client_list),
+    "left": Field(list, required=False, default=list, check=check_client_ids),
+}
+
 READONLY = {
     "group": Field(str, check=check_name),
     "readonly": Field(bool),

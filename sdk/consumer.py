@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
+from sdk.presence import Presence
 from sdk.producer import default_client_id
 from sdk.received import ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
@@ -56,6 +59,7 @@ from wire.message import (
     validate_tags,
 )
 from wire.protocol import pull_columns
+from wire.http import parse_meta_urls
 from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
@@ -194,7 +198,16 @@ class Consumer:
         self.reconnect_backoff_max_ms = reconnect_backoff_max_ms
         self.close_timeout_ms = close_timeout_ms
         ssl_context = client_context(tls)
-        self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
+        # Consumers of one loop with the same MetaServers, token and TLS share their heartbeat
+        # to the MetaServer (sdk.presence) and, unless given ``routes``, their route cache
+        # (joined at start, on the loop); a caller's context is shared only with itself.
+        tls_key = tls if tls is None or isinstance(tls, ssl.SSLContext) else os.fspath(tls)
+        self._shared_key = (",".join(parse_meta_urls(meta_url)), token, tls_key)
+        self._new_routes: Callable[[], RouteCache] = lambda: RouteCache(
+            meta_url, token=token, ssl_context=ssl_context)
+        self._routes = routes or self._new_routes()
+        self._routes_given = routes is not None
+        self._presence: Presence | None = None
         self._pool = ConnectionPool(
             client_id=self.consumer_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
             ssl_context=ssl_context,
@@ -230,6 +243,11 @@ class Consumer:
         self._acks = AckBatcher(self._control, self._ack_interval_ms, self._ack_pending_max,
                                 resolve=self._ack_address)
         self._acks.start()
+        if not self._routes_given:
+            self._routes = RouteCache.shared(self._shared_key, self._new_routes)
+        self._presence = Presence.joined(self._shared_key, self._new_routes,
+                                         self.consumer_id, self._heartbeat_fields(),
+                                         self.heartbeat_interval_ms)
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name="qmq-heartbeat"
         )
@@ -313,6 +331,9 @@ class Consumer:
         sub = Subscription(subject, tag_list, self.prefetch, sources,
                            refill_min=min(self.pull_batch, self.prefetch) // 2)
         self._subscriptions[subject] = sub
+        if self._presence is not None:
+            self._presence.update(self.consumer_id, self._heartbeat_fields(),
+                                  self.heartbeat_interval_ms)
         loop = asyncio.get_running_loop()
         sub.route_tasks = [loop.create_task(self._route_loop(sub, source),
                                             name=f"qmq-route {source}") for source in sources]
@@ -390,11 +411,16 @@ class Consumer:
     async def _route_loop(self, sub: Subscription, source: str) -> None:
         failures = 0
         route: Route | None = None
+        # A periodic refresh takes an answer another consumer of the shared cache got in the
+        # last half period (so a subject costs the MetaServer at most two requests a period
+        # per process, not one per consumer); one a failed pull asked for goes out at once.
+        max_age_ms = 0
         while True:
             try:
-                route = await (self._routes.get if route is None else self._routes.refresh)(
-                    source, "consumer"
-                )
+                if route is None:
+                    route = await self._routes.get(source, "consumer")
+                else:
+                    route = await self._routes.refresh(source, "consumer", max_age_ms)
                 failures = 0
             except NoRoute as exc:
                 failures += 1
@@ -406,11 +432,12 @@ class Consumer:
                 self._sync_pull_loops(sub, source, route)
             wait_ms = self.route_refresh_ms if failures == 0 else self._backoff_ms(failures)
             sub.refresh_wanted.clear()
+            max_age_ms = 0
             try:
                 async with asyncio.timeout(wait_ms / 1000):
                     await sub.refresh_wanted.wait()
             except TimeoutError:
-                pass
+                max_age_ms = self.route_refresh_ms // 2 if failures == 0 else 0
 
     def _sync_pull_loops(self, sub: Subscription, source: str, route: Route) -> None:
         names = {g.group for g in route.groups}
@@ -548,7 +575,7 @@ class Consumer:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self.heartbeat()
+            await self._broker_heartbeat()
             await asyncio.sleep(self.heartbeat_interval_ms / 1000)
 
     def _pairs_by_address(self, unpulled_for_s: float | None = None,
@@ -588,34 +615,34 @@ class Consumer:
     async def _leave(self) -> None:
         """Tell every broker we pulled from that this consumer is gone, so what it still holds
         (prefetched, never handed out, or not acked) goes to the group's others at once, and
-        the MetaServer, so it no longer counts as online. A failure is a warning."""
-        async def to_meta() -> None:
-            try:
-                await self._routes.client_leave(client_id=self.consumer_id)
-            except QmqError as exc:
-                log.warning("leave to the MetaServer failed: %s", exc)
+        the MetaServer (in the process's shared heartbeat, sdk.presence), so it no longer
+        counts as online. A failure is a warning."""
+        presence, self._presence = self._presence, None
+        await asyncio.gather(presence.leave(self.consumer_id) if presence is not None
+                             else asyncio.sleep(0),
+                             self._to_brokers("leave", self._pairs_by_address()))
 
-        await asyncio.gather(to_meta(), self._to_brokers("leave", self._pairs_by_address()))
+    def _heartbeat_fields(self) -> dict[str, Any]:
+        """What this consumer's heartbeat tells the MetaServer."""
+        return {"client_id": self.consumer_id, "app": self.app, "group": self.group,
+                "subjects": sorted(self._subscriptions), "role": "consumer"}
 
     async def heartbeat(self) -> None:
         """Tell each broker we pull from, and the MetaServer, that this consumer is alive.
-        Failures are logged as warnings: the next heartbeat (or pull) tries again."""
+        Failures are logged as warnings: the next heartbeat (or pull) tries again. The
+        MetaServer hears it in the shared heartbeat of the process's consumers
+        (sdk.presence), which runs on its own every ``heartbeat_interval_ms``."""
+        await asyncio.gather(
+            self._presence.beat_now() if self._presence is not None else asyncio.sleep(0),
+            self._broker_heartbeat())
 
-        async def to_meta() -> None:
-            try:
-                await self._routes.client_heartbeat(
-                    client_id=self.consumer_id, app=self.app, group=self.group,
-                    subjects=sorted(self._subscriptions), role="consumer",
-                )
-            except QmqError as exc:
-                log.warning("heartbeat to the MetaServer failed: %s", exc)
-
-        # A broker notes a consumer as seen whenever one of its pulls begins: pairs pulled
-        # within the interval need no heartbeat (an idle consumer parked in long polls sends
-        # its brokers none; issue 19).
+    async def _broker_heartbeat(self) -> None:
+        """The brokers' part of ``heartbeat`` (the MetaServer's runs in sdk.presence). A broker
+        notes a consumer as seen whenever one of its pulls begins: pairs pulled within the
+        interval need no heartbeat (an idle consumer parked in long polls sends its brokers
+        none; issue 19)."""
         recent_s = self.heartbeat_interval_ms / 1000
-        await asyncio.gather(to_meta(), self._to_brokers(
-            "heartbeat", self._pairs_by_address(unpulled_for_s=recent_s)))
+        await self._to_brokers("heartbeat", self._pairs_by_address(unpulled_for_s=recent_s))
 
 
 __all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]

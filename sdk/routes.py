@@ -26,7 +26,8 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -88,6 +89,12 @@ class _Entry:
     route: Route
     expires_at_ms: int
     generation: int
+    fetched_at_ms: int  # when the MetaServer last answered it (a stale one keeps its time)
+
+
+# One event loop's RouteCaches shared by its consumers (``RouteCache.shared``).
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, RouteCache]] = (
+    weakref.WeakKeyDictionary())
 
 
 def parse_route(data: object, subject: str, role: str) -> Route:
@@ -156,6 +163,17 @@ class RouteCache:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._generation = 0
 
+    @staticmethod
+    def shared(key: Hashable, make: Callable[[], RouteCache]) -> RouteCache:
+        """The running loop's cache for ``key`` (made by ``make()`` the first time): the
+        consumers of a process with the same MetaServers, token and TLS share one, so their
+        periodic refreshes of a subject cost the MetaServer one request, not one each."""
+        caches = _shared.setdefault(asyncio.get_running_loop(), {})
+        cache = caches.get(key)
+        if cache is None:
+            cache = caches[key] = make()
+        return cache
+
     def cached(self, subject: str, role: Role) -> Route | None:
         """The cached route, fresh or stale, without asking anyone."""
         entry = self._entries.get((subject, role))
@@ -168,12 +186,16 @@ class RouteCache:
             return entry.route
         return await self.refresh(subject, role)
 
-    async def refresh(self, subject: str, role: Role) -> Route:
-        """Ask the MetaServer now. Falls back to the cached route if the MetaServer cannot be
-        reached; NoRoute if it says there is none or if there is nothing cached to fall back on.
-        A refresh that waited for another one in progress takes that one's answer."""
+    async def refresh(self, subject: str, role: Role, max_age_ms: int = 0) -> Route:
+        """Ask the MetaServer now, unless the MetaServer answered this route less than
+        ``max_age_ms`` ago (a periodic refresh of a cache shared by many consumers). Falls back
+        to the cached route if the MetaServer cannot be reached; NoRoute if it says there is
+        none or if there is nothing cached to fall back on. A refresh that waited for another
+        one in progress takes that one's answer."""
         key = (subject, role)
         seen = self._entries.get(key)
+        if seen is not None and self._clock_ms() - seen.fetched_at_ms < max_age_ms:
+            return seen.route
         seen_generation = seen.generation if seen is not None else -1
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -199,9 +221,8 @@ class RouteCache:
                 entry.expires_at_ms = self._clock_ms() + min(self.stale_retry_ms, self.ttl_ms)
                 return entry.route
             self._generation += 1
-            self._entries[key] = _Entry(
-                route, self._clock_ms() + self.ttl_ms, self._generation
-            )
+            now_ms = self._clock_ms()
+            self._entries[key] = _Entry(route, now_ms + self.ttl_ms, self._generation, now_ms)
             return route
 
     async def client_heartbeat(
@@ -211,6 +232,14 @@ class RouteCache:
         body = {"client_id": client_id, "app": app, "group": group, "subjects": subjects,
                 "role": role}
         await self._call("POST", "/api/clients/heartbeat", json=body)
+
+    async def client_heartbeats(self, *, clients: list[dict[str, Any]], left: list[str]) -> None:
+        """``POST /api/clients/heartbeats``: the heartbeat of many clients (each a
+        ``client_heartbeat``'s fields) and the ids of those that closed, in one request
+        (sdk.presence); raises MetaUnavailable or the MetaServer's error (``not_found`` from a
+        MetaServer without it)."""
+        await self._call("POST", "/api/clients/heartbeats", json={"clients": clients,
+                                                                  "left": left})
 
     async def client_leave(self, *, client_id: str) -> None:
         """``POST /api/clients/leave`` (the client is closing: offline at once); raises

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import qmq
-from tests.e2e.support import Ledger, RunningConsumer, close_all
+from tests.e2e.support import Ledger, RunningConsumer, close_all, send_all, start_cluster
 from tests.harness import admin, group_lag, wait_for
 
 MESSAGES = 50_000
@@ -79,3 +79,64 @@ async def test_a_group_scaling_from_one_to_eight_to_two_consumers_gets_every_mes
     assert set(ids) - ledger.ids == set()
     assert ledger.ids - set(ids) == set()
     assert ledger.duplicates() == {}
+
+
+# Issue 19: a group of this many consumers, in one client process (this one), loses half.
+MANY_CONSUMERS = 1_000
+MANY_MESSAGES = 4_000
+
+
+def online_clients(meta_url: str, subject: str, group: str) -> int | None:
+    """The MetaServer's count of online consumers of (subject, group), None if not listed."""
+    for row in admin(meta_url, "groups"):
+        if row["subject"] == subject and row["group"] == group:
+            return row["online_clients"]
+    return None
+
+
+@pytest.mark.timeout(240)
+async def test_a_thousand_consumers_in_one_group_lose_nothing_when_half_of_them_leave(cluster):
+    meta_url = await start_cluster(cluster, "rt1")
+    subject, group = "orders.many", "billing"
+    ids = [f"many-{i:05d}" for i in range(MANY_MESSAGES)]
+    ledger = Ledger()
+    started = time.monotonic()
+    marks: dict[str, float] = {}
+    # Small batches spread the messages over many consumers; waits as the SDK's defaults
+    # (an idle thousand must not flood the broker with polls or the MetaServer with heartbeats).
+    pool = [await RunningConsumer(meta_url, group, subject, ledger, name=f"m{n:04d}",
+                                  start="earliest", pull_batch=2, wait_ms=20_000,
+                                  heartbeat_interval_ms=5_000).start()
+            for n in range(MANY_CONSUMERS)]
+    try:
+        # One batched heartbeat per round names them all (sdk.presence).
+        await wait_for(lambda: online_clients(meta_url, subject, group) == MANY_CONSUMERS, 90,
+                       "the MetaServer to count every consumer online", interval_s=0.5,
+                       in_thread=True)
+        marks["all online"] = time.monotonic() - started
+        async with qmq.Producer(meta_url) as producer:
+            first_half = await send_all(producer, subject, ids[:MANY_MESSAGES // 2])
+            await wait_for(lambda: len(ledger.ids) >= MANY_MESSAGES // 4, 90,
+                           "a quarter of the messages to be delivered")
+            leaving, pool = pool[MANY_CONSUMERS // 2:], pool[:MANY_CONSUMERS // 2]
+            await close_all(leaving)
+            marks["half left"] = time.monotonic() - started
+            second_half = await send_all(producer, subject, ids[MANY_MESSAGES // 2:])
+        await wait_for(lambda: ledger.ids >= set(ids), 120, "every message to be delivered",
+                       interval_s=0.2)
+        marks["all delivered"] = time.monotonic() - started
+        await wait_for(lambda: online_clients(meta_url, subject, group) == MANY_CONSUMERS // 2,
+                       30, "the MetaServer to count the leavers offline", interval_s=0.5,
+                       in_thread=True)
+        await wait_for(lambda: group_lag(meta_url, subject, group) == (0, 1), 30,
+                       "the broker to report lag 0", interval_s=0.5, in_thread=True)
+    finally:
+        await close_all(pool)
+    receivers = {d.consumer for d in ledger.deliveries}
+    print("timings (s):", {k: round(v, 1) for k, v in marks.items()},
+          "consumers that got messages:", len(receivers))
+    assert [r for r in first_half + second_half if r.status != "stored"] == []
+    assert set(ids) - ledger.ids == set()
+    assert ledger.ids - set(ids) == set()
+    assert ledger.duplicates() == {}
+    assert any(c.name in receivers for c in leaving), "the leavers must have had messages"

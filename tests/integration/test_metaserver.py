@@ -17,6 +17,7 @@ import pytest
 from metaserver import MetaConfig, RunningMetaServer, sqlite_url, start_metaserver
 from metaserver.db import current_revision, head_revision, make_engine
 from metaserver.handlers import REGISTRY_KEY
+from metaserver.validation import CLIENTS_PER_HEARTBEAT_MAX
 from tests.pg import PgCluster, create_database
 
 EXPIRY_MS = 15_000
@@ -538,6 +539,67 @@ async def test_a_client_that_changes_its_subjects_is_written_at_once(api: Api) -
     await api.ok("POST", "/api/clients/heartbeat", {**body, "subjects": ["s", "t"]})
     groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
     assert [(g["subject"], g["online_clients"]) for g in groups] == [("s", 1), ("t", 1)]
+
+
+async def test_a_batched_heartbeat_writes_a_process_s_new_clients_in_one_transaction(
+    api: Api, clock: FakeClock
+) -> None:
+    registry = api.server.registry
+    bodies = [{"client_id": f"c{i}", "app": "a", "group": "g", "subjects": [f"s{i % 2}"],
+               "role": "consumer"} for i in range(100)]
+    writes = registry.write_transactions
+    assert await api.ok("POST", "/api/clients/heartbeats", {"clients": bodies}) == {
+        "ok": True, "written": 100, "noted": 0}
+    assert registry.write_transactions == writes + 1
+    groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert [(g["subject"], g["online_clients"]) for g in groups] == [("s0", 50), ("s1", 50)]
+    # Again: only noted in memory, no write; then 40 leave and a changed one is written.
+    assert await api.ok("POST", "/api/clients/heartbeats", {"clients": bodies}) == {
+        "ok": True, "written": 0, "noted": 100}
+    assert registry.write_transactions == writes + 1
+    changed = {**bodies[99], "subjects": ["s0", "s1"]}
+    answer = await api.ok("POST", "/api/clients/heartbeats", {
+        "clients": [*bodies[40:99], changed], "left": [b["client_id"] for b in bodies[:40]]})
+    assert answer == {"ok": True, "written": 1, "noted": 59}
+    assert registry.write_transactions == writes + 2
+    groups = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert [(g["subject"], g["online_clients"]) for g in groups] == [("s0", 31), ("s1", 30)]
+
+
+async def test_clients_of_a_batched_heartbeat_expire_one_by_one_when_they_stop(
+    api: Api, clock: FakeClock
+) -> None:
+    clock.advance(CLIENT_EXPIRY_MS)  # past the grace period after the MetaServer's start
+    bodies = [{"client_id": f"c{i}", "app": "a", "group": "g", "subjects": ["s"],
+               "role": "consumer"} for i in range(3)]
+    await api.ok("POST", "/api/clients/heartbeats", {"clients": bodies})
+    clock.advance(CLIENT_EXPIRY_MS // 2)
+    await api.ok("POST", "/api/clients/heartbeats", {"clients": bodies[:2]})  # c2 died
+    clock.advance(CLIENT_EXPIRY_MS // 2 + 1)
+    assert (await api.expire())["clients_offline"] == 1
+    [group] = (await api.ok("GET", "/api/admin/groups"))["groups"]
+    assert group["online_clients"] == 2
+
+
+@pytest.mark.parametrize("count", [CLIENTS_PER_HEARTBEAT_MAX - 1, CLIENTS_PER_HEARTBEAT_MAX])
+async def test_a_batched_heartbeat_takes_up_to_its_client_limit(api: Api, count: int) -> None:
+    bodies = [{"client_id": f"c{i}", "app": "a", "role": "producer"} for i in range(count)]
+    answer = await api.ok("POST", "/api/clients/heartbeats", {"clients": bodies})
+    assert answer["written"] == count
+
+
+async def test_a_batched_heartbeat_over_its_client_limit_is_refused_naming_it(api: Api) -> None:
+    over = CLIENTS_PER_HEARTBEAT_MAX + 1
+    bodies = [{"client_id": f"c{i}", "app": "a", "role": "producer"} for i in range(over)]
+    status, data = await api.post("/api/clients/heartbeats", {"clients": bodies})
+    assert status == 400 and data["error"]["code"] == "bad_request"
+    assert f"{over} clients, over the limit CLIENTS_PER_HEARTBEAT_MAX" in data["error"]["message"]
+    status, data = await api.post("/api/clients/heartbeats",
+                                  {"left": [f"c{i}" for i in range(over)]})
+    assert status == 400 and "CLIENTS_PER_HEARTBEAT_MAX" in data["error"]["message"]
+    status, data = await api.post("/api/clients/heartbeats", {"clients": [
+        {"client_id": "c1", "app": "a", "role": "consumer", "group": "-bad"}]})
+    assert status == 400 and "body.clients[0].group" in data["error"]["message"]
 
 
 # -- bad requests -------------------------------------------------------------------------------

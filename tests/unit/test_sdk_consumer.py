@@ -24,7 +24,8 @@ def consumer(meta, **options) -> Consumer:
     options.setdefault("heartbeat_interval_ms", NEVER_MS)
     options.setdefault("reconnect_backoff_max_ms", 0)
     options.setdefault("wait_ms", 1_000)
-    return Consumer(meta.url, group="billing", consumer_id="c1", **options)
+    options.setdefault("consumer_id", "c1")
+    return Consumer(meta.url, group="billing", **options)
 
 
 async def take(iterator, count: int) -> list:
@@ -353,6 +354,41 @@ async def test_heartbeats_name_the_subscriptions_to_the_broker_and_the_metaserve
     meta_beat = next(h for h in meta.heartbeats if h["subjects"] == ["orders"])
     assert meta_beat == {"client_id": "c1", "app": "default", "group": "billing",
                          "subjects": ["orders"], "role": "consumer"}
+
+
+async def test_the_consumers_of_a_process_share_one_heartbeat_and_their_leaves(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    pool = [consumer(meta, consumer_id=f"c{i}") for i in range(3)]
+    for c in pool:
+        await c.__aenter__()
+        c.subscribe("orders")
+    await meta.wait_until(lambda: any(
+        len(b["clients"]) == 3 and all(h["subjects"] == ["orders"] for h in b["clients"])
+        for b in meta.batches))
+    await pool[0].heartbeat()  # a round of its own, naming every member
+    assert sorted(h["client_id"] for h in meta.batches[-1]["clients"]) == ["c0", "c1", "c2"]
+    await asyncio.gather(pool[1].close(), pool[2].close())
+    assert sorted(meta.batches[-1]["left"]) == ["c1", "c2"]
+    assert [h["client_id"] for h in meta.batches[-1]["clients"]] == ["c0"]
+    await pool[0].close()
+    assert meta.batches[-1] == {"clients": [], "left": ["c0"]}
+    assert meta.route_requests and not [h for b in meta.batches for h in b["clients"]
+                                        if h["subjects"] not in ([], ["orders"])]
+
+
+async def test_a_metaserver_without_batched_heartbeats_gets_one_per_consumer(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    meta.batched = False
+    pool = [consumer(meta, consumer_id=f"c{i}") for i in range(2)]
+    for c in pool:
+        await c.__aenter__()
+        c.subscribe("orders")
+    await meta.wait_until(lambda: {h["client_id"] for h in meta.heartbeats
+                                   if h["subjects"] == ["orders"]} == {"c0", "c1"})
+    for c in pool:
+        await c.close()
+    assert sorted(leave["client_id"] for leave in meta.leaves) == ["c0", "c1"]
+    assert meta.batches == []
 
 
 async def test_a_consumer_parked_in_long_polls_sends_its_broker_no_heartbeat(meta, broker_a):

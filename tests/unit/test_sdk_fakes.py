@@ -3,7 +3,7 @@
 FakeBroker speaks the real frame protocol with the real codec on 127.0.0.1 port 0, handles every
 request in its own task (so a long-poll pull does not block an ack, as on a real broker) and
 records what it got. A test scripts faults with ``fail_next(op, ...)``. FakeMeta is an aiohttp app
-on port 0 serving /api/route and /api/clients/heartbeat; ``stop()`` makes it really unreachable.
+on port 0 serving /api/route and /api/clients/heartbeat(s); ``stop()`` makes it really unreachable.
 Tests wait for things with ``wait_until`` (an asyncio.Condition), never by sleeping.
 """
 
@@ -221,6 +221,10 @@ class FakeMeta:
         self.route_requests: list[dict[str, str]] = []
         self.heartbeats: list[dict[str, Any]] = []
         self.leaves: list[dict[str, Any]] = []
+        # Bodies of the batched heartbeats (each client is also appended to heartbeats or
+        # leaves); False answers the path 404, as a MetaServer from before it did.
+        self.batches: list[dict[str, Any]] = []
+        self.batched = True
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Condition()
@@ -234,6 +238,7 @@ class FakeMeta:
         app.router.add_get("/api/route", self._route)
         app.router.add_post("/api/clients/heartbeat", self._heartbeat)
         app.router.add_post("/api/clients/leave", self._leave)
+        app.router.add_post("/api/clients/heartbeats", self._heartbeats)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -273,6 +278,18 @@ class FakeMeta:
     async def _leave(self, request: web.Request) -> web.Response:
         self.leaves.append(await request.json())
         return web.json_response({"ok": True, "known": True})
+
+    async def _heartbeats(self, request: web.Request) -> web.Response:
+        if not self.batched:
+            return web.json_response(
+                {"error": {"code": "not_found", "message": "no such path"}}, status=404)
+        body = await request.json()
+        self.batches.append(body)
+        self.heartbeats.extend(body["clients"])
+        self.leaves.extend({"client_id": client_id} for client_id in body["left"])
+        async with self._changed:
+            self._changed.notify_all()
+        return web.json_response({"ok": True, "written": 0, "noted": 0})
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         self.heartbeats.append(await request.json())

@@ -46,6 +46,35 @@ async def test_refresh_sees_a_changed_route_at_once(meta, broker_a, broker_b):
     assert route.version == meta.version
 
 
+async def test_a_refresh_with_a_max_age_takes_an_answer_younger_than_it(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    clock = FakeClock()
+    cache = RouteCache(meta.url, ttl_ms=30_000, clock_ms=clock)
+    first = await cache.get("orders", "consumer")
+    clock.now_ms = 14_999
+    assert await cache.refresh("orders", "consumer", max_age_ms=15_000) is first
+    assert len(meta.route_requests) == 1
+    clock.now_ms = 15_000
+    await cache.refresh("orders", "consumer", max_age_ms=15_000)
+    assert len(meta.route_requests) == 2
+    await cache.refresh("orders", "consumer")  # no max age: asked at once
+    assert len(meta.route_requests) == 3
+    await cache.close()
+
+
+async def test_the_consumers_of_a_loop_share_one_route_cache_per_metaserver_and_token(meta):
+    made = []
+
+    def make() -> RouteCache:
+        made.append(RouteCache(meta.url))
+        return made[-1]
+
+    first = RouteCache.shared((meta.url, None, None), make)
+    assert RouteCache.shared((meta.url, None, None), make) is first
+    assert RouteCache.shared((meta.url, "token", None), make) is not first
+    assert len(made) == 2
+
+
 async def test_the_cached_route_is_served_with_a_warning_when_the_metaserver_is_down(
     meta, broker_a, caplog
 ):
