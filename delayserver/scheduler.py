@@ -24,6 +24,8 @@ import asyncio
 import logging
 import zlib
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Awaitable, Callable, TypeVar
 
 from delayserver.config import DelayConfig
@@ -34,13 +36,12 @@ from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
 from delayserver.window import PreloadWindow, WindowLimits
 from logstore.fileio import Opener, OsFile
 from wire.errors import DelayOutOfRange, QmqError, ReadOnly
-from tracelog.peek import TracePeek, trace_members
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
 from serverkit.replica_source import NoWriteReplication, WriteReplication
 from wire.protocol import delayed_send_result, send_result_error
-from serverkit.send_check import QuickCheck
+from serverkit.send_check import Checked, QuickCheck
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,23 +52,25 @@ TRACK_SLICE_ENTRIES = 2_000  # loaded entries put into the window per event-loop
 
 @dataclass
 class _PendingCall:
-    """One ``schedule`` call waiting for its commit: one future for all of its messages (they
-    always go into the same commit batch), not one per message."""
+    """One ``schedule`` call's accepted messages waiting for the group commit, as columns: one
+    object and one future per request, not per message (they always share a commit)."""
 
+    ids: list[str]
+    subjects: list[str]
+    dues: list[int]  # deliver_at_ms, a message without one due at its arrival
+    payloads: list[bytes]
+    # What the quick check read of each (None: the full check took it; the tracer peeks the
+    # payload): its scheduled line is built from these fields.
+    checks: list[Checked | None]
+    slots: list[int] | None  # index in ``results`` of each message; None: all, in order
     results: list[Any]  # one answer per payload; the accepted ones are filled in on commit
     future: asyncio.Future[list[dict[str, Any]]]
 
 
-@dataclass
-class _PendingSend:
-    message_id: str
-    subject: str
-    payload: bytes
-    deliver_at_ms: int
-    call: _PendingCall
-    index: int  # of this message's answer in call.results
-    # Its trace members from what the quick check read (None: the tracer peeks the payload).
-    trace: TracePeek | None = None
+# Columns of a batch of Checked tuples, taken by ``map`` in C rather than a loop per message.
+_ids_of = itemgetter(0)
+_subjects_of = itemgetter(1)
+_dues_of = itemgetter(4)
 
 
 def open_store_on_io(config: DelayConfig, now_ms: int, opener: Opener,
@@ -119,7 +122,7 @@ class Scheduler:
         self._wakeup = asyncio.Event()  # the timer re-checks the window
         self.dispatcher = self._new_dispatcher()
         self._quick_check = QuickCheck()
-        self._commits: GroupCommitter[_PendingSend, list[ScheduleEntry]] = GroupCommitter(
+        self._commits: GroupCommitter[_PendingCall, list[ScheduleEntry]] = GroupCommitter(
             f"delay group {config.group}", self._commit_io_call, self._committed_batch,
             self._fail_batch, self._go_readonly)
         self._tasks: list[asyncio.Task[None]] = []
@@ -248,26 +251,47 @@ class Scheduler:
         """
         self.replica.check_writable()
         now_ms = self.clock()
-        results: list[Any] = []
-        call = _PendingCall(results, asyncio.get_running_loop().create_future())
-        accepted = 0
-        deliver_at_max_ms = now_ms + self.config.max_delay_ms
-        tracing = self.tracer.enabled
-        # The quick check (serverkit.send_check; for a batch, one C call where it is built) accepts
-        # our producers' payloads without building a Message; anything it is unsure of gets
-        # the full check, which decides and words the error.
-        checks = self._quick_check.check_many(list(payloads), deliver_at_max_ms)
-        for payload, checked in zip(payloads, checks):
-            trace = None
+        # The quick check (serverkit.send_check; for a batch, one C call where it is built)
+        # accepts our producers' payloads without building a Message, due by now +
+        # max_delay_ms; in the usual case all pass and the request goes to the committer as
+        # columns, with no loop here. Anything it is unsure of gets the full check, which
+        # decides and words the error.
+        payloads = list(payloads)
+        checks = self._quick_check.check_many(payloads, now_ms + self.config.max_delay_ms)
+        results: list[Any] = [None] * len(payloads)
+        if None not in checks and not self.readonly:
+            ids = list(map(_ids_of, checks))
+            subjects = list(map(_subjects_of, checks))
+            dues = list(map(_dues_of, checks))
+            if None in dues:
+                dues = [now_ms if due is None else due for due in dues]
+            call = _PendingCall(ids, subjects, dues, payloads, checks, None, results,
+                                asyncio.get_running_loop().create_future())
+        else:
+            call = self._full_checks(payloads, checks, results, now_ms)
+            if not call.ids:
+                return results
+        self._commits.pending.append(call)
+        self._commits.wake()
+        answered = await call.future
+        if self.replica.replicating:
+            end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
+            await self.replica.wait_replicated("delay", end)
+        return answered
+
+    def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
+                     results: list[Any], now_ms: int) -> _PendingCall:
+        """The full check of every payload the quick check did not accept (all of them when
+        read-only): the accepted messages as a pending call; errors go to ``results``."""
+        call = _PendingCall([], [], [], [], [], [], results,
+                            asyncio.get_running_loop().create_future())
+        assert call.slots is not None
+        max_delay_ms = self.config.max_delay_ms
+        for slot, (payload, checked) in enumerate(zip(payloads, checks)):
             try:
                 if checked is not None:
                     message_id, subject, deliver_at_ms = (checked.id, checked.subject,
                                                           checked.deliver_at_ms)
-                    if tracing:  # saves the tracer decoding the payload again
-                        trace = trace_members(message_id, subject, origin_id=checked.origin_id,
-                                              created_at_ms=checked.created_at_ms,
-                                              deliver_at_ms=deliver_at_ms,
-                                              retries=checked.retries, tags=checked.tags)
                 else:
                     message = decode_message(payload)
                     validate_message(message, allow_internal=True)
@@ -276,30 +300,25 @@ class Scheduler:
                 if deliver_at_ms is None:
                     deliver_at_ms = now_ms
                 ahead_ms = deliver_at_ms - now_ms
-                if ahead_ms > self.config.max_delay_ms:
+                if ahead_ms > max_delay_ms:
                     raise DelayOutOfRange(
                         f"message {message_id} deliver_at_ms {deliver_at_ms} is {ahead_ms} ms "
-                        f"ahead, exceeds max_delay_ms {self.config.max_delay_ms}"
+                        f"ahead, exceeds max_delay_ms {max_delay_ms}"
                     )
                 if self.readonly:
                     raise ReadOnly(f"delay group {self.config.group} is read-only")
             except QmqError as exc:
-                results.append(send_result_error(peek_message_id(payload), exc))
+                results[slot] = send_result_error(peek_message_id(payload), exc)
                 continue
-            self._commits.pending.append(_PendingSend(message_id, subject, payload,
-                                                      deliver_at_ms, call, len(results), trace))
-            results.append(None)  # filled in by the commit
-            accepted += 1
-        if not accepted:
-            return results
-        self._commits.wake()
-        answered = await call.future
-        if self.replica.replicating:
-            end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
-            await self.replica.wait_replicated("delay", end)
-        return answered
+            call.ids.append(message_id)
+            call.subjects.append(subject)
+            call.dues.append(deliver_at_ms)
+            call.payloads.append(payload)
+            call.checks.append(checked)
+            call.slots.append(slot)
+        return call
 
-    def _commit_io_call(self, batch: list[_PendingSend]) -> Awaitable[list[ScheduleEntry]]:
+    def _commit_io_call(self, batch: list[_PendingCall]) -> Awaitable[list[ScheduleEntry]]:
         """The group commit's store call: ``_append_and_commit`` on the I/O thread."""
         return self._io(self._append_and_commit, batch)
 
@@ -307,34 +326,49 @@ class Scheduler:
         """A sticky write failure: refuse sends until restarted."""
         self.readonly = self.write_failed = True
 
-    def _committed_batch(self, batch: list[_PendingSend], entries: list[ScheduleEntry]) -> None:
+    def _committed_batch(self, batch: list[_PendingCall], entries: list[ScheduleEntry]) -> None:
         """Answer a committed batch and put its entries of loaded buckets into the window."""
         if self.tracer.enabled:
-            self.tracer.scheduled_peeked([(p.trace, p.payload) for p in batch], self.clock())
-        for pending, entry in zip(batch, entries):
-            pending.call.results[pending.index] = delayed_send_result(pending.message_id,
-                                                                      entry.deliver_at_ms)
+            if len(batch) == 1:
+                checks, payloads = batch[0].checks, batch[0].payloads
+            else:
+                checks = list(chain.from_iterable(call.checks for call in batch))
+                payloads = list(chain.from_iterable(call.payloads for call in batch))
+            self.tracer.scheduled_checked(checks, payloads, self.clock())
+        for call in batch:
+            # Each entry's deliver_at_ms is the due time it was appended with (a late one is
+            # filed in a later bucket, its time unchanged), so the answers come from the call.
+            stored = list(map(delayed_send_result, call.ids, call.dues))
+            if call.slots is None:
+                call.results[:] = stored
+            else:
+                for slot, result in zip(call.slots, stored):
+                    call.results[slot] = result
         self.window.place_committed(entries)
         self._answer(batch)
         self._wakeup.set()
 
-    def _fail_batch(self, batch: list[_PendingSend], error: QmqError) -> None:
-        for pending in batch:
-            pending.call.results[pending.index] = send_result_error(pending.message_id, error)
+    def _fail_batch(self, batch: list[_PendingCall], error: QmqError) -> None:
+        for call in batch:
+            slots = call.slots if call.slots is not None else range(len(call.results))
+            for slot, message_id in zip(slots, call.ids):
+                call.results[slot] = send_result_error(message_id, error)
         self._answer(batch)
 
     @staticmethod
-    def _answer(batch: list[_PendingSend]) -> None:
+    def _answer(batch: list[_PendingCall]) -> None:
         """Wake each call of ``batch``: every one of its messages is answered now."""
-        for call in {id(p.call): p.call for p in batch}.values():
+        for call in batch:
             if not call.future.done():  # a caller gone (cancelled) needs no answer
                 call.future.set_result(call.results)
 
-    def _append_and_commit(self, batch: list[_PendingSend]) -> list[ScheduleEntry]:
+    def _append_and_commit(self, batch: list[_PendingCall]) -> list[ScheduleEntry]:
         """On the delay-io thread: append ``batch`` to the store and commit it."""
-        for pending in batch:
-            self.store.append(pending.message_id, pending.subject,
-                              pending.deliver_at_ms, pending.payload)
+        append = self.store.append
+        for call in batch:
+            for message_id, subject, due_ms, payload in zip(call.ids, call.subjects, call.dues,
+                                                            call.payloads):
+                append(message_id, subject, due_ms, payload)
         return self.store.commit()
 
     # ------------------------------------------------------------------ the window's loader

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from tracelog.peek import TracePeek, peek_trace_members
-from tracelog.events import PRODUCED_MEMBER, TraceWriter, message_members, reason_member
+from serverkit.send_check import Checked
+from tracelog.peek import peek_trace_members, trace_members
+from tracelog.events import (
+    PRODUCED_MEMBER,
+    TraceWriter,
+    _json_str,
+    message_members,
+    reason_member,
+    subject_member,
+)
 
 
 class DelayTracer:
@@ -66,24 +74,43 @@ class DelayTracer:
         if self.enabled:
             self._emit_all("scheduled", payloads, now_ms)
 
-    def scheduled_peeked(self, items: Sequence[tuple[TracePeek | None, bytes]],
-                         now_ms: int) -> None:
-        """Delayed messages made durable, as (their members if the caller has them already,
-        their payload): only those without members are decoded."""
+    def scheduled_checked(self, checks: Sequence[Checked | None], payloads: Sequence[bytes],
+                          now_ms: int) -> None:
+        """Delayed messages made durable, as what the quick check read of each (None: the
+        payload is peeked) and its payload. A producer's own message (the usual case: no retry
+        copy, no origin, no tags) gets its line built here in one concatenation, the same text
+        as ``scheduled`` (a unit test holds them equal)."""
         if not self.enabled:
             return
         writer = self.writer
         assert writer is not None
-        line = writer.line
+        start, end = writer.frame("scheduled", now_ms, PRODUCED_MEMBER)
+        subject_members: dict[str, str] = {}
         lines = []
-        for peeked, payload in items:
-            if peeked is None:
-                peeked = peek_trace_members(payload)
-                if peeked is None:
+        for checked, payload in zip(checks, payloads):
+            if checked is not None:
+                msg_id, subject, created_at_ms, deliver_at_ms = (
+                    checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
+                if (type(msg_id) is str and type(created_at_ms) is int
+                        and type(deliver_at_ms) is int and subject[:1] != "%"
+                        and not checked.retries and checked.origin_id is None
+                        and not checked.tags):
+                    member = subject_members.get(subject)
+                    if member is None:
+                        member = subject_members[subject] = subject_member(subject)
+                    lines.append(f'{start}"msg_id":{_json_str(msg_id)}{member},"created_at_ms":'
+                                 f'{created_at_ms},"deliver_at_ms":{deliver_at_ms}{end}')
                     continue
-            # A producer's own delayed message entered the system here (see _emit_all).
+                peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
+                                       created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms,
+                                       retries=checked.retries, tags=checked.tags)
+            else:
+                peeked = peek_trace_members(payload)
+            if peeked is None:
+                continue
             own = peeked.internal is None and not peeked.retries
-            lines.append(line("scheduled", now_ms, peeked.members, PRODUCED_MEMBER if own else ""))
+            lines.append(writer.line("scheduled", now_ms, peeked.members,
+                                     PRODUCED_MEMBER if own else ""))
         writer.emit_lines(lines)
 
     def dispatched(self, payloads: Iterable[bytes], now_ms: int) -> None:

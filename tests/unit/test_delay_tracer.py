@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from delayserver.tracing import DelayTracer
-from tracelog.peek import trace_members
 from wire.message import Message, encode_message
 from serverkit.send_check import QuickCheck
 from tracelog.events import TraceWriter, read_events
@@ -43,20 +42,22 @@ def _lines(tmp_path, name: str, emit) -> list[str]:
 
 def test_scheduled_lines_from_the_quick_checks_fields_equal_those_read_from_the_payloads(
         tmp_path):
-    own = Message.create("orders", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, id="m1",
-                         properties={"k": "v"}, tags=["vip"])
+    plain = Message.create("orders", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, id="m1")
+    escaped = Message.create("orders", b"y", now_ms=T0_MS + 1, deliver_at_ms=T0_MS + 7,
+                             id='m"2\\x')  # its id needs escaping in JSON
+    tagged = Message.create("orders", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, id="m2",
+                            properties={"k": "v"}, tags=["vip"])
+    due_now = Message.create("other", b"x", now_ms=T0_MS, id="m3")
     copy = Message.create("%retry%orders%billing", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 5,
                           properties={"qmq-origin-id": "m0"}, id="m0.r1")
     copy = Message(**{**copy.__dict__, "retries": 1})
-    payloads = [encode_message(own), encode_message(copy)]
-    checked = QuickCheck().check(payloads[0], T0_MS + 10**12)
-    assert checked is not None
-    peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
-                           created_at_ms=checked.created_at_ms,
-                           deliver_at_ms=checked.deliver_at_ms, retries=checked.retries,
-                           tags=checked.tags)
-    # The copy comes without members (as after the full check): the tracer reads its payload.
-    from_fields = _lines(tmp_path, "fields", lambda t: t.scheduled_peeked(
-        [(peeked, payloads[0]), (None, payloads[1])], T0_MS + 3))
+    payloads = [encode_message(m) for m in (plain, escaped, tagged, due_now, copy)]
+    check = QuickCheck()
+    checks = [check.check(payload, T0_MS + 10**12) for payload in payloads]
+    assert None not in checks[:3]
+    # The last comes without fields (as after the full check): the tracer reads its payload.
+    checks[-1] = None
+    from_fields = _lines(tmp_path, "fields",
+                         lambda t: t.scheduled_checked(checks, payloads, T0_MS + 3))
     from_payloads = _lines(tmp_path, "payloads", lambda t: t.scheduled(payloads, T0_MS + 3))
-    assert from_fields == from_payloads and len(from_fields) == 2
+    assert from_fields == from_payloads and len(from_fields) == 5
