@@ -70,6 +70,13 @@ class Call:
             if self.remaining == 0 and not self.future.done():
                 self.future.set_result(self.results)
 
+    def settle_one(self, index: int, receipt: Receipt) -> None:
+        """Fill the unsettled slot ``index`` with a receipt (``settle_run`` of one)."""
+        self.results[index] = receipt
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(self.results)
+
     def settle_run(self, first: int, receipts: list[Receipt]) -> None:
         """Fill the unsettled slots ``first .. first + len(receipts) - 1`` in one slice."""
         self.results[first:first + len(receipts)] = receipts
@@ -148,6 +155,18 @@ def settle(subject: str, broker_group: str, parts: list[Part],
     pos = 0
     for part in parts:
         n = len(part.ids)
+        if n == 1 and part.slots is None:
+            # One ``send``'s message (the usual part when many callers send at once): its
+            # receipt straight from its result when stored, without the columns of a run.
+            result = results[pos]
+            message_id = part.ids[0]
+            if (type(result) is dict and result.get("status") == "stored"
+                    and result.get("id") == message_id and result.get("error") is None):
+                pos += 1
+                part.call.settle_one(part.first, _new_tuple(Receipt, (
+                    message_id, subject, broker_group, "stored",
+                    None if part.dues is None else part.dues[0])))
+                continue
         chunk = results[pos:pos + n] if n != count else results
         pos += n
         receipts = _receipts(subject, broker_group, part, chunk)

@@ -100,3 +100,23 @@ def test_results_that_are_not_maps_are_resent_not_crashed_on(loop):
     retry, error = settle("orders", "rt-1", [part], {"results": [stored("a"), ["b", "stored"]]})
     assert [p.ids for p in retry] == [["b"]] and isinstance(error, Internal)
     assert call.results[0] == Receipt("a", "orders", "rt-1", "stored")
+
+
+def test_calls_of_one_message_each_settle_alike_whether_stored_duplicate_refused_or_mismatched(
+        loop):
+    calls = [call_of(loop, 1) for _ in range(5)]
+    parts = [Part(call, 0, [message_id], [b"p"], [7_000 + i])
+             for i, (call, message_id) in enumerate(zip(calls, "abcde"))]
+    retry, error = settle("orders", "delay-1", parts, {"results": [
+        {"id": "a", "status": "stored", "deliver_at_ms": 7_000},
+        {"id": "b", "status": "duplicate"},
+        refused("c", "forbidden"),
+        refused("d", "overloaded"),
+        {"id": "x", "status": "stored"},  # not e's id: e is resent, never given x's receipt
+    ]})
+    assert calls[0].future.result() == [Receipt("a", "orders", "delay-1", "stored", 7_000)]
+    assert calls[1].future.result() == [Receipt("b", "orders", "delay-1", "duplicate", 7_001)]
+    assert isinstance(calls[2].future.result()[0], Forbidden)
+    assert [part.ids for part in retry] == [["d"], ["e"]]
+    assert not calls[3].future.done() and not calls[4].future.done()
+    assert isinstance(error, Internal)  # the last kept part's reason: results out of order
