@@ -309,7 +309,10 @@ class BrokerTracer:
             return
         writer = self.writer
         assert writer is not None
-        if self._stored_run(messages, sequences, now_ms):
+        if len(messages) == 1:
+            if self._stored_one(messages[0], sequences[0], now_ms):
+                return
+        elif self._stored_run(messages, sequences, now_ms):
             return
         # A producer's own message: one stored line flagged produced stands for both events
         # (readers expand it, tracelog.events), a quarter of the lines a message costs.
@@ -350,6 +353,32 @@ class BrokerTracer:
         writer.emit_lines(lines)
         for subject, (subject_sequences, subject_members) in remembered.items():
             self._remember(subject, subject_sequences, subject_members)
+
+    def _stored_one(self, checked: Checked, sequence: int | None, now_ms: int) -> bool:
+        """``stored`` of a lone message of the usual kind (a user subject, no retry copy, no
+        tags): its line in one concatenation, where ``_stored_run``'s passes over columns cost
+        the same for one message as for hundreds. The same text (unit tests hold it equal);
+        False, having done nothing, for any other message."""
+        msg_id, subject, created_at_ms = checked.id, checked.subject, checked.created_at_ms
+        deliver_at_ms = checked.deliver_at_ms
+        if (sequence is None or type(msg_id) is not str or type(created_at_ms) is not int
+                or subject[:1] == "%" or checked.retries or checked.origin_id is not None
+                or checked.tags):
+            return False
+        if deliver_at_ms is None:  # a producer's own message: its line is flagged produced
+            extra, due = PRODUCED_MEMBER, ""
+        elif type(deliver_at_ms) is int:  # dispatched by a delay server
+            extra, due = "", f',"deliver_at_ms":{deliver_at_ms}'
+        else:
+            return False
+        members = (f'"msg_id":{_json_str(msg_id)}{self._subject_member(subject)},'
+                   f'"created_at_ms":{created_at_ms}{due}')
+        start, end = self._frame(now_ms, extra)
+        writer = self.writer
+        assert writer is not None
+        writer.emit_lines([f'{start}{members},"seq":{sequence}{end}'])
+        self._remember(subject, (sequence,), (members,))
+        return True
 
     def _stored_run(self, messages: Sequence[Checked], sequences: Sequence[int | None],
                     now_ms: int) -> bool:

@@ -114,10 +114,12 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
                                  ["m1", 'quote"back\\slash', "\U0001f600\ud800"],
                                  ["m1", "tab\there", "del\x7f"]],
                          ids=["plain ids", "escaped ids", "control characters"])
+@pytest.mark.parametrize("one_by_one", [False, True])
 def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_message(
-        tmp_path, deliver_at_ms, with_duplicate, ids):
+        tmp_path, deliver_at_ms, with_duplicate, ids, one_by_one):
     """A batch of one subject takes the batch path; a duplicate in it sends it down the
-    per-message path: both write what message_members and TraceWriter.line write."""
+    per-message path; a lone message takes its own: all write what message_members and
+    TraceWriter.line write."""
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
     messages = [checked(i, "orders.créé")._replace(deliver_at_ms=deliver_at_ms,
@@ -127,7 +129,11 @@ def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_me
     if with_duplicate:
         messages.append(checked("m1", "orders.créé"))
         sequences.append(None)
-    tracer.stored(messages, sequences, T0_MS + 1)
+    if one_by_one:  # each message its own commit: the lone message's path
+        for message, sequence in zip(messages, sequences):
+            tracer.stored([message], [sequence], T0_MS + 1)
+    else:
+        tracer.stored(messages, sequences, T0_MS + 1)
     members = [message_members(msg_id, "orders.créé", created_at_ms=T0_MS + n % 2,
                                deliver_at_ms=deliver_at_ms) for n, msg_id in enumerate(ids)]
     assert tracer._recent["orders.créé"] == dict(zip([5, 6, 7], members))
