@@ -77,12 +77,14 @@ def normalize_events(raw: DataFrame, locators: bool = False) -> DataFrame:
         *[defaults.get(name, F.col(name)).alias(name) for name in names])
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
+    """True for a local path (no scheme, ``file:``, or a Windows drive letter)."""
     scheme = urlparse(path).scheme
     return scheme in ("", "file") or len(scheme) == 1  # a one-letter scheme is a Windows drive
 
 
-def _local_dir(path: str) -> str:
+def local_path(path: str) -> str:
+    """The file-system path of a local ``path`` (``is_local``): a ``file:`` URI's path."""
     return urlparse(path).path if path.startswith("file:") else path
 
 
@@ -108,12 +110,12 @@ def trace_globs(paths: Sequence[str], since_ms: int | None = None,
     globs = []
     for path in paths:
         path = path.rstrip("/") or "/"
-        if (since_ms is None and until_ms is None) or not _is_local(path):
+        if (since_ms is None and until_ms is None) or not is_local(path):
             globs.append(f"{path}/*/*.jsonl")
             continue
         low = -(2**63) if since_ms is None else since_ms - HOUR_DIR_SLACK_MS
         high = 2**63 if until_ms is None else until_ms + HOUR_DIR_SLACK_MS
-        local = _local_dir(path)
+        local = local_path(path)
         for name in sorted(os.listdir(local)):
             start = _hour_start_ms(name)
             # A name that is not an hour is read, not guessed at; an hour with no file is skipped
@@ -129,9 +131,9 @@ def local_trace_bytes(paths: Sequence[str]) -> int | None:
     is not local (its size is not worth a round trip to remote storage)."""
     total = 0
     for path in paths:
-        if not _is_local(path):
+        if not is_local(path):
             return None
-        local = _local_dir(path.rstrip("/") or "/")
+        local = local_path(path.rstrip("/") or "/")
         for name in _listdir(local):
             hour = os.path.join(local, name)
             for file_name in _listdir(hour):

@@ -57,6 +57,9 @@ ANOMALY_SAMPLES_MAX = 20  # anomaly rows shown in report.md (all of them are in 
 # Up to this many anomalies, their keys are broadcast to find their histories (a few tens of
 # MB at most); beyond, all events are shuffled to meet them.
 HISTORY_BROADCAST_ROWS_MAX = 200_000
+# Up to this many anomalies are collected with their histories (a few kB each at most) and
+# written from the driver; beyond, Spark writes them (spark_audit.output: a job per write).
+ANOMALY_COLLECT_ROWS_MAX = 10_000
 LOCAL_SHUFFLE_PARTITIONS = 8  # local[*] on a few cores: Spark's default 200 is mostly overhead
 # A local audit of a trace this small is mostly JVM start and per-job costs: it runs with fewer
 # shuffle partitions and a JVM tuned to start fast (C1 only, serial GC) rather than to run long.
@@ -196,32 +199,54 @@ def _small_tables(events: DataFrame, chains: DataFrame, facts: DataFrame,
     }
 
 
+def _sample_order(row: dict) -> tuple:
+    return KIND_ORDER.index(row["kind"]), row["subject"], row["group"] or "", row["msg_id"]
+
+
 def _anomaly_samples(flagged: DataFrame, events: DataFrame) -> list[dict]:
     """The first ANOMALY_SAMPLES_MAX anomalies of each kind, with their histories."""
     rank = F.row_number().over(Window.partitionBy("kind").orderBy("subject", "group", "msg_id"))
     first = flagged.withColumn("_rank", rank).where(F.col("_rank") <= ANOMALY_SAMPLES_MAX)
     samples = rows_as_dicts(with_history(first.drop("_rank"), events, broadcast=True).collect())
-    samples.sort(key=lambda r: (KIND_ORDER.index(r["kind"]), r["subject"], r["group"] or "",
-                                r["msg_id"]))
-    return samples
+    return sorted(samples, key=_sample_order)
+
+
+def _samples_of(anomalies: list[dict]) -> list[dict]:
+    """``_anomaly_samples`` from every anomaly row, on the driver: per kind the first
+    ANOMALY_SAMPLES_MAX by (subject, group, msg_id), a null group first as Spark sorts it."""
+    picked: dict[str, list[dict]] = {}
+    for row in sorted(anomalies, key=lambda r: (r["subject"], r["group"] is not None,
+                                                 r["group"] or "", r["msg_id"])):
+        of_kind = picked.setdefault(row["kind"], [])
+        if len(of_kind) < ANOMALY_SAMPLES_MAX:
+            of_kind.append(row)
+    return sorted((row for rows in picked.values() for row in rows), key=_sample_order)
 
 
 def _write_outputs(spark: SparkSession, out: str, tables: dict[str, Table],
                    flagged: DataFrame, events: DataFrame, anomalies: int) -> list[dict]:
-    """Write every output (the small tables and the anomalies with their histories) at once;
-    returns the report's anomaly samples, fetched meanwhile."""
+    """Write every output (the small tables and the anomalies with their histories); returns
+    the report's anomaly samples. Up to ANOMALY_COLLECT_ROWS_MAX anomalies are collected with
+    their histories in one job and written from the driver like the small tables (none: no
+    job); more are written by Spark while their samples are fetched."""
+    base = out.rstrip("/")
+    if anomalies <= ANOMALY_COLLECT_ROWS_MAX:
+        rows = with_history(flagged, events, broadcast=True)
+        table = (collect_tables({"anomalies": (rows, ["kind", "subject", "group", "msg_id"])})
+                 ["anomalies"] if anomalies else Table(rows.schema, []))
+        write_tables(spark, base, {**tables, "anomalies": table})
+        return _samples_of(table.dicts())
     samples: list[dict] = []
 
     def write_anomalies() -> None:
         broadcast = anomalies <= HISTORY_BROADCAST_ROWS_MAX
         with_history(flagged, events, broadcast=broadcast).write.mode("overwrite").parquet(
-            f"{out.rstrip('/')}/anomalies")
+            f"{base}/anomalies")
 
     def fetch_samples() -> None:
-        if anomalies:
-            samples.extend(_anomaly_samples(flagged, events))
+        samples.extend(_anomaly_samples(flagged, events))
 
-    write_tables(spark, out, tables, write_anomalies, fetch_samples)
+    write_tables(spark, base, tables, write_anomalies, fetch_samples)
     return samples
 
 
@@ -278,6 +303,11 @@ def audit(spark: SparkSession, options: AuditOptions,
         notes=() if total else ("no events in the trace window: nothing was audited",))
 
 
+def _warm_up() -> None:
+    html_report.warm_up()
+    import pyarrow.parquet  # noqa: F401  (spark_audit.output.parquet_bytes)
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -297,8 +327,9 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     its JSON document, ``report.summary_json``); returns the exit code (``exit_code``). Raises NoTraceFiles when a trace path holds no trace file."""
     # py4j narrates its connections at INFO; only its warnings matter here.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # The charts' imports, while this thread waits for the JVM (import is thread-safe).
-    threading.Thread(target=html_report.warm_up, name="audit-warm-up", daemon=True).start()
+    # The charts' and Parquet's imports, while this thread waits for the JVM (import is
+    # thread-safe).
+    threading.Thread(target=_warm_up, name="audit-warm-up", daemon=True).start()
     session = spark_session(options)
     spark = session.spark
     out = options.out_dir.rstrip("/")
