@@ -1,0 +1,102 @@
+"""The send side of the peers benchmark's W1 alone, with the CPU each side spends per send:
+32 ``send(deliver_at=...)`` calls in flight from one process against one fresh ``qmq up``
+(flush sync by default), every message due an hour ahead so nothing is dispatched meanwhile.
+
+    python -m bench.w1_send                        # 10,000 sends, 3 runs on one server
+    python -m bench.w1_send --messages 20000 --runs 5 --in-flight 64
+
+Printed per run: sends/s (first send to last confirmation), the server's CPU per send (user +
+system of the whole ``qmq up`` process, MetaServer included, from /proc) and the client's
+(this process, ``time.process_time``). With 32 in flight the client waits while the server
+works and the other way round, so the rate follows the sum of the two CPU figures plus the
+fsync: compare before/after by those figures, which a loaded machine disturbs less than the
+rate, and state the load average (printed with each run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench._cluster import process_cpu_s, start_process
+from bench.delay import wait_registered
+from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
+
+SUBJECT = "bench.w1"
+BODY = b"x" * 256  # the peers benchmark's message size
+DUE_AHEAD_MS = 3_600_000  # every message due this far ahead: none is dispatched during a run
+WARM_UP_SENDS = 200
+
+
+async def _one_run(url: str, pid: int, count: int, in_flight: int) -> dict[str, Any]:
+    from sdk import Producer
+
+    producer = Producer(url)
+
+    async def one() -> None:
+        await producer.send(SUBJECT, BODY, deliver_at=time.time_ns() // 1_000_000 + DUE_AHEAD_MS)
+
+    try:
+        for _ in range(WARM_UP_SENDS):
+            await one()
+        left = iter(range(count))
+
+        async def sender() -> None:
+            for _ in left:
+                await one()
+
+        server_cpu_s, client_cpu_s = process_cpu_s(pid), time.process_time()
+        start = time.monotonic()
+        await asyncio.gather(*(sender() for _ in range(in_flight)))
+        elapsed_s = time.monotonic() - start
+        server_cpu_s = process_cpu_s(pid) - server_cpu_s
+        client_cpu_s = time.process_time() - client_cpu_s
+    finally:
+        await producer.close()
+    return {"sends_per_s": count / elapsed_s, "server_cpu_us": server_cpu_s / count * 1e6,
+            "client_cpu_us": client_cpu_s / count * 1e6, "load_1min": os.getloadavg()[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the measurement; prints one line per run."""
+    parser = argparse.ArgumentParser(prog="python -m bench.w1_send", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--flush", choices=("sync", "async"), default="sync")
+    args = parser.parse_args(argv)
+    directory = tempfile.mkdtemp(prefix="qmq-w1-send-")
+    try:
+        server = start_process("qmq up", [
+            sys.executable, "-m", "qmq", "--log-level", "warning", "up",
+            "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
+            "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
+            "--flush", args.flush,
+        ], _QMQ_UP_READY, cwd=REPO_ROOT)
+        try:
+            wait_registered(f"http://{server.address}")
+            print(f"qmq up (flush {args.flush}), {args.messages} delayed sends, "
+                  f"{args.in_flight} in flight:", flush=True)
+            for run in range(args.runs):
+                figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
+                                               args.messages, args.in_flight))
+                print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
+                      f"{figures['server_cpu_us']:.0f} us/send, client "
+                      f"{figures['client_cpu_us']:.0f} us/send; load "
+                      f"{figures['load_1min']:.2f}", flush=True)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
