@@ -79,6 +79,13 @@ class Clients:
         self._started.append((role, process, out))
         return out
 
+    def pid(self, role: str) -> int:
+        """The process id of the first client started as ``role``."""
+        for started_role, child, _path in self._started:
+            if started_role == role:
+                return child.process.pid if isinstance(child, Server) else child.pid
+        raise KeyError(f"no client {role!r} was started")
+
     def results(self, timeout_s: float) -> dict[str, dict[str, Any]]:
         """Wait for every started client (in start order) and read its figures; a client that
         failed or wrote nothing fails the measurement with what it printed."""

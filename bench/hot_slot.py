@@ -1,0 +1,164 @@
+"""Where a hot slot's time goes: the peers benchmark's W2 against pyqmq (``qmq up``), with a
+timeline per stage read from the trace events and the CPU each process used.
+
+N delayed messages all due at one instant, stored well before it (bench/peers/workloads.py's
+``produce_delayed``, 32 sends in flight), one consumer process acking each (the SDK as an
+application uses it). After the run, the trace events of the subject give, for every message,
+when the delay server recorded its dispatch (``dispatched``: after the broker confirmed it),
+when the broker stored it, when it was pulled and when it was acked; each stage is printed as
+ms after the due instant (first, p10, p50, p90, last). The consumer's own first and last
+receipt, and the CPU seconds of the ``qmq up`` process from just before the due instant to the
+last receipt (and the consumer's), say which side is the bound.
+
+    .venv/bin/python -m bench.hot_slot                     # 20,000 messages, 3 runs
+    .venv/bin/python -m bench.hot_slot --runs 1 --spy DIR  # py-spy --gil of both processes
+
+``--spy DIR`` writes ``DIR/<run>-server.txt`` and ``DIR/<run>-consumer.txt`` (py-spy's raw
+format, only the thread holding the GIL, from 0.3 s before the due instant for
+``--spy-seconds``) with the py-spy of ``--py-spy`` (default: /work/tools-venv/bin/py-spy).
+A benchmark, not a test: it asserts nothing. Every wait is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench._cluster import percentile, process_cpu_s
+from bench.peers import servers
+from bench.peers.measure import Clients
+
+SUBJECT = "dl.w2"
+LEAD_MS = 12_000  # the due instant is this far ahead of the first send (stored well before)
+CLIENT_TIMEOUT_S = 120.0
+TRACE_FLUSH_WAIT_S = 1.5  # the trace writer flushes at least once a second
+STAGES = ("dispatched", "stored", "pulled", "acked")
+PY_SPY_DEFAULT = "/work/tools-venv/bin/py-spy"
+
+
+def _stage_times(directory: str, due_ms: int) -> dict[str, list[int]]:
+    """Each stage's event times for SUBJECT, in ms after ``due_ms``, from every trace file
+    under ``directory``."""
+    times: dict[str, list[int]] = {stage: [] for stage in STAGES}
+    for path in glob.glob(os.path.join(directory, "**", "trace", "**", "*.jsonl"),
+                          recursive=True):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by the writer's last flush
+                if event.get("subject") == SUBJECT and event.get("event") in times:
+                    times[event["event"]].append(event["ts_ms"] - due_ms)
+    return times
+
+
+def _due_instant(produced_at: str) -> int:
+    """The due instant (epoch ms) the producer chose, read from its figures once it finished
+    sending (well before that instant); the producer's start plus LEAD_MS if it fails."""
+    deadline = time.monotonic() + LEAD_MS / 1000
+    while time.monotonic() < deadline:
+        try:
+            with open(produced_at, encoding="utf-8") as f:
+                return int(json.load(f)["due_at_ms"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.05)
+    return -(-(time.time_ns() // 1_000_000) // 1000) * 1000
+
+
+def _spy(py_spy: str, pid: int, out: str, seconds: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([py_spy, "record", "-f", "raw", "-r", "500", "--gil", "--nonblocking",
+                             "-d", str(max(1, round(seconds))), "-o", out, "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
+            run: int) -> dict[str, Any]:
+    """One W2 of ``count`` messages against a fresh ``qmq up``; its figures."""
+    setting = servers.SETTINGS_BY_KEY["pyqmq"]
+    running = servers.start(setting, None)
+    clients = Clients(setting, running, sys.executable)
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        clients.start_ready("consume", {"subject": SUBJECT, "count": count,
+                                        "timeout_s": CLIENT_TIMEOUT_S, "delayed": True})
+        consumer_pid = clients.pid("consume")
+        produced_at = clients.start("produce_delayed", {
+            "subject": SUBJECT, "count": count, "cpu_pids": running.pids, "lead_ms": LEAD_MS})
+        due_ms = _due_instant(produced_at)
+        time.sleep(max(0.0, due_ms / 1000 - 0.3 - time.time()))
+        server_cpu_s = process_cpu_s(running.pids[0])
+        if spy_dir:
+            spies = [_spy(py_spy, pid, os.path.join(spy_dir, f"{run}-{name}.txt"), spy_seconds)
+                     for name, pid in (("server", running.pids[0]), ("consumer", consumer_pid))]
+        out = clients.results(CLIENT_TIMEOUT_S)
+        server_cpu_s = process_cpu_s(running.pids[0]) - server_cpu_s
+        produced, consumed = out["produce_delayed"], out["consume"]
+        time.sleep(TRACE_FLUSH_WAIT_S)
+        return {"due_ms": due_ms, "stored_before_ms": due_ms - produced["end_wall_ms"],
+                "first_ms": consumed["first_wall_ms"] - due_ms,
+                "last_ms": consumed["last_wall_ms"] - due_ms, "early": consumed["early"],
+                "missing": consumed["missing"], "server_cpu_s": server_cpu_s,
+                "consumer_cpu_s": consumed["cpu_s"],
+                "stages": _stage_times(running.directory, due_ms)}
+    finally:
+        for spy in spies:
+            try:
+                spy.wait(spy_seconds + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        clients.kill()
+        running.close()
+
+
+def _print_run(run: int, figures: dict[str, Any]) -> None:
+    if figures["stored_before_ms"] <= 0:
+        print(f"run {run}: the sends ended {-figures['stored_before_ms']} ms after the due "
+              f"instant (a loaded machine): not a hot slot", flush=True)
+    print(f"run {run}: stored {figures['stored_before_ms']} ms before the due instant; "
+          f"consumer first {figures['first_ms']} ms, last {figures['last_ms']} ms after it; "
+          f"early {figures['early']}, missing {figures['missing']}; CPU from the due instant "
+          f"to the last receipt: qmq up {figures['server_cpu_s']:.2f} s, consumer (whole run) "
+          f"{figures['consumer_cpu_s']:.2f} s", flush=True)
+    for stage in STAGES:
+        values = sorted(figures["stages"][stage])
+        if values:
+            marks = " ".join(f"{name} {percentile(values, q):.0f}" for name, q in
+                             (("p10", 0.1), ("p50", 0.5), ("p90", 0.9)))
+            print(f"  {stage:<10} n={len(values):<6} first {values[0]} {marks} "
+                  f"last {values[-1]} ms", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.hot_slot", description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--spy", default=None, metavar="DIR",
+                        help="py-spy both processes over the hot window into DIR")
+    parser.add_argument("--py-spy", default=PY_SPY_DEFAULT)
+    parser.add_argument("--spy-seconds", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.spy:
+        os.makedirs(args.spy, exist_ok=True)
+    print(f"bench.hot_slot: {args.messages:,} messages due at one instant, {args.runs} run(s); "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    runs = []
+    for run in range(1, args.runs + 1):
+        runs.append(one_run(args.messages, args.spy, args.py_spy, args.spy_seconds, run))
+        _print_run(run, runs[-1])
+    print(f"median of {len(runs)}: last received "
+          f"{statistics.median(r['last_ms'] for r in runs):.0f} ms after the due instant; "
+          f"qmq up CPU {statistics.median(r['server_cpu_s'] for r in runs):.2f} s; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
