@@ -268,7 +268,8 @@ class Dispatcher:
         at_ms = batch.confirmed_at_ms
         self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
         if self.tracer.enabled:
-            self.tracer.dispatched(batch.payloads, at_ms)
+            self.tracer.dispatched_entries([e.delay_log_offset for e in batch.entries],
+                                           batch.payloads, at_ms)
         self.window.forget(batch.entries)
         if self.window.refill_due():
             self._wake()  # the scheduler's timer starts the refill

@@ -208,6 +208,7 @@ class Scheduler:
         await self._stop_tasks()
         self.done_before_ms = await self._io(self.store.done_before)
         self.window = PreloadWindow(WindowLimits.from_config(self.config), self.done_before_ms)
+        self.tracer.forget_kept()  # kept for the old window; its offsets may mean others now
         self.dispatcher = self._new_dispatcher()
         self.follower = False
         await self.start()
@@ -221,6 +222,7 @@ class Scheduler:
         in-flight dispatches finished and recorded, then only the copy's flush runs."""
         await self._stop_tasks()
         await self._finish_master_work()
+        self.tracer.forget_kept()  # a copy's store may be thrown away and its offsets reused
         self.follower = True
         await self.start()
 
@@ -328,7 +330,8 @@ class Scheduler:
 
     def _committed_batch(self, batch: list[_PendingCall], entries: list[ScheduleEntry]) -> None:
         """Answer a committed batch and put its entries of loaded buckets into the window."""
-        if self.tracer.enabled:
+        tracing = self.tracer.enabled
+        if tracing:
             if len(batch) == 1:
                 checks, payloads = batch[0].checks, batch[0].payloads
             else:
@@ -345,6 +348,8 @@ class Scheduler:
                 for slot, result in zip(call.slots, stored):
                     call.results[slot] = result
         self.window.place_committed(entries)
+        if tracing:  # what the quick check read serves the dispatched line too
+            self.tracer.keep([e.delay_log_offset for e in entries], checks, self.window.tracked)
         self._answer(batch)
         self._wakeup.set()
 
@@ -497,6 +502,7 @@ class Scheduler:
                     self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         finally:
             self.window.release_held(held, cancelled, self.clock())
+            self.tracer.drop_kept(cancelled)
             self._wakeup.set()
         return outcome
 

@@ -7,7 +7,7 @@ not be written). Give-ups are counted in ``gave_up_counts`` whether tracing is o
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 from serverkit.send_check import Checked
 from tracelog.peek import peek_trace_members, trace_members
@@ -20,6 +20,10 @@ from tracelog.events import (
     subject_member,
 )
 
+# Most messages whose quick-check fields are kept from their commit to their dispatch (~300
+# bytes each, ~30 MB): a hot slot of up to this many is traced at dispatch without decoding.
+KEPT_MAX_DEFAULT = 100_000
+
 
 class DelayTracer:
     """Emits a delay server's trace events; every method is a no-op when tracing is off.
@@ -27,11 +31,48 @@ class DelayTracer:
     Lines are encoded here (``TraceWriter.line``), each payload's message members once for all
     of its events, and handed to the writer once per call."""
 
-    def __init__(self, writer: TraceWriter | None) -> None:
+    def __init__(self, writer: TraceWriter | None, kept_max: int = KEPT_MAX_DEFAULT) -> None:
         self.writer = writer
         self.enabled = writer is not None and writer.enabled
         # gave_up reason -> messages (event loop only; read by metrics)
         self.gave_up_counts: dict[str, int] = {}
+        # Delay-log offset -> what the quick check read of a message committed into the
+        # preload window, so its ``dispatched`` line needs no decoding of the payload
+        # (``keep``, ``dispatched_entries``). Event loop only.
+        self._kept: dict[int, Checked] = {}
+        self.kept_max = kept_max
+
+    def keep(self, keys: Sequence[int], checks: Sequence[Checked | None],
+             loaded: Container[int]) -> None:
+        """Keep what the quick check read of just-committed messages (at delay-log offsets
+        ``keys``) that the preload window holds (``loaded``: its offsets) until they are
+        dispatched. At most ``kept_max`` are kept (~300 bytes each): past that, and for those
+        not loaded or not quick-checked, ``dispatched_entries`` decodes the payload as before.
+        A kept message leaves when it is dispatched (``dispatched_entries``), cancelled
+        (``drop_kept``) or its window is built afresh (``forget_kept``)."""
+        if not self.enabled:
+            return
+        kept = self._kept
+        room = self.kept_max - len(kept)
+        for key, checked in zip(keys, checks):
+            if room <= 0:
+                break
+            if checked is not None and key in loaded:
+                kept[key] = checked
+                room -= 1
+
+    def drop_kept(self, keys: Iterable[int]) -> None:
+        """Forget the kept fields of cancelled messages (their delay-log offsets)."""
+        for key in keys:
+            self._kept.pop(key, None)
+
+    def forget_kept(self) -> None:
+        """Forget every kept field (the window they were kept for is gone)."""
+        self._kept.clear()
+
+    def kept_count(self) -> int:
+        """How many messages' fields are kept (``keep``)."""
+        return len(self._kept)
 
     def gave_up(self, payloads: Sequence[bytes], now_ms: int, reason: str) -> None:
         """The scheduler gave up on these messages (``reason``: a key of
@@ -124,6 +165,54 @@ class DelayTracer:
         lines = []
         for payload in payloads:
             peeked = peek_trace_members(payload)
+            if peeked is None:
+                continue
+            if peeked.deliver_at_ms is None:
+                lines.append(start + peeked.members + end)
+            else:
+                lines.append(f'{start}{peeked.members},"lateness_ms":'
+                             f'{now_ms - peeked.deliver_at_ms}{end}')
+        writer.emit_lines(lines)
+
+    def dispatched_entries(self, keys: Sequence[int], payloads: Sequence[bytes],
+                           now_ms: int) -> None:
+        """``dispatched`` of the messages at delay-log offsets ``keys`` (one per payload):
+        those whose quick-check fields were kept (``keep``) are not decoded again, and a
+        producer's own message gets its line in one concatenation, the same text as
+        ``dispatched`` (a unit test holds them equal). Their kept fields are dropped."""
+        kept = self._kept
+        if not self.enabled or not kept or len(keys) != len(payloads):
+            for key in keys:
+                kept.pop(key, None)
+            self.dispatched(payloads, now_ms)
+            return
+        writer = self.writer
+        assert writer is not None
+        start, end = writer.frame("dispatched", now_ms)
+        subject_members: dict[str, str] = {}
+        lines = []
+        pop = kept.pop
+        for key, payload in zip(keys, payloads):
+            checked = pop(key, None)
+            if checked is not None:
+                msg_id, subject, created_at_ms, deliver_at_ms = (
+                    checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
+                if (type(msg_id) is str and type(created_at_ms) is int
+                        and type(deliver_at_ms) is int and subject[:1] != "%"
+                        and not checked.retries and checked.origin_id is None
+                        and not checked.tags):
+                    member = subject_members.get(subject)
+                    if member is None:
+                        member = subject_members[subject] = subject_member(subject)
+                    lines.append(f'{start}"msg_id":{_json_str(msg_id)}{member},"created_at_ms":'
+                                 f'{created_at_ms},"deliver_at_ms":{deliver_at_ms},'
+                                 f'"lateness_ms":{now_ms - deliver_at_ms}{end}')
+                    continue
+                peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
+                                       created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms,
+                                       retries=checked.retries, tags=checked.tags)
+            else:
+                peeked = peek_trace_members(payload)
             if peeked is None:
                 continue
             if peeked.deliver_at_ms is None:

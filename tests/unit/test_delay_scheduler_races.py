@@ -5,12 +5,15 @@ records: the Scheduler alone, a fake clock, a recording dispatch function, no sl
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
+from delayserver.tracing import DelayTracer
+from tracelog.events import TraceWriter
 from wire.message import decode_message, encode_message
 from tests.rawclient import FakeClock, message
 
@@ -213,3 +216,32 @@ async def test_dispatches_confirmed_but_not_yet_recorded_when_the_grace_time_end
         assert again.bodies() == [], "a confirmed dispatch is never sent again after a restart"
     finally:
         await restarted.stop()
+
+
+async def test_fields_kept_for_the_dispatched_line_leave_with_the_dispatch_or_the_cancel(tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace_dir=str(tmp_path / "trace"))
+    writer = TraceWriter(config.trace_directory, "delay:d1", clock_ms=clock, background=False)
+    scheduler = await Scheduler.open(config, clock, broker.dispatch, tracer=DelayTracer(writer))
+    await scheduler.start()
+    try:
+        due = clock() + 500  # in a loaded bucket: committed straight into the window
+        doomed = message("s", b"doomed", clock, deliver_at_ms=due)
+        sent = message("s", b"sent", clock, deliver_at_ms=due)
+        await scheduler.schedule([encode_message(doomed), encode_message(sent)])
+        assert scheduler.tracer.kept_count() == 2
+        assert await scheduler.cancel(doomed.id, due) == "cancelled"
+        assert scheduler.tracer.kept_count() == 1
+        clock.advance(1_000)
+        await settle(scheduler)
+        assert broker.bodies() == [b"sent"]
+        assert scheduler.tracer.kept_count() == 0
+    finally:
+        await scheduler.stop()
+        writer.close()
+    lines = [json.loads(line) for path in (tmp_path / "trace").glob("*/*.jsonl")
+             for line in path.read_text().splitlines()]
+    dispatched = [line for line in lines if line["event"] == "dispatched"]
+    assert [(line["msg_id"], line["lateness_ms"]) for line in dispatched] == [(sent.id, 500)]

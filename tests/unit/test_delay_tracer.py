@@ -61,3 +61,50 @@ def test_scheduled_lines_from_the_quick_checks_fields_equal_those_read_from_the_
                          lambda t: t.scheduled_checked(checks, payloads, T0_MS + 3))
     from_payloads = _lines(tmp_path, "payloads", lambda t: t.scheduled(payloads, T0_MS + 3))
     assert from_fields == from_payloads and len(from_fields) == 5
+
+
+def _kept_payloads() -> list[bytes]:
+    own = Message.create("orders", b"x", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_000, id="m1")
+    tagged = Message.create("orders", b"y", now_ms=T0_MS, deliver_at_ms=T0_MS + 60_001, id="m2",
+                            tags=["vip"])
+    copy = Message.create("%retry%orders%billing", b"z", now_ms=T0_MS, deliver_at_ms=T0_MS + 5,
+                          properties={"qmq-origin-id": "m0"}, id="m0.r1")
+    copy = Message(**{**copy.__dict__, "retries": 1})
+    return [encode_message(own), encode_message(tagged), encode_message(copy)]
+
+
+def test_dispatched_lines_from_kept_fields_equal_those_read_from_the_payloads(tmp_path):
+    payloads = _kept_payloads() + [_kept_payloads()[0]]
+    checks = QuickCheck().check_many(payloads[:3], T0_MS + 10**12)
+
+    def from_kept(tracer: DelayTracer) -> None:
+        # Offset 40 is not in the window: its fields are not kept and its payload is read.
+        tracer.keep([10, 20, 30, 40], checks + [checks[0]], {10, 20, 30})
+        assert tracer.kept_count() == 3
+        tracer.dispatched_entries([10, 20, 30, 40], payloads, T0_MS + 60_007)
+        assert tracer.kept_count() == 0  # dispatched: no longer kept
+
+    kept = _lines(tmp_path, "kept", from_kept)
+    read = _lines(tmp_path, "read", lambda t: t.dispatched(payloads, T0_MS + 60_007))
+    assert kept == read and len(kept) == 4
+    assert [json.loads(line)["lateness_ms"] for line in kept] == [7, 6, 60_002, 7]
+
+
+def test_fields_are_kept_up_to_the_limit_and_a_cancelled_messages_are_dropped(tmp_path):
+    writer = TraceWriter(tmp_path, "delay:d1", clock_ms=lambda: T0_MS, background=False)
+    tracer = DelayTracer(writer, kept_max=2)
+    checked = QuickCheck().check(_kept_payloads()[0], T0_MS + 10**12)
+    tracer.keep([1, 2, 3], [checked, checked, checked], {1, 2, 3})
+    assert tracer.kept_count() == 2  # the third is read from its payload when dispatched
+    tracer.drop_kept({1})  # cancelled
+    tracer.keep([4], [checked], {2, 4})
+    assert tracer.kept_count() == 2
+    tracer.forget_kept()  # the window was built afresh (promoted, demoted)
+    assert tracer.kept_count() == 0
+    writer.close()
+
+
+def test_nothing_is_kept_when_tracing_is_off():
+    tracer = DelayTracer(None)
+    tracer.keep([1], [None], {1})
+    assert tracer.kept_count() == 0
