@@ -155,10 +155,9 @@ class Connection:
         self._pending[rid] = future
         # A timer per request rather than asyncio.timeout(): it fails just this future and
         # costs one TimerHandle, not a context manager and a task cancellation.
+        # The error is worded only if the timer fires: almost every request is answered first.
         timer = None if timeout_ms is None else loop.call_later(
-            timeout_ms / 1000, _expire, future, RequestTimeout(
-                f"no answer from broker {self.address} to {op.get('op')} (rid {rid}) "
-                f"within {timeout_ms} ms"))
+            timeout_ms / 1000, _expire, future, self.address, op.get("op"), rid, timeout_ms)
         try:
             # The first request of a loop turn leaves at once; more from the same turn (the
             # batches of one send_many) leave together when it ends.
@@ -270,9 +269,11 @@ class Connection:
         self._closed_event.set()
 
 
-def _expire(future: asyncio.Future[Any], error: RequestTimeout) -> None:
+def _expire(future: asyncio.Future[Any], address: str, op: Any, rid: int,
+            timeout_ms: int) -> None:
     if not future.done():
-        future.set_exception(error)
+        future.set_exception(RequestTimeout(
+            f"no answer from broker {address} to {op} (rid {rid}) within {timeout_ms} ms"))
 
 
 class _ConnectionProtocol(asyncio.Protocol):

@@ -78,6 +78,7 @@ async def test_no_answer_within_the_timeout_raises_request_timeout_and_keeps_the
         await conn.request(pull_op(wait_ms=10_000), timeout_ms=50)
     assert caught.value.retriable
     assert "50 ms" in str(caught.value)
+    assert f"broker {broker_a.address} to pull" in str(caught.value)  # worded when it fired
     assert not conn.closed
     assert conn.pending_count == 0
     await conn.close()
