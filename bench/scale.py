@@ -10,6 +10,10 @@ Three measurements, each over a fresh loopback cluster (``bench._cluster.Cluster
   group, as ``qmq`` consumers do on their first pull); the broker's CPU per group setup, in
   batches, so a creep as groups accumulate shows as a rising figure.
 - ``admin``: the wall time of ``qmq admin groups`` against the MetaServer.
+- ``burst``: ``--messages`` (10k) sent at once to one subject that ``--consumers`` idle
+  consumers of one group pull (each with ``--prefetch``, 0: the SDK's default): how many
+  consumers the burst reached, and the time from its first send until the last message came
+  (docs/SDK.md, "How a burst spreads over a group").
 - ``grid``: the issue's table: subjects with a group each at ``--sizes`` (100, 1k, 10k) and
   idle consumers at ``--consumer-sizes`` (100, 1,000); for each, the broker's and the
   MetaServer's CPU while idle, their RSS, the bytes of one broker heartbeat and of one backlog
@@ -25,6 +29,7 @@ only comparable between runs of one sitting.
     python -m bench.scale idle --consumers 300 --runs 3
     python -m bench.scale groups --groups 3000
     python -m bench.scale admin --runs 5
+    python -m bench.scale burst --consumers 300 --prefetch 32 --runs 3
     python -m bench.scale grid --runs 1
 """
 
@@ -44,6 +49,7 @@ from typing import Any, Iterator
 
 from bench._cluster import Cluster, process_cpu_s
 from tests.rawclient import FakeClock, RawClient, message
+from wire.limits import MAX_SEND_BATCH_MESSAGES
 
 SUBJECTS = 10
 CONNECT_WAIT_S = 300.0  # longest wait for every consumer to connect to the broker
@@ -53,6 +59,7 @@ SETTLE_S = 20.0  # after they connected: first heartbeats and routes are written
 # by chance (29-49% of a core for the same 300 consumers).
 WINDOW_S = 60.0
 CONSUMER_EXPIRY_S = 30.0  # the broker's default consumer expiry (RealtimeConfig)
+BURST_SETTLE_S = 10.0  # after the consumers connected, before the burst
 CLOSE_WAIT_S = 120.0  # longest wait for the client process to close its consumers and exit
 
 
@@ -239,6 +246,103 @@ async def idle_run(consumers: int) -> dict[str, Any]:
             "load_1m": round(load_average(), 1)}
 
 
+# The burst's consumers' process: argv MetaServer URL, consumers, messages, prefetch (0: the
+# SDK's default). Prints "ready" once subscribed, then one JSON line when every message has
+# come (or BURST_WAIT_S passed): how many came, to how many consumers, and the monotonic
+# times of the first and last; then waits for its stdin to close.
+BURST_SCRIPT = """
+import asyncio, json, sys, time
+import qmq
+
+async def main(meta_url, count, messages, prefetch):
+    got, first, last = {}, [], []
+    done = asyncio.Event()
+    options = {"prefetch": prefetch} if prefetch else {}
+    pool = [qmq.Consumer(meta_url, group="burst", consumer_id=f"b{i}", **options)
+            for i in range(count)]
+
+    async def take(name, sub):
+        async for msg in sub:
+            now = time.monotonic()
+            first[:] = first or [now]
+            last[:] = [now]
+            got[name] = got.get(name, 0) + 1
+            await msg.ack()
+            if sum(got.values()) >= messages:
+                done.set()
+
+    tasks = []
+    for i, consumer in enumerate(pool):
+        await consumer.__aenter__()
+        tasks.append(asyncio.create_task(take(f"b{i}", consumer.subscribe("burst.s"))))
+    print("ready", flush=True)
+    try:
+        await asyncio.wait_for(done.wait(), %(wait)s)
+    except TimeoutError:
+        pass
+    print(json.dumps({"received": sum(got.values()), "consumers_with_messages": len(got),
+                      "first_s": first[0] if first else None,
+                      "last_s": last[0] if last else None}), flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+"""
+BURST_WAIT_S = 120.0  # longest wait for a burst to be consumed
+
+
+async def burst_run(consumers: int, messages: int, prefetch: int) -> dict[str, Any]:
+    """One run of ``burst``: ``messages`` sent at once to a subject that ``consumers`` idle
+    consumers of one group pull (``prefetch`` each, 0: the default): how many consumers the
+    burst reached, and how long from its first send until the last message came."""
+    with Cluster() as cluster:
+        script = BURST_SCRIPT % {"wait": BURST_WAIT_S}
+        client = subprocess.Popen([sys.executable, "-c", script, cluster.meta_url,
+                                   str(consumers), str(messages), str(prefetch)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout is not None and client.stdin is not None
+            ready = await asyncio.to_thread(client.stdout.readline)
+            assert ready.strip() == "ready", ready
+            port = cluster.broker.address.rsplit(":", 1)[1]
+            deadline = time.monotonic() + CONNECT_WAIT_S
+            while connections(port) < consumers and time.monotonic() < deadline:
+                await asyncio.sleep(1)
+            await asyncio.sleep(BURST_SETTLE_S)  # every consumer's first pull parked
+            host, broker_port = cluster.broker.address.rsplit(":", 1)
+            sender = await RawClient.connect(int(broker_port))
+            clock = FakeClock()
+            began = time.monotonic()
+            try:
+                step = MAX_SEND_BATCH_MESSAGES
+                for first in range(0, messages, step):
+                    sent = await sender.send(*(message("burst.s", b"x" * 100, clock)
+                                               for _ in range(first, min(messages,
+                                                                          first + step))))
+                    assert all(r["status"] == "stored" for r in sent.get("results", [None])), \
+                        sent
+            finally:
+                await sender.close()
+            sent_s = time.monotonic() - began
+            result = json.loads(await asyncio.to_thread(client.stdout.readline))
+        finally:
+            if client.stdin is not None:
+                client.stdin.close()
+            try:
+                await asyncio.to_thread(client.wait, CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
+    drained_s = result["last_s"] - began if result["last_s"] is not None else None
+    return {"consumers": consumers, "messages": messages, "prefetch": prefetch or "default",
+            "received": result["received"],
+            "consumers_with_messages": result["consumers_with_messages"],
+            "sent_s": round(sent_s, 2),
+            "drained_s": round(drained_s, 2) if drained_s is not None else None,
+            "msgs_per_s": round(messages / drained_s) if drained_s else None,
+            "load_1m": round(load_average(), 1)}
+
+
 async def subjects_run(subjects: int) -> dict[str, Any]:
     """``subjects`` subjects with a message and a group each (set up by a raw client's pull),
     then idle: what they cost while nothing happens."""
@@ -324,7 +428,10 @@ def summarize(label: str, runs: list[dict[str, Any]], keys: list[str]) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["idle", "groups", "admin", "grid"])
+    parser.add_argument("what", choices=["idle", "groups", "admin", "grid", "burst"])
+    parser.add_argument("--messages", type=int, default=10_000, help="burst: messages sent")
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="burst: each consumer's prefetch (0: the SDK's default)")
     parser.add_argument("--sizes", default="100,1000,10000",
                         help="grid: subjects (a group each) per run")
     parser.add_argument("--consumer-sizes", default="100,1000",
@@ -346,6 +453,9 @@ def main() -> None:
             with tree(directory):
                 if args.what == "idle":
                     result = asyncio.run(idle_run(args.consumers))
+                elif args.what == "burst":
+                    result = asyncio.run(burst_run(args.consumers, args.messages,
+                                                   args.prefetch))
                 elif args.what == "groups":
                     result = asyncio.run(groups_run(args.groups, args.batch))
                 else:
@@ -353,9 +463,11 @@ def main() -> None:
             result["tree"] = str(directory)
             results[str(directory)].append(result)
             print(json.dumps(result), flush=True)
-    keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s", "broker_rss_mb"],
+    keys = {"idle": ["broker_cpu_pct", "meta_cpu_pct", "meta_writes_per_s", "client_cpu_pct",
+                     "broker_rss_mb"],
             "groups": ["first_batch", "last_batch", "idle_broker_cpu_pct"],
-            "admin": ["admin_groups_wall_s"]}[args.what]
+            "admin": ["admin_groups_wall_s"],
+            "burst": ["consumers_with_messages", "drained_s", "msgs_per_s"]}[args.what]
     for label, runs in results.items():
         print(json.dumps(summarize(label, runs, keys)), flush=True)
 
