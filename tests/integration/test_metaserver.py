@@ -541,6 +541,32 @@ async def test_a_client_that_changes_its_subjects_is_written_at_once(api: Api) -
     assert [(g["subject"], g["online_clients"]) for g in groups] == [("s", 1), ("t", 1)]
 
 
+async def test_a_route_read_again_at_once_is_answered_from_memory_until_a_write_of_ours(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = api.server.registry
+    await api.register("rt1", "127.0.0.1:1001")
+    await api.register("rt2", "127.0.0.1:1002")
+    status, first = await api.route("orders", "consumer")
+    assert status == 200
+    reads = []
+    real = registry._route_unchanged
+
+    async def counted(*args: Any) -> Any:
+        reads.append(args[1:])
+        return await real(*args)
+
+    monkeypatch.setattr(registry, "_route_unchanged", counted)
+    for _ in range(5):
+        assert await api.route("orders", "consumer") == (200, first)
+    assert len(reads) <= 1  # the cache lasts 250 ms: a slow machine may read once more
+    await api.ok("POST", "/api/admin/brokers/readonly", {"group": "rt1", "readonly": True})
+    reads.clear()
+    status, after = await api.route("orders", "consumer")
+    assert status == 200 and len(reads) == 1
+    assert {g["group"]: g["state"] for g in after["groups"]}["rt1"] == "readonly"
+
+
 async def test_a_batched_heartbeat_writes_a_process_s_new_clients_in_one_transaction(
     api: Api, clock: FakeClock
 ) -> None:
