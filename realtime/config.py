@@ -36,6 +36,11 @@ class RealtimeConfig(ServerConfig):
     # letters; what a group's entry does not set comes from the two above.
     retry_backoff_ms_by_group: dict[str, tuple[int, ...]] = field(default_factory=dict)
     retries_max_by_group: dict[str, int] = field(default_factory=dict)
+    # A pull while other consumers of its group have long polls parked (idle) takes at most
+    # its fair share of the group's backlog, backlog / (parked + 1), but at least this many
+    # messages, so a burst reaches the idle consumers instead of the first few (0: no sharing,
+    # every pull takes up to what it asks for). See docs/SDK.md "How a burst spreads".
+    burst_share_min_messages: int = 16
 
     POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
         "segment_size_bytes_max", "consumer_log_entries_per_file", "ack_timeout_ms",
@@ -56,6 +61,9 @@ class RealtimeConfig(ServerConfig):
         if files is not None and (type(files) is not int or files < CAPACITY_MIN):
             raise ValueError(f"consumer_log_files_open_max must be an integer >= {CAPACITY_MIN} "
                              f"or None, got {files!r}")
+        share = self.burst_share_min_messages
+        if type(share) is not int or share < 0:
+            raise ValueError(f"burst_share_min_messages must be an integer >= 0, got {share!r}")
         for group, value in self.ack_timeout_ms_by_group.items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ack_timeout_ms_by_group[{group!r}] must be > 0, got {value!r}")

@@ -12,6 +12,7 @@ message store.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Awaitable, Callable, NamedTuple, Sequence
 
@@ -64,6 +65,18 @@ def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int | None) -> bo
     return True
 
 
+def burst_share(max_count: int, backlog: int, pulls_waiting: int, share_min: int) -> int:
+    """How many of a group's ``backlog`` entries one pull may take while ``pulls_waiting``
+    pulls of the group (this one included) wait for them: an even share, at least
+    ``share_min`` and at most ``max_count``. So a burst that wakes many idle consumers reaches
+    them all instead of the first few to take a full batch each; a lone pull takes what it
+    asks for. ``share_min`` 0 turns sharing off."""
+    if share_min <= 0 or pulls_waiting <= 1:
+        return max_count
+    share = -(-backlog // pulls_waiting)  # ceil
+    return min(max_count, max(share_min, share))
+
+
 class Pulled(NamedTuple):
     """What a pull hands out, as the columns of the pull response (docs/PROTOCOL.md): entry i
     is ``payloads[i]`` under pull seq ``pull_seqs[i]``, handed out ``redelivered[i]`` times
@@ -80,7 +93,8 @@ NOTHING_PULLED = Pulled((), (), ())
 class Pulls:
     """The pull path of one broker.
 
-    Owners: ``waiting_pulls`` and the per-group locks belong to the event loop;
+    Owners: ``waiting_pulls``, ``_pulls_in_progress`` and the per-group locks belong to the
+    event loop;
     ``stats["pulled"]`` and ``stats["redelivered"]`` are written on the pull-log thread only
     (``_record_pull_io``), read by metrics at scrape time. Methods ending in ``_io`` run on the
     I/O thread their first docstring line names; every other one on the event loop.
@@ -93,6 +107,9 @@ class Pulls:
         self.waiting_pulls = 0  # long polls waiting now (metrics)
         # Pulls of one (subject, pull-log group) run one at a time: cursor -> entries -> record.
         self._group_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # (subject, pull-log group) -> its pulls in progress now (parked, queued on the lock or
+        # running): the consumers ready for more, among whom a burst is shared (burst_share).
+        self._pulls_in_progress: dict[tuple[str, str], int] = {}
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
         """Hand the group's next entries (redeliveries first) to the pulling consumer.
@@ -109,10 +126,30 @@ class Pulls:
         deadline = loop.time() + request.wait_ms / 1000
         tags = frozenset(request.tags)
         ctx = self._ctx
-        book, committed, clock = ctx.book, ctx.committed, ctx.clock
+        book, clock = ctx.book, ctx.clock
         ctx.tracer.subscribed(subject, key, consumer_id, tags, clock())
         leave_key = (subject, key, consumer_id)
         mark = book.pull_begins()
+        group = (subject, key)
+        in_progress = self._pulls_in_progress
+        in_progress[group] = in_progress.get(group, 0) + 1
+        try:
+            return await self._pull_until(request, key, tags, deadline, leave_key, mark, gone)
+        finally:
+            count = in_progress[group] - 1
+            if count:
+                in_progress[group] = count
+            else:
+                del in_progress[group]
+
+    async def _pull_until(self, request: Pull, key: str, tags: frozenset[str], deadline: float,
+                          leave_key: ConsumerKey, mark: int,
+                          gone: Callable[[], bool] | None) -> Pulled:
+        """``pull``'s attempts until it takes something or its wait ends."""
+        subject, consumer_id = request.subject, request.consumer_id
+        loop = asyncio.get_running_loop()
+        ctx = self._ctx
+        book, committed, clock = ctx.book, ctx.committed, ctx.clock
         while True:
             if (gone is not None and gone()) or book.left_since(leave_key, mark):
                 return NOTHING_PULLED
@@ -157,6 +194,12 @@ class Pulls:
             known = book.take_cursor(group)
             out = None
             if known is not None:
+                share = burst_share(request.max_count,
+                                    self._ctx.committed.ends.get(subject, 0) - known,
+                                    self._pulls_in_progress.get(group, 1),
+                                    self._ctx.config.burst_share_min_messages)
+                if share < request.max_count:
+                    request = dataclasses.replace(request, max_count=share)
                 out, new_cursor = await self._pull_from_tail(request, key, tags, known)
             if out is None:
                 out, new_cursor, drained = await self._pull_planned(request, key, tags)
