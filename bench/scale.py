@@ -44,8 +44,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
-from typing import Any, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator
 
 from bench._cluster import Cluster, process_cpu_s
 from tests.rawclient import FakeClock, RawClient, message
@@ -206,36 +206,46 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 
 
+@asynccontextmanager
+async def client_process(cluster: Cluster, script: str, consumers: int,
+                         args: list[str]) -> AsyncIterator[subprocess.Popen[str]]:
+    """A client process running ``script`` (the MetaServer's URL, then ``args``), once it said
+    "ready" and the broker has ``consumers`` connections (or CONNECT_WAIT_S passed); on exit its
+    stdin is closed (its cue to stop) and it is killed if it has not ended in CLOSE_WAIT_S."""
+    client = subprocess.Popen([sys.executable, "-c", script, cluster.meta_url, *args],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None and client.stdin is not None
+        ready = await asyncio.to_thread(client.stdout.readline)
+        assert ready.strip() == "ready", ready
+        port = cluster.broker.address.rsplit(":", 1)[1]
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while connections(port) < consumers and time.monotonic() < deadline:
+            await asyncio.sleep(1)
+        yield client
+    finally:
+        if client.stdin is not None:
+            client.stdin.close()
+        try:
+            await asyncio.to_thread(client.wait, CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
+
+
 async def idle_run(consumers: int) -> dict[str, Any]:
     """One run of ``idle``: CPU of the broker and MetaServer per second, writes per second,
     with the consumers in a client process of their own (its CPU reported beside)."""
     with Cluster() as cluster:
-        client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, cluster.meta_url,
-                                   str(consumers), str(SUBJECTS)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert client.stdout is not None and client.stdin is not None
-            ready = await asyncio.to_thread(client.stdout.readline)
-            assert ready.strip() == "ready", ready
-            port = cluster.broker.address.rsplit(":", 1)[1]
-            deadline = time.monotonic() + CONNECT_WAIT_S
-            while connections(port) < consumers and time.monotonic() < deadline:
-                await asyncio.sleep(1)
-            connected = connections(port)
+        async with client_process(cluster, CLIENT_SCRIPT, consumers,
+                                  [str(consumers), str(SUBJECTS)]) as client:
+            connected = connections(cluster.broker.address.rsplit(":", 1)[1])
             await asyncio.sleep(SETTLE_S)
             client_cpu0 = process_cpu_s(client.pid)
             async with Window(cluster) as window:
                 await asyncio.sleep(WINDOW_S)
             client_cpu_pct = round(100 * (process_cpu_s(client.pid) - client_cpu0)
                                    / window.elapsed, 1)
-        finally:
-            if client.stdin is not None:
-                client.stdin.close()
-            try:
-                await asyncio.to_thread(client.wait, CLOSE_WAIT_S)
-            except subprocess.TimeoutExpired:
-                client.kill()
-                client.wait()
     figures = window.result
     return {"consumers": consumers, "connected": connected, **figures,
             "client_cpu_pct": client_cpu_pct,
@@ -297,17 +307,9 @@ async def burst_run(consumers: int, messages: int, prefetch: int) -> dict[str, A
     burst reached, and how long from its first send until the last message came."""
     with Cluster() as cluster:
         script = BURST_SCRIPT % {"wait": BURST_WAIT_S}
-        client = subprocess.Popen([sys.executable, "-c", script, cluster.meta_url,
-                                   str(consumers), str(messages), str(prefetch)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert client.stdout is not None and client.stdin is not None
-            ready = await asyncio.to_thread(client.stdout.readline)
-            assert ready.strip() == "ready", ready
-            port = cluster.broker.address.rsplit(":", 1)[1]
-            deadline = time.monotonic() + CONNECT_WAIT_S
-            while connections(port) < consumers and time.monotonic() < deadline:
-                await asyncio.sleep(1)
+        async with client_process(cluster, script, consumers,
+                                  [str(consumers), str(messages), str(prefetch)]) as client:
+            assert client.stdout is not None
             await asyncio.sleep(BURST_SETTLE_S)  # every consumer's first pull parked
             host, broker_port = cluster.broker.address.rsplit(":", 1)
             sender = await RawClient.connect(int(broker_port))
@@ -325,14 +327,6 @@ async def burst_run(consumers: int, messages: int, prefetch: int) -> dict[str, A
                 await sender.close()
             sent_s = time.monotonic() - began
             result = json.loads(await asyncio.to_thread(client.stdout.readline))
-        finally:
-            if client.stdin is not None:
-                client.stdin.close()
-            try:
-                await asyncio.to_thread(client.wait, CLOSE_WAIT_S)
-            except subprocess.TimeoutExpired:
-                client.kill()
-                client.wait()
     drained_s = result["last_s"] - began if result["last_s"] is not None else None
     return {"consumers": consumers, "messages": messages, "prefetch": prefetch or "default",
             "received": result["received"],
