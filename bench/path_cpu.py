@@ -35,9 +35,10 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from bench._cluster import percentile, process_cpu_s, start_process
+from bench._cluster import Server, percentile, process_cpu_s, start_process
 from bench.delay import wait_registered
 from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
 
@@ -113,6 +114,29 @@ def _line(figures: dict[str, Any], send_only: bool) -> str:
             f"load {figures['load_1min']:.2f}")
 
 
+@contextmanager
+def qmq_up(prefix: str, flush: str, extra_args: list[str], tmpfs: bool = False
+           ) -> Iterator[Server]:
+    """``qmq up`` on a fresh data dir (named ``prefix``..., in /dev/shm with ``tmpfs``) with
+    ``--flush flush`` and ``extra_args``, once its brokers are registered; on exit it is
+    stopped and its data dir removed."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if tmpfs else None)
+    try:
+        server = start_process("qmq up", [
+            sys.executable, "-m", "qmq", "--log-level", "warning", "up",
+            "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
+            "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
+            "--flush", flush, *extra_args,
+        ], _QMQ_UP_READY, cwd=REPO_ROOT)
+        try:
+            wait_registered(f"http://{server.address}")
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the measurement; prints one line per run."""
     parser = argparse.ArgumentParser(prog="python -m bench.path_cpu", description=__doc__,
@@ -125,29 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-trace", action="store_true", help="qmq up --no-trace")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     args = parser.parse_args(argv)
-    directory = tempfile.mkdtemp(prefix="qmq-path-cpu-",
-                                 dir="/dev/shm" if args.tmpfs else None)
-    try:
-        server = start_process("qmq up", [
-            sys.executable, "-m", "qmq", "--log-level", "warning", "up",
-            "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
-            "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
-            "--flush", args.flush, *(["--no-trace"] if args.no_trace else []),
-        ], _QMQ_UP_READY, cwd=REPO_ROOT)
-        try:
-            url = f"http://{server.address}"
-            wait_registered(url)
-            print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush {args.flush}, "
-                  f"trace {'off' if args.no_trace else 'on'}), {args.messages} messages one at "
-                  f"a time{', no consumer' if args.send_only else ''}:", flush=True)
-            for run in range(args.runs):
-                figures = asyncio.run(_one_run(url, server.pid, args.messages, args.idle_s,
-                                               args.send_only))
-                print(f"  run {run + 1}: {_line(figures, args.send_only)}", flush=True)
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with qmq_up("qmq-path-cpu-", args.flush, ["--no-trace"] if args.no_trace else [],
+                tmpfs=args.tmpfs) as server:
+        url = f"http://{server.address}"
+        print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush {args.flush}, "
+              f"trace {'off' if args.no_trace else 'on'}), {args.messages} messages one at "
+              f"a time{', no consumer' if args.send_only else ''}:", flush=True)
+        for run in range(args.runs):
+            figures = asyncio.run(_one_run(url, server.pid, args.messages, args.idle_s,
+                                           args.send_only))
+            print(f"  run {run + 1}: {_line(figures, args.send_only)}", flush=True)
     return 0
 
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
-from bench._cluster import process_cpu_s, start_process
-from bench.delay import wait_registered
-from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
+from bench._cluster import process_cpu_s
+from bench.path_cpu import qmq_up
 
 SUBJECT = "bench.w1"
 BODY = b"x" * 256  # the peers benchmark's message size
@@ -72,29 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     args = parser.parse_args(argv)
-    directory = tempfile.mkdtemp(prefix="qmq-w1-send-")
-    try:
-        server = start_process("qmq up", [
-            sys.executable, "-m", "qmq", "--log-level", "warning", "up",
-            "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
-            "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
-            "--flush", args.flush,
-        ], _QMQ_UP_READY, cwd=REPO_ROOT)
-        try:
-            wait_registered(f"http://{server.address}")
-            print(f"qmq up (flush {args.flush}), {args.messages} delayed sends, "
-                  f"{args.in_flight} in flight:", flush=True)
-            for run in range(args.runs):
-                figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
-                                               args.messages, args.in_flight))
-                print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
-                      f"{figures['server_cpu_us']:.0f} us/send, client "
-                      f"{figures['client_cpu_us']:.0f} us/send; load "
-                      f"{figures['load_1min']:.2f}", flush=True)
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with qmq_up("qmq-w1-send-", args.flush, []) as server:
+        print(f"qmq up (flush {args.flush}), {args.messages} delayed sends, "
+              f"{args.in_flight} in flight:", flush=True)
+        for run in range(args.runs):
+            figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
+                                           args.messages, args.in_flight))
+            print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
+                  f"{figures['server_cpu_us']:.0f} us/send, client "
+                  f"{figures['client_cpu_us']:.0f} us/send; load "
+                  f"{figures['load_1min']:.2f}", flush=True)
     return 0
 
 
