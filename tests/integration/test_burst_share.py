@@ -35,9 +35,19 @@ def taken_by(polls: list[asyncio.Task]) -> list[int]:
     return [len(poll.result()["payloads"]) if answered(poll) else 0 for poll in polls]
 
 
-async def burst_to_idle_consumers(server: RealtimeServer, consumers: int) -> list[int]:
-    """``consumers`` of group g park a long poll each (max_count 256), then one send of BURST
-    messages arrives: how many each consumer's poll took, and every message taken once."""
+async def burst_to_idle_consumers(tmp_path, consumers: int, **overrides) -> list[int]:
+    """On a broker with the config ``overrides``, ``consumers`` of group g park a long poll each
+    (max_count 256), then one send of BURST messages arrives: how many each consumer's poll
+    took, and every message taken once."""
+    server = await start(tmp_path, **overrides)
+    try:
+        return await _burst(server, consumers)
+    finally:
+        await server.stop()
+
+
+async def _burst(server: RealtimeServer, consumers: int) -> list[int]:
+    """``burst_to_idle_consumers`` on a started broker."""
     clock = FakeClock()
     producer = await RawClient.connect(server.port)
     clients = [await RawClient.connect(server.port) for _ in range(consumers)]
@@ -65,39 +75,23 @@ async def burst_to_idle_consumers(server: RealtimeServer, consumers: int) -> lis
 
 
 async def test_a_burst_reaches_every_idle_consumer_of_the_group_in_even_shares(tmp_path):
-    server = await start(tmp_path, burst_share_min_messages=1)
-    try:
-        counts = await burst_to_idle_consumers(server, CONSUMERS)
-    finally:
-        await server.stop()
+    counts = await burst_to_idle_consumers(tmp_path, CONSUMERS, burst_share_min_messages=1)
     assert counts == [BURST // CONSUMERS] * CONSUMERS
 
 
 async def test_the_share_is_never_below_the_configured_minimum(tmp_path):
-    server = await start(tmp_path, burst_share_min_messages=40)
-    try:
-        counts = await burst_to_idle_consumers(server, CONSUMERS)
-    finally:
-        await server.stop()
+    counts = await burst_to_idle_consumers(tmp_path, CONSUMERS, burst_share_min_messages=40)
     assert sorted(counts, reverse=True)[:3] == [40, 40, 20]
     assert sum(1 for count in counts if count) == 3
 
 
 async def test_with_sharing_off_the_first_woken_poll_takes_the_whole_burst(tmp_path):
-    server = await start(tmp_path, burst_share_min_messages=0)
-    try:
-        counts = await burst_to_idle_consumers(server, CONSUMERS)
-    finally:
-        await server.stop()
+    counts = await burst_to_idle_consumers(tmp_path, CONSUMERS, burst_share_min_messages=0)
     assert sorted(counts, reverse=True)[:2] == [BURST, 0]
 
 
 async def test_a_lone_consumer_takes_the_whole_burst_in_one_pull(tmp_path):
-    server = await start(tmp_path)
-    try:
-        counts = await burst_to_idle_consumers(server, 1)
-    finally:
-        await server.stop()
+    counts = await burst_to_idle_consumers(tmp_path, 1)
     assert counts == [BURST]
 
 
