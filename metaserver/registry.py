@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from metaserver.backlog import (
     backlog_summaries, backlog_views, master_backlog_rows, store_backlog)
+from metaserver.broker_liveness import BrokerLiveness
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
 from metaserver.errors import BadRequest, NoRoute, NotFound
@@ -92,6 +93,7 @@ class Registry:
         self._started_ms = 0
         self.write_transactions = 0  # committed write transactions (the event loop's; metrics)
         self.liveness = ClientLiveness()  # client heartbeats that only say "still here"
+        self.broker_liveness = BrokerLiveness()  # likewise for broker heartbeats
         self.replication = ReplicationOps(self)
         # Bumped by every committed write; a cached view read under an older one is not kept.
         self._write_generation = 0
@@ -115,11 +117,15 @@ class Registry:
 
     async def close(self) -> None:
         """Write the heartbeat times still pending, then close the database connections."""
-        if self.engine is not None and self.liveness.pending:
+        if self.engine is not None and (self.liveness.pending or self.broker_liveness.pending):
+            async def body(s: AsyncSession) -> None:
+                await self.liveness.flush(s)
+                await self.broker_liveness.flush(s)
+
             try:
-                await self._write(self.liveness.flush)
-            except Exception:  # closing anyway: the clients' next heartbeats restore them
-                log.warning("client heartbeat times not written at close", exc_info=True)
+                await self._write(body, structural=False)
+            except Exception:  # closing anyway: the next heartbeats restore them
+                log.warning("heartbeat times not written at close", exc_info=True)
         if self.engine is not None:
             await self.engine.dispose()
             self.engine = None
@@ -133,8 +139,12 @@ class Registry:
         async with self._sessions() as session:
             yield session
 
-    async def _write(self, body: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """Run ``body`` in one write transaction, retrying when it lost an insert race."""
+    async def _write(self, body: Callable[[AsyncSession], Awaitable[T]],
+                     structural: bool | Callable[[T], bool] = True) -> T:
+        """Run ``body`` in one write transaction, retrying when it lost an insert race.
+        ``structural`` (or, called with the result, what it says): the write may have changed
+        a broker group's rows or a heartbeat's answer, so remembered heartbeat answers are not
+        reused (metaserver.broker_liveness). Only writes known to touch neither say False."""
         assert self._sessions is not None, "Registry.open() was not called"
         for attempt in range(1, WRITE_ATTEMPTS_MAX + 1):
             try:
@@ -143,6 +153,8 @@ class Registry:
                 self.write_transactions += 1
                 self._write_generation += 1
                 self._views_cache = None
+                if structural is True or (callable(structural) and structural(result)):
+                    self.broker_liveness.changed()
                 return result
             except (IntegrityError, _RaceLost):
                 if attempt == WRITE_ATTEMPTS_MAX:
@@ -215,8 +227,31 @@ class Registry:
         what it says of its backlog is applied (metaserver.backlog; none: the last one stays).
         NotFound when the server must register (again)."""
         req = role or RoleRequest(server_id=synthetic_id(group, address))
+        signature = self.broker_liveness.signature(
+            group, kind, address, state, req.epoch, req.role, req.master_id, req.replication,
+            req.replica)
+        answer = self.broker_liveness.answer(req.server_id, signature, req.replica,
+                                             self.clock(), self.mono_clock())
+        if answer is None:
+            answer = await self._heartbeat_write(group, kind, address, state, req, signature)
+        if backlog is not None or backlog_base is not None or stats is not None:
+            # An older broker's backlog on its heartbeat: stored in a transaction of its own,
+            # after the renewal's, as a report would be (the renewal never waits for rows).
+            version = await self.report_backlog(
+                group, address, backlog=backlog, backlog_base=backlog_base,
+                backlog_changes=backlog_changes, backlog_removed=backlog_removed, stats=stats,
+                server_id=req.server_id)
+            if backlog_base is not None or isinstance(backlog, list):
+                answer["backlog_version"] = version["backlog_version"]
+        return answer
 
-        async def body(s: AsyncSession) -> dict[str, Any]:
+    async def _heartbeat_write(self, group: str, kind: str, address: str, state: str,
+                               req: RoleRequest, signature: tuple[Any, ...]) -> dict[str, Any]:
+        """A heartbeat written in full (renewal, role, replica figures and proposal); its
+        answer is remembered when its group needs no lease (metaserver.broker_liveness)."""
+        generation = self.broker_liveness.generation
+
+        async def body(s: AsyncSession) -> tuple[dict[str, Any], bool]:
             now = self.clock()
             broker = await find_server(s, req.server_id)
             if broker is None or broker.state == "offline" or broker.group_name != group:
@@ -237,7 +272,10 @@ class Registry:
             broker.last_heartbeat_ms = now
             changed |= settle_role(grp, broker, req, now)
             servers = await servers_of(s, group)
+            insync_before = [other.in_sync for other in servers]
             changed |= apply_replica(grp, broker, servers, req)
+            # Another server's in-sync flag changed: other servers' answers change too.
+            structural = changed or insync_before != [other.in_sync for other in servers]
             handover = finish_handover(grp, broker, req)
             if handover is not None and await promote(s, grp, handover, now,
                                                       self.config.broker_expiry_ms):
@@ -257,18 +295,11 @@ class Registry:
                 **role_answer(grp, broker, servers, self.config.lease_ms,
                               self.config.heartbeat_interval_ms),
             }
-            return answer
+            return answer, structural
 
-        answer = await self._write(body)
-        if backlog is not None or backlog_base is not None or stats is not None:
-            # An older broker's backlog on its heartbeat: stored in a transaction of its own,
-            # after the renewal's, as a report would be (the renewal never waits for rows).
-            version = await self.report_backlog(
-                group, address, backlog=backlog, backlog_base=backlog_base,
-                backlog_changes=backlog_changes, backlog_removed=backlog_removed, stats=stats,
-                server_id=req.server_id)
-            if backlog_base is not None or isinstance(backlog, list):
-                answer["backlog_version"] = version["backlog_version"]
+        answer, _ = await self._write(body, structural=lambda result: result[1])
+        self.broker_liveness.written(req.server_id, signature, answer, self.mono_clock(),
+                                     generation)
         return answer
 
     async def report_backlog(
@@ -300,7 +331,7 @@ class Registry:
                 removed=backlog_removed or [], stats=stats)
             return {"ok": True, "backlog_version": version}
 
-        return await self._write(body)
+        return await self._write(body, structural=False)  # the backlog tables only
 
     async def deregister_broker(self, group: str, address: str,
                                 server_id: str | None = None) -> dict[str, Any]:
@@ -358,6 +389,7 @@ class Registry:
             now = self.clock()
             brokers = clients = 0
             await self.liveness.flush(s)  # first: expiry must see every heartbeat noted
+            await self.broker_liveness.flush(s)
             if now - self._started_ms > self.config.broker_expiry_ms:
                 result = await s.execute(
                     update(Broker)
@@ -382,7 +414,7 @@ class Registry:
                 await self._reconcile(s, now)
             return {"brokers_offline": brokers, "clients_offline": clients}
 
-        result = await self._write(body)
+        result = await self._write(body, structural=lambda counts: counts["brokers_offline"] > 0)
         if result["brokers_offline"] or result["clients_offline"]:
             log.info("expired %(brokers_offline)d broker(s), %(clients_offline)d client(s)", result)
         return result
@@ -613,7 +645,7 @@ class Registry:
                 await s.execute(update(Client).where(Client.client_id.in_(left))
                                 .values(online=False, last_seen_ms=self.clock()))
 
-        await self._write(body)
+        await self._write(body, structural=False)  # client rows and consumer groups only
         for client in fresh.values():
             self.liveness.written(client["client_id"], self.liveness.signature(
                 client["app"], client["group"], client["role"], client["subjects"]))
@@ -632,7 +664,7 @@ class Registry:
             client.last_seen_ms = self.clock()
             return {"ok": True, "known": True}
 
-        return await self._write(body)
+        return await self._write(body, structural=False)
 
     # -- admin views ----------------------------------------------------------------------------
 
@@ -647,8 +679,13 @@ class Registry:
                 await s.execute(select(Broker).order_by(Broker.group_name, Broker.address))
             ).scalars().all()
             backlogs = await (backlog_views(s) if backlog_rows else backlog_summaries(s))
-            return [
-                {
+            rows = []
+            for b in brokers:
+                noted = self.broker_liveness.noted(b.server_id) if b.state != "offline" else None
+                seen = max(b.last_heartbeat_ms, noted["seen"]) if noted else b.last_heartbeat_ms
+                figures = noted if noted and "position" in noted else {
+                    "position": b.position, "lag_bytes": b.lag_bytes, "lag_ms": b.lag_ms}
+                rows.append({
                     "broker_id": b.id,
                     "group": b.group_name,
                     "kind": b.kind,
@@ -656,8 +693,8 @@ class Registry:
                     "state": b.state,
                     "reported_state": b.reported_state,
                     "group_readonly": groups[b.group_name].readonly,
-                    "last_heartbeat_ms": b.last_heartbeat_ms,
-                    "heartbeat_age_ms": now - b.last_heartbeat_ms,
+                    "last_heartbeat_ms": seen,
+                    "heartbeat_age_ms": now - seen,
                     "registered_at_ms": b.registered_at_ms,
                     "stats": backlogs.get(b.server_id),
                     "server_id": b.server_id,
@@ -665,12 +702,11 @@ class Registry:
                     "epoch": groups[b.group_name].epoch,
                     "reported_epoch": b.reported_epoch,
                     "in_sync": b.in_sync,
-                    "position": b.position,
-                    "lag_bytes": b.lag_bytes,
-                    "lag_ms": b.lag_ms,
-                }
-                for b in brokers
-            ]
+                    "position": figures["position"],
+                    "lag_bytes": figures["lag_bytes"],
+                    "lag_ms": figures["lag_ms"],
+                })
+            return rows
 
     async def list_subjects(self) -> list[dict[str, Any]]:
         """Return every routed subject with its route version and groups (active and drained)."""

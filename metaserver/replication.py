@@ -46,6 +46,10 @@ SERVER_ROLES = ("master", "slave", "unknown")
 MIN_INSYNC_MAX = 16
 # Why a group's master changed: the label of qmq_meta_failovers_total.
 PROMOTION_REASONS = ("lease expired", "switchover", "master shut down", "unclean")
+# Longest the failover check skips its read while every group is a lone master (monotonic
+# ms): bounds how late another MetaServer's registration of a slave is seen by this one's
+# check (the MetaServer that registered it checks at once: its write resets the quiet spell).
+FAILOVER_QUIET_MS_MAX = 5_000
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,10 @@ class ReplicationOps:
         config = registry.config
         self.watch = LeaseWatch(config.lease_ms, config.lease_margin_ms)
         self.stats = FailoverStats()
+        # (group generation, monotonic ms, wall ms): checks before both times, with no write
+        # that may change a group since, find what the last one found: nothing to do.
+        self._quiet: tuple[int, int, int] | None = None
+        self.skipped = 0  # checks that skipped their read (tests, benchmarks)
 
     @property
     def _expiry_ms(self) -> int:
@@ -295,6 +303,12 @@ class ReplicationOps:
         cannot finish, promote where a lease has surely expired. Returns what it promoted."""
         registry = self.registry
         now_ms, mono_ms = registry.clock(), registry.mono_clock()
+        generation = registry.broker_liveness.generation
+        quiet = self._quiet
+        if quiet is not None and quiet[0] == generation and mono_ms < quiet[1] \
+                and now_ms < quiet[2]:
+            self.skipped += 1
+            return []
         # One statement for both tables (each statement costs ~2 ms of CPU through the ORM and
         # aiosqlite, and this runs every failover_check_interval_ms): every group, each with
         # its servers (None for a group without any).
@@ -324,7 +338,26 @@ class ReplicationOps:
             promotion = plan_failover(state, servers, self.watch, mono_ms)
             if promotion is not None and await self.carry_out(promotion):
                 done.append(promotion)
+        self._quiet = self._quiet_spell(pairs, generation, now_ms, mono_ms)
         return done
+
+    def _quiet_spell(self, pairs: list[Any], generation: int, now_ms: int,
+                     mono_ms: int) -> tuple[int, int, int] | None:
+        """When every group is a lone master (no other server row, no switchover), no check
+        can act until a write changes a group (a server registers: the generation moves) or a
+        master's heartbeat ages past ``broker_expiry_ms`` (its group's lease watch starts
+        then, as before): the checks until then skip their read. None otherwise."""
+        deadline_ms = now_ms + FAILOVER_QUIET_MS_MAX
+        for grp, row in pairs:
+            if grp.switchover_to is not None:
+                return None
+            if row is None:
+                continue
+            if row.server_id != grp.master_id:
+                return None
+            if is_online(row, now_ms, self._expiry_ms):
+                deadline_ms = min(deadline_ms, row.last_heartbeat_ms + self._expiry_ms)
+        return generation, mono_ms + FAILOVER_QUIET_MS_MAX, deadline_ms
 
     async def carry_out(self, promotion: Promotion, *, unclean: bool = False) -> bool:
         """Run ``promotion`` in its own transaction under the group's row lock."""

@@ -230,14 +230,16 @@ class ScheduleRunner:
         """Step 1: (rows claimed, the jobs among them, the delay groups to send to)."""
         now_ms = self.registry.clock()
         targets = await self.registry.delay_route("producer")
-        claimed, jobs = await self.registry._write(lambda s: self._claim(s, now_ms, targets))
+        # Schedule rows only: remembered broker heartbeat answers stay good (structural).
+        claimed, jobs = await self.registry._write(lambda s: self._claim(s, now_ms, targets),
+                                                   structural=False)
         return claimed, jobs, targets
 
     async def _finish(self, jobs: list[_Job], targets: list[dict[str, Any]]) -> None:
         """Steps 2 and 3."""
         await self._resolve(jobs)
         await self._hand_over(jobs, targets)
-        await self.registry._write(lambda s: self._confirm(s, jobs))
+        await self.registry._write(lambda s: self._confirm(s, jobs), structural=False)
 
     # -- 1. claim -------------------------------------------------------------------------------
 
