@@ -3,9 +3,10 @@ confirmed dispatch in the store's dispatch log (DESIGN.md section 9, ARCHITECTUR
 path", step 3).
 
 The scheduler's timer moves due entries into flight (``PreloadWindow.take_due``) and calls
-``start``; up to ``DISPATCH_CONCURRENCY`` workers each take what is queued, read it in one store
-call and send it per subject in batches of ``dispatch_batch_max``. A worker hands what a broker
-confirmed to the recorder and sends its next batch meanwhile; what was not confirmed goes back
+``start``; up to ``DISPATCH_CONCURRENCY`` workers each take what is queued, take what the timer
+had read ahead of it (``PayloadPrefetch``), read the rest in one store call and send it per
+subject in batches of ``dispatch_batch_max``. A worker hands what a broker confirmed to the
+recorder and sends its next batch meanwhile; what was not confirmed goes back
 into the window to be retried with backoff. Only once recorded is a dispatch traced, counted
 and forgotten by the window.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 from delayserver.config import DelayConfig
+from delayserver.prefetch import PayloadPrefetch
 from delayserver.stats import DispatchStats
 from delayserver.storage import DelayStore, ScheduleEntry
 from delayserver.tracing import DelayTracer
@@ -64,7 +66,9 @@ class Dispatcher:
       records them (``record_unrecorded``) once space returns, so they are not dispatched
       again after a restart and their buckets can be marked done;
     - ``_to_record``, ``_recording``: confirmed batches queued for the recorder, and whether
-      its task runs; ``_send_slots``: requests on the wire.
+      its task runs; ``_send_slots``: requests on the wire;
+    - ``prefetch``: payloads of waiting entries read ahead of their due time (the scheduler's
+      timer starts the reads, a worker takes them).
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
@@ -84,6 +88,7 @@ class Dispatcher:
         self._to_record: list[_Confirmed] = []
         self._recording = False
         self.unrecorded: list[ScheduleEntry] = []
+        self.prefetch = PayloadPrefetch(store, io)
 
     # ------------------------------------------------------------------ workers
 
@@ -112,18 +117,15 @@ class Dispatcher:
                 self._retry(window.still_in_flight(chunk), f"{type(exc).__name__}: {exc}")
 
     async def _dispatch_chunk(self, chunk: list[ScheduleEntry]) -> None:
-        """Read the chunk's subjects and payloads in one store call (records lying close
-        together in the delay log, as a hot slot stored in one burst does, share reads), then
+        """Take the chunk's subjects and payloads read ahead, read the rest in one store call
+        (records lying close together in the delay log, as a hot slot stored in one burst
+        does, share reads), then
         send them per subject in batches of ``dispatch_batch_max``, DISPATCH_CONCURRENCY
         requests on the wire at a time across all workers."""
-        try:
-            subjects, payloads = await self._io(self.store.read_payloads, chunk)
-        except Exception as exc:
-            log.exception("reading %d due messages failed", len(chunk))
-            read = await self._read_alone(chunk, exc)
-            if not read:
-                return
-            chunk, subjects, payloads = read
+        read = await self._read_chunk(chunk)
+        if read is None:
+            return
+        chunk, subjects, payloads = read
         size = self.config.dispatch_batch_max
         if subjects.count(subjects[0]) == len(subjects):  # one subject: the usual hot slot
             groups = [(subjects[0], chunk, payloads)]
@@ -141,6 +143,30 @@ class Dispatcher:
         await asyncio.gather(*(
             one(subject, entries[start:start + size], batch[start:start + size])
             for subject, entries, batch in groups for start in range(0, len(entries), size)))
+
+    async def _read_chunk(self, chunk: list[ScheduleEntry]
+                          ) -> tuple[list[ScheduleEntry], list[str], list[bytes]] | None:
+        """The subjects and payloads of ``chunk``: those read ahead (``PayloadPrefetch``), the
+        rest in one store call. Returns (entries, subjects, payloads) of what read well, in
+        chunk order (an unreadable record is retried alone), or None when nothing did."""
+        got = await self.prefetch.take(chunk)
+        if len(got) < len(chunk):
+            missing = [e for e in chunk if e.delay_log_offset not in got] if got else chunk
+            try:
+                subjects, payloads = await self._io(self.store.read_payloads, missing)
+            except Exception as exc:
+                log.exception("reading %d due messages failed", len(missing))
+                read = await self._read_alone(missing, exc)
+                if read is None and not got:
+                    return None
+                missing, subjects, payloads = read or ([], [], [])
+            if not got:
+                return missing, subjects, payloads
+            got.update(zip([e.delay_log_offset for e in missing], zip(subjects, payloads)))
+            if len(got) < len(chunk):  # some did not read: they are retried alone
+                chunk = [e for e in chunk if e.delay_log_offset in got]
+        pairs = [got[e.delay_log_offset] for e in chunk]
+        return chunk, [pair[0] for pair in pairs], [pair[1] for pair in pairs]
 
     async def _read_alone(self, chunk: list[ScheduleEntry], exc: Exception
                           ) -> tuple[list[ScheduleEntry], list[str], list[bytes]] | None:
@@ -302,6 +328,7 @@ class Dispatcher:
         for batch in self._to_record:
             self.unrecorded.extend(batch.entries)
         self._to_record = []
+        await self.prefetch.stop()
 
 
 __all__ = ["DISPATCH_CONCURRENCY", "Dispatch", "Dispatcher"]

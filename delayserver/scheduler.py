@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.dispatch import Dispatch, Dispatcher
+from delayserver.prefetch import PREFETCH_AHEAD_MS, PREFETCH_LOOKS_PER_AHEAD
 from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
@@ -133,6 +134,7 @@ class Scheduler:
     # ------------------------------------------------------------------ lifecycle
 
     def _new_dispatcher(self) -> Dispatcher:
+        self._prefetched_to_ms = 0  # due times up to this were handed to the new prefetch
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
                           self._io, self.stats, self.tracer, self._wakeup.set)
 
@@ -445,7 +447,8 @@ class Scheduler:
             self._wakeup.clear()
             next_due = window.next_due_ms()
             next_bucket_ms = window.bucket_of(now_ms) + self.config.bucket_ms
-            wake_at = next_bucket_ms if next_due is None else min(next_due, next_bucket_ms)
+            wake_at = next_bucket_ms if next_due is None else min(
+                next_due, next_bucket_ms, self._read_ahead(now_ms, next_due))
             delay_s = max(0, wake_at - self.clock()) / 1000
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the turn
             # the wakeup is set, and stop() then waits for this task for ever.
@@ -454,6 +457,24 @@ class Scheduler:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+
+    def _read_ahead(self, now_ms: int, next_due_ms: int) -> int:
+        """Start reading the payloads of the entries due within PREFETCH_AHEAD_MS that were not
+        handed to the prefetch yet (a hot slot then starts sending at its due instant); returns
+        when to look again: once the earliest waiting entry is that close, then a few times
+        per PREFETCH_AHEAD_MS while entries wait that close (later ones come into reach)."""
+        until_ms = now_ms + PREFETCH_AHEAD_MS
+        if next_due_ms > until_ms:
+            return next_due_ms - PREFETCH_AHEAD_MS
+        after_ms = max(self._prefetched_to_ms, now_ms)
+        if until_ms > after_ms:
+            soon = self.window.waiting_between(after_ms, until_ms)
+            self._prefetched_to_ms = until_ms
+            if soon:
+                self.dispatcher.prefetch.start(soon)
+                if self.tracer.enabled:
+                    self.tracer.prepare([e.delay_log_offset for e in soon])
+        return now_ms + PREFETCH_AHEAD_MS // PREFETCH_LOOKS_PER_AHEAD
 
     def _preloading(self) -> bool:
         return self._preload_task is not None and not self._preload_task.done()
@@ -503,6 +524,7 @@ class Scheduler:
         finally:
             self.window.release_held(held, cancelled, self.clock())
             self.tracer.drop_kept(cancelled)
+            self.dispatcher.prefetch.drop(cancelled)
             self._wakeup.set()
         return outcome
 

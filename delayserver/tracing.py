@@ -41,6 +41,10 @@ class DelayTracer:
         # (``keep``, ``dispatched_entries``). Event loop only.
         self._kept: dict[int, Checked] = {}
         self.kept_max = kept_max
+        # Delay-log offset -> (the message members of its dispatched line, its deliver_at_ms),
+        # built from its kept fields ahead of its due time (``prepare``), so a hot slot's
+        # lines cost one concatenation each at the due instant. Event loop only.
+        self._ready: dict[int, tuple[str, int]] = {}
 
     def keep(self, keys: Sequence[int], checks: Sequence[Checked | None],
              loaded: Container[int]) -> None:
@@ -53,7 +57,7 @@ class DelayTracer:
         if not self.enabled:
             return
         kept = self._kept
-        room = self.kept_max - len(kept)
+        room = self.kept_max - len(kept) - len(self._ready)
         for key, checked in zip(keys, checks):
             if room <= 0:
                 break
@@ -61,18 +65,49 @@ class DelayTracer:
                 kept[key] = checked
                 room -= 1
 
+    def prepare(self, keys: Sequence[int]) -> None:
+        """Build the message members of the ``dispatched`` lines of the kept messages at
+        delay-log offsets ``keys`` that are a producer's own plain message (the others are
+        built at dispatch from their kept fields): the timer's read-ahead calls this ahead of
+        their due time, ``dispatched_entries`` for those it did not reach. The plain message's
+        members are spelled out as in ``scheduled_checked``, which inlines them: a helper call
+        and its tuple cost the send path ~1 us per message."""
+        kept, ready = self._kept, self._ready
+        if not kept:
+            return
+        subject_members: dict[str, str] = {}
+        pop = kept.pop
+        for key in keys:
+            checked = kept.get(key)
+            if checked is None:
+                continue
+            msg_id, subject, created_at_ms, deliver_at_ms = (
+                checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
+            if (type(msg_id) is str and type(created_at_ms) is int
+                    and type(deliver_at_ms) is int and subject[:1] != "%"
+                    and not checked.retries and checked.origin_id is None
+                    and not checked.tags):
+                member = subject_members.get(subject)
+                if member is None:
+                    member = subject_members[subject] = subject_member(subject)
+                pop(key)
+                ready[key] = (f'"msg_id":{_json_str(msg_id)}{member},"created_at_ms":'
+                              f'{created_at_ms},"deliver_at_ms":{deliver_at_ms}', deliver_at_ms)
+
     def drop_kept(self, keys: Iterable[int]) -> None:
         """Forget the kept fields of cancelled messages (their delay-log offsets)."""
         for key in keys:
             self._kept.pop(key, None)
+            self._ready.pop(key, None)
 
     def forget_kept(self) -> None:
         """Forget every kept field (the window they were kept for is gone)."""
         self._kept.clear()
+        self._ready.clear()
 
     def kept_count(self) -> int:
-        """How many messages' fields are kept (``keep``)."""
-        return len(self._kept)
+        """How many messages' fields are kept (``keep``; ``prepare``d ones included)."""
+        return len(self._kept) + len(self._ready)
 
     def gave_up(self, payloads: Sequence[bytes], now_ms: int, reason: str) -> None:
         """The scheduler gave up on these messages (``reason``: a key of
@@ -180,38 +215,30 @@ class DelayTracer:
         those whose quick-check fields were kept (``keep``) are not decoded again, and a
         producer's own message gets its line in one concatenation, the same text as
         ``dispatched`` (a unit test holds them equal). Their kept fields are dropped."""
-        kept = self._kept
-        if not self.enabled or not kept or len(keys) != len(payloads):
+        kept, ready = self._kept, self._ready
+        if not self.enabled or not (kept or ready) or len(keys) != len(payloads):
             for key in keys:
                 kept.pop(key, None)
+                ready.pop(key, None)
             self.dispatched(payloads, now_ms)
             return
+        if kept:
+            self.prepare(keys)  # not read ahead (a late commit, a retry): their members now
         writer = self.writer
         assert writer is not None
         start, end = writer.frame("dispatched", now_ms)
-        subject_members: dict[str, str] = {}
         lines = []
-        pop = kept.pop
-        # The plain message's line is spelled out here as in scheduled_checked, not shared
-        # through a helper: the call and its tuple cost the send path ~1 us per message.
+        pop, ready_pop = kept.pop, ready.pop
         for key, payload in zip(keys, payloads):
+            prepared = ready_pop(key, None)
+            if prepared is not None:
+                lines.append(f'{start}{prepared[0]},"lateness_ms":{now_ms - prepared[1]}{end}')
+                continue
             checked = pop(key, None)
-            if checked is not None:
-                msg_id, subject, created_at_ms, deliver_at_ms = (
-                    checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
-                if (type(msg_id) is str and type(created_at_ms) is int
-                        and type(deliver_at_ms) is int and subject[:1] != "%"
-                        and not checked.retries and checked.origin_id is None
-                        and not checked.tags):
-                    member = subject_members.get(subject)
-                    if member is None:
-                        member = subject_members[subject] = subject_member(subject)
-                    lines.append(f'{start}"msg_id":{_json_str(msg_id)}{member},"created_at_ms":'
-                                 f'{created_at_ms},"deliver_at_ms":{deliver_at_ms},'
-                                 f'"lateness_ms":{now_ms - deliver_at_ms}{end}')
-                    continue
-                peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
-                                       created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms,
+            if checked is not None:  # not a producer's own plain message
+                peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
+                                       created_at_ms=checked.created_at_ms,
+                                       deliver_at_ms=checked.deliver_at_ms,
                                        retries=checked.retries, tags=checked.tags)
             else:
                 peeked = peek_trace_members(payload)

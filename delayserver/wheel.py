@@ -126,6 +126,25 @@ class TimingWheel:
                 break
         return due
 
+    def peek_between(self, after_ms: int, until_ms: int) -> list[Any]:
+        """The held entries with ``after_ms < deliver_at_ms <= until_ms``, left held (the delay
+        server reads their payloads ahead of their due time). O(slots in the span) or O(held
+        slots), whichever is fewer, plus the items of the slots visited."""
+        if until_ms <= after_ms:
+            return []
+        slots, live, tick = self._slots, self._live, self.tick_ms
+        first, last = after_ms // tick, until_ms // tick
+        if last - first + 1 <= len(slots):
+            numbers: Any = (s for s in range(first, last + 1) if s in slots)
+        else:
+            numbers = sorted(s for s in slots if first <= s <= last)
+        out: list[Any] = []
+        for slot in numbers:
+            for item in slots[slot]:
+                if after_ms < item[0] <= until_ms and live.get(item[1]) is item:
+                    out.append(item[2])
+        return out
+
     def next_due_ms(self) -> int | None:
         """When the earliest held entry is due, rounded up to a multiple of ``tick_ms`` (never
         earlier than the entry); None when nothing is held."""

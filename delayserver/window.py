@@ -264,6 +264,11 @@ class PreloadWindow:
         """When the earliest waiting entry is due (rounded up to ``tick_ms``); None if none."""
         return self.wheel.next_due_ms()
 
+    def waiting_between(self, after_ms: int, until_ms: int) -> list[ScheduleEntry]:
+        """The entries waiting in the wheel with ``after_ms < deliver_at_ms <= until_ms`` (or
+        a retry time in that span), left waiting: the scheduler reads their payloads ahead."""
+        return self.wheel.peek_between(after_ms, until_ms)
+
     def take_due(self, now_ms: int) -> int:
         """Move every waiting entry due at ``now_ms`` into flight and onto the ``due`` queue, in
         due order; returns how many. Never one due after ``now_ms``."""
