@@ -44,9 +44,9 @@ Owner: the event loop (the MetaServer's handlers and its expiry task).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import Table, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.models import Broker
@@ -139,7 +139,7 @@ class BrokerLiveness:
         how many. A row marked offline meanwhile keeps its last written time."""
         if not self._pending:
             return 0
-        table = Broker.__table__
+        table = cast(Table, Broker.__table__)
         rows = [{"sid": server_id, "seen": figures["seen"],
                  **{f"f_{name}": figures.get(name) for name in REPLICA_FIGURES}}
                 for server_id, figures in self._pending.items()]
