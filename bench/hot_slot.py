@@ -12,6 +12,11 @@ last receipt (and the consumer's), say which side is the bound.
 
     .venv/bin/python -m bench.hot_slot                     # 20,000 messages, 3 runs
     .venv/bin/python -m bench.hot_slot --runs 1 --spy DIR  # py-spy --gil of both processes
+    .venv/bin/python -m bench.hot_slot --visible           # the consumer's drain alone
+
+``--visible`` measures W2's floor on the consumer side: the N messages are sent as realtime
+messages first (visible at once), then the consumer process starts and drains them; it prints
+the first-to-last receipt and the ``qmq up`` CPU from just before the consumer started.
 
 ``--spy DIR`` writes ``DIR/<run>-server.txt`` and ``DIR/<run>-consumer.txt`` (py-spy's raw
 format, only the thread holding the GIL, from 0.3 s before the due instant for
@@ -118,6 +123,30 @@ def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
         running.close()
 
 
+def one_drain(count: int) -> dict[str, Any]:
+    """``count`` realtime messages stored first, then one consumer process drains them; its
+    first-to-last receipt (ms) and the ``qmq up`` CPU seconds meanwhile."""
+    setting = servers.SETTINGS_BY_KEY["pyqmq"]
+    running = servers.start(setting, None)
+    producing = Clients(setting, running, sys.executable)
+    consuming = Clients(setting, running, sys.executable)
+    try:
+        producing.start("produce_batched", {"subject": SUBJECT, "count": count,
+                                            "cpu_pids": running.pids})
+        producing.results(CLIENT_TIMEOUT_S)
+        server_cpu_s = process_cpu_s(running.pids[0])
+        consuming.start_ready("consume", {"subject": SUBJECT, "count": count,
+                                          "timeout_s": CLIENT_TIMEOUT_S, "delayed": False})
+        consumed = consuming.results(CLIENT_TIMEOUT_S)["consume"]
+        return {"drain_ms": consumed["last_wall_ms"] - consumed["first_wall_ms"],
+                "server_cpu_s": process_cpu_s(running.pids[0]) - server_cpu_s,
+                "consumer_cpu_s": consumed["cpu_s"], "missing": consumed["missing"]}
+    finally:
+        producing.kill()
+        consuming.kill()
+        running.close()
+
+
 def _print_run(run: int, figures: dict[str, Any]) -> None:
     if figures["stored_before_ms"] <= 0:
         print(f"run {run}: the sends ended {-figures['stored_before_ms']} ms after the due "
@@ -144,7 +173,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="py-spy both processes over the hot window into DIR")
     parser.add_argument("--py-spy", default=PY_SPY_DEFAULT)
     parser.add_argument("--spy-seconds", type=float, default=2.0)
+    parser.add_argument("--visible", action="store_true",
+                        help="the consumer's drain of messages already visible, alone")
     args = parser.parse_args(argv)
+    if args.visible:
+        drains = []
+        for run in range(1, args.runs + 1):
+            drains.append(one_drain(args.messages))
+            print(f"run {run}: drained {args.messages:,} in {drains[-1]['drain_ms']} ms; qmq up "
+                  f"{drains[-1]['server_cpu_s']:.2f} CPU-s, consumer "
+                  f"{drains[-1]['consumer_cpu_s']:.2f} CPU-s; missing {drains[-1]['missing']}; "
+                  f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"median of {len(drains)}: drained in "
+              f"{statistics.median(d['drain_ms'] for d in drains):.0f} ms", flush=True)
+        return 0
     if args.spy:
         os.makedirs(args.spy, exist_ok=True)
     print(f"bench.hot_slot: {args.messages:,} messages due at one instant, {args.runs} run(s); "

@@ -46,7 +46,7 @@ from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
 from sdk.presence import Presence
 from sdk.producer import default_client_id
-from sdk.received import ReceivedMessage, Subscription, _PulledBatch
+from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
 from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable
 from wire.errors import Forbidden, NoRoute, QmqError
@@ -109,9 +109,11 @@ class Consumer:
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
 
-    Options (times in milliseconds): ``pull_batch`` (256) most messages asked for per pull,
-    ``prefetch`` (= ``pull_batch``) most messages pulled and not yet handed to the application
-    per subscription, ``wait_ms`` (20000) long-poll wait (a retry subject's: 3 times it, at
+    Options (times in milliseconds): ``pull_batch`` (256) messages asked for per pull at rest,
+    ``pull_batch_max`` (1024) most a pull grows to while pulls come back full (``PullSize``;
+    ``pull_batch_max=pull_batch`` keeps pulls fixed), ``prefetch`` most messages pulled and
+    not yet handed to the application per subscription (not given: ``pull_batch`` at rest,
+    two pulls' worth while pulls are grown), ``wait_ms`` (20000) long-poll wait (a retry subject's: 3 times it, at
     most 60000), ``heartbeat_interval_ms`` (5000),
     ``concurrency`` (16) default handler concurrency, ``broadcast`` (False) every consumer gets
     every message, ``start`` ("latest") where a new group starts, ``ack_interval_ms`` (20) and
@@ -126,8 +128,11 @@ class Consumer:
     what one consumer holds that others of its group could have taken: a stuck application, or
     a consumer killed with kill -9, keeps at most ``prefetch`` messages (plus those in its
     handlers) from the others until the broker's ack timeout or consumer expiry hands them on.
-    A pull asks only for what fits (``min(pull_batch, free prefetch)``) and is sent once half a
-    batch fits. (Each of a subscription's pull loops, one per broker group and for the retry
+    A pull asks only for what fits (``min(pull size, free prefetch)``) and is sent once half a
+    pull fits. A pull that comes back full doubles the pull size (up to ``pull_batch_max``), one
+    less than half full halves it (down to ``pull_batch``): a lone consumer behind a backlog
+    drains it in large pulls, while in a group with others waiting the broker cuts each pull to
+    its even share of a burst, so those pulls stay at ``pull_batch`` and the burst spreads. (Each of a subscription's pull loops, one per broker group and for the retry
     subject, asks for what fits when it sends its pull; if several answer at once the buffer
     fills and the later answers wait for room, so the bound is ``prefetch`` plus what those
     concurrent pulls brought.) Acks go as pull-sequence ranges every ``ack_interval_ms``, or at once when
@@ -148,6 +153,7 @@ class Consumer:
         broadcast: bool = False,
         start: Literal["latest", "earliest"] = "latest",
         pull_batch: int = PULL_BATCH_DEFAULT,
+        pull_batch_max: int = MAX_PULL_BATCH_MESSAGES,
         prefetch: int | None = None,
         wait_ms: int = PULL_WAIT_MS_DEFAULT,
         heartbeat_interval_ms: int = 5000,
@@ -164,11 +170,13 @@ class Consumer:
     ) -> None:
         validate_group(group)
         handler_threads = concurrency if handler_threads is None else handler_threads
+        self._prefetch_given = prefetch
         prefetch = pull_batch if prefetch is None else prefetch
         if start not in ("latest", "earliest"):
             raise ValueError(f"Consumer option start must be 'latest' or 'earliest', got {start!r}")
         for name, value, low, high in (
             ("pull_batch", pull_batch, 1, MAX_PULL_BATCH_MESSAGES),
+            ("pull_batch_max", pull_batch_max, pull_batch, MAX_PULL_BATCH_MESSAGES),
             ("prefetch", prefetch, 1, None),
             ("wait_ms", wait_ms, 0, MAX_PULL_WAIT_MS),
             ("heartbeat_interval_ms", heartbeat_interval_ms, 1, None),
@@ -190,6 +198,7 @@ class Consumer:
         self.broadcast = broadcast
         self.start = start
         self.pull_batch = pull_batch
+        self.pull_batch_max = pull_batch_max
         self.prefetch = prefetch
         self.wait_ms = wait_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -328,8 +337,9 @@ class Consumer:
             raise ValueError(f"subject {subject!r} is already subscribed by this consumer")
         self._start()
         sources = [subject] if self.broadcast else [subject, retry_subject(subject, self.group)]
-        sub = Subscription(subject, tag_list, self.prefetch, sources,
-                           refill_min=min(self.pull_batch, self.prefetch) // 2)
+        sub = Subscription(subject, tag_list,
+                           PullSize(self.pull_batch, self.pull_batch_max, self._prefetch_given),
+                           sources)
         self._subscriptions[subject] = sub
         if self._presence is not None:
             self._presence.update(self.consumer_id, self._heartbeat_fields(),
@@ -478,9 +488,10 @@ class Consumer:
             if prefetch.capacity - len(prefetch.items) < prefetch.refill_min:
                 await prefetch.wait_room()
             room = prefetch.capacity - len(prefetch.items)
+            asked = min(sub.pull_size.size, room)
             op = {
                 "op": "pull", "subject": source, "group": self.group,
-                "consumer_id": self.consumer_id, "max_count": min(self.pull_batch, room),
+                "consumer_id": self.consumer_id, "max_count": asked,
                 "wait_ms": wait_ms, "tags": sub.tags, "start": start,
                 "broadcast": self.broadcast,
             }
@@ -512,7 +523,9 @@ class Consumer:
             finally:
                 sub.pulls_out.discard((source, broker_group))
             failures = 0
-            if answer.get("payloads"):
+            payloads = answer.get("payloads")
+            sub.pulled(asked, len(payloads) if payloads else 0)
+            if payloads:
                 batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
                 await prefetch.put_all(self._received(answer, sub, batch))
 

@@ -187,6 +187,7 @@ class _Prefetch:
         self.capacity = capacity
         self.refill_min = max(1, min(refill_min, capacity))
         self.items: deque[Any] = deque()
+        self.handed = 0  # items handed to the application so far (PullSize's evidence)
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
 
@@ -228,6 +229,7 @@ class _Prefetch:
         while not items:
             await self._wait(self._getters)
         item = items.popleft()
+        self.handed += 1
         if self._putters:
             self.taken()
         if items and self._getters:
@@ -257,18 +259,77 @@ class _Prefetch:
                 return
 
 
+class PullSize:
+    """How many messages a subscription's pulls ask for, adapting to the backlog (a pure state
+    machine; the pull loops tell it each answer).
+
+    At rest it is ``floor`` (the consumer's ``pull_batch``). A pull that comes back full (it
+    got all it asked for, and asked for at least half the size) while the application keeps up
+    (it took at least half a pull since the previous answer) doubles it, up to ``ceiling``
+    (``pull_batch_max``): a lone consumer behind a backlog drains it in a few large pulls
+    instead of many round trips. A consumer stuck from its first message never grows: it
+    holds what it held at rest. A pull that comes back less than half full halves it, not
+    below ``floor``: a long poll answered by a trickle, or a pull the broker cut to its even
+    share of a burst because others of the group wait (``realtime.pulls.burst_share``), so a
+    group of many consumers stays at ``floor`` and the burst still spreads over all of them.
+
+    The prefetch buffer's capacity: a given ``prefetch`` is the bound, fixed. Without one
+    (None) it follows the size: ``floor`` at rest, exactly the fixed default it replaces, and
+    two pulls' worth once grown, so the next pull is on the wire while the application works
+    through the last. So a consumer holds at most ``2 * ceiling`` that others could have taken,
+    and only while its pulls come back full, that is while the group has more than that
+    waiting for it.
+    """
+
+    def __init__(self, floor: int, ceiling: int, prefetch: int | None) -> None:
+        self.floor = floor
+        # A pull never asks for more than a given prefetch holds.
+        self.ceiling = max(floor, ceiling if prefetch is None else min(ceiling, prefetch))
+        self.prefetch = prefetch
+        self.size = floor
+
+    def capacity(self) -> int:
+        """The prefetch buffer's capacity now."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return self.size if self.size == self.floor else 2 * self.size
+
+    def refill_min(self) -> int:
+        """Free slots a pull loop waits for before it pulls: half a pull (with a given
+        ``prefetch``, half of ``floor``, as before pulls adapted)."""
+        return max(1, min(self.size if self.prefetch is None else self.floor,
+                          self.capacity()) // 2)
+
+    def answered(self, asked: int, got: int, handed: int) -> bool:
+        """A pull that asked for ``asked`` messages brought ``got``, and the application took
+        ``handed`` since the previous answer; True when the size (and so maybe the capacity)
+        changed."""
+        size = self.size
+        if asked and got >= asked and 2 * asked >= size and 2 * handed >= size:
+            new = min(self.ceiling, 2 * size)
+        elif 2 * got < asked or not asked:
+            new = max(self.floor, size // 2)
+        else:
+            return False
+        self.size = new
+        return new != size
+
+
 class Subscription:
     """The async iterator of one subscribed subject. Ends when the consumer closes; raises a
     non-retriable pull error (Forbidden, ...) once, then goes on with the other broker groups."""
 
-    def __init__(self, subject: str, tags: list[str], capacity: int,
-                 sources: list[str] | None = None, refill_min: int = 1) -> None:
+    def __init__(self, subject: str, tags: list[str], pull_size: PullSize,
+                 sources: list[str] | None = None) -> None:
         self.subject = subject
         self.tags = tags
         # Wire subjects pulled into this iterator: the subject and, unless broadcast, its
         # group's retry subject.
         self.sources = sources or [subject]
-        self._prefetch = _Prefetch(capacity, refill_min)
+        # Shared by the subscription's pull loops (the event loop's): what they ask for.
+        self.pull_size = pull_size
+        self._prefetch = _Prefetch(pull_size.capacity(), pull_size.refill_min())
+        self._handed_at_answer = 0  # _prefetch.handed when the last pull answered
         self._ended = False
         self.pull_loops: dict[tuple[str, str], asyncio.Task[None]] = {}
         # (wire subject, broker group) -> address its pull loop uses now (heartbeats go there).
@@ -282,6 +343,17 @@ class Subscription:
         self.route_tasks: list[asyncio.Task[None]] = []
         self.refresh_wanted = asyncio.Event()
 
+    def pulled(self, asked: int, got: int) -> None:
+        """A pull loop's answer: adapt the pull size, and the buffer's capacity with it (pull
+        loops waiting for room re-check it)."""
+        size, prefetch = self.pull_size, self._prefetch
+        handed, self._handed_at_answer = (prefetch.handed - self._handed_at_answer,
+                                          prefetch.handed)
+        if size.answered(asked, got, handed):
+            prefetch.capacity = size.capacity()
+            prefetch.refill_min = size.refill_min()
+            prefetch.taken()
+
     def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
         return self
 
@@ -291,6 +363,7 @@ class Subscription:
         prefetch = self._prefetch
         if prefetch.items:  # the common case takes no trip through the event loop
             item = prefetch.items.popleft()
+            prefetch.handed += 1
             if prefetch._putters:
                 prefetch.taken()
         else:

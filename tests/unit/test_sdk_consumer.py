@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from sdk.consumer import Consumer, Subscription, seqs_to_ranges
-from sdk.received import _PulledBatch
+from sdk.received import PullSize, _PulledBatch
 from wire.errors import BadRequest, Forbidden, NotSupported
 from wire.message import Message, encode_message
 from wire.protocol import pull_response
@@ -473,6 +473,8 @@ async def test_bad_subscriptions_and_options_fail_at_once(meta):
         Consumer(meta.url, group="bad group")
     with pytest.raises(ValueError, match="pull_batch"):
         Consumer(meta.url, group="g", pull_batch=0)
+    with pytest.raises(ValueError, match="pull_batch_max must be an int 300..1024, got 256"):
+        Consumer(meta.url, group="g", pull_batch=300, pull_batch_max=256)
     async with consumer(meta) as c:
         with pytest.raises(BadRequest):
             c.subscribe("bad subject")
@@ -505,7 +507,7 @@ def test_an_unreadable_pulled_message_is_logged_and_skipped_and_the_others_are_r
             for i in range(2)]
     answer = pull_response([5, 6, 7], [good[0], b"\xc1", good[1]], [0, 3, 1])
     batch = _PulledBatch(None, "group-a", "127.0.0.1:1", ("127.0.0.1:1", "group-a", "orders"))
-    sub = Subscription("orders", [], 10)
+    sub = Subscription("orders", [], PullSize(10, 10, None))
     with caplog.at_level(logging.ERROR, logger="sdk.consumer"):
         got = Consumer._received(answer, sub, batch)
     assert [(m.pull_seq, m.id, m.redelivered) for m in got] == [(5, "m0", 0), (7, "m1", 1)]
