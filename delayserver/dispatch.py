@@ -283,11 +283,24 @@ class Dispatcher:
                     for batch in waiting:
                         self.tracer.gave_up(batch.payloads, batch.confirmed_at_ms,
                                             "dispatch_unrecorded")
-                for batch in waiting:
+                for position, batch in enumerate(waiting):
                     self._confirmed(batch)
+                    if position + 1 < len(waiting):
+                        await self._yield_between(waiting[position + 1:])
         finally:
             # Cancelled (stop) with batches queued: stop() records them.
             self._recording = False
+
+    async def _yield_between(self, rest: list[_Confirmed]) -> None:
+        """Give the event loop a turn between two recorded batches (a hot slot's round holds
+        dozens: the pulls and stores sharing the loop run between them); cancelled here
+        (stop), the recorded ``rest`` is still counted, traced and forgotten."""
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            for batch in rest:
+                self._confirmed(batch)
+            raise
 
     def _confirmed(self, batch: _Confirmed) -> None:
         """A recorded batch: count its lateness, trace it, forget its entries."""
