@@ -371,11 +371,9 @@ class Scheduler:
 
     def _append_and_commit(self, batch: list[_PendingCall]) -> list[ScheduleEntry]:
         """On the delay-io thread: append ``batch`` to the store and commit it."""
-        append = self.store.append
+        append_many = self.store.append_many
         for call in batch:
-            for message_id, subject, due_ms, payload in zip(call.ids, call.subjects, call.dues,
-                                                            call.payloads):
-                append(message_id, subject, due_ms, payload)
+            append_many(call.ids, call.subjects, call.dues, call.payloads)
         return self.store.commit()
 
     # ------------------------------------------------------------------ the window's loader

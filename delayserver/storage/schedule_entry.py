@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from itertools import repeat
 from typing import Iterator, NamedTuple
 
 FIELDS = struct.Struct(
@@ -61,6 +62,17 @@ def encode_schedule_entry(deliver_at_ms: int, delay_log_offset: int, size_bytes:
     """The 32 bytes of one entry."""
     head = FIELDS.pack(deliver_at_ms, delay_log_offset, size_bytes, id_hash, MAGIC, VERSION, 0)
     return head + CRC.pack(zlib.crc32(head))
+
+
+
+def encode_schedule_entries(deliver_at_ms: list[int], delay_log_offsets: list[int],
+                            sizes_bytes: list[int], id_hashes: list[int]) -> list[bytes]:
+    """The 32 bytes of each entry of columns (the same bytes as ``encode_schedule_entry`` per
+    row), in C-level passes: no Python call per entry."""
+    count = len(deliver_at_ms)
+    heads = list(map(FIELDS.pack, deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes,
+                     repeat(MAGIC, count), repeat(VERSION, count), repeat(0, count)))
+    return list(map(bytes.__add__, heads, map(CRC.pack, map(zlib.crc32, heads))))
 
 
 def check_schedule_entry(data: bytes | memoryview, at: int = 0) -> str | None:

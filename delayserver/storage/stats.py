@@ -7,6 +7,7 @@ persist them and recovery replays what happened after the checkpoint (``DelaySto
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from delayserver.storage.layout import HOUR_MS
@@ -41,6 +42,15 @@ class PendingCounts:
         self.per_hour[hour] = self.per_hour.get(hour, 0) + 1
         self.per_subject[subject] = self.per_subject.get(subject, 0) + 1
         self.total += 1
+
+    def add_many(self, buckets_ms: list[int], subjects: list[str]) -> None:
+        """``add`` of each (bucket, subject) pair, counted in C-level passes."""
+        per_hour, per_subject = self.per_hour, self.per_subject
+        for hour, count in Counter([bucket - bucket % HOUR_MS for bucket in buckets_ms]).items():
+            per_hour[hour] = per_hour.get(hour, 0) + count
+        for subject, count in Counter(subjects).items():
+            per_subject[subject] = per_subject.get(subject, 0) + count
+        self.total += len(buckets_ms)
 
     def remove(self, bucket_ms: int, subject: str | None) -> bool:
         """One pending message fewer; ``subject`` None when it could not be read. Returns False

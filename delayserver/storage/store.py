@@ -41,9 +41,10 @@ import logging
 import os
 import struct
 import zlib
+from itertools import repeat
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from delayserver.storage.delay_checkpoint import (
     CHECKPOINT_NAME,
@@ -54,8 +55,11 @@ from delayserver.storage.delay_record import (
     U64_MAX,
     DelayedRecord,
     decode_delay_header,
+    MESSAGE_ID_BYTES_MAX,
     decode_delay_record,
     encode_delay_record,
+    encode_delay_records,
+    subject_tail,
 )
 from delayserver.storage.copying import CopyingMixin, DoneJournal, journal_bodies_for_dispatch
 from delayserver.storage.done_journal import KIND_DONE_BEFORE, encode_journal_record
@@ -72,7 +76,7 @@ from delayserver.storage.schedule_entry import (
     FIELDS as ENTRY_FIELDS,
     RawEntry,
     check_schedule_entry,
-    encode_schedule_entry,
+    encode_schedule_entries,
     iter_schedule_entries,
 )
 from delayserver.storage.stats import PendingStats
@@ -134,9 +138,12 @@ class DelayStoreConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)  # slots: the wheel holds up to ~10^5 of them
-class ScheduleEntry:
-    """A message's place in the schedule."""
+class ScheduleEntry(NamedTuple):
+    """A message's place in the schedule.
+
+    A named tuple, not a frozen dataclass: the delay-io thread makes one per message committed
+    or loaded, and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost
+    about four times as much, the largest single step of a commit's per-message work."""
 
     bucket_ms: int  # start of the bucket the entry is filed in
     index: int  # position of the entry in the bucket's schedule file
@@ -144,6 +151,22 @@ class ScheduleEntry:
     delay_log_offset: int  # where its record is in the delay log
     size_bytes: int  # body size of that record
     id_hash: int  # CRC-32 of the message id
+
+
+class _PendingColumns:
+    """What ``append`` buffered for the next ``commit``, as columns (one row per message)."""
+
+    __slots__ = ("bodies", "dues", "buckets", "hashes", "subjects")
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []  # encoded delay-log record bodies
+        self.dues: list[int] = []  # deliver_at_ms
+        self.buckets: list[int] = []  # the bucket each is filed in
+        self.hashes: list[int] = []  # CRC-32 of each message id
+        self.subjects: list[str] = []
+
+
+_new_tuple = tuple.__new__  # a ScheduleEntry from its fields without its generated __new__
 
 
 class DelayStore(CopyingMixin):
@@ -168,7 +191,8 @@ class DelayStore(CopyingMixin):
             os.makedirs(directory, exist_ok=True)
         self._checkpoints = CheckpointStore(self.layout.checkpoint_dir, CHECKPOINT_NAME,
                                             keep=CHECKPOINTS_KEPT)
-        self._pending: list[tuple[bytes, int, int, int, str]] = []
+        self._pending = _PendingColumns()
+        self._subject_tails: dict[str, bytes] = {}  # subject -> its record tail (append_many)
         self._closed = False
         self._failed: Exception | None = None
         self._schedule_error: FlushFailed | None = None
@@ -236,7 +260,67 @@ class DelayStore(CopyingMixin):
                                    payload)
         if len(body) > self.config.record_size_bytes_max:
             raise RecordTooLarge(len(body), self.config.record_size_bytes_max)
-        self._pending.append((body, deliver_at_ms, bucket, zlib.crc32(id_bytes), subject))
+        pending = self._pending
+        pending.bodies.append(body)
+        pending.dues.append(deliver_at_ms)
+        pending.buckets.append(bucket)
+        pending.hashes.append(zlib.crc32(id_bytes))
+        pending.subjects.append(subject)
+
+    def append_many(self, message_ids: list[str], subjects: list[str],
+                    deliver_at_ms: list[int], payloads: list[bytes]) -> None:
+        """``append`` of each row of the columns, in order, with the same checks and errors
+        (on one, the rows before it stay buffered), in C-level passes rather than a call per
+        message: the delay server appends each group commit's sends this way."""
+        self._check_writable()
+        count = len(message_ids)
+        ids_bytes = list(map(str.encode, message_ids))
+        tails = self._subject_tails
+        try:
+            subject_tails = list(map(tails.__getitem__, subjects))
+        except (KeyError, TypeError):
+            subject_tails = None
+        if (subject_tails is None or not count or len(subjects) != count
+                or len(deliver_at_ms) != count or len(payloads) != count
+                or set(map(type, deliver_at_ms)) != {int} or min(deliver_at_ms) < 0
+                or max(deliver_at_ms) > U64_MAX or min(map(len, ids_bytes)) < 1
+                or max(map(len, ids_bytes)) > MESSAGE_ID_BYTES_MAX):
+            # Something to word (or a subject not seen yet): one by one, which raises at the
+            # first bad row exactly as append does, and learns the subjects' encoding.
+            for row in zip(message_ids, subjects, deliver_at_ms, payloads):
+                self.append(*row)
+                self._learn_subject(row[1])
+            return
+        bucket_ms, done_before = self.config.bucket_ms, self._done_before
+        buckets = [due - due % bucket_ms for due in deliver_at_ms]
+        if min(buckets) < done_before:  # late messages are filed in the watermark's bucket
+            buckets = [max(bucket, done_before) for bucket in buckets]
+        bodies = encode_delay_records(deliver_at_ms, buckets, ids_bytes, subject_tails, payloads)
+        size_max = self.config.record_size_bytes_max
+        if max(map(len, bodies)) > size_max:
+            first_too_large = next(k for k, body in enumerate(bodies) if len(body) > size_max)
+            self._extend_pending(bodies[:first_too_large], deliver_at_ms, buckets, ids_bytes,
+                                 subjects, first_too_large)
+            raise RecordTooLarge(len(bodies[first_too_large]), size_max)
+        self._extend_pending(bodies, deliver_at_ms, buckets, ids_bytes, subjects, count)
+
+    def _extend_pending(self, bodies: list[bytes], dues: list[int], buckets: list[int],
+                        ids_bytes: list[bytes], subjects: list[str], count: int) -> None:
+        """Buffer the first ``count`` rows of the columns (``bodies`` holds exactly those)."""
+        pending = self._pending
+        pending.bodies += bodies
+        pending.dues += dues[:count]
+        pending.buckets += buckets[:count]
+        pending.hashes += map(zlib.crc32, ids_bytes[:count])
+        pending.subjects += subjects[:count]
+
+    def _learn_subject(self, subject: str) -> None:
+        """Keep the record tail of a subject ``append`` accepted, for ``append_many``."""
+        tails = self._subject_tails
+        if subject not in tails:
+            if len(tails) >= SUBJECT_CACHE_ENTRIES_MAX:
+                tails.clear()
+            tails[subject] = subject_tail(subject.encode("utf-8"))
 
     def commit(self) -> list[ScheduleEntry]:
         """Make every message appended since the last commit durable with one fsync (async mode:
@@ -245,40 +329,48 @@ class DelayStore(CopyingMixin):
         ``DiskFull``/``LogWriteFailed``: the batch is dropped, nothing is indexed, the error
         propagates (``DiskFull`` is retriable: append and commit again)."""
         self._check_writable()
-        batch, self._pending = self._pending, []
-        if not batch:
+        batch, self._pending = self._pending, _PendingColumns()
+        count = len(batch.bodies)
+        if not count:
             return []
         if self._schedule_error is not None:
-            self._retry_schedule_flush(len(batch))
+            self._retry_schedule_flush(count)
         delay_log = self._log
         end_before = delay_log.end_offset
         try:
-            offsets = delay_log.append_many([item[0] for item in batch])
+            offsets = delay_log.append_many(batch.bodies)
             delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
-        entries = []
-        schedule = self._schedule
-        counts = self._counts
-        chunk_size, chunk_max = self._chunk_size, self._chunk_max
-        empty = self._empty_buckets
+        # Indexed in C-level passes over the columns (map, zip), not a Python step per entry
+        # but the schedule buffer's append and the bucket bookkeeping.
+        dues, buckets, hashes = batch.dues, batch.buckets, batch.hashes
+        sizes = list(map(len, batch.bodies))
+        indexes = list(map(self._schedule.append, buckets,
+                           encode_schedule_entries(dues, offsets, sizes, hashes)))
+        entries = list(map(_new_tuple, repeat(ScheduleEntry, count),
+                           zip(buckets, indexes, dues, offsets, sizes, hashes)))
+        self._counts.add_many(buckets, batch.subjects)
         known = self._bucket_pending
-        for (body, deliver_at, bucket, hashed, subject), offset in zip(batch, offsets):
-            size = len(body)
-            index = schedule.append(bucket, encode_schedule_entry(deliver_at, offset, size, hashed))
-            entries.append(ScheduleEntry(bucket, index, deliver_at, offset, size, hashed))
-            counts.add(bucket, subject)
+        for bucket, index in zip(buckets, indexes):
             if bucket in known:
                 known[bucket] += 1
             elif index == 0:  # the bucket's first entry: its count is known from here on
                 known[bucket] = 1
-            chunk = offset // chunk_size
-            if chunk_max.get(chunk, -1) < bucket:
-                chunk_max[chunk] = bucket
-            if empty:
-                empty.discard(bucket)
+        chunk_size, chunk_max = self._chunk_size, self._chunk_max
+        if offsets[0] // chunk_size == offsets[-1] // chunk_size:  # the usual: one chunk
+            chunk, top = offsets[0] // chunk_size, max(buckets)
+            if chunk_max.get(chunk, -1) < top:
+                chunk_max[chunk] = top
+        else:
+            for offset, bucket in zip(offsets, buckets):
+                chunk = offset // chunk_size
+                if chunk_max.get(chunk, -1) < bucket:
+                    chunk_max[chunk] = bucket
+        if self._empty_buckets:
+            self._empty_buckets.difference_update(buckets)
         self._bytes_since_checkpoint += delay_log.end_offset - end_before
-        if schedule.buffer_full:
+        if self._schedule.buffer_full:
             self._flush_schedule_quietly()
         self._maybe_checkpoint()
         return entries

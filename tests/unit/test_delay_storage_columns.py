@@ -1,0 +1,106 @@
+"""DelayStore.append_many (the delay server's group commit appends columns) against append one
+row at a time: the same records, schedule files, entries, stats and errors. Tiny limits (1 s
+buckets, 4 KiB segments), fake times."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from delayserver.storage import DelayStore, DelayStoreConfig
+from delayserver.storage.delay_record import (
+    encode_delay_record,
+    encode_delay_records,
+    subject_tail,
+)
+from delayserver.storage.schedule_entry import encode_schedule_entries, encode_schedule_entry
+from logstore import RecordTooLarge
+
+NOW_MS = 1_700_000_000_000  # a fixed "now", never the clock
+BUCKET_MS = 1_000
+TINY = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096,
+                        record_size_bytes_max=1_000)
+BASE_MS = NOW_MS - NOW_MS % BUCKET_MS
+
+
+def rows(count: int, first: int = 0) -> list[tuple[str, str, int, bytes]]:
+    """Rows spread over 7 buckets and 3 subjects, due times out of order."""
+    return [(f"id-{k}", f"subject-{k % 3}", BASE_MS + 5_000 + (k * 379) % 7_000,
+             b"payload %d " % k * (1 + k % 5)) for k in range(first, first + count)]
+
+
+def columns(batch):
+    return [list(column) for column in zip(*batch)]
+
+
+def files_of(data_dir: str) -> dict[str, bytes]:
+    """Every file under ``data_dir`` but the checkpoints, by relative path."""
+    found = {}
+    for root, _, names in os.walk(data_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            if "checkpoint" not in path:
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, data_dir)] = f.read()
+    return found
+
+
+def test_append_many_stores_what_append_row_by_row_stores_byte_for_byte(tmp_path):
+    one_by_one = DelayStore(str(tmp_path / "rows"), TINY, now_ms=NOW_MS)
+    in_columns = DelayStore(str(tmp_path / "columns"), TINY, now_ms=NOW_MS)
+    for store in (one_by_one, in_columns):  # a watermark, so that some messages are late
+        store.mark_done_before(BASE_MS + 8_000)
+    committed = []
+    for first, count in ((0, 1), (1, 40), (41, 3), (44, 25)):  # segments roll on the way
+        batch = rows(count, first)
+        for row in batch:
+            one_by_one.append(*row)
+        in_columns.append_many(*columns(batch))
+        committed.append((one_by_one.commit(), in_columns.commit()))
+    for expected, got in committed:
+        assert got == expected
+    late = [e for expected, _ in committed for e in expected if e.deliver_at_ms < BASE_MS + 8_000]
+    assert late and {e.bucket_ms for e in late} == {BASE_MS + 8_000}
+    assert in_columns.pending_stats() == one_by_one.pending_stats()
+    in_columns.checkpoint()
+    one_by_one.checkpoint()
+    assert files_of(in_columns.data_dir) == files_of(one_by_one.data_dir)
+    entries = committed[1][1]
+    assert [in_columns.read(e).message_id for e in entries] == [row[0] for row in rows(40, 1)]
+    one_by_one.close()
+    in_columns.close()
+
+
+@pytest.mark.parametrize("bad_row,error,match", [
+    (("bad", "s", -1, b""), ValueError, "deliver_at_ms"),
+    (("bad", "s", 1 << 64, b""), ValueError, "deliver_at_ms"),
+    (("bad", "s", 1.5, b""), ValueError, "deliver_at_ms"),
+    (("", "s", NOW_MS, b""), ValueError, "message id"),
+    (("bad", "", NOW_MS, b""), ValueError, "subject"),
+    (("bad", "s", NOW_MS, b"x" * 1_000), RecordTooLarge, "1000"),
+])
+def test_a_bad_row_raises_as_append_does_and_the_rows_before_it_stay_buffered(
+        tmp_path, bad_row, error, match):
+    store = DelayStore(str(tmp_path / "delay"), TINY, now_ms=NOW_MS)
+    store.append_many(*columns(rows(3)))  # the subjects are known: the column path
+    store.commit()
+    batch = rows(4, 3) + [bad_row] + rows(2, 7)
+    with pytest.raises(error, match=match):
+        store.append_many(*columns(batch))
+    assert [store.read(e).message_id for e in store.commit()] == ["id-3", "id-4", "id-5", "id-6"]
+    store.close()
+
+
+def test_the_column_encoders_give_the_bytes_of_the_one_row_encoders():
+    dues, buckets = [5, 1 << 40, 0], [0, 1 << 40, 7]
+    ids, subjects, payloads = [b"a", b"id" * 50, b"\xc3\xa9"], [b"s", b"t" * 300, b"s"], \
+        [b"", b"x" * 70, b"\x00"]
+    assert encode_delay_records(dues, buckets, ids, list(map(subject_tail, subjects)),
+                                payloads) == list(map(encode_delay_record, dues, buckets, ids,
+                                                      subjects, payloads))
+    offsets, sizes, hashes = [0, 1 << 50, 12], [1, 2, (1 << 32) - 1], [0, 99, (1 << 32) - 1]
+    assert encode_schedule_entries(dues, offsets, sizes, hashes) == list(
+        map(encode_schedule_entry, dues, offsets, sizes, hashes))
+    with pytest.raises(ValueError, match="subject"):
+        subject_tail(b"")
