@@ -65,7 +65,10 @@ class _PendingCall:
     checks: list[Checked | None]
     slots: list[int] | None  # index in ``results`` of each message; None: all, in order
     results: list[Any]  # one answer per payload; the accepted ones are filled in on commit
-    future: asyncio.Future[list[dict[str, Any]]]
+    future: asyncio.Future[list[dict[str, Any]] | int]
+    # All passed the quick check and the caller takes a count for "all stored" (a compact
+    # send): on commit no result is made per message and the future gets the count.
+    compact: bool = False
 
 
 # Columns of a batch of Checked tuples, taken by ``map`` in C rather than a loop per message.
@@ -247,8 +250,10 @@ class Scheduler:
         """The start of the bucket ``deliver_at_ms`` falls in."""
         return self.window.bucket_of(deliver_at_ms)
 
-    async def schedule(self, payloads: list[bytes]) -> list[dict[str, Any]]:
-        """Store delayed messages durably and answer one result per payload.
+    async def schedule(self, payloads: list[bytes], compact: bool = False
+                       ) -> list[dict[str, Any]] | int:
+        """Store delayed messages durably and answer one result per payload; with ``compact``,
+        the number of payloads (an int) instead when every one was stored.
 
         A message without ``deliver_at_ms``, or with one in the past, is due at once. One later
         than now + ``max_delay_ms`` is refused with ``delay_out_of_range``, never clamped.
@@ -270,7 +275,7 @@ class Scheduler:
             if None in dues:
                 dues = [now_ms if due is None else due for due in dues]
             call = _PendingCall(ids, subjects, dues, payloads, checks, None, results,
-                                asyncio.get_running_loop().create_future())
+                                asyncio.get_running_loop().create_future(), compact)
         else:
             call = self._full_checks(payloads, checks, results, now_ms)
             if not call.ids:
@@ -341,6 +346,8 @@ class Scheduler:
                 payloads = list(chain.from_iterable(call.payloads for call in batch))
             self.tracer.scheduled_checked(checks, payloads, self.clock())
         for call in batch:
+            if call.compact:  # every message stored: answered by their count
+                continue
             # Each entry's deliver_at_ms is the due time it was appended with (a late one is
             # filed in a later bucket, its time unchanged), so the answers come from the call.
             stored = list(map(delayed_send_result, call.ids, call.dues))
@@ -357,6 +364,7 @@ class Scheduler:
 
     def _fail_batch(self, batch: list[_PendingCall], error: QmqError) -> None:
         for call in batch:
+            call.compact = False  # failed: a result per message, each naming the error
             slots = call.slots if call.slots is not None else range(len(call.results))
             for slot, message_id in zip(slots, call.ids):
                 call.results[slot] = send_result_error(message_id, error)
@@ -367,7 +375,7 @@ class Scheduler:
         """Wake each call of ``batch``: every one of its messages is answered now."""
         for call in batch:
             if not call.future.done():  # a caller gone (cancelled) needs no answer
-                call.future.set_result(call.results)
+                call.future.set_result(len(call.ids) if call.compact else call.results)
 
     def _append_and_commit(self, batch: list[_PendingCall]) -> list[ScheduleEntry]:
         """On the delay-io thread: append ``batch`` to the store and commit it."""

@@ -19,7 +19,7 @@ from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import Forbidden, NotSupported
-from wire.protocol import Cancel, Hello, Request, Send, cancel_result
+from wire.protocol import Cancel, Hello, Request, Send, cancel_result, send_stored_answer
 from wire.replication import Fetch, Snapshot
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,11 @@ class DelayServer(ServerBase):
         self._check_role()
         if isinstance(request, Send):
             self.gate.check_send(grant, request.messages)
-            results = await self.scheduler.schedule(request.messages)
+            results = await self.scheduler.schedule(request.messages, request.compact)
+            if type(results) is int:  # a compact send, every message stored
+                self.metrics.scheduled.inc(results)
+                self._check_role()
+                return send_stored_answer(results)
             self.metrics.count_schedule_results(results)
             self._check_role()
             return {"results": results}

@@ -678,9 +678,11 @@ class Producer:
                     raise NoRoute(f"the producer route of {subject!r} has no broker group")
                 group = route.groups[(turn + attempt) % len(route.groups)]
                 address = group.addresses[(attempt // len(route.groups)) % len(group.addresses)]
+                # compact: a broker that stored every message answers with their count, not a
+                # result each (one that does not know the field answers with results).
                 answer = await self._pool.request(
                     address,
-                    {"op": "send", "messages": messages},
+                    {"op": "send", "messages": messages, "compact": True},
                     self.send_timeout_ms,
                 )
                 pending, error = settle(subject, group.group, pending, answer)

@@ -145,6 +145,10 @@ def settle(subject: str, broker_group: str, parts: list[Part],
     de-duplicates the ids."""
     results = answer.get("results")
     count = sum(len(part.ids) for part in parts)
+    if results is None and type(answer.get("stored")) is int and answer["stored"] == count:
+        # A compact answer (the send asked for one): every message stored, as sent.
+        _settle_stored(subject, broker_group, parts)
+        return [], _NO_ERROR
     if not isinstance(results, list) or len(results) != count:
         return parts, Internal(
             f"broker group {broker_group} answered a send of {count} messages with "
@@ -182,6 +186,24 @@ def settle(subject: str, broker_group: str, parts: list[Part],
             retry.append(left)
             retry_error = error
     return retry, retry_error
+
+
+def _settle_stored(subject: str, broker_group: str, parts: list[Part]) -> None:
+    """Settle every message of ``parts`` as stored, each with the due time it was sent with."""
+    for part in parts:
+        if len(part.ids) == 1 and part.slots is None:
+            part.call.settle_one(part.first, _new_tuple(Receipt, (
+                part.ids[0], subject, broker_group, "stored",
+                None if part.dues is None else part.dues[0])))
+            continue
+        receipts = list(map(_new_tuple, repeat(Receipt), zip(
+            part.ids, repeat(subject), repeat(broker_group), repeat("stored"),
+            repeat(None) if part.dues is None else part.dues)))
+        if part.slots is None:
+            part.call.settle_run(part.first, receipts)
+        else:
+            for slot, receipt in zip(part.slots, receipts):
+                part.call.settle(slot, receipt)
 
 
 def _receipts(subject: str, broker_group: str, part: Part,

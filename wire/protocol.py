@@ -180,11 +180,15 @@ class Hello:
 
 @dataclass(slots=True)
 class Send:
-    """A batch of ``encode_message`` payloads; the broker stores each verbatim."""
+    """A batch of ``encode_message`` payloads; the broker stores each verbatim.
+
+    ``compact``: the client takes ``send_stored_answer`` (a count) instead of a result per
+    message when every message was stored; a server that does not know the field ignores it."""
 
     op: ClassVar[str] = "send"
     rid: int
     messages: list[bytes]
+    compact: bool = False
 
 
 @dataclass(slots=True)
@@ -385,7 +389,10 @@ def _parse_send(f: _Fields, rid: int) -> Send:
     for payload in messages:
         if not isinstance(payload, bytes):
             raise BadRequest(f"send.messages must hold bin payloads, got {type_name(payload)}")
-    return Send(rid, messages)
+    compact = f.get("compact", False)
+    if type(compact) is not bool:
+        raise f._bad("compact", "bool", compact)
+    return Send(rid, messages, compact)
 
 
 # (subject, group, consumer_id) triples that passed validation. A consumer names the same three
@@ -689,6 +696,14 @@ def send_results_stored(message_ids: Iterable[str]) -> list[dict[str, Any]]:
     return [{"id": message_id, "status": "stored"} for message_id in message_ids]
 
 
+def send_stored_answer(count: int) -> dict[str, Any]:
+    """The whole answer to a ``compact`` send whose ``count`` messages were all stored (as
+    "stored", never "duplicate"; a delayed one at the ``deliver_at_ms`` its payload names):
+    the client knows each id and due time it sent, so no result per message is encoded,
+    written or decoded. Any other outcome is answered with ``results``."""
+    return {"stored": count}
+
+
 def delayed_send_result(message_id: str, deliver_at_ms: int) -> dict[str, Any]:
     """A delay server's send result for a stored message: ``deliver_at_ms`` is what a later
     ``cancel`` names it by."""
@@ -790,6 +805,7 @@ __all__ = [
     "error_response",
     "hello_response",
     "send_result_ok",
+    "send_stored_answer",
     "send_results_stored",
     "delayed_send_result",
     "send_result_error",

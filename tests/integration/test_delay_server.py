@@ -273,7 +273,9 @@ async def test_a_write_failure_keeps_the_delay_server_read_only_whatever_the_met
     client = await RawClient.connect(server.port)
     try:
         plan.fail_sync_at = plan.syncs + 1
-        failed = (await client.send(message("s", b"x", clock, deliver_at_ms=clock() + 10)))
+        # A compact send that fails is answered with a result per message all the same.
+        failed = await client.request({"op": "send", "compact": True, "messages": [
+            encode_message(message("s", b"x", clock, deliver_at_ms=clock() + 10))]})
         assert failed["results"][0]["error"]["code"] == "internal"
         server._on_state("rw")  # the MetaServer's heartbeat answer
         refused = (await client.send(message("s", b"y", clock, deliver_at_ms=clock() + 10)))
@@ -534,3 +536,23 @@ async def test_a_dispatch_refused_for_good_is_traced_as_given_up_and_counted(tmp
                   if e["event"] in ("dispatched", "gave_up")) == [
         ("dispatched", "kept", None), ("gave_up", "doomed", "dispatch_refused")]
     assert server.scheduler.tracer.gave_up_counts == {"dispatch_refused": 1}
+
+
+async def test_a_compact_send_is_answered_with_a_count_only_when_every_message_was_stored(
+    server, client, clock, realtime
+):
+    due = clock() + 1_000
+    sent = [message("s", b"a", clock, deliver_at_ms=due), message("s", b"b", clock,
+                                                                  deliver_at_ms=due + 1)]
+    answer = await client.request({"op": "send", "messages": [encode_message(m) for m in sent],
+                                   "compact": True})
+    assert answer == {"rid": answer["rid"], "stored": 2}
+    too_far = message("s", b"c", clock, deliver_at_ms=clock() + server.config.max_delay_ms + 1)
+    mixed = await client.request({"op": "send", "compact": True, "messages": [
+        encode_message(message("s", b"d", clock, deliver_at_ms=due)), encode_message(too_far)]})
+    assert [r.get("status") or r["error"]["code"] for r in mixed["results"]] == [
+        "stored", "delay_out_of_range"]
+    assert server.metrics.registry.get_sample_value("qmq_delay_messages_scheduled_total") == 3
+    clock.advance(1_001)
+    await realtime.wait_for(3, server)
+    assert sorted(realtime.bodies()) == [b"a", b"b", b"d"]

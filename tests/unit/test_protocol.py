@@ -383,7 +383,7 @@ def test_a_wrong_field_is_a_bad_request_naming_the_field_and_its_type(base, fiel
 @pytest.mark.parametrize("base", range(len(VALID_REQUESTS)))
 def test_a_missing_required_field_is_a_bad_request_naming_it(base):
     optional = {"token", "wait_ms", "tags", "start", "broadcast", "retry_after_ms", "prefix",
-                "from_sequence"}
+                "from_sequence", "compact"}
     full = _wire(VALID_REQUESTS[base])
     for field in set(full) - {"op", "rid"} - optional:
         frame = dict(full)
@@ -409,6 +409,16 @@ def test_send_batch_size_is_accepted_up_to_the_limit_and_too_large_past_it():
         TooLarge, match="send batch of 257 messages exceeds MAX_SEND_BATCH_MESSAGES 256"
     ):
         parse_request({"op": "send", "rid": 1, "messages": [PAYLOAD] * (MAX_SEND_BATCH_MESSAGES + 1)})
+
+
+def test_a_send_asks_for_the_compact_answer_only_with_compact_true_and_a_non_bool_is_refused():
+    frame = {"op": "send", "rid": 1, "messages": [PAYLOAD]}
+    assert parse_request(frame).compact is False
+    assert parse_request({**frame, "compact": True}).compact is True
+    assert parse_request({**frame, "compact": False}).compact is False
+    with pytest.raises(BadRequest, match="compact"):
+        parse_request({**frame, "compact": 1})
+    assert protocol.send_stored_answer(3) == {"stored": 3}
 
 
 def _pull(**changes) -> dict:

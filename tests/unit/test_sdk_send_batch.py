@@ -120,3 +120,27 @@ def test_calls_of_one_message_each_settle_alike_whether_stored_duplicate_refused
     assert [part.ids for part in retry] == [["d"], ["e"]]
     assert not calls[3].future.done() and not calls[4].future.done()
     assert isinstance(error, Internal)  # the last kept part's reason: results out of order
+
+
+def test_a_compact_answer_settles_every_part_as_stored_with_the_due_times_sent(loop):
+    first, second, third = call_of(loop, 3), call_of(loop, 1), call_of(loop, 2)
+    parts = [Part(first, 0, ["a", "b", "c"], [b"pa", b"pb", b"pc"], [7, 8, 9]),
+             Part(second, 0, ["d"], [b"pd"], [10]),
+             Part(third, 0, ["e"], [b"pe"], None, slots=[1])]
+    third.settle(0, Receipt("x", "orders", "rt-0", "stored"))
+    retry, _ = settle("orders", "dg-1", parts, {"stored": 5})
+    assert retry == []
+    assert first.future.result() == [Receipt(i, "orders", "dg-1", "stored", due)
+                                     for i, due in (("a", 7), ("b", 8), ("c", 9))]
+    assert second.future.result() == [Receipt("d", "orders", "dg-1", "stored", 10)]
+    assert third.future.result()[1] == Receipt("e", "orders", "dg-1", "stored")
+
+
+@pytest.mark.parametrize("answer", [{"stored": 1}, {"stored": 3}, {"stored": True},
+                                    {"stored": "2"}])
+def test_a_compact_answer_of_another_count_resends_the_whole_batch(loop, answer):
+    call = call_of(loop, 2)
+    parts = [Part(call, 0, ["a", "b"], [b"pa", b"pb"], None)]
+    retry, error = settle("orders", "rt-1", parts, answer)
+    assert retry == parts and isinstance(error, Internal)
+    assert not call.future.done()
