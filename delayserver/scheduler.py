@@ -75,6 +75,7 @@ class _PendingCall:
 _ids_of = itemgetter(0)
 _subjects_of = itemgetter(1)
 _dues_of = itemgetter(4)
+_entry_due_of = itemgetter(2)  # a ScheduleEntry's deliver_at_ms
 
 
 def open_store_on_io(config: DelayConfig, now_ms: int, opener: Opener,
@@ -124,6 +125,9 @@ class Scheduler:
         self.stats = DispatchStats()
         self.window = PreloadWindow(WindowLimits.from_config(config), done_before_ms)
         self._wakeup = asyncio.Event()  # the timer re-checks the window
+        # When the sleeping timer wakes by itself (ms; None while it runs): a commit of
+        # nothing due before then, into a window with room, need not wake it.
+        self._timer_wake_at_ms: int | None = None
         self.dispatcher = self._new_dispatcher()
         self._quick_check = QuickCheck()
         self._commits: GroupCommitter[_PendingCall, list[ScheduleEntry]] = GroupCommitter(
@@ -360,7 +364,10 @@ class Scheduler:
         if tracing:  # what the quick check read serves the dispatched line too
             self.tracer.keep([e.delay_log_offset for e in entries], checks, self.window.tracked)
         self._answer(batch)
-        self._wakeup.set()
+        wake_at_ms = self._timer_wake_at_ms
+        if (wake_at_ms is None or self.window.resume_at
+                or min(map(_entry_due_of, entries), default=wake_at_ms) < wake_at_ms):
+            self._wakeup.set()
 
     def _fail_batch(self, batch: list[_PendingCall], error: QmqError) -> None:
         for call in batch:
@@ -456,6 +463,7 @@ class Scheduler:
             wake_at = next_bucket_ms if next_due is None else min(
                 next_due, next_bucket_ms, self._read_ahead(now_ms, next_due))
             delay_s = max(0, wake_at - self.clock()) / 1000
+            self._timer_wake_at_ms = wake_at
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the turn
             # the wakeup is set, and stop() then waits for this task for ever.
             try:

@@ -556,3 +556,31 @@ async def test_a_compact_send_is_answered_with_a_count_only_when_every_message_w
     clock.advance(1_001)
     await realtime.wait_for(3, server)
     assert sorted(realtime.bodies()) == [b"a", b"b", b"d"]
+
+
+async def test_a_commit_wakes_the_sleeping_timer_only_for_a_message_due_before_it_would_wake(
+    tmp_path, clock, realtime
+):
+    # 60 s buckets: the idle timer sleeps to the next bucket (up to 60 s of real time), so a
+    # message due now is delivered promptly only if its commit woke the timer.
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=60_000)
+    server = DelayServer(config, clock=clock, dispatch=realtime.dispatch)
+    await server.start()
+    client = await RawClient.connect(server.port)
+    try:
+        await settle(server)
+        scheduler = server.scheduler
+        wake_at_ms = scheduler._timer_wake_at_ms
+        assert wake_at_ms is not None and wake_at_ms > clock()
+        later = await client.send(message("s", b"later", clock, deliver_at_ms=wake_at_ms + 5))
+        assert later["results"][0]["status"] == "stored"
+        assert not scheduler._wakeup.is_set()  # nothing due before the timer's own wake-up
+        await client.send(message("s", b"now", clock, deliver_at_ms=clock()))
+        await asyncio.wait_for(realtime.arrived.wait(), 20)  # no poke: the commit woke it
+        assert realtime.bodies() == [b"now"]
+        clock.advance(wake_at_ms + 5 - clock())
+        await realtime.wait_for(2, server)
+        assert realtime.bodies() == [b"now", b"later"]
+    finally:
+        await client.close()
+        await server.stop()
