@@ -272,9 +272,10 @@ class Broker:
 
     # ------------------------------------------------------------------ the data-plane ops
 
-    async def send(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+    async def send(self, payloads: list[bytes], compact: bool = False
+                   ) -> list[dict[str, Any]] | int:
         """Validate and store a batch (``Sends.send``); answered once durable."""
-        return await self.sends.send(payloads)
+        return await self.sends.send(payloads, compact)
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
         """Hand the group's next entries to the pulling consumer (``Pulls.pull``)."""

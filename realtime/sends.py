@@ -56,6 +56,9 @@ class SendRequest:
     results: list[Any]
     future: asyncio.Future[None]
     log_end: int = 0  # the message log's end after the commit that stored them
+    # The caller takes a count for "all stored" (a compact send) and every message passed the
+    # quick check: left True only if the commit stored them all in one run, no result made.
+    compact: bool = False
 
 
 Committed = tuple[list[int | None], int]  # a commit's sequences, and the message log's end
@@ -86,8 +89,10 @@ class Sends:
             f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
             self._fail_batch, self._go_readonly)
 
-    async def send(self, payloads: list[bytes]) -> list[dict[str, Any]]:
-        """Validate and store a batch; each result says stored, duplicate or the error.
+    async def send(self, payloads: list[bytes], compact: bool = False
+                   ) -> list[dict[str, Any]] | int:
+        """Validate and store a batch; each result says stored, duplicate or the error. With
+        ``compact``, the number of payloads (an int) instead when every one was stored.
 
         Replies only once the batch is durable under the flush mode and, under ``sync``
         replication, once the slaves a write waits for have it (a request refused meanwhile,
@@ -107,12 +112,15 @@ class Sends:
             messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
         if messages:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            request = SendRequest(messages, valid, slots, results, future)
+            request = SendRequest(messages, valid, slots, results, future,
+                                  compact=compact and slots is None)
             self.commits.pending.append(request)
             self.commits.wake()
             await future
             if request.log_end and replica.replicating:
                 await replica.wait_replicated("message", request.log_end)
+            if request.compact:
+                return len(payloads)
         return results
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
@@ -204,6 +212,7 @@ class Sends:
         """Answer every message of a batch whose commit failed with ``error``."""
         self._count_error(error.code, sum(len(request.messages) for request in batch))
         for request in batch:
+            request.compact = False  # failed: a result per message, each naming the error
             slots = request.slots if request.slots is not None else range(len(request.results))
             for slot, message in zip(slots, request.messages):
                 request.results[slot] = send_result_error(message.id, error)
@@ -274,11 +283,15 @@ class Sends:
     def _publish_run(self, subject: str, batch: list[SendRequest], messages: list[Checked],
                      sequences: list[int]) -> None:
         """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
-        stored = send_results_stored(map(_ids_of, messages))
+        # A compact request (every message stored) is answered by its count: no results.
+        stored = ([] if all(request.compact for request in batch)
+                  else send_results_stored(map(_ids_of, messages)))
         position = 0
         for request in batch:
             count = len(request.messages)
-            if request.slots is None:
+            if request.compact:
+                pass
+            elif request.slots is None:
                 request.results[:] = stored[position:position + count]
             else:
                 for slot, result in zip(request.slots, stored[position:position + count]):
@@ -292,6 +305,7 @@ class Sends:
 
     def _publish_each(self, request: SendRequest, sequences: list[int | None]) -> None:
         """``_publish`` of a request with duplicates or several subjects, message by message."""
+        request.compact = False  # not all stored in one run: a result per message
         stored: dict[str, Run] = {}
         results = request.results
         slots = request.slots if request.slots is not None else range(len(results))

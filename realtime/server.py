@@ -25,7 +25,7 @@ from serverkit.server import ServerBase, tune_gc
 from wire.errors import NotSupported
 from wire.protocol import (
     Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
-    pull_response,
+    pull_response, send_stored_answer,
 )
 from wire.replication import Fetch, Snapshot
 
@@ -182,7 +182,10 @@ class RealtimeServer(ServerBase):
                 # The MetaServer may have switched us back to rw since our last heartbeat;
                 # ask (rate-limited) rather than refuse a producer it already routes here.
                 await self.registration.refresh_state()
-            return {"results": await broker.send(request.messages)}
+            results = await broker.send(request.messages, request.compact)
+            if type(results) is int:  # a compact send, every message stored
+                return send_stored_answer(results)
+            return {"results": results}
         if isinstance(request, Pull):
             return pull_response(*await broker.pull(request, gone=lambda: session.closed))
         if isinstance(request, Ack):

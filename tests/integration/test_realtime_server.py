@@ -427,3 +427,23 @@ async def test_sends_committed_together_answer_each_message_and_deliver_every_st
     stored = [e["msg_id"] for e in read_events([server.config.trace_directory])
               if e["event"] == "stored"]
     assert sorted(stored) == sorted([f"a{n}" for n in range(10)] + ["b0", "b1", "b2"])
+
+
+async def test_a_compact_send_is_answered_with_a_count_unless_a_message_was_a_duplicate(
+    client, clock
+):
+    one, two = message("orders", b"one", clock), message("orders", b"two", clock)
+    frame = {"op": "send", "compact": True,
+             "messages": [encode_message(one), encode_message(two)]}
+    stored = await client.request(frame)
+    assert stored == {"rid": stored["rid"], "stored": 2}
+    three = message("orders", b"three", clock)
+    again = await client.request({"op": "send", "compact": True,
+                                  "messages": [encode_message(two), encode_message(three)]})
+    assert [r["status"] for r in again["results"]] == ["duplicate", "stored"]
+    bad = await client.request({"op": "send", "compact": True, "messages": [
+        encode_message(message("orders", b"four", clock)), b"\x00not a message"]})
+    assert [r.get("status") or r["error"]["code"] for r in bad["results"]] == [
+        "stored", "bad_request"]
+    pulled = await client.pull("orders", "g", "c1", start="earliest")
+    assert bodies(pulled) == [b"one", b"two", b"three", b"four"]
