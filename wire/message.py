@@ -34,6 +34,7 @@ from typing import Any, Literal, NamedTuple
 import msgpack
 
 from wire.errors import BadRequest, DelayOutOfRange, TooLarge, type_name
+from wire.packing import packb
 from wire.limits import (
     MAX_BODY_BYTES,
     MAX_DELAY_MS,
@@ -349,7 +350,7 @@ def encode_checked_message(msg: Message) -> bytes:
     ``validate_message``): the producer's ``send`` validates, then encodes without checking
     the same types twice."""
     try:
-        return msgpack.packb(message_fields(msg), use_bin_type=True)
+        return packb(message_fields(msg))
     except (ValueError, TypeError, OverflowError) as exc:
         # Lone surrogates in a str cannot be encoded as UTF-8.
         raise BadRequest(f"message cannot be encoded: {exc}") from None
@@ -365,7 +366,7 @@ def encode_plain_message(message_id: str, subject: str, body: bytes, created_at_
     if deliver_at_ms is not None:
         fields[KEY_DELIVER_AT_MS] = deliver_at_ms
     try:
-        return msgpack.packb(fields, use_bin_type=True)
+        return packb(fields)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"message cannot be encoded: {exc}") from None
 

@@ -48,6 +48,7 @@ from wire.message import (
     validate_subject,
     validate_tags,
 )
+from wire.packing import packb
 
 if TYPE_CHECKING:  # the replication ops are parsed by wire.replication, loaded by servers only
     from wire.replication import Fetch, Snapshot
@@ -75,7 +76,7 @@ def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) ->
     if not isinstance(obj, dict):
         raise BadRequest(f"a frame must be a map, got {type_name(obj)}")
     try:
-        payload = msgpack.packb(obj, use_bin_type=True)
+        payload = packb(obj)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"frame cannot be encoded: {exc}") from None
     if len(payload) > max_frame_bytes:
