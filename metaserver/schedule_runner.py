@@ -200,8 +200,11 @@ class ScheduleRunner:
 
     async def _sleep(self, wait_ms: int) -> None:
         """Wait ``wait_ms`` or until poked (since the loop last looked), whichever is first."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), wait_ms / 1000)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that arrives
+        # as the event is set, and the runner then outlived its MetaServer's shutdown.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_ms / 1000):
+                await self._wakeup.wait()
 
     async def _finish_logged(self, jobs: list[_Job], targets: list[dict[str, Any]]) -> None:
         try:

@@ -134,8 +134,10 @@ async def consume_command(meta_url: str, subject: str, group: str, tags: list[st
         iterator = consumer.subscribe(subject, tags=tags).__aiter__()
         while count is None or received < count:
             try:
-                msg = await asyncio.wait_for(iterator.__anext__(), idle_timeout_s)
-            except (asyncio.TimeoutError, StopAsyncIteration):
+                # asyncio.timeout: 3.11's wait_for can swallow a Ctrl-C's cancel.
+                async with asyncio.timeout(idle_timeout_s):
+                    msg = await iterator.__anext__()
+            except (TimeoutError, StopAsyncIteration):
                 break
             body = msg.body.decode("utf-8", "backslashreplace")
             print(json.dumps({"id": msg.id, "subject": msg.subject, "tags": list(msg.tags),

@@ -121,8 +121,11 @@ class Relay:
             await self.wait_lock(stop)
             while not stop.is_set():
                 if await self.relay_once() == 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.poll_interval_ms / 1000)
+                    # asyncio.timeout: 3.11's wait_for can swallow a cancel (see _sleep of
+                    # metaserver.schedule_runner).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.poll_interval_ms / 1000):
+                            await stop.wait()
         finally:
             await self.close()
 

@@ -334,9 +334,12 @@ class Registration:
     async def _loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._soon.wait(), self.heartbeat_interval_ms / 1000)
+                # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that arrives
+                # as the event is set, and the heartbeats would outlive the server's stop.
+                async with asyncio.timeout(self.heartbeat_interval_ms / 1000):
+                    await self._soon.wait()
                 await asyncio.sleep(HEARTBEAT_SOON_GAP_MS / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._soon.clear()
             try:

@@ -242,8 +242,10 @@ class ReplicaSource:
                 and request.offset == answer.log_end >= answer.log_start and self.active):
             event = self._advanced[log_.name]
             try:
-                await asyncio.wait_for(event.wait(), request.wait_ms / 1000)
-            except asyncio.TimeoutError:
+                # asyncio.timeout: 3.11's wait_for can swallow a cancel arriving as it is set.
+                async with asyncio.timeout(request.wait_ms / 1000):
+                    await event.wait()
+            except TimeoutError:
                 pass
             self._fence(request.server_id, request.epoch)
             answer = await self._answer(log_, request)

@@ -270,8 +270,10 @@ class ServerBase:
         deadline = loop.time() + ROLE_SETTLE_WAIT_MS / 1000
         while self.role.settling and loop.time() < deadline:
             self._role_event.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._role_event.wait(), deadline - loop.time())
+            # asyncio.timeout: 3.11's wait_for can swallow a cancel arriving as it is set.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await self._role_event.wait()
 
     # ------------------------------------------------------------------ subclass hooks
 

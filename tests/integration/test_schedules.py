@@ -310,3 +310,22 @@ async def _lease_over(registry: Any, row_id: int) -> bool:
     async with registry._read() as s:
         row = await s.get(Schedule, row_id)
         return row.action_ms <= registry.clock()
+
+
+async def test_a_schedule_runner_cancelled_just_as_it_is_poked_stops(tmp_path: Any) -> None:
+    # The hang seen in CI: a pause poked the runner as the MetaServer stopped, Python 3.11's
+    # asyncio.wait_for returned the poke and dropped the cancel, and the runner slept on.
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0)
+    async with start_metaserver(config) as m:
+        runner = ScheduleRunner(m.registry, SchedulePlanner(grace_ms=5_000), token=None,
+                                poll_interval_ms=60_000)
+        task = asyncio.create_task(runner.run())
+        try:
+            await wait_for(lambda: runner._wakeup._waiters, 10, "the runner to sleep")
+            runner.poke()
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=30)
+            assert task in done and task.cancelled()
+        finally:
+            task.cancel()
+            await runner.close()
