@@ -359,8 +359,7 @@ class Producer:
                     self._plain_subjects.clear()
                 self._plain_subjects.add(subject)
         call = Call(1, asyncio.get_running_loop().create_future())
-        self._enqueue(subject, call, [sent_id], [payload],
-                      None if deliver_at_ms is None else [deliver_at_ms])
+        self._enqueue_one(subject, call, sent_id, payload, deliver_at_ms)
         [result] = await call.future
         if isinstance(result, BaseException):
             raise result
@@ -608,6 +607,27 @@ class Producer:
             if batch.count >= self.batch_size_max or pos < count:  # full by count or by size
                 self._dispatch(key)
                 batch = None
+
+    def _enqueue_one(self, subject: str, call: Call, sent_id: str, payload: bytes,
+                     due_ms: int | None) -> None:
+        """``_enqueue`` of one ``send``'s message (``due_ms`` None: realtime): the same batches,
+        without the run arithmetic; a message that does not fit the open batch takes
+        ``_enqueue``, which sends that batch first."""
+        key = (subject, due_ms is not None)
+        batch = self._open.get(key)
+        if batch is None:
+            batch = self._open_batch(key)
+        size = len(payload) + _PAYLOAD_OVERHEAD_BYTES
+        if batch.size_bytes + size > MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES:
+            self._enqueue(subject, call, [sent_id], [payload],
+                          None if due_ms is None else [due_ms])
+            return
+        batch.parts.append(Part(call, 0, [sent_id], [payload],
+                                None if due_ms is None else [due_ms]))
+        batch.count += 1
+        batch.size_bytes = batch.size_bytes + size
+        if batch.count >= self.batch_size_max:
+            self._dispatch(key)
 
     def _open_batch(self, key: _Key) -> Batch:
         batch = self._open[key] = Batch(key[0], key[1])

@@ -45,6 +45,18 @@ async def test_a_full_batch_is_sent_without_waiting_for_the_linger(meta, broker_
     await p.close()
 
 
+async def test_sends_that_would_pass_the_frame_limit_together_go_in_separate_batches(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    bodies = [b"a", b"b" * MAX_BODY_BYTES, b"c" * MAX_BODY_BYTES, b"d"]
+    async with producer(meta, linger_ms=3_600_000) as p:
+        receipts = await asyncio.gather(*(p.send("orders", body) for body in bodies))
+    # Two bodies of MAX_BODY_BYTES never share a frame: the open batch leaves when the next
+    # would not fit, and the last small one shares the second big one's batch.
+    assert broker_a.sent_ids() == [[receipts[0].message_id, receipts[1].message_id],
+                                   [receipts[2].message_id, receipts[3].message_id]]
+    assert {r.status for r in receipts} == {"stored"}
+
+
 async def test_batch_size_max_is_capped_at_the_protocol_limit(meta):
     p = producer(meta, batch_size_max=MAX_SEND_BATCH_MESSAGES + 1)
     assert p.batch_size_max == MAX_SEND_BATCH_MESSAGES
