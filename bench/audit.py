@@ -185,31 +185,88 @@ def write_trace(events_target: int, workers: int, trace: str) -> int:
 CPU_SAMPLE_S = 0.25  # how often the audit's process tree is sampled for its CPU time
 
 
-def _tree_cpu_ticks(root: int, seen: dict[int, int]) -> None:
+# Where the audit's CPU goes, by thread name (/proc/<pid>/task/<tid>/comm, at most 15
+# characters): the first prefix that matches names the kind. The JVM's compilers and the Spark
+# tasks are the usual suspects; "driver" is the py4j threads that plan the queries.
+THREAD_KINDS = (
+    ("JIT C2", ("C2 CompilerThre",)),
+    ("JIT C1", ("C1 CompilerThre",)),
+    ("tasks", ("Executor task l",)),
+    ("driver (py4j)", ("Thread-",)),
+    ("GC", ("GC Thread", "G1 ", "VM Thread")),
+    ("python", ("python",)),
+    ("JVM main", ("java",)),
+)
+
+
+def thread_kind(name: str) -> str:
+    """The THREAD_KINDS kind of a thread named ``name``, else "other"."""
+    for kind, prefixes in THREAD_KINDS:
+        if name.startswith(prefixes):
+            return kind
+    return "other"
+
+
+def _stat_fields(path: str) -> tuple[str, list[str]] | None:
+    """(name, the fields after it) of a /proc stat file, or None if it is gone."""
+    try:
+        with open(path) as file:
+            text = file.read()
+    except OSError:
+        return None
+    return text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+
+
+def _tree_cpu_ticks(root: int, seen: dict[int, int],
+                    threads: dict[tuple[int, int], tuple[str, int]] | None = None) -> None:
     """Record in ``seen`` the CPU ticks (user + system) of ``root`` and its descendants (the
-    JVM is a child of the qmq process, reparented when it exits, so rusage misses it)."""
+    JVM is a child of the qmq process, reparented when it exits, so rusage misses it), and in
+    ``threads`` (if given) each of their threads' name and ticks."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat") as file:
-                fields = file.read().rsplit(")", 1)[1].split()
-        except OSError:
+        stat = _stat_fields(f"/proc/{name}/stat")
+        if stat is None:
             continue
-        parents[int(name)] = int(fields[1])
-        ticks[int(name)] = int(fields[11]) + int(fields[12])
+        parents[int(name)] = int(stat[1][1])
+        ticks[int(name)] = int(stat[1][11]) + int(stat[1][12])
     tree = {root}
     for _ in range(4):  # qmq -> java, and any helper of either
         tree |= {pid for pid, parent in parents.items() if parent in tree}
     for pid in tree & ticks.keys():
         seen[pid] = max(seen.get(pid, 0), ticks[pid])
+        if threads is not None:
+            _thread_ticks(pid, threads)
+
+
+def _thread_ticks(pid: int, threads: dict[tuple[int, int], tuple[str, int]]) -> None:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        stat = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if stat is not None:
+            name, fields = stat
+            used = int(fields[11]) + int(fields[12])
+            threads[(pid, int(tid))] = (name, max(threads.get((pid, int(tid)), ("", 0))[1], used))
+
+
+def cpu_by_kind(threads: dict[tuple[int, int], tuple[str, int]]) -> dict[str, float]:
+    """CPU seconds per ``thread_kind``, largest first."""
+    kinds: dict[str, float] = {}
+    for name, used in threads.values():
+        kind = thread_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + used / os.sysconf("SC_CLK_TCK")
+    return dict(sorted(kinds.items(), key=lambda item: -item[1]))
 
 
 def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, float, str]:
     """One ``qmq audit`` in a fresh process: (wall seconds, CPU seconds of the process and its
-    JVM, its verdict line). CPU time varies far less with the machine's load than wall time."""
+    JVM, its verdict line). CPU time varies far less with the machine's load than wall time.
+    Prints the CPU by kind of thread (``cpu_by_kind``)."""
     command = [sys.executable, "-m", "qmq", "--log-level", "warning", "audit",
                "--trace-dir", trace, "--out", out, "--master", args.master,
                "--driver-memory", args.driver_memory, "--deadline-ms", str(DEADLINE_MS),
@@ -217,11 +274,12 @@ def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, f
     for setting in args.conf:
         command += ["--conf", setting]
     seen: dict[int, int] = {}
+    threads: dict[tuple[int, int], tuple[str, int]] = {}
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
         proc = subprocess.Popen(command, stdout=out_file, stderr=err_file, text=True)
         while proc.poll() is None:  # bounded by the audit's own run
-            _tree_cpu_ticks(proc.pid, seen)
+            _tree_cpu_ticks(proc.pid, seen, threads)
             time.sleep(CPU_SAMPLE_S)
         seconds = time.perf_counter() - started
         out_file.seek(0)
@@ -229,6 +287,8 @@ def audit_once(trace: str, out: str, args: argparse.Namespace) -> tuple[float, f
         stdout, stderr = out_file.read(), err_file.read()
     # Sampled: the last CPU_SAMPLE_S of each process (its shutdown) is not counted.
     cpu_s = sum(seen.values()) / os.sysconf("SC_CLK_TCK")
+    print("    CPU by thread: " + ", ".join(f"{kind} {seconds:.1f} s"
+                                           for kind, seconds in cpu_by_kind(threads).items()))
     if args.verbose:
         print("\n".join(line for line in stderr.splitlines() if line.startswith("[")))
     verdict = stdout.splitlines()[0] if stdout else stderr[-3000:]
