@@ -191,7 +191,7 @@ CPU_SAMPLE_S = 0.25  # how often the audit's process tree is sampled for its CPU
 THREAD_KINDS = (
     ("JIT C2", ("C2 CompilerThre",)),
     ("JIT C1", ("C1 CompilerThre",)),
-    ("tasks", ("Executor task l",)),
+    ("tasks", ("Executor task",)),  # "Executor task launch worker..." as the JVM shortens it
     ("driver (py4j)", ("Thread-",)),
     ("GC", ("GC Thread", "G1 ", "VM Thread")),
     ("python", ("python",)),

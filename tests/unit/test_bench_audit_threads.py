@@ -13,6 +13,7 @@ from bench.audit import cpu_by_kind, thread_kind
     ("C2 CompilerThre", "JIT C2"),
     ("C1 CompilerThre", "JIT C1"),
     ("Executor task l", "tasks"),
+    ("Executor task i", "tasks"),
     ("Thread-3", "driver (py4j)"),
     ("G1 Conc#0", "GC"),
     ("GC Thread#1", "GC"),
