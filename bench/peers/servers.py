@@ -73,16 +73,28 @@ class Running:
         self.url = url
         self.servers = servers
         self.directory = directory
+        self.keep_in = ""  # set: close() moves the data dir under this dir instead of removing it
 
     @property
     def pids(self) -> list[int]:
         return [server.pid for server in self.servers]
 
     def close(self) -> None:
-        """Stop the servers (SIGTERM, then SIGKILL) and remove the temp dir."""
+        """Stop the servers (SIGTERM, then SIGKILL) and remove the temp dir, or with
+        ``keep_in`` set, write what each server printed into it (``<name>.log``) and move it
+        there (for ``qmq audit --data-dir`` and the trace files)."""
         for server in reversed(self.servers):
             server.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self.keep_in:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        for number, server in enumerate(self.servers):
+            log = os.path.join(self.directory, f"{number}-{server.name.replace(' ', '-')}.log")
+            with open(log, "w", encoding="utf-8") as f:
+                f.write("\n".join(server.lines) + "\n")
+        os.makedirs(self.keep_in, exist_ok=True)
+        kept = shutil.move(self.directory, self.keep_in)
+        print(f"  kept the data dir: {kept}", flush=True)
 
 
 def _free_port() -> int:

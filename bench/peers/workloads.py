@@ -216,6 +216,7 @@ class Receiver:
         return {
             "received": self.received, "duplicates": self.duplicates,
             "missing": self.count - self.received,
+            "missing_seqs": [seq for seq in range(self.count) if not self.seen[seq]][:100],
             "first_wall_ms": self.first_wall_ms, "last_wall_ms": self.last_wall_ms,
             "last_ns": self.last_ns,
             "latency_p50_ms": percentile(latencies_ms, 0.5),

@@ -116,3 +116,19 @@ def test_a_dated_sitting_lands_at_the_end_of_the_peers_section(tmp_path):
     other.write_text("# Benchmarks\n")
     report.append_to_benchmarks("### Peers, day 1\n", str(other))
     assert other.read_text() == "# Benchmarks\n\n## Peers (bench/peers)\n\n### Peers, day 1\n"
+
+
+def test_keep_data_keeps_only_a_measurement_that_failed_or_lost_doubled_or_hurried_a_message(
+        tmp_path):
+    assert not run._suspect({"missing": 0, "duplicates": 0, "early": 0, "failed_sends": 0})
+    assert run._suspect(None)  # the measurement raised
+    for name in ("missing", "duplicates", "early", "failed_sends"):
+        assert run._suspect({name: 1})
+    kept, removed = tmp_path / "kept", tmp_path / "qmq-bench-peers-removed"
+    for directory in (tmp_path / "qmq-bench-peers-kept", removed):
+        (directory / "qmq").mkdir(parents=True)
+    keeping = servers.Running("http://x", [], str(tmp_path / "qmq-bench-peers-kept"))
+    keeping.keep_in = str(kept)
+    keeping.close()
+    servers.Running("http://x", [], str(removed)).close()
+    assert (kept / "qmq-bench-peers-kept" / "qmq").is_dir() and not removed.exists()
