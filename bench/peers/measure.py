@@ -108,12 +108,16 @@ class Clients:
         return out
 
     def kill(self) -> None:
-        """Stop every client still running (after a failure)."""
-        for _role, child, _path in self._started:
+        """Stop every client still running (after a failure), and write what each consumer or
+        mover printed to ``<out>.log`` beside its figures (a producer writes its own)."""
+        for _role, child, path in self._started:
             process = child.process if isinstance(child, Server) else child
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
+            if isinstance(child, Server):
+                with open(path + ".log", "w", encoding="utf-8") as log:
+                    log.write("\n".join(child.lines) + "\n")
 
 
 def _tail(path: str, chars: int = 3_000) -> str:
