@@ -21,6 +21,7 @@ from serverkit.frame_server import Session
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
+from serverkit.role import boottime_ms
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import NotSupported
 from wire.protocol import (
@@ -169,13 +170,16 @@ class RealtimeServer(ServerBase):
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         self._check_role()
         answer = await self._serve(core, session, request, grant)
-        if not (isinstance(request, Pull) and len(answer["payloads"])):
+        if isinstance(request, Pull) and len(answer["payloads"]) \
+                and self.role.only_lease_ran_out(boottime_ms()):
             # A pull that handed entries out is answered even if the lease ran out meanwhile
             # (a loaded machine stalls heartbeats for seconds): the entries are recorded as held
             # by this consumer, so a refusal would strand them until the ack timeout (60 s) on
             # a master that keeps its mastership; answered, the worst is a duplicate after a
-            # failover, as for any pull not yet replicated (docs/REPLICATION.md 5).
-            self._check_role()
+            # failover, as for any pull not yet replicated (docs/REPLICATION.md 5). A master
+            # handing over, demoted or stopping refuses as before.
+            return answer
+        self._check_role()
         return answer
 
     async def _serve(self, core: _Core, session: Session, request: Request,

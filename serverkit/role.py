@@ -293,6 +293,13 @@ class ServerRole:
             return (f"its lease ran out (epoch {self.epoch}): no MetaServer renewed it in time")
         return None
 
+    def only_lease_ran_out(self, now_ms: int) -> bool:
+        """True when a write at ``now_ms`` is refused for one reason alone: the lease ran out
+        of a master still active at its epoch (not a slave, not sealing, not handing over,
+        not stopping), which a renewal may restore in a moment."""
+        refusal = self.refusal(now_ms)
+        return refusal is not None and refusal.startswith("its lease ran out")
+
     def check_writable(self, group: str, now_ms: int) -> None:
         """Raise ``NotMaster`` (retriable, naming why) unless ``may_write(now_ms)``."""
         reason = self.refusal(now_ms)

@@ -454,34 +454,42 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
     # Seen under load (bench.peers W1 with a sync slave): heartbeats to the MetaServer stalled
     # for seconds, the master's lease ran out for a moment while a pull was recording entries,
     # and the refused answer left them held by a consumer that never got them until the ack
-    # timeout (60 s), though the master kept its mastership. Fault injected: the lease runs out
-    # right after the pull recorded its entries, and is back for the next request.
+    # timeout (60 s), though the master kept its mastership. Fault injected: the role turns
+    # refusing (for the reason given) right after the pull recorded its entries.
     from wire.errors import NotMaster
 
-    lapsed = []
+    refusing: list[str] = []  # the reason the role gives now, if any
+    lapse_after_pull: list[str] = []
     check_writable = server.role.check_writable
 
     def check(group: str, now_ms: int) -> None:
-        if lapsed:
-            raise NotMaster(f"its lease ran out (fault injected) in group {group}")
+        if refusing:
+            raise NotMaster(f"server me is not the leased master of group {group}: "
+                            f"{refusing[0]}")
         check_writable(group, now_ms)
 
     broker_pull = server.broker.pull
 
-    async def pull_then_lapse(request, gone=None):
+    async def pull_then_refuse(request, gone=None):
         pulled = await broker_pull(request, gone)
-        lapsed.append(True)
+        refusing[:] = lapse_after_pull
         return pulled
 
     monkeypatch.setattr(server.role, "check_writable", check)
-    monkeypatch.setattr(server.broker, "pull", pull_then_lapse)
-    await client.send(message("orders", b"one", clock))
-    first = await client.pull("orders", "billing", "c1", start="earliest")
+    monkeypatch.setattr(server.role, "only_lease_ran_out",
+                        lambda now_ms: bool(refusing) and refusing[0].startswith("its lease"))
+    monkeypatch.setattr(server.broker, "pull", pull_then_refuse)
+    await client.send(message("orders", b"one", clock), message("orders", b"two", clock))
+    lapse_after_pull[:] = ["its lease ran out (epoch 1): no MetaServer renewed it in time"]
+    first = await client.pull("orders", "billing", "c1", start="earliest", max_count=1)
     assert "error" not in first and bodies(first) == [b"one"]
-    # An empty pull that outlived the lease still says so, so the consumer refreshes its route.
-    lapsed.clear()
-    empty = await client.pull("orders", "billing", "c1")
-    assert empty["error"]["code"] == "not_master"
-    lapsed.clear()
-    monkeypatch.setattr(server.broker, "pull", broker_pull)
+    refusing.clear()  # renewed
     assert (await client.ack("orders", "billing", "c1", [[0, 0]]))["acked"] == 1
+    # An empty pull that outlived the lease still says so, so the consumer refreshes its route.
+    empty = await client.pull("orders", "audit", "c1", start="latest")
+    assert empty["error"]["code"] == "not_master"
+    # A master handing over (or demoted, or stopping) refuses a pull as before.
+    refusing.clear()
+    lapse_after_pull[:] = ["it is handing the group over to s2"]
+    handing_over = await client.pull("orders", "billing", "c1", max_count=1)
+    assert handing_over["error"]["code"] == "not_master"

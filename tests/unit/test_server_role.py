@@ -183,3 +183,19 @@ def test_a_metaserver_that_knows_nothing_of_roles_makes_a_solo_master_until_one_
                    proposed_slaves=False)
     assert not role.may_write(1)
     assert not role.on_roleless_answer(), "once roles were seen, a roleless answer changes nothing"
+
+
+def test_only_a_lapsed_lease_of_an_active_master_counts_as_only_lease_ran_out():
+    role = leased_master(now_ms=0)
+    lapsed = LEASE_MS  # past the lease minus the guard
+    assert not role.only_lease_ran_out(1)  # writable: nothing refused
+    assert role.only_lease_ran_out(lapsed)
+    role.on_answer(100, grant(switchover_to="s2"), proposed_slaves=False)
+    assert not role.only_lease_ran_out(lapsed)  # handing over
+    demoted = leased_master(now_ms=0)
+    demoted.on_answer(100, grant(role="slave", epoch=2, master_id="s2"), proposed_slaves=False)
+    assert not demoted.only_lease_ran_out(lapsed)
+    stopping = leased_master(now_ms=0)
+    stopping.step_down()
+    assert not stopping.only_lease_ran_out(lapsed)
+    assert not ServerRole("me").only_lease_ran_out(0)  # role not known yet
