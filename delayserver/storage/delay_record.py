@@ -57,6 +57,14 @@ def id_hash(message_id_bytes: bytes) -> int:
     return zlib.crc32(message_id_bytes)
 
 
+def subject_tail(subject_bytes: bytes) -> bytes:
+    """The subject's part of a record body: its u16 length and its bytes. Raises ValueError
+    when the subject is empty or longer than the u16 field holds."""
+    if not 1 <= len(subject_bytes) <= SUBJECT_BYTES_MAX:
+        raise ValueError(f"subject of {len(subject_bytes)} bytes is outside [1, {SUBJECT_BYTES_MAX}]")
+    return SUBJECT_LENGTH.pack(len(subject_bytes)) + subject_bytes
+
+
 def encode_delay_record(
     deliver_at_ms: int,
     bucket_ms: int,
@@ -70,18 +78,15 @@ def encode_delay_record(
         raise ValueError(
             f"message id of {len(message_id_bytes)} bytes is outside [1, {MESSAGE_ID_BYTES_MAX}]"
         )
-    if not 1 <= len(subject_bytes) <= SUBJECT_BYTES_MAX:
-        raise ValueError(f"subject of {len(subject_bytes)} bytes is outside [1, {SUBJECT_BYTES_MAX}]")
+    tail = subject_tail(subject_bytes)
     if not (0 <= deliver_at_ms <= U64_MAX and 0 <= bucket_ms <= U64_MAX):
         raise ValueError(f"deliver_at_ms {deliver_at_ms} or bucket_ms {bucket_ms} is outside u64")
     return b"".join((
         FIXED.pack(deliver_at_ms, bucket_ms, len(message_id_bytes)),
         message_id_bytes,
-        SUBJECT_LENGTH.pack(len(subject_bytes)),
-        subject_bytes,
+        tail,
         payload,
     ))
-
 
 
 def encode_delay_records(
@@ -97,14 +102,6 @@ def encode_delay_records(
     words the error of a bad value)."""
     heads = map(FIXED.pack, deliver_at_ms, bucket_ms, map(len, message_ids_bytes))
     return list(map(b"".join, zip(heads, message_ids_bytes, subject_tails, payloads)))
-
-
-def subject_tail(subject_bytes: bytes) -> bytes:
-    """The subject's part of a record body: its u16 length and its bytes. Raises ValueError
-    when the subject is empty or longer than the u16 field holds."""
-    if not 1 <= len(subject_bytes) <= SUBJECT_BYTES_MAX:
-        raise ValueError(f"subject of {len(subject_bytes)} bytes is outside [1, {SUBJECT_BYTES_MAX}]")
-    return SUBJECT_LENGTH.pack(len(subject_bytes)) + subject_bytes
 
 
 def decode_delay_header(body: bytes | memoryview) -> tuple[int, int, bytes, str, int]:
