@@ -167,19 +167,13 @@ def settle(subject: str, broker_group: str, parts: list[Part],
             if (type(result) is dict and result.get("status") == "stored"
                     and result.get("id") == message_id and result.get("error") is None):
                 pos += 1
-                part.call.settle_one(part.first, _new_tuple(Receipt, (
-                    message_id, subject, broker_group, "stored",
-                    None if part.dues is None else part.dues[0])))
+                part.call.settle_one(part.first, _stored_receipt(subject, broker_group, part))
                 continue
         chunk = results[pos:pos + n] if n != count else results
         pos += n
         receipts = _receipts(subject, broker_group, part, chunk)
         if receipts is not None:
-            if part.slots is None:
-                part.call.settle_run(part.first, receipts)
-            else:
-                for slot, receipt in zip(part.slots, receipts):
-                    part.call.settle(slot, receipt)
+            _settle_part(part, receipts)
             continue
         left, error = _settle_one_by_one(subject, broker_group, part, chunk)
         if left is not None:
@@ -192,18 +186,32 @@ def _settle_stored(subject: str, broker_group: str, parts: list[Part]) -> None:
     """Settle every message of ``parts`` as stored, each with the due time it was sent with."""
     for part in parts:
         if len(part.ids) == 1 and part.slots is None:
-            part.call.settle_one(part.first, _new_tuple(Receipt, (
-                part.ids[0], subject, broker_group, "stored",
-                None if part.dues is None else part.dues[0])))
-            continue
-        receipts = list(map(_new_tuple, repeat(Receipt), zip(
-            part.ids, repeat(subject), repeat(broker_group), repeat("stored"),
-            repeat(None) if part.dues is None else part.dues)))
-        if part.slots is None:
-            part.call.settle_run(part.first, receipts)
+            part.call.settle_one(part.first, _stored_receipt(subject, broker_group, part))
         else:
-            for slot, receipt in zip(part.slots, receipts):
-                part.call.settle(slot, receipt)
+            _settle_part(part, _stored_receipts(subject, broker_group, part))
+
+
+def _settle_part(part: Part, receipts: list[Receipt]) -> None:
+    """Settle ``part``'s messages with ``receipts`` (one each, in order)."""
+    if part.slots is None:
+        part.call.settle_run(part.first, receipts)
+    else:
+        for slot, receipt in zip(part.slots, receipts):
+            part.call.settle(slot, receipt)
+
+
+def _stored_receipt(subject: str, broker_group: str, part: Part) -> Receipt:
+    """The receipt of a one-message ``part`` stored as sent."""
+    return _new_tuple(Receipt, (part.ids[0], subject, broker_group, "stored",
+                                None if part.dues is None else part.dues[0]))
+
+
+def _stored_receipts(subject: str, broker_group: str, part: Part) -> list[Receipt]:
+    """The receipts of ``part``'s messages stored as sent, built in C-level passes (map, zip)
+    with no Python call per message."""
+    return list(map(_new_tuple, repeat(Receipt), zip(
+        part.ids, repeat(subject), repeat(broker_group), repeat("stored"),
+        repeat(None) if part.dues is None else part.dues)))
 
 
 def _receipts(subject: str, broker_group: str, part: Part,
@@ -220,9 +228,7 @@ def _receipts(subject: str, broker_group: str, part: Part,
         ids_back = statuses = errors = []
     if ids_back == part.ids:
         if statuses.count("stored") == count and errors.count(None) == count:
-            dues = repeat(None) if part.dues is None else part.dues
-            return list(map(_new_tuple, repeat(Receipt), zip(
-                part.ids, repeat(subject), repeat(broker_group), repeat("stored"), dues)))
+            return _stored_receipts(subject, broker_group, part)
     receipts: list[Receipt] = []
     append = receipts.append
     for message_id, result, due in zip(part.ids, results,
