@@ -24,6 +24,7 @@ from typing import Any
 
 from bench._cluster import process_cpu_s
 from bench.path_cpu import qmq_up
+from bench.peers.servers import wait_in_sync
 
 SUBJECT = "bench.w1"
 BODY = b"x" * 256  # the peers benchmark's message size
@@ -68,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
+    parser.add_argument("--slave", action="store_true",
+                        help="qmq up --replicas 2: each group with one sync slave in the process")
     args = parser.parse_args(argv)
-    with qmq_up("qmq-w1-send-", args.flush, []) as server:
-        print(f"qmq up (flush {args.flush}), {args.messages} delayed sends, "
-              f"{args.in_flight} in flight:", flush=True)
+    with qmq_up("qmq-w1-send-", args.flush,
+                ["--replicas", "2"] if args.slave else []) as server:
+        if args.slave:
+            wait_in_sync(f"http://{server.address}")
+        print(f"qmq up (flush {args.flush}{', one sync slave' if args.slave else ''}), "
+              f"{args.messages} delayed sends, {args.in_flight} in flight:", flush=True)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
                                            args.messages, args.in_flight))
