@@ -17,8 +17,13 @@ from typing import Callable
 from logstore import CorruptRecord
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.control_record import (
+    KIND_CANCELLED, KIND_VISIBLE, control_kind, decode_cancelled, decode_held, decode_visible,
+    is_control,
+)
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
+from realtime.storage.held import HELD_SEQUENCE, Held, HeldSet, note_control
 from realtime.storage.message_log import MessageLog
 from realtime.storage.message_record import decode_message_header
 
@@ -27,22 +32,21 @@ log = logging.getLogger(__name__)
 
 def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str, ConsumerLog],
                  open_consumer_log: Callable[[str], ConsumerLog], dedup: DedupIndex,
-                 directory: str) -> int:
+                 directory: str, held: HeldSet) -> int:
     """Append the consumer-log entries and dedup ids of copied record ``bodies`` (the first at
     message-log offset ``first_offset``, the others following). A subject's first record past
     its log's end (a copy that began at the master's retention point) is preceded by holes; a
     record whose sequence its log already holds is an inconsistent copy (CorruptRecord).
-    Returns the records indexed."""
+    Control records update ``held`` (and a visible record's entries are indexed the same way),
+    so a promoted slave holds what its master held. Returns the records indexed."""
     pending: dict[str, list[Entry]] = defaultdict(list)
     keys: list[str] = []
     sequences: list[int] = []
     stamps: list[int] = []
     offset = first_offset
-    for body in bodies:
-        try:
-            timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
-        except ValueError as exc:
-            raise CorruptRecord(directory, offset, f"copied record: {exc}") from exc
+
+    def index(subject: str, sequence: int, timestamp_ms: int, at: int, size: int,
+              bloom: int) -> None:
         clog = consumer_logs.get(subject)
         if clog is None:
             clog = consumer_logs[subject] = open_consumer_log(subject)
@@ -55,7 +59,18 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
         elif sequence < expected:
             raise CorruptRecord(directory, offset, f"copied record of {subject!r} has sequence "
                                 f"{sequence}, but its consumer log already ends at {expected}")
-        pending[subject].append(Entry(timestamp_ms, offset, len(body), bloom))
+        pending[subject].append(Entry(timestamp_ms, at, size, bloom))
+
+    for body in bodies:
+        if is_control(body):
+            note_control(body, offset, held, index, dedup, -1, directory)
+            offset += HEADER_SIZE_BYTES + len(body)
+            continue
+        try:
+            timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
+        except ValueError as exc:
+            raise CorruptRecord(directory, offset, f"copied record: {exc}") from exc
+        index(subject, sequence, timestamp_ms, offset, len(body), bloom)
         keys.extend(dedup.keys(subject, (message_id,)))
         sequences.append(sequence)
         stamps.append(timestamp_ms)
@@ -68,25 +83,46 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
 
 
 def cut_indexes(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
-                dedup: DedupIndex, offset: int) -> int:
+                dedup: DedupIndex, offset: int, held: HeldSet) -> int:
     """Before the message log is cut at ``offset``: forget the dedup ids of its records from
     there (all of them when one of those records is unreadable: a rotten record is why the
-    copy is cut) and cut every consumer-log entry that points at or past it. Returns the
-    entries cut."""
+    copy is cut), cut every consumer-log entry that points at or past it or that a visible
+    record from there made, and put back in ``held`` the held records below it that a cut
+    visible or cancelled record had taken out. Returns the entries cut."""
+    firsts: dict[str, int] = {}  # subject -> its first sequence a cut visible record made
+    restore: list[int] = []  # held offsets below the cut to hold again
     try:
-        for _at, _size, (_ts, sequence, _bloom, subject, message_id) in (
-                message_log.iterate_headers(offset)):
-            dedup.forget(subject, message_id, sequence)
-    except CorruptRecord as exc:
+        for at, body in message_log.iterate_bodies(offset):
+            if not is_control(body):
+                _ts, sequence, _bloom, subject, message_id, _p = decode_message_header(body)
+                dedup.forget(subject, message_id, sequence)
+                continue
+            kind = control_kind(body)
+            if kind == KIND_VISIBLE:
+                for subject, first, entries in decode_visible(body)[1]:
+                    firsts[subject] = min(first, firsts.get(subject, first))
+                    restore += [e[0] for e in entries if e[0] < offset]
+            elif kind == KIND_CANCELLED:
+                restore += [o for o in decode_cancelled(body)[1] if o < offset]
+            else:
+                record, _p = decode_held(body)
+                held.pop(at)
+                dedup.forget(record.subject, record.message_id, HELD_SEQUENCE)
+    except (CorruptRecord, ValueError) as exc:
         log.warning("message store: cut at %d: %s; the dedup index is cleared", offset, exc)
         dedup.clear()
+    for held_offset in restore:
+        body = message_log.log.read(held_offset)
+        record, _p = decode_held(body)
+        held.add(Held(held_offset, len(body), record.visible_at_ms, record.tag_bloom,
+                      record.subject, record.message_id))
     cut = 0
-    for clog in consumer_logs.values():
+    for subject, clog in consumer_logs.items():
         try:
             first = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= offset)
         except CorruptEntry as exc:
             first = exc.sequence
-        cut += clog.truncate(first)
+        cut += clog.truncate(min(first, firsts.get(subject, first)))
     return cut
 
 

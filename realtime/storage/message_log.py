@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from logstore import CorruptRecord, LogConfig, Opener, SegmentedLog, SegmentInfo
+from realtime.storage.control_record import decode_held, is_control
 from realtime.storage.message_record import (
     MessageRecord,
     decode_message_header,
@@ -59,9 +60,16 @@ class MessageLog:
         return self.log.append_many(bodies)
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:
-        """The record at ``offset`` and its body size; CorruptRecord when it does not decode."""
+        """The message at ``offset`` and its body size; CorruptRecord when it does not decode.
+        A held record (made visible, so a consumer-log entry points at it) reads as a message
+        whose ``subject_sequence`` is None: its sequence is the entry's."""
         body = self.log.read(offset)
         try:
+            if is_control(body):
+                held, payload_at = decode_held(body)
+                return MessageRecord(held.timestamp_ms, None, held.tag_bloom,  # type: ignore
+                                     held.subject, held.message_id,
+                                     bytes(body[payload_at:])), len(body)
             return decode_message_record(body), len(body)
         except ValueError as exc:
             raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
@@ -73,18 +81,31 @@ class MessageLog:
         if body is None:
             return None
         try:
+            if is_control(body):
+                held, _at = decode_held(body)
+                return held.subject, None, held.message_id  # type: ignore[return-value]
             _ts, sequence, _bloom, subject, message_id, _at = decode_message_header(body)
         except ValueError:
             return None
         return subject, sequence, message_id
 
     def timestamp_at(self, offset: int) -> int:
-        """The timestamp of the record at ``offset``."""
-        return self.read(offset)[0].timestamp_ms
+        """The timestamp of the record at ``offset`` (bytes 0-7 of every record kind)."""
+        body = self.log.read(offset)
+        if len(body) < 8:
+            raise CorruptRecord(self.directory, offset, f"record of {len(body)} bytes")
+        return int.from_bytes(body[:8], "big")
+
+    def iterate_bodies(self, from_offset: int) -> Iterator[tuple[int, bytes]]:
+        """Yield (offset, body) of every record from ``from_offset``, message or control."""
+        return self.log.iterate(from_offset)
 
     def iterate_headers(self, from_offset: int) -> Iterator[tuple[int, int, tuple]]:
-        """Yield (offset, body size, (timestamp_ms, sequence, bloom, subject, message_id))."""
+        """Yield (offset, body size, (timestamp_ms, sequence, bloom, subject, message_id)) of
+        every message record (control records are passed over)."""
         for offset, body in self.log.iterate(from_offset):
+            if is_control(body):
+                continue
             try:
                 header = decode_message_header(body)
             except ValueError as exc:

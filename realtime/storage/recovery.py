@@ -15,7 +15,10 @@ Steps, in order (the message log has already cut its own torn tail):
    reused) is cut together with everything after it and rewritten. A record whose sequence lies
    beyond its consumer log's end means the index lost entries before the replay range: the
    replay restarts as a full rebuild. In a full rebuild, sequences whose records were already
-   deleted by retention become holes.
+   deleted by retention become holes. Control records (``control_record``) replay too: a held
+   record joins the held set, a visible record's entries are indexed like message records
+   (they point at the held records) and leave it, a cancelled record's leave it; so the
+   replay starts at the checkpoint's held_from_offset when that is lower.
 5. Entries that no replayed record confirmed are cut; records within ``dedup_window_ms`` of
    ``now_ms`` go into the dedup index.
 """
@@ -29,9 +32,12 @@ from typing import Callable
 
 from logstore import CorruptRecord, RecoveryReport
 from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.control_record import is_control
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
+from realtime.storage.held import HeldSet, note_control
 from realtime.storage.message_log import MessageLog
+from realtime.storage.message_record import decode_message_header
 from realtime.storage.store_checkpoint import StoreCheckpoint
 
 log = logging.getLogger(__name__)
@@ -80,8 +86,9 @@ def recover(
     checkpoint_problem: str | None,
     dedup: DedupIndex,
     now_ms: int,
+    held: HeldSet,
 ) -> StoreRecoveryReport:
-    """Make every consumer log and the dedup index agree with the message log."""
+    """Make every consumer log, the dedup index and the held set agree with the message log."""
     report = StoreRecoveryReport(message_log.log.recovery,
                                  checkpoint.message_log_offset if checkpoint else None, None)
 
@@ -107,10 +114,10 @@ def recover(
                 f"{cut} entries from sequence {past} pointed at or past the message-log end {end}")
 
     reason = _full_rebuild_reason(message_log, consumer_logs, checkpoint, checkpoint_problem)
-    start = message_log.first_offset if reason else max(checkpoint.message_log_offset,
+    start = message_log.first_offset if reason else max(checkpoint.replay_from_offset,
                                                         message_log.first_offset)
     start = min(start, _dedup_start_offset(message_log, now_ms - dedup.window_ms))
-    replay = (message_log, consumer_logs, open_consumer_log, dedup, now_ms)
+    replay = (message_log, consumer_logs, open_consumer_log, dedup, now_ms, held)
     try:
         try:
             _replay(*replay, start, full=reason is not None, subject_report=subject_report,
@@ -123,11 +130,13 @@ def recover(
             log.warning("dedup rebuild stopped at a corrupt record below the checkpoint "
                         "(%s); replaying from the checkpoint only", exc)
             dedup.clear()
-            start = max(checkpoint.message_log_offset, message_log.first_offset)
+            held.clear()
+            start = max(checkpoint.replay_from_offset, message_log.first_offset)
             _replay(*replay, start, full=False, subject_report=subject_report, report=report)
     except _Restart as restart:
         reason = restart.reason
         dedup.clear()
+        held.clear()
         start = message_log.first_offset
         _replay(*replay, start, full=True, subject_report=subject_report, report=report)
     # Finding each first sequence may run into a corrupt entry the replay did not cover: it is
@@ -138,6 +147,7 @@ def recover(
             break
         reason = reason or "corrupt consumer-log entries found below the replay range"
         dedup.clear()
+        held.clear()
         start = message_log.first_offset
         _replay(*replay, start, full=True, subject_report=subject_report, report=report)
     if reason and checkpoint and checkpoint.message_log_offset <= message_log.end_offset:
@@ -215,7 +225,8 @@ def _dedup_start_offset(message_log: MessageLog, cutoff_ms: int) -> int:
 
 
 def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, now_ms: int,
-            start: int, *, full: bool, subject_report, report: StoreRecoveryReport) -> None:
+            held: HeldSet, start: int, *, full: bool, subject_report,
+            report: StoreRecoveryReport) -> None:
     pending: dict[str, list[Entry]] = defaultdict(list)
     seen: dict[str, int] = {}  # subject -> next sequence after the last replayed record
     replayed_ids: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -236,25 +247,26 @@ def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, no
         while ids and ids[-1][0] >= sequence:
             dedup.forget(subject, ids[-1][1], ids.pop()[0])
 
-    count = 0
-    for offset, size, (timestamp_ms, sequence, bloom, subject, message_id) in (
-            message_log.iterate_headers(start)):
-        count += 1
+    def index(subject: str, sequence: int, timestamp_ms: int, offset: int, size: int,
+              bloom: int, message_id: str | None = None, at: int | None = None) -> None:
+        """One entry from a replayed record (``at``: the record's offset, for messages the
+        entry's own; ``message_id`` None for an entry a visible record lists)."""
         clog = consumer_logs.get(subject)
         if clog is None:
             clog = consumer_logs[subject] = open_consumer_log(subject)
         entry = Entry(timestamp_ms, offset, size, bloom)
+        where = offset if at is None else at
         indexed_end = clog.end + len(pending[subject])
         if sequence > indexed_end:
             if not full:
-                raise _Restart(f"record of {subject!r} sequence {sequence} at offset {offset} but "
-                               f"its consumer log ends at {indexed_end}")
+                raise _Restart(f"record of {subject!r} sequence {sequence} at offset {where} "
+                               f"but its consumer log ends at {indexed_end}")
             flush(subject)
             holes = clog.fill_holes(sequence)
             subject_report(subject).holes += holes
             subject_report(subject).entries_rebuilt += holes
         elif sequence < clog.begin:
-            continue
+            return
         elif sequence < indexed_end:
             flush(subject)
             try:
@@ -262,16 +274,32 @@ def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, no
             except CorruptEntry:
                 matches = False
             if not matches:
-                cut(subject, sequence, f"disagreed with the record at offset {offset}")
+                cut(subject, sequence, f"disagreed with the record at offset {where}")
         if sequence == clog.end + len(pending[subject]):
             pending[subject].append(entry)
             subject_report(subject).entries_rebuilt += 1
             if len(pending[subject]) >= _REPLAY_BATCH_ENTRIES:
                 flush(subject)
         seen[subject] = sequence + 1
-        if timestamp_ms > cutoff_ms:
+        if message_id is not None and timestamp_ms > cutoff_ms:
             dedup.add(subject, message_id, sequence, timestamp_ms)
             replayed_ids[subject].append((sequence, message_id))
+
+    count = 0
+    for offset, body in message_log.iterate_bodies(start):
+        count += 1
+        if is_control(body):
+            note_control(body, offset, held,
+                         lambda subject, sequence, ts, at, size, bloom, _o=offset: index(
+                             subject, sequence, ts, at, size, bloom, None, _o),
+                         dedup, cutoff_ms, message_log.directory)
+            continue
+        try:
+            timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
+        except ValueError as exc:
+            raise CorruptRecord(message_log.directory, offset,
+                                f"bad message record: {exc}") from exc
+        index(subject, sequence, timestamp_ms, offset, len(body), bloom, message_id)
     for subject in list(pending):
         flush(subject)
     for subject, clog in consumer_logs.items():

@@ -62,6 +62,8 @@ class RetentionReport:
     # (subject, sequence) of those whose record could not be read or named (named_unconsumed
     # given): the server names them by their location
     unconsumed_unnamed: list[tuple[str, int]] = field(default_factory=list)
+    # (subject, message id) of held messages (not yet visible) a hard cap deleted
+    held_deleted: list[tuple[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         """True when anything was deleted or any first sequence moved (worth logging)."""
@@ -130,7 +132,8 @@ def _note_subject(message_log: MessageLog, clog: ConsumerLog, sequence: int, hig
                     except CorruptRecord:
                         pass
                     else:
-                        if (record.subject, record.subject_sequence) == (clog.subject, sequence):
+                        if record.subject == clog.subject \
+                                and record.subject_sequence in (sequence, None):  # None: held
                             named = name(record.payload)
                     if named is None:
                         report.unconsumed_unnamed.append((clog.subject, sequence))
@@ -143,10 +146,14 @@ def apply_retention(message_log: MessageLog, consumer_logs: dict[str, ConsumerLo
                     config: StoreConfig, now_ms: int,
                     keep_sequences: Mapping[str, int],
                     name_unconsumed: Callable[[bytes], str | None] | None = None,
+                    held_from_offset: int | None = None,
                     ) -> RetentionReport:
-    """Delete what the rules above allow; returns the report."""
+    """Delete what the rules above allow; returns the report. Plain retention also keeps
+    every segment from ``held_from_offset`` (the lowest held record not yet visible)."""
     report = RetentionReport()
     keep_offset, keep_subject = _keep_offset(consumer_logs, keep_sequences)
+    if held_from_offset is not None and (keep_offset is None or held_from_offset < keep_offset):
+        keep_offset, keep_subject = held_from_offset, "<held messages>"
     segments = message_log.segments()
     total_bytes = sum(info.size_bytes for info in segments)
     doomed: list[DeletedSegment] = []

@@ -42,6 +42,8 @@ from realtime.storage.copying import (
     cut_indexes, index_copied, install_sequence_starts, sequence_starts,
 )
 from realtime.storage.dedup import DedupIndex
+from realtime.storage.held import HeldSet
+from realtime.storage.held_writes import HeldWrites
 from realtime.storage.errors import (
     CorruptEntry,
     SequenceOutOfRange,
@@ -107,7 +109,7 @@ def _stored_end_offset(directory: str) -> int:
     return int(names[-1][:-4]) + os.path.getsize(os.path.join(directory, names[-1]))
 
 
-class MessageStore:
+class MessageStore(HeldWrites):
     """Per-subject dense sequences over one message log; see the module docstring."""
 
     def __init__(self, data_dir: str, config: StoreConfig = StoreConfig(), *,
@@ -156,9 +158,10 @@ class MessageStore:
                 continue
             self._consumer_logs[subject] = self._open_consumer_log(subject)
         self._dedup = DedupIndex(config.dedup_window_ms, config.dedup_ids_max)
+        self._held = HeldSet()
         self.recovery: StoreRecoveryReport = recover(
             self._message_log, self._consumer_logs, self._open_consumer_log, checkpoint, problem,
-            self._dedup, now_ms)
+            self._dedup, now_ms, self._held)
         self._checkpoint_offset = checkpoint.message_log_offset if checkpoint else -1
         self._write_checkpoint()
 
@@ -208,8 +211,11 @@ class MessageStore:
             log.error("message store %s: %s", self.data_dir, exc)
             self._failed = exc
             return False
+        end = message_log.end_offset
+        held_from = self._held.from_offset(end)
         payload = encode_store_checkpoint(StoreCheckpoint(
-            message_log.end_offset, {s: c.end for s, c in self._consumer_logs.items()}))
+            end, {s: c.end for s, c in self._consumer_logs.items()},
+            held_from if held_from < end else None))
         try:
             self._checkpoints.write(payload)
         except OSError as exc:
@@ -378,7 +384,9 @@ class MessageStore:
             raise SequenceOutOfRange(subject, sequence, clog.first_sequence, clog.end) from exc
         except CorruptRecord as exc:
             raise CorruptEntry(subject, sequence, exc.path, exc.reason) from exc
-        if (record.subject, record.subject_sequence, size) != (subject, sequence, entry.size_bytes):
+        # A held record made visible has no sequence of its own (None): the entry gives it.
+        if (record.subject, size) != (subject, entry.size_bytes) \
+                or record.subject_sequence not in (sequence, None):
             raise CorruptEntry(
                 subject, sequence, clog.directory,
                 f"entry points at offset {entry.message_log_offset}, which holds "
@@ -440,7 +448,7 @@ class MessageStore:
             found = self._message_log.read_id_unverified(entry.message_log_offset)
         except (StorageError, LogStoreError):
             return None
-        if found is None or found[:2] != (subject, sequence):
+        if found is None or found[0] != subject or found[1] not in (sequence, None):
             return None
         return found[2]
 
@@ -475,7 +483,7 @@ class MessageStore:
             raise
         try:
             index_copied(bodies, offset, self._consumer_logs, self._open_consumer_log,
-                         self._dedup, message_log.directory)
+                         self._dedup, message_log.directory, self._held)
         except (StoreFailed, CorruptRecord) as exc:
             # The records are durable but not indexed: recovery indexes them at the next open.
             self._failed = exc
@@ -492,7 +500,7 @@ class MessageStore:
         message_log = self._message_log
         if offset >= message_log.end_offset:
             return 0
-        cut_indexes(message_log, self._consumer_logs, self._dedup, offset)
+        cut_indexes(message_log, self._consumer_logs, self._dedup, offset, self._held)
         try:
             cut = message_log.log.truncate(offset)
             message_log.log.sync()
@@ -513,6 +521,7 @@ class MessageStore:
             shutil.rmtree(clog.directory)
         self._consumer_logs.clear()
         self._dedup.clear()
+        self._held.clear()
         self._message_log.log.reset(offset)
         self._write_checkpoint()
 
@@ -562,9 +571,16 @@ class MessageStore:
         for subject, sequence in keep_sequences.items():
             check_subject(subject)
             check_int(f"keep_sequences[{subject!r}]", sequence, 0, U64_MAX)
+        end = self._message_log.end_offset
+        held_from = self._held.from_offset(end)
         report = apply_retention(self._message_log, self._consumer_logs, self.config, now_ms,
-                                 keep_sequences, name_unconsumed)
+                                 keep_sequences, name_unconsumed,
+                                 held_from if held_from < end else None)
         if report.deleted_segments:
+            first = self._message_log.first_offset
+            for held in [h for h in self._held.by_offset.values() if h.offset < first]:
+                self._held.pop(held.offset)  # a hard cap deleted it: given up
+                report.held_deleted.append((held.subject, held.message_id))
             self._write_checkpoint()
         return report
 

@@ -4,11 +4,16 @@ version, sequence, length and CRC-32). Payload, big-endian::
 
     Offset | Size | Field
     -------+------+------------------------------------------------------------------
-    0      | 1    | version: 1
+    0      | 1    | version: 2 (1: without held_from_offset)
     1      | 8    | message_log_offset: u64; every consumer log indexes every record below it
-    9      | 4    | subject_count: u32 (K)
-    13     | ...  | K times: subject_length u16 (S), subject UTF-8 (S bytes),
+    9      | 8    | held_from_offset: u64 (version 2 only); the lowest offset of a held record
+           |      |   neither made visible nor cancelled at message_log_offset, or
+           |      |   message_log_offset when none was (recovery replays from the lower one)
+    17     | 4    | subject_count: u32 (K)
+    21     | ...  | K times: subject_length u16 (S), subject UTF-8 (S bytes),
            |      |          end_sequence u64 (the subject's end sequence at that offset)
+
+Version 1 payloads (before held messages) still decode, held_from_offset = message_log_offset.
 
 A checkpoint is written only after every consumer log has been fsynced and the message log is
 durable up to ``message_log_offset``. What it does NOT guarantee: it is a starting point for
@@ -23,11 +28,13 @@ from dataclasses import dataclass
 HEADER = struct.Struct(
     ">B"  # version
     "Q"  # message_log_offset
+    "Q"  # held_from_offset
     "I"  # subject_count
 )
+HEADER_V1 = struct.Struct(">BQI")  # version 1: no held_from_offset
 SUBJECT_LENGTH = struct.Struct(">H")  # subject_length
 END_SEQUENCE = struct.Struct(">Q")  # end_sequence
-VERSION = 1
+VERSION = 2
 CHECKPOINT_NAME = "consumerlogs"
 
 
@@ -37,11 +44,22 @@ class StoreCheckpoint:
 
     message_log_offset: int
     end_sequences: dict[str, int]
+    held_from_offset: int | None = None  # None: message_log_offset (nothing held)
+
+    @property
+    def replay_from_offset(self) -> int:
+        """Where a replay must start to see every record not yet indexed and every held record
+        still pending."""
+        held = self.held_from_offset
+        return self.message_log_offset if held is None else min(held, self.message_log_offset)
 
 
 def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
     """The payload bytes of ``checkpoint``."""
-    parts = [HEADER.pack(VERSION, checkpoint.message_log_offset, len(checkpoint.end_sequences))]
+    held_from = checkpoint.held_from_offset
+    parts = [HEADER.pack(VERSION, checkpoint.message_log_offset,
+                         checkpoint.message_log_offset if held_from is None else held_from,
+                         len(checkpoint.end_sequences))]
     for subject, end in sorted(checkpoint.end_sequences.items()):
         raw = subject.encode("utf-8")
         parts += [SUBJECT_LENGTH.pack(len(raw)), raw, END_SEQUENCE.pack(end)]
@@ -50,12 +68,17 @@ def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
 
 def decode_store_checkpoint(payload: bytes) -> StoreCheckpoint:
     """Decode payload bytes; raises ValueError on any defect."""
-    if len(payload) < HEADER.size:
+    if len(payload) < HEADER_V1.size:
         raise ValueError(f"checkpoint payload of {len(payload)} bytes is shorter than the header")
-    version, offset, count = HEADER.unpack_from(payload, 0)
-    if version != VERSION:
-        raise ValueError(f"unknown checkpoint payload version {version}")
-    at = HEADER.size
+    if payload[0] == 1:
+        version, offset, count = HEADER_V1.unpack_from(payload, 0)
+        held_from, at = offset, HEADER_V1.size
+    elif payload[0] == VERSION and len(payload) >= HEADER.size:
+        version, offset, held_from, count = HEADER.unpack_from(payload, 0)
+        at = HEADER.size
+    else:
+        raise ValueError(f"unknown checkpoint payload version {payload[0]} or a payload of "
+                         f"{len(payload)} bytes shorter than its header")
     ends: dict[str, int] = {}
     for _ in range(count):
         if at + SUBJECT_LENGTH.size > len(payload):
@@ -70,4 +93,5 @@ def decode_store_checkpoint(payload: bytes) -> StoreCheckpoint:
         at += END_SEQUENCE.size
     if at != len(payload):
         raise ValueError(f"{len(payload) - at} unexpected bytes after the last subject")
-    return StoreCheckpoint(offset, ends)
+    # Nothing held below the offset decodes as None, the same as a version 1 payload.
+    return StoreCheckpoint(offset, ends, held_from if held_from < offset else None)

@@ -1,0 +1,190 @@
+"""The message log's control records: a message held until its visible time, the records that
+make held messages visible, and those that cancel held messages (docs/FORMATS.md, "Held
+messages"). They share the message log with the message records (``message_record``) and are
+told apart by bytes 24-25: a message record's subject_length there is at least 1, a control
+record's is 0. All integers big-endian; the logstore framing around each body carries its
+length and CRC-32::
+
+    Offset   | Size | Field
+    ---------+------+-------------------------------------------------------------------
+    0        | 8    | timestamp_ms: u64, when the broker wrote the record
+    8        | 8    | visible_at_ms: u64 (held); 0 in the other kinds
+    16       | 8    | tag_bloom: u64 (held); 0 in the other kinds
+    24       | 2    | marker: u16 = 0 (where a message record has its subject_length >= 1)
+    26       | 1    | kind: 1 held, 2 visible, 3 cancelled
+    held (kind 1):
+    27       | 2    | subject_length: u16 (S)
+    29       | S    | subject: UTF-8
+    29+S     | 2    | message_id_length: u16 (I)
+    31+S     | I    | message_id: UTF-8
+    31+S+I   | N    | payload: the message as the delay server sent it (rest of the body)
+    visible (kind 2):
+    27       | 4    | run_count: u32 (R)
+    31       | ...  | R runs: subject_length u16 (S), subject (S bytes), first_sequence u64,
+             |      |   entry_count u32 (C), then C entries of 20 bytes: held_offset u64 (the
+             |      |   held record's message-log offset), size_bytes u32 (its body size),
+             |      |   tag_bloom u64; entry i gets sequence first_sequence + i
+    cancelled (kind 3):
+    27       | 4    | count: u32 (C)
+    31       | 8*C  | held_offset: u64, each a held record now dropped
+
+A visible record carries everything its consumer-log entries need (the entries' timestamp is
+the record's timestamp_ms), so recovery and a slave's copy index it without reading the held
+records. What it does NOT guarantee: a held record says nothing about whether it was later
+made visible or cancelled; only the records after it do.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+HEAD = struct.Struct(
+    ">Q"  # timestamp_ms
+    "Q"  # visible_at_ms (held) / 0
+    "Q"  # tag_bloom (held) / 0
+    "H"  # marker: 0
+    "B"  # kind
+)
+HEAD_SIZE_BYTES = HEAD.size  # 27
+MARKER_AT = 24  # bytes 24-25: a message record's subject_length, never 0
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+RUN_HEAD = struct.Struct(">QI")  # first_sequence, entry_count
+VISIBLE_ENTRY = struct.Struct(">QIQ")  # held_offset, size_bytes, tag_bloom
+OFFSET = struct.Struct(">Q")
+KIND_HELD = 1
+KIND_VISIBLE = 2
+KIND_CANCELLED = 3
+# Entries one visible record lists at most (20 bytes each: 640 KiB), so a record stays far
+# below record_size_bytes_max; a larger due batch writes several records in one commit.
+VISIBLE_ENTRIES_PER_RECORD_MAX = 32_768
+HELD_OVERHEAD_SIZE_BYTES = HEAD_SIZE_BYTES + 4  # a held record is at least this long
+
+
+@dataclass(frozen=True)
+class HeldRecord:
+    """A decoded held record (its payload apart: ``decode_held`` returns where it starts)."""
+
+    timestamp_ms: int
+    visible_at_ms: int
+    tag_bloom: int
+    subject: str
+    message_id: str
+
+
+# A visible record's run: (subject, first_sequence, [(held_offset, size_bytes, tag_bloom)]).
+VisibleRun = tuple[str, int, list[tuple[int, int, int]]]
+
+
+def is_control(body: bytes | memoryview) -> bool:
+    """True when ``body`` is a control record rather than a message record."""
+    return len(body) >= HEAD_SIZE_BYTES and body[MARKER_AT] == 0 and body[MARKER_AT + 1] == 0
+
+
+def control_kind(body: bytes | memoryview) -> int:
+    """The kind byte of a control record body (``is_control`` first)."""
+    return body[HEAD_SIZE_BYTES - 1]
+
+
+def encode_held(timestamp_ms: int, visible_at_ms: int, tag_bloom: int, subject: str,
+                message_id: str, payload: bytes) -> bytes:
+    """A held record's body; ValueError when a field does not fit its width."""
+    subject_bytes = subject.encode("utf-8")
+    id_bytes = message_id.encode("utf-8")
+    if not subject_bytes or len(subject_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
+        raise ValueError(f"subject of {len(subject_bytes)} bytes or message id of "
+                         f"{len(id_bytes)} bytes is outside [1, 65535]")
+    try:
+        head = HEAD.pack(timestamp_ms, visible_at_ms, tag_bloom, 0, KIND_HELD)
+    except struct.error as exc:
+        raise ValueError(f"held record field out of range: {exc}") from None
+    return b"".join((head, U16.pack(len(subject_bytes)), subject_bytes,
+                     U16.pack(len(id_bytes)), id_bytes, payload))
+
+
+def decode_held(body: bytes | memoryview) -> tuple[HeldRecord, int]:
+    """(the held record, where its payload starts); ValueError when it is not one."""
+    if len(body) < HELD_OVERHEAD_SIZE_BYTES or not is_control(body) \
+            or control_kind(body) != KIND_HELD:
+        raise ValueError(f"a {len(body)}-byte body is not a held record")
+    timestamp_ms, visible_at_ms, bloom, _marker, _kind = HEAD.unpack_from(body, 0)
+    at = HEAD_SIZE_BYTES
+    (subject_length,) = U16.unpack_from(body, at)
+    id_at = at + 2 + subject_length
+    if id_at + 2 > len(body):
+        raise ValueError(f"subject length {subject_length} runs past the {len(body)}-byte body")
+    (id_length,) = U16.unpack_from(body, id_at)
+    payload_at = id_at + 2 + id_length
+    if payload_at > len(body):
+        raise ValueError(f"message id length {id_length} runs past the {len(body)}-byte body")
+    try:
+        subject = bytes(body[at + 2:id_at]).decode("utf-8")
+        message_id = bytes(body[id_at + 2:payload_at]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"subject or message id is not UTF-8: {exc}") from exc
+    return HeldRecord(timestamp_ms, visible_at_ms, bloom, subject, message_id), payload_at
+
+
+def encode_visible(timestamp_ms: int, runs: Sequence[VisibleRun]) -> bytes:
+    """A visible record's body listing ``runs``."""
+    parts = [HEAD.pack(timestamp_ms, 0, 0, 0, KIND_VISIBLE), U32.pack(len(runs))]
+    for subject, first_sequence, entries in runs:
+        raw = subject.encode("utf-8")
+        parts += [U16.pack(len(raw)), raw, RUN_HEAD.pack(first_sequence, len(entries))]
+        parts += [VISIBLE_ENTRY.pack(*entry) for entry in entries]
+    return b"".join(parts)
+
+
+def decode_visible(body: bytes | memoryview) -> tuple[int, list[VisibleRun]]:
+    """(timestamp_ms, runs) of a visible record; ValueError on any defect."""
+    if not is_control(body) or control_kind(body) != KIND_VISIBLE \
+            or len(body) < HEAD_SIZE_BYTES + 4:
+        raise ValueError(f"a {len(body)}-byte body is not a visible record")
+    timestamp_ms = HEAD.unpack_from(body, 0)[0]
+    (count,) = U32.unpack_from(body, HEAD_SIZE_BYTES)
+    at = HEAD_SIZE_BYTES + 4
+    runs: list[VisibleRun] = []
+    try:
+        for _ in range(count):
+            (length,) = U16.unpack_from(body, at)
+            subject = bytes(body[at + 2:at + 2 + length]).decode("utf-8")
+            at += 2 + length
+            first, entry_count = RUN_HEAD.unpack_from(body, at)
+            at += RUN_HEAD.size
+            stop = at + entry_count * VISIBLE_ENTRY.size
+            if stop > len(body):
+                raise ValueError(f"run of {entry_count} entries runs past the body")
+            runs.append((subject, first, list(VISIBLE_ENTRY.iter_unpack(body[at:stop]))))
+            at = stop
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"bad visible record: {exc}") from exc
+    if at != len(body):
+        raise ValueError(f"{len(body) - at} unexpected bytes after the last run")
+    return timestamp_ms, runs
+
+
+def encode_cancelled(timestamp_ms: int, held_offsets: Sequence[int]) -> bytes:
+    """A cancelled record's body listing ``held_offsets``."""
+    return b"".join([HEAD.pack(timestamp_ms, 0, 0, 0, KIND_CANCELLED),
+                     U32.pack(len(held_offsets))] + [OFFSET.pack(o) for o in held_offsets])
+
+
+def decode_cancelled(body: bytes | memoryview) -> tuple[int, list[int]]:
+    """(timestamp_ms, held offsets) of a cancelled record; ValueError on any defect."""
+    if not is_control(body) or control_kind(body) != KIND_CANCELLED \
+            or len(body) < HEAD_SIZE_BYTES + 4:
+        raise ValueError(f"a {len(body)}-byte body is not a cancelled record")
+    timestamp_ms = HEAD.unpack_from(body, 0)[0]
+    (count,) = U32.unpack_from(body, HEAD_SIZE_BYTES)
+    if len(body) != HEAD_SIZE_BYTES + 4 + 8 * count:
+        raise ValueError(f"cancelled record of {len(body)} bytes does not hold {count} offsets")
+    return timestamp_ms, [o for (o,) in OFFSET.iter_unpack(body[HEAD_SIZE_BYTES + 4:])]
+
+
+__all__ = [
+    "HeldRecord", "KIND_CANCELLED", "KIND_HELD", "KIND_VISIBLE", "VISIBLE_ENTRIES_PER_RECORD_MAX",
+    "VisibleRun", "control_kind", "decode_cancelled", "decode_held", "decode_visible",
+    "encode_cancelled", "encode_held", "encode_visible", "is_control",
+]

@@ -1,0 +1,143 @@
+"""``HeldWrites``: the message store's writes of held messages (``hold_many``, ``make_visible``,
+``cancel_held``) and the held set it reads (``held``), apart from ``store.py`` for its size.
+``MessageStore`` inherits them; they use its message log, consumer logs, dedup index, held set
+and write batch, on its owner thread (docs/FORMATS.md "Held messages")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from logstore import LogStoreError, LogWriteFailed
+from realtime.storage.config import TIMESTAMP_MS_MAX
+from realtime.storage.consumer_log import ConsumerLog
+from realtime.storage.errors import StoreFailed
+from realtime.storage.held import (
+    HELD_SEQUENCE, Held, cancelled_body, encode_held_bodies, index_visible, visible_bodies,
+)
+from realtime.storage.write_batch import check_int, check_message
+
+if TYPE_CHECKING:
+    from realtime.storage.config import StoreConfig
+    from realtime.storage.dedup import DedupIndex
+    from realtime.storage.held import HeldSet
+    from realtime.storage.message_log import MessageLog
+    from realtime.storage.write_batch import WriteBatch
+
+
+class HeldWrites:
+    """The held-message half of ``MessageStore`` (see the module docstring)."""
+
+    # MessageStore's, set by its constructor:
+    config: StoreConfig
+    _batch: WriteBatch
+    _held: HeldSet
+    _dedup: DedupIndex
+    _message_log: MessageLog
+    _consumer_logs: dict[str, ConsumerLog]
+    _consumer_root: str
+    _failed: Exception | None
+
+    def _check_writable(self) -> None: ...  # MessageStore's
+    def _check_open(self) -> None: ...  # MessageStore's
+    def _maybe_checkpoint(self) -> None: ...  # MessageStore's
+    def _open_consumer_log(self, subject: str) -> ConsumerLog: ...  # MessageStore's
+
+    def hold_many(self, subjects: Sequence[str], message_ids: Sequence[str],
+                  tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
+                  payloads: Sequence[bytes], visible_at_ms: Sequence[int]) -> list[int | None]:
+        """Write held records of messages given column by column, durably (per flush mode),
+        with no consumer-log entry: invisible until ``make_visible``. Returns each message's
+        held offset, None for a duplicate (an id stored or held within the dedup window, or
+        held still). All or nothing: a ValueError names the message at fault."""
+        self._check_writable()
+        if self._batch.bodies:
+            raise ValueError("hold_many between append and commit")
+        for subject, message_id, hashes, payload in zip(subjects, message_ids, tag_hashes,
+                                                        payloads):
+            check_message(subject, message_id, hashes, payload, self.config.record_size_bytes_max)
+        for visible_at in visible_at_ms:
+            check_int("visible_at_ms", visible_at, 0, TIMESTAMP_MS_MAX)
+        check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
+        bodies, kept, keys = encode_held_bodies(timestamp_ms, subjects, message_ids, tag_hashes,
+                                                payloads, visible_at_ms, self._dedup, self._held)
+        outcome: list[int | None] = [None] * len(subjects)
+        if not bodies:
+            return outcome
+        offsets = self._write_durably(bodies)
+        for index, offset, body in zip(kept, offsets, bodies):
+            outcome[index] = offset
+            self._held.add(Held(offset, len(body), visible_at_ms[index],
+                                int.from_bytes(body[16:24], "big"), subjects[index],
+                                message_ids[index]))
+        self._dedup.add_many(keys, [HELD_SEQUENCE] * len(keys), [timestamp_ms] * len(keys))
+        self._maybe_checkpoint()
+        return outcome
+
+    def make_visible(self, offsets: Sequence[int], now_ms: int
+                     ) -> list[tuple[str, int, list[Held]]]:
+        """Make the held records at ``offsets`` visible (those still held; in that order
+        within a subject): visible records, durably, then their consumer-log entries, in one
+        call. Returns (subject, first sequence, the records) per subject."""
+        self._check_writable()
+        if self._batch.bodies:
+            raise ValueError("make_visible between append and commit")
+        check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        due = [h for h in map(self._held.by_offset.get, offsets) if h is not None]
+        if not due:
+            return []
+        bodies, runs = visible_bodies(now_ms, due, self._consumer_log)
+        self._write_durably(bodies)
+        try:
+            index_visible(now_ms, runs, self._consumer_logs)
+        except (StoreFailed, LogStoreError) as exc:
+            # Durable but not indexed: the store refuses writes until reopened, and recovery
+            # indexes the visible records then (as for a slave's copy).
+            self._failed = exc if isinstance(exc, StoreFailed) else StoreFailed(
+                self._consumer_root, exc)
+            raise self._failed from exc
+        by_offset = {h.offset: h for h in due}
+        for h in due:
+            self._held.pop(h.offset)
+        self._maybe_checkpoint()
+        return [(subject, first, [by_offset[e[0]] for e in entries])
+                for subject, first, entries in runs]
+
+    def cancel_held(self, subject: str, message_ids: Sequence[str], now_ms: int) -> list[bool]:
+        """Drop held messages of ``subject`` by id with a cancelled record, durably. Returns
+        for each id whether it was held (False: never held here, made visible or cancelled)."""
+        self._check_writable()
+        if self._batch.bodies:
+            raise ValueError("cancel_held between append and commit")
+        check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
+        found = [self._held.find(subject, message_id) for message_id in message_ids]
+        offsets = list(dict.fromkeys(h.offset for h in found if h is not None))
+        if offsets:
+            self._write_durably([cancelled_body(now_ms, offsets)])
+            for offset in offsets:
+                self._held.pop(offset)
+            self._maybe_checkpoint()
+        return [h is not None for h in found]
+
+    def held(self) -> list[Held]:
+        """Every held record neither made visible nor cancelled, in message-log order."""
+        self._check_open()
+        return sorted(self._held.by_offset.values())
+
+    def _consumer_log(self, subject: str) -> ConsumerLog:
+        clog = self._consumer_logs.get(subject)
+        if clog is None:
+            clog = self._consumer_logs[subject] = self._open_consumer_log(subject)
+        return clog
+
+    def _write_durably(self, bodies: list[bytes]) -> list[int]:
+        """Append record bodies and make them durable per the flush mode; sticky on failure."""
+        try:
+            offsets = self._message_log.append_bodies(bodies)
+            self._message_log.log.sync_or_flush()
+        except LogWriteFailed as exc:
+            self._failed = exc
+            raise
+        return offsets
+
+
+__all__ = ["HeldWrites"]
