@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Container, Iterable, Sequence
 
 from serverkit.send_check import Checked
-from tracelog.peek import peek_trace_members, trace_members
+from tracelog.peek import dispatched_lines, peek_trace_members, trace_members
 from tracelog.events import (
     PRODUCED_MEMBER,
     TraceWriter,
@@ -197,17 +197,7 @@ class DelayTracer:
         writer = self.writer
         assert writer is not None
         start, end = writer.frame("dispatched", now_ms)
-        lines = []
-        for payload in payloads:
-            peeked = peek_trace_members(payload)
-            if peeked is None:
-                continue
-            if peeked.deliver_at_ms is None:
-                lines.append(start + peeked.members + end)
-            else:
-                lines.append(f'{start}{peeked.members},"lateness_ms":'
-                             f'{now_ms - peeked.deliver_at_ms}{end}')
-        writer.emit_lines(lines)
+        writer.emit_lines(dispatched_lines(start, end, payloads, now_ms))
 
     def dispatched_entries(self, keys: Sequence[int], payloads: Sequence[bytes],
                            now_ms: int) -> None:

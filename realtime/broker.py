@@ -35,6 +35,7 @@ from realtime.committed import Committed
 from realtime.config import RealtimeConfig
 from realtime.consumers import ConsumerBook
 from realtime.context import BrokerContext
+from realtime.handoffs import Handoffs
 from realtime.holdings import Holdings
 from realtime.pulls import Pulled, Pulls
 from realtime.sends import Sends
@@ -141,6 +142,7 @@ class Broker:
                             self.redelivered_by_group, self.replica)
         self._ctx = ctx
         self.sends = Sends(ctx)
+        self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)
         self.holdings = Holdings(ctx)
         self.pulls = Pulls(ctx, self.holdings.release)
         self._tasks: list[asyncio.Task[None]] = []
@@ -177,6 +179,8 @@ class Broker:
             pulllog_thread.close()
             store_thread.close()
             raise
+        if not follower:
+            await broker.handoffs.load()
         broker._start_rounds(master=not follower)
         return broker
 
@@ -196,6 +200,7 @@ class Broker:
         if master:
             self._tasks += [
                 asyncio.create_task(self.sends.commits.run(), name="realtime-committer"),
+                asyncio.create_task(self.handoffs.run(), name="realtime-held"),
                 asyncio.create_task(run_every(config.expiry_check_interval_ms, self.expire_now,
                                               log, "expiry check"), name="realtime-expiry"),
             ]
@@ -222,6 +227,8 @@ class Broker:
         # As at a start: what consumers held is named from the copy's records, so a later
         # ack or an unreadable redelivery of it is traced by message id.
         await self.on_store_thread(self._tracer.name_from_store, self._read_payload_io)
+        self.handoffs.forget()
+        await self.handoffs.load()  # what the copy holds: made visible on time from now on
         self._start_rounds(master=True)
 
     async def demote(self) -> None:
@@ -232,6 +239,7 @@ class Broker:
         await self.sends.commits.commit_pending()
         self.committed.end_long_polls()
         await self.on_pulllog_thread(self.pulllog.demote)
+        self.handoffs.forget()
         self._start_rounds(master=False)
 
     def _seed_tracer_io(self) -> None:
@@ -276,6 +284,15 @@ class Broker:
                    ) -> list[dict[str, Any]] | int:
         """Validate and store a batch (``Sends.send``); answered once durable."""
         return await self.sends.send(payloads, compact)
+
+    async def hold(self, payloads: list[bytes], visible_at_ms: list[int]
+                   ) -> list[dict[str, Any]]:
+        """Store messages held until their visible times (``Handoffs.hold``)."""
+        return await self.handoffs.hold(payloads, visible_at_ms)
+
+    async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
+        """Drop held messages by id (``Handoffs.cancel``)."""
+        return await self.handoffs.cancel(subject, message_ids)
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
         """Hand the group's next entries to the pulling consumer (``Pulls.pull``)."""
@@ -385,6 +402,10 @@ class Broker:
                       "consumed", report.unconsumed_deleted)
             self._tracer.retention_deleted(report.unconsumed_deleted, report.unconsumed_names,
                                           now_ms, report.unconsumed_unnamed)
+        if report.held_deleted:  # a give-up: traced with its reason
+            log.error("retention's hard cap deleted %d held messages before they were "
+                      "visible", len(report.held_deleted))
+            self._tracer.held_deleted(report.held_deleted, now_ms)
 
     def _retention_keep_io(self) -> dict[str, int]:
         """Pull-log thread: per subject, the lowest sequence some pull-log group still needs."""

@@ -40,7 +40,7 @@ COMMIT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 # Every op a realtime broker can be asked (anything else is counted as "other").
 REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "leave", "cancel", "subjects",
-               "browse", "purge", "other")
+               "browse", "purge", "hold", "cancel_held", "other")
 
 
 class RealtimeMetrics:

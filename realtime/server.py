@@ -25,8 +25,8 @@ from serverkit.role import boottime_ms
 from serverkit.server import ServerBase, tune_gc
 from wire.errors import NotSupported
 from wire.protocol import (
-    Ack, Browse, Cancel, Heartbeat, Hello, Leave, Nack, Pull, Purge, Request, Send, Subjects,
-    pull_response, send_stored_answer,
+    Ack, Browse, Cancel, CancelHeld, Heartbeat, Hello, Hold, Leave, Nack, Pull, Purge, Request,
+    Send, Subjects, pull_response, send_stored_answer,
 )
 from wire.replication import Fetch, Snapshot
 
@@ -50,6 +50,7 @@ class RealtimeServer(ServerBase):
     is built over its opened storage)."""
 
     KIND = "realtime"
+    HOLDS = True  # takes hold/cancel_held: a delay server hands messages off ahead of time
     REPLICATED_LOGS = ("message", "actions")
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
@@ -207,6 +208,13 @@ class RealtimeServer(ServerBase):
             return {"released": await broker.leave(request)}
         if isinstance(request, Nack):
             return {"nacked": await core.nacks.nack(request)}
+        if isinstance(request, Hold):
+            self.gate.check_send(grant, request.messages)
+            return {"results": await broker.hold(request.messages, request.visible_at_ms)}
+        if isinstance(request, CancelHeld):
+            if not grant.admin:
+                grant.check_produce(request.subject)
+            return {"cancelled": await broker.cancel_held(request.subject, request.ids)}
         if isinstance(request, Cancel):
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
         if isinstance(request, (Subjects, Browse, Purge)):

@@ -36,7 +36,7 @@ from operator import itemgetter
 from typing import Any, Iterable, Sequence
 
 from serverkit.send_check import Checked
-from tracelog.peek import TracePeek, peek_trace_members, trace_members
+from tracelog.peek import TracePeek, dispatched_lines, peek_trace_members, trace_members
 from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
                              locator_member, message_members, reason_member,
                              subject_member, subscription_event)
@@ -218,6 +218,28 @@ class BrokerTracer:
                                  + locator_member(seq, log_subject) if msg_id
                                  else _by_location(subject, seq)
                                  for seq, msg_id in found], now_ms, "record_unreadable", key)
+
+    def made_visible(self, messages: Sequence[Checked], sequences: Sequence[int],
+                     payloads: Sequence[bytes], now_ms: int) -> None:
+        """Held messages made visible (the hand-off ahead of the due time): ``stored`` with
+        their sequences and ``dispatched`` with their lateness, the events a dispatch at the
+        due time leaves (docs/AUDIT.md: the broker writes the hand-off's ``dispatched``)."""
+        if not self.enabled or not messages:
+            return
+        self.stored(messages, sequences, now_ms)
+        writer = self.writer
+        assert writer is not None
+        start, end = writer.frame("dispatched", now_ms)
+        writer.emit_lines(dispatched_lines(start, end, payloads, now_ms))
+
+    def held_deleted(self, held: Sequence[tuple[str, str]], now_ms: int) -> None:
+        """Held messages (not yet visible) retention's hard cap deleted: ``gave_up``
+        ``retention_hard_cap``, named by (wire subject, message id)."""
+        self._count_gave_up("retention_hard_cap", len(held))
+        if self.enabled and held:
+            self._gave_up_lines([message_members(message_id, subject)
+                                 for subject, message_id in held], now_ms,
+                                "retention_hard_cap", None)
 
     def retention_deleted(self, count: int, members: Sequence[str], now_ms: int,
                           unnamed: Sequence[tuple[str, int]] = ()) -> None:

@@ -109,6 +109,7 @@ class ServerBase:
     """
 
     KIND: ClassVar[str]  # "realtime" or "delay": the registration kind and the trace name
+    HOLDS: ClassVar[bool] = False  # takes hold/cancel_held (its hello says so)
     # The logs this kind of server's slaves copy (docs/REPLICATION.md 8.1), the primary first.
     REPLICATED_LOGS: ClassVar[tuple[str, ...]]
     # What a stop did between finishing requests and deregistering, for its summary line.
@@ -260,7 +261,8 @@ class ServerBase:
     def _hello(self) -> dict[str, Any]:
         """The answer to a ``hello``: this server, and its role and epoch."""
         view = self.role.view()
-        return hello_response(self.KIND, self.config.group, self.address, view.role, view.epoch)
+        return hello_response(self.KIND, self.config.group, self.address, view.role, view.epoch,
+                              self.HOLDS)
 
     async def _settle_role(self) -> None:
         """Wait (at most ROLE_SETTLE_WAIT_MS) while the role is settling, so work only a master

@@ -8,7 +8,7 @@ message reuses.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import msgpack
 
@@ -62,6 +62,24 @@ def peek_trace_members(payload: bytes) -> TracePeek | None:
                            data.get(KEY_RETRIES, 0), data.get(KEY_TAGS))
     except Exception:
         return None
+
+
+def dispatched_lines(start: str, end: str, payloads: Iterable[bytes], now_ms: int) -> list[str]:
+    """The ``dispatched`` lines of ``payloads`` at ``now_ms`` between a writer's ``frame``
+    ``start`` and ``end``, each with its lateness (now - deliver_at) when it has a deliver time;
+    an unreadable payload has none. The delay server's dispatch at the due time and a broker's
+    hand-off made visible both write these."""
+    lines = []
+    for payload in payloads:
+        peeked = peek_trace_members(payload)
+        if peeked is None:
+            continue
+        if peeked.deliver_at_ms is None:
+            lines.append(start + peeked.members + end)
+        else:
+            lines.append(f'{start}{peeked.members},"lateness_ms":'
+                         f'{now_ms - peeked.deliver_at_ms}{end}')
+    return lines
 
 
 def trace_members(msg_id: str, wire_subject: str, *, origin_id: str | None,

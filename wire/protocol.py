@@ -245,6 +245,28 @@ class Cancel:
 
 
 @dataclass(slots=True)
+class Hold:
+    """A delay server hands messages to a realtime broker ahead of their due time: each is
+    stored now and made visible at ``visible_at_ms[i]`` (docs/PROTOCOL.md ``hold``). Only a
+    broker whose hello says ``holds`` takes it."""
+
+    op: ClassVar[str] = "hold"
+    rid: int
+    messages: list[bytes]
+    visible_at_ms: list[int]
+
+
+@dataclass(slots=True)
+class CancelHeld:
+    """Drop held messages of ``subject`` by id, if not yet visible."""
+
+    op: ClassVar[str] = "cancel_held"
+    rid: int
+    subject: str
+    ids: list[str]
+
+
+@dataclass(slots=True)
 class Heartbeat:
     """Keep a consumer online and say which (subject, group) pairs it consumes."""
 
@@ -298,7 +320,7 @@ class Purge:
 
 
 Request = Union[Hello, Send, Pull, Ack, Nack, Cancel, Heartbeat, Leave, Subjects, Browse,
-                Purge, "Fetch", "Snapshot"]
+                Purge, "Fetch", "Snapshot", Hold, CancelHeld]
 
 _MISSING = object()
 
@@ -550,6 +572,32 @@ def _parse_cancel(f: _Fields, rid: int) -> Cancel:
     return Cancel(rid, ids, due)
 
 
+def _parse_hold(f: _Fields, rid: int) -> Hold:
+    messages = _parse_send(f, rid).messages
+    visible = f.array("visible_at_ms")
+    if len(visible) != len(messages):
+        raise BadRequest(f"hold.visible_at_ms has {len(visible)} entries, hold.messages has "
+                         f"{len(messages)}: one each")
+    for value in visible:
+        if type(value) is not int or not 0 <= value <= _U64_MAX:
+            raise BadRequest(f"hold.visible_at_ms must hold non-negative int, got {value!r:.40}")
+    return Hold(rid, messages, visible)
+
+
+def _parse_cancel_held(f: _Fields, rid: int) -> CancelHeld:
+    subject = f.text("subject")
+    validate_subject(subject, allow_internal=True)
+    ids = f.array("ids")
+    if not ids:
+        raise BadRequest("cancel_held.ids must not be empty")
+    if len(ids) > MAX_SEND_BATCH_MESSAGES:
+        raise TooLarge(f"cancel_held of {len(ids)} ids exceeds MAX_SEND_BATCH_MESSAGES "
+                       f"{MAX_SEND_BATCH_MESSAGES}")
+    for message_id in ids:
+        validate_message_id(message_id)
+    return CancelHeld(rid, subject, ids)
+
+
 def _subscriptions(f: _Fields, op: str) -> list[tuple[str, str]]:
     """The ``subscriptions`` field of a heartbeat or leave: [subject, group] pairs."""
     subscriptions: list[tuple[str, str]] = []
@@ -629,6 +677,8 @@ _PARSERS: dict[str, Callable[[_Fields, int], Request]] = {
     "ack": _parse_ack,
     "nack": _parse_nack,
     "cancel": _parse_cancel,
+    "hold": _parse_hold,
+    "cancel_held": _parse_cancel_held,
     "heartbeat": _parse_heartbeat,
     "leave": _parse_leave,
     "subjects": _parse_subjects,
@@ -679,11 +729,14 @@ def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
 
 
 def hello_response(kind: str, group: str, node: str, role: str = "master",
-                   epoch: int = 0) -> dict[str, Any]:
+                   epoch: int = 0, holds: bool = False) -> dict[str, Any]:
     """``{ok: True, server: {kind, group, node, role, epoch}}``: which server answered a
-    ``hello``, and its role in its group (docs/REPLICATION.md)."""
-    return {"ok": True, "server": {"kind": kind, "group": group, "node": node, "role": role,
-                                   "epoch": epoch}}
+    ``hello``, and its role in its group (docs/REPLICATION.md). ``holds``: a realtime broker
+    that takes ``hold`` and ``cancel_held`` says ``holds: true`` (absent: it does not)."""
+    server = {"kind": kind, "group": group, "node": node, "role": role, "epoch": epoch}
+    if holds:
+        server["holds"] = True
+    return {"ok": True, "server": server}
 
 
 def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:
@@ -794,6 +847,8 @@ __all__ = [
     "Ack",
     "Nack",
     "Cancel",
+    "CancelHeld",
+    "Hold",
     "Heartbeat",
     "Leave",
     "Subjects",

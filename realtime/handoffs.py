@@ -1,0 +1,258 @@
+"""``Handoffs``: a broker holding messages a delay server handed it ahead of their due time
+(docs/BENCHMARKS.md "Hand-off ahead of the due time (built)", docs/PROTOCOL.md ``hold`` and
+``cancel_held``).
+
+``hold`` checks a batch as a send does, writes held records (durable, de-duplicated,
+replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
+visibility round sleeps until the earliest visible time, then makes everything due visible in
+one store call (a visible record and the consumer-log entries), feeds the tail, traces
+``stored`` and ``dispatched`` and wakes the long polls. A message is never visible before its
+``visible_at_ms`` by this broker's clock. ``cancel`` drops held messages by id. After a
+restart or a promotion, ``load`` takes the held set the store rebuilt from its records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from realtime.context import BrokerContext
+from realtime.held_timer import HeldTimer
+from realtime.sends import DELIVER_AT_SKEW_MS_MAX
+from realtime.storage.held import Held
+from serverkit.send_check import Checked, QuickCheck
+from wire.errors import BadRequest, QmqError, ReadOnly
+from wire.message import (
+    ORIGIN_ID_PROPERTY, decode_message, peek_message_id, tag_hash, validate_message,
+)
+from wire.protocol import send_result_error, send_result_ok
+
+log = logging.getLogger(__name__)
+
+# How far ahead of now a held message may be visible: a hand-off is a few seconds ahead
+# (the delay server's handoff_lead_ms); further is refused, so what a broker holds in memory
+# stays bounded by a few seconds of dispatches.
+HOLD_AHEAD_MS_MAX = 60_000
+# Messages made visible per store call: a due instant of more takes several calls, each a
+# turn of the event loop.
+VISIBLE_BATCH_MAX = 32_768
+# Payload bytes of held messages kept in memory for the tail at the due time; past it a
+# message is read back from the store when made visible.
+KEPT_BYTES_MAX = 64 << 20
+
+
+class Handoffs:
+    """Held messages of one broker. Owner: the event loop for every field; methods ending in
+    ``_io`` run on the store thread."""
+
+    def __init__(self, ctx: BrokerContext, readonly: Callable[[], bool],
+                 go_readonly: Callable[[], None]) -> None:
+        self._ctx = ctx
+        self._readonly = readonly  # the send path's read-only state (Sends.readonly)
+        self._go_readonly = go_readonly  # Sends._go_readonly: a sticky write failure
+        self._quick_check = QuickCheck()
+        self.timer = HeldTimer()
+        # offset -> (payload, what the check read): for the tail and the trace at the due time
+        self._kept: dict[int, tuple[bytes, Checked]] = {}
+        self._kept_bytes = 0
+        self._wake = asyncio.Event()
+        self.made_visible = 0  # messages made visible since start (metrics, tests)
+
+    # ------------------------------------------------------------------ ops
+
+    async def hold(self, payloads: list[bytes], visible_at_ms: list[int]) -> list[dict[str, Any]]:
+        """Store a batch held until each message's ``visible_at_ms``; a result per message:
+        ``stored`` (held), ``duplicate`` (held or stored already) or the error."""
+        ctx = self._ctx
+        ctx.replica.check_writable()
+        now_ms = ctx.clock()
+        if len(visible_at_ms) != len(payloads):
+            raise BadRequest(f"hold.visible_at_ms has {len(visible_at_ms)} entries, "
+                             f"hold.messages {len(payloads)}: one each")
+        results: list[Any] = [None] * len(payloads)
+        slots, checks, valid, visible = [], [], [], []
+        quick = self._quick_check.check_many(payloads,
+                                             max(visible_at_ms) + DELIVER_AT_SKEW_MS_MAX)
+        for slot, (payload, checked, visible_at) in enumerate(zip(payloads, quick,
+                                                                  visible_at_ms)):
+            try:
+                checked = self._check(payload, checked, visible_at, now_ms)
+            except QmqError as exc:
+                results[slot] = send_result_error(peek_message_id(payload), exc)
+                continue
+            slots.append(slot)
+            checks.append(checked)
+            valid.append(payload)
+            visible.append(visible_at)
+        if not checks:
+            return results
+        offsets, log_end = await ctx.on_store_thread(self._hold_io, checks, valid, visible,
+                                                     now_ms)
+        ctx.replica.advanced("message", log_end)
+        for slot, checked, payload, visible_at, offset in zip(slots, checks, valid, visible,
+                                                              offsets):
+            results[slot] = send_result_ok(checked.id, duplicate=offset is None)
+            if offset is None:
+                continue
+            self.timer.add(offset, visible_at)
+            if self._kept_bytes + len(payload) <= KEPT_BYTES_MAX:
+                self._kept[offset] = (payload, checked)
+                self._kept_bytes += len(payload)
+        self._wake.set()
+        if ctx.replica.replicating:
+            await ctx.replica.wait_replicated("message", log_end)
+        return results
+
+    def _check(self, payload: bytes, checked: Checked | None, visible_at_ms: int,
+               now_ms: int) -> Checked:
+        """The quick check's answer, or the full check's; QmqError says what is wrong."""
+        if type(visible_at_ms) is not int or not 0 <= visible_at_ms <= now_ms + HOLD_AHEAD_MS_MAX:
+            raise BadRequest(f"visible_at_ms {visible_at_ms!r} is more than HOLD_AHEAD_MS_MAX "
+                             f"{HOLD_AHEAD_MS_MAX} ms ahead of the broker's {now_ms}")
+        if checked is None:
+            validate_message(decode_message(payload), allow_internal=True, now_ms=now_ms)
+            checked = _checked_of(payload)
+        if checked.deliver_at_ms is not None \
+                and checked.deliver_at_ms > visible_at_ms + DELIVER_AT_SKEW_MS_MAX:
+            raise BadRequest(f"message {checked.id} has deliver_at_ms {checked.deliver_at_ms}, "
+                             f"after its visible_at_ms {visible_at_ms} by more than "
+                             f"DELIVER_AT_SKEW_MS_MAX {DELIVER_AT_SKEW_MS_MAX}")
+        if self._readonly():
+            raise ReadOnly(f"broker group {self._ctx.config.group} is read-only; send "
+                           "elsewhere")
+        return checked
+
+    def _hold_io(self, checks: list[Checked], payloads: list[bytes], visible_at_ms: list[int],
+                 now_ms: int) -> tuple[list[int | None], int]:
+        """Store thread: the held records; each message's offset (None: a duplicate) and the
+        message log's end."""
+        store = self._ctx.store
+        hashes = [tuple(map(tag_hash, checked.tags)) for checked in checks]
+        offsets = store.hold_many([c.subject for c in checks], [c.id for c in checks], hashes,
+                                  now_ms, payloads, visible_at_ms)
+        return offsets, store.copy_bounds()[1]
+
+    async def cancel(self, subject: str, message_ids: list[str]) -> list[bool]:
+        """Drop held messages of ``subject`` by id; for each, whether it was held (False: made
+        visible already, or never held here)."""
+        ctx = self._ctx
+        ctx.replica.check_writable()
+        if self._readonly():
+            raise ReadOnly(f"broker group {ctx.config.group} is read-only")
+        now_ms = ctx.clock()
+        cancelled, log_end = await ctx.on_store_thread(self._cancel_io, subject, message_ids,
+                                                       now_ms)
+        ctx.replica.advanced("message", log_end)
+        if ctx.replica.replicating:
+            await ctx.replica.wait_replicated("message", log_end)
+        return cancelled
+
+    def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int
+                   ) -> tuple[list[bool], int]:
+        """Store thread: the cancelled record; (held or not per id, the message log's end)."""
+        store = self._ctx.store
+        return store.cancel_held(subject, message_ids, now_ms), store.copy_bounds()[1]
+
+    # ------------------------------------------------------------------ the visibility round
+
+    async def load(self) -> None:
+        """Hold what the store holds (at a start or a promotion): recovery rebuilt it."""
+        held: list[Held] = await self._ctx.on_store_thread(self._ctx.store.held)
+        for item in held:
+            self.timer.add(item.offset, item.visible_at_ms)
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Look at the timer again now (the clock moved, or tests moved it)."""
+        self._wake.set()
+
+    def forget(self) -> None:
+        """Stepping down: the new master holds what is left."""
+        self.timer.clear()
+        self._kept.clear()
+        self._kept_bytes = 0
+
+    async def run(self) -> None:
+        """Make held messages visible as they fall due, until cancelled."""
+        clock = self._ctx.clock
+        while True:
+            self._wake.clear()
+            next_ms = self.timer.next_due_ms()
+            now_ms = clock()
+            if next_ms is None or next_ms > now_ms:
+                try:
+                    async with asyncio.timeout(None if next_ms is None
+                                               else (next_ms - now_ms) / 1000):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                continue
+            due = self.timer.take_due(now_ms, VISIBLE_BATCH_MAX)
+            try:
+                await self.make_visible(due, now_ms)
+            except Exception:
+                log.exception("making %d held messages visible failed; read-only until "
+                              "restarted (recovery holds them again)", len(due))
+                self._go_readonly()
+                return
+
+    async def make_visible(self, due: list[int], now_ms: int) -> None:
+        """Make the held messages at offsets ``due`` visible, then publish them."""
+        ctx = self._ctx
+        kept = self._kept
+        missing = [offset for offset in due if offset not in kept]
+        made, log_end, read = await ctx.on_store_thread(self._visible_io, due, missing, now_ms)
+        ctx.replica.advanced("message", log_end)
+        tracer = ctx.tracer
+        for subject, first, items in made:
+            payloads: list[bytes] = []
+            checks: list[Checked] = []
+            for item in items:
+                found = kept.pop(item.offset, None)
+                if found is None:
+                    payload = read[item.offset]
+                    checked = (self._quick_check.check_many([payload], 1 << 62)[0]
+                               or _checked_of(payload))
+                else:
+                    payload, checked = found
+                    self._kept_bytes -= len(payload)
+                payloads.append(payload)
+                checks.append(checked)
+            entries = [(p, c.tags, c.expire_at_ms) for p, c in zip(payloads, checks)]
+            ctx.committed.add(subject, first, entries, sum(map(len, payloads)))
+            sequences = list(range(first, first + len(items)))
+            if tracer.enabled:
+                tracer.made_visible(checks, sequences, payloads, now_ms)
+            ctx.committed.notify(subject)
+            self.made_visible += len(items)
+        for offset in due:  # cancelled meanwhile: not made visible, not kept any longer
+            found = kept.pop(offset, None)
+            if found is not None:
+                self._kept_bytes -= len(found[0])
+
+    def _visible_io(self, due: list[int], missing: list[int], now_ms: int
+                    ) -> tuple[list[tuple[str, int, list[Held]]], int, dict[int, bytes]]:
+        """Store thread: make ``due`` visible; (the runs, the message log's end, the payloads
+        of those not kept in memory, by offset)."""
+        store = self._ctx.store
+        made = store.make_visible(due, now_ms)
+        read: dict[int, bytes] = {}
+        if missing:
+            wanted = set(missing)
+            for subject, first, items in made:
+                for index, item in enumerate(items):
+                    if item.offset in wanted:
+                        read[item.offset] = store.read(subject, first + index).payload
+        return made, store.copy_bounds()[1], read
+
+
+def _checked_of(payload: bytes) -> Checked:
+    """The full check's fields of a stored payload the quick check left open."""
+    message = decode_message(payload)
+    return Checked(message.id, message.subject, message.tags, message.expire_at_ms,
+                   message.deliver_at_ms, message.created_at_ms, message.retries,
+                   message.properties.get(ORIGIN_ID_PROPERTY))
+
+
+__all__ = ["HOLD_AHEAD_MS_MAX", "Handoffs", "KEPT_BYTES_MAX", "VISIBLE_BATCH_MAX"]

@@ -1,0 +1,153 @@
+"""A broker holding messages handed to it ahead of their due time (the ``hold`` and
+``cancel_held`` ops, in-process with a fake clock): nothing is visible before its visible
+time, everything due is visible after what was stored meanwhile, once, with ``stored`` and
+``dispatched`` traced at that time; cancels and duplicates; a reopened broker holds again."""
+
+from __future__ import annotations
+
+import pytest
+
+from realtime.broker import Broker
+from realtime.config import RealtimeConfig
+from realtime.held_timer import HeldTimer
+from realtime.tracing import BrokerTracer
+from tests.harness import wait_for
+from tests.rawclient import FakeClock
+from tracelog.events import TraceWriter, read_events
+from wire.message import Message, decode_message, encode_message
+from wire.protocol import Pull
+
+DUE_IN_MS = 3_000
+
+
+def test_the_timer_gives_what_is_due_earliest_first_and_nothing_early():
+    timer = HeldTimer()
+    timer.add(30, 1_000)
+    timer.add(10, 2_000)
+    timer.add(20, 1_000)
+    assert timer.next_due_ms() == 1_000
+    assert timer.take_due(999, 10) == []
+    assert timer.take_due(1_000, 10) == [20, 30]  # same time: hand-off (offset) order
+    assert timer.next_due_ms() == 2_000 and len(timer) == 1
+
+
+def test_the_timer_forgets_removed_messages_and_takes_at_most_max_count():
+    timer = HeldTimer()
+    for offset in range(5):
+        timer.add(offset, 100 + offset)
+    timer.remove(0)
+    timer.remove(99)
+    assert timer.next_due_ms() == 101
+    assert timer.take_due(10_000, 2) == [1, 2]
+    assert timer.take_due(10_000, 10) == [3, 4]
+    assert timer.next_due_ms() is None and len(timer) == 0
+
+
+@pytest.fixture
+async def opened(tmp_path):
+    clock = FakeClock()
+    tracer = BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt", clock_ms=clock,
+                                      background=False))
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0)
+    broker = await Broker.open(config, clock, tracer=tracer)
+    yield broker, clock, tmp_path
+    await broker.stop()
+
+
+def payload(subject: str, message_id: str, clock: FakeClock, deliver_at_ms: int | None) -> bytes:
+    fields = {} if deliver_at_ms is None else {"deliver_at_ms": deliver_at_ms}
+    return encode_message(Message.create(subject, message_id.encode(), now_ms=clock(),
+                                         id=message_id, **fields))
+
+
+async def pulled_ids(broker: Broker, subject: str) -> list[str]:
+    pulled = await broker.pull(Pull(1, subject, "g", "c1", 100, 0, [], "earliest", False))
+    return [decode_message(p).id for p in pulled.payloads]
+
+
+async def hold(broker: Broker, clock: FakeClock, subject: str, ids: list[str]) -> list[str]:
+    due = clock() + DUE_IN_MS
+    results = await broker.hold([payload(subject, i, clock, due) for i in ids], [due] * len(ids))
+    return [r["status"] for r in results]
+
+
+async def arrive_at_due_time(broker: Broker, clock: FakeClock, count: int) -> None:
+    made = broker.handoffs.made_visible
+    clock.advance(DUE_IN_MS)
+    broker.handoffs.poke()
+    await wait_for(lambda: broker.handoffs.made_visible == made + count, 10,
+                   f"{count} held messages to be visible")
+
+
+async def test_held_messages_are_invisible_until_due_then_follow_what_was_stored(opened):
+    broker, clock, _ = opened
+    assert await hold(broker, clock, "orders", ["h1", "h2"]) == ["stored", "stored"]
+    await broker.send([payload("orders", "r1", clock, None)])
+    clock.advance(DUE_IN_MS - 1)
+    broker.handoffs.poke()
+    assert await pulled_ids(broker, "orders") == ["r1"]
+    assert len(broker.handoffs.timer) == 2
+    await arrive_at_due_time(broker, clock, 2)
+    assert await pulled_ids(broker, "orders") == ["h1", "h2"]
+    assert broker.committed.ends["orders"] == 3
+
+
+async def test_the_broker_traces_stored_and_dispatched_with_the_lateness_at_visibility(opened):
+    broker, clock, tmp_path = opened
+    await hold(broker, clock, "orders", ["h1"])
+    due = clock() + DUE_IN_MS
+    clock.advance(DUE_IN_MS + 7)
+    broker.handoffs.poke()
+    await wait_for(lambda: broker.handoffs.made_visible == 1, 10, "h1 to be visible")
+    broker.tracer.writer.flush()
+    events = [e for e in read_events([tmp_path / "trace"]) if e["msg_id"] == "h1"]
+    assert sorted(e["event"] for e in events) == ["dispatched", "stored"]
+    dispatched = next(e for e in events if e["event"] == "dispatched")
+    assert dispatched["ts_ms"] == due + 7 and dispatched["lateness_ms"] == 7
+
+
+async def test_a_cancel_before_the_due_time_drops_it_and_after_it_finds_nothing(opened):
+    broker, clock, _ = opened
+    await hold(broker, clock, "orders", ["h1", "h2"])
+    assert await broker.cancel_held("orders", ["h1", "nope"]) == [True, False]
+    await arrive_at_due_time(broker, clock, 1)
+    assert await pulled_ids(broker, "orders") == ["h2"]
+    assert await broker.cancel_held("orders", ["h2"]) == [False]
+
+
+async def test_a_repeated_hand_off_and_a_send_of_a_held_id_are_duplicates(opened):
+    broker, clock, _ = opened
+    assert await hold(broker, clock, "orders", ["h1"]) == ["stored"]
+    assert await hold(broker, clock, "orders", ["h1"]) == ["duplicate"]
+    results = await broker.send([payload("orders", "h1", clock, None)])
+    assert results[0]["status"] == "duplicate"
+    await arrive_at_due_time(broker, clock, 1)
+    assert await pulled_ids(broker, "orders") == ["h1"]
+
+
+async def test_a_hand_off_too_far_ahead_or_delivering_after_its_visible_time_is_refused(opened):
+    broker, clock, _ = opened
+    far = clock() + 3_600_000
+    late = clock() + 1_000
+    results = await broker.hold([payload("orders", "a", clock, far),
+                                 payload("orders", "b", clock, far)], [far, late])
+    assert [r["error"]["code"] for r in results] == ["bad_request", "bad_request"]
+    assert len(broker.handoffs.timer) == 0
+
+
+async def test_a_reopened_broker_holds_again_and_makes_visible_on_time(tmp_path):
+    clock = FakeClock()
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0)
+    broker = await Broker.open(config, clock)
+    try:
+        await hold(broker, clock, "orders", ["h1", "h2"])
+    finally:
+        await broker.stop()
+    broker = await Broker.open(config, clock)
+    try:
+        assert len(broker.handoffs.timer) == 2
+        assert await pulled_ids(broker, "orders") == []
+        await arrive_at_due_time(broker, clock, 2)
+        assert await pulled_ids(broker, "orders") == ["h1", "h2"]
+    finally:
+        await broker.stop()
