@@ -199,6 +199,12 @@ class SegmentedLog:
         """Every record below this offset has been written to the OS (``read_raw``'s limit)."""
         return self._end - self._buffered_bytes()
 
+    @property
+    def buffered_room_bytes(self) -> int:
+        """Bytes of records (headers included) that ``append`` can still take with no write to
+        the OS, no roll and no check: 0 when closed or failed."""
+        return max(0, self._fast_path_end - self._end)
+
     # ------------------------------------------------------------------ recovery
 
     def _recover(self, verify_from_offset: int) -> RecoveryReport:

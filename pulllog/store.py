@@ -85,6 +85,13 @@ log = logging.getLogger(__name__)
 SEGMENT_SIZE_BYTES_MIN = 1024  # smaller segments would hold only a handful of actions
 ACTIONS_DIRECTORY = "actions"
 CHECKPOINT_NAME = "pullstate"
+# The room in the action log's write buffer under which ``writes_stay_in_memory`` says no: the
+# largest pull (MAX_PULL_BATCH_MESSAGES entries, ~10 KB) or ack (MAX_ACK_RANGES ranges, ~20 KB
+# per group) fits. A bigger one would only write the buffer to the OS early (no fsync).
+IN_MEMORY_ROOM_BYTES_MIN = 64 << 10
+# Actions one such call may record (an ack in each group of a consumer; a pull and the acks of
+# entries it found unreadable): ``writes_stay_in_memory`` says no this close to a checkpoint.
+IN_MEMORY_ACTIONS_MAX = 16
 # While unlogged (disk full): how often tick() tries the checkpoint that ends it. Each try writes
 # the whole state, so not every flush interval.
 DISK_FULL_RETRY_MS = 1_000
@@ -366,6 +373,18 @@ class PullLogStore(CopyingMixin):
         return self._state.epoch
 
     # ------------------------------------------------------------------ pull / ack / release
+
+    def writes_stay_in_memory(self) -> bool:
+        """True when the next pull or ack recorded does no I/O: async flush mode (``tick``
+        fsyncs), not failed or unlogged, not a follower, no checkpoint due within
+        IN_MEMORY_ACTIONS_MAX actions, and at least IN_MEMORY_ROOM_BYTES_MIN of room in the
+        write buffer. A server may then make that call on its event loop rather than this
+        store's thread, if the thread is idle (``realtime.broker.Broker.on_pulllog_quick``)."""
+        return (self.config.flush_mode == "async" and self._failed is None
+                and self._unlogged is None and not self._follower
+                and (self._actions_since_checkpoint + IN_MEMORY_ACTIONS_MAX
+                     < self.config.checkpoint_every_actions)
+                and self._log.buffered_room_bytes >= IN_MEMORY_ROOM_BYTES_MIN)
 
     def take_redeliveries(self, subject: str, group: str, max_count: int) -> list[int]:
         """Peek at up to ``max_count`` queued consumer-log seqs, oldest release first."""

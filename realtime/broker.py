@@ -109,12 +109,14 @@ class Broker:
     - event loop: ``committed``, ``book``, the parts' state (their docstrings say which), the
       background tasks;
     - store thread: ``store`` (only ever called there, through ``on_store_thread``);
-    - pull-log thread: ``pulllog`` (only there, through ``on_pulllog_thread``);
-    - ``stats``: one writer thread per key: ``sent``/``duplicates`` the store thread,
-      ``pulled``/``redelivered``/``acked`` the pull-log thread; metrics read it at scrape time
+    - pull-log thread: ``pulllog`` (only through ``on_pulllog_thread``, or ``on_pulllog_quick``,
+      which makes a call that only records in memory on the event loop while the thread is
+      idle: one call at a time, in submission order, either way);
+    - ``stats``: one writer per key: ``sent``/``duplicates`` the store thread,
+      ``pulled``/``redelivered``/``acked`` the pull log's calls; metrics read it at scrape time
       (an int read is atomic);
     - ``redelivered_by_group``: (subject, pull-log group) -> entries handed out again since
-      start: the pull-log thread writes it (``Pulls``) and reads it (``_backlog_io``).
+      start: the pull log's calls write it (``Pulls``) and read it (``_backlog_io``).
 
     Methods ending in ``_io`` run on the I/O thread their first docstring line names; every
     other one on the event loop.
@@ -138,14 +140,26 @@ class Broker:
         self.book = ConsumerBook(stores.opened_at_ms, config.consumer_expiry_ms)
         self.replica = replica or NoWriteReplication()
         ctx = BrokerContext(config, clock, self.store, self.pulllog, self.on_store_thread,
-                            self.on_pulllog_thread, self.committed, self.book, tracer, self.stats,
-                            self.redelivered_by_group, self.replica)
+                            self.on_pulllog_thread, self.on_pulllog_quick, self.committed,
+                            self.book, tracer, self.stats, self.redelivered_by_group,
+                            self.replica)
         self._ctx = ctx
         self.sends = Sends(ctx)
         self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)
         self.holdings = Holdings(ctx)
         self.pulls = Pulls(ctx, self.holdings.release)
         self._tasks: list[asyncio.Task[None]] = []
+
+    async def on_pulllog_quick(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the pull log, for a call that only records in memory (a pull served
+        from the tail, an ack): here on the event loop when the pull-log thread is idle (it then
+        runs after every call submitted before it and beside none) and the pull log's next
+        write does no I/O (``PullLogStore.writes_stay_in_memory``); else on the thread. A hop to
+        the thread and back costs more CPU than such a call (issue 18: one of each per message
+        at low rates)."""
+        if self._pulllog_thread.idle() and self.pulllog.writes_stay_in_memory():
+            return fn(*args)
+        return await self.on_pulllog_thread(fn, *args)
 
     @classmethod
     async def open(cls, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms,

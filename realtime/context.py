@@ -27,9 +27,12 @@ class BrokerContext:
     config: RealtimeConfig
     clock: Callable[[], int]  # the broker's clock, ms
     store: MessageStore  # called on the store thread only (through on_store_thread)
-    pulllog: PullLogStore  # called on the pull-log thread only (through on_pulllog_thread)
+    pulllog: PullLogStore  # called only through on_pulllog_thread or on_pulllog_quick
     on_store_thread: Runner
     on_pulllog_thread: Runner
+    # A pull-log call that records in memory only (a pull, an ack): on the event loop when the
+    # pull-log thread is idle and the pull log's next write does no I/O, else on the thread.
+    on_pulllog_quick: Runner
     committed: Committed  # event loop
     book: ConsumerBook  # event loop
     tracer: BrokerTracer

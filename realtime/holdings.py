@@ -27,8 +27,9 @@ Removed = tuple[str, str, str, int]
 class Holdings:
     """Acks, heartbeats, leaves and the expiry round of one broker.
 
-    Owners: it keeps no mutable state of its own; ``stats["acked"]`` is written on the pull-log
-    thread only (``_ack_io``), read by metrics at scrape time. Methods ending in ``_io`` run on
+    Owners: it keeps no mutable state of its own; ``stats["acked"]`` is written only by
+    ``_ack_io`` (a pull-log call: on its thread, or on the event loop through
+    ``on_pulllog_quick``), read by metrics at scrape time. Methods ending in ``_io`` run on
     the I/O thread their first docstring line names; every other one on the event loop.
     """
 
@@ -45,7 +46,7 @@ class Holdings:
         now_ms = ctx.clock()
         for key in keys:
             ctx.book.seen(subject, key, consumer_id, now_ms)
-        acked, from_store = await ctx.on_pulllog_thread(self._ack_io, request, keys, now_ms)
+        acked, from_store = await ctx.on_pulllog_quick(self._ack_io, request, keys, now_ms)
         for key, seqs in from_store:
             payloads, unreadable = await ctx.on_store_thread(self._payloads_io, subject, seqs)
             ctx.tracer.acked_payloads(payloads, key, consumer_id, now_ms)
@@ -56,7 +57,8 @@ class Holdings:
 
     def _ack_io(self, request: Ack, keys: list[str], now_ms: int,
                 ) -> tuple[int, list[tuple[str, list[int]]]]:
-        """Pull-log thread: record the ack in each of ``keys`` the subject has. Returns how many
+        """Pull log (``on_pulllog_quick``: its thread, or the event loop when that is idle):
+        record the ack in each of ``keys`` the subject has. Returns how many
         entries became acked, and per key the consumer-log sequences of acked entries pulled
         before a restart (to trace from the store)."""
         ctx = self._ctx

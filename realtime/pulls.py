@@ -3,8 +3,9 @@
 A pull of one (subject, pull-log group) takes the group's redeliveries first, then scans the
 consumer log from its cursor (tag filter, expiry), records what it took in the pulling
 consumer's pull log and answers it as three columns (``Pulled``). Pulls of one group run one at
-a time. A group that keeps up is served from the in-memory tail (``Committed``) in one trip to
-the pull-log thread, or with none when its known cursor says it is caught up
+a time. A group that keeps up is served from the in-memory tail (``Committed``) in one pull-log call
+(made on the event loop while the pull-log thread is idle: ``Broker.on_pulllog_quick``), or
+with none when its known cursor says it is caught up
 (``ConsumerBook``); only a group behind the tail, or a redelivery of an old message, reads the
 message store.
 """
@@ -95,8 +96,9 @@ class Pulls:
 
     Owners: ``waiting_pulls``, ``_pulls_in_progress`` and the per-group locks belong to the
     event loop;
-    ``stats["pulled"]`` and ``stats["redelivered"]`` are written on the pull-log thread only
-    (``_record_pull_io``), read by metrics at scrape time. Methods ending in ``_io`` run on the
+    ``stats["pulled"]`` and ``stats["redelivered"]`` are written only by ``_record_pull_io``
+    (a pull-log call: on its thread, or on the event loop through ``on_pulllog_quick``, one at
+    a time either way), read by metrics at scrape time. Methods ending in ``_io`` run on the
     I/O thread their first docstring line names; every other one on the event loop.
     """
 
@@ -212,9 +214,10 @@ class Pulls:
 
     async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
                               cursor: int) -> tuple[Pulled | None, int]:
-        """One trip to the pull-log thread: entries from the tail after the cursor the group had
-        at its last pull. None when the tail does not reach back to it, or when the pull log
-        says the cursor moved or entries wait for redelivery after all."""
+        """One pull-log call (on the event loop while the pull-log thread is idle): entries
+        from the tail after the cursor the group had at its last pull. None when the tail does
+        not reach back to it, or when the pull log says the cursor moved or entries wait for
+        redelivery after all."""
         subject = request.subject
         ctx = self._ctx
         end = ctx.committed.ends.get(subject, 0)
@@ -232,7 +235,7 @@ class Pulls:
                                expired)
         if new_cursor == cursor:
             return None, cursor  # the tail does not reach what the store says is committed
-        out = await ctx.on_pulllog_thread(self._record_pull_io, request, key, chosen,
+        out = await ctx.on_pulllog_quick(self._record_pull_io, request, key, chosen,
                                           new_cursor, payloads, now_ms, cursor)
         if out is not None and expired:
             ctx.tracer.expired(expired, key, now_ms)
@@ -286,7 +289,7 @@ class Pulls:
                                    tags, now_ms, budget_bytes, payloads, chosen, expired)
         if not chosen and new_cursor == cursor:
             return NOTHING_PULLED, cursor, drained
-        out = await ctx.on_pulllog_thread(self._record_pull_io, request, key, chosen,
+        out = await ctx.on_pulllog_quick(self._record_pull_io, request, key, chosen,
                                           new_cursor, payloads, now_ms, None)
         assert out is not None  # no expected cursor: never refused
         if expired:
@@ -349,7 +352,8 @@ class Pulls:
     def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
                         payloads: dict[int, bytes], now_ms: int,
                         expected_cursor: int | None) -> Pulled | None:
-        """Pull-log thread: record the pull; None (nothing recorded) if ``expected_cursor`` is
+        """Pull log (``on_pulllog_quick``: its thread, or the event loop when that is idle):
+        record the pull; None (nothing recorded) if ``expected_cursor`` is
         given and the group's cursor is not there or entries wait for redelivery. The answer is
         built as columns straight from the recorded batch: nothing is built per message."""
         ctx = self._ctx

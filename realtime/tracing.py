@@ -24,8 +24,9 @@ consumer's expiry. After a restart the entries pulled before it are no longer kn
 acks are traced by reading the ids from the store instead (``acked_from_store``).
 
 Each method runs on the thread that has the data at hand (the event loop or a storage thread);
-``TraceWriter.emit`` is thread-safe and never blocks on I/O. Pull bookkeeping is touched only on
-the pull-log thread.
+``TraceWriter.emit`` is thread-safe and never blocks on I/O. Pull bookkeeping is touched only
+inside the pull log's calls (on its thread, or on the event loop through
+``Broker.on_pulllog_quick`` while that thread is idle: one at a time either way).
 """
 
 from __future__ import annotations
@@ -100,16 +101,18 @@ class BrokerTracer:
     docstring says which when it is not the event loop):
 
     - ``_held`` (what each consumer holds) and ``_released`` (what waits for redelivery): the
-      pull-log thread (``pulled_columns``, ``acked``, ``prune``, ``forget``,
-      ``held_before_restart``, ``queued_before_restart``, ``consumers``), and the store thread
+      pull log's calls (on its thread, or on the event loop while that thread is idle, never
+      two at once: ``Broker.on_pulllog_quick``; ``pulled_columns``, ``acked``, ``prune``,
+      ``forget``, ``held_before_restart``, ``queued_before_restart``, ``consumers``), and the
+      store thread
       once at start (``name_from_store``), before any pull or ack;
     - ``_subscriptions``: the event loop (``subscribed``, ``unsubscribed``,
       ``expire_subscriptions``);
-    - ``gave_up_counts``: one writer thread per reason (``redelivery_unreadable`` the pull-log
-      thread, ``ack_unreadable``, ``record_unreadable`` and ``retention_hard_cap`` the event
+    - ``gave_up_counts``: one writer per reason (``redelivery_unreadable`` the pull log's
+      calls, ``ack_unreadable``, ``record_unreadable`` and ``retention_hard_cap`` the event
       loop), read by metrics at scrape time;
     - ``_recent`` (members of messages just stored): filled on the event loop (``stored``),
-      taken on the pull-log thread (``pulled_columns``); each side's step is a dict operation
+      taken in the pull log's calls (``pulled_columns``); each side's step is a dict operation
       done in C, atomic under the GIL, and a member not found is decoded from the payload;
     - ``_subject_members`` and ``_last_frame``: the event loop (``stored``);
     - ``writer`` and ``enabled``: set at construction, never written after

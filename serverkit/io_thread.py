@@ -4,6 +4,12 @@ Storage is single-owner (docs/ARCHITECTURE.md): each store gets its own ``IoThre
 ever called there, in submission order. Leaner than ``loop.run_in_executor``: calls go in
 through a C queue, and finished calls are handed back in bunches, so a burst of quick calls
 wakes the event loop once rather than once per call.
+
+A hop to the thread and back costs ~50 us of CPU on this machine (a queue put that wakes the
+thread, two GIL hand-offs, the self-pipe write that wakes the loop, the future's callbacks)
+against ~7 us for a hop within the loop. ``idle()`` lets an owner run a call that does no I/O on
+the event loop instead, when nothing is queued or running here: it then runs after every call
+submitted before it and beside none, as it would here.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ class IoThread:
     Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread gets); ``_done``
     is shared and only touched under ``_done_lock`` (the thread appends, the loop takes all);
     ``_loop`` is written once by the event loop's first ``call``, before the thread can need
-    it. ``call`` runs on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
+    it; ``_submitted`` is written by the event loop only (``call``), ``_finished`` by the
+    thread only, once a call's function returned (an int read is atomic). ``call`` and
+    ``idle`` run on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
     """
 
     def __init__(self, name: str) -> None:
@@ -31,6 +39,8 @@ class IoThread:
         self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
         self._done_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._submitted = 0  # calls put on the queue (event loop)
+        self._finished = 0  # calls whose function has returned or raised (the thread)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -40,8 +50,15 @@ class IoThread:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._submitted += 1
         self._calls.put((future, fn, args))
         return await future
+
+    def idle(self) -> bool:
+        """Event loop: no call is queued or running on the thread. A call made on the event
+        loop while this holds (with no ``await`` in between) runs after every call submitted
+        before it and beside none: what the thread would give it, without the hop."""
+        return self._submitted == self._finished
 
     def _run(self) -> None:
         while True:
@@ -53,6 +70,7 @@ class IoThread:
                 result, error = fn(*args), None
             except BaseException as exc:  # handed to the awaiting coroutine
                 result, error = None, exc
+            self._finished += 1  # the store is free: what follows touches only the hand-back
             with self._done_lock:
                 wake = not self._done
                 self._done.append((future, result, error))
