@@ -124,19 +124,19 @@ class BrokerTracer:
         self.enabled = writer is not None and writer.enabled
         # (subject, pull-log group, consumer) -> pull seq -> (message members, consumer-log
         # seq) of what it holds, or the consumer-log seq alone for an entry pulled before a
-        # restart whose record could not be read then (members unknown); pull-log thread
+        # restart whose record could not be read then (members unknown); a pull-log call
         self._held: dict[tuple[str, str, str], dict[int, tuple[str, int] | int]] = {}
         # (subject, pull-log group) -> consumer-log seq -> members of entries released for
-        # redelivery and not handed out again yet (pull-log thread)
+        # redelivery and not handed out again yet (a pull-log call)
         self._released: dict[tuple[str, str], dict[int, str]] = {}
         # (subject, pull-log group, consumer) -> its last tag filter (event loop only)
         self._subscriptions: dict[tuple[str, str, str], frozenset[str]] = {}
         # gave_up reason -> messages, counted whether tracing is on or not (read by metrics);
-        # each reason has one writer: redelivery_unreadable the pull-log thread,
+        # each reason has one writer: redelivery_unreadable a pull-log call,
         # ack_unreadable the event loop
         self.gave_up_counts: dict[str, int] = {}
         # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
-        # on the first pull (pull-log thread): single dict operations are atomic under the GIL.
+        # on the first pull (a pull-log call): single dict operations are atomic under the GIL.
         self._recent: dict[str, dict[int, str]] = {}
         # wire subject -> its encoded subject member (event loop only)
         self._subject_members: dict[str, str] = {}
@@ -505,7 +505,7 @@ class BrokerTracer:
     def pulled_columns(self, subject: str, key: str, consumer: str, pull_seqs: Sequence[int],
                        payloads: Sequence[bytes], redelivered: Sequence[int] | None,
                        now_ms: int, log_seqs: Sequence[int] = ()) -> None:
-        """Entries handed to ``consumer`` of pull-log group ``key`` (pull-log thread), as
+        """Entries handed to ``consumer`` of pull-log group ``key`` (a pull-log call), as
         columns: their pull seqs, payloads, times redelivered (None: all first deliveries) and
         consumer-log sequences (to find the members of messages stored lately without decoding
         their payloads). Per entry this is a dict lookup and one string concatenation."""
@@ -552,7 +552,7 @@ class BrokerTracer:
 
     def acked(self, subject: str, key: str, consumer: str,
               ranges: Sequence[tuple[int, int]], now_ms: int) -> list[int]:
-        """Trace the held entries in ``ranges`` as acked (pull-log thread). Returns the
+        """Trace the held entries in ``ranges`` as acked (a pull-log call). Returns the
         consumer-log sequences of acked entries pulled before a restart that are still unnamed:
         the caller reads their payloads from the store and passes them to ``acked_payloads``
         (and those it cannot read to ``acks_unreadable``)."""
@@ -616,7 +616,7 @@ class BrokerTracer:
 
     def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
         """Forget entries of ``consumer`` no longer held (released to others); their names are
-        kept by consumer-log seq until they are handed out again (pull-log thread)."""
+        kept by consumer-log seq until they are handed out again (a pull-log call)."""
         held = self._held.get((subject, key, consumer))
         if held:
             released = self._released.setdefault((subject, key), {})
