@@ -1,9 +1,15 @@
 """The send side of the peers benchmark's W1 alone, with the CPU each side spends per send:
 32 ``send(deliver_at=...)`` calls in flight from one process against one fresh ``qmq up``
-(flush sync by default), every message due an hour ahead so nothing is dispatched meanwhile.
+(flush sync by default), every message due an hour ahead so nothing is dispatched meanwhile
+(``--delays LOW-HIGH``: each due at its send time plus a delay drawn uniformly from [LOW, HIGH]
+ms, with the peers benchmark's seed, as W1 does: the due messages enter the delay server's
+window and are dispatched to the broker during the run). ``--slave``: ``qmq up --replicas 2``,
+each group with one ``sync`` slave in the same process, the run started once both are in sync.
 
     python -m bench.w1_send                        # 10,000 sends, 3 runs on one server
     python -m bench.w1_send --messages 20000 --runs 5 --in-flight 64
+    python -m bench.w1_send --slave                # each group with one sync slave
+    python -m bench.w1_send --delays 1000-20000    # W1's delays: due during the run
 
 Printed per run: sends/s (first send to last confirmation), the server's CPU per send (user +
 system of the whole ``qmq up`` process, MetaServer included, from /proc) and the client's
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -25,6 +32,7 @@ from typing import Any
 from bench._cluster import process_cpu_s
 from bench.path_cpu import qmq_up
 from bench.peers.servers import wait_in_sync
+from bench.peers.workloads import DELAY_SEED  # --delays are drawn as W1's are
 
 SUBJECT = "bench.w1"
 BODY = b"x" * 256  # the peers benchmark's message size
@@ -32,13 +40,17 @@ DUE_AHEAD_MS = 3_600_000  # every message due this far ahead: none is dispatched
 WARM_UP_SENDS = 200
 
 
-async def _one_run(url: str, pid: int, count: int, in_flight: int) -> dict[str, Any]:
+async def _one_run(url: str, pid: int, count: int, in_flight: int,
+                   delays: tuple[int, int] | None = None) -> dict[str, Any]:
     from sdk import Producer
 
     producer = Producer(url)
+    rng = random.Random(DELAY_SEED)
+    ahead = ([rng.randint(*delays) for _ in range(count)] if delays is not None
+             else [DUE_AHEAD_MS] * count)
 
-    async def one() -> None:
-        await producer.send(SUBJECT, BODY, deliver_at=time.time_ns() // 1_000_000 + DUE_AHEAD_MS)
+    async def one(seq: int = 0) -> None:
+        await producer.send(SUBJECT, BODY, deliver_at=time.time_ns() // 1_000_000 + ahead[seq])
 
     try:
         for _ in range(WARM_UP_SENDS):
@@ -46,8 +58,8 @@ async def _one_run(url: str, pid: int, count: int, in_flight: int) -> dict[str, 
         left = iter(range(count))
 
         async def sender() -> None:
-            for _ in left:
-                await one()
+            for seq in left:
+                await one(seq)
 
         server_cpu_s, client_cpu_s = process_cpu_s(pid), time.process_time()
         start = time.monotonic()
@@ -61,6 +73,17 @@ async def _one_run(url: str, pid: int, count: int, in_flight: int) -> dict[str, 
             "client_cpu_us": client_cpu_s / count * 1e6, "load_1min": os.getloadavg()[0]}
 
 
+def _delays(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        bounds = int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--delays wants LOW-HIGH in ms, got {text!r}")
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"--delays {text!r}: want 0 <= LOW <= HIGH")
+    return bounds
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the measurement; prints one line per run."""
     parser = argparse.ArgumentParser(prog="python -m bench.w1_send", description=__doc__,
@@ -71,16 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     parser.add_argument("--slave", action="store_true",
                         help="qmq up --replicas 2: each group with one sync slave in the process")
+    parser.add_argument("--delays", type=_delays, default=None, metavar="LOW-HIGH",
+                        help="each due LOW..HIGH ms after its send (W1: 1000-20000); "
+                             "default: all an hour ahead")
     args = parser.parse_args(argv)
     with qmq_up("qmq-w1-send-", args.flush,
                 ["--replicas", "2"] if args.slave else []) as server:
         if args.slave:
             wait_in_sync(f"http://{server.address}")
+        due = (f"due {args.delays[0]}-{args.delays[1]} ms ahead" if args.delays
+               else "due an hour ahead")
         print(f"qmq up (flush {args.flush}{', one sync slave' if args.slave else ''}), "
-              f"{args.messages} delayed sends, {args.in_flight} in flight:", flush=True)
+              f"{args.messages} delayed sends {due}, {args.in_flight} in flight:", flush=True)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
-                                           args.messages, args.in_flight))
+                                           args.messages, args.in_flight, args.delays))
             print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
                   f"{figures['server_cpu_us']:.0f} us/send, client "
                   f"{figures['client_cpu_us']:.0f} us/send; load "

@@ -69,7 +69,13 @@ class _PendingCall:
     # All passed the quick check and the caller takes a count for "all stored" (a compact
     # send): on commit no result is made per message and the future gets the count.
     compact: bool = False
+    # The delay log's end after the commit that stored these (0 until then, or when it
+    # failed): what a ``sync`` answer waits for the slaves to have.
+    delay_end: int = 0
 
+
+# What a group commit returns: the stored entries and the delay log's end after it.
+_Committed = tuple[list[ScheduleEntry], int]
 
 # Columns of a batch of Checked tuples, taken by ``map`` in C rather than a loop per message.
 _ids_of = itemgetter(0)
@@ -130,7 +136,7 @@ class Scheduler:
         self._timer_wake_at_ms: int | None = None
         self.dispatcher = self._new_dispatcher()
         self._quick_check = QuickCheck()
-        self._commits: GroupCommitter[_PendingCall, list[ScheduleEntry]] = GroupCommitter(
+        self._commits: GroupCommitter[_PendingCall, _Committed] = GroupCommitter(
             f"delay group {config.group}", self._commit_io_call, self._committed_batch,
             self._fail_batch, self._go_readonly)
         self._tasks: list[asyncio.Task[None]] = []
@@ -287,9 +293,8 @@ class Scheduler:
         self._commits.pending.append(call)
         self._commits.wake()
         answered = await call.future
-        if self.replica.replicating:
-            end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
-            await self.replica.wait_replicated("delay", end)
+        if self.replica.replicating:  # the end came with the commit: no trip to delay-io
+            await self.replica.wait_replicated("delay", call.delay_end)
         return answered
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
@@ -331,7 +336,7 @@ class Scheduler:
             call.slots.append(slot)
         return call
 
-    def _commit_io_call(self, batch: list[_PendingCall]) -> Awaitable[list[ScheduleEntry]]:
+    def _commit_io_call(self, batch: list[_PendingCall]) -> Awaitable[_Committed]:
         """The group commit's store call: ``_append_and_commit`` on the I/O thread."""
         return self._io(self._append_and_commit, batch)
 
@@ -339,8 +344,14 @@ class Scheduler:
         """A sticky write failure: refuse sends until restarted."""
         self.readonly = self.write_failed = True
 
-    def _committed_batch(self, batch: list[_PendingCall], entries: list[ScheduleEntry]) -> None:
-        """Answer a committed batch and put its entries of loaded buckets into the window."""
+    def _committed_batch(self, batch: list[_PendingCall], committed: _Committed) -> None:
+        """Answer a committed batch and put its entries of loaded buckets into the window; the
+        slaves' fetches are woken in this turn, before the callers resume."""
+        entries, delay_end = committed
+        if self.replica.replicating:
+            self.replica.advanced("delay", delay_end)
+            for call in batch:
+                call.delay_end = delay_end
         tracing = self.tracer.enabled
         if tracing:
             if len(batch) == 1:
@@ -384,12 +395,14 @@ class Scheduler:
             if not call.future.done():  # a caller gone (cancelled) needs no answer
                 call.future.set_result(len(call.ids) if call.compact else call.results)
 
-    def _append_and_commit(self, batch: list[_PendingCall]) -> list[ScheduleEntry]:
-        """On the delay-io thread: append ``batch`` to the store and commit it."""
+    def _append_and_commit(self, batch: list[_PendingCall]) -> _Committed:
+        """On the delay-io thread: append ``batch`` to the store and commit it; the entries
+        and the delay log's end as a slave's fetch may read it."""
         append_many = self.store.append_many
         for call in batch:
             append_many(call.ids, call.subjects, call.dues, call.payloads)
-        return self.store.commit()
+        entries = self.store.commit()
+        return entries, self.store.delay_copy.copy_bounds()[1]
 
     # ------------------------------------------------------------------ the window's loader
 

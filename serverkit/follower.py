@@ -29,7 +29,7 @@ from typing import Awaitable, Callable
 from logstore import CopyReset, CorruptRecord
 from serverkit.config import SCRUB_BYTES_PER_S_DEFAULT, SCRUB_PAUSE_MS_DEFAULT
 from serverkit.replica_log import (
-    ReplicatedLog, apply_io, cut_io, end_io, position_io, reset_io, scrub_io,
+    ReplicatedLog, apply_position_io, cut_io, end_io, position_io, reset_io, scrub_io,
 )
 from wire.errors import ConnectionLost, QmqError, StaleEpoch
 from wire.limits import MAX_FETCH_BYTES
@@ -84,6 +84,9 @@ class Follower:
         self._connecting: asyncio.Lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._moved = asyncio.Event()  # set whenever a copy's end moves
+        # log -> (the copy's end as the last apply left it, the next fetch's (offset,
+        # last_epoch) read in that apply): used while the end has not moved since.
+        self._positions: dict[str, tuple[int, tuple[int, int]]] = {}
         # Event loop figures (metrics, reports): per log.
         self.ends: dict[str, int] = {name: 0 for name in self.logs}  # the copy's end
         self.master_ends: dict[str, int] = {name: 0 for name in self.logs}  # as last answered
@@ -100,6 +103,7 @@ class Follower:
         """Follow the master at ``master_address`` in ``epoch`` (one task per log + scrub)."""
         assert not self.running, "stop() the follower before starting it again"
         self.master_address, self.epoch, self.running = master_address, epoch, True
+        self._positions.clear()
         self._tasks = [asyncio.create_task(self._follow(item), name=f"follow-{name}")
                        for name, item in self.logs.items()]
         if self.scrub.bytes_per_s > 0:
@@ -192,7 +196,11 @@ class Follower:
     async def _step(self, item: ReplicatedLog, wait_ms: int) -> int:
         """One fetch of ``item`` and what follows from it; returns the next fetch's wait."""
         name = item.name
-        offset, last_epoch = await item.run(position_io, item)
+        known = self._positions.pop(name, None)
+        if known is not None and known[0] == self.ends[name]:  # nothing cut or reset since
+            offset, last_epoch = known[1]
+        else:
+            offset, last_epoch = await item.run(position_io, item)
         self._moved_to(name, offset)
         raw = await self._request(fetch_request(self.server_id, self.epoch, name, offset,
                                                 last_epoch, self.fetch_bytes_max, wait_ms),
@@ -220,12 +228,14 @@ class Follower:
         for other, end in answer.requires.items():
             await self._wait_end(other, end)
         try:
-            end = await item.run(apply_io, item, offset, answer.data, answer.epochs)
+            end, position = await item.run(apply_position_io, item, offset, answer.data,
+                                           answer.epochs)
         except ValueError as exc:  # the copy moved meanwhile (a reset by another log)
             log.info("group %s: %s copy moved (%s); fetching again", self.group, name, exc)
             return 0
         self.bytes_copied[name] += len(answer.data)
         self._moved_to(name, end)
+        self._positions[name] = (end, position)
         if end >= answer.log_end:
             self.caught_up_ms[name] = self._clock_ms()
             return self.wait_ms
@@ -294,6 +304,7 @@ class Follower:
         pass_end = await item.run(end_io, item)
         offset = 0
         while True:
+            self._positions.pop(name, None)  # the scrub may cut: read the position again
             try:
                 next_offset, bad = await item.run(scrub_io, item, offset, step)
             except CopyReset as exc:

@@ -70,6 +70,22 @@ class InSyncTracker:
         progress.last_fetch_ms = max(progress.last_fetch_ms, now_ms)
         return True
 
+    def acknowledge(self, slave: str, log: str, offset: int) -> bool:
+        """``slave`` has [0, ``offset``) of ``log`` (a fetch of it at ``offset`` that the master
+        knows to continue what it shipped that slave): raise what it acknowledged, and nothing
+        else (``on_fetch`` judges caught-up when the fetch is answered). True when that raised
+        its acknowledged offset; False when ``slave`` is not a registered slave of the group."""
+        assert log in self.logs, log
+        if slave not in self.members:
+            return False
+        progress = self.slaves.get(slave)
+        if progress is None:
+            progress = self.slaves[slave] = SlaveProgress()
+        if offset <= progress.acked.get(log, 0):
+            return False
+        progress.acked[log] = offset
+        return True
+
     def set_members(self, members: tuple[str, ...]) -> None:
         """The group's registered slaves, as the last answer named them; the progress of any
         other server is forgotten."""

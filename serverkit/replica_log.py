@@ -125,6 +125,14 @@ def apply_io(log: ReplicatedLog, offset: int, data: bytes,
     return log.store.append_copy(offset, data)
 
 
+def apply_position_io(log: ReplicatedLog, offset: int, data: bytes,
+                      epochs: tuple[tuple[int, int], ...]) -> tuple[int, tuple[int, int]]:
+    """Owner thread: ``apply_io``, then ``position_io`` in the same call: (the new end, the
+    next fetch's offset and ``last_epoch``), so the next fetch needs no trip to this thread."""
+    end = apply_io(log, offset, data, epochs)
+    return end, position_io(log)
+
+
 def cut_io(log: ReplicatedLog, diverging: tuple[int, int]) -> int:
     """Owner thread: the master said ``diverging`` (epoch E ended at X there): cut the copy
     where the histories agree and forget the epochs that began there or later. Returns the
@@ -167,4 +175,5 @@ def scrub_io(log: ReplicatedLog, offset: int, max_bytes: int) -> tuple[int, int 
 
 
 __all__ = ["CopyReset", "CopyStore", "ReplicatedLog", "Runner", "answer_fetch_io", "apply_io",
+           "apply_position_io",
            "cut_io", "end_io", "position_io", "reset_io", "scrub_io", "seal_io"]

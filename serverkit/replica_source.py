@@ -92,6 +92,9 @@ class ReplicaSource:
         self._last_proposal: tuple[str, ...] = ()
         self._degraded_logged: bool | None = None
         self._strangers: set[str] = set()  # fetchers not counted, already logged
+        # (slave, log) -> where this epoch's last answer to that slave's fetch of that log
+        # ended (``next_offset``): a fetch at or below it acknowledges at once (``_ack_shipped``).
+        self._shipped: dict[tuple[str, str], int] = {}
         # Figures for metrics and reports: bytes shipped, per log.
         self.bytes_shipped: dict[str, int] = {name: 0 for name in logs}
 
@@ -105,6 +108,7 @@ class ReplicaSource:
         self.tracker = InSyncTracker(tuple(self.logs), self.insync_lag_max_ms, self._clock_ms())
         self.tracker.set_confirmed(confirmed)
         self._last_proposal = ()
+        self._shipped.clear()
         self._wake_fetches()
 
     def _wake_fetches(self) -> None:
@@ -119,6 +123,7 @@ class ReplicaSource:
     def stop(self, why: str) -> None:
         """No longer the master: every write waiting for its slaves is refused (retriable)."""
         self.active = False
+        self._shipped.clear()
         self.refuse_waiters(why)
         self._wake_fetches()
 
@@ -244,19 +249,49 @@ class ReplicaSource:
         if log_ is None:
             raise NotFound(f"group {self.group} replicates no log {request.log!r}; it has "
                            f"{', '.join(self.logs)}")
+        name = log_.name
+        # Taken before any await: an advance while the store's thread reads is not missed.
+        event = self._advanced[name]
+        if (self._ack_shipped(request) and request.wait_ms
+                and request.offset == self.ends.get(name, 0)):
+            # The slave has everything this master shipped it, and that reaches the end the
+            # last commit told: caught up, and straight to the wait, with no read of the store.
+            self.tracker.on_fetch(request.server_id, name, request.offset, request.offset,
+                                  self._clock_ms())
+            await self._wait_advanced(event, request.wait_ms)
+            self._fence(request.server_id, request.epoch)
+            return (await self._answer(log_, request)).to_wire()
         answer = await self._answer(log_, request)
         if (not answer.data and answer.diverging is None and request.wait_ms
                 and request.offset == answer.log_end >= answer.log_start and self.active):
-            event = self._advanced[log_.name]
-            try:
-                # asyncio.timeout: 3.11's wait_for can swallow a cancel arriving as it is set.
-                async with asyncio.timeout(request.wait_ms / 1000):
-                    await event.wait()
-            except TimeoutError:
-                pass
+            await self._wait_advanced(event, request.wait_ms)
             self._fence(request.server_id, request.epoch)
             answer = await self._answer(log_, request)
         return answer.to_wire()
+
+    @staticmethod
+    async def _wait_advanced(event: asyncio.Event, wait_ms: int) -> None:
+        """Wait until ``event`` (a log's advance) is set, at most ``wait_ms``."""
+        try:
+            # asyncio.timeout: 3.11's wait_for can swallow a cancel arriving as it is set.
+            async with asyncio.timeout(wait_ms / 1000):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+    def _ack_shipped(self, request: Fetch) -> bool:
+        """A slave's fetch at or below the end of what this master shipped it last (same log,
+        this epoch) acknowledges its offset now, on the loop: those bytes are this master's
+        own, checked against its history when they were shipped, so the owner thread's check
+        (``_answer``, queued behind the next commit and its fsync) cannot find them diverging.
+        A sync write waiting for them is answered a thread hop sooner. True when the fetch
+        continues what was shipped (whether or not that raised anything)."""
+        shipped = self._shipped.get((request.server_id, request.log))
+        if shipped is None or request.offset > shipped:
+            return False
+        if self.tracker.acknowledge(request.server_id, request.log, request.offset):
+            self.check_waiters()
+        return True
 
     async def _answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer:
         answer: FetchAnswer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
@@ -264,6 +299,8 @@ class ReplicaSource:
         if answer.diverging is None and answer.offset >= answer.log_start:
             if self.tracker.on_fetch(request.server_id, log_.name, request.offset,
                                      answer.log_end, self._clock_ms()):
+                if self.active and answer.epoch == self.epoch:  # not a stale epoch's answer
+                    self._shipped[(request.server_id, log_.name)] = answer.next_offset
                 self.check_waiters()
             elif request.server_id not in self._strangers:
                 self._strangers.add(request.server_id)

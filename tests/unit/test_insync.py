@@ -111,3 +111,16 @@ def test_a_slave_that_falls_behind_what_its_previous_fetch_saw_leaves_the_in_syn
         tracker.on_fetch("s1", "message", 100 + n, 100 + 1_000 * n, 1_000 + n * 250)
         tracker.on_fetch("s1", "actions", 40, 40, 1_000 + n * 250)  # at the end of this one
     assert tracker.proposal(1_000 + 39 * 250) == ()
+
+
+def test_an_acknowledgement_alone_raises_what_a_slave_has_but_never_makes_it_caught_up():
+    tracker = new_tracker()
+    caught_up(tracker, "s1", {"message": 100, "actions": 40}, 1_000)
+    assert tracker.acknowledge("s1", "message", 300)
+    assert tracker.acked("s1", "message") == 300
+    assert not tracker.acknowledge("s1", "message", 200)  # never lowered
+    assert tracker.acked("s1", "message") == 300
+    assert not tracker.acknowledge("stranger", "message", 300)  # not a slave of the group
+    assert tracker.acked("stranger", "message") == 0
+    # Caught-up is judged by fetches only: the last one was at 1,000 ms.
+    assert tracker.proposal(1_000 + LAG_MAX_MS + 1) == ()

@@ -1,7 +1,8 @@
-"""The master's side of replication (serverkit.replica_source, docs/REPLICATION.md 8.2): a
+"""The master's side of replication (serverkit.replica_source, docs/REPLICATION.md 8.2, 8.3): a
 slave's fetch at the end of a log waits until the log advances, from the moment the master
 starts, and again after it stopped and started, however long nothing is written to that log
-(a broker's message log while only delays arrive)."""
+(a broker's message log while only delays arrive); a fetch continuing what this master shipped
+that slave acknowledges at once, while the store's thread is still busy, and no other does."""
 
 from __future__ import annotations
 
@@ -30,18 +31,38 @@ class EmptyLog:
         return b"r" * min(max_bytes, self.end - offset)
 
 
-async def run(fn: Any, *args: Any) -> Any:
-    return fn(*args)
+class Thread:
+    """The store's owner thread as a runner that can be held busy (a commit and its fsync)."""
+
+    def __init__(self) -> None:
+        self.free = asyncio.Event()  # cleared: a call waits before it starts
+        self.free.set()
+        self.back = asyncio.Event()  # cleared: a call's result waits before it comes back
+        self.back.set()
+        self.calls = 0
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        await self.free.wait()
+        self.calls += 1
+        result = fn(*args)
+        await self.back.wait()
+        return result
 
 
-def source(tmp_path: Any) -> tuple[ReplicaSource, EmptyLog]:
+def source(tmp_path: Any, thread: Thread | None = None) -> tuple[ReplicaSource, EmptyLog]:
     store = EmptyLog()
     history = EpochHistory(str(tmp_path / "message.epochs"))
     history.append(1, 0)
-    replica = ReplicaSource("g1", {"message": ReplicatedLog("message", store, history, run)},
+    runner = (thread or Thread()).run
+    replica = ReplicaSource("g1", {"message": ReplicatedLog("message", store, history, runner)},
                             clock_ms=lambda: 0, on_insync_change=lambda: None)
-    replica.settings("sync", 0, (), ("slave-1",))
     return replica, store
+
+
+def start(replica: ReplicaSource, end: int = 0) -> None:
+    """Master of epoch 1 from ``end``, with the settings its next heartbeat answer brings."""
+    replica.start(1, {"message": end}, ("slave-1",))
+    replica.settings("sync", 0, ("slave-1",), ("slave-1",))
 
 
 def fetch_at(offset: int) -> Fetch:
@@ -55,7 +76,7 @@ async def turns() -> None:
 
 async def test_a_fetch_at_the_end_of_a_log_never_written_waits_after_the_master_starts(tmp_path):
     replica, store = source(tmp_path)
-    replica.start(1, {"message": 0}, ())
+    start(replica)
     waiting = asyncio.create_task(replica.fetch(fetch_at(0)))
     await turns()
     assert not waiting.done()  # it waits for the log to advance, not in a busy loop
@@ -67,15 +88,116 @@ async def test_a_fetch_at_the_end_of_a_log_never_written_waits_after_the_master_
 
 async def test_a_fetch_waits_again_after_the_master_stopped_and_started(tmp_path):
     replica, _store = source(tmp_path)
-    replica.start(1, {"message": 0}, ())
+    start(replica)
     first = asyncio.create_task(replica.fetch(fetch_at(0)))
     await turns()
     replica.stop("stepping down")  # wakes the waiting fetch
     await asyncio.gather(first, return_exceptions=True)
     assert first.done()
-    replica.start(1, {"message": 0}, ())
+    start(replica)
     second = asyncio.create_task(replica.fetch(fetch_at(0)))
     await turns()
     assert not second.done()
     replica.stop("done")
     await asyncio.gather(second, return_exceptions=True)
+
+
+async def ship(replica: ReplicaSource, store: EmptyLog, end: int) -> asyncio.Task[None]:
+    """The log grows to ``end`` and the slave's fetch from 0 is answered with it; returns a
+    sync write of it, waiting for the slave."""
+    store.end = end
+    write = asyncio.create_task(replica.wait_replicated("message", end))
+    answer = await replica.fetch(fetch_at(0))
+    assert answer["next_offset"] == end
+    await turns()
+    assert not write.done()  # the slave has not said it wrote it yet
+    return write
+
+
+async def test_a_fetch_continuing_what_was_shipped_answers_a_sync_write_while_the_thread_is_busy(
+        tmp_path):
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    write = await ship(replica, store, 10)
+    thread.free.clear()  # the store's thread commits the next batch
+    next_fetch = asyncio.create_task(replica.fetch(fetch_at(10)))
+    await turns()
+    assert write.done() and write.exception() is None
+    assert not next_fetch.done()
+    replica.stop("done")
+    thread.free.set()
+    await asyncio.gather(next_fetch, return_exceptions=True)
+
+
+async def test_a_slave_caught_up_with_what_was_shipped_waits_without_a_read_of_the_store(
+        tmp_path):
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    write = await ship(replica, store, 10)
+    calls = thread.calls
+    waiting = asyncio.create_task(replica.fetch(fetch_at(10)))
+    await turns()
+    assert write.done() and not waiting.done()
+    assert thread.calls == calls  # no trip to the store's thread to find nothing
+    store.end = 25
+    replica.advanced("message", 25)
+    answer = await waiting
+    assert (answer["offset"], answer["next_offset"]) == (10, 25)
+
+
+async def test_an_advance_while_the_store_is_read_is_not_missed(tmp_path):
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    store.end = 10
+    replica.advanced("message", 10)
+    thread.back.clear()
+    fetch = asyncio.create_task(replica.fetch(fetch_at(10)))  # read: nothing past 10
+    await turns()
+    store.end = 30  # a commit lands before the read comes back
+    replica.advanced("message", 30)
+    thread.back.set()
+    await turns()
+    assert fetch.done()  # it does not wait for an advance that already happened
+    assert fetch.result()["next_offset"] == 30
+
+
+async def test_a_fetch_past_what_was_shipped_acknowledges_only_once_the_thread_checked_it(
+        tmp_path):
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    write = await ship(replica, store, 10)
+    store.end = 20
+    later = asyncio.create_task(replica.wait_replicated("message", 20))
+    thread.free.clear()
+    beyond = asyncio.create_task(replica.fetch(fetch_at(20)))  # 20 was never shipped to it
+    await turns()
+    assert not write.done() and not later.done()  # nothing acknowledged before the check
+    thread.free.set()
+    await turns()
+    assert write.done() and later.done()  # the owner thread's answer acknowledged 20
+    replica.stop("done")
+    await asyncio.gather(beyond, return_exceptions=True)
+
+
+async def test_a_master_started_again_forgets_what_it_shipped(tmp_path):
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    first = await ship(replica, store, 10)
+    replica.stop("stepping down")
+    await asyncio.gather(first, return_exceptions=True)
+    start(replica, 10)
+    write = asyncio.create_task(replica.wait_replicated("message", 10))
+    thread.free.clear()
+    fetch = asyncio.create_task(replica.fetch(fetch_at(10)))
+    await turns()
+    assert not write.done()  # shipped before the restart: checked on the thread first
+    thread.free.set()
+    await turns()
+    assert write.done() and write.exception() is None
+    replica.stop("done")
+    await asyncio.gather(fetch, return_exceptions=True)
