@@ -175,6 +175,29 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU seconds so far of the threads of process ``pid``, summed by OS thread
+    name (/proc/<pid>/task/<tid>/comm: a server's I/O threads name themselves,
+    ``serverkit.io_thread.name_os_thread``); the main thread (tid == pid) as "main". {} if
+    unknown."""
+    totals: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return totals
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = "main" if tid == str(pid) else f.read().strip()
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return totals
+
+
 def cpu_pressure_us() -> int | None:
     """Microseconds some task has waited for a CPU since boot (Linux PSI), None if unknown.
     Over an interval, the increase / the interval's length is the share of time the machine

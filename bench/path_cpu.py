@@ -20,7 +20,11 @@ any rate, and it does not depend on how busy the machine is (batching does). Pri
   themselves cost;
 - ``idle``: the process's CPU per second with nobody sending (heartbeats, failover checks,
   schedules, flush rounds): at 2,000 msg/s each ms/s of it is 0.5 us per message;
-- send -> confirmation and send -> receipt p50 / p99 (wall clock: noisy on a loaded machine).
+- send -> confirmation and send -> receipt p50 / p99 (wall clock: noisy on a loaded machine);
+- ``by thread``: the server CPU per message (idle not taken off) of the event loop ("main"),
+  each I/O thread (``realtime-store-``, ``realtime-pulllo``, ``delay-io``: the kernel keeps 15
+  bytes of a name) and every other thread together (trace writers, aiosqlite's): a hop to a
+  thread costs CPU on both sides, so this shows which thread a change moved work to or from.
 
 CPU figures are the ones that survive a loaded machine; still compare before/after in one
 sitting and state the load average (printed with each run).
@@ -38,13 +42,15 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from bench._cluster import Server, percentile, process_cpu_s, start_process
+from bench._cluster import Server, percentile, process_cpu_s, start_process, thread_cpu_s
 from bench.delay import wait_registered
 from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
 
 SUBJECT = "bench.path"
 WARM_UP_MESSAGES = 50
 BODY = b"x" * 256
+# The OS names of the I/O threads (``IoThread`` names, cut to 15 bytes by the kernel).
+IO_THREAD_SUFFIXES = ("-io", "-store-", "-pulllo")
 
 
 async def _one_run(url: str, pid: int, count: int, idle_s: float,
@@ -80,9 +86,10 @@ async def _one_run(url: str, pid: int, count: int, idle_s: float,
         idle_cpu_s, idle_start = process_cpu_s(pid), time.monotonic()
         await asyncio.sleep(idle_s)
         idle_per_s = (process_cpu_s(pid) - idle_cpu_s) / (time.monotonic() - idle_start)
-        cpu_s, start = process_cpu_s(pid), time.monotonic()
+        cpu_s, start, threads_before = process_cpu_s(pid), time.monotonic(), thread_cpu_s(pid)
         times = [await one() for _ in range(count)]
         cpu_s, elapsed_s = process_cpu_s(pid) - cpu_s, time.monotonic() - start
+        threads = thread_cpu_s(pid)
     finally:
         if receiving is not None:
             receiving.cancel()
@@ -101,7 +108,20 @@ async def _one_run(url: str, pid: int, count: int, idle_s: float,
         "receive_p50_ms": percentile(receipts, 0.5) / 1e6,
         "receive_p99_ms": percentile(receipts, 0.99) / 1e6,
         "load_1min": os.getloadavg()[0],
+        "threads_us_per_msg": _by_thread(threads_before, threads, count),
     }
+
+
+def _by_thread(before: dict[str, float], after: dict[str, float], count: int
+               ) -> dict[str, float]:
+    """CPU per message of the event loop ("main") and each I/O thread of ``qmq up``; every
+    other thread (trace writers, aiosqlite's) summed as "other"."""
+    out: dict[str, float] = {"main": 0.0, "other": 0.0}
+    for name, cpu_s in after.items():
+        used_us = (cpu_s - before.get(name, 0.0)) / count * 1e6
+        key = name if name == "main" or name.endswith(IO_THREAD_SUFFIXES) else "other"
+        out[key] = out.get(key, 0.0) + used_us
+    return out
 
 
 def _line(figures: dict[str, Any], send_only: bool) -> str:
@@ -111,7 +131,8 @@ def _line(figures: dict[str, Any], send_only: bool) -> str:
             f"{figures['path_cpu_us_per_msg']:.0f} us, idle {figures['idle_cpu_ms_per_s']:.1f} "
             f"ms/s, {figures['msgs_per_s']:.0f} msg/s, send->confirm p50 "
             f"{figures['confirm_p50_ms']:.2f} / p99 {figures['confirm_p99_ms']:.2f} ms{receive}; "
-            f"load {figures['load_1min']:.2f}")
+            f"load {figures['load_1min']:.2f}\n    by thread (us/msg): "
+            + ", ".join(f"{name} {us:.0f}" for name, us in figures["threads_us_per_msg"].items()))
 
 
 @contextmanager
