@@ -16,7 +16,8 @@ system of the whole ``qmq up`` process, MetaServer included, from /proc) and the
 (this process, ``time.process_time``). With 32 in flight the client waits while the server
 works and the other way round, so the rate follows the sum of the two CPU figures plus the
 fsync: compare before/after by those figures, which a loaded machine disturbs less than the
-rate, and state the load average (printed with each run).
+rate, and state the load average (printed with each run). Before the runs, the idle server's
+CPU in ms per second (``--idle-s``): what a run's CPU per send carries at a low rate.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     parser.add_argument("--slave", action="store_true",
                         help="qmq up --replicas 2: each group with one sync slave in the process")
+    parser.add_argument("--idle-s", type=float, default=3.0,
+                        help="first measure the idle server's CPU for this long (0: not)")
     parser.add_argument("--delays", type=_delays, default=None, metavar="LOW-HIGH",
                         help="each due LOW..HIGH ms after its send (W1: 1000-20000); "
                              "default: all an hour ahead")
@@ -106,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
                else "due an hour ahead")
         print(f"qmq up (flush {args.flush}{', one sync slave' if args.slave else ''}), "
               f"{args.messages} delayed sends {due}, {args.in_flight} in flight:", flush=True)
+        if args.idle_s > 0:
+            idle_cpu_s = process_cpu_s(server.pid)
+            time.sleep(args.idle_s)
+            idle_cpu_s = process_cpu_s(server.pid) - idle_cpu_s
+            print(f"  idle: {idle_cpu_s / args.idle_s * 1000:.0f} ms/s of server CPU over "
+                  f"{args.idle_s:g} s; load {os.getloadavg()[0]:.2f}", flush=True)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
                                            args.messages, args.in_flight, args.delays))
