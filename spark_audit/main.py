@@ -65,8 +65,19 @@ LOCAL_SHUFFLE_PARTITIONS = 8  # local[*] on a few cores: Spark's default 200 is 
 # shuffle partitions and a JVM tuned to start fast (C1 only, serial GC) rather than to run long.
 SMALL_TRACE_BYTES = 64 << 20
 SMALL_TRACE_SHUFFLE_PARTITIONS = 2
-SMALL_TRACE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The metaspace size and young generation: a small audit's JVM loads ~17,000 classes (the
+# default first metaspace threshold forced a full collection during the query) and allocates
+# most of its heap during start-up and planning; a larger young generation halves the
+# collections, each of which copies the same long-lived objects again.
+SMALL_TRACE_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:MetaspaceSize=256m "
+                            "-Xmn256m")
 SMALL_TRACE_CONF = (
+    # A sort or hash aggregation takes its memory in pages; by default a page is up to 64 MB
+    # (1/16 of the execution memory per core), and each task of each aggregating stage took
+    # one: a 10k-event audit allocated several GB of pages for a few kB of rows, and the
+    # driver's heap filled with them (full collections). 2 MB pages hold this trace's tasks;
+    # a record larger than a page still gets a page of its own size.
+    ("spark.buffer.pageSize", "2m"),
     # Adaptive execution re-plans the rest of a query after each of its stages and runs each
     # stage as a job of its own: dozens of re-optimisations of the audit's big plans, to tune
     # partitions that hold a few kB.
