@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
+from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -166,20 +168,46 @@ def spark_session(options: AuditOptions) -> Session:
     return Session(session, True, archive)
 
 
-def _keep(df: DataFrame) -> DataFrame:
+def _keep(df: DataFrame, kept: list[DataFrame]) -> DataFrame:
+    """``df`` persisted (added to ``kept``, to unpersist), as a frame whose plan is only its
+    cache (``_over_cache``)."""
     # Deserialized: a serialized cache is decoded again on every scan (2-3x slower here).
-    return df.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    kept.append(df.persist(StorageLevel.MEMORY_AND_DISK_DESER))
+    return _over_cache(df)
 
 
-def _read_events(spark: SparkSession, options: AuditOptions
-                 ) -> tuple[DataFrame, DataFrame, int, int, int]:
-    """The events, persisted, with their count and first and latest time (one job that also
-    fills the cache and lists the give-ups to name by location: ``spark_audit.names``, a
-    second small job only when there are any), and the persisted frame they derive from (to
-    unpersist). Raises NoTraceFiles when a path has no trace file."""
+def _over_cache(df: DataFrame) -> DataFrame:
+    """A persisted ``df`` as a frame whose logical plan is one leaf, its cache, instead of the
+    plan that computes it. The same rows and the same physical plans (Spark puts the cache in
+    place of a persisted plan before optimising), but every later transformation is analysed,
+    and every query looked up in the cache, over that leaf instead of the whole plan again:
+    the audit builds a few hundred frames over the events, and re-analysing their read and
+    normalisation each time was most of a small audit's planning (the analyser's rules took
+    10 CPU-s of a 10k-event audit). Without that JVM entry point (another Spark version) the
+    frame itself, which computes the same."""
+    jvm = df.sparkSession._jvm
+    # Spark 4 has the DataFrame API's Dataset in .classic, Spark 3.5 in .sql itself.
+    datasets = [found for found in (jvm.org.apache.spark.sql.classic.Dataset,
+                                    jvm.org.apache.spark.sql.Dataset)
+                if isinstance(found, JavaClass)]
+    if not datasets:
+        return df
     try:
-        events = cached = _keep(load_events(spark, list(options.trace_dirs),
-                                            options.since_ms, options.until_ms, locators=True))
+        plan = df._jdf.queryExecution().withCachedData()
+        return type(df)(datasets[0].ofRows(df._jdf.sparkSession(), plan), df.sparkSession)
+    except Py4JError:
+        return df
+
+
+def _read_events(spark: SparkSession, options: AuditOptions, kept: list[DataFrame]
+                 ) -> tuple[DataFrame, int, int, int]:
+    """The events, persisted (added to ``kept``, to unpersist), with their count and first and
+    latest time (one job that also fills the cache and lists the give-ups to name by location:
+    ``spark_audit.names``, a second small job only when there are any). Raises NoTraceFiles
+    when a path has no trace file."""
+    try:
+        events = _keep(load_events(spark, list(options.trace_dirs), options.since_ms,
+                                   options.until_ms, locators=True), kept)
         located = [located_give_ups()] if has_locators(events) else []
         total, first_ms, latest_ms, *locations = events.agg(
             F.count(F.lit(1)), F.min("ts_ms"), F.max("ts_ms"), *located).first()
@@ -189,7 +217,7 @@ def _read_events(spark: SparkSession, options: AuditOptions
         raise
     if located:  # give-ups named by location: looked up, then the locators are dropped
         events = name_give_ups(events, locations[0]).drop(*LOCATOR_FIELD_NAMES)
-    return events, cached, total, first_ms or 0, latest_ms or 0
+    return events, total, first_ms or 0, latest_ms or 0
 
 
 def _small_tables(events: DataFrame, chains: DataFrame, facts: DataFrame,
@@ -270,19 +298,18 @@ def audit(spark: SparkSession, options: AuditOptions,
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
     step(f"reading events from {', '.join(options.trace_dirs)}...")
-    events, cached, total, first_ms, latest_ms = _read_events(spark, options)
-    kept = [cached]
+    kept: list[DataFrame] = []
     try:
+        events, total, first_ms, latest_ms = _read_events(spark, options, kept)
         step(f"{total:,} events")
         step("delivery, delay and retry audits...")
         # The intermediate tables feed several outputs each: computed once, kept.
         horizon_ms = latest_ms if options.until_ms is None else options.until_ms
-        chains = _keep(chain_facts(events, options.deadline_ms))
+        chains = _keep(chain_facts(events, options.deadline_ms), kept)
         facts = judge_delivery(chains, options.deadline_ms, horizon_ms)
-        duplicates = _keep(duplicate_pulls(events))
-        delayed = _keep(delayed_messages(events))
-        flagged = _keep(flagged_messages(facts, duplicates, delayed, events))
-        kept += [chains, duplicates, delayed, flagged]
+        duplicates = _keep(duplicate_pulls(events), kept)
+        delayed = _keep(delayed_messages(events), kept)
+        flagged = _keep(flagged_messages(facts, duplicates, delayed, events), kept)
         bucket_ms = timeline_bucket_ms(first_ms, latest_ms)
         tables = collect_tables(_small_tables(events, chains, facts, duplicates, delayed,
                                               flagged, bucket_ms))
