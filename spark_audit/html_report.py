@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import io
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -146,6 +147,25 @@ def timeline_svg(rows: Sequence[Row], bucket_ms: int) -> str | None:
     return _svg(figure)
 
 
+@dataclass(frozen=True)
+class Charts:
+    """The report's charts as SVG (None: no values to draw), from ``draw_charts``."""
+
+    latency: str | None
+    lateness: str | None
+    timeline: str | None
+
+
+def draw_charts(latency_histogram: Sequence[Row], lateness_histogram: Sequence[Row],
+                timeline: Sequence[Row], timeline_bucket_ms: int) -> Charts:
+    """Draw the report's charts (most of ``render``'s time); ``spark_audit.main`` draws them on
+    a thread while the anomalies are collected."""
+    return Charts(
+        latency=histogram_svg(latency_histogram, "First-pull latency, all groups", "#2b6cb0"),
+        lateness=histogram_svg(lateness_histogram, "Dispatch lateness, all subjects", "#805ad5"),
+        timeline=timeline_svg(timeline, timeline_bucket_ms))
+
+
 def _chart(chart_id: str, svg: str | None, caption: str) -> str:
     body = svg if svg is not None else "<p>(no values)</p>"
     return (f'<figure id="{chart_id}" class="chart" data-drawn="{str(svg is not None).lower()}">'
@@ -177,8 +197,12 @@ def _verdict(results: AuditResults) -> str:
     return f'<p id="verdict" class="verdict {css}">{html.escape(results.verdict())}</p>'
 
 
-def render(results: AuditResults) -> str:
-    """The whole report.html (one self-contained file)."""
+def render(results: AuditResults, charts: Charts | None = None) -> str:
+    """The whole report.html (one self-contained file), with ``charts`` if they are drawn
+    already (``draw_charts`` of the same results), else drawing them."""
+    if charts is None:
+        charts = draw_charts(results.latency_histogram, results.lateness_histogram,
+                             results.timeline, results.timeline_bucket_ms)
     window = f"{iso_ms(results.since_ms)} to {iso_ms(results.until_ms)}"
     sections = [
         "<h1>qmq audit report</h1>",
@@ -197,16 +221,14 @@ def render(results: AuditResults) -> str:
         "<code>overdue</code>: held past their deadline, or settled late. "
         "<code>in_flight</code>: not due yet at the end of the trace.</p>",
         table(DELIVERY_COLUMNS, results.delivery, bad=("lost", "overdue")),
-        _chart("latency-chart", histogram_svg(results.latency_histogram,
-                                              "First-pull latency, all groups", "#2b6cb0"),
+        _chart("latency-chart", charts.latency,
                "First pull minus deliverable time, per power-of-two bucket."),
         "<h2>Delay per subject</h2>",
         table(DELAY_COLUMNS, results.delay, bad=("early",)),
-        _chart("lateness-chart", histogram_svg(results.lateness_histogram,
-                                               "Dispatch lateness, all subjects", "#805ad5"),
+        _chart("lateness-chart", charts.lateness,
                "Dispatch time minus deliver time, per power-of-two bucket."),
         "<h2>Timeline</h2>",
-        _chart("timeline-chart", timeline_svg(results.timeline, results.timeline_bucket_ms),
+        _chart("timeline-chart", charts.timeline,
                f"Events per {duration_label(results.timeline_bucket_ms)} bucket."),
         "<h2>Retries</h2>",
         table(RETRY_SUMMARY_COLUMNS, results.retry_summary),

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
@@ -49,7 +50,7 @@ from spark_audit.delivery import (
 from spark_audit.errors import NoTraceFiles
 from spark_audit.histogram import histogram
 from tracelog.events import LOCATOR_FIELD_NAMES
-from spark_audit.load import load_events, local_trace_bytes
+from spark_audit.load import is_local, load_events, local_trace_bytes
 from spark_audit.names import has_locators, located_give_ups, name_give_ups
 from spark_audit.output import Table, collect_tables, rows_as_dicts, write_tables, write_text
 from spark_audit.retry import retry_distribution, retry_summary
@@ -289,9 +290,12 @@ def _write_outputs(spark: SparkSession, out: str, tables: dict[str, Table],
     return samples
 
 
-def audit(spark: SparkSession, options: AuditOptions,
-          progress: Callable[[str], None]) -> report.AuditResults:
-    """Run every job over the trace, writing each result under ``options.out_dir``."""
+def audit(spark: SparkSession, options: AuditOptions, progress: Callable[[str], None],
+          tables_ready: Callable[[dict[str, Table], int], None] | None = None
+          ) -> report.AuditResults:
+    """Run every job over the trace, writing each result under ``options.out_dir``;
+    ``tables_ready`` (if given) is called with the small tables and the timeline's bucket width
+    as soon as they are collected, before the outputs are written."""
     started = time.perf_counter()
 
     def step(message: str) -> None:
@@ -314,6 +318,8 @@ def audit(spark: SparkSession, options: AuditOptions,
         tables = collect_tables(_small_tables(events, chains, facts, duplicates, delayed,
                                               flagged, bucket_ms))
         counts = {row[0]: row[1] for row in tables.pop("_anomaly_counts").rows}
+        if tables_ready is not None:
+            tables_ready(tables, bucket_ms)
         delivery, delay = tables["delivery"].dicts(), tables["delay"].dicts()
         step(f"{len(delivery):,} (subject, group) pairs: "
              f"{sum(r['produced'] for r in delivery):,} expected, "
@@ -371,18 +377,37 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     session = spark_session(options)
     spark = session.spark
     out = options.out_dir.rstrip("/")
-    try:
-        results = audit(spark, options, progress)
-        write_text(spark, f"{out}/report.md", report.render(results))
-        write_text(spark, f"{out}/report.html", html_report.render(results))
-        progress(f"wrote {out}/report.md and {out}/report.html")
-        if session.archive is not None and class_archive.start_build(session.archive, spark,
-                                                                     os.getpid()):
-            progress(f"building the driver JVM's class archive for later audits in the "
-                     f"background: {session.archive.archive_path}")
-    finally:
-        if session.created:
-            spark.stop()
+    stopping: threading.Thread | None = None
+    # The charts are drawn on this thread while Spark collects the anomalies (the driver's
+    # Python only waits for the JVM then).
+    with ThreadPoolExecutor(1, thread_name_prefix="audit-charts") as drawing:
+        charts: list[Future[html_report.Charts]] = []
+
+        def draw(tables: dict[str, Table], bucket_ms: int) -> None:
+            charts.append(drawing.submit(
+                html_report.draw_charts, tables["latency_histogram"].dicts(),
+                tables["lateness_histogram"].dicts(), tables["timeline"].dicts(), bucket_ms))
+
+        try:
+            results = audit(spark, options, progress, draw)
+            if session.archive is not None and class_archive.start_build(
+                    session.archive, spark, os.getpid()):
+                progress(f"building the driver JVM's class archive for later audits in the "
+                         f"background: {session.archive.archive_path}")
+            if session.created and is_local(out):
+                # Nothing below needs Spark (a local --out is written with Python's file calls):
+                # the session stops while the reports are rendered.
+                stopping = threading.Thread(target=spark.stop, name="audit-stop")
+                stopping.start()
+            write_text(spark, f"{out}/report.md", report.render(results))
+            write_text(spark, f"{out}/report.html",
+                       html_report.render(results, charts[0].result() if charts else None))
+            progress(f"wrote {out}/report.md and {out}/report.html")
+        finally:
+            if stopping is not None:
+                stopping.join()
+            elif session.created:
+                spark.stop()
     code = exit_code(results)
     print(report.summary_json(results, code) if options.json else report.summary(results),
           flush=True)
