@@ -104,3 +104,11 @@ def test_the_json_summary_gives_the_verdict_counts_and_what_the_options_allowed(
     allowed = json.loads(summary_json(
         dataclasses.replace(results(), allow_lost=True, allow_overdue=True), 0))
     assert (allowed["passed"], allowed["allowed"]) == (True, ["lost", "overdue"])
+
+
+def test_charts_drawn_beforehand_give_the_same_report_as_drawing_them_in_render():
+    made = results()
+    charts = html_report.draw_charts(made.latency_histogram, made.lateness_histogram,
+                                     made.timeline, made.timeline_bucket_ms)
+    assert charts.latency and charts.lateness and charts.timeline
+    assert html_report.render(made, charts) == html_report.render(made)
