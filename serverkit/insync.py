@@ -53,12 +53,9 @@ class InSyncTracker:
         """A fetch of ``log`` at ``offset`` from ``slave`` found the master's end at
         ``log_end``: the slave has [0, offset); it is caught up when offset >= log_end.
         False (and nothing is noted) when ``slave`` is not a registered slave of the group."""
-        assert log in self.logs, log
-        if slave not in self.members:
-            return False
-        progress = self.slaves.get(slave)
+        progress = self._progress_of_member(slave, log)
         if progress is None:
-            progress = self.slaves[slave] = SlaveProgress()
+            return False
         if offset >= progress.acked.get(log, 0):
             progress.acked[log] = offset
         previous = progress.previous.get(log)
@@ -75,16 +72,22 @@ class InSyncTracker:
         knows to continue what it shipped that slave): raise what it acknowledged, and nothing
         else (``on_fetch`` judges caught-up when the fetch is answered). True when that raised
         its acknowledged offset; False when ``slave`` is not a registered slave of the group."""
-        assert log in self.logs, log
-        if slave not in self.members:
-            return False
-        progress = self.slaves.get(slave)
-        if progress is None:
-            progress = self.slaves[slave] = SlaveProgress()
-        if offset <= progress.acked.get(log, 0):
+        progress = self._progress_of_member(slave, log)
+        if progress is None or offset <= progress.acked.get(log, 0):
             return False
         progress.acked[log] = offset
         return True
+
+    def _progress_of_member(self, slave: str, log: str) -> SlaveProgress | None:
+        """``slave``'s progress (made on its first fetch); None when it is not a registered
+        slave of the group, whose fetches are never counted."""
+        assert log in self.logs, log
+        if slave not in self.members:
+            return None
+        progress = self.slaves.get(slave)
+        if progress is None:
+            progress = self.slaves[slave] = SlaveProgress()
+        return progress
 
     def set_members(self, members: tuple[str, ...]) -> None:
         """The group's registered slaves, as the last answer named them; the progress of any
