@@ -17,7 +17,9 @@ system of the whole ``qmq up`` process, MetaServer included, from /proc) and the
 works and the other way round, so the rate follows the sum of the two CPU figures plus the
 fsync: compare before/after by those figures, which a loaded machine disturbs less than the
 rate, and state the load average (printed with each run). Before the runs, the idle server's
-CPU in ms per second (``--idle-s``): what a run's CPU per send carries at a low rate.
+CPU in ms per second (``--idle-s``): what a run's CPU per send carries at a low rate. After
+each run, the server's CPU per send by OS thread name ("main" is the event loop of every server
+in the process; a master's and its slave's store threads share a name and are summed).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from bench._cluster import process_cpu_s
+from bench._cluster import process_cpu_s, thread_cpu_s
 from bench.path_cpu import qmq_up
 from bench.peers.servers import wait_in_sync
 from bench.peers.workloads import DELAY_SEED  # --delays are drawn as W1's are
@@ -63,15 +65,21 @@ async def _one_run(url: str, pid: int, count: int, in_flight: int,
                 await one(seq)
 
         server_cpu_s, client_cpu_s = process_cpu_s(pid), time.process_time()
+        threads_before = thread_cpu_s(pid)
         start = time.monotonic()
         await asyncio.gather(*(sender() for _ in range(in_flight)))
         elapsed_s = time.monotonic() - start
         server_cpu_s = process_cpu_s(pid) - server_cpu_s
         client_cpu_s = time.process_time() - client_cpu_s
+        threads = thread_cpu_s(pid)
     finally:
         await producer.close()
+    # By OS thread name (a master's and its slave's threads of one name are summed).
+    by_thread = {name: (cpu_s - threads_before.get(name, 0.0)) / count * 1e6
+                 for name, cpu_s in threads.items()}
     return {"sends_per_s": count / elapsed_s, "server_cpu_us": server_cpu_s / count * 1e6,
-            "client_cpu_us": client_cpu_s / count * 1e6, "load_1min": os.getloadavg()[0]}
+            "client_cpu_us": client_cpu_s / count * 1e6, "load_1min": os.getloadavg()[0],
+            "thread_cpu_us": by_thread}
 
 
 def _delays(text: str) -> tuple[int, int]:
@@ -122,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{figures['server_cpu_us']:.0f} us/send, client "
                   f"{figures['client_cpu_us']:.0f} us/send; load "
                   f"{figures['load_1min']:.2f}", flush=True)
+            busiest = sorted(figures["thread_cpu_us"].items(), key=lambda item: -item[1])
+            print("    server CPU by thread, us/send: " + ", ".join(
+                f"{name} {us:.0f}" for name, us in busiest if us >= 0.5), flush=True)
     return 0
 
 
