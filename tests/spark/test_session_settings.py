@@ -1,0 +1,41 @@
+"""The settings ``qmq audit`` derives from the trace's size and the driver's memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_audit.main import cache_uncompressed, memory_bytes
+
+MB = 1 << 20
+GB = 1 << 30
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("6g", 6 * GB), ("6G", 6 * GB), ("2048m", 2048 * MB), ("512mb", 512 * MB),
+    ("100", 100 * MB), ("64k", 64 << 10), ("1t", 1 << 40)])
+def test_a_driver_memory_string_reads_as_spark_reads_it(text, expected):
+    assert memory_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1.5g", "g", "", "six gigabytes", "-1g"])
+def test_a_driver_memory_string_spark_would_not_take_reads_as_none(text):
+    assert memory_bytes(text) is None
+
+
+def test_the_ten_million_event_benchmark_trace_is_cached_uncompressed_in_a_6g_driver():
+    assert cache_uncompressed(1_740 * 1_000_000, "6g")
+
+
+def test_a_trace_whose_uncompressed_cache_would_not_fit_the_driver_is_cached_compressed():
+    # 1,740 MB of trace: about 1.3 GB uncompressed, against ~0.5 GB of unevictable storage
+    assert not cache_uncompressed(1_740 * 1_000_000, "2g")
+    assert cache_uncompressed(500 * 1_000_000, "2g")
+
+
+def test_an_unreadable_driver_memory_keeps_the_cache_compressed():
+    assert not cache_uncompressed(1, "lots")
+
+
+def test_no_driver_memory_means_sparks_default_of_one_gigabyte():
+    assert cache_uncompressed(100 * MB, None)
+    assert not cache_uncompressed(1 * GB, None)
