@@ -65,7 +65,7 @@ class OpenStores:
 
     store: MessageStore  # called on store_thread only
     store_thread: IoThread
-    pulllog: PullLogStore  # called on pulllog_thread only
+    pulllog: PullLogStore  # called on pulllog_thread, or on the loop while it is idle (quick)
     pulllog_thread: IoThread
     opened_at_ms: int  # the broker's clock when the stores were opened
     ends: dict[str, int]  # subject -> sequence after its last stored message

@@ -36,8 +36,8 @@ class BrokerContext:
     committed: Committed  # event loop
     book: ConsumerBook  # event loop
     tracer: BrokerTracer
-    stats: dict[str, int]  # one writer thread per key (see Broker)
-    redelivered_by_group: dict[tuple[str, str], int]  # pull-log thread (see Broker)
+    stats: dict[str, int]  # one writer per key: the store thread or the pull log's calls (Broker)
+    redelivered_by_group: dict[tuple[str, str], int]  # the pull log's calls (see Broker)
     replica: WriteReplication  # event loop: min_insync checks, sync waits (docs/REPLICATION.md 7)
 
     async def actions_replicated(self) -> None:

@@ -376,10 +376,13 @@ class Pulls:
             # Not deliverable (a redelivery whose message is gone): ack it at once so it does
             # not come back forever. Rare: the columns are rebuilt without those entries.
             keep = [i for i, payload in enumerate(chosen_payloads) if payload]
-            for i in range(len(log_seqs)):
-                if not chosen_payloads[i]:
-                    pulllog.record_ack(subject, key, consumer_id,
-                                       [(pull_seqs[i], pull_seqs[i])], now_ms)
+            # One ack action for all of them, not one each: a quick call (on the event loop)
+            # may record at most IN_MEMORY_ACTIONS_MAX actions, and a pull can find a whole
+            # batch unreadable.
+            pulllog.record_ack(subject, key, consumer_id,
+                               [(pull_seqs[i], pull_seqs[i])
+                                for i in range(len(log_seqs)) if not chosen_payloads[i]],
+                               now_ms)
             ctx.tracer.redeliveries_unreadable(  # a give-up: traced with its reason
                 subject, key, [s for s, p in zip(log_seqs, chosen_payloads) if not p], now_ms)
             pull_seqs = [pull_seqs[i] for i in keep]

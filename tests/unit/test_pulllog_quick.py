@@ -5,6 +5,7 @@ write does no I/O; otherwise they go to the thread, in order, as before."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -147,3 +148,36 @@ async def test_a_pull_waits_for_a_call_running_on_the_pull_log_thread_and_goes_t
     assert order == ["busy, then 0 recorded"], "nothing ran beside the busy call"
     assert [kind for kind, _ in calls] == ["pull"]
     assert calls[0][1] != threading.get_ident(), "recorded on the pull-log thread"
+
+
+async def test_a_pull_that_finds_a_whole_batch_unreadable_acks_it_in_one_action_off_the_loop(
+        broker):
+    # A pull recorded on the loop may write at most IN_MEMORY_ACTIONS_MAX actions; one ack per
+    # unreadable redelivery would pass that and run the pull log's checkpoint (an fsync, a file
+    # write and a rename) on the event loop.
+    count = IN_MEMORY_ACTIONS_MAX + 4
+    pulllog = broker.pulllog
+
+    def leave_redeliveries() -> None:
+        pulllog.ensure_group(S, G, 0, 1)
+        pulllog.record_pull(S, G, "gone", list(range(count)), count, 1)
+        pulllog.remove_consumer(S, G, "gone", 2)
+    await broker.on_pulllog_thread(leave_redeliveries)
+    assert pulllog.redelivery_count(S, G) == count
+    pulllog.config = dataclasses.replace(  # a checkpoint due just past the quick call's bound
+        pulllog.config,
+        checkpoint_every_actions=pulllog._actions_since_checkpoint + IN_MEMORY_ACTIONS_MAX + 1)
+    assert pulllog.writes_stay_in_memory()
+    checkpoint_threads: list[int] = []
+    checkpoint = pulllog.checkpoint
+
+    def spied_checkpoint() -> None:
+        checkpoint_threads.append(threading.get_ident())
+        checkpoint()
+    pulllog.checkpoint = spied_checkpoint  # type: ignore[method-assign]
+    unreadable = {seq: b"" for seq in range(count)}  # what a read gives for records gone
+    await broker.on_pulllog_quick(broker.pulls._record_pull_io, pull_request(1), G,
+                                  list(range(count)), count, unreadable, 3, None)
+    assert threading.get_ident() not in checkpoint_threads, "a checkpoint ran on the event loop"
+    assert pulllog.redelivery_count(S, G) == 0
+    assert pulllog.unacked(S, G, "c1") == [], "the unreadable entries were acked"
