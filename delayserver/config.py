@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from serverkit.config import ServerConfig
-from wire.limits import MAX_DELAY_MS
+from wire.limits import HOLD_AHEAD_MS_MAX, MAX_DELAY_MS
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,23 @@ class DelayConfig(ServerConfig):
     dispatch_batch_max: int = 256  # most messages per dispatch request to a realtime broker
     dispatch_retry_ms_min: int = 100  # first retry delay after a failed dispatch, in ms
     dispatch_retry_ms_max: int = 5_000  # retry delay cap, in ms (doubles up to this)
+    handoff_lead_ms: int = 3_000  # hand a message to a broker that holds (``hold``) this long
+    # before its due time, in ms; 0 = dispatch every message at its due time
+    handoff_min_messages: int = 1_000  # hand off only a hot slot: a 250 ms step of due times
+    # holding at least this many messages; fewer are dispatched at their due time
 
     POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
         "bucket_ms", "preload_buckets", "wheel_entries_max", "tick_ms", "max_delay_ms",
         "dispatch_batch_max", "dispatch_retry_ms_min", "dispatch_retry_ms_max",
+        "handoff_min_messages",
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_delay_ms > MAX_DELAY_MS:
             raise ValueError(f"max_delay_ms {self.max_delay_ms} exceeds MAX_DELAY_MS {MAX_DELAY_MS}")
+        if type(self.handoff_lead_ms) is not int or not \
+                0 <= self.handoff_lead_ms <= HOLD_AHEAD_MS_MAX // 2:
+            raise ValueError(f"handoff_lead_ms {self.handoff_lead_ms!r} is outside [0, "
+                             f"{HOLD_AHEAD_MS_MAX // 2}] (half of HOLD_AHEAD_MS_MAX "
+                             f"{HOLD_AHEAD_MS_MAX}: room for clock skew and retries)")

@@ -26,12 +26,17 @@ from delayserver.storage import DelayStore, ScheduleEntry
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 from logstore.errors import DiskFull
-from wire.errors import QmqError
+from wire.errors import NotSupported, QmqError
+from wire.message import peek_message_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]]]]]
+# A hand-off ahead of the due time: (subject, payloads, visible_at_ms per payload) -> as
+# Dispatch; NotSupported when the broker does not take it (PayloadSender.send with
+# visible_at_ms, the ``hold`` op).
+Hold = Callable[[str, list[bytes], list[int]], Awaitable[tuple[str, list[dict[str, Any]]]]]
 Io = Callable[..., Awaitable[Any]]  # runs fn(*args) on the store's delay-io thread
 
 DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
@@ -52,6 +57,7 @@ class _Confirmed:
     subject: str
     payloads: list[bytes]  # those to trace (a message refused for good is not traced)
     confirmed_at_ms: int
+    handed: bool = False  # handed off ahead of the due time: the broker traces its dispatch
 
 
 class Dispatcher:
@@ -68,12 +74,17 @@ class Dispatcher:
     - ``_to_record``, ``_recording``: confirmed batches queued for the recorder, and whether
       its task runs; ``_send_slots``: requests on the wire;
     - ``prefetch``: payloads of waiting entries read ahead of their due time (the scheduler's
-      timer starts the reads, a worker takes them).
+      timer starts the reads, a worker takes them);
+    - ``hold``: the hand-off (None: every message is sent at its due time); ``handed``:
+      message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
+      until its due time passes (a cancel asks the broker); ``no_hold``: told when a broker did not
+      take a hand-off (the scheduler then sends at the due time for a while).
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
                  window: PreloadWindow, store: DelayStore, io: Io, stats: DispatchStats,
-                 tracer: DelayTracer, wake: Callable[[], None]) -> None:
+                 tracer: DelayTracer, wake: Callable[[], None], hold: Hold | None = None,
+                 no_hold: Callable[[], None] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.send = send
@@ -89,6 +100,9 @@ class Dispatcher:
         self._recording = False
         self.unrecorded: list[ScheduleEntry] = []
         self.prefetch = PayloadPrefetch(store, io)
+        self.hold = hold
+        self._no_hold = no_hold
+        self.handed: dict[str, tuple[str, int, bool]] = {}
 
     # ------------------------------------------------------------------ workers
 
@@ -204,9 +218,23 @@ class Dispatcher:
                               payloads: list[bytes]) -> None:
         """Send one batch of one subject and hand what the broker confirmed to the recorder
         (without waiting for its dispatch-log write, so the next batch goes out meanwhile);
-        what it did not confirm is retried with backoff."""
+        what it did not confirm is retried with backoff. A batch taken ahead of its due time
+        (the scheduler's hand-off lead) is handed off (``hold``); a broker that does not take
+        it gets what is due now at once and the rest at its due time."""
+        now_ms = self.clock()
+        early = self.hold is not None and max(e.deliver_at_ms for e in entries) > now_ms
         try:
-            _group, results = await self.send(subject, payloads)
+            if early:
+                assert self.hold is not None
+                _group, results = await self.hold(subject, payloads,
+                                                  [e.deliver_at_ms for e in entries])
+            else:
+                _group, results = await self.send(subject, payloads)
+        except NotSupported as exc:
+            if not early:
+                raise
+            await self._hold_refused(subject, entries, payloads, now_ms, exc)
+            return
         except QmqError as exc:
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
                         len(entries), subject, exc)
@@ -214,7 +242,7 @@ class Dispatcher:
             return
         confirmed_at_ms = self.clock()
         if len(results) == len(entries) and not [r for r in results if "error" in r]:
-            self._record_soon(entries, subject, payloads, confirmed_at_ms)
+            self._record_soon(entries, subject, payloads, confirmed_at_ms, early)
             return
         confirmed: list[ScheduleEntry] = []
         confirmed_payloads: list[bytes] = []
@@ -237,9 +265,38 @@ class Dispatcher:
                 failed.append(entry)
         self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
         if confirmed:
-            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms)
+            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms, early)
         if failed:
             self._retry(failed, "realtime did not confirm")
+
+    async def _hold_refused(self, subject: str, entries: list[ScheduleEntry],
+                            payloads: list[bytes], now_ms: int, exc: QmqError) -> None:
+        """A broker did not take a hand-off (an older server): what is due now is sent at
+        once, the rest waits in the window for its due time, and the scheduler stops handing
+        off for a while (``no_hold``)."""
+        log.info("hand-off of %d messages of %s refused (%s): dispatching at the due time",
+                 len(entries), subject, exc)
+        if self._no_hold is not None:
+            self._no_hold()
+        due = [i for i, e in enumerate(entries) if e.deliver_at_ms <= now_ms]
+        later = [e for e in entries if e.deliver_at_ms > now_ms]
+        self.window.defer(later)
+        self._wake()
+        if due:
+            hold, self.hold = self.hold, None
+            try:
+                await self._dispatch_batch(subject, [entries[i] for i in due],
+                                           [payloads[i] for i in due])
+            finally:
+                self.hold = hold
+
+    def prune_handed(self, now_ms: int) -> int:
+        """Forget the handed messages whose due time has passed (a cancel of one is too late
+        anyway); returns how many."""
+        gone = [i for i, (_subject, due, _cancelled) in self.handed.items() if due <= now_ms]
+        for message_id in gone:
+            del self.handed[message_id]
+        return len(gone)
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         self.window.retry(entries, self.clock())
@@ -249,12 +306,12 @@ class Dispatcher:
     # ------------------------------------------------------------------ recording
 
     def _record_soon(self, entries: list[ScheduleEntry], subject: str, payloads: list[bytes],
-                     confirmed_at_ms: int) -> None:
+                     confirmed_at_ms: int, handed: bool = False) -> None:
         """Queue confirmed dispatches for the recorder: everything confirmed while one
         ``record_dispatched`` call runs shares the next (one dispatch-log fsync per bucket).
         Only once recorded are they traced, counted and forgotten; until then they stay in
         flight (a cancel answers ``already_dispatched``)."""
-        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms))
+        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms, handed))
         if not self._recording:
             self._recording = True
             task = asyncio.create_task(self._recorder(), name="delay-recorder")
@@ -303,10 +360,19 @@ class Dispatcher:
             raise
 
     def _confirmed(self, batch: _Confirmed) -> None:
-        """A recorded batch: count its lateness, trace it, forget its entries."""
+        """A recorded batch: count its lateness, trace it, forget its entries. A hand-off is
+        counted apart (``handed``) and not traced here: the broker traces its ``dispatched``
+        when it makes it visible (docs/AUDIT.md); it is remembered until its due time."""
         at_ms = batch.confirmed_at_ms
-        self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
-        if self.tracer.enabled:
+        if batch.handed:
+            self.stats.handed += len(batch.entries)
+            self.tracer.drop_kept([e.delay_log_offset for e in batch.entries])
+            handed = self.handed
+            for entry, payload in zip(batch.entries, batch.payloads):
+                handed[peek_message_id(payload)] = (batch.subject, entry.deliver_at_ms, False)
+        else:
+            self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
+        if self.tracer.enabled and not batch.handed:
             self.tracer.dispatched_entries([e.delay_log_offset for e in batch.entries],
                                            batch.payloads, at_ms)
         self.window.forget(batch.entries)
@@ -344,4 +410,4 @@ class Dispatcher:
         await self.prefetch.stop()
 
 
-__all__ = ["DISPATCH_CONCURRENCY", "Dispatch", "Dispatcher"]
+__all__ = ["DISPATCH_CONCURRENCY", "Dispatch", "Dispatcher", "Hold"]

@@ -133,9 +133,10 @@ class DelayMetrics:
         single messages it refused, by error code."""
         failures = self.dispatch_failures
 
-        async def counted(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+        async def counted(subject: str, payloads: list[bytes], *more: Any
+                          ) -> tuple[str, list[dict[str, Any]]]:
             try:
-                group, results = await dispatch(subject, payloads)
+                group, results = await dispatch(subject, payloads, *more)  # type: ignore
             except QmqError as exc:
                 failures[exc.code] = failures.get(exc.code, 0) + len(payloads)
                 raise
@@ -175,6 +176,9 @@ class _DispatchCollector(Collector):
         stats = self._stats
         yield CounterMetricFamily("qmq_delay_messages_dispatched", "Messages a realtime broker "
                                   "confirmed (or refused for good).", value=stats.dispatched)
+        yield CounterMetricFamily("qmq_delay_messages_handed_off", "Messages a realtime broker "
+                                  "took ahead of their due time (hold): it makes them visible "
+                                  "then, and its trace has their lateness.", value=stats.handed)
         yield CounterMetricFamily("qmq_delay_early_dispatches", "Messages dispatched before "
                                   "their time (a bug if ever above 0).", value=stats.early)
         buckets, cumulative = [], 0

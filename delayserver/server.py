@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from delayserver.config import DelayConfig
 from delayserver.metrics import DelayMetrics
+from delayserver.dispatch import Hold
 from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
@@ -63,6 +64,17 @@ class DelayServer(ServerBase):
         # Only a leased master dispatches (docs/REPLICATION.md 5): a slave, or an old master
         # that lost its lease, is refused and its scheduler retries with backoff.
         self._dispatch = metrics.observe_dispatch(self._fenced(dispatch))
+        # The hand-off ahead of the due time goes through the same sender (with the same
+        # fencing); a server given its own dispatch function (tests) dispatches at the due time.
+        self._hold: Hold | None = None
+        if self._sender is not None:
+            sender = self._sender
+
+            async def hold(subject: str, payloads: list[bytes], visible_at_ms: list[int]
+                           ) -> tuple[str, list[dict[str, Any]]]:
+                return await sender.send(subject, payloads, visible_at_ms)
+
+            self._hold = metrics.observe_dispatch(self._fenced(hold))  # type: ignore[arg-type]
         self._opener = opener
         self._scheduler: Scheduler | None = None  # built by start(), once its store is open
 
@@ -78,10 +90,11 @@ class DelayServer(ServerBase):
         (overdue messages are due before the first registration answers), then a slave or a
         fenced old master gets NotMaster, which the scheduler retries with its backoff."""
 
-        async def fenced(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+        async def fenced(subject: str, payloads: list[bytes], *more: Any
+                         ) -> tuple[str, list[dict[str, Any]]]:
             await self._settle_role()
             self._check_role()
-            return await dispatch(subject, payloads)
+            return await dispatch(subject, payloads, *more)  # type: ignore[call-arg]
 
         return fenced
 
@@ -93,7 +106,8 @@ class DelayServer(ServerBase):
         scheduler = self._scheduler = await Scheduler.open(
             self.config, self.clock, self._dispatch, self._opener,
             tracer=DelayTracer(self.trace), on_fsync=self.metrics.fsync_seconds.observe,
-            replica=replica, follower=replica is not None)
+            replica=replica, follower=replica is not None, hold=self._hold,
+            cancel_held=self._sender.cancel_held if self._sender is not None else None)
         self.metrics.watch(scheduler)
         if replica is not None:
             store = scheduler.store

@@ -16,6 +16,7 @@ class DispatchStats:
     def __init__(self) -> None:
         self.histogram = [0] * (len(LATENESS_BOUNDS_MS) + 1)
         self.dispatched = 0
+        self.handed = 0  # handed off ahead of the due time (the broker makes them visible)
         self.early = 0  # must stay 0: a dispatch before deliver_at is a bug
         self.lateness_ms_max = 0
         self.lateness_ms_sum = 0  # of the values the histogram counted (early ones as 0)

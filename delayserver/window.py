@@ -306,6 +306,20 @@ class PreloadWindow:
             put_back += 1
         return put_back
 
+    def defer(self, entries: Iterable[ScheduleEntry]) -> int:
+        """Put in-flight entries taken ahead of their due time back into the wheel at it (a
+        broker did not take the hand-off); one no longer tracked is skipped. Returns how many."""
+        tracked, in_flight = self.tracked, self.in_flight
+        put_back = 0
+        for entry in entries:
+            key = entry.delay_log_offset
+            if key not in tracked:
+                continue
+            in_flight.discard(key)
+            self.wheel.add(entry, entry.deliver_at_ms, key)
+            put_back += 1
+        return put_back
+
     # ------------------------------------------------------------------ cancel
 
     def hold_for_cancel(self, id_hash: int, bucket_ms: int

@@ -281,6 +281,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                             "window drains")
     delay.add_argument("--max-delay-ms", type=int, default=None,
                        help="furthest deliver time ahead of now (default 2 years)")
+    delay.add_argument("--handoff-lead-ms", type=int, default=None,
+                       help="hand each message to a realtime broker that holds this long "
+                            "before its due time (default 3000; 0: at the due time)")
     delay.add_argument("--no-trace", action="store_true", help="do not write trace events")
     delay.add_argument("--trace-dir", default=None, help="trace files (default DATA_DIR/trace)")
     delay.add_argument("--clock-offset-ms", type=int, default=0,
@@ -477,6 +480,8 @@ async def _run_server(args: argparse.Namespace) -> int:
         from delayserver.config import DelayConfig
 
         extra = {"max_delay_ms": args.max_delay_ms} if args.max_delay_ms else {}
+        if args.handoff_lead_ms is not None:
+            extra["handoff_lead_ms"] = args.handoff_lead_ms
         await launcher.run_delay_command(_server_settings(args, DelayConfig, "delay", dict(
             common, bucket_ms=args.bucket_ms, wheel_entries_max=args.wheel_entries_max, **extra),
             args.port))

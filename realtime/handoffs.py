@@ -1,6 +1,6 @@
 """``Handoffs``: a broker holding messages a delay server handed it ahead of their due time
-(docs/BENCHMARKS.md "Hand-off ahead of the due time (built)", docs/PROTOCOL.md ``hold`` and
-``cancel_held``).
+(docs/BENCHMARKS.md "Issue 18 item 3: the hand-off ahead of the due time", docs/PROTOCOL.md
+``hold`` and ``cancel_held``).
 
 ``hold`` checks a batch as a send does, writes held records (durable, de-duplicated,
 replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
@@ -23,6 +23,7 @@ from realtime.sends import DELIVER_AT_SKEW_MS_MAX
 from realtime.storage.held import Held
 from serverkit.send_check import Checked, QuickCheck
 from wire.errors import BadRequest, QmqError, ReadOnly
+from wire.limits import HOLD_AHEAD_MS_MAX  # how far ahead a held message may be visible
 from wire.message import (
     ORIGIN_ID_PROPERTY, decode_message, peek_message_id, tag_hash, validate_message,
 )
@@ -30,16 +31,16 @@ from wire.protocol import send_result_error, send_result_ok
 
 log = logging.getLogger(__name__)
 
-# How far ahead of now a held message may be visible: a hand-off is a few seconds ahead
-# (the delay server's handoff_lead_ms); further is refused, so what a broker holds in memory
-# stays bounded by a few seconds of dispatches.
-HOLD_AHEAD_MS_MAX = 60_000
-# Messages made visible per store call: a due instant of more takes several calls, each a
-# turn of the event loop.
-VISIBLE_BATCH_MAX = 32_768
+# Messages made visible per store call: a due instant of more takes several calls, one after
+# the other, so consumers drain the first while the next are written (each call is one fsync).
+VISIBLE_BATCH_MAX = 4_096
 # Payload bytes of held messages kept in memory for the tail at the due time; past it a
 # message is read back from the store when made visible.
 KEPT_BYTES_MAX = 64 << 20
+# Visible times are rounded up to this (ms): messages due within one tick become visible in
+# one store call (one fsync) instead of one call each, at most this much later (the delay
+# server's tick_ms does the same for its dispatches). Never earlier.
+VISIBLE_TICK_MS = 5
 
 
 class Handoffs:
@@ -53,8 +54,9 @@ class Handoffs:
         self._go_readonly = go_readonly  # Sends._go_readonly: a sticky write failure
         self._quick_check = QuickCheck()
         self.timer = HeldTimer()
-        # offset -> (payload, what the check read): for the tail and the trace at the due time
-        self._kept: dict[int, tuple[bytes, Checked]] = {}
+        # offset -> (payload, what the check read, its trace members or None): for the tail
+        # and the trace at the due time (members built at the hand-off, ahead of it)
+        self._kept: dict[int, tuple[bytes, Checked, str | None]] = {}
         self._kept_bytes = 0
         self._wake = asyncio.Event()
         self.made_visible = 0  # messages made visible since start (metrics, tests)
@@ -90,6 +92,7 @@ class Handoffs:
         offsets, log_end = await ctx.on_store_thread(self._hold_io, checks, valid, visible,
                                                      now_ms)
         ctx.replica.advanced("message", log_end)
+        members_of = ctx.tracer.visible_members
         for slot, checked, payload, visible_at, offset in zip(slots, checks, valid, visible,
                                                               offsets):
             results[slot] = send_result_ok(checked.id, duplicate=offset is None)
@@ -97,7 +100,7 @@ class Handoffs:
                 continue
             self.timer.add(offset, visible_at)
             if self._kept_bytes + len(payload) <= KEPT_BYTES_MAX:
-                self._kept[offset] = (payload, checked)
+                self._kept[offset] = (payload, checked, members_of(checked))
                 self._kept_bytes += len(payload)
         self._wake.set()
         if ctx.replica.replicating:
@@ -180,6 +183,8 @@ class Handoffs:
             self._wake.clear()
             next_ms = self.timer.next_due_ms()
             now_ms = clock()
+            if next_ms is not None:
+                next_ms = -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS
             if next_ms is None or next_ms > now_ms:
                 try:
                     async with asyncio.timeout(None if next_ms is None
@@ -205,25 +210,36 @@ class Handoffs:
         made, log_end, read = await ctx.on_store_thread(self._visible_io, due, missing, now_ms)
         ctx.replica.advanced("message", log_end)
         tracer = ctx.tracer
+        # Traced when visible (consumers can pull them from now on), not when taken: the
+        # lateness includes the store call.
+        visible_ms = ctx.clock() if tracer.enabled else now_ms
         for subject, first, items in made:
             payloads: list[bytes] = []
             checks: list[Checked] = []
+            members: list[str | None] = []
             for item in items:
                 found = kept.pop(item.offset, None)
                 if found is None:
                     payload = read[item.offset]
                     checked = (self._quick_check.check_many([payload], 1 << 62)[0]
                                or _checked_of(payload))
+                    member = None
                 else:
-                    payload, checked = found
+                    payload, checked, member = found
                     self._kept_bytes -= len(payload)
                 payloads.append(payload)
                 checks.append(checked)
+                members.append(member)
             entries = [(p, c.tags, c.expire_at_ms) for p, c in zip(payloads, checks)]
             ctx.committed.add(subject, first, entries, sum(map(len, payloads)))
             sequences = list(range(first, first + len(items)))
             if tracer.enabled:
-                tracer.made_visible(checks, sequences, payloads, now_ms)
+                if None in members:
+                    tracer.made_visible(checks, sequences, payloads, visible_ms)
+                else:
+                    tracer.made_visible_members(
+                        subject, members, sequences,  # type: ignore[arg-type]
+                        [c.deliver_at_ms for c in checks], visible_ms)
             ctx.committed.notify(subject)
             self.made_visible += len(items)
         for offset in due:  # cancelled meanwhile: not made visible, not kept any longer

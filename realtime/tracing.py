@@ -235,6 +235,39 @@ class BrokerTracer:
         start, end = writer.frame("dispatched", now_ms)
         writer.emit_lines(dispatched_lines(start, end, payloads, now_ms))
 
+    def visible_members(self, checked: Checked) -> str | None:
+        """The members a held message's ``stored`` and ``dispatched`` lines will carry, built
+        at the hand-off (ahead of the due time) for ``made_visible_members``; None when tracing
+        is off or the message is not a plain delayed one (the general path takes it)."""
+        if not self.enabled or checked.deliver_at_ms is None:
+            return None
+        peeked = trace_members(checked.id, checked.subject, origin_id=checked.origin_id,
+                               created_at_ms=checked.created_at_ms,
+                               deliver_at_ms=checked.deliver_at_ms, retries=checked.retries,
+                               tags=checked.tags)
+        if peeked is None or _producers_own(peeked):
+            return None
+        return peeked.members
+
+    def made_visible_members(self, subject: str, members: Sequence[str],
+                             sequences: Sequence[int], deliver_at_ms: Sequence[int],
+                             now_ms: int) -> None:
+        """``made_visible`` of held messages of ``subject`` whose members ``visible_members``
+        built: the same lines, one concatenation each (a hot slot's due instant)."""
+        if not self.enabled or not members:
+            return
+        writer = self.writer
+        assert writer is not None
+        s_start, s_end = writer.frame("stored", now_ms)
+        d_start, d_end = writer.frame("dispatched", now_ms)
+        log_subject = subject if subject[:1] == "%" else None
+        lines = []
+        for member, sequence, due in zip(members, sequences, deliver_at_ms):
+            lines.append(s_start + member + locator_member(sequence, log_subject) + s_end)
+            lines.append(f'{d_start}{member},"lateness_ms":{now_ms - due}{d_end}')
+        writer.emit_lines(lines)
+        self._remember(subject, sequences, members)
+
     def held_deleted(self, held: Sequence[tuple[str, str]], now_ms: int) -> None:
         """Held messages (not yet visible) retention's hard cap deleted: ``gave_up``
         ``retention_hard_cap``, named by (wire subject, message id)."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk.connection import ConnectionPool
-from wire.errors import ConnectionLost, NoRoute, QmqError, error_from_wire
+from wire.errors import ConnectionLost, NoRoute, NotSupported, QmqError, error_from_wire
 from wire.limits import MAX_SEND_BATCH_MESSAGES
 from wire.message import peek_message_id
 from sdk.routes import RouteCache
@@ -48,9 +48,15 @@ class PayloadSender:
         self.pool = ConnectionPool(client_id=client_id, app=app, token=token,
                                    ssl_context=ssl_context)
 
-    async def send(self, subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+    async def send(self, subject: str, payloads: list[bytes],
+                   visible_at_ms: list[int] | None = None) -> tuple[str, list[dict[str, Any]]]:
         """Send ``payloads`` (all of ``subject``) and return (the broker group that took the
         first payload, per-payload results in the order given).
+
+        With ``visible_at_ms`` (one per payload) the batch is handed off ahead of its due time
+        (the ``hold`` op): only to brokers whose hello says ``holds``; NotSupported (not
+        retriable) when the one it would go to does not, so the caller dispatches at the due
+        time instead.
 
         Each payload goes to its message id's home group (``home_group``), so a resend of an id
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
@@ -77,7 +83,9 @@ class PayloadSender:
                 home = home_group(payloads[position], len(groups))
                 parts.setdefault(home, []).append(position)
             outcomes = await asyncio.gather(*(
-                self._send_part(subject, groups, home, [payloads[p] for p in positions])
+                self._send_part(subject, groups, home, [payloads[p] for p in positions],
+                                None if visible_at_ms is None
+                                else [visible_at_ms[p] for p in positions])
                 for home, positions in parts.items()
             ), return_exceptions=True)
             pending = []
@@ -99,7 +107,8 @@ class PayloadSender:
         raise last_error
 
     async def _send_part(self, subject: str, groups: list[Any], home: int,
-                         payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]] | QmqError:
+                         payloads: list[bytes], visible_at_ms: list[int] | None = None,
+                         ) -> tuple[str, list[dict[str, Any]]] | QmqError:
         """Send one home group's part, trying the other groups in turn on a retriable failure;
         returns (group, results) or the last retriable error (a non-retriable one is raised)."""
         # Every address of every group: a group's list can still hold a broker that died
@@ -110,11 +119,17 @@ class PayloadSender:
         for group, address in targets:
             try:
                 results: list[dict[str, Any]] = []
+                if visible_at_ms is not None \
+                        and not (await self.pool.get(address)).server.get("holds"):
+                    raise NotSupported(f"{self.kind} broker {group.group} at {address} does "
+                                       f"not take hold (an older server)")
                 for start in range(0, len(payloads), MAX_SEND_BATCH_MESSAGES):
                     chunk = payloads[start:start + MAX_SEND_BATCH_MESSAGES]
-                    answer = await self.pool.request(
-                        address, {"op": "send", "messages": chunk}, self.send_timeout_ms
-                    )
+                    request: dict[str, Any] = {"op": "send", "messages": chunk}
+                    if visible_at_ms is not None:
+                        request = {"op": "hold", "messages": chunk, "visible_at_ms":
+                                   visible_at_ms[start:start + MAX_SEND_BATCH_MESSAGES]}
+                    answer = await self.pool.request(address, request, self.send_timeout_ms)
                     results.extend(answer.get("results", []))
                 if _all_retriable_failures(results):
                     error = results[0]["error"]
@@ -129,6 +144,34 @@ class PayloadSender:
                 if isinstance(exc, ConnectionLost):
                     await self.pool.discard(address)
         return last_error
+
+    async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
+        """Ask every broker group of ``subject`` to drop these held messages (``cancel_held``):
+        for each id, True when some group held it and dropped it. Raises the error of a group
+        that could not be asked (the caller cannot know whether it held them)."""
+        route = await self.routes.get(subject, "producer")
+        dropped = [False] * len(message_ids)
+        for group in sorted((g for g in route.groups if g.addresses), key=lambda g: g.group):
+            last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
+            for address in group.addresses:
+                try:
+                    if not (await self.pool.get(address)).server.get("holds"):
+                        break  # an older broker: it holds nothing
+                    answer = await self.pool.request(
+                        address, {"op": "cancel_held", "subject": subject, "ids": message_ids},
+                        self.send_timeout_ms)
+                except QmqError as exc:
+                    if not exc.retriable:
+                        raise
+                    last_error = exc
+                    if isinstance(exc, ConnectionLost):
+                        await self.pool.discard(address)
+                    continue
+                dropped = [a or bool(b) for a, b in zip(dropped, answer.get("cancelled", []))]
+                break
+            else:
+                raise last_error
+        return dropped
 
     async def close(self) -> None:
         """Close connections and the route cache's HTTP session."""

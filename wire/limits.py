@@ -50,6 +50,9 @@ MAX_PULL_WAIT_MS = 60_000
 # Furthest a message may be scheduled ahead of now, in milliseconds (730 days, "2 years").
 # Later is rejected with delay_out_of_range, never clamped.
 MAX_DELAY_MS = 730 * 24 * 60 * 60 * 1000
+# How far ahead of a realtime broker's now a held message (the ``hold`` op) may become visible:
+# a delay server hands messages off a few seconds ahead (its handoff_lead_ms, at most this).
+HOLD_AHEAD_MS_MAX = 60_000
 
 # Longest message id, in characters.
 MAX_MESSAGE_ID_CHARS = 128
@@ -93,6 +96,7 @@ __all__ = [
     "MAX_PULL_BATCH_MESSAGES",
     "MAX_PULL_WAIT_MS",
     "MAX_DELAY_MS",
+    "HOLD_AHEAD_MS_MAX",
     "MAX_MESSAGE_ID_CHARS",
     "MAX_ACK_RANGES",
     "MAX_CLIENT_ID_CHARS",

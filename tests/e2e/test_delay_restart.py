@@ -17,6 +17,7 @@ from tests.harness import Arrivals, consume_into, epoch_ms, start_delay_cluster,
 CONSUMER_OPTIONS = {"wait_ms": 500, "heartbeat_interval_ms": 500, "reconnect_backoff_max_ms": 500,
                     "start": "earliest"}
 SMALL_BUCKETS = ("--bucket-ms", "1000")
+NO_HANDOFF = ("--handoff-lead-ms", "0")
 
 
 async def send_due_between(producer: qmq.Producer, subject: str, count: int, first_ms: int,
@@ -74,8 +75,11 @@ async def test_a_delay_server_killed_while_dispatching_delivers_everything_once_
 @pytest.mark.parametrize("stop", ["sigterm", "kill9"])
 async def test_messages_due_while_the_delay_server_was_down_are_delivered_at_once_on_restart(
         cluster, stop):
+    # Without the hand-off: a message handed to the broker ahead of its due time is delivered
+    # while the delay server is down (tests/e2e/test_delay_handoff.py); this is about those
+    # the delay server itself must dispatch after its restart.
     _realtime, delay = await asyncio.to_thread(start_delay_cluster, cluster,
-                                               delay_flags=SMALL_BUCKETS)
+                                               delay_flags=(*SMALL_BUCKETS, *NO_HANDOFF))
     subject, count = "reminders.overdue", 300
     arrivals = Arrivals()
     async with qmq.Consumer(cluster.meta_url, group="notify", **CONSUMER_OPTIONS) as consumer:
@@ -96,7 +100,7 @@ async def test_messages_due_while_the_delay_server_was_down_are_delivered_at_onc
                        "every message to be overdue")
         assert arrivals.ids == before_stop, "delivered while the delay server was down"
 
-        await asyncio.to_thread(cluster.start_delay, "d1", *SMALL_BUCKETS)
+        await asyncio.to_thread(cluster.start_delay, "d1", *SMALL_BUCKETS, *NO_HANDOFF)
         ready_at = time.monotonic()
         await wait_for(lambda: arrivals.ids >= set(sent), 30, "the overdue messages")
         caught_up_s = time.monotonic() - ready_at

@@ -151,3 +151,29 @@ async def test_a_reopened_broker_holds_again_and_makes_visible_on_time(tmp_path)
         assert await pulled_ids(broker, "orders") == ["h1", "h2"]
     finally:
         await broker.stop()
+
+
+@pytest.mark.parametrize("subject", ["orders", "%retry%orders%billing"])
+def test_the_lines_built_at_the_hand_off_equal_the_lines_built_from_the_payload(tmp_path,
+                                                                                subject):
+    from serverkit.send_check import QuickCheck
+    clock = FakeClock()
+    due = clock() + DUE_IN_MS
+    payloads = [encode_message(Message.create(subject, b"x", now_ms=clock(), id=f"m{n}",
+                                              deliver_at_ms=due, tags=("t",) * n))
+                for n in range(3)]
+    checks = QuickCheck().check_many(payloads, due + 10_000)
+    checks = [c or pytest.fail("the quick check took them") for c in checks]
+    lines = []
+    for name in ("general", "members"):
+        writer = TraceWriter(tmp_path / name, "realtime:rt", clock_ms=clock, background=False)
+        tracer = BrokerTracer(writer)
+        if name == "general":
+            tracer.made_visible(checks, [5, 6, 7], payloads, due + 3)
+        else:
+            members = [tracer.visible_members(c) for c in checks]
+            assert None not in members
+            tracer.made_visible_members(subject, members, [5, 6, 7], [due] * 3, due + 3)
+        writer.flush()
+        lines.append(sorted(read_events([tmp_path / name]), key=str))
+    assert lines[0] == lines[1] and len(lines[0]) == 6
