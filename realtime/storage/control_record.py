@@ -8,30 +8,35 @@ length and CRC-32::
     Offset   | Size | Field
     ---------+------+-------------------------------------------------------------------
     0        | 8    | timestamp_ms: u64, when the broker wrote the record
-    8        | 8    | visible_at_ms: u64 (held); 0 in the other kinds
-    16       | 8    | tag_bloom: u64 (held); 0 in the other kinds
+    8        | 8    | visible_at_ms: u64 (held); subject_sequence (visible message); 0 (cancelled)
+    16       | 8    | tag_bloom: u64 (held, visible message); 0 (cancelled)
     24       | 2    | marker: u16 = 0 (where a message record has its subject_length >= 1)
-    26       | 1    | kind: 1 held, 2 visible, 3 cancelled
+    26       | 1    | kind: 1 held, 3 cancelled, 4 visible message (2 is retired: never written)
     held (kind 1):
     27       | 2    | subject_length: u16 (S)
     29       | S    | subject: UTF-8
     29+S     | 2    | message_id_length: u16 (I)
     31+S     | I    | message_id: UTF-8
     31+S+I   | N    | payload: the message as the delay server sent it (rest of the body)
-    visible (kind 2):
-    27       | 4    | run_count: u32 (R)
-    31       | ...  | R runs: subject_length u16 (S), subject (S bytes), first_sequence u64,
-             |      |   entry_count u32 (C), then C entries of 20 bytes: held_offset u64 (the
-             |      |   held record's message-log offset), size_bytes u32 (its body size),
-             |      |   tag_bloom u64; entry i gets sequence first_sequence + i
+    visible message (kind 4): a held message made visible, a message record again
+    8        | 8    | subject_sequence: u64 (in the place of visible_at_ms)
+    16       | 8    | tag_bloom: u64
+    27       | 8    | held_offset: u64, the held record it makes visible (no longer held)
+    35       | 2    | subject_length: u16 (S)
+    37       | S    | subject: UTF-8
+    37+S     | 2    | message_id_length: u16 (I)
+    39+S     | I    | message_id: UTF-8
+    39+S+I   | N    | payload: the held record's payload, written again
     cancelled (kind 3):
     27       | 4    | count: u32 (C)
     31       | 8*C  | held_offset: u64, each a held record now dropped
 
-A visible record carries everything its consumer-log entries need (the entries' timestamp is
-the record's timestamp_ms), so recovery and a slave's copy index it without reading the held
-records. What it does NOT guarantee: a held record says nothing about whether it was later
-made visible or cancelled; only the records after it do.
+A visible-message record is a message record in all but its marker: consumer-log entries point
+at it (never at a held record), so within a subject entry offsets rise with the sequence as they
+do for sent messages, and retention, a copy's cut and recovery need nothing special for it. Each
+one names the held record it replaces, so it is atomic: a torn or cut write leaves each message
+held or visible, never both. What it does NOT guarantee: a held record says nothing about
+whether it was later made visible or cancelled; only the records after it do.
 """
 
 from __future__ import annotations
@@ -51,15 +56,10 @@ HEAD_SIZE_BYTES = HEAD.size  # 27
 MARKER_AT = 24  # bytes 24-25: a message record's subject_length, never 0
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
-RUN_HEAD = struct.Struct(">QI")  # first_sequence, entry_count
-VISIBLE_ENTRY = struct.Struct(">QIQ")  # held_offset, size_bytes, tag_bloom
 OFFSET = struct.Struct(">Q")
 KIND_HELD = 1
-KIND_VISIBLE = 2
 KIND_CANCELLED = 3
-# Entries one visible record lists at most (20 bytes each: 640 KiB), so a record stays far
-# below record_size_bytes_max; a larger due batch writes several records in one commit.
-VISIBLE_ENTRIES_PER_RECORD_MAX = 32_768
+KIND_VISIBLE_MESSAGE = 4  # 2 was a visible record listing entries that pointed at held records
 HELD_OVERHEAD_SIZE_BYTES = HEAD_SIZE_BYTES + 4  # a held record is at least this long
 
 
@@ -72,10 +72,6 @@ class HeldRecord:
     tag_bloom: int
     subject: str
     message_id: str
-
-
-# A visible record's run: (subject, first_sequence, [(held_offset, size_bytes, tag_bloom)]).
-VisibleRun = tuple[str, int, list[tuple[int, int, int]]]
 
 
 def is_control(body: bytes | memoryview) -> bool:
@@ -110,7 +106,15 @@ def decode_held(body: bytes | memoryview) -> tuple[HeldRecord, int]:
             or control_kind(body) != KIND_HELD:
         raise ValueError(f"a {len(body)}-byte body is not a held record")
     timestamp_ms, visible_at_ms, bloom, _marker, _kind = HEAD.unpack_from(body, 0)
-    at = HEAD_SIZE_BYTES
+    subject, message_id, payload_at = _names(body, HEAD_SIZE_BYTES)
+    return HeldRecord(timestamp_ms, visible_at_ms, bloom, subject, message_id), payload_at
+
+
+def _names(body: bytes | memoryview, at: int) -> tuple[str, str, int]:
+    """(subject, message id, where the payload starts) of the two length-prefixed names at
+    ``at``; ValueError when they run past the body or are not UTF-8."""
+    if at + 2 > len(body):
+        raise ValueError(f"no subject length at {at} of the {len(body)}-byte body")
     (subject_length,) = U16.unpack_from(body, at)
     id_at = at + 2 + subject_length
     if id_at + 2 > len(body):
@@ -124,45 +128,31 @@ def decode_held(body: bytes | memoryview) -> tuple[HeldRecord, int]:
         message_id = bytes(body[id_at + 2:payload_at]).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"subject or message id is not UTF-8: {exc}") from exc
-    return HeldRecord(timestamp_ms, visible_at_ms, bloom, subject, message_id), payload_at
+    return subject, message_id, payload_at
 
 
-def encode_visible(timestamp_ms: int, runs: Sequence[VisibleRun]) -> bytes:
-    """A visible record's body listing ``runs``."""
-    parts = [HEAD.pack(timestamp_ms, 0, 0, 0, KIND_VISIBLE), U32.pack(len(runs))]
-    for subject, first_sequence, entries in runs:
-        raw = subject.encode("utf-8")
-        parts += [U16.pack(len(raw)), raw, RUN_HEAD.pack(first_sequence, len(entries))]
-        parts += [VISIBLE_ENTRY.pack(*entry) for entry in entries]
-    return b"".join(parts)
+def encode_visible_message(timestamp_ms: int, sequence: int, tag_bloom: int, subject: str,
+                           message_id: str, held_offset: int, payload: bytes) -> bytes:
+    """The visible-message record making the held record at ``held_offset`` visible as
+    ``sequence`` of ``subject``, its payload written again."""
+    subject_bytes = subject.encode("utf-8")
+    id_bytes = message_id.encode("utf-8")
+    return b"".join((HEAD.pack(timestamp_ms, sequence, tag_bloom, 0, KIND_VISIBLE_MESSAGE),
+                     OFFSET.pack(held_offset), U16.pack(len(subject_bytes)), subject_bytes,
+                     U16.pack(len(id_bytes)), id_bytes, payload))
 
 
-def decode_visible(body: bytes | memoryview) -> tuple[int, list[VisibleRun]]:
-    """(timestamp_ms, runs) of a visible record; ValueError on any defect."""
-    if not is_control(body) or control_kind(body) != KIND_VISIBLE \
-            or len(body) < HEAD_SIZE_BYTES + 4:
-        raise ValueError(f"a {len(body)}-byte body is not a visible record")
-    timestamp_ms = HEAD.unpack_from(body, 0)[0]
-    (count,) = U32.unpack_from(body, HEAD_SIZE_BYTES)
-    at = HEAD_SIZE_BYTES + 4
-    runs: list[VisibleRun] = []
-    try:
-        for _ in range(count):
-            (length,) = U16.unpack_from(body, at)
-            subject = bytes(body[at + 2:at + 2 + length]).decode("utf-8")
-            at += 2 + length
-            first, entry_count = RUN_HEAD.unpack_from(body, at)
-            at += RUN_HEAD.size
-            stop = at + entry_count * VISIBLE_ENTRY.size
-            if stop > len(body):
-                raise ValueError(f"run of {entry_count} entries runs past the body")
-            runs.append((subject, first, list(VISIBLE_ENTRY.iter_unpack(body[at:stop]))))
-            at = stop
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise ValueError(f"bad visible record: {exc}") from exc
-    if at != len(body):
-        raise ValueError(f"{len(body) - at} unexpected bytes after the last run")
-    return timestamp_ms, runs
+def decode_visible_message(body: bytes | memoryview) -> tuple[HeldRecord, int, int, int]:
+    """(the message as a HeldRecord whose visible_at_ms is 0, its subject_sequence, its
+    held_offset, where its payload starts); ValueError when it is not one."""
+    if not is_control(body) or control_kind(body) != KIND_VISIBLE_MESSAGE \
+            or len(body) < HEAD_SIZE_BYTES + 8 + 4:
+        raise ValueError(f"a {len(body)}-byte body is not a visible-message record")
+    timestamp_ms, sequence, bloom, _marker, _kind = HEAD.unpack_from(body, 0)
+    (held_offset,) = OFFSET.unpack_from(body, HEAD_SIZE_BYTES)
+    subject, message_id, payload_at = _names(body, HEAD_SIZE_BYTES + 8)
+    return HeldRecord(timestamp_ms, 0, bloom, subject, message_id), sequence, held_offset, \
+        payload_at
 
 
 def encode_cancelled(timestamp_ms: int, held_offsets: Sequence[int]) -> bytes:
@@ -184,7 +174,7 @@ def decode_cancelled(body: bytes | memoryview) -> tuple[int, list[int]]:
 
 
 __all__ = [
-    "HeldRecord", "KIND_CANCELLED", "KIND_HELD", "KIND_VISIBLE", "VISIBLE_ENTRIES_PER_RECORD_MAX",
-    "VisibleRun", "control_kind", "decode_cancelled", "decode_held", "decode_visible",
-    "encode_cancelled", "encode_held", "encode_visible", "is_control",
+    "HeldRecord", "KIND_CANCELLED", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
+    "decode_cancelled", "decode_held", "decode_visible_message", "encode_cancelled",
+    "encode_held", "encode_visible_message", "is_control",
 ]

@@ -18,14 +18,14 @@ from logstore import CorruptRecord
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.control_record import (
-    KIND_CANCELLED, KIND_VISIBLE, control_kind, decode_cancelled, decode_held, decode_visible,
-    is_control,
+    KIND_CANCELLED, KIND_HELD, control_kind, decode_cancelled, decode_held, is_control,
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
-from realtime.storage.held import HELD_SEQUENCE, Held, HeldSet, note_control
+from realtime.storage.held import (
+    HELD_SEQUENCE, Held, HeldSet, is_held_control, message_header, note_control,
+)
 from realtime.storage.message_log import MessageLog
-from realtime.storage.message_record import decode_message_header
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
     message-log offset ``first_offset``, the others following). A subject's first record past
     its log's end (a copy that began at the master's retention point) is preceded by holes; a
     record whose sequence its log already holds is an inconsistent copy (CorruptRecord).
-    Control records update ``held`` (and a visible record's entries are indexed the same way),
-    so a promoted slave holds what its master held. Returns the records indexed."""
+    Held and cancelled records update ``held``, a visible-message record is indexed as a
+    message and takes its held record out, so a promoted slave holds what its master held.
+    Returns the records indexed."""
     pending: dict[str, list[Entry]] = defaultdict(list)
     keys: list[str] = []
     sequences: list[int] = []
@@ -62,14 +63,16 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
         pending[subject].append(Entry(timestamp_ms, at, size, bloom))
 
     for body in bodies:
-        if is_control(body):
-            note_control(body, offset, held, index, dedup, -1, directory)
+        if is_held_control(body):
+            note_control(body, offset, held, dedup, -1, directory)
             offset += HEADER_SIZE_BYTES + len(body)
             continue
         try:
-            timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
+            timestamp_ms, sequence, bloom, subject, message_id, held_offset = message_header(body)
         except ValueError as exc:
             raise CorruptRecord(directory, offset, f"copied record: {exc}") from exc
+        if held_offset is not None:
+            held.pop(held_offset)
         index(subject, sequence, timestamp_ms, offset, len(body), bloom)
         keys.extend(dedup.keys(subject, (message_id,)))
         sequences.append(sequence)
@@ -85,45 +88,80 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
 def cut_indexes(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
                 dedup: DedupIndex, offset: int, held: HeldSet) -> int:
     """Before the message log is cut at ``offset``: forget the dedup ids of its records from
-    there (all of them when one of those records is unreadable: a rotten record is why the
-    copy is cut), cut every consumer-log entry that points at or past it or that a visible
-    record from there made, and put back in ``held`` the held records below it that a cut
-    visible or cancelled record had taken out. Returns the entries cut."""
-    firsts: dict[str, int] = {}  # subject -> its first sequence a cut visible record made
-    restore: list[int] = []  # held offsets below the cut to hold again
+    there, cut every consumer-log entry that points at or past it (within a subject entry
+    offsets rise with the sequence, visible held messages included), and put back in ``held``
+    the held records below it that a cut visible-message or cancelled record had taken out.
+    When one of the records from ``offset`` is unreadable (a rotten record is why the copy is
+    cut), the dedup index is cleared and the held set rebuilt from the records below the cut.
+    Returns the entries cut."""
     try:
-        for at, body in message_log.iterate_bodies(offset):
-            if not is_control(body):
-                _ts, sequence, _bloom, subject, message_id, _p = decode_message_header(body)
-                dedup.forget(subject, message_id, sequence)
-                continue
-            kind = control_kind(body)
-            if kind == KIND_VISIBLE:
-                for subject, first, entries in decode_visible(body)[1]:
-                    firsts[subject] = min(first, firsts.get(subject, first))
-                    restore += [e[0] for e in entries if e[0] < offset]
-            elif kind == KIND_CANCELLED:
-                restore += [o for o in decode_cancelled(body)[1] if o < offset]
-            else:
-                record, _p = decode_held(body)
-                held.pop(at)
-                dedup.forget(record.subject, record.message_id, HELD_SEQUENCE)
+        _forget_from(message_log, dedup, offset, held)
     except (CorruptRecord, ValueError) as exc:
-        log.warning("message store: cut at %d: %s; the dedup index is cleared", offset, exc)
+        log.warning("message store: cut at %d: %s; the dedup index is cleared and the held set "
+                    "rebuilt from the records below the cut", offset, exc)
         dedup.clear()
-    for held_offset in restore:
-        body = message_log.log.read(held_offset)
-        record, _p = decode_held(body)
-        held.add(Held(held_offset, len(body), record.visible_at_ms, record.tag_bloom,
-                      record.subject, record.message_id))
+        _rebuild_held(message_log, offset, held, dedup)
     cut = 0
     for subject, clog in consumer_logs.items():
         try:
             first = clog.find_first(lambda e: not e.is_hole and e.message_log_offset >= offset)
         except CorruptEntry as exc:
             first = exc.sequence
-        cut += clog.truncate(min(first, firsts.get(subject, first)))
+        cut += clog.truncate(first)
     return cut
+
+
+def _forget_from(message_log: MessageLog, dedup: DedupIndex, offset: int,
+                 held: HeldSet) -> None:
+    """``cut_indexes``'s walk over the records from ``offset``: their dedup ids and held
+    records go, what they took out of the held set below ``offset`` is held again."""
+    restore: list[int] = []  # held offsets below the cut to hold again
+    for at, body in message_log.iterate_bodies(offset):
+        if not is_held_control(body):
+            _ts, sequence, _bloom, subject, message_id, held_offset = message_header(body)
+            dedup.forget(subject, message_id, sequence)
+            if held_offset is not None and held_offset < offset:
+                restore.append(held_offset)
+        elif control_kind(body) == KIND_CANCELLED:
+            restore += [o for o in decode_cancelled(body)[1] if o < offset]
+        else:
+            record, _p = decode_held(body)
+            held.pop(at)
+            dedup.forget(record.subject, record.message_id, HELD_SEQUENCE)
+    for held_offset in restore:
+        body = message_log.log.read(held_offset)
+        record, _p = decode_held(body)
+        held.add(Held(held_offset, len(body), record.visible_at_ms, record.tag_bloom,
+                      record.subject, record.message_id))
+        dedup.add(record.subject, record.message_id, HELD_SEQUENCE, record.timestamp_ms)
+
+
+def _rebuild_held(message_log: MessageLog, stop_offset: int, held: HeldSet,
+                  dedup: DedupIndex) -> None:
+    """The held set of the records below ``stop_offset``, read from the log's start (a rare
+    repair: a rotten record at a cut), their ids in ``dedup`` again."""
+    held.clear()
+    try:
+        for at, body in message_log.iterate_bodies(message_log.first_offset):
+            if at >= stop_offset:
+                break
+            if not is_control(body):
+                continue
+            if control_kind(body) == KIND_HELD:
+                record, _p = decode_held(body)
+                held.add(Held(at, len(body), record.visible_at_ms, record.tag_bloom,
+                              record.subject, record.message_id))
+            elif control_kind(body) == KIND_CANCELLED:
+                for held_offset in decode_cancelled(body)[1]:
+                    held.pop(held_offset)
+            else:
+                held.pop(message_header(body)[5])  # type: ignore[arg-type]
+    except (CorruptRecord, ValueError) as exc:
+        log.error("message store: rebuilding the held set below %d stopped: %s; it holds "
+                  "what the records before that hold", stop_offset, exc)
+    for item in held.by_offset.values():
+        timestamp_ms = message_log.timestamp_at(item.offset)
+        dedup.add(item.subject, item.message_id, HELD_SEQUENCE, timestamp_ms)
 
 
 def sequence_starts(consumer_logs: dict[str, ConsumerLog], first_offset: int) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Held messages in the message store: handed to the broker ahead of their visible time, logged
 durably as held records (``control_record``) with no consumer-log entry, and made visible (a
-visible record plus the consumer-log entries of everything due, in one write) or cancelled
-later (docs/FORMATS.md "Held messages", docs/BENCHMARKS.md "Hand-off ahead of the due time").
+visible-message record per message, its payload written again, plus the consumer-log entries
+pointing at those records, in one call) or cancelled later (docs/FORMATS.md "Held messages", docs/BENCHMARKS.md "Hand-off ahead of the due time").
 
 ``HeldSet`` is the derived, in-memory set of held records neither made visible nor cancelled;
 recovery and a slave's copy rebuild it from the records (``note_control``). The functions here
@@ -10,26 +10,25 @@ write on behalf of ``MessageStore``, on its owner thread; nothing reads the cloc
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from logstore import CorruptRecord
-from realtime.storage.consumer_log import ConsumerLog, encode_entries
+from realtime.storage.consumer_log import ConsumerLog
 from realtime.storage.control_record import (
     KIND_CANCELLED,
     KIND_HELD,
-    KIND_VISIBLE,
-    VISIBLE_ENTRIES_PER_RECORD_MAX,
-    VisibleRun,
+    KIND_VISIBLE_MESSAGE,
     control_kind,
     decode_cancelled,
     decode_held,
-    decode_visible,
+    decode_visible_message,
     encode_cancelled,
     encode_held,
-    encode_visible,
+    encode_visible_message,
+    is_control,
 )
 from realtime.storage.dedup import DedupIndex
-from realtime.storage.message_record import tag_bloom
+from realtime.storage.message_record import decode_message_header, tag_bloom
 
 # The sequence the dedup index keeps for a held id (it has none until made visible): a
 # send of the same id is a duplicate all the same.
@@ -86,13 +85,28 @@ class HeldSet:
         return min(self.by_offset, default=end_offset)
 
 
-def note_control(body: bytes, offset: int, held: HeldSet,
-                 index: Callable[[str, int, int, int, int, int], None],
-                 dedup: DedupIndex | None, cutoff_ms: int, directory: str) -> None:
-    """Apply one control record at ``offset`` (recovery, a slave's copy): a held record joins
-    ``held`` (and ``dedup`` when younger than ``cutoff_ms``), a visible record's entries go to
-    ``index(subject, sequence, timestamp_ms, held_offset, size_bytes, tag_bloom)`` and leave
-    ``held``, a cancelled record's offsets leave ``held``. CorruptRecord if it does not decode."""
+def is_held_control(body: bytes | memoryview) -> bool:
+    """True for a held or cancelled record: the control records that only change the held set
+    (a visible-message record is a message: ``message_header``)."""
+    return is_control(body) and control_kind(body) != KIND_VISIBLE_MESSAGE
+
+
+def message_header(body: bytes | memoryview) -> tuple[int, int, int, str, str, int | None]:
+    """(timestamp_ms, sequence, tag_bloom, subject, message_id, held_offset) of a message
+    record (held_offset None) or a visible-message record; ValueError on any defect."""
+    if is_control(body):
+        record, sequence, held_offset, _at = decode_visible_message(body)
+        return (record.timestamp_ms, sequence, record.tag_bloom, record.subject,
+                record.message_id, held_offset)
+    timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
+    return timestamp_ms, sequence, bloom, subject, message_id, None
+
+
+def note_control(body: bytes, offset: int, held: HeldSet, dedup: DedupIndex | None,
+                 cutoff_ms: int, directory: str) -> None:
+    """Apply one held or cancelled record at ``offset`` (recovery, a slave's copy): a held
+    record joins ``held`` (and ``dedup`` when younger than ``cutoff_ms``), a cancelled record's
+    offsets leave ``held``. CorruptRecord if it does not decode."""
     kind = control_kind(body)
     try:
         if kind == KIND_HELD:
@@ -101,13 +115,6 @@ def note_control(body: bytes, offset: int, held: HeldSet,
                           record.subject, record.message_id))
             if dedup is not None and record.timestamp_ms > cutoff_ms:
                 dedup.add(record.subject, record.message_id, HELD_SEQUENCE, record.timestamp_ms)
-        elif kind == KIND_VISIBLE:
-            timestamp_ms, runs = decode_visible(body)
-            for subject, first, entries in runs:
-                for index_in_run, (held_offset, size_bytes, bloom) in enumerate(entries):
-                    held.pop(held_offset)
-                    index(subject, first + index_in_run, timestamp_ms, held_offset, size_bytes,
-                          bloom)
         elif kind == KIND_CANCELLED:
             for held_offset in decode_cancelled(body)[1]:
                 held.pop(held_offset)
@@ -143,43 +150,24 @@ def encode_held_bodies(timestamp_ms: int, subjects: Sequence[str], message_ids: 
     return bodies, kept, keys
 
 
-def visible_bodies(timestamp_ms: int, due: Sequence[Held],
+def visible_bodies(timestamp_ms: int, due: Sequence[Held], payloads: Mapping[int, bytes],
                    consumer_log: Callable[[str], ConsumerLog],
-                   ) -> tuple[list[bytes], list[VisibleRun]]:
-    """The visible records that make ``due`` visible, in that order within each subject,
-    numbered after each subject's consumer-log end: (bodies, the runs, one per subject)."""
+                   ) -> tuple[list[bytes], list[tuple[str, int, list[Held]]]]:
+    """The visible-message records making ``due`` visible (``payloads`` by held offset), in
+    that order within each subject, numbered after each subject's consumer-log end: (bodies,
+    then (subject, first sequence, the records) per subject), bodies grouped by subject."""
     by_subject: dict[str, list[Held]] = {}
     for held in due:
         by_subject.setdefault(held.subject, []).append(held)
-    runs: list[VisibleRun] = []
-    for subject, items in by_subject.items():
-        runs.append((subject, consumer_log(subject).end,
-                     [(h.offset, h.size_bytes, h.tag_bloom) for h in items]))
     bodies: list[bytes] = []
-    pieces: list[VisibleRun] = []
-    room = VISIBLE_ENTRIES_PER_RECORD_MAX
-    for subject, first, entries in runs:
-        at = 0
-        while at < len(entries):
-            take = min(room, len(entries) - at)
-            pieces.append((subject, first + at, entries[at:at + take]))
-            at += take
-            room -= take
-            if room == 0:
-                bodies.append(encode_visible(timestamp_ms, pieces))
-                pieces, room = [], VISIBLE_ENTRIES_PER_RECORD_MAX
-    if pieces:
-        bodies.append(encode_visible(timestamp_ms, pieces))
+    runs: list[tuple[str, int, list[Held]]] = []
+    for subject, items in by_subject.items():
+        first = consumer_log(subject).end
+        runs.append((subject, first, items))
+        bodies += [encode_visible_message(timestamp_ms, first + index, h.tag_bloom, subject,
+                                          h.message_id, h.offset, payloads[h.offset])
+                   for index, h in enumerate(items)]
     return bodies, runs
-
-
-def index_visible(timestamp_ms: int, runs: Sequence[VisibleRun],
-                  consumer_logs: dict[str, ConsumerLog]) -> None:
-    """Append the consumer-log entries of ``runs`` (written durably first)."""
-    for subject, _first, entries in runs:
-        consumer_logs[subject].append_encoded(encode_entries(
-            [timestamp_ms] * len(entries), [e[0] for e in entries], [e[1] for e in entries],
-            [e[2] for e in entries]))
 
 
 def cancelled_body(timestamp_ms: int, offsets: Sequence[int]) -> bytes:
@@ -188,4 +176,4 @@ def cancelled_body(timestamp_ms: int, offsets: Sequence[int]) -> bytes:
 
 
 __all__ = ["HELD_SEQUENCE", "Held", "HeldSet", "cancelled_body", "encode_held_bodies",
-           "index_visible", "note_control", "visible_bodies"]
+           "is_held_control", "message_header", "note_control", "visible_bodies"]

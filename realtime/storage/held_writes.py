@@ -5,14 +5,16 @@ and write batch, on its owner thread (docs/FORMATS.md "Held messages")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import logging
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from logstore import LogStoreError, LogWriteFailed
+from logstore import CorruptRecord, LogStoreError, LogWriteFailed
 from realtime.storage.config import TIMESTAMP_MS_MAX
-from realtime.storage.consumer_log import ConsumerLog
+from realtime.storage.consumer_log import ConsumerLog, encode_entries
+from realtime.storage.control_record import decode_held
 from realtime.storage.errors import StoreFailed
 from realtime.storage.held import (
-    HELD_SEQUENCE, Held, cancelled_body, encode_held_bodies, index_visible, visible_bodies,
+    HELD_SEQUENCE, Held, cancelled_body, encode_held_bodies, visible_bodies,
 )
 from realtime.storage.write_batch import check_int, check_message
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from realtime.storage.message_log import MessageLog
     from realtime.storage.write_batch import WriteBatch
 
+log = logging.getLogger(__name__)
 
 class HeldWrites:
     """The held-message half of ``MessageStore`` (see the module docstring)."""
@@ -73,34 +76,66 @@ class HeldWrites:
         self._maybe_checkpoint()
         return outcome
 
-    def make_visible(self, offsets: Sequence[int], now_ms: int
-                     ) -> list[tuple[str, int, list[Held]]]:
+    def make_visible(self, offsets: Sequence[int], now_ms: int,
+                     payloads: Mapping[int, bytes] | None = None,
+                     dropped: list[Held] | None = None) -> list[tuple[str, int, list[Held]]]:
         """Make the held records at ``offsets`` visible (those still held; in that order
-        within a subject): visible records, durably, then their consumer-log entries, in one
-        call. Returns (subject, first sequence, the records) per subject."""
+        within a subject): a visible-message record each (the payload from ``payloads`` by
+        offset, else read back from the held record), durably, then their consumer-log
+        entries, in one call. A held record that no longer reads (rot) is given up in a
+        cancelled record of the same write and appended to ``dropped``. Returns (subject,
+        first sequence, the records) per subject."""
         self._check_writable()
         if self._batch.bodies:
             raise ValueError("make_visible between append and commit")
         check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         due = [h for h in map(self._held.by_offset.get, offsets) if h is not None]
-        if not due:
+        known = dict(payloads or {})
+        unreadable: list[Held] = []
+        for h in due:
+            if h.offset not in known:
+                try:
+                    body = self._message_log.log.read(h.offset)
+                    known[h.offset] = bytes(body[decode_held(body)[1]:])
+                except (CorruptRecord, ValueError) as exc:
+                    log.error("message store: held record at %d of %r no longer reads (%s); "
+                              "given up", h.offset, h.subject, exc)
+                    unreadable.append(h)
+        if unreadable:
+            lost = {h.offset for h in unreadable}
+            due = [h for h in due if h.offset not in lost]
+        if not due and not unreadable:
             return []
-        bodies, runs = visible_bodies(now_ms, due, self._consumer_log)
-        self._write_durably(bodies)
+        bodies, runs = visible_bodies(now_ms, due, known, self._consumer_log)
+        if unreadable:
+            bodies.append(cancelled_body(now_ms, [h.offset for h in unreadable]))
+        at = self._write_durably(bodies)
         try:
-            index_visible(now_ms, runs, self._consumer_logs)
+            index = 0
+            for subject, _first, items in runs:
+                stop = index + len(items)
+                self._consumer_logs[subject].append_encoded(encode_entries(
+                    [now_ms] * len(items), at[index:stop],
+                    [len(body) for body in bodies[index:stop]], [h.tag_bloom for h in items]))
+                index = stop
         except (StoreFailed, LogStoreError) as exc:
             # Durable but not indexed: the store refuses writes until reopened, and recovery
-            # indexes the visible records then (as for a slave's copy).
+            # indexes the visible-message records then (as for a slave's copy).
             self._failed = exc if isinstance(exc, StoreFailed) else StoreFailed(
                 self._consumer_root, exc)
             raise self._failed from exc
-        by_offset = {h.offset: h for h in due}
-        for h in due:
+        for h in due + unreadable:
             self._held.pop(h.offset)
+        keys: list[str] = []
+        sequences: list[int] = []
+        for subject, first, items in runs:
+            keys += self._dedup.keys(subject, [h.message_id for h in items])
+            sequences += range(first, first + len(items))
+        self._dedup.add_many(keys, sequences, [now_ms] * len(keys))
+        if dropped is not None:
+            dropped += unreadable
         self._maybe_checkpoint()
-        return [(subject, first, [by_offset[e[0]] for e in entries])
-                for subject, first, entries in runs]
+        return runs
 
     def cancel_held(self, subject: str, message_ids: Sequence[str], now_ms: int) -> list[bool]:
         """Drop held messages of ``subject`` by id with a cancelled record, durably. Returns

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from logstore import CorruptRecord, LogConfig, Opener, SegmentedLog, SegmentInfo
-from realtime.storage.control_record import decode_held, is_control
+from realtime.storage.control_record import decode_visible_message, is_control
+from realtime.storage.held import is_held_control, message_header
 from realtime.storage.message_record import (
     MessageRecord,
     decode_message_header,
@@ -61,15 +62,13 @@ class MessageLog:
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The message at ``offset`` and its body size; CorruptRecord when it does not decode.
-        A held record (made visible, so a consumer-log entry points at it) reads as a message
-        whose ``subject_sequence`` is None: its sequence is the entry's."""
+        A visible-message record (a held message made visible) reads as the message it is."""
         body = self.log.read(offset)
         try:
             if is_control(body):
-                held, payload_at = decode_held(body)
-                return MessageRecord(held.timestamp_ms, None, held.tag_bloom,  # type: ignore
-                                     held.subject, held.message_id,
-                                     bytes(body[payload_at:])), len(body)
+                held, sequence, _held_offset, payload_at = decode_visible_message(body)
+                return MessageRecord(held.timestamp_ms, sequence, held.tag_bloom, held.subject,
+                                     held.message_id, bytes(body[payload_at:])), len(body)
             return decode_message_record(body), len(body)
         except ValueError as exc:
             raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
@@ -81,10 +80,7 @@ class MessageLog:
         if body is None:
             return None
         try:
-            if is_control(body):
-                held, _at = decode_held(body)
-                return held.subject, None, held.message_id  # type: ignore[return-value]
-            _ts, sequence, _bloom, subject, message_id, _at = decode_message_header(body)
+            _ts, sequence, _bloom, subject, message_id, _held_offset = message_header(body)
         except ValueError:
             return None
         return subject, sequence, message_id
@@ -102,12 +98,13 @@ class MessageLog:
 
     def iterate_headers(self, from_offset: int) -> Iterator[tuple[int, int, tuple]]:
         """Yield (offset, body size, (timestamp_ms, sequence, bloom, subject, message_id)) of
-        every message record (control records are passed over)."""
+        every message record, visible-message records included (held and cancelled records
+        are passed over)."""
         for offset, body in self.log.iterate(from_offset):
-            if is_control(body):
+            if is_held_control(body):
                 continue
             try:
-                header = decode_message_header(body)
+                header = message_header(body)
             except ValueError as exc:
                 raise CorruptRecord(self.directory, offset, f"bad message record: {exc}") from exc
             yield offset, len(body), header[:5]

@@ -16,9 +16,9 @@ Steps, in order (the message log has already cut its own torn tail):
    beyond its consumer log's end means the index lost entries before the replay range: the
    replay restarts as a full rebuild. In a full rebuild, sequences whose records were already
    deleted by retention become holes. Control records (``control_record``) replay too: a held
-   record joins the held set, a visible record's entries are indexed like message records
-   (they point at the held records) and leave it, a cancelled record's leave it; so the
-   replay starts at the checkpoint's held_from_offset when that is lower.
+   record joins the held set, a visible-message record is indexed like a message record (it
+   is one, its payload written again) and takes its held record out, a cancelled record's
+   leave it; so the replay starts at the checkpoint's held_from_offset when that is lower.
 5. Entries that no replayed record confirmed are cut; records within ``dedup_window_ms`` of
    ``now_ms`` go into the dedup index.
 """
@@ -32,12 +32,10 @@ from typing import Callable
 
 from logstore import CorruptRecord, RecoveryReport
 from realtime.storage.consumer_log import ConsumerLog, Entry
-from realtime.storage.control_record import is_control
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
-from realtime.storage.held import HeldSet, note_control
+from realtime.storage.held import HeldSet, is_held_control, message_header, note_control
 from realtime.storage.message_log import MessageLog
-from realtime.storage.message_record import decode_message_header
 from realtime.storage.store_checkpoint import StoreCheckpoint
 
 log = logging.getLogger(__name__)
@@ -249,8 +247,7 @@ def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, no
 
     def index(subject: str, sequence: int, timestamp_ms: int, offset: int, size: int,
               bloom: int, message_id: str | None = None, at: int | None = None) -> None:
-        """One entry from a replayed record (``at``: the record's offset, for messages the
-        entry's own; ``message_id`` None for an entry a visible record lists)."""
+        """One entry from a replayed record at ``offset`` (``at``, when given, names where)."""
         clog = consumer_logs.get(subject)
         if clog is None:
             clog = consumer_logs[subject] = open_consumer_log(subject)
@@ -288,17 +285,16 @@ def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, no
     count = 0
     for offset, body in message_log.iterate_bodies(start):
         count += 1
-        if is_control(body):
-            note_control(body, offset, held,
-                         lambda subject, sequence, ts, at, size, bloom, _o=offset: index(
-                             subject, sequence, ts, at, size, bloom, None, _o),
-                         dedup, cutoff_ms, message_log.directory)
+        if is_held_control(body):
+            note_control(body, offset, held, dedup, cutoff_ms, message_log.directory)
             continue
         try:
-            timestamp_ms, sequence, bloom, subject, message_id, _at = decode_message_header(body)
+            timestamp_ms, sequence, bloom, subject, message_id, held_offset = message_header(body)
         except ValueError as exc:
             raise CorruptRecord(message_log.directory, offset,
                                 f"bad message record: {exc}") from exc
+        if held_offset is not None:
+            held.pop(held_offset)  # a visible-message record: its held record is not held
         index(subject, sequence, timestamp_ms, offset, len(body), bloom, message_id)
     for subject in list(pending):
         flush(subject)

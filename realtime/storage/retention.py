@@ -132,8 +132,7 @@ def _note_subject(message_log: MessageLog, clog: ConsumerLog, sequence: int, hig
                     except CorruptRecord:
                         pass
                     else:
-                        if record.subject == clog.subject \
-                                and record.subject_sequence in (sequence, None):  # None: held
+                        if (record.subject, record.subject_sequence) == (clog.subject, sequence):
                             named = name(record.payload)
                     if named is None:
                         report.unconsumed_unnamed.append((clog.subject, sequence))

@@ -384,9 +384,7 @@ class MessageStore(HeldWrites):
             raise SequenceOutOfRange(subject, sequence, clog.first_sequence, clog.end) from exc
         except CorruptRecord as exc:
             raise CorruptEntry(subject, sequence, exc.path, exc.reason) from exc
-        # A held record made visible has no sequence of its own (None): the entry gives it.
-        if (record.subject, size) != (subject, entry.size_bytes) \
-                or record.subject_sequence not in (sequence, None):
+        if (record.subject, record.subject_sequence, size) != (subject, sequence, entry.size_bytes):
             raise CorruptEntry(
                 subject, sequence, clog.directory,
                 f"entry points at offset {entry.message_log_offset}, which holds "
@@ -448,7 +446,7 @@ class MessageStore(HeldWrites):
             found = self._message_log.read_id_unverified(entry.message_log_offset)
         except (StorageError, LogStoreError):
             return None
-        if found is None or found[0] != subject or found[1] not in (sequence, None):
+        if found is None or found[:2] != (subject, sequence):
             return None
         return found[2]
 

@@ -5,12 +5,16 @@ copy, and cut back with a copy (docs/FORMATS.md "Held messages")."""
 
 from __future__ import annotations
 
+import glob
+import os
+
 import pytest
 
+from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage import MessageStore, SequenceOutOfRange, StoreConfig
 from realtime.storage.control_record import (
-    decode_cancelled, decode_held, decode_visible, encode_cancelled, encode_held, encode_visible,
-    is_control,
+    decode_cancelled, decode_held, decode_visible_message, encode_cancelled, encode_held,
+    encode_visible_message, is_control,
 )
 from realtime.storage.message_record import encode_message_record
 from realtime.storage.store_checkpoint import (
@@ -62,10 +66,12 @@ def test_control_records_round_trip_and_are_told_apart_from_message_records():
     record, at = decode_held(held)
     assert (record.timestamp_ms, record.visible_at_ms, record.tag_bloom, record.subject,
             record.message_id, held[at:]) == (T0, T0 + 9, 5, "orders", "m-1", b"body")
-    runs = [("orders", 7, [(100, 40, 0), (150, 41, 3)]), ("pay", 0, [(200, 9, 1)])]
-    assert decode_visible(encode_visible(T0, runs)) == (T0, runs)
+    visible = encode_visible_message(T0 + 1, 7, 5, "orders", "m-1", 150, b"body")
+    record, sequence, held_offset, at = decode_visible_message(visible)
+    assert (record.timestamp_ms, record.tag_bloom, record.subject, record.message_id, sequence,
+            held_offset, visible[at:]) == (T0 + 1, 5, "orders", "m-1", 7, 150, b"body")
     assert decode_cancelled(encode_cancelled(T0, [3, 99])) == (T0, [3, 99])
-    assert is_control(held) and is_control(encode_visible(T0, []))
+    assert is_control(held) and is_control(visible)
     assert not is_control(encode_message_record(T0, 0, 0, "o", "m", b""))
 
 
@@ -198,5 +204,117 @@ def test_retention_keeps_the_segments_of_held_messages(tmp_path):
         store.make_visible([h.offset for h in store.held()], T0 + 10_000_000)
         store.apply_retention(T0 + 10_000_000, {"orders": 0})
         assert messages(store, "orders")[0][1] == "h-1"
+    finally:
+        store.close()
+
+
+# Made visible, a held message is a message record again (payload written again): its entry
+# points at that record, so within a subject entry offsets rise with the sequence and
+# retention, a copy's cut and recovery treat it as any message.
+
+
+def test_retention_keeps_a_made_visible_message_a_group_still_needs(tmp_path):
+    config = StoreConfig(segment_size_bytes_max=4096, record_size_bytes_max=2048,
+                         retention_ms=1_000, checkpoint_interval_bytes=2048)
+    store = MessageStore(str(tmp_path / "s"), config, now_ms=T0)
+    try:
+        hold(store, "orders", ["h-1"])
+        for batch in range(40):  # several segments roll
+            send(store, "pay", [f"r-{batch}-{i}" for i in range(3)], now_ms=T0 + batch)
+        send(store, "orders", ["o-1"], now_ms=T0 + 50)  # sequence 0, a later segment
+        store.make_visible([h.offset for h in store.held()], T0 + 60)  # h-1: sequence 1
+        for batch in range(40):
+            send(store, "pay", [f"s-{batch}-{i}" for i in range(3)], now_ms=T0 + 100 + batch)
+        # A group of "orders" has consumed nothing: it needs sequences 0 and 1.
+        report = store.apply_retention(T0 + 10_000_000, {"orders": 0, "pay": 10_000})
+        assert store.first_sequence("orders") == 0, report.first_sequences
+        assert [m[1] for m in messages(store, "orders")] == ["o-1", "h-1"], report
+    finally:
+        store.close()
+
+
+def _rot_byte(directory: str, offset: int) -> None:
+    """Flip one byte of the body of the record at ``offset`` (one segment, base 0)."""
+    (segment,) = sorted(glob.glob(os.path.join(directory, "messagelog", "*")))
+    with open(segment, "r+b") as f:
+        f.seek(offset + HEADER_SIZE_BYTES + 3)
+        byte = f.read(1)
+        f.seek(offset + HEADER_SIZE_BYTES + 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_copy_cut_at_a_rotten_visible_message_holds_its_messages_again_and_copies_again(
+        tmp_path):
+    master = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "c"), TINY, now_ms=T0)
+    try:
+        offsets = hold(master, "orders", ["h-1", "h-2"])
+        visible_at = master.copy_bounds()[1]
+        master.make_visible(offsets, T0 + 5_000)
+        copy(master, slave)
+        assert slave.held() == [] and slave.end_sequence("orders") == 2
+        _rot_byte(str(tmp_path / "c"), visible_at)
+        slave.truncate_copy(visible_at)  # the scrub's repair: cut at the rotten record
+        assert [h.message_id for h in slave.held()] == ["h-1", "h-2"], slave.held()
+        assert slave.end_sequence("orders") == 0
+        copy(master, slave)  # fetched again: indexed, nothing held twice
+        assert slave.held() == [] and slave.end_sequence("orders") == 2
+        assert messages(slave, "orders") == messages(master, "orders")
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_copy_cut_between_a_held_record_and_a_later_message_of_its_subject_copies_again(
+        tmp_path):
+    master = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "c"), TINY, now_ms=T0)
+    try:
+        offsets = hold(master, "orders", ["h-1"])
+        cut_at = master.copy_bounds()[1]
+        send(master, "orders", ["o-1"])  # sequence 0, after the cut point
+        master.make_visible(offsets, T0 + 5_000)  # h-1: sequence 1
+        copy(master, slave)
+        slave.truncate_copy(cut_at)  # e.g. the copy diverged there
+        assert slave.end_sequence("orders") == 0, "o-1's entry points past the cut"
+        assert [h.message_id for h in slave.held()] == ["h-1"]
+        copy(master, slave)
+        assert messages(slave, "orders") == messages(master, "orders")
+        assert slave.held() == []
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_torn_visible_message_write_leaves_each_message_held_or_visible_not_both(tmp_path):
+    store = MessageStore(str(tmp_path / "s"), TINY, now_ms=T0)
+    offsets = hold(store, "orders", ["h-1", "h-2"])
+    store.make_visible(offsets, T0 + 5_000)
+    assert store.end_sequence("orders") == 2
+    # kill -9 (no close), and the last record's last bytes never reached the disk
+    (segment,) = sorted(glob.glob(os.path.join(str(tmp_path / "s"), "messagelog", "*")))
+    os.truncate(segment, os.path.getsize(segment) - 3)
+    reopened = MessageStore(str(tmp_path / "s"), TINY, now_ms=T0 + 6_000)
+    try:
+        held = [h.message_id for h in reopened.held()]
+        visible = [m[1] for m in messages(reopened, "orders")]
+        assert (held, visible) == (["h-2"], ["h-1"])
+    finally:
+        reopened.close()
+        store._message_log.log.close()
+
+
+def test_a_rotten_held_record_is_given_up_in_a_cancelled_record_and_the_others_made_visible(
+        tmp_path):
+    store = MessageStore(str(tmp_path / "s"), TINY, now_ms=T0)
+    try:
+        offsets = hold(store, "orders", ["h-1", "h-2"])
+        _rot_byte(str(tmp_path / "s"), offsets[0])  # bit rot while held
+        dropped: list = []
+        made = store.make_visible(offsets, T0 + 5_000, dropped=dropped)
+        assert [h.message_id for h in dropped] == ["h-1"]
+        assert [(s, f, [h.message_id for h in items]) for s, f, items in made] == \
+            [("orders", 0, ["h-2"])]
+        assert store.held() == [] and [m[1] for m in messages(store, "orders")] == ["h-2"]
     finally:
         store.close()
