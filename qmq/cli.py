@@ -283,7 +283,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        help="furthest deliver time ahead of now (default 2 years)")
     delay.add_argument("--handoff-lead-ms", type=int, default=None,
                        help="hand each message to a realtime broker that holds this long "
-                            "before its due time (default 3000; 0: at the due time)")
+                            "before its due time (default 0: at the due time; 3000 hands a hot slot off 3 s early)")
     delay.add_argument("--no-trace", action="store_true", help="do not write trace events")
     delay.add_argument("--trace-dir", default=None, help="trace files (default DATA_DIR/trace)")
     delay.add_argument("--clock-offset-ms", type=int, default=0,

@@ -1,5 +1,5 @@
 """The delay server's hand-off ahead of the due time against real processes (``qmq
-metaserver``, ``qmq realtime``, ``qmq delay``, default ``handoff_lead_ms``): a hot slot is
+metaserver``, ``qmq realtime``, ``qmq delay --handoff-lead-ms 8000``): a hot slot is
 handed to the broker before its due instant and received at or after it, each message once;
 the trace has one ``dispatched`` per message, from the broker, with its lateness; a cancel
 within the lead reaches the broker and the message is never delivered."""
