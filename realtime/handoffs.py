@@ -5,8 +5,9 @@
 ``hold`` checks a batch as a send does, writes held records (durable, de-duplicated,
 replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
 visibility round sleeps until the earliest visible time, then makes everything due visible in
-one store call (a visible record and the consumer-log entries), feeds the tail, traces
-``stored`` and ``dispatched`` and wakes the long polls. A message is never visible before its
+one store call (a visible-message record per message, its payload written again, and the
+consumer-log entries), feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
+polls; a held record that no longer reads is given up (``gave_up`` ``held_unreadable``). A message is never visible before its
 ``visible_at_ms`` by this broker's clock. ``cancel`` drops held messages by id. After a
 restart or a promotion, ``load`` takes the held set the store rebuilt from its records.
 """
@@ -60,6 +61,9 @@ class Handoffs:
         self._kept_bytes = 0
         self._wake = asyncio.Event()
         self.made_visible = 0  # messages made visible since start (metrics, tests)
+        # Visibility rounds that failed to write (each stops the held timer until a restart,
+        # the broker read-only): qmq_realtime_held_visibility_failures.
+        self.visibility_failures = 0
 
     # ------------------------------------------------------------------ ops
 
@@ -194,10 +198,19 @@ class Handoffs:
                     pass
                 continue
             due = self.timer.take_due(now_ms, VISIBLE_BATCH_MAX)
+            round_ = asyncio.ensure_future(self.make_visible(due, now_ms))
             try:
-                await self.make_visible(due, now_ms)
+                try:
+                    await asyncio.shield(round_)
+                except asyncio.CancelledError:
+                    # Stop or demote: the store thread makes the batch visible anyway, so
+                    # the round finishes (tail fed, stored and dispatched traced) first.
+                    await round_
+                    raise
             except Exception:
-                log.exception("making %d held messages visible failed; read-only until "
+                self.visibility_failures += 1
+                log.exception("making %d held messages visible failed; held messages are no "
+                              "longer made visible and the broker is read-only until "
                               "restarted (recovery holds them again)", len(due))
                 self._go_readonly()
                 return
@@ -206,9 +219,14 @@ class Handoffs:
         """Make the held messages at offsets ``due`` visible, then publish them."""
         ctx = self._ctx
         kept = self._kept
-        missing = [offset for offset in due if offset not in kept]
-        made, log_end, read = await ctx.on_store_thread(self._visible_io, due, missing, now_ms)
+        # The payloads kept from the hand-off are written again as they are; the store adds
+        # those it read back from the held records.
+        read = {offset: kept[offset][0] for offset in due if offset in kept}
+        made, log_end, dropped = await ctx.on_store_thread(self._visible_io, due, read, now_ms)
         ctx.replica.advanced("message", log_end)
+        if dropped:  # held records rotten on disk: given up, traced by id
+            ctx.tracer.held_deleted([(h.subject, h.message_id) for h in dropped], now_ms,
+                                    "held_unreadable")
         tracer = ctx.tracer
         # Traced when visible (consumers can pull them from now on), not when taken: the
         # lateness includes the store call.
@@ -247,20 +265,15 @@ class Handoffs:
             if found is not None:
                 self._kept_bytes -= len(found[0])
 
-    def _visible_io(self, due: list[int], missing: list[int], now_ms: int
-                    ) -> tuple[list[tuple[str, int, list[Held]]], int, dict[int, bytes]]:
-        """Store thread: make ``due`` visible; (the runs, the message log's end, the payloads
-        of those not kept in memory, by offset)."""
+    def _visible_io(self, due: list[int], payloads: dict[int, bytes], now_ms: int
+                    ) -> tuple[list[tuple[str, int, list[Held]]], int, list[Held]]:
+        """Store thread: make ``due`` visible with ``payloads`` by offset (the store adds those
+        it read back); (the runs, the message log's end, the held records given up as
+        unreadable)."""
         store = self._ctx.store
-        made = store.make_visible(due, now_ms)
-        read: dict[int, bytes] = {}
-        if missing:
-            wanted = set(missing)
-            for subject, first, items in made:
-                for index, item in enumerate(items):
-                    if item.offset in wanted:
-                        read[item.offset] = store.read(subject, first + index).payload
-        return made, store.copy_bounds()[1], read
+        dropped: list[Held] = []
+        made = store.make_visible(due, now_ms, payloads, dropped)
+        return made, store.copy_bounds()[1], dropped
 
 
 def _checked_of(payload: bytes) -> Checked:

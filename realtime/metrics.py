@@ -181,6 +181,11 @@ class _BrokerCollector(Collector):
         for reason, count in sorted(list(broker.tracer.gave_up_counts.items())):
             given_up.add_metric([reason], count)
         yield given_up
+        yield CounterMetricFamily(
+            "qmq_realtime_held_visibility_failures", "Rounds making held messages visible "
+            "that failed to write: each stops making them visible and leaves the broker "
+            "read-only until restarted (recovery holds them again).",
+            value=broker.handoffs.visibility_failures)
 
 
 __all__ = ["OTHER_SUBJECTS", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]

@@ -268,14 +268,15 @@ class BrokerTracer:
         writer.emit_lines(lines)
         self._remember(subject, sequences, members)
 
-    def held_deleted(self, held: Sequence[tuple[str, str]], now_ms: int) -> None:
-        """Held messages (not yet visible) retention's hard cap deleted: ``gave_up``
-        ``retention_hard_cap``, named by (wire subject, message id)."""
-        self._count_gave_up("retention_hard_cap", len(held))
+    def held_deleted(self, held: Sequence[tuple[str, str]], now_ms: int,
+                     reason: str = "retention_hard_cap") -> None:
+        """Held messages (not yet visible) given up: ``gave_up`` ``reason``
+        (``retention_hard_cap``: its hard cap deleted them; ``held_unreadable``: rotten by
+        their due time), named by (wire subject, message id)."""
+        self._count_gave_up(reason, len(held))
         if self.enabled and held:
             self._gave_up_lines([message_members(message_id, subject)
-                                 for subject, message_id in held], now_ms,
-                                "retention_hard_cap", None)
+                                 for subject, message_id in held], now_ms, reason, None)
 
     def retention_deleted(self, count: int, members: Sequence[str], now_ms: int,
                           unnamed: Sequence[tuple[str, int]] = ()) -> None:

@@ -112,6 +112,9 @@ GIVE_UP_REASONS = {
                          "check, else <subject>@<consumer-log sequence>",
     "retention_hard_cap": "retention's hard cap (age or bytes) deleted it before every consumer "
                           "group of its subject had consumed it",
+    "held_unreadable": "handed to the realtime broker ahead of its due time, its held record "
+                       "could no longer be read (damaged on disk) when it fell due: never "
+                       "made visible",
 }
 UNSUBSCRIBE_REASONS = ("left", "expired")
 

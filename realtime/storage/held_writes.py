@@ -81,7 +81,7 @@ class HeldWrites:
                      dropped: list[Held] | None = None) -> list[tuple[str, int, list[Held]]]:
         """Make the held records at ``offsets`` visible (those still held; in that order
         within a subject): a visible-message record each (the payload from ``payloads`` by
-        offset, else read back from the held record), durably, then their consumer-log
+        offset, else read back from the held record and added to ``payloads``), durably, then their consumer-log
         entries, in one call. A held record that no longer reads (rot) is given up in a
         cancelled record of the same write and appended to ``dropped``. Returns (subject,
         first sequence, the records) per subject."""
@@ -90,7 +90,7 @@ class HeldWrites:
             raise ValueError("make_visible between append and commit")
         check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         due = [h for h in map(self._held.by_offset.get, offsets) if h is not None]
-        known = dict(payloads or {})
+        known = {} if payloads is None else payloads  # the caller's: those read back join it
         unreadable: list[Held] = []
         for h in due:
             if h.offset not in known:

@@ -5,11 +5,20 @@ time, everything due is visible after what was stored meanwhile, once, with ``st
 
 from __future__ import annotations
 
+import asyncio
+import glob
+import os
+import threading
+from collections import defaultdict
+from types import SimpleNamespace
+
 import pytest
 
+from logstore.record import HEADER_SIZE_BYTES
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.held_timer import HeldTimer
+from realtime.metrics import RealtimeMetrics
 from realtime.tracing import BrokerTracer
 from tests.harness import wait_for
 from tests.rawclient import FakeClock
@@ -177,3 +186,84 @@ def test_the_lines_built_at_the_hand_off_equal_the_lines_built_from_the_payload(
         writer.flush()
         lines.append(sorted(read_events([tmp_path / name]), key=str))
     assert lines[0] == lines[1] and len(lines[0]) == 6
+
+
+async def test_a_held_record_rotten_by_its_due_time_is_given_up_and_traced_the_rest_visible(
+        opened, monkeypatch):
+    broker, clock, tmp_path = opened
+    monkeypatch.setattr("realtime.handoffs.KEPT_BYTES_MAX", 0)  # payloads read back at due time
+    await hold(broker, clock, "orders", ["h1", "h2"])
+    held = await broker.on_store_thread(broker.store.held)
+    rot_record(broker, held[0].offset)
+    clock.advance(DUE_IN_MS)
+    broker.handoffs.poke()
+    await wait_for(lambda: broker.handoffs.made_visible == 1, 10, "h2 to be visible")
+    assert await pulled_ids(broker, "orders") == ["h2"]
+    assert broker.tracer.gave_up_counts == {"held_unreadable": 1}
+    assert not broker.sends.readonly and len(broker.handoffs.timer) == 0
+    broker.tracer.writer.flush()
+    gave_up = [(e["msg_id"], e["reason"]) for e in read_events([tmp_path / "trace"])
+               if e["event"] == "gave_up"]
+    assert gave_up == [("h1", "held_unreadable")]
+
+
+async def test_a_failed_visibility_write_is_counted_and_leaves_the_broker_read_only(opened,
+                                                                                  monkeypatch):
+    broker, clock, _ = opened
+    await hold(broker, clock, "orders", ["h1"])
+
+    def fail(*_args):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(broker.handoffs, "_visible_io", fail)
+    clock.advance(DUE_IN_MS)
+    broker.handoffs.poke()
+    await wait_for(lambda: broker.handoffs.visibility_failures == 1, 10, "the failure")
+    assert broker.sends.readonly
+    metrics = RealtimeMetrics("g")
+    metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
+    assert metrics.registry.get_sample_value("qmq_realtime_held_visibility_failures_total") == 1
+
+
+async def test_a_stop_during_the_visibility_write_waits_for_it_and_traces_it(tmp_path):
+    clock = FakeClock()
+    tracer = BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt", clock_ms=clock,
+                                      background=False))
+    broker = await Broker.open(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), clock,
+                               tracer=tracer)
+    entered, release = threading.Event(), threading.Event()
+    visible_io = broker.handoffs._visible_io
+
+    def slow(*args):
+        entered.set()
+        assert release.wait(30)
+        return visible_io(*args)
+
+    try:
+        await hold(broker, clock, "orders", ["h1"])
+        broker.handoffs._visible_io = slow
+        clock.advance(DUE_IN_MS)
+        broker.handoffs.poke()
+        await wait_for(entered.is_set, 10, "the store call to start")
+        stopping = asyncio.ensure_future(broker._stop_rounds())
+        await asyncio.sleep(0)
+        release.set()
+        await stopping
+        assert broker.handoffs.made_visible == 1  # the round finished: tail fed, traced
+    finally:
+        release.set()
+        await broker.stop()
+    tracer.writer.flush()
+    assert sorted(e["event"] for e in read_events([tmp_path / "trace"])
+                  if e["msg_id"] == "h1") == ["dispatched", "stored"]
+
+
+def rot_record(broker: Broker, offset: int) -> None:
+    """Flip a byte in the body of the message-log record at ``offset`` (one segment)."""
+    directory = broker.store._message_log.directory
+    (segment,) = sorted(glob.glob(os.path.join(directory, "*.log")))
+    with open(segment, "r+b") as f:
+        f.seek(offset + HEADER_SIZE_BYTES + 3)
+        byte = f.read(1)
+        f.seek(offset + HEADER_SIZE_BYTES + 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
