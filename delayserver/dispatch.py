@@ -58,6 +58,9 @@ class _Confirmed:
     payloads: list[bytes]  # those to trace (a message refused for good is not traced)
     confirmed_at_ms: int
     handed: bool = False  # handed off ahead of the due time: the broker traces its dispatch
+    # The entries of ``payloads``, in order, when some of ``entries`` were refused for good
+    # (None: ``entries`` itself): what a hand-off remembers as handed.
+    kept: list[ScheduleEntry] | None = None
 
 
 class Dispatcher:
@@ -75,7 +78,9 @@ class Dispatcher:
       its task runs; ``_send_slots``: requests on the wire;
     - ``prefetch``: payloads of waiting entries read ahead of their due time (the scheduler's
       timer starts the reads, a worker takes them);
-    - ``hold``: the hand-off (None: every message is sent at its due time); ``handed``:
+    - ``hold``: the hand-off (None: every message is sent at its due time), set at start and
+      never changed (a refused hand-off passes ``use_hold=False`` down, it never clears this
+      field that every worker reads); ``handed``:
       message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
       until its due time passes (a cancel asks the broker); ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while).
@@ -151,6 +156,7 @@ class Dispatcher:
                       for subject, where in positions.items()]
 
         async def one(subject: str, entries: list[ScheduleEntry], batch: list[bytes]) -> None:
+            """Send one batch once a request slot is free (DISPATCH_CONCURRENCY at a time)."""
             async with self._send_slots:
                 await self._dispatch_batch(subject, entries, batch)
 
@@ -215,19 +221,20 @@ class Dispatcher:
         return out
 
     async def _dispatch_batch(self, subject: str, entries: list[ScheduleEntry],
-                              payloads: list[bytes]) -> None:
+                              payloads: list[bytes], use_hold: bool = True) -> None:
         """Send one batch of one subject and hand what the broker confirmed to the recorder
         (without waiting for its dispatch-log write, so the next batch goes out meanwhile);
         what it did not confirm is retried with backoff. A batch taken ahead of its due time
         (the scheduler's hand-off lead) is handed off (``hold``); a broker that does not take
-        it gets what is due now at once and the rest at its due time."""
+        it gets what is due now at once (``use_hold=False``: sent with ``send``, all due) and
+        the rest at its due time."""
         now_ms = self.clock()
-        early = self.hold is not None and max(e.deliver_at_ms for e in entries) > now_ms
+        hold = self.hold if use_hold else None
+        early = hold is not None and max(e.deliver_at_ms for e in entries) > now_ms
         try:
-            if early:
-                assert self.hold is not None
-                _group, results = await self.hold(subject, payloads,
-                                                  [e.deliver_at_ms for e in entries])
+            if hold is not None and early:
+                _group, results = await hold(subject, payloads,
+                                             [e.deliver_at_ms for e in entries])
             else:
                 _group, results = await self.send(subject, payloads)
         except NotSupported as exc:
@@ -245,6 +252,7 @@ class Dispatcher:
             self._record_soon(entries, subject, payloads, confirmed_at_ms, early)
             return
         confirmed: list[ScheduleEntry] = []
+        kept: list[ScheduleEntry] = []  # confirmed and not refused: those of confirmed_payloads
         confirmed_payloads: list[bytes] = []
         failed: list[ScheduleEntry] = []
         refused: list[bytes] = []
@@ -253,6 +261,7 @@ class Dispatcher:
             error = result.get("error")
             if error is None and result:
                 confirmed.append(entry)
+                kept.append(entry)
                 confirmed_payloads.append(payloads[position])
             elif error is not None and error.get("code") in REFUSED_FOR_GOOD:
                 # The realtime side will never take it: record it as dispatched so it does
@@ -265,7 +274,8 @@ class Dispatcher:
                 failed.append(entry)
         self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
         if confirmed:
-            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms, early)
+            self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms, early,
+                              kept if len(kept) < len(confirmed) else None)
         if failed:
             self._retry(failed, "realtime did not confirm")
 
@@ -283,12 +293,8 @@ class Dispatcher:
         self.window.defer(later)
         self._wake()
         if due:
-            hold, self.hold = self.hold, None
-            try:
-                await self._dispatch_batch(subject, [entries[i] for i in due],
-                                           [payloads[i] for i in due])
-            finally:
-                self.hold = hold
+            await self._dispatch_batch(subject, [entries[i] for i in due],
+                                       [payloads[i] for i in due], use_hold=False)
 
     def prune_handed(self, now_ms: int) -> int:
         """Forget the handed messages whose due time has passed (a cancel of one is too late
@@ -306,12 +312,14 @@ class Dispatcher:
     # ------------------------------------------------------------------ recording
 
     def _record_soon(self, entries: list[ScheduleEntry], subject: str, payloads: list[bytes],
-                     confirmed_at_ms: int, handed: bool = False) -> None:
+                     confirmed_at_ms: int, handed: bool = False,
+                     kept: list[ScheduleEntry] | None = None) -> None:
         """Queue confirmed dispatches for the recorder: everything confirmed while one
         ``record_dispatched`` call runs shares the next (one dispatch-log fsync per bucket).
         Only once recorded are they traced, counted and forgotten; until then they stay in
         flight (a cancel answers ``already_dispatched``)."""
-        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms, handed))
+        self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms, handed,
+                                          kept))
         if not self._recording:
             self._recording = True
             task = asyncio.create_task(self._recorder(), name="delay-recorder")
@@ -368,7 +376,8 @@ class Dispatcher:
             self.stats.handed += len(batch.entries)
             self.tracer.drop_kept([e.delay_log_offset for e in batch.entries])
             handed = self.handed
-            for entry, payload in zip(batch.entries, batch.payloads):
+            kept = batch.kept if batch.kept is not None else batch.entries
+            for entry, payload in zip(kept, batch.payloads):
                 handed[peek_message_id(payload)] = (batch.subject, entry.deliver_at_ms, False)
         else:
             self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])

@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from delayserver.config import DelayConfig
 from delayserver.dispatch import Dispatch, Dispatcher, Hold
+from delayserver.handoff import CancelHeld, HandOff, take_at_ms
 from delayserver.prefetch import PREFETCH_AHEAD_MS, PREFETCH_LOOKS_PER_AHEAD
 from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
@@ -48,14 +49,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DONE_CHECK_INTERVAL_MS = 1_000  # how often the done watermark is advanced
-# After a broker did not take a hand-off (an older server), dispatch at the due time for this
-# long (at least twice the lead) before handing off again.
-NO_HOLD_PAUSE_MS = 30_000
-# Hand-offs are taken on a grid of this many ms (at most half the lead): entries whose
-# hand-off time falls within one step go in one request (and one dispatch-log record), not
-# one per wheel tick; they are still most of the lead ahead of their due time.
-HANDOFF_STEP_MS = 250
-CancelHeld = Callable[[str, list[str]], Awaitable[list[bool]]]
 TRACK_SLICE_ENTRIES = 2_000  # loaded entries put into the window per event-loop turn
 
 
@@ -132,15 +125,11 @@ class Scheduler:
         self.replica = replica or NoWriteReplication()
         self.follower = follower
         self._dispatch = dispatch
-        # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
-        # on when a hold function is given and handoff_lead_ms > 0.
-        self._hold = hold if config.handoff_lead_ms > 0 else None
-        self._cancel_held = cancel_held
-        self._no_hold_until_ms = 0  # a broker refused a hand-off: none before this time
-        self._step_seen_ms = 0  # hand-off steps up to this were counted (hot or not)
-        self._hot_until_ms = 0  # what is due up to this is handed off (a hot step)
         self._io_thread = io_thread
         self.tracer = tracer if tracer is not None else DelayTracer(None)
+        # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
+        # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
+        self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms
@@ -165,47 +154,8 @@ class Scheduler:
     def _new_dispatcher(self) -> Dispatcher:
         self._prefetched_to_ms = 0  # due times up to this were handed to the new prefetch
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
-                          self._io, self.stats, self.tracer, self._wakeup.set, self._hold,
-                          self._no_hold)
-
-    def _no_hold(self) -> None:
-        """A broker did not take a hand-off: dispatch at the due time for a while."""
-        self._no_hold_until_ms = self.clock() + max(NO_HOLD_PAUSE_MS,
-                                                    2 * self.config.handoff_lead_ms)
-
-    def _lead_ms(self, now_ms: int) -> int:
-        """How far ahead of its due time a message is taken now (0: at its due time)."""
-        if self._hold is None or now_ms < self._no_hold_until_ms:
-            return 0
-        return self.config.handoff_lead_ms
-
-    def _take_until_ms(self, now_ms: int, lead_ms: int) -> int:
-        """What is due up to this is taken now. A hand-off step (``now + lead`` rounded down to
-        HANDOFF_STEP_MS) is counted once, as it comes within the lead: a hot one (at least
-        ``handoff_min_messages`` due in it) is taken whole, ahead of its due time, with
-        whatever is due before it; otherwise messages are taken at their due time (spread-out
-        due times gain nothing from a hand-off and it would cost the broker a second write)."""
-        if not lead_ms:
-            return now_ms
-        step = max(1, min(HANDOFF_STEP_MS, lead_ms // 2))
-        horizon = (now_ms + lead_ms) // step * step
-        if horizon > self._step_seen_ms:
-            count = len(self.window.waiting_between(max(self._step_seen_ms, now_ms), horizon))
-            self._step_seen_ms = horizon
-            if count >= self.config.handoff_min_messages:
-                self._hot_until_ms = horizon
-        return max(now_ms, min(self._hot_until_ms, horizon))
-
-    @staticmethod
-    def _take_at_ms(due_ms: int, lead_ms: int, now_ms: int) -> int:
-        """When to look at the entry due at ``due_ms`` next: when its hand-off step comes
-        within the lead (to count it), or, once counted (a cold step: a hot one was taken
-        already), at its due time."""
-        if not lead_ms:
-            return due_ms
-        step = max(1, min(HANDOFF_STEP_MS, lead_ms // 2))
-        step_at = -(-due_ms // step) * step - lead_ms
-        return min(due_ms, step_at) if step_at > now_ms else due_ms
+                          self._io, self.stats, self.tracer, self._wakeup.set,
+                          self.handoff.hold, self.handoff.no_hold)
 
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
@@ -513,7 +463,7 @@ class Scheduler:
             self._wakeup.set()
             await asyncio.sleep(0)
         self.window.loaded(bucket_ms, resume_offset)
-        self._step_seen_ms = 0  # what it loaded may make a counted hand-off step hot
+        self.handoff.forget_counted()  # what it loaded may make a counted step hot
 
     # ------------------------------------------------------------------ the timer
 
@@ -529,14 +479,14 @@ class Scheduler:
                 self._preload_task = asyncio.create_task(self.preload(), name="delay-preload")
             # With the hand-off, entries are taken handoff_lead_ms ahead of their due time
             # (the broker holds them until then); the read-ahead moves with them.
-            lead_ms = self._lead_ms(now_ms)
-            if window.take_due(self._take_until_ms(now_ms, lead_ms)):
+            lead_ms = self.handoff.lead_ms(now_ms)
+            if window.take_due(self.handoff.take_until_ms(window, now_ms, lead_ms)):
                 self.dispatcher.start()
             self._wakeup.clear()
             next_due = window.next_due_ms()
             next_bucket_ms = window.bucket_of(now_ms) + self.config.bucket_ms
             wake_at = next_bucket_ms if next_due is None else min(
-                self._take_at_ms(next_due, lead_ms, now_ms), next_bucket_ms,
+                take_at_ms(next_due, lead_ms, now_ms), next_bucket_ms,
                 self._read_ahead(now_ms + lead_ms, next_due) - lead_ms)
             delay_s = max(0, wake_at - self.clock()) / 1000
             self._timer_wake_at_ms = wake_at
@@ -579,32 +529,17 @@ class Scheduler:
         # the cancel was recorded would put it into the wheel after this looked there, and it
         # would be delivered although the answer was "cancelled".
         self.replica.check_writable()
-        handed = self.dispatcher.handed.get(message_id)
-        if handed is not None and handed[1] == deliver_at_ms:
-            if handed[2]:
-                return "already_cancelled"
-            return await self._cancel_handed(message_id, handed[0], deliver_at_ms)
+        return await self.handoff.cancel(message_id, deliver_at_ms, self.dispatcher,
+                                         self._cancel_in_store)
+
+    async def _cancel_in_store(self, message_id: str, deliver_at_ms: int
+                               ) -> tuple[str, str | None]:
+        """The store's part of ``cancel``: (outcome, the message's subject when found)."""
         async with self._preload_lock:
-            outcome = await self._cancel_unloading(message_id, deliver_at_ms)
+            outcome, subject = await self._cancel_unloading(message_id, deliver_at_ms)
         if outcome == "cancelled" and self.replica.replicating:
             await self.journal_replicated()
-        return outcome
-
-    async def _cancel_handed(self, message_id: str, subject: str, deliver_at_ms: int) -> str:
-        """Cancel a message handed off ahead of its due time: the broker holding it drops it
-        ("cancelled", once it confirmed: replicated as its writes are) unless it made it
-        visible already ("already_dispatched"). A broker that cannot be asked raises (the
-        client may cancel again)."""
-        dropped = (await self._cancel_held(subject, [message_id]))[0] \
-            if self._cancel_held is not None else False
-        if not dropped:
-            self.dispatcher.handed.pop(message_id, None)
-            return "already_dispatched"
-        # Remembered as cancelled until its due time: a repeated cancel (an answer lost on
-        # the way) says already_cancelled.
-        self.dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
-        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
-        return "cancelled"
+        return outcome, subject
 
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a
@@ -612,8 +547,9 @@ class Scheduler:
         end = await self._io(lambda: self.store.done_copy.copy_bounds()[1])
         await self.replica.wait_replicated("done", end)
 
-    async def _cancel_unloading(self, message_id: str, deliver_at_ms: int) -> str:
-        """``cancel``, holding the loader's lock."""
+    async def _cancel_unloading(self, message_id: str, deliver_at_ms: int
+                                ) -> tuple[str, str | None]:
+        """``_cancel_in_store``, holding the loader's lock."""
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.done_before_ms)
         # Take candidates out of the wheel first, so the timer cannot send one while the
         # cancel is being recorded; put back those that turn out to be another message.
@@ -621,6 +557,7 @@ class Scheduler:
             zlib.crc32(message_id.encode("utf-8")), bucket_ms)
         store = self.store
         cancelled: set[int] = set()
+        subject: str | None = None
         try:
             ids = await self._io(lambda: [store.read(e).message_id for e in held + in_flight])
             mine = {e.delay_log_offset for e, i in zip(held + in_flight, ids) if i == message_id}
@@ -637,7 +574,7 @@ class Scheduler:
             self.tracer.drop_kept(cancelled)
             self.dispatcher.prefetch.drop(cancelled)
             self._wakeup.set()
-        return outcome
+        return outcome, subject
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -72,6 +72,7 @@ class DelayServer(ServerBase):
 
             async def hold(subject: str, payloads: list[bytes], visible_at_ms: list[int]
                            ) -> tuple[str, list[dict[str, Any]]]:
+                """Hand ``payloads`` to their broker, to be visible at ``visible_at_ms``."""
                 return await sender.send(subject, payloads, visible_at_ms)
 
             self._hold = metrics.observe_dispatch(self._fenced(hold))  # type: ignore[arg-type]
@@ -92,6 +93,7 @@ class DelayServer(ServerBase):
 
         async def fenced(subject: str, payloads: list[bytes], *more: Any
                          ) -> tuple[str, list[dict[str, Any]]]:
+            """``dispatch(subject, payloads, *more)`` once this server is the leased master."""
             await self._settle_role()
             self._check_role()
             return await dispatch(subject, payloads, *more)  # type: ignore[call-arg]

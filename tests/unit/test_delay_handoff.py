@@ -6,15 +6,19 @@ asks the broker and says what it answered."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
+from delayserver.storage.store import ScheduleEntry
 from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
 from tracelog.events import TraceWriter, read_events
 from wire.errors import NotSupported
+from wire.limits import HOLD_AHEAD_MS_MAX
 from wire.message import decode_message, encode_message
 
 BUCKET_MS = 1_000
@@ -63,6 +67,17 @@ async def schedule(scheduler: Scheduler, clock: FakeClock, due_ms: int, *bodies:
 def test_the_lead_is_checked_at_start():
     with pytest.raises(ValueError, match="handoff_lead_ms"):
         DelayConfig(data_dir="x", handoff_lead_ms=120_000)
+
+
+@pytest.mark.parametrize("lead_ms", [0, 1, HOLD_AHEAD_MS_MAX // 2])
+def test_a_lead_from_0_to_half_the_broker_s_hold_limit_is_taken(lead_ms):
+    assert DelayConfig(data_dir="x", handoff_lead_ms=lead_ms).handoff_lead_ms == lead_ms
+
+
+@pytest.mark.parametrize("lead_ms", [-1, HOLD_AHEAD_MS_MAX // 2 + 1, True, 1.5, "10"])
+def test_a_lead_below_0_above_half_the_broker_s_hold_limit_or_not_an_int_is_refused(lead_ms):
+    with pytest.raises(ValueError, match="handoff_lead_ms"):
+        DelayConfig(data_dir="x", handoff_lead_ms=lead_ms)
 
 
 async def test_a_message_is_handed_off_its_lead_ahead_and_never_sent_early(tmp_path):
@@ -146,5 +161,183 @@ async def test_a_step_with_fewer_messages_than_the_minimum_is_dispatched_at_its_
         await settle(scheduler)
         assert [(at, m.body) for at, m in broker.received] == [(due, b"a"), (due, b"b")]
         assert broker.held == []
+    finally:
+        await scheduler.stop()
+
+
+class SlowOldBroker(HoldingBroker):
+    """An older broker (no hold) whose hold refusal and send each take a turn of the loop and
+    wait for ``gate``: two workers' batches overlap as on a real network."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock, holds=False)
+        self.gate = asyncio.Event()
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        await asyncio.sleep(0)
+        raise NotSupported("an older broker")
+
+    async def dispatch(self, subject, payloads):
+        await self.gate.wait()
+        return await super().dispatch(subject, payloads)
+
+
+def _batch(clock: FakeClock, base: int, dues: list[int]):
+    messages = [message("s", b"m%d" % i, clock, deliver_at_ms=due) for i, due in enumerate(dues)]
+    entries = [ScheduleEntry(0, i, due, base + i, 2, 0) for i, due in enumerate(dues)]
+    return entries, [encode_message(m) for m in messages]
+
+
+async def _two_refused_batches(tmp_path, second_in_ms: list[int], stagger: bool = True):
+    clock = FakeClock()
+    broker = SlowOldBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    dispatcher = scheduler.dispatcher
+    dispatcher._record_soon = lambda *args, **kwargs: None  # the recorder is not under test
+    now = clock()
+    # Two workers' batches of a hot step: the first holds one message due now.
+    first = _batch(clock, 1_000, [now, now + 1_500])
+    second = _batch(clock, 2_000, [now + ms for ms in second_in_ms])
+    tasks = [asyncio.create_task(dispatcher._dispatch_batch("s", *first))]
+    for _ in range(3 if stagger else 0):
+        await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(dispatcher._dispatch_batch("s", *second)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    broker.gate.set()
+    await asyncio.wait(tasks, timeout=5)
+    return clock, broker, scheduler
+
+
+async def test_while_a_refused_hand_off_sends_what_is_due_another_batch_is_not_sent_early(
+        tmp_path):
+    clock, broker, scheduler = await _two_refused_batches(tmp_path, [1_500])
+    try:
+        early = [(at, m.deliver_at_ms) for at, m in broker.received if at < m.deliver_at_ms]
+        assert early == [], "sent with send before their due time (delivered early)"
+    finally:
+        await scheduler.stop()
+
+
+async def test_two_refused_hand_offs_at_once_leave_the_hand_off_on(tmp_path):
+    clock, broker, scheduler = await _two_refused_batches(tmp_path,
+                                                          [0, 900], stagger=False)
+    try:
+        assert scheduler.dispatcher.hold is not None, \
+            "the dispatcher lost its hold function: after the pause every hot step is sent early"
+    finally:
+        await scheduler.stop()
+
+
+async def test_after_a_restart_a_cancel_of_a_message_handed_but_not_recorded_asks_the_broker(
+        tmp_path):
+    """kill -9 between the broker's hold answer and the dispatch record: the restarted server
+    finds the message in its wheel; answering "cancelled" without asking the broker lets the
+    broker deliver it at its due time."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    due = clock() + 10_000
+    try:
+        [m] = await schedule(scheduler, clock, due, b"a")
+        scheduler.dispatcher._record_soon = lambda *args, **kwargs: None  # dies before it
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert [i for _, i, _ in broker.held] == [m.id]
+    finally:
+        await scheduler.stop()
+    clock.advance(100)
+    # Restarted with the hand-off off (an operator backing it out), or before its first tick.
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=0)
+    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
+                                 cancel_held=broker.cancel_held)
+    await again.start()
+    try:
+        await settle(again)
+        answer = await again.cancel(m.id, due)
+        assert answer != "cancelled" or broker.cancels, \
+            f"answered {answer!r}; the broker still holds {m.id} and delivers it at {due}"
+        assert await again.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await again.stop()
+
+
+async def test_a_step_below_the_minimum_is_not_handed_off_when_the_timer_wakes_late(tmp_path):
+    """Two messages in two different 250 ms steps, minimum 2 per step: neither step is hot.
+    A timer that wakes late (a busy loop) counts both steps as one and hands both off."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker, min_messages=2)
+    try:
+        due = clock() + 10_000
+        await schedule(scheduler, clock, due, b"a")
+        await schedule(scheduler, clock, due + 1_000, b"b")
+        clock.advance(10_000 - LEAD_MS + 1_000)  # past a's step time, before b's due
+        await settle(scheduler)
+        assert broker.held == [], "cold steps handed off"
+    finally:
+        await scheduler.stop()
+
+
+class RefusingFirstBroker(HoldingBroker):
+    """Refuses the first message of each hand-off for good (``bad_request``: say its
+    visible_at_ms is past HOLD_AHEAD_MS_MAX by the broker's clock), holds the rest."""
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        _group, results = await super().hold(subject, payloads, visible_at_ms)
+        results[0] = {"id": results[0]["id"],
+                      "error": {"code": "bad_request", "message": "too far ahead"}}
+        return "rt", results
+
+
+async def test_a_cancel_of_a_handed_message_asks_the_broker_when_its_batch_had_a_refusal(
+        tmp_path):
+    """_confirmed zips the batch's entries (refused ones included) with the payloads (refused
+    ones left out): the handed id gets another entry's due time, and its cancel never reaches
+    the broker that holds it."""
+    clock = FakeClock()
+    broker = RefusingFirstBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 10_000
+        await schedule(scheduler, clock, due - 100, b"refused")
+        [kept] = await schedule(scheduler, clock, due, b"kept")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert kept.id in [i for _, i, _ in broker.held]
+        broker.cancel_answers = {kept.id: True}
+        assert await scheduler.cancel(kept.id, due) == "cancelled"
+    finally:
+        await scheduler.stop()
+
+
+class DroppingBroker(HoldingBroker):
+    """Drops a held id once (True), then says it is not held (False), as a real broker does;
+    each answer takes a turn of the loop (a network round trip)."""
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        await asyncio.sleep(0)
+        answers = [self.cancel_answers.get(i, False) for i in ids]
+        for i in ids:
+            self.cancel_answers[i] = False
+        return answers
+
+
+async def test_two_cancels_of_a_handed_message_at_once_never_say_already_dispatched(tmp_path):
+    """A client resending its cancel (the first answer was slow) is told already_dispatched
+    for a message that was cancelled and will never be delivered."""
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        broker.cancel_answers = {m.id: True}
+        answers = await asyncio.gather(scheduler.cancel(m.id, due), scheduler.cancel(m.id, due))
+        assert sorted(answers) == ["already_cancelled", "cancelled"]
     finally:
         await scheduler.stop()

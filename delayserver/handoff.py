@@ -1,0 +1,192 @@
+"""``HandOff``: the delay server's side of the hand-off ahead of the due time
+(docs/ARCHITECTURE.md "The delay path", step 3; docs/REPLICATION.md 16): which entries the
+scheduler's timer takes ``handoff_lead_ms`` early (the hot steps), the pause after a broker
+refused a hand-off, and cancels of messages a broker may hold.
+
+The dispatcher sends what is taken early with ``hold`` (the broker keeps it invisible until its
+due time) and remembers what it handed in ``Dispatcher.handed``; a cancel of such a message asks
+the broker. A message handed but not recorded (a kill -9 between the broker's answer and the
+dispatch record, or a failover before the record reached the slave) is still in the store's
+schedule after a restart: a cancel of one that may be held asks the broker too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Awaitable, Callable
+
+from delayserver.config import DelayConfig
+from delayserver.dispatch import Dispatcher, Hold
+from delayserver.tracing import DelayTracer
+from delayserver.window import PreloadWindow
+from wire.limits import HOLD_AHEAD_MS_MAX
+
+log = logging.getLogger(__name__)
+
+# After a broker did not take a hand-off (an older server), dispatch at the due time for this
+# long (at least twice the lead) before handing off again.
+NO_HOLD_PAUSE_MS = 30_000
+# Hand-offs are taken on a grid of this many ms (at most half the lead): entries whose
+# hand-off time falls within one step go in one request (and one dispatch-log record), not
+# one per wheel tick; they are still most of the lead ahead of their due time.
+HANDOFF_STEP_MS = 250
+# (subject, message ids) -> for each id, whether a broker held it and dropped it
+# (PayloadSender.cancel_held, the ``cancel_held`` op); raises when a broker cannot be asked.
+CancelHeld = Callable[[str, list[str]], Awaitable[list[bool]]]
+# The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
+StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
+CANCELLED = ("cancelled", "already_cancelled")
+
+
+def step_ms(lead_ms: int) -> int:
+    """The hand-off grid for ``lead_ms`` (> 0): HANDOFF_STEP_MS, at most half the lead."""
+    return max(1, min(HANDOFF_STEP_MS, lead_ms // 2))
+
+
+def take_at_ms(due_ms: int, lead_ms: int, now_ms: int) -> int:
+    """When to look at the entry due at ``due_ms`` next: when its hand-off step comes within
+    the lead (to count it), or, once counted (a cold step: a hot one was taken already), at
+    its due time."""
+    if not lead_ms:
+        return due_ms
+    step = step_ms(lead_ms)
+    step_at = -(-due_ms // step) * step - lead_ms
+    return min(due_ms, step_at) if step_at > now_ms else due_ms
+
+
+class HandOff:
+    """The hand-off's plan and its cancels, for one scheduler (see the module docstring).
+
+    Threads: every field is owned by the event loop (the scheduler's timer, its loader and
+    cancels call it). ``hold``, ``cancel_held``, ``config``, ``clock`` and ``tracer`` are not
+    changed after construction.
+
+    - ``_no_hold_until_ms``: a broker refused a hand-off; none before this time;
+    - ``_step_seen_ms``: hand-off steps ending up to this were counted (hot or not); 0 after a
+      bucket load (what it loaded may make a counted step hot);
+    - ``_hot_until_ms``: what is due up to this is taken early (the end of a hot step);
+    - ``_cancelling``: (message id, deliver_at_ms) -> the answer of the cancel of it under way;
+      a cancel of the same message meanwhile waits for it (None: it failed).
+    """
+
+    def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
+                 cancel_held: CancelHeld | None, tracer: DelayTracer) -> None:
+        self.config = config
+        self.clock = clock
+        self.hold = hold if config.handoff_lead_ms > 0 else None  # on when given and lead > 0
+        self.cancel_held = cancel_held
+        self.tracer = tracer
+        self._no_hold_until_ms = 0
+        self._step_seen_ms = 0
+        self._hot_until_ms = 0
+        self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
+
+    # ------------------------------------------------------------------ the plan
+
+    def no_hold(self) -> None:
+        """A broker did not take a hand-off: dispatch at the due time for a while."""
+        self._no_hold_until_ms = self.clock() + max(NO_HOLD_PAUSE_MS,
+                                                    2 * self.config.handoff_lead_ms)
+
+    def lead_ms(self, now_ms: int) -> int:
+        """How far ahead of its due time a message is taken now (0: at its due time)."""
+        if self.hold is None or now_ms < self._no_hold_until_ms:
+            return 0
+        return self.config.handoff_lead_ms
+
+    def forget_counted(self) -> None:
+        """A bucket was loaded: count the steps within the lead again."""
+        self._step_seen_ms = 0
+
+    def take_until_ms(self, window: PreloadWindow, now_ms: int, lead_ms: int) -> int:
+        """What is due up to this is taken now. Each hand-off step (a span of HANDOFF_STEP_MS
+        of due times) is counted once, as it comes within the lead, on its own (a timer that
+        wakes late, or a recount after a load, counts many steps at once, each apart): a hot
+        one (at least ``handoff_min_messages`` due in it) is taken whole, ahead of its due
+        time, with whatever is due before it; otherwise messages are taken at their due time
+        (spread-out due times gain nothing from a hand-off and cost the broker a second
+        write)."""
+        if not lead_ms:
+            return now_ms
+        step = step_ms(lead_ms)
+        horizon = (now_ms + lead_ms) // step * step
+        if horizon > self._step_seen_ms:
+            waiting = window.waiting_between(max(self._step_seen_ms, now_ms), horizon)
+            per_step = Counter(-(-e.deliver_at_ms // step) for e in waiting)
+            minimum = self.config.handoff_min_messages
+            hot = [index for index, count in per_step.items() if count >= minimum]
+            if hot:
+                self._hot_until_ms = max(self._hot_until_ms, min(max(hot) * step, horizon))
+            self._step_seen_ms = horizon
+        return max(now_ms, min(self._hot_until_ms, horizon))
+
+    # ------------------------------------------------------------------ cancels
+
+    async def cancel(self, message_id: str, deliver_at_ms: int, dispatcher: Dispatcher,
+                     in_store: StoreCancel) -> str:
+        """Cancel a message (see ``Scheduler.cancel``): a handed one through its broker, any
+        other in the store (``in_store``), and then, if a broker may hold it, through the
+        broker too. Two cancels of one message at once: the second waits for the first and
+        says what it found ("cancelled" becomes "already_cancelled")."""
+        key = (message_id, deliver_at_ms)
+        pending = self._cancelling.get(key)
+        if pending is not None:
+            answer = await asyncio.shield(pending)
+            if answer is not None:  # None: the first failed; this one tries again
+                return "already_cancelled" if answer in CANCELLED else answer
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._cancelling[key] = future
+        answer: str | None = None
+        try:
+            answer = await self._cancel(message_id, deliver_at_ms, dispatcher, in_store)
+            return answer
+        finally:
+            future.set_result(answer)
+            if self._cancelling.get(key) is future:
+                del self._cancelling[key]
+
+    async def _cancel(self, message_id: str, deliver_at_ms: int, dispatcher: Dispatcher,
+                      in_store: StoreCancel) -> str:
+        """``cancel`` alone (no other cancel of the message under way)."""
+        handed = dispatcher.handed.get(message_id)
+        if handed is not None and handed[1] == deliver_at_ms:
+            if handed[2]:
+                return "already_cancelled"
+            return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms)
+        outcome, subject = await in_store(message_id, deliver_at_ms)
+        if outcome in CANCELLED and subject is not None and self._may_be_held(deliver_at_ms):
+            # Handed but not recorded (a restart or failover between the broker's answer and
+            # the dispatch record): the broker would deliver it at its due time. Its answer
+            # does not matter; one that cannot be asked raises (the client cancels again).
+            await self.cancel_held(subject, [message_id])  # type: ignore[misc]
+        return outcome
+
+    def _may_be_held(self, deliver_at_ms: int) -> bool:
+        """Whether a broker may hold the message due at ``deliver_at_ms``: it can be asked,
+        and it is due within HOLD_AHEAD_MS_MAX (no broker holds one further ahead; the lead of
+        an earlier run, maybe with the hand-off on, is not known)."""
+        return self.cancel_held is not None and \
+            deliver_at_ms <= self.clock() + HOLD_AHEAD_MS_MAX
+
+    async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
+                             deliver_at_ms: int) -> str:
+        """Cancel a message handed off ahead of its due time: the broker holding it drops it
+        ("cancelled", once it confirmed: replicated as its writes are) unless it made it
+        visible already ("already_dispatched"). A broker that cannot be asked raises (the
+        client may cancel again)."""
+        dropped = (await self.cancel_held(subject, [message_id]))[0] \
+            if self.cancel_held is not None else False
+        if not dropped:
+            dispatcher.handed.pop(message_id, None)
+            return "already_dispatched"
+        # Remembered as cancelled until its due time: a repeated cancel (an answer lost on
+        # the way) says already_cancelled.
+        dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
+        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+        return "cancelled"
+
+
+__all__ = ["HANDOFF_STEP_MS", "NO_HOLD_PAUSE_MS", "CancelHeld", "HandOff", "step_ms",
+           "take_at_ms"]
