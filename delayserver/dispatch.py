@@ -256,6 +256,7 @@ class Dispatcher:
         confirmed_payloads: list[bytes] = []
         failed: list[ScheduleEntry] = []
         refused: list[bytes] = []
+        unheld: list[int] = []  # positions of hand-offs refused for good: sent when due
         for position, entry in enumerate(entries):
             result = results[position] if position < len(results) else {}
             error = result.get("error")
@@ -263,6 +264,11 @@ class Dispatcher:
                 confirmed.append(entry)
                 kept.append(entry)
                 confirmed_payloads.append(payloads[position])
+            elif error is not None and early and error.get("code") in REFUSED_FOR_GOOD:
+                # A hand-off refused (say its visible_at_ms is past HOLD_AHEAD_MS_MAX by a
+                # broker clock behind ours): sent at its due time instead; a message the
+                # broker never takes is refused again then and given up.
+                unheld.append(position)
             elif error is not None and error.get("code") in REFUSED_FOR_GOOD:
                 # The realtime side will never take it: record it as dispatched so it does
                 # not loop forever, and say so loudly.
@@ -278,10 +284,15 @@ class Dispatcher:
                               kept if len(kept) < len(confirmed) else None)
         if failed:
             self._retry(failed, "realtime did not confirm")
+        if unheld:
+            await self._hold_refused(subject, [entries[i] for i in unheld],
+                                     [payloads[i] for i in unheld], now_ms,
+                                     results[unheld[0]]["error"])
 
     async def _hold_refused(self, subject: str, entries: list[ScheduleEntry],
-                            payloads: list[bytes], now_ms: int, exc: QmqError) -> None:
-        """A broker did not take a hand-off (an older server): what is due now is sent at
+                            payloads: list[bytes], now_ms: int, exc: object) -> None:
+        """A broker did not take a hand-off (an older server, or it refused these messages'
+        hand-off for good, ``exc`` says why): what is due now is sent at
         once, the rest waits in the window for its due time, and the scheduler stops handing
         off for a while (``no_hold``)."""
         log.info("hand-off of %d messages of %s refused (%s): dispatching at the due time",

@@ -341,3 +341,34 @@ async def test_two_cancels_of_a_handed_message_at_once_never_say_already_dispatc
         assert sorted(answers) == ["already_cancelled", "cancelled"]
     finally:
         await scheduler.stop()
+
+
+class AheadClockBroker(HoldingBroker):
+    """A broker whose clock is behind ours by more than HOLD_AHEAD_MS_MAX minus the lead: it
+    refuses every hand-off for good (``bad_request``) and takes plain sends."""
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        return "rt", [{"id": decode_message(p).id,
+                       "error": {"code": "bad_request", "message": "too far ahead"}}
+                      for p in payloads]
+
+
+async def test_a_hand_off_refused_for_good_is_sent_at_its_due_time_not_given_up(tmp_path):
+    clock = FakeClock()
+    broker = AheadClockBroker(clock)
+    writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
+    scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert broker.received == []
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert [(at, got.id) for at, got in broker.received] == [(due, m.id)]
+        writer.flush()
+        reasons = [e.get("reason") for e in read_events([tmp_path / "trace"])]
+        assert "dispatch_refused" not in reasons, "given up instead of sent at its due time"
+    finally:
+        await scheduler.stop()
