@@ -128,9 +128,12 @@ class DelayMetrics:
         if counter is not None:
             counter.inc()
 
-    def observe_dispatch(self, dispatch: "Dispatch") -> "Dispatch":
+    def observe_dispatch(self, dispatch: "Dispatch", uncounted: tuple[str, ...] = ()
+                         ) -> "Dispatch":
         """``dispatch`` counting what fails: a whole batch the realtime side did not take, or
-        single messages it refused, by error code."""
+        single messages it refused, by error code; a batch failing with a code of
+        ``uncounted`` is not counted (an older broker's ``not_supported`` of a hand-off: the
+        normal fallback to sending at the due time, not a failure to alert on)."""
         failures = self.dispatch_failures
 
         async def counted(subject: str, payloads: list[bytes], *more: Any
@@ -138,7 +141,8 @@ class DelayMetrics:
             try:
                 group, results = await dispatch(subject, payloads, *more)  # type: ignore
             except QmqError as exc:
-                failures[exc.code] = failures.get(exc.code, 0) + len(payloads)
+                if exc.code not in uncounted:
+                    failures[exc.code] = failures.get(exc.code, 0) + len(payloads)
                 raise
             for result in results:
                 error = result.get("error")

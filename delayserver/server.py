@@ -75,7 +75,9 @@ class DelayServer(ServerBase):
                 """Hand ``payloads`` to their broker, to be visible at ``visible_at_ms``."""
                 return await sender.send(subject, payloads, visible_at_ms)
 
-            self._hold = metrics.observe_dispatch(self._fenced(hold))  # type: ignore[arg-type]
+            # An older broker's refusal (not_supported) is the hand-off's normal fallback.
+            self._hold = metrics.observe_dispatch(  # type: ignore[arg-type]
+                self._fenced(hold), uncounted=(NotSupported.code,))
         self._opener = opener
         self._scheduler: Scheduler | None = None  # built by start(), once its store is open
 

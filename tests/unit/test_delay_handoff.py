@@ -11,13 +11,14 @@ import asyncio
 import pytest
 
 from delayserver.config import DelayConfig
+from delayserver.metrics import DelayMetrics
 from delayserver.scheduler import Scheduler
 from delayserver.storage.store import ScheduleEntry
 from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
 from tracelog.events import TraceWriter, read_events
-from wire.errors import NotSupported
+from wire.errors import NotSupported, Overloaded
 from wire.limits import HOLD_AHEAD_MS_MAX
 from wire.message import decode_message, encode_message
 
@@ -372,3 +373,20 @@ async def test_a_hand_off_refused_for_good_is_sent_at_its_due_time_not_given_up(
         assert "dispatch_refused" not in reasons, "given up instead of sent at its due time"
     finally:
         await scheduler.stop()
+
+
+async def test_an_older_broker_s_refusal_of_a_hand_off_is_not_counted_as_a_dispatch_failure():
+    metrics = DelayMetrics("d")
+
+    async def refuse(subject, payloads, visible_at_ms):
+        raise NotSupported("an older broker")
+
+    async def overloaded(subject, payloads):
+        raise Overloaded("busy")
+
+    hold = metrics.observe_dispatch(refuse, uncounted=(NotSupported.code,))
+    send = metrics.observe_dispatch(overloaded)
+    for call in (hold("s", [b"x", b"y"], [1, 2]), send("s", [b"x"])):
+        with pytest.raises((NotSupported, Overloaded)):
+            await call
+    assert {c: n for c, n in metrics.dispatch_failures.items() if n} == {"overloaded": 1}
