@@ -47,6 +47,9 @@ HOT_BACKLOG_ENTRIES = 4_096
 HOT_CHUNK_ENTRIES_MAX = 32_768
 # Refusals the realtime side will repeat for ever: such a message is recorded as dispatched.
 REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
+# Answers to a hand-off of one message that send it at its due time instead: refused for good,
+# or its home group is an older server (a mixed-version route, PayloadSender.send).
+HOLD_REFUSED = (*REFUSED_FOR_GOOD, NotSupported.code)
 
 
 @dataclass
@@ -264,7 +267,7 @@ class Dispatcher:
                 confirmed.append(entry)
                 kept.append(entry)
                 confirmed_payloads.append(payloads[position])
-            elif error is not None and early and error.get("code") in REFUSED_FOR_GOOD:
+            elif error is not None and early and error.get("code") in HOLD_REFUSED:
                 # A hand-off refused (say its visible_at_ms is past HOLD_AHEAD_MS_MAX by a
                 # broker clock behind ours): sent at its due time instead; a message the
                 # broker never takes is refused again then and given up.

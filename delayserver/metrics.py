@@ -148,7 +148,8 @@ class DelayMetrics:
                 error = result.get("error")
                 if error is not None:
                     code = error.get("code", "internal")
-                    failures[code] = failures.get(code, 0) + 1
+                    if code not in uncounted:
+                        failures[code] = failures.get(code, 0) + 1
             return group, results
 
         return counted

@@ -55,8 +55,9 @@ class PayloadSender:
 
         With ``visible_at_ms`` (one per payload) the batch is handed off ahead of its due time
         (the ``hold`` op): only to brokers whose hello says ``holds``; NotSupported (not
-        retriable) when the one it would go to does not, so the caller dispatches at the due
-        time instead.
+        retriable) when none it would go to does, so the caller dispatches at the due time
+        instead; when only some home groups do not (a rolling upgrade), their part is answered
+        ``not_supported`` per message and the other parts' results are kept.
 
         Each payload goes to its message id's home group (``home_group``), so a resend of an id
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
@@ -89,7 +90,17 @@ class PayloadSender:
                 for home, positions in parts.items()
             ), return_exceptions=True)
             pending = []
+            unheld = _unheld_parts(parts, outcomes, visible_at_ms is not None)
             for positions, outcome in zip(parts.values(), outcomes):
+                if unheld and isinstance(outcome, NotSupported):
+                    # An older home group during a rolling upgrade, beside newer ones that
+                    # held their parts: its part is answered not_supported per message (the
+                    # caller sends it at the due time) and the held parts' results are kept.
+                    for position in positions:
+                        results[position] = {"id": peek_message_id(payloads[position]),
+                                             "error": {"code": outcome.code,
+                                                       "message": str(outcome)}}
+                    continue
                 if isinstance(outcome, BaseException):
                     if not (isinstance(outcome, QmqError) and outcome.retriable):
                         raise outcome  # every part has finished: nothing is left running
@@ -177,6 +188,14 @@ class PayloadSender:
         """Close connections and the route cache's HTTP session."""
         await self.pool.close()
         await self.routes.close()
+
+
+def _unheld_parts(parts: dict[int, list[int]], outcomes: Sequence[Any], holding: bool) -> bool:
+    """Whether a hold's parts are answered per message: some home groups refused the hold
+    (NotSupported, older servers) and others did not. When every part was refused, the
+    NotSupported is raised as it is (the caller pauses its hand-offs)."""
+    refused = [isinstance(o, NotSupported) for o in outcomes]
+    return holding and any(refused) and not all(refused) and len(parts) == len(outcomes)
 
 
 def home_group(payload: bytes, group_count: int) -> int:

@@ -344,19 +344,27 @@ async def test_two_cancels_of_a_handed_message_at_once_never_say_already_dispatc
         await scheduler.stop()
 
 
-class AheadClockBroker(HoldingBroker):
-    """A broker whose clock is behind ours by more than HOLD_AHEAD_MS_MAX minus the lead: it
-    refuses every hand-off for good (``bad_request``) and takes plain sends."""
+class RefusingEachBroker(HoldingBroker):
+    """Refuses the hand-off of each message with ``code`` and takes plain sends:
+    ``bad_request`` as a broker whose clock is behind ours by more than HOLD_AHEAD_MS_MAX
+    minus the lead does, ``not_supported`` as PayloadSender answers for the part of an older
+    home group beside newer ones."""
+
+    def __init__(self, clock: FakeClock, code: str) -> None:
+        super().__init__(clock)
+        self.code = code
 
     async def hold(self, subject, payloads, visible_at_ms):
         return "rt", [{"id": decode_message(p).id,
-                       "error": {"code": "bad_request", "message": "too far ahead"}}
+                       "error": {"code": self.code, "message": "not held"}}
                       for p in payloads]
 
 
-async def test_a_hand_off_refused_for_good_is_sent_at_its_due_time_not_given_up(tmp_path):
+@pytest.mark.parametrize("code", ["bad_request", "not_supported"])
+async def test_a_hand_off_refused_per_message_is_sent_at_its_due_time_not_given_up(tmp_path,
+                                                                                    code):
     clock = FakeClock()
-    broker = AheadClockBroker(clock)
+    broker = RefusingEachBroker(clock, code)
     writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
     scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
     try:
@@ -384,9 +392,15 @@ async def test_an_older_broker_s_refusal_of_a_hand_off_is_not_counted_as_a_dispa
     async def overloaded(subject, payloads):
         raise Overloaded("busy")
 
+    async def refuse_one(subject, payloads, visible_at_ms):  # an older group's part
+        return "rt", [{"id": "a", "status": "stored"},
+                      {"id": "b", "error": {"code": "not_supported", "message": "older"}}]
+
     hold = metrics.observe_dispatch(refuse, uncounted=(NotSupported.code,))
     send = metrics.observe_dispatch(overloaded)
     for call in (hold("s", [b"x", b"y"], [1, 2]), send("s", [b"x"])):
         with pytest.raises((NotSupported, Overloaded)):
             await call
+    await metrics.observe_dispatch(refuse_one, uncounted=(NotSupported.code,))(
+        "s", [b"x", b"y"], [1, 2])
     assert {c: n for c, n in metrics.dispatch_failures.items() if n} == {"overloaded": 1}
