@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from delayserver.config import DelayConfig
+from delayserver.handoff import HANDOFF_STEP_MS, NO_HOLD_PAUSE_MS, HandOff, step_ms, take_at_ms
 from delayserver.metrics import DelayMetrics
 from delayserver.scheduler import Scheduler
 from delayserver.storage.store import ScheduleEntry
@@ -404,3 +405,32 @@ async def test_an_older_broker_s_refusal_of_a_hand_off_is_not_counted_as_a_dispa
     await metrics.observe_dispatch(refuse_one, uncounted=(NotSupported.code,))(
         "s", [b"x", b"y"], [1, 2])
     assert {c: n for c, n in metrics.dispatch_failures.items() if n} == {"overloaded": 1}
+
+
+@pytest.mark.parametrize("lead_ms, step", [(2 * HANDOFF_STEP_MS + 2, HANDOFF_STEP_MS),
+                                           (2 * HANDOFF_STEP_MS, HANDOFF_STEP_MS),
+                                           (2 * HANDOFF_STEP_MS - 2, HANDOFF_STEP_MS - 1),
+                                           (1, 1)])
+def test_the_hand_off_step_is_handoff_step_ms_at_most_half_the_lead(lead_ms, step):
+    assert step_ms(lead_ms) == step
+
+
+def test_an_entry_is_looked_at_when_its_step_comes_within_the_lead_then_at_its_due_time():
+    due = 10_000 + 1  # in the step ending at 10,250
+    assert take_at_ms(due, LEAD_MS, now_ms=0) == 10_250 - LEAD_MS
+    assert take_at_ms(due, LEAD_MS, now_ms=10_250 - LEAD_MS) == due, "counted: at its due time"
+    assert take_at_ms(due, 0, now_ms=0) == due
+
+
+@pytest.mark.parametrize("lead_ms", [LEAD_MS, NO_HOLD_PAUSE_MS])
+def test_after_a_refused_hand_off_none_is_made_for_the_pause_or_twice_the_lead(lead_ms):
+    clock = FakeClock()
+    config = DelayConfig(data_dir="x", handoff_lead_ms=min(lead_ms, HOLD_AHEAD_MS_MAX // 2))
+    handoff = HandOff(config, clock, hold=object(), cancel_held=None,  # type: ignore[arg-type]
+                      tracer=DelayTracer(None))
+    lead = config.handoff_lead_ms
+    assert handoff.lead_ms(clock()) == lead
+    handoff.no_hold()
+    pause = max(NO_HOLD_PAUSE_MS, 2 * lead)
+    assert handoff.lead_ms(clock() + pause - 1) == 0
+    assert handoff.lead_ms(clock() + pause) == lead
