@@ -45,8 +45,10 @@ async def test_a_delay_server_killed_while_dispatching_delivers_everything_once_
     async with qmq.Consumer(cluster.meta_url, group="wallet", **CONSUMER_OPTIONS) as consumer:
         consuming = asyncio.create_task(consume_into(consumer.subscribe(subject), arrivals))
         async with qmq.Producer(cluster.meta_url) as producer:
-            start_ms = epoch_ms() + 3_000
-            sent = await send_due_between(producer, subject, count, start_ms, start_ms + 2_000,
+            # Due over 6 s: on a loaded machine the consumer may see the first fifth a few
+            # seconds late, and the kill must still come while dispatching goes on.
+            start_ms = epoch_ms() + 4_000
+            sent = await send_due_between(producer, subject, count, start_ms, start_ms + 6_000,
                                           seed=5000)
         last_due_ms = max(r.deliver_at_ms for r in sent.values())
         # Kill it once dispatching is well under way.
