@@ -3,7 +3,7 @@
 A frame is ``u32 big-endian length | msgpack map`` (docs/PROTOCOL.md). Two layers, two kinds of
 failure:
 
-* ``FrameDecoder`` turns a byte stream into maps. A declared length over the limit raises TooLarge
+* ``FrameDecoder`` (wire.framing) turns a byte stream into maps. A declared length over the limit raises TooLarge
   before anything is allocated; a frame that is not a msgpack map with str keys raises BadRequest.
   Either means the stream can no longer be trusted: the server answers with an error (rid nil)
   and closes the connection. The decoder stays failed and re-raises on every later ``feed``.
@@ -16,26 +16,37 @@ Unknown keys in a request are ignored so that a newer client can add optional fi
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal, Sequence, Union
-
-import msgpack
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Union
 
 from wire.errors import (
     BadRequest,
     DelayOutOfRange,
     NotSupported,
-    QmqError,
     TooLarge,
-    error_from_wire,
     type_name,
+)
+# Framing and responses live in wire.framing and wire.responses; their names are re-exported
+# here, the codec's one public entry point.
+from wire.framing import HEADER_BYTES, FrameDecoder, decode_frame_payload, encode_frame  # noqa: F401
+from wire.responses import (  # noqa: F401
+    browsed_message,
+    cancel_result,
+    delayed_send_result,
+    error_response,
+    hello_response,
+    parse_response,
+    pull_columns,
+    pull_response,
+    send_result_error,
+    send_result_ok,
+    send_results_stored,
+    send_stored_answer,
 )
 from wire.limits import (
     MAX_ACK_RANGES,
     MAX_CLIENT_ID_CHARS,
     MAX_DELAY_MS,
-    MAX_FRAME_BYTES,
     MAX_PULL_BATCH_MESSAGES,
     MAX_PULL_WAIT_MS,
     MAX_SEND_BATCH_MESSAGES,
@@ -48,7 +59,6 @@ from wire.message import (
     validate_subject,
     validate_tags,
 )
-from wire.packing import packb
 
 if TYPE_CHECKING:  # the replication ops are parsed by wire.replication, loaded by servers only
     from wire.replication import Fetch, Snapshot
@@ -58,106 +68,8 @@ PROTOCOL_VERSION = 1
 # Longest ``subjects.prefix``: the longest internal subject, %retry%<200 chars>%<200 chars>.
 MAX_SUBJECT_PREFIX_CHARS = 408
 
-# The frame header: one field.
-_HEADER = struct.Struct(
-    ">I"  # payload length in bytes, big-endian u32, not counting these 4 bytes
-)
-HEADER_BYTES = _HEADER.size
-
 # Request ids and sequence numbers are msgpack unsigned integers.
 _U64_MAX = 2**64 - 1
-
-
-# --- framing -----------------------------------------------------------------------------------
-
-
-def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
-    """``u32 length | msgpack(obj)``; TooLarge if the payload exceeds ``max_frame_bytes``."""
-    if not isinstance(obj, dict):
-        raise BadRequest(f"a frame must be a map, got {type_name(obj)}")
-    try:
-        payload = packb(obj)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(f"frame cannot be encoded: {exc}") from None
-    if len(payload) > max_frame_bytes:
-        raise TooLarge(
-            f"frame of {len(payload)} bytes exceeds MAX_FRAME_BYTES {max_frame_bytes}"
-        )
-    return _HEADER.pack(len(payload)) + payload
-
-
-def decode_frame_payload(payload: bytes | memoryview) -> dict[str, Any]:
-    """One frame's msgpack payload -> map with str keys; BadRequest otherwise."""
-    try:
-        obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
-    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError
-        raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}: {exc}"[:200]) from None
-    if not isinstance(obj, dict):
-        raise BadRequest(f"frame must be a msgpack map, got {type_name(obj)}")
-    for key in obj:
-        if not isinstance(key, str):
-            raise BadRequest(f"frame keys must be str, got {type_name(key)}")
-    return obj
-
-
-class FrameDecoder:
-    """Buffers a byte stream and returns the complete frames in it, in order.
-
-    ``max_frame_bytes`` bounds the declared payload length; a longer declaration raises TooLarge as
-    soon as its 4-byte header is seen, before the payload is buffered. After any error the
-    decoder is failed: frames decoded earlier in the same ``feed`` are dropped and every later
-    ``feed`` raises the same error, because the stream is out of sync.
-    """
-
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        assert 0 < max_frame_bytes <= 0xFFFFFFFF, max_frame_bytes
-        self.max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray()
-        self._error: QmqError | None = None
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Bytes received but not yet part of a complete frame."""
-        return len(self._buffer)
-
-    @property
-    def failed(self) -> bool:
-        """True once a bad frame was seen; the connection should be closed."""
-        return self._error is not None
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """Add ``data`` and return every frame it completes; raises TooLarge or BadRequest."""
-        if self._error is not None:
-            raise self._error
-        self._buffer += data
-        try:
-            frames, consumed = self._split()
-        except QmqError as exc:
-            self._error = exc
-            self._buffer = bytearray()  # nothing more will be read from a failed stream
-            raise
-        del self._buffer[:consumed]
-        return frames
-
-    def _split(self) -> tuple[list[dict[str, Any]], int]:
-        """The complete frames at the front of the buffer and how many bytes they span."""
-        frames: list[dict[str, Any]] = []
-        buffer = self._buffer
-        pos = 0
-        with memoryview(buffer) as view:
-            while len(buffer) - pos >= HEADER_BYTES:
-                (length,) = _HEADER.unpack_from(buffer, pos)
-                if length > self.max_frame_bytes:
-                    # Refuse from the header alone: the payload is never awaited nor allocated.
-                    raise TooLarge(
-                        f"frame of {length} bytes exceeds MAX_FRAME_BYTES {self.max_frame_bytes}"
-                    )
-                end = pos + HEADER_BYTES + length
-                if len(buffer) < end:
-                    break
-                frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
-                pos = end
-        return frames, pos
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -716,122 +628,6 @@ def parse_request(frame: dict[str, Any]) -> Request:
     if parser is None:
         raise BadRequest(f"unknown op {op!r:.80}; known ops: {', '.join(OPS)}")
     return parser(_Fields(op, frame), rid)
-
-
-# --- responses ---------------------------------------------------------------------------------
-#
-# What a server's handler returns, without ``rid``: the frame server adds it (FrameServer).
-
-
-def error_response(rid: int | None, exc: QmqError) -> dict[str, Any]:
-    """``{rid, error: {code, message}}``; rid is None when the request's rid was unreadable."""
-    return {"rid": rid, "error": exc.to_wire()}
-
-
-def hello_response(kind: str, group: str, node: str, role: str = "master",
-                   epoch: int = 0, holds: bool = False) -> dict[str, Any]:
-    """``{ok: True, server: {kind, group, node, role, epoch}}``: which server answered a
-    ``hello``, and its role in its group (docs/REPLICATION.md). ``holds``: a realtime broker
-    that takes ``hold`` and ``cancel_held`` says ``holds: true`` (absent: it does not)."""
-    server = {"kind": kind, "group": group, "node": node, "role": role, "epoch": epoch}
-    if holds:
-        server["holds"] = True
-    return {"ok": True, "server": server}
-
-
-def send_result_ok(message_id: str, duplicate: bool = False) -> dict[str, Any]:
-    """One entry of a send response's ``results``: stored, or a duplicate of an earlier send."""
-    return {"id": message_id, "status": "duplicate" if duplicate else "stored"}
-
-
-def send_results_stored(message_ids: Iterable[str]) -> list[dict[str, Any]]:
-    """``send_result_ok`` of each id, stored: a whole commit's results in one call (no call
-    per message on the broker's send path)."""
-    return [{"id": message_id, "status": "stored"} for message_id in message_ids]
-
-
-def send_stored_answer(count: int) -> dict[str, Any]:
-    """The whole answer to a ``compact`` send whose ``count`` messages were all stored (as
-    "stored", never "duplicate"; a delayed one at the ``deliver_at_ms`` its payload names):
-    the client knows each id and due time it sent, so no result per message is encoded,
-    written or decoded. Any other outcome is answered with ``results``."""
-    return {"stored": count}
-
-
-def delayed_send_result(message_id: str, deliver_at_ms: int) -> dict[str, Any]:
-    """A delay server's send result for a stored message: ``deliver_at_ms`` is what a later
-    ``cancel`` names it by."""
-    return {"id": message_id, "status": "stored", "deliver_at_ms": deliver_at_ms}
-
-
-def send_result_error(message_id: str, exc: QmqError) -> dict[str, Any]:
-    """One failed entry of a send response's ``results``."""
-    return {"id": message_id, "error": exc.to_wire()}
-
-
-def cancel_result(message_id: str, status: str) -> dict[str, Any]:
-    """One entry of a cancel response's ``results`` (``status`` as docs/PROTOCOL.md lists)."""
-    return {"id": message_id, "status": status}
-
-
-def pull_response(pull_seqs: Sequence[int], payloads: Sequence[bytes],
-                  redelivered: Sequence[int]) -> dict[str, Any]:
-    """The body of a pull response: three columns of one entry per message, in order (one
-    array each rather than a map per message: nothing to build or parse per message)."""
-    return {"pull_seqs": pull_seqs, "payloads": payloads, "redelivered": redelivered}
-
-
-def pull_columns(answer: dict[str, Any]) -> tuple[list[int], list[Any], list[int]]:
-    """Client side: the (pull_seqs, payloads, redelivered) columns of a pull response, checked
-    to be arrays of one length with int pull seqs and redelivery counts (C loops, no call per
-    message). Payloads are not checked here: each is decoded on its own. BadRequest names the
-    defect."""
-    pull_seqs: Any = answer.get("pull_seqs")
-    payloads: Any = answer.get("payloads")
-    redelivered: Any = answer.get("redelivered")
-    for name, column in (("pull_seqs", pull_seqs), ("payloads", payloads),
-                         ("redelivered", redelivered)):
-        if type(column) is not list:
-            raise BadRequest(f"pull response field {name} must be an array, got "
-                             f"{type_name(column)}")
-    if not len(pull_seqs) == len(payloads) == len(redelivered):
-        raise BadRequest(f"pull response columns differ in length: pull_seqs {len(pull_seqs)}, "
-                         f"payloads {len(payloads)}, redelivered {len(redelivered)}")
-    for name, column in (("pull_seqs", pull_seqs), ("redelivered", redelivered)):
-        if column and set(map(type, column)) != {int}:
-            bad = next(value for value in column if type(value) is not int)
-            raise BadRequest(f"pull response field {name} must hold int, got {type_name(bad)}")
-    return pull_seqs, payloads, redelivered
-
-
-def browsed_message(sequence: int, payload: bytes) -> dict[str, Any]:
-    """One entry of a browse response's ``messages``."""
-    return {"sequence": sequence, "payload": payload}
-
-
-def parse_response(frame: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
-    """Client side: ``(rid, the frame without rid)``; raise the matching QmqError (with ``.rid``
-    set) for an error response, and BadRequest for a map that is not a response."""
-    if not isinstance(frame, dict):
-        raise BadRequest(f"response must be a map, got {type_name(frame)}")
-    if "rid" not in frame:
-        raise BadRequest("response lacks field 'rid'")
-    rid = frame["rid"]
-    if rid is not None and (type(rid) is not int or not 0 <= rid <= _U64_MAX):
-        raise BadRequest(f"response rid must be int or nil, got {type_name(rid)}")
-    if "error" in frame:
-        error = frame["error"]
-        if not (
-            isinstance(error, dict)
-            and isinstance(error.get("code"), str)
-            and isinstance(error.get("message"), str)
-        ):
-            raise BadRequest(f"response error must be {{code: str, message: str}}, got {error!r:.80}")
-        raise error_from_wire(error["code"], error["message"], rid=rid)
-    if rid is None:
-        raise BadRequest("response without error must have an int rid")
-    result = {k: v for k, v in frame.items() if k != "rid"}
-    return rid, result
 
 
 __all__ = [

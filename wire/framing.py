@@ -1,0 +1,118 @@
+"""Frames on a byte stream: ``u32 big-endian length | msgpack map`` (docs/PROTOCOL.md), pure
+bytes <-> maps, no sockets, no asyncio. Split from ``wire.protocol`` (which re-exports these
+names) so that module keeps to the requests and responses.
+
+``FrameDecoder`` turns a byte stream into maps. A declared length over the limit raises TooLarge
+before anything is allocated; a frame that is not a msgpack map with str keys raises BadRequest.
+Either means the stream can no longer be trusted: the server answers with an error (rid nil) and
+closes the connection. The decoder stays failed and re-raises on every later ``feed``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from wire.errors import BadRequest, QmqError, TooLarge, type_name
+from wire.limits import MAX_FRAME_BYTES
+from wire.packing import packb
+
+# The frame header: one field.
+_HEADER = struct.Struct(
+    ">I"  # payload length in bytes, big-endian u32, not counting these 4 bytes
+)
+HEADER_BYTES = _HEADER.size
+
+
+def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """``u32 length | msgpack(obj)``; TooLarge if the payload exceeds ``max_frame_bytes``."""
+    if not isinstance(obj, dict):
+        raise BadRequest(f"a frame must be a map, got {type_name(obj)}")
+    try:
+        payload = packb(obj)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"frame cannot be encoded: {exc}") from None
+    if len(payload) > max_frame_bytes:
+        raise TooLarge(
+            f"frame of {len(payload)} bytes exceeds MAX_FRAME_BYTES {max_frame_bytes}"
+        )
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode_frame_payload(payload: bytes | memoryview) -> dict[str, Any]:
+    """One frame's msgpack payload -> map with str keys; BadRequest otherwise."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError
+        raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}: {exc}"[:200]) from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"frame must be a msgpack map, got {type_name(obj)}")
+    for key in obj:
+        if not isinstance(key, str):
+            raise BadRequest(f"frame keys must be str, got {type_name(key)}")
+    return obj
+
+
+class FrameDecoder:
+    """Buffers a byte stream and returns the complete frames in it, in order.
+
+    ``max_frame_bytes`` bounds the declared payload length; a longer declaration raises TooLarge as
+    soon as its 4-byte header is seen, before the payload is buffered. After any error the
+    decoder is failed: frames decoded earlier in the same ``feed`` are dropped and every later
+    ``feed`` raises the same error, because the stream is out of sync.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        assert 0 < max_frame_bytes <= 0xFFFFFFFF, max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._error: QmqError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+    @property
+    def failed(self) -> bool:
+        """True once a bad frame was seen; the connection should be closed."""
+        return self._error is not None
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add ``data`` and return every frame it completes; raises TooLarge or BadRequest."""
+        if self._error is not None:
+            raise self._error
+        self._buffer += data
+        try:
+            frames, consumed = self._split()
+        except QmqError as exc:
+            self._error = exc
+            self._buffer = bytearray()  # nothing more will be read from a failed stream
+            raise
+        del self._buffer[:consumed]
+        return frames
+
+    def _split(self) -> tuple[list[dict[str, Any]], int]:
+        """The complete frames at the front of the buffer and how many bytes they span."""
+        frames: list[dict[str, Any]] = []
+        buffer = self._buffer
+        pos = 0
+        with memoryview(buffer) as view:
+            while len(buffer) - pos >= HEADER_BYTES:
+                (length,) = _HEADER.unpack_from(buffer, pos)
+                if length > self.max_frame_bytes:
+                    # Refuse from the header alone: the payload is never awaited nor allocated.
+                    raise TooLarge(
+                        f"frame of {length} bytes exceeds MAX_FRAME_BYTES {self.max_frame_bytes}"
+                    )
+                end = pos + HEADER_BYTES + length
+                if len(buffer) < end:
+                    break
+                frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
+                pos = end
+        return frames, pos
+
+
+__all__ = ["HEADER_BYTES", "encode_frame", "decode_frame_payload", "FrameDecoder"]
