@@ -10,12 +10,19 @@ import heapq
 class HeldTimer:
     """Held messages by visible time (ties in hand-off order: by message-log offset).
 
-    A removed message stays in the heap until it reaches the top (lazy deletion): removing
-    is O(1), and each entry is popped once. Owner: the event loop.
+    Messages are kept in one bucket per visible time, and a heap holds the distinct times: a
+    hot slot (20k messages due at one instant) is one bucket, taken in slices, not 20k heap
+    pops of (time, offset) tuples (about 3 us each, paid on the loop before the first of them
+    could be made visible). A removed or moved message stays in its old bucket until that
+    bucket is taken (lazy deletion, checked against ``_live``); ``_counts`` says how many live
+    messages each bucket has, so an emptied bucket never reports a due time. Owner: the event
+    loop.
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int]] = []  # (visible_at_ms, offset)
+        self._times: list[int] = []  # heap of the visible times that have a bucket
+        self._buckets: dict[int, list[int]] = {}  # visible_at_ms -> offsets (some stale)
+        self._counts: dict[int, int] = {}  # visible_at_ms -> live offsets in its bucket
         self._live: dict[int, int] = {}  # offset -> visible_at_ms of what is still held
 
     def __len__(self) -> int:
@@ -23,40 +30,71 @@ class HeldTimer:
 
     def add(self, offset: int, visible_at_ms: int) -> None:
         """Hold the message at ``offset`` until ``visible_at_ms`` (again: moved to that time)."""
+        before = self._live.get(offset)
+        if before == visible_at_ms:
+            return
+        if before is not None:
+            self._counts[before] -= 1
         self._live[offset] = visible_at_ms
-        heapq.heappush(self._heap, (visible_at_ms, offset))
+        bucket = self._buckets.get(visible_at_ms)
+        if bucket is None:
+            self._buckets[visible_at_ms] = [offset]
+            self._counts[visible_at_ms] = 1
+            heapq.heappush(self._times, visible_at_ms)
+        else:
+            bucket.append(offset)
+            self._counts[visible_at_ms] += 1
 
     def remove(self, offset: int) -> None:
         """Forget a message (cancelled); unknown offsets are ignored."""
-        self._live.pop(offset, None)
+        visible_at_ms = self._live.pop(offset, None)
+        if visible_at_ms is not None:
+            self._counts[visible_at_ms] -= 1
 
     def clear(self) -> None:
         """Forget every message (the broker stepped down)."""
-        self._heap.clear()
+        self._times.clear()
+        self._buckets.clear()
+        self._counts.clear()
         self._live.clear()
 
-    def _drop_stale_head(self) -> None:
-        heap, live = self._heap, self._live
-        while heap and live.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
+    def _drop_empty_head(self) -> None:
+        times, counts = self._times, self._counts
+        while times and counts[times[0]] == 0:
+            visible_at_ms = heapq.heappop(times)
+            del self._buckets[visible_at_ms], counts[visible_at_ms]
 
     def next_due_ms(self) -> int | None:
         """The earliest visible time still held, or None when nothing is."""
-        self._drop_stale_head()
-        return self._heap[0][0] if self._heap else None
+        self._drop_empty_head()
+        return self._times[0] if self._times else None
 
     def take_due(self, now_ms: int, max_count: int) -> list[int]:
         """The offsets of at most ``max_count`` messages due at ``now_ms`` (visible time at or
         before it), earliest first; they are no longer held here."""
-        heap, live = self._heap, self._live
+        times, live = self._times, self._live
         due: list[int] = []
         while len(due) < max_count:
-            self._drop_stale_head()
-            if not heap or heap[0][0] > now_ms:
+            self._drop_empty_head()
+            if not times or times[0] > now_ms:
                 break
-            _visible_at, offset = heapq.heappop(heap)
-            del live[offset]
-            due.append(offset)
+            visible_at_ms = times[0]
+            bucket = self._buckets[visible_at_ms]
+            bucket.sort()  # hand-off order; a no-op pass when already sorted
+            wanted = max_count - len(due)
+            taken = 0
+            for index, offset in enumerate(bucket):
+                if live.get(offset) != visible_at_ms:
+                    continue  # removed, moved or taken already (a duplicate entry)
+                del live[offset]
+                due.append(offset)
+                taken += 1
+                if taken == wanted:
+                    del bucket[:index + 1]
+                    break
+            else:
+                bucket.clear()
+            self._counts[visible_at_ms] -= taken
         return due
 
 

@@ -52,6 +52,42 @@ def test_the_timer_forgets_removed_messages_and_takes_at_most_max_count():
     assert timer.next_due_ms() is None and len(timer) == 0
 
 
+def test_the_timer_takes_a_hot_slot_in_slices_in_offset_order_skipping_stale_entries():
+    timer = HeldTimer()
+    for offset in reversed(range(10)):
+        timer.add(offset, 500)
+    timer.remove(3)
+    timer.add(4, 900)  # moved later
+    timer.remove(5)
+    timer.add(5, 500)  # removed, then held again at the same time: taken once
+    timer.add(6, 500)  # added again at its own time: nothing changes
+    assert len(timer) == 9
+    assert timer.take_due(500, 4) == [0, 1, 2, 5]
+    assert timer.take_due(500, 4) == [6, 7, 8, 9]
+    assert timer.take_due(899, 4) == []
+    assert timer.next_due_ms() == 900
+    assert timer.take_due(900, 4) == [4]
+    assert timer.next_due_ms() is None and len(timer) == 0
+
+
+def test_the_timer_reports_no_due_time_for_a_slot_whose_messages_all_left():
+    timer = HeldTimer()
+    timer.add(1, 100)
+    timer.add(2, 100)
+    timer.add(3, 300)
+    timer.remove(1)
+    timer.add(2, 200)  # moved: the slot at 100 is empty
+    assert timer.next_due_ms() == 200
+    timer.remove(2)
+    assert timer.next_due_ms() == 300
+    timer.add(7, 100)  # a slot emptied and dropped can be used again
+    assert timer.next_due_ms() == 100
+    assert timer.take_due(1_000, 10) == [7, 3]
+    timer.add(8, 50)
+    timer.clear()
+    assert timer.next_due_ms() is None and len(timer) == 0
+
+
 @pytest.fixture
 async def opened(tmp_path):
     clock = FakeClock()
