@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Callable
 
 from realtime.context import BrokerContext
@@ -31,6 +33,10 @@ from wire.message import (
 from wire.protocol import send_result_error, send_result_ok
 
 log = logging.getLogger(__name__)
+
+_TAGS_OF = attrgetter("tags")
+_EXPIRE_OF = attrgetter("expire_at_ms")
+_DELIVER_AT_OF = attrgetter("deliver_at_ms")
 
 # Messages made visible per store call: a due instant of more takes several calls, one after
 # the other, so consumers drain the first while the next are written (each call is one fsync).
@@ -221,49 +227,58 @@ class Handoffs:
         kept = self._kept
         # The payloads kept from the hand-off are written again as they are; the store adds
         # those it read back from the held records.
-        read = {offset: kept[offset][0] for offset in due if offset in kept}
+        read = {offset: found[0] for offset, found in zip(due, map(kept.get, due))
+                if found is not None}
         made, log_end, dropped = await ctx.on_store_thread(self._visible_io, due, read, now_ms)
         ctx.replica.advanced("message", log_end)
         if dropped:  # held records rotten on disk: given up, traced by id
             ctx.tracer.held_deleted([(h.subject, h.message_id) for h in dropped], now_ms,
                                     "held_unreadable")
-        tracer = ctx.tracer
         # Traced when visible (consumers can pull them from now on), not when taken: the
         # lateness includes the store call.
-        visible_ms = ctx.clock() if tracer.enabled else now_ms
+        visible_ms = ctx.clock() if ctx.tracer.enabled else now_ms
+        published = 0
         for subject, first, items in made:
-            payloads: list[bytes] = []
-            checks: list[Checked] = []
-            members: list[str | None] = []
-            for item in items:
-                found = kept.pop(item.offset, None)
-                if found is None:
-                    payload = read[item.offset]
-                    checked = (self._quick_check.check_many([payload], 1 << 62)[0]
-                               or _checked_of(payload))
-                    member = None
-                else:
-                    payload, checked, member = found
-                    self._kept_bytes -= len(payload)
-                payloads.append(payload)
-                checks.append(checked)
-                members.append(member)
-            entries = [(p, c.tags, c.expire_at_ms) for p, c in zip(payloads, checks)]
-            ctx.committed.add(subject, first, entries, sum(map(len, payloads)))
-            sequences = list(range(first, first + len(items)))
-            if tracer.enabled:
-                if None in members:
-                    tracer.made_visible(checks, sequences, payloads, visible_ms)
-                else:
-                    tracer.made_visible_members(
-                        subject, members, sequences,  # type: ignore[arg-type]
-                        [c.deliver_at_ms for c in checks], visible_ms)
-            ctx.committed.notify(subject)
-            self.made_visible += len(items)
-        for offset in due:  # cancelled meanwhile: not made visible, not kept any longer
-            found = kept.pop(offset, None)
-            if found is not None:
-                self._kept_bytes -= len(found[0])
+            self._publish(subject, first, [item.offset for item in items], read, visible_ms)
+            published += len(items)
+        self.made_visible += published
+        if published < len(due):
+            for offset in due:  # cancelled meanwhile: not made visible, not kept any longer
+                found = kept.pop(offset, None)
+                if found is not None:
+                    self._kept_bytes -= len(found[0])
+
+    def _publish(self, subject: str, first: int, offsets: list[int], read: dict[int, bytes],
+                 visible_ms: int) -> None:
+        """Feed the tail with one subject's run made visible (sequences from ``first``), trace
+        it and wake its long polls. Column by column: a hot slot publishes 20k at once."""
+        kept, tracer, committed = self._kept, self._ctx.tracer, self._ctx.committed
+        found = list(map(kept.pop, offsets, repeat(None)))
+        if None in found:  # read back from the store: checked again here
+            self._kept_bytes -= sum(len(f[0]) for f in found if f is not None)
+            found = [f if f is not None else self._read_back(read[offset])
+                     for offset, f in zip(offsets, found)]
+            payloads, checks, members = map(list, zip(*found))
+        else:
+            payloads, checks, members = map(list, zip(*found))
+            self._kept_bytes -= sum(map(len, payloads))
+        committed.add(subject, first, list(zip(payloads, map(_TAGS_OF, checks),
+                                               map(_EXPIRE_OF, checks))),
+                      sum(map(len, payloads)))
+        sequences = list(range(first, first + len(offsets)))
+        if tracer.enabled:
+            if None in members:
+                tracer.made_visible(checks, sequences, payloads, visible_ms)
+            else:
+                tracer.made_visible_members(subject, members, sequences,
+                                            list(map(_DELIVER_AT_OF, checks)), visible_ms)
+        committed.notify(subject)
+
+    def _read_back(self, payload: bytes) -> tuple[bytes, Checked, None]:
+        """(payload, what the check reads of it, no trace members) of a payload the store read
+        back (not kept from the hand-off: past KEPT_BYTES_MAX, or the broker restarted)."""
+        checked = self._quick_check.check_many([payload], 1 << 62)[0] or _checked_of(payload)
+        return payload, checked, None
 
     def _visible_io(self, due: list[int], payloads: dict[int, bytes], now_ms: int
                     ) -> tuple[list[tuple[str, int, list[Held]]], int, list[Held]]:

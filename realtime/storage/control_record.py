@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
 from typing import Sequence
 
 HEAD = struct.Struct(
@@ -142,6 +144,32 @@ def encode_visible_message(timestamp_ms: int, sequence: int, tag_bloom: int, sub
                      U16.pack(len(id_bytes)), id_bytes, payload))
 
 
+def encode_visible_messages(timestamp_ms: int, subject: str, sequences: Sequence[int],
+                            tag_blooms: Sequence[int], held_offsets: Sequence[int],
+                            message_ids_utf8: Sequence[bytes], payloads: Sequence[bytes],
+                            ) -> list[bytes]:
+    """``encode_visible_message`` of several held messages of one ``subject`` made visible at
+    one time, given column by column (the same bytes): the per-record work is two ``map`` calls
+    over one ``struct`` whose format holds the subject, not Python code per record (a hot
+    slot makes 20k visible at once). ValueError when a field does not fit its width."""
+    subject_bytes = subject.encode("utf-8")
+    head = _visible_head_struct(len(subject_bytes))
+    try:
+        heads = list(map(head.pack, repeat(timestamp_ms), sequences, tag_blooms, repeat(0),
+                         repeat(KIND_VISIBLE_MESSAGE), held_offsets,
+                         repeat(len(subject_bytes)), repeat(subject_bytes),
+                         map(len, message_ids_utf8)))
+    except struct.error as exc:
+        raise ValueError(f"visible-message record field out of range: {exc}") from None
+    return list(map(b"".join, zip(heads, message_ids_utf8, payloads)))
+
+
+@lru_cache(maxsize=256)
+def _visible_head_struct(subject_length: int) -> struct.Struct:
+    """A visible-message record's bytes up to its message id, for a subject of this length."""
+    return struct.Struct(f">QQQHBQH{subject_length}sH")
+
+
 def decode_visible_message(body: bytes | memoryview) -> tuple[HeldRecord, int, int, int]:
     """(the message as a HeldRecord whose visible_at_ms is 0, its subject_sequence, its
     held_offset, where its payload starts); ValueError when it is not one."""
@@ -176,5 +204,5 @@ def decode_cancelled(body: bytes | memoryview) -> tuple[int, list[int]]:
 __all__ = [
     "HeldRecord", "KIND_CANCELLED", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
     "decode_cancelled", "decode_held", "decode_visible_message", "encode_cancelled",
-    "encode_held", "encode_visible_message", "is_control",
+    "encode_held", "encode_visible_message", "encode_visible_messages", "is_control",
 ]

@@ -99,6 +99,12 @@ class DedupIndex:
                     self._stale[key] = self._stale.get(key, 0) + 1
                 for key in set(keys):
                     self._drop_stale(key)
+        elif all(map(ids.__contains__, keys)) and len(set(keys)) == len(keys):
+            # Every key known, none twice (held ids made visible get their sequences): each
+            # old position in _order goes stale, counted without Python code per key.
+            stale = self._stale
+            stale.update(zip(keys, map(add, map(stale.get, keys, repeat(0)), repeat(1))))
+            ids.update(zip(keys, entries))
         else:
             stale = self._stale
             for key, entry in zip(keys, entries):

@@ -10,6 +10,9 @@ write on behalf of ``MessageStore``, on its owner thread; nothing reads the cloc
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
+from operator import attrgetter
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from logstore import CorruptRecord
@@ -24,7 +27,7 @@ from realtime.storage.control_record import (
     decode_visible_message,
     encode_cancelled,
     encode_held,
-    encode_visible_message,
+    encode_visible_messages,
     is_control,
 )
 from realtime.storage.dedup import DedupIndex
@@ -44,6 +47,10 @@ class Held(NamedTuple):
     tag_bloom: int
     subject: str
     message_id: str
+
+
+_KEY_OF = attrgetter("subject", "message_id")  # a Held's key in HeldSet._by_key
+_OFFSET_OF = attrgetter("offset")
 
 
 class HeldSet:
@@ -68,6 +75,18 @@ class HeldSet:
         if held is not None and self._by_key.get((held.subject, held.message_id)) == offset:
             del self._by_key[(held.subject, held.message_id)]
         return held
+
+    def pop_many(self, offsets: Sequence[int]) -> None:
+        """``pop`` of each offset (those not held are ignored)."""
+        by_key = self._by_key
+        found = [h for h in map(self.by_offset.pop, offsets, repeat(None)) if h is not None]
+        keys = list(map(_KEY_OF, found))
+        if list(map(by_key.get, keys)) == list(map(_OFFSET_OF, found)):  # the usual case
+            deque(map(by_key.pop, keys), maxlen=0)  # each popped, no Python code per key
+            return
+        for held, key in zip(found, keys):
+            if by_key.get(key) == held.offset:
+                del by_key[key]
 
     def find(self, subject: str, message_id: str) -> Held | None:
         """The held record of ``message_id`` of ``subject``, or None."""
@@ -157,16 +176,21 @@ def visible_bodies(timestamp_ms: int, due: Sequence[Held], payloads: Mapping[int
     that order within each subject, numbered after each subject's consumer-log end: (bodies,
     then (subject, first sequence, the records) per subject), bodies grouped by subject."""
     by_subject: dict[str, list[Held]] = {}
-    for held in due:
-        by_subject.setdefault(held.subject, []).append(held)
+    if len(set(map(attrgetter("subject"), due))) == 1:  # the usual hot slot: one subject
+        by_subject[due[0].subject] = list(due)
+    else:
+        for held in due:
+            by_subject.setdefault(held.subject, []).append(held)
     bodies: list[bytes] = []
     runs: list[tuple[str, int, list[Held]]] = []
     for subject, items in by_subject.items():
         first = consumer_log(subject).end
         runs.append((subject, first, items))
-        bodies += [encode_visible_message(timestamp_ms, first + index, h.tag_bloom, subject,
-                                          h.message_id, h.offset, payloads[h.offset])
-                   for index, h in enumerate(items)]
+        offsets = [h.offset for h in items]
+        bodies += encode_visible_messages(
+            timestamp_ms, subject, range(first, first + len(items)),
+            [h.tag_bloom for h in items], offsets,
+            [h.message_id.encode("utf-8") for h in items], list(map(payloads.__getitem__, offsets)))
     return bodies, runs
 
 

@@ -124,8 +124,8 @@ class HeldWrites:
             self._failed = exc if isinstance(exc, StoreFailed) else StoreFailed(
                 self._consumer_root, exc)
             raise self._failed from exc
-        for h in due + unreadable:
-            self._held.pop(h.offset)
+        self._held.pop_many([h.offset for h in due])
+        self._held.pop_many([h.offset for h in unreadable])
         keys: list[str] = []
         sequences: list[int] = []
         for subject, first, items in runs:

@@ -14,7 +14,7 @@ from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage import MessageStore, SequenceOutOfRange, StoreConfig
 from realtime.storage.control_record import (
     decode_cancelled, decode_held, decode_visible_message, encode_cancelled, encode_held,
-    encode_visible_message, is_control,
+    encode_visible_message, encode_visible_messages, is_control,
 )
 from realtime.storage.message_record import encode_message_record
 from realtime.storage.store_checkpoint import (
@@ -73,6 +73,18 @@ def test_control_records_round_trip_and_are_told_apart_from_message_records():
     assert decode_cancelled(encode_cancelled(T0, [3, 99])) == (T0, [3, 99])
     assert is_control(held) and is_control(visible)
     assert not is_control(encode_message_record(T0, 0, 0, "o", "m", b""))
+
+
+def test_visible_message_records_encoded_column_by_column_are_the_same_bytes():
+    ids = ["m-1", "é-2", "m-" + "x" * 300]
+    payloads = [b"", b"body", bytes(range(256)) * 3]
+    assert encode_visible_messages(T0, "orders.é", range(7, 10), [0, 5, (1 << 64) - 1],
+                                   [150, 0, 1 << 40], [i.encode() for i in ids], payloads) == [
+        encode_visible_message(T0, 7 + n, bloom, "orders.é", message_id, offset, payload)
+        for n, (bloom, message_id, offset, payload) in enumerate(zip(
+            [0, 5, (1 << 64) - 1], ids, [150, 0, 1 << 40], payloads))]
+    with pytest.raises(ValueError, match="out of range"):
+        encode_visible_messages(T0, "orders", [1 << 64], [0], [0], [b"m"], [b""])
 
 
 def test_a_checkpoint_keeps_its_held_watermark_and_a_version_1_payload_still_decodes():
