@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from logstore.record import HEADER_SIZE_BYTES
+from realtime import handoffs as handoffs_module
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.held_timer import HeldTimer
@@ -135,6 +136,28 @@ async def test_held_messages_are_invisible_until_due_then_follow_what_was_stored
     await arrive_at_due_time(broker, clock, 2)
     assert await pulled_ids(broker, "orders") == ["h1", "h2"]
     assert broker.committed.ends["orders"] == 3
+
+
+async def test_a_due_instant_is_made_visible_in_a_small_first_store_call_then_larger_ones(
+        opened, monkeypatch):
+    broker, clock, _ = opened
+    monkeypatch.setattr(handoffs_module, "VISIBLE_FIRST_BATCH_MAX", 2)
+    monkeypatch.setattr(handoffs_module, "VISIBLE_BATCH_MAX", 3)
+    rounds: list[int] = []
+    make_visible = broker.handoffs.make_visible
+
+    async def recorded(due: list[int], now_ms: int) -> None:
+        rounds.append(len(due))
+        await make_visible(due, now_ms)
+
+    monkeypatch.setattr(broker.handoffs, "make_visible", recorded)
+    await hold(broker, clock, "orders", [f"h{i}" for i in range(7)])
+    await arrive_at_due_time(broker, clock, 7)
+    assert rounds == [2, 3, 2]
+    assert await pulled_ids(broker, "orders") == [f"h{i}" for i in range(7)]
+    await hold(broker, clock, "orders", ["k1", "k2", "k3"])  # the next due instant: small again
+    await arrive_at_due_time(broker, clock, 3)
+    assert rounds == [2, 3, 2, 2, 1]
 
 
 async def test_the_broker_traces_stored_and_dispatched_with_the_lateness_at_visibility(opened):
