@@ -25,7 +25,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -104,6 +105,13 @@ SMALL_TRACE_CONF = (
 # JVM: 4.6-5.0 against 7.7 task CPU-s; docs/AUDIT.md "Performance") for three times the
 # memory (128 against 43 MB), about UNCOMPRESSED_CACHE_BYTES_PER_TRACE_BYTE of the trace.
 UNCOMPRESSED_CACHE_BYTES_PER_TRACE_BYTE = 0.75
+# spark-submit first runs a JVM of its own (org.apache.spark.launcher.Main) only to compute the
+# driver JVM's command line, before the driver JVM starts: a few hundred classes, well under a
+# second, all of it on the audit's critical path. With the JVM's defaults (G1, both JIT tiers)
+# it took about twice the wall time of these and a fifth more CPU (docs/AUDIT.md, Performance).
+# -XX:-UsePerfData: no hsperfdata file for a JVM that lives a moment.
+LAUNCHER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
+LAUNCHER_OPTIONS_ENV = "SPARK_LAUNCHER_OPTS"  # read by Spark's bin/spark-class
 _RESERVED_HEAP_BYTES = 300 << 20
 _UNEVICTABLE_STORAGE_SHARE = 0.6 * 0.5
 _MEMORY_SUFFIXES = "kmgt"  # JVM memory units: 2^10, 2^20, 2^30, 2^40 bytes
@@ -176,6 +184,21 @@ def cache_uncompressed(trace_bytes: int, driver_memory: str | None) -> bool:
     return trace_bytes * UNCOMPRESSED_CACHE_BYTES_PER_TRACE_BYTE <= storage
 
 
+@contextmanager
+def launcher_options() -> Iterator[None]:
+    """LAUNCHER_JAVA_OPTIONS in $SPARK_LAUNCHER_OPTS while a session starts (pyspark passes this
+    process's environment to spark-submit), unless the operator set their own; the environment
+    is as it was afterwards."""
+    if LAUNCHER_OPTIONS_ENV in os.environ:
+        yield
+        return
+    os.environ[LAUNCHER_OPTIONS_ENV] = LAUNCHER_JAVA_OPTIONS
+    try:
+        yield
+    finally:
+        os.environ.pop(LAUNCHER_OPTIONS_ENV, None)
+
+
 def spark_session(options: AuditOptions) -> Session:
     """The active session if there is one (tests, notebooks), else a new one."""
     active = SparkSession.getActiveSession()
@@ -204,7 +227,8 @@ def spark_session(options: AuditOptions) -> Session:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     for key, value in options.conf:
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with launcher_options():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return Session(session, True, archive)
 

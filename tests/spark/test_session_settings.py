@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
-from spark_audit.main import cache_uncompressed, memory_bytes
+from spark_audit.class_archive import java_binary
+from spark_audit.main import (
+    LAUNCHER_JAVA_OPTIONS,
+    LAUNCHER_OPTIONS_ENV,
+    cache_uncompressed,
+    launcher_options,
+    memory_bytes,
+)
 
 MB = 1 << 20
 GB = 1 << 30
@@ -39,3 +49,26 @@ def test_an_unreadable_driver_memory_keeps_the_cache_compressed():
 def test_no_driver_memory_means_sparks_default_of_one_gigabyte():
     assert cache_uncompressed(100 * MB, None)
     assert not cache_uncompressed(1 * GB, None)
+
+
+def test_spark_submits_launcher_jvm_runs_with_the_short_run_options_while_a_session_starts(
+        monkeypatch):
+    monkeypatch.delenv(LAUNCHER_OPTIONS_ENV, raising=False)
+    with launcher_options():
+        assert os.environ[LAUNCHER_OPTIONS_ENV] == LAUNCHER_JAVA_OPTIONS
+    assert LAUNCHER_OPTIONS_ENV not in os.environ
+
+
+def test_an_operators_own_launcher_options_are_kept(monkeypatch):
+    monkeypatch.setenv(LAUNCHER_OPTIONS_ENV, "-Xmx256m")
+    with launcher_options():
+        assert os.environ[LAUNCHER_OPTIONS_ENV] == "-Xmx256m"
+    assert os.environ[LAUNCHER_OPTIONS_ENV] == "-Xmx256m"
+
+
+def test_the_launcher_options_are_ones_this_java_accepts():
+    java = java_binary()
+    assert java is not None
+    done = subprocess.run([java, *LAUNCHER_JAVA_OPTIONS.split(), "-version"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
