@@ -140,7 +140,8 @@ class AuditOptions:
 @dataclass(frozen=True)
 class Session:
     """The audit's SparkSession; ``created``: started here (stopped after the audit);
-    ``archive``: its driver JVM records its class list for this class archive."""
+    ``archive``: its driver JVM records its class list (or the top layer) for this class
+    archive."""
 
     spark: SparkSession
     created: bool
@@ -456,8 +457,8 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
             results = audit(spark, options, progress, draw)
             if session.archive is not None and class_archive.start_build(
                     session.archive, spark, os.getpid()):
-                progress(f"building the driver JVM's class archive for later audits in the "
-                         f"background: {session.archive.archive_path}")
+                progress(f"building the driver JVM's class archive (or its top layer) for "
+                         f"later audits in the background: {session.archive.archive_path}")
             if session.created and is_local(out):
                 # Nothing below needs Spark (a local --out is written with Python's file calls):
                 # the session stops while the reports are rendered.

@@ -18,8 +18,12 @@ from spark_audit.class_archive import (
     plan,
 )
 
-# Stands in for java -Xshare:dump: writes the archive it is asked for (or fails if told to).
+# Stands in for java -Xshare:dump: writes the archive it is asked for (or fails if told to);
+# and for java -Xshare:on ... -version, the check of a top layer (fails if told to).
 FAKE_JAVA = """#!/bin/sh
+for arg in "$@"; do
+  [ "$arg" = -version ] && { [ -n "$FAIL_CHECK" ] && { echo "bad top" >&2; exit 1; }; exit 0; }
+done
 [ -n "$FAIL_DUMP" ] && { echo "dump failed" >&2; exit 1; }
 for arg in "$@"; do
   case "$arg" in -XX:SharedArchiveFile=*) echo archive > "${arg#-XX:SharedArchiveFile=}";; esac
@@ -55,9 +59,71 @@ def test_an_audit_records_its_class_list_until_the_archive_is_built_then_uses_it
     assert recording and f"-XX:DumpLoadedClassList={tmp_path}/k.classes-41.lst" in options
     (tmp_path / "k.jsa").write_text("archive")
     options, recording = archive.java_options(41)
-    assert not recording and f"-XX:SharedArchiveFile={tmp_path}/k.jsa" in options
+    assert f"-XX:SharedArchiveFile={tmp_path}/k.jsa" in options
+    assert "DumpLoadedClassList" not in options  # (it records the top layer next: below)
     # JVM warnings (an archive that does not match) must not reach qmq audit --json's stdout
     assert "-Xlog:disable -Xlog:all=warning:stderr" in options
+
+
+def _top_recording(tmp_path, archive: ClassArchive, pid: int, written: bool = True) -> str:
+    """A recording of an audit whose JVM wrote (or not) the top layer at its exit."""
+    path = _recording(tmp_path, archive, pid)
+    with open(path) as file:
+        facts = json.load(file)
+    os.remove(path)
+    os.remove(facts["class_list"])
+    facts["top"] = archive.top_tmp_path(pid)
+    if written:
+        with open(facts["top"], "w") as file:
+            file.write("top")
+    path = facts["top"] + ".json"
+    with open(path, "w") as file:
+        json.dump(facts, file)
+    return path
+
+
+def test_once_the_archive_is_built_one_audit_records_its_top_layer_then_audits_use_both(
+        tmp_path):
+    archive = ClassArchive(str(tmp_path), "k", "/usr/bin/java")
+    (tmp_path / "k.jsa").write_text("archive")
+    options, recording = archive.java_options(41)
+    assert recording and f"-XX:SharedArchiveFile={tmp_path}/k.jsa " in options
+    assert f"-XX:ArchiveClassesAtExit={tmp_path}/k.top.tmp-41.jsa" in options
+    # its exit's warnings about classes no archive takes come after qmq audit has returned
+    assert options.endswith("-Xlog:all=warning:stderr -Xlog:cds*=off:stderr")
+    (tmp_path / "k.top.jsa").write_text("top")
+    options, recording = archive.java_options(41)
+    assert not recording and "ArchiveClassesAtExit" not in options
+    assert f"-XX:SharedArchiveFile={tmp_path}/k.jsa:{tmp_path}/k.top.jsa" in options
+
+
+def test_the_builder_checks_the_top_layer_and_renames_it_into_place(tmp_path):
+    archive = ClassArchive(str(tmp_path), "k", "unused")
+    (tmp_path / "k.jsa").write_text("archive")
+    assert build(_top_recording(tmp_path, archive, 7), jvm_exit_wait_s=60) == "built"
+    assert (tmp_path / "k.top.jsa").read_text() == "top"
+    assert sorted(os.listdir(tmp_path)) == ["java", "k.jsa", "k.lock", "k.top.jsa"]
+    # a second recording (two audits at once) is dropped, its layer removed
+    assert build(_top_recording(tmp_path, archive, 8), jvm_exit_wait_s=60) == "exists"
+    assert sorted(os.listdir(tmp_path)) == ["java", "k.jsa", "k.lock", "k.top.jsa"]
+
+
+def test_a_top_layer_no_jvm_opens_or_none_written_is_remembered_and_never_used(
+        tmp_path, monkeypatch):
+    archive = ClassArchive(str(tmp_path), "k", "unused")
+    (tmp_path / "k.jsa").write_text("archive")
+    monkeypatch.setenv("FAIL_CHECK", "1")
+    assert build(_top_recording(tmp_path, archive, 7), jvm_exit_wait_s=60) == "failed"
+    assert "bad top" in (tmp_path / "k.top.failed").read_text()
+    options, recording = archive.java_options(9)
+    assert not recording and f"-XX:SharedArchiveFile={tmp_path}/k.jsa " in options
+    assert "ArchiveClassesAtExit" not in options and "k.top" not in options
+    assert sorted(os.listdir(tmp_path)) == ["java", "k.jsa", "k.lock", "k.top.failed"]
+    monkeypatch.delenv("FAIL_CHECK")
+    os.remove(tmp_path / "k.top.failed")
+    assert build(_top_recording(tmp_path, archive, 8, written=False),
+                 jvm_exit_wait_s=60) == "failed"
+    assert "wrote no top layer" in (tmp_path / "k.top.failed").read_text()
 
 
 def test_the_builder_dumps_into_a_temporary_file_and_renames_it_into_place(tmp_path):
