@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from logstore import CorruptRecord, RecoveryReport
+from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
+from realtime.storage.control_record import is_control
 from realtime.storage.held import HeldSet, is_held_control, message_header, note_control
 from realtime.storage.message_log import MessageLog
 from realtime.storage.store_checkpoint import StoreCheckpoint
@@ -129,7 +131,12 @@ def recover(
                         "(%s); replaying from the checkpoint only", exc)
             dedup.clear()
             held.clear()
-            start = max(checkpoint.replay_from_offset, message_log.first_offset)
+            # The held records below the checkpoint (from its held watermark) come back from
+            # a walk that passes over a rotten record; the replay itself starts at the
+            # checkpoint, whose records logstore verified at open.
+            start = max(checkpoint.message_log_offset, message_log.first_offset)
+            _held_below(message_log, held, max(checkpoint.replay_from_offset,
+                                               message_log.first_offset), start)
             _replay(*replay, start, full=False, subject_report=subject_report, report=report)
     except _Restart as restart:
         reason = restart.reason
@@ -220,6 +227,37 @@ def _dedup_start_offset(message_log: MessageLog, cutoff_ms: int) -> int:
             break
         start = info.base_offset
     return start
+
+
+def _held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int) -> None:
+    """Rebuild ``held`` from the control and visible-message records in [start, stop), passing
+    over a record that fails its CRC (its header still gives its length) and stopping at a bad
+    header; what it could not read is logged. A rotten held record is not held again (its
+    fields cannot be trusted); a rotten visible-message or cancelled record leaves its held
+    record held, so it is made visible (again) at its due time rather than lost."""
+    offset = start
+    while offset < stop:
+        try:
+            body, next_offset = message_log.log.read_with_next(offset)
+        except CorruptRecord as exc:
+            rotten = message_log.log.read_unverified(offset)
+            if rotten is None:
+                log.error("held records: the walk below the checkpoint stops at %d (%s); held "
+                          "records from there to %d are not held again", offset, exc, stop)
+                return
+            log.error("held records: passed over a corrupt record below the checkpoint (%s)",
+                      exc)
+            offset += HEADER_SIZE_BYTES + len(rotten)
+            continue
+        try:
+            if is_held_control(body):
+                note_control(body, offset, held, None, 0, message_log.directory)
+            elif is_control(body):
+                held.pop(message_header(body)[5])  # a visible-message record
+        except (CorruptRecord, ValueError) as exc:
+            log.error("held records: passed over an unreadable control record at %d (%s)",
+                      offset, exc)
+        offset = next_offset
 
 
 def _replay(message_log, consumer_logs, open_consumer_log, dedup: DedupIndex, now_ms: int,

@@ -330,3 +330,46 @@ def test_a_rotten_held_record_is_given_up_in_a_cancelled_record_and_the_others_m
         assert store.held() == [] and [m[1] for m in messages(store, "orders")] == ["h-2"]
     finally:
         store.close()
+
+
+# One segment, so the rotten record below stays in the log (reviewho s10, R1).
+ONE_SEGMENT = StoreConfig(segment_size_bytes_max=1 << 20, record_size_bytes_max=2048,
+                          consumer_log_entries_per_file=4, write_buffer_bytes_max=1024,
+                          checkpoint_interval_bytes=2048, dedup_window_ms=60_000)
+
+
+@pytest.mark.parametrize("holding", [True, False], ids=["holding", "control"])
+def test_a_rotten_record_above_the_held_watermark_and_below_the_checkpoint_does_not_stop_the_open(  # noqa: E501
+        tmp_path, holding):
+    path = str(tmp_path / "s")
+    store = MessageStore(path, ONE_SEGMENT, now_ms=T0)
+    store.append("pay", "r-first", [], T0, b"x" * 100)  # a segment's first record stays sound
+    store.commit()
+    held_offset = -1
+    if holding:
+        (held_offset,) = store.hold_many(["orders"], ["h-1"], [()], T0, [b"held"],
+                                         [T0 + 30_000])
+    store.append("pay", "r-0", [], T0, b"x" * 100)
+    store.commit()
+    rotten = store._consumer_logs["pay"].entry(1).message_log_offset
+    for batch in range(1, 30):  # checkpoints are written past both records
+        store.append("pay", f"r-{batch}", [], T0, b"x" * 100)
+        store.commit()
+    store.close()
+    assert not holding or held_offset < rotten
+    # Bit rot in r-0's body: below the checkpoint (never verified at open), above the held
+    # record (the checkpoint's held_from_offset makes the replay start below it).
+    (segment,) = sorted(glob.glob(os.path.join(path, "messagelog", "*")))
+    with open(segment, "r+b") as f:
+        f.seek(rotten + HEADER_SIZE_BYTES + 40)
+        byte = f.read(1)
+        f.seek(rotten + HEADER_SIZE_BYTES + 40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    # Past the dedup window: without a held message this open replays from the checkpoint and
+    # never reads r-0 (test_realtime_storage_recovery: "a bad record below the checkpoint").
+    reopened = MessageStore(path, ONE_SEGMENT, now_ms=T0 + 10 * ONE_SEGMENT.dedup_window_ms)
+    try:
+        assert [h.message_id for h in reopened.held()] == (["h-1"] if holding else [])
+        assert reopened.end_sequence("pay") == 31
+    finally:
+        reopened.close()
