@@ -20,6 +20,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any, Callable
 
+from logstore import DiskFull, OutOfDescriptors
 from realtime.context import BrokerContext
 from realtime.held_timer import HeldTimer
 from realtime.sends import DELIVER_AT_SKEW_MS_MAX
@@ -52,6 +53,9 @@ KEPT_BYTES_MAX = 64 << 20
 # one store call (one fsync) instead of one call each, at most this much later (the delay
 # server's tick_ms does the same for its dispatches). Never earlier.
 VISIBLE_TICK_MS = 5
+# A round that failed for want of space or descriptors (DiskFull, OutOfDescriptors: not
+# sticky) is tried again this much later (ms) by the broker's clock.
+VISIBLE_RETRY_MS = 1_000
 
 
 class Handoffs:
@@ -71,8 +75,9 @@ class Handoffs:
         self._kept_bytes = 0
         self._wake = asyncio.Event()
         self.made_visible = 0  # messages made visible since start (metrics, tests)
-        # Visibility rounds that failed to write (each stops the held timer until a restart,
-        # the broker read-only): qmq_realtime_held_visibility_failures.
+        # Visibility rounds that failed to write (a full disk: tried again VISIBLE_RETRY_MS
+        # later; any other: the held timer stops until a restart, the broker read-only):
+        # qmq_realtime_held_visibility_failures.
         self.visibility_failures = 0
 
     # ------------------------------------------------------------------ ops
@@ -220,6 +225,14 @@ class Handoffs:
                     # the round finishes (tail fed, stored and dispatched traced) first.
                     await round_
                     raise
+            except (DiskFull, OutOfDescriptors) as exc:
+                # Not sticky (the log cut back what it wrote, the store stays writable, as
+                # for sends): the round is tried again VISIBLE_RETRY_MS later, never earlier.
+                self.visibility_failures += 1
+                log.warning("making %d held messages visible failed (%s); trying again in "
+                            "%d ms", len(due), exc, VISIBLE_RETRY_MS)
+                for offset in due:
+                    self.timer.add(offset, now_ms + VISIBLE_RETRY_MS)
             except Exception:
                 self.visibility_failures += 1
                 log.exception("making %d held messages visible failed; held messages are no "

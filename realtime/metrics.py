@@ -183,7 +183,8 @@ class _BrokerCollector(Collector):
         yield given_up
         yield CounterMetricFamily(
             "qmq_realtime_held_visibility_failures", "Rounds making held messages visible "
-            "that failed to write: each stops making them visible and leaves the broker "
+            "that failed to write: a full disk or no file descriptor is tried again a second "
+            "later; any other write failure stops making them visible and leaves the broker "
             "read-only until restarted (recovery holds them again).",
             value=broker.handoffs.visibility_failures)
 

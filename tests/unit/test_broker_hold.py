@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from logstore.errors import DiskFull
 from logstore.record import HEADER_SIZE_BYTES
 from realtime import handoffs as handoffs_module
 from realtime.broker import Broker
@@ -326,3 +327,33 @@ def rot_record(broker: Broker, offset: int) -> None:
         byte = f.read(1)
         f.seek(offset + HEADER_SIZE_BYTES + 3)
         f.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def test_a_full_disk_at_the_due_time_delays_held_messages_but_leaves_the_broker_writable(
+        opened):
+    broker, clock, _ = opened
+    await hold(broker, clock, "orders", ["h1"])
+    visible_io = broker.handoffs._visible_io
+    full = [True]
+
+    def disk_full_once(*args):
+        if full[0]:
+            full[0] = False
+            raise DiskFull("messagelog", 1)  # what the store raises at ENOSPC
+        return visible_io(*args)
+
+    broker.handoffs._visible_io = disk_full_once
+    clock.advance(DUE_IN_MS)
+    broker.handoffs.poke()
+    await wait_for(lambda: not full[0], 10, "the round that hit the full disk")
+    for _ in range(20):  # space is back: later rounds (and pokes) make it visible
+        clock.advance(1_000)
+        broker.handoffs.poke()
+        if broker.handoffs.made_visible:
+            break
+        await asyncio.sleep(0.05)
+    assert not broker.sends.readonly, "a full disk made the broker read-only until restarted"
+    await wait_for(lambda: broker.handoffs.made_visible == 1, 10,
+                   "the held message to be visible once space returned")
+    assert await pulled_ids(broker, "orders") == ["h1"]
+    assert broker.handoffs.visibility_failures == 1
