@@ -64,6 +64,11 @@ class HeldSet:
     def __len__(self) -> int:
         return len(self.by_offset)
 
+    @property
+    def keys(self) -> Mapping[tuple[str, str], int]:
+        """(subject, message id) -> offset of every held record (read only)."""
+        return self._by_key
+
     def add(self, held: Held) -> None:
         """Remember ``held`` (replacing what was at its offset)."""
         self.by_offset[held.offset] = held

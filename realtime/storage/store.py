@@ -239,7 +239,7 @@ class MessageStore(HeldWrites):
         self._check_writable()
         batch = self._batch
         batch.add((subject,), (message_id,), (tag_hashes,), timestamp_ms, (payload,),
-                  self._dedup, self.end_sequence)
+                  self._dedup, self.end_sequence, self._held.keys)
         return Appended(subject, message_id, batch.sequences[-1], batch.duplicates[-1])
 
     def append_many(self, subjects: Sequence[str], message_ids: Sequence[str],
@@ -250,7 +250,7 @@ class MessageStore(HeldWrites):
         nothing: on a ValueError (naming the message at fault) none of them is buffered."""
         self._check_writable()
         self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
-                        self.end_sequence)
+                        self.end_sequence, self._held.keys)
 
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.

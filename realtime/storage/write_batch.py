@@ -11,7 +11,7 @@ nothing: ``MessageStore.commit`` writes what it holds.
 from __future__ import annotations
 
 from itertools import groupby, repeat
-from typing import Callable, Sequence
+from typing import Callable, Container, Sequence
 
 from realtime.storage.config import (
     MESSAGE_ID_BYTES_MAX,
@@ -21,6 +21,7 @@ from realtime.storage.config import (
     TIMESTAMP_MS_MAX,
 )
 from realtime.storage.dedup import DedupIndex
+from realtime.storage.held import HELD_SEQUENCE
 from realtime.storage.message_record import encode_subject_records, record_size_bytes, tag_bloom
 
 
@@ -100,10 +101,11 @@ class WriteBatch:
 
     def add(self, subjects: Sequence[str], message_ids: Sequence[str],
             tag_hashes: Sequence[Sequence[int]], timestamp_ms: int, payloads: Sequence[bytes],
-            dedup: DedupIndex, end_sequence: Callable[[str], int]) -> None:
-        """Check, de-duplicate (against ``dedup`` and this batch), number (after the subject's
-        ``end_sequence``) and encode messages given column by column. All or nothing: on a
-        ValueError nothing of them is added."""
+            dedup: DedupIndex, end_sequence: Callable[[str], int],
+            held: Container[tuple[str, str]] | None = None) -> None:
+        """Check, de-duplicate (against ``dedup``, the (subject, id) keys of ``held`` messages
+        and this batch), number (after the subject's ``end_sequence``) and encode messages
+        given column by column. All or nothing: on a ValueError nothing of them is added."""
         count = len(subjects)
         if not count == len(message_ids) == len(tag_hashes) == len(payloads):
             raise ValueError(f"columns of {count} subjects, {len(message_ids)} ids, "
@@ -121,7 +123,7 @@ class WriteBatch:
             start = stop
         for (subject, _), (ids, ids_utf8, blooms, run_payloads) in zip(runs, checked):
             self._add_run(subject, ids, ids_utf8, blooms, run_payloads, timestamp_ms, dedup,
-                          end_sequence)
+                          end_sequence, held)
 
     def _check_run(self, subject: str, message_ids: Sequence[str],
                    tag_hashes: Sequence[Sequence[int]], payloads: Sequence[bytes],
@@ -173,11 +175,19 @@ class WriteBatch:
 
     def _add_run(self, subject: str, message_ids: Sequence[str], ids_utf8: list[bytes],
                  blooms: list[int], payloads: Sequence[bytes], timestamp_ms: int,
-                 dedup: DedupIndex, end_sequence: Callable[[str], int]) -> None:
+                 dedup: DedupIndex, end_sequence: Callable[[str], int],
+                 held: Container[tuple[str, str]] | None) -> None:
         count = len(message_ids)
         self.appended.append((subject, message_ids))
         keys = dedup.keys(subject, message_ids)
         found = dedup.lookup_many(keys, timestamp_ms)
+        if held:
+            # A held id is a duplicate even once the dedup index forgot it (dedup_ids_max,
+            # or a hold older than the window): it will be made visible at its due time.
+            hits = list(map(held.__contains__, zip(repeat(subject), message_ids)))
+            if any(hits):
+                found = [HELD_SEQUENCE if hit else (found[i] if found is not None else None)
+                         for i, hit in enumerate(hits)]
         first = end_sequence(subject) + self._fresh_counts.get(subject, 0)
         fresh_ids = self._fresh_ids
         all_new = False  # the usual case: no id seen before, in the index or in this batch

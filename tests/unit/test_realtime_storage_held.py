@@ -373,3 +373,21 @@ def test_a_rotten_record_above_the_held_watermark_and_below_the_checkpoint_does_
         assert reopened.end_sequence("pay") == 31
     finally:
         reopened.close()
+
+
+def test_a_send_of_a_held_id_is_a_duplicate_even_after_the_dedup_index_forgot_the_id(tmp_path):
+    config = StoreConfig(dedup_ids_max=10)  # 1,000,000 by default: the same past a million ids
+    store = MessageStore(str(tmp_path / "s"), config, now_ms=T0)
+    try:
+        (offset,) = store.hold_many(["orders"], ["h-1"], [()], T0, [b"held"], [T0 + 30_000])
+        for n in range(20):  # younger ids fill the index while h-1 is held
+            store.append("pay", f"r-{n}", [], T0 + 1, b"x")
+        store.commit()
+        duplicate = store.append("orders", "h-1", [], T0 + 2, b"held").duplicate
+        store.commit()
+        store.make_visible([offset], T0 + 30_000)
+        ids = [store.read("orders", s).message_id
+               for s in range(store.first_sequence("orders"), store.end_sequence("orders"))]
+        assert duplicate and ids == ["h-1"], f"delivered as {ids}"
+    finally:
+        store.close()
