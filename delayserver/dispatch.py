@@ -86,13 +86,16 @@ class Dispatcher:
       field that every worker reads); ``handed``:
       message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
       until its due time passes (a cancel asks the broker); ``no_hold``: told when a broker did not
-      take a hand-off (the scheduler then sends at the due time for a while).
+      take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
+      awaited before a hold of messages due up to a time is sent (the handed record,
+      ``HandOff.recorded``); when it raises, they are sent at their due time.
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
                  window: PreloadWindow, store: DelayStore, io: Io, stats: DispatchStats,
                  tracer: DelayTracer, wake: Callable[[], None], hold: Hold | None = None,
-                 no_hold: Callable[[], None] | None = None) -> None:
+                 no_hold: Callable[[], None] | None = None,
+                 recorded: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.send = send
@@ -110,6 +113,7 @@ class Dispatcher:
         self.prefetch = PayloadPrefetch(store, io)
         self.hold = hold
         self._no_hold = no_hold
+        self._recorded = recorded
         self.handed: dict[str, tuple[str, int, bool]] = {}
 
     # ------------------------------------------------------------------ workers
@@ -233,7 +237,15 @@ class Dispatcher:
         the rest at its due time."""
         now_ms = self.clock()
         hold = self.hold if use_hold else None
-        early = hold is not None and max(e.deliver_at_ms for e in entries) > now_ms
+        last_due_ms = max(e.deliver_at_ms for e in entries)
+        early = hold is not None and last_due_ms > now_ms
+        if early and self._recorded is not None:
+            try:  # the handed record first: a restart or failover must know of the hand-off
+                await self._recorded(last_due_ms)
+            except Exception as exc:
+                await self._hold_refused(subject, entries, payloads, now_ms,
+                                         f"handed record not written: {exc}")
+                return
         try:
             if hold is not None and early:
                 _group, results = await hold(subject, payloads,
@@ -392,7 +404,9 @@ class Dispatcher:
             handed = self.handed
             kept = batch.kept if batch.kept is not None else batch.entries
             for entry, payload in zip(kept, batch.payloads):
-                handed[peek_message_id(payload)] = (batch.subject, entry.deliver_at_ms, False)
+                message_id = peek_message_id(payload)
+                if message_id not in handed:  # one cancelled in flight stays cancelled
+                    handed[message_id] = (batch.subject, entry.deliver_at_ms, False)
         else:
             self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
         if self.tracer.enabled and not batch.handed:

@@ -1,13 +1,16 @@
 """``HandOff``: the delay server's side of the hand-off ahead of the due time
 (docs/ARCHITECTURE.md "The delay path", step 3; docs/REPLICATION.md 16): which entries the
 scheduler's timer takes ``handoff_lead_ms`` early (the hot steps), the pause after a broker
-refused a hand-off, and cancels of messages a broker may hold.
+refused a hand-off, the durable record of what may be handed, and cancels of messages a broker
+may hold.
 
 The dispatcher sends what is taken early with ``hold`` (the broker keeps it invisible until its
 due time) and remembers what it handed in ``Dispatcher.handed``; a cancel of such a message asks
-the broker. A message handed but not recorded (a kill -9 between the broker's answer and the
-dispatch record, or a failover before the record reached the slave) is still in the store's
-schedule after a restart: a cancel of one that may be held asks the broker too.
+the broker. Before a hold is sent, a handed record (the done journal's kind 4, replicated as
+the rest of the store) says that messages due up to a time may be handed: after a restart or a
+failover, a cancel of a message due by then that the store answers ``cancelled`` (handed but
+its dispatch not recorded) or ``already_dispatched`` (handed and recorded) asks the broker too.
+Any other cancel never asks a broker (with the hand-off off, none does).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from delayserver.config import DelayConfig
 from delayserver.dispatch import Dispatcher, Hold
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
-from wire.limits import HOLD_AHEAD_MS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,19 @@ HANDOFF_STEP_MS = 250
 CancelHeld = Callable[[str, list[str]], Awaitable[list[bool]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
+# Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
+# waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
+RecordHanded = Callable[[int], Awaitable[None]]
 CANCELLED = ("cancelled", "already_cancelled")
+# A broker makes a held message visible at its due time, give or take its timer's lateness: a
+# cancel this soon after the due time still asks it (it may drop the message yet).
+HELD_CANCEL_GRACE_MS = 1_000
+
+
+def step_end_ms(due_ms: int, step: int) -> int:
+    """The end of the hand-off step (of ``step`` ms) that ``due_ms`` falls in: the next
+    multiple of ``step`` at or after it."""
+    return -(-due_ms // step) * step
 
 
 def step_ms(lead_ms: int) -> int:
@@ -51,8 +65,7 @@ def take_at_ms(due_ms: int, lead_ms: int, now_ms: int) -> int:
     its due time."""
     if not lead_ms:
         return due_ms
-    step = step_ms(lead_ms)
-    step_at = -(-due_ms // step) * step - lead_ms
+    step_at = step_end_ms(due_ms, step_ms(lead_ms)) - lead_ms
     return min(due_ms, step_at) if step_at > now_ms else due_ms
 
 
@@ -68,20 +81,26 @@ class HandOff:
       bucket load (what it loaded may make a counted step hot);
     - ``_hot_until_ms``: what is due up to this is taken early (the end of a hot step);
     - ``_cancelling``: (message id, deliver_at_ms) -> the answer of the cancel of it under way;
-      a cancel of the same message meanwhile waits for it (None: it failed).
+      a cancel of the same message meanwhile waits for it (None: it failed);
+    - ``handed_until_ms``: the store's highest handed record (the scheduler reads it at start
+      and promotion; ``recorded`` raises it); ``_recording``: held while one is written.
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
-                 cancel_held: CancelHeld | None, tracer: DelayTracer) -> None:
+                 cancel_held: CancelHeld | None, tracer: DelayTracer,
+                 record_handed: RecordHanded | None = None) -> None:
         self.config = config
         self.clock = clock
         self.hold = hold if config.handoff_lead_ms > 0 else None  # on when given and lead > 0
         self.cancel_held = cancel_held
         self.tracer = tracer
+        self.record_handed = record_handed
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
         self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
+        self.handed_until_ms = 0
+        self._recording = asyncio.Lock()
 
     # ------------------------------------------------------------------ the plan
 
@@ -100,6 +119,20 @@ class HandOff:
         """A bucket was loaded: count the steps within the lead again."""
         self._step_seen_ms = 0
 
+    async def recorded(self, until_ms: int) -> None:
+        """Before a hold of messages due up to ``until_ms`` is sent: the handed record covers
+        them (written now when it does not yet, up to the end of the hot span taken, so a hot
+        step's batches share one write). Raises when it could not be written."""
+        if until_ms <= self.handed_until_ms:
+            return
+        async with self._recording:  # batches sent meanwhile wait for this one's write
+            if until_ms <= self.handed_until_ms:
+                return
+            target = max(until_ms, self._hot_until_ms)
+            if self.record_handed is not None:
+                await self.record_handed(target)
+            self.handed_until_ms = max(self.handed_until_ms, target)
+
     def take_until_ms(self, window: PreloadWindow, now_ms: int, lead_ms: int) -> int:
         """What is due up to this is taken now. Each hand-off step (a span of HANDOFF_STEP_MS
         of due times) is counted once, as it comes within the lead, on its own (a timer that
@@ -114,11 +147,11 @@ class HandOff:
         horizon = (now_ms + lead_ms) // step * step
         if horizon > self._step_seen_ms:
             waiting = window.waiting_between(max(self._step_seen_ms, now_ms), horizon)
-            per_step = Counter(-(-e.deliver_at_ms // step) for e in waiting)
+            per_step = Counter(step_end_ms(e.deliver_at_ms, step) for e in waiting)
             minimum = self.config.handoff_min_messages
-            hot = [index for index, count in per_step.items() if count >= minimum]
+            hot = [end for end, count in per_step.items() if count >= minimum]
             if hot:
-                self._hot_until_ms = max(self._hot_until_ms, min(max(hot) * step, horizon))
+                self._hot_until_ms = max(self._hot_until_ms, min(max(hot), horizon))
             self._step_seen_ms = horizon
         return max(now_ms, min(self._hot_until_ms, horizon))
 
@@ -156,7 +189,13 @@ class HandOff:
                 return "already_cancelled"
             return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms)
         outcome, subject = await in_store(message_id, deliver_at_ms)
-        if outcome in CANCELLED and subject is not None and self._may_be_held(deliver_at_ms):
+        if subject is None or not self._may_be_held(deliver_at_ms):
+            return outcome
+        if outcome == "already_dispatched":
+            # Handed and recorded before a restart or failover (this run's handed ones were
+            # answered above): the broker may hold it still and drop it.
+            return await self._cancel_handed(dispatcher, message_id, subject, deliver_at_ms)
+        if outcome in CANCELLED:
             # Handed but not recorded (a restart or failover between the broker's answer and
             # the dispatch record): the broker would deliver it at its due time. Its answer
             # does not matter; one that cannot be asked raises (the client cancels again).
@@ -165,10 +204,10 @@ class HandOff:
 
     def _may_be_held(self, deliver_at_ms: int) -> bool:
         """Whether a broker may hold the message due at ``deliver_at_ms``: it can be asked,
-        and it is due within HOLD_AHEAD_MS_MAX (no broker holds one further ahead; the lead of
-        an earlier run, maybe with the hand-off on, is not known)."""
+        a handed record of this store (this run's or an earlier one's) covers its due time,
+        and that is not more than HELD_CANCEL_GRACE_MS past."""
         return self.cancel_held is not None and \
-            deliver_at_ms <= self.clock() + HOLD_AHEAD_MS_MAX
+            self.clock() - HELD_CANCEL_GRACE_MS < deliver_at_ms <= self.handed_until_ms
 
     async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
                              deliver_at_ms: int) -> str:
@@ -188,5 +227,5 @@ class HandOff:
         return "cancelled"
 
 
-__all__ = ["HANDOFF_STEP_MS", "NO_HOLD_PAUSE_MS", "CancelHeld", "HandOff", "step_ms",
-           "take_at_ms"]
+__all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",
+           "HandOff", "RecordHanded", "step_end_ms", "step_ms", "take_at_ms"]

@@ -129,7 +129,8 @@ class Scheduler:
         self.tracer = tracer if tracer is not None else DelayTracer(None)
         # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
         # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
-        self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer)
+        self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
+                               self._record_handed)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms
@@ -155,7 +156,7 @@ class Scheduler:
         self._prefetched_to_ms = 0  # due times up to this were handed to the new prefetch
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
                           self._io, self.stats, self.tracer, self._wakeup.set,
-                          self.handoff.hold, self.handoff.no_hold)
+                          self.handoff.hold, self.handoff.no_hold, self.handoff.recorded)
 
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
@@ -194,6 +195,7 @@ class Scheduler:
             self._tasks = [asyncio.create_task(self._copy_housekeeping(),
                                                name="delay-copy-housekeeping")]
             return
+        self.handoff.handed_until_ms = await self._io(self.store.handed_until_ms)
         await self.preload()
         self._tasks = [
             asyncio.create_task(self._commits.run(), name="delay-committer"),
@@ -540,6 +542,12 @@ class Scheduler:
         if outcome == "cancelled" and self.replica.replicating:
             await self.journal_replicated()
         return outcome, subject
+
+    async def _record_handed(self, until_ms: int) -> None:
+        """The handed record up to ``until_ms`` (``HandOff.recorded``), on the slaves too."""
+        await self._io(self.store.record_handed, until_ms)
+        if self.replica.replicating:
+            await self.journal_replicated()
 
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a

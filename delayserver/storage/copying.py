@@ -31,6 +31,7 @@ from delayserver.storage.done_journal import (
     KIND_CANCELLED,
     KIND_DISPATCHED,
     KIND_DONE_BEFORE,
+    KIND_HANDED,
     decode_journal_record,
     encode_journal_record,
     journal_bucket,
@@ -51,12 +52,15 @@ JOURNAL_SEGMENT_SIZE_BYTES_MAX = 4 << 20  # small segments: retention frees them
 
 class DoneJournal:
     """The done journal's log and, per segment, the highest bucket its records name, so that
-    segments wholly below the done watermark can go (scanned at open)."""
+    segments wholly below the done watermark can go, and the highest handed record's time
+    (``handed_until_ms``; both scanned at open). A handed record counts as naming its time: its
+    segment stays until the watermark passes it."""
 
     def __init__(self, data_dir: str, opener: Any) -> None:
         self.log = SegmentedLog(os.path.join(data_dir, DIRECTORY), LogConfig(
             segment_size_bytes_max=JOURNAL_SEGMENT_SIZE_BYTES_MAX), opener=opener)
         self.max_bucket: dict[int, int] = {}  # segment base offset -> highest bucket named
+        self.handed_until_ms = 0  # the highest handed record's (kind 4)
         for offset, body in self.log.iterate():
             self._note(offset, body)
 
@@ -64,6 +68,8 @@ class DoneJournal:
         kind, bucket = journal_bucket(body)
         if kind == KIND_DONE_BEFORE:
             return
+        if kind == KIND_HANDED:
+            self.handed_until_ms = max(self.handed_until_ms, bucket)
         base = next((s.base_offset for s in reversed(self.log.segments())
                      if s.base_offset <= offset), 0)
         if self.max_bucket.get(base, -1) < bucket:
@@ -239,6 +245,8 @@ class CopyingMixin:
                                                f"copied journal record: {exc}"))
             if record.kind == KIND_DONE_BEFORE:
                 self._follow_done_before(record.bucket_ms)
+            elif record.kind == KIND_HANDED:
+                continue  # noted by the journal (handed_until_ms) as it was appended
             elif record.bucket_ms >= self._done_before:
                 self._apply_done(record)
         self._maybe_checkpoint()
@@ -289,6 +297,24 @@ class CopyingMixin:
                         len(bodies), exc)
         except LogWriteFailed as exc:
             raise self._fail(exc)
+
+    def record_handed(self: DelayStore, until_ms: int) -> None:  # type: ignore[misc]
+        """The master, before it hands messages due up to ``until_ms`` to a broker that holds
+        them: a handed record (kind 4) in the journal, fsynced (nothing when one as high is
+        there). Unlike ``journal_done`` a full disk raises ``DiskFull``: then nothing may be
+        handed off."""
+        self._check_writable()
+        if until_ms <= self._journal.handed_until_ms:
+            return
+        try:
+            self._journal.append([encode_journal_record(KIND_HANDED, until_ms, [], [], [], {})])
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+
+    def handed_until_ms(self: DelayStore) -> int:  # type: ignore[misc]
+        """The highest handed record's time in the journal (0: none): a message due at or
+        before it may be held by a broker (``record_handed``)."""
+        return self._journal.handed_until_ms
 
     def reset_copies(self: DelayStore, delay_start: int) -> None:  # type: ignore[misc]
         """A slave throws its whole copy away: the delay log starts empty at ``delay_start``

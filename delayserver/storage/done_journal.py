@@ -11,16 +11,24 @@ version and a CRC-32). Its body, all integers big-endian::
 
     Offset | Size  | Field
     -------+-------+-------------------------------------------------------------------
-    0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark
+    0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark, 4 = handed
     1      | 1     | body_version: 1
     2      | 2     | reserved: 0
     4      | 8     | bucket_ms: u64; kinds 1 and 2: the bucket the entries are filed in;
-           |       | kind 3: the new done watermark (every bucket below it is finished)
-    12     | 4     | entry_count: u32 (N; 0 for kind 3)
-    16     | 4     | subject_count: u32 (K; 0 for kind 3)
+           |       | kind 3: the new done watermark (every bucket below it is finished);
+           |       | kind 4: handed_until_ms (a message due at or before it may have been
+           |       | handed to a realtime broker that holds it until its due time)
+    12     | 4     | entry_count: u32 (N; 0 for kinds 3 and 4)
+    16     | 4     | subject_count: u32 (K; 0 for kinds 3 and 4)
     20     | 16*N  | entries: delay_log_offset u64, id_hash u32, index u32 (as in done_record)
     ...    | ...   | K times: subject_length u16, subject UTF-8, count u32: how many of the
            |       | entries are of that subject (for the pending counts; "" when unreadable)
+
+A handed record (kind 4) is written and fsynced, and replicated, before the delay server sends
+a hand-off ahead of the due time (``hold``) of messages due up to it, so a restarted or promoted
+server knows which cancels must ask the broker (docs/REPLICATION.md 16); the highest one counts.
+A server older than kind 4 refuses a journal holding one (unknown kind): upgrade the slaves
+before turning the hand-off on.
 
 What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
 journal record, so a slave may dispatch that message again after a failover (the realtime
@@ -51,7 +59,8 @@ BODY_VERSION = 1
 KIND_DISPATCHED = 1
 KIND_CANCELLED = 2
 KIND_DONE_BEFORE = 3
-KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE)
+KIND_HANDED = 4
+KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED)
 DIRECTORY = "donelog"
 
 
@@ -126,5 +135,5 @@ def journal_bucket(body: bytes) -> tuple[int, int]:
 
 
 __all__ = ["DIRECTORY", "ENTRY", "HEADER", "JournalRecord", "KIND_CANCELLED",
-           "KIND_DISPATCHED", "KIND_DONE_BEFORE", "decode_journal_record",
+           "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_HANDED", "decode_journal_record",
            "encode_journal_record", "journal_bucket"]

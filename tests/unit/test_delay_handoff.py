@@ -19,6 +19,7 @@ from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
 from tracelog.events import TraceWriter, read_events
+from logstore.errors import DiskFull
 from wire.errors import NotSupported, Overloaded
 from wire.limits import HOLD_AHEAD_MS_MAX
 from wire.message import decode_message, encode_message
@@ -434,3 +435,91 @@ def test_after_a_refused_hand_off_none_is_made_for_the_pause_or_twice_the_lead(l
     pause = max(NO_HOLD_PAUSE_MS, 2 * lead)
     assert handoff.lead_ms(clock() + pause - 1) == 0
     assert handoff.lead_ms(clock() + pause) == lead
+
+
+class UnreachableBroker(HoldingBroker):
+    """Holds, but cannot be asked to cancel (every broker of the subject down)."""
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        raise Overloaded("no broker answers")
+
+
+@pytest.mark.parametrize("lead_ms, min_messages", [(0, 1), (LEAD_MS, 3)])
+async def test_a_cancel_of_a_message_never_handed_off_never_asks_the_broker(
+        tmp_path, lead_ms, min_messages):
+    """With the hand-off off, or of a message in no hot step: an unreachable broker must not
+    fail it."""
+    clock = FakeClock()
+    broker = UnreachableBroker(clock)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=lead_ms,
+                         handoff_min_messages=min_messages)
+    scheduler = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
+                                     cancel_held=broker.cancel_held)
+    await scheduler.start()
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert broker.held == []
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+        assert broker.cancels == []
+    finally:
+        await scheduler.stop()
+
+
+@pytest.mark.parametrize("lead_ms", [0, LEAD_MS])
+async def test_after_a_restart_a_cancel_of_a_handed_and_recorded_message_is_dropped_by_the_broker(
+        tmp_path, lead_ms):
+    """The handed record tells the restarted server (hand-off on or off) that the broker may
+    hold it: it asks, and says cancelled when the broker dropped it."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    due = clock() + 10_000
+    try:
+        kept, dropped = await schedule(scheduler, clock, due, b"kept", b"dropped")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert scheduler.stats.handed == 2
+    finally:
+        await scheduler.stop()
+    clock.advance(100)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=lead_ms)
+    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
+                                 cancel_held=broker.cancel_held)
+    await again.start()
+    try:
+        await settle(again)
+        broker.cancel_answers = {dropped.id: True}
+        assert await again.cancel(dropped.id, due) == "cancelled"
+        assert await again.cancel(kept.id, due) == "already_dispatched"
+        assert broker.cancels == [("s", [dropped.id]), ("s", [kept.id])]
+        assert broker.received == [], "handed, not sent again"
+    finally:
+        await again.stop()
+
+
+async def test_a_hand_off_whose_record_cannot_be_written_is_sent_at_the_due_time(tmp_path):
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        async def full(until_ms):
+            raise DiskFull("delay/donelog", 1)
+
+        scheduler.handoff.record_handed = full
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert broker.held == [] and broker.received == []
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert [(at, got.id) for at, got in broker.received] == [(due, m.id)]
+    finally:
+        await scheduler.stop()

@@ -119,3 +119,24 @@ def test_journal_records_round_trip_with_their_subject_counts():
     assert record.per_subject == (("orders", 1), ("", 1))
     with pytest.raises(ValueError, match="after the journal record"):
         decode_journal_record(body + b"x")
+
+
+def test_a_handed_record_survives_a_reopen_and_reaches_a_copy(pair, tmp_path):
+    """The delay server writes it before a hold is sent: a restarted or promoted server knows
+    which cancels must ask the broker (docs/REPLICATION.md 16)."""
+    master, slave = pair
+    send(master, 3, NOW_MS + 10_000)
+    assert master.handed_until_ms() == 0
+    master.record_handed(NOW_MS + 5_000)
+    master.record_handed(NOW_MS + 4_000)  # a lower one changes nothing
+    assert master.handed_until_ms() == NOW_MS + 5_000
+    copy(master, slave)
+    assert slave.handed_until_ms() == NOW_MS + 5_000
+    pending = view(slave, [NOW_MS + 10_000 - NOW_MS % BUCKET_MS])
+    assert pending == view(master, [NOW_MS + 10_000 - NOW_MS % BUCKET_MS])
+    master.close()
+    again = DelayStore(str(tmp_path / "master"), TINY, now_ms=NOW_MS)
+    try:
+        assert again.handed_until_ms() == NOW_MS + 5_000
+    finally:
+        again.close()
