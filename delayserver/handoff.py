@@ -133,6 +133,14 @@ class HandOff:
                 await self.record_handed(target)
             self.handed_until_ms = max(self.handed_until_ms, target)
 
+    def next_count_ms(self, lead_ms: int) -> int | None:
+        """When the next hand-off step comes within ``lead_ms`` and is to be counted (None:
+        the hand-off is not on): the timer wakes then, so a hot step gets the full lead
+        rather than waiting for the timer's next look for another reason."""
+        if not lead_ms:
+            return None
+        return self._step_seen_ms + step_ms(lead_ms) - lead_ms
+
     def take_until_ms(self, window: PreloadWindow, now_ms: int, lead_ms: int) -> int:
         """What is due up to this is taken now. Each hand-off step (a span of HANDOFF_STEP_MS
         of due times) is counted once, as it comes within the lead, on its own (a timer that

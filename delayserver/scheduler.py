@@ -489,7 +489,8 @@ class Scheduler:
             next_bucket_ms = window.bucket_of(now_ms) + self.config.bucket_ms
             wake_at = next_bucket_ms if next_due is None else min(
                 take_at_ms(next_due, lead_ms, now_ms), next_bucket_ms,
-                self._read_ahead(now_ms + lead_ms, next_due) - lead_ms)
+                self._read_ahead(now_ms + lead_ms, next_due) - lead_ms,
+                self.handoff.next_count_ms(lead_ms) or next_bucket_ms)
             delay_s = max(0, wake_at - self.clock()) / 1000
             self._timer_wake_at_ms = wake_at
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the turn

@@ -523,3 +523,28 @@ async def test_a_hand_off_whose_record_cannot_be_written_is_sent_at_the_due_time
         assert [(at, got.id) for at, got in broker.received] == [(due, m.id)]
     finally:
         await scheduler.stop()
+
+
+async def test_the_timer_wakes_when_the_next_hand_off_step_comes_within_the_lead(tmp_path):
+    """A cold message due before a hot step: after the cold one's step is counted the timer
+    looked again only on the read-ahead's grid (every 100 ms) or at a bucket's start, so the hot
+    step was counted, and handed off, up to that much later than its lead."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker, min_messages=2)
+    try:
+        start = clock()
+        await schedule(scheduler, clock, start + 4_100, b"cold")
+        await schedule(scheduler, clock, start + 5_100, b"hot1", b"hot2")
+        hot_step_at = start + 5_250 - LEAD_MS  # the end of its 250 ms step, less the lead
+        clock.advance(hot_step_at - 50 - start)
+        await settle(scheduler)
+        assert broker.held == []
+        assert scheduler._timer_wake_at_ms <= hot_step_at, "the hot step would be counted late"
+        clock.advance(50)
+        await settle(scheduler)
+        assert sorted((at, visible) for at, _, visible in broker.held) == [
+            (hot_step_at, start + 4_100), (hot_step_at, start + 5_100),
+            (hot_step_at, start + 5_100)], "taken whole with what is due before it"
+    finally:
+        await scheduler.stop()
