@@ -64,6 +64,8 @@ class _Confirmed:
     # The entries of ``payloads``, in order, when some of ``entries`` were refused for good
     # (None: ``entries`` itself): what a hand-off remembers as handed.
     kept: list[ScheduleEntry] | None = None
+    # A hand-off: the broker group holding each of ``payloads`` (traced as ``handed``).
+    holders: list[str] | None = None
 
 
 class Dispatcher:
@@ -248,10 +250,10 @@ class Dispatcher:
                 return
         try:
             if hold is not None and early:
-                _group, results = await hold(subject, payloads,
-                                             [e.deliver_at_ms for e in entries])
+                group, results = await hold(subject, payloads,
+                                            [e.deliver_at_ms for e in entries])
             else:
-                _group, results = await self.send(subject, payloads)
+                group, results = await self.send(subject, payloads)
         except NotSupported as exc:
             if not early:
                 raise
@@ -263,12 +265,15 @@ class Dispatcher:
             self._retry(entries, f"realtime did not take the batch: {exc}")
             return
         confirmed_at_ms = self.clock()
+        # PayloadSender names the group of each held message (a route's groups share a batch)
+        holders = [r.get("group", group) for r in results] if early else None
         if len(results) == len(entries) and not [r for r in results if "error" in r]:
-            self._record_soon(entries, subject, payloads, confirmed_at_ms, early)
+            self._record_soon(entries, subject, payloads, confirmed_at_ms, early, None, holders)
             return
         confirmed: list[ScheduleEntry] = []
         kept: list[ScheduleEntry] = []  # confirmed and not refused: those of confirmed_payloads
         confirmed_payloads: list[bytes] = []
+        kept_holders: list[str] = []
         failed: list[ScheduleEntry] = []
         refused: list[bytes] = []
         unheld: list[int] = []  # positions of hand-offs refused for good: sent when due
@@ -279,6 +284,8 @@ class Dispatcher:
                 confirmed.append(entry)
                 kept.append(entry)
                 confirmed_payloads.append(payloads[position])
+                if holders is not None:
+                    kept_holders.append(holders[position])
             elif error is not None and early and error.get("code") in HOLD_REFUSED:
                 # A hand-off refused (say its visible_at_ms is past HOLD_AHEAD_MS_MAX by a
                 # broker clock behind ours): sent at its due time instead; a message the
@@ -296,7 +303,7 @@ class Dispatcher:
         self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
         if confirmed:
             self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms, early,
-                              kept if len(kept) < len(confirmed) else None)
+                              kept if len(kept) < len(confirmed) else None, kept_holders)
         if failed:
             self._retry(failed, "realtime did not confirm")
         if unheld:
@@ -339,13 +346,14 @@ class Dispatcher:
 
     def _record_soon(self, entries: list[ScheduleEntry], subject: str, payloads: list[bytes],
                      confirmed_at_ms: int, handed: bool = False,
-                     kept: list[ScheduleEntry] | None = None) -> None:
+                     kept: list[ScheduleEntry] | None = None,
+                     holders: list[str] | None = None) -> None:
         """Queue confirmed dispatches for the recorder: everything confirmed while one
         ``record_dispatched`` call runs shares the next (one dispatch-log fsync per bucket).
         Only once recorded are they traced, counted and forgotten; until then they stay in
         flight (a cancel answers ``already_dispatched``)."""
         self._to_record.append(_Confirmed(entries, subject, payloads, confirmed_at_ms, handed,
-                                          kept))
+                                          kept, holders))
         if not self._recording:
             self._recording = True
             task = asyncio.create_task(self._recorder(), name="delay-recorder")
@@ -395,14 +403,17 @@ class Dispatcher:
 
     def _confirmed(self, batch: _Confirmed) -> None:
         """A recorded batch: count its lateness, trace it, forget its entries. A hand-off is
-        counted apart (``handed``) and not traced here: the broker traces its ``dispatched``
-        when it makes it visible (docs/AUDIT.md); it is remembered until its due time."""
+        counted apart (``handed``) and traced ``handed`` (naming the group that holds it): the
+        broker traces its ``dispatched`` when it makes it visible (docs/AUDIT.md); it is
+        remembered until its due time."""
         at_ms = batch.confirmed_at_ms
         if batch.handed:
             self.stats.handed += len(batch.entries)
+            kept = batch.kept if batch.kept is not None else batch.entries
+            self.tracer.handed_entries([e.delay_log_offset for e in kept], batch.payloads,
+                                       batch.holders or [], at_ms)
             self.tracer.drop_kept([e.delay_log_offset for e in batch.entries])
             handed = self.handed
-            kept = batch.kept if batch.kept is not None else batch.entries
             for entry, payload in zip(kept, batch.payloads):
                 message_id = peek_message_id(payload)
                 if message_id not in handed:  # one cancelled in flight stays cancelled

@@ -1,6 +1,7 @@
 """The delay server's trace events (``tracelog.events``): produced and scheduled when a delayed message
 is made durable (one ``scheduled`` line flagged ``produced``, which readers expand into both),
-dispatched when a realtime broker confirmed it (with its lateness), cancelled, and ``gave_up``
+dispatched when a realtime broker confirmed it (with its lateness), handed when one holds it
+ahead of its due time (naming the broker group), cancelled, and ``gave_up``
 with a reason when the scheduler gives up on one (``dispatch_refused``: the broker refused it for
 good and it left the schedule; ``dispatch_unrecorded``: confirmed, but its dispatch record could
 not be written). Give-ups are counted in ``gave_up_counts`` whether tracing is on or not."""
@@ -239,6 +240,39 @@ class DelayTracer:
             else:
                 lines.append(f'{start}{peeked.members},"lateness_ms":'
                              f'{now_ms - peeked.deliver_at_ms}{end}')
+        writer.emit_lines(lines)
+
+    def handed_entries(self, keys: Sequence[int], payloads: Sequence[bytes],
+                       holders: Sequence[str], now_ms: int) -> None:
+        """``handed`` of the messages at delay-log offsets ``keys`` (one per payload), handed
+        off ahead of their due time and recorded: each names the realtime broker group holding
+        it (``holders``) by its server name in ``reason``, so the audit names that group as
+        its holder. Their kept fields serve the line and are dropped."""
+        kept, ready = self._kept, self._ready
+        if not self.enabled:
+            self.drop_kept(keys)
+            return
+        writer = self.writer
+        assert writer is not None
+        extras: dict[str, str] = {}
+        lines = []
+        for key, payload, holder in zip(keys, payloads, holders):
+            prepared = ready.pop(key, None)
+            if prepared is not None:
+                members = prepared[0]
+            else:
+                checked = kept.pop(key, None)
+                peeked = peek_trace_members(payload) if checked is None else trace_members(
+                    checked.id, checked.subject, origin_id=checked.origin_id,
+                    created_at_ms=checked.created_at_ms, deliver_at_ms=checked.deliver_at_ms,
+                    retries=checked.retries, tags=checked.tags)
+                if peeked is None:
+                    continue
+                members = peeked.members
+            extra = extras.get(holder)
+            if extra is None:
+                extra = extras[holder] = reason_member(f"realtime:{holder}")
+            lines.append(writer.line("handed", now_ms, members, extra))
         writer.emit_lines(lines)
 
     def cancelled(self, message_id: str, subject: str | None, deliver_at_ms: int,

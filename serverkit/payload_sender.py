@@ -57,7 +57,8 @@ class PayloadSender:
         (the ``hold`` op): only to brokers whose hello says ``holds``; NotSupported (not
         retriable) when none it would go to does, so the caller dispatches at the due time
         instead; when only some home groups do not (a rolling upgrade), their part is answered
-        ``not_supported`` per message and the other parts' results are kept.
+        ``not_supported`` per message and the other parts' results are kept. Each result of
+        a group's answer then also says ``group``: which group holds that message.
 
         Each payload goes to its message id's home group (``home_group``), so a resend of an id
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
@@ -112,6 +113,8 @@ class PayloadSender:
                     first_group = group_name
                 for position, result in zip(positions, part_results):
                     results[position] = result
+                    if visible_at_ms is not None:  # who holds it (the delay server traces it)
+                        result["group"] = group_name
             if not pending:
                 return first_group, [r if r is not None else {} for r in results]
             pending.sort()

@@ -9,7 +9,8 @@ spark_audit.delivery), ``duplicate`` (subject, group, msg id pulled more than on
 Lost and overdue rows also say why and where: ``reason`` (lost: the ``gave_up`` reason; overdue:
 ``held``, or ``acked late`` / ``dead late`` for one settled after its deadline), ``holder`` (the
 server of the chain's last event that concerns the group: the broker or delay server that holds
-it, or the one that gave up), ``holder_consumer`` (the consumer it was last handed to, when that
+it, or the one that gave up; after a ``handed`` event, the realtime broker group the delay server
+handed it to, which its ``reason`` names), ``holder_consumer`` (the consumer it was last handed to, when that
 was the last event) and ``held_ms`` (overdue: from deliverable until settled or the horizon).
 """
 
@@ -83,7 +84,8 @@ def with_history(flagged: DataFrame, events: DataFrame, *, broadcast: bool = Fal
                        & ~e["reason"].isin(*NOT_A_LOSS_REASONS))
     last = F.get(mine, F.size(mine) - 1)
     judged = F.col("kind").isin("lost", "overdue")
-    holder = F.when(F.col("kind") == "lost", F.get(gave_up, 0)["server"]).otherwise(last["server"])
+    holder = (F.when(F.col("kind") == "lost", F.get(gave_up, 0)["server"])
+              .when(last["event"] == "handed", last["reason"]).otherwise(last["server"]))
     return flagged.join(histories, ["subject", "origin_id"], "left").select(
         "kind", "subject", "group", "msg_id", "origin_id",
         F.when(F.col("kind") == "lost", F.get(gave_up, 0)["reason"])

@@ -23,7 +23,8 @@ LINE_SCHEMA = StructType([StructField(name, _SPARK_TYPES[kind], True)
 
 # Lifecycle order of the kinds, to order events of one message that share a millisecond.
 # Subscription events have no message, so never appear in a history; they are listed last.
-LIFECYCLE_ORDER = ("produced", "scheduled", "cancelled", "dispatched", "stored", "expired",
+LIFECYCLE_ORDER = ("produced", "scheduled", "handed", "cancelled", "dispatched", "stored",
+                   "expired",
                    "redelivered", "pulled", "nacked", "retried", "acked", "dead", "gave_up",
                    "subscribed", "unsubscribed")
 assert sorted(LIFECYCLE_ORDER) == sorted(EVENT_KINDS), "every kind needs a lifecycle position"

@@ -30,7 +30,8 @@ Fields (``EVENT_FIELDS``; a missing key reads as null, so ``trace_event`` omits 
     tags           array<string>   the message's tags (absent = none); on ``subscribed``, the
                                    consumer's tag filter (absent = every message)
     reason         string | null   why: ``gave_up`` (see GIVE_UP_REASONS), ``unsubscribed``
-                                   (``left`` or ``expired``)
+                                   (``left`` or ``expired``); ``handed``: the server name of
+                                   the realtime broker group holding it ("realtime:<group>")
 
 Subscription events (``SUBSCRIPTION_KINDS``) are about a consumer, not a message: they carry
 ``subject``, ``group``, ``consumer`` (all required) and no ``msg_id``. Every other kind needs a
@@ -47,7 +48,9 @@ reader still sees the ``produced`` event. Files written before the flag existed 
 Kinds: ``produced`` a broker accepted the message from a producer (ts_ms = the message's
 created_at_ms; written as the ``produced`` flag of its stored or scheduled line, see above); ``stored`` the realtime broker made it durable; ``scheduled`` the delay server made
 a delayed message durable; ``cancelled``; ``dispatched`` the delay server got the realtime
-broker's confirmation; ``pulled`` handed to a consumer (a redelivery is ``pulled`` too, plus a
+broker's confirmation; ``handed`` the delay server handed it to a realtime broker group ahead of
+its due time (``hold``; ``reason`` names the group) and recorded that: the group holds it now and
+traces its ``stored`` and ``dispatched`` when it makes it visible; ``pulled`` handed to a consumer (a redelivery is ``pulled`` too, plus a
 ``redelivered`` event); ``acked``; ``nacked``; ``retried`` a retry copy was handed to the delay
 server (msg_id = the copy's id, origin_id = the root); ``dead`` a copy stored in the dead-letter
 subject; ``expired`` not delivered because expire_at passed. ``pulled`` events carry the
@@ -91,6 +94,7 @@ log = logging.getLogger(__name__)
 EVENT_KINDS = (
     "produced", "stored", "scheduled", "cancelled", "dispatched", "pulled", "acked", "nacked",
     "redelivered", "retried", "dead", "expired", "gave_up", "subscribed", "unsubscribed",
+    "handed",
 )
 _EVENT_KIND_SET = frozenset(EVENT_KINDS)
 # Kinds about a consumer's subscription rather than a message: no msg_id.

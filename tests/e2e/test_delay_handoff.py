@@ -52,6 +52,11 @@ async def test_a_hot_slot_handed_off_ahead_arrives_once_on_time_with_one_dispatc
     assert sorted(e["msg_id"] for e in dispatched) == sorted(r.message_id for r in receipts)
     assert {e["server"].split(":")[0] for e in dispatched} == {"realtime"}
     assert min(e["lateness_ms"] for e in dispatched) >= 0
+    handed = [e for e in events if e["event"] == "handed"]
+    assert {e["msg_id"] for e in handed} == {r.message_id for r in [*receipts, doomed]}
+    assert {e["reason"] for e in handed} == {e["server"] for e in dispatched}, \
+        "handed names the group that holds the message (the audit's holder)"
+    assert {e["server"].split(":")[0] for e in handed} == {"delay"}
     doomed_events = [e["event"] for e in events if e["msg_id"] == doomed.message_id]
     assert doomed_events.count("cancelled") == 1
     assert not {"stored", "dispatched", "pulled"} & set(doomed_events), doomed_events

@@ -70,3 +70,30 @@ def test_a_clean_trace_has_no_anomalies(spark, scenario):
     clean = scenario.where(~scenario.msg_id.isin("m2", "m3", "m4", "m6", "m6.r1", "m6.r2",
                                                   "m12"))
     assert anomalies(clean, DEADLINE_MS).count() == 0
+
+
+def test_a_handed_message_is_held_by_the_broker_group_it_was_handed_to(spark):
+    """The delay server handed both ahead of their due time (``handed``, reason = the group):
+    the one that group made visible and was acked is no anomaly; the one it never made visible
+    is overdue and held by that group, not by the delay server."""
+    held_by = "realtime:rt-7"
+
+    def e(kind, dt, msg_id, server=DS, **fields):
+        return {**trace_event(kind, ts_ms=T + dt, msg_id=msg_id, subject="s",
+                              created_at_ms=T, deliver_at_ms=T + 3_000, **fields),
+                "server": server}
+
+    def handed(msg_id):
+        return [e("produced", 0, msg_id), e("scheduled", 1, msg_id),
+                e("handed", 10, msg_id, reason=held_by)]
+
+    events = events_frame(spark, [
+        *handed("kept"), e("stored", 3_000, "kept", RT), e("dispatched", 3_000, "kept", RT),
+        e("pulled", 3_002, "kept", RT, group="g", consumer="c"),
+        e("acked", 3_003, "kept", RT, group="g", consumer="c"),
+        *handed("lost"),
+        {**trace_event("produced", ts_ms=T + 9_000, msg_id="end", subject="s",
+                       created_at_ms=T + 9_000), "server": RT}])
+    rows = [(r.kind, r.msg_id, r.reason, r.holder) for r in anomalies(
+        events, deadline_ms=1_000).collect()]
+    assert rows == [("overdue", "lost", "held", held_by)]

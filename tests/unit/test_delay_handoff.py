@@ -548,3 +548,25 @@ async def test_the_timer_wakes_when_the_next_hand_off_step_comes_within_the_lead
             (hot_step_at, start + 5_100)], "taken whole with what is due before it"
     finally:
         await scheduler.stop()
+
+
+async def test_a_confirmed_hand_off_is_traced_handed_naming_the_broker_group_holding_it(
+        tmp_path):
+    """The audit names the holder of a message by its last event: without ``handed`` that was
+    the delay server's ``scheduled``, for a message the broker group holds (or lost)."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
+    scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
+    try:
+        due = clock() + 10_000
+        plain, tagged = await schedule(scheduler, clock, due, b"a", b"b")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        writer.flush()
+        handed = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "handed"]
+        assert sorted((e["msg_id"], e["reason"], e["deliver_at_ms"], e["ts_ms"])
+                      for e in handed) == sorted(
+            (m.id, "realtime:rt", due, due - LEAD_MS) for m in (plain, tagged))
+    finally:
+        await scheduler.stop()

@@ -75,3 +75,13 @@ async def test_a_hold_where_every_group_is_older_raises_not_supported():
     sender, _pool = _sender({"a:1": False, "b:1": False})
     with pytest.raises(NotSupported):
         await sender.send("s", _payloads(40), [1] * 40)
+
+
+async def test_each_held_message_s_result_names_the_group_that_holds_it():
+    """The delay server traces ``handed`` with it: the audit's holder of a handed message."""
+    sender, _pool = _sender({"a:1": True, "b:1": True})
+    payloads = _payloads(40)
+    _group, results = await sender.send("s", payloads, [1] * len(payloads))
+    assert [r["group"] for r in results] == [f"g{home_group(p, 2)}" for p in payloads]
+    _group, sent = await sender.send("s", payloads)
+    assert not [r for r in sent if "group" in r], "a plain send's results are as they were"
