@@ -8,9 +8,10 @@ The dispatcher sends what is taken early with ``hold`` (the broker keeps it invi
 due time) and remembers what it handed in ``Dispatcher.handed``; a cancel of such a message asks
 the broker. Before a hold is sent, a handed record (the done journal's kind 4, replicated as
 the rest of the store) says that messages due up to a time may be handed: after a restart or a
-failover, a cancel of a message due by then that the store answers ``cancelled`` (handed but
-its dispatch not recorded) or ``already_dispatched`` (handed and recorded) asks the broker too.
-Any other cancel never asks a broker (with the hand-off off, none does).
+failover, a cancel of a stored message due by then asks the broker first (a broker that cannot
+be asked fails the cancel with nothing recorded), then the store: the broker's drop of one the
+store had recorded as dispatched answers ``cancelled``. Any other cancel never asks a broker
+(with the hand-off off, none does).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ HANDOFF_STEP_MS = 250
 CancelHeld = Callable[[str, list[str]], Awaitable[list[bool]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
+# The store's subject of a message: (message id, deliver_at_ms) -> subject, None: not stored.
+StoreSubject = Callable[[str, int], Awaitable[str | None]]
 # Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
 # waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
 RecordHanded = Callable[[int], Awaitable[None]]
@@ -166,22 +169,23 @@ class HandOff:
     # ------------------------------------------------------------------ cancels
 
     async def cancel(self, message_id: str, deliver_at_ms: int, dispatcher: Dispatcher,
-                     in_store: StoreCancel) -> str:
+                     in_store: StoreCancel, subject_of: StoreSubject) -> str:
         """Cancel a message (see ``Scheduler.cancel``): a handed one through its broker, any
-        other in the store (``in_store``), and then, if a broker may hold it, through the
-        broker too. Two cancels of one message at once: the second waits for the first and
-        says what it found ("cancelled" becomes "already_cancelled")."""
+        other in the store (``in_store``); one a broker may hold (``_may_be_held``) through
+        the broker first, then the store. Two cancels of one message at once: the second
+        waits for the first and says what it found ("cancelled" becomes
+        "already_cancelled")."""
         key = (message_id, deliver_at_ms)
-        pending = self._cancelling.get(key)
-        if pending is not None:
+        while (pending := self._cancelling.get(key)) is not None:
             answer = await asyncio.shield(pending)
-            if answer is not None:  # None: the first failed; this one tries again
-                return "already_cancelled" if answer in CANCELLED else answer
+            if answer is not None:  # None: the first failed; this one tries again, unless
+                return "already_cancelled" if answer in CANCELLED else answer  # another did
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._cancelling[key] = future
         answer: str | None = None
         try:
-            answer = await self._cancel(message_id, deliver_at_ms, dispatcher, in_store)
+            answer = await self._cancel(message_id, deliver_at_ms, dispatcher, in_store,
+                                        subject_of)
             return answer
         finally:
             future.set_result(answer)
@@ -189,26 +193,29 @@ class HandOff:
                 del self._cancelling[key]
 
     async def _cancel(self, message_id: str, deliver_at_ms: int, dispatcher: Dispatcher,
-                      in_store: StoreCancel) -> str:
+                      in_store: StoreCancel, subject_of: StoreSubject) -> str:
         """``cancel`` alone (no other cancel of the message under way)."""
         handed = dispatcher.handed.get(message_id)
         if handed is not None and handed[1] == deliver_at_ms:
             if handed[2]:
                 return "already_cancelled"
             return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms)
-        outcome, subject = await in_store(message_id, deliver_at_ms)
-        if subject is None or not self._may_be_held(deliver_at_ms):
+        subject = await subject_of(message_id, deliver_at_ms) \
+            if self._may_be_held(deliver_at_ms) else None
+        if subject is None:
+            return (await in_store(message_id, deliver_at_ms))[0]
+        # Handed before a restart or failover, its dispatch recorded or not (a kill -9
+        # between the broker's answer and the record): the broker first, so one that cannot
+        # be asked fails the cancel with nothing recorded (the client cancels again).
+        dropped = (await self.cancel_held(subject, [message_id]))[0]  # type: ignore[misc]
+        outcome, _subject = await in_store(message_id, deliver_at_ms)
+        if not dropped or outcome != "already_dispatched":
+            # Not held (made visible, or never handed: the store's answer stands), or held
+            # and the store cancelled it too (it traced that).
             return outcome
-        if outcome == "already_dispatched":
-            # Handed and recorded before a restart or failover (this run's handed ones were
-            # answered above): the broker may hold it still and drop it.
-            return await self._cancel_handed(dispatcher, message_id, subject, deliver_at_ms)
-        if outcome in CANCELLED:
-            # Handed but not recorded (a restart or failover between the broker's answer and
-            # the dispatch record): the broker would deliver it at its due time. Its answer
-            # does not matter; one that cannot be asked raises (the client cancels again).
-            await self.cancel_held(subject, [message_id])  # type: ignore[misc]
-        return outcome
+        dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
+        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+        return "cancelled"
 
     def _may_be_held(self, deliver_at_ms: int) -> bool:
         """Whether a broker may hold the message due at ``deliver_at_ms``: it can be asked,

@@ -532,8 +532,9 @@ class Scheduler:
         # the cancel was recorded would put it into the wheel after this looked there, and it
         # would be delivered although the answer was "cancelled".
         self.replica.check_writable()
-        return await self.handoff.cancel(message_id, deliver_at_ms, self.dispatcher,
-                                         self._cancel_in_store)
+        return await self.handoff.cancel(
+            message_id, deliver_at_ms, self.dispatcher, self._cancel_in_store,
+            lambda message_id, due_ms: self._io(self.store.subject_of, message_id, due_ms))
 
     async def _cancel_in_store(self, message_id: str, deliver_at_ms: int
                                ) -> tuple[str, str | None]:

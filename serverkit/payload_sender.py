@@ -123,11 +123,15 @@ class PayloadSender:
     async def _send_part(self, subject: str, groups: list[Any], home: int,
                          payloads: list[bytes], visible_at_ms: list[int] | None = None,
                          ) -> tuple[str, list[dict[str, Any]]] | QmqError:
-        """Send one home group's part, trying the other groups in turn on a retriable failure;
-        returns (group, results) or the last retriable error (a non-retriable one is raised)."""
+        """Send one home group's part, trying the other groups in turn on a retriable failure
+        (a hold: only the home group's brokers); returns (group, results) or the last
+        retriable error (a non-retriable one is raised)."""
         # Every address of every group: a group's list can still hold a broker that died
-        # (kill -9) beside its restarted replacement until the MetaServer expires it.
-        rotated = groups[home:] + groups[:home]
+        # (kill -9) beside its restarted replacement until the MetaServer expires it. A hold
+        # stays in its home group: one whose answer was lost (its master died after the
+        # write) may be held there, and a second group holding it too would deliver it
+        # whatever a cancel dropped in the other; the caller retries, or sends it when due.
+        rotated = groups[home:] + groups[:home] if visible_at_ms is None else [groups[home]]
         targets = [(group, address) for group in rotated for address in group.addresses]
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
         for group, address in targets:
@@ -162,8 +166,10 @@ class PayloadSender:
     async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
         """Ask every broker group of ``subject`` to drop these held messages (``cancel_held``):
         for each id, True when some group held it and dropped it. Raises the error of a group
-        that could not be asked (the caller cannot know whether it held them)."""
-        route = await self.routes.get(subject, "producer")
+        that could not be asked (the caller cannot know whether it held them). The groups are
+        the consumer route's: every live group, also one producers may not use now (failing
+        over, short of in-sync slaves, read-only) that may hold a message handed to it."""
+        route = await self.routes.get(subject, "consumer")
         dropped = [False] * len(message_ids)
         for group in sorted((g for g in route.groups if g.addresses), key=lambda g: g.group):
             last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")

@@ -693,6 +693,18 @@ class DelayStore(CopyingMixin):
         "unknown" (never stored, or not committed yet)."""
         return self.cancel_detail(message_id, deliver_at_ms)[0]
 
+    def subject_of(self, message_id: str, deliver_at_ms: int) -> str | None:
+        """The subject of the stored message with this id and due time, whatever its state
+        (None: not found); changes nothing. A cancel that must ask a broker first needs it."""
+        self._check_open()
+        hashed = zlib.crc32(message_id.encode("utf-8"))
+        natural = self.bucket_of(deliver_at_ms)
+        for bucket in dict.fromkeys((natural, max(natural, self._done_before))):
+            found = self._find(bucket, deliver_at_ms, hashed, message_id.encode("utf-8"))
+            if found:
+                return found[0][2]
+        return None
+
     def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
         """``cancel``, also returning the message's subject when it was found (for tracing)."""
         self._check_writable()

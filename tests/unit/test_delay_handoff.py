@@ -20,7 +20,7 @@ from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
 from tracelog.events import TraceWriter, read_events
 from logstore.errors import DiskFull
-from wire.errors import NotSupported, Overloaded
+from wire.errors import ConnectionLost, NotSupported, Overloaded
 from wire.limits import HOLD_AHEAD_MS_MAX
 from wire.message import decode_message, encode_message
 
@@ -568,5 +568,95 @@ async def test_a_confirmed_hand_off_is_traced_handed_naming_the_broker_group_hol
         assert sorted((e["msg_id"], e["reason"], e["deliver_at_ms"], e["ts_ms"])
                       for e in handed) == sorted(
             (m.id, "realtime:rt", due, due - LEAD_MS) for m in (plain, tagged))
+    finally:
+        await scheduler.stop()
+
+
+class UnreachableOnceBroker(HoldingBroker):
+    """Holds hand-offs; the first cancel_held cannot reach it; at the held message's due time
+    it makes it visible, so later cancels find nothing (found in review, reviewho R3)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.unreachable = 1
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        if self.unreachable:
+            self.unreachable -= 1
+            raise ConnectionLost("broker unreachable")
+        return [False for _ in ids]
+
+    def delivered(self, message_id: str) -> bool:
+        return any(i == message_id and v <= self.clock() for _w, i, v in self.held)
+
+
+async def test_a_cancel_that_could_not_reach_the_broker_records_nothing_so_its_retry_is_true(
+        tmp_path):
+    """kill -9 before the dispatch record, restart: the store recorded the cancel before the
+    broker was asked, so the retry after the broker delivered it said already_cancelled."""
+    clock = FakeClock()
+    broker = UnreachableOnceBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    due = clock() + 10_000
+    try:
+        [m] = await schedule(scheduler, clock, due, b"a")
+        scheduler.dispatcher._record_soon = lambda *args, **kwargs: None  # kill -9 before it
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert [i for _, i, _ in broker.held] == [m.id]
+    finally:
+        await scheduler.stop()
+    clock.advance(100)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=LEAD_MS)
+    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
+                                 cancel_held=broker.cancel_held)
+    await again.start()
+    try:
+        with pytest.raises(ConnectionLost):
+            await again.cancel(m.id, due)
+        clock.advance(LEAD_MS)  # the due time: the broker makes it visible
+        await settle(again)
+        assert broker.delivered(m.id)
+        assert await again.cancel(m.id, due) == "already_dispatched"
+    finally:
+        await again.stop()
+
+
+class FailFirstThenDropOnce(HoldingBroker):
+    """The first cancel_held cannot reach the broker; then it drops a held id once (True) and
+    says False after, each answer a loop turn later (reviewho's test)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.calls = 0
+        self.dropped: set[str] = set()
+
+    async def cancel_held(self, subject, ids):
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.calls == 1:
+            raise ConnectionLost("unreachable")
+        answers = [i not in self.dropped for i in ids]
+        self.dropped.update(ids)
+        return answers
+
+
+async def test_three_cancels_at_once_whose_first_fails_never_say_already_dispatched(tmp_path):
+    """Every waiter of the failed first cancel started its own at once: two reached the broker,
+    one was told already_dispatched for a message that is never delivered."""
+    clock = FakeClock()
+    broker = FailFirstThenDropOnce(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        answers = await asyncio.gather(*(scheduler.cancel(m.id, due) for _ in range(3)),
+                                       return_exceptions=True)
+        kinds = sorted(a if isinstance(a, str) else type(a).__name__ for a in answers)
+        assert kinds == ["ConnectionLost", "already_cancelled", "cancelled"], kinds
     finally:
         await scheduler.stop()

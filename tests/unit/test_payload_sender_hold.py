@@ -11,7 +11,7 @@ import pytest
 
 from serverkit.payload_sender import PayloadSender, home_group
 from tests.rawclient import FakeClock, message
-from wire.errors import NotSupported
+from wire.errors import ConnectionLost, NotSupported
 from wire.message import encode_message, peek_message_id
 
 
@@ -85,3 +85,87 @@ async def test_each_held_message_s_result_names_the_group_that_holds_it():
     assert [r["group"] for r in results] == [f"g{home_group(p, 2)}" for p in payloads]
     _group, sent = await sender.send("s", payloads)
     assert not [r for r in sent if "group" in r], "a plain send's results are as they were"
+
+
+class _Routes:
+    """The MetaServer's answers: producers get the usable groups, consumers every live one."""
+
+    def __init__(self, producer, consumer) -> None:
+        self.producer, self.consumer = producer, consumer
+
+    async def get(self, subject, role):
+        return SimpleNamespace(groups=self.producer if role == "producer" else self.consumer)
+
+    refresh = get
+
+
+class _Brokers:
+    """Holding brokers by address; ``dies_after_write``: stores a hold, then the connection
+    drops before the answer (a kill -9 of that master after its fsync)."""
+
+    def __init__(self, dies_after_write=frozenset()) -> None:
+        self.held: dict[str, set[str]] = {"a:1": set(), "b:1": set()}
+        self.dies_after_write = set(dies_after_write)
+
+    async def get(self, address):
+        return SimpleNamespace(server={"holds": True})
+
+    async def request(self, address, request, timeout_ms):
+        if request["op"] == "send":
+            return {"results": [{"id": peek_message_id(p), "status": "stored"}
+                                for p in request["messages"]]}
+        if request["op"] == "hold":
+            ids = [peek_message_id(p) for p in request["messages"]]
+            self.held[address].update(ids)
+            if address in self.dies_after_write:
+                raise ConnectionLost(f"{address} closed the connection")
+            return {"results": [{"id": i, "status": "stored"} for i in ids]}
+        dropped = [i in self.held[address] for i in request["ids"]]
+        self.held[address] -= set(request["ids"])
+        return {"cancelled": dropped}
+
+    async def discard(self, address):
+        pass
+
+
+_G0 = SimpleNamespace(group="g0", addresses=["a:1"])
+_G1 = SimpleNamespace(group="g1", addresses=["b:1"])
+
+
+def _at_home(home: int) -> bytes:
+    return next(p for p in _payloads(100) if home_group(p, 2) == home)
+
+
+def _sender_over(routes, brokers) -> PayloadSender:
+    sender = PayloadSender("http://127.0.0.1:1", kind="realtime", client_id="t")
+    sender.routes = routes  # type: ignore[assignment]
+    sender.pool = brokers  # type: ignore[assignment]
+    return sender
+
+
+async def test_a_hold_whose_answer_was_lost_is_not_handed_to_a_second_group():
+    """Its home group's master stored it and died before answering (its promoted slave
+    holds it): a second group holding it too delivers it whatever a cancel drops in one
+    (found in review, reviewho R2). The hold fails; the delay server retries it or sends it
+    when due (the broker's de-duplication absorbs that)."""
+    brokers = _Brokers(dies_after_write={"a:1"})
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    with pytest.raises(ConnectionLost):
+        await sender.send("s", [_at_home(0)], [10_000])
+    assert brokers.held["b:1"] == set()
+    brokers.dies_after_write = set()
+    _group, results = await sender.send("s", [_at_home(0)])
+    assert results[0]["status"] == "stored"
+
+
+async def test_a_cancel_of_a_held_message_asks_a_group_producers_may_not_use_now():
+    """The group holding it left the producer route (failing over, short of in-sync slaves,
+    read-only) but is live and makes it visible at its due time (reviewho R2)."""
+    payload = _at_home(0)
+    brokers = _Brokers()
+    routes = _Routes([_G0, _G1], [_G0, _G1])
+    sender = _sender_over(routes, brokers)
+    await sender.send("s", [payload], [10_000])
+    routes.producer = [_G1]
+    assert await sender.cancel_held("s", [peek_message_id(payload)]) == [True]
+    assert brokers.held["a:1"] == set()
