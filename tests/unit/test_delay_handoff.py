@@ -67,6 +67,18 @@ async def schedule(scheduler: Scheduler, clock: FakeClock, due_ms: int, *bodies:
     return messages
 
 
+async def restarted(tmp_path, clock, broker: HoldingBroker, lead_ms: int) -> Scheduler:
+    """The scheduler of ``started``'s store opened again 100 ms later, hand-off lead
+    ``lead_ms`` (a restart, or a slave promoted with the same store)."""
+    clock.advance(100)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=lead_ms)
+    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
+                                 cancel_held=broker.cancel_held)
+    await again.start()
+    return again
+
+
 def test_the_lead_is_checked_at_start():
     with pytest.raises(ValueError, match="handoff_lead_ms"):
         DelayConfig(data_dir="x", handoff_lead_ms=120_000)
@@ -249,13 +261,8 @@ async def test_after_a_restart_a_cancel_of_a_message_handed_but_not_recorded_ask
         assert [i for _, i, _ in broker.held] == [m.id]
     finally:
         await scheduler.stop()
-    clock.advance(100)
     # Restarted with the hand-off off (an operator backing it out), or before its first tick.
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, handoff_lead_ms=0)
-    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
-                                 cancel_held=broker.cancel_held)
-    await again.start()
+    again = await restarted(tmp_path, clock, broker, 0)
     try:
         await settle(again)
         answer = await again.cancel(m.id, due)
@@ -487,12 +494,7 @@ async def test_after_a_restart_a_cancel_of_a_handed_and_recorded_message_is_drop
         assert scheduler.stats.handed == 2
     finally:
         await scheduler.stop()
-    clock.advance(100)
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, handoff_lead_ms=lead_ms)
-    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
-                                 cancel_held=broker.cancel_held)
-    await again.start()
+    again = await restarted(tmp_path, clock, broker, lead_ms)
     try:
         await settle(again)
         broker.cancel_answers = {dropped.id: True}
@@ -607,12 +609,7 @@ async def test_a_cancel_that_could_not_reach_the_broker_records_nothing_so_its_r
         assert [i for _, i, _ in broker.held] == [m.id]
     finally:
         await scheduler.stop()
-    clock.advance(100)
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, handoff_lead_ms=LEAD_MS)
-    again = await Scheduler.open(config, clock, broker.dispatch, hold=broker.hold,
-                                 cancel_held=broker.cancel_held)
-    await again.start()
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
     try:
         with pytest.raises(ConnectionLost):
             await again.cancel(m.id, due)
