@@ -9,6 +9,11 @@ Path of one ``send``:
    up to ``linger_ms`` for more messages and leaves at the latest when the batch on the wire is
    answered. It leaves at once when it holds ``batch_size_max`` messages (or would pass the frame
    limit). ``send_many`` puts many messages into batches in one go.
+   Overlap: with many ``send`` calls waiting at once (at the peak since the producer was last
+   idle, at least 2 * SPLIT_SENDS_MIN), a batch leaves as soon as it holds half that peak, and
+   the rest of those senders form the next batch meanwhile. So two batches are on the wire, the
+   client building and settling one while the broker stores the other, instead of one batch of
+   every sender and the two sides waiting on each other in turn.
 3. At most ``in_flight_max`` batches are on the wire at a time; more wait for a slot.
 4. A batch goes to one broker group of the subject's producer route, round robin per batch,
    starting at a random group (``route_start``), so that short-lived producers (the CLI, a
@@ -199,6 +204,10 @@ _LOW_HEX = tuple(f"{low:02x}" for low in range(256))  # the last two hex digits 
 
 
 # Batches are kept per (subject, delayed): delayed messages go to delay servers.
+# The fewest messages a batch leaves with early so that another forms while it is on the wire
+# (the overlap, module docstring 2): below this a batch's fixed cost (the round trip, the fsync)
+# outweighs the overlap, and a few senders keep one batch as before.
+SPLIT_SENDS_MIN = 8
 _Key = tuple[str, bool]
 
 
@@ -283,6 +292,10 @@ class Producer:
         self._round_robin: dict[_Key, int] = {}
         self._route_start = route_start
         self._on_wire: dict[_Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
+        # send() calls waiting for their answer, and their peak since none was (event loop
+        # only): the overlap's measure of how many senders there are (module docstring 2).
+        self._sends_waiting = 0
+        self._sends_waiting_peak = 0
         self._new_id = _IdMaker()
         # Subjects a full check passed (event loop only): a plain send to one of them (no tags,
         # properties, expiry or own id) skips building and validating a Message.
@@ -359,8 +372,16 @@ class Producer:
                     self._plain_subjects.clear()
                 self._plain_subjects.add(subject)
         call = Call(1, asyncio.get_running_loop().create_future())
-        self._enqueue_one(subject, call, sent_id, payload, deliver_at_ms)
-        [result] = await call.future
+        waiting = self._sends_waiting = self._sends_waiting + 1
+        if waiting > self._sends_waiting_peak:
+            self._sends_waiting_peak = waiting
+        try:
+            self._enqueue_one(subject, call, sent_id, payload, deliver_at_ms)
+            [result] = await call.future
+        finally:
+            waiting = self._sends_waiting = self._sends_waiting - 1
+            if not waiting:
+                self._sends_waiting_peak = 0
         if isinstance(result, BaseException):
             raise result
         return result
@@ -626,7 +647,7 @@ class Producer:
                                 None if due_ms is None else [due_ms]))
         batch.count += 1
         batch.size_bytes = batch.size_bytes + size
-        if batch.count >= self.batch_size_max:
+        if batch.count >= self.batch_size_max or batch.count >= batch.split_at:
             self._dispatch(key)
 
     def _open_batch(self, key: _Key) -> Batch:
@@ -639,6 +660,9 @@ class Producer:
             batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
         else:
             batch.timer = loop.call_soon(self._dispatch, key)
+        peak = self._sends_waiting_peak
+        if peak >= 2 * SPLIT_SENDS_MIN:  # the overlap (module docstring 2)
+            batch.split_at = peak // 2
         return batch
 
     def _dispatch(self, key: _Key) -> None:

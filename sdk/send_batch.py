@@ -21,6 +21,7 @@ from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
 from wire.errors import Internal, QmqError, error_from_wire
+from wire.limits import MAX_SEND_BATCH_MESSAGES
 
 
 class Receipt(NamedTuple):
@@ -121,6 +122,9 @@ class Batch:
     count: int = 0  # messages in all parts
     size_bytes: int = 0  # payload bytes plus the per-payload framing allowance
     timer: asyncio.Handle | None = None
+    # Leaves once it holds this many messages of single sends (Producer._open_batch sets it
+    # below batch_size_max for a batch formed with nothing of its subject on the wire).
+    split_at: int = MAX_SEND_BATCH_MESSAGES
 
     def payloads(self) -> list[bytes]:
         """Every payload of the batch, in order."""
