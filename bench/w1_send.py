@@ -10,6 +10,7 @@ each group with one ``sync`` slave in the same process, the run started once bot
     python -m bench.w1_send --messages 20000 --runs 5 --in-flight 64
     python -m bench.w1_send --slave                # each group with one sync slave
     python -m bench.w1_send --delays 1000-20000    # W1's delays: due during the run
+    python -m bench.w1_send --split-sends-min 8    # the Producer's overlap of two batches
 
 Printed per run: sends/s (first send to last confirmation), the server's CPU per send (user +
 system of the whole ``qmq up`` process, MetaServer included, from /proc) and the client's
@@ -44,10 +45,11 @@ WARM_UP_SENDS = 200
 
 
 async def _one_run(url: str, pid: int, count: int, in_flight: int,
-                   delays: tuple[int, int] | None = None) -> dict[str, Any]:
+                   delays: tuple[int, int] | None = None, split_sends_min: int = 0
+                   ) -> dict[str, Any]:
     from sdk import Producer
 
-    producer = Producer(url)
+    producer = Producer(url, split_sends_min=split_sends_min)
     rng = random.Random(DELAY_SEED)
     ahead = ([rng.randint(*delays) for _ in range(count)] if delays is not None
              else [DUE_AHEAD_MS] * count)
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
+    parser.add_argument("--split-sends-min", type=int, default=0,
+                        help="the Producer's split_sends_min (the overlap; 0: off)")
     parser.add_argument("--slave", action="store_true",
                         help="qmq up --replicas 2: each group with one sync slave in the process")
     parser.add_argument("--idle-s", type=float, default=3.0,
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.idle_s:g} s; load {os.getloadavg()[0]:.2f}", flush=True)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
-                                           args.messages, args.in_flight, args.delays))
+                                           args.messages, args.in_flight, args.delays,
+                                           args.split_sends_min))
             print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
                   f"{figures['server_cpu_us']:.0f} us/send, client "
                   f"{figures['client_cpu_us']:.0f} us/send; load "

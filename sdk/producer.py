@@ -9,11 +9,14 @@ Path of one ``send``:
    up to ``linger_ms`` for more messages and leaves at the latest when the batch on the wire is
    answered. It leaves at once when it holds ``batch_size_max`` messages (or would pass the frame
    limit). ``send_many`` puts many messages into batches in one go.
-   Overlap: with many ``send`` calls waiting at once (at the peak since the producer was last
-   idle, at least 2 * SPLIT_SENDS_MIN), a batch leaves as soon as it holds half that peak, and
-   the rest of those senders form the next batch meanwhile. So two batches are on the wire, the
-   client building and settling one while the broker stores the other, instead of one batch of
-   every sender and the two sides waiting on each other in turn.
+   Overlap (opt-in, ``split_sends_min``): with many ``send`` calls waiting at once (at the peak
+   since the producer was last idle, at least 2 * split_sends_min), a batch leaves as soon as it
+   holds half that peak, and the rest of those senders form the next batch meanwhile. So two
+   batches are on the wire, the client building and settling one while the broker stores the
+   other, instead of one batch of every sender and the two sides waiting on each other in turn.
+   Off by default: under load it cost more CPU per send on both sides (twice the batches and
+   fsyncs) with no rate gained (docs/BENCHMARKS.md, "W1 send overlap"); a quiet measurement
+   decides.
 3. At most ``in_flight_max`` batches are on the wire at a time; more wait for a slot.
 4. A batch goes to one broker group of the subject's producer route, round robin per batch,
    starting at a random group (``route_start``), so that short-lived producers (the CLI, a
@@ -204,10 +207,6 @@ _LOW_HEX = tuple(f"{low:02x}" for low in range(256))  # the last two hex digits 
 
 
 # Batches are kept per (subject, delayed): delayed messages go to delay servers.
-# The fewest messages a batch leaves with early so that another forms while it is on the wire
-# (the overlap, module docstring 2): below this a batch's fixed cost (the round trip, the fsync)
-# outweighs the overlap, and a few senders keep one batch as before.
-SPLIT_SENDS_MIN = 8
 _Key = tuple[str, bool]
 
 
@@ -223,6 +222,9 @@ class Producer:
       batch of that subject is on the wire (with none on the wire it leaves at once).
     * ``batch_size_max`` (128): messages per batch; capped at MAX_SEND_BATCH_MESSAGES.
     * ``in_flight_max`` (32): batches on the wire at once.
+    * ``split_sends_min`` (0: off): with at least twice this many ``send`` calls waiting at
+      their peak, a batch leaves once it holds half the peak, so that the next forms while it
+      is on the wire (the overlap, module docstring 2). 8 is the value measured.
     * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
     * ``retries_max`` (3): resends of a failed batch (so up to retries_max + 1 attempts).
     * ``route_start`` (random): the index (modulo the route's length) of the group that a
@@ -243,6 +245,7 @@ class Producer:
         linger_ms: int = 2,
         batch_size_max: int = 128,
         in_flight_max: int = 32,
+        split_sends_min: int = 0,
         send_timeout_ms: int = 5000,
         retries_max: int = 3,
         retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
@@ -259,6 +262,7 @@ class Producer:
             ("linger_ms", linger_ms, 0),
             ("batch_size_max", batch_size_max, 1),
             ("in_flight_max", in_flight_max, 1),
+            ("split_sends_min", split_sends_min, 0),
             ("send_timeout_ms", send_timeout_ms, 1),
             ("retries_max", retries_max, 0),
             ("retry_backoff_ms", retry_backoff_ms, 0),
@@ -272,6 +276,7 @@ class Producer:
         self.linger_ms = linger_ms
         self.batch_size_max = min(batch_size_max, MAX_SEND_BATCH_MESSAGES)
         self.in_flight_max = in_flight_max
+        self.split_sends_min = split_sends_min
         self.send_timeout_ms = send_timeout_ms
         self.retries_max = retries_max
         self.retry_backoff_ms = retry_backoff_ms
@@ -661,7 +666,7 @@ class Producer:
         else:
             batch.timer = loop.call_soon(self._dispatch, key)
         peak = self._sends_waiting_peak
-        if peak >= 2 * SPLIT_SENDS_MIN:  # the overlap (module docstring 2)
+        if self.split_sends_min and peak >= 2 * self.split_sends_min:  # module docstring 2
             batch.split_at = peak // 2
         return batch
 

@@ -14,7 +14,7 @@ from wire.errors import (
 )
 from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from wire.message import Message, decode_message, encode_message
-from sdk.producer import SPLIT_SENDS_MIN, Producer, Receipt
+from sdk.producer import Producer, Receipt
 from sdk.routes import RouteCache
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
 
@@ -319,7 +319,7 @@ async def _looping_senders(p: Producer, senders: int, sends_each: int) -> None:
 async def test_many_senders_in_a_loop_keep_two_batches_of_half_of_them_on_the_wire(meta, broker_a):
     meta.set_route("orders", [broker_a])
     # A linger of an hour: every batch leaves by its count or when the one before is answered.
-    async with producer(meta, linger_ms=3_600_000) as p:
+    async with producer(meta, linger_ms=3_600_000, split_sends_min=8) as p:
         await _looping_senders(p, 32, 4)
     # The first wave is one batch of all 32; from then on half of them leave at once and the
     # other half form the next batch while it is on the wire (the overlap).
@@ -328,9 +328,21 @@ async def test_many_senders_in_a_loop_keep_two_batches_of_half_of_them_on_the_wi
 
 async def test_a_few_senders_in_a_loop_keep_sharing_one_batch(meta, broker_a):
     meta.set_route("orders", [broker_a])
+    async with producer(meta, linger_ms=3_600_000, split_sends_min=8) as p:
+        await _looping_senders(p, 15, 3)  # fewer than 2 * split_sends_min
+    assert [len(ids) for ids in broker_a.sent_ids()] == [15] * 3
+
+
+async def test_without_split_sends_min_many_senders_in_a_loop_share_one_batch(meta, broker_a):
+    meta.set_route("orders", [broker_a])
     async with producer(meta, linger_ms=3_600_000) as p:
-        await _looping_senders(p, 2 * SPLIT_SENDS_MIN - 1, 3)
-    assert [len(ids) for ids in broker_a.sent_ids()] == [2 * SPLIT_SENDS_MIN - 1] * 3
+        await _looping_senders(p, 32, 3)
+    assert [len(ids) for ids in broker_a.sent_ids()] == [32] * 3
+
+
+async def test_split_sends_min_must_be_an_int_of_zero_or_more(meta):
+    with pytest.raises(ValueError, match="split_sends_min must be an int >= 0, got -1"):
+        producer(meta, split_sends_min=-1)
 
 
 async def test_tags_given_as_one_string_are_rejected_rather_than_split(meta, broker_a):
