@@ -116,6 +116,16 @@ _RESERVED_HEAP_BYTES = 300 << 20
 _UNEVICTABLE_STORAGE_SHARE = 0.6 * 0.5
 _MEMORY_SUFFIXES = "kmgt"  # JVM memory units: 2^10, 2^20, 2^30, 2^40 bytes
 EXIT_OK, EXIT_FOUND, EXIT_OVERDUE = 0, 1, 4
+# Settings of every session the audit starts, whatever the trace's size.
+SESSION_CONF = (
+    # PySpark's DataFrame debugging wraps every Column and functions call in a capture of its
+    # Python call site, sent to the JVM (the active session and a setting looked up, the site
+    # set and cleared): about 6,800 of a 10k-event audit's 12,400 py4j calls, each a round trip
+    # the driver's py4j thread serves. It only adds that call site to the message of an error
+    # raised while a query runs; the audit's messages and outputs do not change
+    # (docs/AUDIT.md "Performance").
+    ("spark.python.sql.dataFrameDebugging.enabled", "false"),
+)
 
 
 @dataclass(frozen=True)
@@ -208,6 +218,8 @@ def spark_session(options: AuditOptions) -> Session:
     builder = (SparkSession.builder.master(options.master).appName("qmq-audit")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
+    for key, value in SESSION_CONF:
+        builder = builder.config(key, value)
     small = False
     if options.master.startswith("local"):
         size = local_trace_bytes(options.trace_dirs)
