@@ -27,7 +27,6 @@ from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, StructType
 
 from spark_audit.load import is_local, local_path
@@ -65,12 +64,20 @@ def _from_json(value: Any, data_type: DataType) -> Any:
     return value
 
 
+def _table_name(name: str) -> str:
+    """``name``, checked to be safe inside a SQL string literal."""
+    if not name.isidentifier():
+        raise ValueError(f"table name {name!r} is not an identifier")
+    return name
+
+
 def collect_tables(tables: Mapping[str, tuple[DataFrame, Sequence[str]]]) -> dict[str, Table]:
     """``{name: (small DataFrame, columns to sort by)}`` -> ``{name: Table}``, in one job."""
     if not tables:
         return {}
-    parts = [df.select(F.lit(name).alias("_table"),
-                       F.to_json(F.struct(*[F.col(c) for c in df.columns])).alias("_row"))
+    # One SQL expression list per table: built from Column objects, these took about 480 py4j
+    # round trips (a column reference per field) of a 10k-event audit's ~5,600.
+    parts = [df.selectExpr(f"'{_table_name(name)}' AS _table", "to_json(struct(*)) AS _row")
              for name, (df, _order) in tables.items()]
     rows: dict[str, list[tuple]] = {name: [] for name in tables}
     schemas = {name: df.schema for name, (df, _order) in tables.items()}

@@ -41,3 +41,20 @@ def test_an_empty_table_is_written_with_its_columns(spark, tmp_path):
     back = spark.read.parquet(str(tmp_path / "empty"))
     assert back.schema.simpleString() == frame.schema.simpleString()
     assert back.count() == 0
+
+
+def test_a_table_name_that_could_break_out_of_its_sql_literal_is_refused(spark):
+    import pytest
+
+    frame = spark.range(1)
+    with pytest.raises(ValueError, match="not an identifier"):
+        collect_tables({"t' AS _table, 'x": (frame, ["id"])})
+
+
+def test_tables_with_nested_and_null_fields_come_back_as_spark_collects_them(spark):
+    frame = spark.createDataFrame(
+        [("a", None, [1, 2], ("x", None)), ("b", 3, None, None)],
+        "name string, n int, xs array<int>, s struct<k:string,v:bigint>")
+    table = collect_tables({"t": (frame, ["name"])})["t"]
+    assert table.schema == frame.schema
+    assert table.dicts() == [row.asDict(recursive=True) for row in frame.orderBy("name").collect()]
