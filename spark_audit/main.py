@@ -277,25 +277,57 @@ def _over_cache(df: DataFrame) -> DataFrame:
         return df
 
 
+@dataclass(frozen=True)
+class _Derived:
+    """The intermediate frames that feed several outputs each, persisted (``_keep``)."""
+
+    chains: DataFrame
+    duplicates: DataFrame
+    delayed: DataFrame
+
+
+def _derive(events: DataFrame, deadline_ms: int, kept: list[DataFrame]) -> _Derived:
+    """``_Derived`` of ``events``: built and persisted, which plans them (no job)."""
+    return _Derived(_keep(chain_facts(events, deadline_ms), kept),
+                    _keep(duplicate_pulls(events), kept), _keep(delayed_messages(events), kept))
+
+
 def _read_events(spark: SparkSession, options: AuditOptions, kept: list[DataFrame]
-                 ) -> tuple[DataFrame, int, int, int]:
+                 ) -> tuple[DataFrame, int, int, int, _Derived]:
     """The events, persisted (added to ``kept``, to unpersist), with their count and first and
     latest time (one job that also fills the cache and lists the give-ups to name by location:
-    ``spark_audit.names``, a second small job only when there are any). Raises NoTraceFiles
-    when a path has no trace file."""
+    ``spark_audit.names``, a second small job only when there are any), and the ``_Derived``
+    frames over them. Raises NoTraceFiles when a path has no trace file.
+
+    Nothing in the derived frames depends on the job's results unless a give-up is named by
+    location: they are built on a second driver thread while the job runs (Spark analyses and
+    plans them on a py4j thread of their own), so the driver's planning uses both cores instead
+    of waiting for the job; in the rare case of a named give-up they are built again."""
     try:
         events = _keep(load_events(spark, list(options.trace_dirs), options.since_ms,
                                    options.until_ms, locators=True), kept)
         located = [located_give_ups()] if has_locators(events) else []
-        total, first_ms, latest_ms, *locations = events.agg(
-            F.count(F.lit(1)), F.min("ts_ms"), F.max("ts_ms"), *located).first()
+        plain = events.drop(*LOCATOR_FIELD_NAMES) if located else events
+        ahead: list[DataFrame] = []
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="audit-plan") as planner:
+                derived = planner.submit(_derive, plain, options.deadline_ms, ahead)
+                total, first_ms, latest_ms, *locations = events.agg(
+                    F.count(F.lit(1)), F.min("ts_ms"), F.max("ts_ms"), *located).first()
+        finally:  # the planner is done here (the with block waited for it)
+            kept.extend(ahead)
+        result = derived.result()
     except AnalysisException as exc:
         if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
             raise NoTraceFiles(", ".join(options.trace_dirs), str(exc).splitlines()[0]) from exc
         raise
-    if located:  # give-ups named by location: looked up, then the locators are dropped
-        events = name_give_ups(events, locations[0]).drop(*LOCATOR_FIELD_NAMES)
-    return events, total, first_ms or 0, latest_ms or 0
+    if located and locations[0]:  # give-ups named by location: looked up, then dropped
+        plain = name_give_ups(events, locations[0]).drop(*LOCATOR_FIELD_NAMES)
+        for df in ahead:
+            df.unpersist()
+            kept.remove(df)
+        result = _derive(plain, options.deadline_ms, kept)
+    return plain, total, first_ms or 0, latest_ms or 0, result
 
 
 def _small_tables(events: DataFrame, chains: DataFrame, facts: DataFrame,
@@ -381,15 +413,13 @@ def audit(spark: SparkSession, options: AuditOptions, progress: Callable[[str], 
     step(f"reading events from {', '.join(options.trace_dirs)}...")
     kept: list[DataFrame] = []
     try:
-        events, total, first_ms, latest_ms = _read_events(spark, options, kept)
+        events, total, first_ms, latest_ms, derived = _read_events(spark, options, kept)
         step(f"{total:,} events")
         step("delivery, delay and retry audits...")
         # The intermediate tables feed several outputs each: computed once, kept.
         horizon_ms = latest_ms if options.until_ms is None else options.until_ms
-        chains = _keep(chain_facts(events, options.deadline_ms), kept)
+        chains, duplicates, delayed = derived.chains, derived.duplicates, derived.delayed
         facts = judge_delivery(chains, options.deadline_ms, horizon_ms)
-        duplicates = _keep(duplicate_pulls(events), kept)
-        delayed = _keep(delayed_messages(events), kept)
         flagged = _keep(flagged_messages(facts, duplicates, delayed, events), kept)
         bucket_ms = timeline_bucket_ms(first_ms, latest_ms)
         tables = collect_tables(_small_tables(events, chains, facts, duplicates, delayed,
