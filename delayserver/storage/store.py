@@ -39,12 +39,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import struct
 import zlib
 from itertools import repeat
-from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable
 
 from delayserver.storage.delay_checkpoint import (
     CHECKPOINT_NAME,
@@ -53,38 +51,30 @@ from delayserver.storage.delay_checkpoint import (
 )
 from delayserver.storage.delay_record import (
     U64_MAX,
-    DelayedRecord,
-    decode_delay_header,
     MESSAGE_ID_BYTES_MAX,
-    decode_delay_record,
     encode_delay_record,
     encode_delay_records,
     subject_tail,
 )
-from delayserver.storage.copying import CopyingMixin, DoneJournal, journal_bodies_for_dispatch
+from delayserver.storage.bucket_reads import (
+    SUBJECT_CACHE_ENTRIES_MAX,
+    BucketReadsMixin,
+    ScheduleEntry,
+)
+from delayserver.storage.copying import CopyingMixin, DoneJournal
 from delayserver.storage.done_journal import KIND_DONE_BEFORE, encode_journal_record
-from delayserver.storage.done_log import DoneState, done_key
-from delayserver.storage.due_records import parse_due_run
-from delayserver.storage.done_record import KIND_CANCELLED, KIND_DISPATCHED, DoneRecord
-from delayserver.storage.errors import CorruptScheduleEntry, StoreClosed, StoreFailed
+from delayserver.storage.done_marks import DoneMarksMixin
+from delayserver.storage.errors import StoreClosed, StoreFailed
 from delayserver.storage.layout import DAY_MS, HOUR_MS, Layout
-from delayserver.storage.recovery import CHECKPOINTS_KEPT, rebuild_days, recover
+from delayserver.storage.recovery import CHECKPOINTS_KEPT, recover
 from delayserver.storage.retention import delete_done_segments, retire_bucket_files
 from delayserver.storage.schedule import FlushFailed, is_enospc
-from delayserver.storage.schedule_entry import (
-    ENTRY_SIZE_BYTES,
-    FIELDS as ENTRY_FIELDS,
-    RawEntry,
-    check_schedule_entry,
-    encode_schedule_entries,
-    iter_schedule_entries,
-)
+from delayserver.storage.schedule_entry import encode_schedule_entries
 from delayserver.storage.stats import PendingStats
 from logstore import (
     CheckpointStore,
     DiskFull,
     LogConfig,
-    LogStoreError,
     LogWriteFailed,
     Opener,
     OsFile,
@@ -96,12 +86,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY_DONE_RECORDS = 100_000  # dispatch/cancel records between checkpoints
 SCHEDULE_FLUSH_INTERVAL_MS = 1_000  # tick() writes the schedule buffer at least this often
-SUBJECT_CACHE_ENTRIES_MAX = 100_000  # subjects of read records kept for the pending counts
-EMPTY_BUCKETS_MAX = 100_000  # buckets known to have nothing pending (for buckets_with_pending)
 DELAY_LOG_WRITE_BUFFER_BYTES_MAX = 64 << 20  # a commit's batch reaches the OS in one write
 CANCEL_OUTCOMES = ("cancelled", "already_dispatched", "already_cancelled", "already_past",
                    "unknown")
-_DELIVER_AT = struct.Struct(">Q")  # a schedule entry's first field, searched for by cancel
 
 
 @dataclass(frozen=True)
@@ -138,21 +125,6 @@ class DelayStoreConfig:
         )
 
 
-class ScheduleEntry(NamedTuple):
-    """A message's place in the schedule.
-
-    A named tuple, not a frozen dataclass: the delay-io thread makes one per message committed
-    or loaded, and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost
-    about four times as much, the largest single step of a commit's per-message work."""
-
-    bucket_ms: int  # start of the bucket the entry is filed in
-    index: int  # position of the entry in the bucket's schedule file
-    deliver_at_ms: int  # when the message is due
-    delay_log_offset: int  # where its record is in the delay log
-    size_bytes: int  # body size of that record
-    id_hash: int  # CRC-32 of the message id
-
-
 class _PendingColumns:
     """What ``append`` buffered for the next ``commit``, as columns (one row per message)."""
 
@@ -169,9 +141,11 @@ class _PendingColumns:
 _new_tuple = tuple.__new__  # a ScheduleEntry from its fields without its generated __new__
 
 
-class DelayStore(CopyingMixin):
-    """The delay server's messages on disk (module docstring). Replication's side of it (the
-    done journal, a slave's copies) is ``delayserver.storage.copying``."""
+class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
+    """The delay server's messages on disk (module docstring). Reading buckets is
+    ``delayserver.storage.bucket_reads``, dispatch and cancel marks
+    ``delayserver.storage.done_marks``, replication's side (the done journal, a slave's copies)
+    ``delayserver.storage.copying``."""
 
     def __init__(self, data_dir: str, config: DelayStoreConfig = DelayStoreConfig(), *,
                  opener: Opener = OsFile, now_ms: int) -> None:
@@ -402,355 +376,6 @@ class DelayStore(CopyingMixin):
                 raise DiskFull(exc.path, batch_records) from exc
             raise self._fail(StoreFailed(exc.path, exc.cause)) from exc
 
-    # ------------------------------------------------------------------ reading
-
-    def _bucket_entries(self, bucket_ms: int, from_offset: int = 0,
-                        keep: Callable[[RawEntry], bool] | None = None,
-                        count_max: int | None = None) -> list[tuple[int, RawEntry]]:
-        """Every entry of the bucket (file + buffer) whose delay-log offset is at least
-        ``from_offset`` (and that ``keep`` keeps), verified; at most ``count_max`` of them.
-        Entries are in offset order, so a later slice of a bucket starts with a binary search
-        and verifies only what it reads. A bucket whose file does not match the index, or holds
-        a bad entry, is rebuilt from the delay log once."""
-        for attempt in (1, 2):
-            data = self._schedule.read_file(bucket_ms)
-            expected = self._schedule.disk_count(bucket_ms)
-            problem = None
-            if len(data) != expected * ENTRY_SIZE_BYTES:
-                problem = f"{len(data)} bytes, expected {expected} entries"
-            data += self._schedule.buffered(bucket_ms)
-            start = _first_entry_from(data, from_offset) if from_offset and not problem else 0
-            entries = []
-            end = self._log.end_offset
-            for index, raw in iter_schedule_entries(memoryview(data)[start * ENTRY_SIZE_BYTES:]):
-                index += start
-                if raw is None or raw.delay_log_offset >= end:
-                    problem = problem or f"entry {index} is corrupt or points past the delay log"
-                    break
-                if raw.delay_log_offset >= from_offset and (keep is None or keep(raw)):
-                    entries.append((index, raw))
-                    if len(entries) == count_max:
-                        break
-            if problem is None:
-                return entries
-            path = self.layout.schedule_path(bucket_ms)
-            if attempt == 2:
-                raise CorruptScheduleEntry(path, len(entries), problem)
-            log.warning("delay store: %s: %s; rebuilding its day from the delay log", path,
-                        problem)
-            self._rebuild_days({bucket_ms // DAY_MS})
-        raise AssertionError("unreachable")
-
-    def _rebuild_days(self, days: set[int]) -> None:
-        # A rebuilt day may get back entries its files had lost: count its buckets afresh.
-        for bucket in [b for b in self._bucket_pending if b // DAY_MS in days]:
-            del self._bucket_pending[bucket]
-        try:
-            rebuild_days(self._log, self._schedule, days, self._done_before)
-        except (DiskFull, StoreFailed) as exc:
-            raise self._fail(exc)
-
-    def load_bucket(self, bucket_ms: int) -> list[ScheduleEntry]:
-        """The bucket's entries that are neither dispatched nor cancelled, sorted by
-        (deliver_at_ms, index)."""
-        return self.load_bucket_slice(bucket_ms)[0]
-
-    def load_bucket_slice(self, bucket_ms: int, from_offset: int = 0,
-                          limit: int | None = None) -> tuple[list[ScheduleEntry], int | None]:
-        """At most ``limit`` of the bucket's pending entries (neither dispatched nor cancelled),
-        taking them in disk order from the first whose delay-log offset is ``from_offset`` or
-        more, sorted by (deliver_at_ms, index); and the delay-log offset to continue from, None
-        when the slice reached the bucket's end. A server whose window is full loads a large
-        bucket slice by slice this way. A slice from offset 0 also counts the bucket's
-        pending entries exactly (``bucket_pending``)."""
-        self._check_open()
-        state = self._done.state(bucket_ms)
-        dispatched, cancelled = state.dispatched, state.cancelled
-
-        def is_pending(raw: RawEntry) -> bool:
-            key = (raw.delay_log_offset << 32) | raw.id_hash  # done_key, inlined
-            return key not in dispatched and key not in cancelled
-
-        # From offset 0 the whole bucket is read, to count it; a later slice reads one entry
-        # past the limit (where to resume) and stops.
-        pending = self._bucket_entries(
-            bucket_ms, from_offset, is_pending,
-            None if from_offset == 0 or limit is None else limit + 1)
-        if from_offset == 0:
-            self._bucket_pending[bucket_ms] = len(pending)
-            if not pending:
-                if len(self._empty_buckets) >= EMPTY_BUCKETS_MAX:
-                    self._empty_buckets.clear()
-                self._empty_buckets.add(bucket_ms)
-        resume_offset = None
-        if limit is not None and len(pending) > limit:
-            resume_offset = pending[limit][1].delay_log_offset
-            pending = pending[:limit]
-        out = [ScheduleEntry(bucket_ms, index, raw.deliver_at_ms, raw.delay_log_offset,
-                             raw.size_bytes, raw.id_hash) for index, raw in pending]
-        out.sort(key=lambda e: (e.deliver_at_ms, e.index))
-        return out, resume_offset
-
-    def read(self, entry: ScheduleEntry) -> DelayedRecord:
-        """The entry's message from the delay log, CRC-verified and checked against the entry."""
-        self._check_open()
-        return self._checked_record(entry, self._log.read(entry.delay_log_offset))
-
-    def read_payloads(self, entries: Sequence[ScheduleEntry]) -> tuple[list[str], list[bytes]]:
-        """The subject and the stored payload of each entry's record, in the order given: what
-        dispatching needs, read batch-shaped. Records are fetched in delay-log order, runs of
-        neighbours with one ``pread`` each (``SegmentedLog.read_runs``), then checked (CRC) and
-        parsed against their entry (length, due time, bucket, id hash) a run at a time by
-        ``parse_due_run`` (C where built), without decoding the message or building a
-        ``DelayedRecord``. A record that fails any check is read alone with ``read``, which
-        raises the exact error."""
-        self._check_open()
-        count = len(entries)
-        all_offsets = [entry.delay_log_offset for entry in entries]
-        order = sorted(range(count), key=all_offsets.__getitem__)
-        ordered = [entries[i] for i in order]
-        offsets = [entry.delay_log_offset for entry in ordered]
-        sizes = [entry.size_bytes for entry in ordered]
-        parsed: list[tuple[str, bytes] | None] = [None] * count
-        limit = self.config.record_size_bytes_max
-        for data, run_start, i, j in self._log.read_runs(offsets, sizes):
-            run = ordered[i:j]
-            parsed[i:j] = parse_due_run(
-                data, [offset - run_start for offset in offsets[i:j]], sizes[i:j],
-                [e.deliver_at_ms for e in run], [e.bucket_ms for e in run],
-                [e.id_hash for e in run], limit)
-        subjects: list[str] = [""] * count
-        payloads: list[bytes] = [b""] * count
-        names = self._subject_names
-        for position, entry, pair in zip(order, ordered, parsed):
-            if pair is None:
-                record = self.read(entry)  # raises what is wrong with it
-                pair = (record.subject, record.payload)
-            subject = pair[0]
-            # One str object per subject name, not one per message (they live in batches).
-            subjects[position] = names.get(subject) or names.setdefault(subject, subject)
-            payloads[position] = pair[1]
-        return subjects, payloads
-
-    def _checked_record(self, entry: ScheduleEntry, body: bytes) -> DelayedRecord:
-        try:
-            record = decode_delay_record(body)
-        except ValueError as exc:
-            raise CorruptScheduleEntry(self.layout.schedule_path(entry.bucket_ms), entry.index,
-                                       f"record does not decode: {exc}") from exc
-        if (len(body) != entry.size_bytes or record.deliver_at_ms != entry.deliver_at_ms
-                or record.bucket_ms != entry.bucket_ms
-                or zlib.crc32(record.message_id.encode("utf-8")) != entry.id_hash):
-            raise CorruptScheduleEntry(self.layout.schedule_path(entry.bucket_ms), entry.index,
-                                       f"record at offset {entry.delay_log_offset} does not match "
-                                       f"the entry")
-        self._remember_subject(entry.delay_log_offset, record.subject)
-        return record
-
-    def _remember_subject(self, offset: int, subject: str) -> None:
-        subjects = self._subjects
-        if len(subjects) >= SUBJECT_CACHE_ENTRIES_MAX:
-            for old in list(subjects)[: SUBJECT_CACHE_ENTRIES_MAX // 2]:
-                del subjects[old]
-        subjects[offset] = self._subject_names.setdefault(subject, subject)
-
-    def _subject_of(self, entry: ScheduleEntry) -> str | None:
-        """The entry's subject for the pending counts: cached by ``read``, else read again."""
-        subject = self._subjects.pop(entry.delay_log_offset, None)
-        if subject is not None:
-            return subject
-        try:
-            return decode_delay_header(self._log.read(entry.delay_log_offset))[3]
-        except (LogStoreError, ValueError) as exc:
-            log.warning("delay store: subject of offset %d unreadable (%s); per-subject pending "
-                        "count not lowered", entry.delay_log_offset, exc)
-            return None
-
-    # ------------------------------------------------------------------ dispatch and cancel
-
-    def _write_done(self, bucket_ms: int, kind: int, records: list[DoneRecord]) -> None:
-        try:
-            self._done.write(bucket_ms, kind, records)
-        except StoreFailed as exc:
-            raise self._fail(exc)
-
-    def _check_entry(self, entry: ScheduleEntry) -> None:
-        count = self._schedule.count(entry.bucket_ms)
-        if not 0 <= entry.index < count:
-            raise ValueError(f"entry {entry.index} of bucket {entry.bucket_ms} is not in the "
-                             f"schedule (the bucket has {count} entries)")
-
-    def record_dispatched(self, entries: Sequence[ScheduleEntry],
-                          subjects: Sequence[str | None] | None = None) -> None:
-        """Record confirmed dispatches durably (fsynced before this returns); ``load_bucket``
-        never returns them again, before or after a restart. Entries already dispatched or
-        cancelled are skipped. ``subjects`` (one per entry, from ``read_payloads``) saves
-        looking each one up for the pending counts. Work is per bucket, not per entry: one
-        write of all its records and one update of the counts."""
-        self._check_writable()
-        by_bucket: dict[int, list[int]] = defaultdict(list)  # bucket -> positions in entries
-        for position, entry in enumerate(entries):
-            by_bucket[entry.bucket_ms].append(position)
-        for bucket, positions in by_bucket.items():  # every entry checked before any write
-            count = self._schedule.count(bucket)
-            for position in positions:
-                if not 0 <= entries[position].index < count:
-                    raise ValueError(f"entry {entries[position].index} of bucket {bucket} is "
-                                     f"not in the schedule (the bucket has {count} entries)")
-        journal: list[bytes] = []
-        for bucket, positions in by_bucket.items():
-            state = self._done.state(bucket)
-            chosen_at = positions
-            keys = [(entries[p].delay_log_offset << 32) | entries[p].id_hash  # done_key
-                    for p in positions]
-            if (len(set(keys)) != len(keys) or not state.dispatched.isdisjoint(keys)
-                    or not state.cancelled.isdisjoint(keys)):
-                # Some are done already or given twice (rare): keep the first of each.
-                fresh: dict[int, int] = {}  # done key -> position
-                for key, position in zip(keys, positions):
-                    if not state.is_done(key) and key not in fresh:
-                        fresh[key] = position
-                chosen_at = list(fresh.values())
-            if not chosen_at:
-                continue
-            chosen = [entries[position] for position in chosen_at]
-            try:
-                self._done.write_entries(bucket, KIND_DISPATCHED,
-                                         [e.delay_log_offset for e in chosen],
-                                         [e.id_hash for e in chosen], [e.index for e in chosen])
-            except StoreFailed as exc:
-                raise self._fail(exc)
-            if subjects is None:
-                per_subject = Counter(self._subject_of(e) for e in chosen)
-            else:
-                per_subject = Counter([subjects[position] for position in chosen_at])
-            self._counts.remove_many(bucket, per_subject)
-            self._lower_bucket_pending(bucket, len(chosen))
-            self._done_since_checkpoint += len(chosen)
-            journal.append(journal_bodies_for_dispatch(
-                bucket, [e.delay_log_offset for e in chosen], [e.id_hash for e in chosen],
-                [e.index for e in chosen], per_subject))
-        self.journal_done(journal)
-        self._maybe_checkpoint()
-
-    def _lower_bucket_pending(self, bucket_ms: int, done: int) -> None:
-        left = self._bucket_pending.get(bucket_ms)
-        if left is not None:
-            self._bucket_pending[bucket_ms] = max(0, left - done)
-
-    def bucket_pending(self, bucket_ms: int) -> int | None:
-        """The bucket's pending count when it is known without reading (loaded since open),
-        else None."""
-        return self._bucket_pending.get(bucket_ms)
-
-    def _candidates(self, bucket_ms: int, deliver_at_ms: int,
-                    hashed: int) -> list[tuple[int, RawEntry]]:
-        """Entries of the bucket with this due time and id hash. The file is searched for the
-        8 due-time bytes at C speed (a cancel into a 100,000-entry bucket must not decode every
-        entry); when that finds nothing, or the file does not match the index, every entry is
-        verified (and the bucket repaired if needed)."""
-        data = self._schedule.read_file(bucket_ms)
-        if len(data) == self._schedule.disk_count(bucket_ms) * ENTRY_SIZE_BYTES:
-            data += self._schedule.buffered(bucket_ms)
-            pattern = _DELIVER_AT.pack(deliver_at_ms)
-            found = []
-            at = data.find(pattern)
-            while at >= 0:
-                if at % ENTRY_SIZE_BYTES == 0:
-                    entry = data[at : at + ENTRY_SIZE_BYTES]
-                    if check_schedule_entry(entry) is not None:
-                        break  # a bad entry: take the verifying path below
-                    raw = RawEntry(*ENTRY_FIELDS.unpack_from(entry, 0)[:4])
-                    if raw.id_hash == hashed:
-                        found.append((at // ENTRY_SIZE_BYTES, raw))
-                at = data.find(pattern, at + 1)
-            else:
-                if found:
-                    return found
-        # Nothing found (or a bad entry): verify the whole bucket, so an entry whose due-time
-        # bytes rotted is repaired and found rather than answered "unknown".
-        return [(index, raw) for index, raw in self._bucket_entries(bucket_ms)
-                if raw.deliver_at_ms == deliver_at_ms and raw.id_hash == hashed]
-
-    def _find(self, bucket_ms: int, deliver_at_ms: int, hashed: int,
-              id_bytes: bytes) -> list[tuple[int, RawEntry, str]]:
-        """Entries of the bucket for this message: (index, entry, subject), confirmed by reading
-        the record."""
-        if bucket_ms not in self._schedule.index:
-            return []
-        found = []
-        for index, raw in self._candidates(bucket_ms, deliver_at_ms, hashed):
-            _at, _bucket, stored_id, subject, _ = decode_delay_header(
-                self._log.read(raw.delay_log_offset))
-            if stored_id == id_bytes:
-                found.append((index, raw, subject))
-        return found
-
-    def cancel(self, message_id: str, deliver_at_ms: int) -> str:
-        """Cancel a message by id and due time; durable before it returns. Returns "cancelled",
-        "already_dispatched", "already_cancelled", "already_past" (its due time's bucket is below
-        the done watermark, finished and retired: too late, whatever happened to it) or
-        "unknown" (never stored, or not committed yet)."""
-        return self.cancel_detail(message_id, deliver_at_ms)[0]
-
-    def subject_of(self, message_id: str, deliver_at_ms: int) -> str | None:
-        """The subject of the stored message with this id and due time, whatever its state
-        (None: not found); changes nothing. A cancel that must ask a broker first needs it."""
-        self._check_open()
-        hashed = zlib.crc32(message_id.encode("utf-8"))
-        natural = self.bucket_of(deliver_at_ms)
-        for bucket in dict.fromkeys((natural, max(natural, self._done_before))):
-            found = self._find(bucket, deliver_at_ms, hashed, message_id.encode("utf-8"))
-            if found:
-                return found[0][2]
-        return None
-
-    def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
-        """``cancel``, also returning the message's subject when it was found (for tracing)."""
-        self._check_writable()
-        if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
-            raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
-        id_bytes = message_id.encode("utf-8")
-        hashed = zlib.crc32(id_bytes)
-        natural = self.bucket_of(deliver_at_ms)
-        candidates = [natural] if natural >= self._done_before else [self._done_before, natural]
-        found: list[tuple[int, RawEntry, str]] = []
-        bucket = natural
-        for bucket in candidates:
-            found = self._find(bucket, deliver_at_ms, hashed, id_bytes)
-            if found:
-                break
-        if not found:
-            if natural < self._done_before:
-                # Its due time's bucket is finished and retired: a message stored there was
-                # dispatched (or cancelled before); either way it is too late to cancel.
-                return "already_past", None
-            return "unknown", None
-        state: DoneState = self._done.state(bucket)
-        open_ = [(i, raw, s) for i, raw, s in found
-                 if not state.is_done(done_key(raw.delay_log_offset, hashed))]
-        if not open_:
-            if any(done_key(raw.delay_log_offset, hashed) in state.dispatched
-                   for _i, raw, _s in found):
-                return "already_dispatched", found[0][2]
-            return "already_cancelled", found[0][2]
-        epoch = self._done.epoch
-        self._write_done(bucket, KIND_CANCELLED, [
-            DoneRecord(raw.delay_log_offset, hashed, index, epoch, KIND_CANCELLED)
-            for index, raw, _s in open_
-        ])
-        for _index, raw, subject in open_:
-            self._subjects.pop(raw.delay_log_offset, None)
-            self._counts.remove(bucket, subject)
-        self._lower_bucket_pending(bucket, len(open_))
-        self._done_since_checkpoint += len(open_)
-        self.journal_done([encode_journal_record(
-            KIND_CANCELLED, bucket, [raw.delay_log_offset for _i, raw, _s in open_],
-            [hashed] * len(open_), [index for index, _raw, _s in open_],
-            dict(Counter(subject for _i, _raw, subject in open_)))])
-        self._maybe_checkpoint()
-        return "cancelled", open_[0][2]
-
     # ------------------------------------------------------------------ queries
 
     def buckets_with_pending(self, from_bucket_ms: int, to_bucket_ms: int) -> list[int]:
@@ -925,21 +550,3 @@ class DelayStore(CopyingMixin):
             self._log.close()
             self._journal.log.close()
             self._closed = True
-
-
-def _first_entry_from(data: bytes, from_offset: int) -> int:
-    """Index of the first entry of ``data`` (a bucket's entries, in delay-log offset order)
-    whose delay_log_offset is ``from_offset`` or more, by binary search; 0 (scan it all) when
-    the entries around the answer do not verify, so a bad entry cannot hide good ones."""
-    whole = len(data) // ENTRY_SIZE_BYTES
-    low, high = 0, whole
-    while low < high:
-        middle = (low + high) // 2
-        if ENTRY_FIELDS.unpack_from(data, middle * ENTRY_SIZE_BYTES)[1] < from_offset:
-            low = middle + 1
-        else:
-            high = middle
-    for index in (low - 1, low):
-        if 0 <= index < whole and check_schedule_entry(data, index * ENTRY_SIZE_BYTES):
-            return 0
-    return low
