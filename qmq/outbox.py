@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Index, Integer, LargeBinary, MetaData, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from sdk.producer import due_ms, epoch_ms
+from sdk.send_values import due_ms, epoch_ms
 from wire.clock import wall_clock_ms
 from wire.errors import BadRequest
 from wire.limits import MAX_DELAY_MS

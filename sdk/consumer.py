@@ -45,7 +45,7 @@ from typing import Any, Literal, TypeVar, cast
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
 from sdk.presence import Presence
-from sdk.producer import default_client_id
+from sdk.send_values import default_client_id
 from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
 from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable

@@ -34,14 +34,9 @@ by ``message.id`` when that matters.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import os
 import random
-import socket
-import uuid
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from datetime import datetime, timedelta
 from typing import Any, Literal, overload
 
@@ -52,14 +47,13 @@ from wire.clock import wall_clock_ms
 from wire.errors import (
     BadRequest,
     ConnectionLost,
-    DelayOutOfRange,
     Internal,
     NoRoute,
     QmqError,
     TooLarge,
     type_name,
 )
-from wire.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_FRAME_BYTES, MAX_SEND_BATCH_MESSAGES
+from wire.limits import MAX_BODY_BYTES, MAX_DELAY_MS, MAX_SEND_BATCH_MESSAGES
 from wire.message import (
     KEY_BODY,
     KEY_DELIVER_AT_MS,
@@ -72,14 +66,20 @@ from wire.message import (
     validate_message_id,
 )
 from sdk.routes import Route, RouteCache
-from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
+from sdk.batching import BatchingMixin, Key
+from sdk.send_batch import Batch, Call, Receipt, fail_parts, settle
+from sdk.send_values import (
+    IdMaker,
+    default_client_id,
+    deliver_times,
+    due_ms,
+    duration_ms,
+    epoch_ms,
+    spliced_payloads,
+)
 from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
-
-# Room left in a send frame for the envelope around the payloads (op, rid, msgpack headers).
-_FRAME_ENVELOPE_BYTES = 64 * 1024
-_PAYLOAD_OVERHEAD_BYTES = 8  # msgpack bin header per payload, rounded up
 
 # Subjects a producer remembers as valid (``send``'s plain path); forgotten all at once when
 # full, so a producer sending to ever new subjects stays bounded.
@@ -90,127 +90,8 @@ RETRY_BACKOFF_MS_DEFAULT = 50
 RETRY_BACKOFF_MS_MAX = 2_000
 
 
-def duration_ms(value: timedelta | int | float, name: str) -> int:
-    """A duration as whole milliseconds: a timedelta, or a number already in milliseconds."""
-    if isinstance(value, timedelta):
-        return int(value / timedelta(milliseconds=1))
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    raise BadRequest(f"{name} must be a timedelta or milliseconds, got {type(value).__name__}")
 
-
-def epoch_ms(value: datetime | int, name: str) -> int:
-    """A point in time as epoch milliseconds: an aware datetime, or an int already in epoch ms."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise BadRequest(f"{name} must be timezone-aware, got naive datetime {value}")
-        return int(value.timestamp() * 1000)
-    if type(value) is int:
-        return value
-    raise BadRequest(f"{name} must be an aware datetime or epoch ms, got {type(value).__name__}")
-
-
-def due_ms(now_ms: int, delay: timedelta | int | None,
-           deliver_at: datetime | int | None) -> int | None:
-    """The due time in epoch ms of one message sent at ``now_ms`` with ``delay`` or
-    ``deliver_at`` (None: not delayed); BadRequest for both at once or a negative delay."""
-    if delay is not None and deliver_at is not None:
-        raise BadRequest("give delay or deliver_at, not both")
-    if delay is not None:
-        delay_ms = duration_ms(delay, "delay")
-        if delay_ms < 0:
-            raise BadRequest(f"delay must not be negative, got {delay_ms} ms")
-        return now_ms + delay_ms
-    if deliver_at is not None:
-        return epoch_ms(deliver_at, "deliver_at")
-    return None
-
-
-def _deliver_times(
-    count: int,
-    now_ms: int,
-    delay: timedelta | int | Sequence[timedelta | int] | None,
-    deliver_at: datetime | int | Sequence[datetime | int] | None,
-) -> list[int] | None:
-    """``send_many``'s due times in epoch ms, one per message (None: not delayed), checked as
-    ``send`` checks one: not both arguments, no negative delay, none past MAX_DELAY_MS."""
-    if delay is not None and deliver_at is not None:
-        raise BadRequest("give delay or deliver_at, not both")
-    given = delay if delay is not None else deliver_at
-    if given is None:
-        return None
-    name = "delay" if delay is not None else "deliver_at"
-    values = list(given) if isinstance(given, (list, tuple)) else None
-    if values is not None and len(values) != count:
-        raise BadRequest(f"{name} has {len(values)} values for {count} bodies: give one per body "
-                         "or a single value for all")
-    if delay is not None:
-        if values is None:
-            delays_ms = [duration_ms(delay, "delay")] * count  # type: ignore[arg-type]  # one value
-        else:
-            delays_ms = [v if type(v) is int else duration_ms(v, "delay") for v in values]
-        low_ms = min(delays_ms)
-        if low_ms < 0:
-            raise BadRequest(f"delay must not be negative, got {low_ms} ms")
-        due = [now_ms + d for d in delays_ms]
-    elif values is None:
-        due = [epoch_ms(deliver_at, "deliver_at")] * count  # type: ignore[arg-type]
-    else:
-        due = [v if type(v) is int else epoch_ms(v, "deliver_at") for v in values]
-    earliest, latest = min(due), max(due)
-    if earliest < 0:
-        raise BadRequest(f"message field deliver_at_ms must be >= 0, got {earliest}")
-    if latest - now_ms > MAX_DELAY_MS:
-        raise DelayOutOfRange(f"deliver_at_ms is {latest - now_ms} ms ahead of now, exceeds "
-                              f"MAX_DELAY_MS {MAX_DELAY_MS}")
-    return due
-
-
-def default_client_id() -> str:
-    """``host-pid-random``: unique per process and readable in the MetaServer's client list."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-class _IdMaker:
-    """Message ids: 16 random hex digits per producer, then a 16-hex-digit counter.
-
-    As unique as ``uuid4().hex`` for our purpose (64 random bits tell producers apart, the
-    counter tells one producer's messages apart) at a seventh of the cost: no syscall per id."""
-
-    def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
-        self._format = self._prefix + "%016x"
-        self._counter = 0
-
-    def __call__(self) -> str:
-        self._counter += 1
-        return self._format % self._counter
-
-    def many(self, count: int) -> list[str]:
-        """``count`` fresh ids in one go (the ids of one ``send_many`` call): the same strings
-        as ``count`` calls, made per 256 consecutive counters as one shared head plus its last
-        two hex digits from a table (a C-level concatenation per id, no formatting)."""
-        first = self._counter + 1
-        end = first + count
-        self._counter = end - 1
-        ids: list[str] = []
-        start = first
-        while start < end:
-            block_end = min(end, (start | 0xFF) + 1)  # the next multiple of 256
-            head = f"{self._prefix}{start >> 8:014x}"
-            ids += map(head.__add__, _LOW_HEX[start & 0xFF:(block_end - 1 & 0xFF) + 1])
-            start = block_end
-        return ids
-
-
-_LOW_HEX = tuple(f"{low:02x}" for low in range(256))  # the last two hex digits of a counter
-
-
-# Batches are kept per (subject, delayed): delayed messages go to delay servers.
-_Key = tuple[str, bool]
-
-
-class Producer:
+class Producer(BatchingMixin):
     """Sends messages to realtime brokers found through the MetaServer at ``meta_url``.
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
@@ -289,19 +170,19 @@ class Producer:
             client_id=self.client_id, app=app, token=token, connect_timeout_ms=connect_timeout_ms,
             ssl_context=ssl_context,
         )
-        self._open: dict[_Key, Batch] = {}
+        self._open: dict[Key, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
         # (subject, delayed) -> the turn of its next batch; a subject's first batch takes
         # route_start (the group at that index modulo the route's length).
-        self._round_robin: dict[_Key, int] = {}
+        self._round_robin: dict[Key, int] = {}
         self._route_start = route_start
-        self._on_wire: dict[_Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
+        self._on_wire: dict[Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
         # send() calls waiting for their answer, and their peak since none was (event loop
         # only): the overlap's measure of how many senders there are (module docstring 2).
         self._sends_waiting = 0
         self._sends_waiting_peak = 0
-        self._new_id = _IdMaker()
+        self._new_id = IdMaker()
         # Subjects a full check passed (event loop only): a plain send to one of them (no tags,
         # properties, expiry or own id) skips building and validating a Message.
         self._plain_subjects: set[str] = set()
@@ -454,7 +335,7 @@ class Producer:
             for message_id in message_ids:
                 validate_message_id(message_id)
         now_ms = self._clock_ms()
-        deliver_ats = _deliver_times(len(bodies), now_ms, delay, deliver_at)
+        deliver_ats = deliver_times(len(bodies), now_ms, delay, deliver_at)
         template = Message.create(
             subject,
             bodies[0],
@@ -507,7 +388,7 @@ class Producer:
         columns: dict[str, Sequence[Any]] = {KEY_ID: ids, KEY_BODY: bodies}
         if deliver_ats is not None:
             columns[KEY_DELIVER_AT_MS] = deliver_ats
-        spliced = _spliced_payloads(payload, fields, columns)
+        spliced = spliced_payloads(payload, fields, columns)
         if spliced is not None:
             return ids, spliced
         packb = msgpack.Packer(use_bin_type=True).pack
@@ -597,102 +478,6 @@ class Producer:
             await self._routes.close()
             await self._delay_routes.close()
 
-    # -- batching -------------------------------------------------------------------------------
-
-    def _enqueue(self, subject: str, call: Call, ids: list[str], payloads: list[bytes],
-                 dues: list[int] | None) -> None:
-        """Put a call's messages (``dues`` None: realtime, else delayed) into the open batches
-        of their subject, as runs (Parts) rather than one by one, sending every batch that
-        fills up (``batch_size_max`` messages, or the frame limit)."""
-        size_max = MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES
-        key = (subject, dues is not None)
-        batch = self._open.get(key)
-        count = len(ids)
-        pos = 0
-        while pos < count:
-            if batch is None:
-                batch = self._open_batch(key)
-            end = min(count, pos + self.batch_size_max - batch.count)
-            run = payloads if end - pos == count else payloads[pos:end]
-            size = sum(map(len, run)) + _PAYLOAD_OVERHEAD_BYTES * len(run)
-            if batch.size_bytes + size > size_max:
-                end, size = _fit(payloads, pos, end, size_max - batch.size_bytes)
-                if end == pos and batch.count:  # not one more fits: this batch is full
-                    self._dispatch(key)
-                    batch = None
-                    continue
-                if end == pos:  # one message alone over the allowance still travels alone
-                    end, size = pos + 1, len(payloads[pos]) + _PAYLOAD_OVERHEAD_BYTES
-                run = payloads[pos:end]
-            whole = end - pos == count
-            batch.parts.append(Part(call, pos, ids if whole else ids[pos:end], run,
-                                    None if dues is None else dues if whole else dues[pos:end]))
-            batch.count += end - pos
-            batch.size_bytes += size
-            pos = end
-            if batch.count >= self.batch_size_max or pos < count:  # full by count or by size
-                self._dispatch(key)
-                batch = None
-
-    def _enqueue_one(self, subject: str, call: Call, sent_id: str, payload: bytes,
-                     due_ms: int | None) -> None:
-        """``_enqueue`` of one ``send``'s message (``due_ms`` None: realtime): the same batches,
-        without the run arithmetic; a message that does not fit the open batch takes
-        ``_enqueue``, which sends that batch first."""
-        key = (subject, due_ms is not None)
-        batch = self._open.get(key)
-        if batch is None:
-            batch = self._open_batch(key)
-        size = len(payload) + _PAYLOAD_OVERHEAD_BYTES
-        if batch.size_bytes + size > MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES:
-            self._enqueue(subject, call, [sent_id], [payload],
-                          None if due_ms is None else [due_ms])
-            return
-        batch.parts.append(Part(call, 0, [sent_id], [payload],
-                                None if due_ms is None else [due_ms]))
-        batch.count += 1
-        batch.size_bytes = batch.size_bytes + size
-        if batch.count >= self.batch_size_max or batch.count >= batch.split_at:
-            self._dispatch(key)
-
-    def _open_batch(self, key: _Key) -> Batch:
-        batch = self._open[key] = Batch(key[0], key[1])
-        loop = asyncio.get_running_loop()
-        # With nothing of this subject on the wire there is no reason to wait: the batch
-        # leaves after this loop turn (so sends issued together still share it). Else it
-        # lingers for more, and leaves when the batch on the wire is answered at latest.
-        if self._on_wire.get(key):
-            batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
-        else:
-            batch.timer = loop.call_soon(self._dispatch, key)
-        peak = self._sends_waiting_peak
-        if self.split_sends_min and peak >= 2 * self.split_sends_min:  # module docstring 2
-            batch.split_at = peak // 2
-        return batch
-
-    def _dispatch(self, key: _Key) -> None:
-        batch = self._open.pop(key, None)
-        if batch is None:
-            return
-        if batch.timer is not None:
-            batch.timer.cancel()
-        task = asyncio.get_running_loop().create_task(
-            self._send_batch(batch), name=f"qmq-send {batch.subject}"
-        )
-        self._tasks.add(task)
-        self._on_wire[key] = self._on_wire.get(key, 0) + 1
-        task.add_done_callback(functools.partial(self._batch_done, key))
-
-    def _batch_done(self, key: _Key, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        left = self._on_wire[key] - 1
-        if left:
-            self._on_wire[key] = left
-            return
-        del self._on_wire[key]
-        if key in self._open:  # it lingered only because this batch was on the wire
-            self._dispatch(key)
-
     # -- sending --------------------------------------------------------------------------------
 
     async def _send_batch(self, batch: Batch) -> None:
@@ -761,51 +546,6 @@ class Producer:
             if self.retry_backoff_ms:
                 backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
                 await asyncio.sleep(backoff_ms / 1000)
-
-
-def _spliced_payloads(template_payload: bytes, fields: dict[str, Any],
-                      columns: dict[str, Sequence[Any]]) -> list[bytes] | None:
-    """One payload per row of ``columns``: the template's bytes with the values of the keys in
-    ``columns`` (one column per key, all of one length) packed and spliced in.
-
-    ``fields`` is the template decoded, in wire order. The bytes between the changing values
-    are constant, so each payload is one ``b"".join`` of constant pieces and packed values, and
-    every step runs in C (map, zip, join) rather than a Python call per message. None when the
-    template's own values spliced in do not give back its bytes exactly (then the caller packs
-    each message whole)."""
-    packer = msgpack.Packer(use_bin_type=True)
-    packb = packer.pack
-    pieces: list[bytes | str] = []  # constant bytes, each followed by the key of a column
-    constant = [packer.pack_map_header(len(fields))]
-    for key, value in fields.items():
-        constant.append(packb(key))
-        if key in columns:
-            pieces += [b"".join(constant), key]
-            constant = []
-        else:
-            constant.append(packb(value))
-    tail = b"".join(constant)
-    rebuilt = b"".join(p if isinstance(p, bytes) else packb(fields[p]) for p in pieces) + tail
-    if rebuilt != template_payload or len(pieces) != 2 * len(columns):
-        return None
-    parts: list[Any] = [repeat(p) if isinstance(p, bytes) else map(packb, columns[p])
-                        for p in pieces]
-    parts.append(repeat(tail))
-    return list(map(b"".join, zip(*parts)))
-
-
-def _fit(payloads: list[bytes], pos: int, end: int, room_bytes: int) -> tuple[int, int]:
-    """How far from ``pos`` (at most to ``end``) payloads fit in ``room_bytes`` with their framing
-    allowance: (the end of the run, its size in bytes)."""
-    size = 0
-    stop = pos
-    while stop < end:
-        need = len(payloads[stop]) + _PAYLOAD_OVERHEAD_BYTES
-        if size + need > room_bytes:
-            break
-        size += need
-        stop += 1
-    return stop, size
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sdk.producer import duration_ms
+from sdk.send_values import duration_ms
 from wire.message import (
     KEY_BODY,
     KEY_CREATED_AT_MS,

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from wire.errors import BadRequest, Forbidden, TooLarge
 from wire.limits import MAX_BODY_BYTES
 from wire.message import Message, decode_message, encode_message
-from sdk.producer import Producer, Receipt, _spliced_payloads
+from sdk.producer import Producer, Receipt
+from sdk.send_values import spliced_payloads
 from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
 
 HOUR_MS = 3_600_000
@@ -192,7 +193,7 @@ def test_spliced_payloads_are_byte_for_byte_what_encode_message_makes(
     columns = {"i": [r[0] for r in rows], "b": [r[1] for r in rows]}
     if delayed:
         columns["d"] = [r[2] for r in rows]
-    spliced = _spliced_payloads(payload, msgpack.unpackb(payload, raw=False), columns)
+    spliced = spliced_payloads(payload, msgpack.unpackb(payload, raw=False), columns)
     assert spliced == [encode_message(message(*row)) for row in rows]
 
 
@@ -200,13 +201,13 @@ def test_splicing_is_refused_when_the_template_does_not_encode_canonically():
     # 5 packed as a uint32 (msgpack would use one byte): splicing could not reproduce it.
     payload = (b"\x84\xa1i\xa1x\xa1s\xa6orders\xa1b\xc4\x01y\xa1c\xce\x00\x00\x00\x05")
     fields = msgpack.unpackb(payload, raw=False)
-    assert _spliced_payloads(payload, fields, {"i": ["a"], "b": [b"z"]}) is None
+    assert spliced_payloads(payload, fields, {"i": ["a"], "b": [b"z"]}) is None
 
 
 def test_ids_made_in_bulk_are_the_ids_made_one_by_one_across_every_boundary():
-    from sdk.producer import _IdMaker
+    from sdk.send_values import IdMaker
 
-    bulk, single = _IdMaker(), _IdMaker()
+    bulk, single = IdMaker(), IdMaker()
     single._prefix, single._format = bulk._prefix, bulk._format
     for count in (1, 254, 1, 256, 257, 1024, 3, 511, 1):
         assert bulk.many(count) == [single() for _ in range(count)]

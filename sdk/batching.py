@@ -1,0 +1,118 @@
+"""How a Producer's messages form batches (the module docstring of ``sdk.producer``, steps 2-3):
+the open batch of each (subject, delayed) key, when it leaves (full, after the loop turn with
+nothing of its key on the wire, at ``linger_ms`` or when the batch on the wire is answered, or at
+half the peak of waiting sends with ``split_sends_min``), and the count of batches on the wire.
+A mixin of ``Producer``, which owns every field used here (event loop only)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from sdk.send_batch import Batch, Call, Part
+from sdk.send_values import PAYLOAD_OVERHEAD_BYTES, fit_payloads
+from wire.limits import MAX_FRAME_BYTES
+
+# Room left in a send frame for the envelope around the payloads (op, rid, msgpack headers).
+FRAME_ENVELOPE_BYTES = 64 * 1024
+
+# Batches are kept per (subject, delayed): delayed messages go to delay servers.
+Key = tuple[str, bool]
+
+
+class BatchingMixin:
+    """The batching side of ``Producer`` (module docstring)."""
+
+    def _enqueue(self, subject: str, call: Call, ids: list[str], payloads: list[bytes],
+                 dues: list[int] | None) -> None:
+        """Put a call's messages (``dues`` None: realtime, else delayed) into the open batches
+        of their subject, as runs (Parts) rather than one by one, sending every batch that
+        fills up (``batch_size_max`` messages, or the frame limit)."""
+        size_max = MAX_FRAME_BYTES - FRAME_ENVELOPE_BYTES
+        key = (subject, dues is not None)
+        batch = self._open.get(key)
+        count = len(ids)
+        pos = 0
+        while pos < count:
+            if batch is None:
+                batch = self._open_batch(key)
+            end = min(count, pos + self.batch_size_max - batch.count)
+            run = payloads if end - pos == count else payloads[pos:end]
+            size = sum(map(len, run)) + PAYLOAD_OVERHEAD_BYTES * len(run)
+            if batch.size_bytes + size > size_max:
+                end, size = fit_payloads(payloads, pos, end, size_max - batch.size_bytes)
+                if end == pos and batch.count:  # not one more fits: this batch is full
+                    self._dispatch(key)
+                    batch = None
+                    continue
+                if end == pos:  # one message alone over the allowance still travels alone
+                    end, size = pos + 1, len(payloads[pos]) + PAYLOAD_OVERHEAD_BYTES
+                run = payloads[pos:end]
+            whole = end - pos == count
+            batch.parts.append(Part(call, pos, ids if whole else ids[pos:end], run,
+                                    None if dues is None else dues if whole else dues[pos:end]))
+            batch.count += end - pos
+            batch.size_bytes += size
+            pos = end
+            if batch.count >= self.batch_size_max or pos < count:  # full by count or by size
+                self._dispatch(key)
+                batch = None
+
+    def _enqueue_one(self, subject: str, call: Call, sent_id: str, payload: bytes,
+                     due_ms: int | None) -> None:
+        """``_enqueue`` of one ``send``'s message (``due_ms`` None: realtime): the same batches,
+        without the run arithmetic; a message that does not fit the open batch takes
+        ``_enqueue``, which sends that batch first."""
+        key = (subject, due_ms is not None)
+        batch = self._open.get(key)
+        if batch is None:
+            batch = self._open_batch(key)
+        size = len(payload) + PAYLOAD_OVERHEAD_BYTES
+        if batch.size_bytes + size > MAX_FRAME_BYTES - FRAME_ENVELOPE_BYTES:
+            self._enqueue(subject, call, [sent_id], [payload],
+                          None if due_ms is None else [due_ms])
+            return
+        batch.parts.append(Part(call, 0, [sent_id], [payload],
+                                None if due_ms is None else [due_ms]))
+        batch.count += 1
+        batch.size_bytes = batch.size_bytes + size
+        if batch.count >= self.batch_size_max or batch.count >= batch.split_at:
+            self._dispatch(key)
+
+    def _open_batch(self, key: Key) -> Batch:
+        batch = self._open[key] = Batch(key[0], key[1])
+        loop = asyncio.get_running_loop()
+        # With nothing of this subject on the wire there is no reason to wait: the batch
+        # leaves after this loop turn (so sends issued together still share it). Else it
+        # lingers for more, and leaves when the batch on the wire is answered at latest.
+        if self._on_wire.get(key):
+            batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
+        else:
+            batch.timer = loop.call_soon(self._dispatch, key)
+        peak = self._sends_waiting_peak
+        if self.split_sends_min and peak >= 2 * self.split_sends_min:  # module docstring 2
+            batch.split_at = peak // 2
+        return batch
+
+    def _dispatch(self, key: Key) -> None:
+        batch = self._open.pop(key, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        task = asyncio.get_running_loop().create_task(
+            self._send_batch(batch), name=f"qmq-send {batch.subject}"
+        )
+        self._tasks.add(task)
+        self._on_wire[key] = self._on_wire.get(key, 0) + 1
+        task.add_done_callback(functools.partial(self._batch_done, key))
+
+    def _batch_done(self, key: Key, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        left = self._on_wire[key] - 1
+        if left:
+            self._on_wire[key] = left
+            return
+        del self._on_wire[key]
+        if key in self._open:  # it lingered only because this batch was on the wire
+            self._dispatch(key)
