@@ -111,8 +111,7 @@ class Broker:
 
     - event loop: ``committed``, ``book``, the parts' state (their docstrings say which), the
       background tasks;
-    - store thread: ``store`` (only ever called there, through ``on_store_thread``, or the
-      group commit's ``submit_to_store_thread``, in the same order);
+    - store thread: ``store`` (only ever called there, through ``on_store_thread``);
     - pull-log thread: ``pulllog`` (only through ``on_pulllog_thread``, or ``on_pulllog_quick``,
       which makes a call that only records in memory on the event loop while the thread is
       idle: one call at a time, in submission order, either way);
@@ -146,7 +145,7 @@ class Broker:
         ctx = BrokerContext(config, clock, self.store, self.pulllog, self.on_store_thread,
                             self.on_pulllog_thread, self.on_pulllog_quick, self.committed,
                             self.book, tracer, self.stats, self.redelivered_by_group,
-                            self.replica, stores.store_thread.submit)
+                            self.replica)
         self._ctx = ctx
         self.sends = Sends(ctx)
         self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)

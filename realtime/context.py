@@ -39,10 +39,6 @@ class BrokerContext:
     stats: dict[str, int]  # one writer per key: the store thread or the pull log's calls (Broker)
     redelivered_by_group: dict[tuple[str, str], int]  # the pull log's calls (see Broker)
     replica: WriteReplication  # event loop: min_insync checks, sync waits (docs/REPLICATION.md 7)
-    # ``submit_to_store_thread(fn, args, done)``: fn(*args) on the store thread, in order with
-    # on_store_thread's calls; ``done(result, error)`` is called on the event loop (IoThread.
-    # submit): the group commit's store call, without a future or a task wake-up.
-    submit_to_store_thread: Callable[..., None]
 
     async def actions_replicated(self) -> None:
         """After a write to the pull log that a client is told of (an ack, a nack, a leave):

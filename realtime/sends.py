@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from realtime.context import BrokerContext
 from realtime.tail import Entry
@@ -86,8 +86,8 @@ class Sends:
         self.message_errors: dict[str, int] = {}
         self.on_commit: Callable[[int], None] | None = None
         self.commits: GroupCommitter[SendRequest, Committed] = GroupCommitter(
-            f"broker group {ctx.config.group}", None, self._publish_committed,
-            self._fail_batch, self._go_readonly, submit=self._commit_submit)
+            f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
+            self._fail_batch, self._go_readonly)
 
     async def send(self, payloads: list[bytes], compact: bool = False
                    ) -> list[dict[str, Any]] | int:
@@ -165,12 +165,10 @@ class Sends:
 
     # ------------------------------------------------------------------ the group commit
 
-    def _commit_submit(self, batch: list[SendRequest],
-                       done: Callable[[Committed | None, BaseException | None], None]) -> None:
-        """The group commit's store call: ``_append_and_commit_io`` on the store thread, its
-        outcome handed to ``done`` on the event loop."""
+    def _commit_call(self, batch: list[SendRequest]) -> Awaitable[Committed]:
+        """The group commit's store call: ``_append_and_commit_io`` on the store thread."""
         ctx = self._ctx
-        ctx.submit_to_store_thread(self._append_and_commit_io, (batch, ctx.clock()), done)
+        return ctx.on_store_thread(self._append_and_commit_io, batch, ctx.clock())
 
     def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> Committed:
         """Store thread: append every request's messages (column by column) and commit them.

@@ -31,18 +31,15 @@ class IoThread:
 
     Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread gets); ``_done``
     is shared and only touched under ``_done_lock`` (the thread appends, the loop takes all);
-    ``_loop`` is written once by the event loop's first ``call`` or ``submit``, before the
-    thread can need it; ``_submitted`` is written by the event loop only (``call``,
-    ``submit``), ``_finished`` by the thread only, once a call's function returned (an int
-    read is atomic). ``call``, ``submit`` and ``idle`` run on the event loop, ``_run`` on the
-    thread, ``_deliver`` on the loop (it resolves a call's future or calls a submit's
-    callback).
+    ``_loop`` is written once by the event loop's first ``call``, before the thread can need
+    it; ``_submitted`` is written by the event loop only (``call``), ``_finished`` by the
+    thread only, once a call's function returned (an int read is atomic). ``call`` and
+    ``idle`` run on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
     """
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # (a call's future or a submit's callback, result, error)
-        self._done: deque[tuple[Any, Any, BaseException | None]] = deque()
+        self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
         self._done_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._submitted = 0  # calls put on the queue (event loop)
@@ -59,18 +56,6 @@ class IoThread:
         self._submitted += 1
         self._calls.put((future, fn, args))
         return await future
-
-    def submit(self, fn: Callable[..., T], args: tuple[Any, ...],
-               done: Callable[[T | None, BaseException | None], None]) -> None:
-        """Event loop: run ``fn(*args)`` on the thread after every call submitted before; then
-        ``done(result, None)`` or ``done(None, exception)`` is called on the event loop, in
-        the hand-back that answers ``call``s (no future, no task wake-up: the caller's
-        continuation runs in the loop turn the result arrives in). ``done`` must not raise."""
-        loop = self._loop
-        if loop is None:
-            self._loop = asyncio.get_running_loop()
-        self._submitted += 1
-        self._calls.put((done, fn, args))
 
     def idle(self) -> bool:
         """Event loop: no call is queued or running on the thread. A call made on the event
@@ -104,9 +89,6 @@ class IoThread:
         with self._done_lock:
             done, self._done = self._done, deque()
         for future, result, error in done:
-            if not isinstance(future, asyncio.Future):
-                future(result, error)  # a submit's callback
-                continue
             if future.done():  # the caller was cancelled
                 continue
             if error is None:
