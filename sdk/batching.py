@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sdk.send_batch import Batch, Call, Part
 from sdk.send_values import PAYLOAD_OVERHEAD_BYTES, fit_payloads
@@ -22,6 +24,17 @@ Key = tuple[str, bool]
 
 class BatchingMixin:
     """The batching side of ``Producer`` (module docstring)."""
+
+    # Producer's fields and method this side uses (declared for the type checker; Producer
+    # sets them in __init__; event loop only).
+    batch_size_max: int
+    linger_ms: int
+    split_sends_min: int
+    _sends_waiting_peak: int
+    _open: dict[Key, Batch]
+    _on_wire: dict[Key, int]
+    _tasks: set[asyncio.Task[None]]
+    _send_batch: Callable[[Batch], Coroutine[Any, Any, None]]
 
     def _enqueue(self, subject: str, call: Call, ids: list[str], payloads: list[bytes],
                  dues: list[int] | None) -> None:
