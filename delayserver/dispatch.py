@@ -26,6 +26,7 @@ from delayserver.storage import DelayStore, ScheduleEntry
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 from logstore.errors import DiskFull
+from serverkit.payload_sender import ANSWER_UNKNOWN
 from wire.errors import NotSupported, QmqError
 from wire.message import peek_message_id
 
@@ -260,6 +261,13 @@ class Dispatcher:
             await self._hold_refused(subject, entries, payloads, now_ms, exc)
             return
         except QmqError as exc:
+            if early and isinstance(exc, ANSWER_UNKNOWN):
+                # The home group may hold them though the answer was lost: never held again
+                # (a retry could hold them in a second group once the route changed, and both
+                # would deliver them); sent at their due time, to their home over the route
+                # then (docs/REPLICATION.md 16).
+                await self._hold_refused(subject, entries, payloads, now_ms, exc)
+                return
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
                         len(entries), subject, exc)
             self._retry(entries, f"realtime did not take the batch: {exc}")
@@ -314,9 +322,10 @@ class Dispatcher:
     async def _hold_refused(self, subject: str, entries: list[ScheduleEntry],
                             payloads: list[bytes], now_ms: int, exc: object) -> None:
         """A broker did not take a hand-off (an older server, or it refused these messages'
-        hand-off for good, ``exc`` says why): what is due now is sent at
+        hand-off for good, or its answer was lost: ``exc`` says why): what is due now is sent at
         once, the rest waits in the window for its due time, and the scheduler stops handing
-        off for a while (``no_hold``)."""
+        off for a while (``no_hold``: at least twice the lead, so the rest is not taken early
+        and held again before its due time)."""
         log.info("hand-off of %d messages of %s refused (%s): dispatching at the due time",
                  len(entries), subject, exc)
         if self._no_hold is not None:

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk.connection import ConnectionPool
-from wire.errors import ConnectionLost, NoRoute, NotSupported, QmqError, error_from_wire
+from wire.errors import (ConnectionLost, Internal, NoRoute, NotEnoughReplicas, NotSupported,
+                         QmqError, error_from_wire)
 from wire.limits import MAX_SEND_BATCH_MESSAGES
 from wire.message import peek_message_id
 from sdk.routes import RouteCache
@@ -25,6 +26,10 @@ from sdk.routes import RouteCache
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_MS_DEFAULT = 5_000
+# Retriable failures after which a broker may have stored the request all the same (the
+# connection died or timed out after the write, a failure past it, a write its slaves did not
+# confirm): a hold failing so is never held again, by any group (see PayloadSender.send).
+ANSWER_UNKNOWN = (ConnectionLost, Internal, NotEnoughReplicas)
 
 
 class PayloadSender:
@@ -66,6 +71,12 @@ class PayloadSender:
         failure moves on to the next groups in turn; the route is refreshed once. Raises the
         last error when some part found no group to take it; a per-payload error is returned in
         its result, not raised.
+
+        A hold is never retried in another group: a part whose home may have held it although
+        the answer was lost (ANSWER_UNKNOWN) raises that error at once, without refreshing the
+        route (a refresh usually drops a home whose master just died, so the ids' homes would
+        move), and the caller sends such messages at their due time instead of holding them
+        again (docs/REPLICATION.md 16).
         """
         if not payloads:
             return "", []
@@ -90,6 +101,10 @@ class PayloadSender:
                                 else [visible_at_ms[p] for p in positions])
                 for home, positions in parts.items()
             ), return_exceptions=True)
+            if visible_at_ms is not None:
+                unknown = [o for o in outcomes if isinstance(o, ANSWER_UNKNOWN)]
+                if unknown:
+                    raise unknown[0]  # every part has finished: nothing is left running
             pending = []
             unheld = _unheld_parts(parts, outcomes, visible_at_ms is not None)
             for positions, outcome in zip(parts.values(), outcomes):
@@ -134,6 +149,7 @@ class PayloadSender:
         rotated = groups[home:] + groups[:home] if visible_at_ms is None else [groups[home]]
         targets = [(group, address) for group in rotated for address in group.addresses]
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
+        unknown: QmqError | None = None  # a hold some address may have stored regardless
         for group, address in targets:
             try:
                 results: list[dict[str, Any]] = []
@@ -159,9 +175,11 @@ class PayloadSender:
                 log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
                          self.kind, group.group, address, subject, exc)
                 last_error = exc
+                if visible_at_ms is not None and isinstance(exc, ANSWER_UNKNOWN):
+                    unknown = exc
                 if isinstance(exc, ConnectionLost):
                     await self.pool.discard(address)
-        return last_error
+        return unknown or last_error
 
     async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
         """Ask every broker group of ``subject`` to drop these held messages (``cancel_held``):

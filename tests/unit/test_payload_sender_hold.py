@@ -169,3 +169,26 @@ async def test_a_cancel_of_a_held_message_asks_a_group_producers_may_not_use_now
     routes.producer = [_G1]
     assert await sender.cancel_held("s", [peek_message_id(payload)]) == [True]
     assert brokers.held["a:1"] == set()
+
+
+
+class _RefreshDropsHome:
+    """The cached producer route lists g0 and g1; a refresh (after the failed attempt) no
+    longer lists g0, whose master is gone and its slave not yet promoted."""
+
+    async def get(self, subject, role):
+        return SimpleNamespace(groups=[_G0, _G1])
+
+    async def refresh(self, subject, role):
+        return SimpleNamespace(groups=[_G1])
+
+
+async def test_a_hold_whose_answer_was_lost_is_not_held_by_a_second_group_after_the_route_changed():
+    # reviewho2 N1: the retry recomputed the ids' homes over the refreshed route (g0 gone).
+    payload = _at_home(0)
+    brokers = _Brokers(dies_after_write={"a:1"})
+    sender = _sender_over(_RefreshDropsHome(), brokers)
+    with pytest.raises(ConnectionLost):  # the dispatcher sends it at its due time instead
+        await sender.send("s", [payload], [10_000])
+    holders = sorted(a for a, ids in brokers.held.items() if peek_message_id(payload) in ids)
+    assert holders == ["a:1"], f"held by {holders}: each would deliver it at its due time"
