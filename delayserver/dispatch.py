@@ -48,6 +48,11 @@ HOT_BACKLOG_ENTRIES = 4_096
 HOT_CHUNK_ENTRIES_MAX = 32_768
 # Refusals the realtime side will repeat for ever: such a message is recorded as dispatched.
 REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
+# A handed message a broker dropped at a cancel is known as cancelled only here, in memory (the
+# store recorded it as dispatched): kept this long past its due time, so a repeated cancel
+# meanwhile says already_cancelled, not already_dispatched (review s10, N3; after a restart the
+# store's answer stands: docs/REPLICATION.md 16). Cancels are few: the memory is small.
+HANDED_CANCELLED_KEEP_MS = 3_600_000
 # Answers to a hand-off of one message that send it at its due time instead: refused for good,
 # or its home group is an older server (a mixed-version route, PayloadSender.send).
 HOLD_REFUSED = (*REFUSED_FOR_GOOD, NotSupported.code)
@@ -88,7 +93,8 @@ class Dispatcher:
       never changed (a refused hand-off passes ``use_hold=False`` down, it never clears this
       field that every worker reads); ``handed``:
       message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
-      until its due time passes (a cancel asks the broker); ``no_hold``: told when a broker did not
+      until its due time passes (a cancel asks the broker; a cancelled one is kept
+      HANDED_CANCELLED_KEEP_MS longer); ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
       awaited before a hold of messages due up to a time is sent (the handed record,
       ``HandOff.recorded``); when it raises, they are sent at their due time.
@@ -340,8 +346,9 @@ class Dispatcher:
 
     def prune_handed(self, now_ms: int) -> int:
         """Forget the handed messages whose due time has passed (a cancel of one is too late
-        anyway); returns how many."""
-        gone = [i for i, (_subject, due, _cancelled) in self.handed.items() if due <= now_ms]
+        anyway), a cancelled one only HANDED_CANCELLED_KEEP_MS after it; returns how many."""
+        gone = [i for i, (_subject, due, cancelled) in self.handed.items()
+                if due + (HANDED_CANCELLED_KEEP_MS if cancelled else 0) <= now_ms]
         for message_id in gone:
             del self.handed[message_id]
         return len(gone)

@@ -691,3 +691,35 @@ async def test_three_cancels_at_once_whose_first_fails_never_say_already_dispatc
         assert kinds == ["ConnectionLost", "already_cancelled", "cancelled"], kinds
     finally:
         await scheduler.stop()
+
+
+class _DroppingBroker(HoldingBroker):
+    """Drops a held message once: True the first time, False after (it holds it no more)."""
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        held = {i for _, i, _ in self.held}
+        answers = [i in held and i not in self.cancel_answers for i in ids]
+        self.cancel_answers.update(dict.fromkeys(ids, False))
+        return answers
+
+
+async def test_a_repeated_cancel_after_the_due_time_of_a_handed_message_the_broker_dropped_says_already_cancelled(
+        tmp_path):
+    # reviewho2 N3 (its after_due case): the drop was forgotten at the due time.
+    clock = FakeClock()
+    broker = _DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert [i for _, i, _ in broker.held] == [m.id]
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        clock.advance(LEAD_MS + 2_000)
+        await settle(scheduler)
+        scheduler.dispatcher.prune_handed(clock())  # the housekeeping's round
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await scheduler.stop()
