@@ -67,6 +67,16 @@ async def schedule(scheduler: Scheduler, clock: FakeClock, due_ms: int, *bodies:
     return messages
 
 
+async def into_the_lead(scheduler: Scheduler, clock: FakeClock, *bodies: bytes):
+    """``bodies`` scheduled due 10 s from now, then the clock moved to where their hand-off
+    step comes within the lead and the scheduler settled: (the due time, the messages)."""
+    due = clock() + 10_000
+    messages = await schedule(scheduler, clock, due, *bodies)
+    clock.advance(10_000 - LEAD_MS)
+    await settle(scheduler)
+    return due, messages
+
+
 async def restarted(tmp_path, clock, broker: HoldingBroker, lead_ms: int) -> Scheduler:
     """The scheduler of ``started``'s store opened again 100 ms later, hand-off lead
     ``lead_ms`` (a restart, or a slave promoted with the same store)."""
@@ -126,10 +136,7 @@ async def test_a_broker_that_does_not_hold_gets_each_message_at_its_due_time(tmp
     broker = HoldingBroker(clock, holds=False)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        await schedule(scheduler, clock, due, b"a", b"b")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, _ = await into_the_lead(scheduler, clock, b"a", b"b")
         assert broker.received == [] and broker.held == []
         clock.advance(LEAD_MS - 1)
         await settle(scheduler)
@@ -161,10 +168,7 @@ async def test_a_hold_whose_answer_was_lost_is_never_held_again_but_sent_at_its_
     broker = _AnswerLostBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         for _ in range(LEAD_MS // 250 - 1):  # the retry backoffs of the old path pass
             clock.advance(250)
             await settle(scheduler)
@@ -181,10 +185,7 @@ async def test_a_cancel_of_a_handed_message_says_what_the_broker_answered(tmp_pa
     broker = HoldingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        kept, dropped = await schedule(scheduler, clock, due, b"kept", b"dropped")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, (kept, dropped) = await into_the_lead(scheduler, clock, b"kept", b"dropped")
         assert len(broker.held) == 2
         broker.cancel_answers = {dropped.id: True}
         assert await scheduler.cancel(dropped.id, due) == "cancelled"
@@ -201,10 +202,7 @@ async def test_a_step_with_fewer_messages_than_the_minimum_is_dispatched_at_its_
     broker = HoldingBroker(clock)
     scheduler = await started(tmp_path, clock, broker, min_messages=3)
     try:
-        due = clock() + 10_000
-        await schedule(scheduler, clock, due, b"a", b"b")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, _ = await into_the_lead(scheduler, clock, b"a", b"b")
         assert broker.held == [] and broker.received == []
         clock.advance(LEAD_MS)
         await settle(scheduler)
@@ -376,10 +374,7 @@ async def test_two_cancels_of_a_handed_message_at_once_never_say_already_dispatc
     broker = DroppingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         broker.cancel_answers = {m.id: True}
         answers = await asyncio.gather(scheduler.cancel(m.id, due), scheduler.cancel(m.id, due))
         assert sorted(answers) == ["already_cancelled", "cancelled"]
@@ -411,10 +406,7 @@ async def test_a_hand_off_refused_per_message_is_sent_at_its_due_time_not_given_
     writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
     scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.received == []
         clock.advance(LEAD_MS)
         await settle(scheduler)
@@ -500,10 +492,7 @@ async def test_a_cancel_of_a_message_never_handed_off_never_asks_the_broker(
                                      cancel_held=broker.cancel_held)
     await scheduler.start()
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.held == []
         assert await scheduler.cancel(m.id, due) == "cancelled"
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
@@ -549,10 +538,7 @@ async def test_a_hand_off_whose_record_cannot_be_written_is_sent_at_the_due_time
             raise DiskFull("delay/donelog", 1)
 
         scheduler.handoff.record_handed = full
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.held == [] and broker.received == []
         clock.advance(LEAD_MS)
         await settle(scheduler)
@@ -595,10 +581,7 @@ async def test_a_confirmed_hand_off_is_traced_handed_naming_the_broker_group_hol
     writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
     scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
     try:
-        due = clock() + 10_000
-        plain, tagged = await schedule(scheduler, clock, due, b"a", b"b")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, (plain, tagged) = await into_the_lead(scheduler, clock, b"a", b"b")
         writer.flush()
         handed = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "handed"]
         assert sorted((e["msg_id"], e["reason"], e["deliver_at_ms"], e["ts_ms"])
@@ -681,10 +664,7 @@ async def test_three_cancels_at_once_whose_first_fails_never_say_already_dispatc
     broker = FailFirstThenDropOnce(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         answers = await asyncio.gather(*(scheduler.cancel(m.id, due) for _ in range(3)),
                                        return_exceptions=True)
         kinds = sorted(a if isinstance(a, str) else type(a).__name__ for a in answers)
@@ -693,29 +673,16 @@ async def test_three_cancels_at_once_whose_first_fails_never_say_already_dispatc
         await scheduler.stop()
 
 
-class _DroppingBroker(HoldingBroker):
-    """Drops a held message once: True the first time, False after (it holds it no more)."""
-
-    async def cancel_held(self, subject, ids):
-        self.cancels.append((subject, ids))
-        held = {i for _, i, _ in self.held}
-        answers = [i in held and i not in self.cancel_answers for i in ids]
-        self.cancel_answers.update(dict.fromkeys(ids, False))
-        return answers
-
-
 async def test_a_repeated_cancel_after_the_due_time_of_a_handed_message_the_broker_dropped_says_already_cancelled(
         tmp_path):
     # reviewho2 N3 (its after_due case): the drop was forgotten at the due time.
     clock = FakeClock()
-    broker = _DroppingBroker(clock)
+    broker = DroppingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert [i for _, i, _ in broker.held] == [m.id]
+        broker.cancel_answers = {m.id: True}
         assert await scheduler.cancel(m.id, due) == "cancelled"
         clock.advance(LEAD_MS + 2_000)
         await settle(scheduler)
