@@ -53,7 +53,12 @@ async def test_a_hot_slot_handed_off_ahead_arrives_once_on_time_with_one_dispatc
     assert {e["server"].split(":")[0] for e in dispatched} == {"realtime"}
     assert min(e["lateness_ms"] for e in dispatched) >= 0
     handed = [e for e in events if e["event"] == "handed"]
-    assert {e["msg_id"] for e in handed} == {r.message_id for r in [*receipts, doomed]}
+    # Every message of the hot step is handed off; the doomed one, sent after them, is too
+    # unless it reached the delay server after its step was counted (then it waits in the
+    # schedule, where the cancel dropped it: docs/REPLICATION.md 16).
+    handed_ids = {e["msg_id"] for e in handed}
+    assert {r.message_id for r in receipts} <= handed_ids
+    assert handed_ids <= {r.message_id for r in [*receipts, doomed]}
     assert {e["reason"] for e in handed} == {e["server"] for e in dispatched}, \
         "handed names the group that holds the message (the audit's holder)"
     assert {e["server"].split(":")[0] for e in handed} == {"delay"}
