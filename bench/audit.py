@@ -43,7 +43,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tracelog.events import TraceWriter, subscription_event, trace_event  # noqa: E402
+from tracelog.events import subscription_event, trace_event
+from tracelog.writer import TraceWriter  # noqa: E402
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3_600_000  # simulated time the trace covers

@@ -37,7 +37,7 @@ from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
 from delayserver.tracing import DelayTracer
 from wire.message import Message, encode_message
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 
 BODY_BYTES = 256
 SEND_CHUNK = 256  # messages per schedule() call while storing

@@ -30,7 +30,7 @@ from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
 from wire.message import Message, encode_message
 from wire.protocol import Ack, Pull, encode_frame, pull_response
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 
 BODY_BYTES = 256
 SEND_BATCH = 256

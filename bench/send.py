@@ -30,7 +30,7 @@ from realtime.config import RealtimeConfig
 from serverkit.server import tune_gc
 from realtime.tracing import BrokerTracer
 from wire.message import Message, encode_message
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 
 BODY_BYTES = 256
 SUBJECT = "bench.send"

@@ -29,7 +29,7 @@ import time
 from serverkit.send_check import Checked, QuickCheck
 from realtime.tracing import BrokerTracer
 from wire.message import Message, encode_message
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 
 BODY_BYTES = 256
 EVENTS_PER_MESSAGE = 4  # produced, stored, pulled, acked

@@ -12,14 +12,9 @@ from typing import Container, Iterable, Sequence
 
 from serverkit.send_check import Checked
 from tracelog.peek import dispatched_lines, peek_trace_members, trace_members
-from tracelog.events import (
-    PRODUCED_MEMBER,
-    TraceWriter,
-    _json_str,
-    message_members,
-    reason_member,
-    subject_member,
-)
+from tracelog.events import (PRODUCED_MEMBER, _json_str, message_members, reason_member,
+                             subject_member)
+from tracelog.writer import TraceWriter
 
 # Most messages whose quick-check fields are kept from their commit to their dispatch (~300
 # bytes each, ~30 MB): a hot slot of up to this many is traced at dispatch without decoding.

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from tracelog.events import HOUR_MS, find_trace_dirs, hour_dir_name, line_events
+from tracelog.events import HOUR_MS, hour_dir_name
+from tracelog.reading import find_trace_dirs, line_events
 
 # Events one lookup returns at most (a message redelivered or retried many times has many).
 TRACE_EVENTS_MAX = 1000

@@ -5,7 +5,7 @@
               [--allow-overdue] [--allow-lost] [--class-archive-dir DIR] [--json]
 
 T is ISO 8601 (a time without a zone is UTC) or epoch milliseconds. ``--data-dir`` finds every
-trace directory under a data dir (``tracelog.events.find_trace_dirs``). Exit codes (one table,
+trace directory under a data dir (``tracelog.reading.find_trace_dirs``). Exit codes (one table,
 docs/AUDIT.md): 0 nothing lost, overdue or early; 1 lost messages or early deliveries; 2 bad
 arguments or no trace files; 3 the audit itself failed (Spark error); 4 overdue messages, and
 nothing lost or early. pyspark is imported only when the command runs, so the rest of the CLI
@@ -142,7 +142,7 @@ def trace_dirs_of(args: argparse.Namespace) -> tuple[list[str], str | None]:
     for path in args.trace_dirs:
         add(path)
     for data_dir in args.data_dirs:
-        from tracelog.events import find_trace_dirs  # lazily: the CLI's client commands load us
+        from tracelog.reading import find_trace_dirs  # lazily: the CLI's client commands load us
 
         under = find_trace_dirs(data_dir)
         if not under:

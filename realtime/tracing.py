@@ -38,9 +38,9 @@ from typing import Any, Iterable, Sequence
 
 from serverkit.send_check import Checked
 from tracelog.peek import TracePeek, dispatched_lines, peek_trace_members, trace_members
-from tracelog.events import (PRODUCED_MEMBER, TraceWriter, consumer_members, json_string_literal,
-                             locator_member, message_members, reason_member,
-                             subject_member, subscription_event)
+from tracelog.events import (PRODUCED_MEMBER, consumer_members, json_string_literal, locator_member,
+                             message_members, reason_member, subject_member, subscription_event)
+from tracelog.writer import TraceWriter
 from wire.message import parse_internal_subject
 
 _peek = peek_trace_members

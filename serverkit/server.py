@@ -39,7 +39,7 @@ from serverkit.replication import NoReplication, ReplicationStatus
 from serverkit.role import ServerRole, boottime_ms
 from serverkit.role_metrics import RoleMetrics
 from serverkit.server_id import load_or_create
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 from wire.clock import wall_clock_ms
 from wire.errors import NotSupported
 from wire.protocol import Request, hello_response

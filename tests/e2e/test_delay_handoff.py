@@ -12,7 +12,7 @@ import pytest
 
 import qmq
 from tests.harness import Arrivals, consume_into, epoch_ms, start_delay_cluster, wait_for
-from tracelog.events import read_events
+from tracelog.reading import read_events
 
 CONSUMER_OPTIONS = {"wait_ms": 500, "heartbeat_interval_ms": 500, "reconnect_backoff_max_ms": 500,
                     "start": "earliest"}

@@ -508,7 +508,7 @@ async def test_stop_finishes_even_when_the_dispatcher_is_woken_in_the_same_turn(
 
 
 async def test_a_dispatch_refused_for_good_is_traced_as_given_up_and_counted(tmp_path, clock):
-    from tracelog.events import read_events
+    from tracelog.reading import read_events
 
     class Refusing(Realtime):
         async def dispatch(self, subject, payloads):

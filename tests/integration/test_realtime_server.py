@@ -13,7 +13,7 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from wire.message import decode_message, encode_message
 from wire.protocol import Leave, encode_frame
-from tracelog.events import read_events
+from tracelog.reading import read_events
 from tests.harness import wait_for
 from tests.rawclient import FakeClock, RawClient, message
 

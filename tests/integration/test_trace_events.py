@@ -12,7 +12,7 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from wire.message import Message, decode_message
 from wire.protocol import pull_columns
-from tracelog.events import read_events
+from tracelog.reading import read_events
 from tests.rawclient import RawClient
 
 

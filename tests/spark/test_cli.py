@@ -12,7 +12,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from qmq.cli import main
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 from tests.spark.scenario import DEADLINE_MS, T, scenario_events
 from tests.spark.test_delivery import DELIVERY_SCHEMA
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pyspark.testing import assertDataFrameEqual
 
-from tracelog.events import TraceWriter, trace_event
+from tracelog.events import trace_event
+from tracelog.writer import TraceWriter
 from spark_audit import load_events
 from spark_audit.load import trace_globs
 from spark_audit.schema import EVENT_SCHEMA

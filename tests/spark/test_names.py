@@ -8,7 +8,8 @@ from spark_audit import load_events
 from spark_audit.activity import give_ups
 from spark_audit.delivery import delivery_audit
 from spark_audit.names import located_give_ups, name_give_ups
-from tracelog.events import LOCATOR_FIELD_NAMES, TraceWriter, trace_event
+from tracelog.events import LOCATOR_FIELD_NAMES, trace_event
+from tracelog.writer import TraceWriter
 
 T = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 RT = "realtime:rt-1"

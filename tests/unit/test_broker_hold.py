@@ -24,7 +24,8 @@ from realtime.metrics import RealtimeMetrics
 from realtime.tracing import BrokerTracer
 from tests.harness import wait_for
 from tests.rawclient import FakeClock
-from tracelog.events import TraceWriter, read_events
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 from wire.message import Message, decode_message, encode_message
 from wire.protocol import Pull
 

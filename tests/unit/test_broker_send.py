@@ -12,7 +12,8 @@ from realtime.config import RealtimeConfig
 from realtime.tracing import BrokerTracer
 from wire.message import Message, decode_message, encode_message
 from wire.protocol import Pull
-from tracelog.events import TraceWriter, read_events
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 from tests.rawclient import FakeClock
 
 

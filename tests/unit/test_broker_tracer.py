@@ -11,8 +11,9 @@ import pytest
 from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
 from wire.message import Message, encode_message
 from serverkit.send_check import Checked
-from tracelog.events import (PRODUCED_MEMBER, TraceWriter, locator_member, message_members,
-                             read_events)
+from tracelog.events import PRODUCED_MEMBER, locator_member, message_members
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 
 T0_MS = 1_767_225_600_000
 

@@ -18,7 +18,8 @@ from delayserver.storage.store import ScheduleEntry
 from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
-from tracelog.events import TraceWriter, read_events
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 from logstore.errors import DiskFull
 from wire.errors import ConnectionLost, NotSupported, Overloaded
 from wire.limits import HOLD_AHEAD_MS_MAX

@@ -16,7 +16,7 @@ from delayserver.tracing import DelayTracer
 from delayserver.wheel import TimingWheel
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import BUCKET_MS, Broker, Held, settle, started
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 from wire.message import encode_message
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
 from delayserver.tracing import DelayTracer
-from tracelog.events import TraceWriter
+from tracelog.writer import TraceWriter
 from wire.message import decode_message, encode_message
 from tests.rawclient import FakeClock, message
 

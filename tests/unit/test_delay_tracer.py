@@ -8,7 +8,8 @@ import json
 from delayserver.tracing import DelayTracer
 from wire.message import Message, encode_message
 from serverkit.send_check import QuickCheck
-from tracelog.events import TraceWriter, read_events
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 
 T0_MS = 1_767_225_600_000
 

@@ -147,9 +147,9 @@ def test_the_outbox_and_the_idempotent_consumer_load_only_client_code() -> None:
 
 def test_the_audit_loads_the_trace_schema_without_any_server_or_client_code() -> None:
     loaded = loaded_module_names("import spark_audit.schema, spark_audit.load")
-    assert {name.split(".")[0] for name in loaded} & PACKAGES == {"spark_audit", "tracelog", "wire"}
-    # Of wire, only the clock the trace writer defaults to (it imports nothing but ``time``).
-    assert {name for name in loaded if name.split(".")[0] == "wire"} == {"wire", "wire.clock"}
+    # The trace format only: not even the writer (tracelog.writer, which brings wire's clock).
+    assert {name.split(".")[0] for name in loaded} & PACKAGES == {"spark_audit", "tracelog"}
+    assert "tracelog.writer" not in loaded
 
 
 def storage_modules() -> list[Path]:

@@ -1,4 +1,4 @@
-"""tracelog.events: the event builder, the batching hourly TraceWriter and the read_events helper."""
+"""tracelog: the event builder (events), the batching hourly TraceWriter (writer) and read_events (reading)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelog.events import (
-    EVENT_FIELD_NAMES,
-    EVENT_KINDS,
-    SUBSCRIPTION_KINDS,
-    TraceWriter,
-    consumer_members,
-    hour_dir_name,
-    message_members,
-    read_events,
-    reason_member,
-    safe_server_name,
-    subscription_event,
-    trace_event,
-)
+from tracelog.events import (EVENT_FIELD_NAMES, EVENT_KINDS, SUBSCRIPTION_KINDS, consumer_members,
+                             hour_dir_name, message_members, reason_member, safe_server_name,
+                             subscription_event, trace_event)
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 
 MESSAGE_KINDS = [kind for kind in EVENT_KINDS if kind not in SUBSCRIPTION_KINDS]
 
@@ -150,7 +141,7 @@ def test_when_batches_back_up_the_oldest_are_dropped_and_counted(tmp_path, caplo
     for i in range(7):  # [0,1] [2,3] held; 4 -> drop [0,1]; [4,5] full; 6 -> drop [2,3]
         writer.emit(ev(str(i)))
     assert writer.dropped_events == 4
-    with caplog.at_level(logging.WARNING, logger="tracelog.events"):
+    with caplog.at_level(logging.WARNING, logger="tracelog.writer"):
         writer.close()
     assert [e["msg_id"] for e in read_events([tmp_path])] == ["4", "5", "6"]
     assert "dropped 4 events" in caplog.text

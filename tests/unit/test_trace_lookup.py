@@ -6,7 +6,8 @@ import json
 import os
 
 from metaserver.trace_lookup import find_message, hour_names, trace_directories
-from tracelog.events import HOUR_MS, TraceWriter, trace_event
+from tracelog.events import HOUR_MS, trace_event
+from tracelog.writer import TraceWriter
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR_MS  # an hour boundary
 
