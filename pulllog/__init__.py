@@ -18,7 +18,8 @@ from pulllog.errors import (
     UnknownGroup,
 )
 from pulllog.state import ConsumerState, GroupState, PulledBatch, PulledEntry
-from pulllog.store import PullLogConfig, PullLogRecovery, PullLogStore
+from pulllog.config import PullLogConfig, PullLogRecovery
+from pulllog.store import PullLogStore
 
 __all__ = [
     "ActionLogGap", "ConsumerState", "CorruptAction", "CorruptCheckpoint", "GroupState",

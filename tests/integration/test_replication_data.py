@@ -15,7 +15,7 @@ import aiohttp
 
 from metaserver import MetaConfig, sqlite_url, start_metaserver
 from pulllog import PullLogConfig
-from pulllog.store import SEGMENT_SIZE_BYTES_MIN
+from pulllog.config import SEGMENT_SIZE_BYTES_MIN
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit import server_id

@@ -7,7 +7,7 @@ import pytest
 from logstore import DiskFull, LogWriteFailed
 from logstore.faults import FaultPlan
 from pulllog import PullLogConfig, PullLogStore, UnknownGroup
-from pulllog.store import SEGMENT_SIZE_BYTES_MIN
+from pulllog.config import SEGMENT_SIZE_BYTES_MIN
 
 S, G = "orders", "billing"
 TINY = PullLogConfig(segment_size_bytes_max=4096, checkpoint_every_actions=10)
