@@ -244,6 +244,10 @@ class _BrokerCollector(Collector):
             "later; any other write failure stops making them visible and leaves the broker "
             "read-only until restarted (recovery holds them again).",
             value=broker.handoffs.visibility_failures)
+        yield CounterMetricFamily(
+            "qmq_realtime_commit_publish_failures", "Stored group commits whose publishing "
+            "raised (a bug): their sends were answered internal (a resend is a duplicate) and "
+            "later commits went on.", value=broker.sends.commits.publish_failures)
 
 
 __all__ = ["CommitSizes", "OTHER_SUBJECTS", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]

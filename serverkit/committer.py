@@ -13,6 +13,13 @@ A failed commit is triaged here, the same for both servers:
 | ``OutOfDescriptors``         | ``Overloaded``        | keeps taking sends (files may close)|
 | ``LogWriteFailed`` (sticky)  | ``Internal``          | goes read-only until restarted      |
 | anything else (our bug)      | ``Internal``          | logs the traceback, stays up        |
+
+Publishing a stored batch (``committed``: answers, the tail, traces) can raise too, on a bug
+path: the batch is then answered ``Internal`` (retriable: its messages ARE stored, so the
+producer's resend with the same ids is a duplicate, not a second copy), the failure is logged
+with the batch's size and counted in ``publish_failures``, and the committer goes on with the
+next commit. Before, the exception ended the committer task and no send of that or any later
+commit was answered until a restart.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class GroupCommitter(Generic[T, R]):
         self._failed = failed
         self._write_failed = write_failed
         self._wakeup = asyncio.Event()
+        # Stored batches whose publishing raised (a bug path): answered Internal instead
+        # (metrics: qmq_realtime_commit_publish_failures).
+        self.publish_failures = 0
 
     def wake(self) -> None:
         """Event loop: something was queued in ``pending``; the committer takes it soon."""
@@ -98,7 +108,25 @@ class GroupCommitter(Generic[T, R]):
                 self._write_failed()
             self._failed(batch, error)
             return
-        self._committed(batch, result)
+        try:
+            self._committed(batch, result)
+        except Exception as exc:
+            self._publish_failed(batch, exc)
+
+    def _publish_failed(self, batch: list[T], exc: Exception) -> None:
+        """``committed`` raised for a stored batch (our bug): answer it ``Internal``
+        (retriable) and keep the committer running for the next commits."""
+        self.publish_failures += 1
+        log.error("%s stored a batch of %d sends but publishing it failed (%s: %s); they are "
+                  "answered internal (retriable: a resend is a duplicate) and later commits "
+                  "go on; publish failures so far: %d", self.name, len(batch),
+                  type(exc).__name__, exc, self.publish_failures, exc_info=exc)
+        error = Internal(f"{self.name} stored the batch of {len(batch)} sends but failed to "
+                         f"publish it: {type(exc).__name__}: {exc}; resend (a duplicate)")
+        try:
+            self._failed(batch, error)
+        except Exception:  # never lose the committer to the answering of a failure
+            log.exception("%s could not answer a batch whose publishing failed", self.name)
 
 
 __all__ = ["GroupCommitter", "commit_error"]

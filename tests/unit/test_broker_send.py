@@ -4,11 +4,14 @@ own answers, and every stored message reaches the tail, the pulls and the trace 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
+from realtime.metrics import RealtimeMetrics
 from realtime.tracing import BrokerTracer
 from wire.message import Message, decode_message, encode_message
 from wire.protocol import Pull
@@ -76,3 +79,35 @@ async def test_a_commit_of_mixed_subjects_bad_messages_and_a_repeated_id_answers
     stored = [e["msg_id"] for e in read_events([broker.tracer.writer.directory])
               if e["event"] == "stored"]
     assert sorted(stored) == ["a0", "a1", "b0", "b1"]
+
+
+async def test_a_bug_publishing_a_commit_answers_its_sends_internal_and_later_sends_are_stored(
+        broker, monkeypatch):
+    publish = broker.sends._publish
+    calls = []
+
+    def publish_raising_once(batch, sequences):
+        calls.append(len(sequences))
+        if len(calls) == 1:
+            raise KeyError("injected publish bug")
+        publish(batch, sequences)
+
+    monkeypatch.setattr(broker.sends, "_publish", publish_raising_once)
+    async with asyncio.timeout(30):  # generous: before the fix it was never answered
+        first = await broker.send([payload("a", "a0", b"a0"), payload("a", "a1", b"a1")])
+    assert [(r["id"], r["error"]["code"]) for r in first] == [("a0", "internal"),
+                                                              ("a1", "internal")]
+    assert "KeyError" in first[0]["error"]["message"]
+    assert broker.sends.commits.publish_failures == 1
+    # The committer is still running: a later send is stored and answered, and the resend of
+    # the failed one (it was stored) is a duplicate.
+    async with asyncio.timeout(30):
+        second = await broker.send([payload("a", "a2", b"a2")])
+    assert [r["status"] for r in second] == ["stored"]
+    again = await broker.send([payload("a", "a0", b"a0"), payload("a", "a1", b"a1")])
+    assert [r["status"] for r in again] == ["duplicate", "duplicate"]
+    assert broker.message_errors.get("internal") == 2
+    metrics = RealtimeMetrics("rt")
+    metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
+    assert metrics.registry.get_sample_value(
+        "qmq_realtime_commit_publish_failures_total") == 1

@@ -99,3 +99,69 @@ async def test_commit_pending_with_nothing_queued_makes_no_store_call() -> None:
     server = Server()
     await server.committer.commit_pending()
     assert server.commits == [] and server.answers == []
+
+
+async def test_a_bug_while_publishing_a_stored_batch_answers_it_internal_and_later_commits_go_on(
+        caplog) -> None:
+    server = Server()
+    published = server.committed
+
+    def committed_raising_once(batch: list[str], count: int) -> None:
+        if batch == ["a", "b"]:
+            raise IndexError("injected publish bug")
+        published(batch, count)
+
+    server.committer._committed = committed_raising_once
+    task = asyncio.create_task(server.committer.run())
+    try:
+        server.committer.pending.extend(["a", "b"])
+        server.committer.wake()
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if server.answers:
+                break
+        (batch, error), = server.answers
+        assert batch == ["a", "b"] and isinstance(error, QmqError)
+        assert error.code == "internal" and error.retriable
+        assert "IndexError: injected publish bug" in error.message
+        assert "test group t1 stored the batch of 2 sends" in error.message
+        assert server.committer.publish_failures == 1
+        assert any("publishing it failed (IndexError: injected publish bug)" in r.getMessage()
+                   and "batch of 2 sends" in r.getMessage() for r in caplog.records)
+        # The committer task survived: the next send is committed and answered.
+        server.committer.pending.append("c")
+        server.committer.wake()
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if len(server.answers) == 2:
+                break
+        assert not task.done()
+        assert server.answers[-1] == (["c"], 1)
+        assert not server.readonly
+    finally:
+        task.cancel()
+
+
+async def test_a_failure_answering_a_batch_whose_publishing_failed_leaves_the_committer_running(
+) -> None:
+    server = Server()
+
+    def raising(*_args: object) -> None:
+        raise RuntimeError("injected")
+
+    server.committer._committed = raising
+    server.committer._failed = raising
+    task = asyncio.create_task(server.committer.run())
+    try:
+        server.committer.pending.append("a")
+        server.committer.wake()
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if server.committer.publish_failures:
+                break
+        assert server.committer.publish_failures == 1
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not task.done()
+    finally:
+        task.cancel()
