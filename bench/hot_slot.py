@@ -13,6 +13,7 @@ last receipt (and the consumer's), say which side is the bound.
     .venv/bin/python -m bench.hot_slot                     # 20,000 messages, 3 runs
     .venv/bin/python -m bench.hot_slot --runs 1 --spy DIR  # py-spy --gil of both processes
     .venv/bin/python -m bench.hot_slot --visible           # the consumer's drain alone
+    .venv/bin/python -m bench.hot_slot --handoff-lead-ms 3000  # with the hand-off on
 
 ``--visible`` measures W2's floor on the consumer side: the N messages are sent as realtime
 messages first (visible at once), then the consumer process starts and drains them; it prints
@@ -34,9 +35,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from typing import Any
 
-from bench._cluster import percentile, process_cpu_s
+from bench._cluster import percentile, process_cpu_s, thread_cpu_s
 from bench.peers import servers
 from bench.peers.measure import Clients
 
@@ -46,6 +48,7 @@ CLIENT_TIMEOUT_S = 120.0
 TRACE_FLUSH_WAIT_S = 1.5  # the trace writer flushes at least once a second
 STAGES = ("dispatched", "stored", "pulled", "acked")
 PY_SPY_DEFAULT = "/work/tools-venv/bin/py-spy"
+ROUNDS_SHOWN = 24  # distinct "stored" times printed per run
 
 
 def _stage_times(directory: str, due_ms: int) -> dict[str, list[int]]:
@@ -85,9 +88,10 @@ def _spy(py_spy: str, pid: int, out: str, seconds: float) -> subprocess.Popen[by
 
 
 def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
-            run: int) -> dict[str, Any]:
-    """One W2 of ``count`` messages against a fresh ``qmq up``; its figures."""
-    setting = servers.SETTINGS_BY_KEY["pyqmq"]
+            run: int, handoff_lead_ms: int | None = None) -> dict[str, Any]:
+    """One W2 of ``count`` messages against a fresh ``qmq up`` (its delay server's
+    ``handoff_lead_ms`` set when given); its figures."""
+    setting = servers.with_handoff_lead(servers.SETTINGS_BY_KEY["pyqmq"], handoff_lead_ms)
     running = servers.start(setting, None)
     clients = Clients(setting, running, sys.executable)
     spies: list[subprocess.Popen[bytes]] = []
@@ -100,18 +104,21 @@ def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
         due_ms = _due_instant(produced_at)
         time.sleep(max(0.0, due_ms / 1000 - 0.3 - time.time()))
         server_cpu_s = process_cpu_s(running.pids[0])
+        threads_before = thread_cpu_s(running.pids[0])
         if spy_dir:
             spies = [_spy(py_spy, pid, os.path.join(spy_dir, f"{run}-{name}.txt"), spy_seconds)
                      for name, pid in (("server", running.pids[0]), ("consumer", consumer_pid))]
         out = clients.results(CLIENT_TIMEOUT_S)
         server_cpu_s = process_cpu_s(running.pids[0]) - server_cpu_s
+        threads = thread_cpu_s(running.pids[0])
+        threads = {name: threads[name] - threads_before.get(name, 0.0) for name in threads}
         produced, consumed = out["produce_delayed"], out["consume"]
         time.sleep(TRACE_FLUSH_WAIT_S)
         return {"due_ms": due_ms, "stored_before_ms": due_ms - produced["end_wall_ms"],
                 "first_ms": consumed["first_wall_ms"] - due_ms,
                 "last_ms": consumed["last_wall_ms"] - due_ms, "early": consumed["early"],
                 "missing": consumed["missing"], "server_cpu_s": server_cpu_s,
-                "consumer_cpu_s": consumed["cpu_s"],
+                "consumer_cpu_s": consumed["cpu_s"], "threads_cpu_s": threads,
                 "stages": _stage_times(running.directory, due_ms)}
     finally:
         for spy in spies:
@@ -156,6 +163,10 @@ def _print_run(run: int, figures: dict[str, Any]) -> None:
           f"early {figures['early']}, missing {figures['missing']}; CPU from the due instant "
           f"to the last receipt: qmq up {figures['server_cpu_s']:.2f} s, consumer (whole run) "
           f"{figures['consumer_cpu_s']:.2f} s", flush=True)
+    busy = sorted(((s, name) for name, s in figures["threads_cpu_s"].items() if s >= 0.005),
+                  reverse=True)
+    print("  qmq up threads (CPU-ms): "
+          + ", ".join(f"{name} {1000 * s:.0f}" for s, name in busy), flush=True)
     for stage in STAGES:
         values = sorted(figures["stages"][stage])
         if values:
@@ -163,6 +174,13 @@ def _print_run(run: int, figures: dict[str, Any]) -> None:
                              (("p10", 0.1), ("p50", 0.5), ("p90", 0.9)))
             print(f"  {stage:<10} n={len(values):<6} first {values[0]} {marks} "
                   f"last {values[-1]} ms", flush=True)
+    # A store call stamps each of its messages with one time: the distinct times of "stored"
+    # are the store calls (visibility rounds, or dispatch batches with the hand-off off).
+    rounds = Counter(figures["stages"]["stored"])
+    if rounds:
+        print("  stored by time (ms: messages): "
+              + ", ".join(f"{ms}: {n}" for ms, n in sorted(rounds.items())[:ROUNDS_SHOWN])
+              + (" ..." if len(rounds) > ROUNDS_SHOWN else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spy-seconds", type=float, default=2.0)
     parser.add_argument("--visible", action="store_true",
                         help="the consumer's drain of messages already visible, alone")
+    parser.add_argument("--handoff-lead-ms", type=int, default=None, metavar="MS",
+                        help="the delay server hands the slot to the broker this long ahead of "
+                             "the due instant (handoff_lead_ms; default: the config's)")
     args = parser.parse_args(argv)
     if args.visible:
         drains = []
@@ -189,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.spy:
         os.makedirs(args.spy, exist_ok=True)
-    print(f"bench.hot_slot: {args.messages:,} messages due at one instant, {args.runs} run(s); "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    lead = ("" if args.handoff_lead_ms is None
+            else f"; handoff_lead_ms {args.handoff_lead_ms}")
+    print(f"bench.hot_slot: {args.messages:,} messages due at one instant, {args.runs} run(s)"
+          f"{lead}; load average {os.getloadavg()[0]:.2f}", flush=True)
     runs = []
     for run in range(1, args.runs + 1):
-        runs.append(one_run(args.messages, args.spy, args.py_spy, args.spy_seconds, run))
+        runs.append(one_run(args.messages, args.spy, args.py_spy, args.spy_seconds, run,
+                            args.handoff_lead_ms))
         _print_run(run, runs[-1])
     print(f"median of {len(runs)}: last received "
           f"{statistics.median(r['last_ms'] for r in runs):.0f} ms after the due instant; "

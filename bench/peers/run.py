@@ -176,12 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "early, or a failed send, under DIR instead of removing it")
     parser.add_argument("--no-install", action="store_true",
                         help="fail instead of installing a missing peer")
+    parser.add_argument("--handoff-lead-ms", type=int, default=None, metavar="MS",
+                        help="pyqmq's delay server hands a hot slot to the broker this long "
+                             "ahead of its due time (handoff_lead_ms; default: the config's)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = _parse_systems(args.systems)
+    settings = [servers.with_handoff_lead(s, args.handoff_lead_ms) if s.system == "pyqmq" else s
+                for s in _parse_systems(args.systems)]
     workloads = [w for w in report.WORKLOADS if w in args.workloads.split(",")]
     unknown = set(args.workloads.split(",")) - set(report.WORKLOADS)
     if unknown or not workloads:

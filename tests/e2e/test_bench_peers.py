@@ -58,6 +58,30 @@ def test_a_system_name_selects_both_of_its_settings_in_table_order():
         run._parse_systems("kafka")
 
 
+def test_a_hand_off_lead_is_written_into_the_config_of_qmq_up_and_only_pyqmq_takes_one(
+        tmp_path, monkeypatch):
+    pyqmq = servers.SETTINGS_BY_KEY["pyqmq"]
+    assert servers.with_handoff_lead(pyqmq, None) is pyqmq
+    led = servers.with_handoff_lead(pyqmq, 3_000)
+    assert (led.key, led.handoff_lead_ms, pyqmq.handoff_lead_ms) == ("pyqmq", 3_000, None)
+    with pytest.raises(ValueError, match="handoff_lead_ms 3000 is a pyqmq setting, not nats"):
+        servers.with_handoff_lead(servers.SETTINGS_BY_KEY["nats-always"], 3_000)
+    started: list[list[str]] = []
+
+    def start_process(name, argv, *args, **kwargs):
+        started.append(argv)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(servers, "start_process", start_process)
+    with pytest.raises(RuntimeError):
+        servers._start_pyqmq(led, str(tmp_path))
+    config = started[0][started[0].index("--config") + 1]
+    assert open(config, encoding="utf-8").read() == "[delay]\nhandoff_lead_ms = 3000\n"
+    with pytest.raises(RuntimeError):
+        servers._start_pyqmq(pyqmq, str(tmp_path))
+    assert "--config" not in started[1]
+
+
 def test_a_nats_schedule_is_an_rfc3339_utc_instant_to_the_millisecond():
     assert at_header(1_795_622_400_123) == "@at 2026-11-25T16:00:00.123Z"
 
