@@ -48,11 +48,6 @@ HOT_BACKLOG_ENTRIES = 4_096
 HOT_CHUNK_ENTRIES_MAX = 32_768
 # Refusals the realtime side will repeat for ever: such a message is recorded as dispatched.
 REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
-# A handed message a broker dropped at a cancel is known as cancelled only here, in memory (the
-# store recorded it as dispatched): kept this long past its due time, so a repeated cancel
-# meanwhile says already_cancelled, not already_dispatched (review s10, N3; after a restart the
-# store's answer stands: docs/REPLICATION.md 16). Cancels are few: the memory is small.
-HANDED_CANCELLED_KEEP_MS = 3_600_000
 # Answers to a hand-off of one message that send it at its due time instead: refused for good,
 # or its home group is an older server (a mixed-version route, PayloadSender.send).
 HOLD_REFUSED = (*REFUSED_FOR_GOOD, NotSupported.code)
@@ -93,8 +88,10 @@ class Dispatcher:
       never changed (a refused hand-off passes ``use_hold=False`` down, it never clears this
       field that every worker reads); ``handed``:
       message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
-      until its due time passes (a cancel asks the broker; a cancelled one is kept
-      HANDED_CANCELLED_KEEP_MS longer); ``no_hold``: told when a broker did not
+      until its due time passes (a cancel asks the broker; the store records a drop, so a
+      later cancel finds it there: ``DelayStore.record_dropped``); ``pending_drops``: message
+      id -> deliver_at_ms of handed messages a broker dropped before their dispatch was
+      recorded: the recorder marks them dropped in the store once it is; ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
       awaited before a hold of messages due up to a time is sent (the handed record,
       ``HandOff.recorded``); when it raises, they are sent at their due time.
@@ -124,6 +121,7 @@ class Dispatcher:
         self._no_hold = no_hold
         self._recorded = recorded
         self.handed: dict[str, tuple[str, int, bool]] = {}
+        self.pending_drops: dict[str, int] = {}
 
     # ------------------------------------------------------------------ workers
 
@@ -346,11 +344,13 @@ class Dispatcher:
 
     def prune_handed(self, now_ms: int) -> int:
         """Forget the handed messages whose due time has passed (a cancel of one is too late
-        anyway), a cancelled one only HANDED_CANCELLED_KEEP_MS after it; returns how many."""
-        gone = [i for i, (_subject, due, cancelled) in self.handed.items()
-                if due + (HANDED_CANCELLED_KEEP_MS if cancelled else 0) <= now_ms]
+        anyway; one a broker dropped is known to the store); returns how many."""
+        gone = [i for i, (_subject, due, _cancelled) in self.handed.items() if due <= now_ms]
         for message_id in gone:
             del self.handed[message_id]
+        # A drop whose hold was never recorded (its answer lost): nothing left to mark.
+        for message_id in [i for i, due in self.pending_drops.items() if due <= now_ms]:
+            del self.pending_drops[message_id]
         return len(gone)
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
@@ -398,6 +398,8 @@ class Dispatcher:
                     for batch in waiting:
                         self.tracer.gave_up(batch.payloads, batch.confirmed_at_ms,
                                             "dispatch_unrecorded")
+                if self.pending_drops:
+                    await self._mark_drops(waiting)
                 for position, batch in enumerate(waiting):
                     self._confirmed(batch)
                     if position + 1 < len(waiting):
@@ -405,6 +407,23 @@ class Dispatcher:
         finally:
             # Cancelled (stop) with batches queued: stop() records them.
             self._recording = False
+
+    async def _mark_drops(self, waiting: list[_Confirmed]) -> None:
+        """Record in the store the drops of handed messages of ``waiting`` (just recorded as
+        dispatched) a broker dropped at a cancel meanwhile (``pending_drops``)."""
+        for batch in waiting:
+            if not batch.handed:
+                continue
+            for payload in batch.payloads:
+                message_id = peek_message_id(payload)
+                due_ms = self.pending_drops.pop(message_id, None)
+                if due_ms is None:
+                    continue
+                try:
+                    await self._io(self.store.record_dropped, message_id, due_ms)
+                except Exception:
+                    log.exception("the drop of handed message %s due at %d was not recorded",
+                                  message_id, due_ms)
 
     async def _yield_between(self, rest: list[_Confirmed]) -> None:
         """Give the event loop a turn between two recorded batches (a hot slot's round holds

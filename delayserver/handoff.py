@@ -45,6 +45,9 @@ StoreSubject = Callable[[str, int], Awaitable[str | None]]
 # Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
 # waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
 RecordHanded = Callable[[int], Awaitable[None]]
+# Records durably that a broker dropped a handed message at a cancel (DelayStore.record_dropped,
+# then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
+RecordDropped = Callable[[str, int], Awaitable[str]]
 CANCELLED = ("cancelled", "already_cancelled")
 # A broker makes a held message visible at its due time, give or take its timer's lateness: a
 # cancel this soon after the due time still asks it (it may drop the message yet).
@@ -91,13 +94,15 @@ class HandOff:
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
                  cancel_held: CancelHeld | None, tracer: DelayTracer,
-                 record_handed: RecordHanded | None = None) -> None:
+                 record_handed: RecordHanded | None = None,
+                 record_dropped: RecordDropped | None = None) -> None:
         self.config = config
         self.clock = clock
         self.hold = hold if config.handoff_lead_ms > 0 else None  # on when given and lead > 0
         self.cancel_held = cancel_held
         self.tracer = tracer
         self.record_handed = record_handed
+        self.record_dropped = record_dropped
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
@@ -199,7 +204,8 @@ class HandOff:
         if handed is not None and handed[1] == deliver_at_ms:
             if handed[2]:
                 return "already_cancelled"
-            return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms)
+            return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms,
+                                             in_store)
         subject = await subject_of(message_id, deliver_at_ms) \
             if self._may_be_held(deliver_at_ms) else None
         if subject is None:
@@ -213,9 +219,26 @@ class HandOff:
             # Not held (made visible, or never handed: the store's answer stands), or held
             # and the store cancelled it too (it traced that).
             return outcome
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms)
+        return "cancelled"
+
+    async def _dropped(self, dispatcher: Dispatcher, message_id: str, subject: str,
+                       deliver_at_ms: int) -> None:
+        """A broker dropped the handed message at a cancel: recorded durably in the store
+        (a later cancel, after a restart or failover too, answers "already_cancelled"; one
+        whose dispatch is not recorded yet is marked once it is), remembered until its due
+        time, traced ``cancelled``. A failed record is logged: the broker dropped it, so the
+        answer "cancelled" stands (a later cancel may then say already_dispatched)."""
         dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
         self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
-        return "cancelled"
+        if self.record_dropped is None:
+            return
+        try:
+            if await self.record_dropped(message_id, deliver_at_ms) == "open":
+                dispatcher.pending_drops[message_id] = deliver_at_ms
+        except Exception:
+            log.exception("the drop of handed message %s due at %d was not recorded",
+                          message_id, deliver_at_ms)
 
     def _may_be_held(self, deliver_at_ms: int) -> bool:
         """Whether a broker may hold the message due at ``deliver_at_ms``: it can be asked,
@@ -225,7 +248,7 @@ class HandOff:
             self.clock() - HELD_CANCEL_GRACE_MS < deliver_at_ms <= self.handed_until_ms
 
     async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
-                             deliver_at_ms: int) -> str:
+                             deliver_at_ms: int, in_store: StoreCancel) -> str:
         """Cancel a message handed off ahead of its due time: the broker holding it drops it
         ("cancelled", once it confirmed: replicated as its writes are) unless it made it
         visible already ("already_dispatched"). A broker that cannot be asked raises (the
@@ -234,13 +257,13 @@ class HandOff:
             if self.cancel_held is not None else False
         if not dropped:
             dispatcher.handed.pop(message_id, None)
-            return "already_dispatched"
-        # Remembered as cancelled until its due time: a repeated cancel (an answer lost on
-        # the way) says already_cancelled.
-        dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
-        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+            # Made visible, or dropped at an earlier cancel whose record the store has.
+            return (await in_store(message_id, deliver_at_ms))[0]
+        # Recorded in the store: a repeated cancel (an answer lost on the way), after a
+        # restart or failover too, says already_cancelled.
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms)
         return "cancelled"
 
 
 __all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",
-           "HandOff", "RecordHanded", "step_end_ms", "step_ms", "take_at_ms"]
+           "HandOff", "RecordDropped", "RecordHanded", "step_end_ms", "step_ms", "take_at_ms"]

@@ -130,7 +130,7 @@ class Scheduler:
         # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
         # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
         self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
-                               self._record_handed)
+                               self._record_handed, self._record_dropped)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms
@@ -550,6 +550,14 @@ class Scheduler:
         await self._io(self.store.record_handed, until_ms)
         if self.replica.replicating:
             await self.journal_replicated()
+
+    async def _record_dropped(self, message_id: str, deliver_at_ms: int) -> str:
+        """A broker dropped a handed message (``HandOff``): recorded in the store
+        (``DelayStore.record_dropped``), on the slaves too; its answer."""
+        answer = await self._io(self.store.record_dropped, message_id, deliver_at_ms)
+        if answer == "dropped" and self.replica.replicating:
+            await self.journal_replicated()
+        return answer
 
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a

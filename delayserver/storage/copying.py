@@ -31,6 +31,7 @@ from delayserver.storage.done_journal import (
     KIND_CANCELLED,
     KIND_DISPATCHED,
     KIND_DONE_BEFORE,
+    KIND_DROPPED,
     KIND_HANDED,
     decode_journal_record,
     encode_journal_record,
@@ -247,7 +248,11 @@ class CopyingMixin:
                 self._follow_done_before(record.bucket_ms)
             elif record.kind == KIND_HANDED:
                 continue  # noted by the journal (handed_until_ms) as it was appended
-            elif record.bucket_ms >= self._done_before:
+            elif record.bucket_ms < self._done_before:
+                continue
+            elif record.kind == KIND_DROPPED:
+                self._apply_dropped(record)
+            else:
                 self._apply_done(record)
         self._maybe_checkpoint()
         return self._journal.log.end_offset
@@ -269,6 +274,22 @@ class CopyingMixin:
         removed = self._counts.remove_many(record.bucket_ms, per_subject)
         self._lower_bucket_pending(record.bucket_ms, removed)
         self._done_since_checkpoint += len(fresh)
+
+    def _apply_dropped(self: DelayStore, record: Any) -> None:  # type: ignore[misc]
+        """A dropped record (kind 5): cancel records beside the entries' dispatch records, as
+        ``record_dropped`` wrote them on the master; the counts do not change."""
+        state = self._done.state(record.bucket_ms)
+        fresh = [i for i, (o, h) in enumerate(zip(record.offsets, record.id_hashes))
+                 if (o << 32) | h not in state.cancelled]
+        if not fresh:
+            return
+        try:
+            self._done.write_entries(record.bucket_ms, KIND_CANCELLED,
+                                     [record.offsets[i] for i in fresh],
+                                     [record.id_hashes[i] for i in fresh],
+                                     [record.indexes[i] for i in fresh])
+        except StoreFailed as exc:
+            raise self._fail(exc)
 
     def _follow_done_before(self: DelayStore, bucket_ms: int) -> None:  # type: ignore[misc]
         """The master finished every bucket below ``bucket_ms``: so has this copy. Counts a copy

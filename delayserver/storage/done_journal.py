@@ -11,15 +11,16 @@ version and a CRC-32). Its body, all integers big-endian::
 
     Offset | Size  | Field
     -------+-------+-------------------------------------------------------------------
-    0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark, 4 = handed
+    0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark, 4 = handed,
+           |       | 5 = dropped (handed entries a broker dropped at a cancel)
     1      | 1     | body_version: 1
     2      | 2     | reserved: 0
-    4      | 8     | bucket_ms: u64; kinds 1 and 2: the bucket the entries are filed in;
+    4      | 8     | bucket_ms: u64; kinds 1, 2 and 5: the bucket the entries are filed in;
            |       | kind 3: the new done watermark (every bucket below it is finished);
            |       | kind 4: handed_until_ms (a message due at or before it may have been
            |       | handed to a realtime broker that holds it until its due time)
     12     | 4     | entry_count: u32 (N; 0 for kinds 3 and 4)
-    16     | 4     | subject_count: u32 (K; 0 for kinds 3 and 4)
+    16     | 4     | subject_count: u32 (K; 0 for kinds 3, 4 and 5)
     20     | 16*N  | entries: delay_log_offset u64, id_hash u32, index u32 (as in done_record)
     ...    | ...   | K times: subject_length u16, subject UTF-8, count u32: how many of the
            |       | entries are of that subject (for the pending counts; "" when unreadable)
@@ -27,8 +28,12 @@ version and a CRC-32). Its body, all integers big-endian::
 A handed record (kind 4) is written and fsynced, and replicated, before the delay server sends
 a hand-off ahead of the due time (``hold``) of messages due up to it, so a restarted or promoted
 server knows which cancels must ask the broker (docs/REPLICATION.md 16); the highest one counts.
-A server older than kind 4 refuses a journal holding one (unknown kind): upgrade the slaves
-before turning the hand-off on.
+A dropped record (kind 5) names entries recorded as dispatched (handed off) that their broker
+dropped at a cancel (``DelayStore.record_dropped``): each gets a cancel record in its bucket's
+``.cancelled`` file beside its dispatch record (the pending counts do not change: the dispatch
+took it off them), so a later cancel, after a restart or on a promoted slave too, answers
+``already_cancelled``. A server older than kind 4 (or 5) refuses a journal holding one
+(unknown kind): upgrade the slaves before turning the hand-off on.
 
 What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
 journal record, so a slave may dispatch that message again after a failover (the realtime
@@ -60,7 +65,8 @@ KIND_DISPATCHED = 1
 KIND_CANCELLED = 2
 KIND_DONE_BEFORE = 3
 KIND_HANDED = 4
-KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED)
+KIND_DROPPED = 5
+KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED, KIND_DROPPED)
 DIRECTORY = "donelog"
 
 
@@ -135,5 +141,6 @@ def journal_bucket(body: bytes) -> tuple[int, int]:
 
 
 __all__ = ["DIRECTORY", "ENTRY", "HEADER", "JournalRecord", "KIND_CANCELLED",
-           "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_HANDED", "decode_journal_record",
+           "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_DROPPED", "KIND_HANDED",
+           "decode_journal_record",
            "encode_journal_record", "journal_bucket"]

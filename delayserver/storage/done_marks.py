@@ -14,7 +14,7 @@ from typing import Sequence
 from delayserver.storage.bucket_reads import ScheduleEntry
 from delayserver.storage.copying import journal_bodies_for_dispatch
 from delayserver.storage.delay_record import U64_MAX, decode_delay_header
-from delayserver.storage.done_journal import encode_journal_record
+from delayserver.storage.done_journal import KIND_DROPPED, encode_journal_record
 from delayserver.storage.done_log import DoneState, done_key
 from delayserver.storage.done_record import KIND_CANCELLED, KIND_DISPATCHED, DoneRecord
 from delayserver.storage.errors import StoreFailed
@@ -168,9 +168,10 @@ class DoneMarksMixin:
                 return found[0][2]
         return None
 
-    def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
-        """``cancel``, also returning the message's subject when it was found (for tracing)."""
-        self._check_writable()
+    def _locate(self, message_id: str, deliver_at_ms: int
+                ) -> tuple[int, int, list[tuple[int, RawEntry, str]]]:
+        """(id hash, bucket, entries) of the stored message with this id and due time: its
+        due time's bucket, or the watermark's when it was filed late; no entries: not found."""
         if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
             raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
         id_bytes = message_id.encode("utf-8")
@@ -183,8 +184,15 @@ class DoneMarksMixin:
             found = self._find(bucket, deliver_at_ms, hashed, id_bytes)
             if found:
                 break
+        return hashed, bucket, found
+
+    def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
+        """``cancel``, also returning the message's subject when it was found (for tracing).
+        A handed message its broker dropped (``record_dropped``) is "already_cancelled"."""
+        self._check_writable()
+        hashed, bucket, found = self._locate(message_id, deliver_at_ms)
         if not found:
-            if natural < self._done_before:
+            if self.bucket_of(deliver_at_ms) < self._done_before:
                 # Its due time's bucket is finished and retired: a message stored there was
                 # dispatched (or cancelled before); either way it is too late to cancel.
                 return "already_past", None
@@ -193,8 +201,8 @@ class DoneMarksMixin:
         open_ = [(i, raw, s) for i, raw, s in found
                  if not state.is_done(done_key(raw.delay_log_offset, hashed))]
         if not open_:
-            if any(done_key(raw.delay_log_offset, hashed) in state.dispatched
-                   for _i, raw, _s in found):
+            keys = [done_key(raw.delay_log_offset, hashed) for _i, raw, _s in found]
+            if any(k in state.dispatched and k not in state.cancelled for k in keys):
                 return "already_dispatched", found[0][2]
             return "already_cancelled", found[0][2]
         epoch = self._done.epoch
@@ -213,3 +221,32 @@ class DoneMarksMixin:
             dict(Counter(subject for _i, _raw, subject in open_)))])
         self._maybe_checkpoint()
         return "cancelled", open_[0][2]
+
+    def record_dropped(self, message_id: str, deliver_at_ms: int) -> str:
+        """A broker dropped this handed message at a cancel: its entries recorded as
+        dispatched get a cancel record too (bucket file and a dropped journal record, kind 5;
+        fsynced before this returns; the pending counts do not change), so a later cancel
+        answers "already_cancelled" after a restart or failover as well. Returns "dropped"
+        (marked now), "already_cancelled" (marked before), "open" (not recorded as
+        dispatched yet: in flight; the caller marks it once it is) or "unknown"."""
+        self._check_writable()
+        hashed, bucket, found = self._locate(message_id, deliver_at_ms)
+        if not found:
+            return "unknown"
+        state: DoneState = self._done.state(bucket)
+        marked = [(index, raw) for index, raw, _s in found
+                  if done_key(raw.delay_log_offset, hashed) in state.dispatched
+                  and done_key(raw.delay_log_offset, hashed) not in state.cancelled]
+        if not marked:
+            if all(state.is_done(done_key(raw.delay_log_offset, hashed))
+                   for _i, raw, _s in found):
+                return "already_cancelled"
+            return "open"
+        epoch = self._done.epoch
+        self._write_done(bucket, KIND_CANCELLED, [
+            DoneRecord(raw.delay_log_offset, hashed, index, epoch, KIND_CANCELLED)
+            for index, raw in marked])
+        self.journal_done([encode_journal_record(
+            KIND_DROPPED, bucket, [raw.delay_log_offset for _i, raw in marked],
+            [hashed] * len(marked), [index for index, _raw in marked], {})])
+        return "dropped"

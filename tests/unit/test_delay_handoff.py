@@ -691,3 +691,61 @@ async def test_a_repeated_cancel_after_the_due_time_of_a_handed_message_the_brok
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
     finally:
         await scheduler.stop()
+
+
+@pytest.mark.parametrize("after_ms", [100, 3_600_000 + LEAD_MS + 1_000])
+async def test_a_second_cancel_of_a_handed_message_the_broker_dropped_says_already_cancelled_after_a_restart(
+        tmp_path, after_ms):
+    # review s10 N3: the drop lived in the delay master's memory only (an hour past the due
+    # time); after a restart, or after the hour, the store said already_dispatched.
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+    finally:
+        await scheduler.stop()
+    clock.advance(after_ms)
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        await settle(again)
+        assert await again.cancel(m.id, due) == "already_cancelled"
+        assert broker.received == [], "dropped, never sent"
+    finally:
+        await again.stop()
+
+
+async def test_a_drop_of_a_handed_message_whose_dispatch_is_not_recorded_yet_is_recorded_after_it(
+        tmp_path):
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    due = clock() + 10_000
+    try:
+        [m] = await schedule(scheduler, clock, due, b"a")
+        gate = asyncio.Event()
+        record = scheduler.store.record_dispatched
+        real_io = scheduler.dispatcher._io
+
+        async def slow_io(fn, *args):
+            if fn == record:
+                await gate.wait()  # the dispatch record waits until the cancel is answered
+            return await real_io(fn, *args)
+
+        scheduler.dispatcher._io = slow_io
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert [i for _, i, _ in broker.held] == [m.id]
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        gate.set()
+        await settle(scheduler)
+    finally:
+        await scheduler.stop()
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        assert await again.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await again.stop()

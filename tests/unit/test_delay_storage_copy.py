@@ -140,3 +140,29 @@ def test_a_handed_record_survives_a_reopen_and_reaches_a_copy(pair, tmp_path):
         assert again.handed_until_ms() == NOW_MS + 5_000
     finally:
         again.close()
+
+
+def test_a_handed_message_a_broker_dropped_is_cancelled_on_the_copy_and_after_a_reopen(
+        pair, tmp_path):
+    """record_dropped (journal kind 5): a later cancel says already_cancelled on a promoted
+    copy and after a restart (review s10 N3); the pending counts do not change twice."""
+    master, slave = pair
+    entries = send(master, 3, NOW_MS + 10_000)
+    master.record_dispatched(entries[:2])
+    assert master.record_dropped("m-0", entries[0].deliver_at_ms) == "dropped"
+    assert master.record_dropped("m-0", entries[0].deliver_at_ms) == "already_cancelled"
+    assert master.record_dropped("m-2", entries[2].deliver_at_ms) == "open"
+    assert master.record_dropped("m-9", entries[2].deliver_at_ms) == "unknown"
+    assert master.cancel("m-0", entries[0].deliver_at_ms) == "already_cancelled"
+    assert master.cancel("m-1", entries[1].deliver_at_ms) == "already_dispatched"
+    copy(master, slave)
+    assert slave.cancel("m-0", entries[0].deliver_at_ms) == "already_cancelled"
+    assert slave.cancel("m-1", entries[1].deliver_at_ms) == "already_dispatched"
+    assert slave.pending_stats().total == master.pending_stats().total == 1
+    master.close()
+    again = DelayStore(str(tmp_path / "master"), TINY, now_ms=NOW_MS)
+    try:
+        assert again.cancel("m-0", entries[0].deliver_at_ms) == "already_cancelled"
+        assert again.pending_stats().total == 1
+    finally:
+        again.close()
