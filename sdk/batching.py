@@ -71,24 +71,27 @@ class BatchingMixin:
                 self._dispatch(key)
                 batch = None
 
-    def _enqueue_one(self, subject: str, call: Call, sent_id: str, payload: bytes,
-                     due_ms: int | None) -> None:
-        """``_enqueue`` of one ``send``'s message (``due_ms`` None: realtime): the same batches,
-        without the run arithmetic; a message that does not fit the open batch takes
-        ``_enqueue``, which sends that batch first."""
+    def _enqueue_one(self, subject: str, future: asyncio.Future[Any], sent_id: str,
+                     payload: bytes, due_ms: int | None) -> None:
+        """Put one ``send``'s message (``due_ms`` None: realtime) into the open batch of its
+        subject, as the batch's single-send columns (``future`` gets its Receipt or the
+        exception that failed it); a message that does not fit the open batch's frame sends
+        that batch first and opens the next."""
         key = (subject, due_ms is not None)
         batch = self._open.get(key)
         if batch is None:
             batch = self._open_batch(key)
         size = len(payload) + PAYLOAD_OVERHEAD_BYTES
-        if batch.size_bytes + size > MAX_FRAME_BYTES - FRAME_ENVELOPE_BYTES:
-            self._enqueue(subject, call, [sent_id], [payload],
-                          None if due_ms is None else [due_ms])
-            return
-        batch.parts.append(Part(call, 0, [sent_id], [payload],
-                                None if due_ms is None else [due_ms]))
+        if batch.size_bytes + size > MAX_FRAME_BYTES - FRAME_ENVELOPE_BYTES and batch.count:
+            self._dispatch(key)
+            batch = self._open_batch(key)  # one message alone over the allowance still travels
+        batch.one_futures.append(future)
+        batch.one_ids.append(sent_id)
+        batch.one_payloads.append(payload)
+        if due_ms is not None:
+            batch.one_dues.append(due_ms)
         batch.count += 1
-        batch.size_bytes = batch.size_bytes + size
+        batch.size_bytes += size
         if batch.count >= self.batch_size_max or batch.count >= batch.split_at:
             self._dispatch(key)
 

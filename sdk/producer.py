@@ -61,13 +61,12 @@ from wire.message import (
     Message,
     encode_checked_message,
     encode_message,
-    encode_plain_message,
     validate_message,
     validate_message_id,
 )
 from sdk.routes import Route, RouteCache
 from sdk.batching import BatchingMixin, Key
-from sdk.send_batch import Batch, Call, Receipt, fail_parts, settle
+from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 from sdk.send_values import (
     IdMaker,
     default_client_id,
@@ -75,6 +74,8 @@ from sdk.send_values import (
     due_ms,
     duration_ms,
     epoch_ms,
+    plain_middle,
+    plain_payload,
     spliced_payloads,
 )
 from wire.tls import TlsOption, client_context
@@ -185,7 +186,8 @@ class Producer(BatchingMixin):
         self._new_id = IdMaker()
         # Subjects a full check passed (event loop only): a plain send to one of them (no tags,
         # properties, expiry or own id) skips building and validating a Message.
-        self._plain_subjects: set[str] = set()
+        # Each maps to its payloads' constant middle (plain_middle).
+        self._plain_subjects: dict[str, bytes] = {}
         self._closing = False
         self._closed = False
 
@@ -229,8 +231,8 @@ class Producer(BatchingMixin):
         now_ms = self._clock_ms()
         deliver_at_ms = due_ms(now_ms, delay, deliver_at)
         plain = (not tags and not properties and expire_at is None and message_id is None)
-        if (plain and type(subject) is str and subject in self._plain_subjects
-                and type(body) is bytes
+        middle = self._plain_subjects.get(subject) if plain and type(subject) is str else None
+        if (middle is not None and type(body) is bytes
                 and len(body) <= MAX_BODY_BYTES and type(now_ms) is int and now_ms >= 0
                 and (deliver_at_ms is None or (type(deliver_at_ms) is int
                                                and 0 <= deliver_at_ms <= now_ms + MAX_DELAY_MS))):
@@ -238,7 +240,7 @@ class Producer(BatchingMixin):
             # before, the id is ours, and the body, creation and due times were just checked.
             # Anything else takes the full path, which words the error.
             sent_id = self._new_id()
-            payload = encode_plain_message(sent_id, subject, body, now_ms, deliver_at_ms)
+            payload = plain_payload(sent_id, subject, middle, body, now_ms, deliver_at_ms)
         else:
             message = Message.create(
                 subject,
@@ -256,14 +258,14 @@ class Producer(BatchingMixin):
             if plain:
                 if len(self._plain_subjects) >= PLAIN_SUBJECTS_MAX:
                     self._plain_subjects.clear()
-                self._plain_subjects.add(subject)
-        call = Call(1, asyncio.get_running_loop().create_future())
+                self._plain_subjects[subject] = plain_middle(subject)
+        future = asyncio.get_running_loop().create_future()
         waiting = self._sends_waiting = self._sends_waiting + 1
         if waiting > self._sends_waiting_peak:
             self._sends_waiting_peak = waiting
         try:
-            self._enqueue_one(subject, call, sent_id, payload, deliver_at_ms)
-            [result] = await call.future
+            self._enqueue_one(subject, future, sent_id, payload, deliver_at_ms)
+            result = await future
         finally:
             waiting = self._sends_waiting = self._sends_waiting - 1
             if not waiting:
@@ -488,13 +490,15 @@ class Producer(BatchingMixin):
                 await self._send_with_retries(batch)
             except BaseException as exc:  # our bug or cancellation: never leave a sender hanging
                 error = exc if isinstance(exc, QmqError) else Internal(f"send failed: {exc!r}")
-                fail_parts(batch.parts, error)
+                fail_parts(batch.all_parts(), error)
                 if not isinstance(exc, QmqError):
                     raise
 
     async def _send_with_retries(self, batch: Batch) -> None:
         subject = batch.subject
-        pending = batch.parts
+        # None until the batch is first needed as Parts: the usual answer (all stored, compact)
+        # settles it as formed (Batch.settle_stored).
+        pending: list[Part] | None = None
         messages = batch.payloads()
         key = (subject, batch.delayed)
         routes = self._delay_routes if batch.delayed else self._routes
@@ -519,10 +523,16 @@ class Producer(BatchingMixin):
                     {"op": "send", "messages": messages, "compact": True},
                     self.send_timeout_ms,
                 )
+                if pending is None:
+                    if batch.settle_stored(group.group, answer):
+                        return
+                    pending = batch.all_parts()
                 pending, error = settle(subject, group.group, pending, answer)
                 if pending:
                     messages = [payload for part in pending for payload in part.payloads]
             except QmqError as exc:
+                if pending is None:
+                    pending = batch.all_parts()
                 if not exc.retriable:
                     fail_parts(pending, exc)
                     return

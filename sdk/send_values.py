@@ -1,7 +1,8 @@
 """What one send is made of, apart from the Producer's state: durations and due times in epoch ms
 from what the application gives (``duration_ms``, ``epoch_ms``, ``due_ms``, ``deliver_times``),
 client and message ids (``default_client_id``, ``IdMaker``), payloads spliced from a template
-(``spliced_payloads``) and how many fit a frame (``fit_payloads``). Pure functions and one
+(``spliced_payloads``, and ``plain_payload`` for one ``send``) and how many fit a frame
+(``fit_payloads``). Pure functions and one
 small class; ``sdk.producer`` uses them and re-exports the public ones."""
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ import msgpack
 
 from wire.errors import BadRequest, DelayOutOfRange
 from wire.limits import MAX_DELAY_MS
+from wire.message import (
+    KEY_BODY,
+    KEY_CREATED_AT_MS,
+    KEY_DELIVER_AT_MS,
+    KEY_ID,
+    KEY_SUBJECT,
+    encode_plain_message,
+)
+from wire.packing import packb
 
 PAYLOAD_OVERHEAD_BYTES = 8  # msgpack bin header per payload, rounded up
 
@@ -167,6 +177,47 @@ def spliced_payloads(template_payload: bytes, fields: dict[str, Any],
                         for p in pieces]
     parts.append(repeat(tail))
     return list(map(b"".join, zip(*parts)))
+
+
+# The constant bytes of ``encode_plain_message``'s map (its order: id, subject, body, created,
+# due), for an id of IdMaker's 32 ASCII characters (a str8) and times packed as uint64, which
+# msgpack chooses for every value from 2**32 (epoch ms since 1970-02-19) up to U64_MAX.
+_PLAIN_ID_LENGTH = 32
+_PLAIN_HEAD_REALTIME = b"\x84" + packb(KEY_ID) + b"\xd9\x20"  # fixmap of 4, "i", str8 of 32
+_PLAIN_HEAD_DELAYED = b"\x85" + packb(KEY_ID) + b"\xd9\x20"  # fixmap of 5
+_PLAIN_CREATED = packb(KEY_CREATED_AT_MS) + b"\xcf"  # "c", uint64 follows
+_PLAIN_DUE = packb(KEY_DELIVER_AT_MS) + b"\xcf"  # "d", uint64 follows
+_U64_PACKED_MIN = 1 << 32
+_U64_MAX = (1 << 64) - 1
+_BIN8_HEADS = tuple(b"\xc4" + bytes((size,)) for size in range(256))  # bin 8 of each size
+
+
+def plain_middle(subject: str) -> bytes:
+    """The bytes between the id and the body in ``plain_payload``'s payloads for ``subject``
+    (made once per subject by the producer)."""
+    return packb(KEY_SUBJECT) + packb(subject) + packb(KEY_BODY)
+
+
+def plain_payload(message_id: str, subject: str, middle: bytes, body: bytes,
+                  created_at_ms: int, deliver_at_ms: int | None) -> bytes:
+    """``encode_plain_message(message_id, subject, body, created_at_ms, deliver_at_ms)``:
+    the same bytes, spliced from constant pieces (``middle`` is ``plain_middle(subject)``)
+    when the id has IdMaker's 32 ASCII characters and the times pack as uint64 (any epoch ms
+    after 1970-02-19), in a third of the time; else packed by ``encode_plain_message``. For
+    ``send``'s fields it knows valid, as that function is."""
+    if (len(message_id) != _PLAIN_ID_LENGTH or not message_id.isascii()
+            or not _U64_PACKED_MIN <= created_at_ms <= _U64_MAX
+            or (deliver_at_ms is not None and not _U64_PACKED_MIN <= deliver_at_ms <= _U64_MAX)):
+        return encode_plain_message(message_id, subject, body, created_at_ms, deliver_at_ms)
+    size = len(body)
+    head = (_BIN8_HEADS[size] if size < 256 else b"\xc5" + size.to_bytes(2, "big")
+            if size < 65536 else b"\xc6" + size.to_bytes(4, "big"))
+    if deliver_at_ms is None:
+        return b"".join((_PLAIN_HEAD_REALTIME, message_id.encode(), middle, head, body,
+                         _PLAIN_CREATED, created_at_ms.to_bytes(8, "big")))
+    return b"".join((_PLAIN_HEAD_DELAYED, message_id.encode(), middle, head, body,
+                     _PLAIN_CREATED, created_at_ms.to_bytes(8, "big"),
+                     _PLAIN_DUE, deliver_at_ms.to_bytes(8, "big")))
 
 
 def fit_payloads(payloads: list[bytes], pos: int, end: int, room_bytes: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from wire.errors import Forbidden, Internal, Overloaded
-from sdk.send_batch import Call, Part, Receipt, fail_parts, settle
+from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 
 
 def stored(message_id: str) -> dict:
@@ -144,3 +144,47 @@ def test_a_compact_answer_of_another_count_resends_the_whole_batch(loop, answer)
     retry, error = settle("orders", "rt-1", parts, answer)
     assert retry == parts and isinstance(error, Internal)
     assert not call.future.done()
+
+
+def batch_of_singles(loop, count: int, *, with_part: Call | None = None) -> Batch:
+    """A delayed batch: one part of ``with_part`` (ids p0, p1), then ``count`` single sends."""
+    batch = Batch("orders", delayed=True)
+    if with_part is not None:
+        batch.parts.append(Part(with_part, 0, ["p0", "p1"], [b"x0", b"x1"], [10, 11]))
+        batch.count += 2
+    for k in range(count):
+        batch.one_futures.append(loop.create_future())
+        batch.one_ids.append(f"s{k}")
+        batch.one_payloads.append(f"y{k}".encode())
+        batch.one_dues.append(100 + k)
+        batch.count += 1
+    return batch
+
+
+def test_a_compact_answer_settles_the_single_sends_of_a_batch_with_their_own_receipts(loop):
+    call = call_of(loop, 2)
+    batch = batch_of_singles(loop, 3, with_part=call)
+    assert batch.payloads() == [b"x0", b"x1", b"y0", b"y1", b"y2"]
+    batch.one_futures[1].cancel()  # its caller is gone: no receipt, no error
+    assert batch.settle_stored("dl-1", {"stored": 5})
+    assert call.future.result() == [Receipt("p0", "orders", "dl-1", "stored", 10),
+                                    Receipt("p1", "orders", "dl-1", "stored", 11)]
+    assert batch.one_futures[0].result() == Receipt("s0", "orders", "dl-1", "stored", 100)
+    assert batch.one_futures[2].result() == Receipt("s2", "orders", "dl-1", "stored", 102)
+
+
+def test_an_answer_that_is_not_all_stored_leaves_a_batch_for_settling_part_by_part(loop):
+    batch = batch_of_singles(loop, 2)
+    assert not batch.settle_stored("dl-1", {"stored": 1})  # a count that is not the batch's
+    assert not batch.settle_stored("dl-1", {"results": [stored("s0"), stored("s1")]})
+    assert not any(future.done() for future in batch.one_futures)
+    # As parts, each single send is settled alone: a stored one gets its receipt, a refused
+    # one its error as the result (send raises it), a retriable one is resent.
+    retry, error = settle("orders", "dl-1", batch.all_parts(), {"results": [
+        stored("s0"), refused("s1", "overloaded")]})
+    assert batch.one_futures[0].result() == Receipt("s0", "orders", "dl-1", "stored", 100)
+    assert isinstance(error, Overloaded) and [p.ids for p in retry] == [["s1"]]
+    fail_parts(retry, Internal("gave up"))
+    assert isinstance(batch.one_futures[1].result(), Internal)
+    fail_parts(batch.all_parts(), Forbidden("too late"))  # the first outcome stays
+    assert isinstance(batch.one_futures[1].result(), Internal)

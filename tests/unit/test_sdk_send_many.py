@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from wire.errors import BadRequest, Forbidden, TooLarge
 from wire.limits import MAX_BODY_BYTES
-from wire.message import Message, decode_message, encode_message
+from wire.message import Message, decode_message, encode_message, encode_plain_message
 from sdk.producer import Producer, Receipt
-from sdk.send_values import spliced_payloads
+from sdk.send_values import plain_middle, plain_payload, spliced_payloads
 from tests.unit.test_sdk_fakes import broker_a, meta  # noqa: F401  (fixtures)
 
 HOUR_MS = 3_600_000
@@ -195,6 +195,23 @@ def test_spliced_payloads_are_byte_for_byte_what_encode_message_makes(
         columns["d"] = [r[2] for r in rows]
     spliced = spliced_payloads(payload, msgpack.unpackb(payload, raw=False), columns)
     assert spliced == [encode_message(message(*row)) for row in rows]
+
+
+@settings(max_examples=300, deadline=None)
+@given(message_id=st.text(alphabet="0123456789abcdef", min_size=31, max_size=33)
+       | st.text(min_size=32, max_size=32),
+       subject=st.text(min_size=1, max_size=40),
+       body=st.binary(max_size=300) | st.sampled_from([b"x" * 255, b"x" * 256, b"x" * 65535,
+                                                      b"x" * 65536]),
+       created_at_ms=st.integers(0, 2**64 - 1) | st.sampled_from([2**32 - 1, 2**32]),
+       deliver_at_ms=st.none() | st.integers(0, 2**64 - 1) | st.sampled_from([2**32 - 1, 2**32]))
+def test_a_plain_payload_is_byte_for_byte_what_encode_plain_message_makes(
+        message_id, subject, body, created_at_ms, deliver_at_ms):
+    # Spliced for IdMaker's ids and uint64 times, packed otherwise (short, long or non-ASCII
+    # ids, times below 2**32): the same bytes either way, at every bin-header boundary.
+    assert (plain_payload(message_id, subject, plain_middle(subject), body, created_at_ms,
+                          deliver_at_ms)
+            == encode_plain_message(message_id, subject, body, created_at_ms, deliver_at_ms))
 
 
 def test_splicing_is_refused_when_the_template_does_not_encode_canonically():
