@@ -307,8 +307,10 @@ class Broker:
         """Store messages held until their visible times (``Handoffs.hold``)."""
         return await self.handoffs.hold(payloads, visible_at_ms)
 
-    async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
-        """Drop held messages by id (``Handoffs.cancel``)."""
+    async def cancel_held(self, subject: str, message_ids: list[str]
+                          ) -> tuple[list[bool], list[bool]]:
+        """Drop held messages by id: (dropped now, dropped before) per id
+        (``Handoffs.cancel``)."""
         return await self.handoffs.cancel(subject, message_ids)
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:

@@ -155,26 +155,38 @@ class Handoffs:
                                   now_ms, payloads, visible_at_ms)
         return offsets, store.copy_bounds()[1]
 
-    async def cancel(self, subject: str, message_ids: list[str]) -> list[bool]:
-        """Drop held messages of ``subject`` by id; for each, whether it was held (False: made
-        visible already, or never held here)."""
+    async def cancel(self, subject: str, message_ids: list[str]
+                     ) -> tuple[list[bool], list[bool]]:
+        """Drop held messages of ``subject`` by id; for each, whether it was held and is now
+        dropped, and whether it was dropped by an earlier cancel (remembered durably, within
+        the dedup window: a retry after a lost answer). Both False: made visible already, or
+        never held here. Each drop is traced ``cancelled`` (``held_cancelled``)."""
         ctx = self._ctx
         ctx.replica.check_writable()
         if self._readonly():
             raise ReadOnly(f"broker group {ctx.config.group} is read-only")
         now_ms = ctx.clock()
-        cancelled, log_end = await ctx.on_store_thread(self._cancel_io, subject, message_ids,
-                                                       now_ms)
+        cancelled, before, log_end = await ctx.on_store_thread(self._cancel_io, subject,
+                                                               message_ids, now_ms)
         ctx.replica.advanced("message", log_end)
+        # Traced once durable here (a slave's copy follows): a lost answer or a failover
+        # before the slaves have it makes the retry answer dropped_before, not a second trace.
+        ctx.tracer.held_cancelled(
+            subject, list(dict.fromkeys(i for i, c in zip(message_ids, cancelled) if c)),
+            now_ms)
         if ctx.replica.replicating:
             await ctx.replica.wait_replicated("message", log_end)
-        return cancelled
+        return cancelled, before
 
     def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int
-                   ) -> tuple[list[bool], int]:
-        """Store thread: the cancelled record; (held or not per id, the message log's end)."""
+                   ) -> tuple[list[bool], list[bool], int]:
+        """Store thread: the dropped record; (held or not per id, dropped before or not per
+        id, the message log's end)."""
         store = self._ctx.store
-        return store.cancel_held(subject, message_ids, now_ms), store.copy_bounds()[1]
+        before = store.dropped_before(subject, message_ids, now_ms)
+        cancelled = store.cancel_held(subject, message_ids, now_ms)
+        return cancelled, [b and not c for b, c in zip(before, cancelled)], \
+            store.copy_bounds()[1]
 
     # ------------------------------------------------------------------ the visibility round
 

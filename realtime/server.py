@@ -214,7 +214,8 @@ class RealtimeServer(ServerBase):
         if isinstance(request, CancelHeld):
             if not grant.admin:
                 grant.check_produce(request.subject)
-            return {"cancelled": await broker.cancel_held(request.subject, request.ids)}
+            cancelled, before = await broker.cancel_held(request.subject, request.ids)
+            return {"cancelled": cancelled, "dropped_before": before}
         if isinstance(request, Cancel):
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
         if isinstance(request, (Subjects, Browse, Purge)):

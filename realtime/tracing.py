@@ -135,6 +135,7 @@ class BrokerTracer:
         # each reason has one writer: redelivery_unreadable a pull-log call,
         # ack_unreadable the event loop
         self.gave_up_counts: dict[str, int] = {}
+        self.held_cancelled_count = 0  # held messages a cancel_held dropped (event loop)
         # wire subject -> consumer-log sequence -> members; filled on store (event loop), taken
         # on the first pull (a pull-log call): single dict operations are atomic under the GIL.
         self._recent: dict[str, dict[int, str]] = {}
@@ -277,6 +278,19 @@ class BrokerTracer:
         if self.enabled and held:
             self._gave_up_lines([message_members(message_id, subject)
                                  for subject, message_id in held], now_ms, reason, None)
+
+    def held_cancelled(self, subject: str, message_ids: Sequence[str], now_ms: int) -> None:
+        """Held messages a ``cancel_held`` dropped (never made visible): ``cancelled``
+        ``reason`` ``held_cancelled``, named by (wire subject, message id); counted in
+        ``held_cancelled_count`` even when tracing is off."""
+        self.held_cancelled_count += len(message_ids)
+        if self.enabled and message_ids:
+            writer = self.writer
+            assert writer is not None
+            extra = reason_member("held_cancelled")
+            writer.emit_lines([writer.line("cancelled", now_ms,
+                                           message_members(message_id, subject), extra)
+                               for message_id in message_ids])
 
     def retention_deleted(self, count: int, members: Sequence[str], now_ms: int,
                           unnamed: Sequence[tuple[str, int]] = ()) -> None:

@@ -31,7 +31,9 @@ Fields (``EVENT_FIELDS``; a missing key reads as null, so ``trace_event`` omits 
                                    consumer's tag filter (absent = every message)
     reason         string | null   why: ``gave_up`` (see GIVE_UP_REASONS), ``unsubscribed``
                                    (``left`` or ``expired``); ``handed``: the server name of
-                                   the realtime broker group holding it ("realtime:<group>")
+                                   the realtime broker group holding it ("realtime:<group>");
+                                   ``cancelled`` by a realtime broker: ``held_cancelled`` (a
+                                   ``cancel_held`` dropped the message it held)
 
 Subscription events (``SUBSCRIPTION_KINDS``) are about a consumer, not a message: they carry
 ``subject``, ``group``, ``consumer`` (all required) and no ``msg_id``. Every other kind needs a

@@ -11,7 +11,7 @@ length and CRC-32::
     8        | 8    | visible_at_ms: u64 (held); subject_sequence (visible message); 0 (cancelled)
     16       | 8    | tag_bloom: u64 (held, visible message); 0 (cancelled)
     24       | 2    | marker: u16 = 0 (where a message record has its subject_length >= 1)
-    26       | 1    | kind: 1 held, 3 cancelled, 4 visible message (2 is retired: never written)
+    26       | 1    | kind: 1 held, 3 cancelled, 4 visible message, 5 dropped (2 is retired)
     held (kind 1):
     27       | 2    | subject_length: u16 (S)
     29       | S    | subject: UTF-8
@@ -27,9 +27,16 @@ length and CRC-32::
     37+S     | 2    | message_id_length: u16 (I)
     39+S     | I    | message_id: UTF-8
     39+S+I   | N    | payload: the held record's payload, written again
-    cancelled (kind 3):
+    cancelled (kind 3): held records given up (unreadable at their due time)
     27       | 4    | count: u32 (C)
     31       | 8*C  | held_offset: u64, each a held record now dropped
+    dropped (kind 5): held records a cancel_held dropped, with their ids (remembered)
+    27       | 4    | count: u32 (C)
+    31       | 8*C  | held_offset: u64, each a held record now dropped
+    31+8C    | 2    | subject_length: u16 (S)
+    33+8C    | S    | subject: UTF-8 (every dropped record's)
+    33+8C+S  | ...  | C times: message_id_length u16 (I), message_id UTF-8 (I bytes), in the
+             |      |   order of the offsets
 
 A visible-message record is a message record in all but its marker: consumer-log entries point
 at it (never at a held record), so within a subject entry offsets rise with the sequence as they
@@ -62,6 +69,7 @@ OFFSET = struct.Struct(">Q")
 KIND_HELD = 1
 KIND_CANCELLED = 3
 KIND_VISIBLE_MESSAGE = 4  # 2 was a visible record listing entries that pointed at held records
+KIND_DROPPED = 5  # a cancel_held's drop: a cancelled record that also names the ids
 HELD_OVERHEAD_SIZE_BYTES = HEAD_SIZE_BYTES + 4  # a held record is at least this long
 
 
@@ -201,8 +209,72 @@ def decode_cancelled(body: bytes | memoryview) -> tuple[int, list[int]]:
     return timestamp_ms, [o for (o,) in OFFSET.iter_unpack(body[HEAD_SIZE_BYTES + 4:])]
 
 
+def encode_dropped(timestamp_ms: int, subject: str, held_offsets: Sequence[int],
+                   message_ids: Sequence[str]) -> bytes:
+    """A dropped record's body: the held records at ``held_offsets`` of ``subject``, whose
+    ids are ``message_ids`` (same order), dropped by a cancel; ValueError when a name does not
+    fit its width."""
+    assert len(held_offsets) == len(message_ids), (len(held_offsets), len(message_ids))
+    subject_bytes = subject.encode("utf-8")
+    ids = [message_id.encode("utf-8") for message_id in message_ids]
+    if not subject_bytes or len(subject_bytes) > 0xFFFF or any(len(i) > 0xFFFF for i in ids):
+        raise ValueError(f"subject of {len(subject_bytes)} bytes or a message id is outside "
+                         "[1, 65535] bytes")
+    parts = [HEAD.pack(timestamp_ms, 0, 0, 0, KIND_DROPPED), U32.pack(len(held_offsets))]
+    parts += [OFFSET.pack(o) for o in held_offsets]
+    parts += [U16.pack(len(subject_bytes)), subject_bytes]
+    for id_bytes in ids:
+        parts += [U16.pack(len(id_bytes)), id_bytes]
+    return b"".join(parts)
+
+
+def decode_dropped(body: bytes | memoryview) -> tuple[int, str, list[int], list[str]]:
+    """(timestamp_ms, subject, held offsets, message ids) of a dropped record; ValueError on
+    any defect."""
+    if not is_control(body) or control_kind(body) != KIND_DROPPED \
+            or len(body) < HEAD_SIZE_BYTES + 4:
+        raise ValueError(f"a {len(body)}-byte body is not a dropped record")
+    timestamp_ms = HEAD.unpack_from(body, 0)[0]
+    (count,) = U32.unpack_from(body, HEAD_SIZE_BYTES)
+    at = HEAD_SIZE_BYTES + 4 + 8 * count
+    if at + 2 > len(body):
+        raise ValueError(f"dropped record of {len(body)} bytes does not hold {count} offsets "
+                         "and a subject")
+    offsets = [o for (o,) in OFFSET.iter_unpack(body[HEAD_SIZE_BYTES + 4:at])]
+    names: list[str] = []
+    try:
+        (length,) = U16.unpack_from(body, at)
+        if at + 2 + length > len(body):
+            raise ValueError(f"subject length {length} runs past the {len(body)}-byte body")
+        subject = bytes(body[at + 2:at + 2 + length]).decode("utf-8")
+        at += 2 + length
+        for _ in range(count):
+            if at + 2 > len(body):
+                raise ValueError(f"dropped record of {len(body)} bytes ends before its "
+                                 f"{count} ids")
+            (length,) = U16.unpack_from(body, at)
+            if at + 2 + length > len(body):
+                raise ValueError(f"id length {length} runs past the {len(body)}-byte body")
+            names.append(bytes(body[at + 2:at + 2 + length]).decode("utf-8"))
+            at += 2 + length
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"subject or message id is not UTF-8: {exc}") from exc
+    if at != len(body) or not subject:
+        raise ValueError(f"dropped record of {len(body)} bytes has {len(body) - at} bytes "
+                         "after its ids, or an empty subject")
+    return timestamp_ms, subject, offsets, names
+
+
+def dropped_offsets(body: bytes | memoryview) -> list[int]:
+    """The held offsets a cancelled or dropped record takes out; ValueError on any defect."""
+    if control_kind(body) == KIND_DROPPED:
+        return decode_dropped(body)[2]
+    return decode_cancelled(body)[1]
+
+
 __all__ = [
-    "HeldRecord", "KIND_CANCELLED", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
+    "HeldRecord", "KIND_CANCELLED", "KIND_DROPPED", "decode_dropped", "dropped_offsets",
+    "encode_dropped", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
     "decode_cancelled", "decode_held", "decode_visible_message", "encode_cancelled",
     "encode_held", "encode_visible_message", "encode_visible_messages", "is_control",
 ]

@@ -18,12 +18,14 @@ from logstore import CorruptRecord
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.control_record import (
-    KIND_CANCELLED, KIND_HELD, control_kind, decode_cancelled, decode_held, is_control,
+    KIND_CANCELLED, KIND_DROPPED, KIND_HELD, control_kind, decode_dropped, decode_held,
+    dropped_offsets, is_control,
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
 from realtime.storage.held import (
-    HELD_SEQUENCE, Held, HeldSet, is_held_control, message_header, note_control,
+    DROPPED_SEQUENCE, HELD_SEQUENCE, Held, HeldSet, is_held_control, message_header,
+    note_control,
 )
 from realtime.storage.message_log import MessageLog
 
@@ -122,8 +124,12 @@ def _forget_from(message_log: MessageLog, dedup: DedupIndex, offset: int,
             dedup.forget(subject, message_id, sequence)
             if held_offset is not None and held_offset < offset:
                 restore.append(held_offset)
-        elif control_kind(body) == KIND_CANCELLED:
-            restore += [o for o in decode_cancelled(body)[1] if o < offset]
+        elif control_kind(body) in (KIND_CANCELLED, KIND_DROPPED):
+            restore += [o for o in dropped_offsets(body) if o < offset]
+            if control_kind(body) == KIND_DROPPED:  # no longer dropped: held again below
+                _ts, subject, _offsets, message_ids = decode_dropped(body)
+                for message_id in message_ids:
+                    dedup.forget(subject, message_id, DROPPED_SEQUENCE)
         else:
             record, _p = decode_held(body)
             held.pop(at)
@@ -151,9 +157,12 @@ def _rebuild_held(message_log: MessageLog, stop_offset: int, held: HeldSet,
                 record, _p = decode_held(body)
                 held.add(Held(at, len(body), record.visible_at_ms, record.tag_bloom,
                               record.subject, record.message_id))
-            elif control_kind(body) == KIND_CANCELLED:
-                for held_offset in decode_cancelled(body)[1]:
-                    held.pop(held_offset)
+            elif control_kind(body) in (KIND_CANCELLED, KIND_DROPPED):
+                held.pop_many(dropped_offsets(body))
+                if control_kind(body) == KIND_DROPPED:
+                    timestamp_ms, subject, _offsets, message_ids = decode_dropped(body)
+                    for message_id in message_ids:
+                        dedup.add(subject, message_id, DROPPED_SEQUENCE, timestamp_ms)
             else:
                 held.pop(message_header(body)[5])  # type: ignore[arg-type]
     except (CorruptRecord, ValueError) as exc:

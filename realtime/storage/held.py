@@ -19,13 +19,16 @@ from logstore import CorruptRecord
 from realtime.storage.consumer_log import ConsumerLog
 from realtime.storage.control_record import (
     KIND_CANCELLED,
+    KIND_DROPPED,
     KIND_HELD,
     KIND_VISIBLE_MESSAGE,
     control_kind,
     decode_cancelled,
+    decode_dropped,
     decode_held,
     decode_visible_message,
     encode_cancelled,
+    encode_dropped,
     encode_held,
     encode_visible_messages,
     is_control,
@@ -36,6 +39,9 @@ from realtime.storage.message_record import decode_message_header, tag_bloom
 # The sequence the dedup index keeps for a held id (it has none until made visible): a
 # send of the same id is a duplicate all the same.
 HELD_SEQUENCE = (1 << 64) - 1
+# The sequence the dedup index keeps for an id a cancel_held dropped (a dropped record): a
+# send or hold of it is a duplicate, and a retried cancel_held learns it was dropped before.
+DROPPED_SEQUENCE = (1 << 64) - 2
 
 
 class Held(NamedTuple):
@@ -128,9 +134,10 @@ def message_header(body: bytes | memoryview) -> tuple[int, int, int, str, str, i
 
 def note_control(body: bytes, offset: int, held: HeldSet, dedup: DedupIndex | None,
                  cutoff_ms: int, directory: str) -> None:
-    """Apply one held or cancelled record at ``offset`` (recovery, a slave's copy): a held
-    record joins ``held`` (and ``dedup`` when younger than ``cutoff_ms``), a cancelled record's
-    offsets leave ``held``. CorruptRecord if it does not decode."""
+    """Apply one held, cancelled or dropped record at ``offset`` (recovery, a slave's copy):
+    a held record joins ``held`` (and ``dedup`` when younger than ``cutoff_ms``), a cancelled or
+    dropped record's offsets leave ``held`` (a dropped record's ids go into ``dedup`` as
+    dropped, when younger than ``cutoff_ms``). CorruptRecord if it does not decode."""
     kind = control_kind(body)
     try:
         if kind == KIND_HELD:
@@ -142,6 +149,12 @@ def note_control(body: bytes, offset: int, held: HeldSet, dedup: DedupIndex | No
         elif kind == KIND_CANCELLED:
             for held_offset in decode_cancelled(body)[1]:
                 held.pop(held_offset)
+        elif kind == KIND_DROPPED:
+            timestamp_ms, subject, offsets, message_ids = decode_dropped(body)
+            held.pop_many(offsets)
+            if dedup is not None and timestamp_ms > cutoff_ms:
+                for message_id in message_ids:
+                    dedup.add(subject, message_id, DROPPED_SEQUENCE, timestamp_ms)
         else:
             raise ValueError(f"unknown control record kind {kind}")
     except ValueError as exc:
@@ -204,5 +217,12 @@ def cancelled_body(timestamp_ms: int, offsets: Sequence[int]) -> bytes:
     return encode_cancelled(timestamp_ms, offsets)
 
 
-__all__ = ["HELD_SEQUENCE", "Held", "HeldSet", "cancelled_body", "encode_held_bodies",
+def dropped_body(timestamp_ms: int, subject: str, dropped: Sequence[Held]) -> bytes:
+    """The dropped record of held records of ``subject`` a cancel dropped."""
+    return encode_dropped(timestamp_ms, subject, [h.offset for h in dropped],
+                          [h.message_id for h in dropped])
+
+
+__all__ = ["DROPPED_SEQUENCE", "HELD_SEQUENCE", "Held", "HeldSet", "cancelled_body",
+           "dropped_body", "encode_held_bodies",
            "is_held_control", "message_header", "note_control", "visible_bodies"]

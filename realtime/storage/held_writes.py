@@ -14,7 +14,8 @@ from realtime.storage.consumer_log import ConsumerLog, encode_entries
 from realtime.storage.control_record import decode_held
 from realtime.storage.errors import StoreFailed
 from realtime.storage.held import (
-    HELD_SEQUENCE, Held, cancelled_body, encode_held_bodies, visible_bodies,
+    DROPPED_SEQUENCE, HELD_SEQUENCE, Held, cancelled_body, dropped_body, encode_held_bodies,
+    visible_bodies,
 )
 from realtime.storage.write_batch import check_int, check_message
 
@@ -138,20 +139,32 @@ class HeldWrites:
         return runs
 
     def cancel_held(self, subject: str, message_ids: Sequence[str], now_ms: int) -> list[bool]:
-        """Drop held messages of ``subject`` by id with a cancelled record, durably. Returns
-        for each id whether it was held (False: never held here, made visible or cancelled)."""
+        """Drop held messages of ``subject`` by id with a dropped record (naming their ids),
+        durably; their ids stay in the dedup index as dropped (``dropped_before``). Returns
+        for each id whether it was held (False: never held here, made visible or dropped)."""
         self._check_writable()
         if self._batch.bodies:
             raise ValueError("cancel_held between append and commit")
         check_int("now_ms", now_ms, 0, TIMESTAMP_MS_MAX)
         found = [self._held.find(subject, message_id) for message_id in message_ids]
-        offsets = list(dict.fromkeys(h.offset for h in found if h is not None))
-        if offsets:
-            self._write_durably([cancelled_body(now_ms, offsets)])
-            for offset in offsets:
-                self._held.pop(offset)
+        dropped = list({h.offset: h for h in found if h is not None}.values())
+        if dropped:
+            self._write_durably([dropped_body(now_ms, subject, dropped)])
+            self._held.pop_many([h.offset for h in dropped])
+            self._dedup.add_many(self._dedup.keys(subject, [h.message_id for h in dropped]),
+                                 [DROPPED_SEQUENCE] * len(dropped), [now_ms] * len(dropped))
             self._maybe_checkpoint()
         return [h is not None for h in found]
+
+    def dropped_before(self, subject: str, message_ids: Sequence[str], now_ms: int
+                       ) -> list[bool]:
+        """For each id, whether a ``cancel_held`` dropped it (the dedup index remembers it as
+        dropped: within ``dedup_window_ms`` of ``now_ms`` and ``dedup_ids_max`` ids)."""
+        self._check_open()
+        found = self._dedup.lookup_many(self._dedup.keys(subject, message_ids), now_ms)
+        if found is None:
+            return [False] * len(message_ids)
+        return [sequence == DROPPED_SEQUENCE for sequence in found]
 
     def held(self) -> list[Held]:
         """Every held record neither made visible nor cancelled, in message-log order."""

@@ -179,10 +179,48 @@ async def test_the_broker_traces_stored_and_dispatched_with_the_lateness_at_visi
 async def test_a_cancel_before_the_due_time_drops_it_and_after_it_finds_nothing(opened):
     broker, clock, _ = opened
     await hold(broker, clock, "orders", ["h1", "h2"])
-    assert await broker.cancel_held("orders", ["h1", "nope"]) == [True, False]
+    assert await broker.cancel_held("orders", ["h1", "nope"]) == ([True, False],
+                                                                  [False, False])
     await arrive_at_due_time(broker, clock, 1)
     assert await pulled_ids(broker, "orders") == ["h2"]
-    assert await broker.cancel_held("orders", ["h2"]) == [False]
+    assert await broker.cancel_held("orders", ["h2"]) == ([False], [False])
+
+
+async def test_a_drop_is_traced_cancelled_and_a_retry_even_after_a_reopen_says_dropped_before(
+        tmp_path):
+    clock = FakeClock()
+
+    def tracer() -> BrokerTracer:
+        return BrokerTracer(TraceWriter(tmp_path / "trace", "realtime:rt", clock_ms=clock,
+                                        background=False))
+
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0)
+    broker = await Broker.open(config, clock, tracer=tracer())
+    try:
+        await hold(broker, clock, "orders", ["h1", "h2"])
+        assert await broker.cancel_held("orders", ["h1", "h1"]) == ([True, True],
+                                                                    [False, False])
+        # The retry after a lost answer: not held, but dropped before (never visible).
+        assert await broker.cancel_held("orders", ["h1", "h2", "nope"]) == (
+            [False, True, False], [True, False, False])
+        broker.tracer.writer.flush()
+    finally:
+        await broker.stop()
+    cancelled = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "cancelled"]
+    assert sorted((e["msg_id"], e["subject"], e["reason"]) for e in cancelled) == [
+        ("h1", "orders", "held_cancelled"), ("h2", "orders", "held_cancelled")]
+    # A restart remembers the drops (the dropped record names the ids).
+    clock.advance(1_000)
+    reopened = await Broker.open(config, clock, tracer=tracer())
+    try:
+        assert await reopened.cancel_held("orders", ["h1", "h2"]) == ([False, False],
+                                                                      [True, True])
+        assert reopened.tracer.held_cancelled_count == 0  # nothing dropped now: no trace
+        await hold(reopened, clock, "orders", ["h3"])
+        await arrive_at_due_time(reopened, clock, 1)
+        assert await pulled_ids(reopened, "orders") == ["h3"]
+    finally:
+        await reopened.stop()
 
 
 async def test_a_repeated_hand_off_and_a_send_of_a_held_id_are_duplicates(opened):

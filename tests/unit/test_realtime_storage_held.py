@@ -9,12 +9,14 @@ import glob
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage import MessageStore, SequenceOutOfRange, StoreConfig
 from realtime.storage.control_record import (
-    decode_cancelled, decode_held, decode_visible_message, encode_cancelled, encode_held,
-    encode_visible_message, encode_visible_messages, is_control,
+    decode_cancelled, decode_dropped, decode_held, decode_visible_message, encode_cancelled,
+    encode_dropped, encode_held, encode_visible_message, encode_visible_messages, is_control,
 )
 from realtime.storage.message_record import encode_message_record
 from realtime.storage.store_checkpoint import (
@@ -127,6 +129,74 @@ def test_a_cancelled_held_message_never_becomes_visible(store):
     store.make_visible(offsets, T0 + 5_000)
     assert [m[1] for m in messages(store, "orders")] == ["h-2"]
     assert store.cancel_held("orders", ["h-2"], T0 + 5_001) == [False]  # visible already
+
+
+def test_a_dropped_id_is_remembered_as_dropped_by_a_reopen_and_a_copy_for_the_dedup_window(
+        tmp_path):
+    path = str(tmp_path / "m")
+    master = MessageStore(path, TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "c"), TINY, now_ms=T0)
+    try:
+        offsets = hold(master, "orders", ["h-1", "h-2", "h-3"])
+        assert master.cancel_held("orders", ["h-1", "h-3"], T0 + 1) == [True, True]
+        assert master.dropped_before("orders", ["h-1", "h-2", "h-3", "nope"], T0 + 2) == [
+            True, False, True, False]
+        master.make_visible(offsets, T0 + 5_000)
+        assert master.dropped_before("orders", ["h-2"], T0 + 5_001) == [False]  # visible
+        assert master.append("orders", "h-1", [], T0 + 5_001, b"x").duplicate
+        master.discard()
+        copy(master, slave)
+        assert slave.dropped_before("orders", ["h-1", "h-2", "h-3"], T0 + 6_000) == [
+            True, False, True]
+        master.close()
+        reopened = MessageStore(path, TINY, now_ms=T0 + 6_000)
+        try:
+            assert reopened.dropped_before("orders", ["h-1", "h-2", "h-3"], T0 + 6_000) == [
+                True, False, True]
+            # Past the dedup window the drop is forgotten (answered as never held).
+            assert reopened.dropped_before("orders", ["h-1"], T0 + 1 + 60_000) == [False]
+        finally:
+            reopened.close()
+    finally:
+        slave.close()
+
+
+def test_a_copy_cut_back_before_a_dropped_record_holds_the_message_again_not_dropped(tmp_path):
+    master = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "c"), TINY, now_ms=T0)
+    try:
+        hold(master, "orders", ["h-1"])
+        cut_at = master.copy_bounds()[1]
+        master.cancel_held("orders", ["h-1"], T0 + 1)
+        copy(master, slave)
+        assert slave.held() == [] and slave.dropped_before("orders", ["h-1"], T0 + 2) == [True]
+        slave.truncate_copy(cut_at)
+        assert [h.message_id for h in slave.held()] == ["h-1"]
+        assert slave.dropped_before("orders", ["h-1"], T0 + 2) == [False]
+        assert slave.append("orders", "h-1", [], T0 + 2, b"x").duplicate  # held again
+        slave.discard()
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_dropped_record_round_trips_and_refuses_a_bad_body():
+    body = encode_dropped(T0, "orders", [40, 90], ["a", "\u00e9t\u00e9"])
+    assert is_control(body)
+    assert decode_dropped(body) == (T0, "orders", [40, 90], ["a", "\u00e9t\u00e9"])
+    for bad in (body[:-1], body + b"x", body[:31 + 16]):
+        with pytest.raises(ValueError):
+            decode_dropped(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.text(min_size=1, max_size=40),
+       st.lists(st.tuples(st.integers(0, 2**64 - 1), st.text(max_size=40)), max_size=8))
+def test_any_dropped_record_decodes_to_what_was_encoded(timestamp_ms, subject, dropped):
+    offsets = [o for o, _ in dropped]
+    ids = [i for _, i in dropped]
+    body = encode_dropped(timestamp_ms, subject, offsets, ids)
+    assert decode_dropped(body) == (timestamp_ms, subject, offsets, ids)
 
 
 @pytest.mark.parametrize("closed", [True, False], ids=["closed", "killed"])
