@@ -8,7 +8,8 @@ visibility round sleeps until the earliest visible time, then makes everything d
 one store call (a visible-message record per message, its payload written again, and the
 consumer-log entries), feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
 polls; a held record that no longer reads is given up (``gave_up`` ``held_unreadable``). A message is never visible before its
-``visible_at_ms`` by this broker's clock. ``cancel`` drops held messages by id. After a
+``visible_at_ms`` by this broker's clock. A round runs only while the broker may write, as a
+send is checked (the leased, active master; ``min_insync``): else the messages wait. ``cancel`` drops held messages by id. After a
 restart or a promotion, ``load`` takes the held set the store rebuilt from its records.
 """
 
@@ -56,6 +57,10 @@ VISIBLE_TICK_MS = 5
 # A round that failed for want of space or descriptors (DiskFull, OutOfDescriptors: not
 # sticky) is tried again this much later (ms) by the broker's clock.
 VISIBLE_RETRY_MS = 1_000
+# A round refused because this broker may not write now (not the leased master, or too few
+# in-sync slaves under min_insync: what a send is refused for) looks again this much later
+# (ms, event-loop time): a lease renewal or a slave catching up lets the round go on soon.
+VISIBLE_REFUSED_RETRY_MS = 100
 
 
 class Handoffs:
@@ -79,6 +84,14 @@ class Handoffs:
         # later; any other: the held timer stops until a restart, the broker read-only):
         # qmq_realtime_held_visibility_failures.
         self.visibility_failures = 0
+        # Why this broker may not write now (the server's role check: not the leased, active
+        # master), or None; the server sets it, a broker without one (tests, no MetaServer)
+        # is never refused by it.
+        self.role_refusal: Callable[[], str | None] = lambda: None
+        # Rounds put off because the broker may not write (qmq_realtime_held_rounds_refused),
+        # and the reason last logged (one log line per change of reason).
+        self.rounds_refused = 0
+        self._refused_why: str | None = None
 
     # ------------------------------------------------------------------ ops
 
@@ -226,6 +239,8 @@ class Handoffs:
                     pass
                 batch_max = VISIBLE_FIRST_BATCH_MAX
                 continue
+            if not await self._may_write():
+                continue
             due = self.timer.take_due(now_ms, batch_max)
             batch_max = VISIBLE_BATCH_MAX
             round_ = asyncio.ensure_future(self.make_visible(due, now_ms))
@@ -252,6 +267,35 @@ class Handoffs:
                               "restarted (recovery holds them again)", len(due))
                 self._go_readonly()
                 return
+
+    async def _may_write(self) -> bool:
+        """Whether a round may write now, checked as a send is (the role: the leased, active
+        master; the replicas: min_insync). When not, the round waits
+        VISIBLE_REFUSED_RETRY_MS (or a poke) and returns False: the messages stay held, never
+        made visible by a broker that may have been replaced (a second delivery) nor written
+        where no slave in sync would copy them."""
+        why = self.role_refusal()
+        if why is None:
+            try:
+                self._ctx.replica.check_writable()
+            except QmqError as exc:
+                why = exc.message
+        if why is None:
+            if self._refused_why is not None:
+                log.info("held messages are made visible again: the broker may write")
+                self._refused_why = None
+            return True
+        self.rounds_refused += 1
+        if why != self._refused_why:
+            log.warning("held messages due now wait: this broker may not write (%s); looking "
+                        "again every %d ms", why, VISIBLE_REFUSED_RETRY_MS)
+            self._refused_why = why
+        try:
+            async with asyncio.timeout(VISIBLE_REFUSED_RETRY_MS / 1000):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        return False
 
     async def make_visible(self, due: list[int], now_ms: int) -> None:
         """Make the held messages at offsets ``due`` visible, then publish them."""

@@ -245,6 +245,11 @@ class _BrokerCollector(Collector):
             "read-only until restarted (recovery holds them again).",
             value=broker.handoffs.visibility_failures)
         yield CounterMetricFamily(
+            "qmq_realtime_held_rounds_refused", "Rounds making held messages visible put off "
+            "because the broker could not write (not the leased master, or too few in-sync "
+            "slaves): the messages waited and were looked at again 100 ms later.",
+            value=broker.handoffs.rounds_refused)
+        yield CounterMetricFamily(
             "qmq_realtime_commit_publish_failures", "Stored group commits whose publishing "
             "raised (a bug): their sends were answered internal (a resend is a duplicate) and "
             "later commits went on.", value=broker.sends.commits.publish_failures)

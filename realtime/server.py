@@ -114,6 +114,8 @@ class RealtimeServer(ServerBase):
                               broker.on_pulllog_thread, requires=("message",), snapshots=True),
             ], broker, self.role, self._heartbeat_soon)
         broker.on_commit = self.metrics.commit_batch_messages.observe
+        # A round making held messages visible is a write: only by the leased, active master.
+        broker.handoffs.role_refusal = lambda: self.role.refusal(boottime_ms())
         admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
                             on_store_thread=broker.on_store_thread,
                             on_pulllog_thread=broker.on_pulllog_thread, clock=broker.clock)

@@ -27,6 +27,7 @@ from tests.rawclient import FakeClock
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
 from wire.message import Message, decode_message, encode_message
+from wire.errors import NotEnoughReplicas
 from wire.protocol import Pull
 
 DUE_IN_MS = 3_000
@@ -396,3 +397,33 @@ async def test_a_full_disk_at_the_due_time_delays_held_messages_but_leaves_the_b
                    "the held message to be visible once space returned")
     assert await pulled_ids(broker, "orders") == ["h1"]
     assert broker.handoffs.visibility_failures == 1
+
+
+@pytest.mark.parametrize("refused_by", ["lease", "min_insync"])
+async def test_a_broker_that_may_not_write_makes_nothing_visible_until_it_may_again(
+        opened, monkeypatch, refused_by):
+    broker, clock, _ = opened
+    await hold(broker, clock, "orders", ["h1"])
+    refusing = True
+    if refused_by == "lease":
+        broker.handoffs.role_refusal = lambda: (
+            "its lease ran out (epoch 3): no MetaServer renewed it in time" if refusing
+            else None)
+    else:
+        def check_writable() -> None:
+            if refusing:
+                raise NotEnoughReplicas("group rt has 0 slaves in sync, min_insync 1")
+
+        monkeypatch.setattr(broker._ctx.replica, "check_writable", check_writable)
+    clock.advance(DUE_IN_MS + 1)
+    broker.handoffs.poke()
+    await wait_for(lambda: broker.handoffs.rounds_refused >= 2, 10, "two refused rounds")
+    assert broker.handoffs.made_visible == 0
+    assert await pulled_ids(broker, "orders") == []
+    assert len(broker.handoffs.timer) == 1  # still held, not taken
+    refusing = False
+    await wait_for(lambda: broker.handoffs.made_visible == 1, 10, "h1 to be visible")
+    assert await pulled_ids(broker, "orders") == ["h1"]
+    metrics = RealtimeMetrics("g")
+    metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
+    assert metrics.registry.get_sample_value("qmq_realtime_held_rounds_refused_total") >= 2
