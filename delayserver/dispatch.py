@@ -48,6 +48,9 @@ HOT_BACKLOG_ENTRIES = 4_096
 HOT_CHUNK_ENTRIES_MAX = 32_768
 # Refusals the realtime side will repeat for ever: such a message is recorded as dispatched.
 REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
+# A broker makes a held message visible at its due time, give or take its timer's lateness: a
+# cancel this soon after the due time still asks it (it may drop the message yet).
+HELD_CANCEL_GRACE_MS = 1_000
 # Answers to a hand-off of one message that send it at its due time instead: refused for good,
 # or its home group is an older server (a mixed-version route, PayloadSender.send).
 HOLD_REFUSED = (*REFUSED_FOR_GOOD, NotSupported.code)
@@ -87,9 +90,11 @@ class Dispatcher:
     - ``hold``: the hand-off (None: every message is sent at its due time), set at start and
       never changed (a refused hand-off passes ``use_hold=False`` down, it never clears this
       field that every worker reads); ``handed``:
-      message id -> (subject, deliver_at_ms, cancelled) of what was handed off and recorded,
-      until its due time passes (a cancel asks the broker; the store records a drop, so a
-      later cancel finds it there: ``DelayStore.record_dropped``); ``pending_drops``: message
+      message id -> (subject, deliver_at_ms, cancelled) of what may be held by a broker: set
+      as its hold is sent, taken out when a broker refused it (a lost answer keeps it), kept
+      until HELD_CANCEL_GRACE_MS past its due time; a cancel asks the broker about these
+      only (the store records a drop, so a later cancel finds it there:
+      ``DelayStore.record_dropped``); ``pending_drops``: message
       id -> deliver_at_ms of handed messages a broker dropped before their dispatch was
       recorded: the recorder marks them dropped in the store once it is; ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
@@ -253,6 +258,7 @@ class Dispatcher:
                 await self._hold_refused(subject, entries, payloads, now_ms,
                                          f"handed record not written: {exc}")
                 return
+        ids = self._may_hold(subject, entries, payloads) if early else []
         try:
             if hold is not None and early:
                 group, results = await hold(subject, payloads,
@@ -262,6 +268,7 @@ class Dispatcher:
         except NotSupported as exc:
             if not early:
                 raise
+            self._not_held(ids)
             await self._hold_refused(subject, entries, payloads, now_ms, exc)
             return
         except QmqError as exc:
@@ -274,6 +281,7 @@ class Dispatcher:
                 return
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
                         len(entries), subject, exc)
+            self._not_held(ids)  # refused (overloaded, read-only...): the group holds none
             self._retry(entries, f"realtime did not take the batch: {exc}")
             return
         confirmed_at_ms = self.clock()
@@ -292,6 +300,8 @@ class Dispatcher:
         for position, entry in enumerate(entries):
             result = results[position] if position < len(results) else {}
             error = result.get("error")
+            if error is not None and ids:  # refused: not held (a missing answer: it may be)
+                self._not_held([ids[position]])
             if error is None and result:
                 confirmed.append(entry)
                 kept.append(entry)
@@ -332,6 +342,8 @@ class Dispatcher:
         and held again before its due time)."""
         log.info("hand-off of %d messages of %s refused (%s): dispatching at the due time",
                  len(entries), subject, exc)
+        if self.pending_drops:  # held after all (its answer lost), and a cancel dropped it
+            entries, payloads = await self._cancel_dropped(entries, payloads)
         if self._no_hold is not None:
             self._no_hold()
         due = [i for i, e in enumerate(entries) if e.deliver_at_ms <= now_ms]
@@ -342,9 +354,49 @@ class Dispatcher:
             await self._dispatch_batch(subject, [entries[i] for i in due],
                                        [payloads[i] for i in due], use_hold=False)
 
+    async def _cancel_dropped(self, entries: list[ScheduleEntry], payloads: list[bytes]
+                              ) -> tuple[list[ScheduleEntry], list[bytes]]:
+        """Of a hand-off whose answer was lost: those a broker dropped at a cancel meanwhile
+        (``pending_drops``; the cancel answered "cancelled") are cancelled in the store and
+        forgotten, never sent at their due time; the others are returned."""
+        keep: list[int] = []
+        for position, payload in enumerate(payloads):
+            message_id = peek_message_id(payload)
+            due_ms = self.pending_drops.pop(message_id, None)
+            if due_ms is None:
+                keep.append(position)
+                continue
+            try:
+                await self._io(self.store.cancel, message_id, due_ms)
+            except Exception:
+                log.exception("the cancel of dropped message %s was not recorded", message_id)
+            self.window.forget([entries[position]])
+        return [entries[i] for i in keep], [payloads[i] for i in keep]
+
+    def _may_hold(self, subject: str, entries: list[ScheduleEntry],
+                  payloads: list[bytes]) -> list[str]:
+        """Before a hold is sent: its messages may be held from now on (``handed``; a cancel
+        asks the broker about them, and only about them); their ids."""
+        ids = list(map(peek_message_id, payloads))
+        handed = self.handed
+        for message_id, entry in zip(ids, entries):
+            if message_id not in handed:  # one a cancel found dropped stays so
+                handed[message_id] = (subject, entry.deliver_at_ms, False)
+        return ids
+
+    def _not_held(self, ids: list[str]) -> None:
+        """A broker refused these hand-offs: it holds none of them, a cancel need not ask."""
+        handed = self.handed
+        for message_id in ids:
+            known = handed.get(message_id)
+            if known is not None and not known[2]:
+                del handed[message_id]
+
     def prune_handed(self, now_ms: int) -> int:
-        """Forget the handed messages whose due time has passed (a cancel of one is too late
-        anyway; one a broker dropped is known to the store); returns how many."""
+        """Forget the handed messages whose due time passed HELD_CANCEL_GRACE_MS ago (a
+        cancel of one is too late; one a broker dropped is known to the store); returns how
+        many."""
+        now_ms -= HELD_CANCEL_GRACE_MS
         gone = [i for i, (_subject, due, _cancelled) in self.handed.items() if due <= now_ms]
         for message_id in gone:
             del self.handed[message_id]
@@ -448,11 +500,6 @@ class Dispatcher:
             self.tracer.handed_entries([e.delay_log_offset for e in kept], batch.payloads,
                                        batch.holders or [], at_ms)
             self.tracer.drop_kept([e.delay_log_offset for e in batch.entries])
-            handed = self.handed
-            for entry, payload in zip(kept, batch.payloads):
-                message_id = peek_message_id(payload)
-                if message_id not in handed:  # one cancelled in flight stays cancelled
-                    handed[message_id] = (batch.subject, entry.deliver_at_ms, False)
         else:
             self.stats.record(at_ms, [at_ms - e.deliver_at_ms for e in batch.entries])
         if self.tracer.enabled and not batch.handed:

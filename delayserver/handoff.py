@@ -5,13 +5,15 @@ refused a hand-off, the durable record of what may be handed, and cancels of mes
 may hold.
 
 The dispatcher sends what is taken early with ``hold`` (the broker keeps it invisible until its
-due time) and remembers what it handed in ``Dispatcher.handed``; a cancel of such a message asks
-the broker. Before a hold is sent, a handed record (the done journal's kind 4, replicated as
-the rest of the store) says that messages due up to a time may be handed: after a restart or a
-failover, a cancel of a stored message due by then asks the broker first (a broker that cannot
-be asked fails the cancel with nothing recorded), then the store: the broker's drop of one the
-store had recorded as dispatched answers ``cancelled``. Any other cancel never asks a broker
-(with the hand-off off, none does).
+due time) and remembers what it may have handed in ``Dispatcher.handed`` (from the moment the
+hold is sent); a cancel of such a message asks the broker, of no other one of this run. Before
+a hold is sent, a handed record (the done journal's kind 4, replicated as the rest of the
+store) says that messages due up to a time may be handed: after a restart or a failover, a
+cancel of a stored message due by the record written before the run began asks the broker
+first (a broker that cannot be asked fails the cancel with nothing recorded), then the store:
+the broker's drop of one the store had recorded as dispatched answers ``cancelled`` and is
+recorded (``DelayStore.record_dropped``). Any other cancel never asks a broker (with the
+hand-off off, none does).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import Counter
 from typing import Awaitable, Callable
 
 from delayserver.config import DelayConfig
-from delayserver.dispatch import Dispatcher, Hold
+from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 
@@ -49,9 +51,6 @@ RecordHanded = Callable[[int], Awaitable[None]]
 # then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
 RecordDropped = Callable[[str, int], Awaitable[str]]
 CANCELLED = ("cancelled", "already_cancelled")
-# A broker makes a held message visible at its due time, give or take its timer's lateness: a
-# cancel this soon after the due time still asks it (it may drop the message yet).
-HELD_CANCEL_GRACE_MS = 1_000
 
 
 def step_end_ms(due_ms: int, step: int) -> int:
@@ -89,7 +88,9 @@ class HandOff:
     - ``_cancelling``: (message id, deliver_at_ms) -> the answer of the cancel of it under way;
       a cancel of the same message meanwhile waits for it (None: it failed);
     - ``handed_until_ms``: the store's highest handed record (the scheduler reads it at start
-      and promotion; ``recorded`` raises it); ``_recording``: held while one is written.
+      and promotion; ``recorded`` raises it); ``_recording``: held while one is written;
+    - ``prior_handed_until_ms``: the store's highest handed record when this run began (at
+      start and promotion): what an earlier run or master may have handed, known by no id.
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
@@ -108,6 +109,7 @@ class HandOff:
         self._hot_until_ms = 0
         self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
         self.handed_until_ms = 0
+        self.prior_handed_until_ms = 0
         self._recording = asyncio.Lock()
 
     # ------------------------------------------------------------------ the plan
@@ -241,11 +243,12 @@ class HandOff:
                           message_id, deliver_at_ms)
 
     def _may_be_held(self, deliver_at_ms: int) -> bool:
-        """Whether a broker may hold the message due at ``deliver_at_ms``: it can be asked,
-        a handed record of this store (this run's or an earlier one's) covers its due time,
+        """Whether a broker may hold the message due at ``deliver_at_ms``, handed off by an
+        earlier run or master of this store (this run's are known by id: ``Dispatcher.handed``):
+        it can be asked, a handed record written before this run began covers its due time,
         and that is not more than HELD_CANCEL_GRACE_MS past."""
         return self.cancel_held is not None and \
-            self.clock() - HELD_CANCEL_GRACE_MS < deliver_at_ms <= self.handed_until_ms
+            self.clock() - HELD_CANCEL_GRACE_MS < deliver_at_ms <= self.prior_handed_until_ms
 
     async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
                              deliver_at_ms: int, in_store: StoreCancel) -> str:
@@ -256,7 +259,6 @@ class HandOff:
         dropped = (await self.cancel_held(subject, [message_id]))[0] \
             if self.cancel_held is not None else False
         if not dropped:
-            dispatcher.handed.pop(message_id, None)
             # Made visible, or dropped at an earlier cancel whose record the store has.
             return (await in_store(message_id, deliver_at_ms))[0]
         # Recorded in the store: a repeated cancel (an answer lost on the way), after a

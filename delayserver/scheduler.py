@@ -196,6 +196,9 @@ class Scheduler:
                                                name="delay-copy-housekeeping")]
             return
         self.handoff.handed_until_ms = await self._io(self.store.handed_until_ms)
+        # Hand-offs of earlier runs (or the old master) are known only by this bound; this
+        # run's by id (Dispatcher.handed), so a cancel asks a broker only about those.
+        self.handoff.prior_handed_until_ms = self.handoff.handed_until_ms
         await self.preload()
         self._tasks = [
             asyncio.create_task(self._commits.run(), name="delay-committer"),

@@ -749,3 +749,67 @@ async def test_a_drop_of_a_handed_message_whose_dispatch_is_not_recorded_yet_is_
         assert await again.cancel(m.id, due) == "already_cancelled"
     finally:
         await again.stop()
+
+
+class OlderUnreachableBroker(UnreachableBroker):
+    """Refuses hand-offs (an older broker) and cannot be asked to cancel."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock, holds=False)
+
+
+async def test_a_cancel_of_a_message_a_handed_record_covers_but_never_handed_does_not_ask_the_broker(
+        tmp_path):
+    # review s10 S1: the handed record is written before the hold; the broker refused it, so
+    # the message waits for its due time, and its cancel failed while the broker was
+    # unreachable although no broker held it.
+    clock = FakeClock()
+    broker = OlderUnreachableBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert scheduler.handoff.handed_until_ms >= due and broker.held == []
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        assert broker.cancels == []
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert broker.received == []
+    finally:
+        await scheduler.stop()
+
+
+class DropThenLoseHoldAnswer(HoldingBroker):
+    """Holds, but the hold's answer is lost (after a cancel dropped the message); cancels
+    answer True once."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.answer = asyncio.Event()
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        await super().hold(subject, payloads, visible_at_ms)
+        await self.answer.wait()
+        raise ConnectionLost("the hold's answer was lost")
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        return [True for _ in ids]
+
+
+async def test_a_held_message_dropped_while_its_hold_answer_was_lost_is_never_sent_at_its_due_time(
+        tmp_path):
+    clock = FakeClock()
+    broker = DropThenLoseHoldAnswer(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert [i for _, i, _ in broker.held] == [m.id]
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        broker.answer.set()
+        await settle(scheduler)
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert broker.received == [], "answered cancelled, then sent at its due time"
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await scheduler.stop()
