@@ -57,6 +57,9 @@ SUBJECT_MEMBERS_MAX = 1_024
 # decode, which would cost ~3 us a message on the broker.
 RECENT_PER_SUBJECT_MAX = 8_192
 RECENT_SUBJECTS_MAX = 32
+# ``locator_member`` of sequence 0 without a log subject: what the locator of any sequence
+# starts with, the rest of it (an internal subject's log_subject) being the same for a batch.
+_SEQ_ZERO = locator_member(0)
 
 
 # Fields of a Checked, taken by ``map`` in C over a batch.
@@ -261,11 +264,21 @@ class BrokerTracer:
         assert writer is not None
         s_start, s_end = writer.frame("stored", now_ms)
         d_start, d_end = writer.frame("dispatched", now_ms)
-        log_subject = subject if subject[:1] == "%" else None
-        lines = []
-        for member, sequence, due in zip(members, sequences, deliver_at_ms):
-            lines.append(s_start + member + locator_member(sequence, log_subject) + s_end)
-            lines.append(f'{d_start}{member},"lateness_ms":{now_ms - due}{d_end}')
+        # One f-string per line, with what every line of the batch shares built once: the
+        # locator's part after the sequence (an internal subject's log_subject) joins the
+        # stored lines' end, and each distinct due time's lateness the dispatched lines' (a
+        # hot slot has one): about 60% of the CPU of one concatenation per part.
+        locator_tail = locator_member(0, subject if subject[:1] == "%" else None)
+        assert locator_tail.startswith(_SEQ_ZERO), locator_tail
+        s_end = locator_tail[len(_SEQ_ZERO):] + s_end
+        lines = [f'{s_start}{member},"seq":{sequence}{s_end}'
+                 for member, sequence in zip(members, sequences)]
+        if len(set(deliver_at_ms)) == 1:
+            d_end = f',"lateness_ms":{now_ms - deliver_at_ms[0]}{d_end}'
+            lines += [f'{d_start}{member}{d_end}' for member in members]
+        else:
+            lines += [f'{d_start}{member},"lateness_ms":{now_ms - due}{d_end}'
+                      for member, due in zip(members, deliver_at_ms)]
         writer.emit_lines(lines)
         self._remember(subject, sequences, members)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import json
 import os
 import threading
 from collections import defaultdict
@@ -263,13 +264,16 @@ async def test_a_reopened_broker_holds_again_and_makes_visible_on_time(tmp_path)
 
 
 @pytest.mark.parametrize("subject", ["orders", "%retry%orders%billing"])
+@pytest.mark.parametrize("due_step_ms", [0, 1])  # one due time for all, or one each
 def test_the_lines_built_at_the_hand_off_equal_the_lines_built_from_the_payload(tmp_path,
-                                                                                subject):
+                                                                                subject,
+                                                                                due_step_ms):
     from serverkit.send_check import QuickCheck
     clock = FakeClock()
     due = clock() + DUE_IN_MS
+    dues = [due - n * due_step_ms for n in range(3)]
     payloads = [encode_message(Message.create(subject, b"x", now_ms=clock(), id=f"m{n}",
-                                              deliver_at_ms=due, tags=("t",) * n))
+                                              deliver_at_ms=dues[n], tags=("t",) * n))
                 for n in range(3)]
     checks = QuickCheck().check_many(payloads, due + 10_000)
     checks = [c or pytest.fail("the quick check took them") for c in checks]
@@ -282,10 +286,15 @@ def test_the_lines_built_at_the_hand_off_equal_the_lines_built_from_the_payload(
         else:
             members = [tracer.visible_members(c) for c in checks]
             assert None not in members
-            tracer.made_visible_members(subject, members, [5, 6, 7], [due] * 3, due + 3)
+            tracer.made_visible_members(subject, members, [5, 6, 7], dues, due + 3)
         writer.flush()
-        lines.append(sorted(read_events([tmp_path / name]), key=str))
+        # The raw lines, not read_events' (which keeps only the event fields: no locator).
+        lines.append(sorted((json.loads(line) for path in
+                            glob.glob(str(tmp_path / name / "**" / "*.jsonl"), recursive=True)
+                            for line in open(path, encoding="utf-8")), key=str))
     assert lines[0] == lines[1] and len(lines[0]) == 6
+    assert all(("log_subject" in line) == (subject[0] == "%") for line in lines[1]
+               if line["event"] == "stored")
 
 
 async def test_a_held_record_rotten_by_its_due_time_is_given_up_and_traced_the_rest_visible(
