@@ -1,4 +1,4 @@
-/* realtime.storage._codecs: C twins of the two batch encoders of the realtime store (optional).
+/* realtime.storage._codecs: C twins of the three batch encoders of the realtime store (optional).
  *
  * encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes
  *     consumer_log.encode_entries: per entry, big-endian u64 timestamp_ms, u64 offset,
@@ -8,9 +8,15 @@
  *     message_record.encode_subject_records once the subject is UTF-8: per record, u64
  *     timestamp_ms, u64 sequence, u64 tag_bloom, u16 subject length, the subject, u16 id length,
  *     the id, the payload.
+ * encode_visible_records(timestamp_ms, subject_utf8, sequences, tag_blooms, held_offsets,
+ *                        ids_utf8, payloads) -> list[bytes]
+ *     control_record.encode_visible_messages once the subject is UTF-8: per record, u64
+ *     timestamp_ms, u64 sequence, u64 tag_bloom, u16 marker 0, u8 kind 4, u64 held_offset,
+ *     then as above from the u16 subject length on.
  *
- * The layouts are documented in consumer_log.py and message_record.py, which hold the pure-Python
- * twins; these take lists only (the Python wrappers fall back to the twins for anything else).
+ * The layouts are documented in consumer_log.py, message_record.py and control_record.py, which
+ * hold the pure-Python twins; these take lists only (the Python wrappers fall back to the twins
+ * for anything else).
  * A value out of its field's width, or of the wrong type, raises ValueError as the twins do.
  * Why C: a commit encodes every message's record and entry; even as C-level maps the Python
  * twins spend most of their time in per-item call overhead (three struct/CRC calls per entry).
@@ -26,6 +32,9 @@
 #define ENTRY_HEAD_BYTES 28
 #define ENTRY_BYTES 32
 #define RECORD_FIXED_BYTES 26 /* timestamp, sequence, bloom, subject length */
+#define VISIBLE_FIXED_BYTES 37 /* timestamp, sequence, bloom, marker, kind, held offset,
+                                  subject length */
+#define KIND_VISIBLE_MESSAGE 4
 
 /* zlib.crc32(data): zlib's own crc32, as in the other C twins. */
 static uint32_t crc32_of(const unsigned char *data, size_t size)
@@ -107,28 +116,25 @@ static PyObject *encode_entries(PyObject *module, PyObject *args)
     return out;
 }
 
-static PyObject *encode_subject_records(PyObject *module, PyObject *args)
+/* The records of one subject given column by column: message records (``held_offsets`` NULL)
+ * or visible-message records (``held_offsets`` the list of the held records' offsets). */
+static PyObject *subject_records(PyObject *timestamp_object, const char *subject,
+                                 Py_ssize_t subject_size, PyObject *sequences,
+                                 PyObject *blooms, PyObject *held_offsets, PyObject *ids,
+                                 PyObject *payloads)
 {
-    PyObject *timestamp_object;
     uint64_t timestamp;
-    const char *subject;
-    Py_ssize_t subject_size;
-    PyObject *columns[4]; /* sequences, tag blooms, ids (bytes), payloads (bytes) */
-    if (!PyArg_ParseTuple(args, "Oy#O!O!O!O!:encode_subject_records", &timestamp_object,
-                          &subject, &subject_size, &PyList_Type, &columns[0], &PyList_Type,
-                          &columns[1], &PyList_Type, &columns[2], &PyList_Type, &columns[3])) {
-        return NULL;
-    }
     if (subject_size > 0xFFFF) {
         PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
         return NULL;
     }
+    PyObject *columns[5] = {sequences, blooms, ids, payloads, held_offsets};
     Py_ssize_t count;
-    if (same_lengths(columns, 4, &count) < 0) {
+    if (same_lengths(columns, held_offsets == NULL ? 4 : 5, &count) < 0) {
         return NULL;
     }
     if (count == 0) {
-        return PyList_New(0); /* as the twin: no record, so no timestamp_ms field to check */
+        return PyList_New(0); /* as the twins: no record, so no timestamp_ms field to check */
     }
     PyObject *holder = PyList_New(1); /* get_field reads from a list */
     if (holder == NULL) {
@@ -141,21 +147,24 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
     if (bad < 0) {
         return NULL;
     }
+    Py_ssize_t fixed = held_offsets == NULL ? RECORD_FIXED_BYTES : VISIBLE_FIXED_BYTES;
     PyObject *out = PyList_New(count);
     if (out == NULL) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        uint64_t sequence, bloom;
-        PyObject *id = PyList_GET_ITEM(columns[2], i);
-        PyObject *payload = PyList_GET_ITEM(columns[3], i);
-        if (get_field(columns[0], i, UINT64_MAX, "subject_sequence", &sequence) < 0
-                || get_field(columns[1], i, UINT64_MAX, "tag_bloom", &bloom) < 0) {
+        uint64_t sequence, bloom, held_offset = 0;
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        if (get_field(sequences, i, UINT64_MAX, "subject_sequence", &sequence) < 0
+                || get_field(blooms, i, UINT64_MAX, "tag_bloom", &bloom) < 0
+                || (held_offsets != NULL
+                    && get_field(held_offsets, i, UINT64_MAX, "held_offset", &held_offset) < 0)) {
             Py_DECREF(out);
             return NULL;
         }
         if (!PyBytes_Check(id) || !PyBytes_Check(payload)) {
-            /* The Python twin takes any bytes-like payload: its wrapper falls back to it. */
+            /* The Python twins take any bytes-like payload: their wrappers fall back to them. */
             PyErr_SetString(PyExc_TypeError, "message id and payload must be bytes");
             Py_DECREF(out);
             return NULL;
@@ -169,7 +178,7 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
         Py_ssize_t id_size = PyBytes_GET_SIZE(id);
         Py_ssize_t payload_size = PyBytes_GET_SIZE(payload);
         PyObject *record = PyBytes_FromStringAndSize(
-            NULL, RECORD_FIXED_BYTES + subject_size + 2 + id_size + payload_size);
+            NULL, fixed + subject_size + 2 + id_size + payload_size);
         if (record == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -178,8 +187,13 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
         put_be(at, timestamp, 8);
         put_be(at + 8, sequence, 8);
         put_be(at + 16, bloom, 8);
-        put_be(at + 24, (uint64_t)subject_size, 2);
-        at += RECORD_FIXED_BYTES;
+        if (held_offsets != NULL) {
+            put_be(at + 24, 0, 2); /* marker: 0, where a message record has its subject length */
+            at[26] = KIND_VISIBLE_MESSAGE;
+            put_be(at + 27, held_offset, 8);
+        }
+        put_be(at + fixed - 2, (uint64_t)subject_size, 2);
+        at += fixed;
         memcpy(at, subject, subject_size);
         at += subject_size;
         put_be(at, (uint64_t)id_size, 2);
@@ -187,8 +201,40 @@ static PyObject *encode_subject_records(PyObject *module, PyObject *args)
         memcpy(at + 2 + id_size, PyBytes_AS_STRING(payload), payload_size);
         PyList_SET_ITEM(out, i, record);
     }
-    (void)module;
     return out;
+}
+
+static PyObject *encode_subject_records(PyObject *module, PyObject *args)
+{
+    PyObject *timestamp_object;
+    const char *subject;
+    Py_ssize_t subject_size;
+    PyObject *columns[4]; /* sequences, tag blooms, ids (bytes), payloads (bytes) */
+    if (!PyArg_ParseTuple(args, "Oy#O!O!O!O!:encode_subject_records", &timestamp_object,
+                          &subject, &subject_size, &PyList_Type, &columns[0], &PyList_Type,
+                          &columns[1], &PyList_Type, &columns[2], &PyList_Type, &columns[3])) {
+        return NULL;
+    }
+    (void)module;
+    return subject_records(timestamp_object, subject, subject_size, columns[0], columns[1],
+                           NULL, columns[2], columns[3]);
+}
+
+static PyObject *encode_visible_records(PyObject *module, PyObject *args)
+{
+    PyObject *timestamp_object;
+    const char *subject;
+    Py_ssize_t subject_size;
+    PyObject *columns[5]; /* sequences, tag blooms, held offsets, ids (bytes), payloads */
+    if (!PyArg_ParseTuple(args, "Oy#O!O!O!O!O!:encode_visible_records", &timestamp_object,
+                          &subject, &subject_size, &PyList_Type, &columns[0], &PyList_Type,
+                          &columns[1], &PyList_Type, &columns[2], &PyList_Type, &columns[3],
+                          &PyList_Type, &columns[4])) {
+        return NULL;
+    }
+    (void)module;
+    return subject_records(timestamp_object, subject, subject_size, columns[0], columns[1],
+                           columns[2], columns[3], columns[4]);
 }
 
 static PyMethodDef methods[] = {
@@ -197,6 +243,9 @@ static PyMethodDef methods[] = {
     {"encode_subject_records", encode_subject_records, METH_VARARGS,
      "encode_subject_records(timestamp_ms, subject_utf8, sequences, tag_blooms, ids_utf8, "
      "payloads) -> list[bytes]"},
+    {"encode_visible_records", encode_visible_records, METH_VARARGS,
+     "encode_visible_records(timestamp_ms, subject_utf8, sequences, tag_blooms, held_offsets, "
+     "ids_utf8, payloads) -> list[bytes]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,6 +54,12 @@ from functools import lru_cache
 from itertools import repeat
 from typing import Sequence
 
+from logstore.twins import c_twin
+
+# The C twin of encode_visible_messages (realtime/storage/_codecs.c); optional, chosen by
+# logstore.twins.
+_encode_visible_records_c = c_twin("realtime.storage._codecs", "encode_visible_records")
+
 HEAD = struct.Struct(
     ">Q"  # timestamp_ms
     "Q"  # visible_at_ms (held) / 0
@@ -157,10 +163,27 @@ def encode_visible_messages(timestamp_ms: int, subject: str, sequences: Sequence
                             message_ids_utf8: Sequence[bytes], payloads: Sequence[bytes],
                             ) -> list[bytes]:
     """``encode_visible_message`` of several held messages of one ``subject`` made visible at
-    one time, given column by column (the same bytes): the per-record work is two ``map`` calls
-    over one ``struct`` whose format holds the subject, not Python code per record (a hot
-    slot makes 20k visible at once). ValueError when a field does not fit its width."""
+    one time, given column by column (the same bytes; a hot slot makes 20k visible at once).
+    With the optional C twin built (``_codecs``) and the columns given as lists (``sequences``
+    may be a range), it does the work, about 5x faster; otherwise the per-record work is two
+    ``map`` calls over one ``struct`` whose format holds the subject. ValueError when a field
+    does not fit its width or the columns differ in length."""
+    if not (len(sequences) == len(tag_blooms) == len(held_offsets) == len(message_ids_utf8)
+            == len(payloads)):
+        raise ValueError(f"columns of {len(sequences)} sequences, {len(tag_blooms)} blooms, "
+                         f"{len(held_offsets)} held offsets, {len(message_ids_utf8)} ids and "
+                         f"{len(payloads)} payloads differ in length")
     subject_bytes = subject.encode("utf-8")
+    if type(sequences) is range:
+        sequences = list(sequences)
+    if _encode_visible_records_c is not None and type(sequences) is list and type(
+            tag_blooms) is list and type(held_offsets) is list and type(
+            message_ids_utf8) is list and type(payloads) is list:
+        try:
+            return _encode_visible_records_c(timestamp_ms, subject_bytes, sequences, tag_blooms,
+                                             held_offsets, message_ids_utf8, payloads)
+        except TypeError:
+            pass  # a payload or id that is bytes-like but not bytes: the Python path takes it
     head = _visible_head_struct(len(subject_bytes))
     try:
         heads = list(map(head.pack, repeat(timestamp_ms), sequences, tag_blooms, repeat(0),

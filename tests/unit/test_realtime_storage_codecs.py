@@ -15,6 +15,11 @@ from realtime.storage import (
     MessageStore,
     StoreConfig,
 )
+from realtime.storage.control_record import (
+    decode_visible_message,
+    encode_visible_message,
+    encode_visible_messages,
+)
 from realtime.storage.consumer_log import (
     ENTRY_SIZE_BYTES,
     Entry,
@@ -108,6 +113,55 @@ def test_batch_columns_of_different_lengths_are_a_value_error(column):
 def test_a_bytes_like_payload_is_encoded_as_its_bytes():
     assert encode_subject_records(5, "s", [0], [0], [b"i"], [bytearray(b"pay")]) == [
         encode_message_record(5, 0, 0, "s", "i", b"pay")]
+    assert encode_visible_messages(5, "s", [0], [0], [9], [b"i"], [bytearray(b"pay")]) == [
+        encode_visible_message(5, 0, 0, "s", "i", 9, b"pay")]
+
+
+@COLUMN_KINDS
+@settings(max_examples=200)
+@given(ts=u64, subject=names, first=st.integers(0, 1 << 40),
+       messages=st.lists(st.tuples(u64, u64, names, st.binary(max_size=40)), max_size=6))
+def test_visible_records_encoded_as_a_batch_are_the_bytes_encoded_one_by_one(
+        column, ts, subject, first, messages):
+    # Sequences as the store gives them (a range) and as a column of their own.
+    for sequences in (range(first, first + len(messages)),
+                      column(first + n for n in range(len(messages)))):
+        bodies = encode_visible_messages(ts, subject, sequences, column(m[0] for m in messages),
+                                         column(m[1] for m in messages),
+                                         column(m[2].encode() for m in messages),
+                                         column(m[3] for m in messages))
+        assert bodies == [encode_visible_message(ts, first + n, bloom, subject, message_id,
+                                                 held_offset, payload)
+                          for n, (bloom, held_offset, message_id, payload) in enumerate(messages)]
+        for n, body in enumerate(bodies):
+            record, sequence, held_offset, at = decode_visible_message(body)
+            assert (sequence, held_offset, record.message_id, body[at:]) == (
+                first + n, messages[n][1], messages[n][2], messages[n][3])
+
+
+@COLUMN_KINDS
+@pytest.mark.parametrize("ts, seq, bloom, held_offset, id_bytes", [
+    (-1, 0, 0, 0, 1), (1 << 64, 0, 0, 0, 1), (0, 1 << 64, 0, 0, 1), (0, 0, -1, 0, 1),
+    (0, 0, 0, 1 << 64, 1), (0, 0, 0, -1, 1), (0, 0, 0, 0, 0x10000), (1.5, 0, 0, 0, 1),
+    (0, "1", 0, 0, 1), (0, 0, None, 0, 1), (0, 0, 0, 2.0, 1)])
+def test_a_batch_visible_record_field_out_of_its_width_is_a_value_error(
+        column, ts, seq, bloom, held_offset, id_bytes):
+    with pytest.raises(ValueError, match="out of range"):
+        encode_visible_messages(ts, "s", column([seq]), column([bloom]), column([held_offset]),
+                                column([b"i" * id_bytes]), column([b"p"]))
+
+
+@COLUMN_KINDS
+def test_an_empty_batch_of_visible_records_is_empty_and_uneven_columns_are_a_value_error(
+        column):
+    assert encode_visible_messages(-1, "s", column([]), column([]), column([]), column([]),
+                                   column([])) == []
+    with pytest.raises(ValueError, match="differ in length"):
+        encode_visible_messages(0, "s", range(5, 7), column([0, 0]), column([1]),
+                                column([b"i"] * 2), column([b"p"] * 2))
+    with pytest.raises(ValueError, match="differ in length"):
+        encode_visible_messages(0, "s", column([5]), column([0]), column([1]), column([b"i"]),
+                                column([b"p"] * 2))
 
 
 @given(names, names, st.binary(max_size=50), st.data())

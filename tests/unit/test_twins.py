@@ -23,6 +23,8 @@ CHOSEN = {
     "realtime.storage.consumer_log": ("_encode_entries_c", "realtime.storage._codecs"),
     "realtime.storage.message_record": ("_encode_subject_records_c",
                                         "realtime.storage._codecs"),
+    "realtime.storage.control_record": ("_encode_visible_records_c",
+                                        "realtime.storage._codecs"),
     "delayserver.storage.due_records": ("parse_due_run", "delayserver._due_records"),
 }
 
