@@ -84,6 +84,7 @@ def _open_store_io(config: RealtimeConfig, opener: Opener, now_ms: int,
                                      or files_cached_budget()),
         dedup_window_ms=config.dedup_window_ms,
         retention_ms=config.retention_ms,
+        held_messages_max=config.held_messages_max,
     ), opener=opener, now_ms=now_ms)
     log.info("message store open: %s", store.recovery)
     return store, store.end_sequences(), _first_sequences(store)

@@ -41,11 +41,15 @@ class RealtimeConfig(ServerConfig):
     # messages, so a burst reaches the idle consumers instead of the first few (0: no sharing,
     # every pull takes up to what it asks for). See docs/SDK.md "How a burst spreads".
     burst_share_min_messages: int = 16
+    # Messages a delay server handed off ahead of their due time (``hold``) held at once, about
+    # 0.5 kB of broker memory each (100 MB at the default); a hold past it is refused
+    # ``too_large`` and the delay server sends that message at its due time instead.
+    held_messages_max: int = 200_000
 
     POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
         "segment_size_bytes_max", "consumer_log_entries_per_file", "ack_timeout_ms",
         "consumer_expiry_ms", "expiry_check_interval_ms", "dedup_window_ms", "retention_ms",
-        "retention_check_interval_ms",
+        "retention_check_interval_ms", "held_messages_max",
     )
 
     def __post_init__(self) -> None:

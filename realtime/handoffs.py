@@ -27,7 +27,7 @@ from realtime.held_timer import HeldTimer
 from realtime.sends import DELIVER_AT_SKEW_MS_MAX
 from realtime.storage.held import Held
 from serverkit.send_check import Checked, QuickCheck
-from wire.errors import BadRequest, QmqError, ReadOnly
+from wire.errors import BadRequest, QmqError, ReadOnly, TooLarge
 from wire.limits import HOLD_AHEAD_MS_MAX  # how far ahead a held message may be visible
 from wire.message import (
     ORIGIN_ID_PROPERTY, decode_message, peek_message_id, tag_hash, validate_message,
@@ -91,6 +91,8 @@ class Handoffs:
         # Rounds put off because the broker may not write (qmq_realtime_held_rounds_refused),
         # and the reason last logged (one log line per change of reason).
         self.rounds_refused = 0
+        # Hand-offs refused because the held set was full (qmq_realtime_holds_refused_full).
+        self.holds_refused_full = 0
         self._refused_why: str | None = None
 
     # ------------------------------------------------------------------ ops
@@ -121,13 +123,16 @@ class Handoffs:
             visible.append(visible_at)
         if not checks:
             return results
-        offsets, log_end = await ctx.on_store_thread(self._hold_io, checks, valid, visible,
-                                                     now_ms)
+        offsets, refused, log_end = await ctx.on_store_thread(self._hold_io, checks, valid,
+                                                              visible, now_ms)
         ctx.replica.advanced("message", log_end)
+        if refused:
+            self._refuse_full(refused, checks, slots, results)
         members_of = ctx.tracer.visible_members
         for slot, checked, payload, visible_at, offset in zip(slots, checks, valid, visible,
                                                               offsets):
-            results[slot] = send_result_ok(checked.id, duplicate=offset is None)
+            if results[slot] is None:
+                results[slot] = send_result_ok(checked.id, duplicate=offset is None)
             if offset is None:
                 continue
             self.timer.add(offset, visible_at)
@@ -159,14 +164,30 @@ class Handoffs:
         return checked
 
     def _hold_io(self, checks: list[Checked], payloads: list[bytes], visible_at_ms: list[int],
-                 now_ms: int) -> tuple[list[int | None], int]:
-        """Store thread: the held records; each message's offset (None: a duplicate) and the
-        message log's end."""
+                 now_ms: int) -> tuple[list[int | None], list[int], int]:
+        """Store thread: the held records; each message's offset (None: a duplicate or
+        refused), the indexes refused because the held set is full, and the message log's
+        end."""
         store = self._ctx.store
         hashes = [tuple(map(tag_hash, checked.tags)) for checked in checks]
+        refused: list[int] = []
         offsets = store.hold_many([c.subject for c in checks], [c.id for c in checks], hashes,
-                                  now_ms, payloads, visible_at_ms)
-        return offsets, store.copy_bounds()[1]
+                                  now_ms, payloads, visible_at_ms, refused)
+        return offsets, refused, store.copy_bounds()[1]
+
+    def _refuse_full(self, refused: list[int], checks: list[Checked], slots: list[int],
+                     results: list[Any]) -> None:
+        """Answer the messages the store did not hold for want of room: ``too_large``, for
+        good (the delay server sends them at their due time instead, docs/PROTOCOL.md)."""
+        held_max = self._ctx.config.held_messages_max
+        self.holds_refused_full += len(refused)
+        log.warning("held set full: %d hand-offs refused (held_messages_max %d); the delay "
+                    "server sends them at their due time", len(refused), held_max)
+        for index in refused:
+            results[slots[index]] = send_result_error(checks[index].id, TooLarge(
+                f"message {checks[index].id} not held: broker group "
+                f"{self._ctx.config.group} holds held_messages_max {held_max} messages "
+                "already; send it at its due time"))
 
     async def cancel(self, subject: str, message_ids: list[str]
                      ) -> tuple[list[bool], list[bool]]:

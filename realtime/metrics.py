@@ -250,6 +250,10 @@ class _BrokerCollector(Collector):
             "slaves): the messages waited and were looked at again 100 ms later.",
             value=broker.handoffs.rounds_refused)
         yield CounterMetricFamily(
+            "qmq_realtime_holds_refused_full", "Hand-offs (hold) refused too_large because the "
+            "broker held held_messages_max messages already: the delay server sends them at "
+            "their due time.", value=broker.handoffs.holds_refused_full)
+        yield CounterMetricFamily(
             "qmq_realtime_commit_publish_failures", "Stored group commits whose publishing "
             "raised (a bug): their sends were answered internal (a resend is a duplicate) and "
             "later commits went on.", value=broker.sends.commits.publish_failures)

@@ -19,6 +19,7 @@ from realtime.storage.config import (
 )
 from realtime.storage.errors import (
     CorruptEntry,
+    HeldSetFull,
     SequenceOutOfRange,
     StorageError,
     StoreClosed,
@@ -29,8 +30,8 @@ from realtime.storage.retention import DeletedSegment, RetentionReport
 from realtime.storage.store import Appended, MessageStore, StoredMessage
 
 __all__ = [
-    "Appended", "CorruptEntry", "DeletedSegment", "MESSAGE_ID_BYTES_MAX", "MessageStore",
-    "RetentionReport", "SUBJECT_BYTES_MAX", "SequenceOutOfRange", "StorageError", "StoreClosed",
-    "StoreConfig", "StoreFailed", "StoreRecoveryReport", "StoredMessage", "SubjectRecovery",
-    "TAG_HASHES_MAX",
+    "Appended", "CorruptEntry", "DeletedSegment", "HeldSetFull", "MESSAGE_ID_BYTES_MAX",
+    "MessageStore", "RetentionReport", "SUBJECT_BYTES_MAX", "SequenceOutOfRange", "StorageError",
+    "StoreClosed", "StoreConfig", "StoreFailed", "StoreRecoveryReport", "StoredMessage",
+    "SubjectRecovery", "TAG_HASHES_MAX",
 ]

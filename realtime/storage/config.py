@@ -37,6 +37,8 @@ class StoreConfig:
     checkpoint_interval_bytes: int = 64 << 20  # bytes of message log between checkpoints; bounds
     # the replay at open
     write_buffer_bytes_max: int = 256 << 10  # bytes the message log buffers before a write(2)
+    held_messages_max: int = 200_000  # messages held at once (the hand-off ahead of the due
+    # time), about 0.5 kB of memory each; a hold past it is refused (``hold_many``)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -52,6 +54,7 @@ class StoreConfig:
             "retention_hard_cap_bytes": 0,
             "checkpoint_interval_bytes": 0,
             "write_buffer_bytes_max": 0,
+            "held_messages_max": 0,
         }
         for item in fields(self):
             value = getattr(self, item.name)

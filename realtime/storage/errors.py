@@ -7,6 +7,7 @@ Hierarchy::
     │                             (subject, sequence, first_sequence, end_sequence)
     ├── CorruptEntry              a consumer-log entry or the message it points at failed
     │                             verification on read (subject, sequence, path, reason)
+    ├── HeldSetFull               a hold would pass held_messages_max (held, max, refused)
     ├── StoreFailed               an index write failed after the message log accepted a batch;
     │                             sticky until the store is reopened (recovery rebuilds the index)
     └── StoreClosed               the store was used after close()
@@ -54,6 +55,18 @@ class CorruptEntry(StorageError):
         super().__init__(
             f"corrupt entry for sequence {sequence} of subject {subject!r} in {path}: {reason}"
         )
+
+
+class HeldSetFull(StorageError):
+    """A hold would make the held set pass ``held_messages_max`` (``hold_many`` without a
+    ``refused`` list to report the messages it did not hold)."""
+
+    def __init__(self, held: int, held_messages_max: int, refused: int) -> None:
+        self.held = held
+        self.held_messages_max = held_messages_max
+        self.refused = refused
+        super().__init__(f"{refused} held messages more would pass held_messages_max "
+                         f"{held_messages_max} ({held} held now)")
 
 
 class StoreFailed(StorageError):

@@ -12,7 +12,7 @@ from logstore import CorruptRecord, LogStoreError, LogWriteFailed
 from realtime.storage.config import TIMESTAMP_MS_MAX
 from realtime.storage.consumer_log import ConsumerLog, encode_entries
 from realtime.storage.control_record import decode_held
-from realtime.storage.errors import StoreFailed
+from realtime.storage.errors import HeldSetFull, StoreFailed
 from realtime.storage.held import (
     DROPPED_SEQUENCE, HELD_SEQUENCE, Held, cancelled_body, dropped_body, encode_held_bodies,
     visible_bodies,
@@ -48,11 +48,15 @@ class HeldWrites:
 
     def hold_many(self, subjects: Sequence[str], message_ids: Sequence[str],
                   tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
-                  payloads: Sequence[bytes], visible_at_ms: Sequence[int]) -> list[int | None]:
+                  payloads: Sequence[bytes], visible_at_ms: Sequence[int],
+                  refused: list[int] | None = None) -> list[int | None]:
         """Write held records of messages given column by column, durably (per flush mode),
         with no consumer-log entry: invisible until ``make_visible``. Returns each message's
         held offset, None for a duplicate (an id stored or held within the dedup window, or
-        held still). All or nothing: a ValueError names the message at fault."""
+        held still) or a message refused: the held set holds at most ``held_messages_max``,
+        so the new messages past it (in order) are not held and their indexes are appended
+        to ``refused`` (without that list, HeldSetFull is raised and nothing is held). All or
+        nothing otherwise: a ValueError names the message at fault."""
         self._check_writable()
         if self._batch.bodies:
             raise ValueError("hold_many between append and commit")
@@ -65,8 +69,17 @@ class HeldWrites:
         bodies, kept, keys = encode_held_bodies(timestamp_ms, subjects, message_ids, tag_hashes,
                                                 payloads, visible_at_ms, self._dedup, self._held)
         outcome: list[int | None] = [None] * len(subjects)
+        room = self.config.held_messages_max - len(self._held)
+        if len(bodies) > room:
+            room = max(room, 0)
+            if refused is None:
+                raise HeldSetFull(len(self._held), self.config.held_messages_max,
+                                  len(bodies) - room)
+            refused += kept[room:]
+            bodies, kept, keys = bodies[:room], kept[:room], keys[:room]
         if not bodies:
             return outcome
+        assert len(bodies) <= room, (len(bodies), room)  # the held set stays within its max
         offsets = self._write_durably(bodies)
         for index, offset, body in zip(kept, offsets, bodies):
             outcome[index] = offset

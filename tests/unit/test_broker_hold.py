@@ -436,3 +436,32 @@ async def test_a_broker_that_may_not_write_makes_nothing_visible_until_it_may_ag
     metrics = RealtimeMetrics("g")
     metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
     assert metrics.registry.get_sample_value("qmq_realtime_held_rounds_refused_total") >= 2
+
+
+@pytest.mark.parametrize("held_before", [1, 2], ids=["max-1", "max"])
+async def test_a_hold_past_held_messages_max_is_refused_too_large_and_the_rest_held(
+        tmp_path, held_before):
+    clock = FakeClock()
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0, held_messages_max=2)
+    broker = await Broker.open(config, clock)
+    try:
+        assert await hold(broker, clock, "orders", [f"h{n}" for n in range(held_before)]) \
+            == ["stored"] * held_before
+        # The next two: the first fits at max-1 (max+1 refused), neither at max.
+        due = clock() + DUE_IN_MS
+        results = await broker.hold([payload("orders", i, clock, due) for i in ("a", "b")],
+                                    [due, due])
+        expected = ["stored", "too_large"] if held_before == 1 else ["too_large"] * 2
+        assert [r.get("status") or r["error"]["code"] for r in results] == expected
+        refused = [r for r in results if "error" in r]
+        assert "held_messages_max 2" in refused[0]["error"]["message"]
+        assert broker.handoffs.holds_refused_full == len(refused)
+        assert await hold(broker, clock, "orders", ["h0"]) == ["duplicate"]  # takes no room
+        metrics = RealtimeMetrics("g")
+        metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
+        assert metrics.registry.get_sample_value(
+            "qmq_realtime_holds_refused_full_total") == len(refused)
+        await arrive_at_due_time(broker, clock, 2)
+        assert await hold(broker, clock, "orders", ["c"]) == ["stored"]  # room again
+    finally:
+        await broker.stop()

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore.record import HEADER_SIZE_BYTES
-from realtime.storage import MessageStore, SequenceOutOfRange, StoreConfig
+from realtime.storage import HeldSetFull, MessageStore, SequenceOutOfRange, StoreConfig
 from realtime.storage.control_record import (
     decode_cancelled, decode_dropped, decode_held, decode_visible_message, encode_cancelled,
     encode_dropped, encode_held, encode_visible_message, encode_visible_messages, is_control,
@@ -197,6 +197,45 @@ def test_any_dropped_record_decodes_to_what_was_encoded(timestamp_ms, subject, d
     ids = [i for _, i in dropped]
     body = encode_dropped(timestamp_ms, subject, offsets, ids)
     assert decode_dropped(body) == (timestamp_ms, subject, offsets, ids)
+
+
+@pytest.mark.parametrize("held_before", [2, 3, 4], ids=["max-1", "max", "max+1"])
+def test_the_held_set_holds_at_most_held_messages_max_and_refuses_the_new_ones_past_it(
+        tmp_path, held_before):
+    held_max = 3
+    config = StoreConfig(**{**TINY.__dict__, "held_messages_max": held_max})
+    store = MessageStore(str(tmp_path / "s"), config, now_ms=T0)
+    try:
+        # The held set at held_before messages: past the max only by a lower max after a
+        # restart (a store never holds more than its max itself).
+        if held_before > held_max:
+            store.close()
+            wide = StoreConfig(**{**TINY.__dict__, "held_messages_max": held_before})
+            store = MessageStore(str(tmp_path / "s"), wide, now_ms=T0)
+            hold(store, "orders", [f"old-{n}" for n in range(held_before)])
+            store.close()
+            store = MessageStore(str(tmp_path / "s"), config, now_ms=T0)
+        else:
+            hold(store, "orders", [f"old-{n}" for n in range(held_before)])
+        assert len(store.held()) == held_before
+        refused: list[int] = []
+        # A batch of two new ids around a duplicate: duplicates take no room.
+        outcome = store.hold_many(["orders"] * 3, ["new-1", "old-0", "new-2"], [()] * 3, T0,
+                                  [b"n1", b"x", b"n2"], [T0 + 5_000] * 3, refused)
+        room = max(held_max - held_before, 0)
+        assert [o is not None for o in outcome] == [room >= 1, False, room >= 2]
+        assert refused == [0, 2][room:]
+        assert len(store.held()) == max(held_before, min(held_max, held_before + 2))
+        with pytest.raises(HeldSetFull) as full:
+            hold(store, "orders", ["new-3"])  # no refused list: nothing held, raised
+        assert full.value.held_messages_max == held_max and full.value.refused == 1
+        assert "1 held messages more would pass held_messages_max 3" in str(full.value)
+        assert "new-3" not in {h.message_id for h in store.held()}
+        # Made visible, the held messages leave room again.
+        store.make_visible([h.offset for h in store.held()], T0 + 5_000)
+        assert hold(store, "orders", ["new-3"])[0] is not None
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("closed", [True, False], ids=["closed", "killed"])
