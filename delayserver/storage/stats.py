@@ -44,12 +44,20 @@ class PendingCounts:
         self.total += 1
 
     def add_many(self, buckets_ms: list[int], subjects: list[str]) -> None:
-        """``add`` of each (bucket, subject) pair, counted in C-level passes."""
+        """``add`` of each (bucket, subject) pair, counted in C-level passes. A commit of one
+        hour, or of one subject (the usual), is counted by ``list.count`` rather than a Counter,
+        whose making cost ~20 us per commit on the delay-io thread."""
         per_hour, per_subject = self.per_hour, self.per_subject
-        for hour, count in Counter([bucket - bucket % HOUR_MS for bucket in buckets_ms]).items():
-            per_hour[hour] = per_hour.get(hour, 0) + count
-        for subject, count in Counter(subjects).items():
-            per_subject[subject] = per_subject.get(subject, 0) + count
+        hours = [bucket - bucket % HOUR_MS for bucket in buckets_ms]
+        for column, counts in ((hours, per_hour), (subjects, per_subject)):
+            if not column:
+                continue
+            first = column[0]
+            if column.count(first) == len(column):
+                counts[first] = counts.get(first, 0) + len(column)
+                continue
+            for key, key_count in Counter(column).items():
+                counts[key] = counts.get(key, 0) + key_count
         self.total += len(buckets_ms)
 
     def remove(self, bucket_ms: int, subject: str | None) -> bool:

@@ -104,3 +104,24 @@ def test_the_column_encoders_give_the_bytes_of_the_one_row_encoders():
         map(encode_schedule_entry, dues, offsets, sizes, hashes))
     with pytest.raises(ValueError, match="subject"):
         subject_tail(b"")
+
+
+@pytest.mark.parametrize("hours, subjects", [
+    ([0, 0, 0], ["a", "a", "a"]),  # one hour, one subject: counted without a Counter
+    ([0, 1, 0], ["a", "a", "a"]),
+    ([2, 2], ["a", "b"]),
+    ([0, 1, 2, 1], ["c", "a", "c", "b"]),
+    ([], []),
+])
+def test_pending_counts_of_a_commit_are_those_of_its_rows_added_one_by_one(hours, subjects):
+    from delayserver.storage.layout import HOUR_MS
+    from delayserver.storage.stats import PendingCounts
+
+    buckets = [BASE_MS + hour * HOUR_MS + 7 * BUCKET_MS for hour in hours]
+    in_one, one_by_one = PendingCounts({BASE_MS - BASE_MS % HOUR_MS: 2}, {"a": 1}), \
+        PendingCounts({BASE_MS - BASE_MS % HOUR_MS: 2}, {"a": 1})
+    in_one.add_many(buckets, subjects)
+    for bucket, subject in zip(buckets, subjects):
+        one_by_one.add(bucket, subject)
+    assert (in_one.per_hour, in_one.per_subject, in_one.total) == (
+        one_by_one.per_hour, one_by_one.per_subject, one_by_one.total)
