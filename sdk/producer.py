@@ -229,7 +229,9 @@ class Producer(BatchingMixin):
         if isinstance(tags, str):
             raise BadRequest(f"tags must be a list of str, got the str {tags!r}")
         now_ms = self._clock_ms()
-        deliver_at_ms = due_ms(now_ms, delay, deliver_at)
+        # An int deliver_at is epoch ms as given (due_ms's answer, without its calls).
+        deliver_at_ms = (deliver_at if delay is None and type(deliver_at) is int
+                         else due_ms(now_ms, delay, deliver_at))
         plain = (not tags and not properties and expire_at is None and message_id is None)
         middle = self._plain_subjects.get(subject) if plain and type(subject) is str else None
         if (middle is not None and type(body) is bytes
