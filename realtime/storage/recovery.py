@@ -19,6 +19,9 @@ Steps, in order (the message log has already cut its own torn tail):
    record joins the held set, a visible-message record is indexed like a message record (it
    is one, its payload written again) and takes its held record out, a cancelled record's
    leave it; so the replay starts at the checkpoint's held_from_offset when that is lower.
+   When a record below the checkpoint is corrupt, the replay starts at the checkpoint and
+   the held set there is the one the checkpoint carries (version 3; a walk of the records
+   below it for an older checkpoint).
 5. Entries that no replayed record confirmed are cut; records within ``dedup_window_ms`` of
    ``now_ms`` go into the dedup index.
 """
@@ -36,7 +39,9 @@ from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
 from realtime.storage.control_record import is_control
-from realtime.storage.held import HeldSet, is_held_control, message_header, note_control
+from realtime.storage.held import (
+    Held, HeldSet, is_held_control, message_header, note_control,
+)
 from realtime.storage.message_log import MessageLog
 from realtime.storage.store_checkpoint import StoreCheckpoint
 
@@ -131,12 +136,15 @@ def recover(
                         "(%s); replaying from the checkpoint only", exc)
             dedup.clear()
             held.clear()
-            # The held records below the checkpoint (from its held watermark) come back from
-            # a walk that passes over a rotten record; the replay itself starts at the
-            # checkpoint, whose records logstore verified at open.
+            # The replay starts at the checkpoint, whose records logstore verified at open.
+            # The held set there: the checkpoint's own (version 3), else a walk of the records
+            # below it from its held watermark that passes over a rotten record.
             start = max(checkpoint.message_log_offset, message_log.first_offset)
-            _held_below(message_log, held, max(checkpoint.replay_from_offset,
-                                               message_log.first_offset), start)
+            if checkpoint.held is not None:
+                _held_from_checkpoint(checkpoint, message_log.first_offset, held)
+            else:
+                _held_below(message_log, held, max(checkpoint.replay_from_offset,
+                                                   message_log.first_offset), start)
             _replay(*replay, start, full=False, subject_report=subject_report, report=report)
     except _Restart as restart:
         reason = restart.reason
@@ -227,6 +235,20 @@ def _dedup_start_offset(message_log: MessageLog, cutoff_ms: int) -> int:
             break
         start = info.base_offset
     return start
+
+
+def _held_from_checkpoint(checkpoint: StoreCheckpoint, first_offset: int,
+                          held: HeldSet) -> None:
+    """``held`` = the checkpoint's held set (version 3): no record below the checkpoint is
+    read, so rot there neither loses a held message nor holds a dropped one again. An entry
+    below the log's start (a hard cap deleted its record after the checkpoint; it traced
+    that) is not held."""
+    assert checkpoint.held is not None
+    for entry in checkpoint.held:
+        if entry[0] >= first_offset:
+            held.add(Held(*entry))
+    log.warning("held records: %d taken from the checkpoint at %d instead of the records "
+                "below it", len(held), checkpoint.message_log_offset)
 
 
 def _held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int) -> None:

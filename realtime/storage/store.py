@@ -215,7 +215,7 @@ class MessageStore(HeldWrites):
         held_from = self._held.from_offset(end)
         payload = encode_store_checkpoint(StoreCheckpoint(
             end, {s: c.end for s, c in self._consumer_logs.items()},
-            held_from if held_from < end else None))
+            held_from if held_from < end else None, tuple(self._held.by_offset.values())))
         try:
             self._checkpoints.write(payload)
         except OSError as exc:

@@ -4,20 +4,30 @@ version, sequence, length and CRC-32). Payload, big-endian::
 
     Offset | Size | Field
     -------+------+------------------------------------------------------------------
-    0      | 1    | version: 2 (1: without held_from_offset)
+    0      | 1    | version: 3 (1: without held_from_offset; 2: without the held set)
     1      | 8    | message_log_offset: u64; every consumer log indexes every record below it
-    9      | 8    | held_from_offset: u64 (version 2 only); the lowest offset of a held record
+    9      | 8    | held_from_offset: u64 (version 2 and 3); the lowest offset of a held record
            |      |   neither made visible nor cancelled at message_log_offset, or
            |      |   message_log_offset when none was (recovery replays from the lower one)
     17     | 4    | subject_count: u32 (K)
     21     | ...  | K times: subject_length u16 (S), subject UTF-8 (S bytes),
            |      |          end_sequence u64 (the subject's end sequence at that offset)
+    version 3 only, after the subjects:
+    +0     | 4    | held_count: u32 (H), the held set at message_log_offset
+    +4     | ...  | H times: held_offset u64, size_bytes u32, visible_at_ms u64, tag_bloom u64,
+           |      |          subject_length u16 (S), subject UTF-8, message_id_length u16 (I),
+           |      |          message_id UTF-8
 
-Version 1 payloads (before held messages) still decode, held_from_offset = message_log_offset.
+Version 1 and 2 payloads still decode (held_from_offset = message_log_offset for version 1;
+the held set unknown, None, for both). A checkpoint without a known held set is encoded as
+version 2.
 
 A checkpoint is written only after every consumer log has been fsynced and the message log is
 durable up to ``message_log_offset``. What it does NOT guarantee: it is a starting point for
-replay, not proof; recovery still checks each consumer log against it and against the message log.
+replay, not proof; recovery still checks each consumer log against it and against the message
+log. The held set it carries names held records, not their payloads: a held record that rotted
+is still given up when it falls due (``held_unreadable``). A broker older than version 3 finds
+such a checkpoint unusable and rebuilds its indexes from the whole log.
 """
 
 from __future__ import annotations
@@ -34,8 +44,20 @@ HEADER = struct.Struct(
 HEADER_V1 = struct.Struct(">BQI")  # version 1: no held_from_offset
 SUBJECT_LENGTH = struct.Struct(">H")  # subject_length
 END_SEQUENCE = struct.Struct(">Q")  # end_sequence
-VERSION = 2
+HELD_COUNT = struct.Struct(">I")  # held_count (version 3)
+HELD_HEAD = struct.Struct(
+    ">Q"  # held_offset
+    "I"  # size_bytes
+    "Q"  # visible_at_ms
+    "Q"  # tag_bloom
+)
+NAME_LENGTH = struct.Struct(">H")  # subject_length, message_id_length of a held entry
+VERSION = 3
+VERSION_WITHOUT_HELD = 2
 CHECKPOINT_NAME = "consumerlogs"
+# (held_offset, size_bytes, visible_at_ms, tag_bloom, subject, message_id): a held record as
+# ``realtime.storage.held.Held`` has it (a Held compares equal to its tuple)
+HeldEntry = tuple[int, int, int, int, str, str]
 
 
 @dataclass(frozen=True)
@@ -45,6 +67,9 @@ class StoreCheckpoint:
     message_log_offset: int
     end_sequences: dict[str, int]
     held_from_offset: int | None = None  # None: message_log_offset (nothing held)
+    # The held set at message_log_offset (version 3), by offset; None: not known (versions 1
+    # and 2), recovery rebuilds it from the records
+    held: tuple[HeldEntry, ...] | None = None
 
     @property
     def replay_from_offset(self) -> int:
@@ -57,13 +82,48 @@ class StoreCheckpoint:
 def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
     """The payload bytes of ``checkpoint``."""
     held_from = checkpoint.held_from_offset
-    parts = [HEADER.pack(VERSION, checkpoint.message_log_offset,
+    held = checkpoint.held
+    parts = [HEADER.pack(VERSION_WITHOUT_HELD if held is None else VERSION,
+                         checkpoint.message_log_offset,
                          checkpoint.message_log_offset if held_from is None else held_from,
                          len(checkpoint.end_sequences))]
     for subject, end in sorted(checkpoint.end_sequences.items()):
         raw = subject.encode("utf-8")
         parts += [SUBJECT_LENGTH.pack(len(raw)), raw, END_SEQUENCE.pack(end)]
+    if held is not None:
+        parts.append(HELD_COUNT.pack(len(held)))
+        for offset, size_bytes, visible_at_ms, bloom, subject, message_id in held:
+            subject_raw, id_raw = subject.encode("utf-8"), message_id.encode("utf-8")
+            parts += [HELD_HEAD.pack(offset, size_bytes, visible_at_ms, bloom),
+                      NAME_LENGTH.pack(len(subject_raw)), subject_raw,
+                      NAME_LENGTH.pack(len(id_raw)), id_raw]
     return b"".join(parts)
+
+
+def _decode_held(payload: bytes, at: int) -> tuple[tuple[HeldEntry, ...], int]:
+    """The held entries of a version 3 payload from ``at``, and where they end."""
+    if at + HELD_COUNT.size > len(payload):
+        raise ValueError("checkpoint payload ends before its held count")
+    (count,) = HELD_COUNT.unpack_from(payload, at)
+    at += HELD_COUNT.size
+    held: list[HeldEntry] = []
+    for _ in range(count):
+        if at + HELD_HEAD.size > len(payload):
+            raise ValueError("checkpoint payload ends inside a held entry")
+        offset, size_bytes, visible_at_ms, bloom = HELD_HEAD.unpack_from(payload, at)
+        at += HELD_HEAD.size
+        names = []
+        for _name in range(2):
+            if at + NAME_LENGTH.size > len(payload):
+                raise ValueError("checkpoint payload ends inside a held entry's name length")
+            (length,) = NAME_LENGTH.unpack_from(payload, at)
+            at += NAME_LENGTH.size
+            if at + length > len(payload):
+                raise ValueError("checkpoint payload ends inside a held entry's name")
+            names.append(payload[at:at + length].decode("utf-8"))
+            at += length
+        held.append((offset, size_bytes, visible_at_ms, bloom, names[0], names[1]))
+    return tuple(held), at
 
 
 def decode_store_checkpoint(payload: bytes) -> StoreCheckpoint:
@@ -73,7 +133,7 @@ def decode_store_checkpoint(payload: bytes) -> StoreCheckpoint:
     if payload[0] == 1:
         version, offset, count = HEADER_V1.unpack_from(payload, 0)
         held_from, at = offset, HEADER_V1.size
-    elif payload[0] == VERSION and len(payload) >= HEADER.size:
+    elif payload[0] in (VERSION_WITHOUT_HELD, VERSION) and len(payload) >= HEADER.size:
         version, offset, held_from, count = HEADER.unpack_from(payload, 0)
         at = HEADER.size
     else:
@@ -91,7 +151,14 @@ def decode_store_checkpoint(payload: bytes) -> StoreCheckpoint:
         at += length
         (ends[subject],) = END_SEQUENCE.unpack_from(payload, at)
         at += END_SEQUENCE.size
+    held: tuple[HeldEntry, ...] | None = None
+    if version == VERSION:
+        held, at = _decode_held(payload, at)
+        beyond = [entry[0] for entry in held if entry[0] >= offset]
+        if beyond:
+            raise ValueError(f"held record at {beyond[0]} is not below the checkpoint's "
+                             f"message_log_offset {offset}")
     if at != len(payload):
         raise ValueError(f"{len(payload) - at} unexpected bytes after the last subject")
     # Nothing held below the offset decodes as None, the same as a version 1 payload.
-    return StoreCheckpoint(offset, ends, held_from if held_from < offset else None)
+    return StoreCheckpoint(offset, ends, held_from if held_from < offset else None, held)

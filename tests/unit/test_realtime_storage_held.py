@@ -484,6 +484,93 @@ def test_a_rotten_record_above_the_held_watermark_and_below_the_checkpoint_does_
         reopened.close()
 
 
+def _flip(path: str, at: int) -> None:
+    """Flip every bit of the byte at ``at`` of the one message-log segment."""
+    (segment,) = sorted(glob.glob(os.path.join(path, "messagelog", "*")))
+    with open(segment, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _checkpoints_past(store: MessageStore) -> None:
+    for batch in range(30):  # checkpoints are written past every record above
+        store.append("pay", f"r-{batch}", [], T0, b"x" * 100)
+        store.commit()
+
+
+@pytest.mark.parametrize("rotten", ["header", "body"])
+def test_held_records_after_a_record_rotten_below_the_checkpoint_are_held_again(tmp_path,
+                                                                                rotten):
+    path = str(tmp_path / "s")
+    store = MessageStore(path, ONE_SEGMENT, now_ms=T0)
+    send(store, "pay", ["r-first"])
+    hold(store, "orders", ["h-1"], T0 + 30_000)
+    at = store.copy_bounds()[1]
+    send(store, "pay", ["r-rot"])
+    hold(store, "orders", ["h-2"], T0 + 30_000)
+    _checkpoints_past(store)
+    store.close()
+    # A bad header (its magic) stopped the walk of the records below the checkpoint, so h-2
+    # was lost (review s10 N2); a bad body was passed over.
+    _flip(path, at + (8 if rotten == "header" else HEADER_SIZE_BYTES + 3))
+    reopened = MessageStore(path, ONE_SEGMENT, now_ms=T0 + 10 * ONE_SEGMENT.dedup_window_ms)
+    try:
+        assert [h.message_id for h in reopened.held()] == ["h-1", "h-2"]
+        assert reopened.append("orders", "h-2", [], T0 + 20_000, b"again").duplicate
+        reopened.discard()
+        reopened.make_visible([h.offset for h in reopened.held()], T0 + 30_000)
+        assert [m[1:] for m in messages(reopened, "orders")] == [
+            ("h-1", b"payload-h-1"), ("h-2", b"payload-h-2")]
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("rotten", ["dropped", "visible"])
+def test_a_rotten_drop_or_visible_record_below_the_checkpoint_does_not_hold_its_message_again(
+        tmp_path, rotten):
+    path = str(tmp_path / "s")
+    store = MessageStore(path, ONE_SEGMENT, now_ms=T0)
+    send(store, "pay", ["r-first"])
+    hold(store, "orders", ["h-2"], T0 + 30_000)  # held throughout: the held watermark
+    (offset,) = hold(store, "orders", ["h-1"], T0 + 30_000)
+    at = store.copy_bounds()[1]
+    if rotten == "dropped":
+        assert store.cancel_held("orders", ["h-1"], T0 + 1) == [True]
+    else:
+        store.make_visible([offset], T0 + 30_000)
+    _checkpoints_past(store)
+    store.close()
+    # A rotten drop held a cancelled message again, to be delivered at its due time (review
+    # s10 N5); a rotten visible-message record, a message made visible twice.
+    _flip(path, at + HEADER_SIZE_BYTES + 3)
+    reopened = MessageStore(path, ONE_SEGMENT, now_ms=T0 + 10 * ONE_SEGMENT.dedup_window_ms)
+    try:
+        assert [h.message_id for h in reopened.held()] == ["h-2"]
+        reopened.make_visible([h.offset for h in reopened.held()], T0 + 30_000)
+        visible = [reopened.read("orders", s).message_id
+                   for s in range(reopened.end_sequence("orders") - 1,
+                                  reopened.end_sequence("orders"))]
+        assert visible == ["h-2"]
+        assert reopened.end_sequence("orders") == (1 if rotten == "dropped" else 2)
+    finally:
+        reopened.close()
+
+
+def test_a_checkpoint_carries_the_held_set_and_refuses_an_entry_past_its_offset():
+    held = ((120, 40, T0, 5, "orders", "h-1"), (300, 41, T0 + 1, 0, "pay.\u00e9", "h-2"))
+    checkpoint = StoreCheckpoint(500, {"orders": 3}, 120, held)
+    payload = encode_store_checkpoint(checkpoint)
+    assert payload[0] == 3 and decode_store_checkpoint(payload) == checkpoint
+    with pytest.raises(ValueError, match="not below the checkpoint"):
+        decode_store_checkpoint(encode_store_checkpoint(StoreCheckpoint(
+            200, {}, 120, held)))
+    for cut in (1, 5, 20):
+        with pytest.raises(ValueError):
+            decode_store_checkpoint(payload[:-cut])
+
+
 def test_a_send_of_a_held_id_is_a_duplicate_even_after_the_dedup_index_forgot_the_id(tmp_path):
     config = StoreConfig(dedup_ids_max=10)  # 1,000,000 by default: the same past a million ids
     store = MessageStore(str(tmp_path / "s"), config, now_ms=T0)
