@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from delayserver.config import DelayConfig
 from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
 from delayserver.tracing import DelayTracer
+from serverkit.payload_sender import HELD_DROPPED, HELD_DROPPED_BEFORE
 from delayserver.window import PreloadWindow
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,11 @@ NO_HOLD_PAUSE_MS = 30_000
 # hand-off time falls within one step go in one request (and one dispatch-log record), not
 # one per wheel tick; they are still most of the lead ahead of their due time.
 HANDOFF_STEP_MS = 250
-# (subject, message ids) -> for each id, whether a broker held it and dropped it
-# (PayloadSender.cancel_held, the ``cancel_held`` op); raises when a broker cannot be asked.
-CancelHeld = Callable[[str, list[str]], Awaitable[list[bool]]]
+# (subject, message ids) -> for each id, whether a broker held it and dropped it now
+# (HELD_DROPPED or True), dropped it at an earlier cancel (HELD_DROPPED_BEFORE) or neither
+# ("" or False) (PayloadSender.cancel_held_answers, the ``cancel_held`` op); raises when a
+# broker cannot be asked.
+CancelHeld = Callable[[str, list[str]], Awaitable[list[Any]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
 # The store's subject of a message: (message id, deliver_at_ms) -> subject, None: not stored.
@@ -215,24 +218,27 @@ class HandOff:
         # Handed before a restart or failover, its dispatch recorded or not (a kill -9
         # between the broker's answer and the record): the broker first, so one that cannot
         # be asked fails the cancel with nothing recorded (the client cancels again).
-        dropped = (await self.cancel_held(subject, [message_id]))[0]  # type: ignore[misc]
+        dropped = await self._ask(subject, message_id)
         outcome, _subject = await in_store(message_id, deliver_at_ms)
         if not dropped or outcome != "already_dispatched":
             # Not held (made visible, or never handed: the store's answer stands), or held
             # and the store cancelled it too (it traced that).
             return outcome
-        await self._dropped(dispatcher, message_id, subject, deliver_at_ms)
-        return "cancelled"
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms,
+                            traced=dropped == HELD_DROPPED_BEFORE)
+        return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
 
     async def _dropped(self, dispatcher: Dispatcher, message_id: str, subject: str,
-                       deliver_at_ms: int) -> None:
+                       deliver_at_ms: int, traced: bool = False) -> None:
         """A broker dropped the handed message at a cancel: recorded durably in the store
         (a later cancel, after a restart or failover too, answers "already_cancelled"; one
         whose dispatch is not recorded yet is marked once it is), remembered until its due
-        time, traced ``cancelled``. A failed record is logged: the broker dropped it, so the
+        time, traced ``cancelled`` (unless ``traced``: dropped at an earlier cancel whose
+        answer was lost, which the broker traced). A failed record is logged: the broker dropped it, so the
         answer "cancelled" stands (a later cancel may then say already_dispatched)."""
         dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
-        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+        if not traced:
+            self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         if self.record_dropped is None:
             return
         try:
@@ -256,15 +262,25 @@ class HandOff:
         ("cancelled", once it confirmed: replicated as its writes are) unless it made it
         visible already ("already_dispatched"). A broker that cannot be asked raises (the
         client may cancel again)."""
-        dropped = (await self.cancel_held(subject, [message_id]))[0] \
-            if self.cancel_held is not None else False
+        dropped = await self._ask(subject, message_id)
         if not dropped:
             # Made visible, or dropped at an earlier cancel whose record the store has.
             return (await in_store(message_id, deliver_at_ms))[0]
         # Recorded in the store: a repeated cancel (an answer lost on the way), after a
         # restart or failover too, says already_cancelled.
-        await self._dropped(dispatcher, message_id, subject, deliver_at_ms)
-        return "cancelled"
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms,
+                            traced=dropped == HELD_DROPPED_BEFORE)
+        return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
+
+    async def _ask(self, subject: str, message_id: str) -> str:
+        """The broker's answer for one id: HELD_DROPPED, HELD_DROPPED_BEFORE or "" (not held
+        now, or nobody to ask); raises when a broker cannot be asked."""
+        if self.cancel_held is None:
+            return ""
+        answer = (await self.cancel_held(subject, [message_id]))[0]
+        if answer is True:  # a list[bool] answer (PayloadSender.cancel_held)
+            return HELD_DROPPED
+        return answer or ""
 
 
 __all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",

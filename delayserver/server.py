@@ -111,7 +111,8 @@ class DelayServer(ServerBase):
             self.config, self.clock, self._dispatch, self._opener,
             tracer=DelayTracer(self.trace), on_fsync=self.metrics.fsync_seconds.observe,
             replica=replica, follower=replica is not None, hold=self._hold,
-            cancel_held=self._sender.cancel_held if self._sender is not None else None)
+            cancel_held=self._sender.cancel_held_answers if self._sender is not None
+            else None)
         self.metrics.watch(scheduler)
         if replica is not None:
             store = scheduler.store

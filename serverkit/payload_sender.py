@@ -30,6 +30,10 @@ SEND_TIMEOUT_MS_DEFAULT = 5_000
 # connection died or timed out after the write, a failure past it, a write its slaves did not
 # confirm): a hold failing so is never held again, by any group (see PayloadSender.send).
 ANSWER_UNKNOWN = (ConnectionLost, Internal, NotEnoughReplicas)
+# A broker's answer to ``cancel_held`` for one id: held and dropped now, or dropped at an
+# earlier cancel_held (never visible; docs/PROTOCOL.md "cancel_held").
+HELD_DROPPED = "dropped"
+HELD_DROPPED_BEFORE = "dropped_before"
 
 
 class PayloadSender:
@@ -182,13 +186,20 @@ class PayloadSender:
         return unknown or last_error
 
     async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
+        """``cancel_held_answers``, for each id True when some group dropped it now."""
+        return [a == HELD_DROPPED for a in await self.cancel_held_answers(subject, message_ids)]
+
+    async def cancel_held_answers(self, subject: str, message_ids: list[str]) -> list[str]:
         """Ask every broker group of ``subject`` to drop these held messages (``cancel_held``):
-        for each id, True when some group held it and dropped it. Raises the error of a group
+        for each id HELD_DROPPED when some group held it and dropped it now, else
+        HELD_DROPPED_BEFORE when some group says it dropped it at an earlier cancel
+        (``dropped_before``; a broker without the field: never), else "". Raises the error of a group
         that could not be asked (the caller cannot know whether it held them). The groups are
         the consumer route's: every live group, also one producers may not use now (failing
         over, short of in-sync slaves, read-only) that may hold a message handed to it."""
         route = await self.routes.get(subject, "consumer")
         dropped = [False] * len(message_ids)
+        before = [False] * len(message_ids)
         for group in sorted((g for g in route.groups if g.addresses), key=lambda g: g.group):
             last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
             for address in group.addresses:
@@ -206,10 +217,14 @@ class PayloadSender:
                         await self.pool.discard(address)
                     continue
                 dropped = [a or bool(b) for a, b in zip(dropped, answer.get("cancelled", []))]
+                earlier = answer.get("dropped_before")  # an older broker: absent
+                if earlier:
+                    before = [a or bool(b) for a, b in zip(before, earlier)]
                 break
             else:
                 raise last_error
-        return dropped
+        return [HELD_DROPPED if now else HELD_DROPPED_BEFORE if earlier else ""
+                for now, earlier in zip(dropped, before)]
 
     async def close(self) -> None:
         """Close connections and the route cache's HTTP session."""

@@ -813,3 +813,38 @@ async def test_a_held_message_dropped_while_its_hold_answer_was_lost_is_never_se
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
     finally:
         await scheduler.stop()
+
+
+class LostDropAnswerBroker(HoldingBroker):
+    """Drops a held id at the first cancel_held but the answer is lost (the connection
+    drops); later it answers dropped_before (docs/PROTOCOL.md "cancel_held")."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.dropped: set[str] = set()
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        if not self.dropped:
+            self.dropped.update(ids)
+            raise ConnectionLost("the answer was lost")
+        return ["dropped_before" if i in self.dropped else "" for i in ids]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_a_retried_cancel_whose_first_answer_was_lost_after_the_drop_says_already_cancelled(
+        tmp_path, restart):
+    # review R5: the broker dropped it, the answer was lost; the retry said already_dispatched.
+    clock = FakeClock()
+    broker = LostDropAnswerBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        with pytest.raises(ConnectionLost):
+            await scheduler.cancel(m.id, due)
+        if restart:
+            await scheduler.stop()
+            scheduler = await restarted(tmp_path, clock, broker, LEAD_MS)
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await scheduler.stop()

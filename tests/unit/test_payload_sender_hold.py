@@ -192,3 +192,24 @@ async def test_a_hold_whose_answer_was_lost_is_not_held_by_a_second_group_after_
         await sender.send("s", [payload], [10_000])
     holders = sorted(a for a, ids in brokers.held.items() if peek_message_id(payload) in ids)
     assert holders == ["a:1"], f"held by {holders}: each would deliver it at its due time"
+
+
+async def test_a_cancel_of_a_message_a_group_dropped_before_says_so_and_an_older_broker_never_does():
+    payload = _at_home(0)
+    message_id = peek_message_id(payload)
+    brokers = _Brokers()
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    await sender.send("s", [payload], [10_000])
+    assert await sender.cancel_held_answers("s", [message_id]) == ["dropped"]
+    assert await sender.cancel_held_answers("s", [message_id]) == [""]  # no field: older
+    real = brokers.request
+
+    async def with_before(address, request, timeout_ms):
+        answer = await real(address, request, timeout_ms)
+        if request["op"] == "cancel_held":
+            answer["dropped_before"] = [address == "a:1" for _ in request["ids"]]
+        return answer
+
+    brokers.request = with_before
+    assert await sender.cancel_held_answers("s", [message_id]) == ["dropped_before"]
+    assert await sender.cancel_held("s", [message_id]) == [False]
