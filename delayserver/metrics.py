@@ -211,6 +211,10 @@ class _DispatchCollector(Collector):
             for reason, count in sorted(scheduler.tracer.gave_up_counts.items()):
                 given_up.add_metric([reason], count)
         yield given_up
+        yield CounterMetricFamily(
+            "qmq_delay_commit_publish_failures", "Stored group commits whose publishing raised "
+            "(a bug): their sends were answered internal and later commits went on.",
+            value=scheduler._commits.publish_failures if scheduler is not None else 0)
         errors = CounterMetricFamily(
             "qmq_delay_errors", "Errors answered, by wire code; scope=request: a whole request "
             "refused, scope=message: one message of a send batch refused.",

@@ -15,8 +15,9 @@ A failed commit is triaged here, the same for both servers:
 | anything else (our bug)      | ``Internal``          | logs the traceback, stays up        |
 
 Publishing a stored batch (``committed``: answers, the tail, traces) can raise too, on a bug
-path: the batch is then answered ``Internal`` (retriable: its messages ARE stored, so the
-producer's resend with the same ids is a duplicate, not a second copy), the failure is logged
+path: the batch is then answered ``Internal`` (retriable: its messages ARE stored; a realtime
+broker takes the producer's resend with the same ids as a duplicate, a delay server schedules
+a second copy whose dispatch the realtime broker de-duplicates), the failure is logged
 with the batch's size and counted in ``publish_failures``, and the committer goes on with the
 next commit. Before, the exception ended the committer task and no send of that or any later
 commit was answered until a restart.
@@ -118,11 +119,13 @@ class GroupCommitter(Generic[T, R]):
         (retriable) and keep the committer running for the next commits."""
         self.publish_failures += 1
         log.error("%s stored a batch of %d sends but publishing it failed (%s: %s); they are "
-                  "answered internal (retriable: a resend is a duplicate) and later commits "
-                  "go on; publish failures so far: %d", self.name, len(batch),
+                  "answered internal (retriable: stored already, a resend with the same ids "
+                  "is de-duplicated) and later commits go on; publish failures so far: %d",
+                  self.name, len(batch),
                   type(exc).__name__, exc, self.publish_failures, exc_info=exc)
         error = Internal(f"{self.name} stored the batch of {len(batch)} sends but failed to "
-                         f"publish it: {type(exc).__name__}: {exc}; resend (a duplicate)")
+                         f"publish it: {type(exc).__name__}: {exc}; resend with the same "
+                         "ids (stored already: de-duplicated)")
         try:
             self._failed(batch, error)
         except Exception:  # never lose the committer to the answering of a failure

@@ -141,3 +141,28 @@ async def test_cancels_and_errors_are_counted_by_outcome_and_code(server, client
     assert scraped[errors, {"code": "not_supported", "scope": "request"}] == 1
     assert scraped["qmq_delay_messages_scheduled_total"] == 1
     assert pending(scraped) == {}
+
+
+async def test_a_bug_publishing_a_commit_answers_its_sends_internal_counts_it_and_goes_on(
+        server, client, clock, monkeypatch):
+    commits = server.scheduler._commits
+    publish = commits._committed
+    calls = []
+
+    def publish_raising_once(batch, committed):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise KeyError("injected publish bug")
+        publish(batch, committed)
+
+    monkeypatch.setattr(commits, "_committed", publish_raising_once)
+    async with asyncio.timeout(WAIT_TIMEOUT_S):  # before the fix: never answered
+        first = await client.send(message("orders", b"a", clock,
+                                          deliver_at_ms=START_MS + HOUR_MS))
+    assert [r["error"]["code"] for r in first["results"]] == ["internal"]
+    async with asyncio.timeout(WAIT_TIMEOUT_S):
+        second = await client.send(message("orders", b"b", clock,
+                                           deliver_at_ms=START_MS + HOUR_MS))
+    assert "error" not in second["results"][0], second
+    scraped = await scrape(server.metrics_url)
+    assert scraped["qmq_delay_commit_publish_failures_total"] == 1
