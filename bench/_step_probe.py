@@ -1,0 +1,168 @@
+"""The probes of ``bench.latency_steps``: a process started through this module records when each
+message passes each step (CLOCK_MONOTONIC ns, the same clock in every process on Linux), and
+writes what it saw to the file named by ``QMQ_STEP_PROBE_OUT`` when it exits.
+
+    python -m bench._step_probe server <qmq CLI arguments>     # qmq up, probed
+    python -m bench._step_probe client <bench.peers.worker arguments>
+
+The probes wrap methods of the server and the SDK by name (``FrameServer._dispatch``,
+``Sends._append_and_commit_io``, ...): a benchmark's instrument, not an API. When one of those
+is renamed this module fails at start, and tests/e2e/test_latency_steps.py with it. Each probe
+adds a few microseconds per request, so the steps come out a little slower than unprobed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable
+
+OUT_ENV = "QMQ_STEP_PROBE_OUT"
+# (step, monotonic ns, the payloads or bodies it concerns): appended on the probed process's
+# event loop or store thread (list.append holds the GIL), read once at exit.
+_EVENTS: list[tuple[str, int, list[bytes]]] = []
+_BODIES = ("received",)  # steps whose items are message bodies, not payloads
+_now = time.monotonic_ns
+
+
+def _body_of(payload: bytes) -> bytes | None:
+    import msgpack
+
+    from wire.message import KEY_BODY
+    try:
+        return msgpack.unpackb(payload, raw=False)[KEY_BODY]
+    except Exception:  # not a benchmark message (a warm-up of another tool): skipped
+        return None
+
+
+def _dump() -> None:
+    """Write (step, ns, [sequence numbers]) rows; a message's sequence number and send time are
+    the first 16 bytes of its body (bench.peers.workloads.make_body)."""
+    rows: list[tuple[str, int, list[int]]] = []
+    for step, ns, items in _EVENTS:
+        bodies = items if step in _BODIES else [_body_of(item) for item in items]
+        seqs = [int.from_bytes(body[:8], "big") for body in bodies if body and len(body) >= 16]
+        rows.append((step, ns, seqs))
+        if step == "batch_sent":  # the producer's send() call, from the body's send time
+            rows += [("send", int.from_bytes(body[8:16], "big"),
+                      [int.from_bytes(body[:8], "big")]) for body in bodies if body]
+    with open(os.environ[OUT_ENV], "wb") as f:
+        pickle.dump(rows, f)
+
+
+def _wrap(owner: type, name: str, make: Callable[[Any], Any]) -> None:
+    original = getattr(owner, name)  # AttributeError at start when a probed method moved
+    setattr(owner, name, make(original))
+
+
+def install_server() -> None:
+    """Probe the realtime broker: request read, handled, commit begun and ended (store
+    thread), published, pulled, answer written."""
+    from realtime.pulls import Pulls
+    from realtime.sends import Sends
+    from serverkit.frame_server import FrameServer, _FrameConnection
+
+    def dispatch(original: Any) -> Any:
+        def probed(self: Any, connection: Any, frame: dict[str, Any]) -> None:
+            if frame.get("op") == "send":
+                _EVENTS.append(("arrived", _now(), frame.get("messages") or []))
+            original(self, connection, frame)
+        return probed
+
+    def send(original: Any) -> Any:
+        async def probed(self: Any, payloads: list[bytes], compact: bool = False) -> Any:
+            _EVENTS.append(("handled", _now(), payloads))
+            return await original(self, payloads, compact)
+        return probed
+
+    def commit(original: Any) -> Any:
+        def probed(self: Any, batch: list[Any], now_ms: int) -> Any:
+            begun = _now()
+            result = original(self, batch, now_ms)
+            ended = _now()
+            for request in batch:
+                _EVENTS.append(("commit_begun", begun, request.payloads))
+                _EVENTS.append(("commit_ended", ended, request.payloads))
+            return result
+        return probed
+
+    def publish(original: Any) -> Any:
+        def probed(self: Any, batch: list[Any], committed: Any) -> None:
+            now = _now()
+            for request in batch:
+                _EVENTS.append(("published", now, request.payloads))
+            original(self, batch, committed)
+        return probed
+
+    def record(original: Any) -> Any:
+        def probed(self: Any, *args: Any) -> Any:
+            pulled = original(self, *args)
+            if pulled is not None and len(pulled.payloads):
+                _EVENTS.append(("pulled", _now(), list(pulled.payloads)))
+            return pulled
+        return probed
+
+    def write(original: Any) -> Any:
+        def probed(self: Any, response: dict[str, Any]) -> None:
+            payloads = response.get("payloads")
+            if payloads:
+                _EVENTS.append(("pull_written", _now(), list(payloads)))
+            original(self, response)
+        return probed
+
+    _wrap(FrameServer, "_dispatch", dispatch)
+    _wrap(Sends, "send", send)
+    _wrap(Sends, "_append_and_commit_io", commit)
+    _wrap(Sends, "_publish_committed", publish)
+    _wrap(Pulls, "_record_pull_io", record)
+    _wrap(_FrameConnection, "send", write)
+    atexit.register(_dump)
+
+
+def install_client() -> None:
+    """Probe a peers worker: a send batch leaving and confirmed, a pull answer read, a message
+    handed to the benchmark's receiver."""
+    from bench.peers.workloads import Receiver
+    from sdk.connection import Connection
+
+    def request(original: Any) -> Any:
+        async def probed(self: Any, op: dict[str, Any], timeout_ms: int | None) -> Any:
+            kind = op.get("op")
+            if kind == "send":
+                _EVENTS.append(("batch_sent", _now(), op["messages"]))
+            answer = await original(self, op, timeout_ms)
+            if kind == "send":
+                _EVENTS.append(("confirmed", _now(), op["messages"]))
+            elif kind == "pull" and answer.get("payloads"):
+                _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+            return answer
+        return probed
+
+    def on_message(original: Any) -> Any:
+        def probed(self: Any, body: bytes) -> None:
+            _EVENTS.append(("received", _now(), [body]))
+            original(self, body)
+        return probed
+
+    _wrap(Connection, "request", request)
+    _wrap(Receiver, "on_message", on_message)
+    atexit.register(_dump)
+
+
+def main(argv: list[str]) -> int:
+    """Install the probes of ``argv[0]`` (server or client), then run the program."""
+    role, rest = argv[0], argv[1:]
+    if role == "server":
+        install_server()
+        from qmq.cli import main as qmq_main
+        return qmq_main(rest)
+    install_client()
+    from bench.peers.worker import main as worker_main
+    return worker_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,179 @@
+"""Where one message's latency goes at a fixed rate, step by step (issue 18, "latency at 2,000
+msg/s"): send -> batch sent -> read by the broker -> handled -> commit begun -> commit ended ->
+published (visible) -> pulled -> pull answer written -> read by the consumer -> received.
+
+    python -m bench.latency_steps                   # 2,000 msg/s for 8 s, data dir in /tmp
+    python -m bench.latency_steps --tmpfs           # data dir in /dev/shm: fsync costs ~nothing
+    python -m bench.latency_steps --runs 3 --seconds 20
+
+One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rate producer
+(``bench.peers.worker``), each started through ``bench._step_probe``, which notes when each
+message passes each step (CLOCK_MONOTONIC, one clock for every process) and writes it down at
+exit. Printed per run: p50 / p90 / p99 of each step's share, in ms; the server's CPU per
+message by thread (event loop "main", the store thread, the pull-log thread, the rest); and the
+group commits with their messages each. A step's share is measured per message, so shares of
+consecutive steps add up to the whole only at the same message, not percentile by percentile.
+The probes add a few us per request: the totals are a little above an unprobed run's
+(bench.commit_cycle). Wall clock: state the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from typing import Any
+
+from bench._cluster import percentile, start_process, thread_cpu_s
+from bench._step_probe import OUT_ENV
+from bench.commit_cycle import _free_port, _histogram
+from bench.delay import wait_registered
+from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
+
+SUBJECT = "rt.steps"
+CONSUMER_READY = re.compile(r"^ready$")
+WORKER_SLACK_S = 60.0
+# (from, to, what happens in between), in the order a message lives them.
+STEPS = (
+    ("send", "batch_sent", "the producer's batching (linger)"),
+    ("batch_sent", "arrived", "to the broker (wire, its read)"),
+    ("arrived", "handled", "until the broker's handler runs"),
+    ("handled", "commit_begun", "waiting for the group commit"),
+    ("commit_begun", "commit_ended", "the commit on the store thread (fsync)"),
+    ("commit_ended", "published", "back to the event loop"),
+    ("published", "confirmed", "the answer to the producer"),
+    ("published", "pulled", "the long poll wakes and records the pull"),
+    ("pulled", "pull_written", "the pull answer built and written"),
+    ("pull_written", "pull_read", "to the consumer (wire, its read)"),
+    ("pull_read", "received", "the consumer hands it over"),
+    ("send", "confirmed", "send -> confirmed (total)"),
+    ("send", "received", "send -> received (total)"),
+)
+PROBED = ("server", "consumer", "producer")
+
+
+def _probe_argv(role: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "bench._step_probe", role, *args]
+
+
+def _worker_args(url: str, role: str, params: dict[str, Any], out: str) -> list[str]:
+    return ["pyqmq", url, role, json.dumps(params), out]
+
+
+def _steps(directory: str, count: int) -> dict[int, dict[str, int]]:
+    """Each message's first time at each step, by its sequence number."""
+    seen: dict[int, dict[str, int]] = {}
+    for name in PROBED:
+        with open(os.path.join(directory, f"{name}.steps"), "rb") as f:
+            for step, ns, seqs in pickle.load(f):
+                for seq in seqs:
+                    if seq < count:  # the producer's warm-up message is ``count``
+                        seen.setdefault(seq, {}).setdefault(step, ns)
+    return seen
+
+
+def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
+    """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds``: the module doc's figures."""
+    count = int(rate * seconds)
+    metrics_port = _free_port()
+    directory = tempfile.mkdtemp(prefix="qmq-steps-", dir="/dev/shm" if tmpfs else None)
+    out = {name: os.path.join(directory, f"{name}.steps") for name in PROBED}
+    timeout_s = seconds * 4 + WORKER_SLACK_S
+    env = dict(os.environ)
+    try:
+        os.environ[OUT_ENV] = out["server"]  # start_process passes our environment on
+        server = start_process("qmq up", _probe_argv("server", [
+            "--log-level", "warning", "up", "--data-dir", os.path.join(directory, "qmq"),
+            "--host", "127.0.0.1", "--meta-port", "0", "--realtime-port", "0",
+            "--delay-port", "0", "--flush", "sync",
+            "--realtime-metrics-port", str(metrics_port)]), _QMQ_UP_READY, cwd=REPO_ROOT)
+        try:
+            url = f"http://{server.address}"
+            wait_registered(url)
+            os.environ[OUT_ENV] = out["consumer"]
+            consumer = start_process("consumer", _probe_argv("client", _worker_args(
+                url, "consume", {"subject": SUBJECT, "count": count, "timeout_s": timeout_s,
+                                 "delayed": False}, os.path.join(directory, "c.json"))),
+                CONSUMER_READY, address="-", cwd=REPO_ROOT)
+            try:
+                threads_before = thread_cpu_s(server.pid)
+                produced = subprocess.run(_probe_argv("client", _worker_args(
+                    url, "produce_rate", {"subject": SUBJECT, "count": count, "rate_per_s": rate,
+                                          "cpu_pids": [server.pid]},
+                    os.path.join(directory, "p.json"))), cwd=REPO_ROOT, capture_output=True,
+                    text=True, timeout=timeout_s, check=False,
+                    env={**env, OUT_ENV: out["producer"]})
+                if produced.returncode != 0:
+                    raise RuntimeError(f"producer failed: {produced.stdout[-2000:]}"
+                                       f"{produced.stderr[-2000:]}")
+                consumer.process.wait(timeout=timeout_s)
+                threads = thread_cpu_s(server.pid)
+            finally:
+                consumer.stop()
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                        timeout=10) as response:
+                metrics = response.read().decode()
+        finally:
+            server.stop()  # SIGTERM: the probe writes its file at exit
+        with open(os.path.join(directory, "c.json"), encoding="utf-8") as f:
+            received = json.load(f)["received"]
+        seen = _steps(directory, count)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        shutil.rmtree(directory, ignore_errors=True)
+    _, fsync_s, commits = _histogram(metrics, "qmq_realtime_fsync_seconds")
+    by_thread: dict[str, float] = {}
+    for name, cpu_s in threads.items():
+        key = name if name == "main" or name.startswith("realtime-") else "other"
+        by_thread[key] = by_thread.get(key, 0.0) + (cpu_s - threads_before.get(name, 0.0))
+    steps = {}
+    for first, then, what in STEPS:
+        shares = sorted((times[then] - times[first]) / 1e6 for times in seen.values()
+                        if first in times and then in times)
+        steps[what] = (len(shares), *(percentile(shares, f) for f in (0.5, 0.9, 0.99)))
+    return {"steps": steps, "received": received, "count": count,
+            "cpu_us_by_thread": {k: v / count * 1e6 for k, v in by_thread.items()},
+            "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
+            "load_1min": os.getloadavg()[0]}
+
+
+def _lines(f: dict[str, Any]) -> list[str]:
+    lines = [f"received {f['received']:,} of {f['count']:,}; {f['commits']:,.0f} commits of "
+             f"{f['count'] / max(1.0, f['commits']):.2f} msg, fsync mean "
+             f"{f['fsync_mean_ms']:.2f} ms; load {f['load_1min']:.2f}",
+             "server CPU us/msg by thread: " + ", ".join(
+                 f"{name} {us:.0f}" for name, us in sorted(f["cpu_us_by_thread"].items(),
+                                                         key=lambda item: -item[1]))]
+    for what, (seen, p50, p90, p99) in f["steps"].items():
+        lines.append(f"{what:<44} p50 {p50:7.3f}  p90 {p90:7.3f}  p99 {p99:8.3f} ms"
+                     f"  ({seen:,} msgs)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the measurement; prints each run's table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_steps", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, default=2_000, help="msg/s")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--tmpfs", action="store_true", help="data dir in /dev/shm")
+    args = parser.parse_args(argv)
+    print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync), probed, "
+          f"{args.rate:,} msg/s for {args.seconds:g} s:", flush=True)
+    for number in range(args.runs):
+        figures = one_run(args.rate, args.seconds, args.tmpfs)
+        print(f"  run {number + 1}: " + "\n    ".join(_lines(figures)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
