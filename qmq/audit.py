@@ -2,7 +2,8 @@
 
     qmq audit (--trace-dir DIR | --data-dir DIR)... --out DIR [--since T] [--until T]
               [--deadline-ms N] [--master URL] [--driver-memory SIZE] [--conf KEY=VALUE]...
-              [--allow-overdue] [--allow-lost] [--class-archive-dir DIR] [--json]
+              [--allow-overdue] [--allow-lost] [--class-archive-dir DIR]
+              [--launch-cache-dir DIR] [--json]
 
 T is ISO 8601 (a time without a zone is UTC) or epoch milliseconds. ``--data-dir`` finds every
 trace directory under a data dir (``tracelog.reading.find_trace_dirs``). Exit codes (one table,
@@ -97,6 +98,11 @@ def add_audit_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "once in the background after the first audit and used by later "
                              "ones (default $QMQ_AUDIT_CLASS_ARCHIVE_DIR, else "
                              "~/.cache/pyqmq/audit-class-archive; 'off' turns it off)")
+    parser.add_argument("--launch-cache-dir", default=None, metavar="DIR",
+                        help="where a local audit keeps its driver JVM's command line, to "
+                             "start that JVM directly instead of through spark-submit's "
+                             "launcher JVM (default $QMQ_AUDIT_LAUNCH_CACHE_DIR, else "
+                             "~/.cache/pyqmq/audit-launch; 'off' turns it off)")
     parser.add_argument("--json", action="store_true",
                         help="print the verdict and counts as one JSON document on stdout "
                              "(exit codes unchanged)")
@@ -163,6 +169,7 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"qmq audit: {error}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
     try:
+        from spark_audit import launch
         from spark_audit.class_archive import default_directory
         from spark_audit.errors import AuditError
         from spark_audit.main import AuditOptions, run
@@ -178,7 +185,8 @@ def run_audit(args: argparse.Namespace) -> int:
                            driver_memory=args.driver_memory, conf=tuple(args.conf),
                            allow_lost=args.allow_lost, allow_overdue=args.allow_overdue,
                            json=args.json,
-                           class_archive_dir=args.class_archive_dir or default_directory())
+                           class_archive_dir=args.class_archive_dir or default_directory(),
+                           launch_cache_dir=args.launch_cache_dir or launch.default_directory())
     try:
         return run(options)
     except AuditError as exc:

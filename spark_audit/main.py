@@ -37,7 +37,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_audit import class_archive, html_report, report
+from spark_audit import class_archive, html_report, launch, report
 from spark_audit.activity import give_ups, timeline, timeline_bucket_ms
 from spark_audit.anomalies import KIND_ORDER, flagged_messages, with_history
 from spark_audit.delay import delayed_messages, lateness_values, summarize_delay
@@ -145,6 +145,8 @@ class AuditOptions:
     json: bool = False  # stdout: the verdict and counts as one JSON document, not the tables
     # the driver JVM's class-data-sharing archive cache (spark_audit.class_archive); None: off
     class_archive_dir: str | None = None
+    # the driver JVM's cached command line (spark_audit.launch), local masters; None: off
+    launch_cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,37 +213,41 @@ def launcher_options() -> Iterator[None]:
 
 
 def spark_session(options: AuditOptions) -> Session:
-    """The active session if there is one (tests, notebooks), else a new one."""
+    """The active session if there is one (tests, notebooks), else a new one (a local one's
+    driver JVM started from the launch cache when it can: ``spark_audit.launch``)."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return Session(active, False)
-    builder = (SparkSession.builder.master(options.master).appName("qmq-audit")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC"))
-    for key, value in SESSION_CONF:
-        builder = builder.config(key, value)
+    settings = [("spark.master", options.master), ("spark.app.name", "qmq-audit"),
+                ("spark.ui.showConsoleProgress", "false"),
+                ("spark.sql.session.timeZone", "UTC"), *SESSION_CONF]
     small = False
-    if options.master.startswith("local"):
+    local = options.master.startswith("local")
+    if local:
         size = local_trace_bytes(options.trace_dirs)
         small = size is not None and size <= SMALL_TRACE_BYTES
         partitions = SMALL_TRACE_SHUFFLE_PARTITIONS if small else LOCAL_SHUFFLE_PARTITIONS
         # No web UI for a one-shot local job: it costs start-up time and a port.
-        builder = (builder.config("spark.sql.shuffle.partitions", str(partitions))
-                   .config("spark.ui.enabled", "false"))
+        settings += [("spark.sql.shuffle.partitions", str(partitions)),
+                     ("spark.ui.enabled", "false")]
         if small:
-            for key, value in SMALL_TRACE_CONF:
-                builder = builder.config(key, value)
+            settings += SMALL_TRACE_CONF
         elif size is not None and cache_uncompressed(size, options.driver_memory):
-            builder = builder.config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+            settings.append(("spark.sql.inMemoryColumnarStorage.compressed", "false"))
         if options.driver_memory:
-            builder = builder.config("spark.driver.memory", options.driver_memory)
+            settings.append(("spark.driver.memory", options.driver_memory))
     java_options, archive = _driver_java_options(options, small)
     if java_options:
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
-    for key, value in options.conf:
+        settings.append(("spark.driver.extraJavaOptions", java_options))
+    settings += options.conf
+    builder = SparkSession.builder
+    for key, value in settings:
         builder = builder.config(key, value)
     with launcher_options():
-        session = builder.getOrCreate()
+        # A JVM recording a class list is named by this process: its command is never cached.
+        session = launch.get_or_create(builder, settings,
+                                       options.launch_cache_dir if local else None,
+                                       record=archive is None)
     session.sparkContext.setLogLevel("ERROR")
     return Session(session, True, archive)
 

@@ -21,6 +21,9 @@ settings.load_profile("qmq")
 # first would start a detached dump (about a minute and a half of CPU) after its verdict, and
 # write to the user's cache. tests/unit/test_class_archive.py covers the archive.
 os.environ["QMQ_AUDIT_CLASS_ARCHIVE_DIR"] = "off"
+# Nor a cached driver JVM command line (spark_audit.launch; the user's cache again):
+# tests/spark/test_launch_cache.py gives its audits a directory of their own.
+os.environ["QMQ_AUDIT_LAUNCH_CACHE_DIR"] = "off"
 
 
 @pytest.fixture(autouse=True)
