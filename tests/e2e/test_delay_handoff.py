@@ -71,3 +71,42 @@ async def test_a_hot_slot_handed_off_ahead_arrives_once_on_time_with_one_dispatc
     else:
         assert cancels == [("delay", None)], cancels
     assert not {"stored", "dispatched", "pulled"} & set(doomed_events), doomed_events
+
+
+@pytest.mark.timeout(120)
+async def test_a_hot_slot_past_the_brokers_held_messages_max_still_arrives_once_none_early(
+        cluster):
+    # The broker holds at most 300 of the 1,200; it refuses the rest (too_large) and the
+    # delay server sends those at their due time (review R10, broker side).
+    config = cluster.root / "rt-held.toml"
+    config.write_text("[realtime]\nheld_messages_max = 300\n")
+    realtime, delay = await asyncio.to_thread(
+        start_delay_cluster, cluster, realtime_flags=("--config", str(config)),
+        delay_flags=("--handoff-lead-ms", "8000"))
+    subject = "handoff.full"
+    arrivals = Arrivals()
+    due_ms = epoch_ms() + AHEAD_MS
+    async with qmq.Consumer(cluster.meta_url, group="g", **CONSUMER_OPTIONS) as consumer:
+        consuming = asyncio.create_task(consume_into(consumer.subscribe(subject), arrivals))
+        async with qmq.Producer(cluster.meta_url) as producer:
+            receipts = await asyncio.gather(*(
+                producer.send(subject, b"m%d" % n, deliver_at=due_ms) for n in range(COUNT)))
+        await wait_for(lambda: len(arrivals.ids) >= COUNT, 60, "every message to arrive",
+                       interval_s=0.2)
+        await asyncio.sleep(0.5)  # room for a duplicate to show up
+        consuming.cancel()
+    assert arrivals.ids == {r.message_id for r in receipts}
+    assert arrivals.duplicates() == {} and arrivals.early() == []
+    realtime.terminate()
+    delay.terminate()
+    events = [e for e in read_events([cluster.root / "rt1" / "trace",
+                                      cluster.root / "d1" / "trace"])
+              if e.get("subject") == subject]
+    handed = {e["msg_id"] for e in events if e["event"] == "handed"}
+    dispatched = [e for e in events if e["event"] == "dispatched"]
+    assert 0 < len(handed) <= 300, len(handed)
+    assert sorted(e["msg_id"] for e in dispatched) == sorted(r.message_id for r in receipts)
+    by_broker = {e["msg_id"] for e in dispatched if e["server"].startswith("realtime")}
+    assert by_broker == handed, "the held ones made visible by the broker, the rest sent"
+    assert min(e["lateness_ms"] for e in dispatched) >= 0
+    assert not [e for e in events if e["event"] == "gave_up"]
