@@ -493,3 +493,23 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
     lapse_after_pull[:] = ["it is handing the group over to s2"]
     handing_over = await client.pull("orders", "billing", "c1", max_count=1)
     assert handing_over["error"]["code"] == "not_master"
+
+
+async def test_held_messages_wait_while_the_server_is_not_the_leased_master(
+        server, client, clock, monkeypatch):
+    due_ms = clock() + 2_000
+    held = await client.request({
+        "op": "hold", "visible_at_ms": [due_ms],
+        "messages": [encode_message(message("orders", b"h", clock, deliver_at_ms=due_ms))]})
+    assert [r["status"] for r in held["results"]] == ["stored"]
+    handoffs = server.broker.handoffs
+    lost = "its lease ran out (epoch 2): no MetaServer renewed it in time"
+    monkeypatch.setattr(server.role, "refusal", lambda now_ms: lost)
+    clock.advance(2_001)
+    handoffs.poke()
+    await wait_for(lambda: handoffs.rounds_refused >= 2, 10, "two refused rounds")
+    assert handoffs.made_visible == 0
+    monkeypatch.undo()  # the lease renewed: the next look makes it visible
+    await wait_for(lambda: handoffs.made_visible == 1, 10, "the held message to be visible")
+    pulled = await client.pull("orders", "g", "c1", start="earliest")
+    assert bodies(pulled) == [b"h"]
