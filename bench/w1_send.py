@@ -20,7 +20,11 @@ fsync: compare before/after by those figures, which a loaded machine disturbs le
 rate, and state the load average (printed with each run). Before the runs, the idle server's
 CPU in ms per second (``--idle-s``): what a run's CPU per send carries at a low rate. After
 each run, the server's CPU per send by OS thread name ("main" is the event loop of every server
-in the process; a master's and its slave's store threads share a name and are summed).
+in the process; a master's and its slave's store threads share a name and are summed), and the
+delay server's group commits during the run from its /metrics (``qmq_delay_fsync_seconds``):
+how many, and the mean fsync time. With one batch of 32 per commit the rate cannot pass
+32 / (fsync time + both sides' CPU per batch), and on a shared host the fsync time swings from
+~0.1 to several ms within minutes: read the rate beside it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import sys
 import time
+import urllib.request
 from typing import Any
 
 from bench._cluster import process_cpu_s, thread_cpu_s
@@ -45,8 +51,8 @@ WARM_UP_SENDS = 200
 
 
 async def _one_run(url: str, pid: int, count: int, in_flight: int,
-                   delays: tuple[int, int] | None = None, split_sends_min: int = 0
-                   ) -> dict[str, Any]:
+                   delays: tuple[int, int] | None = None, split_sends_min: int = 0,
+                   metrics_url: str | None = None) -> dict[str, Any]:
     from sdk import Producer
 
     producer = Producer(url, split_sends_min=split_sends_min)
@@ -66,6 +72,8 @@ async def _one_run(url: str, pid: int, count: int, in_flight: int,
             for seq in left:
                 await one(seq)
 
+        # Read before the timed part (a blocking HTTP get on a quiet loop).
+        fsyncs_before = fsync_totals(metrics_url) if metrics_url else (0.0, 0.0)
         server_cpu_s, client_cpu_s = process_cpu_s(pid), time.process_time()
         threads_before = thread_cpu_s(pid)
         start = time.monotonic()
@@ -74,14 +82,40 @@ async def _one_run(url: str, pid: int, count: int, in_flight: int,
         server_cpu_s = process_cpu_s(pid) - server_cpu_s
         client_cpu_s = time.process_time() - client_cpu_s
         threads = thread_cpu_s(pid)
+        fsyncs_after = fsync_totals(metrics_url) if metrics_url else (0.0, 0.0)
     finally:
         await producer.close()
+    commits = fsyncs_after[1] - fsyncs_before[1]  # the delay log's group commits in the run
     # By OS thread name (a master's and its slave's threads of one name are summed).
     by_thread = {name: (cpu_s - threads_before.get(name, 0.0)) / count * 1e6
                  for name, cpu_s in threads.items()}
     return {"sends_per_s": count / elapsed_s, "server_cpu_us": server_cpu_s / count * 1e6,
             "client_cpu_us": client_cpu_s / count * 1e6, "load_1min": os.getloadavg()[0],
-            "thread_cpu_us": by_thread}
+            "thread_cpu_us": by_thread, "commits": commits,
+            "fsync_us": (fsyncs_after[0] - fsyncs_before[0]) / commits * 1e6 if commits else 0.0}
+
+
+_DELAY_METRICS = re.compile(r"(http://\S+/metrics)\s+\(delay\)")
+_FSYNC_SERIES = re.compile(r"^qmq_delay_fsync_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def delay_metrics_url(lines: list[str]) -> str | None:
+    """The delay server's /metrics URL from what ``qmq up`` printed (None: not found)."""
+    for line in lines:
+        match = _DELAY_METRICS.search(line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def fsync_totals(metrics_url: str) -> tuple[float, float]:
+    """(seconds, commits) of the delay log's fsyncs so far, summed over the delay groups."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    totals = {"sum": 0.0, "count": 0.0}
+    for kind, value in _FSYNC_SERIES.findall(text):
+        totals[kind] += float(value)
+    return totals["sum"], totals["count"]
 
 
 def _delays(text: str) -> tuple[int, int]:
@@ -127,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             idle_cpu_s = process_cpu_s(server.pid) - idle_cpu_s
             print(f"  idle: {idle_cpu_s / args.idle_s * 1000:.0f} ms/s of server CPU over "
                   f"{args.idle_s:g} s; load {os.getloadavg()[0]:.2f}", flush=True)
+        metrics_url = delay_metrics_url(server.lines)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(f"http://{server.address}", server.pid,
                                            args.messages, args.in_flight, args.delays,
-                                           args.split_sends_min))
+                                           args.split_sends_min, metrics_url))
             print(f"  run {run + 1}: {figures['sends_per_s']:,.0f} sends/s, server "
                   f"{figures['server_cpu_us']:.0f} us/send, client "
                   f"{figures['client_cpu_us']:.0f} us/send; load "
@@ -138,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             busiest = sorted(figures["thread_cpu_us"].items(), key=lambda item: -item[1])
             print("    server CPU by thread, us/send: " + ", ".join(
                 f"{name} {us:.0f}" for name, us in busiest if us >= 0.5), flush=True)
+            if figures["commits"]:
+                print(f"    delay commits: {figures['commits']:,.0f} "
+                      f"({args.messages / figures['commits']:.1f} sends each), fsync mean "
+                      f"{figures['fsync_us']:,.0f} us", flush=True)
     return 0
 
 
