@@ -175,12 +175,14 @@ def _print_run(run: int, figures: dict[str, Any]) -> None:
             print(f"  {stage:<10} n={len(values):<6} first {values[0]} {marks} "
                   f"last {values[-1]} ms", flush=True)
     # A store call stamps each of its messages with one time: the distinct times of "stored"
-    # are the store calls (visibility rounds, or dispatch batches with the hand-off off).
-    rounds = Counter(figures["stages"]["stored"])
-    if rounds:
-        print("  stored by time (ms: messages): "
-              + ", ".join(f"{ms}: {n}" for ms, n in sorted(rounds.items())[:ROUNDS_SHOWN])
-              + (" ..." if len(rounds) > ROUNDS_SHOWN else ""), flush=True)
+    # are the store calls (visibility rounds, or dispatch batches with the hand-off off), and
+    # those of "pulled" the pulls (two pulls in the same ms count as one).
+    for stage in ("stored", "pulled"):
+        rounds = Counter(figures["stages"][stage])
+        if rounds:
+            print(f"  {stage} by time (ms: messages): "
+                  + ", ".join(f"{ms}: {n}" for ms, n in sorted(rounds.items())[:ROUNDS_SHOWN])
+                  + (" ..." if len(rounds) > ROUNDS_SHOWN else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
