@@ -14,6 +14,7 @@ and forgotten by the window.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ REFUSED_FOR_GOOD = ("bad_request", "too_large", "forbidden")
 # A broker makes a held message visible at its due time, give or take its timer's lateness: a
 # cancel this soon after the due time still asks it (it may drop the message yet).
 HELD_CANCEL_GRACE_MS = 1_000
+# Message ids remembered at once as maybe held by a broker (``Dispatcher.handed``, about
+# 280 bytes each: ~28 MB): a hand-off that would pass it is sent at its due time instead and
+# the hand-off pauses (NO_HOLD_PAUSE_MS) while the ids due by then are forgotten.
+HANDED_IDS_MAX = 100_000
 # Answers to a hand-off of one message that send it at its due time instead: refused for good,
 # or its home group is an older server (a mixed-version route, PayloadSender.send).
 HOLD_REFUSED = (*REFUSED_FOR_GOOD, NotSupported.code)
@@ -127,6 +132,9 @@ class Dispatcher:
         self._recorded = recorded
         self.handed: dict[str, tuple[str, int, bool]] = {}
         self.pending_drops: dict[str, int] = {}
+        # (deliver_at_ms, id) of every id put into ``handed``, a heap: pruning pops what is
+        # due, so it costs what it prunes (a stale pair, its id gone or re-handed, is skipped)
+        self._handed_due: list[tuple[int, str]] = []
 
     # ------------------------------------------------------------------ workers
 
@@ -251,6 +259,12 @@ class Dispatcher:
         hold = self.hold if use_hold else None
         last_due_ms = max(e.deliver_at_ms for e in entries)
         early = hold is not None and last_due_ms > now_ms
+        if early and len(self._handed_due) + len(entries) > HANDED_IDS_MAX:
+            await self._hold_refused(subject, entries, payloads, now_ms,
+                                     f"{len(self._handed_due)} handed ids remembered, "
+                                     f"{len(entries)} more would pass HANDED_IDS_MAX "
+                                     f"{HANDED_IDS_MAX}")
+            return
         if early and self._recorded is not None:
             try:  # the handed record first: a restart or failover must know of the hand-off
                 await self._recorded(last_due_ms)
@@ -378,11 +392,19 @@ class Dispatcher:
         """Before a hold is sent: its messages may be held from now on (``handed``; a cancel
         asks the broker about them, and only about them); their ids."""
         ids = list(map(peek_message_id, payloads))
-        handed = self.handed
         for message_id, entry in zip(ids, entries):
-            if message_id not in handed:  # one a cancel found dropped stays so
-                handed[message_id] = (subject, entry.deliver_at_ms, False)
+            if message_id not in self.handed:  # one a cancel found dropped stays so
+                self.note_handed(message_id, subject, entry.deliver_at_ms, False)
         return ids
+
+    def note_handed(self, message_id: str, subject: str, deliver_at_ms: int,
+                    cancelled: bool) -> None:
+        """Remember ``message_id`` as maybe held (``handed``) until its due time passes;
+        ``cancelled``: a broker dropped it at a cancel."""
+        known = self.handed.get(message_id)
+        self.handed[message_id] = (subject, deliver_at_ms, cancelled)
+        if known is None or known[1] != deliver_at_ms:
+            heapq.heappush(self._handed_due, (deliver_at_ms, message_id))
 
     def _not_held(self, ids: list[str]) -> None:
         """A broker refused these hand-offs: it holds none of them, a cancel need not ask."""
@@ -394,16 +416,21 @@ class Dispatcher:
 
     def prune_handed(self, now_ms: int) -> int:
         """Forget the handed messages whose due time passed HELD_CANCEL_GRACE_MS ago (a
-        cancel of one is too late; one a broker dropped is known to the store); returns how
-        many."""
+        cancel of one is too late; one a broker dropped is known to the store), in time
+        proportional to how many; returns how many."""
         now_ms -= HELD_CANCEL_GRACE_MS
-        gone = [i for i, (_subject, due, _cancelled) in self.handed.items() if due <= now_ms]
-        for message_id in gone:
-            del self.handed[message_id]
+        heap, handed, gone = self._handed_due, self.handed, 0
+        while heap and heap[0][0] <= now_ms:
+            due_ms, message_id = heapq.heappop(heap)
+            known = handed.get(message_id)
+            if known is not None and known[1] == due_ms:
+                del handed[message_id]
+                gone += 1
         # A drop whose hold was never recorded (its answer lost): nothing left to mark.
-        for message_id in [i for i, due in self.pending_drops.items() if due <= now_ms]:
-            del self.pending_drops[message_id]
-        return len(gone)
+        if self.pending_drops:  # a few: cancels that raced a hold
+            for message_id in [i for i, due in self.pending_drops.items() if due <= now_ms]:
+                del self.pending_drops[message_id]
+        return gone
 
     def _retry(self, entries: list[ScheduleEntry], why: str) -> None:
         self.window.retry(entries, self.clock())

@@ -236,7 +236,7 @@ class HandOff:
         time, traced ``cancelled`` (unless ``traced``: dropped at an earlier cancel whose
         answer was lost, which the broker traced). A failed record is logged: the broker dropped it, so the
         answer "cancelled" stands (a later cancel may then say already_dispatched)."""
-        dispatcher.handed[message_id] = (subject, deliver_at_ms, True)
+        dispatcher.note_handed(message_id, subject, deliver_at_ms, True)
         if not traced:
             self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         if self.record_dropped is None:

@@ -848,3 +848,50 @@ async def test_a_retried_cancel_whose_first_answer_was_lost_after_the_drop_says_
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
     finally:
         await scheduler.stop()
+
+
+async def test_hand_offs_past_handed_ids_max_are_sent_at_their_due_time(tmp_path, monkeypatch):
+    # review s10 R10: nothing bounded the ids a delay server remembers as handed.
+    monkeypatch.setattr("delayserver.dispatch.HANDED_IDS_MAX", 2, raising=False)
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, messages = await into_the_lead(scheduler, clock, b"a", b"b", b"c")
+        assert broker.held == [] and len(scheduler.dispatcher.handed) == 0
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert sorted(m.id for _, m in broker.received) == sorted(m.id for m in messages)
+        assert min(at for at, _ in broker.received) >= due, "never early"
+    finally:
+        await scheduler.stop()
+
+
+class _NoScan(dict):
+    """A dict whose full scans fail: pruning must cost what it prunes."""
+
+    def items(self):
+        raise AssertionError("prune_handed scanned every handed id")
+
+    def values(self):
+        raise AssertionError("prune_handed scanned every handed id")
+
+    def __iter__(self):
+        raise AssertionError("prune_handed scanned every handed id")
+
+
+async def test_pruning_the_handed_ids_costs_what_it_prunes_not_what_is_kept(tmp_path):
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [early_one] = await into_the_lead(scheduler, clock, b"a")
+        dispatcher = scheduler.dispatcher
+        dispatcher.handed = _NoScan(dispatcher.handed)
+        for i in range(1_000):  # due later: kept
+            dispatcher.handed[f"later-{i}"] = ("s", due + 60_000, False)
+        clock.advance(LEAD_MS + 1_000)
+        assert dispatcher.prune_handed(clock()) == 1
+        assert early_one.id not in dispatcher.handed and len(dispatcher.handed) == 1_000
+    finally:
+        await scheduler.stop()
