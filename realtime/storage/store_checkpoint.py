@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 HEADER = struct.Struct(
     ">B"  # version
@@ -92,12 +93,24 @@ def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
         parts += [SUBJECT_LENGTH.pack(len(raw)), raw, END_SEQUENCE.pack(end)]
     if held is not None:
         parts.append(HELD_COUNT.pack(len(held)))
+        subjects: dict[str, bytes] = {}  # a hot slot's held messages share one subject
         for offset, size_bytes, visible_at_ms, bloom, subject, message_id in held:
-            subject_raw, id_raw = subject.encode("utf-8"), message_id.encode("utf-8")
-            parts += [HELD_HEAD.pack(offset, size_bytes, visible_at_ms, bloom),
-                      NAME_LENGTH.pack(len(subject_raw)), subject_raw,
-                      NAME_LENGTH.pack(len(id_raw)), id_raw]
+            subject_raw = subjects.get(subject)
+            if subject_raw is None:
+                subject_raw = subjects[subject] = subject.encode("utf-8")
+            id_raw = message_id.encode("utf-8")
+            parts.append(_held_entry(len(subject_raw), len(id_raw)).pack(
+                offset, size_bytes, visible_at_ms, bloom, len(subject_raw), subject_raw,
+                len(id_raw), id_raw))
     return b"".join(parts)
+
+
+@lru_cache(maxsize=1024)
+def _held_entry(subject_length: int, id_length: int) -> struct.Struct:
+    """One held entry's bytes (HELD_HEAD, then the two length-prefixed names) in one struct:
+    one ``pack`` per held message instead of five (20,000 of them in a hot slot's
+    checkpoint)."""
+    return struct.Struct(f"{HELD_HEAD.format}H{subject_length}sH{id_length}s")
 
 
 def _decode_held(payload: bytes, at: int) -> tuple[tuple[HeldEntry, ...], int]:
