@@ -27,6 +27,7 @@ from delayserver.config import DelayConfig
 from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
 from delayserver.tracing import DelayTracer
 from serverkit.payload_sender import HELD_DROPPED, HELD_DROPPED_BEFORE
+from wire.errors import Unavailable
 from delayserver.window import PreloadWindow
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ HANDOFF_STEP_MS = 250
 CancelHeld = Callable[[str, list[str]], Awaitable[list[Any]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
-# The store's subject of a message: (message id, deliver_at_ms) -> subject, None: not stored.
-StoreSubject = Callable[[str, int], Awaitable[str | None]]
+# The store's subject and state of a message (DelayStore.subject_and_state): (message id,
+# deliver_at_ms) -> (subject, "pending" or "done"), (None, None): not stored.
+StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None]]]
 # Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
 # waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
 RecordHanded = Callable[[int], Awaitable[None]]
@@ -211,14 +213,26 @@ class HandOff:
                 return "already_cancelled"
             return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms,
                                              in_store)
-        subject = await subject_of(message_id, deliver_at_ms) \
-            if self._may_be_held(deliver_at_ms) else None
+        subject, state = await subject_of(message_id, deliver_at_ms) \
+            if self._may_be_held(deliver_at_ms) else (None, None)
+        if state == "done" and self.clock() - HELD_CANCEL_GRACE_MS >= deliver_at_ms:
+            subject = None  # dispatched, and made visible by now whoever held it
         if subject is None:
             return (await in_store(message_id, deliver_at_ms))[0]
         # Handed before a restart or failover, its dispatch recorded or not (a kill -9
         # between the broker's answer and the record): the broker first, so one that cannot
         # be asked fails the cancel with nothing recorded (the client cancels again).
         dropped = await self._ask(subject, message_id)
+        if not dropped and state == "pending":
+            # Maybe handed by an earlier run whose dispatch record was lost, to a group no
+            # broker of which is online (not asked, not in the route): cancelled here, that
+            # group would deliver it when it comes back. Nothing is recorded; this run
+            # dispatches it (a hand-off again: a cancel then asks its group; or a send at its
+            # due time: already_dispatched) and the client cancels again (review s10 N4).
+            raise Unavailable(
+                f"message {message_id} due at {deliver_at_ms} may be held by a broker group "
+                f"that could not be asked (handed before a restart or failover, up to "
+                f"{self.prior_handed_until_ms}); cancel again once it is dispatched")
         outcome, _subject = await in_store(message_id, deliver_at_ms)
         if not dropped or outcome != "already_dispatched":
             # Not held (made visible, or never handed: the store's answer stands), or held
@@ -251,10 +265,10 @@ class HandOff:
     def _may_be_held(self, deliver_at_ms: int) -> bool:
         """Whether a broker may hold the message due at ``deliver_at_ms``, handed off by an
         earlier run or master of this store (this run's are known by id: ``Dispatcher.handed``):
-        it can be asked, a handed record written before this run began covers its due time,
-        and that is not more than HELD_CANCEL_GRACE_MS past."""
-        return self.cancel_held is not None and \
-            self.clock() - HELD_CANCEL_GRACE_MS < deliver_at_ms <= self.prior_handed_until_ms
+        it can be asked and a handed record written before this run began covers its due
+        time (one still in the schedule past its due time was not made visible by an online
+        group: an offline one may hold it)."""
+        return self.cancel_held is not None and deliver_at_ms <= self.prior_handed_until_ms
 
     async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
                              deliver_at_ms: int, in_store: StoreCancel) -> str:

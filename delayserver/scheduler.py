@@ -537,7 +537,8 @@ class Scheduler:
         self.replica.check_writable()
         return await self.handoff.cancel(
             message_id, deliver_at_ms, self.dispatcher, self._cancel_in_store,
-            lambda message_id, due_ms: self._io(self.store.subject_of, message_id, due_ms))
+            lambda message_id, due_ms: self._io(self.store.subject_and_state, message_id,
+                                                due_ms))
 
     async def _cancel_in_store(self, message_id: str, deliver_at_ms: int
                                ) -> tuple[str, str | None]:

@@ -159,14 +159,24 @@ class DoneMarksMixin:
     def subject_of(self, message_id: str, deliver_at_ms: int) -> str | None:
         """The subject of the stored message with this id and due time, whatever its state
         (None: not found); changes nothing. A cancel that must ask a broker first needs it."""
+        return self.subject_and_state(message_id, deliver_at_ms)[0]
+
+    def subject_and_state(self, message_id: str, deliver_at_ms: int
+                          ) -> tuple[str | None, str | None]:
+        """(subject, state) of the stored message with this id and due time; state
+        "pending" (some entry neither dispatched nor cancelled), "done" or None (not found);
+        changes nothing."""
         self._check_open()
         hashed = zlib.crc32(message_id.encode("utf-8"))
         natural = self.bucket_of(deliver_at_ms)
         for bucket in dict.fromkeys((natural, max(natural, self._done_before))):
             found = self._find(bucket, deliver_at_ms, hashed, message_id.encode("utf-8"))
             if found:
-                return found[0][2]
-        return None
+                state = self._done.state(bucket)
+                pending = any(not state.is_done(done_key(raw.delay_log_offset, hashed))
+                              for _i, raw, _s in found)
+                return found[0][2], "pending" if pending else "done"
+        return None, None
 
     def _locate(self, message_id: str, deliver_at_ms: int
                 ) -> tuple[int, int, list[tuple[int, RawEntry, str]]]:
