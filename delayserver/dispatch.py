@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
+from delayserver.broker_clocks import HOLD_CLOCK_AHEAD_MS_MAX, BrokerClocks
 from delayserver.config import DelayConfig
 from delayserver.prefetch import PayloadPrefetch
 from delayserver.stats import DispatchStats
@@ -135,6 +136,7 @@ class Dispatcher:
         # (deliver_at_ms, id) of every id put into ``handed``, a heap: pruning pops what is
         # due, so it costs what it prunes (a stale pair, its id gone or re-handed, is skipped)
         self._handed_due: list[tuple[int, str]] = []
+        self.clocks = BrokerClocks()  # how far ahead the brokers' clocks run (hold answers)
 
     # ------------------------------------------------------------------ workers
 
@@ -259,11 +261,9 @@ class Dispatcher:
         hold = self.hold if use_hold else None
         last_due_ms = max(e.deliver_at_ms for e in entries)
         early = hold is not None and last_due_ms > now_ms
-        if early and len(self._handed_due) + len(entries) > HANDED_IDS_MAX:
-            await self._hold_refused(subject, entries, payloads, now_ms,
-                                     f"{len(self._handed_due)} handed ids remembered, "
-                                     f"{len(entries)} more would pass HANDED_IDS_MAX "
-                                     f"{HANDED_IDS_MAX}")
+        refusal = self._no_room_to_hold(len(entries), now_ms) if early else None
+        if refusal is not None:
+            await self._hold_refused(subject, entries, payloads, now_ms, refusal)
             return
         if early and self._recorded is not None:
             try:  # the handed record first: a restart or failover must know of the hand-off
@@ -275,8 +275,11 @@ class Dispatcher:
         ids = self._may_hold(subject, entries, payloads) if early else []
         try:
             if hold is not None and early:
+                # Visible by the broker's clock: later by how far ahead it may run (R9).
+                shift_ms, held_at_ms = self.clocks.ahead_ms(now_ms), self.clock()
                 group, results = await hold(subject, payloads,
-                                            [e.deliver_at_ms for e in entries])
+                                            [e.deliver_at_ms + shift_ms for e in entries])
+                self._observe_clocks(results, held_at_ms)
             else:
                 group, results = await self.send(subject, payloads)
         except NotSupported as exc:
@@ -367,6 +370,39 @@ class Dispatcher:
         if due:
             await self._dispatch_batch(subject, [entries[i] for i in due],
                                        [payloads[i] for i in due], use_hold=False)
+
+    def _no_room_to_hold(self, count: int, now_ms: int) -> str | None:
+        """Why ``count`` messages may not be handed off now (None: they may): the handed ids
+        would pass HANDED_IDS_MAX, or a broker's clock runs too far ahead."""
+        if len(self._handed_due) + count > HANDED_IDS_MAX:
+            return (f"{len(self._handed_due)} handed ids remembered, {count} more would pass "
+                    f"HANDED_IDS_MAX {HANDED_IDS_MAX}")
+        ahead_ms = self.clocks.ahead_ms(now_ms)
+        if ahead_ms > HOLD_CLOCK_AHEAD_MS_MAX:
+            return (f"a broker clock runs up to {ahead_ms} ms ahead of ours, over "
+                    f"HOLD_CLOCK_AHEAD_MS_MAX {HOLD_CLOCK_AHEAD_MS_MAX}")
+        return None
+
+    def _observe_clocks(self, results: list[dict[str, Any]], held_at_ms: int) -> None:
+        """Note each answering group's clock (``broker_now_ms``, PayloadSender); a broker
+        clock far ahead pauses the hand-off at once."""
+        seen: dict[str, int] = {}
+        for result in results:
+            broker_now_ms = result.get("broker_now_ms")
+            if type(broker_now_ms) is int:
+                seen[result.get("group", "")] = broker_now_ms
+        if not seen:
+            return
+        now_ms = self.clock()
+        for group, broker_now_ms in seen.items():
+            self.clocks.observe(group, held_at_ms, broker_now_ms, now_ms)
+        ahead_ms = self.clocks.ahead_ms(now_ms)
+        if ahead_ms > HOLD_CLOCK_AHEAD_MS_MAX:
+            log.warning("a broker clock runs up to %d ms ahead of ours (over "
+                        "HOLD_CLOCK_AHEAD_MS_MAX %d): dispatching at the due time", ahead_ms,
+                        HOLD_CLOCK_AHEAD_MS_MAX)
+            if self._no_hold is not None:
+                self._no_hold()
 
     async def _cancel_dropped(self, entries: list[ScheduleEntry], payloads: list[bytes]
                               ) -> tuple[list[ScheduleEntry], list[bytes]]:

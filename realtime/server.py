@@ -212,7 +212,9 @@ class RealtimeServer(ServerBase):
             return {"nacked": await core.nacks.nack(request)}
         if isinstance(request, Hold):
             self.gate.check_send(grant, request.messages)
-            return {"results": await broker.hold(request.messages, request.visible_at_ms)}
+            now_ms = broker.clock()  # as it arrived: the delay server bounds clock skew by it
+            return {"results": await broker.hold(request.messages, request.visible_at_ms),
+                    "now_ms": now_ms}
         if isinstance(request, CancelHeld):
             if not grant.admin:
                 grant.check_produce(request.subject)

@@ -67,7 +67,8 @@ class PayloadSender:
         retriable) when none it would go to does, so the caller dispatches at the due time
         instead; when only some home groups do not (a rolling upgrade), their part is answered
         ``not_supported`` per message and the other parts' results are kept. Each result of
-        a group's answer then also says ``group``: which group holds that message.
+        a group's answer then also says ``group``: which group holds that message, and
+        ``broker_now_ms``: that broker's clock as the hold arrived (when it says it).
 
         Each payload goes to its message id's home group (``home_group``), so a resend of an id
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
@@ -168,7 +169,11 @@ class PayloadSender:
                         request = {"op": "hold", "messages": chunk, "visible_at_ms":
                                    visible_at_ms[start:start + MAX_SEND_BATCH_MESSAGES]}
                     answer = await self.pool.request(address, request, self.send_timeout_ms)
-                    results.extend(answer.get("results", []))
+                    part = answer.get("results", [])
+                    if visible_at_ms is not None and type(answer.get("now_ms")) is int:
+                        for result in part:  # the broker's clock as the hold arrived
+                            result["broker_now_ms"] = answer["now_ms"]
+                    results.extend(part)
                 if _all_retriable_failures(results):
                     error = results[0]["error"]
                     raise error_from_wire(error["code"], error["message"])

@@ -513,3 +513,12 @@ async def test_held_messages_wait_while_the_server_is_not_the_leased_master(
     await wait_for(lambda: handoffs.made_visible == 1, 10, "the held message to be visible")
     pulled = await client.pull("orders", "g", "c1", start="earliest")
     assert bodies(pulled) == [b"h"]
+
+
+async def test_a_hold_answer_carries_the_broker_clock_as_the_hold_arrived(server, client, clock):
+    # review s10 R9: the delay server bounds how far ahead the broker's clock runs by it.
+    due_ms = clock() + 2_000
+    held = await client.request({
+        "op": "hold", "visible_at_ms": [due_ms],
+        "messages": [encode_message(message("orders", b"h", clock, deliver_at_ms=due_ms))]})
+    assert held["now_ms"] == clock()

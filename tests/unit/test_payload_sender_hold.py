@@ -213,3 +213,22 @@ async def test_a_cancel_of_a_message_a_group_dropped_before_says_so_and_an_older
     brokers.request = with_before
     assert await sender.cancel_held_answers("s", [message_id]) == ["dropped_before"]
     assert await sender.cancel_held("s", [message_id]) == [False]
+
+
+async def test_each_result_of_a_hold_carries_the_clock_of_the_broker_that_took_it():
+    payload = _at_home(0)
+    brokers = _Brokers()
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    _group, results = await sender.send("s", [payload], [10_000])
+    assert "broker_now_ms" not in results[0]  # a broker that does not say it
+    real = brokers.request
+
+    async def with_clock(address, request, timeout_ms):
+        answer = await real(address, request, timeout_ms)
+        if request["op"] == "hold":
+            answer["now_ms"] = 1_234
+        return answer
+
+    brokers.request = with_clock
+    _group, results = await sender.send("s", [payload], [10_000])
+    assert results[0]["broker_now_ms"] == 1_234 and results[0]["group"] == "g0"
