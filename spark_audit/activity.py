@@ -16,6 +16,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark_audit.delivery import kind
+
 TIMELINE_KINDS = ("pulled", "redelivered", "retried")
 TIMELINE_BUCKETS_MAX = 240
 # Round widths to choose from, smallest first: 1 s ... 1 day.
@@ -46,5 +48,5 @@ def timeline(events: DataFrame, bucket_ms: int) -> DataFrame:
     """(start_ms, event, count): TIMELINE_KINDS events per bucket of ``bucket_ms`` (buckets
     start at multiples of it since the epoch)."""
     start = (F.floor(F.col("ts_ms") / F.lit(bucket_ms)) * F.lit(bucket_ms)).cast("long")
-    return (events.where(F.col("event").isin(*TIMELINE_KINDS))
+    return (events.where(kind(*TIMELINE_KINDS))
             .groupBy(start.alias("start_ms"), "event").agg(F.count(F.lit(1)).alias("count")))

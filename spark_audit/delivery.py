@@ -28,6 +28,8 @@ messages sent in the last deadline_ms of a trace are not called late.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -40,9 +42,25 @@ PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative rank error 1/10000
 NOT_A_LOSS_REASONS = ("dispatch_unrecorded", "ack_unreadable")
 
 
+_SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SQL_STRING_SAFE = re.compile(r"[A-Za-z0-9_.:#%@-]*")
+
+
+def one_of(column: str, *values: str) -> Column:
+    """True where ``column`` is one of ``values``: ``column.isin(*values)``, written as one SQL
+    expression. The same expression (an ``In`` of string literals), but built in three py4j
+    round trips instead of three per value plus the list's and the call's (about 20 for four
+    values); a 10k-event audit builds these about 50 times. Names or values a SQL string could
+    not hold as they are are given to ``isin``."""
+    if not _SQL_NAME.fullmatch(column) or not all(_SQL_STRING_SAFE.fullmatch(v) for v in values):
+        return F.col(column).isin(*values)
+    literals = ", ".join(f"'{value}'" for value in values)
+    return F.expr(f"`{column}` IN ({literals})")
+
+
 def kind(*kinds: str) -> Column:
-    """True for events of these kinds."""
-    return F.col("event").isin(*kinds)
+    """True for events of these kinds (``one_of``)."""
+    return one_of("event", *kinds)
 
 
 def group_starts(events: DataFrame) -> DataFrame:
@@ -92,7 +110,7 @@ def chain_facts(events: DataFrame, deadline_ms: int = 0) -> DataFrame:
     first_offer = F.col("offer") & (F.col("msg_id") == F.col("origin_id"))
     handled = kind(*_HANDLED)
     row_deliverable = F.coalesce(F.greatest("created_at_ms", "deliver_at_ms"), ts)
-    gave_up = kind("gave_up") & ~F.coalesce(F.col("reason").isin(*NOT_A_LOSS_REASONS),
+    gave_up = kind("gave_up") & ~F.coalesce(one_of("reason", *NOT_A_LOSS_REASONS),
                                              F.lit(False))
     chains = offers.unionByName(touched).groupBy(*KEY).agg(
         F.min(F.when(first_offer & kind("produced", "dispatched"), ts)).alias("offered_ms"),

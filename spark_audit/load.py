@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from tracelog.events import (EVENT_FIELD_NAMES, HOUR_MS, LOCATOR_FIELD_NAMES, MESSAGE_ID_FIELD,
                              PRODUCED_FLAG,
                              REQUIRED_FIELDS, SUBSCRIPTION_KINDS, SUBSCRIPTION_REQUIRED_FIELDS)
+from spark_audit.delivery import kind
 from spark_audit.schema import EVENT_SCHEMA, LINE_SCHEMA
 
 # An hour directory holds what a writer wrote during that hour by its clock; an event's ts_ms may
@@ -59,7 +60,7 @@ def normalize_events(raw: DataFrame, locators: bool = False) -> DataFrame:
     required = F.lit(True)
     for name in REQUIRED_FIELDS:
         required = required & F.col(name).isNotNull()
-    subscription = F.col("event").isin(*SUBSCRIPTION_KINDS)
+    subscription = kind(*SUBSCRIPTION_KINDS)
     for_subscription = F.lit(True)
     for name in SUBSCRIPTION_REQUIRED_FIELDS:
         for_subscription = for_subscription & F.col(name).isNotNull()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit import delivery_audit
+from spark_audit.delivery import one_of
 from tests.spark.scenario import DEADLINE_MS, T, events_frame, trace_event
 from tracelog.events import subscription_event
 
@@ -169,3 +173,19 @@ def test_a_message_in_the_middle_of_its_retries_is_neither_lost_nor_overdue(spar
         trace_event("retried", ts_ms=T + 50, **copy),
         *_message("end", 1_000)])
     assert _counts(delivery_audit(events, deadline_ms=100)) == [("g", 2, 0, 0, 0, 2)]
+
+
+def _plan(df) -> str:
+    return re.sub(r"#\d+L?", "#", df._jdf.queryExecution().analyzed().toString())
+
+
+def test_one_of_is_the_same_expression_as_isin_and_quotes_what_sql_cannot_hold(spark,
+                                                                                 scenario):
+    kinds = ("pulled", "acked", "gave_up")
+    assert _plan(scenario.where(one_of("event", *kinds))) == _plan(
+        scenario.where(F.col("event").isin(*kinds)))
+    assertDataFrameEqual(scenario.where(one_of("event", *kinds)),
+                         scenario.where(F.col("event").isin(*kinds)))
+    # A value with a quote (or a name SQL would need quoted) is given to isin as it is.
+    frame = spark.createDataFrame([("it's",), ("its",)], "v string")
+    assert [row.v for row in frame.where(one_of("v", "it's")).collect()] == ["it's"]
