@@ -136,6 +136,13 @@ class CheckpointStore:
                 continue
             yield Checkpoint(sequence, payload, path)
 
+    def delete(self, checkpoints: list[Checkpoint]) -> None:
+        """Delete these checkpoints (a cut log no longer has what they describe), durably."""
+        for checkpoint in checkpoints:
+            os.unlink(checkpoint.path)
+        if checkpoints:
+            fsync_directory(self.directory)
+
     def delete_after(self, sequence: int) -> int:
         """Delete every checkpoint numbered above ``sequence`` (they describe state a cut log
         no longer has); returns how many. Later writes keep numbering upwards from the newest

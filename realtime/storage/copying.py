@@ -15,11 +15,11 @@ from collections import defaultdict
 from typing import Callable
 
 from logstore import CorruptRecord
+from logstore.checkpoint import Checkpoint, CheckpointStore
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.control_record import (
-    KIND_CANCELLED, KIND_DROPPED, KIND_HELD, control_kind, decode_dropped, decode_held,
-    dropped_offsets, is_control,
+    KIND_CANCELLED, KIND_DROPPED, control_kind, decode_dropped, decode_held, dropped_offsets,
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
@@ -28,6 +28,10 @@ from realtime.storage.held import (
     note_control,
 )
 from realtime.storage.message_log import MessageLog
+from realtime.storage.recovery import held_below
+from realtime.storage.store_checkpoint import (
+    StoreCheckpoint, checkpoint_offset, decode_store_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,22 +91,53 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
     return len(bodies)
 
 
+def checkpoints_to(checkpoints: CheckpointStore, offset: int,
+                   ) -> Callable[[], StoreCheckpoint | None]:
+    """Before a copy is cut at ``offset``: delete every kept checkpoint past it, durably (it
+    describes records the cut takes away; once the copy grows past it again, an open or a
+    later repair would take it as true even when no checkpoint is written after the cut).
+    Returns a loader of the newest checkpoint left that carries a held set (version 3), or
+    None; it decodes only when called, on the rare repair path."""
+    kept: list[Checkpoint] = []
+    past: list[Checkpoint] = []
+    for checkpoint in checkpoints.load_all():  # newest first
+        try:
+            (past if checkpoint_offset(checkpoint.payload) > offset else kept).append(checkpoint)
+        except ValueError:
+            continue  # unusable anyway: recovery skips it too
+    checkpoints.delete(past)
+
+    def newest() -> StoreCheckpoint | None:
+        for checkpoint in kept:
+            try:
+                decoded = decode_store_checkpoint(checkpoint.payload)
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning("checkpoint %s unusable for the repair: %s", checkpoint.path, exc)
+                continue
+            if decoded.held is not None:
+                return decoded
+        return None
+    return newest
+
+
 def cut_indexes(message_log: MessageLog, consumer_logs: dict[str, ConsumerLog],
-                dedup: DedupIndex, offset: int, held: HeldSet) -> int:
+                dedup: DedupIndex, offset: int, held: HeldSet,
+                base: Callable[[], StoreCheckpoint | None] = lambda: None) -> int:
     """Before the message log is cut at ``offset``: forget the dedup ids of its records from
     there, cut every consumer-log entry that points at or past it (within a subject entry
     offsets rise with the sequence, visible held messages included), and put back in ``held``
     the held records below it that a cut visible-message or cancelled record had taken out.
     When one of the records from ``offset`` is unreadable (a rotten record is why the copy is
-    cut), the dedup index is cleared and the held set rebuilt from the records below the cut.
+    cut), the dedup index is cleared and the held set rebuilt as recovery does: that of the
+    checkpoint ``base()`` (at or below the cut), then the records from it to the cut.
     Returns the entries cut."""
     try:
         _forget_from(message_log, dedup, offset, held)
     except (CorruptRecord, ValueError) as exc:
         log.warning("message store: cut at %d: %s; the dedup index is cleared and the held set "
-                    "rebuilt from the records below the cut", offset, exc)
+                    "rebuilt from the checkpoint and the records above it", offset, exc)
         dedup.clear()
-        _rebuild_held(message_log, offset, held, dedup)
+        _rebuild_held(message_log, offset, held, dedup, base())
     cut = 0
     for subject, clog in consumer_logs.items():
         try:
@@ -143,33 +178,26 @@ def _forget_from(message_log: MessageLog, dedup: DedupIndex, offset: int,
 
 
 def _rebuild_held(message_log: MessageLog, stop_offset: int, held: HeldSet,
-                  dedup: DedupIndex) -> None:
-    """The held set of the records below ``stop_offset``, read from the log's start (a rare
-    repair: a rotten record at a cut), their ids in ``dedup`` again."""
+                  dedup: DedupIndex, checkpoint: StoreCheckpoint | None) -> None:
+    """The held set at ``stop_offset`` (a rare repair: a rotten record at a cut): the held set
+    ``checkpoint`` carries, then the records from it to the cut (from the log's start without
+    one), passing over a record that fails its CRC; the held and dropped ids in ``dedup``
+    again. No record below the checkpoint is read, so rot there loses nothing held, and the
+    cost is that of the records above it, not of the whole log."""
     held.clear()
-    try:
-        for at, body in message_log.iterate_bodies(message_log.first_offset):
-            if at >= stop_offset:
-                break
-            if not is_control(body):
-                continue
-            if control_kind(body) == KIND_HELD:
-                record, _p = decode_held(body)
-                held.add(Held(at, len(body), record.visible_at_ms, record.tag_bloom,
-                              record.subject, record.message_id))
-            elif control_kind(body) in (KIND_CANCELLED, KIND_DROPPED):
-                held.pop_many(dropped_offsets(body))
-                if control_kind(body) == KIND_DROPPED:
-                    timestamp_ms, subject, _offsets, message_ids = decode_dropped(body)
-                    for message_id in message_ids:
-                        dedup.add(subject, message_id, DROPPED_SEQUENCE, timestamp_ms)
-            else:
-                held.pop(message_header(body)[5])  # type: ignore[arg-type]
-    except (CorruptRecord, ValueError) as exc:
-        log.error("message store: rebuilding the held set below %d stopped: %s; it holds "
-                  "what the records before that hold", stop_offset, exc)
-    for item in held.by_offset.values():
-        timestamp_ms = message_log.timestamp_at(item.offset)
+    first = message_log.first_offset
+    start = first
+    if checkpoint is not None and checkpoint.held is not None:
+        start = max(checkpoint.message_log_offset, first)
+        for entry in checkpoint.held:
+            if entry[0] >= first:  # below it, retention deleted the record
+                held.add(Held(*entry))
+    held_below(message_log, held, start, stop_offset, dedup)
+    for item in list(held.by_offset.values()):
+        try:
+            timestamp_ms = message_log.timestamp_at(item.offset)
+        except CorruptRecord:
+            continue  # the held set still knows the id; given up when due (held_unreadable)
         dedup.add(item.subject, item.message_id, HELD_SEQUENCE, timestamp_ms)
 
 
@@ -203,4 +231,4 @@ def install_sequence_starts(consumer_logs: dict[str, ConsumerLog],
         clog.sync()
 
 
-__all__ = ["cut_indexes", "index_copied", "install_sequence_starts", "sequence_starts"]
+__all__ = ["checkpoints_to", "cut_indexes", "index_copied", "install_sequence_starts", "sequence_starts"]

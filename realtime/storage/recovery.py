@@ -143,8 +143,8 @@ def recover(
             if checkpoint.held is not None:
                 _held_from_checkpoint(checkpoint, message_log.first_offset, held)
             else:
-                _held_below(message_log, held, max(checkpoint.replay_from_offset,
-                                                   message_log.first_offset), start)
+                held_below(message_log, held, max(checkpoint.replay_from_offset,
+                                                  message_log.first_offset), start)
             _replay(*replay, start, full=False, subject_report=subject_report, report=report)
     except _Restart as restart:
         reason = restart.reason
@@ -251,12 +251,14 @@ def _held_from_checkpoint(checkpoint: StoreCheckpoint, first_offset: int,
                 "below it", len(held), checkpoint.message_log_offset)
 
 
-def _held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int) -> None:
+def held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int,
+               dedup: DedupIndex | None = None) -> None:
     """Rebuild ``held`` from the control and visible-message records in [start, stop), passing
     over a record that fails its CRC (its header still gives its length) and stopping at a bad
     header; what it could not read is logged. A rotten held record is not held again (its
     fields cannot be trusted); a rotten visible-message or cancelled record leaves its held
-    record held, so it is made visible (again) at its due time rather than lost."""
+    record held, so it is made visible (again) at its due time rather than lost. ``dedup``,
+    when given, learns the held and dropped ids walked over (a slave's repair)."""
     offset = start
     while offset < stop:
         try:
@@ -264,16 +266,16 @@ def _held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int) -
         except CorruptRecord as exc:
             rotten = message_log.log.read_unverified(offset)
             if rotten is None:
-                log.error("held records: the walk below the checkpoint stops at %d (%s); held "
-                          "records from there to %d are not held again", offset, exc, stop)
+                log.error("held records: the walk of [%d, %d) stops at %d (%s); held records "
+                          "from there are not held again", start, stop, offset, exc)
                 return
-            log.error("held records: passed over a corrupt record below the checkpoint (%s)",
-                      exc)
+            log.error("held records: passed over a corrupt record in [%d, %d) (%s)", start,
+                      stop, exc)
             offset += HEADER_SIZE_BYTES + len(rotten)
             continue
         try:
             if is_held_control(body):
-                note_control(body, offset, held, None, 0, message_log.directory)
+                note_control(body, offset, held, dedup, -1, message_log.directory)
             elif is_control(body):
                 held.pop(message_header(body)[5])  # a visible-message record
         except (CorruptRecord, ValueError) as exc:

@@ -39,7 +39,7 @@ from realtime.storage.config import (
 )
 from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
 from realtime.storage.copying import (
-    cut_indexes, index_copied, install_sequence_starts, sequence_starts,
+    checkpoints_to, cut_indexes, index_copied, install_sequence_starts, sequence_starts,
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.held import HeldSet
@@ -498,7 +498,8 @@ class MessageStore(HeldWrites):
         message_log = self._message_log
         if offset >= message_log.end_offset:
             return 0
-        cut_indexes(message_log, self._consumer_logs, self._dedup, offset, self._held)
+        base = checkpoints_to(self._checkpoints, offset)
+        cut_indexes(message_log, self._consumer_logs, self._dedup, offset, self._held, base)
         try:
             cut = message_log.log.truncate(offset)
             message_log.log.sync()
@@ -520,6 +521,7 @@ class MessageStore(HeldWrites):
         self._consumer_logs.clear()
         self._dedup.clear()
         self._held.clear()
+        self._checkpoints.delete_after(0)  # they describe records the reset throws away
         self._message_log.log.reset(offset)
         self._write_checkpoint()
 
