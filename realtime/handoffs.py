@@ -61,6 +61,9 @@ VISIBLE_RETRY_MS = 1_000
 # in-sync slaves under min_insync: what a send is refused for) looks again this much later
 # (ms, event-loop time): a lease renewal or a slave catching up lets the round go on soon.
 VISIBLE_REFUSED_RETRY_MS = 100
+# Drops of held messages whose replication wait failed, kept (by subject and id, ~150 B each)
+# until a retry of their cancel traces them: a bound for a broker whose slaves stay away.
+UNTRACED_DROPS_MAX = 100_000
 
 
 class Handoffs:
@@ -94,6 +97,9 @@ class Handoffs:
         # Hand-offs refused because the held set was full (qmq_realtime_holds_refused_full).
         self.holds_refused_full = 0
         self._refused_why: str | None = None
+        # (subject, id) of drops not traced yet: their replication wait failed (a retry
+        # answered dropped_before traces them); insertion-ordered, at most UNTRACED_DROPS_MAX
+        self._untraced: dict[tuple[str, str], bool] = {}
 
     # ------------------------------------------------------------------ ops
 
@@ -203,14 +209,31 @@ class Handoffs:
         cancelled, before, log_end = await ctx.on_store_thread(self._cancel_io, subject,
                                                                message_ids, now_ms)
         ctx.replica.advanced("message", log_end)
-        # Traced once durable here (a slave's copy follows): a lost answer or a failover
-        # before the slaves have it makes the retry answer dropped_before, not a second trace.
-        ctx.tracer.held_cancelled(
-            subject, list(dict.fromkeys(i for i, c in zip(message_ids, cancelled) if c)),
-            now_ms)
-        if ctx.replica.replicating:
-            await ctx.replica.wait_replicated("message", log_end)
+        dropped = list(dict.fromkeys(i for i, c in zip(message_ids, cancelled) if c))
+        try:
+            if ctx.replica.replicating:
+                await ctx.replica.wait_replicated("message", log_end)
+        except BaseException:
+            self._untraced_drop(subject, dropped)
+            raise
+        # Traced once committed as a send's answer is (the in-sync slaves have it), so a
+        # promoted slave never holds a message traced cancelled. A drop whose wait failed is
+        # traced by the retry that finds it dropped_before and whose own wait succeeds.
+        dropped += [i for i, b in zip(message_ids, before)
+                    if b and self._untraced.pop((subject, i), None) is not None]
+        ctx.tracer.held_cancelled(subject, dropped, now_ms)
         return cancelled, before
+
+    def _untraced_drop(self, subject: str, message_ids: list[str]) -> None:
+        """Remember drops whose replication wait failed, for a retry to trace (the oldest
+        are forgotten past ``UNTRACED_DROPS_MAX``; the delay server still traces its own)."""
+        for message_id in message_ids:
+            self._untraced[(subject, message_id)] = True
+        while len(self._untraced) > UNTRACED_DROPS_MAX:
+            forgotten = next(iter(self._untraced))
+            del self._untraced[forgotten]
+            log.warning("drop of held message %s not traced: more than UNTRACED_DROPS_MAX "
+                        "%d drops wait for a retry", forgotten, UNTRACED_DROPS_MAX)
 
     def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int
                    ) -> tuple[list[bool], list[bool], int]:

@@ -465,3 +465,39 @@ async def test_a_hold_past_held_messages_max_is_refused_too_large_and_the_rest_h
         assert await hold(broker, clock, "orders", ["c"]) == ["stored"]  # room again
     finally:
         await broker.stop()
+
+
+async def test_a_drop_is_traced_once_the_slaves_have_it_and_one_whose_wait_failed_at_the_retry(
+        opened, monkeypatch):
+    broker, clock, tmp_path = opened
+    await hold(broker, clock, "orders", ["h1", "h2"])
+    waiting, replicated = asyncio.Event(), asyncio.Event()
+    failure: list[Exception] = [NotEnoughReplicas("group rt has 0 slaves in sync, min_insync 1")]
+
+    async def wait_replicated(name: str, end: int) -> None:
+        waiting.set()
+        await replicated.wait()
+        if failure:
+            raise failure.pop()
+
+    monkeypatch.setattr(broker._ctx.replica, "replicating", True, raising=False)
+    monkeypatch.setattr(broker._ctx.replica, "wait_replicated", wait_replicated)
+    cancel = asyncio.create_task(broker.cancel_held("orders", ["h1"]))
+    async with asyncio.timeout(30):
+        await waiting.wait()
+    # Durable here, not yet on the slaves: a master dying now leaves a promoted slave that
+    # still holds h1, so nothing may say it was cancelled (it was traced here before).
+    assert broker.tracer.held_cancelled_count == 0
+    replicated.set()
+    with pytest.raises(NotEnoughReplicas):
+        await cancel
+    assert broker.tracer.held_cancelled_count == 0
+    # The delay server's retry finds it dropped before; its wait succeeds: traced now, once.
+    assert await broker.cancel_held("orders", ["h1", "h2"]) == ([False, True], [True, False])
+    assert broker.tracer.held_cancelled_count == 2
+    assert await broker.cancel_held("orders", ["h1", "h2"]) == ([False, False], [True, True])
+    assert broker.tracer.held_cancelled_count == 2
+    broker.tracer.writer.flush()
+    cancelled = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "cancelled"]
+    assert sorted((e["msg_id"], e["reason"]) for e in cancelled) == [
+        ("h1", "held_cancelled"), ("h2", "held_cancelled")]
