@@ -863,7 +863,7 @@ async def test_a_retried_cancel_whose_first_answer_was_lost_after_the_drop_says_
 
 async def test_hand_offs_past_handed_ids_max_are_sent_at_their_due_time(tmp_path, monkeypatch):
     # review s10 R10: nothing bounded the ids a delay server remembers as handed.
-    monkeypatch.setattr("delayserver.dispatch.HANDED_IDS_MAX", 2, raising=False)
+    monkeypatch.setattr("delayserver.handed_ids.HANDED_IDS_MAX", 2, raising=False)
     clock = FakeClock()
     broker = HoldingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
