@@ -25,6 +25,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from sdk.connection import limit_reads
 from wire.errors import BadRequest, Internal, QmqError
 from wire.limits import MAX_FRAME_BYTES
 from wire.protocol import (
@@ -214,6 +215,7 @@ class _FrameConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        limit_reads(transport)  # recv(256 KiB) costs an mmap and a munmap per read
         self._transport = transport
         peername = transport.get_extra_info("peername")
         self.session.peer = f"{peername[0]}:{peername[1]}" if peername else "?"

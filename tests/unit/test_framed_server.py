@@ -129,3 +129,28 @@ async def test_answers_to_pipelined_requests_come_back_as_each_is_done_not_in_or
         writer.close()
     finally:
         await server.stop()
+
+
+async def test_both_ends_read_at_most_read_bytes_max_and_a_frame_many_times_that_arrives_whole():
+    from sdk.connection import READ_BYTES_MAX, Connection
+
+    body = bytes(range(256)) * (3 * READ_BYTES_MAX // 256 + 7)  # over three reads' worth
+
+    async def echo(session: Session, request: Request) -> dict[str, Any]:
+        if request.op == "hello":
+            return {"server": {"kind": "test"}}
+        return {"back": request.messages[0]}  # type: ignore[attr-defined]
+
+    server = FrameServer(echo)
+    await server.start()
+    try:
+        conn = await Connection.open(f"127.0.0.1:{server.port}", client_id="c1", app="test",
+                                     token=None)
+        answer = await conn.request({"op": "send", "messages": [body]}, WAIT_S * 1000)
+        assert answer["back"] == body
+        [served] = server._connections
+        # asyncio's default is recv(256 KiB): an mmap and a munmap per read.
+        assert served._transport.max_size == READ_BYTES_MAX == conn._transport.max_size
+        await conn.close()
+    finally:
+        await server.stop()
