@@ -175,6 +175,7 @@ class Producer(BatchingMixin):
         self._open: dict[Key, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop of the first send
         # (subject, delayed) -> the turn of its next batch; a subject's first batch takes
         # route_start (the group at that index modulo the route's length).
         self._round_robin: dict[Key, int] = {}
@@ -262,7 +263,13 @@ class Producer(BatchingMixin):
                 if len(self._plain_subjects) >= PLAIN_SUBJECTS_MAX:
                     self._plain_subjects.clear()
                 self._plain_subjects[subject] = plain_middle(subject)
-        future = asyncio.get_running_loop().create_future()
+        # The loop of the first send, kept: asyncio.get_running_loop() is a getpid() system
+        # call each time (~0.5 us here). A send from another loop then fails as it would on
+        # this producer's connections: its await raises (a future of a different loop).
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future = loop.create_future()
         waiting = self._sends_waiting = self._sends_waiting + 1
         if waiting > self._sends_waiting_peak:
             self._sends_waiting_peak = waiting
