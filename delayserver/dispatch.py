@@ -430,11 +430,17 @@ class Dispatcher(HandedMixin):
                 due_ms = self.pending_drops.pop(message_id, None)
                 if due_ms is None:
                     continue
-                try:
-                    await self._io(self.store.record_dropped, message_id, due_ms)
-                except Exception:
-                    log.exception("the drop of handed message %s due at %d was not recorded",
-                                  message_id, due_ms)
+                await self._mark_drop(message_id, due_ms)
+
+    async def _mark_drop(self, message_id: str, due_ms: int) -> None:
+        """Record one pending drop in the store; one whose dispatch is still not recorded (a
+        full disk held it back) stays pending, for ``record_unrecorded``."""
+        try:
+            if await self._io(self.store.record_dropped, message_id, due_ms) == "open":
+                self.pending_drops[message_id] = due_ms
+        except Exception:
+            log.exception("the drop of handed message %s due at %d was not recorded",
+                          message_id, due_ms)
 
     async def _yield_between(self, rest: list[_Confirmed]) -> None:
         """Give the event loop a turn between two recorded batches (a hot slot's round holds
@@ -480,6 +486,9 @@ class Dispatcher(HandedMixin):
             self.unrecorded = entries + self.unrecorded
             return 0
         log.warning("recorded %d dispatches held back by a full disk", len(entries))
+        for message_id, due_ms in list(self.pending_drops.items()):  # a few at most
+            del self.pending_drops[message_id]
+            await self._mark_drop(message_id, due_ms)
         return len(entries)
 
     async def stop(self, grace_ms: int) -> None:

@@ -977,3 +977,47 @@ def test_the_clock_bound_is_the_smallest_lead_seen_in_the_window_per_group_the_l
     assert clocks.ahead_ms(3_010) == 20
     assert clocks.ahead_ms(2_010 + CLOCK_SKEW_WINDOW_MS) == 90  # the 20 left the window
     assert clocks.ahead_ms(3_010 + CLOCK_SKEW_WINDOW_MS) == 0  # nothing left in it
+
+
+async def test_a_drop_during_a_hold_whose_dispatch_record_a_full_disk_held_back_is_recorded_with_it(
+        tmp_path):
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    due = clock() + 10_000
+    try:
+        [m] = await schedule(scheduler, clock, due, b"a")
+        gate = asyncio.Event()
+        store = scheduler.store
+        real_record = store.record_dispatched
+        real_io = scheduler.dispatcher._io
+        full = [True]
+
+        def record_or_full(*args):
+            if full[0]:
+                raise DiskFull("delay", 1)
+            return real_record(*args)
+
+        async def slow_io(fn, *args):
+            if fn == record_or_full:
+                await gate.wait()  # recorded after the cancel was answered, on a full disk
+            return await real_io(fn, *args)
+
+        store.record_dispatched = record_or_full
+        scheduler.dispatcher._io = slow_io
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        gate.set()
+        await settle(scheduler)
+        assert scheduler.dispatcher.unrecorded, "the full disk held the dispatch record back"
+        full[0] = False
+        assert await scheduler.record_unrecorded() == 1
+    finally:
+        await scheduler.stop()
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        assert await again.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await again.stop()
