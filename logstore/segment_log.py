@@ -23,6 +23,9 @@ never returned as data. Not thread-safe: one owner calls it.
 Observing fsyncs: ``on_fsync`` (None by default) is called on the owner's thread with the seconds
 one ``sync()`` spent in fsync calls, whenever it fsynced anything. The log reads a monotonic
 counter only for that measurement and decides nothing on it; servers wire it to a metric.
+
+Reading is in ``logstore.segment_reads`` and copying to another server in
+``logstore.segment_copy`` (mixins of ``SegmentedLog``).
 """
 
 from __future__ import annotations
@@ -34,42 +37,18 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import add, eq, sub
-from typing import Callable, Iterable, Iterator, Sequence
+from operator import add
+from typing import Callable, Iterable
 
-from logstore.errors import (
-    CorruptRecord,
-    DiskFull,
-    LogClosed,
-    LogWriteFailed,
-    OffsetOutOfRange,
-    RecordTooLarge,
-)
+from logstore.errors import DiskFull, LogClosed, LogWriteFailed, RecordTooLarge
 from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
-from logstore.record import HEADER as HEADER_STRUCT
-from logstore.record import (
-    CRC_SEEDS,
-    HEADER_SIZE_BYTES,
-    LENGTH_CRC,
-    MAGIC,
-    VERSION,
-    check_header,
-    crc32,
-    crc_matches,
-    frame_records,
-    record_crc,
-    split_records,
-)
+from logstore.record import HEADER_SIZE_BYTES, check_header, crc_matches, frame_records
+from logstore.segment_copy import SegmentCopyMixin
+from logstore.segment_reads import _SCAN_CHUNK_BYTES, SegmentReadsMixin
 
 log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".log"
-_READ_AHEAD_BYTES = 4096
-_SCAN_CHUNK_BYTES = 1 << 20
-# read_bodies: records at most this far apart share one pread (reading ~4 KiB between them costs
-# less than a syscall of its own), and one pread reads at most READ_RUN_BYTES_MAX.
-READ_RUN_GAP_BYTES_MAX = 4096
-READ_RUN_BYTES_MAX = 4 << 20
 FLUSH_MODES = ("sync", "async")
 
 
@@ -141,7 +120,7 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}{SEGMENT_SUFFIX}"
 
 
-class SegmentedLog:
+class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
     """An append-only log of records split into size-bounded segment files."""
 
     def __init__(
@@ -509,307 +488,6 @@ class SegmentedLog:
         self._open_segment(self._end, create=True)
         self._update_fast_path_end()
 
-    # ------------------------------------------------------------------ reading
-
-    def _locate(self, offset: int) -> tuple[_Segment, int]:
-        if offset < self.first_offset or offset >= self._end:
-            raise OffsetOutOfRange(offset, self.first_offset, self._end)
-        index = bisect.bisect_right(self._bases, offset) - 1
-        segment = self._segments[index]
-        return segment, offset - segment.base_offset
-
-    def read(self, offset: int) -> bytes:
-        """The body of the record at ``offset``; raises CorruptRecord rather than return bad bytes."""
-        return self.read_with_next(offset)[0]
-
-    def read_with_next(self, offset: int) -> tuple[bytes, int]:
-        """The body of the record at ``offset`` and the offset of the record after it."""
-        if self._closed:
-            raise LogClosed(self.directory)
-        if self._pending and offset >= self._end - self._buffered_bytes():
-            self.flush()
-        segment, position = self._locate(offset)
-        data = segment.handle.pread(position, _READ_AHEAD_BYTES)
-        if len(data) < HEADER_SIZE_BYTES:
-            raise CorruptRecord(segment.path, offset, "no record header at this offset")
-        header = data[:HEADER_SIZE_BYTES]
-        body_length, crc, problem = check_header(header, self.config.record_size_bytes_max)
-        if problem:
-            raise CorruptRecord(segment.path, offset, problem)
-        framed = HEADER_SIZE_BYTES + body_length
-        if len(data) < framed:
-            data = segment.handle.pread(position, framed)
-            if len(data) < framed:
-                raise CorruptRecord(segment.path, offset, "record runs past the end of its segment")
-        body = data[HEADER_SIZE_BYTES:framed]
-        if not crc_matches(header, body, crc):
-            raise CorruptRecord(segment.path, offset, "crc mismatch")
-        return body, offset + framed
-
-    def read_unverified(self, offset: int) -> bytes | None:
-        """The bytes of the record at ``offset`` WITHOUT the CRC check, or None when its
-        header is bad or it runs past its segment. Only for naming a record ``read`` refused
-        (a damaged body still holds its key fields): never return these bytes as data."""
-        if self._closed:
-            raise LogClosed(self.directory)
-        segment, position = self._locate(offset)
-        header = segment.handle.pread(position, HEADER_SIZE_BYTES)
-        if len(header) < HEADER_SIZE_BYTES:
-            return None
-        body_length, _crc, problem = check_header(header, self.config.record_size_bytes_max)
-        if problem:
-            return None
-        body = segment.handle.pread(position + HEADER_SIZE_BYTES, body_length)
-        return body if len(body) == body_length else None
-
-    def read_bodies(self, offsets: Sequence[int], body_sizes: Sequence[int],
-                    gap_bytes_max: int = READ_RUN_GAP_BYTES_MAX) -> list[memoryview | None]:
-        """The bodies of the records at ``offsets`` (ascending), whose body sizes the caller
-        knows from an index: records of one segment lying within ``gap_bytes_max`` of each other
-        are fetched with one ``pread`` per run (``read_runs``) instead of one each. Each record
-        is checked like ``read`` (magic, version, length equal to the size given, CRC); a record
-        that fails, or an offset outside the log, gives None in its place, so the caller can
-        ``read`` it alone for the exact error."""
-        out: list[memoryview | None] = [None] * len(offsets)
-        limit = self.config.record_size_bytes_max
-        for data, run_start, i, j in self.read_runs(offsets, body_sizes, gap_bytes_max):
-            self._check_run(data, run_start, offsets, body_sizes, i, j, out, limit)
-        return out
-
-    def read_runs(self, offsets: Sequence[int], body_sizes: Sequence[int],
-                  gap_bytes_max: int = READ_RUN_GAP_BYTES_MAX,
-                  ) -> list[tuple[memoryview, int, int, int]]:
-        """The raw bytes behind ``read_bodies``, unchecked: (data, run start offset, i, j) per
-        run, ``data`` holding records i..j-1 of ``offsets`` (ascending, body sizes known) read
-        with one ``pread`` (shorter than asked only if the file was cut). Offsets outside the
-        log are in no run. For a caller that checks and parses records in one pass."""
-        if self._closed:
-            raise LogClosed(self.directory)
-        count = len(offsets)
-        runs: list[tuple[memoryview, int, int, int]] = []
-        if not count:
-            return runs
-        if self._pending and offsets[-1] + HEADER_SIZE_BYTES + body_sizes[-1] > (
-                self._end - self._buffered_bytes()):
-            self.flush()
-        first_offset, end = self.first_offset, self._end
-        # Run boundaries, found with C-level maps: a new run starts where the gap to the
-        # previous record is too wide or a new segment begins.
-        ends = list(map(add, offsets, map(add, body_sizes, repeat(HEADER_SIZE_BYTES))))
-        segment_of = list(map(bisect.bisect_right, repeat(self._bases, count), offsets))
-        breaks = [k for k, gap, same in zip(range(1, count), map(sub, offsets[1:], ends),
-                                             map(eq, segment_of[1:], segment_of))
-                  if gap > gap_bytes_max or not same]
-        breaks.append(count)
-        i = 0
-        for run_stop in breaks:
-            while i < run_stop:
-                offset = offsets[i]
-                if not first_offset <= offset < end:
-                    i += 1
-                    continue
-                segment, position = self._locate(offset)
-                # At most READ_RUN_BYTES_MAX per pread (at least one record).
-                j = max(i + 1, bisect.bisect_right(ends, offset + READ_RUN_BYTES_MAX, i, run_stop))
-                run_end = max(ends[i:j]) if j - i > 1 else ends[i]
-                runs.append((memoryview(segment.handle.pread(position, run_end - offset)),
-                             offset, i, j))
-                i = j
-        return runs
-
-    @staticmethod
-    def _check_run(data: memoryview, offset: int, offsets: Sequence[int],
-                   body_sizes: Sequence[int], i: int, j: int, out: list[memoryview | None],
-                   limit: int) -> None:
-        """Check records i..j-1 of a run read from ``offset`` into ``data``; the body of each
-        one that checks out goes to ``out``."""
-        sizes = body_sizes[i:j]
-        if j - i >= 8 and len(data) >= max(map(add, offsets[i:j], sizes)) - offset + (
-                HEADER_SIZE_BYTES) and max(sizes) <= limit:
-            # Every record is there: check them with C-level maps (no bytecode per record).
-            # Seeding the CRC with the caller's size and the standard magic/version/attributes
-            # makes one CRC call check the header too.
-            starts = [following - offset + HEADER_SIZE_BYTES for following in offsets[i:j]]
-            bodies = list(map(data.__getitem__, map(slice, starts, map(add, starts, sizes))))
-            crcs = map(crc32, bodies, map(CRC_SEEDS.__getitem__, sizes))
-            stored = map(LENGTH_CRC.unpack_from, repeat(data, j - i),
-                         [start - HEADER_SIZE_BYTES for start in starts])
-            out[i:j] = map(_body_if, map(eq, stored, zip(sizes, crcs)), bodies)
-            return
-        for k in range(i, j):  # a few records, a short read (a file cut) or an odd size
-            at = offsets[k] - offset
-            size = body_sizes[k]
-            if at + HEADER_SIZE_BYTES + size > len(data) or size > limit:
-                continue
-            body_length, crc, magic, version, _attributes = HEADER_STRUCT.unpack_from(data, at)
-            if body_length != size or magic != MAGIC or version != VERSION:
-                continue
-            body = data[at + HEADER_SIZE_BYTES : at + HEADER_SIZE_BYTES + size]
-            if record_crc(data, at, body) == crc:
-                out[k] = body
-
-    def iterate(self, from_offset: int | None = None) -> Iterator[tuple[int, bytes]]:
-        """Yield (offset, body) from ``from_offset`` (default: the first record) to the end.
-
-        Reads in large chunks; every record's CRC is checked and a bad one raises CorruptRecord.
-        """
-        if self._closed:
-            raise LogClosed(self.directory)
-        if self._pending:
-            self.flush()
-        offset = self.first_offset if from_offset is None else from_offset
-        if offset == self._end:
-            return
-        segment, position = self._locate(offset)
-        index = self._segments.index(segment)
-        limit = self.config.record_size_bytes_max
-        while index < len(self._segments):
-            segment = self._segments[index]
-            # Re-read the size on every pass: appends while the caller holds this generator
-            # grow the active segment, and a roll flushes more into it before moving on.
-            while position < segment.size_bytes:
-                size = segment.size_bytes
-                chunk = segment.handle.pread(position, min(_SCAN_CHUNK_BYTES, size - position))
-                view = memoryview(chunk)
-                at = 0
-                while at + HEADER_SIZE_BYTES <= len(chunk):
-                    header = chunk[at : at + HEADER_SIZE_BYTES]
-                    body_length, crc, problem = check_header(header, limit)
-                    if problem:
-                        raise CorruptRecord(segment.path, segment.base_offset + position + at, problem)
-                    record_end = at + HEADER_SIZE_BYTES + body_length
-                    if record_end > len(chunk):
-                        break
-                    body = view[at + HEADER_SIZE_BYTES : record_end]
-                    if not crc_matches(header, body, crc):
-                        raise CorruptRecord(
-                            segment.path, segment.base_offset + position + at, "crc mismatch"
-                        )
-                    yield segment.base_offset + position + at, bytes(body)
-                    at = record_end
-                if at == 0:
-                    # One record larger than the chunk: read it whole.
-                    body, next_offset = self.read_with_next(segment.base_offset + position)
-                    yield segment.base_offset + position, body
-                    at = next_offset - segment.base_offset - position
-                position += at
-            index += 1
-            position = 0
-
-    # ------------------------------------------------------------------ copying (replication)
-
-    def read_raw(self, offset: int, max_bytes: int, end_offset: int | None = None) -> bytes:
-        """Whole records from ``offset`` exactly as stored (headers and bodies), for copying
-        the log to another server: at most ``max_bytes``, or the first record alone when it is
-        larger; never past ``end_offset`` nor past what was written to the OS
-        (``flushed_offset``); never across a segment's end (the next call goes on from there).
-        Every record is checked; a bad one raises CorruptRecord. Returns b"" at the limit;
-        OffsetOutOfRange outside [first_offset, limit]."""
-        if self._closed:
-            raise LogClosed(self.directory)
-        assert max_bytes > 0, max_bytes
-        limit = self.flushed_offset if end_offset is None else min(end_offset,
-                                                                   self.flushed_offset)
-        if offset == limit and offset >= self.first_offset:
-            return b""
-        if not self.first_offset <= offset < limit:
-            raise OffsetOutOfRange(offset, self.first_offset, limit)
-        segment, position = self._locate(offset)
-        stop = min(limit, segment.base_offset + segment.size_bytes)
-        data = segment.handle.pread(position, min(max_bytes, stop - offset))
-        bodies, used, problem = split_records(data, self.config.record_size_bytes_max)
-        if not used and problem is None:
-            # The first record alone is larger than max_bytes: it goes whole.
-            header = segment.handle.pread(position, HEADER_SIZE_BYTES)
-            if len(header) < HEADER_SIZE_BYTES:
-                raise CorruptRecord(segment.path, offset, "no record header at this offset")
-            framed = HEADER_SIZE_BYTES + HEADER_STRUCT.unpack(header)[0]
-            if offset + framed > stop:
-                raise CorruptRecord(segment.path, offset, "record runs past the end of its "
-                                    "segment or the copy limit")
-            data = segment.handle.pread(position, framed)
-            bodies, used, problem = split_records(data, self.config.record_size_bytes_max)
-        if problem is not None:
-            raise CorruptRecord(segment.path, offset + used, problem)
-        if not used:
-            raise CorruptRecord(segment.path, offset, "no whole record before the copy limit")
-        return data[:used]
-
-    def append_raw(self, offset: int, data: bytes) -> list[bytes]:
-        """Append whole records copied from another log with ``read_raw``, at ``offset``, which
-        must be this log's end (the copy keeps the source's offsets). Every record is checked
-        first and nothing is appended unless all are good (CorruptRecord names the first bad
-        one); the bodies are framed again, which gives back the same bytes. Returns the bodies
-        appended (for the caller to index); durable per the usual ``flush``/``sync`` contract."""
-        if offset != self._end:
-            raise ValueError(f"copied records start at offset {offset} but the log {self.directory} "
-                             f"ends at {self._end}")
-        bodies, used, problem = split_records(data, self.config.record_size_bytes_max)
-        if problem is None and used != len(data):
-            problem = f"{len(data) - used} bytes of a partial record at the end"
-        if problem is not None:
-            raise CorruptRecord(f"{self.directory} (copied bytes)", offset + used, problem)
-        copied = [bytes(body) for body in bodies]
-        self.append_many(copied)
-        assert self._end == offset + len(data), (self._end, offset, len(data))
-        return copied
-
-    def verify(self, offset: int, max_bytes: int) -> tuple[int, CorruptRecord | None]:
-        """Check the records from ``offset`` (a record boundary), about ``max_bytes`` of them,
-        as a scrub of a copy does: (where the next check goes on, or the first bad record's
-        error). Only what was written to the OS is looked at; at its end the next offset is
-        the end (start again from ``first_offset`` for another pass)."""
-        offset = max(offset, self.first_offset)
-        checked = 0
-        while checked < max_bytes:
-            try:
-                data = self.read_raw(offset, min(max_bytes - checked, READ_RUN_BYTES_MAX))
-            except CorruptRecord as exc:
-                return offset, exc
-            if not data:
-                break
-            offset += len(data)
-            checked += len(data)
-        return offset, None
-
-    def truncate(self, offset: int) -> int:
-        """Cut every record at or after ``offset`` durably (a follower dropping a tail its new
-        source does not have, or a record found rotten); returns the bytes cut. ``offset`` must
-        be a record boundary, which the caller knows (an epoch start, a record's offset).
-        OffsetOutOfRange outside [first_offset, end_offset]."""
-        self._check_writable()
-        if not self.first_offset <= offset <= self._end:
-            raise OffsetOutOfRange(offset, self.first_offset, self._end)
-        if offset == self._end:
-            return 0
-        self.flush()
-        cut_bytes = self._end - offset
-        index = bisect.bisect_right(self._bases, offset) - 1
-        self._cut(index, offset - self._segments[index].base_offset, "truncated by its owner")
-        self._end = offset
-        self._durable_end = min(self._durable_end, offset)
-        self._update_fast_path_end()
-        log.warning("log %s: truncated to offset %d (%d bytes cut)", self.directory, offset,
-                    cut_bytes)
-        return cut_bytes
-
-    def reset(self, offset: int) -> None:
-        """Delete every record and start the log empty at ``offset`` (a copy beginning where its
-        source's retention left off, or a copy thrown away)."""
-        self._check_writable()
-        self._pending.clear()
-        for segment in self._segments:
-            segment.handle.close()
-            os.unlink(segment.path)
-        self._segments.clear()
-        self._bases.clear()
-        self._open_segment(offset, create=True)
-        fsync_directory(self.directory)
-        self._directory_dirty = False
-        self._end = self._durable_end = offset
-        self._update_fast_path_end()
-        log.warning("log %s: reset to start empty at offset %d", self.directory, offset)
-
     # ------------------------------------------------------------------ retention
 
     def segments(self) -> list[SegmentInfo]:
@@ -879,8 +557,3 @@ class SegmentedLog:
                 segment.handle.close()
             self._closed = True
             self._fast_path_end = -1
-
-
-def _body_if(good: bool, body: memoryview) -> memoryview | None:
-    """``body`` when its record checked out, else None (read_bodies' result per record)."""
-    return body if good else None
