@@ -28,7 +28,7 @@ from delayserver.storage import DelayStore, ScheduleEntry
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 from logstore.errors import DiskFull
-from serverkit.payload_sender import ANSWER_UNKNOWN
+from serverkit.payload_sender import HOLD_ANSWER_UNKNOWN
 from wire.errors import NotSupported, QmqError
 from wire.message import peek_message_id
 
@@ -282,8 +282,9 @@ class Dispatcher(HandedMixin):
             await self._hold_refused(subject, entries, payloads, now_ms, exc)
             return
         except QmqError as exc:
-            if early and isinstance(exc, ANSWER_UNKNOWN):
-                # The home group may hold them though the answer was lost: never held again
+            if early and isinstance(exc, HOLD_ANSWER_UNKNOWN):
+                # The home group may hold them though the answer was lost, or refused after
+                # the write (NotMaster: a lease lapsed or a demotion after it): never held again
                 # (a retry could hold them in a second group once the route changed, and both
                 # would deliver them); sent at their due time, to their home over the route
                 # then (docs/REPLICATION.md 16).

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk.connection import ConnectionPool
-from wire.errors import (ConnectionLost, Internal, NoRoute, NotEnoughReplicas, NotSupported,
-                         QmqError, error_from_wire)
+from wire.errors import (ConnectionLost, Internal, NoRoute, NotEnoughReplicas, NotMaster,
+                         NotSupported, QmqError, error_from_wire)
 from wire.limits import MAX_SEND_BATCH_MESSAGES
 from wire.message import peek_message_id
 from sdk.routes import RouteCache
@@ -30,6 +30,12 @@ SEND_TIMEOUT_MS_DEFAULT = 5_000
 # connection died or timed out after the write, a failure past it, a write its slaves did not
 # confirm): a hold failing so is never held again, by any group (see PayloadSender.send).
 ANSWER_UNKNOWN = (ConnectionLost, Internal, NotEnoughReplicas)
+# A hold's failures after which its home group may hold it: those, and NotMaster, which a
+# broker also answers after the held records were written (its lease lapsed during the store
+# call, or it was demoted while waiting for its slaves: a promoted slave may hold the copy).
+# The delay server cannot tell it from a NotMaster refused before any write, so it takes every
+# one as "maybe held" (review s11 rvho-3).
+HOLD_ANSWER_UNKNOWN = (*ANSWER_UNKNOWN, NotMaster)
 # A broker's answer to ``cancel_held`` for one id: held and dropped now, or dropped at an
 # earlier cancel_held (never visible; docs/PROTOCOL.md "cancel_held").
 HELD_DROPPED = "dropped"
@@ -78,10 +84,11 @@ class PayloadSender:
         its result, not raised.
 
         A hold is never retried in another group: a part whose home may have held it although
-        the answer was lost (ANSWER_UNKNOWN) raises that error at once, without refreshing the
-        route (a refresh usually drops a home whose master just died, so the ids' homes would
-        move), and the caller sends such messages at their due time instead of holding them
-        again (docs/REPLICATION.md 16).
+        the answer was lost, or refused with NotMaster, which may come after the write
+        (HOLD_ANSWER_UNKNOWN), raises that error at once, without refreshing the route (a
+        refresh usually drops a home whose master just died, so the ids' homes would move),
+        and the caller sends such messages at their due time instead of holding them again
+        (docs/REPLICATION.md 16).
         """
         if not payloads:
             return "", []
@@ -107,7 +114,7 @@ class PayloadSender:
                 for home, positions in parts.items()
             ), return_exceptions=True)
             if visible_at_ms is not None:
-                unknown = [o for o in outcomes if isinstance(o, ANSWER_UNKNOWN)]
+                unknown = [o for o in outcomes if isinstance(o, HOLD_ANSWER_UNKNOWN)]
                 if unknown:
                     raise unknown[0]  # every part has finished: nothing is left running
             pending = []
@@ -184,7 +191,7 @@ class PayloadSender:
                 log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
                          self.kind, group.group, address, subject, exc)
                 last_error = exc
-                if visible_at_ms is not None and isinstance(exc, ANSWER_UNKNOWN):
+                if visible_at_ms is not None and isinstance(exc, HOLD_ANSWER_UNKNOWN):
                     unknown = exc
                 if isinstance(exc, ConnectionLost):
                     await self.pool.discard(address)

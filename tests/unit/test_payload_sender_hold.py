@@ -11,7 +11,7 @@ import pytest
 
 from serverkit.payload_sender import PayloadSender, home_group
 from tests.rawclient import FakeClock, message
-from wire.errors import ConnectionLost, NotSupported
+from wire.errors import ConnectionLost, NotMaster, NotSupported
 from wire.message import encode_message, peek_message_id
 
 
@@ -232,3 +232,29 @@ async def test_each_result_of_a_hold_carries_the_clock_of_the_broker_that_took_i
     brokers.request = with_clock
     _group, results = await sender.send("s", [payload], [10_000])
     assert results[0]["broker_now_ms"] == 1_234 and results[0]["group"] == "g0"
+
+
+class _DemotedAfterWrite(_Brokers):
+    """Stores a hold, then answers NotMaster: its lease lapsed during the store call, or it
+    was demoted while waiting for its slaves (a promoted slave may hold the copy)."""
+
+    def __init__(self, demoted: set[str]) -> None:
+        super().__init__()
+        self.demoted = demoted
+
+    async def request(self, address, request, timeout_ms):
+        answer = await super().request(address, request, timeout_ms)
+        if request["op"] == "hold" and address in self.demoted:
+            raise NotMaster(f"{address} is not the leased master of group g0")
+        return answer
+
+
+async def test_a_hold_refused_not_master_after_its_write_is_not_held_by_a_second_group():
+    # review s11 rvho-3: NotMaster was retried over the refreshed route (home g0 gone).
+    payload = _at_home(0)
+    brokers = _DemotedAfterWrite(demoted={"a:1"})
+    sender = _sender_over(_RefreshDropsHome(), brokers)
+    with pytest.raises(NotMaster):  # the dispatcher sends it at its due time instead
+        await sender.send("s", [payload], [10_000])
+    holders = sorted(a for a, ids in brokers.held.items() if peek_message_id(payload) in ids)
+    assert holders == ["a:1"], f"held by {holders}: each would deliver it at its due time"
