@@ -243,24 +243,50 @@ class HandOff:
         return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
 
     async def _dropped(self, dispatcher: Dispatcher, message_id: str, subject: str,
-                       deliver_at_ms: int, traced: bool = False) -> None:
+                       deliver_at_ms: int, traced: bool = False,
+                       in_store: StoreCancel | None = None) -> None:
         """A broker dropped the handed message at a cancel: recorded durably in the store
-        (a later cancel, after a restart or failover too, answers "already_cancelled"; one
-        whose dispatch is not recorded yet is marked once it is), remembered until its due
-        time, traced ``cancelled`` (unless ``traced``: dropped at an earlier cancel whose
-        answer was lost, which the broker traced). A failed record is logged: the broker dropped it, so the
+        (a later cancel, after a restart or failover too, answers "already_cancelled"),
+        remembered until its due time, traced ``cancelled`` (unless ``traced``: dropped at an
+        earlier cancel whose answer was lost, which the broker traced). One whose dispatch is
+        not recorded: with ``in_store``, cancelled in the store when it is back in the
+        schedule (its hold's answer was lost or said nothing sure: it waits for a plain send
+        at its due time, review s11 rvho-1); one in flight is marked once its dispatch is
+        recorded (``pending_drops``). A failed record is logged: the broker dropped it, so the
         answer "cancelled" stands (a later cancel may then say already_dispatched)."""
         dispatcher.note_handed(message_id, subject, deliver_at_ms, True)
+        if await self._recorded_open(message_id, deliver_at_ms):
+            if in_store is not None and await self._cancelled_in_store(
+                    in_store, message_id, deliver_at_ms):
+                return  # the store's cancel traced it
+            dispatcher.pending_drops[message_id] = deliver_at_ms
         if not traced:
             self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+
+    async def _recorded_open(self, message_id: str, deliver_at_ms: int) -> bool:
+        """``record_dropped``: whether it answered "open" (the dispatch is not recorded);
+        a failure is logged and answers False."""
         if self.record_dropped is None:
-            return
+            return False
         try:
-            if await self.record_dropped(message_id, deliver_at_ms) == "open":
-                dispatcher.pending_drops[message_id] = deliver_at_ms
+            return await self.record_dropped(message_id, deliver_at_ms) == "open"
         except Exception:
             log.exception("the drop of handed message %s due at %d was not recorded",
                           message_id, deliver_at_ms)
+            return False
+
+    @staticmethod
+    async def _cancelled_in_store(in_store: StoreCancel, message_id: str,
+                                  deliver_at_ms: int) -> bool:
+        """Cancel in the store a dropped message whose dispatch is not recorded: True when it
+        was waiting in the schedule and is cancelled now (never sent); False when it is in
+        flight (its drop is marked once its dispatch is recorded) or the store failed."""
+        try:
+            return (await in_store(message_id, deliver_at_ms))[0] == "cancelled"
+        except Exception:
+            log.exception("the cancel in the store of dropped message %s due at %d failed",
+                          message_id, deliver_at_ms)
+            return False
 
     def _may_be_held(self, deliver_at_ms: int) -> bool:
         """Whether a broker may hold the message due at ``deliver_at_ms``, handed off by an
@@ -283,7 +309,7 @@ class HandOff:
         # Recorded in the store: a repeated cancel (an answer lost on the way), after a
         # restart or failover too, says already_cancelled.
         await self._dropped(dispatcher, message_id, subject, deliver_at_ms,
-                            traced=dropped == HELD_DROPPED_BEFORE)
+                            traced=dropped == HELD_DROPPED_BEFORE, in_store=in_store)
         return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
 
     async def _ask(self, subject: str, message_id: str) -> str:

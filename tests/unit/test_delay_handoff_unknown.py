@@ -1,13 +1,53 @@
-"""The delay server's hand-off when a hold's answer says nothing sure (review s11 rvho-3): a
-hold answered NotMaster may be held by its group (the answer can come after the write), so it
-is never held again and is sent at its due time."""
+"""The delay server's hand-off when a hold's answer says nothing sure (review s11 rvho-1,
+rvho-3): a hold answered NotMaster may be held by its group (the answer can come after the
+write), so a cancel asks the group; a cancel that a broker dropped after a hold whose answer
+was lost takes the message out of the schedule, so it is not sent at its due time."""
 
 from __future__ import annotations
 
 from tests.rawclient import FakeClock
 from tests.unit.test_delay_handoff import (
-    LEAD_MS, HoldingBroker, into_the_lead, settle, started)
+    LEAD_MS, HoldingBroker, _AnswerLostBroker, into_the_lead, restarted, settle, started)
 from wire.errors import NotMaster
+
+
+async def test_a_cancel_a_broker_dropped_after_a_lost_hold_answer_keeps_the_message_from_being_sent(
+        tmp_path):
+    clock = FakeClock()
+    broker = _AnswerLostBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert [i for _, i, _ in broker.held] == [m.id]  # held, its answer lost
+        broker.cancel_answers = {m.id: True}  # the broker holds it: it drops it
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        clock.advance(due - clock())
+        await settle(scheduler)
+        assert broker.received == [], "answered cancelled, then sent at its due time"
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await scheduler.stop()
+
+
+async def test_such_a_cancel_holds_after_a_restart_which_sends_nothing_and_says_already_cancelled(
+        tmp_path):
+    clock = FakeClock()
+    broker = _AnswerLostBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+    finally:
+        await scheduler.stop()
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        clock.advance(due - clock() + 10)
+        await settle(again)
+        assert broker.received == [], "answered cancelled, sent after the restart"
+        assert await again.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await again.stop()
 
 
 class _HeldThenNotMaster(HoldingBroker):
@@ -19,6 +59,24 @@ class _HeldThenNotMaster(HoldingBroker):
         if not self.held:
             await super().hold(subject, payloads, visible_at_ms)
         raise NotMaster("group rt: demoted; refresh the route and resend")
+
+
+async def test_a_cancel_after_a_hold_answered_not_master_asks_the_group_and_the_message_is_sent_when_due(
+        tmp_path):
+    clock = FakeClock()
+    broker = _HeldThenNotMaster(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert [i for _, i, _ in broker.held] == [m.id]  # held by the group (its new master)
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        assert broker.cancels == [("s", [m.id])], "answered without asking the group"
+        clock.advance(due - clock())
+        await settle(scheduler)
+        assert broker.received == [] and [i for _, i, _ in broker.held] == [m.id]
+    finally:
+        await scheduler.stop()
 
 
 async def test_a_hold_answered_not_master_is_never_held_again_but_sent_at_its_due_time(tmp_path):
