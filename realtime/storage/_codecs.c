@@ -124,17 +124,18 @@ static PyObject *subject_records(PyObject *timestamp_object, const char *subject
                                  PyObject *payloads)
 {
     uint64_t timestamp;
-    if (subject_size > 0xFFFF) {
-        PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
-        return NULL;
-    }
     PyObject *columns[5] = {sequences, blooms, ids, payloads, held_offsets};
     Py_ssize_t count;
     if (same_lengths(columns, held_offsets == NULL ? 4 : 5, &count) < 0) {
         return NULL;
     }
     if (count == 0) {
-        return PyList_New(0); /* as the twins: no record, so no timestamp_ms field to check */
+        return PyList_New(0); /* as the twins: no record, so no field (timestamp_ms, the
+                               * subject's size) to check */
+    }
+    if (subject_size > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "subject of %zd bytes exceeds 65535", subject_size);
+        return NULL;
     }
     PyObject *holder = PyList_New(1); /* get_field reads from a list */
     if (holder == NULL) {

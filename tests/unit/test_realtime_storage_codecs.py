@@ -156,6 +156,9 @@ def test_an_empty_batch_of_visible_records_is_empty_and_uneven_columns_are_a_val
         column):
     assert encode_visible_messages(-1, "s", column([]), column([]), column([]), column([]),
                                    column([])) == []
+    # No record, so no subject field to check either: both twins say so.
+    assert encode_visible_messages(0, "s" * 65_536, column([]), column([]), column([]),
+                                   column([]), column([])) == []
     with pytest.raises(ValueError, match="differ in length"):
         encode_visible_messages(0, "s", range(5, 7), column([0, 0]), column([1]),
                                 column([b"i"] * 2), column([b"p"] * 2))
