@@ -44,12 +44,13 @@ from typing import Any, Literal, TypeVar, cast
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
+from sdk.consumer_presence import CONTROL_TIMEOUT_MS, BrokerPresenceMixin
 from sdk.presence import Presence
 from sdk.send_values import default_client_id
 from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
 from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable
-from wire.errors import Forbidden, NoRoute, QmqError
+from wire.errors import NoRoute, QmqError
 from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
     decode_message_fields,
@@ -77,8 +78,6 @@ PULL_WAIT_MS_DEFAULT = 20_000
 RETRY_WAIT_FACTOR = 3
 # First reconnect pause after a failed pull, doubled per failure, in milliseconds.
 RECONNECT_BACKOFF_MS_INITIAL = 100
-# Longest wait for an ack, nack or heartbeat answer, in milliseconds.
-CONTROL_TIMEOUT_MS = 5_000
 # Messages asked for per pull (Kafka's max.poll.records is 500, RocketMQ pulls 32 but keeps up
 # to 1000 per queue): large enough that the per-request cost of a pull on the broker and here
 # is shared by many messages at high rates, while at low rates a long poll still answers with
@@ -104,7 +103,7 @@ class _HandlerSpec:
     task: asyncio.Task[None] | None = None
 
 
-class Consumer:
+class Consumer(BrokerPresenceMixin):
     """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
@@ -585,77 +584,6 @@ class Consumer:
         """An ack/nack request for this consumer (group and consumer_id filled in)."""
         op = {**op, "group": self.group, "consumer_id": self.consumer_id}
         return await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await self._broker_heartbeat()
-            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
-
-    def _pairs_by_address(self, unpulled_for_s: float | None = None,
-                          ) -> dict[str, list[list[str]]]:
-        """The [subject, group] pairs this consumer pulls from each broker address; with
-        ``unpulled_for_s``, only those whose last pull was sent longer ago than that."""
-        by_address: dict[str, list[list[str]]] = {}
-        now = asyncio.get_running_loop().time()
-        for sub in self._subscriptions.values():
-            for (source, group), address in sub.addresses.items():
-                if unpulled_for_s is not None and ((source, group) in sub.pulls_out
-                                                   or now - sub.pull_sent_at.get(
-                                                       (source, group), float("-inf"))
-                                                   < unpulled_for_s):
-                    continue  # its pull told the broker we are alive (or is out now)
-                pair = [source, self.group]
-                pairs = by_address.setdefault(address, [])
-                if pair not in pairs:
-                    pairs.append(pair)
-        return by_address
-
-    async def _to_brokers(self, op: str, by_address: dict[str, list[list[str]]]) -> None:
-        """Send a heartbeat or leave to each broker; a failure is logged as a warning (the
-        next heartbeat or pull tries again; without a leave the broker hands the consumer's
-        messages on when it expires)."""
-        async def to_broker(address: str, subscriptions: list[list[str]]) -> None:
-            request = {"op": op, "consumer_id": self.consumer_id, "subscriptions": subscriptions}
-            try:
-                await self._pool.request(address, request, CONTROL_TIMEOUT_MS)
-            except Forbidden as exc:  # the pulls were refused too (and said so): nothing held
-                log.debug("%s to broker %s refused: %s", op, address, exc)
-            except QmqError as exc:
-                log.warning("%s to broker %s failed: %s", op, address, exc)
-
-        await asyncio.gather(*(to_broker(a, s) for a, s in by_address.items()))
-
-    async def _leave(self) -> None:
-        """Tell every broker we pulled from that this consumer is gone, so what it still holds
-        (prefetched, never handed out, or not acked) goes to the group's others at once, and
-        the MetaServer (in the process's shared heartbeat, sdk.presence), so it no longer
-        counts as online. A failure is a warning."""
-        presence, self._presence = self._presence, None
-        await asyncio.gather(presence.leave(self.consumer_id) if presence is not None
-                             else asyncio.sleep(0),
-                             self._to_brokers("leave", self._pairs_by_address()))
-
-    def _heartbeat_fields(self) -> dict[str, Any]:
-        """What this consumer's heartbeat tells the MetaServer."""
-        return {"client_id": self.consumer_id, "app": self.app, "group": self.group,
-                "subjects": sorted(self._subscriptions), "role": "consumer"}
-
-    async def heartbeat(self) -> None:
-        """Tell each broker we pull from, and the MetaServer, that this consumer is alive.
-        Failures are logged as warnings: the next heartbeat (or pull) tries again. The
-        MetaServer hears it in the shared heartbeat of the process's consumers
-        (sdk.presence), which runs on its own every ``heartbeat_interval_ms``."""
-        await asyncio.gather(
-            self._presence.beat_now() if self._presence is not None else asyncio.sleep(0),
-            self._broker_heartbeat())
-
-    async def _broker_heartbeat(self) -> None:
-        """The brokers' part of ``heartbeat`` (the MetaServer's runs in sdk.presence). A broker
-        notes a consumer as seen whenever one of its pulls begins: pairs pulled within the
-        interval need no heartbeat (an idle consumer parked in long polls sends its brokers
-        none; issue 19)."""
-        recent_s = self.heartbeat_interval_ms / 1000
-        await self._to_brokers("heartbeat", self._pairs_by_address(unpulled_for_s=recent_s))
 
 
 __all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]
