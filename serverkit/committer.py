@@ -15,12 +15,15 @@ A failed commit is triaged here, the same for both servers:
 | anything else (our bug)      | ``Internal``          | logs the traceback, stays up        |
 
 Publishing a stored batch (``committed``: answers, the tail, traces) can raise too, on a bug
-path: the batch is then answered ``Internal`` (retriable: its messages ARE stored; a realtime
-broker takes the producer's resend with the same ids as a duplicate, a delay server schedules
-a second copy whose dispatch the realtime broker de-duplicates), the failure is logged
-with the batch's size and counted in ``publish_failures``, and the committer goes on with the
-next commit. Before, the exception ended the committer task and no send of that or any later
-commit was answered until a restart.
+path: the server's ``restore`` (when given) first puts the stored batch where publishing would
+have (the delay server: its schedule window, so the stored copy is dispatched at its due time
+and does not hold back the done watermark) and says what a resend does; the batch is then
+answered ``Internal`` (retriable: its messages ARE stored; a realtime broker takes the
+producer's resend with the same ids as a duplicate; a delay server schedules a second copy,
+whose dispatch the realtime broker de-duplicates only within its dedup window of the first),
+the failure is logged with the batch's size and counted in ``publish_failures``, and the
+committer goes on with the next commit. Before, the exception ended the committer task and no
+send of that or any later commit was answered until a restart.
 """
 
 from __future__ import annotations
@@ -63,14 +66,18 @@ class GroupCommitter(Generic[T, R]):
     - ``commit(batch)``: stores the batch, returns what ``committed`` is told;
     - ``committed(batch, result)``: answers a stored batch;
     - ``failed(batch, error)``: answers a refused batch with ``error`` (see the module table);
-    - ``write_failed()``: a sticky write failure happened: the server goes read-only.
+    - ``write_failed()``: a sticky write failure happened: the server goes read-only;
+    - ``restore(batch, result)`` (optional): ``committed`` raised for a stored batch: put it
+      where publishing would have; returns what a resend does, for the answer's message.
     """
 
     def __init__(self, name: str, commit: Callable[[list[T]], Awaitable[R]],
                  committed: Callable[[list[T], R], None],
                  failed: Callable[[list[T], QmqError], None],
-                 write_failed: Callable[[], None]) -> None:
+                 write_failed: Callable[[], None],
+                 restore: Callable[[list[T], R], str] | None = None) -> None:
         self.name = name
+        self._restore = restore
         self.pending: list[T] = []  # event loop: queued for the next commit
         self._commit = commit
         self._committed = committed
@@ -112,20 +119,25 @@ class GroupCommitter(Generic[T, R]):
         try:
             self._committed(batch, result)
         except Exception as exc:
-            self._publish_failed(batch, exc)
+            self._publish_failed(batch, exc, result)
 
-    def _publish_failed(self, batch: list[T], exc: Exception) -> None:
-        """``committed`` raised for a stored batch (our bug): answer it ``Internal``
-        (retriable) and keep the committer running for the next commits."""
+    def _publish_failed(self, batch: list[T], exc: Exception, result: R) -> None:
+        """``committed`` raised for a stored batch (our bug): ``restore`` it, answer it
+        ``Internal`` (retriable) and keep the committer running for the next commits."""
         self.publish_failures += 1
+        resend = "resend with the same ids (stored already: de-duplicated)"
+        if self._restore is not None:
+            try:
+                resend = self._restore(batch, result)
+            except Exception:
+                log.exception("%s could not restore a stored batch whose publishing failed",
+                              self.name)
         log.error("%s stored a batch of %d sends but publishing it failed (%s: %s); they are "
-                  "answered internal (retriable: stored already, a resend with the same ids "
-                  "is de-duplicated) and later commits go on; publish failures so far: %d",
-                  self.name, len(batch),
-                  type(exc).__name__, exc, self.publish_failures, exc_info=exc)
+                  "answered internal (retriable, stored already: %s) and later commits go on; "
+                  "publish failures so far: %d", self.name, len(batch),
+                  type(exc).__name__, exc, resend, self.publish_failures, exc_info=exc)
         error = Internal(f"{self.name} stored the batch of {len(batch)} sends but failed to "
-                         f"publish it: {type(exc).__name__}: {exc}; resend with the same "
-                         "ids (stored already: de-duplicated)")
+                         f"publish it: {type(exc).__name__}: {exc}; {resend}")
         try:
             self._failed(batch, error)
         except Exception:  # never lose the committer to the answering of a failure
