@@ -4,6 +4,9 @@ Every write is one database transaction. On SQLite, writes of this process are a
 an asyncio lock (SQLite has one writer anyway); on PostgreSQL, several MetaServers may share the
 database: the subject row is locked while its route changes, and a transaction that loses an
 insert race (IntegrityError) is retried.
+
+Routes are in ``metaserver.registry_routes`` and the admin lists in ``metaserver.registry_views``
+(mixins of ``Registry``).
 """
 
 from __future__ import annotations
@@ -11,23 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from metaserver.backlog import (
-    backlog_summaries, backlog_views, master_backlog_rows, store_backlog)
+from metaserver.backlog import store_backlog
 from metaserver.broker_liveness import BrokerLiveness
 from metaserver.config import MetaConfig
 from metaserver.db import make_engine, upgrade_database
-from metaserver.errors import BadRequest, NoRoute, NotFound
+from metaserver.errors import BadRequest, NotFound
 from metaserver.liveness import ClientLiveness, write_clients
-from metaserver.models import Broker, BrokerGroup, Client, ConsumerGroup, Subject, SubjectRoute
+from metaserver.models import Broker, BrokerGroup, Client
 from metaserver.replication import (
     ReplicationOps,
     RoleRequest,
@@ -44,14 +44,9 @@ from metaserver.replication import (
     supersede,
     synthetic_id,
 )
-from metaserver.routing import (
-    GroupView,
-    broker_state,
-    consumer_groups,
-    delay_groups,
-    plan_route,
-    producer_groups,
-)
+from metaserver.routing import GroupView, broker_state
+from metaserver.registry_routes import RoutesMixin, _RaceLost
+from metaserver.registry_views import AdminViewsMixin
 from serverkit.periodic import run_every
 
 log = logging.getLogger(__name__)
@@ -61,24 +56,17 @@ T = TypeVar("T")
 
 # Counts a realtime broker's heartbeat backlog rows carry since it started, summed per
 # (group, subject) over the online brokers by list_consumer_groups.
-GROUP_COUNTS = ("redelivered", "retried", "dead")
 # Attempts of a write transaction that lost an insert race to another MetaServer.
 WRITE_ATTEMPTS_MAX = 3
 # How long route reads reuse the broker groups' view (every group, its master's address), in
 # ms. A committed write of this MetaServer drops it at once, so only another MetaServer's change
 # (an expiry, a promotion) is seen up to this late: the default failover check interval. At
 # 1,000 idle consumers refreshing their routes the view was read ~70 times a second.
-GROUP_VIEWS_CACHE_MS = 250
 # Route answers kept for GROUP_VIEWS_CACHE_MS at most; past this many the cache starts again
 # (each is a few hundred bytes; a MetaServer of 10,000 subjects answers both roles).
-ROUTE_ANSWERS_CACHED_MAX = 50_000
 
 
-class _RaceLost(Exception):
-    """A concurrent transaction of another MetaServer changed what we read; run ours again."""
-
-
-class Registry:
+class Registry(RoutesMixin, AdminViewsMixin):
     """Brokers, routes and clients over the MetaServer database; time comes from ``clock`` (wall
     ms, stored in rows) and ``mono_clock`` (monotonic ms, for lease watches only)."""
 
@@ -436,172 +424,6 @@ class Registry:
                 # A database hiccup must not end failover for good; the next round retries.
                 log.exception("failover check failed; retrying in %.3f s", interval_s)
 
-    # -- routes ---------------------------------------------------------------------------------
-
-    async def route(self, subject: str, role: str, kind: str) -> dict[str, Any]:
-        """Return the route of ``subject`` for ``role``; creates the realtime assignment if new.
-        A route that needs no change is answered from a read, not a write transaction: every
-        client refreshes its routes every ``route_refresh_ms``."""
-        if kind != "delay":
-            unchanged = self._route_answer_cached(subject, role)
-            if unchanged is not None:
-                return unchanged
-            generation = self._write_generation
-            async with self._read() as s:
-                unchanged = await self._route_unchanged(s, subject, role)
-            if unchanged is not None and unchanged["groups"]:
-                self._keep_route_answer(generation, subject, role, unchanged)
-                return unchanged
-
-        async def body(s: AsyncSession) -> dict[str, Any]:
-            if kind == "delay":
-                views = await _group_views(s)
-                return {"subject": subject, "version": 0, "groups": delay_groups(role, views)}
-            now = self.clock()
-            # Lock the subject before reading its route: another MetaServer may be changing it.
-            subj = await s.get(Subject, subject, with_for_update=True)
-            views = await _group_views(s)
-            rows = list(
-                (await s.execute(select(SubjectRoute).where(SubjectRoute.subject == subject)))
-                .scalars()
-                .all()
-            )
-            if subj is None and rows:
-                # Another MetaServer created the subject between our two reads.
-                raise _RaceLost(f"subject {subject!r} appeared while being read")
-            load = await _route_load(s)
-            subj = await self._replan(s, subject, subj, rows, views, load, now)
-            version = subj.version if subj is not None else 0
-            if role == "producer":
-                groups = producer_groups([r.group_name for r in rows if r.active], views)
-            else:
-                groups = consumer_groups([r.group_name for r in rows], views)
-            return {"subject": subject, "version": version, "groups": groups}
-
-        answer = await self._write(body)
-        if not answer["groups"]:
-            raise NoRoute(f"no live {kind} broker group can serve subject {subject!r}", subject)
-        return answer
-
-    def _route_answer_cached(self, subject: str, role: str) -> dict[str, Any] | None:
-        """A route answer read less than GROUP_VIEWS_CACHE_MS ago with no write of ours
-        committed since (the answer is shared: callers only read it)."""
-        cached = self._route_answers.get((subject, role))
-        if cached is None or cached[0] != self._write_generation \
-                or cached[1] <= time.monotonic():
-            return None
-        return cached[2]
-
-    def _keep_route_answer(self, generation: int, subject: str, role: str,
-                           answer: dict[str, Any]) -> None:
-        """Keep a route answer read under ``generation`` for GROUP_VIEWS_CACHE_MS: consumers
-        in many processes ask for the same few routes (at 1,000 single-consumer processes on
-        10 subjects, ~67 reads a second of 20 routes). Another MetaServer's change is seen as
-        late as through the cached group views, and a write of ours drops it at once."""
-        if generation != self._write_generation:
-            return  # a write committed while we read: the answer may predate it
-        if len(self._route_answers) >= ROUTE_ANSWERS_CACHED_MAX:
-            self._route_answers.clear()
-        self._route_answers[(subject, role)] = (
-            generation, time.monotonic() + GROUP_VIEWS_CACHE_MS / 1000, answer)
-
-    async def _route_unchanged(self, s: AsyncSession, subject: str,
-                               role: str) -> dict[str, Any] | None:
-        """The realtime route of ``subject`` read as it is, or None when it must be (re)planned
-        (a write transaction does that under the subject's lock)."""
-        subj = await s.get(Subject, subject)
-        if subj is None:
-            return None
-        views = await self._group_views_cached(s)
-        rows = list((await s.execute(
-            select(SubjectRoute).where(SubjectRoute.subject == subject))).scalars().all())
-        usable = {v.name for v in views.values() if v.kind == "realtime" and v.usable}
-        active = [r.group_name for r in rows if r.active]
-        # Whether the route must change does not depend on the load (which only picks the
-        # groups to add), so the read path skips counting every subject's routes.
-        if plan_route(active, usable, {}, self.config.route_groups_default) is not None:
-            return None
-        groups = (producer_groups(active, views) if role == "producer"
-                  else consumer_groups([r.group_name for r in rows], views))
-        return {"subject": subject, "version": subj.version, "groups": groups}
-
-    async def _replan(
-        self,
-        s: AsyncSession,
-        subject: str,
-        subj: Subject | None,
-        rows: list[SubjectRoute],
-        views: dict[str, GroupView],
-        load: dict[str, int],
-        now: int,
-    ) -> Subject | None:
-        """Apply ``plan_route`` to one subject; updates ``rows`` and ``load`` in place."""
-        usable = {v.name for v in views.values() if v.kind == "realtime" and v.usable}
-        active = [r.group_name for r in rows if r.active]
-        plan = plan_route(active, usable, load, self.config.route_groups_default)
-        if plan is None:
-            return subj
-        if subj is None:
-            subj = Subject(name=subject, version=1, created_at_ms=now, updated_at_ms=now)
-            s.add(subj)
-            await s.flush()
-        else:
-            subj.version += 1
-            subj.updated_at_ms = now
-        by_group = {r.group_name: r for r in rows}
-        for row in rows:
-            if row.active and row.group_name not in plan:
-                row.active = False
-                row.removed_at_ms = now
-                load[row.group_name] = load.get(row.group_name, 1) - 1
-        for name in plan:
-            row = by_group.get(name)
-            if row is None:
-                row = SubjectRoute(subject=subject, group_name=name, added_at_ms=now)
-                s.add(row)
-                rows.append(row)
-            elif row.active:
-                continue
-            row.active = True
-            row.added_at_ms = now
-            row.removed_at_ms = None
-            load[name] = load.get(name, 0) + 1
-        await s.flush()
-        log.info("subject %r routed to %s (version %d)", subject, plan, subj.version)
-        return subj
-
-    async def _reconcile(self, s: AsyncSession, now: int) -> None:
-        """Re-plan every subject after a broker or group changed state."""
-        # Lock every subject (in name order, so two reconciles cannot deadlock) before reading
-        # the routes, so a concurrent change on another MetaServer is not overwritten.
-        locked = await s.execute(select(Subject).order_by(Subject.name).with_for_update())
-        subjects = {x.name: x for x in locked.scalars()}
-        views = await _group_views(s)
-        load = await _route_load(s)
-        rows_by_subject: dict[str, list[SubjectRoute]] = defaultdict(list)
-        for row in (await s.execute(select(SubjectRoute))).scalars():
-            rows_by_subject[row.subject].append(row)
-        for name in sorted(subjects):
-            await self._replan(s, name, subjects[name], rows_by_subject[name], views, load, now)
-
-    async def delay_route(self, role: str) -> list[dict[str, Any]]:
-        """The delay groups of a ``kind=delay`` route for ``role``, read without a write (the
-        schedule runner asks on every pass)."""
-        async with self._read() as s:
-            return delay_groups(role, await self._group_views_cached(s))
-
-    async def _group_views_cached(self, s: AsyncSession) -> dict[str, GroupView]:
-        """``_group_views`` for read paths, reused for GROUP_VIEWS_CACHE_MS (see there)."""
-        now_s = time.monotonic()
-        cached = self._views_cache
-        if cached is not None and cached[0] == self._write_generation and cached[1] > now_s:
-            return cached[2]
-        generation = self._write_generation
-        views = await _group_views(s)
-        if generation == self._write_generation:  # no write committed while we read
-            self._views_cache = (generation, now_s + GROUP_VIEWS_CACHE_MS / 1000, views)
-        return views
-
     # -- clients --------------------------------------------------------------------------------
 
     async def client_heartbeat(
@@ -665,139 +487,3 @@ class Registry:
             return {"ok": True, "known": True}
 
         return await self._write(body, structural=False)
-
-    # -- admin views ----------------------------------------------------------------------------
-
-    async def list_brokers(self, *, backlog_rows: bool = True) -> list[dict[str, Any]]:
-        """Return every broker with its state and the age of its last heartbeat. Without
-        ``backlog_rows`` a realtime broker's ``stats`` carries ``backlog_total`` (sum of lag,
-        number of rows) instead of its rows (``backlog_summaries``)."""
-        now = self.clock()
-        async with self._read() as s:
-            groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
-            brokers = (
-                await s.execute(select(Broker).order_by(Broker.group_name, Broker.address))
-            ).scalars().all()
-            backlogs = await (backlog_views(s) if backlog_rows else backlog_summaries(s))
-            rows = []
-            for b in brokers:
-                noted = self.broker_liveness.noted(b.server_id) if b.state != "offline" else None
-                seen = max(b.last_heartbeat_ms, noted["seen"]) if noted else b.last_heartbeat_ms
-                figures = noted if noted and "position" in noted else {
-                    "position": b.position, "lag_bytes": b.lag_bytes, "lag_ms": b.lag_ms}
-                rows.append({
-                    "broker_id": b.id,
-                    "group": b.group_name,
-                    "kind": b.kind,
-                    "address": b.address,
-                    "state": b.state,
-                    "reported_state": b.reported_state,
-                    "group_readonly": groups[b.group_name].readonly,
-                    "last_heartbeat_ms": seen,
-                    "heartbeat_age_ms": now - seen,
-                    "registered_at_ms": b.registered_at_ms,
-                    "stats": backlogs.get(b.server_id),
-                    "server_id": b.server_id,
-                    "role": b.role,
-                    "epoch": groups[b.group_name].epoch,
-                    "reported_epoch": b.reported_epoch,
-                    "in_sync": b.in_sync,
-                    "position": figures["position"],
-                    "lag_bytes": figures["lag_bytes"],
-                    "lag_ms": figures["lag_ms"],
-                })
-            return rows
-
-    async def list_subjects(self) -> list[dict[str, Any]]:
-        """Return every routed subject with its route version and groups (active and drained)."""
-        # Columns, not ORM objects: a console page lists thousands of rows, and building an
-        # instance per row was most of its time.
-        async with self._read() as s:
-            views = await _group_views(s)
-            rows_by_subject: dict[str, list[tuple[str, bool]]] = defaultdict(list)
-            routes = await s.execute(select(SubjectRoute.subject, SubjectRoute.group_name,
-                                            SubjectRoute.active))
-            for subject, group_name, active in routes.all():
-                rows_by_subject[subject].append((group_name, active))
-            subjects = await s.execute(select(Subject.name, Subject.version)
-                                       .order_by(Subject.name))
-            out = []
-            for name, version in subjects.all():
-                groups = [
-                    {"group": group_name, "active": active,
-                     "state": views[group_name].state if group_name in views else "offline"}
-                    for group_name, active in sorted(rows_by_subject[name])
-                ]
-                out.append({"subject": name, "version": version, "groups": groups})
-            return out
-
-    async def list_consumer_groups(self) -> list[dict[str, Any]]:
-        """Return (consumer group, subject) pairs with online clients and lag over live brokers.
-
-        Lag is the sum of the latest heartbeat backlog of every online broker; offline brokers'
-        figures are stale and left out.
-        """
-        async with self._read() as s:
-            pairs: dict[tuple[str, str], dict[str, Any]] = {}
-
-            def pair(group: str, subject: str) -> dict[str, Any]:
-                key = (group, subject)
-                if key not in pairs:
-                    pairs[key] = {"group": group, "subject": subject, "online_clients": 0,
-                                  "lag": 0, "brokers": 0, "broker_consumers": 0,
-                                  "redelivered": 0, "retried": 0, "dead": 0}
-                return pairs[key]
-
-            # Columns, not ORM objects (see list_subjects).
-            known = await s.execute(select(ConsumerGroup.name, ConsumerGroup.subject))
-            for name, subject in known.all():
-                pair(name, subject)
-            clients = await s.execute(
-                select(Client.group_name, Client.subjects)
-                .where(Client.online.is_(True), Client.role == "consumer")
-            )
-            for group_name, subjects in clients.all():
-                for subject in subjects or []:
-                    pair(group_name, subject)["online_clients"] += 1
-            # Masters only: a slave reports the backlog of its copy, which would count it twice.
-            for entry in await master_backlog_rows(s):
-                item = pair(entry.group_name, entry.subject)
-                item["lag"] += entry.lag
-                item["brokers"] += 1
-                item["broker_consumers"] += entry.consumers
-                for name in GROUP_COUNTS:
-                    item[name] += getattr(entry, name)
-            return [pairs[k] for k in sorted(pairs)]
-
-
-async def _group_views(s: AsyncSession) -> dict[str, GroupView]:
-    """Return every broker group with its master's address (when the master is online): only
-    masters serve clients, so only they are routed to (docs/REPLICATION.md 3)."""
-    groups = {g.name: g for g in (await s.execute(select(BrokerGroup))).scalars()}
-    views = {
-        g.name: GroupView(name=g.name, kind=g.kind, readonly=g.readonly, epoch=g.epoch,
-                          writable=g.writable)
-        for g in groups.values()
-    }
-    online = await s.execute(select(Broker).where(Broker.state != "offline"))
-    for broker in online.scalars():
-        view = views.get(broker.group_name)
-        if view is None:  # registered with a new group after the groups were read
-            continue
-        if broker.server_id != groups[broker.group_name].master_id:
-            continue
-        if broker.state == "rw":
-            view.rw_addresses.append(broker.address)
-        else:
-            view.readonly_addresses.append(broker.address)
-    return views
-
-
-async def _route_load(s: AsyncSession) -> dict[str, int]:
-    """Return the number of active subject routes per broker group."""
-    result = await s.execute(
-        select(SubjectRoute.group_name, func.count())
-        .where(SubjectRoute.active.is_(True))
-        .group_by(SubjectRoute.group_name)
-    )
-    return {name: count for name, count in result.all()}
