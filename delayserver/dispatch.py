@@ -105,7 +105,8 @@ class Dispatcher(HandedMixin):
                  window: PreloadWindow, store: DelayStore, io: Io, stats: DispatchStats,
                  tracer: DelayTracer, wake: Callable[[], None], hold: Hold | None = None,
                  no_hold: Callable[[], None] | None = None,
-                 recorded: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 recorded: Callable[[int], Awaitable[None]] | None = None,
+                 journal_replicated: Callable[[], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.send = send
@@ -124,6 +125,9 @@ class Dispatcher(HandedMixin):
         self.hold = hold
         self._no_hold = no_hold
         self._recorded = recorded
+        # Waits until the slaves a sync write waits for have the done journal so far (a drop
+        # or a cancel recorded here: a new master must not deliver it; None: nobody to wait for)
+        self._journal_replicated = journal_replicated
         self.handed: dict[str, tuple[str, int, bool]] = {}
         self.pending_drops: dict[str, int] = {}
         # (deliver_at_ms, id) of every id put into ``handed``, a heap: pruning pops what is
@@ -437,8 +441,11 @@ class Dispatcher(HandedMixin):
         """Record one pending drop in the store; one whose dispatch is still not recorded (a
         full disk held it back) stays pending, for ``record_unrecorded``."""
         try:
-            if await self._io(self.store.record_dropped, message_id, due_ms) == "open":
+            answer = await self._io(self.store.record_dropped, message_id, due_ms)
+            if answer == "open":
                 self.pending_drops[message_id] = due_ms
+            elif answer == "dropped" and self._journal_replicated is not None:
+                await self._journal_replicated()
         except Exception:
             log.exception("the drop of handed message %s due at %d was not recorded",
                           message_id, due_ms)

@@ -80,6 +80,8 @@ class HandedMixin:
                 continue
             try:
                 await self._io(self.store.cancel, message_id, due_ms)
+                if self._journal_replicated is not None:
+                    await self._journal_replicated()
             except Exception:
                 log.exception("the cancel of dropped message %s was not recorded", message_id)
             self.window.forget([entries[position]])

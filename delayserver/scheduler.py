@@ -156,7 +156,8 @@ class Scheduler(LoadingMixin):
         self._prefetched_to_ms = 0  # due times up to this were handed to the new prefetch
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
                           self._io, self.stats, self.tracer, self._wakeup.set,
-                          self.handoff.hold, self.handoff.no_hold, self.handoff.recorded)
+                          self.handoff.hold, self.handoff.no_hold, self.handoff.recorded,
+                          self._journal_replicated_if_copied)
 
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
@@ -467,6 +468,12 @@ class Scheduler(LoadingMixin):
         if answer == "dropped" and self.replica.replicating:
             await self.journal_replicated()
         return answer
+
+    async def _journal_replicated_if_copied(self) -> None:
+        """``journal_replicated`` when this store has slaves (the dispatcher's drop and cancel
+        records)."""
+        if self.replica.replicating:
+            await self.journal_replicated()
 
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a

@@ -1,13 +1,17 @@
 """The delay server's hand-off when a hold's answer says nothing sure (review s11 rvho-1,
 rvho-3): a hold answered NotMaster may be held by its group (the answer can come after the
 write), so a cancel asks the group; a cancel that a broker dropped after a hold whose answer
-was lost takes the message out of the schedule, so it is not sent at its due time."""
+was lost takes the message out of the schedule, so it is not sent at its due time; the
+dispatcher's own drop and cancel records wait for the slaves as a cancel's do (rvho-5c)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from tests.rawclient import FakeClock
 from tests.unit.test_delay_handoff import (
-    LEAD_MS, HoldingBroker, _AnswerLostBroker, into_the_lead, restarted, settle, started)
+    LEAD_MS, DropThenLoseHoldAnswer, DroppingBroker, HoldingBroker, _AnswerLostBroker,
+    into_the_lead, restarted, schedule, settle, started)
 from wire.errors import NotMaster
 
 
@@ -92,5 +96,68 @@ async def test_a_hold_answered_not_master_is_never_held_again_but_sent_at_its_du
         clock.advance(due - clock())
         await settle(scheduler)
         assert [(at, r.id) for at, r in broker.received] == [(due, m.id)]
+    finally:
+        await scheduler.stop()
+
+
+def _counting_journal_waits(scheduler) -> list[int]:
+    """Make ``scheduler`` a master with slaves (``replicating``) whose done-journal waits are
+    counted: one entry per wait."""
+    waits: list[int] = []
+
+    async def journal_replicated() -> None:
+        waits.append(1)
+
+    scheduler.replica.replicating = True
+    scheduler.journal_replicated = journal_replicated
+    return waits
+
+
+async def test_a_drop_recorded_once_its_hold_is_recorded_waits_for_the_slaves(tmp_path):
+    # review s11 rvho-5c: recorded, it did not wait, so a failover right after lost it.
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        waits = _counting_journal_waits(scheduler)
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        gate = asyncio.Event()
+        record, real_io = scheduler.store.record_dispatched, scheduler.dispatcher._io
+
+        async def slow_io(fn, *args):
+            if fn == record:
+                await gate.wait()  # the dispatch record waits until the cancel is answered
+            return await real_io(fn, *args)
+
+        scheduler.dispatcher._io = slow_io
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        before = len(waits)
+        gate.set()
+        await settle(scheduler)
+        assert len(waits) == before + 1, "the drop's record did not wait for the slaves"
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_cancel_recorded_for_a_drop_during_a_lost_hold_answer_waits_for_the_slaves(
+        tmp_path):
+    clock = FakeClock()
+    broker = DropThenLoseHoldAnswer(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        waits = _counting_journal_waits(scheduler)
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        before = len(waits)
+        broker.answer.set()
+        await settle(scheduler)
+        assert len(waits) == before + 1, "the cancel's record did not wait for the slaves"
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert broker.received == []
     finally:
         await scheduler.stop()
