@@ -51,8 +51,10 @@ def one_of(column: str, *values: str) -> Column:
     expression. The same expression (an ``In`` of string literals), but built in three py4j
     round trips instead of three per value plus the list's and the call's (about 20 for four
     values); a 10k-event audit builds these about 50 times. Names or values a SQL string could
-    not hold as they are are given to ``isin``."""
-    if not _SQL_NAME.fullmatch(column) or not all(_SQL_STRING_SAFE.fullmatch(v) for v in values):
+    not hold as they are are given to ``isin``, and so are no values (always false: SQL has no
+    empty ``IN ()``)."""
+    if (not values or not _SQL_NAME.fullmatch(column)
+            or not all(_SQL_STRING_SAFE.fullmatch(value) for value in values)):
         return F.col(column).isin(*values)
     literals = ", ".join(f"'{value}'" for value in values)
     return F.expr(f"`{column}` IN ({literals})")

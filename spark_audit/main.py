@@ -460,26 +460,6 @@ def audit(spark: SparkSession, options: AuditOptions, progress: Callable[[str], 
         notes=() if total else ("no events in the trace window: nothing was audited",))
 
 
-@contextmanager
-def py4j_objects_kept(session: Session) -> Iterator[None]:
-    """While the audit runs in a session it started: py4j does not tell the JVM about each
-    Java object reference Python drops. Each such notice is a round trip the driver JVM's py4j
-    thread serves (about 1,400 of a 10k-event audit's ~5,200, counted on the py4j client); the
-    JVM keeps those objects (a few MB of plans and columns) until the process ends, when its
-    JVM exits anyway. A session the audit did not start (tests, notebooks) is left as it is;
-    the setting is restored afterwards."""
-    if not session.created:
-        yield
-        return
-    settings = session.spark.sparkContext._gateway.gateway_property
-    before = settings.enable_memory_management
-    settings.enable_memory_management = False
-    try:
-        yield
-    finally:
-        settings.enable_memory_management = before
-
-
 def _warm_up() -> None:
     html_report.warm_up()
     import pyarrow.parquet  # noqa: F401  (spark_audit.output.parquet_bytes)
@@ -513,8 +493,7 @@ def run(options: AuditOptions, progress: Callable[[str], None] = _stderr) -> int
     stopping: threading.Thread | None = None
     # The charts are drawn on this thread while Spark collects the anomalies (the driver's
     # Python only waits for the JVM then).
-    with py4j_objects_kept(session), ThreadPoolExecutor(1, thread_name_prefix="audit-charts"
-                                                        ) as drawing:
+    with ThreadPoolExecutor(1, thread_name_prefix="audit-charts") as drawing:
         charts: list[Future[html_report.Charts]] = []
 
         def draw(tables: dict[str, Table], bucket_ms: int) -> None:

@@ -189,3 +189,10 @@ def test_one_of_is_the_same_expression_as_isin_and_quotes_what_sql_cannot_hold(s
     # A value with a quote (or a name SQL would need quoted) is given to isin as it is.
     frame = spark.createDataFrame([("it's",), ("its",)], "v string")
     assert [row.v for row in frame.where(one_of("v", "it's")).collect()] == ["it's"]
+
+
+def test_one_of_no_values_is_always_false_as_isin_of_none_is(spark):
+    frame = spark.createDataFrame([("a",), (None,)], "event string")
+    assert frame.where(F.col("event").isin()).count() == 0
+    assert frame.where(one_of("event")).count() == 0
+    assert frame.where(~one_of("event")).count() == frame.where(~F.col("event").isin()).count()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,11 +12,9 @@ from spark_audit.main import (
     LAUNCHER_JAVA_OPTIONS,
     LAUNCHER_OPTIONS_ENV,
     AuditOptions,
-    Session,
     cache_uncompressed,
     launcher_options,
     memory_bytes,
-    py4j_objects_kept,
     spark_session,
 )
 
@@ -105,19 +102,3 @@ def test_every_session_the_audit_starts_has_pysparks_per_call_debugging_off(
                            master=master)
     settings = _settings_of_a_new_session(monkeypatch, options)
     assert settings["spark.python.sql.dataFrameDebugging.enabled"] == "false"
-
-
-def _session(created: bool) -> Session:
-    gateway = SimpleNamespace(gateway_property=SimpleNamespace(enable_memory_management=True))
-    return Session(SimpleNamespace(sparkContext=SimpleNamespace(_gateway=gateway)), created)
-
-
-def test_py4j_keeps_the_jvms_objects_only_while_an_audit_runs_in_a_session_it_started():
-    started = _session(True)
-    settings = started.spark.sparkContext._gateway.gateway_property
-    with py4j_objects_kept(started):
-        assert settings.enable_memory_management is False
-    assert settings.enable_memory_management is True
-    found = _session(False)  # the tests' or a notebook's session: left as it is
-    with py4j_objects_kept(found):
-        assert found.spark.sparkContext._gateway.gateway_property.enable_memory_management
