@@ -33,7 +33,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -62,6 +64,11 @@ CONN_INFO_POLL_S = 0.01  # pyspark polls every 0.1 s: on average 50 ms of the cr
 # way took up to 120 s under a load average of 15 (tests/spark/conftest.py).
 CONN_INFO_WAIT_S = 300.0
 DRIVER_MAIN_CLASS = "org.apache.spark.deploy.SparkSubmit"
+# A setting or Java property whose name says it holds a secret: its value would be written to
+# the entry in clear, so no entry is stored for a start that has one.
+SECRET_NAME = re.compile(r"secret|password|token|key", re.IGNORECASE)
+# Write bits for others than the owner: anyone with them could put a command in the cache.
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +98,8 @@ def _conf_dir_state(spark_home: str) -> list[tuple[str, int, int]]:
     conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(spark_home, "conf")
     state = []
     for name in sorted(os.listdir(conf_dir)) if os.path.isdir(conf_dir) else ():
-        stat = os.stat(os.path.join(conf_dir, name))
-        state.append((name, stat.st_size, stat.st_mtime_ns))
+        info = os.stat(os.path.join(conf_dir, name))
+        state.append((name, info.st_size, info.st_mtime_ns))
     return state
 
 
@@ -122,14 +129,56 @@ def launch_key(settings: Sequence[tuple[str, str]], environ: dict[str, str]) -> 
     return hashlib.sha256(described.encode()).hexdigest()[:24]
 
 
+def _unsafe(path: str) -> str | None:
+    """Why ``path`` (the cache directory or an entry) may hold what someone else wrote, or
+    None: it must belong to this process's effective user and be writable by no one else."""
+    info = os.stat(path)
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to uid {info.st_uid}, not {os.geteuid()}"
+    if info.st_mode & _OTHERS_WRITE:
+        return f"{path} is writable by its group or others (mode {info.st_mode & 0o777:o})"
+    return None
+
+
+def is_driver_command(argv: Sequence[str], java: str | None) -> bool:
+    """True when ``argv`` runs ``java`` (the binary the key was made for) as SparkSubmit's
+    driver for pyspark: the only commands this module records or starts."""
+    return (java is not None and len(argv) >= 3 and os.path.basename(argv[0]) == "java"
+            and os.path.realpath(argv[0]) == os.path.realpath(java)
+            and DRIVER_MAIN_CLASS in argv and argv[-1] == "pyspark-shell")
+
+
 def load(directory: str, key: str) -> Entry | None:
-    """The cached entry of ``key``, or None (absent or unreadable)."""
+    """The cached entry of ``key``, or None (absent or unreadable). An entry that is unsafe to
+    run (the directory or file owned by another user or writable by others, or a command other
+    than the driver JVM of this key's java) is refused, logged and removed."""
+    path = os.path.join(directory, f"{key}.json")
     try:
-        with open(os.path.join(directory, f"{key}.json")) as file:
-            data = json.load(file)
-        return Entry(tuple(data["argv"]), dict(data["env"]), tuple(data["unset"]))
+        why = _unsafe(directory) or _unsafe(path)
+        if why is None:
+            with open(path) as file:
+                data = json.load(file)
+            entry = Entry(tuple(data["argv"]), dict(data["env"]), tuple(data["unset"]))
+            if not is_driver_command(entry.argv, class_archive.java_binary()):
+                why = f"{path} does not run this java as SparkSubmit's driver"
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if why is not None:
+        log.warning("launch cache entry refused (%s); forgetting it and starting the driver "
+                    "JVM through spark-submit", why)
+        forget(directory, key)
+        return None
+    return entry
+
+
+def secret_names(settings: Sequence[tuple[str, str]], argv: Sequence[str]) -> list[str]:
+    """The names of ``settings``, of ``--conf`` values and of ``-D`` Java properties in
+    ``argv`` that look like they hold a secret (SECRET_NAME)."""
+    names = [name for name, _ in settings]
+    names += [arg.split("=", 1)[0] for previous, arg in zip(("", *argv), argv)
+              if previous == "--conf" and "=" in arg]
+    names += [arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("-D")]
+    return sorted({name for name in names if SECRET_NAME.search(name)})
 
 
 def forget(directory: str, key: str) -> None:
@@ -159,8 +208,7 @@ def entry_of(pid: int, started_with: dict[str, str]) -> Entry | None:
     if found is None:
         return None
     argv, environ = found
-    if (len(argv) < 3 or os.path.basename(argv[0]) != "java" or DRIVER_MAIN_CLASS not in argv
-            or argv[-1] != "pyspark-shell"):
+    if not is_driver_command(argv, class_archive.java_binary()):
         return None
     added = {name: value for name, value in environ.items()
              if name not in _NOT_RECORDED and started_with.get(name) != value}
@@ -171,9 +219,10 @@ def entry_of(pid: int, started_with: dict[str, str]) -> Entry | None:
 
 def store(directory: str, key: str, entry: Entry) -> bool:
     """Write ``entry`` as ``key``'s (atomically: a concurrent audit reads all of it or
-    nothing) and keep at most ENTRIES_MAX entries. False when the directory is not writable."""
+    nothing) and keep at most ENTRIES_MAX entries. False when the directory is not writable.
+    The directory is made 0700 and the entry is 0600: it holds every ``--conf`` value."""
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
         with os.fdopen(fd, "w") as file:
             json.dump({"argv": list(entry.argv), "env": entry.env,
@@ -284,6 +333,25 @@ def _forget_gateway() -> None:
             pass
 
 
+def _forget_session() -> None:
+    """Undo a session that failed over a JVM this module started, once its SparkContext was
+    built: stop that context (its JVM still runs) and clear pyspark's active context and
+    sessions, which the fallback's getOrCreate would otherwise return over a stopped JVM."""
+    from pyspark.core.context import SparkContext
+    from pyspark.sql import SparkSession
+    from pyspark.sql.context import SQLContext
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        try:
+            active.stop()
+        except Exception:  # best effort: the JVM is stopped next anyway
+            pass
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession, SparkSession._activeSession = None, None
+    SQLContext._instantiatedContext = None
+
+
 def get_or_create(builder: Any, settings: Sequence[tuple[str, str]], directory: str | None,
                   record: bool = True) -> Any:
     """``builder.getOrCreate()``, its driver JVM started from the launch cache under
@@ -312,7 +380,11 @@ def get_or_create(builder: Any, settings: Sequence[tuple[str, str]], directory: 
     proc = getattr(SparkContext._gateway, "proc", None)
     if record and proc is not None:
         found = entry_of(proc.pid, started_with)
-        if found is not None and store(directory, key, found):
+        secrets = secret_names(settings, found.argv) if found is not None else []
+        if secrets:
+            log.info("the driver JVM's command is not cached: it holds %s, whose values "
+                     "would be written in clear", ", ".join(secrets))
+        elif found is not None and store(directory, key, found):
             log.info("cached the driver JVM's command for later audits: %s/%s.json",
                      directory, key)
     return session
@@ -334,6 +406,7 @@ def _from_entry(builder: Any, entry: Entry, forget_entry: Callable[[], None]) ->
     except Exception as exc:  # any failure: the usual start decides
         log.warning("a session over the driver JVM started from the launch cache failed "
                     "(%s: %s); starting it through spark-submit", type(exc).__name__, exc)
+        _forget_session()
         _forget_gateway()
         stop(proc)
         forget_entry()
