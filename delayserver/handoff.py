@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 from delayserver.config import DelayConfig
 from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
 from delayserver.tracing import DelayTracer
-from serverkit.payload_sender import HELD_DROPPED, HELD_DROPPED_BEFORE
+from serverkit.payload_sender import HELD_DROPPED
 from wire.errors import Unavailable
 from delayserver.window import PreloadWindow
 
@@ -238,17 +238,17 @@ class HandOff:
             # Not held (made visible, or never handed: the store's answer stands), or held
             # and the store cancelled it too (it traced that).
             return outcome
-        await self._dropped(dispatcher, message_id, subject, deliver_at_ms,
-                            traced=dropped == HELD_DROPPED_BEFORE)
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms)
         return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
 
     async def _dropped(self, dispatcher: Dispatcher, message_id: str, subject: str,
-                       deliver_at_ms: int, traced: bool = False,
-                       in_store: StoreCancel | None = None) -> None:
+                       deliver_at_ms: int, in_store: StoreCancel | None = None) -> None:
         """A broker dropped the handed message at a cancel: recorded durably in the store
         (a later cancel, after a restart or failover too, answers "already_cancelled"),
-        remembered until its due time, traced ``cancelled`` (unless ``traced``: dropped at an
-        earlier cancel whose answer was lost, which the broker traced). One whose dispatch is
+        remembered until its due time, traced ``cancelled``, also when the broker answered
+        ``dropped_before`` (a broker restarted or promoted since the drop may never have
+        traced it, review s11 rvho-8; a second ``cancelled`` line is one for the audit, which
+        takes the max over a message's lines). One whose dispatch is
         not recorded: with ``in_store``, cancelled in the store when it is back in the
         schedule (its hold's answer was lost or said nothing sure: it waits for a plain send
         at its due time, review s11 rvho-1); one in flight is marked once its dispatch is
@@ -260,8 +260,7 @@ class HandOff:
                     in_store, message_id, deliver_at_ms):
                 return  # the store's cancel traced it
             dispatcher.pending_drops[message_id] = deliver_at_ms
-        if not traced:
-            self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
+        self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
 
     async def _recorded_open(self, message_id: str, deliver_at_ms: int) -> bool:
         """``record_dropped``: whether it answered "open" (the dispatch is not recorded);
@@ -308,8 +307,7 @@ class HandOff:
             return (await in_store(message_id, deliver_at_ms))[0]
         # Recorded in the store: a repeated cancel (an answer lost on the way), after a
         # restart or failover too, says already_cancelled.
-        await self._dropped(dispatcher, message_id, subject, deliver_at_ms,
-                            traced=dropped == HELD_DROPPED_BEFORE, in_store=in_store)
+        await self._dropped(dispatcher, message_id, subject, deliver_at_ms, in_store=in_store)
         return "cancelled" if dropped == HELD_DROPPED else "already_cancelled"
 
     async def _ask(self, subject: str, message_id: str) -> str:

@@ -2,16 +2,20 @@
 rvho-3): a hold answered NotMaster may be held by its group (the answer can come after the
 write), so a cancel asks the group; a cancel that a broker dropped after a hold whose answer
 was lost takes the message out of the schedule, so it is not sent at its due time; the
-dispatcher's own drop and cancel records wait for the slaves as a cancel's do (rvho-5c)."""
+dispatcher's own drop and cancel records wait for the slaves as a cancel's do (rvho-5c); a
+cancel answered dropped_before is traced by the delay server (rvho-8)."""
 
 from __future__ import annotations
 
 import asyncio
 
+from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock
 from tests.unit.test_delay_handoff import (
     LEAD_MS, DropThenLoseHoldAnswer, DroppingBroker, HoldingBroker, _AnswerLostBroker,
     into_the_lead, restarted, schedule, settle, started)
+from tracelog.reading import read_events
+from tracelog.writer import TraceWriter
 from wire.errors import NotMaster
 
 
@@ -161,3 +165,28 @@ async def test_a_cancel_recorded_for_a_drop_during_a_lost_hold_answer_waits_for_
         assert broker.received == []
     finally:
         await scheduler.stop()
+
+
+class _DroppedBefore(HoldingBroker):
+    """Answers every cancel ``dropped_before``: a broker restarted or promoted since it dropped
+    the message at a cancel whose replication wait failed (so it never traced the drop)."""
+
+    async def cancel_held(self, subject, ids):
+        self.cancels.append((subject, ids))
+        return ["dropped_before" for _ in ids]
+
+
+async def test_a_cancel_answered_dropped_before_is_traced_cancelled_by_the_delay_server(tmp_path):
+    # review s11 rvho-8: nobody traced it, and the audit counted the message lost.
+    clock = FakeClock()
+    broker = _DroppedBefore(clock)
+    writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
+    scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert await scheduler.cancel(m.id, due) == "already_cancelled"
+    finally:
+        await scheduler.stop()
+    writer.flush()
+    assert [e["msg_id"] for e in read_events([tmp_path / "trace"])
+            if e["event"] == "cancelled"] == [m.id]
