@@ -415,7 +415,12 @@ class Dispatcher(HandedMixin):
                         self.tracer.gave_up(batch.payloads, batch.confirmed_at_ms,
                                             "dispatch_unrecorded")
                 if self.pending_drops:
-                    await self._mark_drops(waiting)
+                    try:
+                        await self._mark_drops(waiting)
+                    except asyncio.CancelledError:  # stop(): recorded, so confirmed all the same
+                        for batch in waiting:
+                            self._confirmed(batch)
+                        raise
                 for position, batch in enumerate(waiting):
                     self._confirmed(batch)
                     if position + 1 < len(waiting):

@@ -3,7 +3,8 @@ rvho-3): a hold answered NotMaster may be held by its group (the answer can come
 write), so a cancel asks the group; a cancel that a broker dropped after a hold whose answer
 was lost takes the message out of the schedule, so it is not sent at its due time; the
 dispatcher's own drop and cancel records wait for the slaves as a cancel's do (rvho-5c); a
-cancel answered dropped_before is traced by the delay server (rvho-8)."""
+cancel answered dropped_before is traced by the delay server (rvho-8); a recorder stopped
+while it records a drop still confirms what it recorded (rvho-5a)."""
 
 from __future__ import annotations
 
@@ -190,3 +191,42 @@ async def test_a_cancel_answered_dropped_before_is_traced_cancelled_by_the_delay
     writer.flush()
     assert [e["msg_id"] for e in read_events([tmp_path / "trace"])
             if e["event"] == "cancelled"] == [m.id]
+
+
+async def test_a_recorder_cancelled_while_it_records_a_drop_still_confirms_what_it_recorded(
+        tmp_path):
+    # review s11 rvho-5a: the batches were recorded as dispatched but stayed in the window,
+    # untraced, when a stop cancelled the recorder at the drop's record.
+    clock = FakeClock()
+    broker = DroppingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due = clock() + 10_000
+        [m] = await schedule(scheduler, clock, due, b"a")
+        gate, stuck = asyncio.Event(), asyncio.Event()
+        record, real_io = scheduler.store.record_dispatched, scheduler.dispatcher._io
+
+        async def slow_io(fn, *args):
+            if fn == record:
+                await gate.wait()  # the dispatch record waits until the cancel is answered
+            return await real_io(fn, *args)
+
+        async def never_replicated() -> None:
+            stuck.set()
+            await asyncio.Event().wait()
+
+        scheduler.dispatcher._io = slow_io
+        scheduler.dispatcher._journal_replicated = never_replicated
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        broker.cancel_answers = {m.id: True}
+        assert await scheduler.cancel(m.id, due) == "cancelled"
+        gate.set()
+        async with asyncio.timeout(10):
+            await stuck.wait()
+        [recorder] = [t for t in scheduler.dispatcher.tasks if t.get_name() == "delay-recorder"]
+        recorder.cancel()
+        await asyncio.wait({recorder}, timeout=10)
+        assert not scheduler.window.tracked, "recorded as dispatched, still in the window"
+    finally:
+        await scheduler.stop()
