@@ -7,6 +7,7 @@ asks the broker and says what it answered."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -76,6 +77,21 @@ async def into_the_lead(scheduler: Scheduler, clock: FakeClock, *bodies: bytes):
     clock.advance(10_000 - LEAD_MS)
     await settle(scheduler)
     return due, messages
+
+
+@contextlib.asynccontextmanager
+async def one_handed(tmp_path, broker_class: type[HoldingBroker], *broker_args):
+    """A started scheduler whose broker is ``broker_class(clock, *broker_args)``, with one
+    message (body b"a") handed off by ``into_the_lead``: yields (scheduler, clock, broker, its
+    due time, the message) and stops the scheduler at the end."""
+    clock = FakeClock()
+    broker = broker_class(clock, *broker_args)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        yield scheduler, clock, broker, due, m
+    finally:
+        await scheduler.stop()
 
 
 async def restarted(tmp_path, clock, broker: HoldingBroker, lead_ms: int) -> Scheduler:
@@ -165,11 +181,7 @@ class _AnswerLostBroker(HoldingBroker):
 async def test_a_hold_whose_answer_was_lost_is_never_held_again_but_sent_at_its_due_time(
         tmp_path):
     # reviewho2 N1: a retried hold could go to a second group (the route changed meanwhile).
-    clock = FakeClock()
-    broker = _AnswerLostBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, _AnswerLostBroker) as (scheduler, clock, broker, due, m):
         for _ in range(LEAD_MS // 250 - 1):  # the retry backoffs of the old path pass
             clock.advance(250)
             await settle(scheduler)
@@ -178,8 +190,7 @@ async def test_a_hold_whose_answer_was_lost_is_never_held_again_but_sent_at_its_
         await settle(scheduler)
         assert [(at, r.id) for at, r in broker.received] == [(due, m.id)]
         assert [i for _, i, _ in broker.held] == [m.id]
-    finally:
-        await scheduler.stop()
+
 
 async def test_a_cancel_of_a_handed_message_says_what_the_broker_answered(tmp_path):
     clock = FakeClock()
@@ -378,16 +389,10 @@ class DroppingBroker(HoldingBroker):
 async def test_two_cancels_of_a_handed_message_at_once_never_say_already_dispatched(tmp_path):
     """A client resending its cancel (the first answer was slow) is told already_dispatched
     for a message that was cancelled and will never be delivered."""
-    clock = FakeClock()
-    broker = DroppingBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, DroppingBroker) as (scheduler, clock, broker, due, m):
         broker.cancel_answers = {m.id: True}
         answers = await asyncio.gather(scheduler.cancel(m.id, due), scheduler.cancel(m.id, due))
         assert sorted(answers) == ["already_cancelled", "cancelled"]
-    finally:
-        await scheduler.stop()
 
 
 class RefusingEachBroker(HoldingBroker):
@@ -668,27 +673,17 @@ class FailFirstThenDropOnce(HoldingBroker):
 async def test_three_cancels_at_once_whose_first_fails_never_say_already_dispatched(tmp_path):
     """Every waiter of the failed first cancel started its own at once: two reached the broker,
     one was told already_dispatched for a message that is never delivered."""
-    clock = FakeClock()
-    broker = FailFirstThenDropOnce(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, FailFirstThenDropOnce) as (scheduler, clock, broker, due, m):
         answers = await asyncio.gather(*(scheduler.cancel(m.id, due) for _ in range(3)),
                                        return_exceptions=True)
         kinds = sorted(a if isinstance(a, str) else type(a).__name__ for a in answers)
         assert kinds == ["ConnectionLost", "already_cancelled", "cancelled"], kinds
-    finally:
-        await scheduler.stop()
 
 
 async def test_a_repeated_cancel_after_the_due_time_of_a_handed_message_the_broker_dropped_says_already_cancelled(
         tmp_path):
     # reviewho2 N3 (its after_due case): the drop was forgotten at the due time.
-    clock = FakeClock()
-    broker = DroppingBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, DroppingBroker) as (scheduler, clock, broker, due, m):
         assert [i for _, i, _ in broker.held] == [m.id]
         broker.cancel_answers = {m.id: True}
         assert await scheduler.cancel(m.id, due) == "cancelled"
@@ -700,8 +695,6 @@ async def test_a_repeated_cancel_after_the_due_time_of_a_handed_message_the_brok
         assert await scheduler.cancel(m.id, due) in ("already_cancelled", "already_past")
         await scheduler.advance_done()
         assert await scheduler.cancel(m.id, due) == "already_past"
-    finally:
-        await scheduler.stop()
 
 
 @pytest.mark.parametrize("after_ms", [100, 3_600_000 + LEAD_MS + 1_000])
@@ -709,15 +702,9 @@ async def test_a_second_cancel_of_a_handed_message_the_broker_dropped_says_alrea
         tmp_path, after_ms):
     # review s10 N3: the drop lived in the delay master's memory only (an hour past the due
     # time); after a restart, or after the hour, the store said already_dispatched.
-    clock = FakeClock()
-    broker = DroppingBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, DroppingBroker) as (scheduler, clock, broker, due, m):
         broker.cancel_answers = {m.id: True}
         assert await scheduler.cancel(m.id, due) == "cancelled"
-    finally:
-        await scheduler.stop()
     clock.advance(after_ms)
     again = await restarted(tmp_path, clock, broker, LEAD_MS)
     try:
@@ -774,19 +761,13 @@ async def test_a_cancel_of_a_message_a_handed_record_covers_but_never_handed_doe
     # review s10 S1: the handed record is written before the hold; the broker refused it, so
     # the message waits for its due time, and its cancel failed while the broker was
     # unreachable although no broker held it.
-    clock = FakeClock()
-    broker = OlderUnreachableBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, OlderUnreachableBroker) as (scheduler, clock, broker, due, m):
         assert scheduler.handoff.handed_until_ms >= due and broker.held == []
         assert await scheduler.cancel(m.id, due) == "cancelled"
         assert broker.cancels == []
         clock.advance(LEAD_MS)
         await settle(scheduler)
         assert broker.received == []
-    finally:
-        await scheduler.stop()
 
 
 class DropThenLoseHoldAnswer(HoldingBroker):
@@ -809,11 +790,7 @@ class DropThenLoseHoldAnswer(HoldingBroker):
 
 async def test_a_held_message_dropped_while_its_hold_answer_was_lost_is_never_sent_at_its_due_time(
         tmp_path):
-    clock = FakeClock()
-    broker = DropThenLoseHoldAnswer(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, DropThenLoseHoldAnswer) as (scheduler, clock, broker, due, m):
         assert [i for _, i, _ in broker.held] == [m.id]
         assert await scheduler.cancel(m.id, due) == "cancelled"
         broker.answer.set()
@@ -822,8 +799,6 @@ async def test_a_held_message_dropped_while_its_hold_answer_was_lost_is_never_se
         await settle(scheduler)
         assert broker.received == [], "answered cancelled, then sent at its due time"
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
-    finally:
-        await scheduler.stop()
 
 
 class LostDropAnswerBroker(HoldingBroker):

@@ -14,7 +14,7 @@ from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock
 from tests.unit.test_delay_handoff import (
     LEAD_MS, DropThenLoseHoldAnswer, DroppingBroker, HoldingBroker, _AnswerLostBroker,
-    into_the_lead, restarted, schedule, settle, started)
+    into_the_lead, one_handed, restarted, schedule, settle, started)
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
 from wire.errors import NotMaster
@@ -22,11 +22,7 @@ from wire.errors import NotMaster
 
 async def test_a_cancel_a_broker_dropped_after_a_lost_hold_answer_keeps_the_message_from_being_sent(
         tmp_path):
-    clock = FakeClock()
-    broker = _AnswerLostBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, _AnswerLostBroker) as (scheduler, clock, broker, due, m):
         assert [i for _, i, _ in broker.held] == [m.id]  # held, its answer lost
         broker.cancel_answers = {m.id: True}  # the broker holds it: it drops it
         assert await scheduler.cancel(m.id, due) == "cancelled"
@@ -34,21 +30,13 @@ async def test_a_cancel_a_broker_dropped_after_a_lost_hold_answer_keeps_the_mess
         await settle(scheduler)
         assert broker.received == [], "answered cancelled, then sent at its due time"
         assert await scheduler.cancel(m.id, due) == "already_cancelled"
-    finally:
-        await scheduler.stop()
 
 
 async def test_such_a_cancel_holds_after_a_restart_which_sends_nothing_and_says_already_cancelled(
         tmp_path):
-    clock = FakeClock()
-    broker = _AnswerLostBroker(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, _AnswerLostBroker) as (scheduler, clock, broker, due, m):
         broker.cancel_answers = {m.id: True}
         assert await scheduler.cancel(m.id, due) == "cancelled"
-    finally:
-        await scheduler.stop()
     again = await restarted(tmp_path, clock, broker, LEAD_MS)
     try:
         clock.advance(due - clock() + 10)
@@ -72,11 +60,7 @@ class _HeldThenNotMaster(HoldingBroker):
 
 async def test_a_cancel_after_a_hold_answered_not_master_asks_the_group_and_the_message_is_sent_when_due(
         tmp_path):
-    clock = FakeClock()
-    broker = _HeldThenNotMaster(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, _HeldThenNotMaster) as (scheduler, clock, broker, due, m):
         assert [i for _, i, _ in broker.held] == [m.id]  # held by the group (its new master)
         broker.cancel_answers = {m.id: True}
         assert await scheduler.cancel(m.id, due) == "cancelled"
@@ -84,16 +68,10 @@ async def test_a_cancel_after_a_hold_answered_not_master_asks_the_group_and_the_
         clock.advance(due - clock())
         await settle(scheduler)
         assert broker.received == [] and [i for _, i, _ in broker.held] == [m.id]
-    finally:
-        await scheduler.stop()
 
 
 async def test_a_hold_answered_not_master_is_never_held_again_but_sent_at_its_due_time(tmp_path):
-    clock = FakeClock()
-    broker = _HeldThenNotMaster(clock)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
+    async with one_handed(tmp_path, _HeldThenNotMaster) as (scheduler, clock, broker, due, m):
         for _ in range(LEAD_MS // 250 - 1):  # the retry backoffs of a refusal pass
             clock.advance(250)
             await settle(scheduler)
@@ -101,8 +79,6 @@ async def test_a_hold_answered_not_master_is_never_held_again_but_sent_at_its_du
         clock.advance(due - clock())
         await settle(scheduler)
         assert [(at, r.id) for at, r in broker.received] == [(due, m.id)]
-    finally:
-        await scheduler.stop()
 
 
 def _counting_journal_waits(scheduler) -> list[int]:
