@@ -61,14 +61,20 @@ TOP_RECORDING_LOG_OPTIONS = "-Xlog:cds*=off:stderr"
 _DUMP_OPTION_PREFIXES = ("--add-", "-XX:+IgnoreUnrecognizedVMOptions", "-XX:+Use")
 
 
-def default_directory() -> str:
-    """$QMQ_AUDIT_CLASS_ARCHIVE_DIR, else $XDG_CACHE_HOME (or ~/.cache)/pyqmq/audit-class-archive.
-    ``off`` turns the archive off."""
-    configured = os.environ.get(ARCHIVE_DIR_ENV)
+def cache_directory(env_name: str, leaf: str) -> str:
+    """$``env_name`` when set, else $XDG_CACHE_HOME (or ~/.cache)/pyqmq/``leaf``: where the
+    audit keeps what it caches between runs (this archive, the launch cache)."""
+    configured = os.environ.get(env_name)
     if configured:
         return configured
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "pyqmq", "audit-class-archive")
+    return os.path.join(cache, "pyqmq", leaf)
+
+
+def default_directory() -> str:
+    """$QMQ_AUDIT_CLASS_ARCHIVE_DIR, else $XDG_CACHE_HOME (or ~/.cache)/pyqmq/audit-class-archive.
+    ``off`` turns the archive off."""
+    return cache_directory(ARCHIVE_DIR_ENV, "audit-class-archive")
 
 
 def java_binary() -> str | None:

@@ -75,11 +75,7 @@ log = logging.getLogger(__name__)
 
 def default_directory() -> str:
     """$QMQ_AUDIT_LAUNCH_CACHE_DIR, else $XDG_CACHE_HOME (or ~/.cache)/pyqmq/audit-launch."""
-    configured = os.environ.get(LAUNCH_CACHE_ENV)
-    if configured:
-        return configured
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "pyqmq", "audit-launch")
+    return class_archive.cache_directory(LAUNCH_CACHE_ENV, "audit-launch")
 
 
 @dataclass(frozen=True)
@@ -363,10 +359,12 @@ def get_or_create(builder: Any, settings: Sequence[tuple[str, str]], directory: 
     holding other ones (another pyspark) is started the usual way."""
     from pyspark.core.context import SparkContext
 
+    ordered = list(dict(settings).items())
+    started_with = dict(os.environ)
     usable = (directory and directory != OFF and SparkContext._gateway is None
-              and GATEWAY_PORT_ENV not in os.environ
-              and list(getattr(builder, "_options", {}).items()) == list(dict(settings).items()))
-    key = launch_key(list(dict(settings).items()), dict(os.environ)) if usable else None
+              and GATEWAY_PORT_ENV not in started_with
+              and list(getattr(builder, "_options", {}).items()) == ordered)
+    key = launch_key(ordered, started_with) if usable else None
     if key is None:
         return builder.getOrCreate()
     entry = load(directory, key)
@@ -375,7 +373,6 @@ def get_or_create(builder: Any, settings: Sequence[tuple[str, str]], directory: 
         if session is not None:
             log.info("started the driver JVM from the launch cache: %s/%s.json", directory, key)
             return session
-    started_with = dict(os.environ)
     session = builder.getOrCreate()
     proc = getattr(SparkContext._gateway, "proc", None)
     if record and proc is not None:
