@@ -156,11 +156,6 @@ class DoneMarksMixin:
         "unknown" (never stored, or not committed yet)."""
         return self.cancel_detail(message_id, deliver_at_ms)[0]
 
-    def subject_of(self, message_id: str, deliver_at_ms: int) -> str | None:
-        """The subject of the stored message with this id and due time, whatever its state
-        (None: not found); changes nothing. A cancel that must ask a broker first needs it."""
-        return self.subject_and_state(message_id, deliver_at_ms)[0]
-
     def subject_and_state(self, message_id: str, deliver_at_ms: int
                           ) -> tuple[str | None, str | None]:
         """(subject, state) of the stored message with this id and due time; state

@@ -288,15 +288,8 @@ def decode_dropped(body: bytes | memoryview) -> tuple[int, str, list[int], list[
     return timestamp_ms, subject, offsets, names
 
 
-def dropped_offsets(body: bytes | memoryview) -> list[int]:
-    """The held offsets a cancelled or dropped record takes out; ValueError on any defect."""
-    if control_kind(body) == KIND_DROPPED:
-        return decode_dropped(body)[2]
-    return decode_cancelled(body)[1]
-
-
 __all__ = [
-    "HeldRecord", "KIND_CANCELLED", "KIND_DROPPED", "decode_dropped", "dropped_offsets",
+    "HeldRecord", "KIND_CANCELLED", "KIND_DROPPED", "decode_dropped",
     "encode_dropped", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
     "decode_cancelled", "decode_held", "decode_visible_message", "encode_cancelled",
     "encode_held", "encode_visible_message", "encode_visible_messages", "is_control",

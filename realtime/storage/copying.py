@@ -19,7 +19,7 @@ from logstore.checkpoint import Checkpoint, CheckpointStore
 from logstore.record import HEADER_SIZE_BYTES
 from realtime.storage.consumer_log import ConsumerLog, Entry
 from realtime.storage.control_record import (
-    KIND_CANCELLED, KIND_DROPPED, control_kind, decode_dropped, decode_held, dropped_offsets,
+    KIND_CANCELLED, KIND_DROPPED, control_kind, decode_cancelled, decode_dropped, decode_held,
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.errors import CorruptEntry
@@ -159,12 +159,13 @@ def _forget_from(message_log: MessageLog, dedup: DedupIndex, offset: int,
             dedup.forget(subject, message_id, sequence)
             if held_offset is not None and held_offset < offset:
                 restore.append(held_offset)
-        elif control_kind(body) in (KIND_CANCELLED, KIND_DROPPED):
-            restore += [o for o in dropped_offsets(body) if o < offset]
-            if control_kind(body) == KIND_DROPPED:  # no longer dropped: held again below
-                _ts, subject, _offsets, message_ids = decode_dropped(body)
-                for message_id in message_ids:
-                    dedup.forget(subject, message_id, DROPPED_SEQUENCE)
+        elif (kind := control_kind(body)) == KIND_DROPPED:  # no longer dropped: held again
+            _ts, subject, offsets, message_ids = decode_dropped(body)
+            restore += [o for o in offsets if o < offset]
+            for message_id in message_ids:
+                dedup.forget(subject, message_id, DROPPED_SEQUENCE)
+        elif kind == KIND_CANCELLED:
+            restore += [o for o in decode_cancelled(body)[1] if o < offset]
         else:
             record, _p = decode_held(body)
             held.pop(at)
