@@ -23,7 +23,7 @@ import os
 import shutil
 import zlib
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from delayserver.storage.delay_record import decode_delay_header
 from delayserver.storage.done_journal import (
@@ -259,37 +259,35 @@ class CopyingMixin:
 
     def _apply_done(self: DelayStore, record: Any) -> None:  # type: ignore[misc]
         state = self._done.state(record.bucket_ms)
-        fresh = [i for i, (o, h) in enumerate(zip(record.offsets, record.id_hashes))
-                 if not state.is_done((o << 32) | h)]
+        fresh = self._write_fresh(record, record.kind, state.is_done)
         if not fresh:
             return
-        try:
-            self._done.write_entries(record.bucket_ms, record.kind,
-                                     [record.offsets[i] for i in fresh],
-                                     [record.id_hashes[i] for i in fresh],
-                                     [record.indexes[i] for i in fresh])
-        except StoreFailed as exc:
-            raise self._fail(exc)
         per_subject: dict[str | None, int] = {(s or None): n for s, n in record.per_subject}
         removed = self._counts.remove_many(record.bucket_ms, per_subject)
         self._lower_bucket_pending(record.bucket_ms, removed)
-        self._done_since_checkpoint += len(fresh)
+        self._done_since_checkpoint += fresh
 
     def _apply_dropped(self: DelayStore, record: Any) -> None:  # type: ignore[misc]
         """A dropped record (kind 5): cancel records beside the entries' dispatch records, as
         ``record_dropped`` wrote them on the master; the counts do not change."""
         state = self._done.state(record.bucket_ms)
+        self._write_fresh(record, KIND_CANCELLED, state.cancelled.__contains__)
+
+    def _write_fresh(self: DelayStore, record: Any, kind: int,  # type: ignore[misc]
+                     written: Callable[[int], bool]) -> int:
+        """Write, as ``kind``, the entries of a copied done record whose done key ``written``
+        does not know yet (a record copied twice writes nothing twice); how many."""
         fresh = [i for i, (o, h) in enumerate(zip(record.offsets, record.id_hashes))
-                 if (o << 32) | h not in state.cancelled]
-        if not fresh:
-            return
-        try:
-            self._done.write_entries(record.bucket_ms, KIND_CANCELLED,
-                                     [record.offsets[i] for i in fresh],
-                                     [record.id_hashes[i] for i in fresh],
-                                     [record.indexes[i] for i in fresh])
-        except StoreFailed as exc:
-            raise self._fail(exc)
+                 if not written((o << 32) | h)]
+        if fresh:
+            try:
+                self._done.write_entries(record.bucket_ms, kind,
+                                         [record.offsets[i] for i in fresh],
+                                         [record.id_hashes[i] for i in fresh],
+                                         [record.indexes[i] for i in fresh])
+            except StoreFailed as exc:
+                raise self._fail(exc)
+        return len(fresh)
 
     def _follow_done_before(self: DelayStore, bucket_ms: int) -> None:  # type: ignore[misc]
         """The master finished every bucket below ``bucket_ms``: so has this copy. Counts a copy
