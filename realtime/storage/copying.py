@@ -28,7 +28,7 @@ from realtime.storage.held import (
     note_control,
 )
 from realtime.storage.message_log import MessageLog
-from realtime.storage.recovery import held_below
+from realtime.storage.recovery import held_below, held_from_checkpoint
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint, checkpoint_offset, decode_store_checkpoint,
 )
@@ -190,9 +190,7 @@ def _rebuild_held(message_log: MessageLog, stop_offset: int, held: HeldSet,
     start = first
     if checkpoint is not None and checkpoint.held is not None:
         start = max(checkpoint.message_log_offset, first)
-        for entry in checkpoint.held:
-            if entry[0] >= first:  # below it, retention deleted the record
-                held.add(Held(*entry))
+        held_from_checkpoint(checkpoint, first, held)
     held_below(message_log, held, start, stop_offset, dedup)
     for item in list(held.by_offset.values()):
         try:

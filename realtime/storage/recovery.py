@@ -141,7 +141,9 @@ def recover(
             # below it from its held watermark that passes over a rotten record.
             start = max(checkpoint.message_log_offset, message_log.first_offset)
             if checkpoint.held is not None:
-                _held_from_checkpoint(checkpoint, message_log.first_offset, held)
+                held_from_checkpoint(checkpoint, message_log.first_offset, held)
+                log.warning("held records: %d taken from the checkpoint at %d instead of the "
+                            "records below it", len(held), checkpoint.message_log_offset)
             else:
                 held_below(message_log, held, max(checkpoint.replay_from_offset,
                                                   message_log.first_offset), start)
@@ -237,18 +239,16 @@ def _dedup_start_offset(message_log: MessageLog, cutoff_ms: int) -> int:
     return start
 
 
-def _held_from_checkpoint(checkpoint: StoreCheckpoint, first_offset: int,
-                          held: HeldSet) -> None:
-    """``held`` = the checkpoint's held set (version 3): no record below the checkpoint is
-    read, so rot there neither loses a held message nor holds a dropped one again. An entry
-    below the log's start (a hard cap deleted its record after the checkpoint; it traced
-    that) is not held."""
+def held_from_checkpoint(checkpoint: StoreCheckpoint, first_offset: int,
+                         held: HeldSet) -> None:
+    """Add to ``held`` the checkpoint's held set (version 3): no record below the checkpoint
+    is read, so rot there neither loses a held message nor holds a dropped one again. An
+    entry below the log's start (a hard cap deleted its record after the checkpoint; it
+    traced that) is not held."""
     assert checkpoint.held is not None
     for entry in checkpoint.held:
         if entry[0] >= first_offset:
             held.add(Held(*entry))
-    log.warning("held records: %d taken from the checkpoint at %d instead of the records "
-                "below it", len(held), checkpoint.message_log_offset)
 
 
 def held_below(message_log: MessageLog, held: HeldSet, start: int, stop: int,
