@@ -20,7 +20,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_audit.delay import delayed_messages
-from spark_audit.delivery import NOT_A_LOSS_REASONS, delivery_facts, duplicate_pulls, kind
+from spark_audit.delivery import (NOT_A_LOSS_REASONS, delivery_facts, duplicate_pulls, kind,
+                                   one_of)
 from spark_audit.schema import HISTORY_FIELDS, LIFECYCLE_ORDER
 
 ANOMALY_COLUMNS = ["kind", "subject", "group", "msg_id", "origin_id", "reason", "held_ms"]
@@ -83,7 +84,7 @@ def with_history(flagged: DataFrame, events: DataFrame, *, broadcast: bool = Fal
     gave_up = F.filter(mine, lambda e: (e["event"] == "gave_up")
                        & ~e["reason"].isin(*NOT_A_LOSS_REASONS))
     last = F.get(mine, F.size(mine) - 1)
-    judged = F.col("kind").isin("lost", "overdue")
+    judged = one_of("kind", "lost", "overdue")
     holder = (F.when(F.col("kind") == "lost", F.get(gave_up, 0)["server"])
               .when(last["event"] == "handed", last["reason"]).otherwise(last["server"]))
     return flagged.join(histories, ["subject", "origin_id"], "left").select(
