@@ -29,6 +29,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from logstore.twins import c_twin
+
 FIXED = struct.Struct(
     ">Q"  # deliver_at_ms
     "Q"  # bucket_ms
@@ -89,7 +91,7 @@ def encode_delay_record(
     ))
 
 
-def encode_delay_records(
+def encode_delay_records_python(
     deliver_at_ms: list[int],
     bucket_ms: list[int],
     message_ids_bytes: list[bytes],
@@ -99,9 +101,16 @@ def encode_delay_records(
     """The bodies ``encode_delay_record`` gives, for columns of already-checked values (each
     ``subject_tails[k]`` is ``subject_tail(subject)``): every step is a C-level pass (map, zip,
     join), no Python call per record. The caller checks the ranges first (``encode_delay_record``
-    words the error of a bad value)."""
+    words the error of a bad value).
+
+    ``encode_delay_records`` is the C twin (``delayserver/_commit_codecs.c``) when it is built,
+    this one otherwise; both give the same bytes (tests/unit/test_commit_codecs.py)."""
     heads = map(FIXED.pack, deliver_at_ms, bucket_ms, map(len, message_ids_bytes))
     return list(map(b"".join, zip(heads, message_ids_bytes, subject_tails, payloads)))
+
+
+encode_delay_records = (c_twin("delayserver._commit_codecs", "encode_delay_records")
+                        or encode_delay_records_python)
 
 
 def decode_delay_header(body: bytes | memoryview) -> tuple[int, int, bytes, str, int]:

@@ -31,6 +31,8 @@ import zlib
 from itertools import repeat
 from typing import Iterator, NamedTuple
 
+from logstore.twins import c_twin
+
 FIELDS = struct.Struct(
     ">Q"  # deliver_at_ms
     "Q"  # delay_log_offset
@@ -64,15 +66,21 @@ def encode_schedule_entry(deliver_at_ms: int, delay_log_offset: int, size_bytes:
     return head + CRC.pack(zlib.crc32(head))
 
 
-
-def encode_schedule_entries(deliver_at_ms: list[int], delay_log_offsets: list[int],
+def encode_schedule_entries_python(deliver_at_ms: list[int], delay_log_offsets: list[int],
                             sizes_bytes: list[int], id_hashes: list[int]) -> list[bytes]:
     """The 32 bytes of each entry of columns (the same bytes as ``encode_schedule_entry`` per
-    row), in C-level passes: no Python call per entry."""
+    row), in C-level passes: no Python call per entry.
+
+    ``encode_schedule_entries`` is the C twin (``delayserver/_commit_codecs.c``) when it is
+    built, this one otherwise; both give the same bytes (tests/unit/test_commit_codecs.py)."""
     count = len(deliver_at_ms)
     heads = list(map(FIELDS.pack, deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes,
                      repeat(MAGIC, count), repeat(VERSION, count), repeat(0, count)))
     return list(map(bytes.__add__, heads, map(CRC.pack, map(zlib.crc32, heads))))
+
+
+encode_schedule_entries = (c_twin("delayserver._commit_codecs", "encode_schedule_entries")
+                           or encode_schedule_entries_python)
 
 
 def check_schedule_entry(data: bytes | memoryview, at: int = 0) -> str | None:

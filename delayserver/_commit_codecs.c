@@ -1,0 +1,259 @@
+/* delayserver._commit_codecs: the C twins of the delay store's commit encoders,
+ * delayserver.storage.delay_record.encode_delay_records_python and
+ * delayserver.storage.schedule_entry.encode_schedule_entries_python (optional; the pure-Python
+ * ones are used where this is not built, and a Hypothesis test holds both byte for byte equal,
+ * tests/unit/test_commit_codecs.py).
+ *
+ * encode_delay_records(deliver_at_ms, bucket_ms, message_ids_bytes, subject_tails, payloads)
+ *     -> list of bytes: per row, u64 deliver_at_ms, u64 bucket_ms, u16 id length, the id bytes,
+ *        the subject tail (u16 length and bytes, as delay_record.subject_tail gives it), the
+ *        payload; big-endian (docs/FORMATS.md, the delay-log record).
+ * encode_schedule_entries(deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes)
+ *     -> list of bytes: per row the 32-byte schedule entry (u64, u64, u32, u32, magic 0x5345,
+ *        version 1, reserved 0, CRC-32 of bytes 0..27).
+ *
+ * Like the Python twins (map and zip), the answer has as many rows as the shortest column.
+ * A value outside its field (negative, too large, not an int) raises OverflowError or
+ * TypeError where the Python twins raise struct.error: the store checks the ranges before it
+ * calls either, so neither raises there.
+ *
+ * Why C: a group commit of 32 sends spent ~0.9 us per row in these two encoders on the delay
+ * server's delay-io thread (C-level passes of struct.pack, bytes.join and zlib.crc32, but one
+ * bytes object and several tuples per step); here a column costs one call. CRC-32 is zlib's
+ * (the same function as Python's zlib.crc32).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <zlib.h>
+
+#define DELAY_FIXED_BYTES 18     /* delay_record.FIXED: u64 deliver_at, u64 bucket, u16 id length */
+#define ENTRY_HEAD_BYTES 28      /* schedule_entry.FIELDS */
+#define ENTRY_BYTES 32           /* schedule_entry.ENTRY_SIZE_BYTES */
+#define ENTRY_MAGIC 0x5345
+#define ENTRY_VERSION 1
+
+static void store_be64(unsigned char *p, uint64_t value)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (unsigned char)(value & 0xFF);
+        value >>= 8;
+    }
+}
+
+static void store_be32(unsigned char *p, uint32_t value)
+{
+    p[0] = (unsigned char)(value >> 24);
+    p[1] = (unsigned char)(value >> 16);
+    p[2] = (unsigned char)(value >> 8);
+    p[3] = (unsigned char)value;
+}
+
+static void store_be16(unsigned char *p, unsigned int value)
+{
+    p[0] = (unsigned char)(value >> 8);
+    p[1] = (unsigned char)value;
+}
+
+/* Item k of a list or tuple (from PySequence_Fast) as an unsigned integer of at most ``max``;
+ * -1 with an error set when it is not an int or is outside [0, max]. */
+static int item_unsigned(PyObject *fast, Py_ssize_t k, uint64_t max, const char *field,
+                         uint64_t *value)
+{
+    PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s of row %zd is a %s, not an int", field, k,
+                     Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(item);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_OverflowError, "%s of row %zd is outside [0, %llu]", field, k,
+                     (unsigned long long)max);
+        return -1;
+    }
+    if (v > max) {
+        PyErr_Format(PyExc_OverflowError, "%s %llu of row %zd is outside [0, %llu]", field, v,
+                     k, (unsigned long long)max);
+        return -1;
+    }
+    *value = (uint64_t)v;
+    return 0;
+}
+
+/* PySequence_Fast of every argument, and the length of the shortest; -1 on an error (the
+ * ones made so far are released). */
+static Py_ssize_t fast_columns(PyObject *args, PyObject **columns, Py_ssize_t count,
+                               const char *name)
+{
+    if (PyTuple_GET_SIZE(args) != count) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd columns, %zd given", name, count,
+                     PyTuple_GET_SIZE(args));
+        return -1;
+    }
+    Py_ssize_t rows = PY_SSIZE_T_MAX;
+    for (Py_ssize_t c = 0; c < count; c++) {
+        columns[c] = PySequence_Fast(PyTuple_GET_ITEM(args, c), "a column must be a sequence");
+        if (columns[c] == NULL) {
+            for (Py_ssize_t d = 0; d < c; d++) {
+                Py_DECREF(columns[d]);
+            }
+            return -1;
+        }
+        if (PySequence_Fast_GET_SIZE(columns[c]) < rows) {
+            rows = PySequence_Fast_GET_SIZE(columns[c]);
+        }
+    }
+    return rows;
+}
+
+static void release_columns(PyObject **columns, Py_ssize_t count)
+{
+    for (Py_ssize_t c = 0; c < count; c++) {
+        Py_DECREF(columns[c]);
+    }
+}
+
+/* One delay record: the three buffers are the id, the subject tail and the payload. */
+static PyObject *delay_record(uint64_t due, uint64_t bucket, PyObject *id_obj,
+                              PyObject *tail_obj, PyObject *payload_obj, Py_ssize_t row)
+{
+    Py_buffer id, tail, payload;
+    PyObject *body = NULL;
+    if (PyObject_GetBuffer(id_obj, &id, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(tail_obj, &tail, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&id);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(payload_obj, &payload, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&tail);
+        PyBuffer_Release(&id);
+        return NULL;
+    }
+    if (id.len > 0xFFFF) {
+        PyErr_Format(PyExc_OverflowError, "message id of row %zd has %zd bytes, more than %d",
+                     row, id.len, 0xFFFF);
+        goto done;
+    }
+    body = PyBytes_FromStringAndSize(NULL, DELAY_FIXED_BYTES + id.len + tail.len + payload.len);
+    if (body == NULL) {
+        goto done;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(body);
+    store_be64(p, due);
+    store_be64(p + 8, bucket);
+    store_be16(p + 16, (unsigned int)id.len);
+    p += DELAY_FIXED_BYTES;
+    memcpy(p, id.buf, (size_t)id.len);
+    p += id.len;
+    memcpy(p, tail.buf, (size_t)tail.len);
+    p += tail.len;
+    memcpy(p, payload.buf, (size_t)payload.len);
+done:
+    PyBuffer_Release(&payload);
+    PyBuffer_Release(&tail);
+    PyBuffer_Release(&id);
+    return body;
+}
+
+static PyObject *encode_delay_records(PyObject *self, PyObject *args)
+{
+    PyObject *columns[5];
+    Py_ssize_t rows = fast_columns(args, columns, 5, "encode_delay_records");
+    if (rows < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(rows);
+    if (out == NULL) {
+        release_columns(columns, 5);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        uint64_t due, bucket;
+        if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
+                || item_unsigned(columns[1], k, UINT64_MAX, "bucket_ms", &bucket) < 0) {
+            goto fail;
+        }
+        PyObject *body = delay_record(due, bucket, PySequence_Fast_GET_ITEM(columns[2], k),
+                                      PySequence_Fast_GET_ITEM(columns[3], k),
+                                      PySequence_Fast_GET_ITEM(columns[4], k), k);
+        if (body == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, k, body);
+    }
+    release_columns(columns, 5);
+    return out;
+fail:
+    release_columns(columns, 5);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *encode_schedule_entries(PyObject *self, PyObject *args)
+{
+    PyObject *columns[4];
+    Py_ssize_t rows = fast_columns(args, columns, 4, "encode_schedule_entries");
+    if (rows < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(rows);
+    if (out == NULL) {
+        release_columns(columns, 4);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        uint64_t due, offset, size, hash;
+        if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
+                || item_unsigned(columns[1], k, UINT64_MAX, "delay_log_offset", &offset) < 0
+                || item_unsigned(columns[2], k, UINT32_MAX, "size_bytes", &size) < 0
+                || item_unsigned(columns[3], k, UINT32_MAX, "id_hash", &hash) < 0) {
+            goto fail;
+        }
+        PyObject *entry = PyBytes_FromStringAndSize(NULL, ENTRY_BYTES);
+        if (entry == NULL) {
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(entry);
+        store_be64(p, due);
+        store_be64(p + 8, offset);
+        store_be32(p + 16, (uint32_t)size);
+        store_be32(p + 20, (uint32_t)hash);
+        store_be16(p + 24, ENTRY_MAGIC);
+        p[26] = ENTRY_VERSION;
+        p[27] = 0;
+        store_be32(p + ENTRY_HEAD_BYTES, (uint32_t)crc32(0L, p, ENTRY_HEAD_BYTES));
+        PyList_SET_ITEM(out, k, entry);
+    }
+    release_columns(columns, 4);
+    return out;
+fail:
+    release_columns(columns, 4);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_delay_records", encode_delay_records, METH_VARARGS,
+     "encode_delay_records(deliver_at_ms, bucket_ms, message_ids_bytes, subject_tails, "
+     "payloads) -> list of delay-log record bodies."},
+    {"encode_schedule_entries", encode_schedule_entries, METH_VARARGS,
+     "encode_schedule_entries(deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes) -> "
+     "list of 32-byte schedule entries."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "delayserver._commit_codecs",
+    "C twins of the delay store's commit encoders (optional speed-up).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__commit_codecs(void)
+{
+    return PyModule_Create(&module);
+}
