@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # what type checkers see: every name, as if imported here
 # sdk.__all__ without importing sdk: its own names, then the error classes (wire.errors is light).
 # tests/unit/test_layout.py checks that this is sdk.__all__ exactly.
 _SDK_NAMES = ["errors", "Producer", "Receipt", "Consumer", "ReceivedMessage", "Subscription",
-              "Schedules", "Message", "RequestTimeout"]
+              "Schedules", "Message", "RequestTimeout", "WrongEventLoop"]
 __all__ = ["sync"]
 __all__ += _SDK_NAMES
 __all__ += _errors.__all__

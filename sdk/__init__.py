@@ -17,6 +17,7 @@ from wire.errors import *  # noqa: F401,F403  (every error a client may catch: e
 from wire.message import Message
 
 if TYPE_CHECKING:  # what type checkers see: every name, as if imported here
+    from sdk.batching import WrongEventLoop
     from sdk.connection import RequestTimeout
     from sdk.consumer import Consumer, ReceivedMessage, Subscription
     from sdk.producer import Producer, Receipt
@@ -27,6 +28,7 @@ _LAZY = {
     "Producer": "sdk.producer", "Receipt": "sdk.producer", "Consumer": "sdk.consumer",
     "ReceivedMessage": "sdk.consumer", "Subscription": "sdk.consumer",
     "Schedules": "sdk.schedules", "RequestTimeout": "sdk.connection",
+    "WrongEventLoop": "sdk.batching",
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Schedules",
     "Message",
     "RequestTimeout",
+    "WrongEventLoop",
 ]
 # The error classes (wire.errors.ERRORS), in a form type checkers follow.
 __all__ += errors.__all__

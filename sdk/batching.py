@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,6 +21,12 @@ FRAME_ENVELOPE_BYTES = 64 * 1024
 
 # Batches are kept per (subject, delayed): delayed messages go to delay servers.
 Key = tuple[str, bool]
+
+
+class WrongEventLoop(RuntimeError):
+    """A Producer's send from an event loop other than the one of its first send: its batches,
+    tasks and connections belong to that loop, so the send cannot travel on them. A
+    RuntimeError, as the failed await it replaces was."""
 
 
 class BatchingMixin:
@@ -35,6 +42,27 @@ class BatchingMixin:
     _on_wire: dict[Key, int]
     _tasks: set[asyncio.Task[None]]
     _send_batch: Callable[[Batch], Coroutine[Any, Any, None]]
+    _loop: asyncio.AbstractEventLoop | None
+    _loop_thread: int | None
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running event loop, which becomes the producer's at its first send; raises
+        WrongEventLoop when it is another. ``send`` calls this only when its cheap test fails
+        (first send, another thread, the producer's loop not running): asyncio.get_running_loop
+        costs a getpid() system call on Python 3.11."""
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = running
+        elif running is not loop:
+            state = "closed" if loop.is_closed() else "running" if loop.is_running() else "stopped"
+            raise WrongEventLoop(
+                f"this Producer belongs to the event loop of its first send ({state}, id "
+                f"{id(loop):#x}), and this send runs on another (id {id(running):#x}): its "
+                "batches and connections cannot serve it. Make one Producer per event loop "
+                "(each asyncio.run call makes a new loop).")
+        self._loop_thread = threading.get_ident()
+        return loop
 
     def _enqueue(self, subject: str, call: Call, ids: list[str], payloads: list[bytes],
                  dues: list[int] | None) -> None:

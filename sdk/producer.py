@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, overload
@@ -176,6 +177,7 @@ class Producer(BatchingMixin):
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop of the first send
+        self._loop_thread: int | None = None  # the thread it ran in (_bind_loop)
         # (subject, delayed) -> the turn of its next batch; a subject's first batch takes
         # route_start (the group at that index modulo the route's length).
         self._round_robin: dict[Key, int] = {}
@@ -264,11 +266,12 @@ class Producer(BatchingMixin):
                     self._plain_subjects.clear()
                 self._plain_subjects[subject] = plain_middle(subject)
         # The loop of the first send, kept: asyncio.get_running_loop() is a getpid() system
-        # call each time (~0.5 us here). A send from another loop then fails as it would on
-        # this producer's connections: its await raises (a future of a different loop).
+        # call each time (~0.5 us here). The same thread with that loop running means this
+        # send runs on it (a thread runs one loop at a time); anything else is checked, and a
+        # send from another loop raises WrongEventLoop before it joins a batch.
         loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        if loop is None or self._loop_thread != threading.get_ident() or not loop.is_running():
+            loop = self._bind_loop()
         future = loop.create_future()
         waiting = self._sends_waiting = self._sends_waiting + 1
         if waiting > self._sends_waiting_peak:
@@ -367,7 +370,7 @@ class Producer(BatchingMixin):
         if max(map(len, bodies)) > MAX_BODY_BYTES:
             size = max(map(len, bodies))
             raise TooLarge(f"message body of {size} bytes exceeds MAX_BODY_BYTES {MAX_BODY_BYTES}")
-        call = Call(len(bodies), asyncio.get_running_loop().create_future())
+        call = Call(len(bodies), self._bind_loop().create_future())
         ids, payloads = self._encode_many(template, bodies, deliver_ats, message_ids)
         self._enqueue(subject, call, ids, payloads, deliver_ats)
         results = await call.future

@@ -14,6 +14,7 @@ from wire.errors import (
 )
 from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from wire.message import Message, decode_message, encode_message
+from sdk.batching import WrongEventLoop
 from sdk.producer import Producer, Receipt
 from sdk.routes import RouteCache
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
@@ -374,3 +375,37 @@ async def test_a_delayed_send_that_reaches_no_delay_server_says_so(meta, broker_
             await p.send("orders", b"x", delay=60_000)
     assert caught.value.retriable
     assert "'orders'" in caught.value.message
+
+
+async def test_a_send_from_another_event_loop_raises_wrong_event_loop_and_sends_nothing(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta) as p:
+        first = await p.send("orders", b"first")  # the test's loop is now the producer's
+
+        async def from_another_loop(send):
+            with pytest.raises(WrongEventLoop, match=r"first send \(running.*one Producer per"):
+                await send()
+
+        await asyncio.to_thread(asyncio.run, from_another_loop(lambda: p.send("orders", b"x")))
+        await asyncio.to_thread(
+            asyncio.run, from_another_loop(lambda: p.send_many("orders", [b"y", b"z"])))
+        assert broker_a.sent_ids() == [[first.message_id]]
+        assert (await p.send("orders", b"after")).status == "stored"  # its own loop still works
+
+
+async def test_a_send_after_the_loop_of_the_first_send_closed_raises_wrong_event_loop(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta)
+
+    async def send_and_close_connections():
+        await p.send("orders", b"first")
+        await p._pool.close()  # what a closed loop leaves is the test's concern, not the send's
+
+    await asyncio.to_thread(asyncio.run, send_and_close_connections())
+    with pytest.raises(WrongEventLoop, match=r"first send \(closed"):
+        await p.send("orders", b"second")
+    with pytest.raises(RuntimeError):  # a RuntimeError still, as before
+        await p.send_many("orders", [b"third"])
+    assert len(broker_a.sent_ids()) == 1
