@@ -12,7 +12,7 @@ import asyncio
 
 from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock
-from tests.unit.test_delay_handoff import (
+from tests.unit.delay_handoff_support import (
     LEAD_MS, DropThenLoseHoldAnswer, DroppingBroker, HoldingBroker, _AnswerLostBroker,
     into_the_lead, one_handed, restarted, schedule, settle, started)
 from tracelog.reading import read_events
