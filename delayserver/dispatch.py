@@ -273,7 +273,8 @@ class Dispatcher(HandedMixin):
         try:
             if hold is not None and early:
                 # Visible by the broker's clock: later by how far ahead it may run (R9).
-                shift_ms, held_at_ms = self.clocks.ahead_ms(now_ms), self.clock()
+                held_at_ms = self.clock()  # after the handed record's write: its round trip
+                shift_ms = self.clocks.ahead_ms(held_at_ms)
                 group, results = await hold(subject, payloads,
                                             [e.deliver_at_ms + shift_ms for e in entries])
                 self._observe_clocks(results, held_at_ms)

@@ -39,15 +39,16 @@ class HandedMixin:
         if len(self._handed_due) + count > HANDED_IDS_MAX:
             return (f"{len(self._handed_due)} handed ids remembered, {count} more would pass "
                     f"HANDED_IDS_MAX {HANDED_IDS_MAX}")
-        ahead_ms = self.clocks.ahead_ms(now_ms)
+        ahead_ms = self.clocks.surely_ahead_ms(now_ms)
         if ahead_ms > HOLD_CLOCK_AHEAD_MS_MAX:
-            return (f"a broker clock runs up to {ahead_ms} ms ahead of ours, over "
+            return (f"a broker clock runs at least {ahead_ms} ms ahead of ours, over "
                     f"HOLD_CLOCK_AHEAD_MS_MAX {HOLD_CLOCK_AHEAD_MS_MAX}")
         return None
 
     def _observe_clocks(self: Dispatcher, results: list[dict[str, Any]], held_at_ms: int) -> None:
-        """Note each answering group's clock (``broker_now_ms``, PayloadSender); a broker
-        clock far ahead pauses the hand-off at once."""
+        """Note each answering group's clock (``broker_now_ms``, PayloadSender) against the
+        round trip from ``held_at_ms`` to now; a broker clock certainly far ahead pauses the
+        hand-off at once."""
         seen: dict[str, int] = {}
         for result in results:
             broker_now_ms = result.get("broker_now_ms")
@@ -58,9 +59,9 @@ class HandedMixin:
         now_ms = self.clock()
         for group, broker_now_ms in seen.items():
             self.clocks.observe(group, held_at_ms, broker_now_ms, now_ms)
-        ahead_ms = self.clocks.ahead_ms(now_ms)
+        ahead_ms = self.clocks.surely_ahead_ms(now_ms)
         if ahead_ms > HOLD_CLOCK_AHEAD_MS_MAX:
-            log.warning("a broker clock runs up to %d ms ahead of ours (over "
+            log.warning("a broker clock runs at least %d ms ahead of ours (over "
                         "HOLD_CLOCK_AHEAD_MS_MAX %d): dispatching at the due time", ahead_ms,
                         HOLD_CLOCK_AHEAD_MS_MAX)
             if self._no_hold is not None:

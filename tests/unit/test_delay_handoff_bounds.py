@@ -4,6 +4,7 @@ hand-off is visible no earlier than its due time by our clock)."""
 
 from __future__ import annotations
 
+from delayserver.handoff import HANDOFF_STEP_MS
 from tests.rawclient import FakeClock
 from tests.unit.delay_handoff_support import (
     LEAD_MS, HoldingBroker, started, schedule, into_the_lead)
@@ -115,14 +116,82 @@ async def test_a_broker_clock_ahead_by_more_than_the_bound_stops_the_hand_off(tm
         await scheduler.stop()
 
 
-def test_the_clock_bound_is_the_smallest_lead_seen_in_the_window_per_group_the_largest_of_groups():
+def test_the_clock_shift_is_the_midpoint_estimate_of_the_quickest_round_trip_in_the_window():
     from delayserver.broker_clocks import CLOCK_SKEW_WINDOW_MS, BrokerClocks
     clocks = BrokerClocks()
     assert clocks.ahead_ms(0) == 0
-    clocks.observe("g0", 1_000, 1_050, 1_010)  # 50: skew plus the way there
-    clocks.observe("g0", 2_000, 2_020, 2_010)  # 20: tighter
-    clocks.observe("g0", 3_000, 3_090, 3_010)
+    # (sent, broker's clock, received) of a broker 30 ms ahead: the way there 5, back 15
+    clocks.observe("g0", 1_000, 1_035, 1_020)  # round trip 20: estimate 1_035 - 1_010 = 25
+    clocks.observe("g0", 2_000, 2_032, 2_004)  # round trip 4: estimate 30, the quickest
+    clocks.observe("g0", 3_000, 3_530, 3_600)  # a slow one (500 there): never chosen
     clocks.observe("g1", 3_000, 2_900, 3_010)  # behind: never a negative shift
-    assert clocks.ahead_ms(3_010) == 20
-    assert clocks.ahead_ms(2_010 + CLOCK_SKEW_WINDOW_MS) == 90  # the 20 left the window
-    assert clocks.ahead_ms(3_010 + CLOCK_SKEW_WINDOW_MS) == 0  # nothing left in it
+    assert clocks.ahead_ms(3_600) == 30
+    # The upper bound alone (the clock minus when it was sent) gave 32, then 35, then 530.
+    # The quick ones left: the slow one's midpoint (230) is not trusted, its lower bound is -70.
+    assert clocks.ahead_ms(2_004 + CLOCK_SKEW_WINDOW_MS) == 0
+    assert clocks.ahead_ms(3_600 + CLOCK_SKEW_WINDOW_MS) == 0  # nothing left in it
+
+
+def test_the_shift_is_the_largest_of_the_groups():
+    from delayserver.broker_clocks import BrokerClocks
+    clocks = BrokerClocks()
+    clocks.observe("g0", 1_000, 1_012, 1_004)  # 10 ahead
+    clocks.observe("g1", 1_000, 1_102, 1_004)  # 100 ahead
+    assert clocks.ahead_ms(1_004) == 100
+
+
+def test_one_slow_round_trip_does_not_make_a_broker_clock_surely_ahead():
+    from delayserver.broker_clocks import HOLD_CLOCK_AHEAD_MS_MAX, BrokerClocks
+    clocks = BrokerClocks()
+    # The broker's clock agrees with ours; the hold took 1.5 s to get there (a busy loop).
+    clocks.observe("g0", 0, 1_500, 1_510)
+    assert clocks.surely_ahead_ms(1_510) == 0
+    assert clocks.ahead_ms(1_510) <= HOLD_CLOCK_AHEAD_MS_MAX
+
+
+def test_a_broker_clock_ahead_by_more_than_any_round_trip_is_surely_ahead():
+    from delayserver.broker_clocks import CLOCK_SKEW_WINDOW_MS, BrokerClocks
+    clocks = BrokerClocks()
+    clocks.observe("g0", 1_000, 2_205, 1_010)  # at least 1_195 ahead, at most 1_205
+    clocks.observe("g0", 2_000, 3_300, 2_100)  # at least 1_200: the surest
+    assert clocks.surely_ahead_ms(2_100) == 1_200
+    assert clocks.ahead_ms(2_100) == 1_200  # the quickest round trip's midpoint
+    assert clocks.surely_ahead_ms(2_100 + CLOCK_SKEW_WINDOW_MS) == 0
+
+
+class SlowOnceBroker(AheadBroker):
+    """``AheadBroker`` whose first hold arrives ``slow_ms`` after it was sent (its answer back
+    10 ms later): its clock agrees with ours, the trip there was slow (a busy event loop)."""
+
+    def __init__(self, clock, slow_ms: int) -> None:
+        super().__init__(clock, ahead_ms=0)
+        self.slow_ms = slow_ms
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        group, results = await super().hold(subject, payloads, visible_at_ms)
+        if self.slow_ms:
+            self.clock.advance(self.slow_ms)
+            for result in results:
+                result["broker_now_ms"] = self.clock()
+            self.clock.advance(10)
+            self.slow_ms = 0
+        return group, results
+
+
+async def test_one_hold_slow_on_its_way_does_not_stop_the_hand_off(tmp_path):
+    # Before, its lead (1.5 s: the skew plus the way there) was taken as the bound on the skew,
+    # over HOLD_CLOCK_AHEAD_MS_MAX: the hand-off paused for NO_HOLD_PAUSE_MS.
+    clock = FakeClock()
+    broker = SlowOnceBroker(clock, slow_ms=1_500)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        await into_the_lead(scheduler, clock, b"a")
+        second_due = clock() + 10_000
+        [second] = await schedule(scheduler, clock, second_due, b"b")
+        clock.advance(10_000 - LEAD_MS + HANDOFF_STEP_MS)  # the slow trip left the grid
+        await settle(scheduler)
+        visible = broker.visible_at_our_ms()
+        assert second.id in visible, "the hand-off stopped after one slow hold"
+        assert second_due <= visible[second.id] <= second_due + 10
+    finally:
+        await scheduler.stop()
