@@ -51,13 +51,27 @@ static void put_be(unsigned char *out, uint64_t value, int size)
 }
 
 /* The int at ``list[index]`` as an unsigned of at most ``max``; -1 with ValueError set when it
- * is not an int in [0, max]. */
+ * is not an int in [0, max]. An int-like object (``__index__``, e.g. numpy.uint64) counts as its
+ * int, as struct.pack in the Python twins takes it; an error its ``__index__`` raises passes up
+ * as it does there. */
 static int get_field(PyObject *list, Py_ssize_t index, uint64_t max, const char *name,
                      uint64_t *out)
 {
     PyObject *item = PyList_GET_ITEM(list, index);
+    PyObject *number;
     if (PyLong_Check(item)) {
-        unsigned long long value = PyLong_AsUnsignedLongLong(item);
+        number = Py_NewRef(item);
+    } else if (PyIndex_Check(item)) {
+        number = PyNumber_Index(item);
+        if (number == NULL) {
+            return -1;
+        }
+    } else {
+        number = NULL;
+    }
+    if (number != NULL) {
+        unsigned long long value = PyLong_AsUnsignedLongLong(number);
+        Py_DECREF(number);
         if (!(value == (unsigned long long)-1 && PyErr_Occurred()) && value <= max) {
             *out = value;
             return 0;

@@ -92,7 +92,7 @@ def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[i
     try:
         heads = list(map(ENTRY.pack, timestamps_ms, message_log_offsets, sizes_bytes,
                          tag_blooms))
-    except struct.error as exc:
+    except (struct.error, OverflowError) as exc:  # OverflowError: an __index__ int
         raise ValueError(f"consumer-log entry field out of range: {exc}") from None
     crcs = map(CRC.pack, map(zlib.crc32, heads))
     return b"".join(chain.from_iterable(zip(heads, crcs)))

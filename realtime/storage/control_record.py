@@ -110,7 +110,7 @@ def encode_held(timestamp_ms: int, visible_at_ms: int, tag_bloom: int, subject: 
                          f"{len(id_bytes)} bytes is outside [1, 65535]")
     try:
         head = HEAD.pack(timestamp_ms, visible_at_ms, tag_bloom, 0, KIND_HELD)
-    except struct.error as exc:
+    except (struct.error, OverflowError) as exc:  # OverflowError: an __index__ int
         raise ValueError(f"held record field out of range: {exc}") from None
     return b"".join((head, U16.pack(len(subject_bytes)), subject_bytes,
                      U16.pack(len(id_bytes)), id_bytes, payload))
@@ -190,7 +190,7 @@ def encode_visible_messages(timestamp_ms: int, subject: str, sequences: Sequence
                          repeat(KIND_VISIBLE_MESSAGE), held_offsets,
                          repeat(len(subject_bytes)), repeat(subject_bytes),
                          map(len, message_ids_utf8)))
-    except struct.error as exc:
+    except (struct.error, OverflowError) as exc:  # OverflowError: an __index__ int
         raise ValueError(f"visible-message record field out of range: {exc}") from None
     return list(map(b"".join, zip(heads, message_ids_utf8, payloads)))
 

@@ -136,7 +136,7 @@ def encode_subject_records(
         heads = list(map(head.pack, repeat(timestamp_ms), subject_sequences, tag_blooms,
                          repeat(len(subject_bytes)), repeat(subject_bytes),
                          map(len, message_ids_utf8)))
-    except struct.error as exc:
+    except (struct.error, OverflowError) as exc:  # OverflowError: an __index__ int
         # Q and H refuse what does not fit u64 / u16: a timestamp, sequence or bloom outside
         # [0, U64_MAX], or a message id over MESSAGE_ID_BYTES_MAX bytes.
         raise ValueError(f"message record field out of range: {exc}") from None

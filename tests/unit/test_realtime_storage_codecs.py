@@ -167,6 +167,40 @@ def test_an_empty_batch_of_visible_records_is_empty_and_uneven_columns_are_a_val
                                 column([b"p"] * 2))
 
 
+class _IntLike:
+    """An int-like object that is not an int (as numpy.uint64 is): only ``__index__``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@COLUMN_KINDS
+def test_int_like_fields_are_encoded_as_their_ints_by_both_twins(column):
+    # Lists go to the C twins, tuples to the Python ones: both take __index__ as struct does.
+    n = _IntLike
+    assert encode_subject_records(n(5), "s", column([n(7)]), column([n(3)]), column([b"i"]),
+                                  column([b"p"])) == [encode_message_record(5, 7, 3, "s", "i",
+                                                                            b"p")]
+    assert encode_visible_messages(n(5), "s", column([n(7)]), column([n(3)]), column([n(9)]),
+                                   column([b"i"]), column([b"p"])) == [
+        encode_visible_message(5, 7, 3, "s", "i", 9, b"p")]
+    assert encode_entries(column([n(1)]), column([n(2)]), column([n(3)]), column([n(4)])) \
+        == encode_entry(Entry(1, 2, 3, 4))
+
+
+@COLUMN_KINDS
+@pytest.mark.parametrize("value", [-1, 1 << 64])
+def test_an_int_like_field_out_of_its_width_is_a_value_error_for_both_twins(column, value):
+    with pytest.raises(ValueError, match="out of range"):
+        encode_entries(column([_IntLike(value)]), column([0]), column([0]), column([0]))
+    with pytest.raises(ValueError, match="out of range"):
+        encode_visible_messages(0, "s", column([0]), column([0]), column([_IntLike(value)]),
+                                column([b"i"]), column([b"p"]))
+
+
 @given(names, names, st.binary(max_size=50), st.data())
 def test_a_message_record_cut_inside_its_header_or_names_is_rejected(subject, message_id,
                                                                      payload, data):
