@@ -10,7 +10,6 @@ write on behalf of ``MessageStore``, on its owner thread; nothing reads the cloc
 
 from __future__ import annotations
 
-from collections import deque
 from itertools import repeat
 from operator import attrgetter
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -90,14 +89,16 @@ class HeldSet:
     def pop_many(self, offsets: Sequence[int]) -> None:
         """``pop`` of each offset (those not held are ignored)."""
         by_key = self._by_key
-        found = [h for h in map(self.by_offset.pop, offsets, repeat(None)) if h is not None]
+        # A Held is a non-empty tuple, so filter(None) keeps exactly the records found.
+        found = list(filter(None, map(self.by_offset.pop, offsets, repeat(None))))
         keys = list(map(_KEY_OF, found))
-        if list(map(by_key.get, keys)) == list(map(_OFFSET_OF, found)):  # the usual case
-            deque(map(by_key.pop, keys), maxlen=0)  # each popped, no Python code per key
-            return
-        for held, key in zip(found, keys):
-            if by_key.get(key) == held.offset:
-                del by_key[key]
+        # Popped without Python code per key; a key that stood for another offset (held
+        # again at another offset: recovery, a slave's copy) is put back.
+        popped = list(map(by_key.pop, keys, repeat(None)))
+        if popped != list(map(_OFFSET_OF, found)):
+            for key, offset, held in zip(keys, popped, found):
+                if offset is not None and offset != held.offset:
+                    by_key[key] = offset
 
     def find(self, subject: str, message_id: str) -> Held | None:
         """The held record of ``message_id`` of ``subject``, or None."""

@@ -145,7 +145,7 @@ class HeldWrites:
         for subject, first, items in runs:
             keys += self._dedup.keys(subject, [h.message_id for h in items])
             sequences += range(first, first + len(items))
-        self._dedup.add_many(keys, sequences, [now_ms] * len(keys))
+        self._dedup.settle_many(keys, sequences, [now_ms] * len(keys))
         if dropped is not None:
             dropped += unreadable
         self._maybe_checkpoint()

@@ -103,3 +103,38 @@ def test_keys_of_different_subject_and_id_pairs_never_collide():
     pairs = [("ab", "c"), ("a", "bc"), ("1:a", "b"), ("1", ":ab")]
     keys = [DedupIndex.keys(subject, [message_id])[0] for subject, message_id in pairs]
     assert len(set(keys)) == len(pairs)
+
+
+def test_settled_ids_get_their_sequences_in_place_and_are_evicted_at_their_old_position():
+    index = DedupIndex(WINDOW_MS, 3)
+    index.add_many(DedupIndex.keys("s", ["a", "b"]), [-1, -1], [0, 0])  # held: no sequence
+    index.add("s", "c", 5, 10)
+    index.settle_many(DedupIndex.keys("s", ["a", "b"]), [6, 7], [20, 20])  # made visible
+    assert [index.lookup("s", i, 20) for i in "abc"] == [6, 7, 5]
+    index.add("s", "d", 8, 30)  # past ids_max: "a" goes first, as when it was held
+    assert [index.lookup("s", i, 30) for i in "abcd"] == [None, 7, 5, 8]
+    assert len(index) == 3
+
+
+def test_settling_an_id_the_index_forgot_adds_them_all_at_the_end():
+    index = DedupIndex(WINDOW_MS, 3)
+    index.add("s", "a", -1, 0)
+    index.add("s", "b", 1, 0)
+    assert index.prune(WINDOW_MS) == 2  # "a" is forgotten while it is held
+    index.add("s", "c", 2, WINDOW_MS)
+    index.settle_many(DedupIndex.keys("s", ["a"]), [3], [WINDOW_MS + 1])
+    index.add("s", "d", 4, WINDOW_MS + 2)
+    index.add("s", "e", 5, WINDOW_MS + 2)  # past ids_max: "c" goes, then "a" stays
+    assert [index.lookup("s", i, WINDOW_MS + 2) for i in "acde"] == [3, None, 4, 5]
+
+
+def test_a_settled_id_keeps_later_ids_longer_never_shorter():
+    index = DedupIndex(WINDOW_MS, 10)
+    index.add("s", "a", -1, 0)
+    index.add("s", "b", 1, 5)
+    index.settle_many(DedupIndex.keys("s", ["a"]), [2], [50])
+    # "b" is past its window at 105 but "a" (settled at 50) is not: prune stops at "a"
+    assert index.prune(WINDOW_MS + 5) == 0
+    assert index.lookup("s", "a", WINDOW_MS + 5) == 2
+    assert index.prune(WINDOW_MS + 50) == 2
+    assert len(index) == 0

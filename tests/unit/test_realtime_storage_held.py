@@ -20,6 +20,7 @@ from realtime.storage.control_record import (
     encode_dropped, encode_held, encode_visible_message, encode_visible_messages, is_control,
 )
 from realtime.storage.message_record import encode_message_record
+from realtime.storage.held import Held, HeldSet
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint, checkpoint_offset, decode_store_checkpoint, encode_store_checkpoint,
 )
@@ -96,6 +97,21 @@ def test_a_checkpoint_keeps_its_held_watermark_and_a_version_1_payload_still_dec
     assert checkpoint.replay_from_offset == 120
     version_1 = bytes([1]) + (500).to_bytes(8, "big") + (0).to_bytes(4, "big")
     assert decode_store_checkpoint(version_1) == StoreCheckpoint(500, {}, None)
+
+
+def test_the_held_set_forgets_popped_records_but_keeps_an_id_held_again_at_another_offset():
+    held = HeldSet()
+    held.add(Held(10, 1, 0, 0, "s", "a"))
+    held.add(Held(20, 1, 0, 0, "s", "b"))
+    held.add(Held(30, 1, 0, 0, "s", "a"))  # "a" held again (recovery): the id names 30 now
+    held.pop_many([10, 99])
+    assert held.find("s", "a").offset == 30 and len(held) == 2
+    held.pop_many([30, 20])
+    assert (held.find("s", "a"), held.find("s", "b"), len(held)) == (None, None, 0)
+    held.add(Held(40, 1, 0, 0, "s", "c"))
+    held.add(Held(50, 1, 0, 0, "s", "c"))
+    held.pop_many([50, 40])  # the newer one first: the id is gone either way
+    assert (held.find("s", "c"), len(held), dict(held.keys)) == (None, 0, {})
 
 
 def test_a_held_message_is_invisible_until_made_visible_after_what_was_stored_meanwhile(store):
