@@ -206,9 +206,10 @@ class Handoffs:
         if self._readonly():
             raise ReadOnly(f"broker group {ctx.config.group} is read-only")
         now_ms = ctx.clock()
-        cancelled, before, log_end = await ctx.on_store_thread(self._cancel_io, subject,
-                                                               message_ids, now_ms)
+        cancelled, before, offsets, log_end = await ctx.on_store_thread(
+            self._cancel_io, subject, message_ids, now_ms)
         ctx.replica.advanced("message", log_end)
+        self._forget_dropped(offsets, cancelled)
         dropped = list(dict.fromkeys(i for i, c in zip(message_ids, cancelled) if c))
         try:
             if ctx.replica.replicating:
@@ -235,14 +236,25 @@ class Handoffs:
             log.warning("drop of held message %s not traced: more than UNTRACED_DROPS_MAX "
                         "%d drops wait for a retry", forgotten, UNTRACED_DROPS_MAX)
 
+    def _forget_dropped(self, offsets: list[int | None], cancelled: list[bool]) -> None:
+        """Take dropped messages out of the timer and the kept payloads now, not at their due
+        time: cancels alternating with new hand-offs never grow either past what is held."""
+        for offset, dropped in zip(offsets, cancelled):
+            if dropped and offset is not None:
+                self.timer.remove(offset)
+                found = self._kept.pop(offset, None)
+                if found is not None:
+                    self._kept_bytes -= len(found[0])
+
     def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int
-                   ) -> tuple[list[bool], list[bool], int]:
+                   ) -> tuple[list[bool], list[bool], list[int | None], int]:
         """Store thread: the dropped record; (held or not per id, dropped before or not per
-        id, the message log's end)."""
+        id, each id's held offset before the drop, the message log's end)."""
         store = self._ctx.store
         before = store.dropped_before(subject, message_ids, now_ms)
+        offsets = store.held_offsets(subject, message_ids)
         cancelled = store.cancel_held(subject, message_ids, now_ms)
-        return cancelled, [b and not c for b, c in zip(before, cancelled)], \
+        return cancelled, [b and not c for b, c in zip(before, cancelled)], offsets, \
             store.copy_bounds()[1]
 
     # ------------------------------------------------------------------ the visibility round

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import heapq
 
+# Stale entries a bucket may keep beyond its live ones before it is compacted, and distinct
+# times the heap may keep beyond twice the buckets before it is rebuilt.
+STALE_SLACK = 16
+
 
 class HeldTimer:
     """Held messages by visible time (ties in hand-off order: by message-log offset).
@@ -14,13 +18,13 @@ class HeldTimer:
     hot slot (20k messages due at one instant) is one bucket, taken in slices, not 20k heap
     pops of (time, offset) tuples (about 3 us each, paid on the loop before the first of them
     could be made visible). A removed or moved message stays in its old bucket until that
-    bucket is taken (lazy deletion, checked against ``_live``); ``_counts`` says how many live
-    messages each bucket has, so an emptied bucket never reports a due time. Owner: the event
-    loop.
+    bucket is taken (lazy deletion, checked against ``_live``) or compacted (``_left``: at
+    most about twice its live messages); ``_counts`` says how many live messages each bucket
+    has, so an emptied bucket never reports a due time. Owner: the event loop.
     """
 
     def __init__(self) -> None:
-        self._times: list[int] = []  # heap of the visible times that have a bucket
+        self._times: list[int] = []  # heap of the visible times with a bucket (and some without)
         self._buckets: dict[int, list[int]] = {}  # visible_at_ms -> offsets (some stale)
         self._counts: dict[int, int] = {}  # visible_at_ms -> live offsets in its bucket
         self._live: dict[int, int] = {}  # offset -> visible_at_ms of what is still held
@@ -33,14 +37,18 @@ class HeldTimer:
         before = self._live.get(offset)
         if before == visible_at_ms:
             return
-        if before is not None:
-            self._counts[before] -= 1
         self._live[offset] = visible_at_ms
+        if before is not None:
+            self._left(before)
         bucket = self._buckets.get(visible_at_ms)
         if bucket is None:
             self._buckets[visible_at_ms] = [offset]
             self._counts[visible_at_ms] = 1
             heapq.heappush(self._times, visible_at_ms)
+            if len(self._times) > 2 * len(self._buckets) + STALE_SLACK:
+                # times of buckets dropped by _left: rebuilt, so the heap stays within bounds
+                self._times = list(self._buckets)
+                heapq.heapify(self._times)
         else:
             bucket.append(offset)
             self._counts[visible_at_ms] += 1
@@ -49,7 +57,22 @@ class HeldTimer:
         """Forget a message (cancelled); unknown offsets are ignored."""
         visible_at_ms = self._live.pop(offset, None)
         if visible_at_ms is not None:
-            self._counts[visible_at_ms] -= 1
+            self._left(visible_at_ms)
+
+    def _left(self, visible_at_ms: int) -> None:
+        """A live message of the bucket ``visible_at_ms`` was removed or moved: count it, and
+        compact the bucket once its stale entries outnumber its live ones (by STALE_SLACK), or
+        drop an emptied one, so cancels and moves never grow the timer past what is held
+        (its time stays in the heap until it comes first or the heap is rebuilt)."""
+        count = self._counts[visible_at_ms] - 1
+        if count == 0:
+            del self._buckets[visible_at_ms], self._counts[visible_at_ms]
+            return
+        self._counts[visible_at_ms] = count
+        bucket = self._buckets[visible_at_ms]
+        if len(bucket) > 2 * count + STALE_SLACK:
+            live = self._live
+            bucket[:] = [offset for offset in bucket if live.get(offset) == visible_at_ms]
 
     def clear(self) -> None:
         """Forget every message (the broker stepped down)."""
@@ -60,9 +83,10 @@ class HeldTimer:
 
     def _drop_empty_head(self) -> None:
         times, counts = self._times, self._counts
-        while times and counts[times[0]] == 0:
+        while times and counts.get(times[0], 0) == 0:  # emptied, or dropped by _left
             visible_at_ms = heapq.heappop(times)
-            del self._buckets[visible_at_ms], counts[visible_at_ms]
+            self._buckets.pop(visible_at_ms, None)
+            counts.pop(visible_at_ms, None)
 
     def next_due_ms(self) -> int | None:
         """The earliest visible time still held, or None when nothing is."""

@@ -6,6 +6,7 @@ and write batch, on its owner thread (docs/FORMATS.md "Held messages")."""
 from __future__ import annotations
 
 import logging
+from itertools import repeat
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from logstore import CorruptRecord, LogStoreError, LogWriteFailed
@@ -178,6 +179,12 @@ class HeldWrites:
         if found is None:
             return [False] * len(message_ids)
         return [sequence == DROPPED_SEQUENCE for sequence in found]
+
+    def held_offsets(self, subject: str, message_ids: Sequence[str]) -> list[int | None]:
+        """The held record's offset of each id of ``subject``, None for an id not held."""
+        self._check_open()
+        found = map(self._held.find, repeat(subject), message_ids)
+        return [None if held is None else held.offset for held in found]
 
     def held(self) -> list[Held]:
         """Every held record neither made visible nor cancelled, in message-log order."""

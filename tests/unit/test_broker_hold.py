@@ -20,7 +20,7 @@ from logstore.record import HEADER_SIZE_BYTES
 from realtime import handoffs as handoffs_module
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
-from realtime.held_timer import HeldTimer
+from realtime.held_timer import STALE_SLACK, HeldTimer
 from realtime.metrics import RealtimeMetrics
 from realtime.tracing import BrokerTracer
 from tests.harness import wait_for
@@ -91,6 +91,28 @@ def test_the_timer_reports_no_due_time_for_a_slot_whose_messages_all_left():
     timer.add(8, 50)
     timer.clear()
     assert timer.next_due_ms() is None and len(timer) == 0
+
+
+def entries_kept(timer: HeldTimer) -> int:
+    """Every offset and time the timer keeps, stale ones included (its buckets and heap)."""
+    return sum(map(len, timer._buckets.values())) + len(timer._times)
+
+
+def test_removed_and_moved_messages_never_grow_the_timer_past_what_is_held():
+    timer = HeldTimer()
+    for offset in range(1_000):
+        timer.add(offset, 5_000)
+    for offset in range(1, 1_000):  # cancels: one message of the hot slot left
+        timer.remove(offset)
+    assert entries_kept(timer) <= 2 * len(timer) + 2 * STALE_SLACK + 1
+    for offset in range(1_000, 3_000):  # hand-offs, each cancelled, at distinct times
+        timer.add(offset, 10_000 + offset)
+        timer.add(offset, 20_000 + offset)  # moved once
+        timer.remove(offset)
+    assert len(timer) == 1
+    assert entries_kept(timer) <= 4 * STALE_SLACK
+    assert timer.next_due_ms() == 5_000 and timer.take_due(5_000, 10) == [0]
+    assert timer.next_due_ms() is None and entries_kept(timer) == 0
 
 
 @pytest.fixture
@@ -181,8 +203,12 @@ async def test_the_broker_traces_stored_and_dispatched_with_the_lateness_at_visi
 async def test_a_cancel_before_the_due_time_drops_it_and_after_it_finds_nothing(opened):
     broker, clock, _ = opened
     await hold(broker, clock, "orders", ["h1", "h2"])
+    kept_bytes = broker.handoffs._kept_bytes
     assert await broker.cancel_held("orders", ["h1", "nope"]) == ([True, False],
                                                                   [False, False])
+    # Forgotten at once, not at its due time: cancels never grow the timer nor the payloads
+    # kept for the tail past what is held.
+    assert len(broker.handoffs.timer) == 1 and 0 < broker.handoffs._kept_bytes < kept_bytes
     await arrive_at_due_time(broker, clock, 1)
     assert await pulled_ids(broker, "orders") == ["h2"]
     assert await broker.cancel_held("orders", ["h2"]) == ([False], [False])
