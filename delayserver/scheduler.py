@@ -227,6 +227,7 @@ class Scheduler(LoadingMixin):
         await self._stop_tasks()
         if not self.follower:
             await self._finish_master_work()
+        self.tracer.build_deferred()  # before the server closes the trace writer
         await self._io(self.store.close)
         self._io_thread.close()
 
@@ -377,7 +378,7 @@ class Scheduler(LoadingMixin):
             else:
                 checks = list(chain.from_iterable(call.checks for call in batch))
                 payloads = list(chain.from_iterable(call.payloads for call in batch))
-            self.tracer.scheduled_checked(checks, payloads, self.clock())
+            self.tracer.scheduled_soon(checks, payloads, self.clock())  # after the answers
         for call in batch:
             if call.compact:  # every message stored: answered by their count
                 continue

@@ -3,6 +3,7 @@ flagged produced, that reads as produced then scheduled."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from delayserver.tracing import DelayTracer
@@ -109,3 +110,50 @@ def test_nothing_is_kept_when_tracing_is_off():
     tracer = DelayTracer(None)
     tracer.keep([1], [None], {1})
     assert tracer.kept_count() == 0
+
+
+def _written(directory) -> list[str]:
+    return [line for path in sorted(directory.glob("*/*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+async def test_scheduled_lines_are_built_after_the_commits_answers_resume_and_equal_the_others(
+        tmp_path):
+    payloads = _kept_payloads()
+    checks = QuickCheck().check_many(payloads, T0_MS + 10**12)
+    writer = TraceWriter(tmp_path / "soon", "delay:d1", clock_ms=lambda: T0_MS,
+                         background=False)
+    tracer = DelayTracer(writer)
+    answer = asyncio.get_running_loop().create_future()
+    seen_by_the_answer = []
+
+    async def request() -> None:  # what a request handler does: await the answer, write it
+        await answer
+        writer.flush()
+        seen_by_the_answer.extend(_written(tmp_path / "soon"))
+
+    handler = asyncio.create_task(request())
+    await asyncio.sleep(0)  # the handler waits on its answer
+    tracer.scheduled_soon(checks, payloads, T0_MS + 3)  # as the commit does, then it answers
+    answer.set_result(None)
+    await handler
+    assert seen_by_the_answer == []
+    for _ in range(3):
+        await asyncio.sleep(0)
+    writer.close()
+    assert _written(tmp_path / "soon") == _lines(
+        tmp_path, "now", lambda t: t.scheduled_checked(checks, payloads, T0_MS + 3))
+
+
+async def test_scheduled_lines_still_waiting_are_built_by_build_deferred(tmp_path):
+    payloads = _kept_payloads()
+    writer = TraceWriter(tmp_path, "delay:d1", clock_ms=lambda: T0_MS, background=False)
+    tracer = DelayTracer(writer)
+    tracer.scheduled_soon([None] * 3, payloads, T0_MS)
+    tracer.scheduled_soon([None], payloads[:1], T0_MS + 1)
+    tracer.build_deferred()  # what a stop does before the trace writer closes
+    writer.close()
+    assert [json.loads(line)["msg_id"] for line in _written(tmp_path)] == [
+        "m1", "m2", "m0.r1", "m1"]
+    tracer.build_deferred()  # the loop's own call finds nothing left: no line twice
+    assert tracer._deferred == []
