@@ -117,4 +117,5 @@ class BrokerClocks:
         return max([0] + [clock.surest[0].lower_ms for clock in self._live(now_ms)])
 
 
-__all__ = ["CLOCK_SKEW_WINDOW_MS", "HOLD_CLOCK_AHEAD_MS_MAX", "TRUSTED_ROUND_TRIP_MS", "BrokerClocks"]
+__all__ = ["CLOCK_SKEW_WINDOW_MS", "HOLD_CLOCK_AHEAD_MS_MAX", "TRUSTED_ROUND_TRIP_MS",
+           "BrokerClocks"]

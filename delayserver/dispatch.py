@@ -41,6 +41,8 @@ Dispatch = Callable[[str, list[bytes]], Awaitable[tuple[str, list[dict[str, Any]
 # visible_at_ms, the ``hold`` op).
 Hold = Callable[[str, list[bytes], list[int]], Awaitable[tuple[str, list[dict[str, Any]]]]]
 Io = Callable[..., Awaitable[Any]]  # runs fn(*args) on the store's delay-io thread
+# Before a hold of the entries due up to a time is sent: the record of it (HandOff.recorded).
+Recorded = Callable[[int, list[ScheduleEntry]], Awaitable[None]]
 
 DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
 # A due backlog this long (a hot slot) is taken by one worker in chunks of up to
@@ -98,14 +100,15 @@ class Dispatcher(HandedMixin):
       recorded: the recorder marks them dropped in the store once it is; ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
       awaited before a hold of messages due up to a time is sent (the handed record,
-      ``HandOff.recorded``); when it raises, they are sent at their due time.
+      ``HandOff.recorded``: the handed-entries record naming them, or the handed record covering
+      them); when it raises, they are sent at their due time.
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
                  window: PreloadWindow, store: DelayStore, io: Io, stats: DispatchStats,
                  tracer: DelayTracer, wake: Callable[[], None], hold: Hold | None = None,
                  no_hold: Callable[[], None] | None = None,
-                 recorded: Callable[[int], Awaitable[None]] | None = None,
+                 recorded: Recorded | None = None,
                  journal_replicated: Callable[[], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.clock = clock
@@ -264,7 +267,7 @@ class Dispatcher(HandedMixin):
             return
         if early and self._recorded is not None:
             try:  # the handed record first: a restart or failover must know of the hand-off
-                await self._recorded(last_due_ms)
+                await self._recorded(last_due_ms, entries)
             except Exception as exc:
                 await self._hold_refused(subject, entries, payloads, now_ms,
                                          f"handed record not written: {exc}")

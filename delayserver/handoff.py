@@ -7,10 +7,12 @@ may hold.
 The dispatcher sends what is taken early with ``hold`` (the broker keeps it invisible until its
 due time) and remembers what it may have handed in ``Dispatcher.handed`` (from the moment the
 hold is sent); a cancel of such a message asks the broker, of no other one of this run. Before
-a hold is sent, a handed record (the done journal's kind 4, replicated as the rest of the
-store) says that messages due up to a time may be handed: after a restart or a failover, a
-cancel of a stored message due by the record written before the run began asks the broker
-first (a broker that cannot be asked fails the cancel with nothing recorded), then the store:
+a hold is sent, a handed-entries record (the done journal's kind 6, replicated as the rest of
+the store) names its entries (where some slave cannot read kind 6 yet, a handed record, kind 4,
+says that messages due up to a time may be handed): after a restart or a failover, a cancel of
+a stored message such a record written before the run began names (or that the handed record
+covers) asks the broker first (a broker that cannot be asked fails the cancel with nothing
+recorded), then the store:
 the broker's drop of one the store had recorded as dispatched answers ``cancelled`` and is
 recorded (``DelayStore.record_dropped``). Any other cancel never asks a broker (with the
 hand-off off, none does).
@@ -25,9 +27,10 @@ from typing import Any, Awaitable, Callable
 
 from delayserver.config import DelayConfig
 from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
+from delayserver.storage import ScheduleEntry
 from delayserver.tracing import DelayTracer
 from serverkit.payload_sender import HELD_DROPPED
-from wire.errors import Unavailable
+from wire.errors import NotSupported, Unavailable
 from delayserver.window import PreloadWindow
 
 log = logging.getLogger(__name__)
@@ -46,12 +49,17 @@ HANDOFF_STEP_MS = 250
 CancelHeld = Callable[[str, list[str]], Awaitable[list[Any]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
-# The store's subject and state of a message (DelayStore.subject_and_state): (message id,
-# deliver_at_ms) -> (subject, "pending" or "done"), (None, None): not stored.
-StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None]]]
+# The store's subject and state of a message and whether a handed-entries record names it
+# (DelayStore.handed_state): (message id, deliver_at_ms) -> (subject, "pending" or "done",
+# named), (None, None, False): not stored.
+StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None, bool]]]
 # Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
 # waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
 RecordHanded = Callable[[int], Awaitable[None]]
+# Writes handed-entries records, one per hand-off (DelayStore.record_handed_entries, then
+# waits for the slaves a sync write waits for): [(latest due time, entries)] -> None; raises
+# NotSupported when some slave does not read them yet (then a handed record is written).
+RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry]]]], Awaitable[None]]
 # Records durably that a broker dropped a handed message at a cancel (DelayStore.record_dropped,
 # then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
 RecordDropped = Callable[[str, int], Awaitable[str]]
@@ -95,13 +103,18 @@ class HandOff:
     - ``handed_until_ms``: the store's highest handed record (the scheduler reads it at start
       and promotion; ``recorded`` raises it); ``_recording``: held while one is written;
     - ``prior_handed_until_ms``: the store's highest handed record when this run began (at
-      start and promotion): what an earlier run or master may have handed, known by no id.
+      start and promotion): what an earlier run or master may have handed, known by no id;
+      ``prior_handed_ids_until_ms``: its highest handed-entries record then (the entries an
+      earlier run or master handed are known by the store, ``StoreSubject``);
+    - ``_naming``: hand-offs waiting for their handed-entries record, with the futures their
+      senders wait on; ``_namer``: the task writing them (all waiting share one write).
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
                  cancel_held: CancelHeld | None, tracer: DelayTracer,
                  record_handed: RecordHanded | None = None,
-                 record_dropped: RecordDropped | None = None) -> None:
+                 record_dropped: RecordDropped | None = None,
+                 record_handed_ids: RecordHandedIds | None = None) -> None:
         self.config = config
         self.clock = clock
         self.hold = hold if config.handoff_lead_ms > 0 else None  # on when given and lead > 0
@@ -109,12 +122,16 @@ class HandOff:
         self.tracer = tracer
         self.record_handed = record_handed
         self.record_dropped = record_dropped
+        self.record_handed_ids = record_handed_ids
+        self._naming: list[tuple[int, list[ScheduleEntry], asyncio.Future[None]]] = []
+        self._namer: asyncio.Task[None] | None = None
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
         self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
         self.handed_until_ms = 0
         self.prior_handed_until_ms = 0
+        self.prior_handed_ids_until_ms = 0
         self._recording = asyncio.Lock()
 
     # ------------------------------------------------------------------ the plan
@@ -134,10 +151,54 @@ class HandOff:
         """A bucket was loaded: count the steps within the lead again."""
         self._step_seen_ms = 0
 
-    async def recorded(self, until_ms: int) -> None:
-        """Before a hold of messages due up to ``until_ms`` is sent: the handed record covers
-        them (written now when it does not yet, up to the end of the hot span taken, so a hot
-        step's batches share one write). Raises when it could not be written."""
+    async def recorded(self, until_ms: int, entries: list[ScheduleEntry] | None = None) -> None:
+        """Before a hold of ``entries``, due up to ``until_ms``, is sent: a handed-entries
+        record names them (hand-offs waiting meanwhile share one write), or, while some slave
+        does not read those, the handed record covers them. Raises when it could not be
+        written."""
+        if entries is not None and self.record_handed_ids is not None:
+            try:
+                await self._named(until_ms, entries)
+                return
+            except NotSupported as exc:  # a slave does not read kind 6 (the gate): kind 4
+                log.info("hand-off of %d messages recorded by due time, not by entry: %s",
+                         len(entries), exc)
+        await self._covered(until_ms)
+
+    async def _named(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
+        """Wait until a handed-entries record names ``entries``: one task writes what waits,
+        so the batches of a hot step sent at once share a write and an fsync."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._naming.append((until_ms, entries, future))
+        if self._namer is None or self._namer.done():
+            self._namer = asyncio.create_task(self._name_waiting(), name="delay-handed-ids")
+        await asyncio.shield(future)
+
+    async def _name_waiting(self) -> None:
+        """Write the waiting hand-offs' handed-entries records until none waits; each
+        waiter's future gets the outcome of the write that took it."""
+        assert self.record_handed_ids is not None
+        while self._naming:
+            taken, self._naming = self._naming, []
+            try:
+                await self.record_handed_ids([(until, entries) for until, entries, _ in taken])
+            except BaseException as exc:
+                for _until, _entries, future in taken:
+                    if not future.done():
+                        future.set_exception(exc if isinstance(exc, Exception)
+                                             else NotSupported(f"not written: {exc!r}"))
+                        future.exception()  # its sender may be gone (stop): no warning
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for _until, _entries, future in taken:
+                    if not future.done():
+                        future.set_result(None)
+
+    async def _covered(self, until_ms: int) -> None:
+        """The handed record covers due times up to ``until_ms`` (written now when it does
+        not yet, up to the end of the hot span taken, so a hot step's batches share one
+        write)."""
         if until_ms <= self.handed_until_ms:
             return
         async with self._recording:  # batches sent meanwhile wait for this one's write
@@ -213,8 +274,10 @@ class HandOff:
                 return "already_cancelled"
             return await self._cancel_handed(dispatcher, message_id, handed[0], deliver_at_ms,
                                              in_store)
-        subject, state = await subject_of(message_id, deliver_at_ms) \
-            if self._may_be_held(deliver_at_ms) else (None, None)
+        subject, state, named = await subject_of(message_id, deliver_at_ms) \
+            if self._may_be_held(deliver_at_ms) else (None, None, False)
+        if not named and deliver_at_ms > self.prior_handed_until_ms:
+            subject = None  # no record of an earlier run names it or covers its due time
         if state == "done" and self.clock() - HELD_CANCEL_GRACE_MS >= deliver_at_ms:
             subject = None  # dispatched, and made visible by now whoever held it
         if subject is None:
@@ -231,8 +294,10 @@ class HandOff:
             # due time: already_dispatched) and the client cancels again (review s10 N4).
             raise Unavailable(
                 f"message {message_id} due at {deliver_at_ms} may be held by a broker group "
-                f"that could not be asked (handed before a restart or failover, up to "
-                f"{self.prior_handed_until_ms}); cancel again once it is dispatched")
+                f"that could not be asked (handed before a restart or failover: "
+                + ("named by a handed-entries record" if named else
+                   f"due by the handed record's {self.prior_handed_until_ms}")
+                + "); cancel again once it is dispatched")
         outcome, _subject = await in_store(message_id, deliver_at_ms)
         if not dropped or outcome != "already_dispatched":
             # Not held (made visible, or never handed: the store's answer stands), or held
@@ -291,9 +356,11 @@ class HandOff:
         """Whether a broker may hold the message due at ``deliver_at_ms``, handed off by an
         earlier run or master of this store (this run's are known by id: ``Dispatcher.handed``):
         it can be asked and a handed record written before this run began covers its due
-        time (one still in the schedule past its due time was not made visible by an online
-        group: an offline one may hold it)."""
-        return self.cancel_held is not None and deliver_at_ms <= self.prior_handed_until_ms
+        time, or a handed-entries record may name it (the store says whether one does; one
+        still in the schedule past its due time was not made visible by an online group: an
+        offline one may hold it)."""
+        return self.cancel_held is not None and deliver_at_ms <= max(
+            self.prior_handed_until_ms, self.prior_handed_ids_until_ms)
 
     async def _cancel_handed(self, dispatcher: Dispatcher, message_id: str, subject: str,
                              deliver_at_ms: int, in_store: StoreCancel) -> str:
@@ -322,4 +389,4 @@ class HandOff:
 
 
 __all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",
-           "HandOff", "RecordDropped", "RecordHanded", "step_end_ms", "step_ms", "take_at_ms"]
+           "HandOff", "RecordDropped", "RecordHanded", "RecordHandedIds", "step_end_ms", "step_ms", "take_at_ms"]

@@ -36,9 +36,10 @@ from delayserver.loading import LoadingMixin
 from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
+from delayserver.storage.done_journal import KIND_HANDED_IDS
 from delayserver.window import PreloadWindow, WindowLimits
 from logstore.fileio import Opener, OsFile
-from wire.errors import DelayOutOfRange, QmqError, ReadOnly
+from wire.errors import DelayOutOfRange, NotSupported, QmqError, ReadOnly
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
@@ -130,7 +131,8 @@ class Scheduler(LoadingMixin):
         # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
         # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
         self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
-                               self._record_handed, self._record_dropped)
+                               self._record_handed, self._record_dropped,
+                               self._record_handed_ids)
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms
@@ -200,6 +202,7 @@ class Scheduler(LoadingMixin):
         # Hand-offs of earlier runs (or the old master) are known only by this bound; this
         # run's by id (Dispatcher.handed), so a cancel asks a broker only about those.
         self.handoff.prior_handed_until_ms = self.handoff.handed_until_ms
+        self.handoff.prior_handed_ids_until_ms = await self._io(self.store.handed_ids_until_ms)
         await self.preload()
         self._tasks = [
             asyncio.create_task(self._commits.run(), name="delay-committer"),
@@ -444,8 +447,7 @@ class Scheduler(LoadingMixin):
         self.replica.check_writable()
         return await self.handoff.cancel(
             message_id, deliver_at_ms, self.dispatcher, self._cancel_in_store,
-            lambda message_id, due_ms: self._io(self.store.subject_and_state, message_id,
-                                                due_ms))
+            lambda message_id, due_ms: self._io(self.store.handed_state, message_id, due_ms))
 
     async def _cancel_in_store(self, message_id: str, deliver_at_ms: int
                                ) -> tuple[str, str | None]:
@@ -461,6 +463,27 @@ class Scheduler(LoadingMixin):
         await self._io(self.store.record_handed, until_ms)
         if self.replica.replicating:
             await self.journal_replicated()
+
+    async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry]]]
+                                 ) -> None:
+        """Handed-entries records of ``hand_offs`` (``HandOff.recorded``), on the slaves too;
+        NotSupported, nothing written, while some slave does not read them (the gate)."""
+        why = self._handed_ids_refusal()
+        if why is not None:
+            raise NotSupported(why)
+        await self._io(self.store.record_handed_entries, hand_offs)
+        if self.replica.replicating:
+            await self.journal_replicated()
+
+    def _handed_ids_refusal(self) -> str | None:
+        """Why a handed-entries record (done journal kind 6) may not be written now (None: it
+        may): the replication gate, asked right before the write (no await between)."""
+        kind_refusal = getattr(self.replica, "kind_refusal", None)
+        if kind_refusal is not None:
+            return kind_refusal("done", KIND_HANDED_IDS)
+        if self.replica.replicating:  # a replication without the gate: its slaves may be old
+            return "the replication does not say which record kinds the slaves read"
+        return None
 
     async def _record_dropped(self, message_id: str, deliver_at_ms: int) -> str:
         """A broker dropped a handed message (``HandOff``): recorded in the store

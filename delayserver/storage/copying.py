@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from delayserver.storage.delay_record import decode_delay_header
@@ -33,9 +33,11 @@ from delayserver.storage.done_journal import (
     KIND_DONE_BEFORE,
     KIND_DROPPED,
     KIND_HANDED,
+    KIND_HANDED_IDS,
     decode_journal_record,
     encode_journal_record,
     journal_bucket,
+    journal_done_keys,
 )
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
@@ -44,6 +46,7 @@ from logstore import CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFail
 from logstore.record import HEADER_SIZE_BYTES
 
 if TYPE_CHECKING:
+    from delayserver.storage.bucket_reads import ScheduleEntry
     from delayserver.storage.store import DelayStore
 
 log = logging.getLogger(__name__)
@@ -53,15 +56,22 @@ JOURNAL_SEGMENT_SIZE_BYTES_MAX = 4 << 20  # small segments: retention frees them
 
 class DoneJournal:
     """The done journal's log and, per segment, the highest bucket its records name, so that
-    segments wholly below the done watermark can go, and the highest handed record's time
-    (``handed_until_ms``; both scanned at open). A handed record counts as naming its time: its
-    segment stays until the watermark passes it."""
+    segments wholly below the done watermark can go, the highest handed record's time
+    (``handed_until_ms``) and the entries the handed-entries records name (``handed``, as
+    done keys; all scanned at open). A handed or handed-entries record counts as naming its
+    time: its segment stays until the watermark passes it; the entries of a handed-entries
+    record are forgotten with its segment (as a reopen would)."""
 
     def __init__(self, data_dir: str, opener: Any) -> None:
         self.log = SegmentedLog(os.path.join(data_dir, DIRECTORY), LogConfig(
             segment_size_bytes_max=JOURNAL_SEGMENT_SIZE_BYTES_MAX), opener=opener)
         self.max_bucket: dict[int, int] = {}  # segment base offset -> highest bucket named
         self.handed_until_ms = 0  # the highest handed record's (kind 4)
+        self.handed_ids_until_ms = 0  # the highest handed-entries record's (kind 6)
+        # done key -> journal offset of the newest handed-entries record naming it, and those
+        # records' (offset, keys) in log order, so a retired segment's keys are forgotten
+        self.handed: dict[int, int] = {}
+        self._handed_records: deque[tuple[int, list[int]]] = deque()
         for offset, body in self.log.iterate():
             self._note(offset, body)
 
@@ -71,6 +81,11 @@ class DoneJournal:
             return
         if kind == KIND_HANDED:
             self.handed_until_ms = max(self.handed_until_ms, bucket)
+        elif kind == KIND_HANDED_IDS:
+            self.handed_ids_until_ms = max(self.handed_ids_until_ms, bucket)
+            keys = journal_done_keys(body)
+            self.handed.update(dict.fromkeys(keys, offset))
+            self._handed_records.append((offset, keys))
         base = next((s.base_offset for s in reversed(self.log.segments())
                      if s.base_offset <= offset), 0)
         if self.max_bucket.get(base, -1) < bucket:
@@ -108,6 +123,12 @@ class DoneJournal:
         deleted = self.log.delete_segments_before(cut)
         for info in deleted:
             self.max_bucket.pop(info.base_offset, None)
+        handed, records = self.handed, self._handed_records
+        while records and records[0][0] < cut:
+            offset, keys = records.popleft()
+            for key in keys:
+                if handed.get(key) == offset:  # not named again by a later record
+                    del handed[key]
         return len(deleted)
 
 
@@ -246,8 +267,8 @@ class CopyingMixin:
                                                f"copied journal record: {exc}"))
             if record.kind == KIND_DONE_BEFORE:
                 self._follow_done_before(record.bucket_ms)
-            elif record.kind == KIND_HANDED:
-                continue  # noted by the journal (handed_until_ms) as it was appended
+            elif record.kind in (KIND_HANDED, KIND_HANDED_IDS):
+                continue  # noted by the journal (handed_until_ms, handed) as it was appended
             elif record.bucket_ms < self._done_before:
                 continue
             elif record.kind == KIND_DROPPED:
@@ -329,6 +350,27 @@ class CopyingMixin:
             self._journal.append([encode_journal_record(KIND_HANDED, until_ms, [], [], [], {})])
         except LogWriteFailed as exc:
             raise self._fail(exc)
+
+    def record_handed_entries(self: DelayStore,  # type: ignore[misc]
+                              hand_offs: list[tuple[int, list[ScheduleEntry]]]) -> None:
+        """The master, before it sends these hand-offs (each: the latest due time, its
+        entries): one handed-entries record (kind 6) each in the journal, fsynced once. Unlike
+        ``journal_done`` a full disk raises ``DiskFull``: then nothing may be handed off. The
+        caller asked the replication gate that every slave reads kind 6."""
+        self._check_writable()
+        bodies = [encode_journal_record(
+            KIND_HANDED_IDS, until_ms, [e.delay_log_offset for e in entries],
+            [e.id_hash for e in entries], [e.index for e in entries], {})
+            for until_ms, entries in hand_offs]
+        try:
+            self._journal.append(bodies)
+        except LogWriteFailed as exc:
+            raise self._fail(exc)
+
+    def handed_ids_until_ms(self: DelayStore) -> int:  # type: ignore[misc]
+        """The highest handed-entries record's time in the journal (0: none): a message due
+        at or before it that such a record names may be held by a broker."""
+        return self._journal.handed_ids_until_ms
 
     def handed_until_ms(self: DelayStore) -> int:  # type: ignore[misc]
         """The highest handed record's time in the journal (0: none): a message due at or

@@ -12,15 +12,17 @@ version and a CRC-32). Its body, all integers big-endian::
     Offset | Size  | Field
     -------+-------+-------------------------------------------------------------------
     0      | 1     | kind: 1 = dispatched, 2 = cancelled, 3 = done watermark, 4 = handed,
-           |       | 5 = dropped (handed entries a broker dropped at a cancel)
+           |       | 5 = dropped (handed entries a broker dropped at a cancel), 6 = handed
+           |       | entries (the entries of one hand-off)
     1      | 1     | body_version: 1
     2      | 2     | reserved: 0
     4      | 8     | bucket_ms: u64; kinds 1, 2 and 5: the bucket the entries are filed in;
            |       | kind 3: the new done watermark (every bucket below it is finished);
            |       | kind 4: handed_until_ms (a message due at or before it may have been
-           |       | handed to a realtime broker that holds it until its due time)
+           |       | handed to a realtime broker that holds it until its due time);
+           |       | kind 6: the latest due time of its entries
     12     | 4     | entry_count: u32 (N; 0 for kinds 3 and 4)
-    16     | 4     | subject_count: u32 (K; 0 for kinds 3, 4 and 5)
+    16     | 4     | subject_count: u32 (K; 0 for kinds 3, 4, 5 and 6)
     20     | 16*N  | entries: delay_log_offset u64, id_hash u32, index u32 (as in done_record)
     ...    | ...   | K times: subject_length u16, subject UTF-8, count u32: how many of the
            |       | entries are of that subject (for the pending counts; "" when unreadable)
@@ -32,8 +34,14 @@ A dropped record (kind 5) names entries recorded as dispatched (handed off) that
 dropped at a cancel (``DelayStore.record_dropped``): each gets a cancel record in its bucket's
 ``.cancelled`` file beside its dispatch record (the pending counts do not change: the dispatch
 took it off them), so a later cancel, after a restart or on a promoted slave too, answers
-``already_cancelled``. A server older than kind 4 (or 5) refuses a journal holding one
-(unknown kind): upgrade the slaves before turning the hand-off on.
+``already_cancelled``. A handed-entries record (kind 6) names the entries of a hand-off, by
+delay-log offset and id hash (index: the entry's in its bucket file, for tools; entries of
+several buckets may share one record); written, fsynced and replicated before that ``hold``
+is sent, in place of a handed record while every slave reads kind 6 (the master asks the
+replication gate first): after a restart or failover only the entries it names, not every
+message due by a handed record, make a cancel ask the broker (review s11 rvho-7). A server
+older than kind 4 (5, 6) refuses a journal holding one (unknown kind); the gate keeps a master
+from writing a kind some slave does not read.
 
 What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
 journal record, so a slave may dispatch that message again after a failover (the realtime
@@ -66,7 +74,9 @@ KIND_CANCELLED = 2
 KIND_DONE_BEFORE = 3
 KIND_HANDED = 4
 KIND_DROPPED = 5
-KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED, KIND_DROPPED)
+KIND_HANDED_IDS = 6
+KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED, KIND_DROPPED,
+         KIND_HANDED_IDS)
 DIRECTORY = "donelog"
 
 
@@ -134,6 +144,18 @@ def decode_journal_record(body: bytes) -> JournalRecord:
                          tuple(per_subject))
 
 
+def journal_done_keys(body: bytes) -> list[int]:
+    """The done keys (``done_log.done_key``: delay-log offset and id hash) of a journal record
+    body's entries, read without decoding the rest (a handed-entries record, at open and as
+    it is appended); ValueError when they run past the body."""
+    count = HEADER.unpack_from(body)[4]
+    end = HEADER.size + count * ENTRY.size
+    if end > len(body):
+        raise ValueError(f"{count} entries run past the {len(body)}-byte record")
+    return [(offset << 32) | id_hash
+            for offset, id_hash, _index in ENTRY.iter_unpack(body[HEADER.size:end])]
+
+
 def journal_bucket(body: bytes) -> tuple[int, int]:
     """(kind, bucket_ms) of a journal record body, read from its header alone."""
     kind, _version, _reserved, bucket_ms, _count, _subjects = HEADER.unpack_from(body)
@@ -142,5 +164,5 @@ def journal_bucket(body: bytes) -> tuple[int, int]:
 
 __all__ = ["DIRECTORY", "ENTRY", "HEADER", "JournalRecord", "KIND_CANCELLED",
            "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_DROPPED", "KIND_HANDED",
-           "decode_journal_record",
-           "encode_journal_record", "journal_bucket"]
+           "KIND_HANDED_IDS", "decode_journal_record", "encode_journal_record",
+           "journal_bucket", "journal_done_keys"]

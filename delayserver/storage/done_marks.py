@@ -161,6 +161,13 @@ class DoneMarksMixin:
         """(subject, state) of the stored message with this id and due time; state
         "pending" (some entry neither dispatched nor cancelled), "done" or None (not found);
         changes nothing."""
+        subject, state, _handed = self.handed_state(message_id, deliver_at_ms)
+        return subject, state
+
+    def handed_state(self, message_id: str, deliver_at_ms: int
+                     ) -> tuple[str | None, str | None, bool]:
+        """``subject_and_state`` and whether a handed-entries record (done journal kind 6,
+        ``record_handed_entries``) names one of its entries; changes nothing."""
         self._check_open()
         hashed = zlib.crc32(message_id.encode("utf-8"))
         natural = self.bucket_of(deliver_at_ms)
@@ -168,10 +175,11 @@ class DoneMarksMixin:
             found = self._find(bucket, deliver_at_ms, hashed, message_id.encode("utf-8"))
             if found:
                 state = self._done.state(bucket)
-                pending = any(not state.is_done(done_key(raw.delay_log_offset, hashed))
-                              for _i, raw, _s in found)
-                return found[0][2], "pending" if pending else "done"
-        return None, None
+                keys = [done_key(raw.delay_log_offset, hashed) for _i, raw, _s in found]
+                pending = any(not state.is_done(key) for key in keys)
+                handed = any(key in self._journal.handed for key in keys)
+                return found[0][2], "pending" if pending else "done", handed
+        return None, None, False
 
     def _locate(self, message_id: str, deliver_at_ms: int
                 ) -> tuple[int, int, list[tuple[int, RawEntry, str]]]:

@@ -291,9 +291,11 @@ async def test_a_hand_off_whose_record_cannot_be_written_is_sent_at_the_due_time
     broker = HoldingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        async def full(until_ms):
+        async def full(*_args):
             raise DiskFull("delay/donelog", 1)
 
+        # Neither the handed-entries record nor (while a slave cannot read that) the handed one
+        scheduler.handoff.record_handed_ids = full
         scheduler.handoff.record_handed = full
         due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.held == [] and broker.received == []

@@ -1,0 +1,150 @@
+"""The handed-entries record (done journal kind 6, review s11 rvho-7): before a hold is sent
+its entries are named durably, so after a restart or failover only the messages an earlier run
+actually handed make a cancel ask the broker; a message the handed record merely covered (its
+step was not hot, or nothing was handed at all) is cancelled in the store. While some slave
+does not read kind 6 (the replication gate), the handed record (kind 4) is written instead,
+as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayserver.storage import DelayStore, DelayStoreConfig
+from tests.rawclient import FakeClock
+from tests.unit.delay_handoff_support import (
+    BUCKET_MS, LEAD_MS, HoldingBroker, UnreachableBroker, restarted, schedule, started)
+from tests.unit.test_delay_scheduler_races import settle
+from wire.errors import Overloaded, Unavailable
+
+NOW_MS = 1_700_000_000_000
+
+
+class SendRefusingBroker(HoldingBroker):
+    """Takes hand-offs but refuses every plain send (overloaded): what is sent at its due
+    time waits, retried, in a backlog."""
+
+    async def dispatch(self, subject, payloads):
+        raise Overloaded("realtime overloaded")
+
+
+class DownBroker(SendRefusingBroker, UnreachableBroker):
+    """Refuses plain sends and cannot be asked to cancel (the realtime side in an outage)."""
+
+
+async def _a_backlog_and_a_hot_step(tmp_path, clock, broker, refusal=None):
+    """A scheduler (``handoff_min_messages`` 2) whose broker refuses plain sends: a hot step of
+    two handed off, then the hand-off paused (as after a hold answered not_master) and one
+    message due within the handed span scheduled, sent at its due time and refused: a backlog;
+    stopped. Returns (the backlog message's due time, it, the hot due time, the hot
+    messages)."""
+    scheduler = await started(tmp_path, clock, broker, min_messages=2)
+    if refusal is not None:
+        scheduler._handed_ids_refusal = lambda: refusal
+    try:
+        hot_due = clock() + 10_000
+        hot = await schedule(scheduler, clock, hot_due, b"h1", b"h2")
+        clock.advance(10_000 - LEAD_MS)
+        await settle(scheduler)
+        assert sorted(i for _, i, _ in broker.held) == sorted(m.id for m in hot)
+        scheduler.handoff.no_hold()
+        cold_due = hot_due - 200
+        [cold] = await schedule(scheduler, clock, cold_due, b"cold")
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert cold.id not in {i for _, i, _ in broker.held}
+        assert broker.received == [] and scheduler.window.tracked, "the backlog waits"
+    finally:
+        await scheduler.stop()
+    return cold_due, cold, hot_due, hot
+
+
+async def test_after_a_restart_a_cancel_of_an_overdue_message_never_handed_is_answered_by_the_store(
+        tmp_path):
+    # review s11 rvho-7: every pending message due by the earlier run's handed record failed
+    # its cancel (unavailable, or the broker could not be asked) until dispatched.
+    clock = FakeClock()
+    broker = SendRefusingBroker(clock)
+    cold_due, cold, _hot_due, _hot = await _a_backlog_and_a_hot_step(tmp_path, clock, broker)
+    clock.advance(60_000)  # down for a minute: the backlog is overdue
+    unreachable = DownBroker(clock)
+    again = await restarted(tmp_path, clock, unreachable, 0)  # the hand-off off now, too
+    try:
+        await settle(again)  # its send refused again: waiting to be retried
+        assert await again.cancel(cold.id, cold_due) == "cancelled"
+        assert unreachable.cancels == [], "asked a broker about a message never handed"
+        unreachable.dispatch = HoldingBroker(clock).dispatch  # the outage ends
+        await settle(again)
+        clock.advance(60_000)
+        await settle(again)
+        assert unreachable.received == [], "a cancelled message was sent"
+    finally:
+        await again.stop()
+
+
+async def test_after_a_restart_a_cancel_of_a_message_the_record_names_still_asks_the_broker(
+        tmp_path):
+    clock = FakeClock()
+    broker = SendRefusingBroker(clock)
+    _cold_due, _cold, hot_due, hot = await _a_backlog_and_a_hot_step(tmp_path, clock, broker)
+    broker.cancel_answers = {hot[0].id: True}
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        assert await again.cancel(hot[0].id, hot_due) == "cancelled"
+        assert broker.cancels == [("s", [hot[0].id])]
+    finally:
+        await again.stop()
+
+
+async def test_while_a_slave_does_not_read_handed_entries_the_handed_record_covers_the_hand_off(
+        tmp_path):
+    clock = FakeClock()
+    broker = SendRefusingBroker(clock)
+    cold_due, cold, hot_due, _hot = await _a_backlog_and_a_hot_step(
+        tmp_path, clock, broker, refusal="slave d2 does not read done kind 6")
+    store = DelayStore(str(tmp_path / "delay"), DelayStoreConfig(bucket_ms=BUCKET_MS),
+                       now_ms=clock())
+    try:
+        assert store.handed_until_ms() >= hot_due and store.handed_ids_until_ms() == 0
+    finally:
+        store.close()
+    # As before the handed-entries record: the backlog is covered, so the broker is asked
+    # (it holds nothing: unavailable until this run dispatches it).
+    again = await restarted(tmp_path, clock, broker, LEAD_MS)
+    try:
+        with pytest.raises(Unavailable):
+            await again.cancel(cold.id, cold_due)
+        assert broker.cancels == [("s", [cold.id])]
+    finally:
+        await again.stop()
+
+
+def _store(path) -> DelayStore:
+    return DelayStore(str(path), DelayStoreConfig(bucket_ms=BUCKET_MS,
+                                                  segment_size_bytes_max=4096), now_ms=NOW_MS)
+
+
+def test_a_handed_entries_record_names_its_entries_after_a_reopen_and_on_a_copy(tmp_path):
+    master, slave = _store(tmp_path / "master"), _store(tmp_path / "slave")
+    try:
+        for i in range(3):
+            master.append(f"m-{i}", "s", NOW_MS + 10_000, b"payload")
+        entries = master.commit()
+        master.record_handed_entries([(NOW_MS + 10_000, entries[:2])])
+        assert master.handed_ids_until_ms() == NOW_MS + 10_000
+        assert master.handed_until_ms() == 0  # it is not a handed record
+        named = [master.handed_state(f"m-{i}", NOW_MS + 10_000) for i in range(3)]
+        assert named == [("s", "pending", True), ("s", "pending", True),
+                         ("s", "pending", False)]
+        for source, target in ((master.delay_copy, slave.delay_copy),
+                               (master.done_copy, slave.done_copy)):
+            offset = target.copy_bounds()[1]
+            while data := source.read_copy(offset, 600):
+                offset = target.append_copy(offset, data)
+        assert [slave.handed_state(f"m-{i}", NOW_MS + 10_000) for i in range(3)] == named
+        assert slave.handed_ids_until_ms() == NOW_MS + 10_000
+        master.close()
+        master = _store(tmp_path / "master")
+        assert [master.handed_state(f"m-{i}", NOW_MS + 10_000) for i in range(3)] == named
+    finally:
+        master.close()
+        slave.close()
