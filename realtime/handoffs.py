@@ -4,9 +4,10 @@
 
 ``hold`` checks a batch as a send does, writes held records (durable, de-duplicated,
 replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
-visibility round sleeps until the earliest visible time, then makes everything due visible in
-one store call (a visible-message record per message, its payload written again, and the
-consumer-log entries), feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
+visibility round sleeps until the earliest visible time, then makes what is due visible in
+store calls of at most VISIBLE_BATCH_MAX (a visible-message record per message, its payload
+written again, and the consumer-log entries; the next call is queued while one is written),
+feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
 polls; a held record that no longer reads is given up (``gave_up`` ``held_unreadable``). A message is never visible before its
 ``visible_at_ms`` by this broker's clock. A round runs only while the broker may write, as a
 send is checked (the leased, active master; ``min_insync``): else the messages wait. ``cancel`` drops held messages by id. After a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Callable
@@ -54,6 +56,9 @@ KEPT_BYTES_MAX = 64 << 20
 # one store call (one fsync) instead of one call each, at most this much later (the delay
 # server's tick_ms does the same for its dispatches). Never earlier.
 VISIBLE_TICK_MS = 5
+# Visibility rounds whose store calls may be queued at once: the next round's records are
+# written while the loop publishes the one before (and serves the consumers' pulls).
+ROUNDS_IN_FLIGHT_MAX = 2
 # A round that failed for want of space or descriptors (DiskFull, OutOfDescriptors: not
 # sticky) is tried again this much later (ms) by the broker's clock.
 VISIBLE_RETRY_MS = 1_000
@@ -277,52 +282,76 @@ class Handoffs:
         self._kept_bytes = 0
 
     async def run(self) -> None:
-        """Make held messages visible as they fall due, until cancelled."""
+        """Make held messages visible as they fall due, until cancelled. While more is due,
+        the next round's store call is queued behind the one running (at most
+        ROUNDS_IN_FLIGHT_MAX rounds), so the store thread writes it while the loop publishes
+        the one before; rounds publish in the order they were taken (the store thread runs
+        their calls in that order, and each publishes as soon as its call returns)."""
         clock = self._ctx.clock
         batch_max = VISIBLE_FIRST_BATCH_MAX
-        while True:
-            self._wake.clear()
-            next_ms = self.timer.next_due_ms()
-            now_ms = clock()
-            if next_ms is not None:
-                next_ms = -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS
-            if next_ms is None or next_ms > now_ms:
+        rounds: deque[tuple[list[int], int, asyncio.Future[None]]] = deque()
+        try:
+            while True:
+                self._wake.clear()
+                next_ms = self.timer.next_due_ms()
+                now_ms = clock()
+                if next_ms is not None:
+                    next_ms = -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS
+                due_now = next_ms is not None and next_ms <= now_ms
+                if rounds and (not due_now or len(rounds) >= ROUNDS_IN_FLIGHT_MAX):
+                    if not await self._finish(*rounds.popleft()):
+                        return
+                    continue
+                if not due_now:
+                    try:
+                        async with asyncio.timeout(None if next_ms is None
+                                                   else (next_ms - now_ms) / 1000):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        pass
+                    batch_max = VISIBLE_FIRST_BATCH_MAX
+                    continue
+                if not await self._may_write():
+                    continue
+                due = self.timer.take_due(now_ms, batch_max)
+                batch_max = VISIBLE_BATCH_MAX
+                rounds.append((due, now_ms,
+                               asyncio.ensure_future(self.make_visible(due, now_ms))))
+        finally:
+            # Stop or demote, or a failure: the store thread makes the rounds in flight
+            # visible anyway, so they finish (tail fed, stored and dispatched traced) first.
+            for due, _now_ms, round_ in rounds:
                 try:
-                    async with asyncio.timeout(None if next_ms is None
-                                               else (next_ms - now_ms) / 1000):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-                batch_max = VISIBLE_FIRST_BATCH_MAX
-                continue
-            if not await self._may_write():
-                continue
-            due = self.timer.take_due(now_ms, batch_max)
-            batch_max = VISIBLE_BATCH_MAX
-            round_ = asyncio.ensure_future(self.make_visible(due, now_ms))
-            try:
-                try:
-                    await asyncio.shield(round_)
-                except asyncio.CancelledError:
-                    # Stop or demote: the store thread makes the batch visible anyway, so
-                    # the round finishes (tail fed, stored and dispatched traced) first.
                     await round_
-                    raise
-            except (DiskFull, OutOfDescriptors) as exc:
-                # Not sticky (the log cut back what it wrote, the store stays writable, as
-                # for sends): the round is tried again VISIBLE_RETRY_MS later, never earlier.
-                self.visibility_failures += 1
-                log.warning("making %d held messages visible failed (%s); trying again in "
-                            "%d ms", len(due), exc, VISIBLE_RETRY_MS)
-                for offset in due:
-                    self.timer.add(offset, now_ms + VISIBLE_RETRY_MS)
-            except Exception:
-                self.visibility_failures += 1
-                log.exception("making %d held messages visible failed; held messages are no "
-                              "longer made visible and the broker is read-only until "
-                              "restarted (recovery holds them again)", len(due))
-                self._go_readonly()
-                return
+                except Exception:  # after a failure for good: the store refuses it too
+                    self.visibility_failures += 1
+                    log.exception("making %d held messages visible failed (a round in flight "
+                                  "when the rounds stopped)", len(due))
+
+    async def _finish(self, due: list[int], now_ms: int, round_: asyncio.Future[None]) -> bool:
+        """Wait for a round; False when it failed for good (the broker read-only)."""
+        try:
+            try:
+                await asyncio.shield(round_)
+            except asyncio.CancelledError:
+                await round_  # run's finally waits for the rounds after it
+                raise
+        except (DiskFull, OutOfDescriptors) as exc:
+            # Not sticky (the log cut back what it wrote, the store stays writable, as for
+            # sends): the round is tried again VISIBLE_RETRY_MS later, never earlier.
+            self.visibility_failures += 1
+            log.warning("making %d held messages visible failed (%s); trying again in %d ms",
+                        len(due), exc, VISIBLE_RETRY_MS)
+            for offset in due:
+                self.timer.add(offset, now_ms + VISIBLE_RETRY_MS)
+        except Exception:
+            self.visibility_failures += 1
+            log.exception("making %d held messages visible failed; held messages are no "
+                          "longer made visible and the broker is read-only until restarted "
+                          "(recovery holds them again)", len(due))
+            self._go_readonly()
+            return False
+        return True
 
     async def _may_write(self) -> bool:
         """Whether a round may write now, checked as a send is (the role: the leased, active

@@ -186,6 +186,46 @@ async def test_a_due_instant_is_made_visible_in_a_small_first_store_call_then_la
     assert rounds == [2, 3, 2, 2, 1]
 
 
+async def test_the_next_round_is_queued_while_a_round_is_written_and_they_publish_in_order(
+        opened, monkeypatch):
+    broker, clock, _ = opened
+    monkeypatch.setattr(handoffs_module, "VISIBLE_FIRST_BATCH_MAX", 2)
+    monkeypatch.setattr(handoffs_module, "VISIBLE_BATCH_MAX", 3)
+    rounds: list[int] = []
+    make_visible = broker.handoffs.make_visible
+    entered, release = threading.Event(), threading.Event()
+    visible_io = broker.handoffs._visible_io
+
+    async def recorded(due: list[int], now_ms: int) -> None:
+        rounds.append(len(due))
+        await make_visible(due, now_ms)
+
+    def first_slow(*args):
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(30)
+        return visible_io(*args)
+
+    monkeypatch.setattr(broker.handoffs, "make_visible", recorded)
+    monkeypatch.setattr(broker.handoffs, "_visible_io", first_slow)
+    try:
+        await hold(broker, clock, "orders", [f"h{i}" for i in range(7)])
+        clock.advance(DUE_IN_MS)
+        broker.handoffs.poke()
+        await wait_for(lambda: entered.is_set() and rounds == [2, 3], 10,
+                       "the second round to be queued behind the first")
+        broker.handoffs.poke()
+        for _ in range(20):  # loop turns in which a third round could be launched
+            await asyncio.sleep(0)
+        assert rounds == [2, 3]  # ROUNDS_IN_FLIGHT_MAX: the third waits for the first
+    finally:
+        release.set()
+    await wait_for(lambda: broker.handoffs.made_visible == 7, 10, "all 7 to be visible")
+    assert rounds == [2, 3, 2]
+    assert await pulled_ids(broker, "orders") == [f"h{i}" for i in range(7)]
+    assert broker.committed.ends["orders"] == 7
+
+
 async def test_the_broker_traces_stored_and_dispatched_with_the_lateness_at_visibility(opened):
     broker, clock, tmp_path = opened
     await hold(broker, clock, "orders", ["h1"])
