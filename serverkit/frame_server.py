@@ -138,6 +138,7 @@ class FrameServer:
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
+        self._requests.clear()  # a task cancelled before its first step never left it
         for connection in list(self._connections):
             connection.close()  # answers already written still go out first
         if self._server is not None:
@@ -163,9 +164,9 @@ class FrameServer:
                 request.client_id, request.app, request.token,
             )
         # A task per request, so a long poll never holds up the requests pipelined behind it.
-        task = self._loop.create_task(self._answer(connection, request))
-        self._requests.add(task)
-        task.add_done_callback(self._requests.discard)
+        # It leaves ``_requests`` itself as it ends (no done callback: one loop callback less
+        # per request); one cancelled before its first step is dropped by stop().
+        self._requests.add(self._loop.create_task(self._answer(connection, request)))
 
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
@@ -174,12 +175,14 @@ class FrameServer:
         except QmqError as exc:
             response = self._error_response(request.rid, exc)
         except asyncio.CancelledError:
+            self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
             raise
         except Exception as exc:  # a server bug: answer, log it, keep serving others
             log.exception("internal error answering %s from %s", request.op,
                           connection.session.peer)
             response = self._error_response(request.rid,
                                             Internal(f"{type(exc).__name__}: {exc}"))
+        self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
         connection.send(response)
 
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
