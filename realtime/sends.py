@@ -115,7 +115,7 @@ class Sends:
             request = SendRequest(messages, valid, slots, results, future,
                                   compact=compact and slots is None)
             self.commits.pending.append(request)
-            self.commits.wake()
+            await self.commits.commit_now()
             await future
             if request.log_end and replica.replicating:
                 await replica.wait_replicated("message", request.log_end)

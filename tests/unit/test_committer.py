@@ -165,3 +165,90 @@ async def test_a_failure_answering_a_batch_whose_publishing_failed_leaves_the_co
         assert not task.done()
     finally:
         task.cancel()
+
+
+class GatedServer(Server):
+    """A Server whose store calls wait for ``release`` to be set, so a test can queue sends
+    while a commit is running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def commit(self, batch: list[str]) -> int:
+        self.commits.append(batch)
+        await self.release.wait()
+        return len(batch)
+
+
+async def send(committer: GroupCommitter[str, int], item: str) -> None:
+    """What a server's send path does: queue, then commit now or leave it to the next one."""
+    committer.pending.append(item)
+    await committer.commit_now()
+
+
+async def test_a_send_to_an_idle_committer_is_committed_in_its_own_task() -> None:
+    server = Server()  # no committer task at all: the sender's task commits
+    await send(server.committer, "a")
+    assert server.commits == [["a"]]
+    assert server.answers == [(["a"], 1)]
+    assert server.committer.pending == []
+
+
+async def test_a_send_queued_while_a_commit_runs_is_left_to_the_committer_task_for_the_next(
+) -> None:
+    server = GatedServer()
+    runner = asyncio.create_task(server.committer.run())
+    try:
+        first = asyncio.create_task(send(server.committer, "a"))
+        while not server.commits:
+            await asyncio.sleep(0)
+        await send(server.committer, "b")  # returns at once: a commit is running
+        assert server.commits == [["a"]] and server.committer.pending == ["b"]
+        server.release.set()
+        await first
+        for _ in range(100):
+            if len(server.answers) == 2:
+                break
+            await asyncio.sleep(0)
+        assert server.commits == [["a"], ["b"]]
+        assert server.answers == [(["a"], 1), (["b"], 1)]
+    finally:
+        runner.cancel()
+
+
+async def test_commit_pending_waits_for_the_commit_running_in_a_senders_task() -> None:
+    server = GatedServer()
+    first = asyncio.create_task(send(server.committer, "a"))
+    while not server.commits:
+        await asyncio.sleep(0)
+    server.committer.pending.append("b")
+    stopping = asyncio.create_task(server.committer.commit_pending())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert server.commits == [["a"]], "a second commit started beside the running one"
+    server.release.set()
+    await asyncio.gather(first, stopping)
+    assert server.commits == [["a"], ["b"]]
+    assert server.answers == [(["a"], 1), (["b"], 1)]
+
+
+async def test_a_sender_cancelled_during_its_commit_leaves_what_queued_meanwhile_to_the_committer(
+) -> None:
+    server = GatedServer()
+    runner = asyncio.create_task(server.committer.run())
+    try:
+        sender = asyncio.create_task(send(server.committer, "a"))
+        while not server.commits:
+            await asyncio.sleep(0)
+        await send(server.committer, "b")
+        sender.cancel()  # a server stopping past its grace cancels its request tasks
+        await asyncio.gather(sender, return_exceptions=True)
+        server.release.set()
+        for _ in range(100):
+            if server.answers:
+                break
+            await asyncio.sleep(0)
+        assert server.commits == [["a"], ["b"]] and server.answers == [(["b"], 1)]
+    finally:
+        runner.cancel()
