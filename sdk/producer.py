@@ -16,8 +16,9 @@ Path of one ``send``:
    other, instead of one batch of every sender and the two sides waiting on each other in turn.
    Off by default: each fsync then covers half the sends and both sides' CPU per send rose
    ~60-70% (twice the per-batch costs), for a median rate of 5,370 against 9,989 sends/s over
-   ten runs each (docs/BENCHMARKS.md, "W1 send CPU"); it can pay only once the per-batch
-   costs fall.
+   ten runs each (docs/BENCHMARKS.md, "W1 send CPU"), and 8,905 against 10,308 over 14 runs
+   each after the C commit encoders ("W1 send: the delay store's commit encoders in C"); it
+   can pay only once the per-batch costs fall.
 3. At most ``in_flight_max`` batches are on the wire at a time; more wait for a slot.
 4. A batch goes to one broker group of the subject's producer route, round robin per batch,
    starting at a random group (``route_start``), so that short-lived producers (the CLI, a
