@@ -137,6 +137,9 @@ class Dispatcher(HandedMixin):
         # due, so it costs what it prunes (a stale pair, its id gone or re-handed, is skipped)
         self._handed_due: list[tuple[int, str]] = []
         self.clocks = BrokerClocks()  # how far ahead the brokers' clocks run (hold answers)
+        # delay-log offset -> (group, until_ms) of a message whose hold's answer said nothing
+        # sure: sent at its due time to that group only, until then (``HandedMixin._pins``)
+        self.pinned: dict[int, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ workers
 
@@ -282,7 +285,10 @@ class Dispatcher(HandedMixin):
                                             [e.deliver_at_ms + shift_ms for e in entries])
                 self._observe_clocks(results, held_at_ms)
             else:
-                group, results = await self.send(subject, payloads)
+                # To the group a hold whose answer said nothing sure went to, when pinned
+                pins = self._pins(entries, now_ms)
+                args = (subject, payloads) if pins is None else (subject, payloads, None, pins)
+                group, results = await self.send(*args)  # type: ignore[arg-type]
         except NotSupported as exc:
             if not early:
                 raise
@@ -294,8 +300,9 @@ class Dispatcher(HandedMixin):
                 # The home group may hold them though the answer was lost, or refused after
                 # the write (NotMaster: a lease lapsed or a demotion after it): never held again
                 # (a retry could hold them in a second group once the route changed, and both
-                # would deliver them); sent at their due time, to their home over the route
-                # then (docs/REPLICATION.md 16).
+                # would deliver them); sent at their due time to the group the hold went to,
+                # whose de-duplication absorbs the copy (docs/REPLICATION.md 16).
+                self._pin(entries, getattr(exc, "holders", None), now_ms)
                 await self._hold_refused(subject, entries, payloads, now_ms, exc)
                 return
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
@@ -487,6 +494,9 @@ class Dispatcher(HandedMixin):
         if self.tracer.enabled and not batch.handed:
             self.tracer.dispatched_entries([e.delay_log_offset for e in batch.entries],
                                            batch.payloads, at_ms)
+        if self.pinned:
+            for entry in batch.entries:
+                self.pinned.pop(entry.delay_log_offset, None)
         self.window.forget(batch.entries)
         if self.window.refill_due():
             self._wake()  # the scheduler's timer starts the refill

@@ -28,6 +28,11 @@ HELD_CANCEL_GRACE_MS = 1_000
 # 280 bytes each: ~28 MB): a hand-off that would pass it is sent at its due time instead and
 # the hand-off pauses (NO_HOLD_PAUSE_MS) while the ids due by then are forgotten.
 HANDED_IDS_MAX = 100_000
+# How long past its due time a message whose hold's answer said nothing sure waits for the
+# group the hold went to (failing over, or gone from the route) before it is sent to its home
+# over the route then: the realtime broker's default de-duplication window, after which that
+# group would not absorb the copy anyway.
+PINNED_WAIT_MS = 600_000
 
 
 class HandedMixin:
@@ -88,6 +93,39 @@ class HandedMixin:
             self.window.forget([entries[position]])
         return [entries[i] for i in keep], [payloads[i] for i in keep]
 
+    def _pin(self: Dispatcher, entries: list[ScheduleEntry], holders: list[str] | None,
+             now_ms: int) -> None:
+        """A hold of ``entries`` whose answer said nothing sure went to ``holders`` (one group
+        per entry, PayloadSender's ``holders``; None: not known): their due-time send goes
+        there (``_pins``), not to their home over the route then (review s11: after a route
+        change a second group delivered them too)."""
+        if holders is None or len(holders) != len(entries):
+            return
+        for entry, group in zip(entries, holders):
+            if group:
+                self.pinned[entry.delay_log_offset] = (
+                    group, max(now_ms, entry.deliver_at_ms) + PINNED_WAIT_MS)
+
+    def _pins(self: Dispatcher, entries: list[ScheduleEntry], now_ms: int
+              ) -> list[str | None] | None:
+        """The group each of ``entries`` must be sent to (None: its home; None for all: no
+        pins). A pin older than PINNED_WAIT_MS past its due time is dropped: its group was
+        gone or refused that long, and the message goes to its home over the route now (it
+        may be delivered twice, if that group comes back holding it)."""
+        if not self.pinned:
+            return None
+        groups: list[str | None] = []
+        for entry in entries:
+            pin = self.pinned.get(entry.delay_log_offset)
+            if pin is not None and pin[1] < now_ms:
+                log.warning("message at delay-log offset %d waited %d ms past its due time for "
+                            "broker group %s, which may hold it: sent to its home over the "
+                            "route now", entry.delay_log_offset, PINNED_WAIT_MS, pin[0])
+                del self.pinned[entry.delay_log_offset]
+                pin = None
+            groups.append(pin[0] if pin is not None else None)
+        return groups if any(groups) else None
+
     def _may_hold(self: Dispatcher, subject: str, entries: list[ScheduleEntry],
                   payloads: list[bytes]) -> list[str]:
         """Before a hold is sent: its messages may be held from now on (``handed``; a cancel
@@ -127,6 +165,10 @@ class HandedMixin:
             if known is not None and known[1] == due_ms:
                 del handed[message_id]
                 gone += 1
+        if self.pinned:  # a few: holds whose answers were lost; cancelled ones end here
+            gone_ms = now_ms - PINNED_WAIT_MS  # long after ``_pins`` would have dropped it
+            for offset in [o for o, (_g, until) in self.pinned.items() if until < gone_ms]:
+                del self.pinned[offset]
         # A drop whose hold was never recorded (its answer lost): nothing left to mark.
         if self.pending_drops:  # a few: cancels that raced a hold
             for message_id in [i for i, due in self.pending_drops.items() if due <= now_ms]:
@@ -134,4 +176,4 @@ class HandedMixin:
         return gone
 
 
-__all__ = ["HANDED_IDS_MAX", "HELD_CANCEL_GRACE_MS", "HandedMixin"]
+__all__ = ["HANDED_IDS_MAX", "HELD_CANCEL_GRACE_MS", "PINNED_WAIT_MS", "HandedMixin"]

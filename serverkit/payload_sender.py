@@ -64,7 +64,9 @@ class PayloadSender:
                                    ssl_context=ssl_context)
 
     async def send(self, subject: str, payloads: list[bytes],
-                   visible_at_ms: list[int] | None = None) -> tuple[str, list[dict[str, Any]]]:
+                   visible_at_ms: list[int] | None = None,
+                   to_groups: Sequence[str | None] | None = None
+                   ) -> tuple[str, list[dict[str, Any]]]:
         """Send ``payloads`` (all of ``subject``) and return (the broker group that took the
         first payload, per-payload results in the order given).
 
@@ -88,10 +90,14 @@ class PayloadSender:
         (HOLD_ANSWER_UNKNOWN), raises that error at once, without refreshing the route (a
         refresh usually drops a home whose master just died, so the ids' homes would move),
         and the caller sends such messages at their due time instead of holding them again
-        (docs/REPLICATION.md 16).
+        (docs/REPLICATION.md 16); the error's ``holders`` names, per payload, the group its
+        hold went to, and that send names it in ``to_groups`` (one per payload, None: its home):
+        such a payload goes to that group alone (``_send_pinned``).
         """
         if not payloads:
             return "", []
+        if to_groups is not None and any(to_groups):
+            return await self._send_pinned(subject, payloads, to_groups)
         results: list[dict[str, Any] | None] = [None] * len(payloads)
         first_group = ""
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
@@ -116,7 +122,13 @@ class PayloadSender:
             if visible_at_ms is not None:
                 unknown = [o for o in outcomes if isinstance(o, HOLD_ANSWER_UNKNOWN)]
                 if unknown:
-                    raise unknown[0]  # every part has finished: nothing is left running
+                    # Every part has finished: nothing is left running. Where each went.
+                    holders: list[str] = [""] * len(payloads)
+                    for home, positions in parts.items():
+                        for position in positions:
+                            holders[position] = groups[home].group
+                    unknown[0].holders = holders  # type: ignore[attr-defined]
+                    raise unknown[0]
             pending = []
             unheld = _unheld_parts(parts, outcomes, visible_at_ms is not None)
             for positions, outcome in zip(parts.values(), outcomes):
@@ -146,6 +158,48 @@ class PayloadSender:
                 return first_group, [r if r is not None else {} for r in results]
             pending.sort()
         raise last_error
+
+    async def _send_pinned(self, subject: str, payloads: list[bytes],
+                           groups: Sequence[str | None]) -> tuple[str, list[dict[str, Any]]]:
+        """``send`` of payloads some of which must go to one named group (``groups``, None:
+        the home over the route now): a hold to that group whose answer said nothing sure, so
+        that group may hold it and only its de-duplication absorbs this copy. The group is
+        looked up in the consumer route (which keeps a group producers may not use now:
+        failing over, read-only) and only its brokers are tried; a group not in it raises
+        NoRoute (retriable: the caller retries, waiting out a failover). Returns as ``send``."""
+        parts: dict[str | None, list[int]] = {}
+        for position, group in enumerate(groups):
+            parts.setdefault(group, []).append(position)
+
+        async def one(name: str | None, positions: list[int]
+                      ) -> tuple[str, list[dict[str, Any]]]:
+            chunk = [payloads[p] for p in positions]
+            if name is None:
+                return await self.send(subject, chunk)
+            group = _named(await self.routes.get(subject, "consumer"), name)
+            if group is None:
+                group = _named(await self.routes.refresh(subject, "consumer"), name)
+            if group is None:
+                raise NoRoute(f"{self.kind} group {name}, which may hold messages of "
+                              f"{subject!r} (a hold's answer was lost), is not in the route")
+            outcome = await self._send_part(subject, [group], 0, chunk)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        outcomes = await asyncio.gather(*(one(name, positions) for name, positions in
+                                          parts.items()), return_exceptions=True)
+        results: list[dict[str, Any]] = [{}] * len(payloads)
+        first_group = ""
+        for positions, outcome in zip(parts.values(), outcomes):
+            if isinstance(outcome, BaseException):
+                raise outcome  # every part has finished; the caller retries the batch
+            group_name, part_results = outcome
+            if 0 in positions:
+                first_group = group_name
+            for position, result in zip(positions, part_results):
+                results[position] = result
+        return first_group, results
 
     async def _send_part(self, subject: str, groups: list[Any], home: int,
                          payloads: list[bytes], visible_at_ms: list[int] | None = None,
@@ -250,6 +304,11 @@ def _unheld_parts(parts: dict[int, list[int]], outcomes: Sequence[Any], holding:
     NotSupported is raised as it is (the caller pauses its hand-offs)."""
     refused = [isinstance(o, NotSupported) for o in outcomes]
     return holding and any(refused) and not all(refused) and len(parts) == len(outcomes)
+
+
+def _named(route: Any, name: str) -> Any:
+    """The group of ``route`` called ``name`` with an address, or None."""
+    return next((g for g in route.groups if g.group == name and g.addresses), None)
 
 
 def home_group(payload: bytes, group_count: int) -> int:

@@ -17,7 +17,7 @@ from tests.unit.delay_handoff_support import (
     into_the_lead, one_handed, restarted, schedule, settle, started)
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
-from wire.errors import NotMaster
+from wire.errors import ConnectionLost, NoRoute, NotMaster
 
 
 async def test_a_cancel_a_broker_dropped_after_a_lost_hold_answer_keeps_the_message_from_being_sent(
@@ -206,3 +206,56 @@ async def test_a_recorder_cancelled_while_it_records_a_drop_still_confirms_what_
         assert not scheduler.window.tracked, "recorded as dispatched, still in the window"
     finally:
         await scheduler.stop()
+
+
+class _LostToGroupBroker(HoldingBroker):
+    """Its first hold is stored by group ``rt-a``, whose answer is lost (PayloadSender names
+    the group in the error's ``holders``); its plain sends record where they were told to go,
+    and one pinned to a group refuses while ``failing_over`` (not in the route: NoRoute)."""
+
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
+        self.failing_over = 2
+        self.sends: list[tuple[int, list | None]] = []  # (when, to_groups)
+
+    async def hold(self, subject, payloads, visible_at_ms):
+        await super().hold(subject, payloads, visible_at_ms)
+        lost = ConnectionLost("the broker closed the connection")
+        lost.holders = ["rt-a"] * len(payloads)
+        raise lost
+
+    async def dispatch(self, subject, payloads, visible_at_ms=None, to_groups=None):
+        self.sends.append((self.clock(), to_groups))
+        if to_groups is not None and self.failing_over:
+            self.failing_over -= 1
+            raise NoRoute("realtime group rt-a ... is not in the route")
+        return await super().dispatch(subject, payloads)
+
+
+async def test_the_due_time_send_after_a_lost_hold_answer_waits_for_the_group_the_hold_went_to(
+        tmp_path):
+    # REPLICATION.md 16 "Still open": it went to the id's home over the route then, a second
+    # group after a route change, which delivered it beside the group holding it.
+    async with one_handed(tmp_path, _LostToGroupBroker) as (scheduler, clock, broker, due, m):
+        clock.advance(due - clock())
+        await settle(scheduler)
+        for _ in range(2):  # the group fails over: retried there, with backoff
+            clock.advance(1_000)
+            await settle(scheduler)
+        assert [groups for _at, groups in broker.sends] == [["rt-a"]] * 3
+        assert [got.id for _at, got in broker.received] == [m.id]
+        assert scheduler.dispatcher.pinned == {}, "forgotten once recorded"
+
+
+async def test_a_message_pinned_to_a_group_gone_past_the_wait_is_sent_to_its_home(tmp_path):
+    from delayserver.handed_ids import PINNED_WAIT_MS
+    async with one_handed(tmp_path, _LostToGroupBroker) as (scheduler, clock, broker, due, m):
+        broker.failing_over = 10**6  # removed from the route
+        clock.advance(due - clock())
+        await settle(scheduler)
+        clock.advance(PINNED_WAIT_MS + 1)
+        for _ in range(3):
+            clock.advance(5_000)  # past the retry backoff's cap
+            await settle(scheduler)
+        assert broker.sends[0][1] == ["rt-a"] and broker.sends[-1][1] is None
+        assert [got.id for _at, got in broker.received] == [m.id]

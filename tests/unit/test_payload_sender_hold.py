@@ -11,7 +11,7 @@ import pytest
 
 from serverkit.payload_sender import PayloadSender, home_group
 from tests.rawclient import FakeClock, message
-from wire.errors import ConnectionLost, NotMaster, NotSupported
+from wire.errors import ConnectionLost, NoRoute, NotMaster, NotSupported
 from wire.message import encode_message, peek_message_id
 
 
@@ -258,3 +258,43 @@ async def test_a_hold_refused_not_master_after_its_write_is_not_held_by_a_second
         await sender.send("s", [payload], [10_000])
     holders = sorted(a for a, ids in brokers.held.items() if peek_message_id(payload) in ids)
     assert holders == ["a:1"], f"held by {holders}: each would deliver it at its due time"
+
+
+class _SendsRecorded(_Brokers):
+    """``_Brokers`` noting every plain send's address."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sent_to: list[str] = []
+
+    async def request(self, address, request, timeout_ms):
+        if request["op"] == "send":
+            self.sent_to.append(address)
+        return await super().request(address, request, timeout_ms)
+
+
+async def test_a_send_after_a_lost_hold_answer_goes_to_the_group_the_hold_went_to_after_the_route_changed():
+    # REPLICATION.md 16 "Still open": the due-time send went to the id's home over the route
+    # then; a group added (or the holder gone from the producer route while failing over)
+    # sent it to a second group, which delivered it too.
+    payload = _at_home(0)
+    brokers = _SendsRecorded(dies_after_write={"a:1"})
+    routes = _Routes([_G0, _G1], [_G0, _G1])
+    sender = _sender_over(routes, brokers)
+    with pytest.raises(ConnectionLost) as lost:
+        await sender.send("s", [payload], [10_000])
+    assert lost.value.holders == ["g0"]
+    routes.producer = [_G1]  # g0 failing over: producers may not use it, consumers still do
+    group, results = await sender.send("s", [payload], None, lost.value.holders)
+    assert (group, results[0]["status"], brokers.sent_to) == ("g0", "stored", ["a:1"])
+
+
+async def test_a_send_pinned_to_a_group_not_in_the_route_fails_retriably_and_goes_nowhere_else():
+    payload = _at_home(0)
+    brokers = _SendsRecorded()
+    sender = _sender_over(_Routes([_G1], [_G1]), brokers)
+    with pytest.raises(NoRoute, match="g0"):
+        await sender.send("s", [payload], None, ["g0"])
+    assert brokers.sent_to == []
+    _group, results = await sender.send("s", [payload, _at_home(1)], None, [None, None])
+    assert [r["status"] for r in results] == ["stored", "stored"], "no pin: as before"
