@@ -184,6 +184,10 @@ class _DispatchCollector(Collector):
         yield CounterMetricFamily("qmq_delay_messages_handed_off", "Messages a realtime broker "
                                   "took ahead of their due time (hold): it makes them visible "
                                   "then, and its trace has their lateness.", value=stats.handed)
+        yield CounterMetricFamily("qmq_delay_kinds_refused", "Handed or dropped records not "
+                                  "written because a slave of the group does not read their "
+                                  "kind (an older server): the hand-off paused and the "
+                                  "messages went at their due time.", value=stats.kinds_refused)
         yield CounterMetricFamily("qmq_delay_early_dispatches", "Messages dispatched before "
                                   "their time (a bug if ever above 0).", value=stats.early)
         buckets, cumulative = [], 0

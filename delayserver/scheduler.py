@@ -36,7 +36,7 @@ from delayserver.loading import LoadingMixin
 from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
-from delayserver.storage.done_journal import KIND_HANDED_IDS
+from delayserver.storage.done_journal import KIND_DROPPED, KIND_HANDED, KIND_HANDED_IDS
 from delayserver.window import PreloadWindow, WindowLimits
 from logstore.fileio import Opener, OsFile
 from wire.errors import DelayOutOfRange, NotSupported, QmqError, ReadOnly
@@ -133,6 +133,9 @@ class Scheduler(LoadingMixin):
         self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
                                self._record_handed, self._record_dropped,
                                self._record_handed_ids)
+        # Why a done-journal record was last not written for a slave that does not read its
+        # kind (the kind gate; counted in stats.kinds_refused); None: the last was written.
+        self.kinds_refused_why: str | None = None
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms
@@ -459,7 +462,10 @@ class Scheduler(LoadingMixin):
         return outcome, subject
 
     async def _record_handed(self, until_ms: int) -> None:
-        """The handed record up to ``until_ms`` (``HandOff.recorded``), on the slaves too."""
+        """The handed record up to ``until_ms`` (``HandOff.recorded``), on the slaves too.
+        NotSupported, with nothing written, while a slave does not read it (the dispatcher
+        then sends the messages at their due time and pauses the hand-off)."""
+        self._check_kind(KIND_HANDED)
         await self._io(self.store.record_handed, until_ms)
         if self.replica.replicating:
             await self.journal_replicated()
@@ -487,11 +493,27 @@ class Scheduler(LoadingMixin):
 
     async def _record_dropped(self, message_id: str, deliver_at_ms: int) -> str:
         """A broker dropped a handed message (``HandOff``): recorded in the store
-        (``DelayStore.record_dropped``), on the slaves too; its answer."""
+        (``DelayStore.record_dropped``), on the slaves too; its answer. NotSupported, with
+        nothing written, while a slave does not read it (``HandOff`` logs it; the broker's
+        drop stands)."""
+        self._check_kind(KIND_DROPPED)
         answer = await self._io(self.store.record_dropped, message_id, deliver_at_ms)
         if answer == "dropped" and self.replica.replicating:
             await self.journal_replicated()
         return answer
+
+    def _check_kind(self, kind: int) -> None:
+        """Raise NotSupported while a slave does not read done-journal ``kind`` (a record of it
+        would stop its copy, serverkit.kind_gate); counted and logged once per reason."""
+        why = self.replica.kind_refusal("done", kind)
+        if why is None:
+            self.kinds_refused_why = None
+            return
+        self.stats.kinds_refused += 1
+        if why != self.kinds_refused_why:
+            log.warning("done journal kind %d not written: %s", kind, why)
+            self.kinds_refused_why = why
+        raise NotSupported(f"done journal kind {kind} not written: {why}")
 
     async def _journal_replicated_if_copied(self) -> None:
         """``journal_replicated`` when this store has slaves (the dispatcher's drop and cancel

@@ -12,9 +12,11 @@ from delayserver.config import DelayConfig
 from delayserver.metrics import DelayMetrics
 from delayserver.dispatch import Hold
 from delayserver.scheduler import Dispatch, Scheduler
+from delayserver.storage.done_journal import GATED_KINDS, gated_kind_at
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
 from serverkit.frame_server import Session
+from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
@@ -22,6 +24,9 @@ from serverkit.server import ServerBase, tune_gc
 from wire.errors import Forbidden, NotSupported
 from wire.protocol import Cancel, Hello, Request, Send, cancel_result, send_stored_answer
 from wire.replication import Fetch, Snapshot
+
+# The done journal's handed and dropped records: replicated only to slaves that read them.
+DONE_KINDS = RecordKinds(GATED_KINDS, gated_kind_at)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +127,8 @@ class DelayServer(ServerBase):
                 ReplicatedLog("delay", store.delay_copy, replica.histories["delay"],
                               scheduler.on_io, empties=("done",)),
                 ReplicatedLog("done", store.done_copy, replica.histories["done"],
-                              scheduler.on_io, requires=("delay",), reset_with="delay"),
+                              scheduler.on_io, requires=("delay",), reset_with="delay",
+                              kinds=DONE_KINDS),
             ], scheduler, self.role, self._heartbeat_soon)
         await scheduler.start()
 

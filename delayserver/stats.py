@@ -18,6 +18,9 @@ class DispatchStats:
         self.dispatched = 0
         self.handed = 0  # handed off ahead of the due time (the broker makes them visible)
         self.early = 0  # must stay 0: a dispatch before deliver_at is a bug
+        # Handed and dropped records not written because a slave does not read their kind
+        # (the replication kind gate): the hand-off paused, the messages went at their due time.
+        self.kinds_refused = 0
         self.lateness_ms_max = 0
         self.lateness_ms_sum = 0  # of the values the histogram counted (early ones as 0)
         self._recent: deque[tuple[int, int]] = deque()  # (time ms, count)

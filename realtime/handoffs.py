@@ -12,6 +12,13 @@ polls; a held record that no longer reads is given up (``gave_up`` ``held_unread
 ``visible_at_ms`` by this broker's clock. A round runs only while the broker may write, as a
 send is checked (the leased, active master; ``min_insync``): else the messages wait. ``cancel`` drops held messages by id. After a
 restart or a promotion, ``load`` takes the held set the store rebuilt from its records.
+
+Record kinds (``serverkit.kind_gate``): a ``hold`` is refused ``not_supported`` before anything
+is written while a slave of the group does not read every held-message record kind (a hold
+needs them all: the held record, the visible-message record at its due time, the cancelled
+and dropped records), and a ``cancel_held`` is refused ``unavailable`` while one does not read
+the dropped record. The visibility round is not gated: the messages are held already (a slave
+that cannot read their records stopped at the first of them), and they must become visible.
 """
 
 from __future__ import annotations
@@ -27,9 +34,10 @@ from logstore import DiskFull, OutOfDescriptors
 from realtime.context import BrokerContext
 from realtime.held_timer import HeldTimer
 from realtime.sends import DELIVER_AT_SKEW_MS_MAX
+from realtime.storage.control_record import GATED_KINDS, KIND_DROPPED
 from realtime.storage.held import Held
 from serverkit.send_check import Checked, QuickCheck
-from wire.errors import BadRequest, QmqError, ReadOnly, TooLarge
+from wire.errors import BadRequest, NotSupported, QmqError, ReadOnly, TooLarge, Unavailable
 from wire.limits import HOLD_AHEAD_MS_MAX  # how far ahead a held message may be visible
 from wire.message import (
     ORIGIN_ID_PROPERTY, decode_message, peek_message_id, tag_hash, validate_message,
@@ -102,6 +110,10 @@ class Handoffs:
         # Hand-offs refused because the held set was full (qmq_realtime_holds_refused_full).
         self.holds_refused_full = 0
         self._refused_why: str | None = None
+        # Holds and cancel_helds refused because a slave does not read the held records'
+        # kinds (qmq_realtime_holds_refused_kinds), and the last reason (the admin view).
+        self.holds_refused_kinds = 0
+        self.kinds_refused_why: str | None = None
         # (subject, id) of drops not traced yet: their replication wait failed (a retry
         # answered dropped_before traces them); insertion-ordered, at most UNTRACED_DROPS_MAX
         self._untraced: dict[tuple[str, str], bool] = {}
@@ -113,6 +125,7 @@ class Handoffs:
         ``stored`` (held), ``duplicate`` (held or stored already) or the error."""
         ctx = self._ctx
         ctx.replica.check_writable()
+        self._check_kinds(GATED_KINDS, "hold", NotSupported)
         now_ms = ctx.clock()
         if len(visible_at_ms) != len(payloads):
             raise BadRequest(f"hold.visible_at_ms has {len(visible_at_ms)} entries, "
@@ -154,6 +167,25 @@ class Handoffs:
         if ctx.replica.replicating:
             await ctx.replica.wait_replicated("message", log_end)
         return results
+
+    def _check_kinds(self, kinds: Any, op: str, error: type[QmqError]) -> None:
+        """Refuse ``op`` with ``error`` before anything is written while a slave of the group
+        does not read one of the message log's ``kinds`` (``kind_refusal``): a record of it
+        would stop that slave's copy. A ``hold`` is answered ``not_supported``, which a delay
+        server takes as "send these at their due time" (and pauses its hand-offs), never as a
+        hold that may have been written (as it must take ``not_master``)."""
+        replica = self._ctx.replica
+        if not replica.replicating:
+            return
+        for kind in sorted(kinds):
+            why = replica.kind_refusal("message", kind)
+            if why is not None:
+                self.holds_refused_kinds += 1
+                if why != self.kinds_refused_why:
+                    log.warning("%s refused before any write: %s", op, why)
+                    self.kinds_refused_why = why
+                raise error(f"{op} refused before any write: {why}")
+        self.kinds_refused_why = None
 
     def _check(self, payload: bytes, checked: Checked | None, visible_at_ms: int,
                now_ms: int) -> Checked:
@@ -210,6 +242,7 @@ class Handoffs:
         ctx.replica.check_writable()
         if self._readonly():
             raise ReadOnly(f"broker group {ctx.config.group} is read-only")
+        self._check_kinds((KIND_DROPPED,), "cancel_held", Unavailable)
         now_ms = ctx.clock()
         cancelled, before, offsets, log_end = await ctx.on_store_thread(
             self._cancel_io, subject, message_ids, now_ms)

@@ -15,9 +15,11 @@ from realtime.config import RealtimeConfig
 from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.retries import RetryPolicies
+from realtime.storage.control_record import GATED_KINDS, gated_kind_at
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
 from serverkit.frame_server import Session
+from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
@@ -30,6 +32,9 @@ from wire.protocol import (
 )
 from wire.replication import Fetch, Snapshot
 
+
+# The message log's held records (control records): replicated only to slaves that read them.
+MESSAGE_KINDS = RecordKinds(GATED_KINDS, gated_kind_at)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +114,7 @@ class RealtimeServer(ServerBase):
                 # A copy that begins at the master's retention point first takes every
                 # subject's sequence there (realtime/storage/sequence_starts.py).
                 ReplicatedLog("message", broker.store, replica.histories["message"],
-                              broker.on_store_thread, snapshots=True),
+                              broker.on_store_thread, snapshots=True, kinds=MESSAGE_KINDS),
                 ReplicatedLog("actions", broker.pulllog, replica.histories["actions"],
                               broker.on_pulllog_thread, requires=("message",), snapshots=True),
             ], broker, self.role, self._heartbeat_soon)

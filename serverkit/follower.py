@@ -12,6 +12,11 @@ own offset, which acknowledges what it has.
   checkpoint (``snapshot``).
 * ``requires``: an answer is applied only once the copies of the logs its records refer to
   reach the ends the master named, so a slave never holds an action about a message it lacks.
+* Record kinds: each fetch says which gated record kinds of its log this server reads
+  (``reads``, ``serverkit.kind_gate``); a master answers a fetch at a record of a kind it
+  does not read ``unreadable_record`` and serves nothing past it: the copy is kept as it is,
+  the refusal is logged as an error once per place and counted, and the fetch is retried with
+  the backoff until this server is upgraded or the master's log moves on.
 * A scrub reads the copy back in the background (``Scrub``: passes over every log at
   ``bytes_per_s``, a rest of ``pause_ms`` between passes): a rotten record is cut with
   everything after it, and fetched again.
@@ -31,7 +36,7 @@ from serverkit.config import SCRUB_BYTES_PER_S_DEFAULT, SCRUB_PAUSE_MS_DEFAULT
 from serverkit.replica_log import (
     ReplicatedLog, apply_position_io, cut_io, end_io, position_io, reset_io, scrub_io,
 )
-from wire.errors import ConnectionLost, QmqError, StaleEpoch
+from wire.errors import ConnectionLost, QmqError, StaleEpoch, UnreadableRecord
 from wire.limits import MAX_FETCH_BYTES
 from wire.replication import (
     fetch_request,
@@ -93,6 +98,10 @@ class Follower:
         self.caught_up_ms: dict[str, int | None] = {name: None for name in self.logs}
         self.bytes_copied: dict[str, int] = {name: 0 for name in self.logs}
         self.crc_errors = 0
+        # Fetches the master refused at a record of a kind this server does not read
+        # (qmq_replication_unreadable_records_total), and the last refusal's message.
+        self.unreadable_records = 0
+        self.unreadable_why: str | None = None
         self.scrub_repairs = 0
         self.scrub_passes = 0  # whole passes over every copy since the scrub started
         self.running = False
@@ -183,6 +192,13 @@ class Follower:
             except StaleEpoch as exc:
                 log.info("group %s: %s", self.group, exc)
                 self._on_trouble()
+            except UnreadableRecord as exc:
+                # The master is not at fault, nor is the copy: this server is older than a
+                # record kind in the master's log. Nothing was written; the copy stays whole.
+                self.unreadable_records += 1
+                if exc.message != self.unreadable_why:
+                    log.error("group %s: copying %s stopped: %s", self.group, item.name, exc)
+                    self.unreadable_why = exc.message
             except (ConnectionLost, QmqError) as exc:
                 log.info("group %s: fetching %s from %s: %s", self.group, item.name,
                          self.master_address, exc)
@@ -202,9 +218,10 @@ class Follower:
         else:
             offset, last_epoch = await item.run(position_io, item)
         self._moved_to(name, offset)
+        reads = item.kinds.reads if item.kinds is not None else ()
         raw = await self._request(fetch_request(self.server_id, self.epoch, name, offset,
-                                                last_epoch, self.fetch_bytes_max, wait_ms),
-                                  wait_ms + REQUEST_TIMEOUT_MS)
+                                                last_epoch, self.fetch_bytes_max, wait_ms,
+                                                reads), wait_ms + REQUEST_TIMEOUT_MS)
         answer = parse_fetch_answer(raw)
         self.master_ends[name] = answer.log_end
         if answer.diverging is not None:

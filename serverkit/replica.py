@@ -147,6 +147,23 @@ class Replica:
         if self.source is not None:
             await self.source.wait_replicated(name, end)
 
+    def kind_refusal(self, name: str, kind: int) -> str | None:
+        """None when a record of gated ``kind`` may be written to log ``name`` now: this server
+        serves as master and every slave it counts reads the kind (``ReplicaSource``)."""
+        if self.source is None or self.serving_as != "master":
+            return f"server is not serving as the master of group {self.group}"
+        return self.source.kind_refusal(name, kind)
+
+    def kinds_view(self) -> dict[str, dict[str, object]]:
+        """For the admin view: per slave counted by the kind gate, per log with gated kinds,
+        what it reads and where its copy last stopped at a record it does not read (empty
+        unless serving as master)."""
+        source = self.source
+        if source is None or self.serving_as != "master":
+            return {}
+        listed = set(source.tracker.members) | set(source.tracker.confirmed)
+        return source.kind_reads.view(listed, self._clock_ms())
+
     # ------------------------------------------------------------------ ReplicationStatus
 
     def last_epoch(self) -> int:
@@ -224,7 +241,11 @@ class Replica:
         follower = self.follower
         if follower is None:
             return {}
-        return {"crc_errors": follower.crc_errors, "scrub_repairs": follower.scrub_repairs}
+        counts = {"crc_errors": follower.crc_errors, "scrub_repairs": follower.scrub_repairs,
+                  "unreadable_records": follower.unreadable_records}
+        if self.source is not None:
+            counts["unreadable_fetches"] = self.source.kind_reads.unreadable_fetches
+        return counts
 
     async def drain(self, timeout_ms: int) -> None:
         """A master shutting down: wait (at most ``timeout_ms``) until its in-sync slaves have

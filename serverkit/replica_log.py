@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from logstore import CopyReset
 from logstore.epoch_history import EpochEnd, EpochHistory
+from serverkit.kind_gate import RecordKinds
 from wire.replication import FetchAnswer
 
 Runner = Callable[..., Awaitable[Any]]  # ``await run(fn, *args)``: fn(*args) on one thread
@@ -61,6 +62,9 @@ class ReplicatedLog:
     # away by resetting ``reset_with`` (which empties this one) instead of this log alone.
     empties: tuple[str, ...] = ()
     reset_with: str | None = None
+    # The log's gated record kinds (``serverkit.kind_gate``): a slave says it reads them in its
+    # fetches, a master serves and writes them only to and with slaves that read them.
+    kinds: RecordKinds | None = None
 
 
 # --------------------------------------------------------------------- the master's side

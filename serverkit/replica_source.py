@@ -3,6 +3,11 @@ answers its slaves' ``fetch`` and ``snapshot`` requests, learns from each fetch 
 slave has (``InSyncTracker``), proposes the in-sync set, and holds a ``sync`` write's answer
 until every slave it waits for has fetched past the write.
 
+Record kinds (``serverkit.kind_gate``): each fetch says which gated kinds of its log the slave
+reads; an answer never carries a record of a kind it did not say (it ends before the first one,
+or the fetch is refused ``unreadable_record``), and ``kind_refusal`` tells the write path whether
+every slave counted reads a kind it is about to write.
+
 A fetch at the end of a log waits (up to its ``wait_ms``) until the server says the log advanced
 (``advanced``: a commit, a flush of the pull log, a done record). What a fetch ships is what the
 store has written to the OS; its end, as ``advanced`` last said it, bounds what other logs'
@@ -19,8 +24,9 @@ from collections import defaultdict
 from typing import Callable, Protocol
 
 from serverkit.insync import InSyncTracker
+from serverkit.kind_gate import KindReads, first_unread
 from serverkit.replica_log import ReplicatedLog, answer_fetch_io
-from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch
+from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch, UnreadableRecord
 from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,10 @@ class WriteReplication(Protocol):
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
 
+    def kind_refusal(self, name: str, kind: int) -> str | None:
+        """None when a record of gated ``kind`` may be written to log ``name`` now (every
+        slave counted reads it); else why not. Ask right before the write, never cache it."""
+
 
 class NoWriteReplication:
     """A server nobody copies (no MetaServer): nothing to check, tell or wait for."""
@@ -66,6 +76,10 @@ class NoWriteReplication:
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Nothing to wait for."""
+
+    def kind_refusal(self, name: str, kind: int) -> str | None:
+        """Nobody copies the log: every kind may be written."""
+        return None
 
 
 class ReplicaSource:
@@ -97,6 +111,9 @@ class ReplicaSource:
         self._shipped: dict[tuple[str, str], int] = {}
         # Figures for metrics and reports: bytes shipped, per log.
         self.bytes_shipped: dict[str, int] = {name: 0 for name in logs}
+        # What each fetcher reads of the logs with gated record kinds (serverkit.kind_gate).
+        self.kind_reads = KindReads({name: item.kinds for name, item in logs.items()
+                                     if item.kinds is not None})
 
     # ------------------------------------------------------------------ the role
 
@@ -109,6 +126,7 @@ class ReplicaSource:
         self.tracker.set_confirmed(confirmed)
         self._last_proposal = ()
         self._shipped.clear()
+        self.kind_reads.clear()
         self._wake_fetches()
 
     def _wake_fetches(self) -> None:
@@ -148,6 +166,16 @@ class ReplicaSource:
         self.check_waiters()
 
     # ------------------------------------------------------------------ writes
+
+    def kind_refusal(self, name: str, kind: int) -> str | None:
+        """None when every slave this master counts (``KindReads.counted``: the group's
+        registered slaves, the database's in-sync set, recent fetchers) said it reads ``kind``
+        of log ``name``; else why not, naming them."""
+        if not self.active:
+            return f"this server is not serving as the master of group {self.group}"
+        listed = set(self.tracker.members) | set(self.tracker.confirmed)
+        why = self.kind_reads.refusal(name, kind, listed, self._clock_ms())
+        return None if why is None else f"group {self.group}: {why}"
 
     def advanced(self, name: str, end: int) -> None:
         """The master committed (or flushed) ``name`` up to ``end``: wake its long polls."""
@@ -250,6 +278,8 @@ class ReplicaSource:
             raise NotFound(f"group {self.group} replicates no log {request.log!r}; it has "
                            f"{', '.join(self.logs)}")
         name = log_.name
+        if log_.kinds is not None:
+            self.kind_reads.announced(request.server_id, name, request.reads, self._clock_ms())
         # Taken before any await: an advance while the store's thread reads is not missed.
         event = self._advanced[name]
         if (self._ack_shipped(request) and request.wait_ms
@@ -296,6 +326,9 @@ class ReplicaSource:
     async def _answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer:
         answer: FetchAnswer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
                                              request.last_epoch, request.max_bytes)
+        refused: UnreadableRecord | None = None
+        if answer.data and log_.kinds is not None and not log_.kinds.reads <= request.reads:
+            answer, refused = self._readable_part(log_, request, answer)
         if answer.diverging is None and answer.offset >= answer.log_start:
             if self.tracker.on_fetch(request.server_id, log_.name, request.offset,
                                      answer.log_end, self._clock_ms()):
@@ -312,7 +345,37 @@ class ReplicaSource:
         if log_.requires:
             # Read after the records were: every record they refer to was committed before.
             answer.requires.update({name: self.ends.get(name, 0) for name in log_.requires})
+        if refused is not None:
+            raise refused  # after the fetch acknowledged the slave's offset, as any fetch does
         return answer
+
+    def _readable_part(self, log_: ReplicatedLog, request: Fetch, answer: FetchAnswer
+                       ) -> tuple[FetchAnswer, UnreadableRecord | None]:
+        """``answer`` up to the first record of a gated kind the slave does not read (it would
+        fail to decode it, and its store with it), and the refusal ``unreadable_record`` to
+        raise when that is the first record (the answer is then empty). Only a slave that
+        lacks some kind this master knows costs this walk over the records' headers."""
+        assert log_.kinds is not None
+        found = first_unread(answer.data, request.reads, log_.kinds.kind_of)
+        if found is None:
+            return answer, None
+        position, kind = found
+        offset = answer.offset + position
+        if self.kind_reads.stopped(request.server_id, log_.name, offset, kind):
+            log.warning("group %s: slave %s does not read record kind %d of the %s log (it "
+                        "said it reads %s): its copy stops before offset %d until it is "
+                        "upgraded", self.group, request.server_id, kind, log_.name,
+                        sorted(request.reads) or "none", offset)
+        refused = None
+        if position == 0:
+            refused = UnreadableRecord(
+                f"group {self.group}: the record at offset {offset} of the {log_.name} log is "
+                f"of kind {kind}, which {request.server_id} did not say it reads (fetch.reads "
+                f"{sorted(request.reads)}): nothing is served past it; upgrade that server")
+        epochs = tuple(e for e in answer.epochs if e[1] <= offset) or answer.epochs[:1]
+        return FetchAnswer(answer.epoch, answer.log, answer.offset, answer.data[:position],
+                           offset, answer.log_start, answer.log_end, epochs, None,
+                           answer.requires), refused
 
     async def snapshot(self, request: Snapshot) -> dict:
         """Answer a slave's request for part of this master's newest checkpoint of a log."""

@@ -34,8 +34,12 @@ class RoleMetrics:
                      "lag_ms"):
             yield GaugeMetricFamily(f"qmq_replication_{name}", "")
         yield CounterMetricFamily("qmq_replication_role_changes", "")
-        for name in ("crc_errors", "scrub_repairs"):
+        for name in ("crc_errors", "scrub_repairs", "unreadable_records",
+                     "unreadable_fetches"):
             yield CounterMetricFamily(f"qmq_replication_{name}", "")
+        yield GaugeMetricFamily("qmq_replication_slave_reads_kind", "",
+                                labels=["slave", "log", "kind"])
+        yield GaugeMetricFamily("qmq_replication_kind_writable", "", labels=["log", "kind"])
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, read now."""
@@ -74,10 +78,43 @@ class RoleMetrics:
         for name, text in (("crc_errors", "Copied ranges that failed their CRC check on arrival "
                                           "and were fetched again."),
                            ("scrub_repairs", "Rotten records the background scrub found in this "
-                                             "server's copy, cut and fetched again.")):
+                                             "server's copy, cut and fetched again."),
+                           ("unreadable_records", "A slave's fetches its master refused at a "
+                                                  "record of a kind this server does not read "
+                                                  "(upgrade it)."),
+                           ("unreadable_fetches", "A master's fetch answers cut short of, or "
+                                                  "refused at, a record of a kind the slave "
+                                                  "does not read.")):
             family = CounterMetricFamily(f"qmq_replication_{name}", text)
             family.add_metric([], figures.get(name, 0))
             yield family
+        yield from self._kind_families()
+
+    def _kind_families(self) -> Iterator[Metric]:
+        """The record-kind gate (serverkit.kind_gate), on a master: per counted slave and
+        gated kind whether it reads it, and per kind whether it may be written now."""
+        reads = GaugeMetricFamily("qmq_replication_slave_reads_kind", "1 when the slave said "
+                                  "in its last fetch that it reads this gated record kind of "
+                                  "the log, 0 when not (or not heard from); a master's view.",
+                                  labels=["slave", "log", "kind"])
+        writable = GaugeMetricFamily("qmq_replication_kind_writable", "1 while every slave a "
+                                     "master counts reads this gated record kind (it may be "
+                                     "written: holds, hand-offs), else 0.",
+                                     labels=["log", "kind"])
+        source = getattr(self._replication, "source", None)
+        view = getattr(self._replication, "kinds_view", None)
+        if source is not None and view is not None and source.active:
+            for slave, logs in view().items():
+                for log, entry in logs.items():
+                    known = entry["reads"] or ()  # type: ignore[index]
+                    for kind in sorted(source.kind_reads.kinds[log].reads):
+                        reads.add_metric([slave, log, str(kind)], 1.0 if kind in known else 0.0)
+            for log, kinds in source.kind_reads.kinds.items():
+                for kind in sorted(kinds.reads):
+                    writable.add_metric([log, str(kind)],
+                                        1.0 if source.kind_refusal(log, kind) is None else 0.0)
+        yield reads
+        yield writable
 
 
 __all__ = ["RoleMetrics"]

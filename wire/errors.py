@@ -17,6 +17,7 @@ Hierarchy (wire code in brackets; * = retriable, i.e. the same request may succe
     +-- Unavailable           * [unavailable]        cannot serve yet (no MetaServer heard since start)
     +-- StaleEpoch              [stale_epoch]        replication request from an older epoch
     +-- NotEnoughReplicas     * [not_enough_replicas] fewer slaves in sync than min_insync
+    +-- UnreadableRecord        [unreadable_record]  replicated record of a kind the slave lacks
     +-- ConnectionLost        * (client side only)   the connection closed before an answer
     +-- NoRoute               * (client side only)   the MetaServer knows no broker for a subject
     +-- Conflict                (MetaServer HTTP only) the name is taken, or the state forbids it
@@ -154,6 +155,14 @@ class NotEnoughReplicas(QmqError):
     retriable = True
 
 
+class UnreadableRecord(QmqError):
+    """A master's answer to a slave's ``fetch`` whose next record is of a kind the slave did not
+    announce it reads (``fetch.reads``): nothing is served from there, so the slave's copy stays
+    as it is; it cannot go on until it is upgraded (docs/REPLICATION.md 8.2)."""
+
+    code = "unreadable_record"
+
+
 class ConnectionLost(QmqError):
     """Client side: the connection closed before the answer arrived (never sent on the wire)."""
 
@@ -194,6 +203,7 @@ ERRORS: tuple[type[QmqError], ...] = (
     Unavailable,
     StaleEpoch,
     NotEnoughReplicas,
+    UnreadableRecord,
     ConnectionLost,
     NoRoute,
     Conflict,
@@ -237,6 +247,7 @@ __all__ = [
     "Unavailable",
     "StaleEpoch",
     "NotEnoughReplicas",
+    "UnreadableRecord",
     "ConnectionLost",
     "NoRoute",
     "Conflict",

@@ -8,6 +8,10 @@ and whose framing they use. docs/REPLICATION.md 8.2 and 13.5 and docs/PROTOCOL.m
   end. The offset acknowledges everything before it. ``last_epoch`` is the epoch of the slave's
   record ending at ``offset``; when the master's epoch history disagrees the answer carries
   ``diverging`` and no data, and the slave cuts its log before fetching again.
+  ``reads`` lists the record kinds of that log, among those a master gates (newer than the
+  replication protocol: docs/REPLICATION.md 8.2), that the slave reads; absent means none (a
+  slave older than the field). A master serves nobody a record of a gated kind it did not say
+  it reads, and writes such a kind only while every slave it counts reads it.
 * ``snapshot``: part of the master's newest checkpoint of a log whose records the slave needs
   were deleted by the master's retention (the pull log's actions).
 """
@@ -28,6 +32,8 @@ REPLICATED_LOGS = ("message", "actions", "delay", "done")
 SNAPSHOT_LOGS = ("message", "actions")
 _SERVER_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._:-")
 _U64_MAX = 2**64 - 1
+# Most record kinds one fetch may say it reads (a kind is a byte).
+READS_MAX = 32
 
 
 @dataclass(slots=True)
@@ -44,6 +50,8 @@ class Fetch:
     last_epoch: int
     max_bytes: int
     wait_ms: int
+    # The gated record kinds of ``log`` the slave reads (``reads``; absent: none).
+    reads: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -100,7 +108,19 @@ def parse_fetch(frame: dict[str, Any], rid: int) -> Fetch:
     return Fetch(rid, server_id, epoch, log_name, _uint("fetch", frame, "offset"),
                  _uint("fetch", frame, "last_epoch"),
                  _uint("fetch", frame, "max_bytes", 1, MAX_FETCH_BYTES),
-                 _uint("fetch", frame, "wait_ms", 0, MAX_FETCH_WAIT_MS))
+                 _uint("fetch", frame, "wait_ms", 0, MAX_FETCH_WAIT_MS), _reads(frame))
+
+
+def _reads(frame: dict[str, Any]) -> frozenset[int]:
+    """A fetch's ``reads``: a list of at most READS_MAX kinds (ints 0..255); absent: none."""
+    reads = frame.get("reads")
+    if reads is None:
+        return frozenset()
+    if type(reads) is not list or len(reads) > READS_MAX or not all(
+            type(kind) is int and 0 <= kind <= 255 for kind in reads):
+        raise BadRequest(f"fetch.reads must be a list of at most {READS_MAX} record kinds "
+                         f"(0..255), got {reads!r:.80}")
+    return frozenset(reads)
 
 
 def parse_snapshot(frame: dict[str, Any], rid: int) -> Snapshot:
@@ -112,11 +132,15 @@ def parse_snapshot(frame: dict[str, Any], rid: int) -> Snapshot:
 
 
 def fetch_request(server_id: str, epoch: int, log: str, offset: int, last_epoch: int,
-                  max_bytes: int, wait_ms: int) -> dict[str, Any]:
-    """The map a slave sends (without rid, which its connection adds)."""
-    return {"op": "fetch", "server_id": server_id, "epoch": epoch, "log": log,
-            "offset": offset, "last_epoch": last_epoch, "max_bytes": max_bytes,
-            "wait_ms": wait_ms}
+                  max_bytes: int, wait_ms: int, reads: Sequence[int] = ()) -> dict[str, Any]:
+    """The map a slave sends (without rid, which its connection adds); ``reads`` (the gated
+    record kinds of ``log`` it reads) only when it reads some."""
+    request = {"op": "fetch", "server_id": server_id, "epoch": epoch, "log": log,
+               "offset": offset, "last_epoch": last_epoch, "max_bytes": max_bytes,
+               "wait_ms": wait_ms}
+    if reads:
+        request["reads"] = sorted(reads)
+    return request
 
 
 def snapshot_request(server_id: str, epoch: int, log: str, sequence: int, position: int,
@@ -240,7 +264,8 @@ def parse_snapshot_answer(answer: dict[str, Any]) -> SnapshotAnswer:
 
 
 __all__ = [
-    "REPLICATED_LOGS", "SNAPSHOT_LOGS", "Fetch", "FetchAnswer", "Snapshot", "SnapshotAnswer",
+    "READS_MAX", "REPLICATED_LOGS", "SNAPSHOT_LOGS", "Fetch", "FetchAnswer", "Snapshot",
+    "SnapshotAnswer",
     "fetch_request", "parse_fetch", "parse_fetch_answer", "parse_snapshot",
     "parse_snapshot_answer", "snapshot_request",
 ]

@@ -40,8 +40,9 @@ several buckets may share one record); written, fsynced and replicated before th
 is sent, in place of a handed record while every slave reads kind 6 (the master asks the
 replication gate first): after a restart or failover only the entries it names, not every
 message due by a handed record, make a cancel ask the broker (review s11 rvho-7). A server
-older than kind 4 (5, 6) refuses a journal holding one (unknown kind); the gate keeps a master
-from writing a kind some slave does not read.
+older than kind 4 (5, 6) refuses a journal holding one (unknown kind): replication gates all
+three (``GATED_KINDS``, serverkit.kind_gate), so a master writes them only while every slave
+reads them, and serves them to none that does not.
 
 What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
 journal record, so a slave may dispatch that message again after a failover (the realtime
@@ -77,6 +78,21 @@ KIND_DROPPED = 5
 KIND_HANDED_IDS = 6
 KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED, KIND_DROPPED,
          KIND_HANDED_IDS)
+# The kinds replication gates on what a slave reads (serverkit.kind_gate): those newer than
+# the fetch's ``reads``. A new kind is added here too: a master writes it only while every
+# slave reads it, and serves it to none that does not.
+GATED_KINDS = frozenset((KIND_HANDED, KIND_DROPPED, KIND_HANDED_IDS))
+
+
+def gated_kind_at(data: bytes, body_at: int) -> int | None:
+    """The gated kind of the journal record body at ``body_at`` of ``data`` (whole records,
+    as a fetch ships them), or None (an older kind, or past the end)."""
+    if body_at >= len(data):
+        return None
+    kind = data[body_at]
+    return kind if kind in GATED_KINDS else None
+
+
 DIRECTORY = "donelog"
 
 
@@ -162,7 +178,7 @@ def journal_bucket(body: bytes) -> tuple[int, int]:
     return kind, bucket_ms
 
 
-__all__ = ["DIRECTORY", "ENTRY", "HEADER", "JournalRecord", "KIND_CANCELLED",
+__all__ = ["DIRECTORY", "ENTRY", "GATED_KINDS", "HEADER", "JournalRecord", "KIND_CANCELLED",
            "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_DROPPED", "KIND_HANDED",
            "KIND_HANDED_IDS", "decode_journal_record", "encode_journal_record",
-           "journal_bucket", "journal_done_keys"]
+           "gated_kind_at", "journal_bucket", "journal_done_keys"]

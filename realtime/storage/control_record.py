@@ -77,6 +77,18 @@ KIND_CANCELLED = 3
 KIND_VISIBLE_MESSAGE = 4  # 2 was a visible record listing entries that pointed at held records
 KIND_DROPPED = 5  # a cancel_held's drop: a cancelled record that also names the ids
 HELD_OVERHEAD_SIZE_BYTES = HEAD_SIZE_BYTES + 4  # a held record is at least this long
+# The kinds replication gates on what a slave reads (serverkit.kind_gate): every control record
+# kind, all newer than the fetch's ``reads``. A new kind is added here (and to the decoder).
+GATED_KINDS = frozenset((KIND_HELD, KIND_CANCELLED, KIND_VISIBLE_MESSAGE, KIND_DROPPED))
+
+
+def gated_kind_at(data: bytes, body_at: int) -> int | None:
+    """The control record kind of the message-log record body at ``body_at`` of ``data``
+    (whole records, as a fetch ships them), or None for a message record."""
+    marker = body_at + MARKER_AT
+    if marker + 3 > len(data) or data[marker] or data[marker + 1]:
+        return None
+    return data[marker + 2]
 
 
 @dataclass(frozen=True)
@@ -289,8 +301,9 @@ def decode_dropped(body: bytes | memoryview) -> tuple[int, str, list[int], list[
 
 
 __all__ = [
-    "HeldRecord", "KIND_CANCELLED", "KIND_DROPPED", "decode_dropped",
+    "GATED_KINDS", "HeldRecord", "KIND_CANCELLED", "KIND_DROPPED", "decode_dropped",
     "encode_dropped", "KIND_HELD", "KIND_VISIBLE_MESSAGE", "control_kind",
     "decode_cancelled", "decode_held", "decode_visible_message", "encode_cancelled",
-    "encode_held", "encode_visible_message", "encode_visible_messages", "is_control",
+    "encode_held", "encode_visible_message", "encode_visible_messages", "gated_kind_at",
+    "is_control",
 ]

@@ -558,7 +558,7 @@ def test_the_wire_codes_and_retriable_flags_are_the_documented_ones():
         "bad_request": False, "unauthorized": False, "forbidden": False, "too_large": False,
         "delay_out_of_range": False, "readonly": True, "overloaded": True, "not_found": False,
         "not_supported": False, "internal": True, "not_master": True, "unavailable": True,
-        "stale_epoch": False, "not_enough_replicas": True,
+        "stale_epoch": False, "not_enough_replicas": True, "unreadable_record": False,
     }
     assert errors.ConnectionLost.retriable and errors.NoRoute.retriable
     assert errors.ConnectionLost.code not in errors.WIRE_ERRORS

@@ -1,0 +1,145 @@
+"""The record-kind gate of replication (docs/REPLICATION.md 8.2, "Record kinds a slave reads").
+
+A log's *gated* kinds are record kinds newer than the replication protocol's ``reads`` field
+(the realtime message log's held records, the delay done journal's handed and dropped
+records, and any kind added later): a server older than a kind cannot read it. Each slave says
+in every fetch which gated kinds of that log it reads (``reads``; absent: none, a slave older
+than the field). The master then
+
+* serves a slave no record of a gated kind it did not say it reads: a fetch answer ends before
+  the first such record, and a fetch AT one is answered ``unreadable_record`` with nothing, so
+  the slave's copy stays whole and readable (``first_unread``);
+* writes a gated kind only while every slave it counts reads it (``KindReads.refusal``).
+
+Who counts (``KindReads.counted``): the slaves the MetaServer's last answer lists for the group
+(``slaves``, registered whether up or down), the database's in-sync set, and every server that
+fetched the log within ``RECENT_FETCH_MS``. A counted slave this master has not heard from
+since it became master (down, or a new master) reads nothing until it fetches: a slave that is
+down does not come back to a log it cannot read while it stays registered. One that the
+MetaServer forgot (expired, deregistered) and that comes back later is protected by the fetch
+rule alone: it stops at the first record it cannot read and copies nothing more until it is
+upgraded.
+
+Pure state told the time; no I/O. Event loop only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from logstore.record import HEADER_SIZE_BYTES
+
+# A server that fetched a log within this long counts for the gate of that log's kinds even
+# when the MetaServer does not list it (a new slave before the master's next answer names it,
+# one the MetaServer expired while it restarts), in ms.
+RECENT_FETCH_MS = 600_000
+
+# (a record's body, where it starts in the chunk) -> its gated kind, or None (not gated).
+KindOf = Callable[[bytes, int], "int | None"]
+
+
+@dataclass(frozen=True)
+class RecordKinds:
+    """One log's gated record kinds, as this server's code knows them: ``reads`` (the kinds it
+    reads, and the only gated kinds it may write) and ``kind_of`` (the gated kind of a record
+    body at a position of a chunk of whole records, or None)."""
+
+    reads: frozenset[int]
+    kind_of: KindOf
+
+
+def first_unread(data: bytes, reads: frozenset[int], kind_of: KindOf) -> tuple[int, int] | None:
+    """The position in ``data`` (whole logstore records, as stored) of the first record whose
+    gated kind is not in ``reads``, and that kind; None when there is none. Reads the 4-byte
+    length of each header and the kind bytes only (the CRC is the slave's to check)."""
+    position, end = 0, len(data)
+    while position + HEADER_SIZE_BYTES <= end:
+        body_at = position + HEADER_SIZE_BYTES
+        kind = kind_of(data, body_at)
+        if kind is not None and kind not in reads:
+            return position, kind
+        position = body_at + int.from_bytes(data[position:position + 4], "big")
+    return None
+
+
+@dataclass
+class _Announced:
+    """What one server last said it reads of one log, and when (ms)."""
+
+    reads: frozenset[int]
+    at_ms: int
+
+
+class KindReads:
+    """Per (server, log): the gated kinds its last fetch said it reads. A master's view; it
+    starts empty when a server becomes master (what a slave reads is learnt again from its
+    fetches: it may have been upgraded or downgraded meanwhile)."""
+
+    def __init__(self, kinds: dict[str, RecordKinds]) -> None:
+        self.kinds = kinds  # log -> its gated kinds, as this server knows them
+        self._announced: dict[tuple[str, str], _Announced] = {}
+        # Fetches answered short of, or refused at, a record the slave does not read
+        # (qmq_replication_unreadable_fetches_total), and the last one per (server, log).
+        self.unreadable_fetches = 0
+        self.stopped_at: dict[tuple[str, str], tuple[int, int]] = {}  # -> (offset, kind)
+
+    def clear(self) -> None:
+        """A new term as master: nothing is known of any slave."""
+        self._announced.clear()
+        self.stopped_at.clear()
+
+    def announced(self, server: str, log: str, reads: frozenset[int], now_ms: int) -> None:
+        """``server`` fetched ``log`` saying it reads ``reads``."""
+        self._announced[(server, log)] = _Announced(reads, now_ms)
+
+    def reads(self, server: str, log: str) -> frozenset[int] | None:
+        """The kinds ``server`` last said it reads of ``log``; None when it never fetched it."""
+        found = self._announced.get((server, log))
+        return None if found is None else found.reads
+
+    def counted(self, log: str, listed: Iterable[str], now_ms: int) -> list[str]:
+        """The servers the gate of ``log`` asks: ``listed`` (the MetaServer's slaves and the
+        database's in-sync set) and every server that fetched ``log`` recently, sorted."""
+        servers = set(listed)
+        servers.update(server for (server, name), found in self._announced.items()
+                       if name == log and now_ms - found.at_ms <= RECENT_FETCH_MS)
+        return sorted(servers)
+
+    def refusal(self, log: str, kind: int, listed: Iterable[str], now_ms: int) -> str | None:
+        """None when every counted slave reads ``kind`` of ``log``; else why not."""
+        missing = [server for server in self.counted(log, listed, now_ms)
+                   if kind not in (self.reads(server, log) or ())]
+        if not missing:
+            return None
+        return (f"slave(s) {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
+                f"did not say they read record kind {kind} of the {log} log (an older server, "
+                f"or not heard from since this master started): kind {kind} is not written "
+                f"until every slave of the group reads it")
+
+    def stopped(self, server: str, log: str, offset: int, kind: int) -> bool:
+        """A fetch of ``server`` was served short of (or refused at) ``offset``, a record of
+        ``kind`` it does not read; True the first time for that place (log it then)."""
+        self.unreadable_fetches += 1
+        place = (offset, kind)
+        if self.stopped_at.get((server, log)) == place:
+            return False
+        self.stopped_at[(server, log)] = place
+        return True
+
+    def view(self, listed: Iterable[str], now_ms: int) -> dict[str, dict[str, object]]:
+        """For the admin view and metrics: per counted server, per log with gated kinds, what
+        it reads (None: never fetched since this server became master) and where a fetch of it
+        last stopped at a record it does not read."""
+        out: dict[str, dict[str, object]] = {}
+        listed = tuple(listed)
+        for log in self.kinds:
+            for server in self.counted(log, listed, now_ms):
+                reads = self.reads(server, log)
+                entry = out.setdefault(server, {})
+                entry[log] = {"reads": None if reads is None else sorted(reads),
+                              "stopped_at": self.stopped_at.get((server, log))}
+        return out
+
+
+__all__ = ["KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds", "first_unread"]
