@@ -1,4 +1,4 @@
-/* realtime.storage._codecs: C twins of the three batch encoders of the realtime store (optional).
+/* realtime.storage._codecs: C twins of the batch encoders of the realtime store (optional).
  *
  * encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes
  *     consumer_log.encode_entries: per entry, big-endian u64 timestamp_ms, u64 offset,
@@ -14,12 +14,20 @@
  *     timestamp_ms, u64 sequence, u64 tag_bloom, u16 marker 0, u8 kind 4, u64 held_offset,
  *     then as above from the u16 subject length on.
  *
- * The layouts are documented in consumer_log.py, message_record.py and control_record.py, which
- * hold the pure-Python twins; these take lists only (the Python wrappers fall back to the twins
- * for anything else).
+ * encode_held_entries(held) -> bytes
+ *     store_checkpoint.encode_held_entries: per held entry (a 6-tuple: held_offset, size_bytes,
+ *     visible_at_ms, tag_bloom, subject, message_id), u64 held_offset, u32 size_bytes, u64
+ *     visible_at_ms, u64 tag_bloom, u16 subject length, the subject UTF-8, u16 id length, the id.
+ *
+ * The layouts are documented in consumer_log.py, message_record.py, control_record.py and
+ * store_checkpoint.py, which hold the pure-Python twins; the first three take lists only (the
+ * Python wrappers fall back to the twins for anything else), encode_held_entries any sequence
+ * of tuples of str names (a TypeError sends the wrapper to its twin).
  * A value out of its field's width, or of the wrong type, raises ValueError as the twins do.
  * Why C: a commit encodes every message's record and entry; even as C-level maps the Python
  * twins spend most of their time in per-item call overhead (three struct/CRC calls per entry).
+ * A checkpoint encodes the whole held set (200,000 entries: ~190 ms in Python, on the store
+ * thread that sends wait for).
  * tests/unit/test_realtime_storage_codecs.py holds both to the same bytes and the same errors.
  */
 
@@ -35,6 +43,7 @@
 #define VISIBLE_FIXED_BYTES 37 /* timestamp, sequence, bloom, marker, kind, held offset,
                                   subject length */
 #define KIND_VISIBLE_MESSAGE 4
+#define HELD_HEAD_BYTES 28 /* held_offset, size_bytes, visible_at_ms, tag_bloom */
 
 /* zlib.crc32(data): zlib's own crc32, as in the other C twins. */
 static uint32_t crc32_of(const unsigned char *data, size_t size)
@@ -50,14 +59,16 @@ static void put_be(unsigned char *out, uint64_t value, int size)
     }
 }
 
-/* The int at ``list[index]`` as an unsigned of at most ``max``; -1 with ValueError set when it
+/* The int at ``list[index]`` (a list or a tuple) as an unsigned of at most ``max``; -1 with ValueError set when it
  * is not an int in [0, max]. An int-like object (``__index__``, e.g. numpy.uint64) counts as its
  * int, as struct.pack in the Python twins takes it; an error its ``__index__`` raises passes up
  * as it does there. */
 static int get_field(PyObject *list, Py_ssize_t index, uint64_t max, const char *name,
                      uint64_t *out)
 {
-    PyObject *item = PyList_GET_ITEM(list, index);
+    /* A list's item, or a tuple's (a held entry): both keep their items where
+     * PySequence_Fast_ITEMS says. */
+    PyObject *item = PySequence_Fast_ITEMS(list)[index];
     PyObject *number;
     if (PyLong_Check(item)) {
         number = Py_NewRef(item);
@@ -252,6 +263,84 @@ static PyObject *encode_visible_records(PyObject *module, PyObject *args)
                            columns[2], columns[3], columns[4]);
 }
 
+/* The bytes of a UTF-8 name field: u16 length, then the bytes; -1 with TypeError when ``name``
+ * is not a str (the wrapper's Python twin then words the error), ValueError past 65535 bytes. */
+static const char *name_utf8(PyObject *name, Py_ssize_t *size)
+{
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "held entry names must be str");
+        return NULL;
+    }
+    const char *utf8 = PyUnicode_AsUTF8AndSize(name, size);
+    if (utf8 != NULL && *size > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "held entry name of %zd bytes exceeds 65535", *size);
+        return NULL;
+    }
+    return utf8;
+}
+
+static PyObject *encode_held_entries(PyObject *module, PyObject *held)
+{
+    PyObject *items = PySequence_Fast(held, "held entries must be a sequence");
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    PyObject **entries = PySequence_Fast_ITEMS(items);
+    /* Two passes: the size first (names are UTF-8 once, cached by str), then the bytes. */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = entries[i];
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 6) {
+            PyErr_SetString(PyExc_TypeError, "a held entry must be a tuple of 6 fields");
+            Py_DECREF(items);
+            return NULL;
+        }
+        Py_ssize_t subject_size, id_size;
+        if (name_utf8(PyTuple_GET_ITEM(entry, 4), &subject_size) == NULL
+                || name_utf8(PyTuple_GET_ITEM(entry, 5), &id_size) == NULL) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        total += HELD_HEAD_BYTES + 2 + subject_size + 2 + id_size;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        Py_DECREF(items);
+        return NULL;
+    }
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = entries[i];
+        uint64_t offset, size, visible_at, bloom;
+        Py_ssize_t subject_size, id_size;
+        if (get_field(entry, 0, UINT64_MAX, "held_offset", &offset) < 0
+                || get_field(entry, 1, UINT32_MAX, "size_bytes", &size) < 0
+                || get_field(entry, 2, UINT64_MAX, "visible_at_ms", &visible_at) < 0
+                || get_field(entry, 3, UINT64_MAX, "tag_bloom", &bloom) < 0) {
+            Py_DECREF(out);
+            Py_DECREF(items);
+            return NULL;
+        }
+        const char *subject = name_utf8(PyTuple_GET_ITEM(entry, 4), &subject_size);
+        const char *id = name_utf8(PyTuple_GET_ITEM(entry, 5), &id_size);
+        put_be(at, offset, 8);
+        put_be(at + 8, size, 4);
+        put_be(at + 12, visible_at, 8);
+        put_be(at + 20, bloom, 8);
+        at += HELD_HEAD_BYTES;
+        put_be(at, (uint64_t)subject_size, 2);
+        memcpy(at + 2, subject, subject_size);
+        at += 2 + subject_size;
+        put_be(at, (uint64_t)id_size, 2);
+        memcpy(at + 2, id, id_size);
+        at += 2 + id_size;
+    }
+    Py_DECREF(items);
+    (void)module;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_entries", encode_entries, METH_VARARGS,
      "encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes"},
@@ -261,6 +350,8 @@ static PyMethodDef methods[] = {
     {"encode_visible_records", encode_visible_records, METH_VARARGS,
      "encode_visible_records(timestamp_ms, subject_utf8, sequences, tag_blooms, held_offsets, "
      "ids_utf8, payloads) -> list[bytes]"},
+    {"encode_held_entries", encode_held_entries, METH_O,
+     "encode_held_entries(held) -> bytes"},
     {NULL, NULL, 0, NULL},
 };
 

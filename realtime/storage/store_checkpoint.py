@@ -35,6 +35,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
+
+from logstore.twins import c_twin
 
 HEADER = struct.Struct(
     ">B"  # version
@@ -59,6 +62,9 @@ CHECKPOINT_NAME = "consumerlogs"
 # (held_offset, size_bytes, visible_at_ms, tag_bloom, subject, message_id): a held record as
 # ``realtime.storage.held.Held`` has it (a Held compares equal to its tuple)
 HeldEntry = tuple[int, int, int, int, str, str]
+# The C twin of encode_held_entries (realtime/storage/_codecs.c); optional, chosen by
+# logstore.twins.
+_encode_held_entries_c = c_twin("realtime.storage._codecs", "encode_held_entries")
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,24 @@ def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
         raw = subject.encode("utf-8")
         parts += [SUBJECT_LENGTH.pack(len(raw)), raw, END_SEQUENCE.pack(end)]
     if held is not None:
-        parts.append(HELD_COUNT.pack(len(held)))
-        subjects: dict[str, bytes] = {}  # a hot slot's held messages share one subject
+        parts += [HELD_COUNT.pack(len(held)), encode_held_entries(held)]
+    return b"".join(parts)
+
+
+def encode_held_entries(held: Sequence[HeldEntry]) -> bytes:
+    """The held entries of a version 3 payload, one after the other (without their count).
+
+    The whole held set is encoded at every checkpoint, on the store thread that sends wait
+    for: with the optional C twin built (``_codecs``) it does the work (200,000 entries in
+    ~10 ms rather than ~190). Raises ValueError when a field does not fit its width."""
+    if _encode_held_entries_c is not None:
+        try:
+            return _encode_held_entries_c(held)
+        except TypeError:
+            pass  # not tuples with str names: the Python twin words the error
+    subjects: dict[str, bytes] = {}  # a hot slot's held messages share one subject
+    parts = []
+    try:
         for offset, size_bytes, visible_at_ms, bloom, subject, message_id in held:
             subject_raw = subjects.get(subject)
             if subject_raw is None:
@@ -102,6 +124,8 @@ def encode_store_checkpoint(checkpoint: StoreCheckpoint) -> bytes:
             parts.append(_held_entry(len(subject_raw), len(id_raw)).pack(
                 offset, size_bytes, visible_at_ms, bloom, len(subject_raw), subject_raw,
                 len(id_raw), id_raw))
+    except (struct.error, OverflowError) as exc:  # OverflowError: an __index__ int
+        raise ValueError(f"held entry field out of range: {exc}") from None
     return b"".join(parts)
 
 

@@ -36,6 +36,8 @@ from realtime.storage.message_record import (
     tag_bloom,
 )
 from realtime.storage.sequence_starts import decode_sequence_starts, encode_sequence_starts
+from realtime.storage import store_checkpoint
+from realtime.storage.held import Held
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint,
     decode_store_checkpoint,
@@ -199,6 +201,52 @@ def test_an_int_like_field_out_of_its_width_is_a_value_error_for_both_twins(colu
     with pytest.raises(ValueError, match="out of range"):
         encode_visible_messages(0, "s", column([0]), column([0]), column([_IntLike(value)]),
                                 column([b"i"]), column([b"p"]))
+
+
+# Held offsets below the checkpoint's offset (2**64 - 1 in the test), as decoding requires.
+held_entries = st.lists(st.tuples(st.integers(0, (1 << 64) - 2), u32, u64, u64, names, names),
+                        max_size=6)
+
+
+def python_held_entries(held, monkeypatch) -> bytes:
+    """What the Python twin of encode_held_entries answers for ``held``."""
+    with monkeypatch.context() as patch:
+        patch.setattr(store_checkpoint, "_encode_held_entries_c", None)
+        return store_checkpoint.encode_held_entries(held)
+
+
+@settings(max_examples=200)
+@given(held=held_entries)
+def test_held_entries_are_the_same_bytes_from_both_twins_and_decode_back(held):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        expected = python_held_entries(held, monkeypatch)
+    as_held = tuple(Held(*entry) for entry in held)  # what the store gives: Held tuples
+    for given_held in (held, tuple(held), as_held):
+        assert store_checkpoint.encode_held_entries(given_held) == expected
+    payload = encode_store_checkpoint(StoreCheckpoint((1 << 64) - 1, {}, 0, as_held))
+    assert decode_store_checkpoint(payload).held == tuple(held)
+
+
+@pytest.mark.parametrize("entry", [(-1, 0, 0, 0, "s", "i"), (1 << 64, 0, 0, 0, "s", "i"),
+                                   (0, 1 << 32, 0, 0, "s", "i"), (0, 0, 1.5, 0, "s", "i"),
+                                   (0, 0, 0, "1", "s", "i"), (0, 0, 0, None, "s", "i"),
+                                   (0, 0, 0, 0, "s" * 65_536, "i"),
+                                   (0, 0, 0, 0, "s", "\u00e9" * 32_768)])
+def test_a_held_entry_field_out_of_its_width_is_a_value_error_from_both_twins(entry,
+                                                                             monkeypatch):
+    with pytest.raises(ValueError):
+        store_checkpoint.encode_held_entries([entry])
+    with pytest.raises(ValueError):
+        python_held_entries([entry], monkeypatch)
+
+
+@pytest.mark.parametrize("entry", [(0, 0, 0, 0, b"s", "i"), (0, 0, 0, 0, "s", 7), (0, 0, 0, 0)])
+def test_a_held_entry_of_the_wrong_shape_is_refused_as_the_python_twin_refuses_it(entry,
+                                                                                 monkeypatch):
+    with pytest.raises(Exception) as python_error:
+        python_held_entries([entry], monkeypatch)
+    with pytest.raises(type(python_error.value)):
+        store_checkpoint.encode_held_entries([entry])
 
 
 @given(names, names, st.binary(max_size=50), st.data())
