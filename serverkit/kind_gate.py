@@ -35,6 +35,11 @@ from logstore.record import HEADER_SIZE_BYTES
 # one the MetaServer expired while it restarts), in ms.
 RECENT_FETCH_MS = 600_000
 
+# Past this many (server, log) entries, those not heard from within RECENT_FETCH_MS are
+# forgotten (fetchers that come and go: tools, replaced slaves); a listed slave's is learnt again
+# from its next fetch.
+ANNOUNCED_MAX = 256
+
 # (a record's body, where it starts in the chunk) -> its gated kind, or None (not gated).
 KindOf = Callable[[bytes, int], "int | None"]
 
@@ -90,8 +95,17 @@ class KindReads:
         self.stopped_at.clear()
 
     def announced(self, server: str, log: str, reads: frozenset[int], now_ms: int) -> None:
-        """``server`` fetched ``log`` saying it reads ``reads``."""
+        """``server`` fetched ``log`` saying it reads ``reads`` (every fetch: no allocation
+        when nothing changed)."""
+        found = self._announced.get((server, log))
+        if found is not None and found.reads == reads:
+            found.at_ms = now_ms
+            return
         self._announced[(server, log)] = _Announced(reads, now_ms)
+        if len(self._announced) > ANNOUNCED_MAX:
+            for key in [k for k, v in self._announced.items()
+                        if now_ms - v.at_ms > RECENT_FETCH_MS]:
+                del self._announced[key]
 
     def reads(self, server: str, log: str) -> frozenset[int] | None:
         """The kinds ``server`` last said it reads of ``log``; None when it never fetched it."""
@@ -142,4 +156,4 @@ class KindReads:
         return out
 
 
-__all__ = ["KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds", "first_unread"]
+__all__ = ["ANNOUNCED_MAX", "KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds", "first_unread"]

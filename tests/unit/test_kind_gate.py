@@ -15,7 +15,9 @@ from logstore.epoch_history import EpochHistory
 from logstore.record import encode_record
 from realtime.storage import control_record
 from realtime.storage.message_record import encode_message_record
-from serverkit.kind_gate import RECENT_FETCH_MS, KindReads, RecordKinds, first_unread
+from serverkit.kind_gate import (
+    ANNOUNCED_MAX, RECENT_FETCH_MS, KindReads, RecordKinds, first_unread,
+)
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
 from wire.errors import UnreadableRecord
@@ -23,6 +25,7 @@ from wire.replication import Fetch, fetch_request, parse_fetch
 
 MESSAGE_KINDS = RecordKinds(control_record.GATED_KINDS, control_record.gated_kind_at)
 ALL = control_record.GATED_KINDS
+NOTHING_READ: frozenset[int] = frozenset()
 
 
 def message(n: int) -> bytes:
@@ -170,3 +173,12 @@ def test_the_view_names_each_counted_slave_what_it_reads_and_where_it_stopped():
         "s1": {"message": {"reads": [1, 3], "stopped_at": (40, 4)}},
         "s2": {"message": {"reads": None, "stopped_at": None}},
     }
+
+
+def test_fetchers_not_heard_from_for_long_are_forgotten_once_there_are_many():
+    reads = KindReads({"message": MESSAGE_KINDS})
+    for n in range(ANNOUNCED_MAX):
+        reads.announced(f"tool-{n}", "message", NOTHING_READ, 0)
+    reads.announced("late", "message", NOTHING_READ, RECENT_FETCH_MS + 1)
+    assert reads.counted("message", (), RECENT_FETCH_MS + 1) == ["late"]
+    assert reads.reads("tool-0", "message") is None
