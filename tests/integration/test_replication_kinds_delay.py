@@ -4,7 +4,9 @@ the delay slave is of the release before ``fetch.reads`` (simulated: its done jo
 without the gated kinds, so its fetches say nothing), the delay master writes no handed record:
 the hand-off pauses and every message is delivered at its due time, none early, none lost,
 each traced ``dispatched`` (not ``handed``). Once the slave is restarted announcing what it
-reads, messages are handed off again and the slave copies the handed records."""
+reads, messages are handed off again and the slave copies the handed records. Such a slave
+joining a journal that holds handed records already copies it up to the first of them, and its
+store opens again as it was."""
 
 from __future__ import annotations
 
@@ -157,5 +159,49 @@ async def test_a_delay_group_with_a_slave_that_says_nothing_delivers_on_time_wit
                            "the slave copied the handed record")
         finally:
             await slave.stop()
+            await master.stop()
+            await broker.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_delay_slave_that_says_nothing_copies_a_journal_up_to_its_first_handed_record(
+        tmp_path, monkeypatch):
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        broker = RealtimeServer(RealtimeConfig(data_dir=data_dir(tmp_path, BROKER),
+                                               meta_url=meta.url, group="rt1", port=0,
+                                               trace=False, heartbeat_interval_ms=200))
+        master = delay_server(tmp_path, meta.url, MASTER)
+        await broker.start()
+        await master.start()
+        slave = None
+        try:
+            due_ms = now_ms() + 2 * LEAD_MS + 1_000
+            await send_due(master.port, "solo", due_ms)  # no slave: nobody to be unable to read
+            assert await receive(broker.port, "solo", due_ms) == sorted(
+                f"solo-{n}" for n in range(COUNT))
+            assert master.scheduler.stats.handed == COUNT
+            written = journal(master)
+            stop_at = first_unread(written, frozenset(), done_journal.gated_kind_at)
+            assert stop_at is not None
+            slave = delay_server(tmp_path, meta.url, SLAVE)
+            await start_old(slave, monkeypatch)
+            follower = replica(slave).follower
+            assert follower is not None
+            await wait_for(lambda: follower.unreadable_records >= 2, 30,
+                           "the old slave's fetches refused at the first handed record")
+            assert journal(slave) == written[:stop_at[0]]  # whole records, none it cannot read
+            await slave.stop()
+            slave = delay_server(tmp_path, meta.url, SLAVE)
+            await start_old(slave, monkeypatch)  # its store opens again, as it was
+            assert journal(slave) == written[:stop_at[0]]
+            await slave.stop()
+            slave = delay_server(tmp_path, meta.url, SLAVE)
+            await slave.start()  # upgraded
+            await wait_for(lambda: journal(slave) == journal(master), 30,
+                           "the upgraded slave copied the rest of the journal")
+        finally:
+            if slave is not None:
+                await slave.stop()
             await master.stop()
             await broker.stop()
