@@ -6,6 +6,10 @@ the other; the SDK's clients never import it. Each server passes its own ``Colle
 (never the process-global one), so several servers in one process (``qmq up``, tests) keep
 separate figures.
 
+The same listener answers ``GET /replication`` with what the server's replication says of
+itself, as JSON (``Replica.status``): per slave which gated record kinds it reads, which kinds
+may be written now and why not (docs/REPLICATION.md 8.2).
+
 Gauges read from storage (backlog, pending counts) are refreshed at scrape time by the server's
 ``refresh`` coroutine, which goes through the stores' I/O threads; a refresh that fails is logged
 and the scrape still answers with every other metric.
@@ -14,7 +18,7 @@ and the scrape still answers with every other metric.
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -22,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 log = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
+STATUS_PATH = "/replication"
 
 
 async def scrape(registry: CollectorRegistry,
@@ -41,8 +46,10 @@ class MetricsListener:
     (port 0 picks a free one) and returns the port, ``await stop()`` closes it."""
 
     def __init__(self, registry: CollectorRegistry, *, host: str = "127.0.0.1", port: int = 0,
-                 refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+                 refresh: Callable[[], Awaitable[None]] | None = None,
+                 status: Callable[[], dict[str, Any]] | None = None) -> None:
         self._registry = registry
+        self._status = status  # GET /replication's body; None: not answered
         self._host = host
         self._port = port
         self._refresh = refresh
@@ -59,6 +66,8 @@ class MetricsListener:
         """Listen; returns the bound port."""
         app = web.Application()
         app.router.add_get(METRICS_PATH, self._handle)
+        if self._status is not None:
+            app.router.add_get(STATUS_PATH, self._handle_status)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
@@ -80,5 +89,9 @@ class MetricsListener:
     async def _handle(self, request: web.Request) -> web.Response:
         return await scrape(self._registry, self._refresh)
 
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        assert self._status is not None
+        return web.json_response(self._status())
 
-__all__ = ["METRICS_PATH", "MetricsListener", "scrape"]
+
+__all__ = ["METRICS_PATH", "MetricsListener", "STATUS_PATH", "scrape"]

@@ -164,6 +164,26 @@ class Replica:
         listed = set(source.tracker.members) | set(source.tracker.confirmed)
         return source.kind_reads.view(listed, self._clock_ms())
 
+    def status(self) -> dict[str, object]:
+        """``GET /replication`` on the metrics port: this server's role in the data plane and
+        the record-kind gate (docs/REPLICATION.md 8.2). A master: per slave it counts, per log
+        with gated kinds, what it reads and where its copy last stopped at a record it does not
+        read; per gated kind, null when it may be written now, else why not (why holds or
+        hand-offs are refused). A slave: the kinds it reads and its master's last refusal."""
+        out: dict[str, object] = {"group": self.group, "serving_as": self.serving_as}
+        source, follower = self.source, self.follower
+        if source is not None and self.serving_as == "master":
+            out["slaves"] = self.kinds_view()
+            out["kinds"] = {log: {str(kind): source.kind_refusal(log, kind)
+                                  for kind in sorted(kinds.reads)}
+                            for log, kinds in source.kind_reads.kinds.items()}
+        if follower is not None and self.serving_as == "slave":
+            out["reads"] = {item.name: sorted(item.kinds.reads) for item in self._logs
+                            if item.kinds is not None}
+            out["unreadable_records"] = follower.unreadable_records
+            out["unreadable_why"] = follower.unreadable_why
+        return out
+
     # ------------------------------------------------------------------ ReplicationStatus
 
     def last_epoch(self) -> int:

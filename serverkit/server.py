@@ -147,7 +147,7 @@ class ServerBase:
         if config.metrics_port is not None:
             self.metrics_listener = MetricsListener(
                 metrics.registry, host=config.host, port=config.metrics_port,
-                refresh=metrics.refresh)
+                refresh=metrics.refresh, status=getattr(self.replication, "status", None))
         self.registration: Registration | None = None
         self.port: int | None = None
         self.open_files: OpenFilesLimit | None = None  # set by start()

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
@@ -41,7 +42,8 @@ def realtime_server(tmp_path: Any, meta_url: str, me: str) -> RealtimeServer:
     data.mkdir(exist_ok=True)
     server_id.write(str(data), bytes.fromhex(me))
     return RealtimeServer(RealtimeConfig(data_dir=str(data), meta_url=meta_url, group="rt1",
-                                         port=0, trace=False, heartbeat_interval_ms=200))
+                                         port=0, trace=False, heartbeat_interval_ms=200,
+                                         metrics_port=0))
 
 
 async def start_old(server: RealtimeServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,6 +93,15 @@ def scrape(server: RealtimeServer) -> Scrape:
     return Scrape(generate_latest(server.metrics.registry).decode())
 
 
+async def status(server: RealtimeServer) -> dict[str, Any]:
+    """``GET /replication`` on the server's metrics port."""
+    assert server.metrics_listener is not None
+    url = f"http://127.0.0.1:{server.metrics_listener.port}/replication"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url) as response:
+            return await response.json()
+
+
 def held_records_in(data: bytes) -> bool:
     return first_unread(data, NOTHING, control_record.gated_kind_at) is not None
 
@@ -121,6 +132,9 @@ async def test_a_group_with_a_slave_that_says_nothing_refuses_holds_until_it_is_
                            {"slave": SLAVE, "log": "message", "kind": "1"}] == 0
             assert figures["qmq_replication_kind_writable", {"log": "message", "kind": "1"}] == 0
             assert figures["qmq_realtime_holds_refused_kinds_total"] == 2
+            view = await status(master)
+            assert view["slaves"][SLAVE]["message"]["reads"] == []
+            assert SLAVE in view["kinds"]["message"]["1"]  # why holds are refused
 
             await slave.stop()  # upgraded: restarted saying what it reads
             slave = realtime_server(tmp_path, meta.url, SLAVE)
@@ -137,6 +151,9 @@ async def test_a_group_with_a_slave_that_says_nothing_refuses_holds_until_it_is_
             assert figures["qmq_replication_slave_reads_kind",
                            {"slave": SLAVE, "log": "message", "kind": "5"}] == 1
             assert figures["qmq_replication_kind_writable", {"log": "message", "kind": "5"}] == 1
+            assert (await status(master))["kinds"]["message"] == {"1": None, "3": None,
+                                                                  "4": None, "5": None}
+            assert (await status(slave))["reads"] == {"message": [1, 3, 4, 5]}
             await wait_for(lambda: message_log(slave) == message_log(master), 30,
                            "the upgraded slave copied the held records")
         finally:
@@ -167,6 +184,7 @@ async def test_a_slave_that_says_nothing_joining_a_log_with_held_records_copies_
                            "the old slave's fetches refused at the held record")
             assert message_log(slave) == log[:stop_at[0]]  # whole records, none held
             assert scrape(slave)["qmq_replication_unreadable_records_total"] >= 2
+            assert "kind 1" in (await status(slave))["unreadable_why"]
             assert "hold refused" in (await hold(master.port, "h2"))["error"]["message"]
             await slave.stop()
             slave = realtime_server(tmp_path, meta.url, SLAVE)
