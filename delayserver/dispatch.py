@@ -43,6 +43,9 @@ Hold = Callable[[str, list[bytes], list[int]], Awaitable[tuple[str, list[dict[st
 Io = Callable[..., Awaitable[Any]]  # runs fn(*args) on the store's delay-io thread
 # Before a hold of the entries due up to a time is sent: the record of it (HandOff.recorded).
 Recorded = Callable[[int, list[ScheduleEntry]], Awaitable[None]]
+# (message id, deliver_at_ms, its entry in flight) -> (outcome, subject): the store's cancel of
+# a message taken for dispatch (Scheduler._cancel_in_store).
+CancelTaken = Callable[[str, int, ScheduleEntry], Awaitable[tuple[str, str | None]]]
 
 DISPATCH_CONCURRENCY = 8  # dispatch requests in flight at once (the realtime side group-commits)
 # A due backlog this long (a hot slot) is taken by one worker in chunks of up to
@@ -109,7 +112,8 @@ class Dispatcher(HandedMixin):
                  tracer: DelayTracer, wake: Callable[[], None], hold: Hold | None = None,
                  no_hold: Callable[[], None] | None = None,
                  recorded: Recorded | None = None,
-                 journal_replicated: Callable[[], Awaitable[None]] | None = None) -> None:
+                 record_dropped: Callable[[str, int], Awaitable[str]] | None = None,
+                 cancel_in_store: CancelTaken | None = None) -> None:
         self.config = config
         self.clock = clock
         self.send = send
@@ -128,9 +132,13 @@ class Dispatcher(HandedMixin):
         self.hold = hold
         self._no_hold = no_hold
         self._recorded = recorded
-        # Waits until the slaves a sync write waits for have the done journal so far (a drop
-        # or a cancel recorded here: a new master must not deliver it; None: nobody to wait for)
-        self._journal_replicated = journal_replicated
+        # Records a broker's drop of a handed message in the store and waits for the slaves
+        # (Scheduler._record_dropped, the cancel's own path): its answer
+        self._record_dropped = record_dropped
+        # Cancels in the store, under the loader's lock, an entry in flight that a broker
+        # dropped (Scheduler._cancel_in_store with ``taken``, the cancel's own path: traced,
+        # waiting for the slaves)
+        self._cancel_in_store = cancel_in_store
         self.handed: dict[str, tuple[str, int, bool]] = {}
         self.pending_drops: dict[str, int] = {}
         # (deliver_at_ms, id) of every id put into ``handed``, a heap: pruning pops what is
@@ -456,12 +464,11 @@ class Dispatcher(HandedMixin):
     async def _mark_drop(self, message_id: str, due_ms: int) -> None:
         """Record one pending drop in the store; one whose dispatch is still not recorded (a
         full disk held it back) stays pending, for ``record_unrecorded``."""
+        if self._record_dropped is None:
+            return
         try:
-            answer = await self._io(self.store.record_dropped, message_id, due_ms)
-            if answer == "open":
+            if await self._record_dropped(message_id, due_ms) == "open":
                 self.pending_drops[message_id] = due_ms
-            elif answer == "dropped" and self._journal_replicated is not None:
-                await self._journal_replicated()
         except Exception:
             log.exception("the drop of handed message %s due at %d was not recorded",
                           message_id, due_ms)

@@ -75,7 +75,8 @@ class HandedMixin:
     async def _cancel_dropped(self: Dispatcher, entries: list[ScheduleEntry], payloads: list[bytes]
                               ) -> tuple[list[ScheduleEntry], list[bytes]]:
         """Of a hand-off whose answer was lost: those a broker dropped at a cancel meanwhile
-        (``pending_drops``; the cancel answered "cancelled") are cancelled in the store and
+        (``pending_drops``; the cancel answered "cancelled") are cancelled in the store (the
+        cancel's own path: under the loader's lock, traced, waiting for the slaves) and
         forgotten, never sent at their due time; the others are returned."""
         keep: list[int] = []
         for position, payload in enumerate(payloads):
@@ -84,13 +85,13 @@ class HandedMixin:
             if due_ms is None:
                 keep.append(position)
                 continue
+            entry = entries[position]
             try:
-                await self._io(self.store.cancel, message_id, due_ms)
-                if self._journal_replicated is not None:
-                    await self._journal_replicated()
+                if self._cancel_in_store is not None:
+                    await self._cancel_in_store(message_id, due_ms, entry)
             except Exception:
                 log.exception("the cancel of dropped message %s was not recorded", message_id)
-            self.window.forget([entries[position]])
+            self.window.forget([entry])  # the broker dropped it: never sent, whatever the store said
         return [entries[i] for i in keep], [payloads[i] for i in keep]
 
     def _pin(self: Dispatcher, entries: list[ScheduleEntry], holders: list[str] | None,

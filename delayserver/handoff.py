@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from delayserver.config import DelayConfig
 from delayserver.dispatch import HELD_CANCEL_GRACE_MS, Dispatcher, Hold
@@ -43,10 +43,10 @@ NO_HOLD_PAUSE_MS = 30_000
 # one per wheel tick; they are still most of the lead ahead of their due time.
 HANDOFF_STEP_MS = 250
 # (subject, message ids) -> for each id, whether a broker held it and dropped it now
-# (HELD_DROPPED or True), dropped it at an earlier cancel (HELD_DROPPED_BEFORE) or neither
-# ("" or False) (PayloadSender.cancel_held_answers, the ``cancel_held`` op); raises when a
-# broker cannot be asked.
-CancelHeld = Callable[[str, list[str]], Awaitable[list[Any]]]
+# (HELD_DROPPED), dropped it at an earlier cancel (HELD_DROPPED_BEFORE) or neither ("")
+# (PayloadSender.cancel_held_answers, the ``cancel_held`` op); raises when a broker cannot
+# be asked.
+CancelHeld = Callable[[str, list[str]], Awaitable[list[str]]]
 # The store's part of a cancel: (message id, deliver_at_ms) -> (outcome, subject or None).
 StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
 # The store's subject and state of a message and whether a handed-entries record names it
@@ -125,6 +125,7 @@ class HandOff:
         self.record_handed_ids = record_handed_ids
         self._naming: list[tuple[int, list[ScheduleEntry], asyncio.Future[None]]] = []
         self._namer: asyncio.Task[None] | None = None
+        self._named_refused_why = ""  # the last reason kind 6 was refused (logged once)
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
@@ -161,8 +162,9 @@ class HandOff:
                 await self._named(until_ms, entries)
                 return
             except NotSupported as exc:  # a slave does not read kind 6 (the gate): kind 4
-                log.info("hand-off of %d messages recorded by due time, not by entry: %s",
-                         len(entries), exc)
+                if str(exc) != self._named_refused_why:  # once per reason, not per batch
+                    self._named_refused_why = str(exc)
+                    log.warning("hand-offs recorded by due time, not by entry: %s", exc)
         await self._covered(until_ms)
 
     async def _named(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
@@ -382,10 +384,7 @@ class HandOff:
         now, or nobody to ask); raises when a broker cannot be asked."""
         if self.cancel_held is None:
             return ""
-        answer = (await self.cancel_held(subject, [message_id]))[0]
-        if answer is True:  # a list[bool] answer (PayloadSender.cancel_held)
-            return HELD_DROPPED
-        return answer or ""
+        return (await self.cancel_held(subject, [message_id]))[0] or ""
 
 
 __all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",

@@ -162,7 +162,7 @@ class Scheduler(LoadingMixin):
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
                           self._io, self.stats, self.tracer, self._wakeup.set,
                           self.handoff.hold, self.handoff.no_hold, self.handoff.recorded,
-                          self._journal_replicated_if_copied)
+                          self._record_dropped, self._cancel_in_store)
 
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,
@@ -454,11 +454,13 @@ class Scheduler(LoadingMixin):
             message_id, deliver_at_ms, self.dispatcher, self._cancel_in_store,
             lambda message_id, due_ms: self._io(self.store.handed_state, message_id, due_ms))
 
-    async def _cancel_in_store(self, message_id: str, deliver_at_ms: int
-                               ) -> tuple[str, str | None]:
-        """The store's part of ``cancel``: (outcome, the message's subject when found)."""
+    async def _cancel_in_store(self, message_id: str, deliver_at_ms: int,
+                               taken: ScheduleEntry | None = None) -> tuple[str, str | None]:
+        """The store's part of ``cancel``: (outcome, the message's subject when found).
+        ``taken``: an entry of the message the dispatcher holds in flight and gives up (a
+        hand-off a broker dropped while its answer was lost): cancelled as if waiting."""
         async with self._preload_lock:
-            outcome, subject = await self._cancel_unloading(message_id, deliver_at_ms)
+            outcome, subject = await self._cancel_unloading(message_id, deliver_at_ms, taken)
         if outcome == "cancelled" and self.replica.replicating:
             await self.journal_replicated()
         return outcome, subject
@@ -475,23 +477,15 @@ class Scheduler(LoadingMixin):
     async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry]]]
                                  ) -> None:
         """Handed-entries records of ``hand_offs`` (``HandOff.recorded``), on the slaves too;
-        NotSupported, nothing written, while some slave does not read them (the gate)."""
-        why = self._handed_ids_refusal()
+        NotSupported, nothing written, while some slave does not read them (the gate, asked
+        right before the write: HandOff then writes the handed record, kind 4, instead; not
+        counted in ``kinds_refused``, as the hand-off goes on)."""
+        why = self.replica.kind_refusal("done", KIND_HANDED_IDS)
         if why is not None:
-            raise NotSupported(why)
+            raise NotSupported(f"done journal kind {KIND_HANDED_IDS} not written: {why}")
         await self._io(self.store.record_handed_entries, hand_offs)
         if self.replica.replicating:
             await self.journal_replicated()
-
-    def _handed_ids_refusal(self) -> str | None:
-        """Why a handed-entries record (done journal kind 6) may not be written now (None: it
-        may): the replication gate, asked right before the write (no await between)."""
-        kind_refusal = getattr(self.replica, "kind_refusal", None)
-        if kind_refusal is not None:
-            return kind_refusal("done", KIND_HANDED_IDS)
-        if self.replica.replicating:  # a replication without the gate: its slaves may be old
-            return "the replication does not say which record kinds the slaves read"
-        return None
 
     async def _record_dropped(self, message_id: str, deliver_at_ms: int) -> str:
         """A broker dropped a handed message (``HandOff``): recorded in the store
@@ -517,20 +511,14 @@ class Scheduler(LoadingMixin):
             self.kinds_refused_why = why
         raise NotSupported(f"done journal kind {kind} not written: {why}")
 
-    async def _journal_replicated_if_copied(self) -> None:
-        """``journal_replicated`` when this store has slaves (the dispatcher's drop and cancel
-        records)."""
-        if self.replica.replicating:
-            await self.journal_replicated()
-
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a
         cancel: a new master must not deliver what was answered "cancelled")."""
         end = await self._io(lambda: self.store.done_copy.copy_bounds()[1])
         await self.replica.wait_replicated("done", end)
 
-    async def _cancel_unloading(self, message_id: str, deliver_at_ms: int
-                                ) -> tuple[str, str | None]:
+    async def _cancel_unloading(self, message_id: str, deliver_at_ms: int,
+                                taken: ScheduleEntry | None = None) -> tuple[str, str | None]:
         """``_cancel_in_store``, holding the loader's lock."""
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.done_before_ms)
         # Take candidates out of the wheel first, so the timer cannot send one while the
@@ -543,7 +531,10 @@ class Scheduler(LoadingMixin):
         try:
             ids = await self._io(lambda: [store.read(e).message_id for e in held + in_flight])
             mine = {e.delay_log_offset for e, i in zip(held + in_flight, ids) if i == message_id}
-            if mine and not mine & {e.delay_log_offset for e in held}:
+            ours = {e.delay_log_offset for e in held}
+            if taken is not None:
+                ours.add(taken.delay_log_offset)
+            if mine and not mine & ours:
                 outcome = "already_dispatched"
             else:
                 outcome, subject = await self._io(store.cancel_detail, message_id,
@@ -552,6 +543,8 @@ class Scheduler(LoadingMixin):
                     cancelled = mine
                     self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         finally:
+            if taken is not None and taken.delay_log_offset in cancelled:
+                self.window.forget([taken])
             self.window.release_held(held, cancelled, self.clock())
             self.tracer.drop_kept(cancelled)
             self.dispatcher.prefetch.drop(cancelled)

@@ -251,10 +251,6 @@ class PayloadSender:
                     await self.pool.discard(address)
         return unknown or last_error
 
-    async def cancel_held(self, subject: str, message_ids: list[str]) -> list[bool]:
-        """``cancel_held_answers``, for each id True when some group dropped it now."""
-        return [a == HELD_DROPPED for a in await self.cancel_held_answers(subject, message_ids)]
-
     async def cancel_held_answers(self, subject: str, message_ids: list[str]) -> list[str]:
         """Ask every broker group of ``subject`` to drop these held messages (``cancel_held``):
         for each id HELD_DROPPED when some group held it and dropped it now, else

@@ -11,6 +11,7 @@ from delayserver.config import DelayConfig
 from delayserver.scheduler import Scheduler
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle
+from serverkit.payload_sender import HELD_DROPPED
 from wire.errors import ConnectionLost, NotSupported, Overloaded
 from wire.message import decode_message, encode_message
 
@@ -36,9 +37,10 @@ class HoldingBroker(Broker):
         self.held += [(self.clock(), i, v) for i, v in zip(ids, visible_at_ms)]
         return "rt", [{"id": i, "status": "stored"} for i in ids]
 
-    async def cancel_held(self, subject: str, ids: list[str]) -> list[bool]:
+    async def cancel_held(self, subject: str, ids: list[str]) -> list[str]:
+        """PayloadSender.cancel_held_answers: "dropped" for an id ``cancel_answers`` says True."""
         self.cancels.append((subject, ids))
-        return [self.cancel_answers.get(i, False) for i in ids]
+        return [HELD_DROPPED if self.cancel_answers.get(i) else "" for i in ids]
 
 
 async def started(tmp_path, clock, broker: HoldingBroker, tracer=None,
@@ -113,7 +115,7 @@ class DroppingBroker(HoldingBroker):
     async def cancel_held(self, subject, ids):
         self.cancels.append((subject, ids))
         await asyncio.sleep(0)
-        answers = [self.cancel_answers.get(i, False) for i in ids]
+        answers = [HELD_DROPPED if self.cancel_answers.get(i) else "" for i in ids]
         for i in ids:
             self.cancel_answers[i] = False
         return answers
@@ -149,4 +151,4 @@ class DropThenLoseHoldAnswer(HoldingBroker):
 
     async def cancel_held(self, subject, ids):
         self.cancels.append((subject, ids))
-        return [True for _ in ids]
+        return [HELD_DROPPED for _ in ids]

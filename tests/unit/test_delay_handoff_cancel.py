@@ -177,7 +177,7 @@ class UnreachableOnceBroker(HoldingBroker):
         if self.unreachable:
             self.unreachable -= 1
             raise ConnectionLost("broker unreachable")
-        return [False for _ in ids]
+        return ["" for _ in ids]
 
     def delivered(self, message_id: str) -> bool:
         return any(i == message_id and v <= self.clock() for _w, i, v in self.held)
@@ -225,7 +225,7 @@ class FailFirstThenDropOnce(HoldingBroker):
         await asyncio.sleep(0)
         if self.calls == 1:
             raise ConnectionLost("unreachable")
-        answers = [i not in self.dropped for i in ids]
+        answers = ["" if i in self.dropped else "dropped" for i in ids]
         self.dropped.update(ids)
         return answers
 

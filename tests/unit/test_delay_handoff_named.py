@@ -39,7 +39,8 @@ async def _a_backlog_and_a_hot_step(tmp_path, clock, broker, refusal=None):
     messages)."""
     scheduler = await started(tmp_path, clock, broker, min_messages=2)
     if refusal is not None:
-        scheduler._handed_ids_refusal = lambda: refusal
+        scheduler.replica.kind_refusal = (  # type: ignore[method-assign]
+            lambda log, kind: refusal if kind == 6 else None)
     try:
         hot_due = clock() + 10_000
         hot = await schedule(scheduler, clock, hot_due, b"h1", b"h2")

@@ -187,12 +187,13 @@ async def test_a_recorder_cancelled_while_it_records_a_drop_still_confirms_what_
                 await gate.wait()  # the dispatch record waits until the cancel is answered
             return await real_io(fn, *args)
 
-        async def never_replicated() -> None:
-            stuck.set()
+        async def never_recorded(message_id: str, due_ms: int) -> str:
+            stuck.set()  # as a drop record whose slaves never confirm it
             await asyncio.Event().wait()
+            return "dropped"
 
         scheduler.dispatcher._io = slow_io
-        scheduler.dispatcher._journal_replicated = never_replicated
+        scheduler.dispatcher._record_dropped = never_recorded
         clock.advance(10_000 - LEAD_MS)
         await settle(scheduler)
         broker.cancel_answers = {m.id: True}
@@ -259,3 +260,33 @@ async def test_a_message_pinned_to_a_group_gone_past_the_wait_is_sent_to_its_hom
             await settle(scheduler)
         assert broker.sends[0][1] == ["rt-a"] and broker.sends[-1][1] is None
         assert [got.id for _at, got in broker.received] == [m.id]
+
+
+async def test_a_drop_during_a_lost_hold_answer_is_cancelled_in_the_store_under_the_loader_s_lock_and_traced(
+        tmp_path):
+    # read-through s12: the dispatcher cancelled it in the store itself, without the loader's
+    # lock (a bucket load reading the message as pending before the cancel record could put
+    # it back into the window) and without the cancel's trace line.
+    clock = FakeClock()
+    broker = DropThenLoseHoldAnswer(clock)
+    writer = TraceWriter(tmp_path / "trace", "delay:d", clock_ms=clock, background=False)
+    scheduler = await started(tmp_path, clock, broker, DelayTracer(writer))
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert await scheduler.cancel(m.id, due) == "cancelled"  # parked: its hold in flight
+        async with scheduler._preload_lock:  # a bucket load under way
+            broker.answer.set()
+            for _ in range(50):
+                await asyncio.sleep(0)
+            state = await scheduler.on_io(scheduler.store.subject_and_state, m.id, due)
+            assert state == ("s", "pending"), "cancelled in the store during a load"
+        await settle(scheduler)
+        assert await scheduler.on_io(scheduler.store.subject_and_state, m.id, due) == ("s", "done")
+        clock.advance(LEAD_MS)
+        await settle(scheduler)
+        assert broker.received == [] and not scheduler.window.tracked
+    finally:
+        await scheduler.stop()
+    writer.flush()
+    lines = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "cancelled"]
+    assert [e["msg_id"] for e in lines] == [m.id, m.id], "the drop's and the store's cancel"
