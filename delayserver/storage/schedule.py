@@ -100,6 +100,19 @@ class ScheduleFiles:
         self.buffered_bytes += ENTRY_SIZE_BYTES
         return index
 
+    def append_run(self, bucket_ms: int, entries: bytes) -> int:
+        """Buffer a run of encoded entries (a multiple of 32 bytes) for one bucket, as
+        ``append`` of each in turn would; returns the index of the first."""
+        buffered = self._buffer.get(bucket_ms)
+        self.buffered_bytes += len(entries)
+        if buffered is None:
+            self._buffer[bucket_ms] = bytearray(entries)
+            base = self._buffer_base[bucket_ms] = self.index.reserve(bucket_ms, 0)
+            return base
+        index = self._buffer_base[bucket_ms] + len(buffered) // ENTRY_SIZE_BYTES
+        buffered += entries
+        return index
+
     @property
     def buffer_full(self) -> bool:
         """True when the buffer passed ``buffer_bytes_max``."""

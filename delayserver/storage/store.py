@@ -42,7 +42,7 @@ import os
 import zlib
 from itertools import repeat
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from delayserver.storage.delay_checkpoint import (
     CHECKPOINT_NAME,
@@ -320,17 +320,26 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         # but the schedule buffer's append and the bucket bookkeeping.
         dues, buckets, hashes = batch.dues, batch.buckets, batch.hashes
         sizes = list(map(len, batch.bodies))
-        indexes = list(map(self._schedule.append, buckets,
-                           encode_schedule_entries(dues, offsets, sizes, hashes)))
+        encoded = encode_schedule_entries(dues, offsets, sizes, hashes)
+        known = self._bucket_pending
+        if min(buckets) == max(buckets):  # the usual: one bucket, its entries as one run
+            bucket = buckets[0]
+            first = self._schedule.append_run(bucket, b"".join(encoded))
+            indexes: Iterable[int] = range(first, first + count)
+            if bucket in known:
+                known[bucket] += count
+            elif first == 0:  # the bucket's first entries: its count is known from here on
+                known[bucket] = count
+        else:
+            indexes = list(map(self._schedule.append, buckets, encoded))
+            for bucket, index in zip(buckets, indexes):
+                if bucket in known:
+                    known[bucket] += 1
+                elif index == 0:
+                    known[bucket] = 1
         entries = list(map(_new_tuple, repeat(ScheduleEntry, count),
                            zip(buckets, indexes, dues, offsets, sizes, hashes)))
         self._counts.add_many(buckets, batch.subjects)
-        known = self._bucket_pending
-        for bucket, index in zip(buckets, indexes):
-            if bucket in known:
-                known[bucket] += 1
-            elif index == 0:  # the bucket's first entry: its count is known from here on
-                known[bucket] = 1
         chunk_size, chunk_max = self._chunk_size, self._chunk_max
         if offsets[0] // chunk_size == offsets[-1] // chunk_size:  # the usual: one chunk
             chunk, top = offsets[0] // chunk_size, max(buckets)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from delayserver.storage import DelayStore, DelayStoreConfig
 from delayserver.storage.delay_record import (
@@ -14,8 +16,10 @@ from delayserver.storage.delay_record import (
     encode_delay_records,
     subject_tail,
 )
+from delayserver.storage.layout import Layout
+from delayserver.storage.schedule import ScheduleFiles
 from delayserver.storage.schedule_entry import encode_schedule_entries, encode_schedule_entry
-from logstore import RecordTooLarge
+from logstore import OsFile, RecordTooLarge
 
 NOW_MS = 1_700_000_000_000  # a fixed "now", never the clock
 BUCKET_MS = 1_000
@@ -125,3 +129,55 @@ def test_pending_counts_of_a_commit_are_those_of_its_rows_added_one_by_one(hours
         one_by_one.add(bucket, subject)
     assert (in_one.per_hour, in_one.per_subject, in_one.total) == (
         one_by_one.per_hour, one_by_one.per_subject, one_by_one.total)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, BUCKET_MS, 5 * BUCKET_MS]),
+                          st.integers(1, 40)), max_size=12))
+def test_a_run_of_entries_for_one_bucket_buffers_what_appending_them_one_by_one_does(runs):
+    one_by_one = ScheduleFiles(Layout("/nonexistent-one"), OsFile)
+    as_runs = ScheduleFiles(Layout("/nonexistent-runs"), OsFile)
+    entry = 0
+    for bucket, count in runs:
+        entries = [encode_schedule_entry(BASE_MS + bucket, entry + k, 100, k) for k in range(count)]
+        entry += count
+        indexes = [one_by_one.append(BASE_MS + bucket, e) for e in entries]
+        first = as_runs.append_run(BASE_MS + bucket, b"".join(entries))
+        assert list(range(first, first + count)) == indexes
+    for bucket in (0, BUCKET_MS, 5 * BUCKET_MS):
+        assert as_runs.buffered(BASE_MS + bucket) == one_by_one.buffered(BASE_MS + bucket)
+        assert as_runs.count(BASE_MS + bucket) == one_by_one.count(BASE_MS + bucket)
+    assert as_runs.buffered_bytes == one_by_one.buffered_bytes
+
+
+def test_commits_within_one_bucket_index_what_commits_over_many_buckets_index(tmp_path):
+    """A commit whose rows share a bucket takes the one-run path; the same rows committed with
+    a row of another bucket among them take the per-entry path: the same entries (but for the
+    delay-log offsets, which the extra rows move), read back the same, before and after a
+    checkpoint writes the schedule files."""
+    one_run = DelayStore(str(tmp_path / "one"), TINY, now_ms=NOW_MS)
+    per_entry = DelayStore(str(tmp_path / "many"), TINY, now_ms=NOW_MS)
+    other = ("other", "subject-9", BASE_MS + 50_500, b"elsewhere")  # a bucket of its own
+    bucket = BASE_MS + 20_000
+    got, expected = [], []
+    for first, count in ((0, 9), (9, 10), (19, 1)):
+        batch = [(f"id-{k}", f"subject-{k % 3}", bucket + k, b"p%d" % k)
+                 for k in range(first, first + count)]
+        one_run.append_many(*columns(batch))
+        got += one_run.commit()
+        per_entry.append_many(*columns(batch + [other] if first else [other] + batch))
+        expected += [e for e in per_entry.commit() if e.bucket_ms == bucket]
+
+    def without_offsets(entries):
+        return [(e.bucket_ms, e.index, e.deliver_at_ms, e.size_bytes, e.id_hash)
+                for e in entries]
+
+    assert without_offsets(got) == without_offsets(expected)
+    assert [e.index for e in got] == list(range(20))
+    for store in (one_run, per_entry):
+        assert without_offsets(store.load_bucket(bucket)) == without_offsets(got)
+        store.checkpoint()  # the buffered runs reach the bucket's file
+        assert without_offsets(store.load_bucket(bucket)) == without_offsets(got)
+        assert [store.read(e).message_id for e in store.load_bucket(bucket)] == [
+            f"id-{k}" for k in range(20)]
+        store.close()
