@@ -111,16 +111,31 @@ def parse_fetch(frame: dict[str, Any], rid: int) -> Fetch:
                  _uint("fetch", frame, "wait_ms", 0, MAX_FETCH_WAIT_MS), _reads(frame))
 
 
+_NO_READS: frozenset[int] = frozenset()
+# ``reads`` lists seen and valid -> their set: a slave sends the same list in every fetch, so
+# the check and the set are made once (at most _READS_KEPT_MAX lists are kept). A list equal to
+# a kept one (1.0 or True for 1) is taken as those kinds.
+_reads_seen: dict[tuple[int, ...], frozenset[int]] = {}
+_READS_KEPT_MAX = 64
+
+
 def _reads(frame: dict[str, Any]) -> frozenset[int]:
     """A fetch's ``reads``: a list of at most READS_MAX kinds (ints 0..255); absent: none."""
     reads = frame.get("reads")
     if reads is None:
-        return frozenset()
+        return _NO_READS
+    if type(reads) is list:
+        found = _reads_seen.get(tuple(reads))
+        if found is not None:
+            return found
     if type(reads) is not list or len(reads) > READS_MAX or not all(
             type(kind) is int and 0 <= kind <= 255 for kind in reads):
         raise BadRequest(f"fetch.reads must be a list of at most {READS_MAX} record kinds "
                          f"(0..255), got {reads!r:.80}")
-    return frozenset(reads)
+    kinds = frozenset(reads)
+    if len(_reads_seen) < _READS_KEPT_MAX:
+        _reads_seen[tuple(reads)] = kinds
+    return kinds
 
 
 def parse_snapshot(frame: dict[str, Any], rid: int) -> Snapshot:

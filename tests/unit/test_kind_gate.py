@@ -20,7 +20,7 @@ from serverkit.kind_gate import (
 )
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
-from wire.errors import UnreadableRecord
+from wire.errors import BadRequest, UnreadableRecord
 from wire.replication import Fetch, fetch_request, parse_fetch
 
 MESSAGE_KINDS = RecordKinds(control_record.GATED_KINDS, control_record.gated_kind_at)
@@ -83,6 +83,15 @@ def test_a_fetch_says_what_it_reads_only_when_it_reads_something_and_absent_mean
     sent = fetch_request("s1", 1, "message", 0, 1, 100, 0, (5, 1))
     assert sent["reads"] == [1, 5]
     assert parse_fetch(sent, 1).reads == {1, 5}
+
+
+@pytest.mark.parametrize("reads", [[1, 300], [1, True], "1", [1] * 33])
+def test_a_fetch_whose_reads_is_not_a_short_list_of_kinds_is_a_bad_request(reads):
+    frame = fetch_request("s1", 1, "message", 0, 1, 100, 0, (1,))
+    assert parse_fetch(frame, 1).reads == {1}  # the same list, seen before, is taken
+    frame["reads"] = reads
+    with pytest.raises(BadRequest, match="fetch.reads"):
+        parse_fetch(frame, 1)
 
 
 def test_the_first_unread_record_is_found_by_its_kind_and_message_records_are_never_gated():
