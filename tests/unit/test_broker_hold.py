@@ -433,6 +433,44 @@ async def test_a_stop_during_the_visibility_write_waits_for_it_and_traces_it(tmp
                   if e["msg_id"] == "h1") == ["dispatched", "stored"]
 
 
+async def test_a_stop_with_two_rounds_in_flight_waits_for_both_and_publishes_them_in_order(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(handoffs_module, "VISIBLE_FIRST_BATCH_MAX", 2)
+    monkeypatch.setattr(handoffs_module, "VISIBLE_BATCH_MAX", 3)
+    clock = FakeClock()
+    broker = await Broker.open(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), clock)
+    entered, release = threading.Event(), threading.Event()
+    visible_io = broker.handoffs._visible_io
+    calls: list[int] = []
+
+    def first_slow(due, *args):
+        calls.append(len(due))
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(30)
+        return visible_io(due, *args)
+
+    try:
+        await hold(broker, clock, "orders", [f"h{i}" for i in range(7)])
+        broker.handoffs._visible_io = first_slow
+        clock.advance(DUE_IN_MS)
+        broker.handoffs.poke()
+        await wait_for(entered.is_set, 10, "the first store call to start")
+        await wait_for(lambda: len(broker.handoffs.timer) == 2, 10,
+                       "the second round to be taken while the first is written")
+        stopping = asyncio.ensure_future(broker._stop_rounds())
+        await asyncio.sleep(0)
+        release.set()
+        await stopping
+        # Both rounds in flight finished (tail fed); the third was never taken.
+        assert calls == [2, 3] and broker.handoffs.made_visible == 5
+        assert broker.committed.ends["orders"] == 5
+        assert await pulled_ids(broker, "orders") == [f"h{i}" for i in range(5)]
+    finally:
+        release.set()
+        await broker.stop()
+
+
 def rot_record(broker: Broker, offset: int) -> None:
     """Flip a byte in the body of the message-log record at ``offset`` (one segment)."""
     directory = broker.store._message_log.directory
