@@ -5,9 +5,8 @@
 ``hold`` checks a batch as a send does, writes held records (durable, de-duplicated,
 replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
 visibility round sleeps until the earliest visible time, then makes what is due visible in
-store calls of at most VISIBLE_BATCH_MAX (a visible-message record per message, its payload
-written again, and the consumer-log entries; the next call is queued while one is written),
-feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
+store calls of at most VISIBLE_BATCH_MAX, one after the other (a visible-message record per
+message, its payload written again, and the consumer-log entries), feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
 polls; a held record that no longer reads is given up (``gave_up`` ``held_unreadable``). A message is never visible before its
 ``visible_at_ms`` by this broker's clock. A round runs only while the broker may write, as a
 send is checked (the leased, active master; ``min_insync``): else the messages wait. ``cancel`` drops held messages by id. After a
@@ -64,9 +63,13 @@ KEPT_BYTES_MAX = 64 << 20
 # one store call (one fsync) instead of one call each, at most this much later (the delay
 # server's tick_ms does the same for its dispatches). Never earlier.
 VISIBLE_TICK_MS = 5
-# Visibility rounds whose store calls may be queued at once: the next round's records are
-# written while the loop publishes the one before (and serves the consumers' pulls).
-ROUNDS_IN_FLIGHT_MAX = 2
+# Visibility rounds whose store calls may be queued at once. 1: a round is checked (the
+# lease, min_insync: _may_write) right before its store call, as docs/REPLICATION.md 16 says.
+# With 2 the next round's records were written while the loop published the one before, but
+# that round was checked a whole round's write before its own store call, so a lease that ran
+# out meanwhile did not stop it (review rvbroker-4); overlapping them again needs the check
+# made where the store call is queued.
+ROUNDS_IN_FLIGHT_MAX = 1
 # A round that failed for want of space or descriptors (DiskFull, OutOfDescriptors: not
 # sticky) is tried again this much later (ms) by the broker's clock.
 VISIBLE_RETRY_MS = 1_000
@@ -315,11 +318,10 @@ class Handoffs:
         self._kept_bytes = 0
 
     async def run(self) -> None:
-        """Make held messages visible as they fall due, until cancelled. While more is due,
-        the next round's store call is queued behind the one running (at most
-        ROUNDS_IN_FLIGHT_MAX rounds), so the store thread writes it while the loop publishes
-        the one before; rounds publish in the order they were taken (the store thread runs
-        their calls in that order, and each publishes as soon as its call returns)."""
+        """Make held messages visible as they fall due, until cancelled. At most
+        ROUNDS_IN_FLIGHT_MAX rounds at once; rounds publish in the order they were taken (the
+        store thread runs their calls in that order, and each publishes as soon as its call
+        returns)."""
         clock = self._ctx.clock
         batch_max = VISIBLE_FIRST_BATCH_MAX
         rounds: deque[tuple[list[int], int, asyncio.Future[None]]] = deque()
@@ -367,7 +369,15 @@ class Handoffs:
             try:
                 await asyncio.shield(round_)
             except asyncio.CancelledError:
-                await round_  # run's finally waits for the rounds after it
+                # Stop or demote: wait for the round (the store thread writes it anyway), and
+                # end whatever it ended with: a failure is counted, never taken for a retry
+                # that would swallow the cancel (a stop that never ends).
+                try:
+                    await round_
+                except Exception:
+                    self.visibility_failures += 1
+                    log.exception("making %d held messages visible failed during a stop; "
+                                  "recovery or the next master holds them again", len(due))
                 raise
         except (DiskFull, OutOfDescriptors) as exc:
             # Not sticky (the log cut back what it wrote, the store stays writable, as for
