@@ -93,11 +93,13 @@ class HeldSet:
         found = list(filter(None, map(self.by_offset.pop, offsets, repeat(None))))
         keys = list(map(_KEY_OF, found))
         # Popped without Python code per key; a key that stood for another offset (held
-        # again at another offset: recovery, a slave's copy) is put back.
+        # again at another offset: recovery, a slave's copy) is put back, unless that record
+        # left too (popped here as well, in either order).
         popped = list(map(by_key.pop, keys, repeat(None)))
         if popped != list(map(_OFFSET_OF, found)):
+            by_offset = self.by_offset
             for key, offset, held in zip(keys, popped, found):
-                if offset is not None and offset != held.offset:
+                if offset is not None and offset != held.offset and offset in by_offset:
                     by_key[key] = offset
 
     def find(self, subject: str, message_id: str) -> Held | None:

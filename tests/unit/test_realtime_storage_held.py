@@ -112,6 +112,10 @@ def test_the_held_set_forgets_popped_records_but_keeps_an_id_held_again_at_anoth
     held.add(Held(50, 1, 0, 0, "s", "c"))
     held.pop_many([50, 40])  # the newer one first: the id is gone either way
     assert (held.find("s", "c"), len(held), dict(held.keys)) == (None, 0, {})
+    held.add(Held(60, 1, 0, 0, "s", "d"))
+    held.add(Held(70, 1, 0, 0, "s", "d"))
+    held.pop_many([60, 70])  # the older one first (review rvbroker-2: 70 was put back)
+    assert (held.find("s", "d"), len(held), dict(held.keys)) == (None, 0, {})
 
 
 def test_a_held_message_is_invisible_until_made_visible_after_what_was_stored_meanwhile(store):
