@@ -23,7 +23,9 @@
  * store_checkpoint.py, which hold the pure-Python twins; the first three take lists only (the
  * Python wrappers fall back to the twins for anything else), encode_held_entries any sequence
  * of tuples of str names (a TypeError sends the wrapper to its twin).
- * A value out of its field's width, or of the wrong type, raises ValueError as the twins do.
+ * A value out of its field's width raises ValueError as the twins do; a value that is not an int
+ * (one with ``__index__``, a float, ...) raises TypeError, and the Python wrappers then call the
+ * twins, which word the error or take the int-like value.
  * Why C: a commit encodes every message's record and entry; even as C-level maps the Python
  * twins spend most of their time in per-item call overhead (three struct/CRC calls per entry).
  * A checkpoint encodes the whole held set (200,000 entries: ~190 ms in Python, on the store
@@ -59,36 +61,27 @@ static void put_be(unsigned char *out, uint64_t value, int size)
     }
 }
 
-/* The int at ``list[index]`` (a list or a tuple) as an unsigned of at most ``max``; -1 with ValueError set when it
- * is not an int in [0, max]. An int-like object (``__index__``, e.g. numpy.uint64) counts as its
- * int, as struct.pack in the Python twins takes it; an error its ``__index__`` raises passes up
- * as it does there. */
+/* The int at ``list[index]`` (a list or a tuple) as an unsigned of at most ``max``; -1 with
+ * ValueError set when it is an int outside [0, max], TypeError when it is not an int. No
+ * Python code runs here (an int-like object's ``__index__`` could change the list this loop
+ * reads borrowed items from: review rvbroker-3), so anything but an int is left to the Python
+ * twins, which take ``__index__`` as struct.pack does: the wrappers fall back on TypeError. */
 static int get_field(PyObject *list, Py_ssize_t index, uint64_t max, const char *name,
                      uint64_t *out)
 {
     /* A list's item, or a tuple's (a held entry): both keep their items where
      * PySequence_Fast_ITEMS says. */
     PyObject *item = PySequence_Fast_ITEMS(list)[index];
-    PyObject *number;
-    if (PyLong_Check(item)) {
-        number = Py_NewRef(item);
-    } else if (PyIndex_Check(item)) {
-        number = PyNumber_Index(item);
-        if (number == NULL) {
-            return -1;
-        }
-    } else {
-        number = NULL;
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s field is not an int", name);
+        return -1;
     }
-    if (number != NULL) {
-        unsigned long long value = PyLong_AsUnsignedLongLong(number);
-        Py_DECREF(number);
-        if (!(value == (unsigned long long)-1 && PyErr_Occurred()) && value <= max) {
-            *out = value;
-            return 0;
-        }
-        PyErr_Clear();
+    unsigned long long value = PyLong_AsUnsignedLongLong(item);
+    if (!(value == (unsigned long long)-1 && PyErr_Occurred()) && value <= max) {
+        *out = value;
+        return 0;
     }
+    PyErr_Clear();
     PyErr_Format(PyExc_ValueError, "%s field out of range: %R", name, item);
     return -1;
 }

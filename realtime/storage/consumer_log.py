@@ -88,7 +88,11 @@ def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[i
     if _encode_entries_c is not None and type(timestamps_ms) is list and type(
             message_log_offsets) is list and type(sizes_bytes) is list and type(
             tag_blooms) is list:
-        return _encode_entries_c(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms)
+        try:
+            return _encode_entries_c(timestamps_ms, message_log_offsets, sizes_bytes,
+                                     tag_blooms)
+        except TypeError:
+            pass  # a field that is not an int: the Python twin takes __index__ or words it
     try:
         heads = list(map(ENTRY.pack, timestamps_ms, message_log_offsets, sizes_bytes,
                          tag_blooms))

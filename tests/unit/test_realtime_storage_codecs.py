@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -201,6 +203,33 @@ def test_an_int_like_field_out_of_its_width_is_a_value_error_for_both_twins(colu
     with pytest.raises(ValueError, match="out of range"):
         encode_visible_messages(0, "s", column([0]), column([0]), column([_IntLike(value)]),
                                 column([b"i"]), column([b"p"]))
+
+
+MUTATING_INDEX = """
+from realtime.storage.consumer_log import encode_entries
+column = []
+
+class Shrinking:
+    def __index__(self):
+        column.clear()  # the list the encoder is reading
+        return 1
+
+for _ in range(3):
+    column[:] = [Shrinking()] + [bytes(100)] * 100_000
+    try:
+        encode_entries(column, list(range(100_001)), list(range(100_001)), list(range(100_001)))
+    except (ValueError, TypeError):
+        pass
+print("survived")
+"""
+
+
+def test_an_int_like_field_that_changes_its_column_does_not_crash_the_process():
+    # Review rvbroker-3: the C twin ran __index__ while it read borrowed items of the list.
+    done = subprocess.run([sys.executable, "-c", MUTATING_INDEX], capture_output=True,
+                          text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__)))))
+    assert (done.returncode, done.stdout.strip()) == (0, "survived"), done.stderr[-2000:]
 
 
 # Held offsets below the checkpoint's offset (2**64 - 1 in the test), as decoding requires.
