@@ -143,6 +143,23 @@ def test_a_held_id_is_a_duplicate_for_a_hand_off_and_for_a_send(store):
     assert hold(store, "orders", ["r-1"]) == [None]  # stored already
 
 
+def test_a_hand_off_of_new_ids_keeps_each_tag_bloom_and_one_with_any_duplicate_skips_only_it(
+        store):
+    # A batch of one subject with no duplicate at all is checked at once; any duplicate (here
+    # a held id, an id twice, another subject) takes the per-message path: same answers.
+    offsets = store.hold_many(["orders"] * 2, ["h-1", "h-2"], [[3], [5]], T0,
+                              [b"one", b"two"], [T0 + 1_000] * 2)
+    assert None not in offsets
+    mixed = store.hold_many(["orders", "orders", "orders", "other"], ["h-2", "h-3", "h-3", "h-1"],
+                            [[], [7], [7], []], T0, [b"a", b"b", b"c", b"d"], [T0 + 1_000] * 4)
+    assert [offset is None for offset in mixed] == [True, False, True, False]
+    store.make_visible([h.offset for h in store.held()], T0 + 1_000)
+    tagged, _next = store.scan("orders", 0, 10, [3])
+    assert [(m.message_id, m.payload) for m in tagged] == [("h-1", b"one")]
+    assert [m.message_id for m in store.scan("orders", 0, 10, [7])[0]] == ["h-3"]
+    assert [m.message_id for m in store.scan("other", 0, 10)[0]] == ["h-1"]
+
+
 def test_a_cancelled_held_message_never_becomes_visible(store):
     offsets = hold(store, "orders", ["h-1", "h-2"])
     assert store.cancel_held("orders", ["h-1", "nope"], T0 + 1) == [True, False]
