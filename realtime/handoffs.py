@@ -156,16 +156,20 @@ class Handoffs:
         if refused:
             self._refuse_full(refused, checks, slots, results)
         members_of = ctx.tracer.visible_members
+        timed: list[int] = []
+        timed_at: list[int] = []
         for slot, checked, payload, visible_at, offset in zip(slots, checks, valid, visible,
                                                               offsets):
             if results[slot] is None:
                 results[slot] = send_result_ok(checked.id, duplicate=offset is None)
             if offset is None:
                 continue
-            self.timer.add(offset, visible_at)
+            timed.append(offset)
+            timed_at.append(visible_at)
             if self._kept_bytes + len(payload) <= KEPT_BYTES_MAX:
                 self._kept[offset] = (payload, checked, members_of(checked))
                 self._kept_bytes += len(payload)
+        self.timer.add_many(timed, timed_at)
         self._wake.set()
         if ctx.replica.replicating:
             await ctx.replica.wait_replicated("message", log_end)

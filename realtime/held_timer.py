@@ -53,6 +53,28 @@ class HeldTimer:
             bucket.append(offset)
             self._counts[visible_at_ms] += 1
 
+    def add_many(self, offsets: list[int], visible_at_ms: list[int]) -> None:
+        """``add`` of each offset with its visible time, in order. A hand-off batch due at one
+        instant (the usual case: new offsets, one time) joins its bucket in one step."""
+        live = self._live
+        if len(set(visible_at_ms)) == 1 and len(set(offsets)) == len(offsets) \
+                and live.keys().isdisjoint(offsets):
+            visible_at = visible_at_ms[0]
+            live.update(zip(offsets, visible_at_ms))
+            bucket = self._buckets.get(visible_at)
+            if bucket is not None:
+                bucket.extend(offsets)
+                self._counts[visible_at] += len(offsets)
+                return
+            first, rest = offsets[0], offsets[1:]
+            del live[first]
+            self.add(first, visible_at)  # a new bucket: as one add does (the heap's time)
+            self._buckets[visible_at].extend(rest)
+            self._counts[visible_at] += len(rest)
+            return
+        for offset, visible_at in zip(offsets, visible_at_ms):
+            self.add(offset, visible_at)
+
     def remove(self, offset: int) -> None:
         """Forget a message (cancelled); unknown offsets are ignored."""
         visible_at_ms = self._live.pop(offset, None)

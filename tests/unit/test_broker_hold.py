@@ -98,6 +98,24 @@ def entries_kept(timer: HeldTimer) -> int:
     return sum(map(len, timer._buckets.values())) + len(timer._times)
 
 
+@pytest.mark.parametrize("batches", [
+    [([1, 2, 3], [50, 50, 50])],  # a hot slot: a new bucket in one step
+    [([1, 2], [50, 50]), ([3, 4], [50, 50])],  # a second batch joins the bucket
+    [([1, 2], [50, 60]), ([2, 5], [50, 50])],  # two times; an offset moved: one by one
+    [([1, 1], [50, 50]), ([], [])],  # an offset twice; an empty batch
+])
+def test_adding_a_batch_holds_what_adding_each_holds(batches):
+    batched, single = HeldTimer(), HeldTimer()
+    for offsets, times in batches:
+        batched.add_many(offsets, times)
+        for offset, visible_at in zip(offsets, times):
+            single.add(offset, visible_at)
+    assert len(batched) == len(single) and batched.next_due_ms() == single.next_due_ms()
+    assert batched.take_due(55, 2) == single.take_due(55, 2)
+    assert batched.take_due(100, 10) == single.take_due(100, 10)
+    assert batched.next_due_ms() is None and single.next_due_ms() is None
+
+
 def test_removed_and_moved_messages_never_grow_the_timer_past_what_is_held():
     timer = HeldTimer()
     for offset in range(1_000):
