@@ -360,8 +360,9 @@ class Scheduler(LoadingMixin):
         return call
 
     def _commit_io_call(self, batch: list[_PendingCall]) -> Awaitable[_Committed]:
-        """The group commit's store call: ``_append_and_commit`` on the I/O thread."""
-        return self._io(self._append_and_commit, batch)
+        """The group commit's store call: ``_append_and_commit`` on the I/O thread, as a future
+        a cancel does not cancel (a stop or demote still places what it stored)."""
+        return self._io_thread.submit(self._append_and_commit, batch)
 
     def _go_readonly(self) -> None:
         """A sticky write failure: refuse sends until restarted."""

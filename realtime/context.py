@@ -3,6 +3,7 @@ share, handed to each when the broker builds them over its opened stores."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -39,6 +40,9 @@ class BrokerContext:
     stats: dict[str, int]  # one writer per key: the store thread or the pull log's calls (Broker)
     redelivered_by_group: dict[tuple[str, str], int]  # the pull log's calls (see Broker)
     replica: WriteReplication  # event loop: min_insync checks, sync waits (docs/REPLICATION.md 7)
+    # ``fn(*args)`` on the store thread, as a future a cancel does not cancel
+    # (``IoThread.submit``): the group commit's call, published even if its task is cancelled.
+    submit_to_store: Callable[..., "asyncio.Future[Any]"] | None = None
 
     async def actions_replicated(self) -> None:
         """After a write to the pull log that a client is told of (an ack, a nack, a leave):

@@ -166,8 +166,11 @@ class Sends:
     # ------------------------------------------------------------------ the group commit
 
     def _commit_call(self, batch: list[SendRequest]) -> Awaitable[Committed]:
-        """The group commit's store call: ``_append_and_commit_io`` on the store thread."""
+        """The group commit's store call: ``_append_and_commit_io`` on the store thread, as a
+        future a cancel does not cancel, so a stopping server still publishes what it stored."""
         ctx = self._ctx
+        if ctx.submit_to_store is not None:
+            return ctx.submit_to_store(self._append_and_commit_io, batch, ctx.clock())
         return ctx.on_store_thread(self._append_and_commit_io, batch, ctx.clock())
 
     def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> Committed:

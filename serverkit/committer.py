@@ -24,6 +24,14 @@ whose dispatch the realtime broker de-duplicates only within its dedup window of
 the failure is logged with the batch's size and counted in ``publish_failures``, and the
 committer goes on with the next commit. Before, the exception ended the committer task and no
 send of that or any later commit was answered until a restart.
+
+A commit runs in the committer task or, when a send finds no commit running, in that send's
+own request task (``commit_now``). A stop or a demote may cancel either while the store call
+runs. The store thread writes the batch anyway, so both servers hand in their store call as
+an ``IoThread.submit`` future, which a cancel does not cancel: the task gets its
+CancelledError only once the call has finished, and the batch is first published and answered
+(or refused) as usual. Before (review s12 rvbroker-1), such a batch was stored but never
+published, answered or traced, and the other sends of its batch waited forever.
 """
 
 from __future__ import annotations
@@ -140,23 +148,48 @@ class GroupCommitter(Generic[T, R]):
         self._idle.clear()
         batch, self.pending = self.pending, []
         try:
+            call = self._commit(batch)
             try:
-                result = await self._commit(batch)
+                result = await call
+            except asyncio.CancelledError:
+                # A stop or demote cancelled the task running this commit (a sender's or the
+                # committer's). The store call runs anyway: when it is a future that a cancel
+                # does not cancel (``IoThread.submit``), its outcome is published or refused
+                # as usual, so no stored batch goes unanswered, untraced or out of the tail.
+                if isinstance(call, asyncio.Future) and call.done() and not call.cancelled():
+                    self._settle(batch, call)
+                raise
             except Exception as exc:
-                error, sticky = commit_error(exc, self.name)
-                if sticky:
-                    self._write_failed()
-                self._failed(batch, error)
+                self._refuse(batch, exc)
                 return
-            try:
-                self._committed(batch, result)
-            except Exception as exc:
-                self._publish_failed(batch, exc, result)
+            self._publish(batch, result)
         finally:
             self._running = False
             self._idle.set()
             if self.pending:
                 self._wakeup.set()  # queued during this commit: the committer task takes it
+
+    def _settle(self, batch: list[T], call: asyncio.Future[R]) -> None:
+        """A finished store call whose awaiting task was cancelled: its outcome as usual."""
+        exc = call.exception()
+        if exc is None:
+            self._publish(batch, call.result())
+        elif isinstance(exc, Exception):
+            self._refuse(batch, exc)
+
+    def _refuse(self, batch: list[T], exc: Exception) -> None:
+        """The store call raised ``exc``: answer the batch with the error it means."""
+        error, sticky = commit_error(exc, self.name)
+        if sticky:
+            self._write_failed()
+        self._failed(batch, error)
+
+    def _publish(self, batch: list[T], result: R) -> None:
+        """The batch is stored: publish and answer it (a publishing bug answers it Internal)."""
+        try:
+            self._committed(batch, result)
+        except Exception as exc:
+            self._publish_failed(batch, exc, result)
 
     def _publish_failed(self, batch: list[T], exc: Exception, result: R) -> None:
         """``committed`` raised for a stored batch (our bug): ``restore`` it, answer it

@@ -57,6 +57,19 @@ class IoThread:
         self._calls.put((future, fn, args))
         return await future
 
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Event loop: ``call``'s future itself, one that a cancel does not cancel. The call
+        runs on the thread whatever happens to its caller (as every call does); a task
+        cancelled while awaiting it gets its CancelledError only once the call has finished,
+        and can then still act on the outcome (``GroupCommitter`` publishes a stored batch)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = _RunsAnyway(loop=loop)
+        self._submitted += 1
+        self._calls.put((future, fn, args))
+        return future
+
     def idle(self) -> bool:
         """Event loop: no call is queued or running on the thread. A call made on the event
         loop while this holds (with no ``await`` in between) runs after every call submitted
@@ -102,6 +115,15 @@ class IoThread:
         self._calls.put(None)
         if wait:
             self._thread.join()
+
+
+class _RunsAnyway(asyncio.Future):  # type: ignore[type-arg]
+    """The future of an ``IoThread.submit`` call: ``cancel()`` refuses (returns False), so a
+    task cancelled while awaiting it is resumed with CancelledError once it is done (asyncio's
+    Task delivers a cancel its waiter refused at the task's next step)."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 def name_os_thread(name: str) -> None:

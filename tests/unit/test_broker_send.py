@@ -4,6 +4,7 @@ own answers, and every stored message reaches the tail, the pulls and the trace 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -121,3 +122,76 @@ async def test_a_bug_publishing_a_commit_answers_its_sends_internal_and_later_se
     metrics.watch(broker, SimpleNamespace(stats=defaultdict(int)))  # type: ignore[arg-type]
     assert metrics.registry.get_sample_value(
         "qmq_realtime_commit_publish_failures_total") == 1
+
+
+def gate_store(broker: Broker) -> tuple[threading.Event, threading.Event, threading.Event]:
+    """Hold the store thread inside each commit made once ``armed`` is set, until
+    ``release`` is set; ``entered`` tells that a commit is being held."""
+    commit_io = broker.sends._append_and_commit_io
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def held(batch, now_ms):
+        if armed.is_set():
+            entered.set()
+            assert release.wait(30)
+        return commit_io(batch, now_ms)
+
+    broker.sends._append_and_commit_io = held
+    return armed, entered, release
+
+
+async def wait_until(predicate) -> None:
+    async with asyncio.timeout(30):  # generous: each step is a loop turn or a thread hop
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_send_riding_in_the_commit_of_a_sender_cancelled_meanwhile_is_answered(broker):
+    armed, entered, release = gate_store(broker)
+    committer = broker.sends.commits
+    armed.set()
+    first = asyncio.create_task(broker.send([payload("s", "m1", b"1")]))
+    await wait_until(entered.is_set)
+    second = asyncio.create_task(broker.send([payload("s", "m2", b"2")]))  # queues
+    await wait_until(lambda: len(committer.pending) == 1)
+    # A send read as the first commit publishes commits in its own task and takes the
+    # queued second along; then that task is cancelled (a stop past its grace).
+    third: list[asyncio.Future] = []
+    broker.on_commit = lambda count: third or third.append(
+        asyncio.ensure_future(broker.send([payload("s", "m3", b"3")])))
+    entered.clear()
+    release.set()
+    await wait_until(lambda: third)
+    release.clear()
+    await wait_until(entered.is_set)
+    assert committer.pending == []
+    third[0].cancel()
+    release.set()
+    await asyncio.gather(first, third[0], return_exceptions=True)
+    async with asyncio.timeout(30):
+        assert [r["status"] for r in await second] == ["stored"]
+    assert broker.committed.ends["s"] == 3, "the cancelled commit's run is not in the tail"
+    assert await bodies(broker, "s") == [b"1", b"2", b"3"]
+
+
+async def test_a_demote_cancelling_the_committer_mid_commit_still_answers_its_senders(broker):
+    armed, entered, release = gate_store(broker)
+    committer = broker.sends.commits
+    armed.set()
+    first = asyncio.create_task(broker.send([payload("s", "m1", b"1")]))
+    await wait_until(entered.is_set)
+    second = asyncio.create_task(broker.send([payload("s", "m2", b"2")]))
+    await wait_until(lambda: len(committer.pending) == 1)
+    entered.clear()
+    release.set()
+    await first
+    release.clear()
+    await wait_until(entered.is_set)  # the committer task's commit of the second
+    stopping = asyncio.create_task(broker._stop_rounds())  # Broker.demote's first step
+    await asyncio.sleep(0)
+    release.set()
+    await stopping
+    await committer.commit_pending()
+    async with asyncio.timeout(30):
+        assert [r["status"] for r in await second] == ["stored"]
+    assert broker.committed.ends["s"] == 2

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import threading
 
 from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
 from serverkit.committer import GroupCommitter
+from serverkit.io_thread import IoThread
 from wire.errors import QmqError
 
 
@@ -168,17 +170,22 @@ async def test_a_failure_answering_a_batch_whose_publishing_failed_leaves_the_co
 
 
 class GatedServer(Server):
-    """A Server whose store calls wait for ``release`` to be set, so a test can queue sends
-    while a commit is running."""
+    """A Server whose store calls run on an IoThread (``submit``: a cancel does not cancel
+    them) and wait there for ``release``, so a test can queue sends while a commit runs."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.release = asyncio.Event()
+        self.release = threading.Event()
+        self.io = IoThread("test-commit")
 
-    async def commit(self, batch: list[str]) -> int:
+    def commit(self, batch: list[str]) -> asyncio.Future[int]:  # type: ignore[override]
         self.commits.append(batch)
-        await self.release.wait()
-        return len(batch)
+
+        def store() -> int:
+            assert self.release.wait(30)
+            return len(batch)
+
+        return self.io.submit(store)
 
 
 async def send(committer: GroupCommitter[str, int], item: str) -> None:
@@ -207,14 +214,14 @@ async def test_a_send_queued_while_a_commit_runs_is_left_to_the_committer_task_f
         assert server.commits == [["a"]] and server.committer.pending == ["b"]
         server.release.set()
         await first
-        for _ in range(100):
-            if len(server.answers) == 2:
-                break
-            await asyncio.sleep(0)
+        async with asyncio.timeout(30):  # the committer task's commit: a thread hop away
+            while len(server.answers) < 2:
+                await asyncio.sleep(0.001)
         assert server.commits == [["a"], ["b"]]
         assert server.answers == [(["a"], 1), (["b"], 1)]
     finally:
         runner.cancel()
+        server.io.close()
 
 
 async def test_commit_pending_waits_for_the_commit_running_in_a_senders_task() -> None:
@@ -229,6 +236,7 @@ async def test_commit_pending_waits_for_the_commit_running_in_a_senders_task() -
     assert server.commits == [["a"]], "a second commit started beside the running one"
     server.release.set()
     await asyncio.gather(first, stopping)
+    server.io.close()
     assert server.commits == [["a"], ["b"]]
     assert server.answers == [(["a"], 1), (["b"], 1)]
 
@@ -243,12 +251,15 @@ async def test_a_sender_cancelled_during_its_commit_leaves_what_queued_meanwhile
             await asyncio.sleep(0)
         await send(server.committer, "b")
         sender.cancel()  # a server stopping past its grace cancels its request tasks
-        await asyncio.gather(sender, return_exceptions=True)
         server.release.set()
-        for _ in range(100):
-            if server.answers:
-                break
-            await asyncio.sleep(0)
-        assert server.commits == [["a"], ["b"]] and server.answers == [(["b"], 1)]
+        (cancelled,) = await asyncio.gather(sender, return_exceptions=True)
+        assert isinstance(cancelled, asyncio.CancelledError)  # it still ends cancelled
+        async with asyncio.timeout(30):
+            while len(server.answers) < 2:
+                await asyncio.sleep(0.001)
+        # The cancelled sender's batch was stored (the thread ran it): it is published too.
+        assert server.commits == [["a"], ["b"]]
+        assert server.answers == [(["a"], 1), (["b"], 1)]
     finally:
         runner.cancel()
+        server.io.close()
