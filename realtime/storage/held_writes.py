@@ -10,7 +10,9 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from logstore import CorruptRecord, LogStoreError, LogWriteFailed
-from realtime.storage.config import TIMESTAMP_MS_MAX
+from realtime.storage.config import (
+    MESSAGE_ID_BYTES_MAX, TAG_HASH_MAX, TAG_HASHES_MAX, TIMESTAMP_MS_MAX,
+)
 from realtime.storage.consumer_log import ConsumerLog, encode_entries
 from realtime.storage.control_record import decode_held
 from realtime.storage.errors import HeldSetFull, StoreFailed
@@ -18,7 +20,8 @@ from realtime.storage.held import (
     DROPPED_SEQUENCE, HELD_SEQUENCE, Held, cancelled_body, dropped_body, encode_held_bodies,
     visible_bodies,
 )
-from realtime.storage.write_batch import check_int, check_message
+from realtime.storage.message_record import record_size_bytes
+from realtime.storage.write_batch import check_int, check_message, check_subject
 
 if TYPE_CHECKING:
     from realtime.storage.config import StoreConfig
@@ -61,9 +64,13 @@ class HeldWrites:
         self._check_writable()
         if self._batch.bodies:
             raise ValueError("hold_many between append and commit")
-        for subject, message_id, hashes, payload in zip(subjects, message_ids, tag_hashes,
-                                                        payloads):
-            check_message(subject, message_id, hashes, payload, self.config.record_size_bytes_max)
+        if not _fields_fit(subjects, message_ids, tag_hashes, payloads,
+                           self.config.record_size_bytes_max):
+            # Find and name the message at fault the way a send's check does.
+            for subject, message_id, hashes, payload in zip(subjects, message_ids, tag_hashes,
+                                                            payloads):
+                check_message(subject, message_id, hashes, payload,
+                              self.config.record_size_bytes_max)
         for visible_at in visible_at_ms:
             check_int("visible_at_ms", visible_at, 0, TIMESTAMP_MS_MAX)
         check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
@@ -206,6 +213,32 @@ class HeldWrites:
             self._failed = exc
             raise
         return offsets
+
+
+def _fields_fit(subjects: Sequence[str], message_ids: Sequence[str],
+                tag_hashes: Sequence[Sequence[int]], payloads: Sequence[bytes],
+                record_size_bytes_max: int) -> bool:
+    """True when every message of a hand-off batch passes ``check_message``, found column by
+    column for the usual batch (one subject, str ids, tuples of int tag hashes, bytes
+    payloads); False when it might not: the caller then checks message by message."""
+    if len(set(subjects)) != 1 or set(map(type, message_ids)) != {str} \
+            or set(map(type, payloads)) != {bytes}:
+        return False
+    try:
+        subject_size = len(check_subject(subjects[0]).encode("utf-8"))
+        id_sizes = list(map(len, map(str.encode, message_ids)))
+    except (ValueError, UnicodeEncodeError):
+        return False
+    if min(id_sizes) < 1 or max(id_sizes) > MESSAGE_ID_BYTES_MAX or record_size_bytes(
+            subject_size, max(id_sizes), max(map(len, payloads))) > record_size_bytes_max:
+        return False
+    if not any(tag_hashes):
+        return True
+    if set(map(type, tag_hashes)) != {tuple}:
+        return False
+    return all(len(hashes) <= TAG_HASHES_MAX
+               and all(type(h) is int and 0 <= h <= TAG_HASH_MAX for h in hashes)
+               for hashes in set(tag_hashes))
 
 
 __all__ = ["HeldWrites"]

@@ -160,6 +160,29 @@ def test_a_hand_off_of_new_ids_keeps_each_tag_bloom_and_one_with_any_duplicate_s
     assert [m.message_id for m in store.scan("other", 0, 10)[0]] == ["h-1"]
 
 
+@pytest.mark.parametrize("subjects, ids, hashes, payloads, fault", [
+    (["o", "o"], ["a", ""], [(), ()], [b"p", b"p"], "message_id of 0 bytes"),
+    (["o", "o"], ["a", "b" * 65_536], [(), ()], [b"p", b"p"], "message_id of 65536 bytes"),
+    (["o", "o"], ["a", 7], [(), ()], [b"p", b"p"], "message_id 7 must be a str"),
+    (["o", "o"], ["a", "b"], [(), (1 << 64,)], [b"p", b"p"], "tag hash"),
+    (["o", "o"], ["a", "b"], [(), (True,)], [b"p", b"p"], "tag hash"),
+    (["o", "o"], ["a", "b"], [(), tuple(range(17))], [b"p", b"p"], "tag hashes exceed"),
+    (["o", "o"], ["a", "b"], [(), ()], [b"p", "p"], "payload must be bytes"),
+    (["o", "o"], ["a", "b"], [(), ()], [b"p", b"p" * 4096], "exceeds record_size_bytes_max"),
+    (["", ""], ["a", "b"], [(), ()], [b"p", b"p"], "subject of 0 bytes"),
+    (["o", "\ud800"], ["a", "b"], [(), ()], [b"p", b"p"], "not encodable"),
+])
+def test_a_hand_off_batch_with_any_message_that_cannot_be_stored_is_refused_whole_naming_it(
+        store, subjects, ids, hashes, payloads, fault):
+    # The batch is checked column by column when it can be; a fault sends it to the check
+    # of each message, so the error names the message as a send's check does.
+    with pytest.raises(ValueError, match=fault):
+        store.hold_many(subjects, ids, hashes, T0, payloads, [T0 + 1_000] * 2)
+    assert store.held() == []
+    assert store.hold_many(["o"] * 2, ["a", "b"], [(3,), (3,)], T0, [b"p", b"q"],
+                           [T0 + 1_000] * 2) != [None, None]
+
+
 def test_a_cancelled_held_message_never_becomes_visible(store):
     offsets = hold(store, "orders", ["h-1", "h-2"])
     assert store.cancel_held("orders", ["h-1", "nope"], T0 + 1) == [True, False]
