@@ -124,8 +124,11 @@ def _reads(frame: dict[str, Any]) -> frozenset[int]:
     reads = frame.get("reads")
     if reads is None:
         return _NO_READS
-    if type(reads) is list:
-        found = _reads_seen.get(tuple(reads))
+    if type(reads) is list and len(reads) <= READS_MAX:
+        try:
+            found = _reads_seen.get(tuple(reads))
+        except TypeError:  # an unhashable item ([1], {}): the check below names it
+            found = None
         if found is not None:
             return found
     if type(reads) is not list or len(reads) > READS_MAX or not all(

@@ -85,7 +85,7 @@ def test_a_fetch_says_what_it_reads_only_when_it_reads_something_and_absent_mean
     assert parse_fetch(sent, 1).reads == {1, 5}
 
 
-@pytest.mark.parametrize("reads", [[1, 300], [1, True], "1", [1] * 33])
+@pytest.mark.parametrize("reads", [[1, 300], [1, True], "1", [1] * 33, [[1]], [{}], [1, [2]]])
 def test_a_fetch_whose_reads_is_not_a_short_list_of_kinds_is_a_bad_request(reads):
     frame = fetch_request("s1", 1, "message", 0, 1, 100, 0, (1,))
     assert parse_fetch(frame, 1).reads == {1}  # the same list, seen before, is taken
