@@ -27,7 +27,7 @@ import logging
 from collections import deque
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from logstore import DiskFull, OutOfDescriptors
 from realtime.context import BrokerContext
@@ -181,18 +181,29 @@ class Handoffs:
         would stop that slave's copy. A ``hold`` is answered ``not_supported``, which a delay
         server takes as "send these at their due time" (and pauses its hand-offs), never as a
         hold that may have been written (as it must take ``not_master``)."""
+        why = self._kinds_refusal(kinds)
+        if why is not None:
+            self._refuse_kinds(why, op, error)
+
+    def _kinds_refusal(self, kinds: Any) -> str | None:
+        """Why a record of one of the message log's ``kinds`` may not be written now, or None
+        (and then no refusal is remembered)."""
         replica = self._ctx.replica
-        if not replica.replicating:
-            return
-        for kind in sorted(kinds):
-            why = replica.kind_refusal("message", kind)
-            if why is not None:
-                self.holds_refused_kinds += 1
-                if why != self.kinds_refused_why:
-                    log.warning("%s refused before any write: %s", op, why)
-                    self.kinds_refused_why = why
-                raise error(f"{op} refused before any write: {why}")
+        if replica.replicating:
+            for kind in sorted(kinds):
+                why = replica.kind_refusal("message", kind)
+                if why is not None:
+                    return why
         self.kinds_refused_why = None
+        return None
+
+    def _refuse_kinds(self, why: str, op: str, error: type[QmqError]) -> NoReturn:
+        """Count and raise the refusal of ``op`` (logged once per new reason)."""
+        self.holds_refused_kinds += 1
+        if why != self.kinds_refused_why:
+            log.warning("%s refused before any write: %s", op, why)
+            self.kinds_refused_why = why
+        raise error(f"{op} refused before any write: {why}")
 
     def _check(self, payload: bytes, checked: Checked | None, visible_at_ms: int,
                now_ms: int) -> Checked:
@@ -249,10 +260,16 @@ class Handoffs:
         ctx.replica.check_writable()
         if self._readonly():
             raise ReadOnly(f"broker group {ctx.config.group} is read-only")
-        self._check_kinds((KIND_DROPPED,), "cancel_held", Unavailable)
+        # Ids the broker does not hold write nothing, so only a cancel that would write the
+        # dropped record is refused (review rvdelay-2: every cancel of the group was).
+        why = self._kinds_refusal((KIND_DROPPED,))
         now_ms = ctx.clock()
-        cancelled, before, offsets, log_end = await ctx.on_store_thread(
-            self._cancel_io, subject, message_ids, now_ms)
+        done = await ctx.on_store_thread(self._cancel_io, subject, message_ids, now_ms,
+                                         why is None)
+        if done is None:
+            assert why is not None
+            self._refuse_kinds(why, "cancel_held", Unavailable)
+        cancelled, before, offsets, log_end = done
         ctx.replica.advanced("message", log_end)
         self._forget_dropped(offsets, cancelled)
         dropped = list(dict.fromkeys(i for i, c in zip(message_ids, cancelled) if c))
@@ -291,13 +308,16 @@ class Handoffs:
                 if found is not None:
                     self._kept_bytes -= len(found[0])
 
-    def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int
-                   ) -> tuple[list[bool], list[bool], list[int | None], int]:
+    def _cancel_io(self, subject: str, message_ids: list[str], now_ms: int, may_drop: bool
+                   ) -> tuple[list[bool], list[bool], list[int | None], int] | None:
         """Store thread: the dropped record; (held or not per id, dropped before or not per
-        id, each id's held offset before the drop, the message log's end)."""
+        id, each id's held offset before the drop, the message log's end). None, with nothing
+        written, when some id is held and ``may_drop`` is False (a slave cannot read it)."""
         store = self._ctx.store
-        before = store.dropped_before(subject, message_ids, now_ms)
         offsets = store.held_offsets(subject, message_ids)
+        if not may_drop and any(offset is not None for offset in offsets):
+            return None
+        before = store.dropped_before(subject, message_ids, now_ms)
         cancelled = store.cancel_held(subject, message_ids, now_ms)
         return cancelled, [b and not c for b, c in zip(before, cancelled)], offsets, \
             store.copy_bounds()[1]

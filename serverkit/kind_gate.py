@@ -13,12 +13,15 @@ than the field). The master then
 
 Who counts (``KindReads.counted``): the slaves the MetaServer's last answer lists for the group
 (``slaves``, registered whether up or down), the database's in-sync set, and every server that
-fetched the log within ``RECENT_FETCH_MS``. A counted slave this master has not heard from
-since it became master (down, or a new master) reads nothing until it fetches: a slave that is
-down does not come back to a log it cannot read while it stays registered. One that the
-MetaServer forgot (expired, deregistered) and that comes back later is protected by the fetch
-rule alone: it stops at the first record it cannot read and copies nothing more until it is
-upgraded.
+fetched the log within ``RECENT_FETCH_MS``. A slave that fetched this term counts with what it
+last said. A listed slave this master has not heard from this term reads nothing for
+``UNHEARD_GRACE_MS`` after it was first listed (a slave that is up fetches within that, so an
+older one is heard saying nothing before any gated record is written); past that it is taken to
+be down and does not count. It must not: a crashed slave stays registered, and after a master
+restart or a failover it kept every gated kind unwritten (holds refused, cancels of held
+messages refused) for its whole outage (review rvdelay-2). Nothing is lost by not counting it:
+if it comes back older, the fetch rule stops its copy, whole, before the first record it cannot
+read, until it is upgraded (as for a slave the MetaServer forgot, expired or deregistered).
 
 Pure state told the time; no I/O. Event loop only.
 """
@@ -34,6 +37,13 @@ from logstore.record import HEADER_SIZE_BYTES
 # when the MetaServer does not list it (a new slave before the master's next answer names it,
 # one the MetaServer expired while it restarts), in ms.
 RECENT_FETCH_MS = 600_000
+
+# A listed slave not heard from this term counts (as reading nothing) for this long after it
+# was first listed, in ms; then it is taken to be down. A slave that is up fetches from a new
+# master well within it: it learns the term from its next MetaServer heartbeat (750 ms with
+# the MetaServer's defaults), retries with its backoff (at most 2 s), and a fetch left waiting
+# on a dead master ends within FETCH_WAIT_MS + REQUEST_TIMEOUT_MS (10.5 s, serverkit/follower.py).
+UNHEARD_GRACE_MS = 15_000
 
 # Past this many (server, log) entries, those not heard from within RECENT_FETCH_MS are
 # forgotten (fetchers that come and go: tools, replaced slaves); a listed slave's is learnt again
@@ -84,6 +94,8 @@ class KindReads:
     def __init__(self, kinds: dict[str, RecordKinds]) -> None:
         self.kinds = kinds  # log -> its gated kinds, as this server knows them
         self._announced: dict[tuple[str, str], _Announced] = {}
+        # Listed slaves not heard from this term -> when the gate first saw them listed (ms).
+        self._unheard_since: dict[str, int] = {}
         # Fetches answered short of, or refused at, a record the slave does not read
         # (qmq_replication_unreadable_fetches_total), and the last one per (server, log).
         self.unreadable_fetches = 0
@@ -92,7 +104,14 @@ class KindReads:
     def clear(self) -> None:
         """A new term as master: nothing is known of any slave."""
         self._announced.clear()
+        self._unheard_since.clear()
         self.stopped_at.clear()
+
+    def listed(self, servers: Iterable[str], now_ms: int) -> None:
+        """The MetaServer's answer lists ``servers`` (slaves, in-sync set): the grace of those
+        not yet listed this term starts now (``UNHEARD_GRACE_MS``)."""
+        for server in servers:
+            self._unheard_since.setdefault(server, now_ms)
 
     def announced(self, server: str, log: str, reads: frozenset[int], now_ms: int) -> None:
         """``server`` fetched ``log`` saying it reads ``reads`` (every fetch: no allocation
@@ -121,15 +140,24 @@ class KindReads:
         return sorted(servers)
 
     def refusal(self, log: str, kind: int, listed: Iterable[str], now_ms: int) -> str | None:
-        """None when every counted slave reads ``kind`` of ``log``; else why not."""
-        missing = [server for server in self.counted(log, listed, now_ms)
-                   if kind not in (self.reads(server, log) or ())]
+        """None when every counted slave reads ``kind`` of ``log``; else why not. A slave
+        not heard from this term counts only within ``UNHEARD_GRACE_MS`` of being listed."""
+        missing = []
+        for server in self.counted(log, listed, now_ms):
+            reads = self.reads(server, log)
+            if reads is None:
+                since = self._unheard_since.setdefault(server, now_ms)
+                if now_ms - since >= UNHEARD_GRACE_MS:
+                    continue  # taken to be down: the fetch rule stops it if it returns older
+            if kind not in (reads or ()):
+                missing.append(server)
         if not missing:
             return None
         return (f"slave(s) {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
                 f"did not say they read record kind {kind} of the {log} log (an older server, "
-                f"or not heard from since this master started): kind {kind} is not written "
-                f"until every slave of the group reads it")
+                f"or not heard from since this master started, for less than "
+                f"{UNHEARD_GRACE_MS} ms): kind {kind} is not written until every slave of the "
+                f"group reads it")
 
     def stopped(self, server: str, log: str, offset: int, kind: int) -> bool:
         """A fetch of ``server`` was served short of (or refused at) ``offset``, a record of
@@ -156,4 +184,5 @@ class KindReads:
         return out
 
 
-__all__ = ["ANNOUNCED_MAX", "KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds", "first_unread"]
+__all__ = ["ANNOUNCED_MAX", "KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds",
+           "UNHEARD_GRACE_MS", "first_unread"]

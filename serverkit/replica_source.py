@@ -163,6 +163,7 @@ class ReplicaSource:
         self.mode, self.min_insync = mode, min_insync
         self.tracker.set_members(members)
         self.tracker.set_confirmed(confirmed)
+        self.kind_reads.listed(members + confirmed, self._clock_ms())
         self.check_waiters()
 
     # ------------------------------------------------------------------ writes

@@ -28,7 +28,7 @@ from tests.rawclient import FakeClock
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
 from wire.message import Message, decode_message, encode_message
-from wire.errors import NotEnoughReplicas
+from wire.errors import NotEnoughReplicas, Unavailable
 from wire.protocol import Pull
 
 DUE_IN_MS = 3_000
@@ -614,3 +614,23 @@ async def test_a_drop_is_traced_once_the_slaves_have_it_and_one_whose_wait_faile
     cancelled = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "cancelled"]
     assert sorted((e["msg_id"], e["reason"]) for e in cancelled) == [
         ("h1", "held_cancelled"), ("h2", "held_cancelled")]
+
+
+async def test_while_a_slave_cannot_read_drops_only_a_cancel_of_a_held_message_is_refused(
+        opened, monkeypatch):
+    """A cancel of ids the broker does not hold writes nothing, so the gate does not refuse it
+    (review rvdelay-2: every cancel of the group was, and the delay server's cancels with it)."""
+    broker, clock, _ = opened
+    await hold(broker, clock, "orders", ["h1"])
+    why = "slave(s) s2 did not say they read record kind 5"
+    monkeypatch.setattr(broker._ctx.replica, "replicating", True, raising=False)
+    monkeypatch.setattr(broker._ctx.replica, "kind_refusal", lambda log, kind: why,
+                        raising=False)
+    assert await broker.cancel_held("orders", ["nope"]) == ([False], [False])
+    with pytest.raises(Unavailable, match="cancel_held refused before any write: slave"):
+        await broker.cancel_held("orders", ["nope", "h1"])
+    assert broker.handoffs.holds_refused_kinds == 1
+    assert len(broker.handoffs.timer) == 1  # h1 still held: nothing was written
+    monkeypatch.setattr(broker._ctx.replica, "kind_refusal", lambda log, kind: None,
+                        raising=False)
+    assert await broker.cancel_held("orders", ["h1"]) == ([True], [False])

@@ -16,7 +16,7 @@ from logstore.record import encode_record
 from realtime.storage import control_record
 from realtime.storage.message_record import encode_message_record
 from serverkit.kind_gate import (
-    ANNOUNCED_MAX, RECENT_FETCH_MS, KindReads, RecordKinds, first_unread,
+    ANNOUNCED_MAX, RECENT_FETCH_MS, UNHEARD_GRACE_MS, KindReads, RecordKinds, first_unread,
 )
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
@@ -171,6 +171,44 @@ async def test_a_new_term_forgets_what_slaves_read_and_a_stopped_master_refuses(
     source.start(2, {"message": 0}, ())
     source.settings("sync", 0, (), ("s1",))
     assert source.kind_refusal("message", 4) is not None  # s1 may have been downgraded
+
+
+async def test_a_listed_slave_not_heard_from_this_term_counts_only_within_the_grace(tmp_path):
+    """A slave down since before this term (crashed, or the old master after a failover)
+    would otherwise keep the kinds unwritten for its whole outage (review rvdelay-2)."""
+    clock = Clock()
+    source = master(tmp_path, b"", slaves=("up", "down"), clock=clock)
+    assert "down, up" in source.kind_refusal("message", 5)
+    await source.fetch(fetch(0, ALL, "up"))
+    clock.ms += UNHEARD_GRACE_MS - 1
+    assert "down" in source.kind_refusal("message", 5)  # it may yet fetch, older
+    clock.ms += 1
+    assert source.kind_refusal("message", 5) is None
+    await source.fetch(fetch(0, NOTHING_READ, "down"))  # back, older: counts again
+    assert "down" in source.kind_refusal("message", 5)
+
+
+async def test_a_slave_heard_from_that_goes_quiet_still_counts_with_what_it_said(tmp_path):
+    clock = Clock()
+    source = master(tmp_path, b"", slaves=("old",), clock=clock)
+    await source.fetch(fetch(0, NOTHING_READ, "old"))
+    clock.ms += UNHEARD_GRACE_MS + RECENT_FETCH_MS
+    assert "old" in source.kind_refusal("message", 5)  # listed: what it said stands
+
+
+async def test_a_slave_back_older_after_kinds_were_written_in_its_absence_stops_whole(tmp_path):
+    """What makes the grace safe: the fetch rule alone keeps a returning older slave's copy
+    whole, before the first record written while it was down."""
+    clock = Clock()
+    before = message(0) + message(1)
+    source = master(tmp_path, before + held(2) + message(3), slaves=("down",), clock=clock)
+    clock.ms += UNHEARD_GRACE_MS
+    assert source.kind_refusal("message", 1) is None
+    answer = await source.fetch(fetch(0, NOTHING_READ, "down"))
+    assert answer["data"] == before
+    with pytest.raises(UnreadableRecord):
+        await source.fetch(fetch(len(before), NOTHING_READ, "down"))
+    assert source.tracker.acked("down", "message") == len(before)
 
 
 def test_the_view_names_each_counted_slave_what_it_reads_and_where_it_stopped():
