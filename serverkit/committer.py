@@ -148,8 +148,9 @@ class GroupCommitter(Generic[T, R]):
         self._idle.clear()
         batch, self.pending = self.pending, []
         try:
-            call = self._commit(batch)
+            call = None
             try:
+                call = self._commit(batch)  # inside: a call that raises at once is refused too
                 result = await call
             except asyncio.CancelledError:
                 # A stop or demote cancelled the task running this commit (a sender's or the

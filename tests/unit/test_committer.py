@@ -263,3 +263,18 @@ async def test_a_sender_cancelled_during_its_commit_leaves_what_queued_meanwhile
     finally:
         runner.cancel()
         server.io.close()
+
+
+async def test_a_store_call_that_raises_before_returning_its_awaitable_refuses_the_batch(
+) -> None:
+    server = Server()
+
+    def raising_at_once(batch: list[str]) -> asyncio.Future[int]:
+        raise DiskFull("/data/log", dropped_records=1)
+
+    server.committer._commit = raising_at_once  # type: ignore[assignment]
+    server.committer.pending.append("a")
+    await server.committer.commit_pending()
+    (batch, error), = server.answers
+    assert batch == ["a"] and error.code == "overloaded"
+    assert not server.committer._running  # the next commit may run
