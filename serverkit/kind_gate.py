@@ -109,9 +109,11 @@ class KindReads:
 
     def listed(self, servers: Iterable[str], now_ms: int) -> None:
         """The MetaServer's answer lists ``servers`` (slaves, in-sync set): the grace of those
-        not yet listed this term starts now (``UNHEARD_GRACE_MS``)."""
-        for server in servers:
-            self._unheard_since.setdefault(server, now_ms)
+        not listed in the previous answer starts now (``UNHEARD_GRACE_MS``); one no longer
+        listed is forgotten, so a slave registered again later gets a whole grace."""
+        since = self._unheard_since
+        if since.keys() != set(servers):
+            self._unheard_since = {server: since.get(server, now_ms) for server in servers}
 
     def announced(self, server: str, log: str, reads: frozenset[int], now_ms: int) -> None:
         """``server`` fetched ``log`` saying it reads ``reads`` (every fetch: no allocation

@@ -188,6 +188,19 @@ async def test_a_listed_slave_not_heard_from_this_term_counts_only_within_the_gr
     assert "down" in source.kind_refusal("message", 5)
 
 
+async def test_a_slave_listed_again_after_it_was_dropped_gets_a_whole_grace(tmp_path):
+    clock = Clock()
+    source = master(tmp_path, b"", slaves=("s1",), clock=clock)
+    clock.ms += UNHEARD_GRACE_MS
+    assert source.kind_refusal("message", 5) is None  # taken to be down
+    source.settings("sync", 0, (), ())  # deregistered
+    clock.ms += 60_000
+    source.settings("sync", 0, (), ("s1",))  # registered again: it may fetch, older
+    assert "s1" in source.kind_refusal("message", 5)
+    clock.ms += UNHEARD_GRACE_MS
+    assert source.kind_refusal("message", 5) is None
+
+
 async def test_a_slave_heard_from_that_goes_quiet_still_counts_with_what_it_said(tmp_path):
     clock = Clock()
     source = master(tmp_path, b"", slaves=("old",), clock=clock)
