@@ -2,8 +2,8 @@
 or fails over, does not keep the group's gated record kinds unwritten for its whole outage
 (review rvdelay-2; docs/REPLICATION.md 8.2): a cancel of ids the broker does not hold writes
 nothing and is answered at once, and once ``UNHEARD_GRACE_MS`` passed without a fetch from it
-the slave is taken to be down: holds and cancels of held messages work again. The same on a
-delay group: a delay master restarted while its slave is down writes the gated done-journal
+the slave is taken to be down: holds and cancels of held messages work again. The same after a
+failover (the dead old master is the slave not heard from), and on a delay group: a delay master restarted while its slave is down writes the gated done-journal
 kinds again after the grace. A real MetaServer, servers in one process."""
 
 from __future__ import annotations
@@ -72,6 +72,42 @@ async def test_a_crashed_slave_does_not_block_cancels_and_holds_after_the_master
             assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
         finally:
             await master.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_after_a_failover_the_dead_old_master_does_not_block_cancels_and_holds(
+        tmp_path, monkeypatch):
+    """The promoted slave heard from nobody: the old master, dead but still listed, is a slave
+    it has never heard from."""
+    monkeypatch.setattr(kind_gate, "UNHEARD_GRACE_MS", GRACE_MS)
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        master = realtime_server(tmp_path, meta.url, MASTER)
+        slave = realtime_server(tmp_path, meta.url, SLAVE)
+        await master.start()
+        await slave.start()
+        try:
+            source = replica(master).source
+            await wait_for(lambda: SLAVE in master.role.insync
+                           and source.kind_refusal("message", 5) is None, 30, "slave reads")
+            held = await hold(master.port, "h")
+            assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
+            await wait_for(lambda: source.tracker.acked(SLAVE, "message")
+                           >= source.ends["message"], 30, "the slave has the held records")
+            await crash(master)
+            await wait_for(lambda: slave.role.role == "master" and slave.role.active, 60,
+                           "the slave promoted")
+            answer = await cancel(slave.port, ["never-held"])
+            assert answer.get("cancelled") == [False], answer
+            promoted = replica(slave).source
+            await wait_for(lambda: promoted.kind_refusal("message", 5) is None, 60,
+                           "the dead old master no longer counts")
+            answer = await cancel(slave.port, ["h-0"])
+            assert answer.get("cancelled") == [True], answer
+            held = await hold(slave.port, "again")
+            assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
+        finally:
+            await slave.stop()
 
 
 @pytest.mark.timeout(180)
