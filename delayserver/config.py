@@ -25,9 +25,9 @@ class DelayConfig(ServerConfig):
     dispatch_batch_max: int = 256  # most messages per dispatch request to a realtime broker
     dispatch_retry_ms_min: int = 100  # first retry delay after a failed dispatch, in ms
     dispatch_retry_ms_max: int = 5_000  # retry delay cap, in ms (doubles up to this)
-    handoff_lead_ms: int = 0  # hand a message to a broker that holds (``hold``) this long
-    # before its due time, in ms; 0 (the default until the hand-off's known faults are fixed:
-    # docs/REPLICATION.md 16) = dispatch every message at its due time
+    handoff_lead_ms: int = 3_000  # hand a hot slot's messages to a broker that holds (``hold``)
+    # them this long before their due time, in ms (docs/REPLICATION.md 16); 0 = dispatch every
+    # message at its due time
     handoff_min_messages: int = 1_000  # hand off only a hot slot: a 250 ms step of due times
     # holding at least this many messages; fewer are dispatched at their due time
 
