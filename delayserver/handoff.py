@@ -8,8 +8,10 @@ The dispatcher sends what is taken early with ``hold`` (the broker keeps it invi
 due time) and remembers what it may have handed in ``Dispatcher.handed`` (from the moment the
 hold is sent); a cancel of such a message asks the broker, of no other one of this run. Before
 a hold is sent, a handed-entries record (the done journal's kind 6, replicated as the rest of
-the store) names its entries (where some slave cannot read kind 6 yet, a handed record, kind 4,
-says that messages due up to a time may be handed): after a restart or a failover, a cancel of
+the store) names its entries (a slave that reads the handed record, kind 4, and not kind 6
+would get a kind-4 record saying that messages due up to a time may be handed; no release
+announces that: one that does not say what it reads reads neither, both are refused, and the
+hand-off pauses, review s12 rvdelay-3): after a restart or a failover, a cancel of
 a stored message such a record written before the run began names (or that the handed record
 covers) asks the broker first (a broker that cannot be asked fails the cancel with nothing
 recorded), then the store:
@@ -155,8 +157,8 @@ class HandOff:
     async def recorded(self, until_ms: int, entries: list[ScheduleEntry] | None = None) -> None:
         """Before a hold of ``entries``, due up to ``until_ms``, is sent: a handed-entries
         record names them (hand-offs waiting meanwhile share one write), or, while some slave
-        does not read those, the handed record covers them. Raises when it could not be
-        written."""
+        reads the handed record and not kind 6 (no release so far), the handed record covers
+        them. Raises when it could not be written (NotSupported while a slave reads neither)."""
         if entries is not None and self.record_handed_ids is not None:
             try:
                 await self._named(until_ms, entries)
