@@ -91,6 +91,16 @@ class DoneJournal:
         if self.max_bucket.get(base, -1) < bucket:
             self.max_bucket[base] = bucket
 
+    def reset(self, offset: int) -> None:
+        """Empty the journal to start at ``offset`` (a slave's copy thrown away): the log and
+        everything noted from its records, so nothing of the old copy still counts as named
+        or handed (review s12 rvdelay-4: only the segments' buckets were cleared)."""
+        self.log.reset(offset)
+        self.max_bucket.clear()
+        self.handed_until_ms = self.handed_ids_until_ms = 0
+        self.handed.clear()
+        self._handed_records.clear()
+
     def append(self, bodies: list[bytes]) -> None:
         """Append and fsync journal records (the master's side)."""
         if not bodies:
@@ -193,8 +203,7 @@ class _DoneCopy:
     def reset_copy(self, offset: int) -> None:
         # Records before the master's journal start name only finished buckets, which the
         # next watermark record covers.
-        self._store._journal.log.reset(offset)
-        self._store._journal.max_bucket.clear()
+        self._store._journal.reset(offset)
 
     def verify_copy(self, offset: int, max_bytes: int) -> tuple[int, int | None]:
         next_offset, problem = self._store._journal.log.verify(offset, max_bytes)

@@ -166,3 +166,19 @@ def test_a_handed_message_a_broker_dropped_is_cancelled_on_the_copy_and_after_a_
         assert again.pending_stats().total == 1
     finally:
         again.close()
+
+
+def test_a_done_journal_copy_thrown_away_no_longer_counts_its_handed_entries_as_named(pair):
+    # Review s12 rvdelay-4: the reset kept the named entries and handed times of the old copy,
+    # so cancels of those messages asked the brokers after a promotion.
+    master, slave = pair
+    entries = send(master, 4, NOW_MS + 10_000)
+    master.record_handed_entries([(entries[-1].deliver_at_ms, entries)])
+    master.record_handed(entries[-1].deliver_at_ms)
+    copy(master, slave)
+    assert slave.handed_ids_until_ms() == entries[-1].deliver_at_ms
+    assert slave.handed_until_ms() == entries[-1].deliver_at_ms
+    assert slave._journal.handed
+    slave.done_copy.reset_copy(master.done_copy.copy_bounds()[1])
+    assert (slave.handed_ids_until_ms(), slave.handed_until_ms()) == (0, 0)
+    assert not slave._journal.handed
