@@ -37,22 +37,34 @@ async def cancel(port: int, ids: list[str]) -> dict[str, Any]:
     return await request(port, {"op": "cancel_held", "subject": "orders", "ids": ids})
 
 
+async def a_pair_holding_three(tmp_path: Any, meta_url: str) -> tuple[Any, Any]:
+    """A realtime master and its in-sync slave, which reads every kind, the master holding
+    h-0, h-1 and h-2 (both stopped again when that fails)."""
+    master = realtime_server(tmp_path, meta_url, MASTER)
+    slave = realtime_server(tmp_path, meta_url, SLAVE)
+    await master.start()
+    await slave.start()
+    try:
+        source = replica(master).source
+        await wait_for(lambda: SLAVE in master.role.insync
+                       and source.kind_refusal("message", 5) is None, 30, "slave reads")
+        held = await hold(master.port, "h")
+        assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
+    except BaseException:
+        await master.stop()
+        await slave.stop()
+        raise
+    return master, slave
+
+
 @pytest.mark.timeout(180)
 async def test_a_crashed_slave_does_not_block_cancels_and_holds_after_the_master_restarts(
         tmp_path, monkeypatch):
     monkeypatch.setattr(kind_gate, "UNHEARD_GRACE_MS", GRACE_MS)
     config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
     async with start_metaserver(config) as meta:
-        master = realtime_server(tmp_path, meta.url, MASTER)
-        slave = realtime_server(tmp_path, meta.url, SLAVE)
-        await master.start()
-        await slave.start()
+        master, slave = await a_pair_holding_three(tmp_path, meta.url)
         try:
-            source = replica(master).source
-            await wait_for(lambda: SLAVE in master.role.insync
-                           and source.kind_refusal("message", 5) is None, 30, "slave reads")
-            held = await hold(master.port, "h")
-            assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
             await crash(slave)
             await crash(master)
             master = realtime_server(tmp_path, meta.url, MASTER)  # restarted (a deploy)
@@ -82,16 +94,9 @@ async def test_after_a_failover_the_dead_old_master_does_not_block_cancels_and_h
     monkeypatch.setattr(kind_gate, "UNHEARD_GRACE_MS", GRACE_MS)
     config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
     async with start_metaserver(config) as meta:
-        master = realtime_server(tmp_path, meta.url, MASTER)
-        slave = realtime_server(tmp_path, meta.url, SLAVE)
-        await master.start()
-        await slave.start()
+        master, slave = await a_pair_holding_three(tmp_path, meta.url)
         try:
             source = replica(master).source
-            await wait_for(lambda: SLAVE in master.role.insync
-                           and source.kind_refusal("message", 5) is None, 30, "slave reads")
-            held = await hold(master.port, "h")
-            assert [r["status"] for r in held["results"]] == ["stored"] * 3, held
             await wait_for(lambda: source.tracker.acked(SLAVE, "message")
                            >= source.ends["message"], 30, "the slave has the held records")
             await crash(master)
