@@ -188,10 +188,15 @@ class HandOff:
                 await self.record_handed_ids([(until, entries) for until, entries, _ in taken])
             except BaseException as exc:
                 for _until, _entries, future in taken:
-                    if not future.done():
-                        future.set_exception(exc if isinstance(exc, Exception)
-                                             else NotSupported(f"not written: {exc!r}"))
+                    if future.done():
+                        continue
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
                         future.exception()  # its sender may be gone (stop): no warning
+                    else:
+                        # A stop: the waiting hand-offs are cancelled too, nothing else is
+                        # written for them (an error here would be a refusal to fall back on)
+                        future.cancel()
                 if not isinstance(exc, Exception):
                     raise
             else:

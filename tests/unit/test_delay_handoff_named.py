@@ -7,6 +7,8 @@ as before."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from delayserver.storage import DelayStore, DelayStoreConfig
@@ -149,3 +151,32 @@ def test_a_handed_entries_record_names_its_entries_after_a_reopen_and_on_a_copy(
     finally:
         master.close()
         slave.close()
+
+
+async def test_a_stop_that_cancels_the_handed_entries_write_writes_nothing_else():
+    """The task writing handed-entries records is cancelled (a stop) while a hand-off waits
+    for it: the hand-off is cancelled too, and no other record (kind 4) is written instead."""
+    from delayserver.config import DelayConfig
+    from delayserver.handoff import HandOff
+    from delayserver.tracing import DelayTracer
+
+    started_write, covered = asyncio.Event(), []
+
+    async def slow_names(_hand_offs):
+        started_write.set()
+        await asyncio.Event().wait()  # the write under way when the stop comes
+
+    async def record_handed(until_ms):
+        covered.append(until_ms)
+
+    handoff = HandOff(DelayConfig(data_dir="x", handoff_lead_ms=LEAD_MS), FakeClock(),
+                      hold=object(), cancel_held=None,  # type: ignore[arg-type]
+                      tracer=DelayTracer(None), record_handed=record_handed,
+                      record_handed_ids=slow_names)
+    waiter = asyncio.create_task(handoff.recorded(NOW_MS, []))
+    await started_write.wait()
+    assert handoff._namer is not None
+    handoff._namer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert covered == [], "a stop must not end in a handed record (kind 4)"
