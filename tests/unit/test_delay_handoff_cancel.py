@@ -414,3 +414,26 @@ async def test_a_drop_during_a_hold_whose_dispatch_record_a_full_disk_held_back_
         assert await again.cancel(m.id, due) == "already_cancelled"
     finally:
         await again.stop()
+
+
+async def test_a_drop_record_a_slave_cannot_read_is_logged_on_one_line_with_its_values(
+        tmp_path, caplog):
+    """The broker dropped a handed message but a slave does not read the dropped record (kind
+    5): the cancel stands, and the refusal is one warning naming the message, its due time and
+    the reason, with no traceback."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        scheduler.replica.kind_refusal = (  # type: ignore[method-assign]
+            lambda log, kind: "slave d2 does not read done kind 5" if kind == 5 else None)
+        broker.cancel_answers = {m.id: True}
+        with caplog.at_level("WARNING", logger="delayserver.handoff"):
+            assert await scheduler.cancel(m.id, due) == "cancelled"
+        [line] = [r for r in caplog.records if r.name == "delayserver.handoff"]
+        assert line.exc_info is None
+        text = line.getMessage()
+        assert m.id in text and str(due) in text and "slave d2 does not read" in text
+    finally:
+        await scheduler.stop()
