@@ -78,9 +78,10 @@ class CancelsMixin:
         if self.replica.replicating:
             await self.journal_replicated()
 
-    async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry]]]
+    async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry], bool]]
                                  ) -> None:
-        """Handed-entries records of ``hand_offs`` (``HandOff.recorded``), on the slaves too;
+        """Handed-entries records of ``hand_offs`` (``HandOff.recorded`` and ``refused``: see
+        ``DelayStore.record_handed_entries``), on the slaves too;
         NotSupported, nothing written, while some slave does not read them (the gate, asked
         right before the write: HandOff then tries the handed record, kind 4, which a slave
         of a release before ``fetch.reads`` does not read either, so the hand-off pauses;

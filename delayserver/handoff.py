@@ -59,13 +59,21 @@ StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None, bool
 # waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
 RecordHanded = Callable[[int], Awaitable[None]]
 # Writes handed-entries records, one per hand-off (DelayStore.record_handed_entries, then
-# waits for the slaves a sync write waits for): [(latest due time, entries)] -> None; raises
-# NotSupported when some slave does not read them yet (then a handed record is written).
-RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry]]]], Awaitable[None]]
+# waits for the slaves a sync write waits for): [(latest due time, entries, refused: the
+# hold was refused, they are named no more)] -> None; raises NotSupported when some slave does
+# not read them yet (then a handed record is written).
+RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry], bool]]], Awaitable[None]]
 # Records durably that a broker dropped a handed message at a cancel (DelayStore.record_dropped,
 # then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
 RecordDropped = Callable[[str, int], Awaitable[str]]
 CANCELLED = ("cancelled", "already_cancelled")
+
+
+def _unnamed_written(future: asyncio.Future[None]) -> None:
+    """A refused hold's un-naming record was written or not: not written, its entries stay
+    named (conservative: a cancel after a restart asks the broker)."""
+    if not future.cancelled() and future.exception() is not None:
+        log.info("a refused hold's entries stay named: %s", future.exception())
 
 
 def step_end_ms(due_ms: int, step: int) -> int:
@@ -125,7 +133,7 @@ class HandOff:
         self.record_handed = record_handed
         self.record_dropped = record_dropped
         self.record_handed_ids = record_handed_ids
-        self._naming: list[tuple[int, list[ScheduleEntry], asyncio.Future[None]]] = []
+        self._naming: list[tuple[int, list[ScheduleEntry], bool, asyncio.Future[None]]] = []
         self._namer: asyncio.Task[None] | None = None
         self._named_refused_why = ""  # the last reason kind 6 was refused (logged once)
         self._no_hold_until_ms = 0
@@ -172,11 +180,25 @@ class HandOff:
     async def _named(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
         """Wait until a handed-entries record names ``entries``: one task writes what waits,
         so the batches of a hot step sent at once share a write and an fsync."""
+        await asyncio.shield(self._queue_names(until_ms, entries, False))
+
+    def refused(self, entries: list[ScheduleEntry]) -> None:
+        """A broker refused the hold of ``entries`` (it holds none of them): a handed-entries
+        record names them no more (FLAG_REFUSED), written with the next names, not waited
+        for: until it is written, or when it is not (a crash, the gate, a write error), they
+        stay named and a cancel after a restart asks the broker, as before."""
+        if self.record_handed_ids is not None and entries:
+            future = self._queue_names(max(e.deliver_at_ms for e in entries), entries, True)
+            future.add_done_callback(_unnamed_written)
+
+    def _queue_names(self, until_ms: int, entries: list[ScheduleEntry], refused: bool
+                     ) -> asyncio.Future[None]:
+        """Queue one handed-entries record for the namer task (started when none runs)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._naming.append((until_ms, entries, future))
+        self._naming.append((until_ms, entries, refused, future))
         if self._namer is None or self._namer.done():
             self._namer = asyncio.create_task(self._name_waiting(), name="delay-handed-ids")
-        await asyncio.shield(future)
+        return future
 
     async def _name_waiting(self) -> None:
         """Write the waiting hand-offs' handed-entries records until none waits; each
@@ -185,9 +207,10 @@ class HandOff:
         while self._naming:
             taken, self._naming = self._naming, []
             try:
-                await self.record_handed_ids([(until, entries) for until, entries, _ in taken])
+                await self.record_handed_ids([(until, entries, refused)
+                                              for until, entries, refused, _ in taken])
             except BaseException as exc:
-                for _until, _entries, future in taken:
+                for _until, _entries, _refused, future in taken:
                     if future.done():
                         continue
                     if isinstance(exc, Exception):
@@ -200,7 +223,7 @@ class HandOff:
                 if not isinstance(exc, Exception):
                     raise
             else:
-                for _until, _entries, future in taken:
+                for _until, _entries, _refused, future in taken:
                     if not future.done():
                         future.set_result(None)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from delayserver.storage.delay_record import decode_delay_header
 from delayserver.storage.done_journal import (
     DIRECTORY,
+    FLAG_REFUSED,
     KIND_CANCELLED,
     KIND_DISPATCHED,
     KIND_DONE_BEFORE,
@@ -38,6 +39,7 @@ from delayserver.storage.done_journal import (
     encode_journal_record,
     journal_bucket,
     journal_done_keys,
+    journal_flags,
 )
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
@@ -81,6 +83,9 @@ class DoneJournal:
             return
         if kind == KIND_HANDED:
             self.handed_until_ms = max(self.handed_until_ms, bucket)
+        elif kind == KIND_HANDED_IDS and journal_flags(body) & FLAG_REFUSED:
+            for key in journal_done_keys(body):  # their hold was refused: no broker has them
+                self.handed.pop(key, None)
         elif kind == KIND_HANDED_IDS:
             self.handed_ids_until_ms = max(self.handed_ids_until_ms, bucket)
             keys = journal_done_keys(body)
@@ -361,16 +366,18 @@ class CopyingMixin:
             raise self._fail(exc)
 
     def record_handed_entries(self: DelayStore,  # type: ignore[misc]
-                              hand_offs: list[tuple[int, list[ScheduleEntry]]]) -> None:
+                              hand_offs: list[tuple[int, list[ScheduleEntry], bool]]) -> None:
         """The master, before it sends these hand-offs (each: the latest due time, its
-        entries): one handed-entries record (kind 6) each in the journal, fsynced once. Unlike
+        entries, False), or after a broker refused them (True: named no more): one
+        handed-entries record (kind 6) each in the journal, in order, fsynced once. Unlike
         ``journal_done`` a full disk raises ``DiskFull``: then nothing may be handed off. The
         caller asked the replication gate that every slave reads kind 6."""
         self._check_writable()
         bodies = [encode_journal_record(
             KIND_HANDED_IDS, until_ms, [e.delay_log_offset for e in entries],
-            [e.id_hash for e in entries], [e.index for e in entries], {})
-            for until_ms, entries in hand_offs]
+            [e.id_hash for e in entries], [e.index for e in entries], {},
+            FLAG_REFUSED if refused else 0)
+            for until_ms, entries, refused in hand_offs]
         try:
             self._journal.append(bodies)
         except LogWriteFailed as exc:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from delayserver.dispatch import HELD_CANCEL_GRACE_MS
 from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock
 from tests.unit.delay_handoff_support import (
@@ -17,7 +20,7 @@ from tests.unit.delay_handoff_support import (
     into_the_lead, one_handed, restarted, schedule, settle, started)
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
-from wire.errors import ConnectionLost, NoRoute, NotMaster
+from wire.errors import ConnectionLost, NoRoute, NotMaster, Unavailable
 
 
 async def test_a_cancel_a_broker_dropped_after_a_lost_hold_answer_keeps_the_message_from_being_sent(
@@ -290,3 +293,25 @@ async def test_a_drop_during_a_lost_hold_answer_is_cancelled_in_the_store_under_
     writer.flush()
     lines = [e for e in read_events([tmp_path / "trace"]) if e["event"] == "cancelled"]
     assert [e["msg_id"] for e in lines] == [m.id, m.id], "the drop's and the store's cancel"
+
+
+async def test_a_message_whose_hold_answer_was_lost_stays_named_and_once_sent_when_due_is_answered_by_the_store(
+        tmp_path):
+    """A lost hold answer is no refusal: its broker may hold the message, so after a restart
+    a cancel before the due time still asks the broker; once the message was sent at its due
+    time and the grace passed, a cancel is answered by the store without asking."""
+    async with one_handed(tmp_path, _AnswerLostBroker) as (scheduler, clock, broker, due, m):
+        assert scheduler.store.handed_state(m.id, due) == ("s", "pending", True)
+    again = await restarted(tmp_path, clock, broker, 0)
+    try:
+        with pytest.raises(Unavailable):  # the broker does not hold it (any more): pending
+            await again.cancel(m.id, due)
+        assert broker.cancels == [("s", [m.id])], "a broker that may hold it was not asked"
+        clock.advance(due - clock())
+        await settle(again)
+        assert [got.id for _at, got in broker.received] == [m.id]
+        clock.advance(HELD_CANCEL_GRACE_MS)
+        assert await again.cancel(m.id, due) == "already_dispatched"
+        assert broker.cancels == [("s", [m.id])], "asked again after the grace"
+    finally:
+        await again.stop()
