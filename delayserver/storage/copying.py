@@ -45,7 +45,7 @@ from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
 from delayserver.storage.schedule_entry import encode_schedule_entry
 from logstore import CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFailed, SegmentedLog
-from logstore.record import HEADER_SIZE_BYTES
+from logstore.record import HEADER_SIZE_BYTES, split_records
 
 if TYPE_CHECKING:
     from delayserver.storage.bucket_reads import ScheduleEntry
@@ -269,16 +269,24 @@ class CopyingMixin:
         """A slave: append done-journal records copied from the master at ``offset`` and apply
         each to the bucket files, pending counts and watermark. Returns the new end."""
         self._check_writable()
+        # Every record is decoded before any is written: one the master framed soundly (its CRC
+        # holds) but this server cannot read refuses the whole chunk, the copy stays whole
+        # where it was, and the follower counts it (crc_errors) and fetches it again (review
+        # s12 rvdelay-5: it was appended, then its chunk's records were never applied).
+        journal = self._journal.log
+        framed, _used, _problem = split_records(data, journal.config.record_size_bytes_max)
+        records, at = [], offset
+        for body in framed:  # a framing problem: append_copied below refuses the chunk
+            try:
+                records.append(decode_journal_record(bytes(body)))
+            except ValueError as exc:
+                raise CorruptRecord(journal.directory, at, f"copied journal record: {exc}")
+            at += HEADER_SIZE_BYTES + len(body)
         try:
-            bodies = self._journal.append_copied(offset, data)
+            self._journal.append_copied(offset, data)
         except LogWriteFailed as exc:
             raise self._fail(exc)
-        for body in bodies:
-            try:
-                record = decode_journal_record(body)
-            except ValueError as exc:
-                raise self._fail(CorruptRecord(self._journal.log.directory, offset,
-                                               f"copied journal record: {exc}"))
+        for record in records:
             if record.kind == KIND_DONE_BEFORE:
                 self._follow_done_before(record.bucket_ms)
             elif record.kind in (KIND_HANDED, KIND_HANDED_IDS):

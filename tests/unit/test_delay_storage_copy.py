@@ -182,3 +182,36 @@ def test_a_done_journal_copy_thrown_away_no_longer_counts_its_handed_entries_as_
     slave.done_copy.reset_copy(master.done_copy.copy_bounds()[1])
     assert (slave.handed_ids_until_ms(), slave.handed_until_ms()) == (0, 0)
     assert not slave._journal.handed
+
+
+@pytest.mark.parametrize("defect", ["entries past the body", "unknown body version"])
+def test_a_copied_journal_chunk_with_a_malformed_record_is_refused_whole_before_any_write(
+        pair, defect):
+    # Review s12 rvdelay-5: a CRC-valid kind-6 body whose entry count runs past it raised a
+    # bare ValueError after the chunk was appended: its other records never applied, and the
+    # next fetch started past them.
+    from logstore import CorruptRecord
+    from logstore.record import encode_record
+    from delayserver.storage.done_journal import HEADER, KIND_HANDED_IDS
+
+    master, slave = pair
+    entries = send(master, 2, NOW_MS + 10_000)
+    master.record_dispatched(entries[:1])
+    copy(master, slave)
+    good_end = slave.done_copy.copy_bounds()[1]
+    first, end = master.done_copy.copy_bounds()
+    assert good_end == end
+    master.record_dispatched(entries[1:])
+    dispatched = master.done_copy.read_copy(end, 1 << 20)
+    body = bytearray(encode_journal_record(KIND_HANDED_IDS, NOW_MS + 10_000, [1], [2], [3], {}))
+    if defect == "entries past the body":
+        HEADER.pack_into(body, 0, KIND_HANDED_IDS, 1, 0, NOW_MS + 10_000, 5, 0)
+    else:
+        body[1] = 9
+    chunk = dispatched + encode_record(bytes(body))
+    with pytest.raises(CorruptRecord, match="copied journal record"):
+        slave.done_copy.append_copy(good_end, chunk)
+    assert slave.done_copy.copy_bounds()[1] == good_end, "nothing of the chunk was written"
+    # The copy goes on once the master's bytes are sound (a fetch again).
+    assert slave.done_copy.append_copy(good_end, dispatched) == good_end + len(dispatched)
+    assert slave.pending_stats().total == master.pending_stats().total
