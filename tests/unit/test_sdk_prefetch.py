@@ -143,3 +143,95 @@ async def test_pulls_fixed_at_pull_batch_when_pull_batch_max_equals_it(meta, bro
             await asyncio.wait_for(sub.__anext__(), 10)
             assert sub.prefetched <= 4
     assert all(op["max_count"] <= 4 for op in broker_a.ops("pull"))
+
+
+def _record_pulls(consumer: Consumer, subject: str, events: list[str]) -> None:
+    """Note in ``events`` each pull of ``subject`` sent ("pull N" asked) and answered
+    ("answer N" got), on the consumer's side of the wire."""
+    request = consumer._pool.request
+
+    async def noted(address: str, op: dict, timeout_ms: int | None) -> dict:
+        if op.get("op") != "pull" or op.get("subject") != subject:
+            return await request(address, op, timeout_ms)
+        events.append(f"pull {op['max_count']}")
+        answer = await request(address, op, timeout_ms)
+        events.append(f"answer {len(answer.get('payloads') or ())}")
+        return answer
+
+    consumer._pool.request = noted  # type: ignore[method-assign]
+
+
+async def test_a_full_pull_has_the_next_one_sent_before_its_messages_are_decoded(
+        meta, broker_a, monkeypatch):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(10)))
+    events: list[str] = []
+    received = Consumer._received
+
+    def decoded(answer, sub, batch):  # type: ignore[no-untyped-def]
+        events.append(f"decode {len(answer['payloads'])}")
+        return received(answer, sub, batch)
+
+    monkeypatch.setattr(Consumer, "_received", staticmethod(decoded))
+    consumer = Consumer(meta.url, group="billing", consumer_id="c1", pull_batch=4,
+                        pull_batch_max=4, prefetch=8, ack_interval_ms=NEVER_MS,
+                        heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
+    _record_pulls(consumer, "orders", events)
+    async with consumer:
+        sub = consumer.subscribe("orders")
+        async with asyncio.timeout(10):
+            while sub.prefetched < 8:  # both full pulls handed over; the loop waits for room
+                await asyncio.sleep(0.01)
+            bodies = [(await sub.__anext__()).body for _ in range(10)]
+    assert bodies == [b"%d" % i for i in range(10)]
+    # The first answer was full and 4 more fit beside it: the second pull left before its
+    # decode. The second was full too but nothing more fit, and the third (2 of 4) was thin:
+    # each was decoded before anything else was asked for.
+    assert events[:9] == ["pull 4", "answer 4", "pull 4", "decode 4", "answer 4", "decode 4",
+                          "pull 4", "answer 2", "decode 2"]
+
+
+async def test_pulls_sent_ahead_never_bring_the_consumer_more_than_its_prefetch(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", *(b"%d" % i for i in range(60)))
+    consumer = Consumer(meta.url, group="billing", consumer_id="c1", pull_batch=4,
+                        pull_batch_max=8, prefetch=12, ack_interval_ms=NEVER_MS,
+                        heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
+    sub = None
+    # Messages pulled and not handed to the application: in the buffer, in answers not yet
+    # put there, and asked for by pulls on the wire.
+    held = {"asked": 0, "in_hand": 0, "most": 0, "sent_ahead": 0}
+    request = consumer._pool.request
+
+    async def counted(address: str, op: dict, timeout_ms: int | None) -> dict:
+        if op.get("op") != "pull" or op.get("subject") != "orders":
+            return await request(address, op, timeout_ms)
+        assert sub is not None
+        held["sent_ahead"] += held["in_hand"] > 0
+        held["asked"] += op["max_count"]
+        held["most"] = max(held["most"], sub.prefetched + held["in_hand"] + held["asked"])
+        try:
+            answer = await request(address, op, timeout_ms)
+        finally:
+            held["asked"] -= op["max_count"]
+        held["in_hand"] += len(answer.get("payloads") or ())
+        return answer
+
+    consumer._pool.request = counted  # type: ignore[method-assign]
+    async with consumer:
+        sub = consumer.subscribe("orders")
+        put_all = sub._prefetch.put_all
+
+        async def put(items: list) -> None:
+            held["in_hand"] -= len(items)
+            await put_all(items)
+
+        sub._prefetch.put_all = put  # type: ignore[method-assign]
+        bodies = []
+        async with asyncio.timeout(10):
+            for _ in range(60):
+                bodies.append((await sub.__anext__()).body)
+                await asyncio.sleep(0)  # an application that yields: pulls overlap it
+    assert bodies == [b"%d" % i for i in range(60)]
+    assert held["sent_ahead"] > 0  # the case under test happened
+    assert held["most"] <= 12
