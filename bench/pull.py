@@ -9,7 +9,7 @@ pull as one range, until every message is consumed. Only that consume phase is t
 ``process_time`` (every thread of this process: the event loop, both storage threads and the
 trace writer), so the figure is what pulls and acks cost the broker per message, without the
 sockets and request parsing around them. ``--messages`` below the tracer's memory of recently
-stored messages (8,192 per subject) is the case of consumers that keep up; above it, pulls
+stored messages (32,768 per subject) is the case of consumers that keep up; above it, pulls
 decode payloads to trace them.
 
 Each run of ``--rounds`` rounds is repeated ``--runs`` times (default 3) and the median printed.

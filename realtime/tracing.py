@@ -52,12 +52,15 @@ SUBJECT_MEMBERS_MAX = 1_024
 # The members of messages stored lately, by subject and consumer-log sequence, for their first
 # pull: most messages are pulled soon after they are stored, and this saves decoding their
 # payload again. Bounded: per subject the last RECENT_PER_SUBJECT_MAX sequences, for at most
-# RECENT_SUBJECTS_MAX subjects (the others decode); about 250 bytes an entry, 64 MB at most
+# RECENT_SUBJECTS_MAX subjects (the others decode), and RECENT_ENTRIES_MAX in all (a batch that
+# would pass it is not kept: its messages decode); about 250 bytes an entry, 64 MB at most
 # (reached only by subjects stored and not pulled: a pull takes its entries out). Consumers
-# running behind by up to this many messages (8 pulls of 1024) are still traced without a
-# decode, which would cost ~3 us a message on the broker.
-RECENT_PER_SUBJECT_MAX = 8_192
+# running behind by up to this many messages (32 pulls of 1024: a hot slot of 20,000 made
+# visible at once, drained by one consumer) are still traced without a decode, which costs
+# ~3 us a message on the broker (~35 ms of a 20,000 drain when the window was 8,192).
+RECENT_PER_SUBJECT_MAX = 32_768
 RECENT_SUBJECTS_MAX = 32
+RECENT_ENTRIES_MAX = 262_144
 # ``locator_member`` of sequence 0 without a log subject: what the locator of any sequence
 # starts with, the rest of it (an internal subject's log_subject) being the same for a batch.
 _SEQ_ZERO = locator_member(0)
@@ -390,14 +393,18 @@ class BrokerTracer(GiveUpTracing):
 
     def _remember(self, subject: str, sequences: Sequence[int], members: Sequence[str]) -> None:
         """Keep the members of messages just stored for their first pull (``pulled``), the
-        last RECENT_PER_SUBJECT_MAX sequences of each of RECENT_SUBJECTS_MAX subjects."""
+        last RECENT_PER_SUBJECT_MAX sequences of each of RECENT_SUBJECTS_MAX subjects, at most
+        RECENT_ENTRIES_MAX in all."""
         recent = self._recent.get(subject)
         if recent is None:
             if len(self._recent) >= RECENT_SUBJECTS_MAX:
                 return
             recent = self._recent[subject] = {}
-        recent.update(zip(sequences, members))
-        # Sequences arrive in increasing order: forget those now RECENT_PER_SUBJECT_MAX behind.
+        # At most RECENT_SUBJECTS_MAX lengths summed; the pull log's calls only pop entries.
+        if sum(map(len, self._recent.values())) + len(sequences) <= RECENT_ENTRIES_MAX:
+            recent.update(zip(sequences, members))
+        # Sequences arrive in increasing order: forget those now RECENT_PER_SUBJECT_MAX behind
+        # (also when this batch was not kept, so nothing older lingers).
         low, high = sequences[0] - RECENT_PER_SUBJECT_MAX, sequences[-1] - RECENT_PER_SUBJECT_MAX
         if high >= 0:
             list(map(recent.pop, range(max(low, 0), high + 1), repeat(None)))

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+import realtime.tracing
 from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
 from wire.message import Message, encode_message
 from serverkit.send_check import Checked
@@ -73,6 +74,21 @@ def test_the_recently_stored_members_stay_within_their_bounds(tmp_path):
     assert len(tracer._recent["orders"]) == RECENT_PER_SUBJECT_MAX
     assert min(tracer._recent["orders"]) == 2 * RECENT_PER_SUBJECT_MAX
     assert len(tracer._recent) == RECENT_SUBJECTS_MAX
+
+
+def test_a_stored_batch_that_would_pass_the_total_of_recent_members_is_not_kept(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(realtime.tracing, "RECENT_PER_SUBJECT_MAX", 8)
+    monkeypatch.setattr(realtime.tracing, "RECENT_ENTRIES_MAX", 10)
+    tracer = BrokerTracer(TraceWriter(tmp_path, "realtime:rt", background=False))
+    tracer.stored([checked(f"a{i}", "a") for i in range(8)], list(range(8)), T0_MS)
+    tracer.stored([checked(f"b{i}", "b") for i in range(3)], [0, 1, 2], T0_MS)
+    assert len(tracer._recent["a"]) == 8 and not tracer._recent.get("b")  # 11 > 10
+    tracer.stored([checked(f"b{i}", "b") for i in range(3, 5)], [3, 4], T0_MS)
+    assert sorted(tracer._recent["b"]) == [3, 4]  # 10: kept
+    # The window still slides over a batch not kept: "a" forgets what is 8 behind.
+    tracer.stored([checked(f"a{i}", "a") for i in range(8, 12)], list(range(8, 12)), T0_MS)
+    assert sorted(tracer._recent["a"]) == [4, 5, 6, 7]
 
 
 def raw_lines(directory) -> list[dict]:
