@@ -1,5 +1,5 @@
 """Cancels and the done journal's hand-off records: ``cancel`` (the store's part under the
-loader's lock, the broker's through ``HandOff``), the handed, handed-entries and dropped records
+loader's lock, the broker's through ``HandOff``), the handed-entries and dropped records
 with the replication gate asked first, and the wait for the slaves to have the journal. The
 ``CancelsMixin`` part of ``delayserver.scheduler.Scheduler`` (split from it; all of these run on
 the event loop, the store calls on the delay-io thread).
@@ -16,7 +16,7 @@ from delayserver.dispatch import Dispatcher
 from delayserver.handoff import HandOff
 from delayserver.stats import DispatchStats
 from delayserver.storage import DelayStore, ScheduleEntry
-from delayserver.storage.done_journal import KIND_DROPPED, KIND_HANDED, KIND_HANDED_IDS
+from delayserver.storage.done_journal import KIND_DROPPED, KIND_HANDED_IDS
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 from serverkit.replica_source import WriteReplication
@@ -69,26 +69,15 @@ class CancelsMixin:
             await self.journal_replicated()
         return outcome, subject
 
-    async def _record_handed(self, until_ms: int) -> None:
-        """The handed record up to ``until_ms`` (``HandOff.recorded``), on the slaves too.
-        NotSupported, with nothing written, while a slave does not read it (the dispatcher
-        then sends the messages at their due time and pauses the hand-off)."""
-        self._check_kind(KIND_HANDED)
-        await self._io(self.store.record_handed, until_ms)
-        if self.replica.replicating:
-            await self.journal_replicated()
-
     async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry], bool]]
                                  ) -> None:
         """Handed-entries records of ``hand_offs`` (``HandOff.recorded`` and ``refused``: see
         ``DelayStore.record_handed_entries``), on the slaves too;
         NotSupported, nothing written, while some slave does not read them (the gate, asked
-        right before the write: HandOff then tries the handed record, kind 4, which a slave
-        of a release before ``fetch.reads`` does not read either, so the hand-off pauses;
-        not counted in ``kinds_refused``: the kind-4 refusal is)."""
-        why = self.replica.kind_refusal("done", KIND_HANDED_IDS)
-        if why is not None:
-            raise NotSupported(f"done journal kind {KIND_HANDED_IDS} not written: {why}")
+        right before the write: the dispatcher then sends them at their due time and pauses
+        the hand-off; no handed record, kind 4, is tried: a slave of a release before
+        ``fetch.reads`` reads neither)."""
+        self._check_kind(KIND_HANDED_IDS)
         await self._io(self.store.record_handed_entries, hand_offs)
         if self.replica.replicating:
             await self.journal_replicated()

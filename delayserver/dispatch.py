@@ -102,9 +102,9 @@ class Dispatcher(HandedMixin):
       id -> deliver_at_ms of handed messages a broker dropped before their dispatch was
       recorded: the recorder marks them dropped in the store once it is; ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
-      awaited before a hold of messages due up to a time is sent (the handed record,
-      ``HandOff.recorded``: the handed-entries record naming them, or the handed record covering
-      them); when it raises, they are sent at their due time.
+      awaited before a hold of messages due up to a time is sent (``HandOff.recorded``: the
+      handed-entries record naming them); when it raises, they are sent at their due time;
+      ``refused``: told the entries of a hold a broker refused (``HandOff.refused``).
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
@@ -280,7 +280,7 @@ class Dispatcher(HandedMixin):
             await self._hold_refused(subject, entries, payloads, now_ms, refusal)
             return
         if early and self._recorded is not None:
-            try:  # the handed record first: a restart or failover must know of the hand-off
+            try:  # the handed-entries record first: a restart or failover must know of the hand-off
                 await self._recorded(last_due_ms, entries)
             except Exception as exc:
                 await self._hold_refused(subject, entries, payloads, now_ms,

@@ -8,13 +8,12 @@ The dispatcher sends what is taken early with ``hold`` (the broker keeps it invi
 due time) and remembers what it may have handed in ``Dispatcher.handed`` (from the moment the
 hold is sent); a cancel of such a message asks the broker, of no other one of this run. Before
 a hold is sent, a handed-entries record (the done journal's kind 6, replicated as the rest of
-the store) names its entries (a slave that reads the handed record, kind 4, and not kind 6
-would get a kind-4 record saying that messages due up to a time may be handed; no release
-announces that: one that does not say what it reads reads neither, both are refused, and the
-hand-off pauses, review s12 rvdelay-3): after a restart or a failover, a cancel of
-a stored message such a record written before the run began names (or that the handed record
-covers) asks the broker first (a broker that cannot be asked fails the cancel with nothing
-recorded), then the store:
+the store) names its entries; while some slave does not read kind 6 none is written, the
+batch is sent at its due time and the hand-off pauses (this release writes no handed record,
+kind 4: a slave lacking kind 6 lacks kind 4 too, review s12 rvdelay-3). After a restart or a
+failover, a cancel of a stored message such a record written before the run began names (or
+that a handed record of an earlier release covers) asks the broker first (a broker that
+cannot be asked fails the cancel with nothing recorded), then the store:
 the broker's drop of one the store had recorded as dispatched answers ``cancelled`` and is
 recorded (``DelayStore.record_dropped``). Any other cancel never asks a broker (with the
 hand-off off, none does).
@@ -55,13 +54,10 @@ StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
 # (DelayStore.handed_state): (message id, deliver_at_ms) -> (subject, "pending" or "done",
 # named), (None, None, False): not stored.
 StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None, bool]]]
-# Writes the handed record (DelayStore.record_handed, then waits for the slaves a sync write
-# waits for): until_ms -> None; raises when it was not written (then nothing is handed off).
-RecordHanded = Callable[[int], Awaitable[None]]
 # Writes handed-entries records, one per hand-off (DelayStore.record_handed_entries, then
 # waits for the slaves a sync write waits for): [(latest due time, entries, refused: the
 # hold was refused, they are named no more)] -> None; raises NotSupported when some slave does
-# not read them yet (then a handed record is written).
+# not read them yet, any error when they were not written (then nothing is handed off).
 RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry], bool]]], Awaitable[None]]
 # Records durably that a broker dropped a handed message at a cancel (DelayStore.record_dropped,
 # then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
@@ -110,10 +106,9 @@ class HandOff:
     - ``_hot_until_ms``: what is due up to this is taken early (the end of a hot step);
     - ``_cancelling``: (message id, deliver_at_ms) -> the answer of the cancel of it under way;
       a cancel of the same message meanwhile waits for it (None: it failed);
-    - ``handed_until_ms``: the store's highest handed record (the scheduler reads it at start
-      and promotion; ``recorded`` raises it); ``_recording``: held while one is written;
-    - ``prior_handed_until_ms``: the store's highest handed record when this run began (at
-      start and promotion): what an earlier run or master may have handed, known by no id;
+    - ``prior_handed_until_ms``: the store's highest handed record (kind 4, written by an
+      earlier release) when this run began (at start and promotion): what an earlier run or
+      master may have handed, known by no id;
       ``prior_handed_ids_until_ms``: its highest handed-entries record then (the entries an
       earlier run or master handed are known by the store, ``StoreSubject``);
     - ``_naming``: hand-offs waiting for their handed-entries record, with the futures their
@@ -122,7 +117,6 @@ class HandOff:
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], hold: Hold | None,
                  cancel_held: CancelHeld | None, tracer: DelayTracer,
-                 record_handed: RecordHanded | None = None,
                  record_dropped: RecordDropped | None = None,
                  record_handed_ids: RecordHandedIds | None = None) -> None:
         self.config = config
@@ -130,20 +124,16 @@ class HandOff:
         self.hold = hold if config.handoff_lead_ms > 0 else None  # on when given and lead > 0
         self.cancel_held = cancel_held
         self.tracer = tracer
-        self.record_handed = record_handed
         self.record_dropped = record_dropped
         self.record_handed_ids = record_handed_ids
         self._naming: list[tuple[int, list[ScheduleEntry], bool, asyncio.Future[None]]] = []
         self._namer: asyncio.Task[None] | None = None
-        self._named_refused_why = ""  # the last reason kind 6 was refused (logged once)
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
         self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
-        self.handed_until_ms = 0
         self.prior_handed_until_ms = 0
         self.prior_handed_ids_until_ms = 0
-        self._recording = asyncio.Lock()
 
     # ------------------------------------------------------------------ the plan
 
@@ -162,20 +152,13 @@ class HandOff:
         """A bucket was loaded: count the steps within the lead again."""
         self._step_seen_ms = 0
 
-    async def recorded(self, until_ms: int, entries: list[ScheduleEntry] | None = None) -> None:
+    async def recorded(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
         """Before a hold of ``entries``, due up to ``until_ms``, is sent: a handed-entries
-        record names them (hand-offs waiting meanwhile share one write), or, while some slave
-        reads the handed record and not kind 6 (no release so far), the handed record covers
-        them. Raises when it could not be written (NotSupported while a slave reads neither)."""
-        if entries is not None and self.record_handed_ids is not None:
-            try:
-                await self._named(until_ms, entries)
-                return
-            except NotSupported as exc:  # a slave does not read kind 6 (the gate): kind 4
-                if str(exc) != self._named_refused_why:  # once per reason, not per batch
-                    self._named_refused_why = str(exc)
-                    log.warning("hand-offs recorded by due time, not by entry: %s", exc)
-        await self._covered(until_ms)
+        record names them (hand-offs waiting meanwhile share one write). Raises when it was
+        not written (NotSupported while some slave does not read kind 6): then the dispatcher
+        sends them at their due time and pauses the hand-off."""
+        if self.record_handed_ids is not None:
+            await self._named(until_ms, entries)
 
     async def _named(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
         """Wait until a handed-entries record names ``entries``: one task writes what waits,
@@ -226,20 +209,6 @@ class HandOff:
                 for _until, _entries, _refused, future in taken:
                     if not future.done():
                         future.set_result(None)
-
-    async def _covered(self, until_ms: int) -> None:
-        """The handed record covers due times up to ``until_ms`` (written now when it does
-        not yet, up to the end of the hot span taken, so a hot step's batches share one
-        write)."""
-        if until_ms <= self.handed_until_ms:
-            return
-        async with self._recording:  # batches sent meanwhile wait for this one's write
-            if until_ms <= self.handed_until_ms:
-                return
-            target = max(until_ms, self._hot_until_ms)
-            if self.record_handed is not None:
-                await self.record_handed(target)
-            self.handed_until_ms = max(self.handed_until_ms, target)
 
     def next_count_ms(self, lead_ms: int) -> int | None:
         """When the next hand-off step comes within ``lead_ms`` and is to be counted (None:
@@ -422,4 +391,4 @@ class HandOff:
 
 
 __all__ = ["HANDOFF_STEP_MS", "HELD_CANCEL_GRACE_MS", "NO_HOLD_PAUSE_MS", "CancelHeld",
-           "HandOff", "RecordDropped", "RecordHanded", "RecordHandedIds", "step_end_ms", "step_ms", "take_at_ms"]
+           "HandOff", "RecordDropped", "RecordHandedIds", "step_end_ms", "step_ms", "take_at_ms"]

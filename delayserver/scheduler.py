@@ -131,8 +131,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         # The hand-off ahead of the due time (docs/ARCHITECTURE.md "The delay path", step 3):
         # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
         self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
-                               self._record_handed, self._record_dropped,
-                               self._record_handed_ids)
+                               self._record_dropped, self._record_handed_ids)
         # Why a done-journal record was last not written for a slave that does not read its
         # kind (the kind gate; counted in stats.kinds_refused); None: the last was written.
         self.kinds_refused_why: str | None = None
@@ -201,10 +200,10 @@ class Scheduler(LoadingMixin, CancelsMixin):
             self._tasks = [asyncio.create_task(self._copy_housekeeping(),
                                                name="delay-copy-housekeeping")]
             return
-        self.handoff.handed_until_ms = await self._io(self.store.handed_until_ms)
-        # Hand-offs of earlier runs (or the old master) are known only by this bound; this
-        # run's by id (Dispatcher.handed), so a cancel asks a broker only about those.
-        self.handoff.prior_handed_until_ms = self.handoff.handed_until_ms
+        # Hand-offs of earlier runs (or the old master) are known by the handed-entries
+        # records, or, an earlier release's, only by this bound; this run's by id
+        # (Dispatcher.handed), so a cancel asks a broker only about those.
+        self.handoff.prior_handed_until_ms = await self._io(self.store.handed_until_ms)
         self.handoff.prior_handed_ids_until_ms = await self._io(self.store.handed_ids_until_ms)
         await self.preload()
         self._tasks = [

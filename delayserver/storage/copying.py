@@ -361,10 +361,10 @@ class CopyingMixin:
             raise self._fail(exc)
 
     def record_handed(self: DelayStore, until_ms: int) -> None:  # type: ignore[misc]
-        """The master, before it hands messages due up to ``until_ms`` to a broker that holds
-        them: a handed record (kind 4) in the journal, fsynced (nothing when one as high is
-        there). Unlike ``journal_done`` a full disk raises ``DiskFull``: then nothing may be
-        handed off."""
+        """A handed record (kind 4) in the journal, fsynced (nothing when one as high is
+        there), as releases before kind 6 wrote before handing off messages due up to
+        ``until_ms``; the server writes none any more (tests and tools write one as such a
+        release did). A full disk raises ``DiskFull``."""
         self._check_writable()
         if until_ms <= self._journal.handed_until_ms:
             return

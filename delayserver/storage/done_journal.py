@@ -28,9 +28,11 @@ version and a CRC-32). Its body, all integers big-endian::
     ...    | ...   | K times: subject_length u16, subject UTF-8, count u32: how many of the
            |       | entries are of that subject (for the pending counts; "" when unreadable)
 
-A handed record (kind 4) is written and fsynced, and replicated, before the delay server sends
-a hand-off ahead of the due time (``hold``) of messages due up to it, so a restarted or promoted
-server knows which cancels must ask the broker (docs/REPLICATION.md 16); the highest one counts.
+A handed record (kind 4) was written and fsynced, and replicated, by releases before kind 6,
+before the delay server sent a hand-off ahead of the due time (``hold``) of messages due up to
+it, so a restarted or promoted server knows which cancels must ask the broker
+(docs/REPLICATION.md 16); the highest one counts. This release reads them and writes none
+(``DelayStore.record_handed`` stays for tests and tools).
 A dropped record (kind 5) names entries recorded as dispatched (handed off) that their broker
 dropped at a cancel (``DelayStore.record_dropped``): each gets a cancel record in its bucket's
 ``.cancelled`` file beside its dispatch record (the pending counts do not change: the dispatch
@@ -38,14 +40,14 @@ took it off them), so a later cancel, after a restart or on a promoted slave too
 ``already_cancelled``. A handed-entries record (kind 6) names the entries of a hand-off, by
 delay-log offset and id hash (index: the entry's in its bucket file, for tools; entries of
 several buckets may share one record); written, fsynced and replicated before that ``hold``
-is sent, in place of a handed record while every slave reads kind 6 (the master asks the
-replication gate first): after a restart or failover only the entries it names, not every
-message due by a handed record, make a cancel ask the broker (review s11 rvho-7); one with FLAG_REFUSED, written after a
-broker refused their hold, names its entries no more (a cancel asks no broker about them). A
-server
-older than kind 4 (5, 6) refuses a journal holding one (unknown kind): replication gates all
-three (``GATED_KINDS``, serverkit.kind_gate), so a master writes them only while every slave
-reads them, and serves them to none that does not.
+is sent, while every slave reads kind 6 (the master asks the replication gate first; this
+release writes no handed record, kind 4, any more: it reads those an earlier release wrote):
+after a restart or failover only the entries it names, not every message due by a handed
+record, make a cancel ask the broker (review s11 rvho-7); one with FLAG_REFUSED, written
+after a broker refused their hold, names its entries no more. A server older than kind 4
+(5, 6) refuses a journal holding one (unknown kind): replication gates all three
+(``GATED_KINDS``, serverkit.kind_gate), so a master writes them only while every slave reads
+them, and serves them to none that does not.
 
 What it does NOT guarantee: a crash between the bucket files' write and the journal's loses the
 journal record, so a slave may dispatch that message again after a failover (the realtime

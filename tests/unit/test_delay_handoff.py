@@ -294,9 +294,7 @@ async def test_a_hand_off_whose_record_cannot_be_written_is_sent_at_the_due_time
         async def full(*_args):
             raise DiskFull("delay/donelog", 1)
 
-        # Neither the handed-entries record nor (while a slave cannot read that) the handed one
-        scheduler.handoff.record_handed_ids = full
-        scheduler.handoff.record_handed = full
+        scheduler.handoff.record_handed_ids = full  # the handed-entries record
         due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.held == [] and broker.received == []
         clock.advance(LEAD_MS)

@@ -2,8 +2,8 @@
 its entries are named durably, so after a restart or failover only the messages an earlier run
 actually handed make a cancel ask the broker; a message the handed record merely covered (its
 step was not hot, or nothing was handed at all) is cancelled in the store. While some slave
-does not read kind 6 (the replication gate), the handed record (kind 4) is written instead,
-as before."""
+does not read kind 6 (the replication gate) nothing is handed off and no record of either
+kind is written (review s12 rvdelay-3: a handed record, kind 4, was written instead)."""
 
 from __future__ import annotations
 
@@ -34,16 +34,13 @@ class DownBroker(SendRefusingBroker, UnreachableBroker):
     """Refuses plain sends and cannot be asked to cancel (the realtime side in an outage)."""
 
 
-async def _a_backlog_and_a_hot_step(tmp_path, clock, broker, refusal=None):
+async def _a_backlog_and_a_hot_step(tmp_path, clock, broker):
     """A scheduler (``handoff_min_messages`` 2) whose broker refuses plain sends: a hot step of
     two handed off, then the hand-off paused (as after a hold answered not_master) and one
     message due within the handed span scheduled, sent at its due time and refused: a backlog;
     stopped. Returns (the backlog message's due time, it, the hot due time, the hot
     messages)."""
     scheduler = await started(tmp_path, clock, broker, min_messages=2)
-    if refusal is not None:
-        scheduler.replica.kind_refusal = (  # type: ignore[method-assign]
-            lambda log, kind: refusal if kind == 6 else None)
     try:
         hot_due = clock() + 10_000
         hot = await schedule(scheduler, clock, hot_due, b"h1", b"h2")
@@ -99,27 +96,29 @@ async def test_after_a_restart_a_cancel_of_a_message_the_record_names_still_asks
         await again.stop()
 
 
-async def test_while_a_slave_does_not_read_handed_entries_the_handed_record_covers_the_hand_off(
+async def test_while_a_slave_does_not_read_handed_entries_nothing_is_handed_nor_recorded(
         tmp_path):
     clock = FakeClock()
-    broker = SendRefusingBroker(clock)
-    cold_due, cold, hot_due, _hot = await _a_backlog_and_a_hot_step(
-        tmp_path, clock, broker, refusal="slave d2 does not read done kind 6")
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    scheduler.replica.kind_refusal = (  # type: ignore[method-assign]
+        lambda log, kind: "slave d2 does not read done kind 6" if kind == 6 else None)
+    try:
+        due, [m] = await into_the_lead(scheduler, clock, b"a")
+        assert broker.held == [], "handed off with no record naming it"
+        assert scheduler.handoff.lead_ms(clock()) == 0, "the hand-off pauses"
+        assert scheduler.stats.kinds_refused == 1
+        clock.advance(due - clock())
+        await settle(scheduler)
+        assert [got.id for _at, got in broker.received] == [m.id], "sent at its due time"
+    finally:
+        await scheduler.stop()
     store = DelayStore(str(tmp_path / "delay"), DelayStoreConfig(bucket_ms=BUCKET_MS),
                        now_ms=clock())
     try:
-        assert store.handed_until_ms() >= hot_due and store.handed_ids_until_ms() == 0
+        assert (store.handed_until_ms(), store.handed_ids_until_ms()) == (0, 0)
     finally:
         store.close()
-    # As before the handed-entries record: the backlog is covered, so the broker is asked
-    # (it holds nothing: unavailable until this run dispatches it).
-    again = await restarted(tmp_path, clock, broker, LEAD_MS)
-    try:
-        with pytest.raises(Unavailable):
-            await again.cancel(cold.id, cold_due)
-        assert broker.cancels == [("s", [cold.id])]
-    finally:
-        await again.stop()
 
 
 def _store(path) -> DelayStore:
@@ -156,31 +155,29 @@ def test_a_handed_entries_record_names_its_entries_after_a_reopen_and_on_a_copy(
 
 async def test_a_stop_that_cancels_the_handed_entries_write_writes_nothing_else():
     """The task writing handed-entries records is cancelled (a stop) while a hand-off waits
-    for it: the hand-off is cancelled too, and no other record (kind 4) is written instead."""
+    for it: the hand-off is cancelled too (it was told NotSupported, and a handed record,
+    kind 4, was written then), and nothing else is written."""
     from delayserver.config import DelayConfig
     from delayserver.handoff import HandOff
     from delayserver.tracing import DelayTracer
 
-    started_write, covered = asyncio.Event(), []
+    started_write, writes = asyncio.Event(), []
 
-    async def slow_names(_hand_offs):
+    async def slow_names(hand_offs):
+        writes.append(hand_offs)
         started_write.set()
         await asyncio.Event().wait()  # the write under way when the stop comes
 
-    async def record_handed(until_ms):
-        covered.append(until_ms)
-
     handoff = HandOff(DelayConfig(data_dir="x", handoff_lead_ms=LEAD_MS), FakeClock(),
                       hold=object(), cancel_held=None,  # type: ignore[arg-type]
-                      tracer=DelayTracer(None), record_handed=record_handed,
-                      record_handed_ids=slow_names)
+                      tracer=DelayTracer(None), record_handed_ids=slow_names)
     waiter = asyncio.create_task(handoff.recorded(NOW_MS, []))
     await started_write.wait()
     assert handoff._namer is not None
     handoff._namer.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(asyncio.CancelledError):  # not NotSupported: no fallback is tried
         await waiter
-    assert covered == [], "a stop must not end in a handed record (kind 4)"
+    assert len(writes) == 1, "a stop must not end in another write"
 
 
 class RefusingUnreachableBroker(UnreachableBroker):
