@@ -37,7 +37,6 @@ class CancelsMixin:
     dispatcher: Dispatcher
     replica: WriteReplication
     stats: DispatchStats
-    kinds_refused_why: str | None
     done_before_ms: int
     _wakeup: asyncio.Event
     _preload_lock: asyncio.Lock
@@ -98,13 +97,10 @@ class CancelsMixin:
         would stop its copy, serverkit.kind_gate); counted and logged once per reason."""
         why = self.replica.kind_refusal("done", kind)
         if why is None:
-            self.kinds_refused_why = None
+            self.stats.kind_refusals.allowed()
             return
-        self.stats.kinds_refused += 1
-        if why != self.kinds_refused_why:
-            log.warning("done journal kind %d not written: %s", kind, why)
-            self.kinds_refused_why = why
-        raise NotSupported(f"done journal kind {kind} not written: {why}")
+        self.stats.kind_refusals.refuse(why, NotSupported,
+                                        f"done journal kind {kind} not written: {why}")
 
     async def journal_replicated(self) -> None:
         """Wait until the slaves a ``sync`` write waits for have the done journal so far (a

@@ -187,7 +187,7 @@ class _DispatchCollector(Collector):
         yield CounterMetricFamily("qmq_delay_kinds_refused", "Handed or dropped records not "
                                   "written because a slave of the group does not read their "
                                   "kind (an older server): the hand-off paused and the "
-                                  "messages went at their due time.", value=stats.kinds_refused)
+                                  "messages went at their due time.", value=stats.kind_refusals.count)
         yield CounterMetricFamily("qmq_delay_early_dispatches", "Messages dispatched before "
                                   "their time (a bug if ever above 0).", value=stats.early)
         buckets, cumulative = [], 0

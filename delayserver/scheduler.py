@@ -132,9 +132,6 @@ class Scheduler(LoadingMixin, CancelsMixin):
         # on when a hold function is given and handoff_lead_ms > 0 (event loop; see HandOff).
         self.handoff = HandOff(config, clock, hold, cancel_held, self.tracer,
                                self._record_dropped, self._record_handed_ids)
-        # Why a done-journal record was last not written for a slave that does not read its
-        # kind (the kind gate; counted in stats.kinds_refused); None: the last was written.
-        self.kinds_refused_why: str | None = None
         self.readonly = False  # set by the MetaServer (draining) or after a sticky write failure
         self.write_failed = False  # a sticky write failure: read-only until restarted
         self.done_before_ms = done_before_ms

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
+
+from serverkit.kind_gate import KindRefusals
 
 # Upper bounds (ms, inclusive) of the lateness histogram's buckets; the last bucket is open.
 LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 5_000, 60_000)
@@ -19,8 +22,9 @@ class DispatchStats:
         self.handed = 0  # handed off ahead of the due time (the broker makes them visible)
         self.early = 0  # must stay 0: a dispatch before deliver_at is a bug
         # Handed and dropped records not written because a slave does not read their kind
-        # (the replication kind gate): the hand-off paused, the messages went at their due time.
-        self.kinds_refused = 0
+        # (the replication kind gate): the hand-off paused, the messages went at their due
+        # time; and the reason last logged (one warning per new reason).
+        self.kind_refusals = KindRefusals(logging.getLogger("delayserver.cancels"))
         self.lateness_ms_max = 0
         self.lateness_ms_sum = 0  # of the values the histogram counted (early ones as 0)
         self._recent: deque[tuple[int, int]] = deque()  # (time ms, count)

@@ -35,6 +35,7 @@ from realtime.held_timer import HeldTimer
 from realtime.sends import DELIVER_AT_SKEW_MS_MAX
 from realtime.storage.control_record import GATED_KINDS, KIND_DROPPED
 from realtime.storage.held import Held
+from serverkit.kind_gate import KindRefusals
 from serverkit.send_check import Checked, QuickCheck
 from wire.errors import BadRequest, NotSupported, QmqError, ReadOnly, TooLarge, Unavailable
 from wire.limits import HOLD_AHEAD_MS_MAX  # how far ahead a held message may be visible
@@ -115,8 +116,7 @@ class Handoffs:
         self._refused_why: str | None = None
         # Holds and cancel_helds refused because a slave does not read the held records'
         # kinds (qmq_realtime_holds_refused_kinds), and the last reason (the admin view).
-        self.holds_refused_kinds = 0
-        self.kinds_refused_why: str | None = None
+        self.kind_refusals = KindRefusals(log)
         # (subject, id) of drops not traced yet: their replication wait failed (a retry
         # answered dropped_before traces them); insertion-ordered, at most UNTRACED_DROPS_MAX
         self._untraced: dict[tuple[str, str], bool] = {}
@@ -194,16 +194,12 @@ class Handoffs:
                 why = replica.kind_refusal("message", kind)
                 if why is not None:
                     return why
-        self.kinds_refused_why = None
+        self.kind_refusals.allowed()
         return None
 
     def _refuse_kinds(self, why: str, op: str, error: type[QmqError]) -> NoReturn:
         """Count and raise the refusal of ``op`` (logged once per new reason)."""
-        self.holds_refused_kinds += 1
-        if why != self.kinds_refused_why:
-            log.warning("%s refused before any write: %s", op, why)
-            self.kinds_refused_why = why
-        raise error(f"{op} refused before any write: {why}")
+        self.kind_refusals.refuse(why, error, f"{op} refused before any write: {why}")
 
     def _check(self, payload: bytes, checked: Checked | None, visible_at_ms: int,
                now_ms: int) -> Checked:

@@ -257,7 +257,7 @@ class _BrokerCollector(Collector):
             "qmq_realtime_holds_refused_kinds", "hold and cancel_held requests refused before "
             "any write because a slave of the group does not read the held-message record "
             "kinds (an older server): the delay server sends those messages at their due "
-            "time.", value=broker.handoffs.holds_refused_kinds)
+            "time.", value=broker.handoffs.kind_refusals.count)
         yield CounterMetricFamily(
             "qmq_realtime_commit_publish_failures", "Stored group commits whose publishing "
             "raised (a bug): their sends were answered internal (a resend is a duplicate) and "

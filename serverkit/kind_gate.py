@@ -28,8 +28,9 @@ Pure state told the time; no I/O. Event loop only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NoReturn
 
 from logstore.record import HEADER_SIZE_BYTES
 
@@ -186,5 +187,30 @@ class KindReads:
         return out
 
 
-__all__ = ["ANNOUNCED_MAX", "KindOf", "KindReads", "RECENT_FETCH_MS", "RecordKinds",
-           "UNHEARD_GRACE_MS", "first_unread"]
+class KindRefusals:
+    """A server's refusals to write a gated kind (a realtime broker's ``hold`` and
+    ``cancel_held``, a delay server's handed-entries and dropped records): each is counted
+    (``count``, a metric) and raised, and logged at warning once per new reason (``why``: the
+    last one; ``allowed`` forgets it once a gated write passes, so a reason that comes back is
+    logged again). Event loop only."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.count = 0
+        self.why: str | None = None
+        self._log = logger
+
+    def allowed(self) -> None:
+        """A gated write passed the gate: the next refusal is logged whatever its reason."""
+        self.why = None
+
+    def refuse(self, why: str, error: type[Exception], message: str) -> NoReturn:
+        """Count the refusal, log ``message`` if ``why`` is new, raise ``error(message)``."""
+        self.count += 1
+        if why != self.why:
+            self._log.warning("%s", message)
+            self.why = why
+        raise error(message)
+
+
+__all__ = ["ANNOUNCED_MAX", "KindOf", "KindReads", "KindRefusals", "RECENT_FETCH_MS",
+           "RecordKinds", "UNHEARD_GRACE_MS", "first_unread"]

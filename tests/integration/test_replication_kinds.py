@@ -127,7 +127,7 @@ async def test_a_group_with_a_slave_that_says_nothing_refuses_holds_until_it_is_
             await send(master.port, "plain")  # plain sends go on
             assert not held_records_in(message_log(master))  # nothing held was written
             assert replica(master).kinds_view()[SLAVE]["message"]["reads"] == []
-            assert master.broker.handoffs.holds_refused_kinds == 1
+            assert master.broker.handoffs.kind_refusals.count == 1
             figures = scrape(master)
             assert figures["qmq_replication_slave_reads_kind",
                            {"slave": SLAVE, "log": "message", "kind": "1"}] == 0

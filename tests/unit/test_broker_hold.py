@@ -629,7 +629,7 @@ async def test_while_a_slave_cannot_read_drops_only_a_cancel_of_a_held_message_i
     assert await broker.cancel_held("orders", ["nope"]) == ([False], [False])
     with pytest.raises(Unavailable, match="cancel_held refused before any write: slave"):
         await broker.cancel_held("orders", ["nope", "h1"])
-    assert broker.handoffs.holds_refused_kinds == 1
+    assert broker.handoffs.kind_refusals.count == 1
     assert len(broker.handoffs.timer) == 1  # h1 still held: nothing was written
     monkeypatch.setattr(broker._ctx.replica, "kind_refusal", lambda log, kind: None,
                         raising=False)

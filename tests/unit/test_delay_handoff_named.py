@@ -107,7 +107,7 @@ async def test_while_a_slave_does_not_read_handed_entries_nothing_is_handed_nor_
         due, [m] = await into_the_lead(scheduler, clock, b"a")
         assert broker.held == [], "handed off with no record naming it"
         assert scheduler.handoff.lead_ms(clock()) == 0, "the hand-off pauses"
-        assert scheduler.stats.kinds_refused == 1
+        assert scheduler.stats.kind_refusals.count == 1
         clock.advance(due - clock())
         await settle(scheduler)
         assert [got.id for _at, got in broker.received] == [m.id], "sent at its due time"

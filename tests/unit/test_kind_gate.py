@@ -242,3 +242,22 @@ def test_fetchers_not_heard_from_for_long_are_forgotten_once_there_are_many():
     reads.announced("late", "message", NOTHING_READ, RECENT_FETCH_MS + 1)
     assert reads.counted("message", (), RECENT_FETCH_MS + 1) == ["late"]
     assert reads.reads("tool-0", "message") is None
+
+
+def test_a_refusal_is_counted_and_raised_each_time_and_logged_once_per_new_reason(caplog):
+    import logging
+
+    from serverkit.kind_gate import KindRefusals
+    from wire.errors import NotSupported
+
+    refusals = KindRefusals(logging.getLogger("test.kind_refusals"))
+    with caplog.at_level("WARNING", logger="test.kind_refusals"):
+        for why in ("slave a", "slave a", "slave b", "slave b"):
+            with pytest.raises(NotSupported, match=f"hold refused: {why}"):
+                refusals.refuse(why, NotSupported, f"hold refused: {why}")
+        refusals.allowed()
+        with pytest.raises(NotSupported):
+            refusals.refuse("slave b", NotSupported, "hold refused: slave b")
+    assert refusals.count == 5 and refusals.why == "slave b"
+    assert [r.getMessage() for r in caplog.records] == [
+        "hold refused: slave a", "hold refused: slave b", "hold refused: slave b"]
