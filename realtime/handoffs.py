@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Callable, NoReturn
@@ -64,13 +63,6 @@ KEPT_BYTES_MAX = 64 << 20
 # one store call (one fsync) instead of one call each, at most this much later (the delay
 # server's tick_ms does the same for its dispatches). Never earlier.
 VISIBLE_TICK_MS = 5
-# Visibility rounds whose store calls may be queued at once. 1: a round is checked (the
-# lease, min_insync: _may_write) right before its store call, as docs/REPLICATION.md 16 says.
-# With 2 the next round's records were written while the loop published the one before, but
-# that round was checked a whole round's write before its own store call, so a lease that ran
-# out meanwhile did not stop it (review rvbroker-4); overlapping them again needs the check
-# made where the store call is queued.
-ROUNDS_IN_FLIGHT_MAX = 1
 # A round that failed for want of space or descriptors (DiskFull, OutOfDescriptors: not
 # sticky) is tried again this much later (ms) by the broker's clock.
 VISIBLE_RETRY_MS = 1_000
@@ -338,50 +330,38 @@ class Handoffs:
         self._kept_bytes = 0
 
     async def run(self) -> None:
-        """Make held messages visible as they fall due, until cancelled. At most
-        ROUNDS_IN_FLIGHT_MAX rounds at once; rounds publish in the order they were taken (the
-        store thread runs their calls in that order, and each publishes as soon as its call
-        returns)."""
+        """Make held messages visible as they fall due, until cancelled: one round at a time,
+        each checked (the lease, min_insync: ``_may_write``) right before its store call, as
+        docs/REPLICATION.md 16 says. Two rounds in flight (the next one's records written while
+        the loop published the one before) had that round checked a whole round's write before
+        its own store call, so a lease that ran out meanwhile did not stop it (review
+        rvbroker-4); overlapping them again needs the check made where the store call is
+        queued."""
         clock = self._ctx.clock
         batch_max = VISIBLE_FIRST_BATCH_MAX
-        rounds: deque[tuple[list[int], int, asyncio.Future[None]]] = deque()
-        try:
-            while True:
-                self._wake.clear()
-                next_ms = self.timer.next_due_ms()
-                now_ms = clock()
-                if next_ms is not None:
-                    next_ms = -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS
-                due_now = next_ms is not None and next_ms <= now_ms
-                if rounds and (not due_now or len(rounds) >= ROUNDS_IN_FLIGHT_MAX):
-                    if not await self._finish(*rounds.popleft()):
-                        return
-                    continue
-                if not due_now:
-                    try:
-                        async with asyncio.timeout(None if next_ms is None
-                                                   else (next_ms - now_ms) / 1000):
-                            await self._wake.wait()
-                    except TimeoutError:
-                        pass
-                    batch_max = VISIBLE_FIRST_BATCH_MAX
-                    continue
-                if not await self._may_write():
-                    continue
-                due = self.timer.take_due(now_ms, batch_max)
-                batch_max = VISIBLE_BATCH_MAX
-                rounds.append((due, now_ms,
-                               asyncio.ensure_future(self.make_visible(due, now_ms))))
-        finally:
-            # Stop or demote, or a failure: the store thread makes the rounds in flight
-            # visible anyway, so they finish (tail fed, stored and dispatched traced) first.
-            for due, _now_ms, round_ in rounds:
+        while True:
+            self._wake.clear()
+            next_ms = self.timer.next_due_ms()
+            now_ms = clock()
+            if next_ms is not None:
+                next_ms = -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS
+            if next_ms is None or next_ms > now_ms:
                 try:
-                    await round_
-                except Exception:  # after a failure for good: the store refuses it too
-                    self.visibility_failures += 1
-                    log.exception("making %d held messages visible failed (a round in flight "
-                                  "when the rounds stopped)", len(due))
+                    async with asyncio.timeout(None if next_ms is None
+                                               else (next_ms - now_ms) / 1000):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                batch_max = VISIBLE_FIRST_BATCH_MAX
+                continue
+            if not await self._may_write():
+                continue
+            due = self.timer.take_due(now_ms, batch_max)
+            batch_max = VISIBLE_BATCH_MAX
+            # A future of its own: a stop or demote waits for it in _finish, never cancels it
+            round_ = asyncio.ensure_future(self.make_visible(due, now_ms))
+            if not await self._finish(due, now_ms, round_):
+                return
 
     async def _finish(self, due: list[int], now_ms: int, round_: asyncio.Future[None]) -> bool:
         """Wait for a round; False when it failed for good (the broker read-only)."""
