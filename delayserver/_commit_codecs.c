@@ -83,158 +83,130 @@ static int item_unsigned(PyObject *fast, Py_ssize_t k, uint64_t max, const char 
     return 0;
 }
 
-/* PySequence_Fast of every argument, and the length of the shortest; -1 on an error (the
- * ones made so far are released). */
-static Py_ssize_t fast_columns(PyObject *args, PyObject **columns, Py_ssize_t count,
-                               const char *name)
+#define COLUMNS_MAX 5  /* the most columns an encoder takes */
+
+/* One row's encoding from the columns (PySequence_Fast lists or tuples); NULL with an error. */
+typedef PyObject *(*encode_row)(PyObject **columns, Py_ssize_t k);
+
+/* The list of ``row(columns, k)`` for every row of the ``count`` columns given as ``args``
+ * (as many rows as the shortest column); NULL with an error, nothing leaked. */
+static PyObject *encode_columns(PyObject *args, Py_ssize_t count, const char *name,
+                                encode_row row)
 {
+    assert(count <= COLUMNS_MAX);
     if (PyTuple_GET_SIZE(args) != count) {
         PyErr_Format(PyExc_TypeError, "%s takes %zd columns, %zd given", name, count,
                      PyTuple_GET_SIZE(args));
-        return -1;
+        return NULL;
     }
-    Py_ssize_t rows = PY_SSIZE_T_MAX;
-    for (Py_ssize_t c = 0; c < count; c++) {
-        columns[c] = PySequence_Fast(PyTuple_GET_ITEM(args, c), "a column must be a sequence");
-        if (columns[c] == NULL) {
-            for (Py_ssize_t d = 0; d < c; d++) {
-                Py_DECREF(columns[d]);
-            }
-            return -1;
+    PyObject *columns[COLUMNS_MAX];
+    Py_ssize_t made = 0, rows = PY_SSIZE_T_MAX;
+    PyObject *out = NULL;
+    for (; made < count; made++) {
+        columns[made] = PySequence_Fast(PyTuple_GET_ITEM(args, made),
+                                        "a column must be a sequence");
+        if (columns[made] == NULL) {
+            goto done;
         }
-        if (PySequence_Fast_GET_SIZE(columns[c]) < rows) {
-            rows = PySequence_Fast_GET_SIZE(columns[c]);
+        if (PySequence_Fast_GET_SIZE(columns[made]) < rows) {
+            rows = PySequence_Fast_GET_SIZE(columns[made]);
         }
     }
-    return rows;
-}
-
-static void release_columns(PyObject **columns, Py_ssize_t count)
-{
-    for (Py_ssize_t c = 0; c < count; c++) {
+    out = PyList_New(rows);
+    for (Py_ssize_t k = 0; out != NULL && k < rows; k++) {
+        PyObject *encoded = row(columns, k);
+        if (encoded == NULL) {
+            Py_CLEAR(out);  /* the rows set so far go with it; the unset slots are NULL */
+        } else {
+            PyList_SET_ITEM(out, k, encoded);
+        }
+    }
+done:
+    for (Py_ssize_t c = 0; c < made; c++) {
         Py_DECREF(columns[c]);
     }
+    return out;
 }
 
-/* One delay record: the three buffers are the id, the subject tail and the payload. */
-static PyObject *delay_record(uint64_t due, uint64_t bucket, PyObject *id_obj,
-                              PyObject *tail_obj, PyObject *payload_obj, Py_ssize_t row)
+/* Row k of encode_delay_records: the fixed fields, then the id, the subject tail and the
+ * payload copied from their buffers. */
+static PyObject *delay_row(PyObject **columns, Py_ssize_t k)
 {
-    Py_buffer id, tail, payload;
+    uint64_t due, bucket;
+    if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
+            || item_unsigned(columns[1], k, UINT64_MAX, "bucket_ms", &bucket) < 0) {
+        return NULL;
+    }
+    Py_buffer parts[3];  /* the id, the subject tail, the payload */
+    int held = 0;
     PyObject *body = NULL;
-    if (PyObject_GetBuffer(id_obj, &id, PyBUF_SIMPLE) < 0) {
-        return NULL;
+    for (; held < 3; held++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(columns[2 + held], k), &parts[held],
+                               PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
     }
-    if (PyObject_GetBuffer(tail_obj, &tail, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&id);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(payload_obj, &payload, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&tail);
-        PyBuffer_Release(&id);
-        return NULL;
-    }
-    if (id.len > 0xFFFF) {
+    Py_ssize_t id_len = parts[0].len;
+    if (id_len > 0xFFFF) {
         PyErr_Format(PyExc_OverflowError, "message id of row %zd has %zd bytes, more than %d",
-                     row, id.len, 0xFFFF);
+                     k, id_len, 0xFFFF);
         goto done;
     }
-    body = PyBytes_FromStringAndSize(NULL, DELAY_FIXED_BYTES + id.len + tail.len + payload.len);
+    body = PyBytes_FromStringAndSize(
+        NULL, DELAY_FIXED_BYTES + id_len + parts[1].len + parts[2].len);
     if (body == NULL) {
         goto done;
     }
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(body);
     store_be64(p, due);
     store_be64(p + 8, bucket);
-    store_be16(p + 16, (unsigned int)id.len);
+    store_be16(p + 16, (unsigned int)id_len);
     p += DELAY_FIXED_BYTES;
-    memcpy(p, id.buf, (size_t)id.len);
-    p += id.len;
-    memcpy(p, tail.buf, (size_t)tail.len);
-    p += tail.len;
-    memcpy(p, payload.buf, (size_t)payload.len);
+    for (int i = 0; i < 3; i++) {
+        memcpy(p, parts[i].buf, (size_t)parts[i].len);
+        p += parts[i].len;
+    }
 done:
-    PyBuffer_Release(&payload);
-    PyBuffer_Release(&tail);
-    PyBuffer_Release(&id);
+    while (held > 0) {
+        PyBuffer_Release(&parts[--held]);
+    }
     return body;
+}
+
+/* Row k of encode_schedule_entries: one 32-byte entry, its CRC over the first 28 bytes. */
+static PyObject *entry_row(PyObject **columns, Py_ssize_t k)
+{
+    uint64_t due, offset, size, hash;
+    if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
+            || item_unsigned(columns[1], k, UINT64_MAX, "delay_log_offset", &offset) < 0
+            || item_unsigned(columns[2], k, UINT32_MAX, "size_bytes", &size) < 0
+            || item_unsigned(columns[3], k, UINT32_MAX, "id_hash", &hash) < 0) {
+        return NULL;
+    }
+    PyObject *entry = PyBytes_FromStringAndSize(NULL, ENTRY_BYTES);
+    if (entry == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(entry);
+    store_be64(p, due);
+    store_be64(p + 8, offset);
+    store_be32(p + 16, (uint32_t)size);
+    store_be32(p + 20, (uint32_t)hash);
+    store_be16(p + 24, ENTRY_MAGIC);
+    p[26] = ENTRY_VERSION;
+    p[27] = 0;
+    store_be32(p + ENTRY_HEAD_BYTES, (uint32_t)crc32(0L, p, ENTRY_HEAD_BYTES));
+    return entry;
 }
 
 static PyObject *encode_delay_records(PyObject *self, PyObject *args)
 {
-    PyObject *columns[5];
-    Py_ssize_t rows = fast_columns(args, columns, 5, "encode_delay_records");
-    if (rows < 0) {
-        return NULL;
-    }
-    PyObject *out = PyList_New(rows);
-    if (out == NULL) {
-        release_columns(columns, 5);
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < rows; k++) {
-        uint64_t due, bucket;
-        if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
-                || item_unsigned(columns[1], k, UINT64_MAX, "bucket_ms", &bucket) < 0) {
-            goto fail;
-        }
-        PyObject *body = delay_record(due, bucket, PySequence_Fast_GET_ITEM(columns[2], k),
-                                      PySequence_Fast_GET_ITEM(columns[3], k),
-                                      PySequence_Fast_GET_ITEM(columns[4], k), k);
-        if (body == NULL) {
-            goto fail;
-        }
-        PyList_SET_ITEM(out, k, body);
-    }
-    release_columns(columns, 5);
-    return out;
-fail:
-    release_columns(columns, 5);
-    Py_DECREF(out);
-    return NULL;
+    return encode_columns(args, 5, "encode_delay_records", delay_row);
 }
 
 static PyObject *encode_schedule_entries(PyObject *self, PyObject *args)
 {
-    PyObject *columns[4];
-    Py_ssize_t rows = fast_columns(args, columns, 4, "encode_schedule_entries");
-    if (rows < 0) {
-        return NULL;
-    }
-    PyObject *out = PyList_New(rows);
-    if (out == NULL) {
-        release_columns(columns, 4);
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < rows; k++) {
-        uint64_t due, offset, size, hash;
-        if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &due) < 0
-                || item_unsigned(columns[1], k, UINT64_MAX, "delay_log_offset", &offset) < 0
-                || item_unsigned(columns[2], k, UINT32_MAX, "size_bytes", &size) < 0
-                || item_unsigned(columns[3], k, UINT32_MAX, "id_hash", &hash) < 0) {
-            goto fail;
-        }
-        PyObject *entry = PyBytes_FromStringAndSize(NULL, ENTRY_BYTES);
-        if (entry == NULL) {
-            goto fail;
-        }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(entry);
-        store_be64(p, due);
-        store_be64(p + 8, offset);
-        store_be32(p + 16, (uint32_t)size);
-        store_be32(p + 20, (uint32_t)hash);
-        store_be16(p + 24, ENTRY_MAGIC);
-        p[26] = ENTRY_VERSION;
-        p[27] = 0;
-        store_be32(p + ENTRY_HEAD_BYTES, (uint32_t)crc32(0L, p, ENTRY_HEAD_BYTES));
-        PyList_SET_ITEM(out, k, entry);
-    }
-    release_columns(columns, 4);
-    return out;
-fail:
-    release_columns(columns, 4);
-    Py_DECREF(out);
-    return NULL;
+    return encode_columns(args, 4, "encode_schedule_entries", entry_row);
 }
 
 static PyMethodDef methods[] = {
