@@ -122,6 +122,10 @@ class InSyncTracker:
 
     def waiting_set(self, now_ms: int) -> tuple[str, ...]:
         """Whom a ``sync`` write must wait for: the proposal and the database's set."""
+        if not self.slaves and not self.confirmed:
+            # No slave fetched and none in the database's set (a group without slaves): every
+            # write asks this, so skip building and sorting two empty sets.
+            return ()
         return tuple(sorted(set(self.proposal(now_ms)) | set(self.confirmed)))
 
     def acked(self, slave: str, log: str) -> int:

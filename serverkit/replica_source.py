@@ -102,6 +102,9 @@ class ReplicaSource:
         self.min_insync = 0
         self.ends: dict[str, int] = {name: 0 for name in logs}  # committed ends, as told
         self._advanced: dict[str, asyncio.Event] = {name: asyncio.Event() for name in logs}
+        # The logs whose current ``_advanced`` event a fetch has taken: only those need setting
+        # (and a fresh event) when the log advances; nobody holds the others.
+        self._advanced_taken: set[str] = set()
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self._last_proposal: tuple[str, ...] = ()
         self._degraded_logged: bool | None = None
@@ -137,6 +140,7 @@ class ReplicaSource:
         for name, event in self._advanced.items():
             event.set()
             self._advanced[name] = asyncio.Event()
+        self._advanced_taken.clear()
 
     def stop(self, why: str) -> None:
         """No longer the master: every write waiting for its slaves is refused (retriable)."""
@@ -182,9 +186,12 @@ class ReplicaSource:
         """The master committed (or flushed) ``name`` up to ``end``: wake its long polls."""
         if end > self.ends.get(name, 0):
             self.ends[name] = end
-        event = self._advanced[name]
-        event.set()
-        self._advanced[name] = asyncio.Event()
+        if name in self._advanced_taken:
+            # Without a slave no fetch ever took it: every commit (twice: when published and
+            # in ``wait_replicated``) then skips an Event's set and the making of a new one.
+            self._advanced_taken.discard(name)
+            self._advanced[name].set()
+            self._advanced[name] = asyncio.Event()
 
     def refusal(self) -> str | None:
         """Why writes are refused now (``min_insync`` not met), or None."""
@@ -283,6 +290,7 @@ class ReplicaSource:
             self.kind_reads.announced(request.server_id, name, request.reads, self._clock_ms())
         # Taken before any await: an advance while the store's thread reads is not missed.
         event = self._advanced[name]
+        self._advanced_taken.add(name)
         if (self._ack_shipped(request) and request.wait_ms
                 and request.offset == self.ends.get(name, 0)):
             # The slave has everything this master shipped it, and that reaches the end the

@@ -201,3 +201,26 @@ async def test_a_master_started_again_forgets_what_it_shipped(tmp_path):
     assert write.done() and write.exception() is None
     replica.stop("done")
     await asyncio.gather(fetch, return_exceptions=True)
+
+
+async def test_commits_no_fetch_waits_for_leave_the_event_alone_and_a_later_fetch_still_wakes(
+        tmp_path):
+    # Without a slave every commit tells its log advanced (twice: published, then the sync
+    # wait); with no fetch holding the log's event there is nothing to set or to make anew.
+    replica, store = source(tmp_path)
+    replica.start(1, {"message": 0}, ())  # slave-1 is registered, and in sync with nothing
+    replica.settings("sync", 0, (), ("slave-1",))
+    event = replica._advanced["message"]
+    for end in (10, 20, 30):
+        store.end = end
+        replica.advanced("message", end)
+        await replica.wait_replicated("message", end)  # no slave in sync yet: at once
+    assert replica._advanced["message"] is event and not event.is_set()
+    assert replica.ends["message"] == 30
+    waiting = asyncio.create_task(replica.fetch(fetch_at(30)))
+    await turns()
+    assert not waiting.done()
+    store.end = 40
+    replica.advanced("message", 40)
+    answer = await waiting
+    assert (answer["offset"], answer["next_offset"]) == (30, 40)
