@@ -152,3 +152,35 @@ class DropThenLoseHoldAnswer(HoldingBroker):
     async def cancel_held(self, subject, ids):
         self.cancels.append((subject, ids))
         return [HELD_DROPPED for _ in ids]
+
+
+def held_back_io(scheduler: Scheduler, fn) -> asyncio.Event:
+    """The dispatcher's calls of ``fn`` on the delay-io thread wait until the returned event
+    is set (say, a dispatch record held back until a cancel is answered)."""
+    gate = asyncio.Event()
+    real_io = scheduler.dispatcher._io
+
+    async def slow_io(called, *args):
+        if called == fn:
+            await gate.wait()
+        return await real_io(called, *args)
+
+    scheduler.dispatcher._io = slow_io
+    return gate
+
+
+async def dropped_before_its_record(scheduler: Scheduler, clock: FakeClock,
+                                    broker: HoldingBroker, record=None):
+    """A message (body b"a") due 10 s from now, handed off to ``broker``, whose dispatch record
+    (the dispatcher's call of ``record``: the store's ``record_dispatched`` unless given)
+    waits for the returned event, and a cancel meanwhile that the broker answers by dropping
+    it ("cancelled"): (its due time, it, the event)."""
+    due = clock() + 10_000
+    [m] = await schedule(scheduler, clock, due, b"a")
+    gate = held_back_io(scheduler, record or scheduler.store.record_dispatched)
+    clock.advance(10_000 - LEAD_MS)
+    await settle(scheduler)
+    assert [i for _, i, _ in broker.held] == [m.id]
+    broker.cancel_answers = {m.id: True}
+    assert await scheduler.cancel(m.id, due) == "cancelled"
+    return due, m, gate

@@ -14,7 +14,8 @@ from delayserver.scheduler import Scheduler
 from tests.rawclient import FakeClock
 from tests.unit.delay_handoff_support import (
     BUCKET_MS, LEAD_MS, HoldingBroker, started, schedule, into_the_lead, one_handed, restarted,
-    DroppingBroker, UnreachableBroker, OlderUnreachableBroker, DropThenLoseHoldAnswer)
+    DroppingBroker, UnreachableBroker, OlderUnreachableBroker, DropThenLoseHoldAnswer,
+    dropped_before_its_record)
 from tests.unit.test_delay_scheduler_races import settle
 from logstore.errors import DiskFull
 from wire.errors import ConnectionLost, Unavailable
@@ -280,24 +281,9 @@ async def test_a_drop_of_a_handed_message_whose_dispatch_is_not_recorded_yet_is_
     clock = FakeClock()
     broker = DroppingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
-    due = clock() + 10_000
     try:
-        [m] = await schedule(scheduler, clock, due, b"a")
-        gate = asyncio.Event()
-        record = scheduler.store.record_dispatched
-        real_io = scheduler.dispatcher._io
-
-        async def slow_io(fn, *args):
-            if fn == record:
-                await gate.wait()  # the dispatch record waits until the cancel is answered
-            return await real_io(fn, *args)
-
-        scheduler.dispatcher._io = slow_io
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
-        assert [i for _, i, _ in broker.held] == [m.id]
-        broker.cancel_answers = {m.id: True}
-        assert await scheduler.cancel(m.id, due) == "cancelled"
+        # the dispatch record waits until the cancel is answered
+        due, m, gate = await dropped_before_its_record(scheduler, clock, broker)
         gate.set()
         await settle(scheduler)
     finally:
@@ -377,13 +363,9 @@ async def test_a_drop_during_a_hold_whose_dispatch_record_a_full_disk_held_back_
     clock = FakeClock()
     broker = DroppingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
-    due = clock() + 10_000
     try:
-        [m] = await schedule(scheduler, clock, due, b"a")
-        gate = asyncio.Event()
         store = scheduler.store
         real_record = store.record_dispatched
-        real_io = scheduler.dispatcher._io
         full = [True]
 
         def record_or_full(*args):
@@ -391,17 +373,9 @@ async def test_a_drop_during_a_hold_whose_dispatch_record_a_full_disk_held_back_
                 raise DiskFull("delay", 1)
             return real_record(*args)
 
-        async def slow_io(fn, *args):
-            if fn == record_or_full:
-                await gate.wait()  # recorded after the cancel was answered, on a full disk
-            return await real_io(fn, *args)
-
         store.record_dispatched = record_or_full
-        scheduler.dispatcher._io = slow_io
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
-        broker.cancel_answers = {m.id: True}
-        assert await scheduler.cancel(m.id, due) == "cancelled"
+        # recorded after the cancel was answered, on a full disk
+        due, m, gate = await dropped_before_its_record(scheduler, clock, broker, record_or_full)
         gate.set()
         await settle(scheduler)
         assert scheduler.dispatcher.unrecorded, "the full disk held the dispatch record back"

@@ -17,7 +17,7 @@ from tests.unit.delay_handoff_support import (
     BUCKET_MS, LEAD_MS, HoldingBroker, UnreachableBroker, into_the_lead, restarted, schedule,
     started)
 from tests.unit.test_delay_scheduler_races import settle
-from wire.errors import NotSupported, Overloaded, Unavailable
+from wire.errors import NotSupported, Overloaded
 
 NOW_MS = 1_700_000_000_000
 

@@ -17,7 +17,7 @@ from delayserver.tracing import DelayTracer
 from tests.rawclient import FakeClock
 from tests.unit.delay_handoff_support import (
     LEAD_MS, DropThenLoseHoldAnswer, DroppingBroker, HoldingBroker, _AnswerLostBroker,
-    into_the_lead, one_handed, restarted, schedule, settle, started)
+    dropped_before_its_record, into_the_lead, one_handed, restarted, settle, started)
 from tracelog.reading import read_events
 from tracelog.writer import TraceWriter
 from wire.errors import ConnectionLost, NoRoute, NotMaster, Unavailable
@@ -104,21 +104,8 @@ async def test_a_drop_recorded_once_its_hold_is_recorded_waits_for_the_slaves(tm
     scheduler = await started(tmp_path, clock, broker)
     try:
         waits = _counting_journal_waits(scheduler)
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        gate = asyncio.Event()
-        record, real_io = scheduler.store.record_dispatched, scheduler.dispatcher._io
-
-        async def slow_io(fn, *args):
-            if fn == record:
-                await gate.wait()  # the dispatch record waits until the cancel is answered
-            return await real_io(fn, *args)
-
-        scheduler.dispatcher._io = slow_io
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
-        broker.cancel_answers = {m.id: True}
-        assert await scheduler.cancel(m.id, due) == "cancelled"
+        # the dispatch record waits until the cancel is answered
+        _due, _m, gate = await dropped_before_its_record(scheduler, clock, broker)
         before = len(waits)
         gate.set()
         await settle(scheduler)
@@ -180,27 +167,16 @@ async def test_a_recorder_cancelled_while_it_records_a_drop_still_confirms_what_
     broker = DroppingBroker(clock)
     scheduler = await started(tmp_path, clock, broker)
     try:
-        due = clock() + 10_000
-        [m] = await schedule(scheduler, clock, due, b"a")
-        gate, stuck = asyncio.Event(), asyncio.Event()
-        record, real_io = scheduler.store.record_dispatched, scheduler.dispatcher._io
-
-        async def slow_io(fn, *args):
-            if fn == record:
-                await gate.wait()  # the dispatch record waits until the cancel is answered
-            return await real_io(fn, *args)
+        stuck = asyncio.Event()
 
         async def never_recorded(message_id: str, due_ms: int) -> str:
             stuck.set()  # as a drop record whose slaves never confirm it
             await asyncio.Event().wait()
             return "dropped"
 
-        scheduler.dispatcher._io = slow_io
         scheduler.dispatcher._record_dropped = never_recorded
-        clock.advance(10_000 - LEAD_MS)
-        await settle(scheduler)
-        broker.cancel_answers = {m.id: True}
-        assert await scheduler.cancel(m.id, due) == "cancelled"
+        # the dispatch record waits until the cancel is answered
+        _due, _m, gate = await dropped_before_its_record(scheduler, clock, broker)
         gate.set()
         async with asyncio.timeout(10):
             await stuck.wait()
