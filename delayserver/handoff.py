@@ -183,6 +183,19 @@ class HandOff:
             self._namer = asyncio.create_task(self._name_waiting(), name="delay-handed-ids")
         return future
 
+    async def stop(self) -> None:
+        """A stop or demote, once the dispatcher stopped: end the task writing handed-entries
+        records (its senders are gone; left running, it would write or wait on a store being
+        closed). A record it had not written is not needed: nothing was held without it; an
+        un-naming one left out keeps its entries named (conservative)."""
+        namer, self._namer = self._namer, None
+        if namer is not None and not namer.done():
+            namer.cancel()
+            await asyncio.gather(namer, return_exceptions=True)
+        waiting, self._naming = self._naming, []  # queued behind the write it was in
+        for _until, _entries, _refused, future in waiting:
+            future.cancel()
+
     async def _name_waiting(self) -> None:
         """Write the waiting hand-offs' handed-entries records until none waits; each
         waiter's future gets the outcome of the write that took it."""

@@ -220,6 +220,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         """Commit queued sends, wait for in-flight dispatches and record them."""
         await self._commits.commit_pending()
         await self.dispatcher.stop(self.config.shutdown_grace_ms)
+        await self.handoff.stop()  # no handed-entries record is written after this
         if not self.write_failed:  # a failed store refuses writes until reopened
             await self.record_unrecorded()
             await self.advance_done()

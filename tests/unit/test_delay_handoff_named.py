@@ -248,3 +248,33 @@ def test_a_refused_hold_names_its_entries_no_more_after_a_reopen_and_on_a_copy(t
     finally:
         master.close()
         slave.close()
+
+
+async def test_a_stop_ends_a_handed_entries_write_that_never_returns(tmp_path):
+    """The task writing handed-entries records was left running by a stop (its waiters gone),
+    to write or wait on a store being closed: the stop now cancels it and waits for it."""
+    import dataclasses
+
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    scheduler.config = dataclasses.replace(scheduler.config, shutdown_grace_ms=10)
+    writing = asyncio.Event()
+
+    async def never_written(_hand_offs):
+        writing.set()  # as a write whose slaves never confirm it
+        await asyncio.Event().wait()
+
+    scheduler.handoff.record_handed_ids = never_written
+    try:
+        await schedule(scheduler, clock, clock() + 10_000, b"a")
+        clock.advance(10_000 - LEAD_MS)
+        scheduler.poke()
+        async with asyncio.timeout(30):
+            await writing.wait()
+        namer = scheduler.handoff._namer
+        assert namer is not None and not namer.done()
+    finally:
+        await scheduler.stop()
+    assert namer.done(), "the stop left the namer running"
+    assert broker.held == [], "held with no record naming it"
