@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import zlib
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -75,7 +76,11 @@ class DoneJournal:
         self.handed: dict[int, int] = {}
         self._handed_records: deque[tuple[int, list[int]]] = deque()
         for offset, body in self.log.iterate():
-            self._note(offset, body)
+            try:
+                self._note(offset, body)
+            except (ValueError, struct.error) as exc:  # CRC-valid, yet unreadable: a bug's
+                self.log.close()
+                raise CorruptRecord(self.log.directory, offset, f"journal record: {exc}") from exc
 
     def _note(self, offset: int, body: bytes) -> None:
         kind, bucket = journal_bucket(body)

@@ -215,3 +215,24 @@ def test_a_copied_journal_chunk_with_a_malformed_record_is_refused_whole_before_
     # The copy goes on once the master's bytes are sound (a fetch again).
     assert slave.done_copy.append_copy(good_end, dispatched) == good_end + len(dispatched)
     assert slave.pending_stats().total == master.pending_stats().total
+
+
+def test_a_journal_record_that_cannot_be_decoded_fails_the_open_naming_its_offset(tmp_path):
+    # Review s12 rvdelay-5, at open: a bare ValueError ("5 entries run past ...") named no file
+    # and no offset.
+    from logstore import CorruptRecord
+    from delayserver.storage.done_journal import HEADER, KIND_HANDED_IDS
+
+    store = DelayStore(str(tmp_path / "d"), TINY, now_ms=NOW_MS)
+    try:
+        send(store, 1, NOW_MS + 10_000)
+        body = bytearray(encode_journal_record(KIND_HANDED_IDS, NOW_MS, [1], [2], [3], {}))
+        HEADER.pack_into(body, 0, KIND_HANDED_IDS, 1, 0, NOW_MS, 5, 0)
+        at = store._journal.log.end_offset
+        store._journal.log.append_many([bytes(body)])  # CRC-valid, as a master's bug writes it
+        store._journal.log.sync()
+    finally:
+        store.close()
+    with pytest.raises(CorruptRecord, match="5 entries run past") as raised:
+        DelayStore(str(tmp_path / "d"), TINY, now_ms=NOW_MS)
+    assert raised.value.offset == at and "donelog" in raised.value.path
