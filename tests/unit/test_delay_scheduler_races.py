@@ -162,6 +162,7 @@ async def test_a_corrupt_record_is_reported_and_does_not_hold_back_the_messages_
         sent = [message("s", b"m%d" % i, clock, deliver_at_ms=due) for i in range(5)]
         answers = await scheduler.schedule([encode_message(m) for m in sent])
         assert {a["status"] for a in answers} == {"stored"}
+        await asyncio.sleep(0)  # the window takes a commit's entries a turn after its answers
         bad = sorted(scheduler.window.tracked.values(), key=lambda e: e.delay_log_offset)[2]
         segment_dir = scheduler.store.layout.delaylog_dir
         [segment] = [os.path.join(segment_dir, name) for name in os.listdir(segment_dir)
@@ -231,7 +232,9 @@ async def test_fields_kept_for_the_dispatched_line_leave_with_the_dispatch_or_th
         doomed = message("s", b"doomed", clock, deliver_at_ms=due)
         sent = message("s", b"sent", clock, deliver_at_ms=due)
         await scheduler.schedule([encode_message(doomed), encode_message(sent)])
-        assert scheduler.tracer.kept_count() == 2
+        # Kept as the window takes them, a loop turn after the answers: a cancel made before
+        # that turn places them first, so it finds and drops its message's fields.
+        assert scheduler.tracer.kept_count() == 0
         assert await scheduler.cancel(doomed.id, due) == "cancelled"
         assert scheduler.tracer.kept_count() == 1
         clock.advance(1_000)
@@ -245,3 +248,21 @@ async def test_fields_kept_for_the_dispatched_line_leave_with_the_dispatch_or_th
              for line in path.read_text().splitlines()]
     dispatched = [line for line in lines if line["event"] == "dispatched"]
     assert [(line["msg_id"], line["lateness_ms"]) for line in dispatched] == [(sent.id, 500)]
+
+
+async def test_a_commits_answer_is_released_before_the_window_takes_its_entries(tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker.dispatch)
+    try:
+        m = message("s", b"a", clock, deliver_at_ms=clock() + 500)  # a loaded bucket
+        [answer] = await scheduler.schedule([encode_message(m)])
+        assert answer["status"] == "stored"
+        assert len(scheduler.window) == 0, "the answer waited for the window"
+        await asyncio.sleep(0)
+        assert len(scheduler.window) == 1
+        clock.advance(500)
+        await settle(scheduler)
+        assert broker.bodies() == [b"a"]
+    finally:
+        await scheduler.stop()
