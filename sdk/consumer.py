@@ -8,10 +8,7 @@ Shape of a running consumer (one per process and group is typical):
 * a pull loop long-polls its broker (``wait_ms``) and puts what it gets into the subscription's
   bounded prefetch queue (``prefetch`` messages); it asks for at most what fits and waits
   while less than half a batch fits, so a slow application is not handed more than it can
-  hold. A pull that comes back full (a backlog) has the next one sent at once, before its
-  own messages are decoded and put in the queue, asking only for what fits with them counted:
-  the broker prepares the next pull while this process decodes the last, and a loop still has
-  one pull on the broker at a time (``sdk.consumer_pulls``). Connection loss -> reconnect with
+  hold. Connection loss -> reconnect with
   exponential backoff (100 ms doubling to ``reconnect_backoff_max_ms``).
 * acks are out of order: ``msg.ack()`` only records the pull sequence; an **ack task** turns
   the recorded sequences of each (broker, subject) into [first, last] ranges and sends them every
@@ -46,33 +43,41 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
-from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
+from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
 from sdk.consumer_presence import CONTROL_TIMEOUT_MS, BrokerPresenceMixin
-from sdk.consumer_pulls import PullLoopsMixin
 from sdk.presence import Presence
 from sdk.send_values import default_client_id
-from sdk.received import PullSize, ReceivedMessage, Subscription
-from sdk.routes import RouteCache
+from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
+from sdk.routes import Route, RouteCache
 from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable
-from wire.errors import QmqError
+from wire.errors import NoRoute, QmqError
 from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
+    decode_message_fields,
     retry_subject,
     validate_group,
     validate_subject,
     validate_tags,
 )
+from wire.protocol import pull_columns
 from wire.http import parse_meta_urls
 from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
+# Extra time a pull may take beyond its wait_ms before we call the broker silent, in ms.
+PULL_TIMEOUT_SLACK_MS = 5_000
 # Long-poll wait of one pull, in ms. An idle consumer costs the broker its polls per second
 # (issue 19): a poll parked on the broker keeps the consumer present however long it waits, and
 # an answer comes as soon as anything arrives, so a longer wait costs no latency; it only
 # bounds how soon a silently dead broker is noticed (wait + PULL_TIMEOUT_SLACK_MS). RocketMQ
 # parks pulls for 15 s.
 PULL_WAIT_MS_DEFAULT = 20_000
+# A retry subject's polls wait this many times ``wait_ms`` (at most MAX_PULL_WAIT_MS): it
+# carries only the group's retries, and a dead broker is noticed by the subject's own polls.
+RETRY_WAIT_FACTOR = 3
+# First reconnect pause after a failed pull, doubled per failure, in milliseconds.
+RECONNECT_BACKOFF_MS_INITIAL = 100
 # Messages asked for per pull (Kafka's max.poll.records is 500, RocketMQ pulls 32 but keeps up
 # to 1000 per queue): large enough that the per-request cost of a pull on the broker and here
 # is shared by many messages at high rates, while at low rates a long poll still answers with
@@ -98,7 +103,7 @@ class _HandlerSpec:
     task: asyncio.Task[None] | None = None
 
 
-class Consumer(PullLoopsMixin, BrokerPresenceMixin):
+class Consumer(BrokerPresenceMixin):
     """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
@@ -409,6 +414,142 @@ class Consumer(PullLoopsMixin, BrokerPresenceMixin):
         except QmqError as exc:
             log.warning("nack of message %s failed (%s: %s); it stays unacked and is redelivered "
                         "after the group's ack timeout", msg.id, exc.code, exc.message)
+
+    # -- routes and pulls -----------------------------------------------------------------------
+
+    async def _route_loop(self, sub: Subscription, source: str) -> None:
+        failures = 0
+        route: Route | None = None
+        # A periodic refresh takes an answer another consumer of the shared cache got in the
+        # last half period (so a subject costs the MetaServer at most two requests a period
+        # per process, not one per consumer); one a failed pull asked for goes out at once.
+        max_age_ms = 0
+        while True:
+            try:
+                if route is None:
+                    route = await self._routes.get(source, "consumer")
+                else:
+                    route = await self._routes.refresh(source, "consumer", max_age_ms)
+                failures = 0
+            except NoRoute as exc:
+                failures += 1
+                log.warning("no consumer route for %r yet: %s", source, exc.message)
+            except QmqError as exc:  # the MetaServer rejected the request: surface it
+                sub._prefetch.put_nowait(exc)
+                return
+            if route is not None:
+                self._sync_pull_loops(sub, source, route)
+            wait_ms = self.route_refresh_ms if failures == 0 else self._backoff_ms(failures)
+            sub.refresh_wanted.clear()
+            max_age_ms = 0
+            try:
+                async with asyncio.timeout(wait_ms / 1000):
+                    await sub.refresh_wanted.wait()
+            except TimeoutError:
+                max_age_ms = self.route_refresh_ms // 2 if failures == 0 else 0
+
+    def _sync_pull_loops(self, sub: Subscription, source: str, route: Route) -> None:
+        names = {g.group for g in route.groups}
+        for (loop_source, name), task in list(sub.pull_loops.items()):
+            if loop_source == source and name not in names:
+                log.info("broker group %s left the route of %r; stopping its pulls", name, source)
+                task.cancel()
+                del sub.pull_loops[(source, name)]
+                sub.addresses.pop((source, name), None)
+        for name in names:
+            running = sub.pull_loops.get((source, name))
+            if running is None or running.done():
+                sub.pull_loops[(source, name)] = asyncio.get_running_loop().create_task(
+                    self._pull_loop(sub, source, name), name=f"qmq-pull {source}@{name}"
+                )
+
+    def _backoff_ms(self, failures: int) -> int:
+        return min(RECONNECT_BACKOFF_MS_INITIAL << min(failures - 1, 20), self.reconnect_backoff_max_ms)
+
+    async def _pull_loop(self, sub: Subscription, source: str, broker_group: str) -> None:
+        failures = 0
+        # A retry subject carries only this group's retries: read it from its start.
+        start = self.start if source == sub.subject else "earliest"
+        wait_ms = self.wait_ms if source == sub.subject else min(
+            MAX_PULL_WAIT_MS, RETRY_WAIT_FACTOR * self.wait_ms)
+        while True:
+            route = self._routes.cached(source, "consumer")
+            group = route.group(broker_group) if route is not None else None
+            if group is None:
+                sub.addresses.pop((source, broker_group), None)
+                return
+            address = group.addresses[failures % len(group.addresses)]
+            sub.addresses[(source, broker_group)] = address
+            prefetch = sub._prefetch
+            # Pull only what fits in the prefetch buffer, so a consumer never holds more than
+            # ``prefetch`` messages it has not handed to the application (others of the group
+            # get the rest); wait for room for half a batch rather than pull a few at a time.
+            if prefetch.capacity - len(prefetch.items) < prefetch.refill_min:
+                await prefetch.wait_room()
+            room = prefetch.capacity - len(prefetch.items)
+            asked = min(sub.pull_size.size, room)
+            op = {
+                "op": "pull", "subject": source, "group": self.group,
+                "consumer_id": self.consumer_id, "max_count": asked,
+                "wait_ms": wait_ms, "tags": sub.tags, "start": start,
+                "broadcast": self.broadcast,
+            }
+            sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
+            sub.pulls_out.add((source, broker_group))
+            try:
+                answer = await self._pool.request(address, op, wait_ms + PULL_TIMEOUT_SLACK_MS)
+            except QmqError as exc:
+                sub.pull_sent_at.pop((source, broker_group), None)
+                if not exc.retriable:
+                    # Raised by the iterator (or logged once by a handler's dispatch loop), so
+                    # only a debug line here: a refusal is reported once.
+                    log.debug("pull of %r from broker group %s refused (%s: %s); stopping it",
+                              source, broker_group, exc.code, exc.message)
+                    sub._prefetch.put_nowait(exc)
+                    # Refused: no heartbeat or leave for it either (each would be refused too).
+                    sub.addresses.pop((source, broker_group), None)
+                    return
+                failures += 1
+                if isinstance(exc, RequestTimeout):
+                    # Silent past wait_ms plus slack: the connection is likely half-dead.
+                    await self._pool.discard(address)
+                backoff_ms = self._backoff_ms(failures)
+                log.warning("pull of %r from broker group %s at %s failed (%s); retrying in %d ms",
+                            source, broker_group, address, exc, backoff_ms)
+                sub.refresh_wanted.set()
+                await asyncio.sleep(backoff_ms / 1000)
+                continue
+            finally:
+                sub.pulls_out.discard((source, broker_group))
+            failures = 0
+            payloads = answer.get("payloads")
+            sub.pulled(asked, len(payloads) if payloads else 0)
+            if payloads:
+                batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+                await prefetch.put_all(self._received(answer, sub, batch))
+
+    @staticmethod
+    def _received(answer: dict[str, Any], sub: Subscription, batch: _PulledBatch,
+                  ) -> list[ReceivedMessage]:
+        """The messages of a pull response, in order. What cannot be read (a broker bug or
+        corruption) is logged and left unacked, so it is redelivered, not lost."""
+        try:
+            pull_seqs, payloads, redelivered = pull_columns(answer)
+        except QmqError as exc:
+            log.error("broker group %s answered a pull of %r with unreadable columns: %s",
+                      batch.broker_group, sub.subject, exc.message)
+            return []
+        out: list[ReceivedMessage] = []
+        append = out.append
+        for pull_seq, payload, times in zip(pull_seqs, payloads, redelivered):
+            try:
+                fields = decode_message_fields(payload)
+            except QmqError as exc:
+                log.error("broker group %s sent an unreadable message of %r (pull seq %d): %s",
+                          batch.broker_group, sub.subject, pull_seq, exc.message)
+                continue
+            append(ReceivedMessage(fields, pull_seq, times, batch))
+        return out
 
     # -- acks, nacks, heartbeats ----------------------------------------------------------------
 

@@ -488,10 +488,10 @@ async def test_bad_subscriptions_and_options_fail_at_once(meta):
 
 
 async def test_a_pull_that_outlives_its_timeout_reconnects(meta, broker_a, monkeypatch):
-    import sdk.consumer_pulls
+    import sdk.consumer
 
     # The fake broker holds a pull for wait_ms; with no slack the client times out first.
-    monkeypatch.setattr(sdk.consumer_pulls, "PULL_TIMEOUT_SLACK_MS", -950)
+    monkeypatch.setattr(sdk.consumer, "PULL_TIMEOUT_SLACK_MS", -950)
     meta.set_route("orders", [broker_a])
     async with consumer(meta, wait_ms=1_000) as c:
         c.subscribe("orders")
