@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 
 # Payload bytes of recently committed messages kept in memory for pulls (all subjects).
 TAIL_BYTES_MAX = 64 << 20
+# Under flush=sync the message store's ``tick`` only prunes the dedup index, which frees memory
+# and nothing else (a lookup checks the window itself): the flush round asks it this often
+# rather than every round, one store-thread hop a second instead of ten (issue 18: idle CPU).
+SYNC_STORE_TICK_INTERVAL_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Broker:
         self.on_store_thread = stores.store_thread.call
         self.on_pulllog_thread = stores.pulllog_thread.call
         self._tracer = tracer
+        self._store_ticked_ms: int | None = None  # the flush round's last store tick (sync)
         self.stats = {"sent": 0, "duplicates": 0, "pulled": 0, "acked": 0, "redelivered": 0}
         self.redelivered_by_group: dict[tuple[str, str], int] = {}
         self.committed = Committed(Tail(TAIL_BYTES_MAX), stores.ends, stores.firsts)
@@ -397,17 +402,34 @@ class Broker:
 
     async def _flush_round(self) -> None:
         """The asynchronous flush: each store's ``tick`` on its thread (a failure of one does
-        not keep the other from its flush); the slaves' long polls on the pull log wake."""
+        not keep the other from its flush); the slaves' long polls on the pull log wake.
+        Under flush=sync the message store's tick (its dedup pruning) runs every
+        SYNC_STORE_TICK_INTERVAL_MS only, and the pull log's tick and its end for the slaves
+        are one call on its thread: one hop a round when idle, where there were three."""
         now_ms = self.clock()
-        for name, on_thread, tick in (("message store", self.on_store_thread, self.store.tick),
-                                      ("pull log", self.on_pulllog_thread, self.pulllog.tick)):
+        last = self._store_ticked_ms
+        if (self.store.config.flush_mode != "sync" or last is None
+                or not 0 <= now_ms - last < SYNC_STORE_TICK_INTERVAL_MS):
+            self._store_ticked_ms = now_ms
             try:
-                await on_thread(tick, now_ms)
+                await self.on_store_thread(self.store.tick, now_ms)
             except Exception:
-                log.exception("async flush of the %s failed", name)
-        if self.replica.replicating and not self.pulllog.follower:
-            end = await self.on_pulllog_thread(lambda: self.pulllog.copy_bounds()[1])
+                log.exception("async flush of the message store failed")
+        end = await self.on_pulllog_thread(self._pulllog_flush_io, now_ms,
+                                           self.replica.replicating)
+        if end is not None:
             self.replica.advanced("actions", end)
+
+    def _pulllog_flush_io(self, now_ms: int, replicating: bool) -> int | None:
+        """Pull-log thread: the flush round's tick (a failure is logged, and the end is still
+        told); the pull log's end when a master's slaves copy it, else None."""
+        try:
+            self.pulllog.tick(now_ms)
+        except Exception:
+            log.exception("async flush of the pull log failed")
+        if replicating and not self.pulllog.follower:
+            return self.pulllog.copy_bounds()[1]
+        return None
 
     async def _retention_round(self) -> None:
         """Delete what every pull-log group is past and retention lets go."""
