@@ -42,6 +42,10 @@ class CancelsMixin:
     _preload_lock: asyncio.Lock
     _io: Callable[..., Awaitable[Any]]  # Scheduler's: runs a function on the delay-io thread
     bucket_of: Callable[[int], int]
+    # The delay log's end after the last answered commit (event loop), and placing the
+    # answered commits still waiting for the window (Scheduler's).
+    answered_delay_end: int
+    _place_unplaced: Callable[[], None]
 
     # ------------------------------------------------------------------ cancel
 
@@ -112,6 +116,15 @@ class CancelsMixin:
                                 taken: ScheduleEntry | None = None) -> tuple[str, str | None]:
         """``_cancel_in_store``, holding the loader's lock."""
         bucket_ms = max(self.bucket_of(deliver_at_ms), self.done_before_ms)
+        # The cancel takes effect now, in this loop step: it covers every send whose commit
+        # was answered (placed in the window first, so it is held below), and none still
+        # being committed. The store's part runs on the I/O thread after such a commit and
+        # would find its entry stored, while the commit's placement into the window comes
+        # after this looked there: answered "cancelled", the entry would still be sent. So
+        # the store leaves alone what lies past the answered commits' end (that send is
+        # ordered after the cancel: "unknown" when nothing else of the message was stored).
+        self._place_unplaced()
+        offset_end = self.answered_delay_end
         # Take candidates out of the wheel first, so the timer cannot send one while the
         # cancel is being recorded; put back those that turn out to be another message.
         held, in_flight = self.window.hold_for_cancel(
@@ -129,9 +142,9 @@ class CancelsMixin:
                 outcome = "already_dispatched"
             else:
                 outcome, subject = await self._io(store.cancel_detail, message_id,
-                                                  deliver_at_ms)
-                if outcome == "cancelled":
-                    cancelled = mine
+                                                  deliver_at_ms, offset_end)
+                if outcome == "cancelled":  # what the store cancelled: below offset_end
+                    cancelled = {offset for offset in mine if offset < offset_end}
                     self.tracer.cancelled(message_id, subject, deliver_at_ms, self.clock())
         finally:
             if taken is not None and taken.delay_log_offset in cancelled:

@@ -116,7 +116,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
                  store: DelayStore, io_thread: IoThread, *, done_before_ms: int,
                  tracer: DelayTracer | None = None, replica: WriteReplication | None = None,
                  follower: bool = False, hold: Hold | None = None,
-                 cancel_held: CancelHeld | None = None) -> None:
+                 cancel_held: CancelHeld | None = None, answered_delay_end: int = 0) -> None:
         self.config = config
         self.clock = clock
         self.store = store
@@ -149,6 +149,9 @@ class Scheduler(LoadingMixin, CancelsMixin):
         # Answered commits whose entries wait for the next loop turn to enter the window
         # (``_committed_batch``): (entries, quick-check fields when tracing) each.
         self._unplaced: list[tuple[list[ScheduleEntry], Sequence[Checked | None] | None]] = []
+        # The delay log's end after the last answered commit (event loop): what a cancel
+        # covers (CancelsMixin._cancel_unloading). At open, the store's end: all recovered.
+        self.answered_delay_end = answered_delay_end
         self._tasks: list[asyncio.Task[None]] = []
         self._last_done_check_ms = 0
         self._preload_lock = asyncio.Lock()
@@ -180,12 +183,13 @@ class Scheduler(LoadingMixin, CancelsMixin):
         try:
             store = await io_thread.call(open_store_on_io, config, clock(), opener, on_fsync)
             done_before_ms = await io_thread.call(store.done_before)
+            delay_end = await io_thread.call(lambda: store.delay_copy.copy_bounds()[1])
         except BaseException:
             io_thread.close(wait=False)
             raise
         return cls(config, clock, dispatch, store, io_thread, done_before_ms=done_before_ms,
                    tracer=tracer, replica=replica, follower=follower, hold=hold,
-                   cancel_held=cancel_held)
+                   cancel_held=cancel_held, answered_delay_end=delay_end)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._io_thread.call(fn, *args)
@@ -243,6 +247,8 @@ class Scheduler(LoadingMixin, CancelsMixin):
         loads and dispatches what is due, as after a restart."""
         await self._stop_tasks()
         self.done_before_ms = await self._io(self.store.done_before)
+        # Everything the old master copied here counts as answered (a cancel covers it).
+        self.answered_delay_end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
         self.window = PreloadWindow(WindowLimits.from_config(self.config), self.done_before_ms)
         self.tracer.forget_kept()  # kept for the old window; its offsets may mean others now
         self.dispatcher = self._new_dispatcher()
@@ -373,6 +379,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         one loop turn later (``_place_committed``); the slaves' fetches are woken in this
         turn, before the callers resume."""
         entries, delay_end = committed
+        self.answered_delay_end = delay_end  # answered below, in this step: a cancel covers it
         if self.replica.replicating:
             self.replica.advanced("delay", delay_end)
             for call in batch:

@@ -181,10 +181,11 @@ class DoneMarksMixin:
                 return found[0][2], "pending" if pending else "done", handed
         return None, None, False
 
-    def _locate(self, message_id: str, deliver_at_ms: int
+    def _locate(self, message_id: str, deliver_at_ms: int, offset_end: int | None = None
                 ) -> tuple[int, int, list[tuple[int, RawEntry, str]]]:
         """(id hash, bucket, entries) of the stored message with this id and due time: its
-        due time's bucket, or the watermark's when it was filed late; no entries: not found."""
+        due time's bucket, or the watermark's when it was filed late; no entries: not found.
+        ``offset_end``: only entries stored below this delay-log offset count."""
         if not isinstance(deliver_at_ms, int) or not 0 <= deliver_at_ms <= U64_MAX:
             raise ValueError(f"deliver_at_ms {deliver_at_ms!r} is outside [0, {U64_MAX}]")
         id_bytes = message_id.encode("utf-8")
@@ -195,15 +196,21 @@ class DoneMarksMixin:
         bucket = natural
         for bucket in candidates:
             found = self._find(bucket, deliver_at_ms, hashed, id_bytes)
+            if offset_end is not None:
+                found = [item for item in found if item[1].delay_log_offset < offset_end]
             if found:
                 break
         return hashed, bucket, found
 
-    def cancel_detail(self, message_id: str, deliver_at_ms: int) -> tuple[str, str | None]:
+    def cancel_detail(self, message_id: str, deliver_at_ms: int, offset_end: int | None = None
+                      ) -> tuple[str, str | None]:
         """``cancel``, also returning the message's subject when it was found (for tracing).
-        A handed message its broker dropped (``record_dropped``) is "already_cancelled"."""
+        A handed message its broker dropped (``record_dropped``) is "already_cancelled".
+        ``offset_end``: entries stored at or past this delay-log offset are left alone, as if
+        not stored yet (the server's sends whose commit was not answered when the cancel
+        began: see ``CancelsMixin._cancel_unloading``)."""
         self._check_writable()
-        hashed, bucket, found = self._locate(message_id, deliver_at_ms)
+        hashed, bucket, found = self._locate(message_id, deliver_at_ms, offset_end)
         if not found:
             if self.bucket_of(deliver_at_ms) < self._done_before:
                 # Its due time's bucket is finished and retired: a message stored there was

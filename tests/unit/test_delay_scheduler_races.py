@@ -266,3 +266,55 @@ async def test_a_commits_answer_is_released_before_the_window_takes_its_entries(
         assert broker.bodies() == [b"a"]
     finally:
         await scheduler.stop()
+
+
+async def test_a_cancel_that_begins_while_its_own_send_is_being_committed_answers_unknown_and_the_message_is_delivered(  # noqa: E501
+        tmp_path):
+    # A client that chose the message id may cancel before its send is answered. The cancel's
+    # store work queues behind the commit on the I/O thread and would find the message stored;
+    # the commit's entry enters the window after the cancel looked there. The cancel takes
+    # effect when it begins, before that send: "unknown", and the message is delivered (it
+    # was answered "cancelled" and delivered all the same before).
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker.dispatch)
+    try:
+        due = clock() + 500  # a loaded bucket: the commit places the entry in the window
+        early = message("s", b"early", clock, deliver_at_ms=due)
+        commit = Held(scheduler.store, "commit")
+        send = asyncio.ensure_future(scheduler.schedule([encode_message(early)]))
+        await commit.wait_entered()
+        assert await commit.release_after(scheduler.cancel(early.id, due)) == "unknown"
+        assert (await send)[0]["status"] == "stored"
+        await settle(scheduler)
+        clock.advance(BUCKET_MS)
+        await settle(scheduler)
+        assert broker.bodies() == [b"early"], "not cancelled: delivered, once"
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_cancel_after_its_sends_answer_is_never_delivered_even_before_the_window_took_it(
+        tmp_path):
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker.dispatch)
+    try:
+        due = clock() + 500
+        doomed = message("s", b"doomed", clock, deliver_at_ms=due)
+        kept = message("s", b"kept", clock, deliver_at_ms=due)
+        answers = await scheduler.schedule([encode_message(doomed), encode_message(kept)])
+        assert [a["status"] for a in answers] == ["stored", "stored"]
+        # A cancel whose store work waits behind another send's commit still covers it.
+        commit = Held(scheduler.store, "commit")
+        other = message("s", b"other", clock, deliver_at_ms=due)
+        send = asyncio.ensure_future(scheduler.schedule([encode_message(other)]))
+        await commit.wait_entered()
+        assert await commit.release_after(scheduler.cancel(doomed.id, due)) == "cancelled"
+        assert (await send)[0]["status"] == "stored"
+        await settle(scheduler)
+        clock.advance(BUCKET_MS)
+        await settle(scheduler)
+        assert sorted(broker.bodies()) == [b"kept", b"other"]
+    finally:
+        await scheduler.stop()
