@@ -72,10 +72,9 @@ class CancelsMixin:
             await self.journal_replicated()
         return outcome, subject
 
-    async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry], bool]]
+    async def _record_handed_ids(self, hand_offs: list[tuple[int, list[ScheduleEntry]]]
                                  ) -> None:
-        """Handed-entries records of ``hand_offs`` (``HandOff.recorded`` and ``refused``: see
-        ``DelayStore.record_handed_entries``), on the slaves too;
+        """Handed-entries records of ``hand_offs`` (``HandOff.recorded``), on the slaves too;
         NotSupported, nothing written, while some slave does not read them (the gate, asked
         right before the write: the dispatcher then sends them at their due time and pauses
         the hand-off; no handed record, kind 4, is tried: a slave of a release before

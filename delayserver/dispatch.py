@@ -103,8 +103,7 @@ class Dispatcher(HandedMixin):
       recorded: the recorder marks them dropped in the store once it is; ``no_hold``: told when a broker did not
       take a hand-off (the scheduler then sends at the due time for a while); ``recorded``:
       awaited before a hold of messages due up to a time is sent (``HandOff.recorded``: the
-      handed-entries record naming them); when it raises, they are sent at their due time;
-      ``refused``: told the entries of a hold a broker refused (``HandOff.refused``).
+      handed-entries record naming them); when it raises, they are sent at their due time.
     """
 
     def __init__(self, config: DelayConfig, clock: Callable[[], int], send: Dispatch,
@@ -113,8 +112,7 @@ class Dispatcher(HandedMixin):
                  no_hold: Callable[[], None] | None = None,
                  recorded: Recorded | None = None,
                  record_dropped: Callable[[str, int], Awaitable[str]] | None = None,
-                 cancel_in_store: CancelTaken | None = None,
-                 refused: Callable[[list[ScheduleEntry]], None] | None = None) -> None:
+                 cancel_in_store: CancelTaken | None = None) -> None:
         self.config = config
         self.clock = clock
         self.send = send
@@ -133,8 +131,6 @@ class Dispatcher(HandedMixin):
         self.hold = hold
         self._no_hold = no_hold
         self._recorded = recorded
-        # Told the entries of a hand-off a broker refused (HandOff.refused: named no more)
-        self._refused = refused
         # Records a broker's drop of a handed message in the store and waits for the slaves
         # (Scheduler._record_dropped, the cancel's own path): its answer
         self._record_dropped = record_dropped
@@ -303,7 +299,7 @@ class Dispatcher(HandedMixin):
         except NotSupported as exc:
             if not early:
                 raise
-            self._not_held(ids, entries)
+            self._not_held(ids)
             await self._hold_refused(subject, entries, payloads, now_ms, exc)
             return
         except QmqError as exc:
@@ -318,7 +314,7 @@ class Dispatcher(HandedMixin):
                 return
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
                         len(entries), subject, exc)
-            self._not_held(ids, entries)  # refused (overloaded, read-only...): held by none
+            self._not_held(ids)  # refused (overloaded, read-only...): the group holds none
             self._retry(entries, f"realtime did not take the batch: {exc}")
             return
         confirmed_at_ms = self.clock()
@@ -334,12 +330,11 @@ class Dispatcher(HandedMixin):
         failed: list[ScheduleEntry] = []
         refused: list[bytes] = []
         unheld: list[int] = []  # positions of hand-offs refused for good: sent when due
-        not_held: list[int] = []  # positions refused: not held (a missing answer: it may be)
         for position, entry in enumerate(entries):
             result = results[position] if position < len(results) else {}
             error = result.get("error")
-            if error is not None and ids:
-                not_held.append(position)
+            if error is not None and ids:  # refused: not held (a missing answer: it may be)
+                self._not_held([ids[position]])
             if error is None and result:
                 confirmed.append(entry)
                 kept.append(entry)
@@ -360,8 +355,6 @@ class Dispatcher(HandedMixin):
                 refused.append(payloads[position])
             else:
                 failed.append(entry)
-        if not_held:
-            self._not_held([ids[i] for i in not_held], [entries[i] for i in not_held])
         self.tracer.gave_up(refused, confirmed_at_ms, "dispatch_refused")
         if confirmed:
             self._record_soon(confirmed, subject, confirmed_payloads, confirmed_at_ms, early,

@@ -146,11 +146,8 @@ class HandedMixin:
         if known is None or known[1] != deliver_at_ms:
             heapq.heappush(self._handed_due, (deliver_at_ms, message_id))
 
-    def _not_held(self: Dispatcher, ids: list[str], entries: list[ScheduleEntry]) -> None:
-        """A broker refused these hand-offs (``ids`` of ``entries``, [] when none was one): it
-        holds none of them, a cancel need not ask, in this run or (``_refused``) after it."""
-        if ids and self._refused is not None:
-            self._refused(entries)
+    def _not_held(self: Dispatcher, ids: list[str]) -> None:
+        """A broker refused these hand-offs: it holds none of them, a cancel need not ask."""
         handed = self.handed
         for message_id in ids:
             known = handed.get(message_id)

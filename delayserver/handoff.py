@@ -55,21 +55,14 @@ StoreCancel = Callable[[str, int], Awaitable[tuple[str, str | None]]]
 # named), (None, None, False): not stored.
 StoreSubject = Callable[[str, int], Awaitable[tuple[str | None, str | None, bool]]]
 # Writes handed-entries records, one per hand-off (DelayStore.record_handed_entries, then
-# waits for the slaves a sync write waits for): [(latest due time, entries, refused: the
-# hold was refused, they are named no more)] -> None; raises NotSupported when some slave does
-# not read them yet, any error when they were not written (then nothing is handed off).
-RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry], bool]]], Awaitable[None]]
+# waits for the slaves a sync write waits for): [(latest due time, entries)] -> None; raises
+# NotSupported when some slave does not read them yet, any error when they were not written
+# (then nothing is handed off).
+RecordHandedIds = Callable[[list[tuple[int, list[ScheduleEntry]]]], Awaitable[None]]
 # Records durably that a broker dropped a handed message at a cancel (DelayStore.record_dropped,
 # then waits for the slaves a sync write waits for): (message id, deliver_at_ms) -> its answer.
 RecordDropped = Callable[[str, int], Awaitable[str]]
 CANCELLED = ("cancelled", "already_cancelled")
-
-
-def _unnamed_written(future: asyncio.Future[None]) -> None:
-    """A refused hold's un-naming record was written or not: not written, its entries stay
-    named (conservative: a cancel after a restart asks the broker)."""
-    if not future.cancelled() and future.exception() is not None:
-        log.info("a refused hold's entries stay named: %s", future.exception())
 
 
 def step_end_ms(due_ms: int, step: int) -> int:
@@ -126,7 +119,7 @@ class HandOff:
         self.tracer = tracer
         self.record_dropped = record_dropped
         self.record_handed_ids = record_handed_ids
-        self._naming: list[tuple[int, list[ScheduleEntry], bool, asyncio.Future[None]]] = []
+        self._naming: list[tuple[int, list[ScheduleEntry], asyncio.Future[None]]] = []
         self._namer: asyncio.Task[None] | None = None
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
@@ -163,37 +156,22 @@ class HandOff:
     async def _named(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
         """Wait until a handed-entries record names ``entries``: one task writes what waits,
         so the batches of a hot step sent at once share a write and an fsync."""
-        await asyncio.shield(self._queue_names(until_ms, entries, False))
-
-    def refused(self, entries: list[ScheduleEntry]) -> None:
-        """A broker refused the hold of ``entries`` (it holds none of them): a handed-entries
-        record names them no more (FLAG_REFUSED), written with the next names, not waited
-        for: until it is written, or when it is not (a crash, the gate, a write error), they
-        stay named and a cancel after a restart asks the broker, as before."""
-        if self.record_handed_ids is not None and entries:
-            future = self._queue_names(max(e.deliver_at_ms for e in entries), entries, True)
-            future.add_done_callback(_unnamed_written)
-
-    def _queue_names(self, until_ms: int, entries: list[ScheduleEntry], refused: bool
-                     ) -> asyncio.Future[None]:
-        """Queue one handed-entries record for the namer task (started when none runs)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._naming.append((until_ms, entries, refused, future))
+        self._naming.append((until_ms, entries, future))
         if self._namer is None or self._namer.done():
             self._namer = asyncio.create_task(self._name_waiting(), name="delay-handed-ids")
-        return future
+        await asyncio.shield(future)
 
     async def stop(self) -> None:
         """A stop or demote, once the dispatcher stopped: end the task writing handed-entries
         records (its senders are gone; left running, it would write or wait on a store being
-        closed). A record it had not written is not needed: nothing was held without it; an
-        un-naming one left out keeps its entries named (conservative)."""
+        closed). A record it had not written is not needed: nothing was held without it."""
         namer, self._namer = self._namer, None
         if namer is not None and not namer.done():
             namer.cancel()
             await asyncio.gather(namer, return_exceptions=True)
         waiting, self._naming = self._naming, []  # queued behind the write it was in
-        for _until, _entries, _refused, future in waiting:
+        for _until, _entries, future in waiting:
             future.cancel()
 
     async def _name_waiting(self) -> None:
@@ -203,10 +181,9 @@ class HandOff:
         while self._naming:
             taken, self._naming = self._naming, []
             try:
-                await self.record_handed_ids([(until, entries, refused)
-                                              for until, entries, refused, _ in taken])
+                await self.record_handed_ids([(until, entries) for until, entries, _ in taken])
             except BaseException as exc:
-                for _until, _entries, _refused, future in taken:
+                for _until, _entries, future in taken:
                     if future.done():
                         continue
                     if isinstance(exc, Exception):
@@ -219,7 +196,7 @@ class HandOff:
                 if not isinstance(exc, Exception):
                     raise
             else:
-                for _until, _entries, _refused, future in taken:
+                for _until, _entries, future in taken:
                     if not future.done():
                         future.set_result(None)
 

@@ -164,7 +164,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         return Dispatcher(self.config, self.clock, self._dispatch, self.window, self.store,
                           self._io, self.stats, self.tracer, self._wakeup.set,
                           self.handoff.hold, self.handoff.no_hold, self.handoff.recorded,
-                          self._record_dropped, self._cancel_in_store, self.handoff.refused)
+                          self._record_dropped, self._cancel_in_store)
 
     @classmethod
     async def open(cls, config: DelayConfig, clock: Callable[[], int], dispatch: Dispatch,

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from delayserver.storage.delay_record import decode_delay_header
 from delayserver.storage.done_journal import (
     DIRECTORY,
-    FLAG_REFUSED,
     KIND_CANCELLED,
     KIND_DISPATCHED,
     KIND_DONE_BEFORE,
@@ -40,7 +39,6 @@ from delayserver.storage.done_journal import (
     encode_journal_record,
     journal_bucket,
     journal_done_keys,
-    journal_flags,
 )
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
@@ -88,9 +86,6 @@ class DoneJournal:
             return
         if kind == KIND_HANDED:
             self.handed_until_ms = max(self.handed_until_ms, bucket)
-        elif kind == KIND_HANDED_IDS and journal_flags(body) & FLAG_REFUSED:
-            for key in journal_done_keys(body):  # their hold was refused: no broker has them
-                self.handed.pop(key, None)
         elif kind == KIND_HANDED_IDS:
             self.handed_ids_until_ms = max(self.handed_ids_until_ms, bucket)
             keys = journal_done_keys(body)
@@ -379,18 +374,16 @@ class CopyingMixin:
             raise self._fail(exc)
 
     def record_handed_entries(self: DelayStore,  # type: ignore[misc]
-                              hand_offs: list[tuple[int, list[ScheduleEntry], bool]]) -> None:
+                              hand_offs: list[tuple[int, list[ScheduleEntry]]]) -> None:
         """The master, before it sends these hand-offs (each: the latest due time, its
-        entries, False), or after a broker refused them (True: named no more): one
-        handed-entries record (kind 6) each in the journal, in order, fsynced once. Unlike
+        entries): one handed-entries record (kind 6) each in the journal, fsynced once. Unlike
         ``journal_done`` a full disk raises ``DiskFull``: then nothing may be handed off. The
         caller asked the replication gate that every slave reads kind 6."""
         self._check_writable()
         bodies = [encode_journal_record(
             KIND_HANDED_IDS, until_ms, [e.delay_log_offset for e in entries],
-            [e.id_hash for e in entries], [e.index for e in entries], {},
-            FLAG_REFUSED if refused else 0)
-            for until_ms, entries, refused in hand_offs]
+            [e.id_hash for e in entries], [e.index for e in entries], {})
+            for until_ms, entries in hand_offs]
         try:
             self._journal.append(bodies)
         except LogWriteFailed as exc:

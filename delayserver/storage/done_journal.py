@@ -15,8 +15,7 @@ version and a CRC-32). Its body, all integers big-endian::
            |       | 5 = dropped (handed entries a broker dropped at a cancel), 6 = handed
            |       | entries (the entries of one hand-off)
     1      | 1     | body_version: 1
-    2      | 2     | flags: 0, or for kind 6 FLAG_REFUSED (1): the hold of these entries was
-           |       | refused (they are named no more)
+    2      | 2     | reserved: 0
     4      | 8     | bucket_ms: u64; kinds 1, 2 and 5: the bucket the entries are filed in;
            |       | kind 3: the new done watermark (every bucket below it is finished);
            |       | kind 4: handed_until_ms (a message due at or before it may have been
@@ -43,8 +42,7 @@ several buckets may share one record); written, fsynced and replicated before th
 is sent, while every slave reads kind 6 (the master asks the replication gate first; this
 release writes no handed record, kind 4, any more: it reads those an earlier release wrote):
 after a restart or failover only the entries it names, not every message due by a handed
-record, make a cancel ask the broker (review s11 rvho-7); one with FLAG_REFUSED, written
-after a broker refused their hold, names its entries no more. A server older than kind 4
+record, make a cancel ask the broker (review s11 rvho-7). A server older than kind 4
 (5, 6) refuses a journal holding one (unknown kind): replication gates all three
 (``GATED_KINDS``, serverkit.kind_gate), so a master writes them only while every slave reads
 them, and serves them to none that does not.
@@ -62,7 +60,7 @@ from dataclasses import dataclass
 HEADER = struct.Struct(
     ">B"  # kind
     "B"  # body_version
-    "H"  # flags (FLAG_REFUSED)
+    "H"  # reserved
     "Q"  # bucket_ms
     "I"  # entry_count
     "I"  # subject_count
@@ -81,10 +79,6 @@ KIND_DONE_BEFORE = 3
 KIND_HANDED = 4
 KIND_DROPPED = 5
 KIND_HANDED_IDS = 6
-# Kind 6 with this flag: a broker refused the hold of its entries (it holds none of them), so
-# no record names them any more (a later kind 6 may name them again). Written after the refusal,
-# not waited for: lost in a crash, the entries stay named (a cancel asks the broker, as before).
-FLAG_REFUSED = 1
 KINDS = (KIND_DISPATCHED, KIND_CANCELLED, KIND_DONE_BEFORE, KIND_HANDED, KIND_DROPPED,
          KIND_HANDED_IDS)
 # The kinds replication gates on what a slave reads (serverkit.kind_gate): those newer than
@@ -115,12 +109,10 @@ class JournalRecord:
     id_hashes: tuple[int, ...] = ()
     indexes: tuple[int, ...] = ()
     per_subject: tuple[tuple[str, int], ...] = ()  # subject ("" = unreadable) -> entries
-    flags: int = 0
 
 
 def encode_journal_record(kind: int, bucket_ms: int, offsets: list[int], id_hashes: list[int],
-                          indexes: list[int], per_subject: dict[str | None, int],
-                          flags: int = 0) -> bytes:
+                          indexes: list[int], per_subject: dict[str | None, int]) -> bytes:
     """The body of one journal record; ValueError for a field out of range."""
     if kind not in KINDS:
         raise ValueError(f"journal kind {kind} is not one of {KINDS}")
@@ -129,8 +121,7 @@ def encode_journal_record(kind: int, bucket_ms: int, offsets: list[int], id_hash
     subjects = [((subject or "").encode("utf-8"), count) for subject, count in
                 per_subject.items() if count]
     try:
-        parts = [HEADER.pack(kind, BODY_VERSION, flags, bucket_ms, len(offsets),
-                             len(subjects))]
+        parts = [HEADER.pack(kind, BODY_VERSION, 0, bucket_ms, len(offsets), len(subjects))]
         parts.extend(map(ENTRY.pack, offsets, id_hashes, indexes))
         for raw, count in subjects:
             parts += [SUBJECT_LENGTH.pack(len(raw)), raw, SUBJECT_COUNT.pack(count)]
@@ -143,7 +134,7 @@ def decode_journal_record(body: bytes) -> JournalRecord:
     """Parse a journal record body; ValueError naming the defect."""
     if len(body) < HEADER.size:
         raise ValueError(f"journal record of {len(body)} bytes is shorter than its header")
-    kind, version, flags, bucket_ms, count, subject_count = HEADER.unpack_from(body)
+    kind, version, _reserved, bucket_ms, count, subject_count = HEADER.unpack_from(body)
     if kind not in KINDS:
         raise ValueError(f"unknown journal kind {kind}")
     if version != BODY_VERSION:
@@ -169,7 +160,7 @@ def decode_journal_record(body: bytes) -> JournalRecord:
         raise ValueError(f"{len(body) - at} bytes after the journal record's last field")
     return JournalRecord(kind, bucket_ms, tuple(f[0] for f in fields),
                          tuple(f[1] for f in fields), tuple(f[2] for f in fields),
-                         tuple(per_subject), flags)
+                         tuple(per_subject))
 
 
 def journal_done_keys(body: bytes) -> list[int]:
@@ -184,11 +175,6 @@ def journal_done_keys(body: bytes) -> list[int]:
             for offset, id_hash, _index in ENTRY.iter_unpack(body[HEADER.size:end])]
 
 
-def journal_flags(body: bytes) -> int:
-    """The flags of a journal record body (FLAG_REFUSED), read from its header alone."""
-    return HEADER.unpack_from(body)[2]
-
-
 def journal_bucket(body: bytes) -> tuple[int, int]:
     """(kind, bucket_ms) of a journal record body, read from its header alone."""
     kind, _version, _reserved, bucket_ms, _count, _subjects = HEADER.unpack_from(body)
@@ -197,5 +183,5 @@ def journal_bucket(body: bytes) -> tuple[int, int]:
 
 __all__ = ["DIRECTORY", "ENTRY", "GATED_KINDS", "HEADER", "JournalRecord", "KIND_CANCELLED",
            "KIND_DISPATCHED", "KIND_DONE_BEFORE", "KIND_DROPPED", "KIND_HANDED",
-           "KIND_HANDED_IDS", "FLAG_REFUSED", "decode_journal_record", "encode_journal_record",
-           "gated_kind_at", "journal_bucket", "journal_done_keys", "journal_flags"]
+           "KIND_HANDED_IDS", "decode_journal_record", "encode_journal_record",
+           "gated_kind_at", "journal_bucket", "journal_done_keys"]

@@ -17,7 +17,7 @@ from tests.unit.delay_handoff_support import (
     BUCKET_MS, LEAD_MS, HoldingBroker, UnreachableBroker, into_the_lead, restarted, schedule,
     started)
 from tests.unit.test_delay_scheduler_races import settle
-from wire.errors import NotSupported, Overloaded
+from wire.errors import Overloaded
 
 NOW_MS = 1_700_000_000_000
 
@@ -132,7 +132,7 @@ def test_a_handed_entries_record_names_its_entries_after_a_reopen_and_on_a_copy(
         for i in range(3):
             master.append(f"m-{i}", "s", NOW_MS + 10_000, b"payload")
         entries = master.commit()
-        master.record_handed_entries([(NOW_MS + 10_000, entries[:2], False)])
+        master.record_handed_entries([(NOW_MS + 10_000, entries[:2])])
         assert master.handed_ids_until_ms() == NOW_MS + 10_000
         assert master.handed_until_ms() == 0  # it is not a handed record
         named = [master.handed_state(f"m-{i}", NOW_MS + 10_000) for i in range(3)]
@@ -178,76 +178,6 @@ async def test_a_stop_that_cancels_the_handed_entries_write_writes_nothing_else(
     with pytest.raises(asyncio.CancelledError):  # not NotSupported: no fallback is tried
         await waiter
     assert len(writes) == 1, "a stop must not end in another write"
-
-
-class RefusingUnreachableBroker(UnreachableBroker):
-    """Refuses every hand-off (``refusal``: the whole hold NotSupported, or each message's
-    answer an error) and cannot be asked to cancel."""
-
-    def __init__(self, clock, refusal: str) -> None:
-        super().__init__(clock, holds=refusal != "per_message")
-        self.refusal = refusal
-
-    async def hold(self, subject, payloads, visible_at_ms):
-        if self.refusal == "whole":
-            raise NotSupported("an older broker")
-        return "rt", [{"id": "x", "error": {"code": "too_large", "message": "held set full"}}
-                      for _ in payloads]
-
-
-@pytest.mark.parametrize("refusal", ["whole", "per_message"])
-async def test_after_a_restart_a_cancel_of_a_message_whose_hold_was_refused_never_asks_the_broker(
-        tmp_path, refusal):
-    # session 12's hodefault: the refused entries stayed named, so the restarted server asked
-    # the broker and the cancel failed (here: unreachable) until the message was dispatched.
-    clock = FakeClock()
-    broker = RefusingUnreachableBroker(clock, refusal)
-    scheduler = await started(tmp_path, clock, broker)
-    try:
-        due, [m] = await into_the_lead(scheduler, clock, b"a")
-        await settle(scheduler)
-        assert broker.received == [] and scheduler.window.tracked, "waits for its due time"
-    finally:
-        await scheduler.stop()
-    store = DelayStore(str(tmp_path / "delay"), DelayStoreConfig(bucket_ms=BUCKET_MS),
-                       now_ms=clock())
-    try:
-        assert store.handed_ids_until_ms() >= due, "its hand-off was named before the hold"
-        assert store.handed_state(m.id, due) == ("s", "pending", False)
-    finally:
-        store.close()
-    again = await restarted(tmp_path, clock, broker, 0)
-    try:
-        assert await again.cancel(m.id, due) == "cancelled"
-        assert broker.cancels == [], "asked a broker about a message no broker took"
-    finally:
-        await again.stop()
-
-
-def test_a_refused_hold_names_its_entries_no_more_after_a_reopen_and_on_a_copy(tmp_path):
-    master, slave = _store(tmp_path / "master"), _store(tmp_path / "slave")
-    due = NOW_MS + 10_000
-    try:
-        for i in range(3):
-            master.append(f"m-{i}", "s", due, b"payload")
-        entries = master.commit()
-        master.record_handed_entries([(due, entries, False)])
-        master.record_handed_entries([(due, entries[:2], True)])  # m-0, m-1 refused
-        master.record_handed_entries([(due, entries[1:2], False)])  # m-1 handed again
-        named = [master.handed_state(f"m-{i}", due)[2] for i in range(3)]
-        assert named == [False, True, True]
-        for source, target in ((master.delay_copy, slave.delay_copy),
-                               (master.done_copy, slave.done_copy)):
-            offset = target.copy_bounds()[1]
-            while data := source.read_copy(offset, 600):
-                offset = target.append_copy(offset, data)
-        assert [slave.handed_state(f"m-{i}", due)[2] for i in range(3)] == named
-        master.close()
-        master = _store(tmp_path / "master")
-        assert [master.handed_state(f"m-{i}", due)[2] for i in range(3)] == named
-    finally:
-        master.close()
-        slave.close()
 
 
 async def test_a_stop_ends_a_handed_entries_write_that_never_returns(tmp_path):

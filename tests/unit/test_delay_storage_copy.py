@@ -173,7 +173,7 @@ def test_a_done_journal_copy_thrown_away_no_longer_counts_its_handed_entries_as_
     # so cancels of those messages asked the brokers after a promotion.
     master, slave = pair
     entries = send(master, 4, NOW_MS + 10_000)
-    master.record_handed_entries([(entries[-1].deliver_at_ms, entries, False)])
+    master.record_handed_entries([(entries[-1].deliver_at_ms, entries)])
     master.record_handed(entries[-1].deliver_at_ms)
     copy(master, slave)
     assert slave.handed_ids_until_ms() == entries[-1].deliver_at_ms
