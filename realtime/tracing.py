@@ -33,7 +33,7 @@ inside the pull log's calls (on its thread, or on the event loop through
 from __future__ import annotations
 
 import bisect
-from itertools import repeat
+from itertools import islice, repeat
 from operator import itemgetter
 from typing import Any, Iterable, Sequence
 
@@ -52,8 +52,9 @@ SUBJECT_MEMBERS_MAX = 1_024
 # The members of messages stored lately, by subject and consumer-log sequence, for their first
 # pull: most messages are pulled soon after they are stored, and this saves decoding their
 # payload again. Bounded: per subject the last RECENT_PER_SUBJECT_MAX sequences, for at most
-# RECENT_SUBJECTS_MAX subjects (the others decode), and RECENT_ENTRIES_MAX in all (a batch that
-# would pass it is not kept: its messages decode); about 250 bytes an entry, 64 MB at most
+# RECENT_SUBJECTS_MAX subjects (the others decode), and RECENT_ENTRIES_MAX in all (past it the
+# subjects give up their oldest down to RECENT_ENTRIES_MAX / subjects kept); about 250 bytes an
+# entry, 64 MB at most
 # (reached only by subjects stored and not pulled: a pull takes its entries out). Consumers
 # running behind by up to this many messages (32 pulls of 1024: a hot slot of 20,000 made
 # visible at once, drained by one consumer) are still traced without a decode, which costs
@@ -392,22 +393,32 @@ class BrokerTracer(GiveUpTracing):
         return encoded
 
     def _remember(self, subject: str, sequences: Sequence[int], members: Sequence[str]) -> None:
-        """Keep the members of messages just stored for their first pull (``pulled``), the
-        last RECENT_PER_SUBJECT_MAX sequences of each of RECENT_SUBJECTS_MAX subjects, at most
-        RECENT_ENTRIES_MAX in all."""
-        recent = self._recent.get(subject)
+        """Keep the members of messages just stored for their first pull (``pulled``): of each
+        of RECENT_SUBJECTS_MAX subjects the last ``share`` sequences, where a subject's share
+        is RECENT_PER_SUBJECT_MAX while up to 8 subjects are kept and shrinks to
+        RECENT_ENTRIES_MAX / subjects kept beyond that, so RECENT_ENTRIES_MAX bounds them all.
+        Over that total the subjects give up their oldest members down to their share: a
+        subject stored and not pulled never holds a busy subject's room for good (review s13
+        rvperf-3: refusing the new batch did)."""
+        kept_by_subject = self._recent
+        recent = kept_by_subject.get(subject)
         if recent is None:
-            if len(self._recent) >= RECENT_SUBJECTS_MAX:
+            if len(kept_by_subject) >= RECENT_SUBJECTS_MAX:
                 return
-            recent = self._recent[subject] = {}
-        # At most RECENT_SUBJECTS_MAX lengths summed; the pull log's calls only pop entries.
-        if sum(map(len, self._recent.values())) + len(sequences) <= RECENT_ENTRIES_MAX:
-            recent.update(zip(sequences, members))
-        # Sequences arrive in increasing order: forget those now RECENT_PER_SUBJECT_MAX behind
-        # (also when this batch was not kept, so nothing older lingers).
-        low, high = sequences[0] - RECENT_PER_SUBJECT_MAX, sequences[-1] - RECENT_PER_SUBJECT_MAX
+            recent = kept_by_subject[subject] = {}
+        share = min(RECENT_PER_SUBJECT_MAX, RECENT_ENTRIES_MAX // len(kept_by_subject))
+        recent.update(zip(sequences, members))
+        # Sequences arrive in increasing order: forget those now ``share`` behind.
+        low, high = sequences[0] - share, sequences[-1] - share
         if high >= 0:
             list(map(recent.pop, range(max(low, 0), high + 1), repeat(None)))
+        # At most RECENT_SUBJECTS_MAX lengths summed; the pull log's calls only pop entries.
+        if sum(map(len, kept_by_subject.values())) > RECENT_ENTRIES_MAX:
+            for kept in kept_by_subject.values():
+                excess = len(kept) - share
+                if excess > 0:  # oldest first: a dict keeps the stored (increasing) order
+                    for sequence in list(islice(kept, excess)):
+                        del kept[sequence]
 
     def pulled(self, subject: str, key: str, consumer: str, out: list[dict[str, Any]],
                now_ms: int, log_seqs: Sequence[int] = ()) -> None:
