@@ -420,7 +420,11 @@ class Scheduler(LoadingMixin, CancelsMixin):
         """Place every committed batch still waiting (``_place_committed``), in commit order."""
         unplaced, self._unplaced = self._unplaced, []
         for entries, checks in unplaced:
-            self._place_committed(entries, checks)
+            try:
+                self._place_committed(entries, checks)
+            except Exception:  # a bug in the tracing or the wake-up: the next batches still go
+                log.exception("delay group %s: placing %d committed messages failed after "
+                              "the window took them", self.config.group, len(entries))
 
     async def cancel(self, message_id: str, deliver_at_ms: int) -> str:
         """``CancelsMixin.cancel``, after the answered commits still waiting for the window

@@ -51,6 +51,10 @@ class IoThread:
     ``_wake_fd`` (an eventfd, None without ``os.eventfd``): the thread writes it, the loop
     reads it in ``_deliver``; whoever sees the thread's last write (``_ENDED``) closes it: the
     loop's ``_deliver``, or the thread itself when no loop is bound or the loop is closed.
+    Not closed (one descriptor for the process's life): ``close(wait=False)`` whose thread
+    ends while its loop is stopped and not yet closed, and the loop then closed without
+    running again (review s13 rvperf-4: closing it from the thread while the loop's selector
+    still lists it could let a reused descriptor number reach that selector).
     """
 
     def __init__(self, name: str) -> None:
