@@ -8,6 +8,7 @@ kind is written (review s12 rvdelay-3: a handed record, kind 4, was written inst
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -183,7 +184,6 @@ async def test_a_stop_that_cancels_the_handed_entries_write_writes_nothing_else(
 async def test_a_stop_ends_a_handed_entries_write_that_never_returns(tmp_path):
     """The task writing handed-entries records was left running by a stop (its waiters gone),
     to write or wait on a store being closed: the stop now cancels it and waits for it."""
-    import dataclasses
 
     clock = FakeClock()
     broker = HoldingBroker(clock)
@@ -208,3 +208,58 @@ async def test_a_stop_ends_a_handed_entries_write_that_never_returns(tmp_path):
         await scheduler.stop()
     assert namer.done(), "the stop left the namer running"
     assert broker.held == [], "held with no record naming it"
+
+
+async def _turns_of_the_loop(n=50):
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _until_true(cond, what):
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+async def test_a_stop_writes_no_handed_entries_record_for_hand_offs_it_cancelled(tmp_path):
+    """Review s13 rvmends-2: a stop while the first record waits for the sync slaves must not
+    write the queued hand-off's record once it began (its hold is never sent)."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    scheduler.config = dataclasses.replace(scheduler.config, shutdown_grace_ms=50)
+    replicated = asyncio.Event()  # the first record's wait for the sync slaves
+    real = scheduler.handoff.record_handed_ids
+    writes = []
+
+    async def slow_first(hand_offs):
+        await real(hand_offs)
+        writes.append([e.id_hash for _u, es in hand_offs for e in es])
+        if len(writes) == 1:
+            await replicated.wait()
+
+    scheduler.handoff.record_handed_ids = slow_first
+    due = clock() + 10_000
+    [first] = await schedule(scheduler, clock, due, b"first")
+    [second] = await schedule(scheduler, clock, due + 1_000, b"second")
+    clock.advance(10_000 - LEAD_MS)
+    scheduler.poke()
+    await _until_true(lambda: len(writes) == 1, "the first record is written, its sync wait pending")
+    clock.advance(1_000)
+    scheduler.poke()
+    await _until_true(lambda: scheduler.handoff._naming, "the second hand-off waits")
+    assert len(writes) == 1
+    real_unrecorded = scheduler.record_unrecorded
+
+    async def after_the_grace():  # the sync slaves answer once the dispatch tasks are cancelled
+        replicated.set()
+        await _until_true(lambda: len(writes) == 2 or not scheduler.handoff._naming, "namer")
+        await _turns_of_the_loop()
+        return await real_unrecorded()
+
+    scheduler.record_unrecorded = after_the_grace
+    await scheduler.stop()
+    assert broker.held == [], "no hold was sent"
+    assert len(writes) == 1, "a record was written after the stop began (for a cancelled hand-off)"
