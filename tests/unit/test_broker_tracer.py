@@ -93,6 +93,32 @@ def test_subjects_stored_and_not_pulled_give_up_their_oldest_members_to_a_busy_s
     assert sum(map(len, tracer._recent.values())) <= 10
 
 
+class _PulledMeanwhile(dict):
+    """A subject's recent members whose oldest is taken by a pull (the pull-log thread's pop)
+    right after the eviction listed it."""
+
+    def __iter__(self):
+        keys = list(super().__iter__())
+        for index, key in enumerate(keys):
+            if index == 1:
+                self.pop(keys[0], None)
+            yield key
+
+
+def test_the_eviction_of_old_members_survives_a_pull_taking_one_it_listed(tmp_path, monkeypatch):
+    monkeypatch.setattr(realtime.tracing, "RECENT_PER_SUBJECT_MAX", 8)
+    monkeypatch.setattr(realtime.tracing, "RECENT_ENTRIES_MAX", 16)
+    tracer = BrokerTracer(TraceWriter(tmp_path, "realtime:rt", background=False))
+    tracer.stored([checked(f"a{n}", "a") for n in range(8)], list(range(8)), T0_MS)
+    tracer.stored([checked(f"b{n}", "b") for n in range(8)], list(range(8)), T0_MS)
+    tracer._recent["a"] = _PulledMeanwhile(tracer._recent["a"])
+    # A third subject: the share drops to 16 // 3 = 5 and "a" gives up its oldest; a KeyError
+    # here would escape the broker's publishing of a stored batch (review s13 rvperf-8).
+    tracer.stored([checked(f"c{n}", "c") for n in range(2)], [0, 1], T0_MS)
+    assert sorted(tracer._recent["a"]) == [3, 4, 5, 6, 7]
+    assert sum(map(len, tracer._recent.values())) <= 16
+
+
 def raw_lines(directory) -> list[dict]:
     return [json.loads(line) for path in sorted(directory.glob("*/*.jsonl"))
             for line in path.read_text().splitlines()]
