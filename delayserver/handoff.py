@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from operator import attrgetter
 from typing import Awaitable, Callable
 
 from delayserver.config import DelayConfig
@@ -71,6 +72,9 @@ def step_end_ms(due_ms: int, step: int) -> int:
     return -(-due_ms // step) * step
 
 
+_due_of = attrgetter("deliver_at_ms")
+
+
 def step_ms(lead_ms: int) -> int:
     """The hand-off grid for ``lead_ms`` (> 0): HANDOFF_STEP_MS, at most half the lead."""
     return max(1, min(HANDOFF_STEP_MS, lead_ms // 2))
@@ -97,6 +101,9 @@ class HandOff:
     - ``_step_seen_ms``: hand-off steps ending up to this were counted (hot or not); 0 after a
       bucket load (what it loaded may make a counted step hot);
     - ``_hot_until_ms``: what is due up to this is taken early (the end of a hot step);
+    - ``_cold_counts``: step end -> messages due in it, of the steps counted cold (fewer than
+      ``handoff_min_messages``) and not yet due: commits add to them (``placed``), so a step
+      whose burst was still arriving as it came within the lead turns hot then;
     - ``_cancelling``: (message id, deliver_at_ms) -> the answer of the cancel of it under way;
       a cancel of the same message meanwhile waits for it (None: it failed);
     - ``prior_handed_until_ms``: the store's highest handed record (kind 4, written by an
@@ -124,6 +131,7 @@ class HandOff:
         self._no_hold_until_ms = 0
         self._step_seen_ms = 0
         self._hot_until_ms = 0
+        self._cold_counts: dict[int, int] = {}
         self._cancelling: dict[tuple[str, int], asyncio.Future[str | None]] = {}
         self.prior_handed_until_ms = 0
         self.prior_handed_ids_until_ms = 0
@@ -144,6 +152,31 @@ class HandOff:
     def forget_counted(self) -> None:
         """A bucket was loaded: count the steps within the lead again."""
         self._step_seen_ms = 0
+        self._cold_counts.clear()
+
+    def placed(self, entries: list[ScheduleEntry]) -> bool:
+        """A commit's entries just entered the window: those due in a step already counted
+        cold are added to its count. True when that made a step hot (the caller wakes the
+        timer, which takes it now): a burst still arriving as its step came within the lead,
+        counted before most of it was stored, is handed off all the same (it was sent at its
+        due time: the closing sitting of session 13, W2's run 1, 0.49 s)."""
+        seen = self._step_seen_ms
+        if self.hold is None or not seen:
+            return False
+        low = self._hot_until_ms
+        step = step_ms(self.config.handoff_lead_ms)
+        counts, minimum = self._cold_counts, self.config.handoff_min_messages
+        hot_end = 0
+        for due in map(_due_of, entries):
+            if low < due <= seen:  # in a step counted already, and not taken early yet
+                end = step_end_ms(due, step)
+                count = counts[end] = counts.get(end, 0) + 1
+                if count >= minimum and end > hot_end:
+                    hot_end = end
+        if not hot_end:
+            return False
+        self._hot_until_ms = max(low, hot_end)
+        return True
 
     async def recorded(self, until_ms: int, entries: list[ScheduleEntry]) -> None:
         """Before a hold of ``entries``, due up to ``until_ms``, is sent: a handed-entries
@@ -211,7 +244,8 @@ class HandOff:
     def take_until_ms(self, window: PreloadWindow, now_ms: int, lead_ms: int) -> int:
         """What is due up to this is taken now. Each hand-off step (a span of HANDOFF_STEP_MS
         of due times) is counted once, as it comes within the lead, on its own (a timer that
-        wakes late, or a recount after a load, counts many steps at once, each apart): a hot
+        wakes late, or a recount after a load, counts many steps at once, each apart; a
+        commit adds to a step counted cold, ``placed``): a hot
         one (at least ``handoff_min_messages`` due in it) is taken whole, ahead of its due
         time, with whatever is due before it; otherwise messages are taken at their due time
         (spread-out due times gain nothing from a hand-off and cost the broker a second
@@ -228,6 +262,10 @@ class HandOff:
             if hot:
                 self._hot_until_ms = max(self._hot_until_ms, min(max(hot), horizon))
             self._step_seen_ms = horizon
+            counts = self._cold_counts
+            for end in [end for end in counts if end <= now_ms]:  # due: nothing to add to
+                del counts[end]
+            counts.update((end, count) for end, count in per_step.items() if count < minimum)
         return max(now_ms, min(self._hot_until_ms, horizon))
 
     # ------------------------------------------------------------------ cancels

@@ -458,8 +458,9 @@ class Scheduler(LoadingMixin, CancelsMixin):
                 window.loaded(bucket_ms, offset)
         if checks is not None:  # what the quick check read serves the dispatched line too
             self.tracer.keep([e.delay_log_offset for e in entries], checks, window.tracked)
+        turned_hot = self.handoff.placed(entries)  # a step counted cold within the lead
         wake_at_ms = self._timer_wake_at_ms
-        if (wake_at_ms is None or window.resume_at
+        if (turned_hot or wake_at_ms is None or window.resume_at
                 or min(map(_entry_due_of, entries), default=wake_at_ms) < wake_at_ms):
             self._wakeup.set()
 

@@ -346,3 +346,23 @@ async def test_a_confirmed_hand_off_is_traced_handed_naming_the_broker_group_hol
             (m.id, "realtime:rt", due, due - LEAD_MS) for m in (plain, tagged))
     finally:
         await scheduler.stop()
+
+
+async def test_a_hot_step_whose_burst_arrives_after_it_came_within_the_lead_is_handed_off(
+        tmp_path):
+    # The step is counted as it comes within the lead, when one message of the burst is
+    # stored: cold. The rest arrives within the lead; before, the step stayed cold and the
+    # whole burst was sent at its due time (W2 of session 13's closing sitting, run 1).
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker, min_messages=3)
+    try:
+        due, first = await into_the_lead(scheduler, clock, b"a")
+        assert broker.held == [] and broker.received == [], "one message: a cold step"
+        rest = await schedule(scheduler, clock, due, b"b", b"c")
+        await settle(scheduler)
+        assert sorted(i for _, i, _ in broker.held) == sorted(m.id for m in first + rest)
+        assert all(when < due for when, _, _ in broker.held), "handed off ahead of its time"
+        assert all(visible == due for _, _, visible in broker.held)
+    finally:
+        await scheduler.stop()
