@@ -7,6 +7,7 @@ off; a confirmed hand-off is traced ``handed``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -101,20 +102,28 @@ async def test_a_hold_whose_answer_was_lost_is_never_held_again_but_sent_at_its_
         assert [i for _, i, _ in broker.held] == [m.id]
 
 
-async def test_a_step_with_fewer_messages_than_the_minimum_is_dispatched_at_its_due_time(
-        tmp_path):
+@contextlib.asynccontextmanager
+async def a_cold_step(tmp_path, *bodies: bytes):
+    """``bodies`` counted cold as their step came within the lead (the minimum is 3): yields
+    (scheduler, clock, broker, their due time, the messages); stops the scheduler."""
     clock = FakeClock()
     broker = HoldingBroker(clock)
     scheduler = await started(tmp_path, clock, broker, min_messages=3)
     try:
-        due, _ = await into_the_lead(scheduler, clock, b"a", b"b")
-        assert broker.held == [] and broker.received == []
+        due, messages = await into_the_lead(scheduler, clock, *bodies)
+        assert broker.held == [] and broker.received == [], "a cold step: nothing taken yet"
+        yield scheduler, clock, broker, due, messages
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_step_with_fewer_messages_than_the_minimum_is_dispatched_at_its_due_time(
+        tmp_path):
+    async with a_cold_step(tmp_path, b"a", b"b") as (scheduler, clock, broker, due, _):
         clock.advance(LEAD_MS)
         await settle(scheduler)
         assert [(at, m.body) for at, m in broker.received] == [(due, b"a"), (due, b"b")]
         assert broker.held == []
-    finally:
-        await scheduler.stop()
 
 
 class SlowOldBroker(HoldingBroker):
@@ -353,16 +362,9 @@ async def test_a_hot_step_whose_burst_arrives_after_it_came_within_the_lead_is_h
     # The step is counted as it comes within the lead, when one message of the burst is
     # stored: cold. The rest arrives within the lead; before, the step stayed cold and the
     # whole burst was sent at its due time (W2 of session 13's closing sitting, run 1).
-    clock = FakeClock()
-    broker = HoldingBroker(clock)
-    scheduler = await started(tmp_path, clock, broker, min_messages=3)
-    try:
-        due, first = await into_the_lead(scheduler, clock, b"a")
-        assert broker.held == [] and broker.received == [], "one message: a cold step"
+    async with a_cold_step(tmp_path, b"a") as (scheduler, clock, broker, due, first):
         rest = await schedule(scheduler, clock, due, b"b", b"c")
         await settle(scheduler)
         assert sorted(i for _, i, _ in broker.held) == sorted(m.id for m in first + rest)
         assert all(when < due for when, _, _ in broker.held), "handed off ahead of its time"
         assert all(visible == due for _, _, visible in broker.held)
-    finally:
-        await scheduler.stop()

@@ -33,12 +33,18 @@ async def _dispatched_once_and_not_again(tmp_path, clock, broker, scheduler, m) 
         await again.stop()
 
 
-async def test_a_send_whose_publishing_failed_is_dispatched_once_and_the_done_watermark_passes_it(
-        tmp_path, monkeypatch):
+async def one_due_soon(tmp_path):
+    """A started scheduler over a fake clock and a recording broker, and a message due 1.5 s
+    ahead (a loaded bucket) not yet sent: (clock, broker, scheduler, message)."""
     clock = FakeClock()
     broker = Broker(clock)
     scheduler = await started(tmp_path, clock, broker.dispatch)
-    m = message("s", b"a", clock, deliver_at_ms=clock() + 1_500)
+    return clock, broker, scheduler, message("s", b"a", clock, deliver_at_ms=clock() + 1_500)
+
+
+async def test_a_send_whose_publishing_failed_is_dispatched_once_and_the_done_watermark_passes_it(
+        tmp_path, monkeypatch):
+    clock, broker, scheduler, m = await one_due_soon(tmp_path)
     answer_of = delayserver.scheduler.delayed_send_result
 
     def raising(*args):
@@ -56,10 +62,7 @@ async def test_a_send_whose_publishing_failed_is_dispatched_once_and_the_done_wa
 
 async def test_a_send_the_window_failed_to_take_is_read_from_the_store_and_dispatched_once(
         tmp_path, caplog):
-    clock = FakeClock()
-    broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker.dispatch)
-    m = message("s", b"a", clock, deliver_at_ms=clock() + 1_500)
+    clock, broker, scheduler, m = await one_due_soon(tmp_path)
     place = scheduler.window.place_committed
     calls: list[int] = []
 

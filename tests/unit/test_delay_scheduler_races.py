@@ -5,6 +5,7 @@ records: the Scheduler alone, a fake clock, a recording dispatch function, no sl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable
@@ -89,6 +90,19 @@ async def settle(scheduler: Scheduler) -> None:
         tasks = set(scheduler.dispatcher.tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+
+
+@contextlib.asynccontextmanager
+async def scheduling(tmp_path):
+    """A started scheduler over a fake clock and a recording broker: (clock, broker,
+    scheduler), stopped at the end."""
+    clock = FakeClock()
+    broker = Broker(clock)
+    scheduler = await started(tmp_path, clock, broker.dispatch)
+    try:
+        yield clock, broker, scheduler
+    finally:
+        await scheduler.stop()
 
 
 async def test_a_message_cancelled_while_its_bucket_is_being_loaded_is_never_delivered(
@@ -251,10 +265,7 @@ async def test_fields_kept_for_the_dispatched_line_leave_with_the_dispatch_or_th
 
 
 async def test_a_commits_answer_is_released_before_the_window_takes_its_entries(tmp_path):
-    clock = FakeClock()
-    broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker.dispatch)
-    try:
+    async with scheduling(tmp_path) as (clock, broker, scheduler):
         m = message("s", b"a", clock, deliver_at_ms=clock() + 500)  # a loaded bucket
         [answer] = await scheduler.schedule([encode_message(m)])
         assert answer["status"] == "stored"
@@ -264,8 +275,20 @@ async def test_a_commits_answer_is_released_before_the_window_takes_its_entries(
         clock.advance(500)
         await settle(scheduler)
         assert broker.bodies() == [b"a"]
-    finally:
-        await scheduler.stop()
+
+
+async def cancelled_during_a_commit(scheduler, clock, sent, cancel_id: str, due: int) -> str:
+    """Send ``sent`` and, while its commit is held on the I/O thread, cancel ``cancel_id``
+    (its store work queues behind the commit); then past ``due``: the cancel's answer."""
+    commit = Held(scheduler.store, "commit")
+    send = asyncio.ensure_future(scheduler.schedule([encode_message(sent)]))
+    await commit.wait_entered()
+    answer = await commit.release_after(scheduler.cancel(cancel_id, due))
+    assert (await send)[0]["status"] == "stored"
+    await settle(scheduler)
+    clock.advance(BUCKET_MS)
+    await settle(scheduler)
+    return answer
 
 
 async def test_a_cancel_that_begins_while_its_own_send_is_being_committed_answers_unknown_and_the_message_is_delivered(  # noqa: E501
@@ -275,46 +298,24 @@ async def test_a_cancel_that_begins_while_its_own_send_is_being_committed_answer
     # the commit's entry enters the window after the cancel looked there. The cancel takes
     # effect when it begins, before that send: "unknown", and the message is delivered (it
     # was answered "cancelled" and delivered all the same before).
-    clock = FakeClock()
-    broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker.dispatch)
-    try:
+    async with scheduling(tmp_path) as (clock, broker, scheduler):
         due = clock() + 500  # a loaded bucket: the commit places the entry in the window
         early = message("s", b"early", clock, deliver_at_ms=due)
-        commit = Held(scheduler.store, "commit")
-        send = asyncio.ensure_future(scheduler.schedule([encode_message(early)]))
-        await commit.wait_entered()
-        assert await commit.release_after(scheduler.cancel(early.id, due)) == "unknown"
-        assert (await send)[0]["status"] == "stored"
-        await settle(scheduler)
-        clock.advance(BUCKET_MS)
-        await settle(scheduler)
+        answer = await cancelled_during_a_commit(scheduler, clock, early, early.id, due)
+        assert answer == "unknown"
         assert broker.bodies() == [b"early"], "not cancelled: delivered, once"
-    finally:
-        await scheduler.stop()
 
 
 async def test_a_cancel_after_its_sends_answer_is_never_delivered_even_before_the_window_took_it(
         tmp_path):
-    clock = FakeClock()
-    broker = Broker(clock)
-    scheduler = await started(tmp_path, clock, broker.dispatch)
-    try:
+    async with scheduling(tmp_path) as (clock, broker, scheduler):
         due = clock() + 500
         doomed = message("s", b"doomed", clock, deliver_at_ms=due)
         kept = message("s", b"kept", clock, deliver_at_ms=due)
         answers = await scheduler.schedule([encode_message(doomed), encode_message(kept)])
         assert [a["status"] for a in answers] == ["stored", "stored"]
         # A cancel whose store work waits behind another send's commit still covers it.
-        commit = Held(scheduler.store, "commit")
         other = message("s", b"other", clock, deliver_at_ms=due)
-        send = asyncio.ensure_future(scheduler.schedule([encode_message(other)]))
-        await commit.wait_entered()
-        assert await commit.release_after(scheduler.cancel(doomed.id, due)) == "cancelled"
-        assert (await send)[0]["status"] == "stored"
-        await settle(scheduler)
-        clock.advance(BUCKET_MS)
-        await settle(scheduler)
+        answer = await cancelled_during_a_commit(scheduler, clock, other, doomed.id, due)
+        assert answer == "cancelled"
         assert sorted(broker.bodies()) == [b"kept", b"other"]
-    finally:
-        await scheduler.stop()
