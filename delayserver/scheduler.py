@@ -99,6 +99,12 @@ def open_store_on_io(config: DelayConfig, now_ms: int, opener: Opener,
     return store
 
 
+def delay_log_end(store: DelayStore) -> int:
+    """Delay-io thread: the delay log's end as a slave's fetch may read it (after a commit:
+    everything committed so far)."""
+    return store.delay_copy.copy_bounds()[1]
+
+
 class Scheduler(LoadingMixin, CancelsMixin):
     """Owns an open ``DelayStore``, the preload window and the dispatcher; see the module
     docstring. Built by ``open``, which opens the store first; ``start`` begins dispatching.
@@ -183,7 +189,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         try:
             store = await io_thread.call(open_store_on_io, config, clock(), opener, on_fsync)
             done_before_ms = await io_thread.call(store.done_before)
-            delay_end = await io_thread.call(lambda: store.delay_copy.copy_bounds()[1])
+            delay_end = await io_thread.call(delay_log_end, store)
         except BaseException:
             io_thread.close(wait=False)
             raise
@@ -248,7 +254,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         await self._stop_tasks()
         self.done_before_ms = await self._io(self.store.done_before)
         # Everything the old master copied here counts as answered (a cancel covers it).
-        self.answered_delay_end = await self._io(lambda: self.store.delay_copy.copy_bounds()[1])
+        self.answered_delay_end = await self._io(delay_log_end, self.store)
         self.window = PreloadWindow(WindowLimits.from_config(self.config), self.done_before_ms)
         self.tracer.forget_kept()  # kept for the old window; its offsets may mean others now
         self.dispatcher = self._new_dispatcher()
@@ -408,9 +414,9 @@ class Scheduler(LoadingMixin, CancelsMixin):
         # The window's placement (2-4 us per message on the loop: dict and wheel inserts)
         # comes a loop turn after the answers: the requests woken here run first in that turn
         # and write at once (serverkit.frame_server), so a round trip no longer waits for it.
-        # A cancel places what waits first (``cancel``), so it finds these; a load skips what
-        # is tracked either way; the store refuses a done watermark past a bucket a late
-        # entry was just filed in. A bug path that raised above never gets here:
+        # A cancel places what waits first (``CancelsMixin._cancel_unloading``), so it finds
+        # these; a load skips what is tracked either way; the store refuses a done watermark
+        # past a bucket a late entry was just filed in. A bug path that raised above never gets here:
         # ``_restore_batch`` places them.
         self._unplaced.append((entries, checks))
         if len(self._unplaced) == 1:
@@ -425,12 +431,6 @@ class Scheduler(LoadingMixin, CancelsMixin):
             except Exception:  # a bug in the tracing or the wake-up: the next batches still go
                 log.exception("delay group %s: placing %d committed messages failed after "
                               "the window took them", self.config.group, len(entries))
-
-    async def cancel(self, message_id: str, deliver_at_ms: int) -> str:
-        """``CancelsMixin.cancel``, after the answered commits still waiting for the window
-        are placed: the cancel looks for its message there first."""
-        self._place_unplaced()
-        return await super().cancel(message_id, deliver_at_ms)
 
     def _place_committed(self, entries: list[ScheduleEntry],
                          checks: Sequence[Checked | None] | None) -> None:
@@ -496,7 +496,7 @@ class Scheduler(LoadingMixin, CancelsMixin):
         for call in batch:
             append_many(call.ids, call.subjects, call.dues, call.payloads)
         entries = self.store.commit()
-        return entries, self.store.delay_copy.copy_bounds()[1]
+        return entries, delay_log_end(self.store)
 
     # ------------------------------------------------------------------ housekeeping
 
