@@ -80,7 +80,10 @@ def markdown_tables(meta: dict[str, Any], runs: dict[str, Any]) -> str:
         "",
         f"Realtime (end to end: {meta['sizes']['e2e_messages']:,} messages, one producer "
         f"process sending batches, one consumer process acking each; latency and server CPU: "
-        f"{rate:,} msg/s for {meta['sizes']['latency_seconds']:g} s, one send at a time).",
+        f"{rate:,} msg/s for {meta['sizes']['latency_seconds']:g} s, one send at a time). "
+        f"Server CPU is every server process of the system, summed: for pyqmq the whole "
+        f"`qmq up` process (MetaServer, realtime broker and delay server; with "
+        f"`--replicas 2` the slaves too, in the same process).",
         "",
         f"| system | durability | end to end msg/s | latency p50 / p99 at {rate:,}/s, ms "
         f"| server CPU-us/msg at {rate:,}/s | server CPU-us/msg end to end |",
