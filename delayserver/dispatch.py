@@ -314,7 +314,9 @@ class Dispatcher(HandedMixin):
                 return
             log.warning("dispatch of %d messages to %s failed, will retry: %s",
                         len(entries), subject, exc)
-            self._not_held(ids)  # refused (overloaded, read-only...): the group holds none
+            # Refused (overloaded, read-only...): PayloadSender raises a hold's refusal only
+            # when no group held any part (else it answers the refused part per message)
+            self._not_held(ids)
             self._retry(entries, f"realtime did not take the batch: {exc}")
             return
         confirmed_at_ms = self.clock()

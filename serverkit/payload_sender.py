@@ -73,17 +73,21 @@ class PayloadSender:
         With ``visible_at_ms`` (one per payload) the batch is handed off ahead of its due time
         (the ``hold`` op): only to brokers whose hello says ``holds``; NotSupported (not
         retriable) when none it would go to does, so the caller dispatches at the due time
-        instead; when only some home groups do not (a rolling upgrade), their part is answered
-        ``not_supported`` per message and the other parts' results are kept. Each result of
+        instead. A hold's part that its home group refused (``not_supported``: an older
+        server during a rolling upgrade; a retriable refusal on both tries: read-only,
+        overloaded, no route) is answered per message with that error while the other
+        parts' results are kept (the caller must know which messages a group holds); the
+        refusal is raised only when every part was refused alike. Each result of
         a group's answer then also says ``group``: which group holds that message, and
         ``broker_now_ms``: that broker's clock as the hold arrived (when it says it).
 
         Each payload goes to its message id's home group (``home_group``), so a resend of an id
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
         group, whose de-duplication absorbs it. A part whose home refuses with a retriable
-        failure moves on to the next groups in turn; the route is refreshed once. Raises the
-        last error when some part found no group to take it; a per-payload error is returned in
-        its result, not raised.
+        failure moves on to the next groups in turn; the route is refreshed once. A plain send
+        raises the last error when some part found no group to take it (a resend of the whole
+        batch is absorbed by the groups that stored theirs); a per-payload error is returned
+        in its result, not raised.
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
@@ -91,14 +95,18 @@ class PayloadSender:
         refresh usually drops a home whose master just died, so the ids' homes would move),
         and the caller sends such messages at their due time instead of holding them again
         (docs/REPLICATION.md 16); the error's ``holders`` names, per payload, the group its
-        hold went to, and that send names it in ``to_groups`` (one per payload, None: its home):
-        such a payload goes to that group alone (``_send_pinned``).
+        hold went to (or that held it on the first try), and that send names it in
+        ``to_groups`` (one per payload, None: its home): such a payload goes to that group
+        alone (``_send_pinned``).
         """
         if not payloads:
             return "", []
         if to_groups is not None and any(to_groups):
             return await self._send_pinned(subject, payloads, to_groups)
+        holding = visible_at_ms is not None
         results: list[dict[str, Any] | None] = [None] * len(payloads)
+        # A hold's positions whose part was not held, and why (retriable: tried again)
+        refused: dict[int, QmqError] = {}
         first_group = ""
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
         pending = list(range(len(payloads)))
@@ -119,45 +127,38 @@ class PayloadSender:
                                 else [visible_at_ms[p] for p in positions])
                 for home, positions in parts.items()
             ), return_exceptions=True)
-            if visible_at_ms is not None:
-                unknown = [o for o in outcomes if isinstance(o, HOLD_ANSWER_UNKNOWN)]
-                if unknown:
-                    # Every part has finished: nothing is left running. Where each went.
-                    holders: list[str] = [""] * len(payloads)
-                    for home, positions in parts.items():
-                        for position in positions:
-                            holders[position] = groups[home].group
-                    unknown[0].holders = holders  # type: ignore[attr-defined]
-                    raise unknown[0]
+            if holding:
+                _raise_unknown(parts, groups, outcomes, results)
             pending = []
-            unheld = _unheld_parts(parts, outcomes, visible_at_ms is not None)
             for positions, outcome in zip(parts.values(), outcomes):
-                if unheld and isinstance(outcome, NotSupported):
-                    # An older home group during a rolling upgrade, beside newer ones that
-                    # held their parts: its part is answered not_supported per message (the
-                    # caller sends it at the due time) and the held parts' results are kept.
-                    for position in positions:
-                        results[position] = {"id": peek_message_id(payloads[position]),
-                                             "error": {"code": outcome.code,
-                                                       "message": str(outcome)}}
-                    continue
                 if isinstance(outcome, BaseException):
-                    if not (isinstance(outcome, QmqError) and outcome.retriable):
+                    if not (isinstance(outcome, QmqError) and (outcome.retriable or holding)):
                         raise outcome  # every part has finished: nothing is left running
-                    last_error = outcome
-                    pending.extend(positions)
+                    refused.update(dict.fromkeys(positions, outcome))
+                    if outcome.retriable:
+                        last_error = outcome
+                        pending.extend(positions)
                     continue
                 group_name, part_results = outcome
                 if 0 in positions:
                     first_group = group_name
                 for position, result in zip(positions, part_results):
                     results[position] = result
-                    if visible_at_ms is not None:  # who holds it (the delay server traces it)
+                    refused.pop(position, None)
+                    if holding:  # who holds it (the delay server traces it)
                         result["group"] = group_name
             if not pending:
-                return first_group, [r if r is not None else {} for r in results]
+                break
             pending.sort()
-        raise last_error
+        if pending and not holding:
+            raise last_error
+        if refused or pending:
+            refused.update((p, last_error) for p in pending if p not in refused)
+            _raise_refusal(refused, results, last_error)
+            for position, error in refused.items():
+                results[position] = {"id": peek_message_id(payloads[position]),
+                                     "error": {"code": error.code, "message": str(error)}}
+        return first_group, [r if r is not None else {} for r in results]
 
     async def _send_pinned(self, subject: str, payloads: list[bytes],
                            groups: Sequence[str | None]) -> tuple[str, list[dict[str, Any]]]:
@@ -241,6 +242,8 @@ class PayloadSender:
                 return group.group, results
             except QmqError as exc:
                 if not exc.retriable:
+                    if unknown is not None:  # an earlier broker of the group may hold it
+                        return unknown
                     raise
                 log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
                          self.kind, group.group, address, subject, exc)
@@ -294,12 +297,35 @@ class PayloadSender:
         await self.routes.close()
 
 
-def _unheld_parts(parts: dict[int, list[int]], outcomes: Sequence[Any], holding: bool) -> bool:
-    """Whether a hold's parts are answered per message: some home groups refused the hold
-    (NotSupported, older servers) and others did not. When every part was refused, the
-    NotSupported is raised as it is (the caller pauses its hand-offs)."""
-    refused = [isinstance(o, NotSupported) for o in outcomes]
-    return holding and any(refused) and not all(refused) and len(parts) == len(outcomes)
+def _raise_unknown(parts: dict[int, list[int]], groups: list[Any], outcomes: Sequence[Any],
+                   results: Sequence[dict[str, Any] | None]) -> None:
+    """A hold's try: raise a part's HOLD_ANSWER_UNKNOWN (its group may hold it), every part
+    having finished, with ``holders``: per payload, the group its hold went to now, or the
+    group that held it on an earlier try ("" for neither)."""
+    unknown = [o for o in outcomes if isinstance(o, HOLD_ANSWER_UNKNOWN)]
+    if not unknown:
+        return
+    holders = [r.get("group", "") if r is not None else "" for r in results]
+    for home, positions in parts.items():
+        for position in positions:
+            holders[position] = groups[home].group
+    unknown[0].holders = holders  # type: ignore[attr-defined]
+    raise unknown[0]
+
+
+def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any] | None],
+                   last_error: QmqError) -> None:
+    """A hold some parts of which were refused (``refused``: position -> why): raise when no
+    part was held and every refusal is alike (all ``not_supported``: the caller pauses its
+    hand-offs; all retriable: the last one, the caller retries; else the one kind there is);
+    otherwise return, and the caller answers the refused ones per message."""
+    if any(r is not None for r in results):
+        return
+    errors = list(refused.values())
+    if all(e.retriable for e in errors):
+        raise last_error
+    if all(type(e) is type(errors[0]) for e in errors):
+        raise errors[0]
 
 
 def _named(route: Any, name: str) -> Any:

@@ -11,7 +11,7 @@ import pytest
 
 from serverkit.payload_sender import PayloadSender, home_group
 from tests.rawclient import FakeClock, message
-from wire.errors import ConnectionLost, NoRoute, NotMaster, NotSupported
+from wire.errors import ConnectionLost, NoRoute, NotMaster, NotSupported, Overloaded, ReadOnly
 from wire.message import encode_message, peek_message_id
 
 
@@ -297,3 +297,88 @@ async def test_a_send_pinned_to_a_group_not_in_the_route_fails_retriably_and_goe
     assert brokers.sent_to == []
     _group, results = await sender.send("s", [payload, _at_home(1)], None, [None, None])
     assert [r["status"] for r in results] == ["stored", "stored"], "no pin: as before"
+
+
+class _SecondGroupRefuses(_Brokers):
+    """g0 (a:1) holds its part; g1 (b:1) refuses every hold with ``refusal``: raised as a
+    whole request, or (``per_message``) in every message's answer, as a read-only broker
+    answers a hold."""
+
+    def __init__(self, refusal, per_message: bool = False) -> None:
+        super().__init__()
+        self.refusal, self.per_message = refusal, per_message
+        self.holds_to: list[str] = []
+        self.hold_ids: list[tuple[str, str]] = []  # (address, id) of each message held there
+
+    async def request(self, address, request, timeout_ms):
+        if request["op"] == "hold":
+            self.holds_to.append(address)
+            self.hold_ids += [(address, peek_message_id(p)) for p in request["messages"]]
+            if address == "b:1":
+                if not self.per_message:
+                    raise self.refusal
+                return {"results": [{"id": peek_message_id(p), "error": {
+                    "code": self.refusal.code, "message": str(self.refusal)}}
+                    for p in request["messages"]]}
+        return await super().request(address, request, timeout_ms)
+
+
+_REFUSALS = [(ReadOnly("g1 is read-only"), False), (ReadOnly("g1 is read-only"), True),
+             (Overloaded("g1 is busy"), False), (NoRoute("no broker of g1 answers"), False)]
+
+
+@pytest.mark.parametrize("refusal,per_message", _REFUSALS,
+                         ids=["read_only", "read_only_per_message", "overloaded", "no_route"])
+async def test_a_hold_whose_second_group_refuses_twice_keeps_what_the_first_group_held(
+        refusal, per_message):
+    # review s13 rvmends-4: the refusal was raised for the whole batch, so the delay server
+    # took g0's held part as held by none and a cancel of it never asked g0.
+    payloads = _payloads(40)
+    homes = [home_group(p, 2) for p in payloads]
+    brokers = _SecondGroupRefuses(refusal, per_message)
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    _group, results = await sender.send("s", payloads, [10_000] * len(payloads))
+    assert brokers.holds_to.count("b:1") == 2, "g1's part is tried again after a refresh"
+    for home, payload, result in zip(homes, payloads, results):
+        assert result["id"] == peek_message_id(payload)
+        if home == 0:
+            assert (result.get("status"), result.get("group")) == ("stored", "g0")
+        else:
+            assert result["error"]["code"] == refusal.code, result
+    assert brokers.held["a:1"] == {peek_message_id(p) for p, h in zip(payloads, homes) if h == 0}
+
+
+async def test_a_hold_every_group_of_which_refuses_raises_the_refusal():
+    brokers = _SecondGroupRefuses(ReadOnly("read-only"))
+    real = brokers.request
+
+    async def both_refuse(address, request, timeout_ms):
+        if request["op"] == "hold" and address == "a:1":
+            raise ReadOnly("g0 is read-only")
+        return await real(address, request, timeout_ms)
+
+    brokers.request = both_refuse
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    with pytest.raises(ReadOnly):  # held by none: the delay server retries the batch
+        await sender.send("s", _payloads(40), [10_000] * 40)
+
+
+class _LostThenOlder(_Brokers):
+    """Group g0 lists two brokers: a:1 stores a hold and its answer is lost, a:2 is an older
+    broker without ``holds`` (a rolling upgrade, or a dead broker's address not yet expired)."""
+
+    async def get(self, address):
+        return SimpleNamespace(server={} if address == "a:2" else {"holds": True})
+
+
+async def test_a_hold_whose_answer_one_broker_lost_is_not_taken_as_refused_by_the_next_one():
+    # review s13 rvmends-1 (its "Also"): a:2's NotSupported replaced a:1's lost answer, so the
+    # delay server took the hold as refused, though a:1 may hold it.
+    payload = _at_home(0)
+    brokers = _LostThenOlder(dies_after_write={"a:1"})
+    brokers.held["a:2"] = set()
+    g0 = SimpleNamespace(group="g0", addresses=["a:1", "a:2"])
+    sender = _sender_over(_Routes([g0, _G1], [g0, _G1]), brokers)
+    with pytest.raises(ConnectionLost) as lost:
+        await sender.send("s", [payload], [10_000])
+    assert lost.value.holders == ["g0"]

@@ -1,0 +1,62 @@
+"""A hand-off split over two broker groups, one of which refuses its part (review s13
+rvmends-4): the delay server (the Scheduler alone, a fake clock) hands off through a real
+``PayloadSender`` over fake brokers; what the other group held stays known as held, so a
+cancel of it asks that group, and only the refused part is handed again."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from delayserver.config import DelayConfig
+from delayserver.scheduler import Scheduler
+from serverkit.payload_sender import home_group
+from tests.rawclient import FakeClock
+from tests.unit.delay_handoff_support import BUCKET_MS, LEAD_MS, into_the_lead
+from tests.unit.test_delay_scheduler_races import settle
+from tests.unit.test_payload_sender_hold import (_G0, _G1, _Routes, _SecondGroupRefuses,
+                                                 _sender_over)
+from wire.errors import ReadOnly
+from wire.message import encode_message
+
+
+class _CancelsNoted(_SecondGroupRefuses):
+    """``_SecondGroupRefuses`` (g1 read-only) noting every ``cancel_held``'s ids."""
+
+    def __init__(self) -> None:
+        super().__init__(ReadOnly("broker group g1 is read-only; send elsewhere"),
+                         per_message=True)
+        self.asked: list[str] = []
+
+    async def request(self, address, request, timeout_ms):
+        if request["op"] == "cancel_held":
+            self.asked += request["ids"]  # each group is asked
+        return await super().request(address, request, timeout_ms)
+
+
+async def test_a_cancel_of_a_message_one_group_held_while_the_other_refused_asks_the_broker(
+        tmp_path):
+    clock = FakeClock()
+    brokers = _CancelsNoted()
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=LEAD_MS, handoff_min_messages=1)
+    scheduler = await Scheduler.open(config, clock, sender.send, hold=sender.send,
+                                     cancel_held=sender.cancel_held_answers)
+    await scheduler.start()
+    try:
+        due, messages = await into_the_lead(scheduler, clock,
+                                            *[b"m%d" % n for n in range(20)])
+        by_home = {0: [], 1: []}
+        for m in messages:
+            by_home[home_group(encode_message(m), 2)].append(m)
+        assert by_home[0] and by_home[1], "the messages go to both groups"
+        held = by_home[0][0]
+        assert held.id in brokers.held["a:1"]
+        assert await scheduler.cancel(held.id, due) == "cancelled"
+        assert set(brokers.asked) == {held.id}, "answered without asking the group holding it"
+        assert held.id not in brokers.held["a:1"], "g0 still holds it: it delivers it when due"
+        holds = Counter(brokers.hold_ids)
+        assert {holds[("a:1", m.id)] for m in by_home[0]} == {1}, "g0's part handed again"
+        assert {holds[("b:1", m.id)] > 1 for m in by_home[1]} == {True}, "g1's not retried"
+    finally:
+        await scheduler.stop()
