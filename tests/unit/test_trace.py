@@ -116,16 +116,17 @@ def wait_written(writer: TraceWriter, count: int, timeout_s: float = 5.0) -> boo
     return False
 
 
-def test_a_full_batch_wakes_the_background_thread_before_the_interval(tmp_path):
-    # An hour-long interval: only the full batch of 3 can explain a write within the test.
-    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=HOUR_MS, batch_max=3,
-                         clock_ms=FakeClock(T0_MS))
-    for msg_id in ("a", "b", "c"):
+def test_full_batches_of_half_the_pending_limit_wake_the_background_thread_early(tmp_path):
+    # An hour-long interval: only full batches of 4 events (half of pending_events_max 8) can
+    # explain a write within the test.
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=HOUR_MS, batch_max=2,
+                         pending_events_max=8, clock_ms=FakeClock(T0_MS))
+    for msg_id in ("a", "b", "c", "d"):
         writer.emit(ev(msg_id))
-    assert wait_written(writer, 3), "the background thread did not write the full batch"
-    writer.emit(ev("d"))
+    assert wait_written(writer, 4), "the background thread did not write the full batches"
+    writer.emit(ev("e"))
     writer.close()
-    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b", "c", "d"]
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b", "c", "d", "e"]
 
 
 def test_the_background_thread_writes_a_partial_batch_after_the_interval(tmp_path):
@@ -371,3 +372,50 @@ def test_a_subscription_event_is_built_only_by_its_own_builder_with_a_known_reas
                                                                                   message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("count", [1, 3, 1_024, 1_025, 2_500])
+def test_lines_queued_as_columns_write_the_same_bytes_as_the_lines_themselves(tmp_path, count):
+    # Around WRITE_LINES_MAX (1,024): a write joins and encodes at most that many at a time.
+    members = [message_members(f"m{i}", "orders") for i in range(count)]
+    sequences = list(range(7, 7 + count))
+    texts = []
+    for name, as_columns in (("lines", False), ("columns", True)):
+        with TraceWriter(tmp_path / name, "rt", clock_ms=FakeClock(T0_MS),
+                         background=False) as writer:
+            start, end = writer.frame("pulled", T0_MS, ',"group":"g","consumer":"c"')
+            s_start, s_end = writer.frame("stored", T0_MS)
+            writer.emit(ev("first"))
+            if as_columns:
+                writer.emit_columns([start, members, end])
+                writer.emit_columns([s_start, members, ',"seq":', sequences, s_end])
+            else:
+                writer.emit_lines([start + m + end for m in members])
+                writer.emit_lines([f'{s_start}{m},"seq":{q}{s_end}'
+                                   for m, q in zip(members, sequences)])
+            writer.emit(ev("last"))
+        (path,) = (tmp_path / name / "2026010100").iterdir()
+        texts.append(path.read_bytes())
+    assert texts[0] == texts[1]
+    assert texts[0].count(b"\n") == 2 * count + 2
+
+
+def test_columns_count_their_lines_against_the_pending_limit(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
+                         clock_ms=FakeClock(T0_MS), background=False)
+    start, end = writer.frame("stored", T0_MS)
+    members = [message_members(str(i), "orders") for i in range(7)]
+    writer.emit_columns([start, members[:3], end])  # [0,1,2] full
+    writer.emit_columns([start, members[3:], end])  # [3..6] full: drops [0,1,2]
+    assert writer.dropped_events == 3
+    writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["3", "4", "5", "6"]
+
+
+def test_columns_of_different_lengths_are_refused_and_nothing_is_queued(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", clock_ms=FakeClock(T0_MS), background=False)
+    with pytest.raises(ValueError, match=r"trace columns of \[1, 2\] lines"):
+        writer.emit_columns(["{", ["a", "b"], [1], "}"])
+    writer.emit_columns(["{", [], "}"])  # no line at all
+    writer.close()
+    assert read_events([tmp_path]) == []
