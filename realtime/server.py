@@ -59,6 +59,10 @@ class RealtimeServer(ServerBase):
     REPLICATED_LOGS = ("message", "actions")
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
+    # Answered without suspending while the access answer is cached and the pull-log thread
+    # is idle (an ack is recorded on the loop then): no task for them. A pull may park under
+    # asyncio.timeout, a fetch too: they keep their task.
+    INLINE_OPS = ("hello", "heartbeat", "ack")
 
     def __init__(
         self,

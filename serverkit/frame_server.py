@@ -2,14 +2,18 @@
 
 It lives in ``sdk`` beside the codec because both servers speak the same protocol and neither may
 import the other; it imports no server code. A ``FrameServer`` decodes frames, parses requests
-and calls the server's ``handle(session, request)`` coroutine, one task per request so a long
-poll never blocks the requests pipelined behind it on the same connection.
+and calls the server's ``handle(session, request)`` coroutine. A request of one of the server's
+``inline_ops`` is stepped at once as it is read, and needs a task only if it suspends; every
+other request gets a task of its own, so a long poll never blocks the requests pipelined
+behind it on the same connection.
 
 Each connection is an ``asyncio.Protocol``: frames are decoded in ``data_received`` as bytes
-arrive, with no reader task and no StreamReader between the socket and the decoder; the first
-answer finished in an event-loop turn is written at once and any more from the same turn leave
-together in one write when it ends (one system call for many answers under load, no added
-latency for a lone one). A client that does not read its answers is not read from until it does.
+arrive, with no reader task and no StreamReader between the socket and the decoder. The answers
+made while one read is handled (inline requests, errors) leave together in one write at its
+end; of the answers finished later, the first in an event-loop turn is written at once and any
+more from the same turn leave together in one write when it ends (one system call for many
+answers under load, no added latency for a lone one). A client that does not read its answers
+is not read from until it does.
 
 A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
 the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
@@ -20,10 +24,11 @@ of every error response (the servers count them in their metrics).
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import logging
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Collection, Coroutine, Generator
 
 from sdk.connection import limit_reads
 from wire.errors import BadRequest, Internal, QmqError
@@ -86,9 +91,12 @@ class FrameServer:
         on_error: Callable[[str], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         partial_frame_timeout_ms: int = PARTIAL_FRAME_TIMEOUT_MS,
+        inline_ops: Collection[str] = (),
     ) -> None:
         assert partial_frame_timeout_ms > 0, partial_frame_timeout_ms
         self._handler = handler
+        # Ops whose handler starts at once, inside ``data_received`` (see ``_dispatch``).
+        self._inline_ops = frozenset(inline_ops)
         self._partial_frame_timeout_s = partial_frame_timeout_ms / 1000
         self._host = host
         self._port = port
@@ -145,7 +153,18 @@ class FrameServer:
             await self._server.wait_closed()
 
     def _dispatch(self, connection: _FrameConnection, frame: dict[str, Any]) -> None:
-        """Check one decoded frame and start answering it; runs inside ``data_received``."""
+        """Check one decoded frame and start answering it; runs inside ``data_received``.
+
+        A request of an ``inline_ops`` op, when no request read before it in this
+        ``data_received`` still waits for its task's first step, is stepped at once, right
+        here: most such handlers finish without suspending (a heartbeat, an ack recorded on
+        the loop), and then no task is made and no loop turn passes before the answer, which
+        leaves with the other answers of this read in one write at its end. One that
+        suspends goes on in a task (``_Resumed``). Every other request gets a task, so a long
+        poll never holds up the requests pipelined behind it; requests start in the order
+        they were read either way. A handler started inline runs its first step outside any
+        task: it must not need ``asyncio.current_task()`` before its first suspension
+        (``asyncio.timeout``, a ``TaskGroup``): hence a list of ops, chosen by the server."""
         if self._stopping:  # already buffered when reading paused: left unanswered, see stop()
             return
         session = connection.session
@@ -154,19 +173,29 @@ class FrameServer:
         except QmqError as exc:
             connection.send(self._error_response(request_rid(frame), exc))
             return
-        if not session.greeted and not isinstance(request, Hello):
-            exc = BadRequest(f"{request.op} before hello: hello must be the first request")
-            connection.send(self._error_response(request.rid, exc))
-            return
-        if isinstance(request, Hello):
+        if type(request) is Hello:
             # Recorded before the handler runs so requests pipelined right behind hello pass.
             session.client_id, session.app, session.token = (
                 request.client_id, request.app, request.token,
             )
-        # A task per request, so a long poll never holds up the requests pipelined behind it.
-        # It leaves ``_requests`` itself as it ends (no done callback: one loop callback less
-        # per request); one cancelled before its first step is dropped by stop().
-        self._requests.add(self._loop.create_task(self._answer(connection, request)))
+        elif session.client_id is None:
+            exc = BadRequest(f"{request.op} before hello: hello must be the first request")
+            connection.send(self._error_response(request.rid, exc))
+            return
+        answer = self._answer(connection, request)
+        if request.op in self._inline_ops and not connection.task_started_in_read:
+            try:
+                waits_on = answer.send(None)
+            except StopIteration:
+                return  # answered: the answer is queued for the end of this read
+            # It suspended: a task goes on from where it stopped.
+            task = self._loop.create_task(_Resumed(answer, waits_on))  # type: ignore[arg-type]
+        else:
+            # It leaves ``_requests`` itself as it ends (no done callback: one loop callback
+            # less per request); one cancelled before its first step is dropped by stop().
+            task = self._loop.create_task(answer)
+            connection.task_started_in_read = True
+        self._requests.add(task)
 
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
@@ -182,6 +211,7 @@ class FrameServer:
                           connection.session.peer)
             response = self._error_response(request.rid,
                                             Internal(f"{type(exc).__name__}: {exc}"))
+        # Outside a task (an inline answer) there is nothing to discard: None is not in it.
         self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
         connection.send(response)
 
@@ -190,6 +220,44 @@ class FrameServer:
         if self._on_error is not None:
             self._on_error(exc.code)
         return error_response(rid, exc)
+
+
+_NOT_YET = object()
+
+
+class _Resumed(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """A coroutine already stepped once by hand (``FrameServer._dispatch``), for a task to go
+    on with: the task's first step gets what the coroutine yielded then (the future it waits
+    on), as if the task had made that step itself; every later step is the coroutine's own.
+    A task cancelled before its first step throws the cancel into the coroutine, where it
+    stopped."""
+
+    __slots__ = ("_coro", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+        self._coro = coro
+        self._yielded = yielded
+
+    def send(self, value: Any) -> Any:
+        """The task's step: the first hands back what the hand-made step yielded."""
+        yielded = self._yielded
+        if yielded is not _NOT_YET:
+            self._yielded = _NOT_YET
+            return yielded
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:  # type: ignore[override]
+        """A cancel (or another exception) thrown into the task."""
+        self._yielded = _NOT_YET
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        """Close the coroutine (a task never stepped is closed when collected)."""
+        self._yielded = _NOT_YET
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        raise TypeError("_Resumed is run by a task, not awaited")
 
 
 class _FrameConnection(asyncio.Protocol):
@@ -206,8 +274,12 @@ class _FrameConnection(asyncio.Protocol):
         self._decoder = FrameDecoder(server._max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self.session = Session(peer="?")
-        self._out: list[bytes] = []  # encoded answers waiting for the end of this loop turn
+        self._out: list[bytes] = []  # encoded answers waiting for the end of this read or turn
         self._wrote_this_turn = False  # an answer went out directly in this loop turn
+        self._reading = False  # inside data_received: answers wait for its end
+        # A request of the read now in progress got a task whose first step has not run yet:
+        # the requests read after it get tasks too, so they start in the order they came.
+        self.task_started_in_read = False
         self._closing = False
         self._reading_paused = False  # by stop() or by backpressure
         self._write_paused = False
@@ -238,8 +310,15 @@ class _FrameConnection(asyncio.Protocol):
             self.close()
             return
         dispatch = self._server._dispatch
-        for frame in frames:
-            dispatch(self, frame)
+        self._reading = True
+        try:
+            for frame in frames:
+                dispatch(self, frame)
+        finally:
+            self._reading = False
+            self.task_started_in_read = False
+        if self._out and not self._wrote_this_turn:
+            self._flush()  # the answers made during this read (inline), in one write
         if decoder.buffered_bytes:
             self._last_data_s = self._loop.time()
             if self._stall_timer is None:
@@ -275,12 +354,13 @@ class _FrameConnection(asyncio.Protocol):
     # -- for the server -------------------------------------------------------------------------
 
     def send(self, response: dict[str, Any]) -> None:
-        """Write one answer: the first of a loop turn at once (no added latency), any more
-        finished in the same turn together, in one write when the turn ends."""
+        """Write one answer: one made while a read is decoded leaves with the others of that
+        read in one write at its end; otherwise the first of a loop turn at once (no added
+        latency), any more finished in the same turn together, in one write when it ends."""
         if self._closing:
             return
         data = encode_frame(response)
-        if self._wrote_this_turn:
+        if self._reading or self._wrote_this_turn:
             self._out.append(data)
             return
         transport = self._transport

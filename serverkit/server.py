@@ -114,6 +114,10 @@ class ServerBase:
     REPLICATED_LOGS: ClassVar[tuple[str, ...]]
     # What a stop did between finishing requests and deregistering, for its summary line.
     STOP_SUMMARY: ClassVar[str]
+    # Ops whose ``handle`` the frame server steps at once as they are read, without a task
+    # while they do not suspend (``FrameServer`` inline_ops): only ops whose handling uses no
+    # ``asyncio.timeout`` (nor anything else that needs a current task) before it suspends.
+    INLINE_OPS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: ServerConfig, metrics: ServerMetrics,
                  clock: Callable[[], int] | None = None,
@@ -142,7 +146,8 @@ class ServerBase:
                                      ttl_ms=config.auth_ttl_ms, ssl_context=self.peer_ssl)
                          if config.meta_url else None)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port,
-                                  on_error=metrics.count_error, ssl_context=server_ssl)
+                                  on_error=metrics.count_error, ssl_context=server_ssl,
+                                  inline_ops=self.INLINE_OPS)
         self.metrics_listener: MetricsListener | None = None
         if config.metrics_port is not None:
             self.metrics_listener = MetricsListener(

@@ -154,3 +154,119 @@ async def test_both_ends_read_at_most_read_bytes_max_and_a_frame_many_times_that
         await conn.close()
     finally:
         await server.stop()
+
+
+def _heartbeat(rid: int) -> bytes:
+    return encode_frame({"op": "heartbeat", "rid": rid, "consumer_id": "c1",
+                         "subscriptions": [["orders", "g"]]})
+
+
+async def test_an_inline_op_that_does_not_suspend_is_answered_without_a_task():
+    tasks: dict[str, object] = {}
+
+    async def record(session: Session, request: Request) -> dict[str, Any]:
+        tasks[request.op] = asyncio.current_task()
+        return {"ok": True}
+
+    server = FrameServer(record, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        writer.write(_heartbeat(2))
+        await writer.drain()
+        assert (await _read_answers(reader, 1))[0]["rid"] == 2
+        assert tasks["heartbeat"] is None  # stepped inside data_received
+        assert tasks["hello"] is not None  # not an inline op: a task as before
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_an_inline_op_that_suspends_goes_on_in_a_task_and_is_answered():
+    release = asyncio.Event()
+    seen: list[object] = []
+
+    async def suspend(session: Session, request: Request) -> dict[str, Any]:
+        if request.op == "heartbeat":
+            seen.append(asyncio.current_task())
+            await release.wait()
+            seen.append(asyncio.current_task())
+            await asyncio.sleep(0)  # a bare yield, stepped by the task too
+            async with asyncio.timeout(WAIT_S):  # needs a current task: it has one now
+                await asyncio.sleep(0)
+        return {"ok": True}
+
+    server = FrameServer(suspend, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        writer.write(_heartbeat(2) + _hello(3))  # hello behind it: a task, answered first
+        await writer.drain()
+        assert [a["rid"] for a in await _read_answers(reader, 1)] == [3]
+        assert server.requests_in_flight == 1
+        release.set()
+        [answer] = await _read_answers(reader, 1)
+        assert answer["rid"] == 2 and "error" not in answer
+        assert seen[0] is None and seen[1] is not None
+        assert server.requests_in_flight == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_requests_read_together_start_in_the_order_they_came_inline_or_not():
+    started: list[int] = []
+
+    async def note(session: Session, request: Request) -> dict[str, Any]:
+        started.append(request.rid)
+        return {"ok": True}
+
+    server = FrameServer(note, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        # hello (a task) first: the heartbeats behind it must not start before it does.
+        writer.write(_hello(1) + _heartbeat(2) + _heartbeat(3))
+        await writer.drain()
+        await _read_answers(reader, 3)
+        assert started == [1, 2, 3]
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_stop_cancels_an_inline_op_still_suspended_after_the_grace():
+    cancelled = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def forever(session: Session, request: Request) -> dict[str, Any]:
+        if request.op == "heartbeat":
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return {"ok": True}
+
+    server = FrameServer(forever, inline_ops=("heartbeat",))
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_hello(1))
+    await writer.drain()
+    await _read_answers(reader, 1)
+    writer.write(_heartbeat(2))  # a read of its own: stepped inline, then suspended
+    await writer.drain()
+    async with asyncio.timeout(WAIT_S):
+        await entered.wait()
+    assert server.requests_in_flight == 1
+    await server.stop(grace_ms=10)
+    assert cancelled.is_set()
+    assert server.requests_in_flight == 0
+    writer.close()
