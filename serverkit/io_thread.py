@@ -51,10 +51,14 @@ class IoThread:
     ``_wake_fd`` (an eventfd, None without ``os.eventfd``): the thread writes it, the loop
     reads it in ``_deliver``; whoever sees the thread's last write (``_ENDED``) closes it: the
     loop's ``_deliver``, or the thread itself when no loop is bound or the loop is closed.
-    Not closed (one descriptor for the process's life): ``close(wait=False)`` whose thread
-    ends while its loop is stopped and not yet closed, and the loop then closed without
-    running again (review s13 rvperf-4: closing it from the thread while the loop's selector
-    still lists it could let a reused descriptor number reach that selector).
+    ``close(wait=False)`` detaches it (``_detached``, set once by the loop under
+    ``_done_lock``): the loop stops reading it there and then, and the thread closes it as it
+    ends and wakes the loop with ``call_soon_threadsafe`` meanwhile, so the descriptor is
+    closed whether the loop runs again, stays stopped or is closed first (review s13
+    rvperf-4: a thread ending while its loop was stopped wrote its last wake-up for a loop
+    that was then closed without reading it, one descriptor lost per such close). The
+    thread never closes it while the loop's selector lists it: a reused descriptor number
+    would reach that selector. ``_ended`` (under ``_done_lock``): the thread wrote its last.
     """
 
     def __init__(self, name: str) -> None:
@@ -67,6 +71,8 @@ class IoThread:
         eventfd = getattr(os, "eventfd", None)
         self._wake_fd: int | None = (eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
                                      if eventfd is not None else None)
+        self._detached = False  # close(wait=False): the loop reads the eventfd no more
+        self._ended = False  # the thread wrote its last wake-up (_ENDED)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -122,34 +128,38 @@ class IoThread:
             with self._done_lock:
                 wake = not self._done
                 self._done.append((future, result, error))
+                detached = self._detached
             if wake:
                 assert self._loop is not None
                 try:
-                    if self._wake_fd is not None:
+                    if self._wake_fd is not None and not detached:
                         os.eventfd_write(self._wake_fd, 1)
                     else:
                         self._loop.call_soon_threadsafe(self._deliver)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    self._end()
                     return
 
     def _end(self) -> None:
         """The thread, last: tell the loop no wake-up follows (it then closes the eventfd), or
-        close it here when no loop will read it."""
-        fd = self._wake_fd
-        if fd is None:
-            return
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._wake_fd = None  # seen by close() after its join
-            os.close(fd)
-        else:
-            os.eventfd_write(fd, _ENDED)
+        close it here when no loop reads it (none bound, closed, or detached by ``close``)."""
+        with self._done_lock:  # against close(wait=False) detaching it meanwhile
+            fd = self._wake_fd
+            if fd is None:
+                return
+            loop = self._loop
+            if loop is None or loop.is_closed() or self._detached:
+                self._wake_fd = None  # seen by close() after its join
+                os.close(fd)
+            else:
+                os.eventfd_write(fd, _ENDED)
+                self._ended = True
 
     def _deliver(self) -> None:
         # The eventfd is read (reset) before the results are taken: a result appended after
         # the take found the queue empty and wrote it again, so none is left without a wake-up.
         fd = self._wake_fd
-        if fd is not None:
+        if fd is not None and not self._detached:  # detached: the thread's, not read here
             try:
                 if os.eventfd_read(fd) >= _ENDED:  # the thread's last write: no more follow
                     assert self._loop is not None
@@ -170,13 +180,29 @@ class IoThread:
 
     def close(self, wait: bool = True) -> None:
         """Event loop: finish the calls already submitted, then end the thread; ``wait=False``
-        returns at once (a call still running, e.g. an open being cancelled, ends on its own,
-        and the loop closes the eventfd once it sees the thread's last write)."""
+        returns at once (a call still running, e.g. an open being cancelled, ends on its own:
+        the loop stops reading the eventfd now, results come back through
+        ``call_soon_threadsafe`` while the loop runs, and the eventfd is closed now, when the
+        thread wrote its last already, or by the thread as it ends)."""
         self._calls.put(None)
         if wait:
             self._thread.join()
             if self._wake_fd is not None and self._loop is not None:
                 self._deliver()  # results not yet handed back, and the eventfd closed now
+        elif self._wake_fd is not None and self._loop is not None and not self._detached:
+            self._detach(self._loop, self._wake_fd)
+
+    def _detach(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Event loop, ``close(wait=False)``: take the eventfd out of the loop's selector and
+        hand it to the thread (or close it, when the thread wrote its last already); hand
+        back the results finished before."""
+        with self._done_lock:  # the thread decides how to wake the loop under it
+            loop.remove_reader(fd)
+            self._detached = True
+            if self._ended:  # nothing follows its last write
+                self._wake_fd = None
+                os.close(fd)
+        self._deliver()
 
 
 class _RunsAnyway(asyncio.Future):  # type: ignore[type-arg]

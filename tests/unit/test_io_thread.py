@@ -98,3 +98,117 @@ def test_an_io_thread_no_loop_ever_called_closes_its_own_eventfd():
     io = IoThread("test-unbound")
     io.close(wait=False)
     assert wait_until(lambda: open_fds() == before)
+
+
+def _closed_without_waiting_on(loop: asyncio.AbstractEventLoop, release: threading.Event
+                               ) -> IoThread:
+    """On ``loop``: an IoThread whose call waits for ``release``, closed with
+    ``close(wait=False)`` while that call runs (Scheduler.open cancelled or failing)."""
+
+    async def start() -> IoThread:
+        io = IoThread("test-stopped")
+        asyncio.ensure_future(io.call(release.wait, 30))
+        await asyncio.sleep(0)
+        io.close(wait=False)
+        return io
+
+    return loop.run_until_complete(start())
+
+
+def test_an_io_thread_whose_call_ends_while_its_loop_is_stopped_closes_its_eventfd_with_the_loop():
+    # review s13 rvperf-4: the thread wrote its last wake-up for a loop that never ran again.
+    before = open_fds()
+    loop = asyncio.new_event_loop()
+    release = threading.Event()
+    io = _closed_without_waiting_on(loop, release)
+    release.set()
+    io._thread.join(30)
+    assert not io._thread.is_alive()
+    loop.close()
+    assert wait_until(lambda: open_fds() == before), "the eventfd stayed open"
+
+
+def test_an_io_thread_whose_call_ends_after_its_loop_closed_closes_its_eventfd():
+    before = open_fds()
+    loop = asyncio.new_event_loop()
+    release = threading.Event()
+    io = _closed_without_waiting_on(loop, release)
+    loop.close()
+    release.set()
+    io._thread.join(30)
+    assert wait_until(lambda: open_fds() == before), "the eventfd stayed open"
+
+
+def test_an_io_thread_whose_call_ends_while_its_loop_is_stopped_leaves_the_loop_usable():
+    """The loop runs again after the thread ended: nothing of the eventfd is left in its
+    selector (a descriptor number reused by a new reader works)."""
+    before = open_fds()
+    loop = asyncio.new_event_loop()
+    try:
+        release = threading.Event()
+        io = _closed_without_waiting_on(loop, release)
+        release.set()
+        io._thread.join(30)
+        assert wait_until(lambda: not [fd for fd in open_fds() - before if _is_eventfd(fd)])
+
+        async def a_new_reader() -> bytes:
+            reading, writing = os.pipe()
+            got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().add_reader(reading, lambda: got.set_result(
+                os.read(reading, 10)))
+            os.write(writing, b"ok")
+            try:
+                return await got
+            finally:
+                asyncio.get_running_loop().remove_reader(reading)
+                os.close(reading)
+                os.close(writing)
+
+        assert loop.run_until_complete(a_new_reader()) == b"ok"
+    finally:
+        loop.close()
+    assert wait_until(lambda: open_fds() == before)
+
+
+def test_a_server_open_cancelled_under_asyncio_run_leaves_no_descriptor_open(monkeypatch,
+                                                                            tmp_path):
+    """The delay server's start cancelled while its store opens (Scheduler.open closes its
+    IoThread without waiting; asyncio.run then closes the loop) and the open ending later."""
+    import delayserver.scheduler as scheduler_module
+    from delayserver.config import DelayConfig
+
+    release, entered = threading.Event(), threading.Event()
+    real_open = scheduler_module.open_store_on_io
+
+    def slow_open(*args):
+        entered.set()
+        release.wait(30)
+        return real_open(*args)
+
+    monkeypatch.setattr(scheduler_module, "open_store_on_io", slow_open)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, trace=False)
+
+    async def main() -> None:
+        opening = asyncio.ensure_future(scheduler_module.Scheduler.open(
+            config, lambda: 1_000, lambda *_: None))
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+
+    before = open_fds()
+    asyncio.run(main())
+    release.set()
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name == "delay-io"])
+    # The store the open finished is dropped with nothing to close it: its files are not
+    # the IoThread's; only the eventfd is looked for here.
+    assert wait_until(lambda: not [fd for fd in open_fds() - before if _is_eventfd(fd)]), \
+        "the delay-io thread's eventfd stayed open"
+
+
+def _is_eventfd(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
+    except OSError:
+        return False
