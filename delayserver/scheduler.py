@@ -496,6 +496,9 @@ class Scheduler(LoadingMixin, CancelsMixin):
         for call in batch:
             append_many(call.ids, call.subjects, call.dues, call.payloads)
         entries = self.store.commit()
+        replica = self.replica
+        if replica.replicating:
+            replica.wrote_io("delay")  # a tailing slave's fetch ships it from memory
         return entries, delay_log_end(self.store)
 
     # ------------------------------------------------------------------ housekeeping

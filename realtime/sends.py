@@ -205,6 +205,9 @@ class Sends:
         stats = self._ctx.stats
         stats["duplicates"] += duplicates
         stats["sent"] += len(sequences) - duplicates
+        replica = self._ctx.replica
+        if replica.replicating:
+            replica.wrote_io("message")  # a tailing slave's fetch ships it from memory
         return sequences, store.copy_bounds()[1]
 
     def _go_readonly(self) -> None:

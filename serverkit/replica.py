@@ -142,6 +142,13 @@ class Replica:
         if self.source is not None and self.source.active:
             self.source.advanced(name, end)
 
+    def wrote_io(self, name: str) -> None:
+        """Owner thread of log ``name``, right after a commit to it: keep its bytes for the
+        slaves tailing the log (``ReplicaSource.wrote_io``); nothing while none does."""
+        source = self.source
+        if source is not None and source.fresh_wanted[name]:
+            source.wrote_io(name)
+
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
         if self.source is not None:

@@ -13,14 +13,20 @@ A fetch at the end of a log waits (up to its ``wait_ms``) until the server says 
 store has written to the OS; its end, as ``advanced`` last said it, bounds what other logs'
 records may refer to (``FetchAnswer.requires``).
 
-Event loop only; the stores are read on their own threads through each ``ReplicatedLog.run``.
+A tailing slave's fetch ships the records a commit just wrote from memory (``wrote_io``,
+called on the log's owner thread right after a commit; ``_fresh_answer``): no trip to that
+thread, which is usually busy with the next commit by then.
+
+Event loop only, but ``wrote_io`` (the log's owner thread; the comments on the fields it
+touches say which thread owns each); the stores are read on their own threads through each
+``ReplicatedLog.run``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Callable, Protocol
 
 from serverkit.insync import InSyncTracker
@@ -34,6 +40,15 @@ log = logging.getLogger(__name__)
 # A slave not caught up on every log for this long leaves the in-sync set (Kafka's
 # replica.lag.time.max.ms plays this part), in ms.
 INSYNC_LAG_MAX_MS_DEFAULT = 5_000
+# The most bytes one commit hands its tailing slaves from memory (``wrote_io``); a bigger
+# commit is read by the fetch on the store's thread, as before.
+FRESH_CHUNK_BYTES_MAX = 1 << 20
+# The most fresh commits kept for tailing slaves per log (at most FRESH_CHUNK_BYTES_MAX
+# each): past it a commit keeps nothing and the fetch reads the store, as before.
+FRESH_CHUNKS_MAX = 16
+# A log's commits are handed from memory while a slave fetched it at its end within this long
+# (ms); after that (the slave stopped, or lags) a commit costs nothing more than before.
+FRESH_TAIL_MS = 1_000
 
 
 class WriteReplication(Protocol):
@@ -50,6 +65,10 @@ class WriteReplication(Protocol):
 
     def advanced(self, name: str, end: int) -> None:
         """Log ``name`` was committed (or flushed) up to ``end``."""
+
+    def wrote_io(self, name: str) -> None:
+        """Owner thread of log ``name``, right after a commit: keep its bytes for the slaves
+        tailing the log, whose fetches then ship them from memory."""
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
@@ -73,6 +92,9 @@ class NoWriteReplication:
 
     def advanced(self, name: str, end: int) -> None:
         """Nobody is told."""
+
+    def wrote_io(self, name: str) -> None:
+        """Nobody tails."""
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Nothing to wait for."""
@@ -117,6 +139,19 @@ class ReplicaSource:
         # What each fetcher reads of the logs with gated record kinds (serverkit.kind_gate).
         self.kind_reads = KindReads({name: item.kinds for name, item in logs.items()
                                      if item.kinds is not None})
+        # Fresh commits handed from memory (``wrote_io``, docs/REPLICATION.md 8.3). Owners:
+        # ``fresh_wanted`` and ``_generation`` are written on the loop and read on the owner
+        # thread (a stale read costs one store read, or a chunk nobody uses: a chunk names its
+        # generation, and one of another generation is never shipped); ``_fresh`` is appended
+        # on the log's owner thread and read and trimmed on the loop (deque appends and pops
+        # are atomic); ``_fresh_from`` (where the next chunk starts) is the owner thread's.
+        self.fresh_wanted: dict[str, bool] = {name: False for name in logs}
+        self._generation = 0  # a new epoch, a stop: chunks and starts of before are void
+        self._fresh: dict[str, deque[tuple[int, int, bytes]]] = {name: deque() for name in logs}
+        self._fresh_from: dict[str, tuple[int, int] | None] = {name: None for name in logs}
+        self._tail_fetch_ms: dict[str, int] = {name: 0 for name in logs}
+        self._log_starts: dict[str, int] = {name: 0 for name in logs}  # as last read
+        self.fresh_answers: dict[str, int] = {name: 0 for name in logs}
 
     # ------------------------------------------------------------------ the role
 
@@ -130,6 +165,7 @@ class ReplicaSource:
         self._last_proposal = ()
         self._shipped.clear()
         self.kind_reads.clear()
+        self._forget_fresh()
         self._wake_fetches()
 
     def _wake_fetches(self) -> None:
@@ -146,6 +182,7 @@ class ReplicaSource:
         """No longer the master: every write waiting for its slaves is refused (retriable)."""
         self.active = False
         self._shipped.clear()
+        self._forget_fresh()
         self.refuse_waiters(why)
         self._wake_fetches()
 
@@ -170,7 +207,75 @@ class ReplicaSource:
         self.kind_reads.listed(members + confirmed, self._clock_ms())
         self.check_waiters()
 
+    def _forget_fresh(self) -> None:
+        """No fresh commit is handed from memory until a slave tails a log again (a new
+        epoch, or no longer the master: the log may be cut and written again meanwhile)."""
+        self._generation += 1
+        for name in self.logs:
+            self.fresh_wanted[name] = False
+            self._fresh[name].clear()
+
     # ------------------------------------------------------------------ writes
+
+    def wrote_io(self, name: str) -> None:
+        """Owner thread of log ``name``, right after a commit to it: while a slave tails the
+        log, keep the bytes written since the last such call, so the fetch woken by the
+        commit ships them from memory instead of queueing a read behind the store thread's
+        next commit and its fsync (docs/REPLICATION.md 8.3). Whole records: each chunk runs
+        from one commit's end to the next's. Nothing is read while no slave tails."""
+        if not self.fresh_wanted[name]:
+            self._fresh_from[name] = None
+            return
+        generation = self._generation
+        store = self.logs[name].store
+        end = store.copy_bounds()[1]
+        last, self._fresh_from[name] = self._fresh_from[name], (generation, end)
+        if last is None or last[0] != generation or not 0 < end - last[1] <= \
+                FRESH_CHUNK_BYTES_MAX:
+            return  # the first commit seen, of another generation, or too big: a store read
+        if len(self._fresh[name]) >= FRESH_CHUNKS_MAX:
+            return  # the slave is not taking them (slow, or gone): it reads the store
+        start = last[1]
+        data = store.read_copy(start, end - start)
+        assert len(data) == end - start, (start, end, len(data))  # whole records, all there
+        self._fresh[name].append((generation, start, data))
+
+    def _fresh_answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer | None:
+        """The answer to a tailing slave's fetch from the commits kept in memory (``wrote_io``),
+        or None (the store is read): only for a fetch that continues exactly what this master
+        shipped it in this epoch (nothing there can diverge), from a chunk of this generation
+        that starts where the slave is, up to the end the last commit told and ``max_bytes``."""
+        name = log_.name
+        if self._shipped.get((request.server_id, name)) != request.offset:
+            return None
+        chunks = self._fresh[name]
+        # What starts below the slave goes: fetched past, or cut by a store read's answer
+        # (a second, slower slave reads the store). Only this loop takes chunks out.
+        while chunks and chunks[0][1] < request.offset:
+            chunks.popleft()
+        told = self.ends.get(name, 0)
+        parts: list[bytes] = []
+        offset, size = request.offset, 0
+        for generation, start, data in list(chunks):  # a copy: the owner thread appends
+            if (generation != self._generation or start != offset or start + len(data) > told
+                    or size + len(data) > request.max_bytes):
+                break
+            parts.append(data)
+            size += len(data)
+            offset += len(data)
+        if not parts:
+            return None
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        epochs = tuple((entry.epoch, entry.start_offset)
+                       for entry in log_.history.entries_between(request.offset, offset))
+        self.fresh_answers[name] += 1
+        return FetchAnswer(self.epoch, name, request.offset, data, offset,
+                           self._log_starts[name], max(offset, told), epochs, None)
+
+    def _tailing(self, name: str) -> None:
+        """A slave fetched log ``name`` at its end: hand it the next commits from memory."""
+        self._tail_fetch_ms[name] = self._clock_ms()
+        self.fresh_wanted[name] = True
 
     def kind_refusal(self, name: str, kind: int) -> str | None:
         """None when every slave this master counts (``KindReads.counted``: the group's
@@ -253,7 +358,12 @@ class ReplicaSource:
     def tick(self) -> tuple[str, ...]:
         """Re-judge the in-sync set (a slave silent too long leaves it); returns the proposal.
         A change asks for a heartbeat at once, so the database follows quickly."""
-        proposal = self.tracker.proposal(self._clock_ms())
+        now_ms = self._clock_ms()
+        for name, fetched_ms in self._tail_fetch_ms.items():
+            if self.fresh_wanted[name] and now_ms - fetched_ms > FRESH_TAIL_MS:
+                self.fresh_wanted[name] = False  # no slave tails it: commits read nothing
+                self._fresh[name].clear()
+        proposal = self.tracker.proposal(now_ms)
         if proposal != self._last_proposal:
             log.info("group %s: slaves in sync now %s (were %s)", self.group,
                      list(proposal) or "none", list(self._last_proposal) or "none")
@@ -297,6 +407,7 @@ class ReplicaSource:
             # last commit told: caught up, and straight to the wait, with no read of the store.
             self.tracker.on_fetch(request.server_id, name, request.offset, request.offset,
                                   self._clock_ms())
+            self._tailing(name)
             await self._wait_advanced(event, request.wait_ms)
             self._fence(request.server_id, request.epoch)
             return (await self._answer(log_, request)).to_wire()
@@ -333,8 +444,11 @@ class ReplicaSource:
         return True
 
     async def _answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer:
-        answer: FetchAnswer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
-                                             request.last_epoch, request.max_bytes)
+        answer = self._fresh_answer(log_, request) if self.active else None
+        if answer is None:
+            answer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
+                                    request.last_epoch, request.max_bytes)
+            self._log_starts[log_.name] = answer.log_start
         refused: UnreadableRecord | None = None
         if answer.data and log_.kinds is not None and not log_.kinds.reads <= request.reads:
             answer, refused = self._readable_part(log_, request, answer)
