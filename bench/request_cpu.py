@@ -5,6 +5,7 @@ and write.
     python -m bench.request_cpu                       # heartbeats one at a time, 3 runs
     python -m bench.request_cpu --window 3            # 3 requests in flight (one write each)
     python -m bench.request_cpu --op ack              # acks of ranges nobody holds
+    python -m bench.request_cpu --op send --tmpfs     # sends of one message each
     python -m bench.request_cpu --profile             # Python calls per request (cProfile)
 
 A standalone ``RealtimeServer`` (no MetaServer: the access gate grants everyone, the role is a
@@ -13,7 +14,9 @@ socket sends pre-encoded request frames and counts the answers, ``--window`` in 
 time, each request in its own ``send`` system call (as separate clients' requests arrive). A
 ``heartbeat`` is answered without an await: what it costs is the request path itself. An
 ``ack`` (of a range nobody holds, in a group that exists) adds its handler: the pull-log
-record, on the loop while the pull-log thread is idle.
+record, on the loop while the pull-log thread is idle. A ``send`` (one 256-byte message, each
+its own id) adds the commit: with one in flight, each is a group commit of its own, and its
+store thread's CPU is not counted (``--tmpfs``: no fsync to wait for).
 
 Printed per run: the event-loop thread's CPU per request (``time.thread_time`` on the loop:
 the client's CPU and the I/O threads' are not in it), split into user and system time (from
@@ -46,7 +49,20 @@ from wire.protocol import encode_frame
 _HEADER = struct.Struct(">I")
 
 
-def _frames(op: str) -> bytes:
+def _frames(op: str, count: int) -> list[bytes]:
+    """The request frames of ``op``: one reused, or for a send ``count`` of them, each with a
+    message of its own (a resent id would be answered as a duplicate, without a commit)."""
+    if op == "send":
+        from wire.message import Message, encode_message
+
+        now_ms = int(time.time() * 1000)
+        return [encode_frame({"op": "send", "rid": 1, "compact": True, "messages": [
+            encode_message(Message.create("bench.req", b"x" * 256, now_ms=now_ms))]})
+            for _ in range(count)]
+    return [_frame(op)]
+
+
+def _frame(op: str) -> bytes:
     """One request frame of ``op`` (rid fixed: the server does not care)."""
     if op == "heartbeat":
         return encode_frame({"op": "heartbeat", "rid": 1, "consumer_id": "c1",
@@ -70,7 +86,7 @@ def client_main(port: int, op: str, count: int, window: int) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(encode_frame({"op": "hello", "rid": 0, "client_id": "bench", "app": "bench",
                                "protocol": 1}))
-    frame = _frames(op)
+    frames = _frames(op, count)
     buffer = bytearray()
 
     def read_answers(wanted: int) -> None:
@@ -102,7 +118,7 @@ def client_main(port: int, op: str, count: int, window: int) -> None:
     sent = 0
     while sent < count or in_flight:
         while sent < count and in_flight < window:
-            sock.sendall(frame)
+            sock.sendall(frames[sent % len(frames)])
             sent += 1
             in_flight += 1
         read_answers(1)
@@ -111,12 +127,14 @@ def client_main(port: int, op: str, count: int, window: int) -> None:
     sys.stdout.flush()
 
 
-async def _serve(op: str, counts: list[int], window: int, profile: bool) -> list[dict[str, Any]]:
+async def _serve(op: str, counts: list[int], window: int, profile: bool,
+                 tmpfs: bool) -> list[dict[str, Any]]:
     from realtime.config import RealtimeConfig
     from realtime.server import RealtimeServer
 
     results = []
-    with tempfile.TemporaryDirectory(prefix="reqcpu-") as directory:
+    with tempfile.TemporaryDirectory(prefix="reqcpu-",
+                                     dir="/dev/shm" if tmpfs else None) as directory:
         server = RealtimeServer(RealtimeConfig(data_dir=directory, port=0, trace=False))
         await server.start()
         try:
@@ -161,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with --client, be its child)."""
     parser = argparse.ArgumentParser(prog="python -m bench.request_cpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--op", default="heartbeat", choices=("heartbeat", "ack"))
+    parser.add_argument("--op", default="heartbeat", choices=("heartbeat", "ack", "send"))
+    parser.add_argument("--tmpfs", action="store_true",
+                        help="data dir in /dev/shm (a send's fsync costs ~nothing)")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=1, help="requests in flight")
     parser.add_argument("--runs", type=int, default=3)
@@ -174,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.profile:
         small = max(args.requests // 4, 1000)
-        runs = asyncio.run(_serve(args.op, [small, small, 2 * small], args.window, True))
+        runs = asyncio.run(_serve(args.op, [small, small, 2 * small], args.window, True,
+                                  args.tmpfs))
         per_request = (runs[2]["calls"] - runs[1]["calls"]) / small
         print(f"{args.op} window {args.window}: {per_request:.1f} Python calls per request "
               f"(cProfile, {2 * small} - {small} requests)")
         return 0
     counts = [args.requests // 10] + [args.requests] * args.runs  # the first warms up
-    runs = asyncio.run(_serve(args.op, counts, args.window, False))[1:]
+    runs = asyncio.run(_serve(args.op, counts, args.window, False, args.tmpfs))[1:]
     load = os.getloadavg()[0]
     for run in runs:
         print(f"{args.op} window {args.window}: {run['cpu_us']:.1f} loop CPU-us/request "

@@ -180,8 +180,11 @@ class RealtimeServer(ServerBase):
             return await self._serve_replica(request, grant)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
-        self._check_role()
+        if not self.role.writable_now():
+            self._check_role()  # raises NotMaster, saying why
         answer = await self._serve(core, session, request, grant)
+        if self.role.writable_now():
+            return answer
         if isinstance(request, Pull) and len(answer["payloads"]) \
                 and self.role.only_lease_ran_out(boottime_ms()):
             # A pull that handed entries out is answered even if the lease ran out meanwhile
@@ -191,7 +194,7 @@ class RealtimeServer(ServerBase):
             # failover, as for any pull not yet replicated (docs/REPLICATION.md 5). A master
             # handing over, demoted or stopping refuses as before.
             return answer
-        self._check_role()
+        self._check_role()  # raises: not writable now, and no await since
         return answer
 
     async def _serve(self, core: _Core, session: Session, request: Request,

@@ -156,8 +156,28 @@ class RoleChange:
     stale: bool = False
 
 
+# ``ServerRole.writable_until_ms`` when no lease applies, and when writes are refused whatever
+# the time: a write at ``now_ms`` is allowed exactly while ``now_ms < writable_until_ms()``.
+_FOREVER = float("inf")
+_NEVER = float("-inf")
+
+
 class ServerRole:
-    """The role state of one server (see the module docstring). Event-loop thread only."""
+    """The role state of one server (see the module docstring). Event-loop thread only.
+
+    Every request asks ``check_writable_now`` once or twice, so what the state allows is worked
+    out once per change of state, not per question: any assignment to an attribute (every state
+    change is one) forgets it, and the next question works it out again from ``refusal``."""
+
+    _until_ms: float | None  # what the state allows (see writable_until_ms); None: not known
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_until_ms", None)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        object.__setattr__(self, "_until_ms", None)
 
     def __init__(self, server_id: str, *, standalone: bool = False, epoch: int = 0) -> None:
         self.server_id = server_id
@@ -299,6 +319,36 @@ class ServerRole:
         not stopping), which a renewal may restore in a moment."""
         refusal = self.refusal(now_ms)
         return refusal is not None and refusal.startswith("its lease ran out")
+
+    def writable_until_ms(self) -> float:
+        """Until when (``boottime_ms``) a write is allowed if nothing changes meanwhile:
+        ``inf`` when no lease applies, ``-inf`` when the state refuses writes at any time,
+        else the end of the lease. ``now_ms < writable_until_ms()`` exactly when
+        ``refusal(now_ms) is None``."""
+        until = self._until_ms
+        if until is None:
+            if self.refusal(-(1 << 62)) is not None:  # refused whatever the time
+                until = _NEVER
+            elif self.standalone or self._solo:
+                until = _FOREVER
+            else:
+                assert self.lease_until_ms is not None  # else refusal() said the lease ran out
+                until = float(self.lease_until_ms)
+            object.__setattr__(self, "_until_ms", until)
+        return until
+
+    def writable_now(self) -> bool:
+        """``may_write(boottime_ms())``, reading the clock only when a lease applies: the
+        check every request makes."""
+        until = self._until_ms
+        if until is None:
+            until = self.writable_until_ms()
+        return until == _FOREVER or boottime_ms() < until
+
+    def check_writable_now(self, group: str) -> None:
+        """``check_writable(group, boottime_ms())``, as cheaply as ``writable_now``."""
+        if not self.writable_now():
+            self.check_writable(group, boottime_ms())
 
     def check_writable(self, group: str, now_ms: int) -> None:
         """Raise ``NotMaster`` (retriable, naming why) unless ``may_write(now_ms)``."""

@@ -36,7 +36,7 @@ from serverkit.registration import Registration, server_registration
 from serverkit.follower import Scrub
 from serverkit.replica import Replica, connect_master
 from serverkit.replication import NoReplication, ReplicationStatus
-from serverkit.role import ServerRole, boottime_ms
+from serverkit.role import ServerRole
 from serverkit.role_metrics import RoleMetrics
 from serverkit.server_id import load_or_create
 from tracelog.writer import TraceWriter
@@ -239,7 +239,7 @@ class ServerBase:
 
     def _check_role(self) -> None:
         """Raise NotMaster unless this server is the leased, active master of its group."""
-        self.role.check_writable(self.config.group, boottime_ms())
+        self.role.check_writable_now(self.config.group)
 
     @property
     def replica(self) -> Replica | None:

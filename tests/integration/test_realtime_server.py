@@ -476,6 +476,8 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
         return pulled
 
     monkeypatch.setattr(server.role, "check_writable", check)
+    writable_now = server.role.writable_now
+    monkeypatch.setattr(server.role, "writable_now", lambda: not refusing and writable_now())
     monkeypatch.setattr(server.role, "only_lease_ran_out",
                         lambda now_ms: bool(refusing) and refusing[0].startswith("its lease"))
     monkeypatch.setattr(server.broker, "pull", pull_then_refuse)

@@ -199,3 +199,64 @@ def test_only_a_lapsed_lease_of_an_active_master_counts_as_only_lease_ran_out():
     stopping.step_down()
     assert not stopping.only_lease_ran_out(lapsed)
     assert not ServerRole("me").only_lease_ran_out(0)  # role not known yet
+
+
+# -- the answer worked out once per change of state --------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("answer"), st.sampled_from(["master", "slave"]), st.integers(0, 3),
+              st.booleans(), st.booleans(), st.sampled_from([None, "other"]),
+              st.integers(0, 10_000)),
+    st.tuples(st.just("activate"), st.integers(0, 3)),
+    st.tuples(st.just("observe_epoch"), st.integers(0, 4)),
+    st.tuples(st.just("propose"), st.integers(0, 10_000)),
+    st.tuples(st.just("roleless")),
+    st.tuples(st.just("step_down")),
+), max_size=12)
+
+
+def _apply(role: ServerRole, step: tuple) -> None:
+    kind = step[0]
+    if kind == "answer":
+        _, who, epoch, lease_required, proposed, switchover, sent_ms = step
+        role.on_answer(sent_ms, RoleGrant(role=who, epoch=epoch, lease_ms=LEASE_MS,
+                                          lease_required=lease_required, master_id="me",
+                                          master_address="10.0.0.1:20881",
+                                          switchover_to=switchover), proposed_slaves=proposed)
+    elif kind == "activate":
+        role.activate(step[1])
+    elif kind == "observe_epoch":
+        role.observe_epoch(step[1])
+    elif kind == "propose":
+        role.before_heartbeat(step[1], proposes_slaves=True)
+    elif kind == "roleless":
+        role.on_roleless_answer()
+    else:
+        role.step_down()
+
+
+@settings(max_examples=400, deadline=None)
+@given(_STEPS, st.booleans(), st.lists(st.integers(-1, 20_000), min_size=1, max_size=5))
+def test_what_the_state_allows_is_forgotten_at_every_change_and_matches_the_refusal(
+        steps, standalone, times):
+    role = ServerRole("me", standalone=standalone)
+    for step in steps:
+        # Asked before each change, so a stale answer would show after it.
+        role.writable_until_ms()
+        _apply(role, step)
+        for now_ms in times:
+            assert (now_ms < role.writable_until_ms()) == (role.refusal(now_ms) is None), (
+                step, now_ms)
+
+
+def test_a_demoted_master_refuses_the_next_write_check_at_once():
+    role = ServerRole("me")
+    sent = role.before_heartbeat(0, proposes_slaves=False)
+    role.on_answer(sent, grant(lease_required=False), proposed_slaves=False)
+    assert role.activate(1)
+    role.check_writable_now("rt1")  # a solo master: allowed, without a lease
+    role.observe_epoch(2)
+    with pytest.raises(NotMaster, match="saw epoch 2"):
+        role.check_writable_now("rt1")
