@@ -4,11 +4,12 @@ Cheap on the hot path by construction: the broker already keeps plain counters (
 ``sent_by_subject``, ``message_errors``, the nack handler's ``stats``), and a collector turns them
 into counter families at scrape time, so a message costs no metric call at all. What the event
 loop counts per request (requests by op) or per group commit (messages per commit) goes into
-plain ints too (``request_counts``, ``CommitSizes``), turned into families at scrape time: a
+plain ints too (``request_counts``, ``PlainHistogram``), turned into families at scrape time: a
 prometheus_client child takes a lock and checks its state on every call, ~3-5 us a request at
-2,000 msg/s on this 2-core machine (issue 18 item 2). Only the fsync latency, observed on the
-store thread, is a prometheus_client histogram. Backlog per (subject, group) is a gauge computed
-at scrape time from the pull log, on its I/O thread.
+2,000 msg/s on this 2-core machine (issue 18 item 2). The fsync latency, observed on the store
+thread once per group commit, is a ``PlainHistogram`` too (its one writer is that thread; the
+scrape reads it on the event loop). Backlog per (subject, group) is a gauge computed at scrape
+time from the pull log, on its I/O thread.
 
 Every broker has its own ``CollectorRegistry``, so brokers in one process never share figures.
 """
@@ -18,8 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import (CollectorRegistry, Gauge, Histogram, PlatformCollector,
-                               ProcessCollector)
+from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 from prometheus_client.registry import Collector
@@ -60,12 +60,16 @@ class RealtimeMetrics:
         # Requests answered, by op; written on the event loop only (``count_request``).
         self.request_counts: dict[str, int] = dict.fromkeys(REQUEST_OPS, 0)
         # Messages per group commit; observed on the event loop only (the broker's on_commit).
-        self.commit_batch_messages = CommitSizes(COMMIT_BATCH_BUCKETS)
-        self.registry.register(_LoopCountsCollector(self.request_counts,
-                                                    self.commit_batch_messages))
-        self.fsync_seconds = Histogram(
+        self.commit_batch_messages = PlainHistogram(
+            "qmq_realtime_commit_batch_messages", "Messages appended per group commit.",
+            COMMIT_BATCH_BUCKETS)
+        # Seconds in fsync per group commit; observed on the store thread only (its one
+        # writer), read by the scrape on the event loop.
+        self.fsync_seconds = PlainHistogram(
             "qmq_realtime_fsync_seconds", "Time one group commit spent in fsync of the message "
-            "log.", buckets=FSYNC_BUCKETS_S, registry=self.registry)
+            "log.", FSYNC_BUCKETS_S)
+        self.registry.register(_LoopCountsCollector(
+            self.request_counts, (self.commit_batch_messages, self.fsync_seconds)))
         self.backlog = Gauge(
             "qmq_realtime_backlog_messages", "Messages of the subject the group has not acked "
             "(not pulled yet, held unacked, or waiting for redelivery), at scrape time.",
@@ -118,54 +122,61 @@ class RealtimeMetrics:
             self.consumers.labels(*key).set(consumers[key])
 
 
-class CommitSizes:
-    """A histogram of messages per group commit in plain ints (``observe`` is a bisect and two
-    additions), exported at scrape time as ``qmq_realtime_commit_batch_messages``. One
-    writer: the event loop, which also serves the scrapes, so a scrape never sees half an
-    observation."""
+class PlainHistogram:
+    """A histogram in plain ints (``observe`` is a bisect and two additions), exported at scrape
+    time as a Prometheus histogram family named ``name`` with the buckets prometheus_client's
+    ``Histogram`` would write. One writer thread (the event loop, or the store thread for the
+    fsync latency), no lock: a scrape on another thread that races an observation may see
+    its bucket counted and the sum not yet added (the next scrape has both); ``_count`` is
+    the buckets' total, so it always equals the ``+Inf`` bucket."""
 
-    def __init__(self, bounds: tuple[int, ...]) -> None:
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        assert list(bounds) == sorted(set(bounds)), bounds
+        self.name = name
+        self.documentation = documentation
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
-        self.sum = 0
+        self.sum: float = 0
 
-    def observe(self, messages: int) -> None:
-        """Event loop: count one commit of ``messages`` messages."""
-        self.counts[bisect_left(self.bounds, messages)] += 1
-        self.sum += messages
+    def observe(self, value: float) -> None:
+        """The writer thread: count one observation of ``value`` (a bound is inclusive)."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
 
     def family(self) -> HistogramMetricFamily:
         """The histogram as a Prometheus family (cumulative buckets, as Histogram writes)."""
         buckets = []
         total = 0
-        for bound, count in zip((*map(float, self.bounds), float("inf")), self.counts):
+        for bound, count in zip((*map(float, self.bounds), float("inf")), list(self.counts)):
             total += count
             buckets.append((floatToGoString(bound), total))
-        return HistogramMetricFamily("qmq_realtime_commit_batch_messages",
-                                     "Messages appended per group commit.", buckets=buckets,
+        return HistogramMetricFamily(self.name, self.documentation, buckets=buckets,
                                      sum_value=self.sum)
 
 
 class _LoopCountsCollector(Collector):
-    """The request counts by op and the commit sizes, as families at scrape time."""
+    """The request counts by op and the plain histograms, as families at scrape time."""
 
-    def __init__(self, request_counts: dict[str, int], commit_sizes: CommitSizes) -> None:
+    def __init__(self, request_counts: dict[str, int],
+                 histograms: tuple[PlainHistogram, ...]) -> None:
         self._request_counts = request_counts
-        self._commit_sizes = commit_sizes
+        self._histograms = histograms
 
     def describe(self) -> list:
         """Nothing to pre-declare (names are checked for clashes at collect time)."""
         return []
 
     def collect(self) -> Iterator:
-        """The figures as they are now (the scrape runs on the event loop, their writer)."""
+        """The figures as they are now (the scrape runs on the event loop, the writer of all
+        but the fsync latency: see ``PlainHistogram``)."""
         requests = CounterMetricFamily("qmq_realtime_requests", "Requests answered, by op "
                                        "(each send or pull request counts once, whatever its "
                                        "batch size).", labels=["op"])
         for op, count in self._request_counts.items():
             requests.add_metric([op], count)
         yield requests
-        yield self._commit_sizes.family()
+        for histogram in self._histograms:
+            yield histogram.family()
 
 
 class _BrokerCollector(Collector):
@@ -264,4 +275,4 @@ class _BrokerCollector(Collector):
             "later commits went on.", value=broker.sends.commits.publish_failures)
 
 
-__all__ = ["CommitSizes", "OTHER_SUBJECTS", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]
+__all__ = ["OTHER_SUBJECTS", "PlainHistogram", "RealtimeMetrics", "SUBJECT_LABELS_MAX"]
