@@ -49,6 +49,13 @@ class OsFile:
 
     def append(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the end, looping over short writes."""
+        if type(data) is bytes:
+            # The usual case (a group commit makes two of these calls): no view to take.
+            written = os.pwrite(self._fd, data, self._end)
+            self._end += written
+            if written == len(data):
+                return
+            data = data[written:]  # a short write: the rest through the loop below
         # The views are released even when pwrite raises: the traceback keeps this frame alive,
         # and a live view of the caller's bytearray would make its ``clear()`` (the segment log
         # dropping its buffer after ENOSPC) fail with BufferError.

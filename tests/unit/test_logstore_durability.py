@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from logstore import DiskFull, LogConfig, LogWriteFailed, SegmentedLog
+from logstore import DiskFull, LogConfig, LogWriteFailed, OsFile, SegmentedLog
 from logstore.faults import FaultPlan
 from logstore.record import HEADER_SIZE_BYTES
 
@@ -241,3 +241,26 @@ def test_a_real_enospc_from_the_os_raises_disk_full_and_the_log_takes_appends_ag
     reopened, records = records_on_disk(log_dir, tiny_config)
     assert records == synced + later
     reopened.close()
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_an_os_file_append_the_os_writes_short_is_written_whole_by_further_writes(
+        tmp_path, monkeypatch, kind):
+    # A real file whose pwrite takes at most 5 bytes a call: every byte still lands, in order.
+    real_pwrite = os.pwrite
+    calls = []
+
+    def short_pwrite(fd, data, offset):
+        calls.append(len(data))
+        return real_pwrite(fd, bytes(data)[:5], offset)
+
+    handle = OsFile(str(tmp_path / "short.bin"))
+    handle.append(b"head-")
+    monkeypatch.setattr(os, "pwrite", short_pwrite)
+    handle.append(kind(b"0123456789abcdef"))
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    handle.append(b"-tail")
+    assert calls == [16, 11, 6, 1]
+    assert handle.size() == 26
+    assert handle.pread(0, 100) == b"head-0123456789abcdef-tail"
+    handle.close()
