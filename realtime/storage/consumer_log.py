@@ -145,6 +145,7 @@ class ConsumerLog:
         self._bases: list[int] = []
         self._dirty: set[int] = set()
         self._directory_dirty = False
+        self._last_path: tuple[int, str] = (-1, "")  # (base, path) last made by _file_path
         self.end = 0  # next sequence to be indexed
         self.first_sequence = 0  # first sequence whose message is still stored (kept by owner)
         self.layout_problems: list[str] = []
@@ -159,7 +160,11 @@ class ConsumerLog:
         return self._bases[0] if self._bases else self.end
 
     def _file_path(self, base: int) -> str:
-        return os.path.join(self.directory, file_name(base))
+        if base == self._last_path[0]:
+            return self._last_path[1]  # the active file: a commit asks for it every time
+        path = os.path.join(self.directory, file_name(base))
+        self._last_path = (base, path)
+        return path
 
     def _load_layout(self) -> None:
         """Find the files; cut at the first one out of place (a gap, a short middle file)."""

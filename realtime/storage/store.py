@@ -186,9 +186,9 @@ class MessageStore(HeldWrites, CopyWrites):
             raise StoreClosed(self.data_dir)
 
     def _check_writable(self) -> None:
-        self._check_open()
-        if self._failed is not None:
-            raise self._failed
+        if self._closed or self._failed is not None:  # one test on the path of every commit
+            self._check_open()
+            raise self._failed  # type: ignore[misc]  # not None: the store is open
 
     def _write_checkpoint(self) -> bool:
         """Checkpoint the indexes when the message log is durable to its end; True if written."""
@@ -233,7 +233,7 @@ class MessageStore(HeldWrites, CopyWrites):
         self._check_writable()
         batch = self._batch
         batch.add((subject,), (message_id,), (tag_hashes,), timestamp_ms, (payload,),
-                  self._dedup, self.end_sequence, self._held.keys)
+                  self._dedup, self._indexed_end, self._held.keys)
         return Appended(subject, message_id, batch.sequences[-1], batch.duplicates[-1])
 
     def append_many(self, subjects: Sequence[str], message_ids: Sequence[str],
@@ -244,7 +244,7 @@ class MessageStore(HeldWrites, CopyWrites):
         nothing: on a ValueError (naming the message at fault) none of them is buffered."""
         self._check_writable()
         self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
-                        self.end_sequence, self._held.keys)
+                        self._indexed_end, self._held.keys)
 
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.
@@ -304,6 +304,10 @@ class MessageStore(HeldWrites, CopyWrites):
                 if clog is None:
                     clog = self._consumer_logs[subject] = self._open_consumer_log(subject)
                 ends[subject] = clog.end
+                if len(slices) == 1 and slices[0] == (0, len(offsets)):
+                    # The broker's usual commit: one subject, one run, the whole batch.
+                    clog.append_encoded(encode_entries(timestamps, offsets, sizes, blooms))
+                    continue
                 clog.append_encoded(b"".join([
                     encode_entries(timestamps[start:stop], offsets[start:stop],
                                    sizes[start:stop], blooms[start:stop])
@@ -347,6 +351,11 @@ class MessageStore(HeldWrites, CopyWrites):
         """The next sequence to be assigned (committed messages only); 0 for an unknown subject."""
         clog = self._consumer_logs.get(check_subject(subject))
         return clog.end if clog else 0
+
+    def _indexed_end(self, subject: str) -> int:
+        """``end_sequence`` of a subject already checked (``WriteBatch`` checks it first)."""
+        clog = self._consumer_logs.get(subject)
+        return clog.end if clog is not None else 0
 
     def end_sequences(self) -> dict[str, int]:
         """Every subject's end sequence."""

@@ -112,6 +112,13 @@ class WriteBatch:
                              f"{len(tag_hashes)} tag-hash lists and {len(payloads)} payloads "
                              f"differ in length")
         check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
+        if count and subjects.count(subjects[0]) == count:
+            # The broker's usual commit: one subject, one run, the columns as they came.
+            ids, ids_utf8, blooms, run_payloads = self._check_run(subjects[0], message_ids,
+                                                                  tag_hashes, payloads)
+            self._add_run(subjects[0], ids, ids_utf8, blooms, run_payloads, timestamp_ms,
+                          dedup, end_sequence, held)
+            return
         runs = [(subject, len(list(group))) for subject, group in groupby(subjects)]
         # Check every run before adding any, so a ValueError leaves the batch as it was.
         checked = []
