@@ -85,6 +85,26 @@ def test_a_pull_with_any_sequence_that_is_no_u64_is_refused(seqs):
         decode_action(body)
 
 
+@given(st.builds(Pull, names, names, names, small_uints, st.lists(uints, max_size=30).map(tuple),
+                 uints, uints))
+def test_a_pull_is_encoded_to_the_same_bytes_as_its_fields_packed_one_by_one(action):
+    fields = [action.subject, action.group, action.consumer, action.first_pull_seq,
+              list(action.consumer_log_seqs), action.new_cursor, action.now_ms]
+    assert encode_action(action) == (bytes([ACTION_PULL, BODY_VERSION])
+                                     + msgpack.packb(fields, use_bin_type=True))
+
+
+@pytest.mark.parametrize("action", [
+    Pull("s", "g", "c", 0, (1, -1), 9, 0), Pull("s", "g", "c", 0, (0, True), 9, 0),
+    Pull("s", "g", "c", 0, (0, 2**64), 9, 0), Pull("s", "g", "c", 0, (0, 1.0), 9, 0),
+    Pull("s", "g", "c", -1, (), 9, 0), Pull("s", "g", "c", 0, (), 2**64, 0),
+    Pull("s", "g", "c", 0, (), 9, True), Pull("s", b"g", "c", 0, (), 9, 0),
+    Pull("s", "g", None, 0, (), 9, 0), Pull("s", "g", "c", 0, [0, "1"], 9, 0)])  # type: ignore[arg-type]
+def test_a_pull_that_could_not_be_read_back_is_refused_by_the_codec(action):
+    with pytest.raises(ValueError):
+        encode_action(action)
+
+
 def test_a_pull_of_the_largest_u64_sequences_is_read_back():
     body = encode_action(Pull("s", "g", "c", 0, (0, 2**64 - 1), 5, 0))
     assert decode_action(body).consumer_log_seqs == (0, 2**64 - 1)
