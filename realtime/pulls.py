@@ -155,7 +155,7 @@ class Pulls:
         while True:
             if (gone is not None and gone()) or book.left_since(leave_key, mark):
                 return NOTHING_PULLED
-            event = committed.event(subject)
+            wake = committed.wake(subject)
             book.seen(subject, key, consumer_id, clock())
             pulled = await self._pull_once(request, key, tags)
             if pulled.payloads and book.left_since(leave_key, mark):
@@ -172,13 +172,12 @@ class Pulls:
             self.waiting_pulls += 1
             book.park(leave_key)  # present while parked, however long it waits
             try:
-                async with asyncio.timeout(remaining):
-                    await event.wait()
-            except TimeoutError:
-                return NOTHING_PULLED
+                woken = await committed.park(wake, deadline)
             finally:
                 self.waiting_pulls -= 1
                 book.unpark(leave_key, clock())
+            if not woken:
+                return NOTHING_PULLED
 
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled:
         """One attempt of a pull: nothing when the group is known to be caught up, else under
