@@ -31,7 +31,7 @@ import tempfile
 import urllib.request
 from typing import Any
 
-from bench._cluster import percentile, start_process, thread_cpu_s
+from bench._cluster import percentile, process_cpu_s, start_process, thread_cpu_s
 from bench._step_probe import OUT_ENV
 from bench.commit_cycle import _free_port, _histogram
 from bench.delay import wait_registered
@@ -104,6 +104,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
                 CONSUMER_READY, address="-", cwd=REPO_ROOT)
             try:
                 threads_before = thread_cpu_s(server.pid)
+                consumer_before_s = process_cpu_s(consumer.pid)
                 produced = subprocess.run(_probe_argv("client", _worker_args(
                     url, "produce_rate", {"subject": SUBJECT, "count": count, "rate_per_s": rate,
                                           "cpu_pids": [server.pid]},
@@ -113,8 +114,14 @@ def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
                 if produced.returncode != 0:
                     raise RuntimeError(f"producer failed: {produced.stdout[-2000:]}"
                                        f"{produced.stderr[-2000:]}")
+                reaped = os.times()  # the producer's CPU is in it, the consumer's not yet
                 consumer.process.wait(timeout=timeout_s)
                 threads = thread_cpu_s(server.pid)
+                # Its whole life, once reaped, less what it had used before the first send.
+                times = os.times()
+                consumer_cpu_s = (times.children_user + times.children_system
+                                  - reaped.children_user - reaped.children_system
+                                  - consumer_before_s)
             finally:
                 consumer.stop()
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
@@ -139,7 +146,11 @@ def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
         shares = sorted((times[then] - times[first]) / 1e6 for times in seen.values()
                         if first in times and then in times)
         steps[what] = (len(shares), *(percentile(shares, f) for f in (0.5, 0.9, 0.99)))
+    requests = {op: float(n) for op, n in re.findall(
+        r'qmq_realtime_requests_total\{op="([a-z_]+)"\} ([0-9.e+]+)', metrics)}
     return {"steps": steps, "received": received, "count": count,
+            "requests_per_msg": {op: n / count for op, n in requests.items()},
+            "consumer_cpu_us": consumer_cpu_s / count * 1e6,
             "cpu_us_by_thread": {k: v / count * 1e6 for k, v in by_thread.items()},
             "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
             "load_1min": os.getloadavg()[0]}
@@ -151,7 +162,9 @@ def _lines(f: dict[str, Any]) -> list[str]:
              f"{f['fsync_mean_ms']:.2f} ms; load {f['load_1min']:.2f}",
              "server CPU us/msg by thread: " + ", ".join(
                  f"{name} {us:.0f}" for name, us in sorted(f["cpu_us_by_thread"].items(),
-                                                         key=lambda item: -item[1]))]
+                                                         key=lambda item: -item[1])),
+             f"consumer process CPU {f['consumer_cpu_us']:.0f} us/msg; requests per message: "
+             + ", ".join(f"{op} {n:.3f}" for op, n in sorted(f["requests_per_msg"].items()))]
     for what, (seen, p50, p90, p99) in f["steps"].items():
         lines.append(f"{what:<44} p50 {p50:7.3f}  p90 {p90:7.3f}  p99 {p99:8.3f} ms"
                      f"  ({seen:,} msgs)")
