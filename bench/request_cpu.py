@@ -20,7 +20,9 @@ store thread's CPU is not counted (``--tmpfs``: no fsync to wait for).
 
 Printed per run: the event-loop thread's CPU per request (``time.thread_time`` on the loop:
 the client's CPU and the I/O threads' are not in it), split into user and system time (from
-/proc, 10 ms ticks), and requests per second. Over loopback TCP the answer's ``send`` system
+/proc, 10 ms ticks), and requests per second; "less idle" takes off the loop's CPU rate with no request (read for
+IDLE_S before each run) times the run's length: on a loaded host a slower run would otherwise
+count more of the idle work per request. Over loopback TCP the answer's ``send`` system
 call carries the client's side of the stack too: the system part is mostly that. ``--profile``
 runs cProfile over ``--requests`` and twice as many, and prints the difference in calls per
 request (a coroutine resumption counts as one call): a figure that does not depend on load.
@@ -47,6 +49,7 @@ from typing import Any
 from wire.protocol import encode_frame
 
 _HEADER = struct.Struct(">I")
+IDLE_S = 1.0  # the loop's idle CPU is read for this long before each run
 
 
 def _frames(op: str, count: int) -> list[bytes]:
@@ -154,6 +157,9 @@ async def _one_run(port: int, op: str, count: int, window: int,
     assert child.stdout is not None and child.stdin is not None
     line = await child.stdout.readline()
     assert line == b"ready\n", line
+    idle_cpu0 = time.thread_time()
+    await asyncio.sleep(IDLE_S)  # the loop's own work with no request (flush rounds, ticks)
+    idle_rate = (time.thread_time() - idle_cpu0) / IDLE_S
     profiler = cProfile.Profile() if profile else None
     wall0, cpu0, ticks0 = time.perf_counter(), time.thread_time(), _thread_ticks()
     if profiler is not None:
@@ -172,6 +178,7 @@ async def _one_run(port: int, op: str, count: int, window: int,
     if profiler is not None:
         calls = pstats.Stats(profiler).total_calls  # type: ignore[attr-defined]
     return {"count": count, "cpu_us": cpu_s * 1e6 / count, "rate": count / wall_s,
+            "path_us": (cpu_s - idle_rate * wall_s) * 1e6 / count, "idle_ms_s": idle_rate * 1e3,
             "calls": calls, "user_us": user_us, "system_us": system_us}
 
 
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     for run in runs:
         print(f"{args.op} window {args.window}: {run['cpu_us']:.1f} loop CPU-us/request "
-              f"(user {run['user_us']:.1f}, system {run['system_us']:.1f}), "
+              f"(user {run['user_us']:.1f}, system {run['system_us']:.1f}; less idle "
+              f"{run['path_us']:.1f}, idle {run['idle_ms_s']:.1f} ms/s), "
               f"{run['rate']:,.0f} requests/s, load {load:.1f}")
     return 0
 
