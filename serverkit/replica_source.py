@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 from serverkit.insync import InSyncTracker
 from serverkit.kind_gate import KindReads, first_unread
-from serverkit.replica_log import ReplicatedLog, answer_fetch_io
+from serverkit.replica_log import CopyStore, ReplicatedLog, answer_fetch_io
 from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch, UnreadableRecord
 from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
 
@@ -152,6 +152,7 @@ class ReplicaSource:
         self._tail_fetch_ms: dict[str, int] = {name: 0 for name in logs}
         self._log_starts: dict[str, int] = {name: 0 for name in logs}  # as last read
         self.fresh_answers: dict[str, int] = {name: 0 for name in logs}
+        self.fresh_failures = 0  # commits whose read-back failed (the fetch read the store)
 
     # ------------------------------------------------------------------ the role
 
@@ -236,8 +237,15 @@ class ReplicaSource:
         if len(self._fresh[name]) >= FRESH_CHUNKS_MAX:
             return  # the slave is not taking them (slow, or gone): it reads the store
         start = last[1]
-        data = store.read_copy(start, end - start)
-        assert len(data) == end - start, (start, end, len(data))  # whole records, all there
+        try:
+            data = _read_range(store, start, end)
+        except Exception as exc:  # never fail the commit that called: the fetch reads the store
+            self._fresh_from[name] = None
+            self.fresh_failures += 1
+            log.warning("group %s: reading back the %s log's commit [%d, %d) for the slaves "
+                        "failed (%s: %s); their fetch reads the store instead", self.group, name,
+                        start, end, type(exc).__name__, exc)
+            return
         self._fresh[name].append((generation, start, data))
 
     def _fresh_answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer | None:
@@ -519,6 +527,22 @@ class ReplicaSource:
         """Bytes the slave lacks, over every log, as its last fetches acknowledged."""
         return sum(max(0, end - self.tracker.acked(server_id, name))
                    for name, end in self.ends.items())
+
+
+def _read_range(store: CopyStore, start: int, end: int) -> bytes:
+    """Owner thread: the log's bytes [start, end) exactly (a read stops at a segment's end: a
+    commit that rolled the log over takes two). ValueError when they do not end at ``end``."""
+    parts = []
+    offset = start
+    while offset < end:
+        data = store.read_copy(offset, end - offset)
+        if not data:
+            raise ValueError(f"the log ends at {offset}, before the commit's end {end}")
+        parts.append(data)
+        offset += len(data)
+    if offset != end:
+        raise ValueError(f"records from {start} end at {offset}, past the commit's end {end}")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,

@@ -206,3 +206,53 @@ async def test_a_slave_that_does_not_take_the_commits_holds_at_most_the_bound(tm
         answer = await replica.fetch(fetch_at(20, max_bytes=35))
     assert (answer["next_offset"], answer["data"]) == (50, pattern(20, 30))
     replica.stop("done")
+
+
+class SegmentedLog(Log):
+    """A log whose reads stop at each 16-byte segment's end, as ``SegmentedLog.read_raw``."""
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        self.reads += 1
+        stop = min(self.end, offset + max_bytes, (offset // 16 + 1) * 16)
+        return pattern(offset, stop - offset)
+
+
+async def test_a_commit_that_rolled_the_log_over_is_kept_whole(tmp_path):
+    replica, _store, _thread, _clock = master(tmp_path)
+    store = SegmentedLog()
+    replica.logs["message"] = ReplicatedLog("message", store, replica.logs["message"].history,
+                                            _thread.run)
+    first = await tailing(replica, store, 10)
+    commit(replica, store, 12)
+    await first
+    waiting = asyncio.create_task(replica.fetch(fetch_at(12)))
+    await turns()
+    commit(replica, store, 40)  # [12, 40) lies in three segments
+    async with asyncio.timeout(30):
+        answer = await waiting
+    assert (answer["next_offset"], answer["data"]) == (40, pattern(12, 28))
+    assert replica.fresh_answers["message"] == 1
+    replica.stop("done")
+
+
+class FailingLog(Log):
+    """A log whose read-back fails (an I/O error, a rotten record)."""
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        if offset >= 10:
+            raise OSError(5, "Input/output error")
+        return super().read_copy(offset, max_bytes)
+
+
+async def test_a_read_back_that_fails_never_fails_the_commit_and_the_fetch_reads_the_store(
+        tmp_path):
+    replica, _store, thread, _clock = master(tmp_path)
+    store = FailingLog()
+    replica.logs["message"] = ReplicatedLog("message", store, replica.logs["message"].history,
+                                            thread.run)
+    first = await tailing(replica, store, 10)
+    commit(replica, store, 20)  # the first commit seen: nothing read back yet
+    commit(replica, store, 30)  # read back [20, 30): fails, and wrote_io returns all the same
+    assert replica.fresh_failures == 1 and not replica._fresh["message"]
+    replica.stop("done")
+    await asyncio.gather(first, return_exceptions=True)  # its store read failed as well
