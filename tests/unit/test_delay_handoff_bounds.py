@@ -58,6 +58,31 @@ async def test_pruning_the_handed_ids_costs_what_it_prunes_not_what_is_kept(tmp_
         await scheduler.stop()
 
 
+async def test_a_hot_slot_of_handed_ids_is_forgotten_at_once_and_later_ones_kept(tmp_path):
+    # More than 1/PRUNE_POPS_SHARE of the heap due: taken in one pass, not popped one by one.
+    clock = FakeClock()
+    scheduler = await started(tmp_path, clock, HoldingBroker(clock))
+    try:
+        dispatcher = scheduler.dispatcher
+        due = clock() + 5_000
+        for i in range(200):
+            dispatcher.note_handed(f"hot-{i}", "s", due, False)
+        for i in range(20):
+            dispatcher.note_handed(f"later-{i}", "s", due + 60_000, False)
+        dispatcher.note_handed("moved", "s", due, False)  # handed again, due later
+        dispatcher.note_handed("moved", "s", due + 60_000, False)
+        dispatcher.note_handed("dropped", "s", due, True)
+        assert dispatcher.prune_handed(due + 999) == 0  # within HELD_CANCEL_GRACE_MS
+        assert dispatcher.prune_handed(due + 1_000) == 201
+        assert sorted(dispatcher.handed) == sorted([f"later-{i}" for i in range(20)]
+                                                   + ["moved"])
+        assert len(dispatcher._handed_due) == 21
+        assert dispatcher.prune_handed(due + 61_000) == 21
+        assert dispatcher.handed == {} and dispatcher._handed_due == []
+    finally:
+        await scheduler.stop()
+
+
 class AheadBroker(HoldingBroker):
     """Holds and answers with its clock, ``ahead_ms`` ahead of ours (PayloadSender puts it in
     each result as ``broker_now_ms``); makes a held message visible by its own clock."""
