@@ -60,8 +60,9 @@ class RealtimeServer(ServerBase):
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
     # Answered without suspending while the access answer is cached and the pull-log thread
-    # is idle (an ack is recorded on the loop then): no task for them. A pull may park under
-    # asyncio.timeout, a fetch too: they keep their task.
+    # is idle (an ack is recorded on the loop then): no task for them. A fetch may wait under
+    # asyncio.timeout: it keeps its task. A pull could start inline (its park needs no task),
+    # but most pulls park, and then the hand-over to a task costs what the rest would save.
     INLINE_OPS = ("hello", "heartbeat", "ack")
 
     def __init__(
