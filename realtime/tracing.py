@@ -62,6 +62,12 @@ SUBJECT_MEMBERS_MAX = 1_024
 RECENT_PER_SUBJECT_MAX = 32_768
 RECENT_SUBJECTS_MAX = 32
 RECENT_ENTRIES_MAX = 262_144
+# Batches of up to this many messages have their stored lines built one message at a time
+# (``_stored_few``), larger ones column by column (``_stored_run``): at 2,000 msg/s a commit
+# carries a few messages and the event loop's code is out of the CPU caches between two, where
+# 2-3 messages cost 64-77 CPU-us one by one against 82-104 by columns, and 4 about the same
+# (BrokerTracer.stored, caches evicted before each call; docs/BENCHMARKS.md, sendpath-s14).
+STORED_FEW_MAX = 3
 # ``locator_member`` of sequence 0 without a log subject: what the locator of any sequence
 # starts with, the rest of it (an internal subject's log_subject) being the same for a batch.
 _SEQ_ZERO = locator_member(0)
@@ -248,8 +254,8 @@ class BrokerTracer(GiveUpTracing):
             return
         writer = self.writer
         assert writer is not None
-        if len(messages) == 1:
-            if self._stored_one(messages[0], sequences[0], now_ms):
+        if len(messages) <= STORED_FEW_MAX:
+            if self._stored_few(messages, sequences, now_ms):
                 return
         elif self._stored_run(messages, sequences, now_ms):
             return
@@ -293,30 +299,41 @@ class BrokerTracer(GiveUpTracing):
         for subject, (subject_sequences, subject_members) in remembered.items():
             self._remember(subject, subject_sequences, subject_members)
 
-    def _stored_one(self, checked: Checked, sequence: int | None, now_ms: int) -> bool:
-        """``stored`` of a lone message of the usual kind (a user subject, no retry copy, no
-        tags): its line in one concatenation, where ``_stored_run``'s passes over columns cost
-        the same for one message as for hundreds. The same text (unit tests hold it equal);
-        False, having done nothing, for any other message."""
-        msg_id, subject, created_at_ms = checked.id, checked.subject, checked.created_at_ms
-        deliver_at_ms = checked.deliver_at_ms
-        if (sequence is None or type(msg_id) is not str or type(created_at_ms) is not int
-                or subject[:1] == "%" or checked.retries or checked.origin_id is not None
-                or checked.tags):
+    def _stored_few(self, messages: Sequence[Checked], sequences: Sequence[int | None],
+                    now_ms: int) -> bool:
+        """``stored`` of up to STORED_FEW_MAX messages of one user subject, each of the usual
+        kind (no retry copy, no tags; a producer's own or dispatched by a delay server): each
+        line in one concatenation, where ``_stored_run``'s passes over columns cost the same
+        for a few messages as for hundreds. The same text (unit tests hold it equal); False,
+        having emitted nothing, for any other batch."""
+        subject = messages[0].subject
+        if subject[:1] == "%":
             return False
-        if deliver_at_ms is None:  # a producer's own message: its line is flagged produced
-            extra, due = PRODUCED_MEMBER, ""
-        elif type(deliver_at_ms) is int:  # dispatched by a delay server
-            extra, due = "", f',"deliver_at_ms":{deliver_at_ms}'
-        else:
-            return False
-        members = (f'"msg_id":{_json_str(msg_id)}{self._subject_member(subject)},'
-                   f'"created_at_ms":{created_at_ms}{due}')
-        start, end = self._frame(now_ms, extra)
+        subject_member = self._subject_member(subject)
+        lines = []
+        members_of = []
+        for checked, sequence in zip(messages, sequences):
+            msg_id, created_at_ms = checked.id, checked.created_at_ms
+            deliver_at_ms = checked.deliver_at_ms
+            if (sequence is None or checked.subject != subject or type(msg_id) is not str
+                    or type(created_at_ms) is not int or checked.retries
+                    or checked.origin_id is not None or checked.tags):
+                return False
+            if deliver_at_ms is None:  # a producer's own message: its line is flagged produced
+                extra, due = PRODUCED_MEMBER, ""
+            elif type(deliver_at_ms) is int:  # dispatched by a delay server
+                extra, due = "", f',"deliver_at_ms":{deliver_at_ms}'
+            else:
+                return False
+            members = (f'"msg_id":{_json_str(msg_id)}{subject_member},'
+                       f'"created_at_ms":{created_at_ms}{due}')
+            start, end = self._frame(now_ms, extra)
+            lines.append(f'{start}{members},"seq":{sequence}{end}')
+            members_of.append(members)
         writer = self.writer
         assert writer is not None
-        writer.emit_lines([f'{start}{members},"seq":{sequence}{end}'])
-        self._remember(subject, (sequence,), (members,))
+        writer.emit_lines(lines)
+        self._remember(subject, sequences, members_of)  # type: ignore[arg-type]  # no None
         return True
 
     def _stored_run(self, messages: Sequence[Checked], sequences: Sequence[int | None],

@@ -9,7 +9,8 @@ import json
 import pytest
 
 import realtime.tracing
-from realtime.tracing import RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, BrokerTracer
+from realtime.tracing import (RECENT_PER_SUBJECT_MAX, RECENT_SUBJECTS_MAX, STORED_FEW_MAX,
+                              BrokerTracer)
 from wire.message import Message, encode_message
 from serverkit.send_check import Checked
 from tracelog.events import PRODUCED_MEMBER, locator_member, message_members
@@ -160,17 +161,22 @@ def test_the_store_fast_path_writes_the_line_the_general_encoder_writes(tmp_path
                                  ["m1", "tab\there", "del\x7f"]],
                          ids=["plain ids", "escaped ids", "control characters"])
 @pytest.mark.parametrize("one_by_one", [False, True])
+@pytest.mark.parametrize("copies", [1, 2], ids=["a few (STORED_FEW_MAX)", "more (by columns)"])
 def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_message(
-        tmp_path, deliver_at_ms, with_duplicate, ids, one_by_one):
-    """A batch of one subject takes the batch path; a duplicate in it sends it down the
-    per-message path; a lone message takes its own: all write what message_members and
+        tmp_path, deliver_at_ms, with_duplicate, ids, one_by_one, copies):
+    """A batch of one subject takes the few messages' path (up to STORED_FEW_MAX) or the
+    columns' path; a duplicate in it sends it down the general per-message path; a lone
+    message takes the few messages' path: all write what message_members and
     TraceWriter.line write."""
+    assert len(ids) == STORED_FEW_MAX < 2 * len(ids)
+    ids = [f"{msg_id}{copy or ''}" for copy in range(copies) for msg_id in ids]
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)
     messages = [checked(i, "orders.créé")._replace(deliver_at_ms=deliver_at_ms,
                                                    created_at_ms=T0_MS + n % 2)
                 for n, i in enumerate(ids)]
-    sequences: list[int | None] = [5, 6, 7]
+    stored_sequences = list(range(5, 5 + len(ids)))
+    sequences: list[int | None] = list(stored_sequences)
     if with_duplicate:
         messages.append(checked("m1", "orders.créé"))
         sequences.append(None)
@@ -181,13 +187,27 @@ def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_me
         tracer.stored(messages, sequences, T0_MS + 1)
     members = [message_members(msg_id, "orders.créé", created_at_ms=T0_MS + n % 2,
                                deliver_at_ms=deliver_at_ms) for n, msg_id in enumerate(ids)]
-    assert tracer._recent["orders.créé"] == dict(zip([5, 6, 7], members))
+    assert tracer._recent["orders.créé"] == dict(zip(stored_sequences, members))
     writer.close()
     (path,) = tmp_path.glob("*/*.jsonl")
     flag = PRODUCED_MEMBER if deliver_at_ms is None else ""
     assert path.read_text() == "".join(
         writer.line("stored", T0_MS + 1, m + locator_member(seq), flag) + "\n"
-        for m, seq in zip(members, [5, 6, 7]))
+        for m, seq in zip(members, stored_sequences))
+
+
+def test_a_few_stored_messages_of_mixed_kinds_each_get_the_line_of_their_kind(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    own, dispatched = checked("own"), checked("due")._replace(deliver_at_ms=T0_MS + 9)
+    tracer.stored([own, dispatched, checked("own2")], [3, 4, 5], T0_MS + 1)
+    writer.close()
+    (path,) = tmp_path.glob("*/*.jsonl")
+    assert path.read_text() == "".join(
+        writer.line("stored", T0_MS + 1, message_members(i, "orders", created_at_ms=T0_MS,
+                                                         deliver_at_ms=due)
+                    + locator_member(seq), PRODUCED_MEMBER if due is None else "") + "\n"
+        for i, due, seq in [("own", None, 3), ("due", T0_MS + 9, 4), ("own2", None, 5)])
 
 
 def test_a_duplicate_in_a_stored_batch_gets_no_line(tmp_path):
