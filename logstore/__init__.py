@@ -21,6 +21,7 @@ from logstore.errors import (
     OffsetOutOfRange,
     OutOfDescriptors,
     RecordTooLarge,
+    UndecodableRecord,
 )
 from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory, write_file_atomically
 from logstore.segment_log import LogConfig, RecoveryReport, SegmentedLog, SegmentInfo, Truncation
@@ -29,6 +30,6 @@ __all__ = [
     "Checkpoint", "CheckpointStore", "CopyReset", "CorruptRecord", "DiskFull", "FileHandle", "LogClosed",
     "LogConfig", "LogStoreError", "LogWriteFailed", "OffsetOutOfRange", "Opener", "OsFile",
     "OutOfDescriptors", "RecordTooLarge", "RecoveryReport", "SegmentInfo", "SegmentedLog",
-    "Truncation",
+    "Truncation", "UndecodableRecord",
     "fsync_directory", "write_file_atomically",
 ]

@@ -4,6 +4,7 @@ Hierarchy::
 
     LogStoreError                 base; carries ``retriable``
     ├── CorruptRecord             a record failed its CRC, magic, version or length check (path, offset)
+    │   └── UndecodableRecord     its frame and CRC hold, its body this server cannot decode (kind, version)
     ├── RecordTooLarge            an append or a stored length exceeds the record limit (size_bytes, limit)
     ├── OffsetOutOfRange          a read below the first or at/after the end offset (offset, first, end)
     ├── LogWriteFailed            a write or fsync failed; sticky until the log is reopened
@@ -34,6 +35,19 @@ class CorruptRecord(LogStoreError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"corrupt record at offset {offset} in {path}: {reason}")
+
+
+class UndecodableRecord(CorruptRecord):
+    """A record whose frame and CRC hold but whose body this server cannot decode: a kind or
+    body version of a later release, or a writer's bug. Unlike a flipped bit, every read
+    gives the same bytes, so a copy stops at it until this server is upgraded or the record
+    is mended. ``kind``, ``version``: the body's own header fields, None when too short."""
+
+    def __init__(self, path: str, offset: int, kind: int | None, version: int | None,
+                 reason: str) -> None:
+        self.kind = kind
+        self.version = version
+        super().__init__(path, offset, f"kind {kind}, body version {version}: {reason}")
 
 
 class RecordTooLarge(LogStoreError):

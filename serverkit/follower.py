@@ -10,6 +10,10 @@ own offset, which acknowledges what it has.
 * An offset below the master's log start: the copy starts again there (``reset_io``), or, for a
   log whose state cannot be rebuilt from a later point (the pull log), from the master's newest
   checkpoint (``snapshot``).
+* A record whose CRC holds but whose body this server cannot decode (``UndecodableRecord``:
+  a later release's body version) comes back the same on every fetch: the copy stops there,
+  whole, counted (``undecodable_records``) and shown (``undecodable_at``), logged as an error
+  once per place, fetched again with the backoff until this server is upgraded.
 * ``requires``: an answer is applied only once the copies of the logs its records refer to
   reach the ends the master named, so a slave never holds an action about a message it lacks.
 * Record kinds: each fetch says which gated record kinds of its log this server reads
@@ -31,7 +35,7 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from logstore import CopyReset, CorruptRecord
+from logstore import CopyReset, CorruptRecord, UndecodableRecord
 from serverkit.config import SCRUB_BYTES_PER_S_DEFAULT, SCRUB_PAUSE_MS_DEFAULT
 from serverkit.replica_log import (
     ReplicatedLog, apply_position_io, cut_io, end_io, position_io, reset_io, scrub_io,
@@ -102,6 +106,11 @@ class Follower:
         # (qmq_replication_unreadable_records_total), and the last refusal's message.
         self.unreadable_records = 0
         self.unreadable_why: str | None = None
+        # Copied records whose CRC held but whose body this server cannot decode (a later
+        # release's body version): qmq_replication_undecodable_records_total, and where the
+        # copy stopped ({log, offset, kind, version, reason}; None: not stopped at one now).
+        self.undecodable_records = 0
+        self.undecodable_at: dict[str, object] | None = None
         self.scrub_repairs = 0
         self.scrub_passes = 0  # whole passes over every copy since the scrub started
         self.running = False
@@ -179,9 +188,15 @@ class Follower:
                 wait_ms = await self._step(item, wait_ms)
                 backoff_ms = BACKOFF_MS_MIN
                 bad_copies = 0
+                stopped = self.undecodable_at
+                if stopped is not None and stopped["log"] == item.name \
+                        and self.ends[item.name] > stopped["offset"]:  # type: ignore[operator]
+                    self.undecodable_at = None  # moved past it (the master's record mended)
                 continue
             except asyncio.CancelledError:
                 raise
+            except UndecodableRecord as exc:
+                self._undecodable(item, exc)
             except CorruptRecord as exc:
                 self.crc_errors += 1
                 bad_copies += 1
@@ -208,6 +223,21 @@ class Follower:
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(BACKOFF_MS_MAX, backoff_ms * 2)
             wait_ms = 0
+
+    def _undecodable(self, item: ReplicatedLog, exc: UndecodableRecord) -> None:
+        """A copied record whose CRC holds but whose body this server cannot decode: the same
+        bytes come back on every fetch, so the copy stops there (whole: nothing of the range
+        was written) until this server is upgraded or the master's record is mended. Counted,
+        kept for ``GET /replication``, logged as an error once per place; fetched again with
+        the backoff (never the quick re-fetches of a bad CRC)."""
+        self.undecodable_records += 1
+        at = {"log": item.name, "offset": exc.offset, "kind": exc.kind,
+              "version": exc.version, "reason": exc.reason}
+        if at != self.undecodable_at:
+            log.error("group %s: copying %s stopped at offset %d, a record this server "
+                      "cannot decode (%s); upgrade this server", self.group, item.name,
+                      exc.offset, exc.reason)
+            self.undecodable_at = at
 
     async def _step(self, item: ReplicatedLog, wait_ms: int) -> int:
         """One fetch of ``item`` and what follows from it; returns the next fetch's wait."""

@@ -176,7 +176,8 @@ class Replica:
         the record-kind gate (docs/REPLICATION.md 8.2). A master: per slave it counts, per log
         with gated kinds, what it reads and where its copy last stopped at a record it does not
         read; per gated kind, null when it may be written now, else why not (why holds or
-        hand-offs are refused). A slave: the kinds it reads and its master's last refusal."""
+        hand-offs are refused). A slave: the kinds it reads, its master's last refusal, and where
+        its copy stopped at a record it cannot decode (``undecodable_at``)."""
         out: dict[str, object] = {"group": self.group, "serving_as": self.serving_as}
         source, follower = self.source, self.follower
         if source is not None and self.serving_as == "master":
@@ -189,6 +190,8 @@ class Replica:
                             if item.kinds is not None}
             out["unreadable_records"] = follower.unreadable_records
             out["unreadable_why"] = follower.unreadable_why
+            out["undecodable_records"] = follower.undecodable_records
+            out["undecodable_at"] = follower.undecodable_at
         return out
 
     # ------------------------------------------------------------------ ReplicationStatus
@@ -264,12 +267,14 @@ class Replica:
                              if self.follower.running else None)
 
     def counters(self) -> dict[str, int]:
-        """The follower's counts for metrics: CRC errors on arrival, scrub repairs."""
+        """The follower's counts for metrics: CRC errors on arrival, scrub repairs, records
+        refused or undecodable."""
         follower = self.follower
         if follower is None:
             return {}
         counts = {"crc_errors": follower.crc_errors, "scrub_repairs": follower.scrub_repairs,
-                  "unreadable_records": follower.unreadable_records}
+                  "unreadable_records": follower.unreadable_records,
+                  "undecodable_records": follower.undecodable_records}
         if self.source is not None:
             counts["unreadable_fetches"] = self.source.kind_reads.unreadable_fetches
         return counts

@@ -35,7 +35,7 @@ class RoleMetrics:
             yield GaugeMetricFamily(f"qmq_replication_{name}", "")
         yield CounterMetricFamily("qmq_replication_role_changes", "")
         for name in ("crc_errors", "scrub_repairs", "unreadable_records",
-                     "unreadable_fetches"):
+                     "undecodable_records", "unreadable_fetches"):
             yield CounterMetricFamily(f"qmq_replication_{name}", "")
         yield GaugeMetricFamily("qmq_replication_slave_reads_kind", "",
                                 labels=["slave", "log", "kind"])
@@ -82,6 +82,10 @@ class RoleMetrics:
                            ("unreadable_records", "A slave's fetches its master refused at a "
                                                   "record of a kind this server does not read "
                                                   "(upgrade it)."),
+                           ("undecodable_records", "A slave's copied records whose CRC "
+                                                   "held but whose body this server cannot "
+                                                   "decode: its copy stops there (upgrade "
+                                                   "it)."),
                            ("unreadable_fetches", "A master's fetch answers cut short of, or "
                                                   "refused at, a record of a kind the slave "
                                                   "does not read.")):

@@ -43,7 +43,8 @@ from delayserver.storage.done_journal import (
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
 from delayserver.storage.schedule_entry import encode_schedule_entry
-from logstore import CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFailed, SegmentedLog
+from logstore import (CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFailed,
+                      SegmentedLog, UndecodableRecord)
 from logstore.record import HEADER_SIZE_BYTES, split_records
 
 if TYPE_CHECKING:
@@ -270,22 +271,38 @@ class CopyingMixin:
         each to the bucket files, pending counts and watermark. Returns the new end."""
         self._check_writable()
         # Every record is decoded before any is written: one the master framed soundly (its CRC
-        # holds) but this server cannot read refuses the whole chunk, the copy stays whole
-        # where it was, and the follower counts it (crc_errors) and fetches it again (review
-        # s12 rvdelay-5: it was appended, then its chunk's records were never applied).
+        # holds) but this server cannot read ends the chunk there (review s12 rvdelay-5: it was
+        # appended, then its chunk's records were never applied). The records before it are
+        # written and applied, nothing from it on, so the copy stops exactly at it, and the
+        # follower reports where and why (UndecodableRecord: the same bytes come back on every
+        # fetch, until this server is upgraded; review s13 rvmends-3).
         journal = self._journal.log
         framed, _used, _problem = split_records(data, journal.config.record_size_bytes_max)
         records, at = [], offset
+        undecodable: UndecodableRecord | None = None
         for body in framed:  # a framing problem: append_copied below refuses the chunk
             try:
                 records.append(decode_journal_record(bytes(body)))
             except ValueError as exc:
-                raise CorruptRecord(journal.directory, at, f"copied journal record: {exc}")
+                kind, version = (body[0], body[1]) if len(body) >= 2 else (None, None)
+                undecodable = UndecodableRecord(journal.directory, at, kind, version,
+                                                f"copied journal record: {exc}")
+                data = data[:at - offset]
+                break
             at += HEADER_SIZE_BYTES + len(body)
-        try:
-            self._journal.append_copied(offset, data)
-        except LogWriteFailed as exc:
-            raise self._fail(exc)
+        if data:
+            try:
+                self._journal.append_copied(offset, data)
+            except LogWriteFailed as exc:
+                raise self._fail(exc)
+            self._apply_copied_records(records)
+        if undecodable is not None:
+            raise undecodable
+        return self._journal.log.end_offset
+
+    def _apply_copied_records(self: DelayStore, records: list[Any]) -> None:  # type: ignore[misc]
+        """``apply_copied_journal``'s records, appended: to the bucket files, pending counts
+        and watermark."""
         for record in records:
             if record.kind == KIND_DONE_BEFORE:
                 self._follow_done_before(record.bucket_ms)
@@ -298,7 +315,6 @@ class CopyingMixin:
             else:
                 self._apply_done(record)
         self._maybe_checkpoint()
-        return self._journal.log.end_offset
 
     def _apply_done(self: DelayStore, record: Any) -> None:  # type: ignore[misc]
         state = self._done.state(record.bucket_ms)

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 
 import delayserver.handoff
@@ -49,11 +50,11 @@ def data_dir(tmp_path: Any, me: str) -> str:
     return str(data)
 
 
-def delay_server(tmp_path: Any, meta_url: str, me: str) -> DelayServer:
+def delay_server(tmp_path: Any, meta_url: str, me: str, **settings: Any) -> DelayServer:
     return DelayServer(DelayConfig(data_dir=data_dir(tmp_path, me), meta_url=meta_url,
                                    group="d1", port=0, bucket_ms=1_000,
                                    heartbeat_interval_ms=200, handoff_lead_ms=LEAD_MS,
-                                   handoff_min_messages=1))
+                                   handoff_min_messages=1, **settings))
 
 
 async def start_old(server: DelayServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,3 +206,54 @@ async def test_a_delay_slave_that_says_nothing_copies_a_journal_up_to_its_first_
                 await slave.stop()
             await master.stop()
             await broker.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_delay_slave_stopped_at_a_journal_record_it_cannot_decode_says_where_and_why(
+        tmp_path):
+    # review s13 rvmends-3: such a record (a later release's body version, here written into
+    # the master's journal as its bug would) stopped the copy for good, counted and logged as
+    # a CRC error every few seconds.
+    from prometheus_client import generate_latest
+    from tests.metricsclient import Scrape
+
+    config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS)
+    async with start_metaserver(config) as meta:
+        master = delay_server(tmp_path, meta.url, MASTER)
+        slave = delay_server(tmp_path, meta.url, SLAVE, metrics_port=0)
+        await master.start()
+        await slave.start()
+        try:
+            await wait_for(lambda: SLAVE in master.role.insync, 30, "the slave in sync")
+            body = bytearray(done_journal.encode_journal_record(
+                done_journal.KIND_DISPATCHED, 1_000, [1], [2], [3], {}))
+            body[1] = done_journal.BODY_VERSION + 1  # a later release's
+
+            def write_it(store: Any) -> int:
+                log = store._journal.log
+                at = log.end_offset
+                log.append_many([bytes(body)])
+                log.sync()
+                return at
+
+            at = await master.scheduler.on_io(write_it, master.scheduler.store)
+            follower = replica(slave).follower
+            assert follower is not None
+            await wait_for(lambda: follower.undecodable_records >= 2, 30,
+                           "the slave's copy stopped at the record")
+            assert follower.ends["done"] == at, "the copy stops exactly at the record"
+            assert follower.crc_errors == 0
+            metrics = Scrape(generate_latest(slave.metrics.registry).decode())
+            assert metrics["qmq_replication_undecodable_records_total"] >= 2
+            assert metrics["qmq_replication_crc_errors_total"] == 0
+            assert slave.metrics_listener is not None
+            url = f"http://127.0.0.1:{slave.metrics_listener.port}/replication"
+            async with aiohttp.ClientSession() as session:
+                async with session.get(url) as response:
+                    shown = (await response.json())["undecodable_at"]
+            assert {k: shown[k] for k in ("log", "offset", "kind", "version")} == {
+                "log": "done", "offset": at, "kind": done_journal.KIND_DISPATCHED,
+                "version": done_journal.BODY_VERSION + 1}
+        finally:
+            await slave.stop()
+            await master.stop()

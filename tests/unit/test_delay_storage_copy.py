@@ -185,12 +185,13 @@ def test_a_done_journal_copy_thrown_away_no_longer_counts_its_handed_entries_as_
 
 
 @pytest.mark.parametrize("defect", ["entries past the body", "unknown body version"])
-def test_a_copied_journal_chunk_with_a_malformed_record_is_refused_whole_before_any_write(
+def test_a_copied_journal_chunk_with_a_malformed_record_stops_the_copy_exactly_at_it(
         pair, defect):
     # Review s12 rvdelay-5: a CRC-valid kind-6 body whose entry count runs past it raised a
     # bare ValueError after the chunk was appended: its other records never applied, and the
-    # next fetch started past them.
-    from logstore import CorruptRecord
+    # next fetch started past them. Review s13 rvmends-3: the error says where and what, and
+    # the records before it are kept (a refetch from the chunk's start meets it again).
+    from logstore import UndecodableRecord
     from logstore.record import encode_record
     from delayserver.storage.done_journal import HEADER, KIND_HANDED_IDS
 
@@ -208,13 +209,17 @@ def test_a_copied_journal_chunk_with_a_malformed_record_is_refused_whole_before_
         HEADER.pack_into(body, 0, KIND_HANDED_IDS, 1, 0, NOW_MS + 10_000, 5, 0)
     else:
         body[1] = 9
-    chunk = dispatched + encode_record(bytes(body))
-    with pytest.raises(CorruptRecord, match="copied journal record"):
-        slave.done_copy.append_copy(good_end, chunk)
-    assert slave.done_copy.copy_bounds()[1] == good_end, "nothing of the chunk was written"
-    # The copy goes on once the master's bytes are sound (a fetch again).
-    assert slave.done_copy.append_copy(good_end, dispatched) == good_end + len(dispatched)
-    assert slave.pending_stats().total == master.pending_stats().total
+    bad = encode_record(bytes(body))
+    stop_at = good_end + len(dispatched)
+    with pytest.raises(UndecodableRecord, match="copied journal record") as raised:
+        slave.done_copy.append_copy(good_end, dispatched + bad)
+    assert (raised.value.offset, raised.value.kind) == (stop_at, KIND_HANDED_IDS)
+    assert raised.value.version == (1 if defect == "entries past the body" else 9)
+    assert slave.done_copy.copy_bounds()[1] == stop_at, "the records before it are kept"
+    assert slave.pending_stats().total == master.pending_stats().total, "and applied"
+    with pytest.raises(UndecodableRecord):  # fetched again from the copy's end
+        slave.done_copy.append_copy(stop_at, bad)
+    assert slave.done_copy.copy_bounds()[1] == stop_at, "nothing of it is written"
 
 
 def test_a_journal_record_that_cannot_be_decoded_fails_the_open_naming_its_offset(tmp_path):
