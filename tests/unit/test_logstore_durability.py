@@ -264,3 +264,30 @@ def test_an_os_file_append_the_os_writes_short_is_written_whole_by_further_write
     assert handle.size() == 26
     assert handle.pread(0, 100) == b"head-0123456789abcdef-tail"
     handle.close()
+
+
+def test_a_segment_rolled_past_is_fsynced_by_the_next_sync_even_after_the_new_one_hit_a_full_disk(
+        log_dir):
+    # sync() looks only at the segments written since the last one: the old segment that the
+    # roll's flush wrote must still be among them when the new segment's write failed.
+    plan = FaultPlan()
+    config = LogConfig(segment_size_bytes_max=4096)
+    log = SegmentedLog(log_dir, config, opener=plan.opener)
+    per_segment = 4096 // FRAMED_SIZE
+    synced = append_range(log, 0, 3)
+    log.sync()
+    assert plan.syncs == 1
+    plan.disk_capacity_bytes = plan.bytes_written + (per_segment - 3) * FRAMED_SIZE
+    flushed = append_range(log, 3, per_segment - 3)
+    append_range(log, per_segment, 1)  # rolls: the old segment's records are written first
+    assert len(log.segments()) == 2
+    with pytest.raises(DiskFull):
+        log.sync()  # the new segment's one record finds the disk full
+    plan.free_space(1 << 20)
+    log.sync()
+    assert plan.syncs == 2  # the old segment, written since the last sync
+    assert log.durable_offset == log.end_offset == per_segment * FRAMED_SIZE
+    log.close()
+    reopened, records = records_on_disk(log_dir, config)
+    assert records == synced + flushed
+    reopened.close()
