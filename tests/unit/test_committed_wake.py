@@ -1,11 +1,12 @@
-"""The long polls' wake-ups (``Committed.wake`` / ``park`` / ``notify``): one future and one
-timer per parked poll instead of an ``asyncio.Event`` and an ``asyncio.timeout`` (issue 18)."""
+"""The long polls' wake-ups (``Committed.wake`` / ``park`` / ``notify``): one future per parked
+poll and one timer per deadline slot, instead of an ``asyncio.Event`` and an
+``asyncio.timeout`` per poll (issue 18)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from realtime.committed import Committed
+from realtime.committed import PARK_DEADLINE_SLOT_S, Committed
 from realtime.tail import Tail
 
 
@@ -43,6 +44,7 @@ async def test_a_poll_past_its_deadline_answers_false_and_leaves_no_waiter_behin
     assert wake.waiters == []
     assert await committed.park(wake, loop.time() - 1) is False, "a deadline passed already"
     assert wake.waiters == []
+    assert not any(committed._deadline_slots.values())
 
 
 async def test_a_cancelled_poll_leaves_no_waiter_behind_and_the_others_still_wake():
@@ -86,3 +88,44 @@ async def test_a_deadline_that_fires_after_the_wake_resolved_the_poll_changes_no
     assert await parked is True
     await asyncio.sleep(0.02)
     assert errors == []
+
+
+async def test_polls_never_end_before_their_deadlines_and_polls_of_one_slot_share_a_timer(
+        monkeypatch):
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    timers = []
+    call_at = loop.call_at
+
+    def counting_call_at(when, callback, *args):
+        timers.append(when)
+        return call_at(when, callback, *args)
+
+    monkeypatch.setattr(loop, "call_at", counting_call_at)
+    base = (loop.time() // PARK_DEADLINE_SLOT_S + 2) * PARK_DEADLINE_SLOT_S  # a slot's start
+    deadlines = [base + PARK_DEADLINE_SLOT_S * f for f in (0.1, 0.5, 0.9)]  # one slot
+    deadlines.append(base + PARK_DEADLINE_SLOT_S * 1.5)  # the next
+
+    async def poll(deadline: float) -> tuple[bool, float]:
+        woken = await committed.park(committed.wake("s"), deadline)
+        return woken, loop.time()
+
+    ended = await asyncio.gather(*(poll(d) for d in deadlines))
+    assert [woken for woken, _ in ended] == [False] * 4
+    for deadline, (_, at) in zip(deadlines, ended):
+        assert at >= deadline
+    assert len(timers) == 2, timers
+    assert committed._deadline_slots == {}
+
+
+async def test_a_poll_woken_before_its_slot_passes_leaves_its_slot_and_the_others_still_end():
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.02
+    woken = asyncio.ensure_future(committed.park(committed.wake("a"), deadline))
+    waiting = asyncio.ensure_future(committed.park(committed.wake("b"), deadline))
+    await asyncio.sleep(0)
+    committed.notify("a")
+    assert await woken is True
+    assert sum(map(len, committed._deadline_slots.values())) == 1
+    assert await waiting is False
