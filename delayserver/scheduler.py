@@ -99,6 +99,25 @@ def open_store_on_io(config: DelayConfig, now_ms: int, opener: Opener,
     return store
 
 
+def _open_noted(opened: list[DelayStore], *args: Any) -> DelayStore:
+    """On the delay-io thread: ``open_store_on_io(*args)``, the store also put in ``opened``
+    (its caller may be gone by then: ``_close_opened``)."""
+    store = open_store_on_io(*args)
+    opened.append(store)
+    return store
+
+
+def _close_opened(opened: list[DelayStore]) -> None:
+    """On the delay-io thread, after ``Scheduler.open`` was cancelled or failed: close the
+    store its open made (queued after it, so it runs once the open ends), so none of its files
+    stays open."""
+    for store in opened:
+        try:
+            store.close()
+        except Exception:
+            log.exception("closing the delay store of a failed or cancelled open failed")
+
+
 def delay_log_end(store: DelayStore) -> int:
     """Delay-io thread: the delay log's end as a slave's fetch may read it (after a commit:
     everything committed so far)."""
@@ -186,11 +205,13 @@ class Scheduler(LoadingMixin, CancelsMixin):
         # run_in_executor made a concurrent future, a chained asyncio future and a
         # call_soon_threadsafe per call (every group commit and dispatch goes through here).
         io_thread = IoThread("delay-io")
+        opened: list[DelayStore] = []
         try:
-            store = await io_thread.call(open_store_on_io, config, clock(), opener, on_fsync)
+            store = await io_thread.call(_open_noted, opened, config, clock(), opener, on_fsync)
             done_before_ms = await io_thread.call(store.done_before)
             delay_end = await io_thread.call(delay_log_end, store)
         except BaseException:
+            io_thread.submit(_close_opened, opened)  # after the open, which may still run
             io_thread.close(wait=False)
             raise
         return cls(config, clock, dispatch, store, io_thread, done_before_ms=done_before_ms,

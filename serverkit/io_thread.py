@@ -136,9 +136,8 @@ class IoThread:
                         os.eventfd_write(self._wake_fd, 1)
                     else:
                         self._loop.call_soon_threadsafe(self._deliver)
-                except RuntimeError:  # the loop is closed: nobody is waiting any more
-                    self._end()
-                    return
+                except RuntimeError:  # the loop is closed: nobody waits; the calls still run
+                    pass
 
     def _end(self) -> None:
         """The thread, last: tell the loop no wake-up follows (it then closes the eventfd), or

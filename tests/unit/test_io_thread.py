@@ -201,10 +201,35 @@ def test_a_server_open_cancelled_under_asyncio_run_leaves_no_descriptor_open(mon
     asyncio.run(main())
     release.set()
     assert wait_until(lambda: not [t for t in threading.enumerate() if t.name == "delay-io"])
-    # The store the open finished is dropped with nothing to close it: its files are not
-    # the IoThread's; only the eventfd is looked for here.
-    assert wait_until(lambda: not [fd for fd in open_fds() - before if _is_eventfd(fd)]), \
-        "the delay-io thread's eventfd stayed open"
+    # Neither the eventfd nor the files of the store the open made after its cancel
+    assert wait_until(lambda: open_fds() == before), [_target(fd) for fd in open_fds() - before]
+
+
+def _target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "(closed)"
+
+
+def test_calls_queued_behind_a_close_without_waiting_still_run_after_the_loop_closed():
+    """Scheduler.open queues the close of the store its cancelled open makes behind it."""
+    loop = asyncio.new_event_loop()
+    release, ran = threading.Event(), threading.Event()
+
+    async def start() -> IoThread:
+        io = IoThread("test-queued")
+        asyncio.ensure_future(io.call(release.wait, 30))
+        await asyncio.sleep(0)
+        io.submit(ran.set)
+        io.close(wait=False)
+        return io
+
+    io = loop.run_until_complete(start())
+    loop.close()
+    release.set()
+    io._thread.join(30)
+    assert ran.is_set(), "the call queued behind the running one never ran"
 
 
 def _is_eventfd(fd: int) -> bool:
