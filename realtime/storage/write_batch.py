@@ -138,8 +138,10 @@ class WriteBatch:
         """The run's ids as UTF-8 and its tag blooms; ValueError (from ``check_message``, so
         worded the same as for one append) when any message cannot be stored."""
         try:
-            check_subject(subject)
-            if set(map(type, message_ids)) != {str}:
+            # str.encode (UTF-8, strict) raises TypeError for what is not a str and
+            # UnicodeEncodeError for a lone surrogate: both go to the slow path, which names it.
+            subject_size = len(str.encode(subject))
+            if not 1 <= subject_size <= SUBJECT_BYTES_MAX:
                 raise ValueError
             ids_utf8 = list(map(str.encode, message_ids))
             id_sizes = list(map(len, ids_utf8))
@@ -147,8 +149,7 @@ class WriteBatch:
                 raise ValueError
             if set(map(type, payloads)) != {bytes}:
                 raise ValueError  # a bytearray or memoryview is copied by the slow path
-            longest = record_size_bytes(len(subject.encode("utf-8")), max(id_sizes),
-                                        max(map(len, payloads)))
+            longest = record_size_bytes(subject_size, max(id_sizes), max(map(len, payloads)))
             if longest > self.record_size_bytes_max:
                 raise ValueError
             if any(tag_hashes):
