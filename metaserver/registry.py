@@ -39,6 +39,7 @@ from metaserver.replication import (
     new_group,
     promote,
     role_answer,
+    servers_and_server,
     servers_of,
     settle_role,
     supersede,
@@ -241,8 +242,12 @@ class Registry(RoutesMixin, AdminViewsMixin):
 
         async def body(s: AsyncSession) -> tuple[dict[str, Any], bool]:
             now = self.clock()
-            broker = await find_server(s, req.server_id)
-            if broker is None or broker.state == "offline" or broker.group_name != group:
+            # The group's row lock first, then its servers and this one in one statement
+            # (read under the lock, so as another MetaServer's promotion left them).
+            grp = await s.get(BrokerGroup, group, with_for_update=True)
+            servers, broker = await servers_and_server(s, group, req.server_id)
+            if (grp is None or broker is None or broker.state == "offline"
+                    or broker.group_name != group):
                 raise NotFound(
                     f"broker {address!r} (server {req.server_id}) of group {group!r} is not "
                     "registered" + (" (marked offline)" if broker is not None else "")
@@ -250,8 +255,6 @@ class Registry(RoutesMixin, AdminViewsMixin):
                 )
             if broker.kind != kind:
                 raise BadRequest(f"broker {address!r} is a {broker.kind} broker, not {kind}")
-            grp = await s.get(BrokerGroup, group, with_for_update=True)
-            assert grp is not None, f"broker {broker.id} has no group row"
             effective = broker_state(grp.readonly)
             changed = effective != broker.state or broker.address != address
             broker.address = address
@@ -259,7 +262,6 @@ class Registry(RoutesMixin, AdminViewsMixin):
             broker.state = effective
             broker.last_heartbeat_ms = now
             changed |= settle_role(grp, broker, req, now)
-            servers = await servers_of(s, group)
             insync_before = [other.in_sync for other in servers]
             changed |= apply_replica(grp, broker, servers, req)
             # Another server's in-sync flag changed: other servers' answers change too.

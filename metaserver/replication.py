@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.errors import BadRequest, Conflict, NotFound
@@ -91,6 +91,17 @@ async def servers_of(s: AsyncSession, group: str) -> list[Broker]:
     rows = await s.execute(select(Broker).where(Broker.group_name == group)
                            .order_by(Broker.server_id))
     return list(rows.scalars())
+
+
+async def servers_and_server(s: AsyncSession, group: str,
+                             server_id: str) -> tuple[list[Broker], Broker | None]:
+    """Every server row of ``group`` and the row of ``server_id`` (of any group), in one
+    statement: a heartbeat's write needs both, and each statement costs a thread round trip."""
+    rows = list((await s.execute(select(Broker).where(
+        or_(Broker.group_name == group, Broker.server_id == server_id))
+        .order_by(Broker.server_id))).scalars())
+    return ([b for b in rows if b.group_name == group],
+            next((b for b in rows if b.server_id == server_id), None))
 
 
 async def find_server(s: AsyncSession, server_id: str) -> Broker | None:
@@ -293,6 +304,8 @@ class ReplicationOps:
         # that may change a group since, find what the last one found: nothing to do.
         self._quiet: tuple[int, int, int] | None = None
         self.skipped = 0  # checks that skipped their read (tests, benchmarks)
+        # What the last read held of the rows that heartbeat answers depend on (_answer_rows).
+        self._answer_rows: tuple[Any, ...] | None = None
 
     @property
     def _expiry_ms(self) -> int:
@@ -316,6 +329,7 @@ class ReplicationOps:
             pairs = list(await s.execute(select(BrokerGroup, Broker).outerjoin(
                 Broker, Broker.group_name == BrokerGroup.name)
                 .order_by(BrokerGroup.name, Broker.id)))
+        self._note_answer_rows(pairs)
         groups = list({grp.name: grp for grp, _ in pairs}.values())
         by_group: dict[str, list[ServerState]] = {}
         for grp, row in pairs:
@@ -340,6 +354,20 @@ class ReplicationOps:
                 done.append(promotion)
         self._quiet = self._quiet_spell(pairs, generation, now_ms, mono_ms)
         return done
+
+    def _note_answer_rows(self, pairs: list[Any]) -> None:
+        """Heartbeat answers remembered in memory (metaserver.broker_liveness) go stale when
+        another MetaServer changes a group (a promotion, a switchover, an expiry): when the
+        fields those answers come from differ from the last read's, none is reused. So such a
+        change reaches this MetaServer's answers within a failover check interval, not
+        ``FULL_HEARTBEAT_MS``, whenever the check reads (every group with a slave)."""
+        rows = tuple((grp.name, grp.epoch, grp.master_id, grp.readonly, grp.replication,
+                      grp.min_insync, grp.switchover_to, grp.writable)
+                     + ((row.server_id, row.address, row.state, row.in_sync)
+                        if row is not None else ()) for grp, row in pairs)
+        if self._answer_rows is not None and rows != self._answer_rows:
+            self.registry.broker_liveness.changed()
+        self._answer_rows = rows
 
     def _quiet_spell(self, pairs: list[Any], generation: int, now_ms: int,
                      mono_ms: int) -> tuple[int, int, int] | None:
@@ -504,6 +532,7 @@ __all__ = [
     "new_group",
     "promote",
     "role_answer",
+    "servers_and_server",
     "servers_of",
     "settle_role",
     "supersede",

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from metaserver.broker_liveness import FULL_HEARTBEAT_MS
+from metaserver.models import BrokerGroup
 from metaserver.replication import FAILOVER_QUIET_MS_MAX
 from tests.integration.test_metaserver import (  # noqa: F401  (fixtures)
     Api, FakeClock, clock, db_url, serve,
@@ -158,3 +160,50 @@ async def test_a_master_that_joins_a_slave_after_a_quiet_spell_still_fails_over(
     assert promotion.to_id == S1 and (await group_row(api))["master_id"] == S1
     status, _ = await api.heartbeat("rt1", ADDR[M], server_id=M, epoch=1)
     assert status == 200 and (await beat(api, M, epoch=1))["role"] == "slave"
+
+
+async def test_a_slave_in_a_group_with_a_lease_is_answered_from_memory_while_its_master_writes_every_renewal(
+    api: Api, clock: FakeClock
+) -> None:
+    registry = api.server.registry
+    await register(api, M)
+    await register(api, S1)
+    await beat(api, M, insync=[S1])
+    first = await beat(api, S1, position=5)  # written in full: its answer is remembered
+    assert first["role"] == "slave" and first["lease_required"]
+    renewals = (await group_row(api))["lease_renewals"]
+    writes = registry.write_transactions
+    for i in range(1, 4):
+        clock.advance(BEAT_MS)
+        assert await beat(api, S1, position=5 + i) == first
+        await beat(api, M, insync=[S1])  # a renewal: always a write
+    assert registry.write_transactions == writes + 3
+    assert (await group_row(api))["lease_renewals"] == renewals + 3
+    assert (await broker_row(api, S1))["position"] == 8  # noted, shown at once
+    await api.expire()
+    shown = await broker_row(api, S1)
+    assert shown["last_heartbeat_ms"] == clock.now_ms and shown["position"] == 8
+
+
+async def test_another_metaservers_promotion_reaches_a_remembered_answer_at_the_next_failover_check(
+    api: Api, clock: FakeClock
+) -> None:
+    registry = api.server.registry
+    await register(api, M)
+    await register(api, S1)
+    await beat(api, M, insync=[S1])
+    await beat(api, S1)
+    await api.server.failover_now()  # reads the rows the answers come from
+    assert (await beat(api, S1))["role"] == "slave"
+    answered = registry.broker_liveness.answered
+    assert answered >= 1
+    # Another MetaServer over the same database promotes S1 (no write of this one).
+    assert registry.engine is not None
+    async with registry.engine.begin() as connection:
+        await connection.execute(update(BrokerGroup).where(BrokerGroup.name == "rt1")
+                                 .values(master_id=S1, epoch=BrokerGroup.epoch + 1))
+    assert (await beat(api, S1))["role"] == "slave"  # still from memory: not read yet
+    await api.server.failover_now()
+    answer = await beat(api, S1)
+    assert answer["role"] == "master" and answer["epoch"] == 2
+    assert registry.broker_liveness.answered == answered + 1
