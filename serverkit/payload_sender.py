@@ -111,8 +111,18 @@ class PayloadSender:
         last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
         pending = list(range(len(payloads)))
         for attempt in range(2):
-            route = await (self.routes.refresh(subject, "producer") if attempt
-                           else self.routes.get(subject, "producer"))
+            try:
+                route = await (self.routes.refresh(subject, "producer") if attempt
+                               else self.routes.get(subject, "producer"))
+            except QmqError as exc:
+                if not (attempt and holding and any(r is not None for r in results)):
+                    raise
+                # Some group held its part on the first try: only the part still pending
+                # is refused, with this error; raising it for the whole hold would make the
+                # caller take the held part as held by none (review s14 rva-1).
+                refused.update(dict.fromkeys(pending, exc))
+                pending, last_error = [], exc
+                break
             # Sorted by name: every sender computes the same home for an id.
             groups = sorted((g for g in route.groups if g.addresses), key=lambda g: g.group)
             if not groups:

@@ -13,8 +13,8 @@ from serverkit.payload_sender import home_group
 from tests.rawclient import FakeClock
 from tests.unit.delay_handoff_support import BUCKET_MS, LEAD_MS, into_the_lead
 from tests.unit.test_delay_scheduler_races import settle
-from tests.unit.test_payload_sender_hold import (_G0, _G1, _Routes, _SecondGroupRefuses,
-                                                 _sender_over)
+from tests.unit.test_payload_sender_hold import (_G0, _G1, _RefreshSaysNoRoute, _Routes,
+                                                 _SecondGroupRefuses, _sender_over)
 from wire.errors import ReadOnly
 from wire.message import encode_message
 
@@ -58,5 +58,30 @@ async def test_a_cancel_of_a_message_one_group_held_while_the_other_refused_asks
         holds = Counter(brokers.hold_ids)
         assert {holds[("a:1", m.id)] for m in by_home[0]} == {1}, "g0's part handed again"
         assert {holds[("b:1", m.id)] > 1 for m in by_home[1]} == {True}, "g1's not retried"
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_cancel_of_a_message_one_group_held_asks_it_when_the_route_refresh_failed(
+        tmp_path):
+    # review s14 rva-1; the retry backoff is long, so the cancel comes while the refused part
+    # waits for its next try.
+    clock = FakeClock()
+    brokers = _CancelsNoted()
+    sender = _sender_over(_RefreshSaysNoRoute(failures=1), brokers)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=LEAD_MS, handoff_min_messages=1,
+                         dispatch_retry_ms_min=60_000, dispatch_retry_ms_max=60_000)
+    scheduler = await Scheduler.open(config, clock, sender.send, hold=sender.send,
+                                     cancel_held=sender.cancel_held_answers)
+    await scheduler.start()
+    try:
+        due, messages = await into_the_lead(scheduler, clock,
+                                            *[b"m%d" % n for n in range(20)])
+        held = next(m for m in messages if home_group(encode_message(m), 2) == 0)
+        assert held.id in brokers.held["a:1"], "g0 holds it"
+        assert await scheduler.cancel(held.id, due) == "cancelled"
+        assert held.id in brokers.asked, "answered without asking g0, which holds it"
+        assert held.id not in brokers.held["a:1"], "g0 still holds it: it delivers it when due"
     finally:
         await scheduler.stop()
