@@ -415,8 +415,11 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
             self._on_write_error(active, exc)
         active.size_bytes += len(framed)
         active.synced = False
-        if self._unsynced_base is None:
-            self._unsynced_base = active.base_offset  # later flushes write here or after
+        # Later flushes write here or after, unless a cut (truncate, reset) makes an earlier
+        # segment the active one again: the base is then the lower of the two (review s14
+        # rvb-5: a sync would otherwise fsync nothing and call the end durable).
+        if self._unsynced_base is None or active.base_offset < self._unsynced_base:
+            self._unsynced_base = active.base_offset
         self._pending.clear()
         self._update_fast_path_end()
 

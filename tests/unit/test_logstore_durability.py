@@ -291,3 +291,22 @@ def test_a_segment_rolled_past_is_fsynced_by_the_next_sync_even_after_the_new_on
     reopened, records = records_on_disk(log_dir, config)
     assert records == synced + flushed
     reopened.close()
+
+
+def test_a_record_written_after_a_cut_is_fsynced_by_the_next_sync(tmp_path):
+    # review s14 rvb-5: after a flush without a sync, a cut into an earlier segment and a
+    # write there, sync() fsynced nothing and still called the end durable.
+    plan = FaultPlan()
+    log = SegmentedLog(str(tmp_path / "log"), LogConfig(segment_size_bytes_max=4096),
+                       opener=plan.opener)
+    per_segment = 4096 // FRAMED_SIZE
+    append_range(log, 0, per_segment + 2)  # segment 0 full, 2 records in segment 1
+    log.sync()
+    append_range(log, per_segment + 2, 2)
+    log.flush()  # written to the OS, not fsynced, in segment 1
+    log.truncate(FRAMED_SIZE * 3)  # a cut inside segment 0: segment 1 goes
+    append_range(log, 3, 1)
+    syncs = plan.syncs
+    assert log.sync() == log.end_offset == 4 * FRAMED_SIZE
+    assert plan.syncs > syncs, "sync() called the record durable but fsynced nothing"
+    log.close()
