@@ -146,7 +146,7 @@ class Replica:
         """Owner thread of log ``name``, right after a commit to it: keep its bytes for the
         slaves tailing the log (``ReplicaSource.wrote_io``); nothing while none does."""
         source = self.source
-        if source is not None and source.fresh_wanted[name]:
+        if source is not None:  # also while none tails: it forgets where the last chunk ended
             source.wrote_io(name)
 
     async def wait_replicated(self, name: str, end: int) -> None:

@@ -256,3 +256,53 @@ async def test_a_read_back_that_fails_never_fails_the_commit_and_the_fetch_reads
     assert replica.fresh_failures == 1 and not replica._fresh["message"]
     replica.stop("done")
     await asyncio.gather(first, return_exceptions=True)  # its store read failed as well
+
+
+class _SizedReads(Log):
+    """A Log noting the size of each read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_sizes: list[int] = []
+
+    def read_copy(self, offset: int, max_bytes: int) -> bytes:
+        self.read_sizes.append(max_bytes)
+        return super().read_copy(offset, max_bytes)
+
+
+async def test_a_slave_tailing_again_makes_a_commit_read_back_no_more_than_itself(tmp_path):
+    # review s14 rvb-3: through Replica.wrote_io (the servers' path) the commits nobody tailed
+    # never reached the source, so the first commit seen tailing again read back all of them.
+    from serverkit.replica import Replica
+    source, _store, thread, clock = master(tmp_path)
+    store = _SizedReads()
+    source.logs["message"] = ReplicatedLog("message", store, source.logs["message"].history,
+                                           thread.run)
+    replica = Replica("g1", str(tmp_path), ("message",), connect=None)  # type: ignore[arg-type]
+    replica.source = source
+
+    def commit_through_replica(end: int) -> None:
+        store.end = end
+        replica.wrote_io("message")
+        source.advanced("message", end)
+
+    commit_through_replica(10)
+    assert (await source.fetch(fetch_at(0)))["next_offset"] == 10
+    waiting = asyncio.create_task(source.fetch(fetch_at(10)))
+    await turns()
+    commit_through_replica(20)
+    await waiting
+    clock.ms += FRESH_TAIL_MS + 1
+    source.tick()  # no slave tails any more
+    for end in range(30, 100_030, 10_000):  # 100 kB of commits nobody tails
+        commit_through_replica(end)
+    assert (await source.fetch(fetch_at(20)))["next_offset"] == 90_030
+    waiting = asyncio.create_task(source.fetch(fetch_at(90_030)))  # tails again
+    await turns()
+    store.read_sizes.clear()
+    commit_through_replica(90_040)
+    await waiting
+    # The fetch's own store read asks for up to its max_bytes; any other read is a read-back.
+    read_backs = [size for size in store.read_sizes if size != 1 << 20]
+    assert read_backs in ([], [10]), f"a commit of 10 bytes read back {read_backs}"
+    source.stop("done")
