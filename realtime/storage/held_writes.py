@@ -207,8 +207,7 @@ class HeldWrites:
     def _write_durably(self, bodies: list[bytes]) -> list[int]:
         """Append record bodies and make them durable per the flush mode; sticky on failure."""
         try:
-            offsets = self._message_log.append_bodies(bodies)
-            self._message_log.log.sync_or_flush()
+            offsets = self._message_log.append_durably(bodies)
         except LogWriteFailed as exc:
             self._failed = exc
             raise

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from logstore import CorruptRecord, LogConfig, Opener, SegmentedLog, SegmentInfo
+from logstore import (CorruptRecord, DiskFull, LogConfig, LogWriteFailed, Opener, SegmentedLog,
+                      SegmentInfo)
 from realtime.storage.control_record import decode_visible_message, is_control
 from realtime.storage.held import is_held_control, message_header
 from realtime.storage.message_record import (
@@ -59,6 +60,29 @@ class MessageLog:
     def append_bodies(self, bodies: list[bytes]) -> list[int]:
         """Buffer records already encoded (``encode_subject_records``); returns their offsets."""
         return self.log.append_many(bodies)
+
+    def append_durably(self, bodies: list[bytes]) -> list[int]:
+        """Append records already encoded and make them durable per the flush mode
+        (``sync_or_flush``); returns their offsets. On a full disk (``DiskFull``, retriable)
+        the log is first cut back to where it ended before: the first records of a batch
+        written before the disk filled (a segment roll inside the batch, a batch over the write
+        buffer) would otherwise stay in the file unindexed, the next batch would reuse their
+        sequences, and a slave copying the log would take them as written and refuse the real
+        ones (review s14 rvb-2). ``LogWriteFailed`` propagates (the caller makes it sticky),
+        also when that cut fails."""
+        start = self.log.end_offset
+        try:
+            offsets = self.log.append_many(bodies)
+            self.log.sync_or_flush()
+        except DiskFull:
+            if self.log.end_offset > start:
+                try:
+                    self.log.truncate(start)
+                except OSError as exc:
+                    raise LogWriteFailed(self.directory, "cut back after a full disk",
+                                         exc) from exc
+            raise
+        return offsets
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The message at ``offset`` and its body size; CorruptRecord when it does not decode.

@@ -280,8 +280,7 @@ class MessageStore(HeldWrites, CopyWrites):
             return batch
         message_log = self._message_log
         try:
-            offsets = message_log.append_bodies(batch.bodies)
-            message_log.log.sync_or_flush()
+            offsets = message_log.append_durably(batch.bodies)
         except LogWriteFailed as exc:
             # Sticky: after a failed write or fsync the file's state is unknown until reopened.
             # Records of this batch that reached the file are never indexed; recovery treats

@@ -295,6 +295,55 @@ def test_a_commit_that_hits_a_full_disk_drops_the_batch_and_a_later_one_works(da
     store.close()
 
 
+def test_a_slave_copies_past_a_commit_that_hit_a_full_disk_part_way(tmp_path):
+    # review s14 rvb-2: the part of the batch written before the disk filled stayed in the
+    # master's message log, and a slave copying it indexed it, then refused the master's
+    # real record of the same sequence (CorruptRecord) and stopped copying.
+    plan = FaultPlan()
+    master = MessageStore(str(tmp_path / "m"), TINY, opener=plan.opener, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "s"), TINY, now_ms=T0)
+    for i in range(6):
+        master.append("s", f"old{i}", [1], T0, payload_of("s", i))
+    master.commit()
+    start = master.copy_bounds()[1]
+    plan.disk_capacity_bytes = plan.bytes_written + 1500  # part of the next batch fits
+    for i in range(12):
+        master.append("s", f"new{i}", [1], T0, b"n" * 200)
+    with pytest.raises(DiskFull):
+        master.commit()
+    assert master.copy_bounds()[1] == start, "the dropped batch's first records stay"
+    plan.free_space(1 << 20)
+    master.append("s", "new0", [1], T0, b"retry")  # the producer's resend: sequence 6
+    master.commit()
+    offset, end = slave.copy_bounds()[1], master.copy_bounds()[1]
+    while offset < end:  # as a slave's fetches copy it
+        offset = slave.append_copy(offset, master.read_copy(offset, 1 << 20))
+    assert slave.read("s", 6).payload == b"retry"
+    assert slave.end_sequence("s") == master.end_sequence("s") == 7
+    master.close()
+    slave.close()
+
+
+def test_a_hold_that_hits_a_full_disk_part_way_leaves_no_record_of_it_in_the_log(tmp_path):
+    # review s14 rvb-2, the held records' write: what reached the file before the disk filled
+    # would be copied by a slave as held messages the master never held.
+    plan = FaultPlan()
+    store = MessageStore(str(tmp_path / "m"), TINY, opener=plan.opener, now_ms=T0)
+    store.append("s", "m0", [1], T0, payload_of("s", 0))
+    store.commit()
+    start = store.copy_bounds()[1]
+    plan.disk_capacity_bytes = plan.bytes_written + 1500
+    ids = [f"h{i}" for i in range(12)]
+    with pytest.raises(DiskFull):
+        store.hold_many(["s"] * 12, ids, [()] * 12, T0, [b"h" * 200] * 12, [T0 + 1_000] * 12)
+    assert store.copy_bounds()[1] == start
+    plan.free_space(1 << 20)
+    assert None not in store.hold_many(["s"] * 12, ids, [()] * 12, T0, [b"h" * 200] * 12,
+                                       [T0 + 1_000] * 12), "held again, none a duplicate"
+    assert len(store.held()) == 12
+    store.close()
+
+
 def test_a_failed_fsync_drops_the_batch_and_the_store_refuses_writes_until_reopened(data_dir):
     plan = FaultPlan()
     store = open_store(data_dir, opener=plan.opener)
