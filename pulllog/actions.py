@@ -205,9 +205,17 @@ def _encode_pull(action: Pull) -> bytes:
     if type(seqs) not in (list, tuple) or (seqs and not (
             set(map(type, seqs)) == {int} and min(seqs) >= 0 and max(seqs) <= U64_MAX)):
         raise ValueError("expected a list of unsigned integers")
+    return encode_checked_pull(action.subject, action.group, action.consumer,
+                               action.first_pull_seq, seqs, action.new_cursor, action.now_ms)
+
+
+def encode_checked_pull(subject: str, group: str, consumer: str, first_pull_seq: int,
+                        seqs: tuple[int, ...], new_cursor: int, now_ms: int) -> bytes:
+    """The PULL record body for fields the caller has already checked as ``_encode_pull``
+    does (``PullLogStore.record_tail_pull``): the same bytes, with no Pull built."""
     # msgpack packs a tuple as an array: the values go as they are, copied into no list.
-    return _PULL_HEADER + _packb((action.subject, action.group, action.consumer,
-                                 action.first_pull_seq, seqs, action.new_cursor, action.now_ms))
+    return _PULL_HEADER + _packb((subject, group, consumer, first_pull_seq, seqs, new_cursor,
+                                  now_ms))
 
 
 def encode_action(action: Action) -> bytes:

@@ -248,15 +248,19 @@ class PullState:
         return None
 
     def _apply_pull(self, action: Pull) -> PulledBatch:
-        data = self.groups[(action.subject, action.group)]
-        consumer = data.consumers.get(action.consumer)
+        return self.apply_pull_fields(self.groups[(action.subject, action.group)],
+                                      action.consumer, action.first_pull_seq,
+                                      action.consumer_log_seqs, action.new_cursor, action.now_ms)
+
+    def apply_pull_fields(self, data: GroupData, consumer_name: str, first: int,
+                          seqs: tuple[int, ...], new_cursor: int, now_ms: int) -> PulledBatch:
+        """``apply`` of a checked PULL given as its fields, with the group already found (a
+        pull from the tail builds no Pull: ``PullLogStore.record_tail_pull``)."""
+        consumer = data.consumers.get(consumer_name)
         if consumer is None:
-            consumer = data.consumers[action.consumer] = ConsumerData(
-                action.first_pull_seq, action.now_ms
-            )
-        assert consumer.next_pull_seq == action.first_pull_seq
-        seqs = action.consumer_log_seqs
-        first, count, now_ms = action.first_pull_seq, len(seqs), action.now_ms
+            consumer = data.consumers[consumer_name] = ConsumerData(first, now_ms)
+        assert consumer.next_pull_seq == first
+        count = len(seqs)
         queue = data.queue
         redelivered: list[int] | None = None
         if queue:
@@ -268,7 +272,7 @@ class PullState:
         consumer.next_pull_seq = first + count
         consumer.last_pull_ms = now_ms
         data.held_total += count
-        data.cursor = action.new_cursor
+        data.cursor = new_cursor
         if redelivered is not None and not any(redelivered):
             redelivered = None
         return PulledBatch(first, seqs, redelivered, now_ms)

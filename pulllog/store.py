@@ -62,6 +62,7 @@ from pulllog.actions import (
     Release,
     decode_action,
     encode_action,
+    encode_checked_pull,
 )
 from pulllog.config import PullLogConfig, PullLogRecovery
 from pulllog.copying import CopyingMixin
@@ -229,20 +230,28 @@ class PullLogStore(CopyingMixin):
             raise self._failed
         self._state.check(action)
         if self._unlogged is None:
-            try:
-                self._log.append(encode_action(action))
-            except DiskFull as exc:
-                self._go_unlogged(exc)
-            except LogStoreError as exc:
-                self._fail(exc)
+            self._append(encode_action(action))
         result = self._state.apply(action)
+        self._written()
+        return result
+
+    def _append(self, body: bytes) -> None:
+        """Append one action's record: a full disk goes unlogged, any other failure is sticky."""
+        try:
+            self._log.append(body)
+        except DiskFull as exc:
+            self._go_unlogged(exc)
+        except LogStoreError as exc:
+            self._fail(exc)
+
+    def _written(self) -> None:
+        """After an action is applied: count it, and sync / checkpoint as configured."""
         self._actions_since_checkpoint += 1
         if self._unlogged is None:
             if self.config.flush_mode == "sync":
                 self._guarded(self._log.sync)
             if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
                 self._checkpoint_unless_full()
-        return result
 
     def _fail(self, exc: LogStoreError) -> None:
         if not isinstance(exc, LogClosed):
@@ -368,6 +377,43 @@ class PullLogStore(CopyingMixin):
         held = data.consumers.get(consumer)
         first = held.next_pull_seq if held else self._state.epoch << PULL_SEQ_EPOCH_SHIFT
         return self._write(Pull(subject, group, consumer, first, seqs, new_cursor, now_ms))
+
+    def record_tail_pull(self, subject: str, group: str, consumer: str, seqs: Sequence[int],
+                         new_cursor: int, now_ms: int, expected_cursor: int,
+                         ) -> PulledBatch | None:
+        """``record_pull`` for a pull from the tail: None (nothing recorded) unless the group's
+        cursor is ``expected_cursor`` and no entry waits for redelivery. The same record, state
+        and errors as ``record_pull``.
+
+        The common case (``seqs`` a run of consecutive ints from the cursor, below
+        ``new_cursor``) is checked once, here, and logged and applied without building a Pull
+        action (issue 18: this runs on the event loop for most pulls); anything else goes
+        through ``record_pull``'s checks."""
+        data = self._group(subject, group)
+        if data.cursor != expected_cursor or data.queue:
+            return None
+        count = len(seqs)
+        if not (count and type(consumer) is str and consumer and type(subject) is str
+                and type(group) is str and self._failed is None and not self._follower
+                and type(new_cursor) is int and new_cursor <= U64_MAX
+                and type(now_ms) is int and 0 <= now_ms <= U64_MAX):
+            return self.record_pull(subject, group, consumer, seqs, new_cursor, now_ms)
+        first_seq = seqs[0]
+        # One check of the list, in C: equal to the run means consecutive, none twice, from the
+        # cursor on, and ints but for a bool: True == 1 can only stand at seqs[1] of a run from
+        # 0 (record_pull refuses it).
+        run = tuple(range(first_seq, first_seq + count)) if type(first_seq) is int else ()
+        if not (run and first_seq >= expected_cursor and run[-1] < new_cursor
+                and tuple(seqs) == run and (first_seq or count == 1 or type(seqs[1]) is int)):
+            return self.record_pull(subject, group, consumer, seqs, new_cursor, now_ms)
+        held = data.consumers.get(consumer)
+        first = held.next_pull_seq if held else self._state.epoch << PULL_SEQ_EPOCH_SHIFT
+        if self._unlogged is None:
+            self._append(encode_checked_pull(subject, group, consumer, first, run, new_cursor,
+                                             now_ms))
+        batch = self._state.apply_pull_fields(data, consumer, first, run, new_cursor, now_ms)
+        self._written()
+        return batch
 
     def record_ack(self, subject: str, group: str, consumer: str,
                    ranges: Sequence[tuple[int, int]], now_ms: int) -> int:

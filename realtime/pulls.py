@@ -358,12 +358,15 @@ class Pulls:
         ctx = self._ctx
         pulllog = ctx.pulllog
         subject = request.subject
-        if expected_cursor is not None and (
-                pulllog.cursor(subject, key) != expected_cursor
-                or pulllog.redelivery_count(subject, key)):
-            return None
         consumer_id = request.consumer_id
-        batch = pulllog.record_pull(subject, key, consumer_id, chosen, new_cursor, now_ms)
+        if expected_cursor is None:
+            batch = pulllog.record_pull(subject, key, consumer_id, chosen, new_cursor, now_ms)
+        else:
+            tail_batch = pulllog.record_tail_pull(subject, key, consumer_id, chosen, new_cursor,
+                                                  now_ms, expected_cursor)
+            if tail_batch is None:
+                return None
+            batch = tail_batch
         log_seqs = batch.consumer_log_seqs
         if not log_seqs:
             return NOTHING_PULLED

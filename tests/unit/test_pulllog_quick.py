@@ -78,20 +78,27 @@ async def broker(tmp_path):
 
 
 def record_threads(broker: Broker) -> list[tuple[str, int]]:
-    """(kind, thread id) of each pull and ack the pull log records from now on."""
+    """(kind, thread id) of each pull and ack the pull log records from now on (a pull from
+    the tail through ``record_tail_pull``, a planned one through ``record_pull``)."""
     calls: list[tuple[str, int]] = []
     pulllog = broker.pulllog
     record_pull, record_ack = pulllog.record_pull, pulllog.record_ack
+    record_tail_pull = pulllog.record_tail_pull
 
     def pull(*args, **kwargs):
         calls.append(("pull", threading.get_ident()))
         return record_pull(*args, **kwargs)
+
+    def tail_pull(*args, **kwargs):
+        calls.append(("pull", threading.get_ident()))
+        return record_tail_pull(*args, **kwargs)
 
     def ack(*args, **kwargs):
         calls.append(("ack", threading.get_ident()))
         return record_ack(*args, **kwargs)
 
     pulllog.record_pull, pulllog.record_ack = pull, ack  # type: ignore[method-assign]
+    pulllog.record_tail_pull = tail_pull  # type: ignore[method-assign]
     return calls
 
 
