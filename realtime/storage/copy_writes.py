@@ -70,8 +70,7 @@ class CopyWrites:
             raise ValueError("a slave's message store has uncommitted appends of its own")
         message_log = self._message_log
         try:
-            bodies = message_log.log.append_raw(offset, data)
-            message_log.log.sync_or_flush()
+            bodies = message_log.append_copy_durably(offset, data)
         except LogWriteFailed as exc:
             self._failed = exc
             raise

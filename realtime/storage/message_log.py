@@ -75,14 +75,32 @@ class MessageLog:
             offsets = self.log.append_many(bodies)
             self.log.sync_or_flush()
         except DiskFull:
-            if self.log.end_offset > start:
-                try:
-                    self.log.truncate(start)
-                except OSError as exc:
-                    raise LogWriteFailed(self.directory, "cut back after a full disk",
-                                         exc) from exc
+            self._cut_back(start)
             raise
         return offsets
+
+    def append_copy_durably(self, offset: int, data: bytes) -> list[bytes]:
+        """A slave: append records copied from the master at ``offset`` (this log's end) and
+        make them durable per the flush mode; returns their bodies. On a full disk the log is
+        cut back to ``offset`` first, as ``append_durably`` does: records of the copy written
+        before the disk filled would stay unindexed, the next fetch would start past them, and
+        their sequences would read as missing (review s14 rvb-6)."""
+        try:
+            bodies = self.log.append_raw(offset, data)
+            self.log.sync_or_flush()
+        except DiskFull:
+            self._cut_back(offset)
+            raise
+        return bodies
+
+    def _cut_back(self, start: int) -> None:
+        """After a full disk: cut whatever of the failed write reached the file, back to
+        ``start`` (LogWriteFailed when the cut itself fails: the caller makes it sticky)."""
+        if self.log.end_offset > start:
+            try:
+                self.log.truncate(start)
+            except OSError as exc:
+                raise LogWriteFailed(self.directory, "cut back after a full disk", exc) from exc
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The message at ``offset`` and its body size; CorruptRecord when it does not decode.

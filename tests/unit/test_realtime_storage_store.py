@@ -344,6 +344,36 @@ def test_a_hold_that_hits_a_full_disk_part_way_leaves_no_record_of_it_in_the_log
     store.close()
 
 
+def test_a_slave_whose_disk_fills_part_way_through_a_copy_serves_every_copied_message(tmp_path):
+    # review s14 rvb-6: the records of the copy written before the disk filled stayed in the
+    # slave's log unindexed, the next fetch started past them, and their sequences read as
+    # missing on the slave (lost there after a failover).
+    plan = FaultPlan()
+    master = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    slave = MessageStore(str(tmp_path / "s"), TINY, opener=plan.opener, now_ms=T0)
+    for i in range(3):
+        master.append("s", f"a{i}", [1], T0, b"a" * 200)
+    master.commit()
+    first_end = master.copy_bounds()[1]
+    for i in range(12):
+        master.append("s", f"b{i}", [1], T0, b"b" * 200)
+    master.commit()
+    end = master.copy_bounds()[1]
+    offset = slave.append_copy(0, master.read_copy(0, first_end))
+    plan.disk_capacity_bytes = plan.bytes_written + 1500  # part of the next copy fits
+    with pytest.raises(DiskFull):
+        slave.append_copy(offset, master.read_copy(offset, 1 << 20))
+    assert slave.copy_bounds()[1] == offset, "the failed copy's first records stay"
+    plan.free_space(1 << 20)
+    while offset < end:  # the follower fetches from the slave's end again
+        offset = slave.append_copy(offset, master.read_copy(offset, 1 << 20))
+    assert slave.end_sequence("s") == master.end_sequence("s") == 15
+    assert [slave.read("s", n).message_id for n in range(15)] == (
+        [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(12)])
+    master.close()
+    slave.close()
+
+
 def test_a_failed_fsync_drops_the_batch_and_the_store_refuses_writes_until_reopened(data_dir):
     plan = FaultPlan()
     store = open_store(data_dir, opener=plan.opener)
