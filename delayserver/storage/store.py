@@ -301,7 +301,8 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         one write), then index them. Returns their entries in append order.
 
         ``DiskFull``/``LogWriteFailed``: the batch is dropped, nothing is indexed, the error
-        propagates (``DiskFull`` is retriable: append and commit again)."""
+        propagates (``DiskFull`` is retriable: append and commit again; the delay log is cut
+        back to where it ended before the batch, so none of it stays)."""
         self._check_writable()
         batch, self._pending = self._pending, _PendingColumns()
         count = len(batch.bodies)
@@ -316,6 +317,17 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
+        except DiskFull:
+            # What of the batch reached the file before the disk filled (a segment roll, a
+            # batch over the write buffer) is cut: a slave copying the log would schedule it,
+            # and a restart could too (review s14 rvb-7).
+            if delay_log.end_offset > end_before:
+                try:
+                    delay_log.truncate(end_before)
+                except OSError as cut_exc:
+                    raise self._fail(LogWriteFailed(delay_log.directory, "cut back after a "
+                                                    "full disk", cut_exc)) from cut_exc
+            raise
         # Indexed in C-level passes over the columns (map, zip), not a Python step per entry
         # but the schedule buffer's append and the bucket bookkeeping.
         dues, buckets, hashes = batch.dues, batch.buckets, batch.hashes

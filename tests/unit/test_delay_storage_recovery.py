@@ -290,6 +290,36 @@ def test_a_full_disk_drops_the_batch_and_the_store_works_again_after_space_retur
     reopened.close()
 
 
+def test_a_commit_refused_for_a_full_disk_leaves_nothing_a_slave_copying_the_log_schedules(
+        tmp_path):
+    # review s14 rvb-7: the part of the batch written before the disk filled stayed in the
+    # delay log; a slave copying it scheduled messages the producer was told were refused.
+    plan = FaultPlan()
+    master = open_store(tmp_path / "m", opener=plan.opener)
+    due = BASE + 60_000
+    master.append_many(["a0"], ["s"], [due], [b"a" * 200])
+    master.commit()
+    start = master.delay_copy.copy_bounds()[1]
+    ids = [f"n{i}" for i in range(30)]
+    master.append_many(ids, ["s"] * 30, [due] * 30, [b"n" * 400] * 30)
+    plan.disk_capacity_bytes = plan.bytes_written + 6000  # part of the batch fits
+    with pytest.raises(DiskFull):
+        master.commit()
+    assert master.delay_copy.copy_bounds()[1] == start
+    plan.free_space(1 << 20)
+    master.append_many(["r0"], ["s"], [due], [b"r"])  # the producer's resend, say
+    master.commit()
+    end = master.delay_copy.copy_bounds()[1]
+    slave = open_store(tmp_path / "s")
+    offset = 0
+    while offset < end:
+        offset = slave.append_copied_records(offset, master.delay_copy.read_copy(offset, 1 << 20))
+    scheduled = [entry for entry in slave.load_bucket(slave.bucket_of(due))]
+    assert len(scheduled) == 2, f"the slave schedules {len(scheduled)}: a0 and r0 only"
+    master.close()
+    slave.close()
+
+
 def test_a_full_disk_while_recording_a_dispatch_keeps_the_entry_pending_until_retried(tmp_path):
     plan = FaultPlan()
     store = open_store(tmp_path / "live", opener=plan.opener)
