@@ -320,7 +320,7 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         except DiskFull:
             # What of the batch reached the file before the disk filled (a segment roll, a
             # batch over the write buffer) is cut: a slave copying the log would schedule it,
-            # and a restart could too (review s14 rvb-7).
+            # though this master never does (review s14 rvb-7).
             if delay_log.end_offset > end_before:
                 try:
                     delay_log.truncate(end_before)
