@@ -92,7 +92,8 @@ class BrokerTracer(GiveUpTracing):
     """Emits a realtime broker's trace events; every method is a no-op when tracing is off.
 
     Events are encoded here, straight to JSON lines (``TraceWriter.line``), and handed to the
-    writer once per call. A message's members are encoded once and shared by its events: on
+    writer once per call; the ``stored``, ``pulled`` and ``acked`` lines as members only
+    (``TraceWriter.emit_framed``: the writer's thread builds their frame and joins them). A message's members are encoded once and shared by its events: on
     store from what the send check already read, on pull from the payload (one decoding), and
     an entry pulled is remembered with its members, so its ack costs no decoding.
 
@@ -113,7 +114,7 @@ class BrokerTracer(GiveUpTracing):
     - ``_recent`` (members of messages just stored): filled on the event loop (``stored``),
       taken in the pull log's calls (``pulled_columns``); each side's step is a dict operation
       done in C, atomic under the GIL, and a member not found is decoded from the payload;
-    - ``_subject_members`` and ``_last_frame``: the event loop (``stored``);
+    - ``_subject_members``: the event loop (``stored``);
     - ``writer`` and ``enabled``: set at construction, never written after
       (``TraceWriter.emit_lines`` is thread-safe).
     """
@@ -140,8 +141,6 @@ class BrokerTracer(GiveUpTracing):
         self._recent: dict[str, dict[int, str]] = {}
         # wire subject -> its encoded subject member (event loop only)
         self._subject_members: dict[str, str] = {}
-        # the last stored-line frame: ((now_ms, extra), (start, end)); event loop only
-        self._last_frame: tuple[tuple[int, str], tuple[str, str]] = ((-1, ""), ("", ""))
 
     def made_visible(self, messages: Sequence[Checked], sequences: Sequence[int],
                      payloads: Sequence[bytes], now_ms: int) -> None:
@@ -310,8 +309,9 @@ class BrokerTracer(GiveUpTracing):
         if subject[:1] == "%":
             return False
         subject_member = self._subject_member(subject)
-        lines = []
+        located = []
         members_of = []
+        extras = set()
         for checked, sequence in zip(messages, sequences):
             msg_id, created_at_ms = checked.id, checked.created_at_ms
             deliver_at_ms = checked.deliver_at_ms
@@ -327,12 +327,18 @@ class BrokerTracer(GiveUpTracing):
                 return False
             members = (f'"msg_id":{_json_str(msg_id)}{subject_member},'
                        f'"created_at_ms":{created_at_ms}{due}')
-            start, end = self._frame(now_ms, extra)
-            lines.append(f'{start}{members},"seq":{sequence}{end}')
+            located.append(f'{members},"seq":{sequence}')
             members_of.append(members)
+            extras.add(extra)
         writer = self.writer
         assert writer is not None
-        writer.emit_lines(lines)
+        if len(extras) == 1:  # the usual: the writer's thread builds the frame and the lines
+            writer.emit_framed("stored", now_ms, located, extra)
+        else:  # produced and dispatched messages in one commit: each line its own frame
+            writer.emit_lines([writer.line("stored", now_ms, member, extra)
+                               for member, extra in zip(located, (
+                                   "" if checked.deliver_at_ms is not None else PRODUCED_MEMBER
+                                   for checked in messages))])
         self._remember(subject, sequences, members_of)  # type: ignore[arg-type]  # no None
         return True
 
@@ -381,24 +387,14 @@ class BrokerTracer(GiveUpTracing):
         columns = [*id_columns, repeat(head), map(text, created)]
         if extra == "":
             columns += [repeat(',"deliver_at_ms":'), map(text, delivers)]
-        start, end = self._frame(now_ms, extra)
         members = list(map("".join, zip(*columns)))
         writer = self.writer
         assert writer is not None
-        writer.emit_lines(list(map("".join, zip(repeat(start), members, repeat(',"seq":'),
-                                                map(str, sequences), repeat(end)))))
+        # The frame around the lines is built by the writer's thread.
+        writer.emit_framed("stored", now_ms, list(map("".join, zip(
+            members, repeat(',"seq":'), map(str, sequences)))), extra)
         self._remember(subject, sequences, members)  # type: ignore[arg-type]  # no None here
         return True
-
-    def _frame(self, now_ms: int, extra: str) -> tuple[str, str]:
-        """``TraceWriter.frame`` of a stored line, kept for the last (time, extra): the requests
-        of one commit share it."""
-        key = (now_ms, extra)
-        if self._last_frame[0] != key:
-            writer = self.writer
-            assert writer is not None
-            self._last_frame = (key, writer.frame("stored", now_ms, extra))
-        return self._last_frame[1]
 
     def _subject_member(self, subject: str) -> str:
         """``,"subject":...`` of a user subject, kept for the first SUBJECT_MEMBERS_MAX."""
@@ -459,9 +455,6 @@ class BrokerTracer(GiveUpTracing):
             return
         writer = self.writer
         assert writer is not None
-        # A broadcast consumer's pull-log group, group#consumer, is its own audit group.
-        extra = consumer_members(key, consumer)
-        start, end = writer.frame("pulled", now_ms, extra)
         held = self._held.setdefault((subject, key, consumer), {})
         recent = self._recent.get(subject) if log_seqs else None
         if recent is not None:
@@ -490,8 +483,11 @@ class BrokerTracer(GiveUpTracing):
                 redelivered = [redelivered[i] for i in kept]
         # Held with their consumer-log seqs: released entries keep their names (``prune``).
         held.update(zip(pull_seqs, zip(members, log_seqs)))
-        writer.emit_columns([start, members, end])  # type: ignore[list-item]  # no None left
+        # A broadcast consumer's pull-log group, group#consumer, is its own audit group. The
+        # frame (and its consumer members) is built by the writer's thread.
+        writer.emit_framed("pulled", now_ms, members, (key, consumer))  # type: ignore[arg-type]
         if redelivered is not None:
+            extra = consumer_members(key, consumer)
             writer.emit_lines([writer.line("redelivered", now_ms, found, extra)
                                for found, times in zip(members, redelivered) if times])
 
@@ -508,7 +504,6 @@ class BrokerTracer(GiveUpTracing):
             return []
         writer = self.writer
         assert writer is not None
-        start, end = writer.frame("acked", now_ms, consumer_members(key, consumer))
         firsts = _merged(sorted(ranges))  # a client may send them overlapping or nested
         span = sum(last - first + 1 for first, last in firsts)
         found: list[tuple[str, int] | int | None]
@@ -525,7 +520,7 @@ class BrokerTracer(GiveUpTracing):
         from_store = [member for member in found if type(member) is int]
         if not held:
             del self._held[(subject, key, consumer)]
-        writer.emit_columns([start, named, end])
+        writer.emit_framed("acked", now_ms, named, (key, consumer))  # frame: writer's thread
         return from_store
 
     def _emit_all(self, kind: str, payloads: Iterable[bytes], now_ms: int,

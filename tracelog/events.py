@@ -68,9 +68,10 @@ process dies; events handed to the OS survive a process crash but not a machine 
 The audit treats a missing ``acked`` as a lost message, so a writer that drops events makes the
 audit fail loudly rather than pass quietly.
 
-Cost: a line is encoded on the thread that emits it. The servers use the fast path
+Cost: a line's members are encoded on the thread that emits it. The servers use the fast path
 (``message_members`` once per message, ``TraceWriter.line`` per event or ``TraceWriter.frame``
-once per batch of one kind, ``emit_lines`` once per batch): string formatting with strings escaped by json's own C escaper, no dict and no
+once per batch of one kind, ``emit_lines`` once per batch; or ``emit_framed``, whose frame and
+lines the writer's thread builds): string formatting with strings escaped by json's own C escaper, no dict and no
 ``json.dumps``; ``emit(trace_event(...))`` is the general, slower path (tests, tools). Both give
 the same JSON (a Hypothesis test compares them). ``bench/trace.py`` measures the broker's cost.
 

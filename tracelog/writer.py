@@ -18,17 +18,24 @@ from typing import Any, Union
 
 from tracelog.events import (  # _-names: the line encoders' package-internal tables
     _ENCODER, _EVENT_KIND_SET, _LINE_STARTS, BATCH_MAX_DEFAULT, EVENT_KINDS,
-    FLUSH_INTERVAL_MS_DEFAULT, PENDING_EVENTS_MAX_DEFAULT, _json_str, hour_dir_name,
-    safe_server_name)
+    FLUSH_INTERVAL_MS_DEFAULT, PENDING_EVENTS_MAX_DEFAULT, _json_str, consumer_members,
+    hour_dir_name, safe_server_name)
 from wire.clock import wall_clock_ms
 
 log = logging.getLogger(__name__)
 
 # A column of ``emit_columns``: a str shared by every line, or one str or int per line.
 Column = Union[str, Sequence[str], Sequence[int]]
-# What a batch holds: lists of encoded lines (``emit_lines``), or (columns, lines) of
-# ``emit_columns``, whose lines are joined only when written.
-_Item = Union[list[str], tuple[list[Column], int]]
+# The extra members of ``emit_framed``: a str, or (group, consumer) for ``consumer_members``.
+Extra = Union[str, tuple[Union[str, None], Union[str, None]]]
+# What a batch holds: lists of encoded lines (``emit_lines``), (columns, lines) of
+# ``emit_columns``, or (kind, ts_ms, extra, members) of ``emit_framed``, whose lines are joined
+# (and the frame built) only when written.
+_Item = Union[list[str], tuple[list[Column], int], tuple[str, int, Extra, list[str]]]
+# Frames a write keeps, by (kind, ts_ms, extra): a batch's items share a few of each time.
+_FRAMES_KEPT_MAX = 256
+# ``emit_framed`` items of up to this many lines are joined with the lines around them.
+_FRAMED_TOGETHER_MAX = 64
 
 
 class TraceWriter:
@@ -92,6 +99,8 @@ class TraceWriter:
         self._last_error: OSError | None = None
         self._reported_drops = 0
         self._last_report_ms = 0.0
+        # emit_framed's frames built by writes, by (kind, ts_ms, extra) (under _io_lock)
+        self._frames: dict[tuple[str, int, Extra], tuple[str, str]] = {}
         self._thread: threading.Thread | None = None
         if enabled and background:
             self._thread = threading.Thread(target=self._run, name=f"trace-{server}", daemon=True)
@@ -171,6 +180,31 @@ class TraceWriter:
         if count:
             self._queue((columns, count), count)
 
+    def emit_framed(self, kind: str, ts_ms: int, members: list[str], extra: Extra = "") -> None:
+        """Queue the lines ``line(kind, ts_ms, m, extra)`` of each ``m`` in ``members``, the
+        frame around them built by the write, on the writer's thread: the emitter (a server's
+        event loop, a few lines a call) builds neither the frame nor the lines. ``extra`` may
+        be (group, consumer), encoded by the write as ``consumer_members`` does. What
+        ``emit_lines`` of those lines would write, under the same limits and in the same
+        order. A no-op when disabled or ``members`` is empty. The writer keeps the list."""
+        if not self.enabled or not members:
+            return
+        if kind not in _EVENT_KIND_SET or type(ts_ms) is not int:
+            self.line(kind, ts_ms, "")  # raises the ValueError that names the bad value
+        self._queue((kind, ts_ms, extra, members), len(members))
+
+    def _frame_of(self, kind: str, ts_ms: int, extra: Extra) -> tuple[str, str]:
+        """``frame`` of an ``emit_framed`` item, kept across a write's items (the writer's
+        thread, under the I/O lock)."""
+        key = (kind, ts_ms, extra)
+        frame = self._frames.get(key)
+        if frame is None:
+            if len(self._frames) >= _FRAMES_KEPT_MAX:
+                self._frames.clear()
+            frame = self._frames[key] = self.frame(
+                kind, ts_ms, extra if type(extra) is str else consumer_members(*extra))
+        return frame
+
     def _queue(self, item: _Item, events: int) -> None:
         """Append ``item`` (``events`` lines) to the batch being filled, under the lock."""
         with self._cond:
@@ -244,7 +278,7 @@ class TraceWriter:
         try:
             file = self._file_for_now_locked()
             # Every line is ASCII: keys are ours, strings are escaped by _json_str/_ENCODER.
-            for text in _texts(items):
+            for text in _texts(items, self._frame_of):
                 file.write(text.encode("ascii"))
             file.flush()
         except OSError as exc:
@@ -305,22 +339,37 @@ class TraceWriter:
 WRITE_LINES_MAX = 1_024
 
 
-def _texts(items: list[_Item]) -> Iterator[str]:
+def _texts(items: list[_Item],
+           frame_of: Callable[[str, int, Extra], tuple[str, str]]) -> Iterator[str]:
     """The text of a batch's items in order, each line ended by a newline, in pieces of at
-    most about WRITE_LINES_MAX lines."""
+    most about WRITE_LINES_MAX lines; ``frame_of`` builds an ``emit_framed`` item's frame."""
     lines: list[str] = []  # consecutive emit_lines items, joined by WRITE_LINES_MAX
     for item in items:
         if type(item) is list:
             lines += item
             if len(lines) < WRITE_LINES_MAX:
                 continue
+        elif len(item) == 4 and len(item[3]) <= _FRAMED_TOGETHER_MAX:
+            # A few framed lines (a small commit's or pull's): joined here into one text
+            # that joins the lines around it, not written as pieces of their own.
+            kind, ts_ms, extra, members = item  # type: ignore[misc]
+            start, end = frame_of(kind, ts_ms, extra)
+            lines.append(start + (end + "\n" + start).join(members) + end)
+            if len(lines) < WRITE_LINES_MAX:
+                continue
+            item = []
         if lines:
             for first in range(0, len(lines), WRITE_LINES_MAX):
                 yield "\n".join(lines[first:first + WRITE_LINES_MAX])
                 yield "\n"
             lines = []
         if type(item) is tuple:
-            yield from _column_texts(*item)
+            if len(item) == 2:
+                yield from _column_texts(*item)  # type: ignore[misc]
+            else:
+                kind, ts_ms, extra, members = item  # type: ignore[misc]
+                start, end = frame_of(kind, ts_ms, extra)
+                yield from _column_texts([start, members, end], len(members))
     if lines:
         yield "\n".join(lines)
         yield "\n"

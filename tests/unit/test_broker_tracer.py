@@ -196,6 +196,34 @@ def test_stored_lines_are_the_general_encoders_whether_built_per_batch_or_per_me
         for m, seq in zip(members, stored_sequences))
 
 
+@pytest.mark.parametrize("count", [2, STORED_FEW_MAX + 2], ids=["a few", "more"])
+@pytest.mark.parametrize("gaps", [False, True], ids=["one run", "with gaps"])
+def test_stored_lines_queued_for_the_writer_to_join_keep_their_bytes_and_order(tmp_path, count,
+                                                                                  gaps):
+    """The stored lines of a commit are joined by the writer's thread: the bytes and the
+    order are the per-line path's, between lines queued before and after, and a caller that
+    reuses its sequence list afterwards does not change what is written."""
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    ids = [f"m{i}" for i in range(count)]
+    sequences = [7 + i * (3 if gaps else 1) for i in range(count)]
+    writer.emit_lines([writer.line("acked", T0_MS, '"msg_id":"before","subject":"orders"')])
+    tracer.stored([checked(i) for i in ids], sequences, T0_MS + 1)
+    written_sequences = list(sequences)
+    sequences[:] = [0] * count  # the caller's list is not the writer's
+    tracer.stored([checked("after")], [99], T0_MS + 2)
+    writer.close()
+    (path,) = tmp_path.glob("*/*.jsonl")
+    assert path.read_text() == "".join(
+        [writer.line("acked", T0_MS, '"msg_id":"before","subject":"orders"') + "\n"]
+        + [writer.line("stored", T0_MS + 1, message_members(i, "orders", created_at_ms=T0_MS)
+                       + locator_member(seq), PRODUCED_MEMBER) + "\n"
+           for i, seq in zip(ids, written_sequences)]
+        + [writer.line("stored", T0_MS + 2, message_members("after", "orders",
+                                                            created_at_ms=T0_MS)
+                       + locator_member(99), PRODUCED_MEMBER) + "\n"])
+
+
 def test_a_few_stored_messages_of_mixed_kinds_each_get_the_line_of_their_kind(tmp_path):
     writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
     tracer = BrokerTracer(writer)

@@ -400,6 +400,45 @@ def test_lines_queued_as_columns_write_the_same_bytes_as_the_lines_themselves(tm
     assert texts[0].count(b"\n") == 2 * count + 2
 
 
+@pytest.mark.parametrize("counts", [[1, 3, 2], [64, 65], [1_023, 1, 1], [1, 2_500, 3]],
+                         ids=["a few", "around the joined-together bound", "around a write's piece",
+                              "a large one between small ones"])
+def test_framed_lines_write_the_same_bytes_as_the_lines_themselves_in_order(tmp_path, counts):
+    """emit_framed leaves the frame and the lines to the write: the bytes and their order are
+    those of emit_lines of the lines ``line`` builds, with (group, consumer) encoded as
+    consumer_members does."""
+    texts = []
+    for name, framed in (("lines", False), ("framed", True)):
+        with TraceWriter(tmp_path / name, "rt", clock_ms=FakeClock(T0_MS),
+                         background=False) as writer:
+            writer.emit(ev("first"))
+            for n, count in enumerate(counts):
+                members = [message_members(f"m{n}.{i}", "orders") for i in range(count)]
+                kind, ts_ms = ("pulled", "acked")[n % 2], T0_MS + n % 2
+                extra = ("g", f"c\"{n}") if n % 2 else ',"produced":true'
+                if framed:
+                    writer.emit_framed(kind, ts_ms, members, extra)
+                else:
+                    text = extra if type(extra) is str else consumer_members(*extra)
+                    writer.emit_lines([writer.line(kind, ts_ms, m, text) for m in members])
+                writer.emit(ev(f"after{n}"))
+        (path,) = (tmp_path / name / "2026010100").iterdir()
+        texts.append(path.read_bytes())
+    assert texts[0] == texts[1]
+    assert texts[0].count(b"\n") == sum(counts) + len(counts) + 1
+
+
+def test_framed_lines_of_an_unknown_kind_or_time_are_refused_by_the_emitter(tmp_path):
+    writer = TraceWriter(tmp_path, "rt", clock_ms=FakeClock(T0_MS), background=False)
+    with pytest.raises(ValueError, match="trace event kind 'stord'"):
+        writer.emit_framed("stord", T0_MS, ['"msg_id":"m"'])
+    with pytest.raises(ValueError, match="ts_ms must be an int, got 1.5"):
+        writer.emit_framed("stored", 1.5, ['"msg_id":"m"'])  # type: ignore[arg-type]
+    writer.emit_framed("stored", T0_MS, [])  # no line at all
+    writer.close()
+    assert read_events([tmp_path]) == []
+
+
 def test_columns_count_their_lines_against_the_pending_limit(tmp_path):
     writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
                          clock_ms=FakeClock(T0_MS), background=False)
