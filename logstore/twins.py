@@ -4,8 +4,8 @@ Five hot codecs have an optional C extension beside a pure-Python function that 
 the same (setup.py builds them; each pair is tested to give the same bytes and answers):
 ``logstore._framing`` (``logstore.record``), ``serverkit._send_check``
 (``serverkit.send_check``), ``realtime.storage._codecs`` (``realtime.storage.message_record``,
-``consumer_log`` and ``control_record``), ``delayserver._due_records``
-(``delayserver.storage.due_records``) and ``delayserver._commit_codecs``
+``consumer_log``, ``control_record``, ``store_checkpoint`` and ``write_batch``),
+``delayserver._due_records`` (``delayserver.storage.due_records``) and ``delayserver._commit_codecs``
 (``delayserver.storage.delay_record`` and ``schedule_entry``).
 Each of those modules asks ``c_twin`` for the C function once, at import, and runs its Python
 twin when the answer is None.

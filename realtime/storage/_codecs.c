@@ -14,6 +14,13 @@
  *     timestamp_ms, u64 sequence, u64 tag_bloom, u16 marker 0, u8 kind 4, u64 held_offset,
  *     then as above from the u16 subject length on.
  *
+ * check_run(message_ids, payloads, id_bytes_max) -> (ids_utf8, id_bytes_longest,
+ *                                                    payload_bytes_longest) | None
+ *     write_batch.check_run: one subject's run of ids (str) and payloads (bytes), checked and
+ *     the ids encoded to UTF-8 in one call; None (no error) when anything needs the slow path
+ *     that names it: an id not a str, not UTF-8-encodable or outside [1, id_bytes_max] bytes,
+ *     a payload not exactly bytes, an empty run or columns of different lengths.
+ *
  * encode_held_entries(held) -> bytes
  *     store_checkpoint.encode_held_entries: per held entry (a 6-tuple: held_offset, size_bytes,
  *     visible_at_ms, tag_bloom, subject, message_id), u64 held_offset, u32 size_bytes, u64
@@ -334,6 +341,65 @@ static PyObject *encode_held_entries(PyObject *module, PyObject *held)
     return out;
 }
 
+/* write_batch.check_run's C twin (see the top of this file). Why C: the Python twin is five
+ * C-level maps and reductions over the run, each a call with its own setup; a commit of a
+ * few messages pays that setup, not the per-item work. */
+static PyObject *check_run(PyObject *module, PyObject *args)
+{
+    PyObject *ids, *payloads;
+    Py_ssize_t id_bytes_max;
+    if (!PyArg_ParseTuple(args, "O!O!n:check_run", &PyList_Type, &ids, &PyList_Type, &payloads,
+                          &id_bytes_max)) {
+        return NULL;
+    }
+    (void)module;
+    Py_ssize_t count = PyList_GET_SIZE(ids);
+    if (count == 0 || PyList_GET_SIZE(payloads) != count) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t id_longest = 0, payload_longest = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        if (!PyBytes_CheckExact(payload)) {
+            Py_RETURN_NONE;
+        }
+        if (PyBytes_GET_SIZE(payload) > payload_longest) {
+            payload_longest = PyBytes_GET_SIZE(payload);
+        }
+    }
+    PyObject *encoded = PyList_New(count);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* PyUnicode_AsUTF8String runs no Python code, so the borrowed item stays valid. */
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        if (!PyUnicode_Check(id)) {
+            Py_DECREF(encoded);
+            Py_RETURN_NONE;
+        }
+        PyObject *utf8 = PyUnicode_AsUTF8String(id);
+        if (utf8 == NULL) {
+            Py_DECREF(encoded);
+            if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            return NULL;
+        }
+        PyList_SET_ITEM(encoded, i, utf8);
+        Py_ssize_t size = PyBytes_GET_SIZE(utf8);
+        if (size < 1 || size > id_bytes_max) {
+            Py_DECREF(encoded);
+            Py_RETURN_NONE;
+        }
+        if (size > id_longest) {
+            id_longest = size;
+        }
+    }
+    return Py_BuildValue("Nnn", encoded, id_longest, payload_longest);
+}
+
 static PyMethodDef methods[] = {
     {"encode_entries", encode_entries, METH_VARARGS,
      "encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes"},
@@ -343,6 +409,9 @@ static PyMethodDef methods[] = {
     {"encode_visible_records", encode_visible_records, METH_VARARGS,
      "encode_visible_records(timestamp_ms, subject_utf8, sequences, tag_blooms, held_offsets, "
      "ids_utf8, payloads) -> list[bytes]"},
+    {"check_run", check_run, METH_VARARGS,
+     "check_run(message_ids, payloads, id_bytes_max) -> (ids_utf8, id_bytes_longest, "
+     "payload_bytes_longest) | None"},
     {"encode_held_entries", encode_held_entries, METH_O,
      "encode_held_entries(held) -> bytes"},
     {NULL, NULL, 0, NULL},

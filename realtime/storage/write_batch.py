@@ -22,7 +22,11 @@ from realtime.storage.config import (
 )
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.held import HELD_SEQUENCE
+from logstore.twins import c_twin
 from realtime.storage.message_record import encode_subject_records, record_size_bytes, tag_bloom
+
+# The C twin of check_run (realtime/storage/_codecs.c); optional, chosen by logstore.twins.
+_check_run_c = c_twin("realtime.storage._codecs", "check_run")
 
 
 def check_subject(subject: object) -> str:
@@ -68,6 +72,31 @@ def check_message(subject: str, message_id: object, tag_hashes: Sequence[int], p
     if size > record_size_bytes_max:
         raise ValueError(f"message record of {size} bytes exceeds record_size_bytes_max "
                          f"{record_size_bytes_max}")
+
+
+def check_run(message_ids: Sequence[str], payloads: Sequence[bytes], id_bytes_max: int,
+              ) -> tuple[list[bytes], int, int] | None:
+    """One subject's run of ids and payloads, checked: (the ids as UTF-8, the longest id's
+    bytes, the longest payload's bytes); None, naming nothing, when the run needs the slow
+    path that names the message at fault (an id not a str, not UTF-8-encodable or outside
+    [1, id_bytes_max] bytes, a payload not exactly bytes, no message, columns of different
+    lengths). Lists take the C twin (``_codecs.check_run``): one call per run."""
+    if _check_run_c is not None and type(message_ids) is list and type(payloads) is list:
+        return _check_run_c(message_ids, payloads, id_bytes_max)
+    if not message_ids or len(payloads) != len(message_ids):
+        return None
+    try:
+        # str.encode (UTF-8, strict) raises TypeError for what is not a str and
+        # UnicodeEncodeError for a lone surrogate.
+        ids_utf8 = list(map(str.encode, message_ids))
+    except (TypeError, UnicodeEncodeError):
+        return None
+    id_sizes = list(map(len, ids_utf8))
+    if min(id_sizes) < 1 or max(id_sizes) > id_bytes_max:
+        return None
+    if set(map(type, payloads)) != {bytes}:
+        return None  # a bytearray or memoryview is copied by the slow path
+    return ids_utf8, max(id_sizes), max(map(len, payloads))
 
 
 class WriteBatch:
@@ -143,14 +172,12 @@ class WriteBatch:
             subject_size = len(str.encode(subject))
             if not 1 <= subject_size <= SUBJECT_BYTES_MAX:
                 raise ValueError
-            ids_utf8 = list(map(str.encode, message_ids))
-            id_sizes = list(map(len, ids_utf8))
-            if min(id_sizes) < 1 or max(id_sizes) > MESSAGE_ID_BYTES_MAX:
+            checked = check_run(message_ids, payloads, MESSAGE_ID_BYTES_MAX)
+            if checked is None:
                 raise ValueError
-            if set(map(type, payloads)) != {bytes}:
-                raise ValueError  # a bytearray or memoryview is copied by the slow path
-            longest = record_size_bytes(subject_size, max(id_sizes), max(map(len, payloads)))
-            if longest > self.record_size_bytes_max:
+            ids_utf8, id_longest, payload_longest = checked
+            if record_size_bytes(subject_size, id_longest,
+                                 payload_longest) > self.record_size_bytes_max:
                 raise ValueError
             if any(tag_hashes):
                 if set(map(type, tag_hashes)) == {tuple}:
@@ -243,4 +270,4 @@ class WriteBatch:
         self.fresh_blooms.extend(blooms)
 
 
-__all__ = ["WriteBatch", "check_int", "check_message", "check_subject"]
+__all__ = ["WriteBatch", "check_int", "check_run", "check_message", "check_subject"]

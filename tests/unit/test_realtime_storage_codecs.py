@@ -38,7 +38,7 @@ from realtime.storage.message_record import (
     tag_bloom,
 )
 from realtime.storage.sequence_starts import decode_sequence_starts, encode_sequence_starts
-from realtime.storage import store_checkpoint
+from realtime.storage import store_checkpoint, write_batch
 from realtime.storage.held import Held
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint,
@@ -53,6 +53,7 @@ from realtime.storage.subject_names import (
     subject_of_directory,
     write_subject_file,
 )
+from tests.twins import built_twin
 
 u64 = st.integers(0, (1 << 64) - 1)
 u32 = st.integers(0, (1 << 32) - 1)
@@ -458,3 +459,39 @@ def test_any_bytes_decode_to_sequence_starts_or_a_value_error(data):
         decode_sequence_starts(data)
     except ValueError:
         pass
+
+
+def python_check_run(message_ids, payloads, id_bytes_max, monkeypatch):
+    """What the Python twin of write_batch.check_run answers."""
+    with monkeypatch.context() as patch:
+        patch.setattr(write_batch, "_check_run_c", None)
+        return write_batch.check_run(message_ids, payloads, id_bytes_max)
+
+
+# Ids and payloads as a broker gets them, with the values the slow path must name mixed in:
+# an empty id, a lone surrogate, a non-str id, a bytes-like (not bytes) payload.
+run_ids = st.lists(st.one_of(st.text(max_size=12), st.just("\ud800"), st.just(7),
+                             st.just(b"id")), max_size=5)
+run_payloads = st.lists(st.one_of(st.binary(max_size=20), st.just(bytearray(b"p")),
+                                  st.just(memoryview(b"q")), st.just("p")), max_size=5)
+
+
+@settings(max_examples=300)
+@given(message_ids=run_ids, payloads=run_payloads, id_bytes_max=st.integers(1, 30))
+def test_a_run_is_checked_alike_by_both_twins(message_ids, payloads, id_bytes_max):
+    check_run_c = built_twin("realtime.storage._codecs", "check_run")
+    if check_run_c is None:
+        pytest.skip("realtime.storage._codecs is not built")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        expected = python_check_run(message_ids, payloads, id_bytes_max, monkeypatch)
+    assert check_run_c(message_ids, payloads, id_bytes_max) == expected
+    assert write_batch.check_run(message_ids, payloads, id_bytes_max) == expected
+
+
+def test_a_plain_run_is_its_ids_as_utf8_and_its_longest_sizes(monkeypatch):
+    expected = ([b"a", b"b\xc3\xa9"], 3, 4)
+    assert write_batch.check_run(["a", "b\u00e9"], [b"xy", b"abcd"], 3) == expected
+    assert python_check_run(["a", "b\u00e9"], [b"xy", b"abcd"], 3, monkeypatch) == expected
+    # One byte too long an id: the run goes to the slow path, which names it.
+    assert write_batch.check_run(["a", "b\u00e9"], [b"xy", b"abcd"], 2) is None
+    assert python_check_run(["a", "b\u00e9"], [b"xy", b"abcd"], 2, monkeypatch) is None
