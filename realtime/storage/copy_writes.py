@@ -9,7 +9,7 @@ import logging
 import shutil
 from typing import TYPE_CHECKING
 
-from logstore import CorruptRecord, LogWriteFailed
+from logstore import CorruptRecord, LogStoreError, LogWriteFailed
 from realtime.storage.copying import (
     checkpoints_to, cut_indexes, index_copied, install_sequence_starts, sequence_starts,
 )
@@ -81,6 +81,16 @@ class CopyWrites:
             # The records are durable but not indexed: recovery indexes them at the next open.
             self._failed = exc
             raise
+        except LogStoreError as exc:
+            # A consumer-log write failed (a full disk): the copy is undone, indexes, held set,
+            # dedup and records, so the next fetch copies it again from here; left in place,
+            # its records would be skipped and their sequences read as missing (review s14
+            # rvc-2). An undo that fails too makes the store sticky.
+            try:
+                self.truncate_copy(offset)
+            except (LogStoreError, OSError) as cut_exc:
+                self._failed = self._failed or StoreFailed(message_log.directory, cut_exc)
+            raise exc
         self._maybe_checkpoint()
         return message_log.end_offset
 

@@ -75,7 +75,7 @@ class MessageLog:
             offsets = self.log.append_many(bodies)
             self.log.sync_or_flush()
         except DiskFull:
-            self._cut_back(start)
+            self.cut_back(start)
             raise
         return offsets
 
@@ -89,13 +89,14 @@ class MessageLog:
             bodies = self.log.append_raw(offset, data)
             self.log.sync_or_flush()
         except DiskFull:
-            self._cut_back(offset)
+            self.cut_back(offset)
             raise
         return bodies
 
-    def _cut_back(self, start: int) -> None:
-        """After a full disk: cut whatever of the failed write reached the file, back to
-        ``start`` (LogWriteFailed when the cut itself fails: the caller makes it sticky)."""
+    def cut_back(self, start: int) -> None:
+        """After a failed batch (a full disk, a consumer-log write that failed): cut whatever
+        of it reached the file, back to ``start`` (LogWriteFailed when the cut itself fails:
+        the caller makes it sticky)."""
         if self.log.end_offset > start:
             try:
                 self.log.truncate(start)

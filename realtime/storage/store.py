@@ -279,6 +279,7 @@ class MessageStore(HeldWrites, CopyWrites):
         if not batch.bodies:
             return batch
         message_log = self._message_log
+        start = message_log.end_offset
         try:
             offsets = message_log.append_durably(batch.bodies)
         except LogWriteFailed as exc:
@@ -287,7 +288,19 @@ class MessageStore(HeldWrites, CopyWrites):
             # them as described in realtime.storage.recovery.
             self._failed = exc
             raise
-        self._index(batch, offsets)
+        try:
+            self._index(batch, offsets)
+        except LogStoreError as exc:
+            # The consumer logs are cut back; the batch's records go too, or the next batch
+            # would reuse their sequences over records a slave copies as written and a restart
+            # indexes (review s14 rvc-1). A failed write is sticky, as the message log's is.
+            try:
+                message_log.cut_back(start)
+            except LogWriteFailed as cut_exc:
+                self._failed = self._failed or cut_exc
+            if isinstance(exc, LogWriteFailed):
+                self._failed = self._failed or exc
+            raise
         self._dedup.add_many(batch.fresh_keys, batch.fresh_sequences, batch.fresh_timestamps_ms)
         self._maybe_checkpoint()
         return batch

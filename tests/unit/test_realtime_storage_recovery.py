@@ -199,7 +199,7 @@ def test_a_missing_or_corrupt_checkpoint_means_a_full_rebuild(data_dir, damage):
     store.close()
 
 
-def test_records_of_a_dropped_batch_whose_sequences_were_reused_stay_invisible(data_dir):
+def test_a_batch_dropped_for_a_full_disk_leaves_no_record_for_recovery_to_replay(data_dir):
     plan = FaultPlan()
     store = open_store(data_dir, opener=plan.opener)
     for i in range(3):

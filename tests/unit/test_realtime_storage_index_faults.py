@@ -1,0 +1,188 @@
+"""MessageStore: a batch whose message-log write succeeded but whose consumer-log entries could
+not be written (a full disk, an I/O error) leaves nothing behind, on a master's commit and on a
+slave's copy (review s14 rvc-1, rvc-2)."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+
+import pytest
+
+from logstore import DiskFull, LogWriteFailed
+from logstore.fileio import OsFile
+from realtime.storage import MessageStore
+from realtime.storage.message_record import encode_message_record
+from tests.unit.test_realtime_storage_store import T0, TINY, payload_of
+
+
+class ClogFull:
+    """An opener whose consumer-log files find the disk full while ``full`` is set."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def opener(self, path: str):
+        outer = self
+        inner = OsFile(path)
+
+        class Handle:
+            def append(self, data):
+                if outer.full and "/consumerlog/" in path:
+                    raise OSError(errno.ENOSPC, "injected: no space left on device", path)
+                inner.append(data)
+
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+        return Handle()
+
+
+class ClogEio:
+    def __init__(self) -> None:
+        self.fail = False
+
+    def opener(self, path: str):
+        outer, inner = self, OsFile(path)
+
+        class Handle:
+            def append(self, data):
+                if outer.fail and "/consumerlog/" in path:
+                    raise OSError(errno.EIO, "injected EIO", path)
+                inner.append(data)
+
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+        return Handle()
+
+
+def _refused_commit(tmp_path):
+    disk = ClogFull()
+    master = MessageStore(str(tmp_path / "m"), TINY, opener=disk.opener, now_ms=T0)
+    for i in range(3):
+        master.append("s", f"old{i}", [1], T0, payload_of("s", i))
+    master.commit()
+    start = master.copy_bounds()[1]
+    disk.full = True
+    for i in range(3):
+        master.append("s", f"new{i}", [1], T0, b"refused")
+    with pytest.raises(DiskFull):
+        master.commit()
+    disk.full = False
+    return master, start
+
+
+def test_a_commit_refused_for_a_full_disk_on_its_consumer_log_leaves_nothing_in_the_message_log(
+        tmp_path):
+    master, start = _refused_commit(tmp_path)
+    try:
+        assert master.copy_bounds()[1] == start, "the refused batch stays in the message log"
+    finally:
+        master.close()
+
+
+def test_a_slave_copies_past_a_commit_refused_on_its_consumer_log(tmp_path):
+    master, _ = _refused_commit(tmp_path)
+    slave = MessageStore(str(tmp_path / "s"), TINY, now_ms=T0)
+    master.append("s", "new0", [1], T0, b"retry")  # the producer's resend: sequence 3
+    master.commit()
+    offset, end = slave.copy_bounds()[1], master.copy_bounds()[1]
+    while offset < end:  # as a slave's fetches copy it
+        offset = slave.append_copy(offset, master.read_copy(offset, 1 << 20))
+    assert slave.read("s", 3).payload == b"retry"
+    assert slave.end_sequence("s") == master.end_sequence("s") == 4
+    master.close()
+    slave.close()
+
+
+def test_a_restart_after_a_commit_refused_on_its_consumer_log_does_not_deliver_it(tmp_path):
+    master, _ = _refused_commit(tmp_path)
+    master.close()
+    reopened = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    try:
+        assert reopened.end_sequence("s") == 3, "the refused messages reappear after a restart"
+    finally:
+        reopened.close()
+
+
+def test_a_consumer_log_write_failure_makes_the_store_refuse_writes_until_reopened(tmp_path):
+    disk = ClogEio()
+    store = MessageStore(str(tmp_path / "m"), TINY, opener=disk.opener, now_ms=T0)
+    store.append("s", "a", [1], T0, b"a")
+    store.commit()
+    disk.fail = True
+    store.append("s", "b", [1], T0, b"b")
+    with pytest.raises(LogWriteFailed):
+        store.commit()
+    disk.fail = False
+    try:
+        with pytest.raises(LogWriteFailed):
+            store.append("s", "c", [1], T0, b"c")
+            store.commit()
+    finally:
+        store.close()
+
+
+def _copy_all(master, slave, disk):
+    offset, end = slave.copy_bounds()[1], master.copy_bounds()[1]
+    while offset < end:
+        data = master.read_copy(offset, 1 << 20)
+        try:
+            offset = slave.append_copy(offset, data)
+        except DiskFull:
+            disk.full = False  # space returns; the follower fetches again from its log's end
+            offset = slave.copy_bounds()[1]
+
+
+def test_a_slave_whose_consumer_log_finds_the_disk_full_keeps_every_copied_message_readable(
+        tmp_path):
+    master = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    disk = ClogFull()
+    slave = MessageStore(str(tmp_path / "s"), TINY, opener=disk.opener, now_ms=T0)
+    for i in range(3):
+        master.append("s", f"a{i}", [1], T0, b"a%d" % i)
+    master.commit()
+    _copy_all(master, slave, disk)
+    for i in range(3):
+        master.append("s", f"b{i}", [1], T0, b"b%d" % i)
+    master.commit()
+    disk.full = True
+    _copy_all(master, slave, disk)  # the first try of the chunk fails on the consumer log
+    for i in range(3):
+        master.append("s", f"c{i}", [1], T0, b"c%d" % i)
+    master.commit()
+    _copy_all(master, slave, disk)
+    assert slave.end_sequence("s") == master.end_sequence("s") == 9
+    try:
+        assert [slave.read("s", n).payload for n in range(9)] == \
+            [master.read("s", n).payload for n in range(9)]
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_the_masters_recovery_lets_a_later_batch_win_over_a_dropped_batchs_leftover_records(
+        tmp_path):
+    # Recovery step 4 (docs/FORMATS.md): records of a dropped batch left in the message log
+    # (a failed write's, or a crash between a full disk and the cut back) whose sequences a
+    # later batch reused: the later record wins. Planted by hand, as nothing else leaves them.
+    store = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    for i in range(3):
+        store.append("s", f"old{i}", [1], T0, payload_of("s", i))
+    store.commit()
+    store._message_log.append_durably([encode_message_record(T0, 3 + i, 0, "s", f"lost{i}",
+                                                             b"dropped") for i in range(3)])
+    store.append("s", "new0", [1], T0, b"retry")  # sequence 3 again
+    store.commit()
+    store.close()
+    for path in glob.glob(os.path.join(str(tmp_path / "m"), "checkpoint", "*.ckpt")):
+        os.unlink(path)
+    reopened = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    try:
+        assert reopened.end_sequence("s") == 4
+        assert reopened.read("s", 3).payload == b"retry"
+        assert not reopened.append("s", "lost1", [1], T0, b"").duplicate
+    finally:
+        reopened.close()
