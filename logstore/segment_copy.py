@@ -10,7 +10,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from logstore.errors import CorruptRecord, LogClosed, OffsetOutOfRange
+from logstore.errors import CorruptRecord, LogClosed, LogWriteFailed, OffsetOutOfRange
 from logstore.fileio import fsync_directory
 from logstore.record import HEADER as HEADER_STRUCT
 from logstore.record import HEADER_SIZE_BYTES, split_records
@@ -131,6 +131,19 @@ class SegmentCopyMixin:
         log.warning("log %s: truncated to offset %d (%d bytes cut)", self.directory, offset,
                     cut_bytes)
         return cut_bytes
+
+    def cut_back(self, offset: int) -> None:
+        """After a batch that failed part-way (a full disk, an index write that failed): cut
+        whatever of it reached the file, back to ``offset`` where the log ended before it, so
+        no record of it stays for a later batch, a recovery or a copying slave to take as
+        written. Nothing to do when nothing went past it. LogWriteFailed when the cut itself
+        fails (the caller makes it sticky)."""
+        if self._end > offset:
+            try:
+                self.truncate(offset)
+            except OSError as exc:
+                raise LogWriteFailed(self.directory, "cut back after a failed write",
+                                     exc) from exc
 
     def reset(self, offset: int) -> None:
         """Delete every record and start the log empty at ``offset`` (a copy beginning where its

@@ -321,12 +321,10 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             # What of the batch reached the file before the disk filled (a segment roll, a
             # batch over the write buffer) is cut: a slave copying the log would schedule it,
             # though this master never does (review s14 rvb-7).
-            if delay_log.end_offset > end_before:
-                try:
-                    delay_log.truncate(end_before)
-                except OSError as cut_exc:
-                    raise self._fail(LogWriteFailed(delay_log.directory, "cut back after a "
-                                                    "full disk", cut_exc)) from cut_exc
+            try:
+                delay_log.cut_back(end_before)
+            except LogWriteFailed as cut_exc:
+                raise self._fail(cut_exc) from cut_exc
             raise
         # Indexed in C-level passes over the columns (map, zip), not a Python step per entry
         # but the schedule buffer's append and the bucket bookkeeping.

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from logstore import (CorruptRecord, DiskFull, LogConfig, LogWriteFailed, Opener, SegmentedLog,
-                      SegmentInfo)
+from logstore import CorruptRecord, DiskFull, LogConfig, Opener, SegmentedLog, SegmentInfo
 from realtime.storage.control_record import decode_visible_message, is_control
 from realtime.storage.held import is_held_control, message_header
 from realtime.storage.message_record import (
@@ -75,7 +74,7 @@ class MessageLog:
             offsets = self.log.append_many(bodies)
             self.log.sync_or_flush()
         except DiskFull:
-            self.cut_back(start)
+            self.log.cut_back(start)
             raise
         return offsets
 
@@ -89,19 +88,10 @@ class MessageLog:
             bodies = self.log.append_raw(offset, data)
             self.log.sync_or_flush()
         except DiskFull:
-            self.cut_back(offset)
+            self.log.cut_back(offset)
             raise
         return bodies
 
-    def cut_back(self, start: int) -> None:
-        """After a failed batch (a full disk, a consumer-log write that failed): cut whatever
-        of it reached the file, back to ``start`` (LogWriteFailed when the cut itself fails:
-        the caller makes it sticky)."""
-        if self.log.end_offset > start:
-            try:
-                self.log.truncate(start)
-            except OSError as exc:
-                raise LogWriteFailed(self.directory, "cut back after a full disk", exc) from exc
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:
         """The message at ``offset`` and its body size; CorruptRecord when it does not decode.

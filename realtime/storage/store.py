@@ -295,7 +295,7 @@ class MessageStore(HeldWrites, CopyWrites):
             # would reuse their sequences over records a slave copies as written and a restart
             # indexes (review s14 rvc-1). A failed write is sticky, as the message log's is.
             try:
-                message_log.cut_back(start)
+                message_log.log.cut_back(start)
             except LogWriteFailed as cut_exc:
                 self._failed = self._failed or cut_exc
             if isinstance(exc, LogWriteFailed):
