@@ -5,14 +5,17 @@ published (visible) -> pulled -> pull answer written -> read by the consumer -> 
     python -m bench.latency_steps                   # 2,000 msg/s for 8 s, data dir in /tmp
     python -m bench.latency_steps --tmpfs           # data dir in /dev/shm: fsync costs ~nothing
     python -m bench.latency_steps --runs 3 --seconds 20
+    python -m bench.latency_steps --no-trace        # qmq up --no-trace: what trace events cost
 
 One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rate producer
 (``bench.peers.worker``), each started through ``bench._step_probe``, which notes when each
 message passes each step (CLOCK_MONOTONIC, one clock for every process) and writes it down at
 exit. Printed per run: p50 / p90 / p99 of each step's share, in ms; the server's CPU per
-message by thread (event loop "main", the store thread, the pull-log thread, the rest); and the
-group commits with their messages each. A step's share is measured per message, so shares of
-consecutive steps add up to the whole only at the same message, not percentile by percentile.
+message by thread (event loop "main", the store thread, the pull-log thread, the rest); the
+group commits with their messages each; and where the slowest 1% lost their time: how many
+10 ms windows of send time they fall in, the busiest ones, and the step that was longest for
+each (a few windows a second apart is a periodic stall of the whole server, not a tail).
+A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
 The probes add a few us per request: the totals are a little above an unprobed run's
 (bench.commit_cycle). Wall clock: state the load.
 """
@@ -79,8 +82,36 @@ def _steps(directory: str, count: int) -> dict[int, dict[str, int]]:
     return seen
 
 
-def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
-    """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds``: the module doc's figures."""
+def _slowest(seen: dict[int, dict[str, int]], share: float = 0.01) -> dict[str, Any]:
+    """Where the slowest ``share`` of the messages (send -> received) lost their time: how many
+    10 ms windows of send time they fall in (few windows: stalls of the whole path, not a
+    scattered tail), the start of the busiest windows in s from the first send, and for each
+    step how many of those messages spent their longest step there."""
+    timed = sorted((times["received"] - times["send"], times["send"], times)
+                   for times in seen.values() if "send" in times and "received" in times)
+    if not timed:
+        return {"count": 0, "windows": 0, "busiest_s": [], "blamed": {}}
+    first_ns = min(sent for _, sent, _ in timed)
+    slow = timed[len(timed) - max(1, int(len(timed) * share)):]
+    windows: dict[int, int] = {}
+    blamed: dict[str, int] = {}
+    for _, sent, times in slow:
+        window = (sent - first_ns) // 10_000_000
+        windows[window] = windows.get(window, 0) + 1
+        longest = max(((times[then] - times[first], what) for first, then, what in STEPS[:11]
+                       if first in times and then in times and then != "confirmed"),
+                      default=(0, "?"))
+        blamed[longest[1]] = blamed.get(longest[1], 0) + 1
+    busiest = sorted(windows.items(), key=lambda item: -item[1])[:6]
+    return {"count": len(slow), "windows": len(windows),
+            "busiest_s": sorted(window / 100 for window, _ in busiest),
+            "blamed": dict(sorted(blamed.items(), key=lambda item: -item[1]))}
+
+
+def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = ()
+            ) -> dict[str, Any]:
+    """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds`` (``up_args`` added to its
+    command line): the module doc's figures."""
     count = int(rate * seconds)
     metrics_port = _free_port()
     directory = tempfile.mkdtemp(prefix="qmq-steps-", dir="/dev/shm" if tmpfs else None)
@@ -92,7 +123,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
         server = start_process("qmq up", _probe_argv("server", [
             "--log-level", "warning", "up", "--data-dir", os.path.join(directory, "qmq"),
             "--host", "127.0.0.1", "--meta-port", "0", "--realtime-port", "0",
-            "--delay-port", "0", "--flush", "sync",
+            "--delay-port", "0", "--flush", "sync", *up_args,
             "--realtime-metrics-port", str(metrics_port)]), _QMQ_UP_READY, cwd=REPO_ROOT)
         try:
             url = f"http://{server.address}"
@@ -153,7 +184,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool) -> dict[str, Any]:
             "consumer_cpu_us": consumer_cpu_s / count * 1e6,
             "cpu_us_by_thread": {k: v / count * 1e6 for k, v in by_thread.items()},
             "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
-            "load_1min": os.getloadavg()[0]}
+            "slowest": _slowest(seen), "load_1min": os.getloadavg()[0]}
 
 
 def _lines(f: dict[str, Any]) -> list[str]:
@@ -168,6 +199,11 @@ def _lines(f: dict[str, Any]) -> list[str]:
     for what, (seen, p50, p90, p99) in f["steps"].items():
         lines.append(f"{what:<44} p50 {p50:7.3f}  p90 {p90:7.3f}  p99 {p99:8.3f} ms"
                      f"  ({seen:,} msgs)")
+    slow = f["slowest"]
+    lines.append(f"slowest 1% ({slow['count']} msgs): sent in {slow['windows']} windows of 10 ms; "
+                 "busiest at " + ", ".join(f"{s:.2f}" for s in slow["busiest_s"])
+                 + " s; longest step: " + ", ".join(f"{what} {n}"
+                                                   for what, n in slow["blamed"].items()))
     return lines
 
 
@@ -179,11 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--tmpfs", action="store_true", help="data dir in /dev/shm")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="qmq up --no-trace: what the trace events cost the path")
     args = parser.parse_args(argv)
     print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync), probed, "
           f"{args.rate:,} msg/s for {args.seconds:g} s:", flush=True)
     for number in range(args.runs):
-        figures = one_run(args.rate, args.seconds, args.tmpfs)
+        figures = one_run(args.rate, args.seconds, args.tmpfs,
+                          ("--no-trace",) if args.no_trace else ())
         print(f"  run {number + 1}: " + "\n    ".join(_lines(figures)), flush=True)
     return 0
 

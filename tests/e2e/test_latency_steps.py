@@ -17,3 +17,26 @@ def test_every_step_of_every_message_is_timed_with_a_p50_no_larger_than_its_p99(
         assert 0 <= p50 <= p99, what
     assert figures["commits"] >= 1
     assert figures["cpu_us_by_thread"]["main"] > 0
+    slow = figures["slowest"]
+    assert slow["count"] == 1  # the slowest 1% of 100 messages
+    assert slow["windows"] == 1 and len(slow["busiest_s"]) == 1
+    assert sum(slow["blamed"].values()) == 1
+    assert set(slow["blamed"]) <= {what for _, _, what in latency_steps.STEPS}
+
+
+def test_the_slowest_messages_are_placed_in_the_windows_they_were_sent_in():
+    ms = 1_000_000
+    steps = ("send", "batch_sent", "arrived", "handled", "commit_begun", "commit_ended",
+             "published", "pulled", "pull_written", "pull_read", "received")
+    seen = {}
+    for seq in range(200):
+        start = seq * ms  # one message a ms; every 50th is held 40 ms before the broker reads it
+        times = {step: start + n * 10_000 for n, step in enumerate(steps)}
+        if seq % 50 == 7:
+            for step in steps[2:]:
+                times[step] += 40 * ms
+        seen[seq] = times
+    slow = latency_steps._slowest(seen, share=0.02)
+    assert slow["count"] == 4
+    assert slow["busiest_s"] == [0.0, 0.05, 0.1, 0.15]
+    assert slow["blamed"] == {"to the broker (wire, its read)": 4}
