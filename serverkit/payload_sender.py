@@ -91,7 +91,8 @@ class PayloadSender:
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
-        (HOLD_ANSWER_UNKNOWN), raises that error at once, without refreshing the route (a
+        (HOLD_ANSWER_UNKNOWN; an error outside QmqError a part raised is taken as Internal,
+        its group may hold it), raises that error at once, without refreshing the route (a
         refresh usually drops a home whose master just died, so the ids' homes would move),
         and the caller sends such messages at their due time instead of holding them again
         (docs/REPLICATION.md 16); the error's ``holders`` names, per payload, the group its
@@ -138,6 +139,8 @@ class PayloadSender:
                 for home, positions in parts.items()
             ), return_exceptions=True)
             if holding:
+                outcomes = [_as_unknown(o, groups[home])
+                            for home, o in zip(parts, outcomes)]
                 _raise_unknown(parts, groups, outcomes, results)
             pending = []
             for positions, outcome in zip(parts.values(), outcomes):
@@ -321,6 +324,20 @@ def _raise_unknown(parts: dict[int, list[int]], groups: list[Any], outcomes: Seq
             holders[position] = groups[home].group
     unknown[0].holders = holders  # type: ignore[attr-defined]
     raise unknown[0]
+
+
+def _as_unknown(outcome: Any, group: Any) -> Any:
+    """A hold's part's ``outcome``, an error other than QmqError (a bug, an answer the sender
+    cannot read) made Internal, a HOLD_ANSWER_UNKNOWN: it may come after the part's write, so
+    that group may hold the part; raised alone it would drop what the other parts held
+    (review s14 rva). KeyboardInterrupt and SystemExit are kept as they are."""
+    if not isinstance(outcome, BaseException) or isinstance(
+            outcome, (QmqError, KeyboardInterrupt, SystemExit)):
+        return outcome
+    error = Internal(f"hold to {group.group} failed, it may hold the part: "
+                     f"{type(outcome).__name__}: {outcome}")
+    error.__cause__ = outcome
+    return error
 
 
 def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any] | None],
