@@ -164,7 +164,9 @@ class FrameServer:
         poll never holds up the requests pipelined behind it; requests start in the order
         they were read either way. A handler started inline runs its first step outside any
         task: it must not need ``asyncio.current_task()`` before its first suspension
-        (``asyncio.timeout``, a ``TaskGroup``): hence a list of ops, chosen by the server."""
+        (``asyncio.timeout``, a ``TaskGroup``): hence a list of ops, chosen by the server. A
+        request cancelled in its first step goes unanswered, inline as in a task, and the
+        connection serves on."""
         if self._stopping:  # already buffered when reading paused: left unanswered, see stop()
             return
         session = connection.session
@@ -188,6 +190,11 @@ class FrameServer:
                 waits_on = answer.send(None)
             except StopIteration:
                 return  # answered: the answer is queued for the end of this read
+            except asyncio.CancelledError:
+                # As a task cancelled in its first step ends: unanswered, the connection
+                # serving on (escaping data_received, it made asyncio close the connection
+                # and drop the other answers of this read; review s14 rva).
+                return
             # It suspended: a task goes on from where it stopped.
             task = self._loop.create_task(_Resumed(answer, waits_on))  # type: ignore[arg-type]
         else:
@@ -213,7 +220,12 @@ class FrameServer:
                                             Internal(f"{type(exc).__name__}: {exc}"))
         # Outside a task (an inline answer) there is nothing to discard: None is not in it.
         self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
-        connection.send(response)
+        try:
+            connection.send(response)
+        except Exception as exc:  # not encodable (a server bug): the same in a task or inline
+            log.exception("answer to %s from %s not sent", request.op, connection.session.peer)
+            connection.send(self._error_response(
+                request.rid, Internal(f"answer not encodable: {type(exc).__name__}: {exc}")))
 
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
         """The error response for ``exc``, counted by ``on_error`` first."""

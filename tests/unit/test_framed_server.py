@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from serverkit.frame_server import FrameServer, Session
 from wire.protocol import FrameDecoder, Request, encode_frame
 
@@ -270,3 +272,62 @@ async def test_stop_cancels_an_inline_op_still_suspended_after_the_grace():
     assert cancelled.is_set()
     assert server.requests_in_flight == 0
     writer.close()
+
+
+@pytest.mark.parametrize("inline_ops", [("heartbeat",), ()], ids=["inline", "task"])
+async def test_a_request_cancelled_in_its_first_step_goes_unanswered_and_the_connection_serves_on(
+        inline_ops):
+    # review s14 rva: stepped inline, the CancelledError escaped data_received and asyncio
+    # closed the connection, losing the other answers of that read; in a task it ends the task.
+    done = asyncio.get_running_loop().create_future()
+    done.cancel()  # an awaited future cancelled already (an access fetch at shutdown)
+
+    async def cancelled_at_rid_2(session: Session, request: Request) -> dict[str, Any]:
+        if request.rid == 2:
+            await done  # raises CancelledError at once, without suspending
+        return {"ok": True}
+
+    server = FrameServer(cancelled_at_rid_2, inline_ops=inline_ops)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        writer.write(_heartbeat(2) + _heartbeat(3))  # one read: 3 is answered with 2's end
+        await writer.drain()
+        assert [a["rid"] for a in await _read_answers(reader, 1)] == [3]
+        writer.write(_heartbeat(4))
+        await writer.drain()
+        assert [a["rid"] for a in await _read_answers(reader, 1)] == [4]
+        assert server.open_connections == 1 and server.requests_in_flight == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("inline_ops", [("heartbeat",), ()], ids=["inline", "task"])
+async def test_a_request_whose_answer_cannot_be_encoded_is_answered_internal_and_the_connection_serves_on(
+        inline_ops, caplog):
+    # Stepped inline, encode_frame's error escaped data_received and closed the connection; in
+    # a task it ended the task unanswered, unlogged until the task was collected.
+    async def unencodable_at_rid_2(session: Session, request: Request) -> dict[str, Any]:
+        return {"ok": object()} if request.rid == 2 else {"ok": True}
+
+    server = FrameServer(unencodable_at_rid_2, inline_ops=inline_ops)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        writer.write(_heartbeat(2) + _heartbeat(3))
+        await writer.drain()
+        answers = {a["rid"]: a for a in await _read_answers(reader, 2)}
+        assert answers[2]["error"]["code"] == "internal", answers[2]
+        assert "error" not in answers[3]
+        assert server.open_connections == 1 and server.requests_in_flight == 0
+        assert "answer to heartbeat" in caplog.text, "the failure is not logged"
+        writer.close()
+    finally:
+        await server.stop()
