@@ -122,6 +122,8 @@ class Follower:
         assert not self.running, "stop() the follower before starting it again"
         self.master_address, self.epoch, self.running = master_address, epoch, True
         self._positions.clear()
+        # Another master's log (a failover) may hold another record there, or one past it.
+        self.undecodable_at = None
         self._tasks = [asyncio.create_task(self._follow(item), name=f"follow-{name}")
                        for name, item in self.logs.items()]
         if self.scrub.bytes_per_s > 0:
@@ -239,6 +241,14 @@ class Follower:
                       exc.offset, exc.reason)
             self.undecodable_at = at
 
+    def _forget_undecodable(self, *names: str) -> None:
+        """The copy of ``names`` was cut, reset or replaced: the place it stopped at is no
+        longer where it stands (review s14 rva); a fetch that meets the record again shows
+        it again, logged again."""
+        stopped = self.undecodable_at
+        if stopped is not None and stopped["log"] in names:
+            self.undecodable_at = None
+
     async def _step(self, item: ReplicatedLog, wait_ms: int) -> int:
         """One fetch of ``item`` and what follows from it; returns the next fetch's wait."""
         name = item.name
@@ -257,6 +267,7 @@ class Follower:
         if answer.diverging is not None:
             try:
                 point = await item.run(cut_io, item, answer.diverging)
+                self._forget_undecodable(name)
                 log.warning("group %s: %s copy diverged from the master's (epoch %d ended at "
                             "%d there): cut at %d", self.group, name, answer.diverging[0],
                             answer.diverging[1], point)
@@ -298,6 +309,7 @@ class Follower:
         """Start ``item``'s copy empty at ``start``; the logs it ``empties`` start at 0."""
         emptied = tuple(self.logs[name] for name in item.empties)
         await item.run(reset_io, item, start, epochs, emptied)
+        self._forget_undecodable(item.name, *item.empties)
         self._moved_to(item.name, start)
         for other in emptied:
             self._moved_to(other.name, 0)
@@ -320,6 +332,7 @@ class Follower:
                 break
         payload = b"".join(parts)
         await item.run(_install_io, item, payload, answer.covers_offset, answer.epochs)
+        self._forget_undecodable(item.name)
         log.warning("group %s: %s copy installed the master's checkpoint %d (%d bytes, covers "
                     "offset %d)", self.group, item.name, sequence, len(payload),
                     answer.covers_offset)
@@ -369,6 +382,7 @@ class Follower:
                 self.scrub_repairs += 1
                 log.error("group %s: rotten record at offset %d of the %s copy: cut there, "
                           "fetching it again", self.group, bad, name)
+                self._forget_undecodable(name)
                 self._moved_to(name, bad)
                 return
             await asyncio.sleep(step / self.scrub.bytes_per_s)

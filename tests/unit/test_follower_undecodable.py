@@ -16,6 +16,8 @@ from logstore.epoch_history import EpochHistory
 from serverkit.follower import Follower, Scrub
 from serverkit.replica_log import ReplicatedLog
 from tests.unit.test_follower_position import MASTER_LOG, CopyLog, Master, Thread
+from wire.errors import ConnectionLost
+from wire.replication import FetchAnswer
 
 STOP_AT = 10
 
@@ -43,6 +45,9 @@ class WaitingMaster(Master):
         if op["offset"] >= len(MASTER_LOG):
             await asyncio.sleep(0.01)
         return await super().request(op, timeout_ms)
+
+    async def close(self) -> None:
+        self.closed = True
 
 
 def follower_of(tmp_path: Any, copy: CopyLog) -> tuple[Follower, ReplicatedLog]:
@@ -84,3 +89,69 @@ async def test_a_copy_stopped_at_a_record_it_cannot_decode_says_where_and_why(tm
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class Cuttable(StopsAt):
+    """``StopsAt`` that the follower can cut (a diverging answer)."""
+
+    def truncate_copy(self, offset: int) -> None:
+        self.data = self.data[:offset]
+
+
+class CutsThenGoesDown(WaitingMaster):
+    """``WaitingMaster`` that, once ``cut_at`` is set, answers the next fetch ``diverging``
+    (epoch 1 ended at ``cut_at`` here: the copy is cut there) and is unreachable after it."""
+
+    def __init__(self) -> None:
+        super().__init__(step=8)
+        self.cut_at: int | None = None
+        self.down = False
+
+    async def request(self, op: dict[str, Any], timeout_ms: int) -> dict[str, Any]:
+        if self.down:
+            raise ConnectionLost("master unreachable")
+        if self.cut_at is not None:
+            self.down = True
+            return FetchAnswer(1, op["log"], op["offset"], b"", op["offset"], 0,
+                               self.cut_at, (), (1, self.cut_at)).to_wire()
+        return await super().request(op, timeout_ms)
+
+
+async def test_a_copy_cut_below_the_place_it_stopped_at_no_longer_says_it_is_stopped_there(
+        tmp_path):
+    # review s14 rva (LOW): after a cut, a reset or a failover that put the copy below that
+    # offset, undecodable_at kept showing the old place until the copy passed it.
+    copy = Cuttable()
+    slave, item = follower_of(tmp_path, copy)
+    master = CutsThenGoesDown()
+
+    async def connect(address: str) -> CutsThenGoesDown:
+        return master
+
+    slave._connect = connect  # type: ignore[assignment]
+    task = asyncio.create_task(slave._follow(item))
+    try:
+        await wait_for(lambda: slave.undecodable_at is not None, 30, "stopped at the record")
+        master.cut_at = 4
+        await wait_for(lambda: master.down and copy.data == MASTER_LOG[:4], 30, "cut at 4")
+        await wait_for(lambda: slave.undecodable_at is None, 30,
+                       "the copy at 4 still says it is stopped at 10")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_follower_started_again_with_a_new_master_no_longer_says_where_the_old_copy_stopped(
+        tmp_path):
+    copy = StopsAt()
+    slave, item = follower_of(tmp_path, copy)
+    slave.running = False
+    slave.start("master", 1)
+    try:
+        await wait_for(lambda: slave.undecodable_at is not None, 30, "stopped at the record")
+        await slave.stop()
+        copy.stuck = False  # the new master's record at 10 is one this server decodes
+        slave.start("master-2", 2)
+        assert slave.undecodable_at is None, "shows the old master's place"
+    finally:
+        await slave.stop()
