@@ -139,11 +139,14 @@ class SegmentCopyMixin:
         written. Nothing to do when nothing went past it. LogWriteFailed when the cut itself
         fails (the caller makes it sticky)."""
         if self._end > offset:
+            # Named in the error: ftruncate's and fsync's OSError name no file.
+            segment = self._segments[max(0, bisect.bisect_right(self._bases, offset) - 1)]
             try:
                 self.truncate(offset)
             except OSError as exc:
-                raise LogWriteFailed(self.directory, "cut back after a failed write",
-                                     exc) from exc
+                raise LogWriteFailed(
+                    self.directory, f"cut back to offset {offset} of segment "
+                    f"{os.path.basename(segment.path)} after a failed write", exc) from exc
 
     def reset(self, offset: int) -> None:
         """Delete every record and start the log empty at ``offset`` (a copy beginning where its

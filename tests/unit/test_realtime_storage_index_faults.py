@@ -186,3 +186,45 @@ def test_the_masters_recovery_lets_a_later_batch_win_over_a_dropped_batchs_lefto
         assert not reopened.append("s", "lost1", [1], T0, b"").duplicate
     finally:
         reopened.close()
+
+
+class ClogFullCutFails(ClogFull):
+    """``ClogFull`` under which the message log's cut back fails too (EIO on truncate)."""
+
+    def opener(self, path: str):
+        handle, outer = super().opener(path), self
+
+        class Handle:
+            def truncate(self, size):
+                if outer.full and "/consumerlog/" not in path:
+                    raise OSError(errno.EIO, "injected EIO on truncate", path)
+                handle.truncate(size)
+
+            def __getattr__(self, name):
+                return getattr(handle, name)
+
+        return Handle()
+
+
+def test_a_cut_back_that_fails_makes_the_store_refuse_writes_naming_the_log_and_why(tmp_path):
+    # review s14 rvc: the cut of a refused batch failing leaves its records in the message log;
+    # the store must refuse every later commit until reopened (docs/FORMATS.md), and say where.
+    disk = ClogFullCutFails()
+    store = MessageStore(str(tmp_path / "m"), TINY, opener=disk.opener, now_ms=T0)
+    try:
+        store.append("s", "a", [1], T0, b"a")
+        store.commit()
+        disk.full = True
+        store.append("s", "b", [1], T0, b"b")
+        with pytest.raises(DiskFull):
+            store.commit()
+        disk.full = False
+        with pytest.raises(LogWriteFailed) as refused:
+            store.append("s", "c", [1], T0, b"c")
+            store.commit()
+        message = str(refused.value)
+        assert "cut back to offset 43 of segment 00000000000000000000.log after a failed " \
+            "write failed on" in message and "injected EIO on truncate" in message
+        assert refused.value.path == str(tmp_path / "m" / "messagelog"), message
+    finally:
+        store.close()
