@@ -526,7 +526,13 @@ class Consumer(BrokerPresenceMixin):
             sub.pulled(asked, len(payloads) if payloads else 0)
             if payloads:
                 batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+                waiting = bool(prefetch._getters)
                 await prefetch.put_all(self._received(answer, sub, batch))
+                if waiting:
+                    # The application waits for these: let it take them before this loop
+                    # writes its next pull (a send syscall, tens of us), not after. At low
+                    # rates that write was on every message's way to the application.
+                    await asyncio.sleep(0)
 
     @staticmethod
     def _received(answer: dict[str, Any], sub: Subscription, batch: _PulledBatch,

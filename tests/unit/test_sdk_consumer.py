@@ -54,6 +54,35 @@ async def test_subscribe_yields_the_pulled_messages_with_their_broker_group(meta
         "billing", "c1", "latest", False)
 
 
+async def test_a_waiting_application_gets_pulled_messages_before_the_next_pull_is_written(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"one")
+    events: list[str] = []
+    async with consumer(meta) as c:
+        original = c._pool.request
+
+        async def request(address, op, timeout_ms):
+            if op["op"] == "pull" and op["subject"] == "orders":
+                events.append("pull")  # written before the request's first await
+            return await original(address, op, timeout_ms)
+
+        c._pool.request = request
+        sub = c.subscribe("orders")
+
+        async def read() -> None:
+            async for msg in sub:
+                events.append(msg.body.decode())
+
+        reader = asyncio.create_task(read())
+        try:
+            async with asyncio.timeout(10):
+                await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2 and "one" in events)
+        finally:
+            reader.cancel()
+    assert events[:3] == ["pull", "one", "pull"]
+
+
 async def test_acks_are_coalesced_into_ranges_and_may_complete_out_of_order(meta, broker_a):
     meta.set_route("orders", [broker_a])
     broker_a.publish("orders", *(b"%d" % i for i in range(5)))
