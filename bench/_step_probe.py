@@ -129,14 +129,22 @@ def install_client() -> None:
     from sdk.connection import Connection
 
     def request(original: Any) -> Any:
-        async def probed(self: Any, op: dict[str, Any], timeout_ms: int | None) -> Any:
+        async def probed(self: Any, op: dict[str, Any], timeout_ms: int | None,
+                         on_answer: Any = None) -> Any:
             kind = op.get("op")
             if kind == "send":
                 _EVENTS.append(("batch_sent", _now(), op["messages"]))
-            answer = await original(self, op, timeout_ms)
+            if on_answer is None:
+                answer = await original(self, op, timeout_ms)
+            else:  # the consumer takes a pull's messages as the answer is read: note it then
+                def noted(answer: dict[str, Any]) -> None:
+                    if answer.get("payloads"):
+                        _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+                    on_answer(answer)
+                answer = await original(self, op, timeout_ms, noted)
             if kind == "send":
                 _EVENTS.append(("confirmed", _now(), op["messages"]))
-            elif kind == "pull" and answer.get("payloads"):
+            elif kind == "pull" and on_answer is None and answer.get("payloads"):
                 _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
             return answer
         return probed

@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import logging
 import ssl
-from typing import Any
+from typing import Any, Callable
 
 from wire.errors import BadRequest, ConnectionLost, QmqError
 from wire.limits import MAX_CLIENT_ID_CHARS, MAX_TOKEN_CHARS
@@ -89,6 +89,8 @@ class Connection:
         self._decoder = FrameDecoder()
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        # rid -> the on_answer callback of a pending request that gave one
+        self._on_answer: dict[int, Callable[[dict[str, Any]], None]] = {}
         self._out: list[bytes] = []  # frames waiting for the end of this loop turn
         self._wrote_this_turn = False  # a request went out directly in this loop turn
         self._writable: asyncio.Future[None] | None = None  # set while the socket is full
@@ -155,12 +157,20 @@ class Connection:
         """Return when the connection has closed, for whatever reason."""
         await self._closed_event.wait()
 
-    async def request(self, op: dict[str, Any], timeout_ms: int | None) -> dict[str, Any]:
+    async def request(self, op: dict[str, Any], timeout_ms: int | None,
+                      on_answer: Callable[[dict[str, Any]], None] | None = None,
+                      ) -> dict[str, Any]:
         """Send ``op`` (a request map without ``rid``) and return the answer without its rid.
 
         Raises the QmqError of an error answer, ConnectionLost if the connection is or goes down,
         RequestTimeout after ``timeout_ms`` (None: wait for ever), and BadRequest/TooLarge from
         the codec before anything is written if ``op`` cannot be framed.
+
+        ``on_answer(answer)``, if given, is called with a successful answer as soon as it is
+        read, before the caller resumes (a loop turn later): the consumer hands pulled messages
+        to a waiting application from there. It must not raise or block; it is not called
+        for an error answer, nor for an answer that comes after the request timed out or was
+        cancelled.
         """
         if self._close_error is not None:
             raise ConnectionLost(str(self._close_error))
@@ -169,6 +179,8 @@ class Connection:
         loop = self._loop
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = future
+        if on_answer is not None:
+            self._on_answer[rid] = on_answer
         # A timer per request rather than asyncio.timeout(): it fails just this future and
         # costs one TimerHandle, not a context manager and a task cancellation.
         # The error is worded only if the timer fires: almost every request is answered first.
@@ -188,6 +200,8 @@ class Connection:
             return await future
         finally:
             self._pending.pop(rid, None)
+            if on_answer is not None:
+                self._on_answer.pop(rid, None)
             if timer is not None:
                 timer.cancel()
 
@@ -251,6 +265,13 @@ class Connection:
             return
         future = self._pending.get(rid) if rid is not None else None
         if future is not None and not future.done():
+            on_answer = self._on_answer.pop(rid, None) if self._on_answer else None
+            if on_answer is not None:
+                try:
+                    on_answer(answer)
+                except Exception:  # a bug in the callback: the caller still gets its answer
+                    log.exception("on_answer callback of request %d to broker %s raised",
+                                  rid, self.address)
             future.set_result(answer)
         # An unknown rid is the late answer of a request that timed out or was cancelled.
 
@@ -383,13 +404,14 @@ class ConnectionPool:
             return conn
 
     async def request(
-        self, address: str, op: dict[str, Any], timeout_ms: int | None
+        self, address: str, op: dict[str, Any], timeout_ms: int | None,
+        on_answer: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """``get(address)`` then ``request``; a dead connection is dropped so the next call
-        reconnects."""
+        """``get(address)`` then ``request`` (``on_answer``: see ``Connection.request``); a dead
+        connection is dropped so the next call reconnects."""
         conn = await self.get(address)
         try:
-            return await conn.request(op, timeout_ms)
+            return await conn.request(op, timeout_ms, on_answer)
         except ConnectionLost:
             if conn.closed:
                 self._connections.pop(address, None)

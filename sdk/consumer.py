@@ -496,8 +496,12 @@ class Consumer(BrokerPresenceMixin):
             }
             sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
             sub.pulls_out.add((source, broker_group))
+            batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+            handed: list[bool] = []  # the answer's messages went in from _hand_over
             try:
-                answer = await self._pool.request(address, op, wait_ms + PULL_TIMEOUT_SLACK_MS)
+                answer = await self._pool.request(
+                    address, op, wait_ms + PULL_TIMEOUT_SLACK_MS,
+                    lambda answer: handed.append(self._hand_over(answer, sub, batch)))
             except QmqError as exc:
                 sub.pull_sent_at.pop((source, broker_group), None)
                 if not exc.retriable:
@@ -524,15 +528,22 @@ class Consumer(BrokerPresenceMixin):
             failures = 0
             payloads = answer.get("payloads")
             sub.pulled(asked, len(payloads) if payloads else 0)
-            if payloads:
-                batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
-                waiting = bool(prefetch._getters)
+            if payloads and True not in handed:
                 await prefetch.put_all(self._received(answer, sub, batch))
-                if waiting:
-                    # The application waits for these: let it take them before this loop
-                    # writes its next pull (a send syscall, tens of us), not after. At low
-                    # rates that write was on every message's way to the application.
-                    await asyncio.sleep(0)
+
+    def _hand_over(self, answer: dict[str, Any], sub: Subscription, batch: _PulledBatch) -> bool:
+        """A pull answer as it is read (``Connection.request``'s ``on_answer``): its messages
+        into the prefetch buffer now if they all fit, so an application waiting on it runs
+        in the next loop turn, before the pull loop (which the same read resumes) writes its
+        next pull; a loop turn and a task step sooner than from the pull loop. False: they do
+        not fit (another of the subscription's pull loops filled the buffer meanwhile); the
+        pull loop puts them in, waiting for room."""
+        payloads = answer.get("payloads")
+        prefetch = sub._prefetch
+        if not payloads or prefetch.capacity - len(prefetch.items) < len(payloads):
+            return False
+        prefetch.put_fitting(self._received(answer, sub, batch))
+        return True
 
     @staticmethod
     def _received(answer: dict[str, Any], sub: Subscription, batch: _PulledBatch,

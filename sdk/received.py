@@ -203,6 +203,12 @@ class _Prefetch:
             done += room
             self._wake(self._getters)
 
+    def put_fitting(self, items: list[Any]) -> None:
+        """Append ``items``, which the caller checked fit, without waiting."""
+        assert self.capacity - len(self.items) >= len(items), (self.capacity, len(items))
+        self.items.extend(items)
+        self._wake(self._getters)
+
     async def wait_room(self) -> None:
         """Return once at least ``refill_min`` slots are free."""
         while self.capacity - len(self.items) < self.refill_min:

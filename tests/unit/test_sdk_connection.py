@@ -52,6 +52,61 @@ async def test_an_error_answer_raises_its_error_with_the_code_and_rid(broker_a):
     await conn.close()
 
 
+async def test_on_answer_gets_the_answer_as_it_is_read_before_the_caller_resumes(broker_a):
+    broker_a.publish("s", b"now")
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    seen: list[tuple[str, object]] = []
+    resumed = asyncio.Event()
+
+    async def pull() -> None:
+        answer = await conn.request(pull_op(wait_ms=10_000), 5000,
+                                    lambda answer: seen.append(("on_answer", answer)))
+        seen.append(("resumed", answer))
+        resumed.set()
+
+    task = asyncio.create_task(pull())
+    async with asyncio.timeout(10):
+        await resumed.wait()
+    await task
+    await conn.close()
+    assert [what for what, _ in seen] == ["on_answer", "resumed"]
+    assert seen[0][1] is seen[1][1] and len(seen[0][1]["payloads"]) == 1
+
+
+async def test_on_answer_is_not_called_for_an_error_answer_nor_after_a_timeout(broker_a):
+    broker_a.fail_next("heartbeat", "error", ("forbidden", "app a may not consume s"))
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    called: list[dict] = []
+    with pytest.raises(Forbidden):
+        await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000,
+                           called.append)
+    with pytest.raises(RequestTimeout):
+        await conn.request(pull_op(wait_ms=10_000), 50, called.append)
+    broker_a.publish("s", b"late")  # answers the timed-out pull: its caller has left
+    async with asyncio.timeout(10):
+        await broker_a.wait_until(lambda: broker_a._next_pull_seq.get("s", 1) > 1)
+        # A request after it on the same connection: its answer comes after the late one.
+        await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+    await conn.close()
+    assert called == []
+
+
+async def test_an_on_answer_that_raises_is_logged_and_the_caller_still_gets_its_answer(
+        broker_a, caplog):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+
+    def broken(answer: dict) -> None:
+        raise RuntimeError("a bug in the callback")
+
+    answer = await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []},
+                                5000, broken)
+    assert answer == {"ok": True}
+    assert "a bug in the callback" in caplog.text
+    # The connection goes on.
+    assert await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
+    await conn.close()
+
+
 async def test_a_refused_hello_raises_and_leaves_no_connection(broker_a):
     broker_a.fail_next("hello", "error", ("not_supported", "protocol 1 unknown"))
     with pytest.raises(NotSupported):

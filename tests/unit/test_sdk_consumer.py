@@ -62,10 +62,10 @@ async def test_a_waiting_application_gets_pulled_messages_before_the_next_pull_i
     async with consumer(meta) as c:
         original = c._pool.request
 
-        async def request(address, op, timeout_ms):
+        async def request(address, op, timeout_ms, on_answer=None):
             if op["op"] == "pull" and op["subject"] == "orders":
                 events.append("pull")  # written before the request's first await
-            return await original(address, op, timeout_ms)
+            return await original(address, op, timeout_ms, on_answer)
 
         c._pool.request = request
         sub = c.subscribe("orders")
