@@ -16,7 +16,7 @@ them. Now, as for client heartbeats (``metaserver.liveness``):
   reads it), or when its group has a switchover under way;
 - any other heartbeat is answered from memory (the answer of its last full write: nothing it
   depends on has changed) and only its time and replica figures (``position``, ``positions``,
-  ``lag_bytes``, ``lag_ms``) are noted (``pending``);
+  ``lag_bytes``, ``lag_ms``, ``undecodable_at``) are noted (``pending``);
 - ``flush`` writes the noted figures in one statement inside the expiry check's transaction
   (``Registry.expire_now``, every ``expiry_check_interval_ms``), before it expires anyone.
 
@@ -64,7 +64,7 @@ from metaserver.models import Broker
 # answers, and makes sure a row marked offline elsewhere is noticed.
 FULL_HEARTBEAT_MS = 5_000
 # The replica figures a noted heartbeat carries to the next flush (stored as figures only).
-REPLICA_FIGURES = ("position", "positions", "lag_bytes", "lag_ms")
+REPLICA_FIGURES = ("position", "positions", "lag_bytes", "lag_ms", "undecodable_at")
 
 Signature = tuple[Any, ...]
 

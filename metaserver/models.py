@@ -114,6 +114,9 @@ class Broker(Base):
     positions: Mapped[Any] = mapped_column(JSON, nullable=True)
     lag_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     lag_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # A slave's copy stopped at a record it cannot decode: {log, offset, kind, version,
+    # reason}, as it last reported (``0006_undecodable_at``); None when it is not.
+    undecodable_at: Mapped[Any] = mapped_column(JSON, nullable=True)
 
 
 class BacklogHead(Base):

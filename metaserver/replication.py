@@ -34,6 +34,7 @@ from metaserver.failover import (
     switchover_verdict,
 )
 from metaserver.models import Broker, BrokerGroup, Subject, SubjectRoute
+from metaserver.validation import REPLICA_FIELDS
 
 if TYPE_CHECKING:
     from metaserver.registry import Registry
@@ -175,6 +176,7 @@ def apply_replica(grp: BrokerGroup, broker: Broker, servers: list[Broker],
     broker.positions = replica.get("positions")
     broker.lag_bytes = replica.get("lag_bytes")
     broker.lag_ms = replica.get("lag_ms")
+    broker.undecodable_at = replica.get("undecodable_at")
     if broker.role != "master" or req.epoch != grp.epoch:
         return False
     proposed = set(replica.get("insync") or [])
@@ -250,6 +252,9 @@ def role_answer(grp: BrokerGroup, broker: Broker, servers: list[Broker],
         "replication": {"mode": grp.replication, "min_insync": grp.min_insync},
         "switchover_to": grp.switchover_to,
         "heartbeat_interval_ms": heartbeat_interval_ms,
+        # The ``replica`` fields this MetaServer takes: a server sends a field added since
+        # (``undecodable_at``) only when listed, as an older MetaServer answers it 400.
+        "replica_fields": REPLICA_FIELDS,
     }
 
 
@@ -512,7 +517,22 @@ class ReplicationOps:
                 "epoch_started_at_ms": grp.epoch_started_at_ms,
                 "switchover_to": grp.switchover_to,
                 "switchover_deadline_ms": grp.switchover_deadline_ms,
+                # Per server whose copy is stopped at a record it cannot decode: where.
+                "undecodable": self._undecodable(mine),
             })
+        return out
+
+    def _undecodable(self, servers: list[Broker]) -> dict[str, Any]:
+        """Server id -> its ``undecodable_at`` as last reported (a heartbeat noted in memory
+        since the last flush first), for the servers that report one."""
+        out: dict[str, Any] = {}
+        for broker in servers:
+            noted = self.registry.broker_liveness.noted(broker.server_id) \
+                if broker.state != "offline" else None
+            at = noted.get("undecodable_at") if noted and "position" in noted \
+                else broker.undecodable_at
+            if at:
+                out[broker.server_id] = at
         return out
 
 

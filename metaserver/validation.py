@@ -264,6 +264,22 @@ def check_positions(key: str, value: dict[str, Any]) -> dict[str, int]:
     return value
 
 
+# Longest ``reason`` of a ``replica.undecodable_at`` (a server cuts its own to this).
+UNDECODABLE_REASON_CHARS_MAX = 400
+
+
+def check_undecodable_at(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    """Check a slave's ``undecodable_at``: where its copy stopped at a record whose body it
+    cannot decode (docs/REPLICATION.md 8.2)."""
+    out = parse_object(value, UNDECODABLE_AT, key)
+    if not LOG_NAME_RE.fullmatch(out["log"]):
+        raise BadRequest(f"{key}.log {out['log']!r} is not {LOG_NAME_RE.pattern}")
+    if len(out["reason"]) > UNDECODABLE_REASON_CHARS_MAX:
+        raise BadRequest(f"{key}.reason has {len(out['reason'])} characters, over "
+                         f"UNDECODABLE_REASON_CHARS_MAX {UNDECODABLE_REASON_CHARS_MAX}")
+    return out
+
+
 def check_insync(key: str, value: list[Any]) -> list[str]:
     """Check an in-sync proposal: at most REPLICA_INSYNC_MAX server ids."""
     if len(value) > REPLICA_INSYNC_MAX:
@@ -275,6 +291,14 @@ def check_insync(key: str, value: list[Any]) -> list[str]:
     return list(value)
 
 
+UNDECODABLE_AT = {
+    "log": Field(str),
+    "offset": Field(int, check=check_count),
+    "kind": Field(int, required=False, check=check_count),  # null: the body too short
+    "version": Field(int, required=False, check=check_count),
+    "reason": Field(str),
+}
+
 REPLICA = {
     "position": Field(int, required=False, check=check_count),
     "positions": Field(dict, required=False, check=check_positions),
@@ -283,7 +307,12 @@ REPLICA = {
     "insync": Field(list, required=False, default=list, check=check_insync),
     "handover_ready": Field(str, required=False, check=check_server_id),
     "writable": Field(bool, required=False, default=True),
+    # Since session 15; a server sends it only to a MetaServer whose answers list it in
+    # ``replica_fields`` (an older one answers an unknown field 400).
+    "undecodable_at": Field(dict, required=False, check=check_undecodable_at),
 }
+# What a register or heartbeat answer says this MetaServer takes in ``replica``.
+REPLICA_FIELDS = sorted(REPLICA)
 
 
 def check_replica(key: str, value: dict[str, Any]) -> dict[str, Any]:

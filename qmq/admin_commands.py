@@ -242,13 +242,24 @@ async def admin_tokens_command(meta_url: str, args: list[str], *, app: str | Non
 
 
 _REPLICATION_COLUMNS = ["group", "kind", "epoch", "master_id", "master_address", "replication",
-                        "min_insync", "insync", "slaves", "writable", "switchover_to"]
+                        "min_insync", "insync", "slaves", "writable", "switchover_to",
+                        "undecodable"]
+
+
+def _undecodable_cell(places: dict[str, Any] | None) -> str:
+    """``SERVER:LOG@OFFSET vVERSION`` per slave whose copy is stopped at a record it cannot
+    decode ("-": none; an older MetaServer says nothing: "?")."""
+    if places is None:
+        return "?"
+    return ",".join(f"{server}:{at.get('log')}@{at.get('offset')} v{at.get('version')}"
+                    for server, at in sorted(places.items())) or "-"
 
 
 async def admin_replication_command(meta_url: str, args: list[str], *, mode: str | None,
                                     min_insync: int | None, as_json: bool = False) -> int:
     """``qmq admin replication [GROUP --mode M --min-insync N]``: per group its epoch, master,
-    in-sync set and settings; with a GROUP and a flag, change that group's settings."""
+    in-sync set, settings and the slaves whose copy stopped at a record they cannot decode;
+    with a GROUP and a flag, change that group's settings."""
     if args:
         if len(args) != 1 or (mode is None and min_insync is None):
             raise CommandError("usage: qmq admin replication [GROUP --mode sync|async "
@@ -267,7 +278,8 @@ async def admin_replication_command(meta_url: str, args: list[str], *, mode: str
         return 0
     shown = [{**row, "insync": ",".join(row["insync"]) or "-",
               "slaves": ",".join(row["slaves"]) or "-",
-              "switchover_to": row["switchover_to"] or "-"} for row in rows]
+              "switchover_to": row["switchover_to"] or "-",
+              "undecodable": _undecodable_cell(row.get("undecodable"))} for row in rows]
     print(_table(shown, _REPLICATION_COLUMNS))
     return 0
 

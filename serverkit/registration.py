@@ -95,6 +95,8 @@ class Registration:
         # sends none, ``addr:<group>/<address>``; not sent, as it is no valid server id.
         self.role = role or ServerRole(f"addr:{group}/{address}")
         self._sends_server_id = role is not None
+        # The ``replica`` fields the MetaServer's last answer says it takes (``replica_fields``).
+        self._replica_fields: frozenset[str] = frozenset()
         self.replication = replication or NoReplication()
         # Explicit --replication / --min-insync: sent at registration only (the last wins).
         self._settings = settings or None
@@ -227,7 +229,7 @@ class Registration:
     async def _heartbeat_locked(self) -> None:
         """One heartbeat (the lock is held): identity and the data plane's report, no backlog."""
         report = self.replication.report()
-        body = {**self._identity(), "replica": report.to_json()}
+        body = {**self._identity(), "replica": report.to_json(self._replica_fields)}
         proposes = bool(report.insync)
         sent_at = self.role.before_heartbeat(self._clock_ms(), proposes_slaves=proposes)
         try:
@@ -280,6 +282,9 @@ class Registration:
             self._on_state(self.state)
         if isinstance(data.get("auth"), bool) and self._on_auth is not None:
             self._on_auth(data["auth"])
+        fields = data.get("replica_fields")  # an older MetaServer: none beyond the first ones
+        self._replica_fields = frozenset(
+            f for f in fields if isinstance(f, str)) if isinstance(fields, list) else frozenset()
         told = data.get("heartbeat_interval_ms")
         if isinstance(told, int) and not isinstance(told, bool) and 0 < told:
             self.heartbeat_interval_ms = told

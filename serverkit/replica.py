@@ -264,7 +264,8 @@ class Replica:
         return ReplicaReport(position=ends.get(self._logs[0].name), positions=dict(ends),
                              lag_bytes=self.follower.lag_bytes() if self.follower.running else None,
                              lag_ms=self.follower.lag_ms(self._clock_ms())
-                             if self.follower.running else None)
+                             if self.follower.running else None,
+                             undecodable_at=self.follower.undecodable_at)
 
     def counters(self) -> dict[str, int]:
         """The follower's counts for metrics: CRC errors on arrival, scrub repairs, records

@@ -10,6 +10,7 @@ proposes no slave in sync, so every group stays solo and works as before replica
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from serverkit.role import RoleView
@@ -18,6 +19,8 @@ from serverkit.role import RoleView
 POSITIONS_MAX = 8
 # Most slaves one master may propose as in sync.
 INSYNC_MAX = 16
+# Longest ``undecodable_at.reason`` sent (the MetaServer's UNDECODABLE_REASON_CHARS_MAX).
+UNDECODABLE_REASON_CHARS_MAX = 400
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,13 @@ class ReplicaReport:
     insync: tuple[str, ...] = ()  # master: the slaves it counts as in sync (its proposal)
     handover_ready: str | None = None  # master, in a switchover: the target has everything
     writable: bool = True  # master: False while min_insync refuses writes
+    # slave: where its copy stopped at a record it cannot decode (Follower.undecodable_at)
+    undecodable_at: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``replica`` object of a heartbeat request (docs/REPLICATION.md 13.4)."""
+    def to_json(self, takes: Collection[str] = ()) -> dict[str, Any]:
+        """The ``replica`` object of a heartbeat request (docs/REPLICATION.md 13.4); a field
+        added since session 15 only when the MetaServer ``takes`` it (its answers' last
+        ``replica_fields``: an older one answers an unknown field 400)."""
         out: dict[str, Any] = {"writable": self.writable}
         if self.position is not None:
             out["position"] = self.position
@@ -47,6 +54,16 @@ class ReplicaReport:
             out["insync"] = list(self.insync[:INSYNC_MAX])
         if self.handover_ready is not None:
             out["handover_ready"] = self.handover_ready
+        at = self.undecodable_at
+        if at is not None and "undecodable_at" in takes and all(
+                (type(at.get(name)) is int and at[name] >= 0) or (at.get(name) is None
+                                                                   and name != "offset")
+                for name in ("offset", "kind", "version")):
+            # Only what the MetaServer checks passes: a refused heartbeat renews nothing.
+            out["undecodable_at"] = {
+                "log": str(at.get("log")), "offset": at["offset"], "kind": at.get("kind"),
+                "version": at.get("version"),
+                "reason": str(at.get("reason"))[:UNDECODABLE_REASON_CHARS_MAX]}
         return out
 
 

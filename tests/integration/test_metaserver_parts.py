@@ -161,7 +161,7 @@ def test_the_migrations_are_found_next_to_the_installed_package() -> None:
     config = alembic_config()
     assert Path(config.get_main_option("script_location") or "") == migrations_dir()
     assert (migrations_dir() / "env.py").exists()
-    assert head_revision() == "0005_backlog_table"
+    assert head_revision() == "0006_undecodable_at"
 
 
 def test_alembic_by_hand_migrates_a_database_from_any_directory(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ store opens again as it was."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
 from delayserver.storage import done_journal
 from metaserver import MetaConfig, sqlite_url, start_metaserver
+from qmq.admin_commands import admin_replication_command
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit import server_id
@@ -210,7 +212,7 @@ async def test_a_delay_slave_that_says_nothing_copies_a_journal_up_to_its_first_
 
 @pytest.mark.timeout(180)
 async def test_a_delay_slave_stopped_at_a_journal_record_it_cannot_decode_says_where_and_why(
-        tmp_path):
+        tmp_path, capsys):
     # review s13 rvmends-3: such a record (a later release's body version, here written into
     # the master's journal as its bug would) stopped the copy for good, counted and logged as
     # a CRC error every few seconds.
@@ -254,6 +256,27 @@ async def test_a_delay_slave_stopped_at_a_journal_record_it_cannot_decode_says_w
             assert {k: shown[k] for k in ("log", "offset", "kind", "version")} == {
                 "log": "done", "offset": at, "kind": done_journal.KIND_DISPATCHED,
                 "version": done_journal.BODY_VERSION + 1}
+            # ... and the MetaServer's admin view, so `qmq admin replication` (review s14)
+            await wait_for_row(meta.url, lambda row: row["undecodable"] == {SLAVE: shown},
+                               "the slave's place in the admin view")
+            assert await admin_replication_command(meta.url, [], mode=None,
+                                                   min_insync=None) == 0
+            table = capsys.readouterr().out
+            assert f"{SLAVE}:done@{at}" in table, table
         finally:
             await slave.stop()
             await master.stop()
+
+
+async def wait_for_row(meta_url: str, check: Any, what: str) -> None:
+    """Wait until GET /api/admin/replication's row of group d1 passes ``check``."""
+    from qmq.commands import admin_request
+
+    async def row() -> dict[str, Any]:
+        rows = (await admin_request(meta_url, "GET", "/api/admin/replication"))["replication"]
+        return next(r for r in rows if r["group"] == "d1")
+
+    deadline = time.monotonic() + 30
+    while not check(await row()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {await row()}"
+        await asyncio.sleep(0.1)
