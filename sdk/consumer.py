@@ -377,6 +377,7 @@ class Consumer(BrokerPresenceMixin):
 
     def _start_handler(self, spec: _HandlerSpec) -> None:
         sub = self.subscribe(spec.subject, spec.tags)
+        sub.handler_driven = True
         spec.task = asyncio.get_running_loop().create_task(
             self._dispatch_loop(spec, sub), name=f"qmq-handler {spec.subject}"
         )
@@ -530,6 +531,10 @@ class Consumer(BrokerPresenceMixin):
             sub.pulled(asked, len(payloads) if payloads else 0)
             if payloads and True not in handed:
                 await prefetch.put_all(self._received(answer, sub, batch))
+            elif payloads and sub.handler_driven:
+                # A handler's dispatch loop took the first message in this turn and made its
+                # handler task: let that run before this loop writes its next pull.
+                await asyncio.sleep(0)
 
     def _hand_over(self, answer: dict[str, Any], sub: Subscription, batch: _PulledBatch) -> bool:
         """A pull answer as it is read (``Connection.request``'s ``on_answer``): its messages

@@ -348,6 +348,8 @@ class Subscription:
         self.pulls_out: set[tuple[str, str]] = set()
         self.route_tasks: list[asyncio.Task[None]] = []
         self.refresh_wanted = asyncio.Event()
+        # Read by a handler's dispatch loop (``Consumer.handler``), not the application.
+        self.handler_driven = False
 
     def pulled(self, asked: int, got: int) -> None:
         """A pull loop's answer: adapt the pull size, and the buffer's capacity with it (pull

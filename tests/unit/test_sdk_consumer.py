@@ -83,6 +83,30 @@ async def test_a_waiting_application_gets_pulled_messages_before_the_next_pull_i
     assert events[:3] == ["pull", "one", "pull"]
 
 
+async def test_a_handler_gets_a_pulled_message_before_the_next_pull_is_written(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    broker_a.publish("orders", b"one")
+    events: list[str] = []
+    c = consumer(meta)
+    original = c._pool.request
+
+    async def request(address, op, timeout_ms, on_answer=None):
+        if op["op"] == "pull" and op["subject"] == "orders":
+            events.append("pull")  # written before the request's first await
+        return await original(address, op, timeout_ms, on_answer)
+
+    c._pool.request = request
+
+    @c.handler("orders")
+    async def handle(msg) -> None:
+        events.append(msg.body.decode())
+
+    async with c:
+        async with asyncio.timeout(10):
+            await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2 and "one" in events)
+    assert events[:3] == ["pull", "one", "pull"]
+
+
 async def test_acks_are_coalesced_into_ranges_and_may_complete_out_of_order(meta, broker_a):
     meta.set_route("orders", [broker_a])
     broker_a.publish("orders", *(b"%d" % i for i in range(5)))
