@@ -27,7 +27,7 @@ from typing import Any
 
 from sdk.acks import AckBatcher
 from sdk.consumer import Consumer, Subscription
-from sdk.received import _PulledBatch
+from sdk.received import PullSize, _PulledBatch
 from wire.message import Message, encode_message
 from wire.protocol import decode_frame_payload, encode_frame, pull_response
 
@@ -52,7 +52,7 @@ async def run_once(frame: bytes, answers: int) -> float:
 
     acks = AckBatcher(send_nothing, interval_ms=20, pending_max=1 << 62)
     consumer: Any = SimpleNamespace(_acks=acks)  # what ReceivedMessage.ack reaches for
-    sub = Subscription(SUBJECT, [], capacity=1 << 30)
+    sub = Subscription(SUBJECT, [], PullSize(1, 1, 1 << 30))  # a buffer that never fills
     received = 0
     start_s = time.process_time()
     for _ in range(answers):
@@ -60,7 +60,7 @@ async def run_once(frame: bytes, answers: int) -> float:
         batch = _PulledBatch(consumer, "group-a", "127.0.0.1:1",
                              ("127.0.0.1:1", "group-a", SUBJECT))
         messages = Consumer._received(answer, sub, batch)
-        await sub._prefetch.put_all(messages)
+        sub._prefetch.put_fitting(messages)  # as Consumer._hand_over does
         for _ in range(len(messages)):
             msg = await sub.__anext__()
             msg.body
