@@ -18,7 +18,8 @@ from typing import Any, Union
 
 from tracelog.events import (  # _-names: the line encoders' package-internal tables
     _ENCODER, _EVENT_KIND_SET, _LINE_STARTS, BATCH_MAX_DEFAULT, EVENT_KINDS,
-    FLUSH_INTERVAL_MS_DEFAULT, PENDING_EVENTS_MAX_DEFAULT, _json_str, consumer_members,
+    FLUSH_INTERVAL_MS_DEFAULT, HOUR_MS, PENDING_EVENTS_MAX_DEFAULT, TRICKLE_EVENTS_MAX_DEFAULT,
+    TRICKLE_EVENTS_MIN_DEFAULT, TRICKLE_INTERVAL_MS_DEFAULT, _json_str, consumer_members,
     hour_dir_name, safe_server_name)
 from wire.clock import wall_clock_ms
 
@@ -32,8 +33,8 @@ Extra = Union[str, tuple[Union[str, None], Union[str, None]]]
 # ``emit_columns``, or (kind, ts_ms, extra, members) of ``emit_framed``, whose lines are joined
 # (and the frame built) only when written.
 _Item = Union[list[str], tuple[list[Column], int], tuple[str, int, Extra, list[str]]]
-# Frames a write keeps, by (kind, ts_ms, extra): a batch's items share a few of each time.
-_FRAMES_KEPT_MAX = 256
+# Frame ends a writer keeps, by extra: one per (group, consumer) pulling, plus a few.
+_ENDS_KEPT_MAX = 1_024
 # ``emit_framed`` items of up to this many lines are joined with the lines around them.
 _FRAMED_TOGETHER_MAX = 64
 
@@ -44,12 +45,15 @@ class TraceWriter:
     ``emit``/``emit_lines`` encode on the caller's thread and append the lines to a list under a
     lock (no I/O); ``emit_columns`` queues the parts of many lines, which the write joins (in
     C) when it writes them: the caller's thread (a server's event loop in a burst) does no
-    per-line concatenation. A background thread writes batches (of about ``batch_max``
-    events) every ``flush_interval_ms``, or as soon as full batches hold half of
-    ``pending_events_max`` events (a burst is written after it, not during it); ``flush()`` writes
-    everything now from the caller's thread; ``close()`` flushes and stops. With
-    ``background=False`` there is no thread and only ``flush()``/``close()`` write (tests,
-    benchmarks). ``clock_ms`` (injected) decides the hour directory of each write.
+    per-line concatenation. A background thread looks every ``trickle_interval_ms``: a
+    trickle (``trickle_events_min`` to ``trickle_events_max`` events waiting) is written at
+    once, in small writes that hold the GIL briefly; fewer wait until ``flush_interval_ms`` has
+    passed since nothing waited; more is a burst, written after it (at ``flush_interval_ms``,
+    or as soon as full batches hold half of ``pending_events_max`` events), not during it.
+    ``flush()`` writes everything now from the caller's thread; ``close()`` flushes and stops.
+    With ``background=False`` there is no thread and only ``flush()``/``close()`` write (tests,
+    benchmarks). ``clock_ms`` (injected) decides the hour directory of each write;
+    ``monotonic_s`` (injected) is the thread's interval clock.
 
     Memory: at most ``pending_events_max`` events wait (plus the batches being written); one
     more and the oldest full batch is dropped and counted in ``dropped_events``. A write error
@@ -63,9 +67,19 @@ class TraceWriter:
                  flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT,
                  batch_max: int = BATCH_MAX_DEFAULT,
                  pending_events_max: int = PENDING_EVENTS_MAX_DEFAULT,
-                 clock_ms: Callable[[], int] | None = None, background: bool = True) -> None:
+                 trickle_interval_ms: int = TRICKLE_INTERVAL_MS_DEFAULT,
+                 trickle_events_max: int = TRICKLE_EVENTS_MAX_DEFAULT,
+                 trickle_events_min: int = TRICKLE_EVENTS_MIN_DEFAULT,
+                 clock_ms: Callable[[], int] | None = None, background: bool = True,
+                 monotonic_s: Callable[[], float] | None = None) -> None:
         if flush_interval_ms <= 0:
             raise ValueError(f"flush_interval_ms must be > 0, got {flush_interval_ms}")
+        if trickle_interval_ms <= 0:
+            raise ValueError(f"trickle_interval_ms must be > 0, got {trickle_interval_ms}")
+        if trickle_events_min < 0:
+            raise ValueError(f"trickle_events_min must be >= 0, got {trickle_events_min}")
+        if trickle_events_max < 0:
+            raise ValueError(f"trickle_events_max must be >= 0, got {trickle_events_max}")
         if batch_max < 1:
             raise ValueError(f"batch_max must be >= 1, got {batch_max}")
         if pending_events_max < batch_max:
@@ -76,6 +90,10 @@ class TraceWriter:
         self.enabled = enabled
         self._file_name = f"{safe_server_name(server)}-{os.getpid()}.jsonl"
         self._flush_interval_ms = flush_interval_ms
+        self._trickle_interval_ms = min(trickle_interval_ms, flush_interval_ms)
+        self._trickle_events_max = trickle_events_max
+        self._trickle_events_min = trickle_events_min
+        self._monotonic_s = monotonic_s or time.monotonic
         self._batch_max = batch_max
         self._pending_events_max = pending_events_max
         # Full batches waiting that wake the writer thread before its interval: half of what
@@ -94,13 +112,13 @@ class TraceWriter:
         self._closed = False
         self._io_lock = threading.Lock()  # one writer of files at a time, batches in order
         self._file: Any = None
-        self._file_hour: str | None = None
+        self._file_hour: int | None = None  # hours since the epoch of the open file
         self._written_events = 0
         self._last_error: OSError | None = None
         self._reported_drops = 0
         self._last_report_ms = 0.0
-        # emit_framed's frames built by writes, by (kind, ts_ms, extra) (under _io_lock)
-        self._frames: dict[tuple[str, int, Extra], tuple[str, str]] = {}
+        # emit_framed's frame ends built by writes, by extra (under _io_lock)
+        self._ends: dict[Extra, str] = {}
         self._thread: threading.Thread | None = None
         if enabled and background:
             self._thread = threading.Thread(target=self._run, name=f"trace-{server}", daemon=True)
@@ -193,17 +211,16 @@ class TraceWriter:
             self.line(kind, ts_ms, "")  # raises the ValueError that names the bad value
         self._queue((kind, ts_ms, extra, members), len(members))
 
-    def _frame_of(self, kind: str, ts_ms: int, extra: Extra) -> tuple[str, str]:
-        """``frame`` of an ``emit_framed`` item, kept across a write's items (the writer's
-        thread, under the I/O lock)."""
-        key = (kind, ts_ms, extra)
-        frame = self._frames.get(key)
-        if frame is None:
-            if len(self._frames) >= _FRAMES_KEPT_MAX:
-                self._frames.clear()
-            frame = self._frames[key] = self.frame(
-                kind, ts_ms, extra if type(extra) is str else consumer_members(*extra))
-        return frame
+    def _end_of(self, extra: Extra) -> str:
+        """The end of an ``emit_framed`` item's lines (after the members): the same for every
+        kind and time, so kept by ``extra`` (the writer's thread, under the I/O lock)."""
+        end = self._ends.get(extra)
+        if end is None:
+            if len(self._ends) >= _ENDS_KEPT_MAX:
+                self._ends.clear()
+            members = extra if type(extra) is str else consumer_members(*extra)
+            end = self._ends[extra] = f"{members}{self._server_member}}}"
+        return end
 
     def _queue(self, item: _Item, events: int) -> None:
         """Append ``item`` (``events`` lines) to the batch being filled, under the lock."""
@@ -263,22 +280,36 @@ class TraceWriter:
         self.close()
 
     def _run(self) -> None:
+        # Every trickle interval: write what waits if it is a trickle (a few thousand events at
+        # most), so that no write holds the GIL for long; a burst waits until it is over (or
+        # flush_interval_ms has passed since nothing waited, or the wake at half of
+        # pending_events_max), so that the write does not take the GIL in its middle.
+        tick_s = self._trickle_interval_ms / 1000
         interval_s = self._flush_interval_ms / 1000
+        idle_s = self._monotonic_s()  # when nothing waited last
         while True:
             with self._cond:
                 if self._queued_events < self._wake_events and not self._closed:
-                    self._cond.wait(interval_s)
+                    self._cond.wait(tick_s)
                 closing = self._closed
+                waiting = self._queued_events + self._current_events
+                woken = self._queued_events >= self._wake_events
             if closing:
                 return  # close() does the final flush from its own thread
-            self.flush()
+            now_s = self._monotonic_s()
+            if not waiting:
+                idle_s = now_s
+            elif (self._trickle_events_min <= waiting <= self._trickle_events_max or woken
+                  or now_s - idle_s >= interval_s):
+                self.flush()
+                idle_s = now_s
 
     def _write_locked(self, batch: tuple[list[_Item], int]) -> None:
         items, events = batch
         try:
             file = self._file_for_now_locked()
             # Every line is ASCII: keys are ours, strings are escaped by _json_str/_ENCODER.
-            for text in _texts(items, self._frame_of):
+            for text in _texts(items, self._end_of):
                 file.write(text.encode("ascii"))
             file.flush()
         except OSError as exc:
@@ -289,11 +320,13 @@ class TraceWriter:
         self._written_events += events
 
     def _file_for_now_locked(self) -> Any:
-        hour = hour_dir_name(self._clock_ms())
+        # Hours since the epoch are UTC hours: the name is formatted only when one changes
+        # (strftime costs tens of us; a trickle is written many times a second).
+        hour = self._clock_ms() // HOUR_MS
         if self._file is not None and hour == self._file_hour:
             return self._file
         self._close_file_locked()
-        hour_dir = os.path.join(self.directory, hour)
+        hour_dir = os.path.join(self.directory, hour_dir_name(hour * HOUR_MS))
         os.makedirs(hour_dir, exist_ok=True)
         path = os.path.join(hour_dir, self._file_name)
         file = open(path, "ab+")  # noqa: SIM115 (kept open for the hour)
@@ -339,40 +372,58 @@ class TraceWriter:
 WRITE_LINES_MAX = 1_024
 
 
-def _texts(items: list[_Item],
-           frame_of: Callable[[str, int, Extra], tuple[str, str]]) -> Iterator[str]:
+def _texts(items: list[_Item], end_of: Callable[[Extra], str]) -> Iterator[str]:
     """The text of a batch's items in order, each line ended by a newline, in pieces of at
-    most about WRITE_LINES_MAX lines; ``frame_of`` builds an ``emit_framed`` item's frame."""
-    lines: list[str] = []  # consecutive emit_lines items, joined by WRITE_LINES_MAX
+    most about WRITE_LINES_MAX lines; ``end_of`` gives an ``emit_framed`` item's frame end."""
+    # Texts of whole lines (one or several each) not written yet, and how many lines they hold.
+    texts: list[str] = []
+    count = 0
     for item in items:
         if type(item) is list:
-            lines += item
-            if len(lines) < WRITE_LINES_MAX:
+            if len(item) < WRITE_LINES_MAX:
+                texts += item
+                count += len(item)
+            else:  # a large batch of lines: its own pieces
+                if texts:
+                    texts.append("")  # the last line's newline
+                    yield "\n".join(texts)
+                    texts, count = [], 0
+                for first in range(0, len(item), WRITE_LINES_MAX):
+                    piece = item[first:first + WRITE_LINES_MAX]
+                    piece.append("")
+                    yield "\n".join(piece)
                 continue
         elif len(item) == 4 and len(item[3]) <= _FRAMED_TOGETHER_MAX:
-            # A few framed lines (a small commit's or pull's): joined here into one text
-            # that joins the lines around it, not written as pieces of their own.
+            # A few framed lines (a small commit's, pull's or ack's): built here and joined
+            # with the lines around them. The start holds the time, so it differs from item to
+            # item: one f-string, no cache; the end is cached by its extra members.
             kind, ts_ms, extra, members = item  # type: ignore[misc]
-            start, end = frame_of(kind, ts_ms, extra)
-            lines.append(start + (end + "\n" + start).join(members) + end)
-            if len(lines) < WRITE_LINES_MAX:
-                continue
-            item = []
-        if lines:
-            for first in range(0, len(lines), WRITE_LINES_MAX):
-                yield "\n".join(lines[first:first + WRITE_LINES_MAX])
-                yield "\n"
-            lines = []
-        if type(item) is tuple:
+            end = end_of(extra)
+            if len(members) == 1:
+                texts.append(f"{_LINE_STARTS[kind]}{ts_ms},{members[0]}{end}")
+            else:
+                start = f"{_LINE_STARTS[kind]}{ts_ms},"
+                texts.append(start + (f"{end}\n{start}").join(members) + end)
+            count += len(members)
+        else:
+            if texts:
+                texts.append("")
+                yield "\n".join(texts)
+                texts, count = [], 0
             if len(item) == 2:
                 yield from _column_texts(*item)  # type: ignore[misc]
             else:
                 kind, ts_ms, extra, members = item  # type: ignore[misc]
-                start, end = frame_of(kind, ts_ms, extra)
-                yield from _column_texts([start, members, end], len(members))
-    if lines:
-        yield "\n".join(lines)
-        yield "\n"
+                yield from _column_texts([f"{_LINE_STARTS[kind]}{ts_ms},", members,
+                                          end_of(extra)], len(members))
+            continue
+        if count >= WRITE_LINES_MAX:
+            texts.append("")
+            yield "\n".join(texts)
+            texts, count = [], 0
+    if texts:
+        texts.append("")
+        yield "\n".join(texts)
 
 
 def _column_texts(columns: list[Column], count: int) -> Iterator[str]:

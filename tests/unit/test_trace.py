@@ -136,6 +136,73 @@ def test_the_background_thread_writes_a_partial_batch_after_the_interval(tmp_pat
     writer.close()
 
 
+class FakeMonotonic:
+    """The writer thread's interval clock: stands still until the test moves it, and counts
+    the looks the thread takes (one per trickle interval)."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.looks = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._cond:
+            self.looks += 1
+            self._cond.notify_all()
+            return self.now_s
+
+    def wait_looks(self, more: int, timeout_s: float = 30.0) -> bool:
+        """Wait until the thread has looked ``more`` more times; True if it did."""
+        with self._cond:
+            target = self.looks + more
+            return self._cond.wait_for(lambda: self.looks >= target, timeout_s)
+
+
+def test_a_trickle_is_written_at_the_next_trickle_interval_not_after_the_flush_interval(
+        tmp_path):
+    # An hour-long flush interval and a clock that never moves: only the trickle rule (at
+    # least trickle_events_min and at most trickle_events_max waiting at a look) writes.
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=HOUR_MS, trickle_interval_ms=5,
+                         trickle_events_min=2, trickle_events_max=4, clock_ms=FakeClock(T0_MS),
+                         monotonic_s=FakeMonotonic())
+    for msg_id in ("a", "b", "c"):
+        writer.emit(ev(msg_id))
+    assert wait_written(writer, 3, timeout_s=30), "not written at a trickle interval"
+    writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["a", "b", "c"]
+
+
+def test_fewer_events_than_a_trickle_write_wait_for_the_flush_interval(tmp_path):
+    clock = FakeMonotonic()
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=1_000, trickle_interval_ms=5,
+                         trickle_events_min=2, clock_ms=FakeClock(T0_MS), monotonic_s=clock)
+    writer.emit(ev("a"))
+    assert clock.wait_looks(5)
+    assert writer.written_events == 0
+    clock.now_s += 1.0  # the flush interval since nothing waited
+    assert wait_written(writer, 1, timeout_s=30), "not written after the flush interval"
+    writer.close()
+
+
+def test_a_burst_is_written_after_the_flush_interval_not_at_trickle_intervals(tmp_path):
+    # More than trickle_events_max waiting is a burst: written when the flush interval has
+    # passed (or full batches hold half of pending_events_max), not in its middle.
+    clock = FakeMonotonic()
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=1_000, trickle_interval_ms=5,
+                         trickle_events_min=1, trickle_events_max=4, batch_max=100,
+                         pending_events_max=1_000,
+                         clock_ms=FakeClock(T0_MS), monotonic_s=clock)
+    assert clock.wait_looks(1)  # the thread runs: the burst comes after a look found nothing
+    writer.emit_lines([json.dumps(ev(f"m{i}") | {"server": "rt"}) for i in range(5)])
+    assert clock.wait_looks(5)
+    assert writer.written_events == 0
+    clock.now_s += 1.0
+    assert wait_written(writer, 5, timeout_s=30), "not written after the flush interval"
+    writer.emit(ev("after"))  # a trickle again: written at a trickle interval
+    assert wait_written(writer, 6, timeout_s=30)
+    writer.close()
+
+
 def test_when_batches_back_up_the_oldest_are_dropped_and_counted(tmp_path, caplog):
     writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
                          clock_ms=FakeClock(T0_MS), background=False)
@@ -198,6 +265,9 @@ def test_emit_after_close_is_dropped_and_counted(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"flush_interval_ms": 0}, "flush_interval_ms must be > 0, got 0"),
     ({"batch_max": 0}, "batch_max must be >= 1, got 0"),
+    ({"trickle_interval_ms": 0}, "trickle_interval_ms must be > 0, got 0"),
+    ({"trickle_events_min": -1}, "trickle_events_min must be >= 0, got -1"),
+    ({"trickle_events_max": -1}, "trickle_events_max must be >= 0, got -1"),
     ({"batch_max": 10, "pending_events_max": 9}, "pending_events_max 9 must be >= batch_max 10"),
 ])
 def test_bad_limits_fail_at_construction_naming_the_value(tmp_path, kwargs, message):
