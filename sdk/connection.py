@@ -263,7 +263,9 @@ class Connection:
             else:
                 log.warning("broker %s sent an answer we cannot use: %s", self.address, exc)
             return
-        future = self._pending.get(rid) if rid is not None else None
+        if rid is None:
+            return  # an answer without a rid answers no request of ours
+        future = self._pending.get(rid)
         if future is not None and not future.done():
             on_answer = self._on_answer.pop(rid, None) if self._on_answer else None
             if on_answer is not None:
