@@ -243,6 +243,11 @@ class Registration:
             self.registered = False
             await self._register_quietly()
         else:
+            # What a MetaServer takes beyond the base fields was learnt from the one that
+            # answered last; the one refusing may be an older release of the same list (a
+            # rolling upgrade): the next heartbeat sends the base fields only, until a
+            # register or heartbeat answer lists more again.
+            self._replica_fields = frozenset()
             log.error("heartbeat refused by %s: HTTP %d: %s", self.meta.url, status,
                       _reason(data))
 

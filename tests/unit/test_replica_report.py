@@ -1,12 +1,16 @@
 """A heartbeat's ``replica`` report (serverkit.replication.ReplicaReport.to_json): a field
 added since session 15 (``undecodable_at``) goes only to a MetaServer whose answers list it in
 ``replica_fields``, as an older one refuses an unknown field with 400 (and a refused heartbeat
-renews nothing); what goes is what the MetaServer checks."""
+renews nothing, so one refusal makes the next heartbeat go without it); what goes is what the
+MetaServer checks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from metaserver.validation import REPLICA_FIELDS, UNDECODABLE_REASON_CHARS_MAX, check_replica
-from serverkit.replication import ReplicaReport
+from serverkit.registration import Registration
+from serverkit.replication import NoReplication, ReplicaReport
 
 AT = {"log": "done", "offset": 10, "kind": 1, "version": 9, "reason": "unknown version 9"}
 
@@ -29,3 +33,43 @@ def test_what_is_sent_passes_the_metaservers_check_a_long_reason_cut_and_unknown
 def test_a_place_the_metaserver_would_refuse_is_left_out_not_sent():
     sent = ReplicaReport(undecodable_at={**AT, "offset": None}).to_json(REPLICA_FIELDS)
     assert "undecodable_at" not in sent
+
+
+_STOPPED_AT = {"log": "done", "offset": 40, "kind": 9, "version": 1, "reason": "kind 9 unknown"}
+
+
+class _Stopped(NoReplication):
+    def report(self) -> ReplicaReport:
+        return ReplicaReport(position=40, positions={"delay": 40}, undecodable_at=_STOPPED_AT)
+
+
+async def test_a_heartbeat_an_older_metaserver_refuses_for_undecodable_at_is_followed_by_one_without_it():
+    reg = Registration("http://127.0.0.1:1", group="g", kind="delay", address="127.0.0.1:2",
+                       heartbeat_interval_ms=1000, report=_noop, on_state=lambda s: None,
+                       replication=_Stopped())
+    reg.registered = True
+    answers: list[int] = []
+    newer = {"value": True}
+
+    async def post(path: str, body: dict[str, Any], *, patient: bool = False):
+        if newer["value"]:
+            answers.append(200)
+            return 200, {"state": "rw", "replica_fields": ["lag_bytes", "lag_ms", "position",
+                                                           "positions", "undecodable_at"]}
+        if "undecodable_at" in body.get("replica", {}):  # an older MetaServer: unknown field
+            answers.append(400)
+            return 400, {"error": {"code": "bad_request",
+                                   "message": "replica has unknown field(s) 'undecodable_at'"}}
+        answers.append(200)
+        return 200, {"state": "rw"}
+
+    reg._post = post  # type: ignore[method-assign]
+    await reg.heartbeat_now()  # the newer MetaServer: learns the fields
+    newer["value"] = False     # the list's other MetaServer (older) answers from now on
+    for _ in range(5):
+        await reg.heartbeat_now()
+    assert answers == [200, 400, 200, 200, 200, 200], answers  # one refused, then renewed
+
+
+async def _noop() -> Any:
+    return None
