@@ -203,6 +203,32 @@ def test_a_burst_is_written_after_the_flush_interval_not_at_trickle_intervals(tm
     writer.close()
 
 
+def test_a_write_of_many_pieces_lets_the_gil_go_between_them_while_the_rest_is_a_trickle(
+        tmp_path, monkeypatch):
+    # Pieces of WRITE_LINES_MAX lines; a pause after each once WRITE_SLICE_CPU_S (here 0) of
+    # CPU is used, as long as what waits meanwhile is a trickle (at most trickle_events_max).
+    import tracelog.writer as writer_module
+    writer = TraceWriter(tmp_path, "rt", clock_ms=FakeClock(T0_MS), background=False,
+                         trickle_events_max=2)
+    pauses = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 2:  # events come while the write is under way: more than a trickle
+            writer.emit_lines([json.dumps(ev(f"late{i}") | {"server": "rt"}) for i in range(3)])
+
+    monkeypatch.setattr(writer_module, "WRITE_SLICE_CPU_S", 0.0)
+    monkeypatch.setattr(writer_module, "_pause", pause)
+    count = 4 * writer_module.WRITE_LINES_MAX
+    members = [message_members(f"m{i}", "orders") for i in range(count)]
+    writer.emit_framed("pulled", T0_MS, members, ("g", "c"))
+    writer.flush()
+    assert pauses == [writer_module.WRITE_PAUSE_S] * 2  # then the late events stopped them
+    assert writer.written_events == count
+    writer.close()
+    assert writer.written_events == count + 3
+
+
 def test_when_batches_back_up_the_oldest_are_dropped_and_counted(tmp_path, caplog):
     writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
                          clock_ms=FakeClock(T0_MS), background=False)
