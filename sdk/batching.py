@@ -1,7 +1,8 @@
 """How a Producer's messages form batches (the module docstring of ``sdk.producer``, steps 2-3):
 the open batch of each (subject, delayed) key, when it leaves (full, after the loop turn with
-nothing of its key on the wire, at ``linger_ms`` or when the batch on the wire is answered, or at
-half the peak of waiting sends with ``split_sends_min``), and the count of batches on the wire.
+fewer than ``linger_in_flight_min`` batches of its key on the wire, else at ``linger_ms`` or when
+a batch on the wire is answered, or at half the peak of waiting sends with ``split_sends_min``),
+and the count of batches on the wire.
 A mixin of ``Producer``, which owns every field used here (event loop only)."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class BatchingMixin:
     # sets them in __init__; event loop only).
     batch_size_max: int
     linger_ms: int
+    linger_in_flight_min: int
     split_sends_min: int
     _sends_waiting_peak: int
     _open: dict[Key, Batch]
@@ -126,11 +128,13 @@ class BatchingMixin:
     def _open_batch(self, key: Key) -> Batch:
         batch = self._open[key] = Batch(key[0], key[1])
         loop = asyncio.get_running_loop()
-        # With nothing of this subject on the wire there is no reason to wait: the batch
-        # leaves after this loop turn (so sends issued together still share it). Else it
-        # lingers for more, and leaves when the batch on the wire is answered at latest.
-        if self._on_wire.get(key):
+        # With few batches of this subject on the wire (a low-rate sender) waiting would only
+        # add the linger to its latency: the batch leaves after this loop turn (so sends
+        # issued together still share it). Else it lingers for more, and leaves when a batch
+        # on the wire is answered at latest (_batch_done).
+        if self._on_wire.get(key, 0) >= self.linger_in_flight_min:
             batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
+            batch.lingering = True
         else:
             batch.timer = loop.call_soon(self._dispatch, key)
         peak = self._sends_waiting_peak
@@ -156,7 +160,11 @@ class BatchingMixin:
         left = self._on_wire[key] - 1
         if left:
             self._on_wire[key] = left
-            return
-        del self._on_wire[key]
-        if key in self._open:  # it lingered only because this batch was on the wire
+        else:
+            del self._on_wire[key]
+        batch = self._open.get(key)
+        # A batch that lingers only because linger_in_flight_min were on the wire leaves now
+        # that one is answered; one opened to leave after its loop turn keeps that turn, so
+        # that the sends of the turn still share it.
+        if batch is not None and batch.lingering and left < self.linger_in_flight_min:
             self._dispatch(key)

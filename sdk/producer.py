@@ -5,10 +5,11 @@ Path of one ``send``:
 1. The message is built and checked with ``wire.message.validate_message`` before anything is
    queued, so a bad message raises at once without a round trip.
 2. It joins the open batch of its subject. A batch leaves after the current event-loop turn when
-   no batch of its subject is on the wire (so a lone message does not wait); otherwise it lingers
-   up to ``linger_ms`` for more messages and leaves at the latest when the batch on the wire is
-   answered. It leaves at once when it holds ``batch_size_max`` messages (or would pass the frame
-   limit). ``send_many`` puts many messages into batches in one go.
+   fewer than ``linger_in_flight_min`` batches of its subject are on the wire (so a lone message,
+   or a low-rate sender's, does not wait); otherwise it lingers up to ``linger_ms`` for more
+   messages and leaves at the latest when a batch on the wire is answered. It leaves at once
+   when it holds ``batch_size_max`` messages (or would pass the frame limit). ``send_many``
+   puts many messages into batches in one go.
    Overlap (opt-in, ``split_sends_min``): with many ``send`` calls waiting at once (at the peak
    since the producer was last idle, at least 2 * split_sends_min), a batch leaves as soon as it
    holds half that peak, and the rest of those senders form the next batch meanwhile. So two
@@ -93,6 +94,11 @@ PLAIN_SUBJECTS_MAX = 1024
 RETRY_BACKOFF_MS_DEFAULT = 50
 RETRY_BACKOFF_MS_MAX = 2_000
 
+# Batches of a subject on the wire from which a new batch lingers (linger_ms) for more messages
+# instead of leaving after its event-loop turn (measured: docs/BENCHMARKS.md, "Producer linger
+# at low rate").
+LINGER_IN_FLIGHT_MIN_DEFAULT = 8
+
 
 
 class Producer(BatchingMixin):
@@ -103,8 +109,13 @@ class Producer(BatchingMixin):
     Use as ``async with Producer(url) as producer:``; leaving the block flushes pending batches.
     Options (times in milliseconds):
 
-    * ``linger_ms`` (2): longest a batch waits for more messages of its subject while another
-      batch of that subject is on the wire (with none on the wire it leaves at once).
+    * ``linger_ms`` (2): longest a batch waits for more messages of its subject while
+      ``linger_in_flight_min`` batches of that subject are on the wire (with fewer it leaves
+      after the event-loop turn).
+    * ``linger_in_flight_min`` (8): batches of a subject on the wire from which a new batch
+      lingers; with fewer, a low-rate sender's message does not wait behind the batch on the
+      wire. 1 lingers behind any batch on the wire.
+      ``in_flight_max`` stays the cap of batches on the wire.
     * ``batch_size_max`` (128): messages per batch; capped at MAX_SEND_BATCH_MESSAGES.
     * ``in_flight_max`` (32): batches on the wire at once.
     * ``split_sends_min`` (0: off): with at least twice this many ``send`` calls waiting at
@@ -128,6 +139,7 @@ class Producer(BatchingMixin):
         app: str = "default",
         token: str | None = None,
         linger_ms: int = 2,
+        linger_in_flight_min: int = LINGER_IN_FLIGHT_MIN_DEFAULT,
         batch_size_max: int = 128,
         in_flight_max: int = 32,
         split_sends_min: int = 0,
@@ -145,6 +157,7 @@ class Producer(BatchingMixin):
         route_start = random.randrange(1 << 16) if route_start is None else route_start
         for name, value, low in (
             ("linger_ms", linger_ms, 0),
+            ("linger_in_flight_min", linger_in_flight_min, 1),
             ("batch_size_max", batch_size_max, 1),
             ("in_flight_max", in_flight_max, 1),
             ("split_sends_min", split_sends_min, 0),
@@ -159,6 +172,7 @@ class Producer(BatchingMixin):
         self.app = app
         self.client_id = client_id or default_client_id()
         self.linger_ms = linger_ms
+        self.linger_in_flight_min = linger_in_flight_min
         self.batch_size_max = min(batch_size_max, MAX_SEND_BATCH_MESSAGES)
         self.in_flight_max = in_flight_max
         self.split_sends_min = split_sends_min

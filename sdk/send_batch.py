@@ -150,6 +150,9 @@ class Batch:
     count: int = 0  # messages in all parts and singles
     size_bytes: int = 0  # payload bytes plus the per-payload framing allowance
     timer: asyncio.Handle | None = None
+    # Its timer is the linger (linger_ms), not the end of the loop turn: it leaves when a batch
+    # of its subject on the wire is answered (Producer._batch_done).
+    lingering: bool = False
     # Leaves once it holds this many messages of single sends (Producer._open_batch sets it
     # below batch_size_max for a batch formed with nothing of its subject on the wire).
     split_at: int = MAX_SEND_BATCH_MESSAGES

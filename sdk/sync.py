@@ -111,8 +111,9 @@ def _close_open_clients() -> None:
 
 class Producer(_LoopClient):
     """The blocking ``qmq.Producer``: the same options (``app``, ``token``, ``linger_ms``,
-    ``batch_size_max``, ``in_flight_max``, ``send_timeout_ms``, ``retries_max``, ``tls``, ...)
-    and methods, which return once the async producer's would have. Thread-safe."""
+    ``linger_in_flight_min``, ``batch_size_max``, ``in_flight_max``, ``send_timeout_ms``,
+    ``retries_max``, ``tls``, ...) and methods, which return once the async producer's would
+    have. Thread-safe."""
 
     def __init__(self, meta_url: str | Sequence[str], **options: Any) -> None:
         super().__init__("producer")

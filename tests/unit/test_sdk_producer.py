@@ -15,7 +15,7 @@ from wire.errors import (
 from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from wire.message import Message, decode_message, encode_message
 from sdk.batching import WrongEventLoop
-from sdk.producer import Producer, Receipt
+from sdk.producer import LINGER_IN_FLIGHT_MIN_DEFAULT, Producer, Receipt
 from sdk.routes import RouteCache
 from tests.unit.test_sdk_fakes import broker_a, broker_b, meta  # noqa: F401  (fixtures)
 
@@ -307,6 +307,60 @@ async def test_in_flight_batches_are_bounded(meta, broker_a):
     await asyncio.gather(*sends)
     await p.close()
     assert len(broker_a.ops("send")) == 5
+
+
+async def _sends_on_the_wire(p: Producer, broker, count: int) -> list[asyncio.Task[Receipt]]:
+    """``count`` sends, each started once the one before has reached the (gated) broker."""
+    sends = []
+    for i in range(count):
+        sends.append(asyncio.create_task(p.send("orders", b"%d" % i)))
+        await broker.wait_until(lambda: len(broker.ops("send")) == 1 + len(sends))
+    return sends
+
+
+async def test_a_lone_send_leaves_at_once_while_fewer_than_linger_in_flight_min_are_on_the_wire(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=3_600_000)
+    assert p.linger_in_flight_min == LINGER_IN_FLIGHT_MIN_DEFAULT > 1
+    await p.send("orders", b"warm-up")  # route and connection ready
+    broker_a.send_gate = asyncio.Event()
+    # Each send reaches the broker while the ones before are unanswered: with a linger of an
+    # hour, one that lingered would never arrive (wait_until would fail the test).
+    sends = await _sends_on_the_wire(p, broker_a, LINGER_IN_FLIGHT_MIN_DEFAULT)
+    assert p._on_wire == {("orders", False): LINGER_IN_FLIGHT_MIN_DEFAULT}
+    # The next one finds linger_in_flight_min batches on the wire: it lingers.
+    late = [asyncio.create_task(p.send("orders", b"late %d" % i)) for i in range(2)]
+    for _ in range(50):  # give it every chance to go out; no time passes
+        await asyncio.sleep(0)
+    assert len(broker_a.ops("send")) == 1 + LINGER_IN_FLIGHT_MIN_DEFAULT
+    assert p._open[("orders", False)].count == 2
+    broker_a.send_gate.set()  # the first answer lets the lingering batch go
+    await asyncio.gather(*sends, *late)
+    await p.close()
+    assert [len(ids) for ids in broker_a.sent_ids()] == [1] * (1 + len(sends)) + [2]
+
+
+async def test_with_linger_in_flight_min_2_the_second_batch_on_the_wire_leaves_and_the_third_lingers(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=3_600_000, linger_in_flight_min=2)
+    await p.send("orders", b"warm-up")
+    broker_a.send_gate = asyncio.Event()
+    sends = await _sends_on_the_wire(p, broker_a, 2)
+    third = asyncio.create_task(p.send("orders", b"third"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(broker_a.ops("send")) == 3 and ("orders", False) in p._open
+    broker_a.send_gate.set()
+    await asyncio.gather(*sends, third)
+    await p.close()
+    assert [len(ids) for ids in broker_a.sent_ids()] == [1, 1, 1, 1]
+
+
+async def test_linger_in_flight_min_must_be_an_int_of_one_or_more(meta):
+    with pytest.raises(ValueError, match="linger_in_flight_min must be an int >= 1, got 0"):
+        producer(meta, linger_in_flight_min=0)
 
 
 async def _looping_senders(p: Producer, senders: int, sends_each: int) -> None:

@@ -96,7 +96,8 @@ async def test_a_lone_send_does_not_wait_for_the_linger(meta, broker_a):
 async def test_sends_made_while_a_batch_is_on_the_wire_leave_together_when_it_is_answered(
         meta, broker_a):
     meta.set_route("orders", [broker_a])
-    p = producer(meta, linger_ms=HOUR_MS)
+    # linger_in_flight_min=1: a new batch lingers behind any batch of its subject on the wire.
+    p = producer(meta, linger_ms=HOUR_MS, linger_in_flight_min=1)
     await p.send("orders", b"warm-up")  # route and connection ready
     broker_a.send_gate = asyncio.Event()
     first = asyncio.create_task(p.send("orders", b"first"))
