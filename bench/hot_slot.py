@@ -19,6 +19,13 @@ last receipt (and the consumer's), say which side is the bound.
 messages first (visible at once), then the consumer process starts and drains them; it prints
 the first-to-last receipt and the ``qmq up`` CPU from just before the consumer started.
 
+Each run says how much of the slot was handed off ahead of the due instant (``hand-off:``,
+from the delay server's ``handed`` lines: when each hold was confirmed, in ms after the due
+instant) and how much was sent at the due time instead. The dispatcher decides per batch of
+256, as the batch's turn comes: a batch whose turn comes after its due time is sent, not held.
+A hand-off slower than the lead (the holds of 20,000 messages take ~1 s at load 6-9) sends its
+tail at the due time; with ``--handoff-lead-ms 1000`` that is seen in most runs.
+
 ``--spy DIR`` writes ``DIR/<run>-server.txt`` and ``DIR/<run>-consumer.txt`` (py-spy's raw
 format, only the thread holding the GIL, from 0.3 s before the due instant for
 ``--spy-seconds``) with the py-spy of ``--py-spy`` (default: /work/tools-venv/bin/py-spy).
@@ -46,7 +53,7 @@ SUBJECT = "dl.w2"
 LEAD_MS = 12_000  # the due instant is this far ahead of the first send (stored well before)
 CLIENT_TIMEOUT_S = 120.0
 TRACE_FLUSH_WAIT_S = 1.5  # the trace writer flushes at least once a second
-STAGES = ("dispatched", "stored", "pulled", "acked")
+STAGES = ("handed", "dispatched", "stored", "pulled", "acked")
 PY_SPY_DEFAULT = "/work/tools-venv/bin/py-spy"
 ROUNDS_SHOWN = 24  # distinct "stored" times printed per run
 
@@ -154,6 +161,24 @@ def one_drain(count: int) -> dict[str, Any]:
         running.close()
 
 
+def _print_hand_off(figures: dict[str, Any]) -> None:
+    """How much of the slot the delay server handed off ahead of the due instant (its
+    ``handed`` lines, stamped as each hold is confirmed), and how much it sent at the due
+    time instead: a batch whose turn comes after its due time is sent, not held, so a
+    hand-off slower than the lead leaves its tail to 256-message sends (bench.hot_slot's
+    docstring)."""
+    handed, dispatched = figures["stages"]["handed"], figures["stages"]["dispatched"]
+    if not handed:
+        print(f"  hand-off: none of {len(dispatched)} handed off; all sent at the due time",
+              flush=True)
+        return
+    whole = "whole" if len(handed) >= len(dispatched) else \
+        f"PART: {len(dispatched) - len(handed)} sent at the due time"
+    print(f"  hand-off: {len(handed)} of {len(dispatched)} handed ({whole}); holds confirmed "
+          f"from {min(handed)} to {max(handed)} ms, {max(handed) - min(handed)} ms",
+          flush=True)
+
+
 def _print_run(run: int, figures: dict[str, Any]) -> None:
     if figures["stored_before_ms"] <= 0:
         print(f"run {run}: the sends ended {-figures['stored_before_ms']} ms after the due "
@@ -163,6 +188,7 @@ def _print_run(run: int, figures: dict[str, Any]) -> None:
           f"early {figures['early']}, missing {figures['missing']}; CPU from the due instant "
           f"to the last receipt: qmq up {figures['server_cpu_s']:.2f} s, consumer (whole run) "
           f"{figures['consumer_cpu_s']:.2f} s", flush=True)
+    _print_hand_off(figures)
     busy = sorted(((s, name) for name, s in figures["threads_cpu_s"].items() if s >= 0.005),
                   reverse=True)
     print("  qmq up threads (CPU-ms): "
