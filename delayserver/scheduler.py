@@ -34,6 +34,7 @@ from delayserver.config import DelayConfig
 from delayserver.dispatch import Dispatch, Dispatcher, Hold
 from delayserver.handoff import CancelHeld, HandOff
 from delayserver.loading import LoadingMixin
+from delayserver.prefetch import PREFETCH_AHEAD_MS
 from delayserver.stats import DispatchStats
 from delayserver.tracing import DelayTracer
 from delayserver.storage import DelayStore, DelayStoreConfig, ScheduleEntry
@@ -481,8 +482,16 @@ class Scheduler(LoadingMixin, CancelsMixin):
             self.tracer.keep([e.delay_log_offset for e in entries], checks, window.tracked)
         turned_hot = self.handoff.placed(entries)  # a step counted cold within the lead
         wake_at_ms = self._timer_wake_at_ms
-        if (turned_hot or wake_at_ms is None or window.resume_at
-                or min(map(_entry_due_of, entries), default=wake_at_ms) < wake_at_ms):
+        if wake_at_ms is None or turned_hot or window.resume_at:
+            self._wakeup.set()
+            return
+        # The timer looks at an entry its lead and the read-ahead before its due time (its
+        # hand-off step's count, the payload reads), not at that time: compared with the due
+        # time, a slot due just past the next bucket's start, stored while the timer slept
+        # until that start, was taken then, with less lead or none (s15 hotslot).
+        first_due_ms = min(map(_entry_due_of, entries), default=wake_at_ms)
+        look_ms = self.handoff.lead_ms(self.clock()) + PREFETCH_AHEAD_MS
+        if first_due_ms - look_ms < wake_at_ms:
             self._wakeup.set()
 
     def _restore_batch(self, batch: list[_PendingCall], committed: _Committed) -> str:

@@ -368,3 +368,33 @@ async def test_a_hot_step_whose_burst_arrives_after_it_came_within_the_lead_is_h
         assert sorted(i for _, i, _ in broker.held) == sorted(m.id for m in first + rest)
         assert all(when < due for when, _, _ in broker.held), "handed off ahead of its time"
         assert all(visible == due for _, _, visible in broker.held)
+
+
+async def test_a_slot_stored_while_the_timer_sleeps_to_the_next_bucket_is_handed_off_in_its_lead(
+        tmp_path):
+    """An empty window: the timer sleeps until the next bucket starts. A slot is stored due
+    past the lead of now, but its lead begins before that start: the timer must look at it
+    then, not at the bucket's start. Before, a commit woke the timer only when it was due
+    before the timer's wake-up, so such a slot was taken at the bucket's start, with less
+    lead than handoff_lead_ms (none for one due a lead past it: every message sent at its
+    due time; bench.hot_slot: 0 of 20,001 handed in a run due ~1 s past a minute, s15)."""
+    clock = FakeClock()
+    broker = HoldingBroker(clock)
+    scheduler = await started(tmp_path, clock, broker)
+    try:
+        await settle(scheduler)
+        next_bucket_ms = scheduler._timer_wake_at_ms
+        assert next_bucket_ms is not None and next_bucket_ms > clock(), "asleep to the bucket"
+        due = clock() + LEAD_MS + (next_bucket_ms - clock()) // 2  # its lead begins before
+        [m] = await schedule(scheduler, clock, due, b"a")
+        for _ in range(20):  # the commit's placement and the timer's own look (no poke)
+            await asyncio.sleep(0)
+        wake_at_ms = scheduler._timer_wake_at_ms
+        assert wake_at_ms <= due - LEAD_MS, \
+            f"the timer sleeps {wake_at_ms - (due - LEAD_MS)} ms past the slot's lead"
+        clock.advance(due - LEAD_MS - clock())
+        await settle(scheduler)
+        assert [(at, i, visible) for at, i, visible in broker.held] == [(due - LEAD_MS, m.id, due)]
+        assert broker.received == []
+    finally:
+        await scheduler.stop()
