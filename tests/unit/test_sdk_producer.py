@@ -358,6 +358,32 @@ async def test_with_linger_in_flight_min_2_the_second_batch_on_the_wire_leaves_a
     assert [len(ids) for ids in broker_a.sent_ids()] == [1, 1, 1, 1]
 
 
+async def test_a_lingering_batch_leaves_at_the_answer_that_brings_the_count_below_the_option(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    # No resend either: an unanswered batch stays on the wire until its gate opens.
+    p = producer(meta, linger_ms=3_600_000, linger_in_flight_min=2, send_timeout_ms=3_600_000)
+    await p.send("orders", b"warm-up")
+    first_gate = broker_a.send_gate = asyncio.Event()
+    first = asyncio.create_task(p.send("orders", b"first"))
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 2)
+    broker_a.send_gate = asyncio.Event()  # the second batch waits for a gate of its own
+    second = asyncio.create_task(p.send("orders", b"second"))
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 3)
+    third = asyncio.create_task(p.send("orders", b"third"))
+    for _ in range(50):  # two on the wire: it lingers; no time passes
+        await asyncio.sleep(0)
+    assert len(broker_a.ops("send")) == 3
+    first_gate.set()  # one answer leaves one on the wire, below the option
+    # With a linger of an hour, a batch that waited for the second answer too never arrives.
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 4)
+    await first
+    assert not second.done()
+    broker_a.send_gate.set()
+    await asyncio.gather(second, third)
+    await p.close()
+
+
 async def test_linger_in_flight_min_must_be_an_int_of_one_or_more(meta):
     with pytest.raises(ValueError, match="linger_in_flight_min must be an int >= 1, got 0"):
         producer(meta, linger_in_flight_min=0)
