@@ -33,6 +33,7 @@ class LoadingMixin:
     dispatcher: Dispatcher
     _wakeup: asyncio.Event
     _timer_wake_at_ms: int | None
+    _timer_idle: bool
     _prefetched_to_ms: int
     _preload_lock: asyncio.Lock
     _preload_task: asyncio.Task[None] | None
@@ -117,6 +118,7 @@ class LoadingMixin:
                 self.handoff.next_count_ms(lead_ms) or next_bucket_ms)
             delay_s = max(0, wake_at - self.clock()) / 1000
             self._timer_wake_at_ms = wake_at
+            self._timer_idle = next_due is None  # asleep until the next bucket starts
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the turn
             # the wakeup is set, and stop() then waits for this task for ever.
             try:
