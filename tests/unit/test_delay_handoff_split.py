@@ -20,6 +20,27 @@ from wire.errors import ReadOnly
 from wire.message import encode_message, peek_message_id
 
 
+async def _scheduler_over_two_groups(tmp_path, clock: FakeClock, brokers) -> Scheduler:
+    """A started Scheduler handing off (lead LEAD_MS, from one message) through a real
+    PayloadSender over ``brokers``, routed to groups g0 and g1."""
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace=False, handoff_lead_ms=LEAD_MS, handoff_min_messages=1)
+    scheduler = await Scheduler.open(config, clock, sender.send, hold=sender.send,
+                                     cancel_held=sender.cancel_held_answers)
+    await scheduler.start()
+    return scheduler
+
+
+def _by_home_group(messages) -> dict[int, list]:
+    """``messages`` by the group (0 or 1) that their hand-off goes to; both get some."""
+    by_home: dict[int, list] = {0: [], 1: []}
+    for m in messages:
+        by_home[home_group(encode_message(m), 2)].append(m)
+    assert by_home[0] and by_home[1], "the messages go to both groups"
+    return by_home
+
+
 class _CancelsNoted(_SecondGroupRefuses):
     """``_SecondGroupRefuses`` (g1 read-only) noting every ``cancel_held``'s ids."""
 
@@ -38,19 +59,11 @@ async def test_a_cancel_of_a_message_one_group_held_while_the_other_refused_asks
         tmp_path):
     clock = FakeClock()
     brokers = _CancelsNoted()
-    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, handoff_lead_ms=LEAD_MS, handoff_min_messages=1)
-    scheduler = await Scheduler.open(config, clock, sender.send, hold=sender.send,
-                                     cancel_held=sender.cancel_held_answers)
-    await scheduler.start()
+    scheduler = await _scheduler_over_two_groups(tmp_path, clock, brokers)
     try:
         due, messages = await into_the_lead(scheduler, clock,
                                             *[b"m%d" % n for n in range(20)])
-        by_home = {0: [], 1: []}
-        for m in messages:
-            by_home[home_group(encode_message(m), 2)].append(m)
-        assert by_home[0] and by_home[1], "the messages go to both groups"
+        by_home = _by_home_group(messages)
         held = by_home[0][0]
         assert held.id in brokers.held["a:1"]
         assert await scheduler.cancel(held.id, due) == "cancelled"
@@ -112,19 +125,11 @@ async def test_a_hold_one_part_of_which_raised_is_never_held_again_and_a_cancel_
     # route change a second group could hold it too.
     clock = FakeClock()
     brokers = _GarbageNoted()
-    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
-                         trace=False, handoff_lead_ms=LEAD_MS, handoff_min_messages=1)
-    scheduler = await Scheduler.open(config, clock, sender.send, hold=sender.send,
-                                     cancel_held=sender.cancel_held_answers)
-    await scheduler.start()
+    scheduler = await _scheduler_over_two_groups(tmp_path, clock, brokers)
     try:
         due, messages = await into_the_lead(scheduler, clock,
                                             *[b"m%d" % n for n in range(20)])
-        by_home = {0: [], 1: []}
-        for m in messages:
-            by_home[home_group(encode_message(m), 2)].append(m)
-        assert by_home[0] and by_home[1], "the messages go to both groups"
+        by_home = _by_home_group(messages)
         for _ in range(LEAD_MS // 250 - 1):  # the retry backoffs of a refusal pass
             clock.advance(250)
             await settle(scheduler)

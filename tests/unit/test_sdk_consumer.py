@@ -54,20 +54,25 @@ async def test_subscribe_yields_the_pulled_messages_with_their_broker_group(meta
         "billing", "c1", "latest", False)
 
 
+def _note_pulls_of_orders(c, events: list[str]) -> None:
+    """Append "pull" to ``events`` as each pull of subject orders is written."""
+    original = c._pool.request
+
+    async def request(address, op, timeout_ms, on_answer=None):
+        if op["op"] == "pull" and op["subject"] == "orders":
+            events.append("pull")  # written before the request's first await
+        return await original(address, op, timeout_ms, on_answer)
+
+    c._pool.request = request
+
+
 async def test_a_waiting_application_gets_pulled_messages_before_the_next_pull_is_written(
         meta, broker_a):
     meta.set_route("orders", [broker_a])
     broker_a.publish("orders", b"one")
     events: list[str] = []
     async with consumer(meta) as c:
-        original = c._pool.request
-
-        async def request(address, op, timeout_ms, on_answer=None):
-            if op["op"] == "pull" and op["subject"] == "orders":
-                events.append("pull")  # written before the request's first await
-            return await original(address, op, timeout_ms, on_answer)
-
-        c._pool.request = request
+        _note_pulls_of_orders(c, events)
         sub = c.subscribe("orders")
 
         async def read() -> None:
@@ -88,14 +93,7 @@ async def test_a_handler_gets_a_pulled_message_before_the_next_pull_is_written(m
     broker_a.publish("orders", b"one")
     events: list[str] = []
     c = consumer(meta)
-    original = c._pool.request
-
-    async def request(address, op, timeout_ms, on_answer=None):
-        if op["op"] == "pull" and op["subject"] == "orders":
-            events.append("pull")  # written before the request's first await
-        return await original(address, op, timeout_ms, on_answer)
-
-    c._pool.request = request
+    _note_pulls_of_orders(c, events)
 
     @c.handler("orders")
     async def handle(msg) -> None:
