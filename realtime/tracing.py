@@ -311,7 +311,7 @@ class BrokerTracer(GiveUpTracing):
         subject_member = self._subject_member(subject)
         located = []
         members_of = []
-        extras = set()
+        extras = []  # each line's extra members
         for checked, sequence in zip(messages, sequences):
             msg_id, created_at_ms = checked.id, checked.created_at_ms
             deliver_at_ms = checked.deliver_at_ms
@@ -329,16 +329,14 @@ class BrokerTracer(GiveUpTracing):
                        f'"created_at_ms":{created_at_ms}{due}')
             located.append(f'{members},"seq":{sequence}')
             members_of.append(members)
-            extras.add(extra)
+            extras.append(extra)
         writer = self.writer
         assert writer is not None
-        if len(extras) == 1:  # the usual: the writer's thread builds the frame and the lines
+        if extras.count(extra) == len(extras):  # the usual: the writer's thread builds the lines
             writer.emit_framed("stored", now_ms, located, extra)
         else:  # produced and dispatched messages in one commit: each line its own frame
             writer.emit_lines([writer.line("stored", now_ms, member, extra)
-                               for member, extra in zip(located, (
-                                   "" if checked.deliver_at_ms is not None else PRODUCED_MEMBER
-                                   for checked in messages))])
+                               for member, extra in zip(located, extras)])
         self._remember(subject, sequences, members_of)  # type: ignore[arg-type]  # no None
         return True
 
