@@ -30,6 +30,9 @@ subscription also pulls its group's retry subject (from its earliest message, si
 this group alone), so retries come back through the same iterator or handler with
 ``msg.subject`` the user subject and ``msg.retries`` counting. A handler that raises is nacked.
 A non-broadcast subscription only: broadcast groups have no retries.
+
+Parts of ``Consumer`` live in mixins: its handlers in ``sdk.consumer_handlers``, its heartbeats
+and leave to the brokers in ``sdk.consumer_presence``.
 """
 
 from __future__ import annotations
@@ -38,18 +41,18 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
 from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
+from sdk.consumer_handlers import HandlerMixin, HandlerT, _HandlerSpec
 from sdk.consumer_presence import CONTROL_TIMEOUT_MS, BrokerPresenceMixin
 from sdk.presence import Presence
 from sdk.send_values import default_client_id
 from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
-from sdk.threaded import SyncHandler, ThreadedHandlers, is_async_callable
+from sdk.threaded import ThreadedHandlers
 from wire.errors import NoRoute, QmqError
 from wire.limits import MAX_PULL_BATCH_MESSAGES, MAX_PULL_WAIT_MS
 from wire.message import (
@@ -87,23 +90,7 @@ PULL_BATCH_DEFAULT = 256
 # as one request of a few ranges per this many messages; at low rates every ack_interval_ms.
 ACK_PENDING_MAX_DEFAULT = 1024
 
-Handler = Callable[[ReceivedMessage], Awaitable[Any]]
-# What ``@consumer.handler`` takes: an async function of a ReceivedMessage, or a plain one of
-# a BlockingMessage (run in a worker thread).
-HandlerT = TypeVar("HandlerT", bound=Callable[[ReceivedMessage], Awaitable[object]]
-                   | SyncHandler)
-
-
-@dataclass
-class _HandlerSpec:
-    subject: str
-    tags: list[str] | None
-    fn: Handler
-    concurrency: int
-    task: asyncio.Task[None] | None = None
-
-
-class Consumer(BrokerPresenceMixin):
+class Consumer(HandlerMixin, BrokerPresenceMixin):
     """Consumes subjects for consumer ``group`` via the MetaServer at ``meta_url``.
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
@@ -310,20 +297,6 @@ class Consumer(BrokerPresenceMixin):
         for sub in self._subscriptions.values():
             sub._end()
 
-    async def _wait_handlers(self) -> None:
-        if not self._handler_tasks:
-            return
-        done, still_running = await asyncio.wait(
-            set(self._handler_tasks), timeout=self.close_timeout_ms / 1000
-        )
-        if still_running:
-            log.warning("%d handler(s) still running after close_timeout_ms %d; cancelling them, "
-                        "their messages stay unacked and are redelivered",
-                        len(still_running), self.close_timeout_ms)
-            for task in still_running:
-                task.cancel()
-            await asyncio.gather(*still_running, return_exceptions=True)
-
     # -- subscribing ----------------------------------------------------------------------------
 
     def subscribe(self, subject: str, tags: list[str] | tuple[str, ...] | None = None) -> Subscription:
@@ -347,74 +320,6 @@ class Consumer(BrokerPresenceMixin):
         sub.route_tasks = [loop.create_task(self._route_loop(sub, source),
                                             name=f"qmq-route {source}") for source in sources]
         return sub
-
-    def handler(
-        self, subject: str, tags: list[str] | None = None, concurrency: int | None = None
-    ) -> Callable[[HandlerT], HandlerT]:
-        """Register ``fn(msg)`` for ``subject``: returns -> ack, raises -> nack (see the module
-        docstring). At most ``concurrency`` (default: the consumer's) run at once.
-
-        ``async def fn(msg)`` runs on the event loop with a ``ReceivedMessage``; a plain
-        ``def fn(msg)`` runs in a worker thread of the consumer's pool (``handler_threads``
-        threads, default ``concurrency``) with a ``sdk.threaded.BlockingMessage``, whose
-        ``ack()``/``nack()`` block; so Django or Flask code can be a handler as it is."""
-        limit = self.concurrency if concurrency is None else concurrency
-        if type(limit) is not int or limit < 1:
-            raise ValueError(f"handler concurrency must be an int >= 1, got {limit!r}")
-
-        def register(fn: HandlerT) -> HandlerT:
-            if not callable(fn):
-                raise TypeError(f"handler {fn!r} must be a function")
-            call = (cast(Handler, fn) if is_async_callable(fn)
-                    else self._threads.wrap(cast(SyncHandler, fn)))
-            spec = _HandlerSpec(subject, list(tags) if tags else None, call, limit)
-            self._handlers.append(spec)
-            if self._started:
-                self._start_handler(spec)
-            return fn
-
-        return register
-
-    def _start_handler(self, spec: _HandlerSpec) -> None:
-        sub = self.subscribe(spec.subject, spec.tags)
-        sub.handler_driven = True
-        spec.task = asyncio.get_running_loop().create_task(
-            self._dispatch_loop(spec, sub), name=f"qmq-handler {spec.subject}"
-        )
-
-    async def _dispatch_loop(self, spec: _HandlerSpec, sub: Subscription) -> None:
-        slots = asyncio.Semaphore(spec.concurrency)
-        while True:
-            try:
-                msg = await sub.__anext__()
-            except StopAsyncIteration:
-                return
-            except QmqError as exc:
-                log.error("handler subscription of %r: %s: %s", spec.subject, exc.code, exc.message)
-                continue
-            await slots.acquire()
-            task = asyncio.get_running_loop().create_task(self._handle(spec, msg, slots))
-            self._handler_tasks.add(task)
-            task.add_done_callback(self._handler_tasks.discard)
-
-    async def _handle(self, spec: _HandlerSpec, msg: ReceivedMessage, slots: asyncio.Semaphore) -> None:
-        try:
-            try:
-                await spec.fn(msg)
-            except Exception:
-                log.exception("handler %s raised on %r", getattr(spec.fn, "__qualname__", spec.fn), msg)
-                await self._nack_after_failure(msg)
-            else:
-                await msg.ack()
-        finally:
-            slots.release()
-
-    async def _nack_after_failure(self, msg: ReceivedMessage) -> None:
-        try:
-            await msg.nack()
-        except QmqError as exc:
-            log.warning("nack of message %s failed (%s: %s); it stays unacked and is redelivered "
-                        "after the group's ack timeout", msg.id, exc.code, exc.message)
 
     # -- routes and pulls -----------------------------------------------------------------------
 
@@ -608,4 +513,5 @@ class Consumer(BrokerPresenceMixin):
         return await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
 
 
-__all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "ReceivedMessage", "Subscription", "seqs_to_ranges"]
+__all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "HandlerT", "ReceivedMessage", "Subscription",
+           "seqs_to_ranges"]

@@ -33,8 +33,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar, overload
 
 from sdk.consumer import Consumer as AsyncConsumer
-from sdk.consumer import HandlerT
 from sdk.consumer import Subscription as AsyncSubscription
+from sdk.consumer_handlers import HandlerT
 from sdk.producer import Producer as AsyncProducer
 from sdk.send_batch import Receipt
 from sdk.threaded import BlockingMessage, run_on_loop

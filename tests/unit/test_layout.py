@@ -216,8 +216,8 @@ def test_qmq_send_loads_neither_the_other_commands_nor_the_consumer() -> None:
     loaded = loaded_module_names(
         "from qmq import cli\ncli.main(['send', 'demo', 'hi', '--meta', 'http://127.0.0.1:9'])")
     assert loaded & {"qmq.admin_cli", "qmq.admin_commands", "qmq.audit", "qmq.schedule_cli",
-                     "sdk.consumer", "sdk.consumer_presence", "sdk.schedules", "wire.replication",
-                     "aiohttp"} == set()
+                     "sdk.consumer", "sdk.consumer_handlers", "sdk.consumer_presence", "sdk.schedules",
+                     "wire.replication", "aiohttp"} == set()
 
 
 def test_the_qmq_package_names_the_sdks_public_names_without_importing_the_sdk() -> None:
