@@ -17,6 +17,7 @@ import atexit
 import os
 import pickle
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -60,7 +61,9 @@ def _wrap(owner: type, name: str, make: Callable[[Any], Any]) -> None:
 
 def install_server() -> None:
     """Probe the realtime broker: request read, handled, commit begun and ended (store
-    thread), published, pulled, answer written."""
+    thread; inside it the message log's sync begun, its fsync returned when the write and
+    fsync are one call, and the sync back in Python), published, pulled, answer written."""
+    from logstore.segment_log import SegmentedLog
     from realtime.pulls import Pulls
     from realtime.sends import Sends
     from serverkit.frame_server import FrameServer, _FrameConnection
@@ -78,10 +81,19 @@ def install_server() -> None:
             return await original(self, payloads, compact)
         return probed
 
+    # The payloads of the commit running on the store thread, for the message log's sync
+    # (the one of that thread: qmq up's delay server syncs its own log on another thread).
+    committing: dict[int, list[bytes]] = {}
+
     def commit(original: Any) -> Any:
         def probed(self: Any, batch: list[Any], now_ms: int) -> Any:
             begun = _now()
-            result = original(self, batch, now_ms)
+            thread = threading.get_ident()
+            committing[thread] = [p for request in batch for p in request.payloads]
+            try:
+                result = original(self, batch, now_ms)
+            finally:
+                del committing[thread]
             ended = _now()
             for request in batch:
                 _EVENTS.append(("commit_begun", begun, request.payloads))
@@ -113,6 +125,24 @@ def install_server() -> None:
             original(self, response)
         return probed
 
+    def sync(original: Any) -> Any:
+        def probed(self: Any) -> Any:
+            payloads = committing.get(threading.get_ident())
+            begun = _now()
+            result = original(self)
+            if payloads is not None:
+                synced = _now()
+                _EVENTS.append(("sync_begun", begun, payloads))
+                _EVENTS.append(("synced", synced, payloads))
+                # Where the write and fsync ran in one call (OsFile.append_and_sync), the
+                # moment the fsync returned, before the thread had the GIL back.
+                returned = getattr(self._segments[-1].handle, "synced_at_ns", 0)
+                if begun <= returned <= synced:
+                    _EVENTS.append(("fsync_returned", returned, payloads))
+            return result
+        return probed
+
+    _wrap(SegmentedLog, "sync", sync)
     _wrap(FrameServer, "_dispatch", dispatch)
     _wrap(Sends, "send", send)
     _wrap(Sends, "_append_and_commit_io", commit)

@@ -15,6 +15,10 @@ message by thread (event loop "main", the store thread, the pull-log thread, the
 group commits with their messages each; and where the slowest 1% lost their time: how many
 10 ms windows of send time they fall in, the busiest ones, and the step that was longest for
 each (a few windows a second apart is a periodic stall of the whole server, not a tail).
+The commit step is split too (store thread): Python before the message log's sync, the sync,
+and after it; where the write and fsync are one call (``OsFile.append_and_sync``) the sync
+splits again into the kernel's write + fsync and the wait to take the GIL back after it. For
+the slowest 1%, the median of each part of their commit.
 A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
 The probes add a few us per request: the totals are a little above an unprobed run's
 (bench.commit_cycle). Wall clock: state the load.
@@ -58,6 +62,16 @@ STEPS = (
     ("pull_read", "received", "the consumer hands it over"),
     ("send", "confirmed", "send -> confirmed (total)"),
     ("send", "received", "send -> received (total)"),
+)
+# The commit step split (store thread): before the message log's sync, the sync (the write
+# and fsync in the kernel, then the wait to take the GIL back: apart only where they are one
+# call, logstore.fileio.OsFile.append_and_sync), and after it.
+COMMIT_STEPS = (
+    ("commit_begun", "sync_begun", "commit: Python before the sync"),
+    ("sync_begun", "synced", "commit: the sync (write, fsync, GIL back)"),
+    ("sync_begun", "fsync_returned", "commit: write + fsync in the kernel"),
+    ("fsync_returned", "synced", "commit: the GIL back after the fsync"),
+    ("synced", "commit_ended", "commit: after the sync (index, dedup)"),
 )
 PROBED = ("server", "consumer", "producer")
 
@@ -103,9 +117,16 @@ def _slowest(seen: dict[int, dict[str, int]], share: float = 0.01) -> dict[str, 
                       default=(0, "?"))
         blamed[longest[1]] = blamed.get(longest[1], 0) + 1
     busiest = sorted(windows.items(), key=lambda item: -item[1])[:6]
+    commit_split = {}
+    for first, then, what in COMMIT_STEPS:
+        shares = sorted((times[then] - times[first]) / 1e6 for _, _, times in slow
+                        if first in times and then in times)
+        if shares:
+            commit_split[what] = percentile(shares, 0.5)
     return {"count": len(slow), "windows": len(windows),
             "busiest_s": sorted(window / 100 for window, _ in busiest),
-            "blamed": dict(sorted(blamed.items(), key=lambda item: -item[1]))}
+            "blamed": dict(sorted(blamed.items(), key=lambda item: -item[1])),
+            "commit_split_p50": commit_split}
 
 
 def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = ()
@@ -173,7 +194,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
         key = name if name == "main" or name.startswith("realtime-") else "other"
         by_thread[key] = by_thread.get(key, 0.0) + (cpu_s - threads_before.get(name, 0.0))
     steps = {}
-    for first, then, what in STEPS:
+    for first, then, what in STEPS + COMMIT_STEPS:
         shares = sorted((times[then] - times[first]) / 1e6 for times in seen.values()
                         if first in times and then in times)
         steps[what] = (len(shares), *(percentile(shares, f) for f in (0.5, 0.9, 0.99)))
@@ -204,6 +225,10 @@ def _lines(f: dict[str, Any]) -> list[str]:
                  "busiest at " + ", ".join(f"{s:.2f}" for s in slow["busiest_s"])
                  + " s; longest step: " + ", ".join(f"{what} {n}"
                                                    for what, n in slow["blamed"].items()))
+    if slow.get("commit_split_p50"):
+        lines.append("  their commit, p50 of each part: " + ", ".join(
+            f"{what[len('commit: '):]} {ms:.3f} ms"
+            for what, ms in slow["commit_split_p50"].items()))
     return lines
 
 

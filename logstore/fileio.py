@@ -3,13 +3,28 @@
 A ``FileHandle`` is a positional file: ``append`` writes at the end, ``pread`` reads anywhere,
 ``sync`` is fsync. ``OsFile`` is the real one over ``os`` calls. An ``Opener`` makes handles; every
 storage class takes one so a test can swap in ``FaultyFile``.
+
+``OsFile.append_and_sync`` is ``append`` then ``sync`` with the GIL released once for both (the C
+twin ``logstore._framing.write_sync``): a group commit's thread then waits once, not twice, to
+take the GIL back from an event loop running Python meanwhile. A handle without it (a test's
+``FaultyFile``) gets the two calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Callable, Protocol
+
+from logstore.twins import c_twin
+
+# pwrite + fsync in one GIL release (logstore/_framing.c); optional, chosen by logstore.twins.
+_write_sync_c = c_twin("logstore._framing", "write_sync")
+
+
+class FsyncFailed(OSError):
+    """``append_and_sync``: every byte was written, the fsync failed (its errno is this one's)."""
 
 
 class FileHandle(Protocol):
@@ -46,6 +61,10 @@ class OsFile:
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._end = os.fstat(self._fd).st_size
+        # Of the last append_and_sync: the fsync's own seconds (no wait for the GIL in them)
+        # and the time.monotonic_ns() at which it returned (a probe's mark for that wait).
+        self.fsync_s = 0.0
+        self.synced_at_ns = 0
 
     def append(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the end, looping over short writes."""
@@ -66,6 +85,31 @@ class OsFile:
                     written = os.pwrite(self._fd, rest, self._end)
                 self._end += written
                 done += written
+
+    def append_and_sync(self, data: bytes) -> None:
+        """``append(data)`` then ``sync()``, the GIL released once for both when the C twin is
+        built. A write failure raises OSError (what was written before it counts, as in
+        ``append``), a failed fsync ``FsyncFailed``; ``fsync_s`` and ``synced_at_ns`` say how
+        long the fsync took and when it returned."""
+        if _write_sync_c is None or type(data) is not bytes:
+            self.append(data)
+            started_s = time.perf_counter()
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise FsyncFailed(exc.errno, exc.strerror, self.path) from exc
+            self.fsync_s = time.perf_counter() - started_s
+            self.synced_at_ns = time.monotonic_ns()
+            return
+        written, write_errno, fsync_errno, fsync_ns, synced_at_ns = _write_sync_c(
+            self._fd, data, self._end)
+        self._end += written
+        if write_errno:
+            raise OSError(write_errno, os.strerror(write_errno), self.path)
+        self.fsync_s = fsync_ns / 1e9
+        self.synced_at_ns = synced_at_ns
+        if fsync_errno:
+            raise FsyncFailed(fsync_errno, os.strerror(fsync_errno), self.path)
 
     def pread(self, offset: int, size: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``."""

@@ -41,7 +41,7 @@ from operator import add
 from typing import Callable, Iterable
 
 from logstore.errors import DiskFull, LogClosed, LogWriteFailed, RecordTooLarge
-from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
+from logstore.fileio import FileHandle, FsyncFailed, Opener, OsFile, fsync_directory
 from logstore.record import HEADER_SIZE_BYTES, check_header, crc_matches, frame_records
 from logstore.segment_copy import SegmentCopyMixin
 from logstore.segment_reads import _SCAN_CHUNK_BYTES, SegmentReadsMixin
@@ -413,7 +413,11 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
             active.handle.append(framed)
         except OSError as exc:
             self._on_write_error(active, exc)
-        active.size_bytes += len(framed)
+        self._flushed(active, len(framed))
+
+    def _flushed(self, active: _Segment, framed_bytes: int) -> None:
+        """The write buffer reached the active segment's file (not fsynced)."""
+        active.size_bytes += framed_bytes
         active.synced = False
         # Later flushes write here or after, unless a cut (truncate, reset) makes an earlier
         # segment the active one again: the base is then the lower of the two (review s14
@@ -440,36 +444,66 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
 
     def sync(self) -> int:
         """Flush and fsync; every earlier append is durable when this returns the durable offset."""
-        self.flush()
-        started_s = time.perf_counter()
+        fsync_s = 0.0
         fsynced = False
+        active = self._segments[-1]
+        if self._pending and self._unsynced_base in (None, active.base_offset):
+            # The group commit's usual case: one buffer for the active segment alone, written
+            # and fsynced in one call (one GIL release, logstore.fileio).
+            append_and_sync = getattr(active.handle, "append_and_sync", None)
+            if append_and_sync is not None:
+                fsync_s = self._write_and_sync(active, append_and_sync)
+                fsynced = True
+        self.flush()
         unsynced_base = self._unsynced_base
-        # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
-        # before that one (or deleted since) has nothing to fsync.
-        if unsynced_base is not None:
-            for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
-                if not segment.synced:
-                    try:
-                        segment.handle.sync()
-                    except OSError as exc:
-                        raise self._set_failed(
-                            LogWriteFailed(segment.path, "fsync", exc)) from exc
-                    segment.synced = True
-                    fsynced = True
-            self._unsynced_base = None
-        if self._directory_dirty:
-            try:
-                fsync_directory(self.directory)
-            except OSError as exc:
-                raise self._set_failed(
-                    LogWriteFailed(self.directory, "fsync directory", exc)
-                ) from exc
-            self._directory_dirty = False
-            fsynced = True
+        if unsynced_base is not None or self._directory_dirty:
+            started_s = time.perf_counter()
+            # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
+            # before that one (or deleted since) has nothing to fsync.
+            if unsynced_base is not None:
+                for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
+                    if not segment.synced:
+                        try:
+                            segment.handle.sync()
+                        except OSError as exc:
+                            raise self._set_failed(
+                                LogWriteFailed(segment.path, "fsync", exc)) from exc
+                        segment.synced = True
+                        fsynced = True
+                self._unsynced_base = None
+            if self._directory_dirty:
+                try:
+                    fsync_directory(self.directory)
+                except OSError as exc:
+                    raise self._set_failed(
+                        LogWriteFailed(self.directory, "fsync directory", exc)
+                    ) from exc
+                self._directory_dirty = False
+                fsynced = True
+            fsync_s += time.perf_counter() - started_s
         self._durable_end = self._end
         if fsynced and self.on_fsync is not None:
-            self.on_fsync(time.perf_counter() - started_s)
+            self.on_fsync(fsync_s)
         return self._durable_end
+
+    def _write_and_sync(self, active: _Segment, append_and_sync: Callable[[bytes], None],
+                        ) -> float:
+        """``sync``'s one-call path: frame the write buffer, write it to the active segment and
+        fsync that (``FileHandle.append_and_sync``); returns the fsync's seconds. Failures as
+        ``flush`` and ``sync`` have them: ENOSPC is ``DiskFull``, others sticky."""
+        self._check_writable()
+        framed = frame_records(self._pending)
+        try:
+            append_and_sync(framed)
+        except FsyncFailed as exc:
+            self._flushed(active, len(framed))
+            raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
+        except OSError as exc:
+            self._on_write_error(active, exc)
+        active.size_bytes += len(framed)
+        self._pending.clear()
+        self._update_fast_path_end()
+        return active.handle.fsync_s  # type: ignore[attr-defined]  # it has append_and_sync
 
     def sync_or_flush(self) -> None:
         """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this

@@ -4,9 +4,11 @@ disks, the durable offset, and async-mode ticking on a fake clock."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
+from logstore import fileio
 from logstore import DiskFull, LogConfig, LogWriteFailed, OsFile, SegmentedLog
 from logstore.faults import FaultPlan
 from logstore.record import HEADER_SIZE_BYTES
@@ -218,29 +220,104 @@ def test_async_tick_fsyncs_only_after_the_interval_with_data_pending(log_dir):
     log.close()
 
 
+@pytest.mark.parametrize("through", ["pwrite", "write_sync"])
 def test_a_real_enospc_from_the_os_raises_disk_full_and_the_log_takes_appends_again(
-        log_dir, tiny_config, monkeypatch):
-    # A real file, not the fault wrapper: the OS refuses the write itself, as a full tmpfs does.
+        log_dir, tiny_config, monkeypatch, through):
+    # A real file, not the fault wrapper: the OS refuses the write itself, as a full tmpfs does,
+    # whether the sync writes through os.pwrite (no C twin) or the C write_sync (its contract:
+    # the errno returned, not raised).
     log = SegmentedLog(log_dir, tiny_config)
     synced = append_range(log, 0, 3)
     log.sync()
-    real_pwrite = os.pwrite
+    real_pwrite, real_write_sync = os.pwrite, fileio._write_sync_c
 
     def full_disk(fd, data, offset):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full_disk)
+    if through == "pwrite":
+        monkeypatch.setattr(fileio, "_write_sync_c", None)
+        monkeypatch.setattr(os, "pwrite", full_disk)
+    else:
+        monkeypatch.setattr(fileio, "_write_sync_c", lambda fd, data, offset: (0, 28, 0, 0, 0))
     append_range(log, 3, 2)
     with pytest.raises(DiskFull) as caught:
         log.sync()
     assert caught.value.dropped_records == 2
     monkeypatch.setattr(os, "pwrite", real_pwrite)
+    monkeypatch.setattr(fileio, "_write_sync_c", real_write_sync)
     later = append_range(log, 5, 2)
     log.sync()
     log.close()
     reopened, records = records_on_disk(log_dir, tiny_config)
     assert records == synced + later
     reopened.close()
+
+
+@pytest.mark.parametrize("twin", ["c", "python"])
+def test_an_fsync_that_fails_after_the_write_in_one_call_is_sticky_and_the_bytes_count_as_written(
+        log_dir, tiny_config, monkeypatch, twin):
+    # append_and_sync wrote every byte, then fsync said EIO: the log is failed (sticky), and the
+    # records written stay in the file for the reopened log to verify, as after a flush.
+    log = SegmentedLog(log_dir, tiny_config)
+    synced = append_range(log, 0, 3)
+    log.sync()
+
+    def write_then_eio(fd, data, offset):
+        return os.pwrite(fd, data, offset), 0, 5, 0, 0
+
+    def fsync_eio(fd):
+        raise OSError(5, "Input/output error")
+
+    if twin == "c":
+        monkeypatch.setattr(fileio, "_write_sync_c", write_then_eio)
+    else:
+        monkeypatch.setattr(fileio, "_write_sync_c", None)
+        monkeypatch.setattr(os, "fsync", fsync_eio)
+    unsynced = append_range(log, 3, 2)
+    with pytest.raises(LogWriteFailed) as caught:
+        log.sync()
+    assert caught.value.operation == "fsync"
+    assert log.durable_offset == 3 * FRAMED_SIZE
+    assert_every_write_is_refused_with(log, caught.value)
+    monkeypatch.undo()
+    log.close()
+    reopened, records = records_on_disk(log_dir, tiny_config)
+    assert records == synced + unsynced
+    reopened.close()
+
+
+@pytest.mark.skipif(fileio._write_sync_c is None, reason="the C twin write_sync was not built")
+def test_a_write_the_os_refuses_in_the_c_write_sync_is_a_sticky_write_failure(
+        log_dir, tiny_config):
+    # A real refusal inside C: a descriptor the log believes open is closed under it (EBADF).
+    log = SegmentedLog(log_dir, tiny_config)
+    synced = append_range(log, 0, 3)
+    log.sync()
+    handle = log._segments[-1].handle
+    os.close(handle._fd)
+    handle._fd = os.open(os.devnull, os.O_RDONLY)  # a read-only descriptor: pwrite is EBADF
+    append_range(log, 3, 2)
+    with pytest.raises(LogWriteFailed) as caught:
+        log.sync()
+    assert caught.value.operation == "write"
+    assert log.durable_offset == 3 * FRAMED_SIZE
+    assert_every_write_is_refused_with(log, caught.value)
+    log.close()
+    reopened, records = records_on_disk(log_dir, tiny_config)
+    assert records == synced
+    reopened.close()
+
+
+def test_an_os_file_append_and_sync_writes_at_its_end_and_says_how_long_the_fsync_took(tmp_path):
+    handle = OsFile(str(tmp_path / "both.bin"))
+    handle.append(b"head-")
+    before_ns = time.monotonic_ns()
+    handle.append_and_sync(b"0123456789")
+    assert handle.size() == 15
+    assert handle.pread(0, 100) == b"head-0123456789"
+    assert handle.synced_at_ns >= before_ns
+    assert handle.fsync_s >= 0.0
+    handle.close()
 
 
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
