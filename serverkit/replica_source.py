@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 from serverkit.insync import InSyncTracker
 from serverkit.kind_gate import KindReads, first_unread
 from serverkit.replica_log import CopyStore, ReplicatedLog, answer_fetch_io
+from serverkit.run_fence import RunFence
 from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch, UnreadableRecord
 from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
 
@@ -134,6 +135,9 @@ class ReplicaSource:
         # (slave, log) -> where this epoch's last answer to that slave's fetch of that log
         # ended (``next_offset``): a fetch at or below it acknowledges at once (``_ack_shipped``).
         self._shipped: dict[tuple[str, str], int] = {}
+        # What this run as master shipped each fetcher past the end it began with: a fetch
+        # past both is cut at that end (``_fenced``, docs/REPLICATION.md 8.3).
+        self.fence = RunFence()
         # Figures for metrics and reports: bytes shipped, per log.
         self.bytes_shipped: dict[str, int] = {name: 0 for name in logs}
         # What each fetcher reads of the logs with gated record kinds (serverkit.kind_gate).
@@ -165,6 +169,7 @@ class ReplicaSource:
         self.tracker.set_confirmed(confirmed)
         self._last_proposal = ()
         self._shipped.clear()
+        self.fence.begin(ends)
         self.kind_reads.clear()
         self._forget_fresh()
         self._wake_fetches()
@@ -183,6 +188,7 @@ class ReplicaSource:
         """No longer the master: every write waiting for its slaves is refused (retriable)."""
         self.active = False
         self._shipped.clear()
+        self.fence.end()
         self._forget_fresh()
         self.refuse_waiters(why)
         self._wake_fetches()
@@ -451,7 +457,35 @@ class ReplicaSource:
             self.check_waiters()
         return True
 
+    def _fenced(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer | None:
+        """A ``diverging`` answer to a fetch past the end this run began with, at an offset
+        this run never shipped that fetcher up to (``RunFence``); else None. The slave holds
+        records of this epoch this master lost before their fsync; it cuts them at that end.
+        No answered write is cut: an answer waits for this master's fsync, and what a master
+        fsynced is in the log it restarted with."""
+        name = log_.name
+        fence = self.fence.crossed(request.server_id, name, request.offset)
+        if fence is None:
+            return None
+        ended = log_.history.end_of(request.last_epoch, fence)
+        log.warning("group %s: %s fetches the %s log at offset %d, past the end %d this master "
+                    "began its run of epoch %d with and past all this run shipped it: it holds "
+                    "records this master lost before their fsync; it cuts them at %d",
+                    self.group, request.server_id, name, request.offset, fence, self.epoch,
+                    ended.end_offset)
+        return FetchAnswer(self.epoch, name, request.offset, b"", request.offset,
+                           self._log_starts[name], max(fence, self.ends.get(name, 0)), (),
+                           (ended.epoch, ended.end_offset))
+
+    def _ship_mark(self, server_id: str, name: str, end: int) -> None:
+        """This run gave ``server_id`` log ``name`` up to ``end``: never fenced below it."""
+        if self.active:
+            self.fence.mark(server_id, name, end)
+
     async def _answer(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer:
+        fenced = self._fenced(log_, request)
+        if fenced is not None:
+            return fenced
         answer = self._fresh_answer(log_, request) if self.active else None
         if answer is None:
             answer = await log_.run(answer_fetch_io, log_, self.epoch, request.offset,
@@ -460,6 +494,10 @@ class ReplicaSource:
         refused: UnreadableRecord | None = None
         if answer.data and log_.kinds is not None and not log_.kinds.reads <= request.reads:
             answer, refused = self._readable_part(log_, request, answer)
+        if answer.diverging is None:
+            # What this run shipped the fetcher, or where it told it to start again.
+            self._ship_mark(request.server_id, log_.name,
+                            max(answer.next_offset, answer.log_start))
         if answer.diverging is None and answer.offset >= answer.log_start:
             if self.tracker.on_fetch(request.server_id, log_.name, request.offset,
                                      answer.log_end, self._clock_ms()):
@@ -519,6 +557,8 @@ class ReplicaSource:
         if answer is None:
             raise NotFound(f"checkpoint {request.sequence} of log {request.log} is gone; ask "
                            f"again with sequence 0")
+        # The slave's copy starts where the checkpoint ends: never fenced below it.
+        self._ship_mark(request.server_id, log_.name, answer.covers_offset)
         return answer.to_wire()
 
     # ------------------------------------------------------------------ reporting

@@ -150,7 +150,7 @@ async def test_a_slave_caught_up_with_what_was_shipped_waits_without_a_read_of_t
 async def test_an_advance_while_the_store_is_read_is_not_missed(tmp_path):
     thread = Thread()
     replica, store = source(tmp_path, thread)
-    start(replica)
+    start(replica, 10)  # the slave copied up to 10 before this run
     store.end = 10
     replica.advanced("message", 10)
     thread.back.clear()
@@ -168,7 +168,7 @@ async def test_a_fetch_past_what_was_shipped_acknowledges_only_once_the_thread_c
         tmp_path):
     thread = Thread()
     replica, store = source(tmp_path, thread)
-    start(replica)
+    start(replica, 20)  # the master began this run with 20 (the slave may hold it all)
     write = await ship(replica, store, 10)
     store.end = 20
     later = asyncio.create_task(replica.wait_replicated("message", 20))
@@ -217,6 +217,7 @@ async def test_commits_no_fetch_waits_for_leave_the_event_alone_and_a_later_fetc
         await replica.wait_replicated("message", end)  # no slave in sync yet: at once
     assert replica._advanced["message"] is event and not event.is_set()
     assert replica.ends["message"] == 30
+    assert (await replica.fetch(fetch_at(0)))["next_offset"] == 30  # the slave catches up
     waiting = asyncio.create_task(replica.fetch(fetch_at(30)))
     await turns()
     assert not waiting.done()
