@@ -46,7 +46,8 @@ class AdminViewsMixin:
                 noted = self.broker_liveness.noted(b.server_id) if b.state != "offline" else None
                 seen = max(b.last_heartbeat_ms, noted["seen"]) if noted else b.last_heartbeat_ms
                 figures = noted if noted and "position" in noted else {
-                    "position": b.position, "lag_bytes": b.lag_bytes, "lag_ms": b.lag_ms}
+                    "position": b.position, "lag_bytes": b.lag_bytes, "lag_ms": b.lag_ms,
+                    "undecodable_at": b.undecodable_at}
                 rows.append({
                     "broker_id": b.id,
                     "group": b.group_name,
@@ -67,6 +68,8 @@ class AdminViewsMixin:
                     "position": figures["position"],
                     "lag_bytes": figures["lag_bytes"],
                     "lag_ms": figures["lag_ms"],
+                    # A slave's copy stopped at a record it cannot decode: where (else None).
+                    "undecodable_at": figures["undecodable_at"] or None,
                 })
             return rows
 

@@ -28,7 +28,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 _ADMIN_COLUMNS = {
     "brokers": ["group", "kind", "address", "server_id", "role", "epoch", "state", "in_sync",
-                "lag_bytes", "lag_ms", "heartbeat_age_ms"],
+                "lag_bytes", "lag_ms", "undecodable", "heartbeat_age_ms"],
     "subjects": ["subject", "version", "groups"],
     "groups": ["subject", "group", "online_clients", "lag"],
 }
@@ -49,6 +49,10 @@ async def admin_command(meta_url: str, what: str, as_json: bool, args: list[str]
         print(json.dumps(rows, indent=2))
     else:
         for row in rows:
+            if what == "brokers":
+                # An older MetaServer's rows have no undecodable_at: "?", not "-".
+                row["undecodable"] = (_place(row["undecodable_at"]) if row.get("undecodable_at")
+                                      else "-" if "undecodable_at" in row else "?")
             for key, value in list(row.items()):
                 if value is None and key in ("lag_bytes", "lag_ms"):
                     row[key] = "-"  # nothing reported yet (no data plane, or a master)
@@ -246,13 +250,18 @@ _REPLICATION_COLUMNS = ["group", "kind", "epoch", "master_id", "master_address",
                         "undecodable"]
 
 
+def _place(at: dict[str, Any]) -> str:
+    """``LOG@OFFSET vVERSION``: where a slave's copy is stopped at a record it cannot decode
+    (its ``undecodable_at``)."""
+    return f"{at.get('log')}@{at.get('offset')} v{at.get('version')}"
+
+
 def _undecodable_cell(places: dict[str, Any] | None) -> str:
     """``SERVER:LOG@OFFSET vVERSION`` per slave whose copy is stopped at a record it cannot
     decode ("-": none; an older MetaServer says nothing: "?")."""
     if places is None:
         return "?"
-    return ",".join(f"{server}:{at.get('log')}@{at.get('offset')} v{at.get('version')}"
-                    for server, at in sorted(places.items())) or "-"
+    return ",".join(f"{server}:{_place(at)}" for server, at in sorted(places.items())) or "-"
 
 
 async def admin_replication_command(meta_url: str, args: list[str], *, mode: str | None,

@@ -56,12 +56,12 @@ async def test_a_switchover_under_load_loses_and_duplicates_nothing_and_a_shutdo
     assert listing.returncode == 0, listing.stderr
     header = listing.stdout.splitlines()[0].split()
     assert header == ["group", "kind", "address", "server_id", "role", "epoch", "state",
-                      "in_sync", "lag_bytes", "lag_ms", "heartbeat_age_ms"]
-    # A master is never behind (0); a caught-up slave lacks 0 bytes.
-    assert re.search(rf"{FIRST}\s+master\s+1\s+rw\s+yes\s+0\s+0\s", listing.stdout), \
+                      "in_sync", "lag_bytes", "lag_ms", "undecodable", "heartbeat_age_ms"]
+    # A master is never behind (0); a caught-up slave lacks 0 bytes; neither copy is stopped.
+    assert re.search(rf"{FIRST}\s+master\s+1\s+rw\s+yes\s+0\s+0\s+-\s", listing.stdout), \
         listing.stdout
-    assert re.search(rf"{SECOND}\s+slave\s+1\s+rw\s+yes\s+0\s+\d+\s", listing.stdout), \
-        listing.stdout
+    assert re.search(rf"{SECOND}\s+slave\s+1\s+rw\s+yes\s+0\s+\d+\s+-\s",
+                     listing.stdout), listing.stdout
 
     subject = "orders.switch"
     # Patient sends: writes pause from the moment the master hands over until the target has

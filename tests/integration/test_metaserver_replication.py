@@ -329,3 +329,26 @@ async def test_a_bad_undecodable_at_is_refused_400(api: Api, bad: dict[str, Any]
     status, answer = await api.heartbeat("rt1", ADDR[S1], server_id=S1, epoch=1,
                                          replica={"undecodable_at": bad})
     assert status == 400 and "undecodable_at" in answer["error"]["message"], answer
+
+
+async def test_a_slave_stopped_at_a_record_it_cannot_decode_shows_it_in_its_brokers_row(
+        api: Api):
+    # `qmq admin brokers` lists servers: a slave's row says where its copy stopped, as the
+    # group's row of `qmq admin replication` does (it showed nothing of it before session 16).
+    await register(api, M)
+    await register(api, S1)
+    at = {"log": "done", "offset": 10, "kind": 1, "version": 9,
+          "reason": "kind 1, body version 9: unknown journal body version 9"}
+
+    async def rows() -> dict[str, Any]:
+        return {r["server_id"]: r for r in (await api.ok("GET", "/api/admin/brokers"))["brokers"]}
+
+    assert [row["undecodable_at"] for row in (await rows()).values()] == [None, None]
+    await beat(api, S1, undecodable_at=at)
+    assert (await rows())[S1]["undecodable_at"] == at
+    assert (await rows())[M]["undecodable_at"] is None
+    await beat(api, S1, insync=[])  # moved past it: noted, maybe not written yet
+    assert (await rows())[S1]["undecodable_at"] is None
+    await beat(api, S1, undecodable_at=at)
+    await api.expire()  # what was noted in memory is written: the row has it from the table
+    assert (await rows())[S1]["undecodable_at"] == at
