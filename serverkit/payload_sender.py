@@ -85,9 +85,12 @@ class PayloadSender:
         (a dispatch repeated after a crash, a retry copy handed off twice) reaches the same
         group, whose de-duplication absorbs it. A part whose home refuses with a retriable
         failure moves on to the next groups in turn; the route is refreshed once. A plain send
-        raises the last error when some part found no group to take it (a resend of the whole
-        batch is absorbed by the groups that stored theirs); a per-payload error is returned
-        in its result, not raised.
+        keeps each part's own result: a part no group took (a retriable failure on both tries,
+        or an error outside QmqError, taken as Internal: its home may have stored it, and only
+        its home is tried again) is answered per message with its error, so the caller retries
+        or reports those messages alone; the error is raised when no part was stored (a resend
+        of the whole batch is absorbed by the groups that may hold theirs). A non-retriable
+        refusal of a part is raised. A per-payload error is returned in its result, not raised.
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
@@ -116,11 +119,13 @@ class PayloadSender:
                 route = await (self.routes.refresh(subject, "producer") if attempt
                                else self.routes.get(subject, "producer"))
             except QmqError as exc:
-                if not (attempt and holding and any(r is not None for r in results)):
+                if not (attempt and any(r is not None for r in results)
+                        and (holding or exc.retriable)):
                     raise
-                # Some group held its part on the first try: only the part still pending
-                # is refused, with this error; raising it for the whole hold would make the
-                # caller take the held part as held by none (review s14 rva-1).
+                # Some group held (stored) its part on the first try: only the part still
+                # pending is refused, with this error; raising it for the whole hold would make
+                # the caller take the held part as held by none (review s14 rva-1), and for a
+                # plain send, retry the stored part too.
                 refused.update(dict.fromkeys(pending, exc))
                 pending, last_error = [], exc
                 break
@@ -138,9 +143,9 @@ class PayloadSender:
                                 else [visible_at_ms[p] for p in positions])
                 for home, positions in parts.items()
             ), return_exceptions=True)
+            outcomes = [_as_internal(o, groups[home].group, holding)
+                        for home, o in zip(parts, outcomes)]
             if holding:
-                outcomes = [_as_unknown(o, groups[home])
-                            for home, o in zip(parts, outcomes)]
                 _raise_unknown(parts, groups, outcomes, results)
             pending = []
             for positions, outcome in zip(parts.values(), outcomes):
@@ -163,14 +168,13 @@ class PayloadSender:
             if not pending:
                 break
             pending.sort()
-        if pending and not holding:
-            raise last_error
+        if pending and not holding and all(r is None for r in results):
+            raise last_error  # no part was stored: the caller retries the batch
         if refused or pending:
             refused.update((p, last_error) for p in pending if p not in refused)
             _raise_refusal(refused, results, last_error)
             for position, error in refused.items():
-                results[position] = {"id": peek_message_id(payloads[position]),
-                                     "error": {"code": error.code, "message": str(error)}}
+                results[position] = _error_result(payloads[position], error)
         return first_group, [r if r is not None else {} for r in results]
 
     async def _send_pinned(self, subject: str, payloads: list[bytes],
@@ -180,7 +184,10 @@ class PayloadSender:
         that group may hold it and only its de-duplication absorbs this copy. The group is
         looked up in the consumer route (which keeps a group producers may not use now:
         failing over, read-only) and only its brokers are tried; a group not in it raises
-        NoRoute (retriable: the caller retries, waiting out a failover). Returns as ``send``."""
+        NoRoute (retriable: the caller retries, waiting out a failover). Returns as ``send``:
+        a part that failed retriably (or outside QmqError: Internal) is answered per message
+        with its error while the other parts keep their results; raised when every part
+        failed, or one was refused for good."""
         parts: dict[str | None, list[int]] = {}
         for position, group in enumerate(groups):
             parts.setdefault(group, []).append(position)
@@ -205,14 +212,26 @@ class PayloadSender:
                                           parts.items()), return_exceptions=True)
         results: list[dict[str, Any]] = [{}] * len(payloads)
         first_group = ""
-        for positions, outcome in zip(parts.values(), outcomes):
+        failed: list[QmqError] = []
+        for (name, positions), outcome in zip(parts.items(), outcomes):
+            outcome = _as_internal(outcome, name or "its home group", False)
             if isinstance(outcome, BaseException):
-                raise outcome  # every part has finished; the caller retries the batch
+                # Every part has finished. A retriable failure is that part's answer, so the
+                # caller retries its messages alone (each still pinned); refused for good, or
+                # every part failed: raised, and the caller retries or reports the batch.
+                if not (isinstance(outcome, QmqError) and outcome.retriable):
+                    raise outcome
+                failed.append(outcome)
+                for position in positions:
+                    results[position] = _error_result(payloads[position], outcome)
+                continue
             group_name, part_results = outcome
             if 0 in positions:
                 first_group = group_name
             for position, result in zip(positions, part_results):
                 results[position] = result
+        if len(failed) == len(parts):
+            raise failed[0]
         return first_group, results
 
     async def _send_part(self, subject: str, groups: list[Any], home: int,
@@ -326,18 +345,24 @@ def _raise_unknown(parts: dict[int, list[int]], groups: list[Any], outcomes: Seq
     raise unknown[0]
 
 
-def _as_unknown(outcome: Any, group: Any) -> Any:
-    """A hold's part's ``outcome``, an error other than QmqError (a bug, an answer the sender
-    cannot read) made Internal, a HOLD_ANSWER_UNKNOWN: it may come after the part's write, so
-    that group may hold the part; raised alone it would drop what the other parts held
-    (review s14 rva). KeyboardInterrupt and SystemExit are kept as they are."""
-    if not isinstance(outcome, BaseException) or isinstance(
-            outcome, (QmqError, KeyboardInterrupt, SystemExit)):
+def _as_internal(outcome: Any, group: str, holding: bool) -> Any:
+    """A part's ``outcome``, an error other than QmqError (a bug, an answer the sender cannot
+    read) made Internal (retriable; for a hold, a HOLD_ANSWER_UNKNOWN): it may come after the
+    part's write, so ``group`` may hold (or have stored) the part; raised alone it would drop
+    what the other parts held or stored (review s14 rva; a plain send: session 16). What is
+    not an Exception (a cancel, KeyboardInterrupt, SystemExit) is kept as it is."""
+    if not isinstance(outcome, Exception) or isinstance(outcome, QmqError):
         return outcome
-    error = Internal(f"hold to {group.group} failed, it may hold the part: "
-                     f"{type(outcome).__name__}: {outcome}")
+    what = (f"hold to {group} failed, it may hold" if holding
+            else f"send to {group} failed, it may have stored")
+    error = Internal(f"{what} the part: {type(outcome).__name__}: {outcome}")
     error.__cause__ = outcome
     return error
+
+
+def _error_result(payload: bytes, error: QmqError) -> dict[str, Any]:
+    """The result of a payload its part's ``error`` answers (no group took it)."""
+    return {"id": peek_message_id(payload), "error": {"code": error.code, "message": str(error)}}
 
 
 def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any] | None],
