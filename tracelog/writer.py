@@ -405,13 +405,10 @@ def _texts(items: list[_Item], end_of: Callable[[Extra], str]) -> Iterator[str]:
                 count += len(item)
             else:  # a large batch of lines: its own pieces
                 if texts:
-                    texts.append("")  # the last line's newline
-                    yield "\n".join(texts)
+                    yield _ended(texts)
                     texts, count = [], 0
                 for first in range(0, len(item), WRITE_LINES_MAX):
-                    piece = item[first:first + WRITE_LINES_MAX]
-                    piece.append("")
-                    yield "\n".join(piece)
+                    yield _ended(item[first:first + WRITE_LINES_MAX])
                 continue
         elif len(item) == 4 and len(item[3]) <= _FRAMED_TOGETHER_MAX:
             # A few framed lines (a small commit's, pull's or ack's): built here and joined
@@ -427,8 +424,7 @@ def _texts(items: list[_Item], end_of: Callable[[Extra], str]) -> Iterator[str]:
             count += len(members)
         else:
             if texts:
-                texts.append("")
-                yield "\n".join(texts)
+                yield _ended(texts)
                 texts, count = [], 0
             if len(item) == 2:
                 yield from _column_texts(*item)  # type: ignore[misc]
@@ -438,12 +434,18 @@ def _texts(items: list[_Item], end_of: Callable[[Extra], str]) -> Iterator[str]:
                                           end_of(extra)], len(members))
             continue
         if count >= WRITE_LINES_MAX:
-            texts.append("")
-            yield "\n".join(texts)
+            yield _ended(texts)
             texts, count = [], 0
     if texts:
-        texts.append("")
-        yield "\n".join(texts)
+        yield _ended(texts)
+
+
+def _ended(texts: list[str]) -> str:
+    """``texts`` (whole lines, one or several each, without their last newline) as one text,
+    its last line ended by a newline too. ``texts`` is the caller's to drop: the empty text
+    appended for that newline saves copying the joined text once more to add it."""
+    texts.append("")
+    return "\n".join(texts)
 
 
 def _column_texts(columns: list[Column], count: int) -> Iterator[str]:
