@@ -126,10 +126,10 @@ def install_server() -> None:
         return probed
 
     def sync(original: Any) -> Any:
-        def probed(self: Any) -> Any:
+        def probed(self: Any, *args: Any) -> Any:
             payloads = committing.get(threading.get_ident())
             begun = _now()
-            result = original(self)
+            result = original(self, *args)
             if payloads is not None:
                 synced = _now()
                 _EVENTS.append(("sync_begun", begun, payloads))
@@ -142,7 +142,8 @@ def install_server() -> None:
             return result
         return probed
 
-    _wrap(SegmentedLog, "sync", sync)
+    # A commit syncs through sync_then (sync calls it) where there is one.
+    _wrap(SegmentedLog, "sync_then" if hasattr(SegmentedLog, "sync_then") else "sync", sync)
     _wrap(FrameServer, "_dispatch", dispatch)
     _wrap(Sends, "send", send)
     _wrap(Sends, "_append_and_commit_io", commit)

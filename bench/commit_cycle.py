@@ -46,9 +46,9 @@ def _free_port() -> int:
 def _histogram(text: str, name: str) -> tuple[list[tuple[float, float]], float, float]:
     """Buckets (le, cumulative count), sum and count of one Prometheus histogram."""
     buckets = [(float(le), float(value)) for le, value in
-               re.findall(name + r'_bucket\{le="([^"]+)"\} ([0-9.e+]+)', text)]
-    total = re.search(name + r"_sum ([0-9.e+]+)", text)
-    count = re.search(name + r"_count ([0-9.e+]+)", text)
+               re.findall(name + r'_bucket\{le="([^"]+)"\} ([0-9.e+-]+)', text)]
+    total = re.search(name + r"_sum ([0-9.e+-]+)", text)
+    count = re.search(name + r"_count ([0-9.e+-]+)", text)
     return buckets, float(total.group(1)) if total else 0.0, float(count.group(1)) if count else 0.0
 
 

@@ -20,6 +20,10 @@
  * bytes, fsync_errno when the fsync failed; fsync_ns is the fsync's own CLOCK_MONOTONIC time
  * (no GIL wait in it) and synced_at_ns the CLOCK_MONOTONIC ns when it returned (what a probe
  * compares with the moment Python runs again: the wait for the GIL).
+ *
+ * write_sync(fd, data, offset, then_fd, then_data, then_offset) -> the same and (then_written,
+ * then_errno): after a good fsync, also writes then_data at then_offset of then_fd in the same
+ * release (a commit's consumer-log entries, written once their records are durable).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -103,42 +107,58 @@ static long long monotonic_ns(void)
     return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
-static PyObject *write_sync(PyObject *module, PyObject *args)
+/* pwrite all of size bytes at offset, looping over short writes (and EINTR): 0, or the errno
+ * of the pwrite that failed after *written bytes. Called with the GIL released. */
+static int pwrite_all(int fd, const char *bytes, Py_ssize_t size, long long offset,
+                      Py_ssize_t *written)
 {
-    (void)module;
-    int fd;
-    Py_buffer data;
-    long long offset;
-    if (!PyArg_ParseTuple(args, "iy*L:write_sync", &fd, &data, &offset)) {
-        return NULL;
-    }
-    if (offset < 0) {
-        PyBuffer_Release(&data);
-        PyErr_Format(PyExc_ValueError, "offset %lld is negative", offset);
-        return NULL;
-    }
-    const char *bytes = (const char *)data.buf;
-    Py_ssize_t size = data.len;
-    Py_ssize_t written = 0;
-    int write_errno = 0;
-    int fsync_errno = 0;
-    long long fsync_ns = 0;
-    long long synced_at_ns = 0;
-    /* data is a bytes object the caller holds (y* takes a buffer it keeps alive until
-     * PyBuffer_Release): nothing here touches a Python object while the GIL is released. */
-    Py_BEGIN_ALLOW_THREADS
-    while (written < size) {
-        ssize_t done = pwrite(fd, bytes + written, (size_t)(size - written),
-                              (off_t)(offset + written));
+    while (*written < size) {
+        ssize_t done = pwrite(fd, bytes + *written, (size_t)(size - *written),
+                              (off_t)(offset + *written));
         if (done < 0) {
             if (errno == EINTR) {
                 continue;
             }
-            write_errno = errno;
-            break;
+            return errno;
         }
-        written += done;
+        *written += done;
     }
+    return 0;
+}
+
+static PyObject *write_sync(PyObject *module, PyObject *args)
+{
+    (void)module;
+    int fd;
+    int then_fd = -1;
+    Py_buffer data;
+    Py_buffer then_data = {0};
+    long long offset;
+    long long then_offset = 0;
+    if (!PyArg_ParseTuple(args, "iy*L|iy*L:write_sync", &fd, &data, &offset, &then_fd,
+                          &then_data, &then_offset)) {
+        return NULL;
+    }
+    if (offset < 0 || then_offset < 0) {
+        PyBuffer_Release(&data);
+        if (then_data.obj != NULL) {
+            PyBuffer_Release(&then_data);
+        }
+        PyErr_Format(PyExc_ValueError, "offsets %lld, %lld: one is negative", offset,
+                     then_offset);
+        return NULL;
+    }
+    Py_ssize_t written = 0;
+    Py_ssize_t then_written = 0;
+    int write_errno = 0;
+    int fsync_errno = 0;
+    int then_errno = 0;
+    long long fsync_ns = 0;
+    long long synced_at_ns = 0;
+    /* The buffers stay valid until PyBuffer_Release (y* keeps their objects alive): nothing
+     * here touches a Python object while the GIL is released. */
+    Py_BEGIN_ALLOW_THREADS
+    write_errno = pwrite_all(fd, (const char *)data.buf, data.len, offset, &written);
     if (write_errno == 0) {
         long long started_ns = monotonic_ns();
         if (fsync(fd) != 0) {
@@ -146,9 +166,18 @@ static PyObject *write_sync(PyObject *module, PyObject *args)
         }
         synced_at_ns = monotonic_ns();
         fsync_ns = synced_at_ns - started_ns;
+        if (fsync_errno == 0 && then_data.obj != NULL) {
+            then_errno = pwrite_all(then_fd, (const char *)then_data.buf, then_data.len,
+                                    then_offset, &then_written);
+        }
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
+    if (then_data.obj != NULL) {
+        PyBuffer_Release(&then_data);
+        return Py_BuildValue("(niiLLni)", written, write_errno, fsync_errno, fsync_ns,
+                             synced_at_ns, then_written, then_errno);
+    }
     return Py_BuildValue("(niiLL)", written, write_errno, fsync_errno, fsync_ns, synced_at_ns);
 }
 
@@ -158,9 +187,11 @@ static PyMethodDef framing_methods[] = {
      "Frame every body as a logstore record, back to back (the same bytes as\n"
      "logstore.record.encode_record on each, joined)."},
     {"write_sync", write_sync, METH_VARARGS,
-     "write_sync(fd: int, data: bytes, offset: int) -> (written, write_errno, fsync_errno,\n"
-     "fsync_ns, synced_at_ns)\n\n"
-     "pwrite all of data at offset, then fsync fd, with the GIL released once for both;\n"
+     "write_sync(fd: int, data: bytes, offset: int[, then_fd: int, then_data: bytes,\n"
+     "then_offset: int]) -> (written, write_errno, fsync_errno, fsync_ns, synced_at_ns\n"
+     "[, then_written, then_errno])\n\n"
+     "pwrite all of data at offset, then fsync fd (then, after a good fsync, pwrite\n"
+     "then_data at then_offset of then_fd), with the GIL released once for all;\n"
      "an OS error is returned as its errno, not raised."},
     {NULL, NULL, 0, NULL},
 };

@@ -89,6 +89,13 @@ class DescriptorCache:
         assert len(handles) <= self.capacity, (len(handles), self.capacity)
         return handle
 
+    def cached(self, path: str) -> FileHandle | None:
+        """``get(path)`` when its handle is open already, else None (nothing is opened)."""
+        handle = self._handles.get(path)
+        if handle is not None:
+            self._handles.move_to_end(path)
+        return handle
+
     def discard(self, path: str) -> None:
         """Close ``path``'s handle if open (before the file is deleted or renamed)."""
         handle = self._handles.pop(path, None)

@@ -86,11 +86,22 @@ class OsFile:
                 self._end += written
                 done += written
 
-    def append_and_sync(self, data: bytes) -> None:
+    def append_and_sync(self, data: bytes, then: tuple[OsFile, bytes] | None = None,
+                        ) -> OSError | None:
         """``append(data)`` then ``sync()``, the GIL released once for both when the C twin is
-        built. A write failure raises OSError (what was written before it counts, as in
-        ``append``), a failed fsync ``FsyncFailed``; ``fsync_s`` and ``synced_at_ns`` say how
-        long the fsync took and when it returned."""
+        built; with ``then`` (another file, bytes), after a good fsync also ``append`` those
+        bytes to that file in the same release. A write failure raises OSError (what was
+        written before it counts, as in ``append``), a failed fsync ``FsyncFailed``; the
+        ``then`` write's failure is returned, not raised (this file's data is durable by then).
+        ``fsync_s`` and ``synced_at_ns`` say how long the fsync took and when it returned."""
+        if then is not None and (type(then[0]) is not OsFile or type(then[1]) is not bytes):
+            # Not a real file (a test's FaultyFile) or not bytes: its append after this call.
+            self.append_and_sync(data)
+            try:
+                then[0].append(then[1])
+            except OSError as exc:
+                return exc
+            return None
         if _write_sync_c is None or type(data) is not bytes:
             self.append(data)
             started_s = time.perf_counter()
@@ -100,9 +111,22 @@ class OsFile:
                 raise FsyncFailed(exc.errno, exc.strerror, self.path) from exc
             self.fsync_s = time.perf_counter() - started_s
             self.synced_at_ns = time.monotonic_ns()
-            return
-        written, write_errno, fsync_errno, fsync_ns, synced_at_ns = _write_sync_c(
-            self._fd, data, self._end)
+            if then is not None:
+                try:
+                    then[0].append(then[1])
+                except OSError as exc:
+                    return exc
+            return None
+        if then is None:
+            written, write_errno, fsync_errno, fsync_ns, synced_at_ns = _write_sync_c(
+                self._fd, data, self._end)
+            then_errno = 0
+        else:
+            other, other_data = then
+            (written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written,
+             then_errno) = _write_sync_c(self._fd, data, self._end, other._fd, other_data,
+                                         other._end)
+            other._end += then_written
         self._end += written
         if write_errno:
             raise OSError(write_errno, os.strerror(write_errno), self.path)
@@ -110,6 +134,9 @@ class OsFile:
         self.synced_at_ns = synced_at_ns
         if fsync_errno:
             raise FsyncFailed(fsync_errno, os.strerror(fsync_errno), self.path)
+        if then_errno:
+            return OSError(then_errno, os.strerror(then_errno), other.path)
+        return None
 
     def pread(self, offset: int, size: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``."""

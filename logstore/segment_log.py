@@ -24,8 +24,8 @@ Observing fsyncs: ``on_fsync`` (None by default) is called on the owner's thread
 one ``sync()`` spent in fsync calls, whenever it fsynced anything. The log reads a monotonic
 counter only for that measurement and decides nothing on it; servers wire it to a metric.
 
-Reading is in ``logstore.segment_reads`` and copying to another server in
-``logstore.segment_copy`` (mixins of ``SegmentedLog``).
+Reading is in ``logstore.segment_reads``, copying to another server in ``logstore.segment_copy``
+and syncing in ``logstore.segment_sync`` (mixins of ``SegmentedLog``).
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ import bisect
 import errno
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add
 from typing import Callable, Iterable
 
 from logstore.errors import DiskFull, LogClosed, LogWriteFailed, RecordTooLarge
-from logstore.fileio import FileHandle, FsyncFailed, Opener, OsFile, fsync_directory
+from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
 from logstore.record import HEADER_SIZE_BYTES, check_header, crc_matches, frame_records
 from logstore.segment_copy import SegmentCopyMixin
 from logstore.segment_reads import _SCAN_CHUNK_BYTES, SegmentReadsMixin
+from logstore.segment_sync import SegmentSyncMixin
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}{SEGMENT_SUFFIX}"
 
 
-class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
+class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
     """An append-only log of records split into size-bounded segment files."""
 
     def __init__(
@@ -441,95 +441,6 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin):
             self._update_fast_path_end()
             raise DiskFull(active.path, dropped) from exc
         raise self._set_failed(LogWriteFailed(active.path, "write", exc)) from exc
-
-    def sync(self) -> int:
-        """Flush and fsync; every earlier append is durable when this returns the durable offset."""
-        fsync_s = 0.0
-        fsynced = False
-        active = self._segments[-1]
-        if self._pending and self._unsynced_base in (None, active.base_offset):
-            # The group commit's usual case: one buffer for the active segment alone, written
-            # and fsynced in one call (one GIL release, logstore.fileio).
-            append_and_sync = getattr(active.handle, "append_and_sync", None)
-            if append_and_sync is not None:
-                fsync_s = self._write_and_sync(active, append_and_sync)
-                fsynced = True
-        self.flush()
-        unsynced_base = self._unsynced_base
-        if unsynced_base is not None or self._directory_dirty:
-            started_s = time.perf_counter()
-            # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
-            # before that one (or deleted since) has nothing to fsync.
-            if unsynced_base is not None:
-                for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
-                    if not segment.synced:
-                        try:
-                            segment.handle.sync()
-                        except OSError as exc:
-                            raise self._set_failed(
-                                LogWriteFailed(segment.path, "fsync", exc)) from exc
-                        segment.synced = True
-                        fsynced = True
-                self._unsynced_base = None
-            if self._directory_dirty:
-                try:
-                    fsync_directory(self.directory)
-                except OSError as exc:
-                    raise self._set_failed(
-                        LogWriteFailed(self.directory, "fsync directory", exc)
-                    ) from exc
-                self._directory_dirty = False
-                fsynced = True
-            fsync_s += time.perf_counter() - started_s
-        self._durable_end = self._end
-        if fsynced and self.on_fsync is not None:
-            self.on_fsync(fsync_s)
-        return self._durable_end
-
-    def _write_and_sync(self, active: _Segment, append_and_sync: Callable[[bytes], None],
-                        ) -> float:
-        """``sync``'s one-call path: frame the write buffer, write it to the active segment and
-        fsync that (``FileHandle.append_and_sync``); returns the fsync's seconds. Failures as
-        ``flush`` and ``sync`` have them: ENOSPC is ``DiskFull``, others sticky."""
-        self._check_writable()
-        framed = frame_records(self._pending)
-        try:
-            append_and_sync(framed)
-        except FsyncFailed as exc:
-            self._flushed(active, len(framed))
-            raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
-        except OSError as exc:
-            self._on_write_error(active, exc)
-        active.size_bytes += len(framed)
-        self._pending.clear()
-        self._update_fast_path_end()
-        return active.handle.fsync_s  # type: ignore[attr-defined]  # it has append_and_sync
-
-    def sync_or_flush(self) -> None:
-        """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this
-        returns) or write it to the OS ("async": a process crash no longer loses it, and
-        ``tick`` fsyncs it on its interval). The one place a store decides this."""
-        if self.config.flush_mode == "sync":
-            self.sync()
-        else:
-            self.flush()
-
-    def tick(self, now_ms: int) -> bool:
-        """Async mode: flush, and fsync if ``flush_interval_ms`` passed with data pending.
-
-        Returns True when it fsynced. The owner calls this on a timer; the log reads no clock.
-        """
-        self.flush()
-        if self._last_sync_ms is None:
-            self._last_sync_ms = now_ms
-        if self._durable_end == self._end:
-            self._last_sync_ms = now_ms
-            return False
-        if now_ms - self._last_sync_ms < self.config.flush_interval_ms:
-            return False
-        self.sync()
-        self._last_sync_ms = now_ms
-        return True
 
     def _roll(self) -> None:
         """Close the active segment for writing and start a new one at the end offset."""

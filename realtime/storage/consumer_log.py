@@ -30,7 +30,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from itertools import chain
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, NoReturn, Sequence
 
 from logstore import DiskFull, FileHandle, LogWriteFailed, OutOfDescriptors, fsync_directory
 from logstore.descriptors import DescriptorCache, out_of_descriptors
@@ -334,14 +334,41 @@ class ConsumerLog:
                 self.end += take
                 position += take
         except OSError as exc:
-            path = self._file_path(self._bases[-1])
-            self._cut_back(start_end, start_bases, exc)
-            if exc.errno == errno.ENOSPC:
-                raise DiskFull(path, count) from exc
-            if out_of_descriptors(exc):
-                # Nothing was written (the open failed) and the log is cut back: not sticky.
-                raise OutOfDescriptors(path, exc) from exc
-            raise LogWriteFailed(path, "write", exc) from exc
+            self._write_failed(start_end, start_bases, count, exc)
+
+    def _write_failed(self, start_end: int, start_bases: int, count: int,
+                      exc: OSError) -> NoReturn:
+        """Cut the log back to ``start_end`` and raise what the failed write of ``count``
+        entries means: DiskFull, OutOfDescriptors, LogWriteFailed (StoreFailed if the cut
+        failed)."""
+        path = self._file_path(self._bases[-1])
+        self._cut_back(start_end, start_bases, exc)
+        if exc.errno == errno.ENOSPC:
+            raise DiskFull(path, count) from exc
+        if out_of_descriptors(exc):
+            # Nothing was written (the open failed) and the log is cut back: not sticky.
+            raise OutOfDescriptors(path, exc) from exc
+        raise LogWriteFailed(path, "write", exc) from exc
+
+    def handle_for(self, count: int) -> FileHandle | None:
+        """The open handle ``count`` more entries would be appended to, when they all fit the
+        last file and it is open (a commit's usual case), else None: the caller writes
+        through it (``MessageLog.append_durably_then``) and then calls ``appended``."""
+        if not self._bases:
+            return None
+        base = self._bases[-1]
+        if not base <= self.end <= base + self.entries_per_file - count:
+            return None
+        return self._files.cached(self._file_path(base))
+
+    def appended(self, count: int, error: OSError | None) -> None:
+        """``count`` entries were written through ``handle_for``'s handle (``error`` None), or
+        that write failed: the log is cut back and the error raised as ``append_encoded``
+        raises it."""
+        if error is not None:
+            self._write_failed(self.end, len(self._bases), count, error)
+        self._dirty.add(self._bases[-1])
+        self.end += count
 
     def _cut_back(self, end: int, bases_count: int, cause: OSError) -> None:
         try:

@@ -23,6 +23,7 @@ from logstore.descriptors import DescriptorCache
 from logstore import (
     CheckpointStore,
     CorruptRecord,
+    FileHandle,
     LogConfig,
     LogStoreError,
     LogWriteFailed,
@@ -121,6 +122,10 @@ class MessageStore(HeldWrites, CopyWrites):
         self._closed = False
         self._failed: StorageError | None = None
         self._batch = WriteBatch(config.record_size_bytes_max)
+        # The batch being committed, and the consumer log whose entries of it the message
+        # log's sync wrote (``_entries_for``), None when ``_index`` writes them.
+        self._indexing = self._batch
+        self._indexed_by_sync: ConsumerLog | None = None
         self._consumer_root = os.path.join(data_dir, "consumerlog")
         os.makedirs(self._consumer_root, exist_ok=True)
         self._checkpoints = CheckpointStore(os.path.join(data_dir, "checkpoint"), CHECKPOINT_NAME)
@@ -280,8 +285,10 @@ class MessageStore(HeldWrites, CopyWrites):
             return batch
         message_log = self._message_log
         start = message_log.end_offset
+        self._indexing, self._indexed_by_sync = batch, None
         try:
-            offsets = message_log.append_durably(batch.bodies)
+            offsets, index_error = message_log.append_durably_then(batch.bodies,
+                                                                   self._entries_for)
         except LogWriteFailed as exc:
             # Sticky: after a failed write or fsync the file's state is unknown until reopened.
             # Records of this batch that reached the file are never indexed; recovery treats
@@ -289,7 +296,7 @@ class MessageStore(HeldWrites, CopyWrites):
             self._failed = exc
             raise
         try:
-            self._index(batch, offsets)
+            self._index(batch, offsets, index_error)
         except LogStoreError as exc:
             # The consumer logs are cut back; the batch's records go too, or the next batch
             # would reuse their sequences over records a slave copies as written and a restart
@@ -305,11 +312,41 @@ class MessageStore(HeldWrites, CopyWrites):
         self._maybe_checkpoint()
         return batch
 
-    def _index(self, batch: WriteBatch, offsets: list[int]) -> None:
-        """Append the batch's entries; on failure cut every touched consumer log back."""
+    def _entries_for(self, offsets: list[int]) -> tuple[FileHandle, bytes] | None:
+        """The usual commit (one subject, its consumer log's last file open with room for it): that file and the batch's encoded entries, which the message log writes right
+        after its fsync, in the same call (``MessageLog.append_durably_then``); else None and
+        ``_index`` writes them."""
+        batch = self._indexing
+        if len(batch.runs) != 1:
+            return None
+        # One subject: its runs are the whole batch, in order.
+        (subject,) = batch.runs
+        clog = self._consumer_logs.get(subject)
+        if clog is None:
+            return None
+        handle = clog.handle_for(len(offsets))
+        if handle is None:
+            return None
+        self._indexed_by_sync = clog
+        return handle, encode_entries(batch.fresh_timestamps_ms, offsets,
+                                      list(map(len, batch.bodies)), batch.fresh_blooms)
+
+    def _index(self, batch: WriteBatch, offsets: list[int], written: OSError | None) -> None:
+        """Append the batch's entries (or account for those ``_entries_for`` had the message
+        log write, ``written`` being that write's error); on failure cut every touched
+        consumer log back."""
+        clog = self._indexed_by_sync
+        if clog is not None:
+            self._indexed_by_sync = None
+            try:
+                clog.appended(len(offsets), written)  # cuts itself back when it raises
+                return
+            except StoreFailed as exc:
+                self._failed = exc
+                raise
+        ends = {}
         sizes = list(map(len, batch.bodies))
         timestamps, blooms = batch.fresh_timestamps_ms, batch.fresh_blooms
-        ends = {}
         try:
             for subject, slices in batch.runs.items():
                 clog = self._consumer_logs.get(subject)

@@ -11,8 +11,9 @@ import os
 import pytest
 
 from logstore import DiskFull, LogWriteFailed
+from logstore import fileio
 from logstore.fileio import OsFile
-from realtime.storage import MessageStore
+from realtime.storage import MessageStore, StoreConfig
 from realtime.storage.message_record import encode_message_record
 from tests.unit.test_realtime_storage_store import T0, TINY, payload_of
 
@@ -228,3 +229,79 @@ def test_a_cut_back_that_fails_makes_the_store_refuse_writes_naming_the_log_and_
         assert refused.value.path == str(tmp_path / "m" / "messagelog"), message
     finally:
         store.close()
+
+
+class WriteSyncSpy:
+    """Around the C ``write_sync``: the extra arguments of each call (3 when the call also wrote
+    consumer-log entries), and ``then_errno`` returned for that write, instead of doing it."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.then_counts: list[int] = []
+        self.then_errno = 0
+
+    def __call__(self, fd, data, offset, *then):
+        self.then_counts.append(len(then))
+        if then and self.then_errno:
+            return (*self.real(fd, data, offset), 0, self.then_errno)
+        return self.real(fd, data, offset, *then)
+
+
+@pytest.fixture
+def write_sync(monkeypatch):
+    if fileio._write_sync_c is None:
+        pytest.skip("the C twin write_sync was not built")
+    spy = WriteSyncSpy(fileio._write_sync_c)
+    monkeypatch.setattr(fileio, "_write_sync_c", spy)
+    return spy
+
+
+def _commit_three(store, prefix):
+    for i in range(3):
+        store.append("s", f"{prefix}{i}", [1], T0, b"%s%d" % (prefix.encode(), i))
+    return store.commit()
+
+
+def test_a_usual_commit_writes_its_entries_in_the_call_that_writes_and_fsyncs_its_records(
+        tmp_path, write_sync):
+    store = MessageStore(str(tmp_path / "m"), StoreConfig(), now_ms=T0)
+    _commit_three(store, "a")  # a new subject: its consumer log's first file opens after
+    _commit_three(store, "b")
+    assert write_sync.then_counts == [0, 3]
+    store.close()
+    reopened = MessageStore(str(tmp_path / "m"), StoreConfig(), now_ms=T0)
+    try:
+        assert [reopened.read("s", n).payload for n in range(6)] == [
+            b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+        assert not reopened.recovery.subjects, "recovery had to mend the consumer log"
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("then_errno, refused", [(errno.ENOSPC, DiskFull),
+                                                 (errno.EIO, LogWriteFailed)])
+def test_entries_the_one_call_fails_to_write_after_the_fsync_leave_nothing_of_their_batch(
+        tmp_path, write_sync, then_errno, refused):
+    store = MessageStore(str(tmp_path / "m"), StoreConfig(), now_ms=T0)
+    _commit_three(store, "a")
+    start = store.copy_bounds()[1]
+    write_sync.then_errno = then_errno
+    with pytest.raises(refused):
+        _commit_three(store, "b")
+    assert write_sync.then_counts == [0, 3]
+    assert store.copy_bounds()[1] == start, "the refused batch stays in the message log"
+    assert store.end_sequence("s") == 3
+    write_sync.then_errno = 0
+    if refused is DiskFull:  # not sticky: the resend gets the sequences again
+        _commit_three(store, "c")
+        assert store.read("s", 3).payload == b"c0"
+    else:
+        with pytest.raises(LogWriteFailed):
+            _commit_three(store, "c")
+    store.close()
+    reopened = MessageStore(str(tmp_path / "m"), StoreConfig(), now_ms=T0)
+    try:
+        assert reopened.end_sequence("s") == (6 if refused is DiskFull else 3)
+        assert reopened.read("s", 2).payload == b"a2"
+    finally:
+        reopened.close()

@@ -1,0 +1,144 @@
+"""Making a ``SegmentedLog`` durable: ``sync`` (flush and fsync; in the usual case the write and
+the fsync are one call, ``OsFile.append_and_sync``, so a group commit's thread releases the GIL
+once for both), ``sync_then`` (the same, then another file's bytes written in that call),
+``sync_or_flush`` and async mode's ``tick``; the ``SegmentSyncMixin`` part of
+``logstore.segment_log.SegmentedLog`` (split from it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import TYPE_CHECKING, Callable
+
+from logstore.errors import LogWriteFailed
+from logstore.fileio import FileHandle, FsyncFailed, fsync_directory
+from logstore.record import frame_records
+
+if TYPE_CHECKING:
+    from logstore.segment_log import LogConfig, _Segment
+
+
+class SegmentSyncMixin:
+    """The durability methods of ``SegmentedLog``, which sets these fields and the methods
+    named below (``flush``, ``_flushed``, ``_on_write_error``, ...)."""
+
+    directory: str
+    config: LogConfig
+    on_fsync: Callable[[float], None] | None
+    _segments: list[_Segment]
+    _bases: list[int]
+    _pending: list[bytes]
+    _end: int
+    _durable_end: int
+    _unsynced_base: int | None
+    _directory_dirty: bool
+    _last_sync_ms: int | None
+
+    def sync(self) -> int:
+        """Flush and fsync; every earlier append is durable when this returns the durable offset."""
+        self.sync_then(None)
+        return self._durable_end
+
+    def sync_then(self, then: tuple[FileHandle, bytes] | None) -> OSError | None:
+        """``sync``; then, with ``then`` (a file of another log, bytes), append those bytes to
+        that file once this log is durable: a store's index entries of the records just
+        synced, written in the same GIL release as the write and fsync where it can
+        (``OsFile.append_and_sync``). That append's failure is returned, not raised: this log
+        is durable and not failed by it; the caller cuts its own file back."""
+        fsync_s = 0.0
+        fsynced = False
+        then_error = None
+        active = self._segments[-1]
+        if self._pending and self._unsynced_base in (None, active.base_offset):
+            # The group commit's usual case: one buffer for the active segment alone, written
+            # and fsynced in one call (one GIL release, logstore.fileio).
+            append_and_sync = getattr(active.handle, "append_and_sync", None)
+            if append_and_sync is not None:
+                then_error = self._write_and_sync(active, append_and_sync, then)
+                fsync_s = active.handle.fsync_s  # type: ignore[attr-defined]
+                fsynced = True
+                then = None  # written, or its error in then_error
+        self.flush()
+        unsynced_base = self._unsynced_base
+        if unsynced_base is not None or self._directory_dirty:
+            started_s = time.perf_counter()
+            # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
+            # before that one (or deleted since) has nothing to fsync.
+            if unsynced_base is not None:
+                for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
+                    if not segment.synced:
+                        try:
+                            segment.handle.sync()
+                        except OSError as exc:
+                            raise self._set_failed(
+                                LogWriteFailed(segment.path, "fsync", exc)) from exc
+                        segment.synced = True
+                        fsynced = True
+                self._unsynced_base = None
+            if self._directory_dirty:
+                try:
+                    fsync_directory(self.directory)
+                except OSError as exc:
+                    raise self._set_failed(
+                        LogWriteFailed(self.directory, "fsync directory", exc)
+                    ) from exc
+                self._directory_dirty = False
+                fsynced = True
+            fsync_s += time.perf_counter() - started_s
+        self._durable_end = self._end
+        if fsynced and self.on_fsync is not None:
+            self.on_fsync(fsync_s)
+        if then is not None:
+            try:
+                then[0].append(then[1])
+            except OSError as exc:
+                return exc
+            return None
+        return then_error
+
+    def _write_and_sync(self, active: _Segment, append_and_sync: Callable[..., OSError | None],
+                        then: tuple[FileHandle, bytes] | None) -> OSError | None:
+        """``sync_then``'s one-call path: frame the write buffer, write it to the active segment,
+        fsync that, then write ``then`` (``OsFile.append_and_sync``); returns the ``then``
+        write's error. Failures as ``flush`` and ``sync`` have them: ENOSPC is ``DiskFull``,
+        others sticky."""
+        self._check_writable()
+        framed = frame_records(self._pending)
+        try:
+            then_error = append_and_sync(framed, then)
+        except FsyncFailed as exc:
+            self._flushed(active, len(framed))
+            raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
+        except OSError as exc:
+            self._on_write_error(active, exc)
+        active.size_bytes += len(framed)
+        self._pending.clear()
+        self._update_fast_path_end()
+        return then_error
+
+    def sync_or_flush(self) -> None:
+        """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this
+        returns) or write it to the OS ("async": a process crash no longer loses it, and
+        ``tick`` fsyncs it on its interval). The one place a store decides this."""
+        if self.config.flush_mode == "sync":
+            self.sync()
+        else:
+            self.flush()
+
+    def tick(self, now_ms: int) -> bool:
+        """Async mode: flush, and fsync if ``flush_interval_ms`` passed with data pending.
+
+        Returns True when it fsynced. The owner calls this on a timer; the log reads no clock.
+        """
+        self.flush()
+        if self._last_sync_ms is None:
+            self._last_sync_ms = now_ms
+        if self._durable_end == self._end:
+            self._last_sync_ms = now_ms
+            return False
+        if now_ms - self._last_sync_ms < self.config.flush_interval_ms:
+            return False
+        self.sync()
+        self._last_sync_ms = now_ms
+        return True
