@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaserver.errors import BadRequest
+from wire.limits import UNDECODABLE_REASON_CHARS_MAX
 
 # User subjects and group names (DESIGN.md 5).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -262,10 +263,6 @@ def check_positions(key: str, value: dict[str, Any]) -> dict[str, int]:
         _check_type(f"{key}.{name}", offset, int)
         check_count(f"{key}.{name}", offset)
     return value
-
-
-# Longest ``reason`` of a ``replica.undecodable_at`` (a server cuts its own to this).
-UNDECODABLE_REASON_CHARS_MAX = 400
 
 
 def check_undecodable_at(key: str, value: dict[str, Any]) -> dict[str, Any]:

@@ -14,13 +14,12 @@ from collections.abc import Collection
 from typing import Any, Protocol
 
 from serverkit.role import RoleView
+from wire.limits import UNDECODABLE_REASON_CHARS_MAX
 
 # Most logs one report may name (realtime has two, delay two).
 POSITIONS_MAX = 8
 # Most slaves one master may propose as in sync.
 INSYNC_MAX = 16
-# Longest ``undecodable_at.reason`` sent (the MetaServer's UNDECODABLE_REASON_CHARS_MAX).
-UNDECODABLE_REASON_CHARS_MAX = 400
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,11 @@ MAX_FETCH_WAIT_MS = 60_000
 # Longest server id in a `fetch` or `snapshot` (16 hex digits today; the MetaServer takes 64).
 MAX_SERVER_ID_CHARS = 64
 
+# Longest ``reason`` of a slave's ``replica.undecodable_at`` in a MetaServer heartbeat, in
+# characters: a server cuts its own to this (serverkit.replication), the MetaServer refuses a
+# longer one (metaserver.validation). One constant, so the two cannot drift apart.
+UNDECODABLE_REASON_CHARS_MAX = 400
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_FETCH_BYTES",
@@ -101,4 +106,5 @@ __all__ = [
     "MAX_ACK_RANGES",
     "MAX_CLIENT_ID_CHARS",
     "MAX_TOKEN_CHARS",
+    "UNDECODABLE_REASON_CHARS_MAX",
 ]

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from metaserver.validation import REPLICA_FIELDS, UNDECODABLE_REASON_CHARS_MAX, check_replica
+import pytest
+
+from metaserver.errors import BadRequest
+from metaserver.validation import REPLICA_FIELDS, check_replica
 from serverkit.registration import Registration
 from serverkit.replication import NoReplication, ReplicaReport
+from wire.limits import UNDECODABLE_REASON_CHARS_MAX
 
 AT = {"log": "done", "offset": 10, "kind": 1, "version": 9, "reason": "unknown version 9"}
 
@@ -28,6 +32,16 @@ def test_what_is_sent_passes_the_metaservers_check_a_long_reason_cut_and_unknown
     sent = ReplicaReport(undecodable_at=at).to_json(REPLICA_FIELDS)["undecodable_at"]
     assert len(sent["reason"]) == UNDECODABLE_REASON_CHARS_MAX
     assert check_replica("replica", {"undecodable_at": sent})["undecodable_at"] == sent
+
+
+def test_the_metaserver_takes_a_reason_up_to_undecodable_reason_chars_max_and_refuses_longer():
+    # One constant (wire.limits) for the server's cut and the MetaServer's check.
+    for chars in (UNDECODABLE_REASON_CHARS_MAX - 1, UNDECODABLE_REASON_CHARS_MAX):
+        at = {**AT, "reason": "x" * chars}
+        assert check_replica("replica", {"undecodable_at": at})["undecodable_at"] == at
+    with pytest.raises(BadRequest, match="over UNDECODABLE_REASON_CHARS_MAX 400"):
+        check_replica("replica", {"undecodable_at": {
+            **AT, "reason": "x" * (UNDECODABLE_REASON_CHARS_MAX + 1)}})
 
 
 def test_a_place_the_metaserver_would_refuse_is_left_out_not_sent():
