@@ -60,6 +60,15 @@ def _replication_lag(broker: dict[str, Any]) -> str:
     return " / ".join(parts) or "-"
 
 
+def _stopped_at(broker: dict[str, Any]) -> tuple[str | None, str]:
+    """Where a slave's copy is stopped at a record it cannot decode (``LOG@OFFSET vVERSION``,
+    as ``qmq admin brokers`` shows it; None: it is not) and why."""
+    at = broker.get("undecodable_at")
+    if not isinstance(at, dict):
+        return None, ""
+    return f"{at.get('log')}@{at.get('offset')} v{at.get('version')}", str(at.get("reason", ""))
+
+
 def _delay_stats(broker: dict[str, Any]) -> dict[str, Any]:
     raw = broker.get("stats") or {}
     stats = raw.get("backlog") if isinstance(raw.get("backlog"), dict) else raw.get("stats")
@@ -108,6 +117,7 @@ def overview(brokers: list[dict[str, Any]]) -> Overview:
                "role": _role(b), "epoch": b.get("epoch"), "in_sync": b.get("in_sync"),
                "heartbeat_age_ms": b["heartbeat_age_ms"], "lag": _replication_lag(b),
                "readonly": b.get("group_readonly", False), "online": online}
+        row["stopped_at"], row["stopped_why"] = _stopped_at(b)
         if b["kind"] == "delay":
             stats = _delay_stats(b)
             row.update(pending=stats.get("pending_total"),

@@ -248,7 +248,8 @@ async def test_the_trace_api_needs_an_admin_token_when_auth_is_on(console):
     assert answer["events"] == [] and answer["configured"] == []
 
 
-async def test_the_overview_shows_each_servers_replication_role_epoch_and_lag(open_console):
+async def test_the_overview_shows_each_servers_replication_role_epoch_lag_and_stopped_copy(
+        open_console):
     api = open_console.api
     for address, server_id in (("127.0.0.1:1", "aaaa"), ("127.0.0.1:2", "bbbb")):
         await api("POST", "/api/brokers/register", {"group": "rt1", "kind": "realtime",
@@ -256,7 +257,10 @@ async def test_the_overview_shows_each_servers_replication_role_epoch_and_lag(op
                   None)
     await api("POST", "/api/brokers/heartbeat", {
         "group": "rt1", "kind": "realtime", "address": "127.0.0.1:2", "server_id": "bbbb",
-        "role": "slave", "epoch": 1, "replica": {"lag_bytes": 4096, "lag_ms": 1200}}, None)
+        "role": "slave", "epoch": 1, "replica": {
+            "lag_bytes": 4096, "lag_ms": 1200, "undecodable_at": {
+                "log": "message", "offset": 64, "kind": 1, "version": 2,
+                "reason": "<version 2>"}}}, None)
     _, overview, _ = await open_console.get("/")
     rows = {address: re.sub(r"<[^>]+>|\s+", " ", row) for row in
             re.findall(r"<tr class=[^>]*>(.*?)</tr>", overview, re.S)
@@ -264,3 +268,6 @@ async def test_the_overview_shows_each_servers_replication_role_epoch_and_lag(op
     master, slave = rows["127.0.0.1:1"], rows["127.0.0.1:2"]
     assert " master " in master and " 1 " in master
     assert " slave " in slave and "1,200 ms / 4,096 B" in slave and " 1 " in slave
+    # A slave stopped at a record it cannot decode says where (its reason in the title).
+    assert "copy stopped" not in master and "copy stopped at message@64 v2" in slave
+    assert 'title="&lt;version 2&gt;"' in overview, "the reason is escaped"

@@ -51,6 +51,17 @@ def test_a_slaves_copy_is_shown_with_its_role_and_lag_but_left_out_of_the_totals
     assert [r["role"] for r in view.delay] == ["master", "slave"]
 
 
+def test_a_slave_whose_copy_stopped_at_a_record_it_cannot_decode_says_where_beside_its_lag():
+    at = {"log": "done", "offset": 64, "kind": 1, "version": 2, "reason": "unknown version 2"}
+    view = model.overview([
+        broker("d1", "delay", stats=None, role="master", epoch=1),
+        broker("d1", "delay", stats=None, role="slave", epoch=1, lag_bytes=48,
+               undecodable_at=at)])
+    master, slave = view.delay
+    assert (master["stopped_at"], slave["stopped_at"]) == (None, "done@64 v2")
+    assert slave["stopped_why"] == "unknown version 2"
+
+
 def test_a_broker_without_replication_fields_shows_dashes_for_role_and_lag():
     row = model.overview([broker("rt1", "realtime", stats=None)]).realtime[0]
     assert (row["role"], row["lag"], row["backlog"]) == ("-", "-", 0)
