@@ -14,6 +14,12 @@ last receipt (and the consumer's), say which side is the bound.
     .venv/bin/python -m bench.hot_slot --runs 1 --spy DIR  # py-spy --gil of both processes
     .venv/bin/python -m bench.hot_slot --visible           # the consumer's drain alone
     .venv/bin/python -m bench.hot_slot --handoff-lead-ms 3000  # with the hand-off on
+    .venv/bin/python -m bench.hot_slot --due-after-ms 2500     # bench.peers' W2 lead
+
+``--due-after-ms`` (default 12,000) places the due instant: the first whole second this long or
+more after the first send. bench.peers' W2 uses 1,000 ms plus twice the time the sends take at
+W1's rate (~2,500 ms): the slot is then stored inside the delay server's 3,000 ms hand-off
+lead, each commit handed off as it comes, where the default stores it all before the lead.
 
 ``--visible`` measures W2's floor on the consumer side: the N messages are sent as realtime
 messages first (visible at once), then the consumer process starts and drains them; it prints
@@ -75,10 +81,10 @@ def _stage_times(directory: str, due_ms: int) -> dict[str, list[int]]:
     return times
 
 
-def _due_instant(produced_at: str) -> int:
+def _due_instant(produced_at: str, lead_ms: int = LEAD_MS) -> int:
     """The due instant (epoch ms) the producer chose, read from its figures once it finished
-    sending (well before that instant); the producer's start plus LEAD_MS if it fails."""
-    deadline = time.monotonic() + LEAD_MS / 1000
+    sending (before that instant); the producer's start plus ``lead_ms`` if it fails."""
+    deadline = time.monotonic() + lead_ms / 1000
     while time.monotonic() < deadline:
         try:
             with open(produced_at, encoding="utf-8") as f:
@@ -95,9 +101,11 @@ def _spy(py_spy: str, pid: int, out: str, seconds: float) -> subprocess.Popen[by
 
 
 def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
-            run: int, handoff_lead_ms: int | None = None) -> dict[str, Any]:
-    """One W2 of ``count`` messages against a fresh ``qmq up`` (its delay server's
-    ``handoff_lead_ms`` set when given); its figures."""
+            run: int, handoff_lead_ms: int | None = None, lead_ms: int = LEAD_MS
+            ) -> dict[str, Any]:
+    """One W2 of ``count`` messages due at the first whole second ``lead_ms`` or more after
+    the first send, against a fresh ``qmq up`` (its delay server's ``handoff_lead_ms`` set
+    when given); its figures."""
     setting = servers.with_handoff_lead(servers.SETTINGS_BY_KEY["pyqmq"], handoff_lead_ms)
     running = servers.start(setting, None)
     clients = Clients(setting, running, sys.executable)
@@ -107,8 +115,8 @@ def one_run(count: int, spy_dir: str | None, py_spy: str, spy_seconds: float,
                                         "timeout_s": CLIENT_TIMEOUT_S, "delayed": True})
         consumer_pid = clients.pid("consume")
         produced_at = clients.start("produce_delayed", {
-            "subject": SUBJECT, "count": count, "cpu_pids": running.pids, "lead_ms": LEAD_MS})
-        due_ms = _due_instant(produced_at)
+            "subject": SUBJECT, "count": count, "cpu_pids": running.pids, "lead_ms": lead_ms})
+        due_ms = _due_instant(produced_at, lead_ms)
         time.sleep(max(0.0, due_ms / 1000 - 0.3 - time.time()))
         server_cpu_s = process_cpu_s(running.pids[0])
         threads_before = thread_cpu_s(running.pids[0])
@@ -224,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--handoff-lead-ms", type=int, default=None, metavar="MS",
                         help="the delay server hands the slot to the broker this long ahead of "
                              "the due instant (handoff_lead_ms; default: the config's)")
+    parser.add_argument("--due-after-ms", type=int, default=LEAD_MS, metavar="MS",
+                        help="the due instant is the first whole second this long or more "
+                             "after the first send (bench.peers' W2: 1,000 + twice the time "
+                             "the sends take at W1's rate, ~2,500 ms)")
     args = parser.parse_args(argv)
     if args.visible:
         drains = []
@@ -240,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.spy, exist_ok=True)
     lead = ("" if args.handoff_lead_ms is None
             else f"; handoff_lead_ms {args.handoff_lead_ms}")
+    if args.due_after_ms != LEAD_MS:
+        lead += f"; due {args.due_after_ms} ms or more after the first send"
     print(f"bench.hot_slot: {args.messages:,} messages due at one instant, {args.runs} run(s)"
           f"{lead}; load average {os.getloadavg()[0]:.2f}", flush=True)
     runs = []
     for run in range(1, args.runs + 1):
         runs.append(one_run(args.messages, args.spy, args.py_spy, args.spy_seconds, run,
-                            args.handoff_lead_ms))
+                            args.handoff_lead_ms, args.due_after_ms))
         _print_run(run, runs[-1])
     print(f"median of {len(runs)}: last received "
           f"{statistics.median(r['last_ms'] for r in runs):.0f} ms after the due instant; "
