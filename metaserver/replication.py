@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 REPLICATION_MODES = ("sync", "async")
 SERVER_ROLES = ("master", "slave", "unknown")
-# Most in-sync slaves a group may require (a group has a handful of servers).
-MIN_INSYNC_MAX = 16
 # Why a group's master changed: the label of qmq_meta_failovers_total.
 PROMOTION_REASONS = ("lease expired", "switchover", "master shut down", "unclean")
 # Longest the failover check skips its read while every group is a lone master (monotonic
@@ -537,7 +535,6 @@ class ReplicationOps:
 
 
 __all__ = [
-    "MIN_INSYNC_MAX",
     "PROMOTION_REASONS",
     "REPLICATION_MODES",
     "ReplicationOps",

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaserver.errors import BadRequest
-from wire.limits import UNDECODABLE_REASON_CHARS_MAX
+# Limits of a heartbeat's replica report (docs/REPLICATION.md 13.4) and of min_insync.
+from wire.limits import (
+    MIN_INSYNC_MAX, REPLICA_INSYNC_MAX, REPLICA_POSITIONS_MAX, UNDECODABLE_REASON_CHARS_MAX,
+)
 
 # User subjects and group names (DESIGN.md 5).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -220,10 +223,6 @@ def check_subject_list(key: str, value: list[Any]) -> list[str]:
 SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 SERVER_ROLES = ("master", "slave", "unknown")
 REPLICATION_MODES = ("sync", "async")
-# Limits of a heartbeat's replica report (docs/REPLICATION.md 13.4).
-REPLICA_POSITIONS_MAX = 8
-REPLICA_INSYNC_MAX = 16
-MIN_INSYNC_MAX = 16
 LOG_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 

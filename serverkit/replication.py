@@ -14,12 +14,7 @@ from collections.abc import Collection
 from typing import Any, Protocol
 
 from serverkit.role import RoleView
-from wire.limits import UNDECODABLE_REASON_CHARS_MAX
-
-# Most logs one report may name (realtime has two, delay two).
-POSITIONS_MAX = 8
-# Most slaves one master may propose as in sync.
-INSYNC_MAX = 16
+from wire.limits import REPLICA_INSYNC_MAX, REPLICA_POSITIONS_MAX, UNDECODABLE_REASON_CHARS_MAX
 
 
 @dataclass(frozen=True)
@@ -44,13 +39,13 @@ class ReplicaReport:
         if self.position is not None:
             out["position"] = self.position
         if self.positions:
-            out["positions"] = dict(list(self.positions.items())[:POSITIONS_MAX])
+            out["positions"] = dict(list(self.positions.items())[:REPLICA_POSITIONS_MAX])
         if self.lag_bytes is not None:
             out["lag_bytes"] = self.lag_bytes
         if self.lag_ms is not None:
             out["lag_ms"] = self.lag_ms
         if self.insync:
-            out["insync"] = list(self.insync[:INSYNC_MAX])
+            out["insync"] = list(self.insync[:REPLICA_INSYNC_MAX])
         if self.handover_ready is not None:
             out["handover_ready"] = self.handover_ready
         at = self.undecodable_at
@@ -106,4 +101,4 @@ class NoReplication:
         """Nothing to wait for."""
 
 
-__all__ = ["INSYNC_MAX", "POSITIONS_MAX", "NoReplication", "ReplicaReport", "ReplicationStatus"]
+__all__ = ["NoReplication", "ReplicaReport", "ReplicationStatus"]

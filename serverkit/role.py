@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wire.errors import NotMaster
+from wire.limits import MIN_INSYNC_MAX
 
 ROLES = ("unknown", "master", "slave")
 REPLICATION_MODES = ("sync", "async")
 # A master stops accepting writes this fraction of its lease before the lease ends, to cover a
 # stall between its lease check and its answer leaving the process (docs/REPLICATION.md 5).
 LEASE_GUARD_DIVISOR = 10
-# Largest min_insync a group may ask for; a group has at most a handful of slaves.
-MIN_INSYNC_MAX = 16
 
 
 def boottime_ms() -> int:

@@ -85,6 +85,14 @@ MAX_SERVER_ID_CHARS = 64
 # longer one (metaserver.validation). One constant, so the two cannot drift apart.
 UNDECODABLE_REASON_CHARS_MAX = 400
 
+# Most logs a heartbeat's ``replica.positions`` names (a realtime group replicates two, a delay
+# group two), most slaves in a master's ``replica.insync`` proposal, and the largest
+# ``min_insync`` a group may ask for (a group has a handful of servers). A server cuts its report
+# to the first two and refuses a larger min_insync at start; the MetaServer refuses more of any.
+REPLICA_POSITIONS_MAX = 8
+REPLICA_INSYNC_MAX = 16
+MIN_INSYNC_MAX = 16
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_FETCH_BYTES",
@@ -107,4 +115,7 @@ __all__ = [
     "MAX_CLIENT_ID_CHARS",
     "MAX_TOKEN_CHARS",
     "UNDECODABLE_REASON_CHARS_MAX",
+    "REPLICA_POSITIONS_MAX",
+    "REPLICA_INSYNC_MAX",
+    "MIN_INSYNC_MAX",
 ]

@@ -14,7 +14,7 @@ from metaserver.errors import BadRequest
 from metaserver.validation import REPLICA_FIELDS, check_replica
 from serverkit.registration import Registration
 from serverkit.replication import NoReplication, ReplicaReport
-from wire.limits import UNDECODABLE_REASON_CHARS_MAX
+from wire.limits import REPLICA_INSYNC_MAX, REPLICA_POSITIONS_MAX, UNDECODABLE_REASON_CHARS_MAX
 
 AT = {"log": "done", "offset": 10, "kind": 1, "version": 9, "reason": "unknown version 9"}
 
@@ -42,6 +42,16 @@ def test_the_metaserver_takes_a_reason_up_to_undecodable_reason_chars_max_and_re
     with pytest.raises(BadRequest, match="over UNDECODABLE_REASON_CHARS_MAX 400"):
         check_replica("replica", {"undecodable_at": {
             **AT, "reason": "x" * (UNDECODABLE_REASON_CHARS_MAX + 1)}})
+
+
+def test_a_report_of_more_logs_or_in_sync_slaves_than_the_metaserver_takes_is_cut_to_its_limits():
+    report = ReplicaReport(
+        positions={f"log{n}": n for n in range(REPLICA_POSITIONS_MAX + 1)},
+        insync=tuple(f"{n:016x}" for n in range(REPLICA_INSYNC_MAX + 1)))
+    sent = report.to_json(REPLICA_FIELDS)
+    assert len(sent["positions"]) == REPLICA_POSITIONS_MAX
+    assert len(sent["insync"]) == REPLICA_INSYNC_MAX
+    assert check_replica("replica", sent)["positions"] == sent["positions"]
 
 
 def test_a_place_the_metaserver_would_refuse_is_left_out_not_sent():
