@@ -86,11 +86,12 @@ class PayloadSender:
         group, whose de-duplication absorbs it. A part whose home refuses with a retriable
         failure moves on to the next groups in turn; the route is refreshed once. A plain send
         keeps each part's own result: a part no group took (a retriable failure on both tries,
-        or an error outside QmqError, taken as Internal: its home may have stored it, and only
-        its home is tried again) is answered per message with its error, so the caller retries
-        or reports those messages alone; the error is raised when no part was stored (a resend
-        of the whole batch is absorbed by the groups that may hold theirs). A non-retriable
-        refusal of a part is raised. A per-payload error is returned in its result, not raised.
+        or an error outside QmqError, taken as Internal: its home may have stored it, and the
+        second try starts at its home again) is answered per message with its error, so the
+        caller retries or reports those messages alone; the error is raised when no part was
+        stored (a resend of the whole batch is absorbed by the groups that may hold theirs). A
+        non-retriable refusal of a part is raised. A per-payload error is returned in its
+        result, not raised.
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
@@ -370,7 +371,8 @@ def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any
     """A hold some parts of which were refused (``refused``: position -> why): raise when no
     part was held and every refusal is alike (all ``not_supported``: the caller pauses its
     hand-offs; all retriable: the last one, the caller retries; else the one kind there is);
-    otherwise return, and the caller answers the refused ones per message."""
+    otherwise return, and the caller answers the refused ones per message. (A plain send
+    comes here only when some part was stored: it returns.)"""
     if any(r is not None for r in results):
         return
     errors = list(refused.values())
