@@ -3,6 +3,8 @@ parks, a send of a few messages wakes it, it answers them, and they are acked.
 
     python -m bench.pull_wake                       # 3,000 cycles of 3 messages, 5 runs
     python -m bench.pull_wake --per-send 1 --ack-every 8
+    python -m bench.pull_wake --direct both         # the pull parked with no task, and in one,
+                                                    # runs alternated
 
 An in-process realtime broker (flush sync, data dir in /tmp, tracing on, as ``qmq up`` runs
 it). A cycle: one pull (``wait_ms`` 20 s) parks, one send of ``--per-send`` messages commits
@@ -11,7 +13,9 @@ cycle is followed by a send alike to another subject, which nobody pulls. Printe
 (``time.thread_time``: the store thread's commit is not in it) per cycle for both phases, and
 their difference, about what the pull, its wake and its ack cost the loop; the median of
 ``--runs`` runs, each run's figures after it. No frames are encoded or sent: the request path
-(FrameServer) is not in it.
+(FrameServer) is not in it. ``--direct on`` makes the pull as the realtime server does
+(``direct``: tried at once, parked with no task, answered through a reply; here the reply
+resolves a future the cycle awaits); ``both`` alternates runs without and with it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
+from realtime.pulls import Pulled
 from realtime.tracing import BrokerTracer
 from tracelog.writer import TraceWriter
 from wire.message import Message, encode_message
@@ -36,8 +41,19 @@ BODY_BYTES = 256
 WARM_UP_CYCLES = 200
 
 
+async def _park_direct(broker: Broker, request: Pull) -> asyncio.Future[Pulled]:
+    """A pull as the realtime server makes it, parked with no task: the future of its answer."""
+    out = await broker.pull(request, None, direct=True)
+    answer: asyncio.Future[Pulled] = asyncio.get_running_loop().create_future()
+    if isinstance(out, Pulled):
+        answer.set_result(out)
+    else:
+        out.reply_to(answer.set_result)  # type: ignore[arg-type]
+    return answer
+
+
 async def _cycles(broker: Broker, cycles: int, per_send: int, ack_every: int,
-                  ) -> tuple[float, float]:
+                  direct: bool = False) -> tuple[float, float]:
     """Loop-thread CPU seconds of ``cycles`` cycles with a pull and of as many sends alone,
     taken in turns so that both see the same machine (see the module docstring)."""
     request = Pull(1, SUBJECT, GROUP, "c1", 256, 20_000, [], "earliest", False)
@@ -49,7 +65,10 @@ async def _cycles(broker: Broker, cycles: int, per_send: int, ack_every: int,
     spent = [0.0, 0.0]  # with the pull, send alone
     for n in range(cycles):
         start_s = time.thread_time()
-        task = asyncio.ensure_future(broker.pull(request))
+        if direct:  # parked in this step, no task: the reply resolves the future
+            task = await _park_direct(broker, request)
+        else:
+            task = asyncio.ensure_future(broker.pull(request))
         while broker.waiting_pulls == 0:
             await asyncio.sleep(0)
         await broker.send(payloads[2 * n])
@@ -66,15 +85,16 @@ async def _cycles(broker: Broker, cycles: int, per_send: int, ack_every: int,
     return spent[0], spent[1]
 
 
-async def run_once(cycles: int, per_send: int, ack_every: int) -> tuple[float, float]:
+async def run_once(cycles: int, per_send: int, ack_every: int,
+                   direct: bool = False) -> tuple[float, float]:
     """Loop CPU seconds per cycle: with the pull, and of a send alone."""
     with tempfile.TemporaryDirectory(prefix="qmq-bench-wake-") as directory:
         config = RealtimeConfig(data_dir=directory, port=0, flush="sync")
         writer = TraceWriter(config.trace_directory, "realtime:bench")
         broker = await Broker.open(config, tracer=BrokerTracer(writer))
         try:
-            await _cycles(broker, WARM_UP_CYCLES, per_send, ack_every)
-            with_pull, alone = await _cycles(broker, cycles, per_send, ack_every)
+            await _cycles(broker, WARM_UP_CYCLES, per_send, ack_every, direct)
+            with_pull, alone = await _cycles(broker, cycles, per_send, ack_every, direct)
         finally:
             await broker.stop()
             writer.close()
@@ -88,15 +108,23 @@ def main() -> None:
     parser.add_argument("--per-send", type=int, default=3, help="messages per send")
     parser.add_argument("--ack-every", type=int, default=1, help="cycles per ack")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--direct", choices=("off", "on", "both"), default="off",
+                        help="the pull made as the realtime server makes it (no task)")
     args = parser.parse_args()
-    runs = [asyncio.run(run_once(args.cycles, args.per_send, args.ack_every))
-            for _ in range(args.runs)]
-    diffs = [(w - a) * 1e6 for w, a in runs]
-    print(f"{args.cycles:,} cycles of {args.per_send} message(s), an ack every {args.ack_every} "
-          f"cycle(s); load {os.getloadavg()[0]:.2f}: loop CPU-us per cycle, median: with the "
-          f"pull {statistics.median(w for w, _ in runs) * 1e6:.1f}, send alone "
-          f"{statistics.median(a for _, a in runs) * 1e6:.1f}, the pull's part "
-          f"{statistics.median(diffs):.1f} (runs {', '.join(f'{d:.1f}' for d in diffs)})")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.direct]
+    runs: dict[bool, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for _ in range(args.runs):
+        for mode in modes:
+            runs[mode].append(asyncio.run(run_once(args.cycles, args.per_send, args.ack_every,
+                                                   mode)))
+    for mode, results in runs.items():
+        diffs = [(w - a) * 1e6 for w, a in results]
+        print(f"{args.cycles:,} cycles of {args.per_send} message(s), an ack every "
+              f"{args.ack_every} cycle(s), direct {'on' if mode else 'off'}; load "
+              f"{os.getloadavg()[0]:.2f}: loop CPU-us per cycle, median: with the pull "
+              f"{statistics.median(w for w, _ in results) * 1e6:.1f}, send alone "
+              f"{statistics.median(a for _, a in results) * 1e6:.1f}, the pull's part "
+              f"{statistics.median(diffs):.1f} (runs {', '.join(f'{d:.1f}' for d in diffs)})")
 
 
 if __name__ == "__main__":

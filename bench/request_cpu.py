@@ -6,6 +6,7 @@ and write.
     python -m bench.request_cpu --window 3            # 3 requests in flight (one write each)
     python -m bench.request_cpu --op ack              # acks of ranges nobody holds
     python -m bench.request_cpu --op send --tmpfs     # sends of one message each
+    python -m bench.request_cpu --op pull             # pulls of a caught-up group, no wait
     python -m bench.request_cpu --profile             # Python calls per request (cProfile)
 
 A standalone ``RealtimeServer`` (no MetaServer: the access gate grants everyone, the role is a
@@ -16,7 +17,9 @@ time, each request in its own ``send`` system call (as separate clients' request
 ``ack`` (of a range nobody holds, in a group that exists) adds its handler: the pull-log
 record, on the loop while the pull-log thread is idle. A ``send`` (one 256-byte message, each
 its own id) adds the commit: with one in flight, each is a group commit of its own, and its
-store thread's CPU is not counted (``--tmpfs``: no fsync to wait for).
+store thread's CPU is not counted (``--tmpfs``: no fsync to wait for). A ``pull`` (wait_ms 0,
+of a group that exists and is caught up) is answered empty from the group's known cursor: the
+pull path's cost without a pull-log call.
 
 Printed per run: the event-loop thread's CPU per request (``time.thread_time`` on the loop:
 the client's CPU and the I/O threads' are not in it), split into user and system time (from
@@ -73,6 +76,9 @@ def _frame(op: str) -> bytes:
     if op == "ack":
         return encode_frame({"op": "ack", "rid": 1, "subject": "bench.req", "group": "g",
                              "consumer_id": "c1", "ranges": [[1_000_000, 1_000_000]]})
+    if op == "pull":
+        return encode_frame({"op": "pull", "rid": 1, "subject": "bench.req", "group": "g",
+                             "consumer_id": "c1", "max_count": 32, "wait_ms": 0})
     raise SystemExit(f"unknown --op {op}")
 
 
@@ -108,7 +114,7 @@ def client_main(port: int, op: str, count: int, window: int) -> None:
                 raise SystemExit("server closed the connection")
             buffer.extend(data)
 
-    if op == "ack":  # the group exists, so the acks are recorded (of entries nobody holds)
+    if op in ("ack", "pull"):  # the group exists: acks are recorded, pulls find it caught up
         sock.sendall(encode_frame({"op": "pull", "rid": 2, "subject": "bench.req", "group": "g",
                                    "consumer_id": "c1", "max_count": 1, "wait_ms": 0}))
         read_answers(2)
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with --client, be its child)."""
     parser = argparse.ArgumentParser(prog="python -m bench.request_cpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--op", default="heartbeat", choices=("heartbeat", "ack", "send"))
+    parser.add_argument("--op", default="heartbeat", choices=("heartbeat", "ack", "send", "pull"))
     parser.add_argument("--tmpfs", action="store_true",
                         help="data dir in /dev/shm (a send's fsync costs ~nothing)")
     parser.add_argument("--requests", type=int, default=20_000)

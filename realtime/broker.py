@@ -40,7 +40,7 @@ from realtime.consumers import ConsumerBook
 from realtime.context import BrokerContext
 from realtime.handoffs import Handoffs
 from realtime.holdings import Holdings
-from realtime.pulls import Pulled, Pulls
+from realtime.pulls import ParkedPull, Pulled, Pulls
 from realtime.sends import Sends
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Tail
@@ -119,7 +119,8 @@ class Broker:
     - store thread: ``store`` (only ever called there, through ``on_store_thread``);
     - pull-log thread: ``pulllog`` (only through ``on_pulllog_thread``, or ``on_pulllog_quick``,
       which makes a call that only records in memory on the event loop while the thread is
-      idle: one call at a time, in submission order, either way);
+      idle, as a direct pull does under the same test (``_pulllog_quick_now``): one call at a
+      time, in submission order, either way);
     - ``stats``: one writer per key: ``sent``/``duplicates`` the store thread,
       ``pulled``/``redelivered``/``acked`` the pull log's calls; metrics read it at scrape time
       (an int read is atomic);
@@ -156,7 +157,7 @@ class Broker:
         self.sends = Sends(ctx)
         self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)
         self.holdings = Holdings(ctx)
-        self.pulls = Pulls(ctx, self.holdings.release)
+        self.pulls = Pulls(ctx, self.holdings.release, self._pulllog_quick_now)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def on_pulllog_quick(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -169,6 +170,10 @@ class Broker:
         if self._pulllog_thread.idle() and self.pulllog.writes_stay_in_memory():
             return fn(*args)
         return await self.on_pulllog_thread(fn, *args)
+
+    def _pulllog_quick_now(self) -> bool:
+        """Whether ``on_pulllog_quick`` called now would run its call here on the loop."""
+        return self._pulllog_thread.idle() and self.pulllog.writes_stay_in_memory()
 
     @classmethod
     async def open(cls, config: RealtimeConfig, clock: Callable[[], int] = wall_clock_ms,
@@ -319,9 +324,11 @@ class Broker:
         (``Handoffs.cancel``)."""
         return await self.handoffs.cancel(subject, message_ids)
 
-    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
-        """Hand the group's next entries to the pulling consumer (``Pulls.pull``)."""
-        return await self.pulls.pull(request, gone)
+    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+                   direct: bool = False) -> Pulled | ParkedPull:
+        """Hand the group's next entries to the pulling consumer (``Pulls.pull``; with
+        ``direct``, a long poll that waits is parked with no task and returned)."""
+        return await self.pulls.pull(request, gone, direct)
 
     async def ack(self, request: Ack) -> int:
         """Record acks of pull-log ranges (``Holdings.ack``); returns how many became acked."""

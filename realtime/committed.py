@@ -10,8 +10,19 @@ I/O thread at all.
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from realtime.tail import Entry, Tail
+
+
+class Waiter(Protocol):
+    """What a parked long poll waits with: an ``asyncio.Future[bool]`` (``Committed.park``), or
+    a pull parked with no task (``realtime.pulls.ParkedPull``, ``Committed.park_direct``), told
+    its outcome the same way."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: bool) -> None: ...
 
 
 class Wake:
@@ -26,7 +37,7 @@ class Wake:
 
     def __init__(self) -> None:
         self.woken = False
-        self.waiters: list[asyncio.Future[bool]] = []
+        self.waiters: list[Waiter] = []
 
 
 # A parked long poll ends at most this long after its deadline: the polls whose deadlines fall
@@ -53,7 +64,7 @@ class Committed:
         self._wakes: dict[str, Wake] = {}  # subject -> its next commit's, while someone looks
         # Deadline slot (loop time // PARK_DEADLINE_SLOT_S, rounded up) -> the polls parked
         # until it; each slot in use has one timer, never cancelled (_slot_passed).
-        self._deadline_slots: dict[int, set[asyncio.Future[bool]]] = {}
+        self._deadline_slots: dict[int, set[Waiter]] = {}
 
     def restart(self, ends: dict[str, int], firsts: dict[str, int]) -> None:
         """A copy became the master: what is committed is what its store says now; the tail
@@ -91,16 +102,9 @@ class Committed:
         leaves nothing behind in ``wake`` or its slot."""
         if wake.woken:
             return True
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         wake.waiters.append(waiter)
-        slot = -(-deadline // PARK_DEADLINE_SLOT_S)  # rounded up: a float holding an int
-        if slot * PARK_DEADLINE_SLOT_S < deadline:
-            slot += 1  # the float product fell short of the deadline
-        parked = self._deadline_slots.get(slot)
-        if parked is None:
-            parked = self._deadline_slots[slot] = set()
-            loop.call_at(slot * PARK_DEADLINE_SLOT_S, self._slot_passed, slot)
+        parked = self._deadline_slot(deadline)
         parked.add(waiter)
         try:
             return await waiter
@@ -108,6 +112,38 @@ class Committed:
             parked.discard(waiter)
             if not wake.woken:
                 wake.waiters.remove(waiter)
+
+    def park_direct(self, wake: Wake, deadline: float, waiter: Waiter) -> set[Waiter]:
+        """``park`` for a waiter that is not awaited (a pull parked with no task): it is told
+        True when ``wake`` is woken (at once if it was already) or False once ``deadline`` has
+        passed, through its ``set_result``. Returns its deadline slot's set, for ``unpark``."""
+        parked = self._deadline_slot(deadline)
+        if wake.woken:
+            waiter.set_result(True)
+            return parked
+        wake.waiters.append(waiter)
+        parked.add(waiter)
+        return parked
+
+    @staticmethod
+    def unpark(wake: Wake, parked: set[Waiter], waiter: Waiter) -> None:
+        """A waiter of ``park_direct`` was told its outcome: nothing of it stays behind in
+        ``wake`` or in its deadline slot's set ``parked``."""
+        parked.discard(waiter)
+        if not wake.woken and waiter in wake.waiters:
+            wake.waiters.remove(waiter)
+
+    def _deadline_slot(self, deadline: float) -> set[Waiter]:
+        """The set of the polls parked until ``deadline``'s slot (its timer set on first use)."""
+        slot = -(-deadline // PARK_DEADLINE_SLOT_S)  # rounded up: a float holding an int
+        if slot * PARK_DEADLINE_SLOT_S < deadline:
+            slot += 1  # the float product fell short of the deadline
+        parked = self._deadline_slots.get(slot)
+        if parked is None:
+            parked = self._deadline_slots[slot] = set()
+            asyncio.get_running_loop().call_at(slot * PARK_DEADLINE_SLOT_S, self._slot_passed,
+                                               slot)
+        return parked
 
     def _slot_passed(self, slot: float) -> None:
         """A deadline slot's timer: its polls still parked end with False."""
@@ -131,4 +167,4 @@ class Committed:
             self.notify(subject)
 
 
-__all__ = ["Committed", "PARK_DEADLINE_SLOT_S", "Wake"]
+__all__ = ["Committed", "PARK_DEADLINE_SLOT_S", "Wake", "Waiter"]

@@ -179,6 +179,10 @@ class ConsumerBook:
         nothing to redeliver, so the pull log need not be asked."""
         return self._known_cursors.get(group, -1) >= end
 
+    def known_cursor(self, group: Group) -> int | None:
+        """The group's known cursor, left in place (None: unknown)."""
+        return self._known_cursors.get(group)
+
     def take_cursor(self, group: Group) -> int | None:
         """The group's known cursor, which the pull about to run will move (None: unknown)."""
         return self._known_cursors.pop(group, None)

@@ -8,6 +8,14 @@ a time. A group that keeps up is served from the in-memory tail (``Committed``) 
 with none when its known cursor says it is caught up
 (``ConsumerBook``); only a group behind the tail, or a redelivery of an old message, reads the
 message store.
+
+A pull asked ``direct`` (the realtime server's) is first tried synchronously: when no other
+pull of its group runs, its cursor is known, the tail covers it and the pull log can record on
+the loop, it is answered without ever suspending. A long poll that then finds nothing parks with
+no task (``ParkedPull``): the commit that wakes it queues it, and one loop callback, after the
+senders' wake-ups, tries each woken poll the same way and answers it through the callback its
+server gave (``ParkedPull.reply_to``). Whatever cannot be done at once (a planned pull, a store
+read, the pull-log thread busy, the group's lock taken) goes on as an ordinary task.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import logging
 from typing import Awaitable, Callable, NamedTuple, Sequence
 
 from logstore.errors import LogStoreError
+from realtime.committed import Wake
 from realtime.consumers import ConsumerKey, group_key
+from realtime.parked_pull import ParkedPull, PullReply
 from realtime.context import BrokerContext
 from realtime.storage.errors import StorageError
 from wire.errors import QmqError
@@ -90,30 +100,43 @@ class Pulled(NamedTuple):
 
 NOTHING_PULLED = Pulled((), (), ())
 
+# What a pull takes from the tail: the chosen sequences, their payloads, the new cursor, the
+# time it took them at (ms) and the expired entries it passed over (None: not traced).
+_Taken = tuple[list[int], dict[int, bytes], int, int, "list[bytes] | None"]
 
 class Pulls:
     """The pull path of one broker.
 
-    Owners: ``waiting_pulls``, ``_pulls_in_progress`` and the per-group locks belong to the
-    event loop;
+    Owners: ``waiting_pulls``, ``_pulls_in_progress``, the per-group locks and their users,
+    and the parked pulls due (``_due``) belong to the event loop;
     ``stats["pulled"]`` and ``stats["redelivered"]`` are written only by ``_record_pull_io``
-    (a pull-log call: on its thread, or on the event loop through ``on_pulllog_quick``, one at
+    (a pull-log call: on its thread, or on the event loop through ``on_pulllog_quick`` or a
+    direct attempt made while the thread is idle, one at
     a time either way), read by metrics at scrape time. Methods ending in ``_io`` run on the
     I/O thread their first docstring line names; every other one on the event loop.
     """
 
     def __init__(self, ctx: BrokerContext,
-                 release: Callable[[list[ConsumerKey]], Awaitable[int]]) -> None:
+                 release: Callable[[list[ConsumerKey]], Awaitable[int]],
+                 pulllog_quick_now: Callable[[], bool] = lambda: False) -> None:
         self._ctx = ctx
         self._release = release  # hands a departed consumer's holdings to the others
+        # Whether a pull-log call made now would run on the loop (``on_pulllog_quick``'s test).
+        self._pulllog_quick_now = pulllog_quick_now
         self.waiting_pulls = 0  # long polls waiting now (metrics)
         # Pulls of one (subject, pull-log group) run one at a time: cursor -> entries -> record.
         self._group_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # (subject, pull-log group) -> its pulls holding or queued on its lock: a direct
+        # attempt runs only when there are none (it never interleaves with one).
+        self._lock_users: dict[tuple[str, str], int] = {}
         # (subject, pull-log group) -> its pulls in progress now (parked, queued on the lock or
         # running): the consumers ready for more, among whom a burst is shared (burst_share).
         self._pulls_in_progress: dict[tuple[str, str], int] = {}
+        # Parked pulls told their outcome, for the one loop callback that goes on with them.
+        self._due: list[ParkedPull] = []
 
-    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None) -> Pulled:
+    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+                   direct: bool = False) -> Pulled | ParkedPull:
         """Hand the group's next entries (redeliveries first) to the pulling consumer.
 
         With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
@@ -121,33 +144,59 @@ class Pulls:
         a consumer killed meanwhile returns nothing, instead of recording entries as held by a
         consumer nobody answers for (they would wait for its expiry before anyone else got them).
         A long poll of a consumer that leaves (op ``leave``) meanwhile ends empty too.
+
+        With ``direct`` it is first tried without suspending, and a long poll that would wait
+        parks with no task and returns its ``ParkedPull``: the caller gives it a reply
+        (``ParkedPull.reply_to``) before its next suspension, and the answer goes there.
         """
         subject, consumer_id = request.subject, request.consumer_id
         key = group_key(request.group, consumer_id, request.broadcast)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.wait_ms / 1000
+        deadline = asyncio.get_running_loop().time() + request.wait_ms / 1000
         tags = frozenset(request.tags)
         ctx = self._ctx
-        book, clock = ctx.book, ctx.clock
-        ctx.tracer.subscribed(subject, key, consumer_id, tags, clock())
+        ctx.tracer.subscribed(subject, key, consumer_id, tags, ctx.clock())
         leave_key = (subject, key, consumer_id)
-        mark = book.pull_begins()
+        mark = ctx.book.pull_begins()
         group = (subject, key)
         in_progress = self._pulls_in_progress
         in_progress[group] = in_progress.get(group, 0) + 1
+        if not direct:
+            try:
+                pulled = await self._pull_until(request, key, tags, deadline, leave_key, mark,
+                                                gone)
+            finally:
+                self._pull_ended(group)
+            assert not isinstance(pulled, ParkedPull)
+            return pulled
+        poll = ParkedPull(self._queue_due, request, key, tags, deadline, leave_key, mark, gone)
+        out: Pulled | ParkedPull | None
         try:
-            return await self._pull_until(request, key, tags, deadline, leave_key, mark, gone)
-        finally:
-            count = in_progress[group] - 1
-            if count:
-                in_progress[group] = count
-            else:
-                del in_progress[group]
+            out = self._attempt_now(poll)
+            if out is None:
+                out = await self._pull_until(request, key, tags, deadline, leave_key, mark, gone,
+                                             poll)
+        except BaseException:
+            self._pull_ended(group)
+            raise
+        if out is not poll:
+            self._pull_ended(group)
+        return out
+
+    def _pull_ended(self, group: tuple[str, str]) -> None:
+        """A pull of ``group`` was answered: one fewer in progress."""
+        in_progress = self._pulls_in_progress
+        count = in_progress[group] - 1
+        if count:
+            in_progress[group] = count
+        else:
+            del in_progress[group]
 
     async def _pull_until(self, request: Pull, key: str, tags: frozenset[str], deadline: float,
                           leave_key: ConsumerKey, mark: int,
-                          gone: Callable[[], bool] | None) -> Pulled:
-        """``pull``'s attempts until it takes something or its wait ends."""
+                          gone: Callable[[], bool] | None,
+                          poll: ParkedPull | None = None) -> Pulled | ParkedPull:
+        """``pull``'s attempts until it takes something or its wait ends; given ``poll``, a
+        wait parks it with no task and returns it."""
         subject, consumer_id = request.subject, request.consumer_id
         loop = asyncio.get_running_loop()
         ctx = self._ctx
@@ -169,6 +218,9 @@ class Pulls:
             remaining = deadline - loop.time()
             if remaining <= 0 or committed.stopping:
                 return NOTHING_PULLED
+            if poll is not None:
+                self._park_direct(poll, wake)
+                return poll
             self.waiting_pulls += 1
             book.park(leave_key)  # present while parked, however long it waits
             try:
@@ -178,6 +230,130 @@ class Pulls:
                 book.unpark(leave_key, clock())
             if not woken:
                 return NOTHING_PULLED
+
+    # ------------------------------------------------------------------ without a task
+
+    def _attempt_now(self, poll: ParkedPull) -> Pulled | ParkedPull | None:
+        """One attempt of ``poll``'s pull made without suspending, as ``_pull_until``'s loop
+        makes one: what it pulled, itself parked again, or None when the attempt needs the
+        async path (nothing was taken or recorded then)."""
+        request = poll.request
+        ctx = self._ctx
+        book, committed = ctx.book, ctx.committed
+        gone = poll.gone
+        if (gone is not None and gone()) or book.left_since(poll.leave_key, poll.mark):
+            return NOTHING_PULLED
+        subject = request.subject
+        wake = committed.wake(subject)
+        pulled = self._pull_once_now(request, poll.key, poll.tags)
+        if pulled is None:
+            return None
+        book.seen(subject, poll.key, request.consumer_id, ctx.clock())
+        if pulled.payloads:
+            return pulled  # nothing suspended since the leave check: it holds
+        if poll.deadline <= asyncio.get_running_loop().time() or committed.stopping:
+            return NOTHING_PULLED
+        self._park_direct(poll, wake)
+        return poll
+
+    def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled | None:
+        """``_pull_once`` when it can run without suspending: the group caught up, or no other
+        pull of it running, its cursor known, the tail covering it and the pull log recording
+        on the loop. None (nothing taken) otherwise."""
+        subject = request.subject
+        group = (subject, key)
+        ctx = self._ctx
+        book, committed = ctx.book, ctx.committed
+        end = committed.ends.get(subject, 0)
+        if book.caught_up(group, end):
+            return NOTHING_PULLED
+        if group in self._lock_users or not self._pulllog_quick_now():
+            return None
+        known = book.known_cursor(group)  # below ``end``: not caught up
+        if known is None or committed.tail.covering(subject, known) is None:
+            return None
+        release_round = book.release_round()
+        book.take_cursor(group)
+        share = burst_share(request.max_count, end - known,
+                            self._pulls_in_progress.get(group, 1),
+                            ctx.config.burst_share_min_messages)
+        if share < request.max_count:
+            request = dataclasses.replace(request, max_count=share)
+        taken = self._take_from_tail(request, tags, known)
+        if taken is None:
+            return None  # the known cursor is dropped: the async path plans the pull
+        chosen, payloads, new_cursor, now_ms, expired = taken
+        out = self._record_pull_io(request, key, chosen, new_cursor, payloads, now_ms, known)
+        if out is None:
+            return None  # the pull log says the cursor moved: the async path plans it
+        if expired:
+            ctx.tracer.expired(expired, key, now_ms)
+        book.remember_cursor(group, new_cursor, release_round)
+        return out
+
+    def _park_direct(self, poll: ParkedPull, wake: Wake) -> None:
+        """Park ``poll`` on ``wake`` until its deadline, with no task."""
+        self.waiting_pulls += 1
+        self._ctx.book.park(poll.leave_key)  # present while parked, however long it waits
+        poll.woken = None
+        poll.wake = wake
+        poll.slot = self._ctx.committed.park_direct(wake, poll.deadline, poll)
+
+    def _queue_due(self, poll: ParkedPull) -> None:
+        """``poll`` was told its outcome: the first of a step schedules ``_run_due``. It runs
+        after whatever the same step queued before (a commit's senders are woken first)."""
+        due = self._due
+        due.append(poll)
+        if len(due) == 1:
+            asyncio.get_running_loop().call_soon(self._run_due)
+
+    def _run_due(self) -> None:
+        """Go on with every parked pull told its outcome, in the order they were told: each is
+        answered now, parked again, or handed to a task when it needs the async path."""
+        due, self._due = self._due, []
+        for poll in due:
+            try:
+                self._resume(poll)
+            except Exception as exc:  # a bug: its consumer gets an error answer, the rest go on
+                log.exception("pull of %s for %s failed after its long poll", *poll.group)
+                if not poll.ended:
+                    self._finish(poll, exc)
+
+    def _resume(self, poll: ParkedPull) -> None:
+        """One woken (or expired) parked pull: unparked, then attempted as ``_pull_until``."""
+        ctx = self._ctx
+        self.waiting_pulls -= 1
+        ctx.book.unpark(poll.leave_key, ctx.clock())
+        assert poll.wake is not None and poll.slot is not None
+        ctx.committed.unpark(poll.wake, poll.slot, poll)
+        poll.wake = poll.slot = None
+        if not poll.woken:
+            self._finish(poll, NOTHING_PULLED)
+            return
+        out = self._attempt_now(poll)
+        if out is None:
+            asyncio.get_running_loop().create_task(self._continue(poll))
+        elif not isinstance(out, ParkedPull):
+            self._finish(poll, out)
+
+    async def _continue(self, poll: ParkedPull) -> None:
+        """A woken parked pull that needs the async path: ``_pull_until`` in a task."""
+        try:
+            out = await self._pull_until(poll.request, poll.key, poll.tags, poll.deadline,
+                                         poll.leave_key, poll.mark, poll.gone, poll)
+        except Exception as exc:
+            self._finish(poll, exc)
+            return
+        if not isinstance(out, ParkedPull):
+            self._finish(poll, out)
+
+    def _finish(self, poll: ParkedPull, answer: Pulled | BaseException) -> None:
+        """``poll``'s pull ends with ``answer``."""
+        poll.ended = True
+        self._pull_ended(poll.group)
+        poll.answered(answer)
+
+    # ------------------------------------------------------------------ one attempt
 
     async def _pull_once(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled:
         """One attempt of a pull: nothing when the group is known to be caught up, else under
@@ -190,41 +366,46 @@ class Pulls:
         lock = self._group_locks.get(group)
         if lock is None:
             lock = self._group_locks[group] = asyncio.Lock()
-        async with lock:
-            release_round = book.release_round()
-            known = book.take_cursor(group)
-            out = None
-            if known is not None:
-                share = burst_share(request.max_count,
-                                    self._ctx.committed.ends.get(subject, 0) - known,
-                                    self._pulls_in_progress.get(group, 1),
-                                    self._ctx.config.burst_share_min_messages)
-                if share < request.max_count:
-                    request = dataclasses.replace(request, max_count=share)
-                out, new_cursor = await self._pull_from_tail(request, key, tags, known)
-            if out is None:
-                out, new_cursor, drained = await self._pull_planned(request, key, tags)
-                if not drained:
-                    return out
-            # The redelivery queue is empty (only the lock holder takes from it): unless a
-            # release round put something back meanwhile, the next pull may skip the plan.
-            book.remember_cursor(group, new_cursor, release_round)
-            return out
+        users = self._lock_users
+        users[group] = users.get(group, 0) + 1
+        try:
+            async with lock:
+                release_round = book.release_round()
+                known = book.take_cursor(group)
+                out = None
+                if known is not None:
+                    share = burst_share(request.max_count,
+                                        self._ctx.committed.ends.get(subject, 0) - known,
+                                        self._pulls_in_progress.get(group, 1),
+                                        self._ctx.config.burst_share_min_messages)
+                    if share < request.max_count:
+                        request = dataclasses.replace(request, max_count=share)
+                    out, new_cursor = await self._pull_from_tail(request, key, tags, known)
+                if out is None:
+                    out, new_cursor, drained = await self._pull_planned(request, key, tags)
+                    if not drained:
+                        return out
+                # The redelivery queue is empty (only the lock holder takes from it): unless a
+                # release round put something back meanwhile, the next pull may skip the plan.
+                book.remember_cursor(group, new_cursor, release_round)
+                return out
+        finally:
+            count = users[group] - 1
+            if count:
+                users[group] = count
+            else:
+                del users[group]
 
-    async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
-                              cursor: int) -> tuple[Pulled | None, int]:
-        """One pull-log call (on the event loop while the pull-log thread is idle): entries
-        from the tail after the cursor the group had at its last pull. None when the tail does
-        not reach back to it, or when the pull log says the cursor moved or entries wait for
-        redelivery after all."""
+    def _take_from_tail(self, request: Pull, tags: frozenset[str], cursor: int) -> _Taken | None:
+        """The entries a pull takes from the tail after ``cursor`` (chosen sequences, their
+        payloads, the new cursor, now, the expired passed over), or None when the tail does not
+        reach back to it or not up to the committed end."""
         subject = request.subject
         ctx = self._ctx
         end = ctx.committed.ends.get(subject, 0)
-        if cursor >= end:
-            return NOTHING_PULLED, cursor
         tail = ctx.committed.tail.covering(subject, cursor)
         if tail is None:
-            return None, cursor
+            return None
         now_ms = ctx.clock()
         payloads: dict[int, bytes] = {}
         chosen: list[int] = []
@@ -233,7 +414,22 @@ class Pulls:
                                tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, payloads, chosen,
                                expired)
         if new_cursor == cursor:
-            return None, cursor  # the tail does not reach what the store says is committed
+            return None  # the tail does not reach what the store says is committed
+        return chosen, payloads, new_cursor, now_ms, expired
+
+    async def _pull_from_tail(self, request: Pull, key: str, tags: frozenset[str],
+                              cursor: int) -> tuple[Pulled | None, int]:
+        """One pull-log call (on the event loop while the pull-log thread is idle): entries
+        from the tail after the cursor the group had at its last pull. None when the tail does
+        not reach back to it, or when the pull log says the cursor moved or entries wait for
+        redelivery after all."""
+        ctx = self._ctx
+        if cursor >= ctx.committed.ends.get(request.subject, 0):
+            return NOTHING_PULLED, cursor
+        taken = self._take_from_tail(request, tags, cursor)
+        if taken is None:
+            return None, cursor
+        chosen, payloads, new_cursor, now_ms, expired = taken
         out = await ctx.on_pulllog_quick(self._record_pull_io, request, key, chosen,
                                           new_cursor, payloads, now_ms, cursor)
         if out is not None and expired:
@@ -410,5 +606,5 @@ class Pulls:
         return Pulled(pull_seqs, chosen_payloads, times)
 
 
-__all__ = ["NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX", "PULL_SCAN_ENTRIES_MAX", "Pulled",
-           "Pulls"]
+__all__ = ["NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX", "PULL_SCAN_ENTRIES_MAX",
+           "ParkedPull", "PullReply", "Pulled", "Pulls"]

@@ -232,10 +232,13 @@ class Sends:
         self._ctx.replica.advanced("message", log_end)
         for request in batch:
             request.log_end = log_end
+        # The senders' wake-ups are queued first (their results are filled below, before any
+        # of them runs): in the next loop turn the producers are answered, then the long polls
+        # this commit wakes (issue 18: a later producer answer lengthens its next linger).
+        self._answer(batch)
         self._publish(batch, outcomes)
         if self.on_commit is not None:
             self.on_commit(len(outcomes))
-        self._answer(batch)
 
     @staticmethod
     def _answer(batch: list[SendRequest]) -> None:

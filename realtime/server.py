@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from logstore.fileio import Opener, OsFile
@@ -14,18 +15,19 @@ from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
+from realtime.pulls import ParkedPull, Pulled
 from realtime.retries import RetryPolicies
 from realtime.storage.control_record import GATED_KINDS, gated_kind_at
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
-from serverkit.frame_server import Session
+from serverkit.frame_server import Later, Session
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replication import ReplicationStatus
 from serverkit.role import boottime_ms
 from serverkit.server import ServerBase, tune_gc
-from wire.errors import NotSupported
+from wire.errors import NotSupported, QmqError
 from wire.protocol import (
     Ack, Browse, Cancel, CancelHeld, Heartbeat, Hello, Hold, Leave, Nack, Pull, Purge, Request,
     Send, Subjects, pull_response, send_stored_answer,
@@ -61,9 +63,10 @@ class RealtimeServer(ServerBase):
                     "fsynced and closed")
     # Answered without suspending while the access answer is cached and the pull-log thread
     # is idle (an ack is recorded on the loop then): no task for them. A fetch may wait under
-    # asyncio.timeout: it keeps its task. A pull could start inline (its park needs no task),
-    # but most pulls park, and then the hand-over to a task costs what the rest would save.
-    INLINE_OPS = ("hello", "heartbeat", "ack")
+    # asyncio.timeout: it keeps its task. A pull that can be answered at once is, and a long
+    # poll that waits parks with no task (``Pulls.pull`` with ``direct``, answered through a
+    # ``Later``); only one that needs the pull-log or store thread goes on in a task.
+    INLINE_OPS = ("hello", "heartbeat", "ack", "pull")
 
     def __init__(
         self,
@@ -162,7 +165,7 @@ class RealtimeServer(ServerBase):
         if self._retry_sender is not None:
             await self._retry_sender.close()
 
-    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
+    async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
         """Answer one data-plane request, after checking what the connection's token allows."""
         core = self._started()
         self.metrics.count_request(request.op)
@@ -184,6 +187,12 @@ class RealtimeServer(ServerBase):
         if not self.role.writable_now():
             self._check_role()  # raises NotMaster, saying why
         answer = await self._serve(core, session, request, grant)
+        if isinstance(answer, Later):
+            return answer  # a parked pull: _pull_answered checks the role when it ends
+        return self._answerable(request, answer)
+
+    def _answerable(self, request: Request, answer: dict[str, Any]) -> dict[str, Any]:
+        """``answer`` if the role still allows it to be given now, else raises NotMaster."""
         if self.role.writable_now():
             return answer
         if isinstance(request, Pull) and len(answer["payloads"]) \
@@ -198,8 +207,19 @@ class RealtimeServer(ServerBase):
         self._check_role()  # raises: not writable now, and no await since
         return answer
 
+    def _pull_answered(self, later: Later, request: Pull, out: Pulled | BaseException) -> None:
+        """A pull parked with no task ended: its answer, once the role allows it (as
+        ``handle`` checks it for an answer it returns)."""
+        if isinstance(out, BaseException):
+            later.fail(out)
+            return
+        try:
+            later.answer(self._answerable(request, pull_response(*out)))
+        except QmqError as exc:
+            later.fail(exc)
+
     async def _serve(self, core: _Core, session: Session, request: Request,
-                     grant: Grant) -> dict[str, Any]:
+                     grant: Grant) -> dict[str, Any] | Later:
         """Answer one request other than hello (the role was checked)."""
         broker = core.broker
         if isinstance(request, Send):
@@ -213,7 +233,12 @@ class RealtimeServer(ServerBase):
                 return send_stored_answer(results)
             return {"results": results}
         if isinstance(request, Pull):
-            return pull_response(*await broker.pull(request, gone=lambda: session.closed))
+            out = await broker.pull(request, lambda: session.closed, direct=True)
+            if type(out) is ParkedPull:
+                later = Later()
+                out.reply_to(partial(self._pull_answered, later, request))
+                return later
+            return pull_response(*out)  # type: ignore[misc]
         if isinstance(request, Ack):
             return {"acked": await broker.ack(request)}
         if isinstance(request, Heartbeat):

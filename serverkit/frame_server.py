@@ -5,7 +5,8 @@ import the other; it imports no server code. A ``FrameServer`` decodes frames, p
 and calls the server's ``handle(session, request)`` coroutine. A request of one of the server's
 ``inline_ops`` is stepped at once as it is read, and needs a task only if it suspends; every
 other request gets a task of its own, so a long poll never blocks the requests pipelined
-behind it on the same connection.
+behind it on the same connection. A handler may also return a ``Later`` and answer through it
+afterwards, with no task left waiting (a long poll parked until a commit wakes it).
 
 Each connection is an ``asyncio.Protocol``: frames are decoded in ``data_received`` as bytes
 arrive, with no reader task and no StreamReader between the socket and the decoder. The answers
@@ -70,7 +71,7 @@ class Session:
         return self.client_id is not None
 
 
-Handler = Callable[[Session, Request], Awaitable[dict[str, Any]]]
+Handler = Callable[[Session, Request], Awaitable["dict[str, Any] | Later"]]
 
 
 class FrameServer:
@@ -108,6 +109,8 @@ class FrameServer:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self._connections: set[_FrameConnection] = set()  # open client connections
         self._requests: set[asyncio.Task[None]] = set()
+        self._laters: set[Later] = set()  # answers a handler gives later, without a task
+        self._laters_ended: asyncio.Future[None] | None = None  # stop() waits on it
         self._stopping = False  # stop() began: frames still arriving are not served
         self.port: int | None = None
 
@@ -119,7 +122,7 @@ class FrameServer:
     @property
     def requests_in_flight(self) -> int:
         """Requests being answered now (a waiting long poll counts)."""
-        return len(self._requests)
+        return len(self._requests) + len(self._laters)
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
@@ -141,8 +144,12 @@ class FrameServer:
             self._server.close()
         for connection in self._connections:
             connection.pause_reading()
-        if self._requests:
-            await asyncio.wait(set(self._requests), timeout=grace_ms / 1000)
+        waiting: set[asyncio.Future[Any]] = set(self._requests)
+        if self._laters:
+            self._laters_ended = self._loop.create_future()  # type: ignore[union-attr]
+            waiting.add(self._laters_ended)
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_ms / 1000)
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
@@ -207,6 +214,10 @@ class FrameServer:
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
             response = await self._handler(connection.session, request)
+            if isinstance(response, Later):
+                response._bind(self, connection, request)  # answered when the handler says
+                self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
+                return
             response["rid"] = request.rid
         except QmqError as exc:
             response = self._error_response(request.rid, exc)
@@ -220,6 +231,10 @@ class FrameServer:
                                             Internal(f"{type(exc).__name__}: {exc}"))
         # Outside a task (an inline answer) there is nothing to discard: None is not in it.
         self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._write_answer(connection, request, response)
+
+    def _write_answer(self, connection: _FrameConnection, request: Request,
+                      response: dict[str, Any]) -> None:
         try:
             connection.send(response)
         except Exception as exc:  # not encodable (a server bug): the same in a task or inline
@@ -227,11 +242,73 @@ class FrameServer:
             connection.send(self._error_response(
                 request.rid, Internal(f"answer not encodable: {type(exc).__name__}: {exc}")))
 
+    def _later_answered(self, later: Later, connection: _FrameConnection, request: Request,
+                        outcome: dict[str, Any] | BaseException) -> None:
+        """A ``Later`` of ``request`` got its outcome: the answer (or error) is written."""
+        self._laters.discard(later)
+        if isinstance(outcome, QmqError):
+            response = self._error_response(request.rid, outcome)
+        elif isinstance(outcome, BaseException):  # a server bug, as in _answer
+            log.error("internal error answering %s from %s", request.op,
+                      connection.session.peer, exc_info=outcome)
+            response = self._error_response(
+                request.rid, Internal(f"{type(outcome).__name__}: {outcome}"))
+        else:
+            response = outcome
+            response["rid"] = request.rid
+        self._write_answer(connection, request, response)
+        ended = self._laters_ended
+        if ended is not None and not self._laters and not ended.done():
+            ended.set_result(None)
+
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
         """The error response for ``exc``, counted by ``on_error`` first."""
         if self._on_error is not None:
             self._on_error(exc.code)
         return error_response(rid, exc)
+
+
+class Later:
+    """An answer a handler gives after it has returned, with no task waiting for it: the
+    handler returns the ``Later`` and then calls ``answer(response)`` (the map, without
+    ``rid``) or ``fail(exc)`` once, from a later step of the loop (a long poll woken by a
+    commit). A ``QmqError`` becomes its error response, anything else ``internal`` (logged).
+    Until it is answered the request counts in ``requests_in_flight`` and ``stop`` waits for it
+    as for a task; an answer to a closed connection goes nowhere."""
+
+    __slots__ = ("_server", "_connection", "_request", "_outcome")
+
+    def __init__(self) -> None:
+        self._server: FrameServer | None = None
+        self._connection: _FrameConnection | None = None
+        self._request: Request | None = None
+        self._outcome: dict[str, Any] | BaseException | None = None  # given before _bind
+
+    def answer(self, response: dict[str, Any]) -> None:
+        """The request's answer."""
+        self._given(response)
+
+    def fail(self, exc: BaseException) -> None:
+        """The request ends with an error."""
+        self._given(exc)
+
+    def _given(self, outcome: dict[str, Any] | BaseException) -> None:
+        server = self._server
+        if server is None:
+            self._outcome = outcome
+        else:
+            server._later_answered(self, self._connection,  # type: ignore[arg-type]
+                                   self._request, outcome)  # type: ignore[arg-type]
+
+    def _bind(self, server: FrameServer, connection: _FrameConnection, request: Request) -> None:
+        """The frame server takes it over from the handler's return."""
+        self._server, self._connection, self._request = server, connection, request
+        outcome = self._outcome
+        if outcome is None:
+            server._laters.add(self)
+        else:
+            self._outcome = None
+            server._later_answered(self, connection, request, outcome)
 
 
 _NOT_YET = object()

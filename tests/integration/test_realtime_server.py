@@ -82,6 +82,24 @@ async def test_a_long_poll_returns_as_soon_as_a_message_arrives(server, clock):
     await producer.close()
 
 
+async def test_a_long_poll_waits_with_no_task_and_is_answered_when_a_message_arrives(
+        server, clock):
+    consumer = await RawClient.connect(server.port)
+    producer = await RawClient.connect(server.port)
+    await consumer.pull("orders", "g", "c1")  # creates the group at "latest"
+    waiting = asyncio.create_task(consumer.pull("orders", "g", "c1", wait_ms=30_000))
+    await wait_for(lambda: server.broker.pulls.waiting_pulls == 1, 10, "the poll parked")
+    assert server.frames.requests_in_flight == 1, "it counts as in flight"
+    assert not server.frames._requests, "no task waits for it"
+    await producer.send(message("orders", b"late", clock))
+    async with asyncio.timeout(10):
+        pulled = await waiting
+    assert bodies(pulled) == [b"late"]
+    assert server.frames.requests_in_flight == 0
+    await consumer.close()
+    await producer.close()
+
+
 async def test_a_message_sent_after_a_long_polling_consumer_died_goes_to_a_live_consumer_at_once(
         server, clock):
     dead = await RawClient.connect(server.port)
@@ -470,8 +488,8 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
 
     broker_pull = server.broker.pull
 
-    async def pull_then_refuse(request, gone=None):
-        pulled = await broker_pull(request, gone)
+    async def pull_then_refuse(request, gone=None, direct=False):
+        pulled = await broker_pull(request, gone, direct)
         refusing[:] = lapse_after_pull
         return pulled
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from serverkit.frame_server import FrameServer, Session
+from serverkit.frame_server import FrameServer, Later, Session
+from wire.errors import BadRequest
 from wire.protocol import FrameDecoder, Request, encode_frame
 
 # Short enough for a unit test, long enough that a healthy client on a loaded machine never hits it.
@@ -331,3 +332,62 @@ async def test_a_request_whose_answer_cannot_be_encoded_is_answered_internal_and
         writer.close()
     finally:
         await server.stop()
+
+
+async def test_a_handler_may_answer_later_through_a_later_with_no_task_left_waiting():
+    laters: list[Later] = []
+
+    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
+        if request.op == "hello":
+            return {"ok": True}
+        later = Later()
+        laters.append(later)
+        return later
+
+    server = FrameServer(park, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        writer.write(_heartbeat(2) + _heartbeat(3))
+        await writer.drain()
+        while len(laters) < 2:
+            await asyncio.sleep(0.001)
+        assert server.requests_in_flight == 2 and not server._requests, "no task waits"
+        laters[1].answer({"late": True})
+        laters[0].fail(BadRequest("no such thing"))
+        answers = await _read_answers(reader, 2)
+        assert answers[0]["rid"] == 3 and answers[0]["late"] is True
+        assert answers[1]["rid"] == 2 and answers[1]["error"]["code"] == "bad_request"
+        assert server.requests_in_flight == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
+    laters: list[Later] = []
+
+    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
+        if request.op == "hello":
+            return {"ok": True}
+        laters.append(Later())
+        return laters[-1]
+
+    server = FrameServer(park)
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_hello(1) + _heartbeat(2))
+    await writer.drain()
+    await _read_answers(reader, 1)
+    while not laters:
+        await asyncio.sleep(0.001)
+    stopping = asyncio.ensure_future(server.stop(grace_ms=WAIT_S * 1000))
+    await asyncio.sleep(0.01)
+    assert not stopping.done(), "the parked request is in flight: stop waits for it"
+    laters[0].answer({"ok": True})
+    assert (await _read_answers(reader, 1))[0]["rid"] == 2
+    await asyncio.wait_for(stopping, WAIT_S)
+    writer.close()

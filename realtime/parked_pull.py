@@ -1,0 +1,75 @@
+"""``ParkedPull``: a long poll of the realtime broker parked with no task, until the commit that
+wakes it (or its deadline) lets ``Pulls`` go on with it and answer it through the reply its
+server gave (docs/ARCHITECTURE.md, "Pulls without a task")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from realtime.committed import Wake, Waiter
+from realtime.consumers import ConsumerKey
+from wire.protocol import Pull
+
+if TYPE_CHECKING:
+    from realtime.pulls import Pulled
+
+# What a parked pull's answer callback is given: what it pulled, or the error that ended it.
+PullReply = Callable[["Pulled | BaseException"], None]
+
+
+class ParkedPull:
+    """A long poll parked with no task (``Pulls.pull`` with ``direct``): its state, kept until
+    it is answered (owner: the event loop). ``Committed`` tells it its outcome like a future's
+    (``done`` / ``set_result``: True woken, False its deadline passed); that only queues it,
+    and ``Pulls._run_due`` goes on with it in one loop callback for all polls woken together."""
+
+    __slots__ = ("request", "key", "tags", "deadline", "leave_key", "mark", "gone", "group",
+                 "woken", "wake", "slot", "ended", "_queue", "_reply", "_answer")
+
+    def __init__(self, queue: Callable[[ParkedPull], None], request: Pull, key: str,
+                 tags: frozenset[str], deadline: float, leave_key: ConsumerKey, mark: int,
+                 gone: Callable[[], bool] | None) -> None:
+        self.request = request
+        self.key = key
+        self.tags = tags
+        self.deadline = deadline
+        self.leave_key = leave_key
+        self.mark = mark
+        self.gone = gone
+        self.group = (request.subject, key)
+        self.woken: bool | None = None  # the outcome of the park in progress (None: waiting)
+        self.wake: Wake | None = None  # the Wake and deadline slot it is parked on
+        self.slot: set[Waiter] | None = None
+        self.ended = False  # answered (Pulls._finish): never twice
+        self._queue = queue  # Pulls._queue_due
+        self._reply: PullReply | None = None
+        self._answer: Pulled | BaseException | None = None  # given before reply_to
+
+    def done(self) -> bool:
+        """Told its outcome already (as ``asyncio.Future.done``)."""
+        return self.woken is not None
+
+    def set_result(self, woken: bool) -> None:
+        """Woken (True) or past its deadline (False): queued for ``Pulls._run_due``. Called
+        while ``Committed`` iterates its waiters: it changes none of them."""
+        self.woken = woken
+        self._queue(self)
+
+    def reply_to(self, reply: PullReply) -> None:
+        """Where its answer goes: ``reply(pulled)``, or ``reply(exc)`` for an error, once."""
+        self._reply = reply
+        answer = self._answer
+        if answer is not None:
+            self._answer = None
+            reply(answer)
+
+    def answered(self, answer: Pulled | BaseException) -> None:
+        """The pull ends with ``answer`` (handed to its reply, or kept until it has one)."""
+        reply = self._reply
+        if reply is None:
+            self._answer = answer
+        else:
+            reply(answer)
+
+
+__all__ = ["ParkedPull", "PullReply"]

@@ -1,0 +1,168 @@
+"""A pull answered without a task (issue 18): tried at once, and a long poll parked with no task
+is answered from the loop callback after the commit that wakes it (``Pulls.pull`` with
+``direct``, ``ParkedPull``); what cannot be done at once goes the async way as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from realtime.broker import Broker
+from realtime.config import RealtimeConfig
+from realtime.pulls import NOTHING_PULLED, ParkedPull, Pulled
+from tests.harness import wait_for
+from tests.rawclient import FakeClock
+from wire.message import Message, encode_message
+from wire.protocol import Pull
+
+S, G = "orders", "billing"
+
+
+@pytest.fixture
+async def broker(tmp_path):
+    broker = await Broker.open(RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0), FakeClock())
+    yield broker
+    await broker.stop()
+
+
+async def send(broker: Broker, *message_ids: str) -> None:
+    await broker.send([encode_message(Message.create(S, b"body", now_ms=FakeClock()(), id=i))
+                       for i in message_ids])
+
+
+def pull_request(consumer: str = "c1", wait_ms: int = 30_000) -> Pull:
+    return Pull(1, S, G, consumer, 100, wait_ms, [], "earliest", False)
+
+
+class Replies:
+    """Where parked pulls' answers go, with what the pull log had recorded when each came."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.answers: list[Pulled | BaseException] = []
+        self.pulled_before: list[int] = []  # broker.stats["pulled"] as each answer came
+
+    def __call__(self, answer: Pulled | BaseException) -> None:
+        self.answers.append(answer)
+        self.pulled_before.append(self._broker.stats["pulled"])
+
+
+async def parked(broker: Broker, request: Pull, gone=None) -> Replies:
+    """A long poll of ``request`` parked with no task, its answers recorded."""
+    out = await broker.pull(request, gone, direct=True)
+    assert isinstance(out, ParkedPull), out
+    replies = Replies(broker)
+    out.reply_to(replies)
+    return replies
+
+
+async def answered(replies: Replies) -> None:
+    await wait_for(lambda: replies.answers, 10, "the parked pull's answer")
+
+
+async def caught_up(broker: Broker) -> None:
+    """The group exists and its cursor is known at the end (a planned pull, then a tail one)."""
+    await send(broker, "m0")
+    await broker.pull(pull_request(wait_ms=0))
+    await send(broker, "m1")
+    assert len((await broker.pull(pull_request(wait_ms=0))).payloads) == 1
+
+
+async def test_a_pull_the_tail_answers_is_answered_without_suspending(broker):
+    await caught_up(broker)
+    await send(broker, "m2", "m3")
+    coro = broker.pull(pull_request(), direct=True)
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)  # one step, as the frame server steps an inline op
+    assert len(done.value.value.payloads) == 2
+
+
+async def test_a_parked_pull_is_answered_by_the_commit_that_wakes_it_with_no_task(broker):
+    await caught_up(broker)
+    tasks_before = len(asyncio.all_tasks())
+    replies = await parked(broker, pull_request())
+    assert broker.pulls.waiting_pulls == 1
+    assert len(asyncio.all_tasks()) == tasks_before, "nothing waits in a task"
+    await send(broker, "m2")
+    await answered(replies)
+    [answer] = replies.answers
+    assert isinstance(answer, Pulled) and len(answer.payloads) == 1
+    assert replies.pulled_before == [3], "recorded in the pull log before it was answered"
+    assert broker.pulls.waiting_pulls == 0
+    assert not broker.pulls._pulls_in_progress
+    assert not any(broker.committed._deadline_slots.values())
+
+
+async def test_the_senders_are_woken_before_the_parked_pulls_of_their_commit(broker):
+    await caught_up(broker)
+    order: list[str] = []
+    out = await broker.pull(pull_request(), direct=True)
+    assert isinstance(out, ParkedPull)
+    out.reply_to(lambda answer: order.append("pull"))
+
+    async def send_noting(subject: str) -> None:
+        message = Message.create(subject, b"body", now_ms=FakeClock()(), id=subject)
+        await broker.send([encode_message(message)])
+        order.append(subject)  # in the step its answer would be written in
+
+    # The store thread is busy: the first send commits in its own task once it is free, the
+    # second (the pull's subject) is queued behind it and committed by the committer task,
+    # whose publishing step wakes its sender and the pull.
+    release = threading.Event()
+    busy = asyncio.ensure_future(broker.on_store_thread(release.wait, 30))
+    await asyncio.sleep(0)
+    sends = [asyncio.ensure_future(send_noting(subject)) for subject in ("other", S)]
+    await asyncio.sleep(0)
+    release.set()
+    await busy
+    await asyncio.gather(*sends)
+    await wait_for(lambda: "pull" in order, 10, "the pull's answer")
+    assert order == ["other", S, "pull"], "the producer first, then the woken pull"
+
+
+async def test_a_parked_pull_whose_connection_closed_records_nothing(broker):
+    await caught_up(broker)
+    closed = [False]
+    replies = await parked(broker, pull_request(), gone=lambda: closed[0])
+    closed[0] = True
+    await send(broker, "m2")
+    await answered(replies)
+    assert replies.answers == [NOTHING_PULLED]
+    assert broker.stats["pulled"] == 2, "nothing recorded for a consumer nobody answers for"
+    other = await broker.pull(pull_request("c2", wait_ms=0))
+    assert len(other.payloads) == 1, "the message goes to a live consumer at once"
+
+
+async def test_a_parked_pull_ends_empty_after_its_wait(broker):
+    await caught_up(broker)
+    replies = await parked(broker, pull_request(wait_ms=20))
+    await answered(replies)
+    assert replies.answers == [NOTHING_PULLED]
+    assert broker.pulls.waiting_pulls == 0
+    assert all(not wake.waiters for wake in broker.committed._wakes.values())
+
+
+async def test_ending_the_long_polls_answers_a_parked_pull_empty(broker):
+    await caught_up(broker)
+    replies = await parked(broker, pull_request())
+    broker.end_long_polls()
+    await answered(replies)
+    assert replies.answers == [NOTHING_PULLED]
+    later = await broker.pull(pull_request(), direct=True)
+    assert later == NOTHING_PULLED, "a later poll answers at once"
+
+
+async def test_a_woken_pull_goes_to_the_pull_log_thread_when_it_is_busy_and_still_answers(broker):
+    await caught_up(broker)
+    replies = await parked(broker, pull_request())
+    release = threading.Event()
+    busy = asyncio.ensure_future(broker.on_pulllog_thread(release.wait, 30))
+    await send(broker, "m2")
+    await asyncio.sleep(0.01)
+    assert not replies.answers, "it waits for the thread in a task, as before"
+    release.set()
+    await busy
+    await answered(replies)
+    assert len(replies.answers[0].payloads) == 1  # type: ignore[union-attr]
