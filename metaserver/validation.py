@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaserver.errors import BadRequest
-# Limits of a heartbeat's replica report (docs/REPLICATION.md 13.4) and of min_insync.
+# Limits of a heartbeat's replica report (docs/REPLICATION.md 13.4), of min_insync, and of a
+# server id (the same as a fetch's).
 from wire.limits import (
-    MIN_INSYNC_MAX, REPLICA_INSYNC_MAX, REPLICA_POSITIONS_MAX, UNDECODABLE_REASON_CHARS_MAX,
+    MAX_SERVER_ID_CHARS, MIN_INSYNC_MAX, REPLICA_INSYNC_MAX, REPLICA_POSITIONS_MAX,
+    UNDECODABLE_REASON_CHARS_MAX,
 )
 
 # User subjects and group names (DESIGN.md 5).
@@ -220,7 +222,7 @@ def check_subject_list(key: str, value: list[Any]) -> list[str]:
 
 
 # A server id: server.id's 16 hex digits, or the MetaServer's own "addr:<group>/<address>".
-SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+SERVER_ID_RE = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_SERVER_ID_CHARS}}}")
 SERVER_ROLES = ("master", "slave", "unknown")
 REPLICATION_MODES = ("sync", "async")
 LOG_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")

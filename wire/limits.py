@@ -77,7 +77,8 @@ MAX_FETCH_BYTES = 4 * _MIB
 # Longest wait of one `fetch` at the end of a log (a follower's long poll), in milliseconds.
 MAX_FETCH_WAIT_MS = 60_000
 
-# Longest server id in a `fetch` or `snapshot` (16 hex digits today; the MetaServer takes 64).
+# Longest server id in a `fetch` or `snapshot` (16 hex digits today), and in the MetaServer's
+# requests (its SERVER_ID_RE is built from it).
 MAX_SERVER_ID_CHARS = 64
 
 # Longest ``reason`` of a slave's ``replica.undecodable_at`` in a MetaServer heartbeat, in

@@ -77,6 +77,16 @@ def test_server_id_length_is_accepted_up_to_the_limit_and_refused_past_it():
         parse_request(fetch(server_id="a b"))
 
 
+def test_the_metaserver_takes_the_server_ids_a_fetch_takes_up_to_the_same_limit():
+    from metaserver.errors import BadRequest as HttpBadRequest
+    from metaserver.validation import check_server_id
+
+    for length in (MAX_SERVER_ID_CHARS - 1, MAX_SERVER_ID_CHARS):
+        assert check_server_id("server_id", "a" * length) == "a" * length
+    with pytest.raises(HttpBadRequest, match="server_id"):
+        check_server_id("server_id", "a" * (MAX_SERVER_ID_CHARS + 1))
+
+
 @pytest.mark.parametrize("field,value,words", [
     ("offset", -1, "fetch.offset -1 is outside"),
     ("offset", "7", "fetch.offset must be int, got str"),
