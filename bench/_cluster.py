@@ -198,6 +198,30 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return totals
 
 
+def thread_switches(pid: int) -> dict[str, tuple[int, int]]:
+    """(voluntary, involuntary) context switches so far of the threads of process ``pid``,
+    summed by OS thread name as ``thread_cpu_s`` names them. A thread that waits for the GIL
+    sleeps on a futex: a voluntary switch, as each wait for a system call that blocks is."""
+    totals: dict[str, tuple[int, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return totals
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", encoding="utf-8") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = "main" if tid == str(pid) else f.read().strip()
+            voluntary = int(fields["voluntary_ctxt_switches"])
+            involuntary = int(fields["nonvoluntary_ctxt_switches"])
+        except (OSError, KeyError, ValueError):
+            continue  # the thread ended meanwhile
+        before = totals.get(name, (0, 0))
+        totals[name] = (before[0] + voluntary, before[1] + involuntary)
+    return totals
+
+
 def cpu_pressure_us() -> int | None:
     """Microseconds some task has waited for a CPU since boot (Linux PSI), None if unknown.
     Over an interval, the increase / the interval's length is the share of time the machine

@@ -12,9 +12,11 @@ One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rat
 message passes each step (CLOCK_MONOTONIC, one clock for every process) and writes it down at
 exit. Printed per run: p50 / p90 / p99 of each step's share, in ms; the server's CPU per
 message by thread (event loop "main", the store thread, the pull-log thread, the rest); the
-group commits with their messages each; and where the slowest 1% lost their time: how many
-10 ms windows of send time they fall in, the busiest ones, and the step that was longest for
-each (a few windows a second apart is a periodic stall of the whole server, not a tail).
+group commits with their messages each; the store thread's context switches per group commit
+(each wait for the GIL is a voluntary one, as is each blocking system call); and where the
+slowest 1% lost their time: how many 10 ms windows of send time they fall in, the busiest ones,
+and the step that was longest for each (a few windows a second apart is a periodic stall of
+the whole server, not a tail).
 The commit step is split too (store thread): Python before the message log's sync, the sync,
 and after it; where the write and fsync are one call (``OsFile.append_and_sync``) the sync
 splits again into the kernel's write + fsync and the wait to take the GIL back after it. For
@@ -38,7 +40,9 @@ import tempfile
 import urllib.request
 from typing import Any
 
-from bench._cluster import percentile, process_cpu_s, start_process, thread_cpu_s
+from bench._cluster import (
+    percentile, process_cpu_s, start_process, thread_cpu_s, thread_switches,
+)
 from bench._step_probe import OUT_ENV
 from bench.commit_cycle import _free_port, _histogram
 from bench.delay import wait_registered
@@ -156,6 +160,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
                 CONSUMER_READY, address="-", cwd=REPO_ROOT)
             try:
                 threads_before = thread_cpu_s(server.pid)
+                switches_before = thread_switches(server.pid)
                 consumer_before_s = process_cpu_s(consumer.pid)
                 produced = subprocess.run(_probe_argv("client", _worker_args(
                     url, "produce_rate", {"subject": SUBJECT, "count": count, "rate_per_s": rate,
@@ -169,6 +174,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
                 reaped = os.times()  # the producer's CPU is in it, the consumer's not yet
                 consumer.process.wait(timeout=timeout_s)
                 threads = thread_cpu_s(server.pid)
+                switches = thread_switches(server.pid)
                 # Its whole life, once reaped, less what it had used before the first send.
                 times = os.times()
                 consumer_cpu_s = (times.children_user + times.children_system
@@ -193,6 +199,13 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
     for name, cpu_s in threads.items():
         key = name if name == "main" or name.startswith("realtime-") else "other"
         by_thread[key] = by_thread.get(key, 0.0) + (cpu_s - threads_before.get(name, 0.0))
+    # The store thread's context switches per commit: each wait for the GIL is one.
+    store_switches = [0, 0]
+    for name, counts in switches.items():
+        if name.startswith("realtime-store"):
+            before = switches_before.get(name, (0, 0))
+            store_switches = [store_switches[0] + counts[0] - before[0],
+                              store_switches[1] + counts[1] - before[1]]
     steps = {}
     for first, then, what in STEPS + COMMIT_STEPS:
         shares = sorted((times[then] - times[first]) / 1e6 for times in seen.values()
@@ -205,6 +218,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
             "consumer_cpu_us": consumer_cpu_s / count * 1e6,
             "cpu_us_by_thread": {k: v / count * 1e6 for k, v in by_thread.items()},
             "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
+            "store_switches_per_commit": [n / max(1.0, commits) for n in store_switches],
             "slowest": _slowest(seen), "load_1min": os.getloadavg()[0]}
 
 
@@ -215,6 +229,8 @@ def _lines(f: dict[str, Any]) -> list[str]:
              "server CPU us/msg by thread: " + ", ".join(
                  f"{name} {us:.0f}" for name, us in sorted(f["cpu_us_by_thread"].items(),
                                                          key=lambda item: -item[1])),
+             "store thread context switches per commit: voluntary {:.2f}, involuntary "
+             "{:.2f}".format(*f["store_switches_per_commit"]),
              f"consumer process CPU {f['consumer_cpu_us']:.0f} us/msg; requests per message: "
              + ", ".join(f"{op} {n:.3f}" for op, n in sorted(f["requests_per_msg"].items()))]
     for what, (seen, p50, p90, p99) in f["steps"].items():

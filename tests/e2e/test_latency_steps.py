@@ -17,6 +17,8 @@ def test_every_step_of_every_message_is_timed_with_a_p50_no_larger_than_its_p99(
         assert 0 <= p50 <= p99, what
     assert figures["commits"] >= 1
     assert figures["cpu_us_by_thread"]["main"] > 0
+    # The store thread sleeps between commits (its queue), so each commit counts a switch.
+    assert figures["store_switches_per_commit"][0] > 0
     slow = figures["slowest"]
     assert slow["count"] == 1  # the slowest 1% of 100 messages
     assert slow["windows"] == 1 and len(slow["busiest_s"]) == 1
