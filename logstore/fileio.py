@@ -62,7 +62,9 @@ class OsFile:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._end = os.fstat(self._fd).st_size
         # Of the last append_and_sync: the fsync's own seconds (no wait for the GIL in them)
-        # and the time.monotonic_ns() at which it returned (a probe's mark for that wait).
+        # and the CLOCK_MONOTONIC ns at which it returned (a probe's mark for that wait), the
+        # latter only from the C twin, which reads it outside the GIL: storage itself reads no
+        # clock, so without the C twin it stays 0, "not known" (the probe then skips it).
         self.fsync_s = 0.0
         self.synced_at_ns = 0
 
@@ -93,7 +95,8 @@ class OsFile:
         bytes to that file in the same release. A write failure raises OSError (what was
         written before it counts, as in ``append``), a failed fsync ``FsyncFailed``; the
         ``then`` write's failure is returned, not raised (this file's data is durable by then).
-        ``fsync_s`` and ``synced_at_ns`` say how long the fsync took and when it returned."""
+        ``fsync_s`` and ``synced_at_ns`` say how long the fsync took and when it returned
+        (the latter with the C twin only; 0 otherwise)."""
         if then is not None and (type(then[0]) is not OsFile or type(then[1]) is not bytes):
             # Not a real file (a test's FaultyFile) or not bytes: its append after this call.
             self.append_and_sync(data)
@@ -110,7 +113,7 @@ class OsFile:
             except OSError as exc:
                 raise FsyncFailed(exc.errno, exc.strerror, self.path) from exc
             self.fsync_s = time.perf_counter() - started_s
-            self.synced_at_ns = time.monotonic_ns()
+            self.synced_at_ns = 0  # not known without the C twin (see __init__)
             if then is not None:
                 try:
                     then[0].append(then[1])
