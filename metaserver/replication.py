@@ -34,15 +34,13 @@ from metaserver.failover import (
     switchover_verdict,
 )
 from metaserver.models import Broker, BrokerGroup, Subject, SubjectRoute
-from metaserver.validation import REPLICA_FIELDS
+from metaserver.validation import REPLICA_FIELDS, REPLICATION_MODES, SERVER_ROLES
 
 if TYPE_CHECKING:
     from metaserver.registry import Registry
 
 log = logging.getLogger(__name__)
 
-REPLICATION_MODES = ("sync", "async")
-SERVER_ROLES = ("master", "slave", "unknown")
 # Why a group's master changed: the label of qmq_meta_failovers_total.
 PROMOTION_REASONS = ("lease expired", "switchover", "master shut down", "unclean")
 # Longest the failover check skips its read while every group is a lone master (monotonic
