@@ -461,8 +461,8 @@ class ReplicaSource:
         """A ``diverging`` answer to a fetch past the end this run began with, at an offset
         this run never shipped that fetcher up to (``RunFence``); else None. The slave holds
         records of this epoch this master lost before their fsync; it cuts them at that end.
-        No answered write is cut: an answer waits for this master's fsync, and what a master
-        fsynced is in the log it restarted with."""
+        No answered message is cut: a send's answer waits for this master's fsync, and what it
+        fsynced is in the log it restarted with (an ack past it may be: redelivered, 8.3)."""
         name = log_.name
         fence = self.fence.crossed(request.server_id, name, request.offset)
         if fence is None:
