@@ -3,7 +3,8 @@ system at a time, from Python clients, with 256-byte messages.
 
 Run: ``.venv/bin/python -m bench.peers`` (every system, 2 runs, 30-60 minutes) or
 ``--quick`` (a smoke run: small sizes, 1 run). ``--systems pyqmq`` runs pyqmq alone (with
-and without a sync slave: settings ``pyqmq`` and ``pyqmq-slave``) and installs nothing. The peers' software is installed on first use (bench/peers/install.py).
+and without a sync slave: settings ``pyqmq`` and ``pyqmq-slave``) and installs nothing;
+``pyqmq-slave-procs`` (each slave its own process) runs only when named. The peers' software is installed on first use (bench/peers/install.py).
 
 Systems (bench/peers/servers.py; the durability of each is printed beside its figures):
 pyqmq (``qmq up``, flush sync; and ``--replicas 2``, one sync slave), NATS JetStream
@@ -50,7 +51,8 @@ def _parse_systems(text: str) -> list[servers.Setting]:
     keys = [key.strip() for key in text.split(",") if key.strip()]
     expanded: list[str] = []
     for key in keys:  # "nats" or "redis" alone means both of its settings
-        matches = [s.key for s in servers.SETTINGS if s.key == key or s.system == key]
+        matches = [s.key for s in servers.SETTINGS
+                   if s.key == key or (s.system == key and not s.named_only)]
         if not matches:
             raise SystemExit(f"--systems: unknown {key!r}; choose from "
                              f"{', '.join(s.key for s in servers.SETTINGS)}, nats, redis")
@@ -150,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared-server", action="store_true",
                         help="one server per system and run for all its workloads (faster; a "
                              "workload then runs on what the earlier ones left)")
-    parser.add_argument("--systems", default=",".join(s.key for s in servers.SETTINGS),
+    parser.add_argument("--systems", default=",".join(s.key for s in servers.SETTINGS
+                                                      if not s.named_only),
                         help="comma-separated: " + ", ".join(s.key for s in servers.SETTINGS)
                         + " (nats / redis: both settings)")
     parser.add_argument("--workloads", default=",".join(report.WORKLOADS),

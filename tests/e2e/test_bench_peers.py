@@ -54,6 +54,9 @@ def test_a_system_name_selects_both_of_its_settings_in_table_order():
     assert [s.key for s in run._parse_systems("redis,pyqmq")] == [
         "redis-always", "redis-everysec", "pyqmq", "pyqmq-slave"]
     assert [s.key for s in run._parse_systems("pyqmq-slave")] == ["pyqmq-slave"]
+    # Each slave its own process: only when named.
+    assert [s.key for s in run._parse_systems("pyqmq-slave,pyqmq-slave-procs")] == [
+        "pyqmq-slave", "pyqmq-slave-procs"]
     with pytest.raises(SystemExit, match="unknown 'kafka'"):
         run._parse_systems("kafka")
 
