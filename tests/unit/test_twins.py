@@ -19,6 +19,7 @@ from tests.twins import (
 # extension it asks for.
 CHOSEN = {
     "logstore.record": ("frame_records", "logstore._framing"),
+    "logstore.fileio": ("_write_sync_c", "logstore._framing"),
     "serverkit.send_check": ("_check_many_c", "serverkit._send_check"),
     "realtime.storage.consumer_log": ("_encode_entries_c", "realtime.storage._codecs"),
     "realtime.storage.message_record": ("_encode_subject_records_c",
