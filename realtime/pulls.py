@@ -134,6 +134,8 @@ class Pulls:
         self._pulls_in_progress: dict[tuple[str, str], int] = {}
         # Parked pulls told their outcome, for the one loop callback that goes on with them.
         self._due: list[ParkedPull] = []
+        # Tasks of woken parked pulls that needed the async path (referenced until they end).
+        self._continuing: set[asyncio.Task[None]] = set()
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
@@ -332,7 +334,9 @@ class Pulls:
             return
         out = self._attempt_now(poll)
         if out is None:
-            asyncio.get_running_loop().create_task(self._continue(poll))
+            task = asyncio.get_running_loop().create_task(self._continue(poll))
+            self._continuing.add(task)
+            task.add_done_callback(self._continuing.discard)
         elif not isinstance(out, ParkedPull):
             self._finish(poll, out)
 

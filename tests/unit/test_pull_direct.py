@@ -166,3 +166,39 @@ async def test_a_woken_pull_goes_to_the_pull_log_thread_when_it_is_busy_and_stil
     await busy
     await answered(replies)
     assert len(replies.answers[0].payloads) == 1  # type: ignore[union-attr]
+
+
+async def test_a_direct_pull_never_runs_beside_a_pull_of_its_group_holding_the_lock(broker):
+    await caught_up(broker)
+    await send(broker, "m2", "m3")
+    pulls = broker.pulls
+    entered, release = asyncio.Event(), asyncio.Event()
+    from_tail = pulls._pull_from_tail
+
+    async def slow_from_tail(*args):
+        entered.set()
+        await release.wait()  # holds the group's lock meanwhile
+        return await from_tail(*args)
+
+    pulls._pull_from_tail = slow_from_tail  # type: ignore[method-assign]
+    first = asyncio.ensure_future(broker.pull(pull_request("c1", wait_ms=0)))
+    await entered.wait()
+    second = broker.pull(pull_request("c2", wait_ms=0), direct=True)
+    waits_on = second.send(None)  # it does not finish at once: it queues on the lock
+    assert waits_on is not None and broker.stats["pulled"] == 2
+    release.set()
+    task = asyncio.ensure_future(_resume(second, waits_on))
+    taken = [len((await first).payloads), len((await task).payloads)]
+    assert taken == [2, 0], "each entry once, in the lock's order"
+    assert broker.stats["pulled"] == 4
+
+
+async def _resume(coro, waits_on):
+    """Go on with a coroutine stepped once by hand (as the frame server's _Resumed does)."""
+    await asyncio.wait([waits_on])
+    try:
+        while True:
+            waits_on = coro.send(None)
+            await asyncio.wait([waits_on])
+    except StopIteration as done:
+        return done.value
