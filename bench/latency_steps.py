@@ -210,6 +210,8 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
     for first, then, what in STEPS + COMMIT_STEPS:
         shares = sorted((times[then] - times[first]) / 1e6 for times in seen.values()
                         if first in times and then in times)
+        if not shares and "fsync_returned" in (first, then):
+            continue  # no mark of the fsync's return: a tree before it, or no C twin
         steps[what] = (len(shares), *(percentile(shares, f) for f in (0.5, 0.9, 0.99)))
     requests = {op: float(n) for op, n in re.findall(
         r'qmq_realtime_requests_total\{op="([a-z_]+)"\} ([0-9.e+]+)', metrics)}
