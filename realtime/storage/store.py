@@ -295,6 +295,8 @@ class MessageStore(HeldWrites, CopyWrites):
             # them as described in realtime.storage.recovery.
             self._failed = exc
             raise
+        finally:
+            self._indexing = self._batch  # not the committed batch: its bodies may be large
         try:
             self._index(batch, offsets, index_error)
         except LogStoreError as exc:
