@@ -22,6 +22,9 @@ import time
 from typing import Any, Callable
 
 OUT_ENV = "QMQ_STEP_PROBE_OUT"
+# Set (to any value) in the server's environment: also count the event loop's work, written to
+# ``<QMQ_STEP_PROBE_OUT>.loop`` at exit (``install_loop_counts``).
+LOOP_ENV = "QMQ_STEP_PROBE_LOOP"
 # (step, monotonic ns, the payloads or bodies it concerns): appended on the probed process's
 # event loop or store thread (list.append holds the GIL), read once at exit.
 _EVENTS: list[tuple[str, int, list[bytes]]] = []
@@ -153,6 +156,75 @@ def install_server() -> None:
     atexit.register(_dump)
 
 
+_LOOP_COUNTS: dict[str, int] = {}
+
+
+def install_loop_counts() -> None:
+    """Count what the server's event loop does (``bench.latency_steps --count-loop``): its
+    iterations (``_run_once``) and those whose select did not wait (timeout 0: a callback was
+    already queued), the callbacks run by kind (a task step or wake-up, a future's done
+    callback, any other ``call_soon``), the tasks and futures made, and the selector's
+    ready events. The counters are plain dict increments on the loop thread; they slow each
+    iteration by a few microseconds, so CPU figures from a counted run are not quoted."""
+    import asyncio
+    import selectors
+    from asyncio import base_events, events
+
+    counts = _LOOP_COUNTS
+    run_once = base_events.BaseEventLoop._run_once
+
+    def counted_run_once(self: Any) -> None:
+        counts["iterations"] = counts.get("iterations", 0) + 1
+        if self._ready or self._stopping:
+            counts["iterations_no_wait"] = counts.get("iterations_no_wait", 0) + 1
+        run_once(self)
+
+    handle_run = events.Handle._run
+
+    def counted_handle_run(self: Any) -> None:
+        callback = self._callback
+        if type(callback).__name__ == "TaskStepMethWrapper" or isinstance(
+                getattr(callback, "__self__", None), asyncio.Task):
+            name = "task step/wake-up"
+        else:
+            name = getattr(callback, "__qualname__", None) or type(callback).__name__
+        key = "callback " + str(name)
+        counts[key] = counts.get(key, 0) + 1
+        handle_run(self)
+
+    events.Handle._run = counted_handle_run  # type: ignore[method-assign]
+    base_events.BaseEventLoop._run_once = counted_run_once  # type: ignore[method-assign]
+    create_task = base_events.BaseEventLoop.create_task
+
+    def counted_create_task(self: Any, coro: Any, **kwargs: Any) -> Any:
+        key = "task " + getattr(coro, "__qualname__", type(coro).__name__)
+        counts[key] = counts.get(key, 0) + 1
+        return create_task(self, coro, **kwargs)
+
+    base_events.BaseEventLoop.create_task = counted_create_task  # type: ignore[method-assign]
+    create_future = base_events.BaseEventLoop.create_future
+
+    def counted_create_future(self: Any) -> Any:
+        counts["futures (create_future)"] = counts.get("futures (create_future)", 0) + 1
+        return create_future(self)
+
+    base_events.BaseEventLoop.create_future = counted_create_future  # type: ignore
+    select = selectors.EpollSelector.select
+
+    def counted_select(self: Any, timeout: Any = None) -> Any:
+        events = select(self, timeout)
+        counts["select events"] = counts.get("select events", 0) + len(events)
+        return events
+
+    selectors.EpollSelector.select = counted_select  # type: ignore[method-assign]
+
+    def dump() -> None:
+        with open(os.environ[OUT_ENV] + ".loop", "wb") as f:
+            pickle.dump(counts, f)
+
+    atexit.register(dump)
+
+
 def install_client() -> None:
     """Probe a peers worker: a send batch leaving and confirmed, a pull answer read, a message
     handed to the benchmark's receiver."""
@@ -196,6 +268,8 @@ def main(argv: list[str]) -> int:
     role, rest = argv[0], argv[1:]
     if role == "server":
         install_server()
+        if os.environ.get(LOOP_ENV):
+            install_loop_counts()
         from qmq.cli import main as qmq_main
         return qmq_main(rest)
     install_client()

@@ -6,6 +6,7 @@ published (visible) -> pulled -> pull answer written -> read by the consumer -> 
     python -m bench.latency_steps --tmpfs           # data dir in /dev/shm: fsync costs ~nothing
     python -m bench.latency_steps --runs 3 --seconds 20
     python -m bench.latency_steps --no-trace        # qmq up --no-trace: what trace events cost
+    python -m bench.latency_steps --count-loop      # + the server's loop iterations, callbacks
 
 One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rate producer
 (``bench.peers.worker``), each started through ``bench._step_probe``, which notes when each
@@ -43,7 +44,7 @@ from typing import Any
 from bench._cluster import (
     percentile, process_cpu_s, start_process, thread_cpu_s, thread_switches,
 )
-from bench._step_probe import OUT_ENV
+from bench._step_probe import LOOP_ENV, OUT_ENV
 from bench.commit_cycle import _free_port, _histogram
 from bench.delay import wait_registered
 from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
@@ -133,8 +134,8 @@ def _slowest(seen: dict[int, dict[str, int]], share: float = 0.01) -> dict[str, 
             "commit_split_p50": commit_split}
 
 
-def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = ()
-            ) -> dict[str, Any]:
+def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (),
+            count_loop: bool = False) -> dict[str, Any]:
     """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds`` (``up_args`` added to its
     command line): the module doc's figures."""
     count = int(rate * seconds)
@@ -145,6 +146,8 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
     env = dict(os.environ)
     try:
         os.environ[OUT_ENV] = out["server"]  # start_process passes our environment on
+        if count_loop:
+            os.environ[LOOP_ENV] = "1"
         server = start_process("qmq up", _probe_argv("server", [
             "--log-level", "warning", "up", "--data-dir", os.path.join(directory, "qmq"),
             "--host", "127.0.0.1", "--meta-port", "0", "--realtime-port", "0",
@@ -154,6 +157,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
             url = f"http://{server.address}"
             wait_registered(url)
             os.environ[OUT_ENV] = out["consumer"]
+            os.environ.pop(LOOP_ENV, None)
             consumer = start_process("consumer", _probe_argv("client", _worker_args(
                 url, "consume", {"subject": SUBJECT, "count": count, "timeout_s": timeout_s,
                                  "delayed": False}, os.path.join(directory, "c.json"))),
@@ -190,6 +194,10 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
         with open(os.path.join(directory, "c.json"), encoding="utf-8") as f:
             received = json.load(f)["received"]
         seen = _steps(directory, count)
+        loop_counts: dict[str, int] = {}
+        if count_loop:
+            with open(out["server"] + ".loop", "rb") as f:
+                loop_counts = pickle.load(f)
     finally:
         os.environ.clear()
         os.environ.update(env)
@@ -221,7 +229,8 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
             "cpu_us_by_thread": {k: v / count * 1e6 for k, v in by_thread.items()},
             "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
             "store_switches_per_commit": [n / max(1.0, commits) for n in store_switches],
-            "slowest": _slowest(seen), "load_1min": os.getloadavg()[0]}
+            "slowest": _slowest(seen), "load_1min": os.getloadavg()[0],
+            "loop_per_msg": {what: n / count for what, n in loop_counts.items()}}
 
 
 def _lines(f: dict[str, Any]) -> list[str]:
@@ -247,6 +256,10 @@ def _lines(f: dict[str, Any]) -> list[str]:
         lines.append("  their commit, p50 of each part: " + ", ".join(
             f"{what[len('commit: '):]} {ms:.3f} ms"
             for what, ms in slow["commit_split_p50"].items()))
+    if f["loop_per_msg"]:  # the server's whole life (start, warm-up, stop): a little high
+        lines.append("event loop per message: " + ", ".join(
+            f"{what} {n:.2f}" for what, n in sorted(f["loop_per_msg"].items(),
+                                                     key=lambda item: -item[1]) if n >= 0.01))
     return lines
 
 
@@ -260,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmpfs", action="store_true", help="data dir in /dev/shm")
     parser.add_argument("--no-trace", action="store_true",
                         help="qmq up --no-trace: what the trace events cost the path")
+    parser.add_argument("--count-loop", action="store_true",
+                        help="count the server's event-loop iterations, callbacks, tasks and "
+                             "futures per message (slows the loop: its CPU figures not quoted)")
     args = parser.parse_args(argv)
     print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync), probed, "
           f"{args.rate:,} msg/s for {args.seconds:g} s:", flush=True)
     for number in range(args.runs):
         figures = one_run(args.rate, args.seconds, args.tmpfs,
-                          ("--no-trace",) if args.no_trace else ())
+                          ("--no-trace",) if args.no_trace else (), args.count_loop)
         print(f"  run {number + 1}: " + "\n    ".join(_lines(figures)), flush=True)
     return 0
 
