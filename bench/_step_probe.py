@@ -148,7 +148,14 @@ def install_server() -> None:
     # A commit syncs through sync_then (sync calls it) where there is one.
     _wrap(SegmentedLog, "sync_then" if hasattr(SegmentedLog, "sync_then") else "sync", sync)
     _wrap(FrameServer, "_dispatch", dispatch)
+    def send_soon(original: Any) -> Any:
+        def probed(self: Any, payloads: list[bytes], compact: bool, done: Any) -> Any:
+            _EVENTS.append(("handled", _now(), payloads))
+            return original(self, payloads, compact, done)
+        return probed
+
     _wrap(Sends, "send", send)
+    _wrap(Sends, "send_soon", send_soon)
     _wrap(Sends, "_append_and_commit_io", commit)
     _wrap(Sends, "_publish_committed", publish)
     _wrap(Pulls, "_record_pull_io", record)

@@ -41,7 +41,7 @@ from realtime.context import BrokerContext
 from realtime.handoffs import Handoffs
 from realtime.holdings import Holdings
 from realtime.pulls import ParkedPull, Pulled, Pulls
-from realtime.sends import Sends
+from realtime.sends import SendRequest, Sends
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Tail
 from realtime.tracing import BrokerTracer
@@ -312,6 +312,11 @@ class Broker:
                    ) -> list[dict[str, Any]] | int:
         """Validate and store a batch (``Sends.send``); answered once durable."""
         return await self.sends.send(payloads, compact)
+
+    def send_soon(self, payloads: list[bytes], compact: bool,
+                  done: Callable[[SendRequest], None]) -> list[dict[str, Any]] | None:
+        """``send`` answered by callback, with no task (``Sends.send_soon``)."""
+        return self.sends.send_soon(payloads, compact, done)
 
     async def hold(self, payloads: list[bytes], visible_at_ms: list[int]
                    ) -> list[dict[str, Any]]:

@@ -11,11 +11,12 @@ and the answer's map.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, ContextManager
 
 from realtime.context import BrokerContext
 from realtime.tail import Entry
@@ -54,11 +55,13 @@ class SendRequest:
     payloads: list[bytes]
     slots: list[int] | None  # index in ``results`` of each message; None: all of them, in order
     results: list[Any]
-    future: asyncio.Future[None]
+    future: asyncio.Future[None] | None  # set once answered; None: ``on_done`` is told
     log_end: int = 0  # the message log's end after the commit that stored them
     # The caller takes a count for "all stored" (a compact send) and every message passed the
     # quick check: left True only if the commit stored them all in one run, no result made.
     compact: bool = False
+    # ``Sends.send_soon``: called with this request once its commit ended (stored or refused).
+    on_done: Callable[[SendRequest], None] | None = None
 
 
 Committed = tuple[list[int | None], int]  # a commit's sequences, and the message log's end
@@ -85,6 +88,9 @@ class Sends:
         self.sent_by_subject: dict[str, list[int]] = {}
         self.message_errors: dict[str, int] = {}
         self.on_commit: Callable[[int], None] | None = None
+        # Around the answers of one commit: the server's ``FrameServer.answers_together``, so
+        # they leave in one write per connection (``send_soon``'s are written right there).
+        self.answers_together: Callable[[], ContextManager[None]] = contextlib.nullcontext
         self.commits: GroupCommitter[SendRequest, Committed] = GroupCommitter(
             f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
             self._fail_batch, self._go_readonly)
@@ -99,8 +105,53 @@ class Sends:
         its messages stored here alone, is answered with the error: the producer resends with
         the same ids, which de-duplication absorbs).
         """
-        replica = self._ctx.replica
-        replica.check_writable()
+        request, results = self._request(payloads, compact)
+        if request is None:
+            return results  # every payload refused: nothing to commit
+        future = request.future = asyncio.get_running_loop().create_future()
+        self.commits.pending.append(request)
+        await self.commits.commit_now()
+        await future
+        replicated_end = self.replicated_end(request)
+        if replicated_end:
+            await self.wait_replicated(replicated_end)
+        return self.outcome(request)
+
+    def send_soon(self, payloads: list[bytes], compact: bool,
+                  done: Callable[[SendRequest], None]) -> list[dict[str, Any]] | None:
+        """``send`` with no task: the results now when no payload is valid (nothing to
+        commit), else None and ``done(request)`` once the commit ended (stored or refused;
+        ``outcome`` then says what ``send`` returns). The caller still waits for the slaves
+        when ``replicated_end`` says so. Raises as ``send`` does before its commit."""
+        request, results = self._request(payloads, compact)
+        if request is None:
+            return results
+        request.on_done = done
+        self.commits.pending.append(request)
+        self.commits.commit_soon()
+        return None
+
+    def replicated_end(self, request: SendRequest) -> int:
+        """The message log's end the slaves must have before a committed ``request`` is
+        answered under ``sync`` replication; 0: nothing to wait for."""
+        return request.log_end if request.log_end and self._ctx.replica.replicating else 0
+
+    async def wait_replicated(self, end: int) -> None:
+        """Until the slaves a ``sync`` write waits for have the message log up to ``end``."""
+        await self._ctx.replica.wait_replicated("message", end)
+
+    @staticmethod
+    def outcome(request: SendRequest) -> list[dict[str, Any]] | int:
+        """What ``send`` returns for a request whose commit ended."""
+        if request.compact:
+            return len(request.results)
+        return request.results
+
+    def _request(self, payloads: list[bytes], compact: bool
+                 ) -> tuple[SendRequest | None, list[Any]]:
+        """The checked request of ``payloads``, not queued yet, and its results (the errors
+        of the invalid ones so far); no request when none is valid."""
+        self._ctx.replica.check_writable()
         now_ms = self._ctx.clock()
         # Every payload through the quick check in one call (C when built); in the usual case
         # all pass and the request goes to the committer as it came, with no loop here.
@@ -110,18 +161,10 @@ class Sends:
             messages, valid, slots = checks, payloads, None
         else:
             messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
-        if messages:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            request = SendRequest(messages, valid, slots, results, future,
-                                  compact=compact and slots is None)
-            self.commits.pending.append(request)
-            await self.commits.commit_now()
-            await future
-            if request.log_end and replica.replicating:
-                await replica.wait_replicated("message", request.log_end)
-            if request.compact:
-                return len(payloads)
-        return results
+        if not messages:
+            return None, results
+        return SendRequest(messages, valid, slots, results, None,
+                           compact=compact and slots is None), results
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
                      results: list[Any], now_ms: int,
@@ -223,6 +266,7 @@ class Sends:
             for slot, message in zip(slots, request.messages):
                 request.results[slot] = send_result_error(message.id, error)
         self._answer(batch)
+        self._tell(batch)
 
     def _publish_committed(self, batch: list[SendRequest], committed: Committed) -> None:
         """Answer a committed batch, feed the tail and the metrics, wake the pulls. The
@@ -235,16 +279,36 @@ class Sends:
         # The senders' wake-ups are queued first (their results are filled below, before any
         # of them runs): in the next loop turn the producers are answered, then the long polls
         # this commit wakes (issue 18: a later producer answer lengthens its next linger).
+        # Sends answered by callback are written in this step, once their results are filled
+        # and before any woken poll runs.
         self._answer(batch)
         self._publish(batch, outcomes)
         if self.on_commit is not None:
             self.on_commit(len(outcomes))
+        self._tell(batch)
 
     @staticmethod
     def _answer(batch: list[SendRequest]) -> None:
+        """Wake the requests of a commit that ended whose senders wait in a task (``send``)."""
         for request in batch:
-            if not request.future.done():
-                request.future.set_result(None)
+            future = request.future
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def _tell(self, batch: list[SendRequest]) -> None:
+        """Call the ``on_done`` of each request of a commit that ended (``send_soon``), its
+        results filled in: their answers leave together, one write per connection."""
+        with self.answers_together():
+            for request in batch:
+                on_done = request.on_done
+                if on_done is None:
+                    continue
+                request.on_done = None
+                try:
+                    on_done(request)
+                except Exception:  # a server bug: the batch's other requests still hear
+                    log.exception("answering a send of %d messages failed",
+                                  len(request.messages))
 
     def _count_error(self, code: str, count: int) -> None:
         self.message_errors[code] = self.message_errors.get(code, 0) + count

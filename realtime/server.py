@@ -4,6 +4,7 @@ shutdown it shares with the delay server)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -17,10 +18,11 @@ from realtime.metrics import RealtimeMetrics
 from realtime.nacks import NackHandler
 from realtime.pulls import ParkedPull, Pulled
 from realtime.retries import RetryPolicies
+from realtime.sends import SendRequest, Sends
 from realtime.storage.control_record import GATED_KINDS, gated_kind_at
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
-from serverkit.frame_server import Later, Session
+from serverkit.frame_server import Later, Session, step_or_task
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
@@ -65,8 +67,10 @@ class RealtimeServer(ServerBase):
     # is idle (an ack is recorded on the loop then): no task for them. A fetch may wait under
     # asyncio.timeout: it keeps its task. A pull that can be answered at once is, and a long
     # poll that waits parks with no task (``Pulls.pull`` with ``direct``, answered through a
-    # ``Later``); only one that needs the pull-log or store thread goes on in a task.
-    INLINE_OPS = ("hello", "heartbeat", "ack", "pull")
+    # ``Later``); only one that needs the pull-log or store thread goes on in a task. A send
+    # queues its commit and returns a ``Later`` that its commit's done callback answers
+    # (``_send_ended``): no task, no coroutine waiting for the commit.
+    INLINE_OPS = ("hello", "heartbeat", "ack", "pull", "send")
 
     def __init__(
         self,
@@ -82,6 +86,8 @@ class RealtimeServer(ServerBase):
         self._opener = opener
         self._running: _Core | None = None  # set by start()
         self._retry_sender: PayloadSender | None = None
+        # Sends waiting for their slaves' copy, suspended (``_send_replicated``).
+        self._replica_waits: set[asyncio.Task[None]] = set()
         if config.meta_url:
             # Retry copies go to delay servers under this broker's own token.
             self._retry_sender = PayloadSender(config.meta_url, kind="delay",
@@ -127,6 +133,7 @@ class RealtimeServer(ServerBase):
                               broker.on_pulllog_thread, requires=("message",), snapshots=True),
             ], broker, self.role, self._heartbeat_soon)
         broker.on_commit = self.metrics.commit_batch_messages.observe
+        broker.sends.answers_together = self.frames.answers_together
         # A round making held messages visible is a write: only by the leased, active master.
         broker.handoffs.role_refusal = lambda: self.role.refusal(boottime_ms())
         admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
@@ -158,6 +165,8 @@ class RealtimeServer(ServerBase):
             self._running.broker.end_long_polls()
 
     async def _close_core(self) -> None:
+        for wait in list(self._replica_waits):  # past the grace: as a request task would be
+            wait.cancel()
         if self.replica is not None:
             await self.replica.close()
         if self._running is not None:
@@ -218,6 +227,41 @@ class RealtimeServer(ServerBase):
         except QmqError as exc:
             later.fail(exc)
 
+    def _send_ended(self, later: Later, request: SendRequest) -> None:
+        """A send's commit ended (stored or refused): answer it, after the slaves under
+        ``sync`` replication, and only while still the writable master (as ``handle``)."""
+        replicated_end = self.broker.sends.replicated_end(request)
+        if not replicated_end:
+            self._answer_sent(later, request)
+            return
+        # The slaves' wait: done at once unless a slave in sync is behind; then a task.
+        task = step_or_task(self._send_replicated(later, request, replicated_end))
+        if task is not None:
+            self._replica_waits.add(task)
+
+    async def _send_replicated(self, later: Later, request: SendRequest, end: int) -> None:
+        try:
+            await self.broker.sends.wait_replicated(end)
+        except Exception as exc:  # NotMaster, NotEnoughReplicas, or a bug (answered internal)
+            later.fail(exc)
+        else:
+            self._answer_sent(later, request)
+        finally:
+            self._replica_waits.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    def _answer_sent(self, later: Later, request: SendRequest) -> None:
+        """Answer a send whose commit (and the slaves' copy) ended, if the role allows."""
+        outcome = Sends.outcome(request)
+        answer = (send_stored_answer(outcome) if type(outcome) is int
+                  else {"results": outcome})
+        if not self.role.writable_now():
+            try:
+                self._check_role()  # raises: a write that outlived the lease is not answered
+            except QmqError as exc:
+                later.fail(exc)
+                return
+        later.answer(answer)
+
     async def _serve(self, core: _Core, session: Session, request: Request,
                      grant: Grant) -> dict[str, Any] | Later:
         """Answer one request other than hello (the role was checked)."""
@@ -227,11 +271,14 @@ class RealtimeServer(ServerBase):
             if broker.readonly and not broker.write_failed and self.registration is not None:
                 # The MetaServer may have switched us back to rw since our last heartbeat;
                 # ask (rate-limited) rather than refuse a producer it already routes here.
+                await asyncio.sleep(0)  # stepped inline: the MetaServer call needs a task
                 await self.registration.refresh_state()
-            results = await broker.send(request.messages, request.compact)
-            if type(results) is int:  # a compact send, every message stored
-                return send_stored_answer(results)
-            return {"results": results}
+            later = Later()
+            results = broker.send_soon(request.messages, request.compact,
+                                       partial(self._send_ended, later))
+            if results is None:
+                return later  # answered by _send_ended when the commit ends
+            return {"results": results}  # nothing valid to commit
         if isinstance(request, Pull):
             out = await broker.pull(request, lambda: session.closed, direct=True)
             if type(out) is ParkedPull:

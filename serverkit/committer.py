@@ -26,7 +26,8 @@ committer goes on with the next commit. Before, the exception ended the committe
 send of that or any later commit was answered until a restart.
 
 A commit runs in the committer task or, when a send finds no commit running, in that send's
-own request task (``commit_now``). A stop or a demote may cancel either while the store call
+own request task (``commit_now``), or, for a send answered by callback (``commit_soon``), in no
+task: the store call's done callback publishes it and starts the next. A stop or a demote may cancel either while the store call
 runs. The store thread writes the batch anyway, so both servers hand in their store call as
 an ``IoThread.submit`` future, which a cancel does not cancel: the task gets its
 CancelledError only once the call has finished, and the batch is first published and answered
@@ -123,6 +124,49 @@ class GroupCommitter(Generic[T, R]):
             self._wakeup.set()
             return
         await self.commit_batch()
+
+    def commit_soon(self) -> None:
+        """Event loop, right after queueing into ``pending`` from no task (a send answered by
+        callback): start committing what is queued now if no commit is running, else the
+        running commit takes it as it ends. The batch is published (or refused) in a done
+        callback of the store call's future, scheduled in the order results come back, as a
+        task's wake-up is: a round handed back before it still goes first. No task, no
+        committer wake-up: the next queued batch starts in the callback that ends this one."""
+        if not self._running and self.pending:
+            self._begin()
+
+    def _begin(self) -> None:
+        """Take everything queued and start its store call; ``_stored`` ends it."""
+        self._running = True
+        self._idle.clear()
+        batch, self.pending = self.pending, []
+        try:
+            call = self._commit(batch)  # inside: a call that raises at once is refused too
+            future = call if asyncio.isfuture(call) else asyncio.ensure_future(call)
+        except Exception as exc:
+            try:
+                self._refuse(batch, exc)
+            finally:
+                self._ended()
+            return
+        future.add_done_callback(lambda done: self._stored(batch, done))
+
+    def _stored(self, batch: list[T], call: asyncio.Future[R]) -> None:
+        """Done callback of a ``commit_soon`` store call: publish or refuse, then go on."""
+        try:
+            if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
+                self._refuse(batch, RuntimeError("the store call was cancelled"))
+            else:
+                self._settle(batch, call)
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        """A ``commit_soon`` commit ended: the next one starts at once with what queued."""
+        self._running = False
+        self._idle.set()
+        if self.pending:
+            self._begin()
 
     async def run(self) -> None:
         """The committer task: one commit each time it is woken with something queued (and

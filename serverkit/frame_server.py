@@ -13,8 +13,9 @@ arrive, with no reader task and no StreamReader between the socket and the decod
 made while one read is handled (inline requests, errors) leave together in one write at its
 end; of the answers finished later, the first in an event-loop turn is written at once and any
 more from the same turn leave together in one write when it ends (one system call for many
-answers under load, no added latency for a lone one). A client that does not read its answers
-is not read from until it does.
+answers under load, no added latency for a lone one); answers written inside
+``answers_together()`` leave as it ends, one write per connection. A client that does not read
+its answers is not read from until it does.
 
 A frame over the size limit, or bytes that are not a frame, get one error response (rid nil) and
 the connection is closed; everyone else is unaffected. A valid frame whose fields are wrong gets
@@ -112,6 +113,9 @@ class FrameServer:
         self._laters: set[Later] = set()  # answers a handler gives later, without a task
         self._laters_ended: asyncio.Future[None] | None = None  # stop() waits on it
         self._stopping = False  # stop() began: frames still arriving are not served
+        self._together = 0  # inside answers_together(): answers wait for its exit
+        self._together_block = _Together(self)
+        self._held: list[_FrameConnection] = []  # connections with answers held by it
         self.port: int | None = None
 
     @property
@@ -123,6 +127,11 @@ class FrameServer:
     def requests_in_flight(self) -> int:
         """Requests being answered now (a waiting long poll counts)."""
         return len(self._requests) + len(self._laters)
+
+    def answers_together(self) -> _Together:
+        """Answers written inside this ``with`` block leave at its exit, one write per
+        connection (a group commit answering its sends), with no end-of-turn callback."""
+        return self._together_block
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
@@ -311,6 +320,37 @@ class Later:
             server._later_answered(self, connection, request, outcome)
 
 
+class _Together:
+    """``FrameServer.answers_together()``'s block (one per server, re-entrant)."""
+
+    __slots__ = ("_server",)
+
+    def __init__(self, server: FrameServer) -> None:
+        self._server = server
+
+    def __enter__(self) -> None:
+        self._server._together += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        server = self._server
+        server._together -= 1
+        if not server._together and server._held:
+            held, server._held = server._held, []
+            for connection in held:
+                connection.release()
+
+
+def step_or_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """Event loop: run ``coro``'s first step now; None when it finished in it, else the task
+    that goes on from where it suspended. For a coroutine that usually does not suspend (and
+    needs no current task before it does): no task, no loop turn in the usual case."""
+    try:
+        waits_on = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.get_running_loop().create_task(_Resumed(coro, waits_on))  # type: ignore
+
+
 _NOT_YET = object()
 
 
@@ -452,6 +492,12 @@ class _FrameConnection(asyncio.Protocol):
         if self._reading or self._wrote_this_turn:
             self._out.append(data)
             return
+        server = self._server
+        if server._together:  # inside answers_together(): written at its exit
+            if not self._out:
+                server._held.append(self)
+            self._out.append(data)
+            return
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -462,6 +508,12 @@ class _FrameConnection(asyncio.Protocol):
     def _end_turn(self) -> None:
         self._wrote_this_turn = False
         self._flush()
+
+    def release(self) -> None:
+        """``answers_together()`` ended: write what it held (unless a read or a turn of this
+        connection already queued its answers behind, to leave at their end)."""
+        if not self._reading and not self._wrote_this_turn:
+            self._flush()
 
     def pause_reading(self) -> None:
         """Read no more requests from this client (the server is stopping)."""

@@ -278,3 +278,65 @@ async def test_a_store_call_that_raises_before_returning_its_awaitable_refuses_t
     (batch, error), = server.answers
     assert batch == ["a"] and error.code == "overloaded"
     assert not server.committer._running  # the next commit may run
+
+
+async def _answered(server: Server, count: int) -> None:
+    async with asyncio.timeout(30):  # a thread hop away
+        while len(server.answers) < count:
+            await asyncio.sleep(0.001)
+
+
+async def test_commit_soon_commits_with_no_task_and_starts_what_queued_meanwhile_as_it_ends(
+) -> None:
+    server = GatedServer()  # no committer task at all, and no sender's task
+    tasks_before = asyncio.all_tasks()
+    try:
+        server.committer.pending.append("a")
+        server.committer.commit_soon()
+        assert server.commits == [["a"]]  # the store call began right here
+        server.committer.pending.append("b")
+        server.committer.commit_soon()  # a commit runs: "b" waits for it to end
+        assert server.commits == [["a"]]
+        assert asyncio.all_tasks() == tasks_before
+        server.release.set()
+        await _answered(server, 2)
+        assert server.commits == [["a"], ["b"]]
+        assert server.answers == [(["a"], 1), (["b"], 1)]
+        assert not server.committer._running and server.committer.pending == []
+    finally:
+        server.io.close()
+
+
+async def test_commit_pending_waits_for_a_commit_soon_commit() -> None:
+    server = GatedServer()
+    server.committer.pending.append("a")
+    server.committer.commit_soon()
+    server.committer.pending.append("b")
+    stopping = asyncio.create_task(server.committer.commit_pending())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert server.commits == [["a"]], "a second commit started beside the running one"
+    server.release.set()
+    await stopping
+    await _answered(server, 2)
+    server.io.close()
+    assert server.commits == [["a"], ["b"]]
+
+
+async def test_commit_soon_refuses_a_batch_whose_store_call_raises_at_once_or_later() -> None:
+    server = Server()
+
+    def raising_at_once(batch: list[str]) -> asyncio.Future[int]:
+        raise DiskFull("/data/log", dropped_records=1)
+
+    server.committer._commit = raising_at_once  # type: ignore[assignment]
+    server.committer.pending.append("a")
+    server.committer.commit_soon()
+    (batch, error), = server.answers
+    assert batch == ["a"] and error.code == "overloaded"
+    assert not server.committer._running
+    failing = Server(LogWriteFailed("/data/log", "fsync", OSError(5, "EIO")))
+    failing.committer.pending.append("b")
+    failing.committer.commit_soon()  # a coroutine store call: run as a future
+    await _answered(failing, 1)
+    assert failing.answers[0][1].code == "internal" and failing.readonly

@@ -1,0 +1,143 @@
+"""A realtime server steps a send inline and answers it by callback when its commit ends, with no
+task, and still only after the commit, only while the writable master, and under ``sync``
+replication only once the slaves have it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from realtime.config import RealtimeConfig
+from realtime.server import RealtimeServer
+from tests.rawclient import FakeClock, RawClient, message
+from wire.errors import NotEnoughReplicas, NotMaster
+from wire.message import encode_message
+
+
+@pytest.fixture
+async def server(tmp_path):
+    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0,
+                            expiry_check_interval_ms=3_600_000)
+    server = RealtimeServer(config, FakeClock())
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server):
+    client = await RawClient.connect(server.port)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def tasks(server, monkeypatch) -> list[object]:
+    """The task each send was queued for its commit in (None: stepped inline, no task)."""
+    seen: list[object] = []
+    send_soon = server.broker.send_soon
+
+    def noted(payloads, compact, done):
+        seen.append(asyncio.current_task())
+        return send_soon(payloads, compact, done)
+
+    monkeypatch.setattr(server.broker, "send_soon", noted)
+    return seen
+
+
+async def test_a_send_is_answered_when_its_commit_ends_with_no_task(server, client, tasks):
+    clock = FakeClock()
+    sent = await client.send(message("orders", b"one", clock), message("orders", b"two", clock))
+    assert [r["status"] for r in sent["results"]] == ["stored", "stored"]
+    compact = await client.request({"op": "send", "compact": True, "messages": [
+        encode_message(message("orders", b"three", clock))]})
+    assert "error" not in compact and "results" not in compact  # the count: all stored
+    assert tasks == [None, None]  # both stepped inline, answered by callback
+    assert server.frames.requests_in_flight == 0
+    pulled = await client.pull("orders", "g", "c1", start="earliest")
+    assert len(pulled["payloads"]) == 3
+
+
+async def test_a_send_whose_commit_outlived_the_lease_is_refused_not_master(
+        server, client, monkeypatch):
+    refusing: list[str] = []
+    check_writable = server.role.check_writable
+
+    def check(group: str, now_ms: int) -> None:
+        if refusing:
+            raise NotMaster(f"server me is not the leased master of group {group}: "
+                            f"{refusing[0]}")
+        check_writable(group, now_ms)
+
+    writable_now = server.role.writable_now
+    monkeypatch.setattr(server.role, "check_writable", check)
+    monkeypatch.setattr(server.role, "writable_now", lambda: not refusing and writable_now())
+    commit_io = server.broker.sends._append_and_commit_io
+
+    def commit_then_lapse(batch, now_ms):
+        committed = commit_io(batch, now_ms)
+        refusing[:] = ["its lease ran out (epoch 1): no MetaServer renewed it in time"]
+        return committed
+
+    monkeypatch.setattr(server.broker.sends, "_append_and_commit_io", commit_then_lapse)
+    answer = await client.send(message("orders", b"one", FakeClock()))
+    assert answer["error"]["code"] == "not_master"
+
+
+async def test_a_send_to_a_read_only_server_is_refused_per_message_at_once(server, client):
+    server.broker.sends.readonly = True
+    answer = await client.send(message("orders", b"one", FakeClock()))
+    assert answer["results"][0]["error"]["code"] == "readonly"
+
+
+async def test_under_sync_replication_a_send_is_answered_only_once_its_slaves_have_it(
+        server, client, monkeypatch):
+    sends = server.broker.sends
+    slaves_have_it = asyncio.Event()
+    waited: list[int] = []
+
+    async def wait_replicated(end: int) -> None:
+        waited.append(end)
+        await slaves_have_it.wait()
+
+    monkeypatch.setattr(sends, "replicated_end", lambda request: request.log_end)
+    monkeypatch.setattr(sends, "wait_replicated", wait_replicated)
+    sending = asyncio.create_task(client.send(message("orders", b"one", FakeClock())))
+    async with asyncio.timeout(10):
+        while not waited:
+            await asyncio.sleep(0.001)
+    assert waited[0] > 0 and not sending.done()
+    slaves_have_it.set()
+    answer = await asyncio.wait_for(sending, 10)
+    assert answer["results"][0]["status"] == "stored"
+
+    async def no_slaves(end: int) -> None:
+        raise NotEnoughReplicas("group g: 0 slaves in sync, min_insync 1")
+
+    monkeypatch.setattr(sends, "wait_replicated", no_slaves)
+    refused = await client.send(message("orders", b"two", FakeClock()))
+    assert refused["error"]["code"] == "not_enough_replicas"
+
+
+async def test_a_send_to_a_read_only_server_asks_the_metaserver_first_from_a_task(
+        server, client, tasks):
+    # Stepped inline a send has no task; asking the MetaServer (aiohttp, asyncio.timeout)
+    # needs one, so the send hands itself to a task before it asks.
+    asked: list[object] = []
+
+    class Registration:
+        async def refresh_state(self) -> None:
+            asked.append(asyncio.current_task())
+            async with asyncio.timeout(10):  # raises RuntimeError outside a task
+                await asyncio.sleep(0)
+            server.broker.sends.readonly = False  # the MetaServer says rw again
+
+    server.broker.sends.readonly = True
+    server.registration = Registration()  # type: ignore[assignment]
+    try:
+        answer = await client.send(message("orders", b"one", FakeClock()))
+    finally:
+        server.registration = None
+    assert answer["results"][0]["status"] == "stored"
+    assert asked[0] is not None and tasks == [asked[0]]
