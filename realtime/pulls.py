@@ -25,15 +25,12 @@ import dataclasses
 import logging
 from typing import Awaitable, Callable, NamedTuple, Sequence
 
-from logstore.errors import LogStoreError
 from realtime.committed import Wake
 from realtime.consumers import ConsumerKey, group_key
-from realtime.parked_pull import ParkedPull, PullReply
 from realtime.context import BrokerContext
-from realtime.storage.errors import StorageError
-from wire.errors import QmqError
+from realtime.parked_pull import ParkedPull, PullReply
+from realtime.pull_reads import read_for_pull_io
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
-from wire.message import KEY_EXPIRE_AT_MS, decode_message, tag_hash
 from wire.protocol import Pull
 
 log = logging.getLogger(__name__)
@@ -44,37 +41,6 @@ PULL_RESPONSE_PAYLOAD_BYTES_MAX = MAX_FRAME_BYTES - MAX_BODY_BYTES // 2
 
 # Consumer-log entries one pull looks at (after tag and expiry filtering) before it answers.
 PULL_SCAN_ENTRIES_MAX = 10_000
-
-# The msgpack bytes the payload key KEY_EXPIRE_AT_MS (one byte, "x") can take: a fixstr of 1
-# byte, as our encoder writes it (b"\xa1x"), or a str 8/16/32 of length 1 from another encoder
-# (msgpack allows each), which all end in b"\x01x". A payload that contains none of them has no
-# expiry, so a pull without tags need not decode it.
-_EXPIRE_KEY = b"\xa1" + KEY_EXPIRE_AT_MS.encode()
-_EXPIRE_KEY_LONGHAND_END = b"\x01" + KEY_EXPIRE_AT_MS.encode()
-_EXPIRE_KEYS_LONGHAND = tuple(kind + _EXPIRE_KEY_LONGHAND_END
-                              for kind in (b"\xd9", b"\xda\x00", b"\xdb\x00\x00\x00"))
-
-
-def _may_expire(payload: bytes) -> bool:
-    """False only when ``payload`` certainly has no expire_at_ms (no encoding of its key)."""
-    # Every longhand form ends alike: one search rules them all out in the usual case.
-    return _EXPIRE_KEY in payload or (
-        _EXPIRE_KEY_LONGHAND_END in payload and any(key in payload for key in _EXPIRE_KEYS_LONGHAND))
-
-
-def _deliverable(payload: bytes, tags: frozenset[str], now_ms: int | None) -> bool:
-    """Exact tag match (the consumer log's bloom mask is only a pre-filter) and not expired
-    at ``now_ms`` (None: ignore expiry)."""
-    try:
-        message = decode_message(payload)
-    except QmqError:
-        return False
-    if tags and not tags.intersection(message.tags):
-        return False
-    if now_ms is not None and message.expire_at_ms is not None and message.expire_at_ms <= now_ms:
-        return False
-    return True
-
 
 def burst_share(max_count: int, backlog: int, pulls_waiting: int, share_min: int) -> int:
     """How many of a group's ``backlog`` entries one pull may take while ``pulls_waiting``
@@ -471,8 +437,9 @@ class Pulls:
             # Behind the tail: read the message store (queued behind any commit).
             unreadable: list[tuple[int, str | None]] = []
             found, new_cursor = await ctx.on_store_thread(
-                self._read_io, subject, missing, cursor if tail is None else end, end,
-                remaining, tags, now_ms, expired, unreadable)
+                read_for_pull_io, ctx.store, subject, missing, cursor if tail is None else end,
+                end, remaining, tags, now_ms, PULL_RESPONSE_PAYLOAD_BYTES_MAX, expired,
+                unreadable)
             if unreadable:  # passed over for good: a give-up, traced with its reason
                 log.error("pull of %s for %s passed over %d unreadable records (sequences %s)",
                           subject, key, len(unreadable), [seq for seq, _ in unreadable][:10])
@@ -503,50 +470,6 @@ class Pulls:
         if not pulllog.has_group(subject, key):
             pulllog.ensure_group(subject, key, start, now_ms)
         return pulllog.take_redeliveries(subject, key, max_count), pulllog.cursor(subject, key)
-
-    def _read_io(self, subject: str, seqs: list[int], cursor: int, end: int, count: int,
-                 tags: frozenset[str], now_ms: int, expired: list[bytes] | None = None,
-                 unreadable: list[tuple[int, str | None]] | None = None,
-                 ) -> tuple[dict[int, bytes], int]:
-        """Store thread: the payloads of ``seqs`` (b"" when unreadable), then up to ``count``
-        deliverable messages from ``cursor``; returns them and the new cursor. Messages passed
-        over because they expired go to ``expired`` (for tracing); records the scan passed over
-        because they fail verification go to ``unreadable`` as (sequence, id or None): a
-        damaged record must not fail every pull of the group, forever."""
-        store = self._ctx.store
-        payloads: dict[int, bytes] = {}
-        for seq in seqs:
-            try:
-                payloads[seq] = store.read(subject, seq).payload
-            except (LogStoreError, StorageError) as exc:
-                # Deleted by retention's hard cap or damaged (the store raises its own
-                # CorruptEntry / SequenceOutOfRange, not a LogStoreError: catching only that
-                # failed every pull of the group, forever): it cannot be delivered again.
-                log.error("redelivery of %s seq %d impossible: %s", subject, seq, exc)
-                payloads[seq] = b""
-        new_cursor = cursor
-        if count > 0 and cursor < end:
-            start = max(cursor, store.first_sequence(subject))
-            hashes = [tag_hash(t) for t in tags] if tags else None
-            found, new_cursor = store.scan(subject, start, count, hashes,
-                                           unreadable=unreadable)
-            budget_bytes = PULL_RESPONSE_PAYLOAD_BYTES_MAX - sum(map(len, payloads.values()))
-            for stored in found:
-                if payloads and len(stored.payload) > budget_bytes:
-                    new_cursor = stored.sequence  # the rest waits for the next pull
-                    break
-                if not tags and not _may_expire(stored.payload):
-                    # Nothing to check without a decode: no tag filter, and the payload has no
-                    # expire_at_ms (its key's bytes do not occur in it). It was validated when
-                    # it was sent and its CRC verified on this read.
-                    payloads[stored.sequence] = stored.payload
-                    budget_bytes -= len(stored.payload)
-                elif _deliverable(stored.payload, tags, now_ms):
-                    payloads[stored.sequence] = stored.payload
-                    budget_bytes -= len(stored.payload)
-                elif expired is not None and _deliverable(stored.payload, tags, None):
-                    expired.append(stored.payload)  # it matched; only its expiry kept it back
-        return payloads, new_cursor
 
     def _record_pull_io(self, request: Pull, key: str, chosen: list[int], new_cursor: int,
                         payloads: dict[int, bytes], now_ms: int,
