@@ -450,11 +450,6 @@ class Handoffs:
                 why = exc.message
         return why
 
-    async def make_visible(self, due: list[int], now_ms: int) -> None:
-        """Make the held messages at offsets ``due`` visible, then publish them (one round)."""
-        writing = self._write(due, now_ms)
-        self._published(writing, await writing[3])
-
     async def _rounds(self, due: list[int], now_ms: int) -> None:
         """Make ``due`` visible, then the rounds after it while more is due: the next round's
         store call is queued in the step in which the one before returned, before that one is
