@@ -10,7 +10,7 @@ I/O thread at all.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Callable, Protocol
 
 from realtime.tail import Entry, Tail
 
@@ -48,6 +48,10 @@ class Wake:
 PARK_DEADLINE_SLOT_S = 0.05
 
 
+def _nothing() -> None:
+    """No parked pulls to go on with (a ``Committed`` no ``Pulls`` uses)."""
+
+
 class Committed:
     """Committed ends and first sequences per subject, the tail of recent messages, and the
     events long polls wait on.
@@ -65,6 +69,9 @@ class Committed:
         # Deadline slot (loop time // PARK_DEADLINE_SLOT_S, rounded up) -> the polls parked
         # until it; each slot in use has one timer, never cancelled (_slot_passed).
         self._deadline_slots: dict[int, set[Waiter]] = {}
+        # Goes on now with the parked pulls woken so far (``Pulls`` sets it): a publishing step
+        # calls it once it has answered its senders, so their polls answer in the same step.
+        self.answer_woken: Callable[[], None] = _nothing
 
     def restart(self, ends: dict[str, int], firsts: dict[str, int]) -> None:
         """A copy became the master: what is committed is what its store says now; the tail

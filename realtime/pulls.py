@@ -102,6 +102,7 @@ class Pulls:
         self._due: list[ParkedPull] = []
         # Tasks of woken parked pulls that needed the async path (referenced until they end).
         self._continuing: set[asyncio.Task[None]] = set()
+        ctx.committed.answer_woken = self._run_due
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
@@ -277,7 +278,10 @@ class Pulls:
 
     def _run_due(self) -> None:
         """Go on with every parked pull told its outcome, in the order they were told: each is
-        answered now, parked again, or handed to a task when it needs the async path."""
+        answered now, parked again, or handed to a task when it needs the async path. Runs as
+        the loop callback ``_queue_due`` scheduled, or earlier, in the step that published the
+        commit once its senders were answered (``Committed.answer_woken``); then the callback
+        finds nothing left."""
         due, self._due = self._due, []
         for poll in due:
             try:

@@ -286,6 +286,10 @@ class Sends:
         if self.on_commit is not None:
             self.on_commit(len(outcomes))
         self._tell(batch)
+        if all(request.future is None for request in batch):
+            # Every sender was answered just now: the long polls this commit woke are answered
+            # right after them, in this step (no loop turn); else after the senders' tasks.
+            self._ctx.committed.answer_woken()
 
     @staticmethod
     def _answer(batch: list[SendRequest]) -> None:

@@ -62,6 +62,12 @@ async def answered(replies: Replies) -> None:
     await wait_for(lambda: replies.answers, 10, "the parked pull's answer")
 
 
+async def quiet(broker: Broker) -> None:
+    """No background round (the pull log's flush) can make the pull-log thread busy: a pull
+    then records on the loop whenever the test expects it to."""
+    await broker._stop_rounds()
+
+
 async def caught_up(broker: Broker) -> None:
     """The group exists and its cursor is known at the end (a planned pull, then a tail one)."""
     await send(broker, "m0")
@@ -71,6 +77,7 @@ async def caught_up(broker: Broker) -> None:
 
 
 async def test_a_pull_the_tail_answers_is_answered_without_suspending(broker):
+    await quiet(broker)
     await caught_up(broker)
     await send(broker, "m2", "m3")
     coro = broker.pull(pull_request(), direct=True)
@@ -202,3 +209,27 @@ async def _resume(coro, waits_on):
             await asyncio.wait([waits_on])
     except StopIteration as done:
         return done.value
+
+
+async def test_a_commit_whose_senders_are_answered_by_callback_answers_its_parked_pulls_in_the_same_step(
+        broker):
+    await quiet(broker)
+    await caught_up(broker)
+    order: list[str] = []
+    out = await broker.pull(pull_request(), direct=True)
+    assert isinstance(out, ParkedPull)
+    out.reply_to(lambda answer: order.append("pull"))
+    publish = broker.sends._publish_committed
+
+    def publish_noting(*args):
+        publish(*args)
+        order.append("step ended")
+
+    broker.sends._publish_committed = publish_noting  # type: ignore[method-assign]
+    # The committer was built with the bound method: it calls the attribute's value it holds.
+    broker.sends.commits._committed = publish_noting
+    message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
+    assert broker.send_soon([encode_message(message)], False,
+                            lambda request: order.append("send")) is None
+    await wait_for(lambda: "step ended" in order, 10, "the commit's publishing step")
+    assert order == ["send", "pull", "step ended"], "the producer, then the pull, in one step"
