@@ -285,11 +285,15 @@ class Sends:
         self._publish(batch, outcomes)
         if self.on_commit is not None:
             self.on_commit(len(outcomes))
-        self._tell(batch)
-        if all(request.future is None for request in batch):
-            # Every sender was answered just now: the long polls this commit woke are answered
-            # right after them, in this step (no loop turn); else after the senders' tasks.
-            self._ctx.committed.answer_woken()
+        # One block for both: the producers' answers, then the woken polls', leave as it
+        # ends, one write per connection and no end-of-turn callback for either.
+        with self.answers_together():
+            self._tell(batch)
+            if all(request.future is None for request in batch):
+                # Every sender was answered just now: the long polls this commit woke are
+                # answered right after them, in this step (no loop turn); else after the
+                # senders' tasks.
+                self._ctx.committed.answer_woken()
 
     @staticmethod
     def _answer(batch: list[SendRequest]) -> None:

@@ -141,3 +141,26 @@ async def test_a_send_to_a_read_only_server_asks_the_metaserver_first_from_a_tas
         server.registration = None
     assert answer["results"][0]["status"] == "stored"
     assert asked[0] is not None and tasks == [asked[0]]
+
+
+async def test_a_send_and_the_long_poll_it_wakes_are_answered_with_no_end_of_turn_callback(
+        server, client, monkeypatch):
+    from serverkit.frame_server import _FrameConnection
+
+    consumer = await RawClient.connect(server.port)
+    try:
+        await consumer.pull("orders", "g", "c1")  # the group, at "latest"
+        waiting = asyncio.create_task(consumer.pull("orders", "g", "c1", wait_ms=30_000))
+        async with asyncio.timeout(10):
+            while server.broker.pulls.waiting_pulls < 1:
+                await asyncio.sleep(0.001)
+        turns: list[object] = []
+        end_turn = _FrameConnection._end_turn
+        monkeypatch.setattr(_FrameConnection, "_end_turn",
+                            lambda self: (turns.append(self), end_turn(self))[1])
+        sent = await client.send(message("orders", b"late", FakeClock()))
+        pulled = await asyncio.wait_for(waiting, 10)
+        assert sent["results"][0]["status"] == "stored" and len(pulled["payloads"]) == 1
+        assert turns == []  # both written as the commit's answers block ended
+    finally:
+        await consumer.close()
