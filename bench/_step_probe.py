@@ -190,9 +190,12 @@ def install_loop_counts() -> None:
 
     def counted_handle_run(self: Any) -> None:
         callback = self._callback
-        if type(callback).__name__ == "TaskStepMethWrapper" or isinstance(
-                getattr(callback, "__self__", None), asyncio.Task):
-            name = "task step/wake-up"
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):  # a wake-up: named by the task's coroutine
+            coro = owner.get_coro()
+            name = "task wake-up " + getattr(coro, "__qualname__", type(coro).__name__)
+        elif type(callback).__name__ == "TaskStepMethWrapper":
+            name = "task step"
         else:
             name = getattr(callback, "__qualname__", None) or type(callback).__name__
         key = "callback " + str(name)
