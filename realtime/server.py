@@ -230,24 +230,28 @@ class RealtimeServer(ServerBase):
     def _send_ended(self, later: Later, request: SendRequest) -> None:
         """A send's commit ended (stored or refused): answer it, after the slaves under
         ``sync`` replication, and only while still the writable master (as ``handle``)."""
-        replicated_end = self.broker.sends.replicated_end(request)
-        if not replicated_end:
-            self._answer_sent(later, request)
+        try:
+            replicated_end = self.broker.sends.replicated_end(request)
+            if not replicated_end:
+                self._answer_sent(later, request)
+                return
+            # The slaves' wait: done at once unless a slave in sync is behind; then a task.
+            task = step_or_task(self._send_replicated(later, request, replicated_end))
+        except Exception as exc:  # a server bug: answered internal and logged, as in a task
+            later.fail(exc)
             return
-        # The slaves' wait: done at once unless a slave in sync is behind; then a task.
-        task = step_or_task(self._send_replicated(later, request, replicated_end))
         if task is not None:
             self._replica_waits.add(task)
 
     async def _send_replicated(self, later: Later, request: SendRequest, end: int) -> None:
         try:
             await self.broker.sends.wait_replicated(end)
+            self._answer_sent(later, request)
         except Exception as exc:  # NotMaster, NotEnoughReplicas, or a bug (answered internal)
             later.fail(exc)
-        else:
-            self._answer_sent(later, request)
         finally:
-            self._replica_waits.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if self._replica_waits:  # stepped inline, it was never added (and no getpid)
+                self._replica_waits.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _answer_sent(self, later: Later, request: SendRequest) -> None:
         """Answer a send whose commit (and the slaves' copy) ended, if the role allows."""

@@ -164,3 +164,15 @@ async def test_a_send_and_the_long_poll_it_wakes_are_answered_with_no_end_of_tur
         assert turns == []  # both written as the commit's answers block ended
     finally:
         await consumer.close()
+
+
+async def test_a_bug_answering_a_committed_send_is_answered_internal_and_leaves_nothing_in_flight(
+        server, client, monkeypatch):
+    def broken(request):
+        raise RuntimeError("a bug while answering")
+
+    monkeypatch.setattr("realtime.server.Sends.outcome", staticmethod(broken))
+    answer = await client.send(message("orders", b"one", FakeClock()))
+    assert answer["error"]["code"] == "internal" and "a bug while answering" in answer[
+        "error"]["message"]
+    assert server.frames.requests_in_flight == 0
