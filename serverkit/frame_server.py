@@ -284,21 +284,27 @@ class FrameServer:
         return error_response(rid, exc)
 
 
+class LaterAnsweredTwice(RuntimeError):
+    """A ``Later`` was given a second outcome (a server bug): its request has one answer, the
+    first, and the client is not sent a second one with the same rid."""
+
+
 class Later:
     """An answer a handler gives after it has returned, with no task waiting for it: the
     handler returns the ``Later`` and then calls ``answer(response)`` (the map, without
-    ``rid``) or ``fail(exc)`` once, from a later step of the loop (a long poll woken by a
+    ``rid``) or ``fail(exc)`` once (a second call raises ``LaterAnsweredTwice``), from a later step of the loop (a long poll woken by a
     commit). A ``QmqError`` becomes its error response, anything else ``internal`` (logged).
     Until it is answered the request counts in ``requests_in_flight`` and ``stop`` waits for it
     as for a task; an answer to a closed connection goes nowhere."""
 
-    __slots__ = ("_server", "_connection", "_request", "_outcome")
+    __slots__ = ("_server", "_connection", "_request", "_outcome", "_given_once")
 
     def __init__(self) -> None:
         self._server: FrameServer | None = None
         self._connection: _FrameConnection | None = None
         self._request: Request | None = None
         self._outcome: dict[str, Any] | BaseException | None = None  # given before _bind
+        self._given_once = False  # answer or fail was called: a second call is refused
 
     def answer(self, response: dict[str, Any]) -> None:
         """The request's answer."""
@@ -309,6 +315,12 @@ class Later:
         self._given(exc)
 
     def _given(self, outcome: dict[str, Any] | BaseException) -> None:
+        if self._given_once:
+            request = self._request
+            raise LaterAnsweredTwice(
+                f"a second outcome for {request.op if request else 'an unbound'} request"
+                f" (rid {request.rid if request else None}): {outcome!r:.200}")
+        self._given_once = True
         server = self._server
         if server is None:
             self._outcome = outcome

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from serverkit.frame_server import FrameServer, Later, Session
+from serverkit.frame_server import FrameServer, Later, LaterAnsweredTwice, Session
 from wire.errors import BadRequest
 from wire.protocol import FrameDecoder, Request, encode_frame
 
@@ -391,3 +391,44 @@ async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
     assert (await _read_answers(reader, 1))[0]["rid"] == 2
     await asyncio.wait_for(stopping, WAIT_S)
     writer.close()
+
+
+def test_a_later_answered_twice_refuses_the_second_outcome_instead_of_writing_a_second_answer():
+    early = Later()
+    early.answer({"first": True})
+    with pytest.raises(LaterAnsweredTwice, match="second outcome"):
+        early.fail(BadRequest("too late"))
+    assert early._outcome == {"first": True}, "the first outcome is the one kept for the bind"
+
+
+async def test_a_bound_later_answered_twice_sends_its_client_one_answer():
+    laters: list[Later] = []
+
+    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
+        if request.op == "hello":
+            return {"ok": True}
+        laters.append(Later())
+        return laters[-1]
+
+    server = FrameServer(park)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_hello(1) + _heartbeat(2))
+        await writer.drain()
+        await _read_answers(reader, 1)
+        while not laters:
+            await asyncio.sleep(0.001)
+        laters[0].answer({"n": 1})
+        with pytest.raises(LaterAnsweredTwice, match=r"heartbeat request \(rid 2\)"):
+            laters[0].answer({"n": 2})
+        writer.write(_heartbeat(3))
+        await writer.drain()
+        while len(laters) < 2:
+            await asyncio.sleep(0.001)
+        laters[1].answer({"n": 3})
+        answers = await _read_answers(reader, 2)
+        assert [(a["rid"], a["n"]) for a in answers] == [(2, 1), (3, 3)]
+        writer.close()
+    finally:
+        await server.stop()
