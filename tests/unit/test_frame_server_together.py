@@ -8,7 +8,8 @@ import asyncio
 from typing import Any
 
 from serverkit.frame_server import FrameServer, Later, Session
-from wire.protocol import FrameDecoder, Request, encode_frame
+from tests.unit.test_framed_server import _read_answers
+from wire.protocol import Request, encode_frame
 
 WAIT_S = 10  # longest the test waits for the server to act, in seconds
 
@@ -19,16 +20,6 @@ def _frame(op: str, rid: int) -> bytes:
                              "protocol": 1})
     return encode_frame({"op": "heartbeat", "rid": rid, "consumer_id": "c1",
                          "subscriptions": [["orders", "g"]]})
-
-
-async def _read_answers(reader: asyncio.StreamReader, count: int) -> list[dict[str, Any]]:
-    decoder = FrameDecoder()
-    answers: list[dict[str, Any]] = []
-    while len(answers) < count:
-        data = await asyncio.wait_for(reader.read(1 << 20), WAIT_S)
-        assert data, f"connection closed after {len(answers)} of {count} answers"
-        answers += decoder.feed(data)
-    return answers
 
 
 async def test_answers_written_together_leave_in_one_write_per_connection_at_the_blocks_end():

@@ -334,27 +334,43 @@ async def test_a_request_whose_answer_cannot_be_encoded_is_answered_internal_and
         await server.stop()
 
 
-async def test_a_handler_may_answer_later_through_a_later_with_no_task_left_waiting():
-    laters: list[Later] = []
+def _parking_server(laters: list[Later], **options: Any) -> FrameServer:
+    """A server that answers hello and parks every other request in a Later, kept in order in
+    ``laters`` for the test to answer."""
 
     async def park(session: Session, request: Request) -> dict[str, Any] | Later:
         if request.op == "hello":
             return {"ok": True}
-        later = Later()
-        laters.append(later)
-        return later
+        laters.append(Later())
+        return laters[-1]
 
-    server = FrameServer(park, inline_ops=("heartbeat",))
+    return FrameServer(park, **options)
+
+
+async def _greeted(server: FrameServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``server`` whose hello is answered."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_hello(1))
+    await writer.drain()
+    await _read_answers(reader, 1)
+    return reader, writer
+
+
+async def _parked(laters: list[Later], count: int) -> None:
+    """Until ``count`` requests are parked."""
+    while len(laters) < count:
+        await asyncio.sleep(0.001)
+
+
+async def test_a_handler_may_answer_later_through_a_later_with_no_task_left_waiting():
+    laters: list[Later] = []
+    server = _parking_server(laters, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1))
-        await writer.drain()
-        await _read_answers(reader, 1)
+        reader, writer = await _greeted(server)
         writer.write(_heartbeat(2) + _heartbeat(3))
         await writer.drain()
-        while len(laters) < 2:
-            await asyncio.sleep(0.001)
+        await _parked(laters, 2)
         assert server.requests_in_flight == 2 and not server._requests, "no task waits"
         laters[1].answer({"late": True})
         laters[0].fail(BadRequest("no such thing"))
@@ -369,21 +385,12 @@ async def test_a_handler_may_answer_later_through_a_later_with_no_task_left_wait
 
 async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
     laters: list[Later] = []
-
-    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
-        if request.op == "hello":
-            return {"ok": True}
-        laters.append(Later())
-        return laters[-1]
-
-    server = FrameServer(park)
+    server = _parking_server(laters)
     await server.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(_hello(1) + _heartbeat(2))
+    reader, writer = await _greeted(server)
+    writer.write(_heartbeat(2))
     await writer.drain()
-    await _read_answers(reader, 1)
-    while not laters:
-        await asyncio.sleep(0.001)
+    await _parked(laters, 1)
     stopping = asyncio.ensure_future(server.stop(grace_ms=WAIT_S * 1000))
     await asyncio.sleep(0.01)
     assert not stopping.done(), "the parked request is in flight: stop waits for it"
@@ -403,29 +410,19 @@ def test_a_later_answered_twice_refuses_the_second_outcome_instead_of_writing_a_
 
 async def test_a_bound_later_answered_twice_sends_its_client_one_answer():
     laters: list[Later] = []
-
-    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
-        if request.op == "hello":
-            return {"ok": True}
-        laters.append(Later())
-        return laters[-1]
-
-    server = FrameServer(park)
+    server = _parking_server(laters)
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1) + _heartbeat(2))
+        reader, writer = await _greeted(server)
+        writer.write(_heartbeat(2))
         await writer.drain()
-        await _read_answers(reader, 1)
-        while not laters:
-            await asyncio.sleep(0.001)
+        await _parked(laters, 1)
         laters[0].answer({"n": 1})
         with pytest.raises(LaterAnsweredTwice, match=r"heartbeat request \(rid 2\)"):
             laters[0].answer({"n": 2})
         writer.write(_heartbeat(3))
         await writer.drain()
-        while len(laters) < 2:
-            await asyncio.sleep(0.001)
+        await _parked(laters, 2)
         laters[1].answer({"n": 3})
         answers = await _read_answers(reader, 2)
         assert [(a["rid"], a["n"]) for a in answers] == [(2, 1), (3, 3)]
