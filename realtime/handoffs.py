@@ -6,9 +6,7 @@
 replicated like any record; no consumer-log entry) and puts them in the ``HeldTimer``. The
 visibility round sleeps until the earliest visible time, then makes what is due visible in
 store calls of at most VISIBLE_BATCH_MAX, one after the other (a visible-message record per
-message, its payload written again, and the consumer-log entries; the next call is queued as
-the one before returns, so it is written while the loop publishes that one), feeds the tail,
-traces ``stored`` and ``dispatched`` and wakes the long
+message, its payload written again, and the consumer-log entries), feeds the tail, traces ``stored`` and ``dispatched`` and wakes the long
 polls; a held record that no longer reads is given up (``gave_up`` ``held_unreadable``). A message is never visible before its
 ``visible_at_ms`` by this broker's clock. A round runs only while the broker may write, as a
 send is checked (the leased, active master; ``min_insync``): else the messages wait. ``cancel`` drops held messages by id. After a
@@ -46,13 +44,6 @@ from wire.message import (
 from wire.protocol import send_result_error, send_result_ok
 
 log = logging.getLogger(__name__)
-
-# What a visibility round's store call returns (``_visible_io``): the runs made visible, the
-# message log's end, the held records given up as unreadable.
-_Made = tuple[list[tuple[str, int, list[Held]]], int, list[Held]]
-# A visibility round whose store call is queued: (due offsets, now_ms, the kept payloads it
-# writes again by offset, the call's future).
-_Writing = tuple[list[int], int, dict[int, bytes], "asyncio.Future[_Made]"]
 
 _TAGS_OF = attrgetter("tags")
 _EXPIRE_OF = attrgetter("expire_at_ms")
@@ -115,10 +106,6 @@ class Handoffs:
         # Hand-offs refused because the held set was full (qmq_realtime_holds_refused_full).
         self.holds_refused_full = 0
         self._refused_why: str | None = None
-        # The round whose store call runs or ran last: (due offsets, now_ms), for _finish on a
-        # failure; _stopping: a stop or demote waits for the rounds, none more is queued.
-        self._round: tuple[list[int], int] = ([], 0)
-        self._stopping = False
         # Holds and cancel_helds refused because a slave does not read the held records'
         # kinds (qmq_realtime_holds_refused_kinds), and the last reason (the admin view).
         self.kind_refusals = KindRefusals(log)
@@ -343,14 +330,13 @@ class Handoffs:
         self._kept_bytes = 0
 
     async def run(self) -> None:
-        """Make held messages visible as they fall due, until cancelled. A due instant is made
-        visible in rounds (``_rounds``): each round is checked (the lease, min_insync) right
-        before its store call is queued, as docs/REPLICATION.md 16 says, and the next round's
-        call is queued (and checked) only once the one before has returned, in that same
-        step, before the loop publishes the one before: the store thread writes a round while
-        the loop publishes the round before it. (Queued a whole round's write ahead, as
-        before review rvbroker-4, a round was checked too early: a lease that ran out
-        meanwhile did not stop it.)"""
+        """Make held messages visible as they fall due, until cancelled: one round at a time,
+        each checked (the lease, min_insync: ``_may_write``) right before its store call, as
+        docs/REPLICATION.md 16 says. Two rounds in flight (the next one's records written while
+        the loop published the one before) had that round checked a whole round's write before
+        its own store call, so a lease that ran out meanwhile did not stop it (review
+        rvbroker-4); overlapping them again needs the check made where the store call is
+        queued."""
         clock = self._ctx.clock
         batch_max = VISIBLE_FIRST_BATCH_MAX
         while True:
@@ -373,35 +359,29 @@ class Handoffs:
             due = self.timer.take_due(now_ms, batch_max)
             batch_max = VISIBLE_BATCH_MAX
             # A future of its own: a stop or demote waits for it in _finish, never cancels it
-            self._stopping = False
-            rounds = asyncio.ensure_future(self._rounds(due, now_ms))
-            if not await self._finish(rounds):
+            round_ = asyncio.ensure_future(self.make_visible(due, now_ms))
+            if not await self._finish(due, now_ms, round_):
                 return
 
-    async def _finish(self, rounds: asyncio.Future[None]) -> bool:
-        """Wait for the rounds of a due instant; False when one failed for good (the broker
-        read-only). A failed round is ``_round``: the one whose store call ran last."""
+    async def _finish(self, due: list[int], now_ms: int, round_: asyncio.Future[None]) -> bool:
+        """Wait for a round; False when it failed for good (the broker read-only)."""
         try:
             try:
-                await asyncio.shield(rounds)
+                await asyncio.shield(round_)
             except asyncio.CancelledError:
-                # Stop or demote: no further round is queued; wait for the one written (the
-                # store thread writes it anyway), and end whatever it ended with: a failure is
-                # counted, never taken for a retry that would swallow the cancel (a stop that
-                # never ends).
-                self._stopping = True
+                # Stop or demote: wait for the round (the store thread writes it anyway), and
+                # end whatever it ended with: a failure is counted, never taken for a retry
+                # that would swallow the cancel (a stop that never ends).
                 try:
-                    await rounds
+                    await round_
                 except Exception:
                     self.visibility_failures += 1
                     log.exception("making %d held messages visible failed during a stop; "
-                                  "recovery or the next master holds them again",
-                                  len(self._round[0]))
+                                  "recovery or the next master holds them again", len(due))
                 raise
         except (DiskFull, OutOfDescriptors) as exc:
             # Not sticky (the log cut back what it wrote, the store stays writable, as for
             # sends): the round is tried again VISIBLE_RETRY_MS later, never earlier.
-            due, now_ms = self._round
             self.visibility_failures += 1
             log.warning("making %d held messages visible failed (%s); trying again in %d ms",
                         len(due), exc, VISIBLE_RETRY_MS)
@@ -411,7 +391,7 @@ class Handoffs:
             self.visibility_failures += 1
             log.exception("making %d held messages visible failed; held messages are no "
                           "longer made visible and the broker is read-only until restarted "
-                          "(recovery holds them again)", len(self._round[0]))
+                          "(recovery holds them again)", len(due))
             self._go_readonly()
             return False
         return True
@@ -422,7 +402,12 @@ class Handoffs:
         VISIBLE_REFUSED_RETRY_MS (or a poke) and returns False: the messages stay held, never
         made visible by a broker that may have been replaced (a second delivery) nor written
         where no slave in sync would copy them."""
-        why = self._write_refusal()
+        why = self.role_refusal()
+        if why is None:
+            try:
+                self._ctx.replica.check_writable()
+            except QmqError as exc:
+                why = exc.message
         if why is None:
             if self._refused_why is not None:
                 log.info("held messages are made visible again: the broker may write")
@@ -440,69 +425,15 @@ class Handoffs:
             pass
         return False
 
-    def _write_refusal(self) -> str | None:
-        """Why this broker may not write now (its role; the replicas: min_insync), or None."""
-        why = self.role_refusal()
-        if why is None:
-            try:
-                self._ctx.replica.check_writable()
-            except QmqError as exc:
-                why = exc.message
-        return why
-
-    async def _rounds(self, due: list[int], now_ms: int) -> None:
-        """Make ``due`` visible, then the rounds after it while more is due: the next round's
-        store call is queued in the step in which the one before returned, before that one is
-        published (``_next_round``: only while no stop is under way and the broker may write,
-        checked there). On a failure ``_round`` is the round whose store call failed."""
-        writing: _Writing | None = self._write(due, now_ms)
-        while writing is not None:
-            self._round = (writing[0], writing[1])
-            made = await writing[3]
-            written, writing = writing, self._next_round()
-            try:
-                self._published(written, made)
-            except BaseException:
-                if writing is not None:  # queued already: the store thread writes it anyway
-                    await asyncio.gather(writing[3], return_exceptions=True)
-                raise
-
-    def _next_round(self) -> _Writing | None:
-        """The next round's store call, queued now if something is due by now (on the
-        VISIBLE_TICK_MS grid, as ``run`` takes it), no stop is under way and the broker may
-        write (checked here, right before the call is queued); else None, and ``run`` takes
-        over (``_may_write`` counts and logs a refusal and waits)."""
-        next_ms = self.timer.next_due_ms()
-        if next_ms is None or self._stopping:
-            return None
-        now_ms = self._ctx.clock()
-        if -(-next_ms // VISIBLE_TICK_MS) * VISIBLE_TICK_MS > now_ms \
-                or self._write_refusal() is not None:
-            return None
-        return self._write(self.timer.take_due(now_ms, VISIBLE_BATCH_MAX), now_ms)
-
-    def _write(self, due: list[int], now_ms: int) -> _Writing:
-        """Queue the store call making ``due`` visible at ``now_ms``: (due, now_ms, the kept
-        payloads it writes again by offset, the call's future)."""
+    async def make_visible(self, due: list[int], now_ms: int) -> None:
+        """Make the held messages at offsets ``due`` visible, then publish them."""
         ctx = self._ctx
         kept = self._kept
         # The payloads kept from the hand-off are written again as they are; the store adds
         # those it read back from the held records.
         read = {offset: found[0] for offset, found in zip(due, map(kept.get, due))
                 if found is not None}
-        if ctx.submit_to_store is not None:  # queued now, not at a task's first step
-            call = ctx.submit_to_store(self._visible_io, due, read, now_ms)
-        else:
-            call = asyncio.ensure_future(ctx.on_store_thread(self._visible_io, due, read, now_ms))
-        return due, now_ms, read, call
-
-    def _published(self, writing: _Writing, made_io: _Made) -> None:
-        """Publish a round whose store call returned ``made_io``: the tail, the trace, the
-        long polls; what was cancelled meanwhile is no longer kept."""
-        ctx = self._ctx
-        kept = self._kept
-        due, now_ms, read, _ = writing
-        made, log_end, dropped = made_io
+        made, log_end, dropped = await ctx.on_store_thread(self._visible_io, due, read, now_ms)
         ctx.replica.advanced("message", log_end)
         if dropped:  # held records rotten on disk: given up, traced by id
             ctx.tracer.held_deleted([(h.subject, h.message_id) for h in dropped], now_ms,

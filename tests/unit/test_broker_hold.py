@@ -188,13 +188,13 @@ async def test_a_due_instant_is_made_visible_in_a_small_first_store_call_then_la
     monkeypatch.setattr(handoffs_module, "VISIBLE_FIRST_BATCH_MAX", 2)
     monkeypatch.setattr(handoffs_module, "VISIBLE_BATCH_MAX", 3)
     rounds: list[int] = []
-    visible_io = broker.handoffs._visible_io
+    make_visible = broker.handoffs.make_visible
 
-    def recorded(due: list[int], *args):
+    async def recorded(due: list[int], now_ms: int) -> None:
         rounds.append(len(due))
-        return visible_io(due, *args)
+        await make_visible(due, now_ms)
 
-    monkeypatch.setattr(broker.handoffs, "_visible_io", recorded)
+    monkeypatch.setattr(broker.handoffs, "make_visible", recorded)
     await hold(broker, clock, "orders", [f"h{i}" for i in range(7)])
     await arrive_at_due_time(broker, clock, 7)
     assert rounds == [2, 3, 2]
@@ -202,30 +202,6 @@ async def test_a_due_instant_is_made_visible_in_a_small_first_store_call_then_la
     await hold(broker, clock, "orders", ["k1", "k2", "k3"])  # the next due instant: small again
     await arrive_at_due_time(broker, clock, 3)
     assert rounds == [2, 3, 2, 2, 1]
-
-
-async def test_the_next_rounds_store_call_is_queued_before_the_round_before_is_published(
-        opened, monkeypatch):
-    # The store thread writes the next round while the loop publishes the one before (and
-    # serves the pulls it wakes), instead of waiting for that publish.
-    broker, clock, _ = opened
-    monkeypatch.setattr(handoffs_module, "VISIBLE_FIRST_BATCH_MAX", 2)
-    monkeypatch.setattr(handoffs_module, "VISIBLE_BATCH_MAX", 3)
-    store_thread = broker._store_thread
-    queued_at_publish: list[int] = []
-    publish = broker.handoffs._publish
-
-    def noted(*args):
-        # store calls queued or running while this round is published
-        queued_at_publish.append(store_thread._submitted - store_thread._finished)
-        return publish(*args)
-
-    monkeypatch.setattr(broker.handoffs, "_publish", noted)
-    await hold(broker, clock, "orders", [f"h{i}" for i in range(7)])
-    await arrive_at_due_time(broker, clock, 7)
-    assert len(queued_at_publish) == 3
-    assert queued_at_publish[0] >= 1 and queued_at_publish[1] >= 1, queued_at_publish
-    assert await pulled_ids(broker, "orders") == [f"h{i}" for i in range(7)]
 
 
 async def test_a_round_is_checked_right_before_its_store_call_so_a_lost_lease_stops_the_next(
