@@ -12,6 +12,7 @@ from logstore import fileio
 from logstore import DiskFull, LogConfig, LogWriteFailed, OsFile, SegmentedLog
 from logstore.faults import FaultPlan
 from logstore.record import HEADER_SIZE_BYTES
+from tests.twins import built_twin
 
 BODY_SIZE = 100
 FRAMED_SIZE = HEADER_SIZE_BYTES + BODY_SIZE
@@ -286,9 +287,13 @@ def test_an_fsync_that_fails_after_the_write_in_one_call_is_sticky_and_the_bytes
     reopened.close()
 
 
-@pytest.mark.skipif(fileio._write_sync_c is None, reason="the C twin write_sync was not built")
+WRITE_SYNC_C = built_twin("logstore._framing", "write_sync")  # even under QMQ_NO_EXTENSIONS
+
+
+@pytest.mark.skipif(WRITE_SYNC_C is None, reason="the C twin write_sync was not built")
 def test_a_write_the_os_refuses_in_the_c_write_sync_is_a_sticky_write_failure(
-        log_dir, tiny_config):
+        log_dir, tiny_config, monkeypatch):
+    monkeypatch.setattr(fileio, "_write_sync_c", WRITE_SYNC_C)  # the C path in both CI passes
     # A real refusal inside C: a descriptor the log believes open is closed under it (EBADF).
     log = SegmentedLog(log_dir, tiny_config)
     synced = append_range(log, 0, 3)

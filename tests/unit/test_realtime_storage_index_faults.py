@@ -15,6 +15,7 @@ from logstore import fileio
 from logstore.fileio import OsFile
 from realtime.storage import MessageStore, StoreConfig
 from realtime.storage.message_record import encode_message_record
+from tests.twins import built_twin
 from tests.unit.test_realtime_storage_store import T0, TINY, payload_of
 
 
@@ -249,9 +250,12 @@ class WriteSyncSpy:
 
 @pytest.fixture
 def write_sync(monkeypatch):
-    if fileio._write_sync_c is None:
+    """The C write_sync, spied on, as the store's: even under QMQ_NO_EXTENSIONS (CI's second
+    pass), so these tests run in both passes; ``tests.twins --check-built`` keeps it built."""
+    built = built_twin("logstore._framing", "write_sync")
+    if built is None:
         pytest.skip("the C twin write_sync was not built")
-    spy = WriteSyncSpy(fileio._write_sync_c)
+    spy = WriteSyncSpy(built)
     monkeypatch.setattr(fileio, "_write_sync_c", spy)
     return spy
 
