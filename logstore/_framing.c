@@ -161,8 +161,13 @@ static PyObject *write_sync(PyObject *module, PyObject *args)
     write_errno = pwrite_all(fd, (const char *)data.buf, data.len, offset, &written);
     if (write_errno == 0) {
         long long started_ns = monotonic_ns();
-        if (fsync(fd) != 0) {
-            fsync_errno = errno;
+        /* EINTR is retried, as os.fsync does (PEP 475): a signal delivered to this thread
+         * while an NFS or FUSE fsync waits must not make the log sticky-failed. */
+        while (fsync(fd) != 0) {
+            if (errno != EINTR) {
+                fsync_errno = errno;
+                break;
+            }
         }
         synced_at_ns = monotonic_ns();
         fsync_ns = synced_at_ns - started_ns;

@@ -277,6 +277,9 @@ class RealtimeServer(ServerBase):
                 # ask (rate-limited) rather than refuse a producer it already routes here.
                 await asyncio.sleep(0)  # stepped inline: the MetaServer call needs a task
                 await self.registration.refresh_state()
+                if not self.role.writable_now():
+                    # Demoted while it asked: nothing is written to what is now a copy.
+                    self._check_role()  # raises NotMaster, saying why
             later = Later()
             results = broker.send_soon(request.messages, request.compact,
                                        partial(self._send_ended, later))

@@ -143,6 +143,37 @@ async def test_a_send_to_a_read_only_server_asks_the_metaserver_first_from_a_tas
     assert asked[0] is not None and tasks == [asked[0]]
 
 
+async def test_a_send_whose_server_was_demoted_while_it_asked_the_metaserver_writes_nothing(
+        server, client, monkeypatch):
+    from wire.errors import NotMaster
+
+    demoted: list[str] = []
+
+    def check_writable_now(group: str) -> None:
+        if demoted:
+            raise NotMaster(f"server me is not the leased master of group {group}: {demoted[0]}")
+
+    class Registration:
+        async def refresh_state(self) -> None:
+            server.broker.sends.readonly = False  # the MetaServer's answer: writable again,
+            demoted.append("a slave since the MetaServer's last answer")  # but lease lost
+
+    monkeypatch.setattr(server.role, "writable_now", lambda: not demoted)
+    monkeypatch.setattr(server.role, "check_writable_now", check_writable_now)
+    server.broker.sends.readonly = True
+    server.registration = Registration()  # type: ignore[assignment]
+    try:
+        answer = await client.send(message("orders", b"one", FakeClock()))
+    finally:
+        server.registration = None
+        server.broker.sends.readonly = False
+        demoted.clear()
+    assert answer["error"]["code"] == "not_master", answer
+    assert "a slave since" in answer["error"]["message"]
+    pulled = await client.pull("orders", "g", "c1", start="earliest")
+    assert pulled["payloads"] == [], "nothing was written to what became a copy"
+
+
 async def test_a_send_and_the_long_poll_it_wakes_are_answered_with_no_end_of_turn_callback(
         server, client, monkeypatch):
     from serverkit.frame_server import _FrameConnection
