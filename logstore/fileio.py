@@ -100,11 +100,7 @@ class OsFile:
         if then is not None and (type(then[0]) is not OsFile or type(then[1]) is not bytes):
             # Not a real file (a test's FaultyFile) or not bytes: its append after this call.
             self.append_and_sync(data)
-            try:
-                then[0].append(then[1])
-            except OSError as exc:
-                return exc
-            return None
+            return append_then(then)
         if _write_sync_c is None or type(data) is not bytes:
             self.append(data)
             started_s = time.perf_counter()
@@ -114,12 +110,7 @@ class OsFile:
                 raise FsyncFailed(exc.errno, exc.strerror, self.path) from exc
             self.fsync_s = time.perf_counter() - started_s
             self.synced_at_ns = 0  # not known without the C twin (see __init__)
-            if then is not None:
-                try:
-                    then[0].append(then[1])
-                except OSError as exc:
-                    return exc
-            return None
+            return append_then(then)
         if then is None:
             written, write_errno, fsync_errno, fsync_ns, synced_at_ns = _write_sync_c(
                 self._fd, data, self._end)
@@ -163,6 +154,18 @@ class OsFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def append_then(then: tuple[FileHandle, bytes] | None) -> OSError | None:
+    """After a good fsync, ``append`` the bytes of ``then`` (a file, bytes) to its file, if any:
+    that write's failure is returned, not raised (what was fsynced before it is durable)."""
+    if then is None:
+        return None
+    try:
+        then[0].append(then[1])
+    except OSError as exc:
+        return exc
+    return None
 
 
 def fsync_directory(path: str) -> None:

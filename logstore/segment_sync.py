@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from logstore.errors import LogWriteFailed
-from logstore.fileio import FileHandle, FsyncFailed, fsync_directory
+from logstore.fileio import FileHandle, FsyncFailed, append_then, fsync_directory
 from logstore.record import frame_records
 
 if TYPE_CHECKING:
@@ -90,11 +90,7 @@ class SegmentSyncMixin:
         if fsynced and self.on_fsync is not None:
             self.on_fsync(fsync_s)
         if then is not None:
-            try:
-                then[0].append(then[1])
-            except OSError as exc:
-                return exc
-            return None
+            return append_then(then)
         return then_error
 
     def _write_and_sync(self, active: _Segment, append_and_sync: Callable[..., OSError | None],
