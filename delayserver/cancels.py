@@ -19,7 +19,7 @@ from delayserver.storage import DelayStore, ScheduleEntry
 from delayserver.storage.done_journal import KIND_DROPPED, KIND_HANDED_IDS
 from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
-from serverkit.replica_source import WriteReplication
+from serverkit.write_replication import WriteReplication
 from wire.errors import NotSupported
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from wire.errors import DelayOutOfRange, QmqError, ReadOnly
 from wire.message import decode_message, peek_message_id, validate_message
 from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
-from serverkit.replica_source import NoWriteReplication, WriteReplication
+from serverkit.write_replication import NoWriteReplication, WriteReplication
 from wire.protocol import delayed_send_result, send_result_error
 from serverkit.send_check import Checked, QuickCheck
 

@@ -47,8 +47,8 @@ from realtime.tail import Tail
 from realtime.tracing import BrokerTracer
 from serverkit.io_thread import IoThread
 from serverkit.open_files import files_cached_budget
-from serverkit.replica_source import NoWriteReplication, WriteReplication
 from serverkit.periodic import run_every
+from serverkit.write_replication import NoWriteReplication, WriteReplication
 from wire.clock import wall_clock_ms
 from wire.protocol import Ack, Heartbeat, Leave, Pull
 

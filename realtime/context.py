@@ -14,7 +14,7 @@ from realtime.config import RealtimeConfig
 from realtime.consumers import ConsumerBook
 from realtime.storage import MessageStore
 from realtime.tracing import BrokerTracer
-from serverkit.replica_source import WriteReplication
+from serverkit.write_replication import WriteReplication
 
 Runner = Callable[..., Awaitable[Any]]  # ``await run(fn, *args)``: fn(*args) on one I/O thread
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from typing import Callable, Protocol
+from typing import Callable
 
 from serverkit.insync import InSyncTracker
 from serverkit.kind_gate import KindReads, first_unread
@@ -50,59 +50,6 @@ FRESH_CHUNKS_MAX = 16
 # A log's commits are handed from memory while a slave fetched it at its end within this long
 # (ms); after that (the slave stopped, or lags) a commit costs nothing more than before.
 FRESH_TAIL_MS = 1_000
-
-
-class WriteReplication(Protocol):
-    """What a server's write path asks of replication (``ReplicaSource`` implements it)."""
-
-    replicating: bool  # False: nothing to tell or wait for (skip computing log ends)
-
-    def check_writable(self) -> None:
-        """Raise NotEnoughReplicas when writes are refused (``min_insync``)."""
-
-    def waits(self) -> bool:
-        """True when a write now would wait for a slave (``sync`` with a slave in sync): a
-        write path may skip work (a flush of the pull log) that only a wait needs."""
-
-    def advanced(self, name: str, end: int) -> None:
-        """Log ``name`` was committed (or flushed) up to ``end``."""
-
-    def wrote_io(self, name: str) -> None:
-        """Owner thread of log ``name``, right after a commit: keep its bytes for the slaves
-        tailing the log, whose fetches then ship them from memory."""
-
-    async def wait_replicated(self, name: str, end: int) -> None:
-        """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
-
-    def kind_refusal(self, name: str, kind: int) -> str | None:
-        """None when a record of gated ``kind`` may be written to log ``name`` now (every
-        slave counted reads it); else why not. Ask right before the write, never cache it."""
-
-
-class NoWriteReplication:
-    """A server nobody copies (no MetaServer): nothing to check, tell or wait for."""
-
-    replicating = False
-
-    def check_writable(self) -> None:
-        """Writes are never refused for want of slaves."""
-
-    def waits(self) -> bool:
-        """Nobody to wait for."""
-        return False
-
-    def advanced(self, name: str, end: int) -> None:
-        """Nobody is told."""
-
-    def wrote_io(self, name: str) -> None:
-        """Nobody tails."""
-
-    async def wait_replicated(self, name: str, end: int) -> None:
-        """Nothing to wait for."""
-
-    def kind_refusal(self, name: str, kind: int) -> str | None:
-        """Nobody copies the log: every kind may be written."""
-        return None
 
 
 class ReplicaSource:
