@@ -243,11 +243,7 @@ class Pulls:
             return None
         release_round = book.release_round()
         book.take_cursor(group)
-        share = burst_share(request.max_count, end - known,
-                            self._pulls_in_progress.get(group, 1),
-                            ctx.config.burst_share_min_messages)
-        if share < request.max_count:
-            request = dataclasses.replace(request, max_count=share)
+        request = self._shared(request, group, end - known)
         taken = self._take_from_tail(request, tags, known)
         if taken is None:
             return None  # the known cursor is dropped: the async path plans the pull
@@ -348,12 +344,8 @@ class Pulls:
                 known = book.take_cursor(group)
                 out = None
                 if known is not None:
-                    share = burst_share(request.max_count,
-                                        self._ctx.committed.ends.get(subject, 0) - known,
-                                        self._pulls_in_progress.get(group, 1),
-                                        self._ctx.config.burst_share_min_messages)
-                    if share < request.max_count:
-                        request = dataclasses.replace(request, max_count=share)
+                    request = self._shared(
+                        request, group, self._ctx.committed.ends.get(subject, 0) - known)
                     out, new_cursor = await self._pull_from_tail(request, key, tags, known)
                 if out is None:
                     out, new_cursor, drained = await self._pull_planned(request, key, tags)
@@ -369,6 +361,14 @@ class Pulls:
                 users[group] = count
             else:
                 del users[group]
+
+    def _shared(self, request: Pull, group: tuple[str, str], backlog: int) -> Pull:
+        """``request`` asking at most its group's share of ``backlog`` (``burst_share``)."""
+        share = burst_share(request.max_count, backlog, self._pulls_in_progress.get(group, 1),
+                            self._ctx.config.burst_share_min_messages)
+        if share < request.max_count:
+            return dataclasses.replace(request, max_count=share)
+        return request
 
     def _take_from_tail(self, request: Pull, tags: frozenset[str], cursor: int) -> _Taken | None:
         """The entries a pull takes from the tail after ``cursor`` (chosen sequences, their
