@@ -251,13 +251,13 @@ _REPLICATION_COLUMNS = ["group", "kind", "epoch", "master_id", "master_address",
 
 
 def _place(at: dict[str, Any]) -> str:
-    """``LOG@OFFSET vVERSION``: where a slave's copy is stopped at a record it cannot decode
-    (its ``undecodable_at``)."""
-    return f"{at.get('log')}@{at.get('offset')} v{at.get('version')}"
+    """``LOG@OFFSET/vVERSION``: where a slave's copy is stopped at a record it cannot decode
+    (its ``undecodable_at``). One word, so a table's columns still split on white space."""
+    return f"{at.get('log')}@{at.get('offset')}/v{at.get('version')}"
 
 
 def _undecodable_cell(places: dict[str, Any] | None) -> str:
-    """``SERVER:LOG@OFFSET vVERSION`` per slave whose copy is stopped at a record it cannot
+    """``SERVER:LOG@OFFSET/vVERSION`` per slave whose copy is stopped at a record it cannot
     decode ("-": none; an older MetaServer says nothing: "?")."""
     if places is None:
         return "?"

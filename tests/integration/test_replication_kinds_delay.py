@@ -24,7 +24,7 @@ from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
 from delayserver.storage import done_journal
 from metaserver import MetaConfig, sqlite_url, start_metaserver
-from qmq.admin_commands import admin_command, admin_replication_command
+from qmq.admin_commands import _ADMIN_COLUMNS, admin_command, admin_replication_command
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit import server_id
@@ -267,7 +267,12 @@ async def test_a_delay_slave_stopped_at_a_journal_record_it_cannot_decode_says_w
             assert await admin_command(meta.url, "brokers", False, []) == 0
             rows = [line for line in capsys.readouterr().out.splitlines() if SLAVE in line]
             version = done_journal.BODY_VERSION + 1
-            assert len(rows) == 1 and f"done@{at} v{version}" in rows[0], rows
+            assert len(rows) == 1 and f"done@{at}/v{version}" in rows[0], rows
+            # One word per cell: the row splits into the header's columns (for awk and cut).
+            header = _ADMIN_COLUMNS["brokers"]
+            cells = dict(zip(header, rows[0].split()))
+            assert len(rows[0].split()) == len(header), rows
+            assert cells["undecodable"] == f"done@{at}/v{version}", cells
         finally:
             await slave.stop()
             await master.stop()
