@@ -136,15 +136,17 @@ def _line(figures: dict[str, Any], send_only: bool) -> str:
 
 
 @contextmanager
-def qmq_up(prefix: str, flush: str, extra_args: list[str], tmpfs: bool = False
-           ) -> Iterator[Server]:
+def qmq_up(prefix: str, flush: str, extra_args: list[str], tmpfs: bool = False,
+           interpreter_args: list[str] | None = None) -> Iterator[Server]:
     """``qmq up`` on a fresh data dir (named ``prefix``..., in /dev/shm with ``tmpfs``) with
     ``--flush flush`` and ``extra_args``, once its brokers are registered; on exit it is
-    stopped and its data dir removed."""
+    stopped and its data dir removed. ``interpreter_args`` go to Python before ``-m qmq``
+    (bench.call_count's ``-m cProfile -o FILE``)."""
     directory = tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if tmpfs else None)
     try:
         server = start_process("qmq up", [
-            sys.executable, "-m", "qmq", "--log-level", "warning", "up",
+            sys.executable, *(interpreter_args or []), "-m", "qmq", "--log-level", "warning",
+            "up",
             "--data-dir", os.path.join(directory, "qmq"), "--host", "127.0.0.1",
             "--meta-port", "0", "--realtime-port", "0", "--delay-port", "0",
             "--flush", flush, *extra_args,
