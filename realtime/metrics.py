@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from prometheus_client.registry import Collector
 
 from wire.errors import WIRE_ERRORS
+from wire.protocol import OPS
 
 if TYPE_CHECKING:
     from realtime.broker import Broker
@@ -57,8 +58,11 @@ class RealtimeMetrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         self._broker: Broker | None = None  # set by watch()
-        # Requests answered, by op; written on the event loop only (``count_request``).
-        self.request_counts: dict[str, int] = dict.fromkeys(REQUEST_OPS, 0)
+        # Requests answered, by op; written on the event loop only (``count_request``, or the
+        # server's handler straight into the dict: every op a parsed request can have is a
+        # key, so counting one is an increment, no call). Ops not in REQUEST_OPS are scraped
+        # as "other".
+        self.request_counts: dict[str, int] = dict.fromkeys((*REQUEST_OPS, *OPS), 0)
         # Messages per group commit; observed on the event loop only (the broker's on_commit).
         self.commit_batch_messages = PlainHistogram(
             "qmq_realtime_commit_batch_messages", "Messages appended per group commit.",
@@ -172,7 +176,10 @@ class _LoopCountsCollector(Collector):
         requests = CounterMetricFamily("qmq_realtime_requests", "Requests answered, by op "
                                        "(each send or pull request counts once, whatever its "
                                        "batch size).", labels=["op"])
+        counts = dict.fromkeys(REQUEST_OPS, 0)
         for op, count in self._request_counts.items():
+            counts[op if op in counts else "other"] += count
+        for op, count in counts.items():
             requests.add_metric([op], count)
         yield requests
         for histogram in self._histograms:

@@ -83,6 +83,7 @@ class RealtimeServer(ServerBase):
         super().__init__(config, metrics, clock, replication)
         self.config: RealtimeConfig = config
         self.metrics: RealtimeMetrics = metrics
+        self._request_counts = metrics.request_counts  # counted by handle, read at scrape time
         self._opener = opener
         self._running: _Core | None = None  # set by start()
         self._retry_sender: PayloadSender | None = None
@@ -176,29 +177,36 @@ class RealtimeServer(ServerBase):
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
         """Answer one data-plane request, after checking what the connection's token allows."""
-        core = self._started()
-        self.metrics.count_request(request.op)
-        # Asked per request, not once per hello, so a revoked token stops within the cache TTL.
-        grant = await self.gate.grant(session.token, session.app)
-        if isinstance(request, (Pull, Ack, Nack)):
-            grant.check_consume(request.subject)
-        elif isinstance(request, (Heartbeat, Leave)):
-            for subject, _group in request.subscriptions:
-                grant.check_consume(subject)
-        elif isinstance(request, (Subjects, Browse, Purge)):
-            grant.check_admin(request.op)
-        if isinstance(request, Hello):
-            return self._hello()
-        if isinstance(request, (Fetch, Snapshot)):
-            return await self._serve_replica(request, grant)
+        core = self._running
+        if core is None:
+            core = self._started()  # raises: not started
+        # Every op parse_request gives has its count (see RealtimeMetrics.request_counts).
+        self._request_counts[request.op] += 1
+        # Asked per request, not once per hello, so a revoked token stops within the cache TTL;
+        # a fresh cached answer is one call and no coroutine.
+        grant = self.gate.grant_now(session.token)
+        if grant is None:
+            grant = await self.gate.grant(session.token, session.app)
+        if type(request) is not Send:  # a send's subjects are checked in _serve
+            if isinstance(request, (Pull, Ack, Nack)):
+                grant.check_consume(request.subject)
+            elif isinstance(request, (Heartbeat, Leave)):
+                for subject, _group in request.subscriptions:
+                    grant.check_consume(subject)
+            elif isinstance(request, (Subjects, Browse, Purge)):
+                grant.check_admin(request.op)
+            if isinstance(request, Hello):
+                return self._hello()
+            if isinstance(request, (Fetch, Snapshot)):
+                return await self._serve_replica(request, grant)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         if not self.role.writable_now():
             self._check_role()  # raises NotMaster, saying why
         answer = await self._serve(core, session, request, grant)
-        if isinstance(answer, Later):
+        if type(answer) is Later:
             return answer  # a parked pull: _pull_answered checks the role when it ends
-        return self._answerable(request, answer)
+        return self._answerable(request, answer)  # type: ignore[arg-type]
 
     def _answerable(self, request: Request, answer: dict[str, Any]) -> dict[str, Any]:
         """``answer`` if the role still allows it to be given now, else raises NotMaster."""

@@ -168,6 +168,11 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _open_grant(_token: str | None) -> Grant:
+    """``Gate.grant_now`` without a MetaServer: everyone gets OPEN."""
+    return OPEN
+
+
 @dataclass
 class _Answer:
     """A cached answer: a Grant, or the Unauthorized error a missing/unknown token gets."""
@@ -219,6 +224,15 @@ class AccessCache:
         if isinstance(answer.decision, Unauthorized):
             raise Unauthorized(f"{answer.decision.message} (app {app!r})")
         return answer.decision
+
+    def grant_now(self, token: str | None) -> Grant | None:
+        """The grant of ``token`` if a fresh answer for it is cached, else None (then ``grant``
+        asks, and words a refusal): the check of every request, with no coroutine."""
+        answer = self._answers.get(token or "")
+        if answer is not None and type(answer.decision) is Grant \
+                and self._clock_ms() < answer.expires_at_ms:
+            return answer.decision
+        return None
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -306,11 +320,16 @@ class AccessCache:
 
 
 class Gate:
-    """A server's access checks: every request asks ``grant`` first. Without a MetaServer (a
-    server run alone in tests) there is nobody to ask and everyone gets OPEN."""
+    """A server's access checks: every request asks ``grant_now`` first, and ``grant`` when
+    that has no fresh answer. Without a MetaServer (a server run alone in tests) there is
+    nobody to ask and everyone gets OPEN."""
 
     def __init__(self, cache: AccessCache | None) -> None:
         self.cache = cache
+        # ``grant_now(token)``: the cached grant of a connection's hello token, or None when it
+        # must be asked (``grant``). The cache's own method, so a request's check is one call.
+        self.grant_now: Callable[[str | None], Grant | None] = (
+            _open_grant if cache is None else cache.grant_now)
 
     async def grant(self, token: str | None, app: str | None) -> Grant:
         """The grant of a connection's hello ``token`` (see ``AccessCache.grant``)."""

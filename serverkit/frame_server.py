@@ -223,31 +223,25 @@ class FrameServer:
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
             response = await self._handler(connection.session, request)
-            if isinstance(response, Later):
+            if type(response) is Later:
                 response._bind(self, connection, request)  # answered when the handler says
-                self._leave_requests()
                 return
             response["rid"] = request.rid
         except QmqError as exc:
             response = self._error_response(request.rid, exc)
-        except asyncio.CancelledError:
-            self._requests.discard(asyncio.current_task())  # type: ignore[arg-type]
-            raise
         except Exception as exc:  # a server bug: answer, log it, keep serving others
             log.exception("internal error answering %s from %s", request.op,
                           connection.session.peer)
             response = self._error_response(request.rid,
                                             Internal(f"{type(exc).__name__}: {exc}"))
-        self._leave_requests()
+        finally:
+            # The request ends (answered, bound to its Later, or cancelled): its task, if it
+            # has one, leaves ``_requests``. With none there (most requests are answered
+            # inline) ``current_task`` is not asked: in 3.11 each ask is a getpid system call.
+            requests = self._requests
+            if requests:  # outside a task there is nothing to discard: None is not in it
+                requests.discard(asyncio.current_task())  # type: ignore[arg-type]
         self._write_answer(connection, request, response)
-
-    def _leave_requests(self) -> None:
-        """The request ends: its task (if it has one) leaves ``_requests``. With none there
-        (most requests are answered inline), ``current_task`` is not asked: in 3.11 each
-        ask is a getpid system call."""
-        requests = self._requests
-        if requests:  # outside a task (inline) there is nothing to discard: None is not in it
-            requests.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _write_answer(self, connection: _FrameConnection, request: Request,
                       response: dict[str, Any]) -> None:
@@ -306,15 +300,8 @@ class Later:
         self._outcome: dict[str, Any] | BaseException | None = None  # given before _bind
         self._given_once = False  # answer or fail was called: a second call is refused
 
-    def answer(self, response: dict[str, Any]) -> None:
-        """The request's answer."""
-        self._given(response)
-
-    def fail(self, exc: BaseException) -> None:
-        """The request ends with an error."""
-        self._given(exc)
-
-    def _given(self, outcome: dict[str, Any] | BaseException) -> None:
+    def answer(self, outcome: dict[str, Any] | BaseException) -> None:
+        """The request's answer (a map), or the exception it ends with (``fail``)."""
         if self._given_once:
             request = self._request
             raise LaterAnsweredTwice(
@@ -327,6 +314,10 @@ class Later:
         else:
             server._later_answered(self, self._connection,  # type: ignore[arg-type]
                                    self._request, outcome)  # type: ignore[arg-type]
+
+    # The request ends with an error: the same step as an answer (one call, not two, per
+    # outcome), ``_later_answered`` tells them apart.
+    fail = answer
 
     def _bind(self, server: FrameServer, connection: _FrameConnection, request: Request) -> None:
         """The frame server takes it over from the handler's return."""

@@ -47,11 +47,17 @@ def decode_frame_payload(payload: bytes | memoryview) -> dict[str, Any]:
         obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError
         raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}: {exc}"[:200]) from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise BadRequest(f"frame must be a msgpack map, got {type_name(obj)}")
-    for key in obj:
-        if not isinstance(key, str):
-            raise BadRequest(f"frame keys must be str, got {type_name(key)}")
+    try:
+        # strict_map_key leaves str and bytes keys: joining the keys is one call that fails on
+        # a bytes key, where an isinstance per key was one call per field of every request.
+        "".join(obj)
+    except TypeError:
+        for key in obj:
+            if not isinstance(key, str):
+                raise BadRequest(f"frame keys must be str, got {type_name(key)}") from None
+        raise
     return obj
 
 
@@ -69,11 +75,9 @@ class FrameDecoder:
         self.max_frame_bytes = max_frame_bytes
         self._buffer = bytearray()
         self._error: QmqError | None = None
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Bytes received but not yet part of a complete frame."""
-        return len(self._buffer)
+        # Bytes received but not yet part of a complete frame (read-only outside ``feed``): a
+        # plain attribute, as the server asks it after every read.
+        self.buffered_bytes = 0
 
     @property
     def failed(self) -> bool:
@@ -81,38 +85,46 @@ class FrameDecoder:
         return self._error is not None
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """Add ``data`` and return every frame it completes; raises TooLarge or BadRequest."""
+        """Add ``data`` and return every frame it completes; raises TooLarge or BadRequest.
+
+        The frames are decoded straight from ``data`` when nothing was buffered before it (a
+        request that arrives whole, the usual case, is never copied into the buffer)."""
         if self._error is not None:
             raise self._error
-        self._buffer += data
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            source: bytes | bytearray = buffer
+        else:
+            source = data
+        size = len(source)
+        frames: list[dict[str, Any]] = []
+        pos = 0
         try:
-            frames, consumed = self._split()
+            with memoryview(source) as view:
+                while size - pos >= HEADER_BYTES:
+                    (length,) = _HEADER.unpack_from(source, pos)
+                    if length > self.max_frame_bytes:
+                        # Refuse from the header alone: the payload is never awaited nor
+                        # allocated.
+                        raise TooLarge(f"frame of {length} bytes exceeds MAX_FRAME_BYTES "
+                                       f"{self.max_frame_bytes}")
+                    end = pos + HEADER_BYTES + length
+                    if size < end:
+                        break
+                    frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
+                    pos = end
         except QmqError as exc:
             self._error = exc
             self._buffer = bytearray()  # nothing more will be read from a failed stream
+            self.buffered_bytes = 0
             raise
-        del self._buffer[:consumed]
+        if source is buffer:
+            del buffer[:pos]
+        elif pos < size:
+            buffer += data[pos:] if pos else data
+        self.buffered_bytes = size - pos
         return frames
-
-    def _split(self) -> tuple[list[dict[str, Any]], int]:
-        """The complete frames at the front of the buffer and how many bytes they span."""
-        frames: list[dict[str, Any]] = []
-        buffer = self._buffer
-        pos = 0
-        with memoryview(buffer) as view:
-            while len(buffer) - pos >= HEADER_BYTES:
-                (length,) = _HEADER.unpack_from(buffer, pos)
-                if length > self.max_frame_bytes:
-                    # Refuse from the header alone: the payload is never awaited nor allocated.
-                    raise TooLarge(
-                        f"frame of {length} bytes exceeds MAX_FRAME_BYTES {self.max_frame_bytes}"
-                    )
-                end = pos + HEADER_BYTES + length
-                if len(buffer) < end:
-                    break
-                frames.append(decode_frame_payload(view[pos + HEADER_BYTES:end]))
-                pos = end
-        return frames, pos
 
 
 __all__ = ["HEADER_BYTES", "encode_frame", "decode_frame_payload", "FrameDecoder"]

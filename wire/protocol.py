@@ -82,6 +82,8 @@ _MISSING = object()
 class _Fields:
     """Typed access to one request map; every error names the op, the field and the type."""
 
+    __slots__ = ("op", "frame")
+
     def __init__(self, op: str, frame: dict[str, Any]) -> None:
         self.op = op
         self.frame = frame
@@ -155,7 +157,10 @@ def _parse_hello(f: _Fields, rid: int) -> Hello:
 
 
 def _parse_send(f: _Fields, rid: int) -> Send:
-    messages = f.array("messages")
+    frame = f.frame
+    messages = frame.get("messages")
+    if type(messages) is not list:
+        messages = f.array("messages")  # raises, naming what is wrong
     if not messages:
         raise BadRequest("send.messages must not be empty")
     if len(messages) > MAX_SEND_BATCH_MESSAGES:
@@ -166,7 +171,7 @@ def _parse_send(f: _Fields, rid: int) -> Send:
     for payload in messages:
         if not isinstance(payload, bytes):
             raise BadRequest(f"send.messages must hold bin payloads, got {type_name(payload)}")
-    compact = f.get("compact", False)
+    compact = frame.get("compact", False)
     if type(compact) is not bool:
         raise f._bad("compact", "bool", compact)
     return Send(rid, messages, compact)
@@ -251,7 +256,9 @@ def _parse_pull_checked(f: _Fields, rid: int, subject: str, group: str,
 
 def _parse_ack(f: _Fields, rid: int) -> Ack:
     subject, group, consumer_id = _consumer_fields(f)
-    raw = f.array("ranges")
+    raw = f.frame.get("ranges")
+    if type(raw) is not list:
+        raw = f.array("ranges")  # raises, naming what is wrong
     if not raw:
         raise BadRequest("ack.ranges must not be empty")
     if len(raw) > MAX_ACK_RANGES:

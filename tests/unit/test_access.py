@@ -6,6 +6,8 @@ import pytest
 
 from serverkit.access import (
     OPEN,
+    AccessCache,
+    Gate,
     PATTERN_CHARS_MAX,
     PATTERNS_PER_TOKEN_MAX,
     Grant,
@@ -88,3 +90,44 @@ def test_one_pattern_past_the_count_limit_is_refused() -> None:
 def test_a_pattern_with_characters_a_subject_cannot_have_is_refused(pattern: object) -> None:
     with pytest.raises(BadRequest):
         check_pattern(pattern)
+
+
+class _Clock:
+    """A monotonic clock in ms that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now_ms = 1_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def _cache_with(answer: dict[str, object], token: str, clock: _Clock) -> AccessCache:
+    """A cache (of an unreachable MetaServer) holding the MetaServer's ``answer`` for ``token``."""
+    cache = AccessCache("http://127.0.0.1:9", token=None, ttl_ms=10_000, clock_ms=clock)
+    cache._answers[token] = cache._answer_of(answer, token)
+    return cache
+
+
+def test_a_cached_grant_is_given_without_asking_until_its_ttl_ends_then_it_must_be_asked() -> None:
+    clock = _Clock()
+    cache = _cache_with({"enabled": True, "valid": True, "app": "shop", "produce": ["order.*"]},
+                        "t1", clock)
+    grant = cache.grant_now("t1")
+    assert grant is not None and grant.app == "shop" and grant.may_produce("order.x")
+    clock.now_ms += 9_999
+    assert cache.grant_now("t1") is grant
+    clock.now_ms += 1  # the TTL is over: a revoked token must not pass on the old answer
+    assert cache.grant_now("t1") is None
+    assert cache.grant_now("never-seen") is None
+
+
+def test_a_refused_token_is_never_granted_from_the_cache_so_grant_words_the_refusal() -> None:
+    clock = _Clock()
+    cache = _cache_with({"enabled": True, "valid": False}, "", clock)
+    assert cache.grant_now(None) is None  # no token is cached under ""
+
+
+def test_a_gate_without_a_metaserver_grants_everyone_open_at_once() -> None:
+    assert Gate(None).grant_now("anything") is OPEN
+    assert Gate(None).grant_now(None) is OPEN
