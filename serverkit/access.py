@@ -163,11 +163,6 @@ class Grant:
 OPEN = Grant(app="*", produce=("*",), consume=("*",), admin=True)
 
 
-def monotonic_ms() -> int:
-    """Milliseconds of the monotonic clock (cache ages only)."""
-    return time.monotonic_ns() // 1_000_000
-
-
 def _open_grant(_token: str | None) -> Grant:
     """``Gate.grant_now`` without a MetaServer: everyone gets OPEN."""
     return OPEN
@@ -178,7 +173,7 @@ class _Answer:
     """A cached answer: a Grant, or the Unauthorized error a missing/unknown token gets."""
 
     decision: Grant | Unauthorized
-    expires_at_ms: int
+    expires_at: int  # in AccessCache._clock's ticks
 
 
 class AccessCache:
@@ -195,7 +190,7 @@ class AccessCache:
         token: str | None,
         ttl_ms: int = ACCESS_TTL_MS_DEFAULT,
         retry_ms: int = ACCESS_RETRY_MS_DEFAULT,
-        clock_ms: Callable[[], int] = monotonic_ms,
+        clock_ms: Callable[[], int] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if ttl_ms <= 0 or retry_ms <= 0:
@@ -205,7 +200,11 @@ class AccessCache:
         self.token = token
         self.ttl_ms = ttl_ms
         self.retry_ms = retry_ms
-        self._clock_ms = clock_ms
+        # The clock of expiries, and its ticks per ms: monotonic_ns by default (a C call per
+        # request's check, where a ms wrapper over it was a Python call too), else the given
+        # clock in ms.
+        self._clock, self._ticks_per_ms = ((time.monotonic_ns, 1_000_000) if clock_ms is None
+                                           else (clock_ms, 1))
         self._ssl = ssl_context
         self._answers: dict[str, _Answer] = {}
         self._fetches: dict[str, asyncio.Future[_Answer]] = {}
@@ -219,7 +218,7 @@ class AccessCache:
         cannot be asked and nothing is known of this token."""
         key = token or ""
         answer = self._answers.get(key)
-        if answer is None or self._clock_ms() >= answer.expires_at_ms:
+        if answer is None or self._clock() >= answer.expires_at:
             answer = await self._refresh(key, answer, app)
         if isinstance(answer.decision, Unauthorized):
             raise Unauthorized(f"{answer.decision.message} (app {app!r})")
@@ -230,7 +229,7 @@ class AccessCache:
         asks, and words a refusal): the check of every request, with no coroutine."""
         answer = self._answers.get(token or "")
         if answer is not None and type(answer.decision) is Grant \
-                and self._clock_ms() < answer.expires_at_ms:
+                and self._clock() < answer.expires_at:
             return answer.decision
         return None
 
@@ -263,11 +262,11 @@ class AccessCache:
             if stale is not None:
                 log.warning("%s; using the cached answer for token %s for %d ms more",
                             exc.message, token_hint(key), self.retry_ms)
-                stale.expires_at_ms = self._clock_ms() + self.retry_ms
+                stale.expires_at = self._clock() + self.retry_ms * self._ticks_per_ms
                 return stale
             if self.enabled is False:
                 # Auth was off when we last heard: nothing to check a token against.
-                return _Answer(OPEN, self._clock_ms() + self.retry_ms)
+                return _Answer(OPEN, self._clock() + self.retry_ms * self._ticks_per_ms)
             if self.enabled is None:
                 # Never heard: auth may be on, so fail closed rather than open (issue 13).
                 raise Unavailable(f"this server has heard from no MetaServer since it started, "
@@ -302,13 +301,13 @@ class AccessCache:
         return self._answer_of(data, key)
 
     def _answer_of(self, data: dict[str, Any], key: str) -> _Answer:
-        expires_at_ms = self._clock_ms() + self.ttl_ms
+        expires_at = self._clock() + self.ttl_ms * self._ticks_per_ms
         self.enabled = bool(data.get("enabled"))
         if not self.enabled:
-            return _Answer(OPEN, expires_at_ms)
+            return _Answer(OPEN, expires_at)
         if not data.get("valid"):
             reason = "no token given" if not key else f"token {token_hint(key)} is unknown or revoked"
-            return _Answer(Unauthorized(f"auth is on and {reason}"), expires_at_ms)
+            return _Answer(Unauthorized(f"auth is on and {reason}"), expires_at)
         try:
             grant = Grant(app=str(data["app"]),
                           produce=check_patterns("produce", data.get("produce", [])),
@@ -316,7 +315,7 @@ class AccessCache:
                           admin=bool(data.get("admin")))
         except (KeyError, BadRequest) as exc:
             raise Internal(f"MetaServer token check answer is malformed: {exc}") from None
-        return _Answer(grant, expires_at_ms)
+        return _Answer(grant, expires_at)
 
 
 class Gate:

@@ -241,16 +241,7 @@ class FrameServer:
             requests = self._requests
             if requests:  # outside a task there is nothing to discard: None is not in it
                 requests.discard(asyncio.current_task())  # type: ignore[arg-type]
-        self._write_answer(connection, request, response)
-
-    def _write_answer(self, connection: _FrameConnection, request: Request,
-                      response: dict[str, Any]) -> None:
-        try:
-            connection.send(response)
-        except Exception as exc:  # not encodable (a server bug): the same in a task or inline
-            log.exception("answer to %s from %s not sent", request.op, connection.session.peer)
-            connection.send(self._error_response(
-                request.rid, Internal(f"answer not encodable: {type(exc).__name__}: {exc}")))
+        connection.send(response, request)
 
     def _later_answered(self, later: Later, connection: _FrameConnection, request: Request,
                         outcome: dict[str, Any] | BaseException) -> None:
@@ -266,7 +257,7 @@ class FrameServer:
         else:
             response = outcome
             response["rid"] = request.rid
-        self._write_answer(connection, request, response)
+        connection.send(response, request)
         ended = self._laters_ended
         if ended is not None and not self._laters and not ended.done():
             ended.set_result(None)
@@ -492,13 +483,23 @@ class _FrameConnection(asyncio.Protocol):
 
     # -- for the server -------------------------------------------------------------------------
 
-    def send(self, response: dict[str, Any]) -> None:
+    def send(self, response: dict[str, Any], request: Request | None = None) -> None:
         """Write one answer: one made while a read is decoded leaves with the others of that
         read in one write at its end; otherwise the first of a loop turn at once (no added
-        latency), any more finished in the same turn together, in one write when it ends."""
+        latency), any more finished in the same turn together, in one write when it ends.
+
+        The answer to ``request`` that cannot be encoded (a server bug) is logged and becomes
+        its ``internal`` error response, the same in a task or inline."""
         if self._closing:
             return
-        data = encode_frame(response)
+        try:
+            data = encode_frame(response)
+        except Exception as exc:
+            if request is None:
+                raise
+            log.exception("answer to %s from %s not sent", request.op, self.session.peer)
+            data = encode_frame(self._server._error_response(
+                request.rid, Internal(f"answer not encodable: {type(exc).__name__}: {exc}")))
         if self._reading or self._wrote_this_turn:
             self._out.append(data)
             return
