@@ -30,6 +30,7 @@ from realtime.consumers import ConsumerKey, group_key
 from realtime.context import BrokerContext
 from realtime.parked_pull import ParkedPull, PullReply
 from realtime.pull_reads import read_for_pull_io
+from realtime.tail import SubjectTail
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
 from wire.protocol import Pull
 
@@ -102,6 +103,10 @@ class Pulls:
         self._due: list[ParkedPull] = []
         # Tasks of woken parked pulls that needed the async path (referenced until they end).
         self._continuing: set[asyncio.Task[None]] = set()
+        # The event loop, written by the first ``pull`` (every other method here runs after
+        # one): ``asyncio.get_running_loop`` makes a getpid system call each time (issue 18:
+        # about three per message on a woken pull and its re-park).
+        self._loop: asyncio.AbstractEventLoop | None = None
         ctx.committed.answer_woken = self._run_due
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
@@ -120,10 +125,14 @@ class Pulls:
         """
         subject, consumer_id = request.subject, request.consumer_id
         key = group_key(request.group, consumer_id, request.broadcast)
-        deadline = asyncio.get_running_loop().time() + request.wait_ms / 1000
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.wait_ms / 1000
         tags = frozenset(request.tags)
         ctx = self._ctx
-        ctx.tracer.subscribed(subject, key, consumer_id, tags, ctx.clock())
+        now_ms = ctx.clock()
+        ctx.tracer.subscribed(subject, key, consumer_id, tags, now_ms)
         leave_key = (subject, key, consumer_id)
         mark = ctx.book.pull_begins()
         group = (subject, key)
@@ -140,7 +149,7 @@ class Pulls:
         poll = ParkedPull(self._queue_due, request, key, tags, deadline, leave_key, mark, gone)
         out: Pulled | ParkedPull | None
         try:
-            out = self._attempt_now(poll)
+            out = self._attempt_now(poll, now_ms)
             if out is None:
                 out = await self._pull_until(request, key, tags, deadline, leave_key, mark, gone,
                                              poll)
@@ -202,10 +211,11 @@ class Pulls:
 
     # ------------------------------------------------------------------ without a task
 
-    def _attempt_now(self, poll: ParkedPull) -> Pulled | ParkedPull | None:
+    def _attempt_now(self, poll: ParkedPull, now_ms: int) -> Pulled | ParkedPull | None:
         """One attempt of ``poll``'s pull made without suspending, as ``_pull_until``'s loop
-        makes one: what it pulled, itself parked again, or None when the attempt needs the
-        async path (nothing was taken or recorded then)."""
+        makes one, at ``now_ms`` (the broker's clock, read once in the step that makes it):
+        what it pulled, itself parked again, or None when the attempt needs the async path
+        (nothing was taken or recorded then)."""
         request = poll.request
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
@@ -214,18 +224,20 @@ class Pulls:
             return NOTHING_PULLED
         subject = request.subject
         wake = committed.wake(subject)
-        pulled = self._pull_once_now(request, poll.key, poll.tags)
+        pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms)
         if pulled is None:
             return None
-        book.seen(subject, poll.key, request.consumer_id, ctx.clock())
+        book.seen(subject, poll.key, request.consumer_id, now_ms)
         if pulled.payloads:
             return pulled  # nothing suspended since the leave check: it holds
-        if poll.deadline <= asyncio.get_running_loop().time() or committed.stopping:
+        assert self._loop is not None  # set by the pull that made ``poll``
+        if poll.deadline <= self._loop.time() or committed.stopping:
             return NOTHING_PULLED
         self._park_direct(poll, wake)
         return poll
 
-    def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str]) -> Pulled | None:
+    def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str],
+                       now_ms: int) -> Pulled | None:
         """``_pull_once`` when it can run without suspending: the group caught up, or no other
         pull of it running, its cursor known, the tail covering it and the pull log recording
         on the loop. None (nothing taken) otherwise."""
@@ -239,12 +251,15 @@ class Pulls:
         if group in self._lock_users or not self._pulllog_quick_now():
             return None
         known = book.known_cursor(group)  # below ``end``: not caught up
-        if known is None or committed.tail.covering(subject, known) is None:
+        if known is None:
+            return None
+        tail = committed.tail.covering(subject, known)
+        if tail is None:
             return None
         release_round = book.release_round()
         book.take_cursor(group)
         request = self._shared(request, group, end - known)
-        taken = self._take_from_tail(request, tags, known)
+        taken = self._take_from_tail(request, tags, known, tail, end, now_ms)
         if taken is None:
             return None  # the known cursor is dropped: the async path plans the pull
         chosen, payloads, new_cursor, now_ms, expired = taken
@@ -270,7 +285,8 @@ class Pulls:
         due = self._due
         due.append(poll)
         if len(due) == 1:
-            asyncio.get_running_loop().call_soon(self._run_due)
+            assert self._loop is not None  # set by the pull that parked ``poll``
+            self._loop.call_soon(self._run_due)
 
     def _run_due(self) -> None:
         """Go on with every parked pull told its outcome, in the order they were told: each is
@@ -291,16 +307,18 @@ class Pulls:
         """One woken (or expired) parked pull: unparked, then attempted as ``_pull_until``."""
         ctx = self._ctx
         self.waiting_pulls -= 1
-        ctx.book.unpark(poll.leave_key, ctx.clock())
+        now_ms = ctx.clock()
+        ctx.book.unpark(poll.leave_key, now_ms)
         assert poll.wake is not None and poll.slot is not None
         ctx.committed.unpark(poll.wake, poll.slot, poll)
         poll.wake = poll.slot = None
         if not poll.woken:
             self._finish(poll, NOTHING_PULLED)
             return
-        out = self._attempt_now(poll)
+        out = self._attempt_now(poll, now_ms)
         if out is None:
-            task = asyncio.get_running_loop().create_task(self._continue(poll))
+            assert self._loop is not None
+            task = self._loop.create_task(self._continue(poll))
             self._continuing.add(task)
             task.add_done_callback(self._continuing.discard)
         elif not isinstance(out, ParkedPull):
@@ -370,17 +388,13 @@ class Pulls:
             return dataclasses.replace(request, max_count=share)
         return request
 
-    def _take_from_tail(self, request: Pull, tags: frozenset[str], cursor: int) -> _Taken | None:
-        """The entries a pull takes from the tail after ``cursor`` (chosen sequences, their
+    def _take_from_tail(self, request: Pull, tags: frozenset[str], cursor: int,
+                        tail: SubjectTail, end: int, now_ms: int) -> _Taken | None:
+        """The entries a pull takes at ``now_ms`` from ``tail`` (the subject's run covering
+        ``cursor``) after ``cursor`` up to the committed ``end`` (chosen sequences, their
         payloads, the new cursor, now, the expired passed over), or None when the tail does not
-        reach back to it or not up to the committed end."""
-        subject = request.subject
+        reach up to the committed end."""
         ctx = self._ctx
-        end = ctx.committed.ends.get(subject, 0)
-        tail = ctx.committed.tail.covering(subject, cursor)
-        if tail is None:
-            return None
-        now_ms = ctx.clock()
         payloads: dict[int, bytes] = {}
         chosen: list[int] = []
         expired: list[bytes] | None = [] if ctx.tracer.enabled else None
@@ -398,9 +412,14 @@ class Pulls:
         not reach back to it, or when the pull log says the cursor moved or entries wait for
         redelivery after all."""
         ctx = self._ctx
-        if cursor >= ctx.committed.ends.get(request.subject, 0):
+        committed = ctx.committed
+        end = committed.ends.get(request.subject, 0)
+        if cursor >= end:
             return NOTHING_PULLED, cursor
-        taken = self._take_from_tail(request, tags, cursor)
+        tail = committed.tail.covering(request.subject, cursor)
+        if tail is None:
+            return None, cursor
+        taken = self._take_from_tail(request, tags, cursor, tail, end, ctx.clock())
         if taken is None:
             return None, cursor
         chosen, payloads, new_cursor, now_ms, expired = taken

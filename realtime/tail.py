@@ -46,7 +46,7 @@ class SubjectTail:
         expired go to ``expired`` (for tracing). Returns the new cursor: the sequence after the
         last entry looked at."""
         entries, start = self.entries, self.start
-        stop = min(stop, self.end)
+        stop = min(stop, start + len(entries))  # self.end, without a property call per pull
         if not tags and cursor < stop and count > 0:
             # The usual pull: no tag filter. When nothing in the window expires and it fits the
             # budget, every entry is taken: done with C loops instead of a test per entry.
@@ -112,7 +112,8 @@ class Tail:
     def covering(self, subject: str, sequence: int) -> SubjectTail | None:
         """The subject's run if it holds ``sequence`` or ends right before it."""
         run = self._subjects.get(subject)
-        if run is not None and run.first <= sequence <= run.end:
+        # run.first <= sequence <= run.end, without two property calls per pull
+        if run is not None and run.start + run.evicted <= sequence <= run.start + len(run.entries):
             return run
         return None
 
