@@ -10,6 +10,7 @@ I/O thread at all.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from typing import Callable, Protocol
 
 from realtime.tail import Entry, Tail
@@ -41,10 +42,12 @@ class Wake:
 
 
 # A parked long poll ends at most this long after its deadline: the polls whose deadlines fall
-# in one such slot share one loop timer. A timer per poll cost a call_at (a TimerHandle pushed
-# on the loop's heap, its comparisons in Python) and a cancel per park and wake: 6.6% of a woken
-# pull's loop CPU (issue 18, bench.pull_wake). Small against a poll's wait (the SDK's: 20 s)
-# and against the slack a client gives it (5 s).
+# in one such slot end together. A timer per poll cost a call_at (a TimerHandle pushed on the
+# loop's heap, its comparisons in Python) and a cancel per park and wake: 6.6% of a woken pull's
+# loop CPU (issue 18, bench.pull_wake). Small against a poll's wait (the SDK's: 20 s) and
+# against the slack a client gives it (5 s). One loop timer serves every slot: it is set for the
+# earliest slot in use and, when it fires, for the next (a timer per slot kept a wait's worth
+# of them, 400, on the loop's heap).
 PARK_DEADLINE_SLOT_S = 0.05
 
 
@@ -67,8 +70,12 @@ class Committed:
         self.stopping = False  # end_long_polls() was called: waiting pulls answer at once
         self._wakes: dict[str, Wake] = {}  # subject -> its next commit's, while someone looks
         # Deadline slot (loop time // PARK_DEADLINE_SLOT_S, rounded up) -> the polls parked
-        # until it; each slot in use has one timer, never cancelled (_slot_passed).
-        self._deadline_slots: dict[int, set[Waiter]] = {}
+        # until it, and the slots in use as a heap (floats holding ints: compared in C).
+        self._deadline_slots: dict[float, set[Waiter]] = {}
+        self._slot_heap: list[float] = []
+        # The one loop timer, set for the earliest slot in use (_timer_slot); None: no slot.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_slot = 0.0
         # Goes on now with the parked pulls woken so far (``Pulls`` sets it): a publishing step
         # calls it once it has answered its senders, so their polls answer in the same step.
         self.answer_woken: Callable[[], None] = _nothing
@@ -141,22 +148,38 @@ class Committed:
             wake.waiters.remove(waiter)
 
     def _deadline_slot(self, deadline: float) -> set[Waiter]:
-        """The set of the polls parked until ``deadline``'s slot (its timer set on first use)."""
+        """The set of the polls parked until ``deadline``'s slot (on first use the slot joins
+        the heap, and the timer moves to it if it is the earliest)."""
         slot = -(-deadline // PARK_DEADLINE_SLOT_S)  # rounded up: a float holding an int
         if slot * PARK_DEADLINE_SLOT_S < deadline:
             slot += 1  # the float product fell short of the deadline
         parked = self._deadline_slots.get(slot)
         if parked is None:
             parked = self._deadline_slots[slot] = set()
-            asyncio.get_running_loop().call_at(slot * PARK_DEADLINE_SLOT_S, self._slot_passed,
-                                               slot)
+            heapq.heappush(self._slot_heap, slot)
+            if self._timer is None or slot < self._timer_slot:
+                self._set_timer(slot)
         return parked
 
-    def _slot_passed(self, slot: float) -> None:
-        """A deadline slot's timer: its polls still parked end with False."""
-        for waiter in self._deadline_slots.pop(slot, ()):
-            if not waiter.done():
-                waiter.set_result(False)
+    def _set_timer(self, slot: float) -> None:
+        """The loop timer fires at the end of ``slot`` (the earliest in use), not before."""
+        if self._timer is not None:
+            self._timer.cancel()  # set for a later slot: that one is still in the heap
+        self._timer_slot = slot
+        self._timer = asyncio.get_running_loop().call_at(slot * PARK_DEADLINE_SLOT_S,
+                                                         self._slot_passed)
+
+    def _slot_passed(self) -> None:
+        """The timer: the earliest slot has passed, its polls still parked end with False;
+        then the timer is set for the next slot in use."""
+        self._timer = None
+        heap, slots = self._slot_heap, self._deadline_slots
+        while heap and heap[0] <= self._timer_slot:
+            for waiter in slots.pop(heapq.heappop(heap)):
+                if not waiter.done():
+                    waiter.set_result(False)
+        if heap:
+            self._set_timer(heap[0])
 
     def notify(self, subject: str) -> None:
         """Wake every long poll of ``subject`` (something was committed or released)."""

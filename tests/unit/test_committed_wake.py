@@ -1,5 +1,5 @@
 """The long polls' wake-ups (``Committed.wake`` / ``park`` / ``notify``): one future per parked
-poll and one timer per deadline slot, instead of an ``asyncio.Event`` and an
+poll and one loop timer for every deadline slot, instead of an ``asyncio.Event`` and an
 ``asyncio.timeout`` per poll (issue 18)."""
 
 from __future__ import annotations
@@ -129,3 +129,39 @@ async def test_a_poll_woken_before_its_slot_passes_leaves_its_slot_and_the_other
     assert await woken is True
     assert sum(map(len, committed._deadline_slots.values())) == 1
     assert await waiting is False
+
+
+async def test_polls_parked_in_many_deadline_slots_keep_one_loop_timer_at_a_time(monkeypatch):
+    # A timer per slot kept up to a wait's worth of slots (20 s / 50 ms = 400) on the loop's
+    # heap, each push and pop comparing TimerHandles in Python (issue 18).
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    scheduled = []
+    call_at = loop.call_at
+
+    def counting_call_at(when, callback, *args):
+        handle = call_at(when, callback, *args)
+        scheduled.append(handle)
+        return handle
+
+    monkeypatch.setattr(loop, "call_at", counting_call_at)
+    base = (loop.time() // PARK_DEADLINE_SLOT_S + 2) * PARK_DEADLINE_SLOT_S
+    # Out of order: a later slot first, then earlier ones.
+    deadlines = [base + PARK_DEADLINE_SLOT_S * f for f in (4.5, 0.5, 2.5, 1.5, 0.7)]
+    wake = committed.wake("s")
+    polls = [asyncio.ensure_future(committed.park(wake, d)) for d in deadlines]
+    await asyncio.sleep(0)
+    live = [handle for handle in scheduled if not handle.cancelled()]
+    assert len(live) == 1, live
+    # The earliest slot's end: not before the earliest deadline, before the next slot's.
+    assert min(deadlines) <= live[0].when() < min(deadlines) + PARK_DEADLINE_SLOT_S
+
+    async def ended_at(poll: asyncio.Future[bool]) -> tuple[bool, float]:
+        return await poll, loop.time()
+
+    ended = await asyncio.gather(*(ended_at(p) for p in polls))
+    assert [woken for woken, _ in ended] == [False] * 5
+    for deadline, (_, at) in zip(deadlines, ended):
+        assert at >= deadline
+    assert committed._deadline_slots == {}
+    assert [h for h in scheduled if not h.cancelled() and h.when() > loop.time()] == []
