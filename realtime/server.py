@@ -187,17 +187,18 @@ class RealtimeServer(ServerBase):
         grant = self.gate.grant_now(session.token)
         if grant is None:
             grant = await self.gate.grant(session.token, session.app)
+        # Told apart by their exact type (request types are never subclassed): no call.
         if type(request) is not Send:  # a send's subjects are checked in _serve
-            if isinstance(request, (Pull, Ack, Nack)):
+            if type(request) is Pull or type(request) is Ack or type(request) is Nack:
                 grant.check_consume(request.subject)
-            elif isinstance(request, (Heartbeat, Leave)):
+            elif type(request) is Heartbeat or type(request) is Leave:
                 for subject, _group in request.subscriptions:
                     grant.check_consume(subject)
-            elif isinstance(request, (Subjects, Browse, Purge)):
+            elif type(request) is Subjects or type(request) is Browse or type(request) is Purge:
                 grant.check_admin(request.op)
-            if isinstance(request, Hello):
+            elif type(request) is Hello:
                 return self._hello()
-            if isinstance(request, (Fetch, Snapshot)):
+            elif type(request) is Fetch or type(request) is Snapshot:
                 return await self._serve_replica(request, grant)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
@@ -278,7 +279,7 @@ class RealtimeServer(ServerBase):
                      grant: Grant) -> dict[str, Any] | Later:
         """Answer one request other than hello (the role was checked)."""
         broker = core.broker
-        if isinstance(request, Send):
+        if type(request) is Send:
             self.gate.check_send(grant, request.messages)
             if broker.readonly and not broker.write_failed and self.registration is not None:
                 # The MetaServer may have switched us back to rw since our last heartbeat;
@@ -294,35 +295,35 @@ class RealtimeServer(ServerBase):
             if results is None:
                 return later  # answered by _send_ended when the commit ends
             return {"results": results}  # nothing valid to commit
-        if isinstance(request, Pull):
+        if type(request) is Pull:
             out = await broker.pull(request, lambda: session.closed, direct=True)
             if type(out) is ParkedPull:
                 later = Later()
                 out.reply_to(partial(self._pull_answered, later, request))
                 return later
             return pull_response(*out)  # type: ignore[misc]
-        if isinstance(request, Ack):
+        if type(request) is Ack:
             return {"acked": await broker.ack(request)}
-        if isinstance(request, Heartbeat):
+        if type(request) is Heartbeat:
             broker.heartbeat(request)
             return {"ok": True}
-        if isinstance(request, Leave):
+        if type(request) is Leave:
             return {"released": await broker.leave(request)}
-        if isinstance(request, Nack):
+        if type(request) is Nack:
             return {"nacked": await core.nacks.nack(request)}
-        if isinstance(request, Hold):
+        if type(request) is Hold:
             self.gate.check_send(grant, request.messages)
             now_ms = broker.clock()  # as it arrived: the delay server bounds clock skew by it
             return {"results": await broker.hold(request.messages, request.visible_at_ms),
                     "now_ms": now_ms}
-        if isinstance(request, CancelHeld):
+        if type(request) is CancelHeld:
             if not grant.admin:
                 grant.check_produce(request.subject)
             cancelled, before = await broker.cancel_held(request.subject, request.ids)
             return {"cancelled": cancelled, "dropped_before": before}
-        if isinstance(request, Cancel):
+        if type(request) is Cancel:
             raise NotSupported("cancel is answered by delay servers, not realtime servers")
-        if isinstance(request, (Subjects, Browse, Purge)):
+        if type(request) is Subjects or type(request) is Browse or type(request) is Purge:
             return await core.admin.answer(request)
         raise NotSupported(f"op {request.op} is not served by realtime servers")
 

@@ -247,14 +247,17 @@ class FrameServer:
                         outcome: dict[str, Any] | BaseException) -> None:
         """A ``Later`` of ``request`` got its outcome: the answer (or error) is written."""
         self._laters.discard(later)
-        if isinstance(outcome, QmqError):
+        if type(outcome) is dict:  # the usual outcome first: no isinstance for it
+            response = outcome
+            response["rid"] = request.rid
+        elif isinstance(outcome, QmqError):
             response = self._error_response(request.rid, outcome)
         elif isinstance(outcome, BaseException):  # a server bug, as in _answer
             log.error("internal error answering %s from %s", request.op,
                       connection.session.peer, exc_info=outcome)
             response = self._error_response(
                 request.rid, Internal(f"{type(outcome).__name__}: {outcome}"))
-        else:
+        else:  # a map of a subclass of dict
             response = outcome
             response["rid"] = request.rid
         connection.send(response, request)

@@ -28,17 +28,16 @@ HEADER_BYTES = _HEADER.size
 
 def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """``u32 length | msgpack(obj)``; TooLarge if the payload exceeds ``max_frame_bytes``."""
-    if not isinstance(obj, dict):
+    if type(obj) is not dict and not isinstance(obj, dict):
         raise BadRequest(f"a frame must be a map, got {type_name(obj)}")
     try:
         payload = packb(obj)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"frame cannot be encoded: {exc}") from None
-    if len(payload) > max_frame_bytes:
-        raise TooLarge(
-            f"frame of {len(payload)} bytes exceeds MAX_FRAME_BYTES {max_frame_bytes}"
-        )
-    return _HEADER.pack(len(payload)) + payload
+    size = len(payload)
+    if size > max_frame_bytes:
+        raise TooLarge(f"frame of {size} bytes exceeds MAX_FRAME_BYTES {max_frame_bytes}")
+    return _HEADER.pack(size) + payload
 
 
 def decode_frame_payload(payload: bytes | memoryview) -> dict[str, Any]:

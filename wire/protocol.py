@@ -169,7 +169,7 @@ def _parse_send(f: _Fields, rid: int) -> Send:
             f"MAX_SEND_BATCH_MESSAGES {MAX_SEND_BATCH_MESSAGES}"
         )
     for payload in messages:
-        if not isinstance(payload, bytes):
+        if type(payload) is not bytes:  # msgpack's bin is bytes itself: no call per message
             raise BadRequest(f"send.messages must hold bin payloads, got {type_name(payload)}")
     compact = frame.get("compact", False)
     if type(compact) is not bool:
@@ -459,12 +459,12 @@ def parse_request(frame: dict[str, Any]) -> Request:
     BadRequest for a missing/invalid ``op`` or ``rid``, an unknown op (named), or a field of the
     wrong type (named with the value's type); TooLarge/DelayOutOfRange/NotSupported for limits.
     """
-    if not isinstance(frame, dict):
+    if type(frame) is not dict and not isinstance(frame, dict):
         raise BadRequest(f"request must be a map, got {type_name(frame)}")
     op = frame.get("op", _MISSING)
     if op is _MISSING:
         raise BadRequest("request lacks field 'op'")
-    if not isinstance(op, str):
+    if type(op) is not str and not isinstance(op, str):
         raise BadRequest(f"request op must be str, got {type_name(op)}")
     rid = frame.get("rid", _MISSING)
     if rid is _MISSING:
