@@ -127,7 +127,10 @@ class BatchingMixin:
 
     def _open_batch(self, key: Key) -> Batch:
         batch = self._open[key] = Batch(key[0], key[1])
-        loop = asyncio.get_running_loop()
+        # The producer's loop, which its callers (send, send_many) have just found running
+        # here: asyncio.get_running_loop() would cost a getpid() system call per batch.
+        loop = self._loop
+        assert loop is not None
         # With few batches of this subject on the wire (a low-rate sender) waiting would only
         # add the linger to its latency: the batch leaves after this loop turn (so sends
         # issued together still share it). Else it lingers for more, and leaves when a batch

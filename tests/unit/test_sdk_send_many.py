@@ -225,13 +225,16 @@ def test_splicing_is_refused_when_the_template_does_not_encode_canonically():
 def test_ids_made_in_bulk_are_the_ids_made_one_by_one_across_every_boundary():
     from sdk.send_values import IdMaker
 
-    bulk, single = IdMaker(), IdMaker()
-    single._prefix, single._format = bulk._prefix, bulk._format
+    bulk = IdMaker()
+    single = IdMaker(prefix=bulk._prefix)
     for count in (1, 254, 1, 256, 257, 1024, 3, 511, 1):
         assert bulk.many(count) == [single() for _ in range(count)]
-    bulk._counter = single._counter = 2**40 - 3  # the shared head changes mid-call
+    assert bulk() == single.next()  # one by one after a bulk call, by either name
+    bulk = IdMaker(prefix=bulk._prefix, made=2**40 - 3)  # the shared head changes mid-call
+    single = IdMaker(prefix=bulk._prefix, made=2**40 - 3)
     assert bulk.many(600) == [single() for _ in range(600)]
-    assert len({*bulk.many(1000)}) == 1000 and bulk() == single._format % (single._counter + 1001)
+    assert len({*bulk.many(1000)}) == 1000
+    assert bulk() == f"{bulk._prefix}{2**40 - 3 + 1601:016x}"
 
 
 async def test_send_many_sends_the_callers_own_ids_one_per_body(meta, broker_a):
