@@ -223,8 +223,15 @@ class FrameServer:
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
             response = await self._handler(connection.session, request)
-            if type(response) is Later:
-                response._bind(self, connection, request)  # answered when the handler says
+            if type(response) is Later:  # answered when the handler says: bound to it here
+                later = response
+                later._server, later._connection, later._request = self, connection, request
+                outcome = later._outcome
+                if outcome is None:
+                    self._laters.add(later)
+                else:  # given before the handler returned
+                    later._outcome = None
+                    self._later_answered(later, connection, request, outcome)
                 return
             response["rid"] = request.rid
         except QmqError as exc:
@@ -280,8 +287,9 @@ class LaterAnsweredTwice(RuntimeError):
 class Later:
     """An answer a handler gives after it has returned, with no task waiting for it: the
     handler returns the ``Later`` and then calls ``answer(response)`` (the map, without
-    ``rid``) or ``fail(exc)`` once (a second call raises ``LaterAnsweredTwice``), from a later step of the loop (a long poll woken by a
-    commit). A ``QmqError`` becomes its error response, anything else ``internal`` (logged).
+    ``rid``) or ``fail(exc)`` once (a second call raises ``LaterAnsweredTwice``), from a later
+    step of the loop (a long poll woken by a commit). A ``QmqError`` becomes its error
+    response, anything else ``internal`` (logged).
     Until it is answered the request counts in ``requests_in_flight`` and ``stop`` waits for it
     as for a task; an answer to a closed connection goes nowhere."""
 
@@ -291,7 +299,8 @@ class Later:
         self._server: FrameServer | None = None
         self._connection: _FrameConnection | None = None
         self._request: Request | None = None
-        self._outcome: dict[str, Any] | BaseException | None = None  # given before _bind
+        # Given before the frame server took it over (in ``FrameServer._answer``).
+        self._outcome: dict[str, Any] | BaseException | None = None
         self._given_once = False  # answer or fail was called: a second call is refused
 
     def answer(self, outcome: dict[str, Any] | BaseException) -> None:
@@ -313,16 +322,6 @@ class Later:
     # outcome), ``_later_answered`` tells them apart.
     fail = answer
 
-    def _bind(self, server: FrameServer, connection: _FrameConnection, request: Request) -> None:
-        """The frame server takes it over from the handler's return."""
-        self._server, self._connection, self._request = server, connection, request
-        outcome = self._outcome
-        if outcome is None:
-            server._laters.add(self)
-        else:
-            self._outcome = None
-            server._later_answered(self, connection, request, outcome)
-
 
 class _Together:
     """``FrameServer.answers_together()``'s block (one per server, re-entrant)."""
@@ -341,7 +340,10 @@ class _Together:
         if not server._together and server._held:
             held, server._held = server._held, []
             for connection in held:
-                connection.release()
+                # Written now, unless a read or a turn of this connection already queued its
+                # answers behind, to leave at their end.
+                if not connection._reading and not connection._wrote_this_turn:
+                    connection._flush()
 
 
 def step_or_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
@@ -522,12 +524,6 @@ class _FrameConnection(asyncio.Protocol):
     def _end_turn(self) -> None:
         self._wrote_this_turn = False
         self._flush()
-
-    def release(self) -> None:
-        """``answers_together()`` ended: write what it held (unless a read or a turn of this
-        connection already queued its answers behind, to leave at their end)."""
-        if not self._reading and not self._wrote_this_turn:
-            self._flush()
 
     def pause_reading(self) -> None:
         """Read no more requests from this client (the server is stopping)."""
