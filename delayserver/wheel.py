@@ -60,27 +60,37 @@ class TimingWheel:
         preload window keys a schedule entry by its delay-log offset). Adding a key that is
         already held replaces the held entry (it is then returned once, at the new time). O(1)
         but for a new slot."""
-        if not isinstance(deliver_at_ms, int):
-            raise ValueError(f"deliver_at_ms {deliver_at_ms!r} must be an int")
-        if key is None:
-            key = entry
-        item = (deliver_at_ms, key, entry)
-        replaced = self._live.get(key)
-        if replaced is not None:
-            self._dirty.add(replaced[0] // self.tick_ms)
-        self._live[key] = item
-        slot = deliver_at_ms // self.tick_ms
-        items = self._slots.get(slot)
-        if items is None:
-            self._slots[slot] = [item]
-            self._slot_min[slot] = deliver_at_ms
-            heapq.heappush(self._slot_heap, slot)
-        else:
-            items.append(item)
-            if deliver_at_ms < self._slot_min[slot]:
-                self._slot_min[slot] = deliver_at_ms
-        self._stored += 1
-        if replaced is not None:
+        self.add_items([(deliver_at_ms, entry if key is None else key, entry)])
+
+    def add_items(self, items: list[tuple[int, Hashable, Any]]) -> None:
+        """``add`` of each ``(deliver_at_ms, key, entry)`` item, in order, in one call: the
+        preload window tracks a commit's or a load's entries this way (a Python call per
+        entry fewer on the event loop, ~0.3 us each)."""
+        if not set(map(type, map(_DUE, items))) <= {int}:  # checked first: none is added
+            for item in items:
+                if not isinstance(item[0], int):
+                    raise ValueError(f"deliver_at_ms {item[0]!r} must be an int")
+        live, slots, slot_min, tick = self._live, self._slots, self._slot_min, self.tick_ms
+        replaced_any = False
+        for item in items:
+            deliver_at_ms, key = item[0], item[1]
+            replaced = live.get(key)
+            if replaced is not None:
+                self._dirty.add(replaced[0] // tick)
+                replaced_any = True
+            live[key] = item
+            slot = deliver_at_ms // tick
+            held = slots.get(slot)
+            if held is None:
+                slots[slot] = [item]
+                slot_min[slot] = deliver_at_ms
+                heapq.heappush(self._slot_heap, slot)
+            else:
+                held.append(item)
+                if deliver_at_ms < slot_min[slot]:
+                    slot_min[slot] = deliver_at_ms
+        self._stored += len(items)
+        if replaced_any:
             self._maybe_compact()
 
     def remove(self, key: Hashable) -> bool:

@@ -178,7 +178,8 @@ class PreloadWindow:
     def track(self, entries: Iterable[ScheduleEntry]) -> None:
         """Hold loaded entries until they are due; an entry tracked already is skipped (a load
         re-reads what commits into the bucket tracked meanwhile)."""
-        tracked, counts, by_id, add = self.tracked, self._bucket_counts, self._by_id, self.wheel.add
+        tracked, counts, by_id = self.tracked, self._bucket_counts, self._by_id
+        items = []  # for the wheel, in one call
         for entry in entries:
             key = entry.delay_log_offset
             if key in tracked:
@@ -193,7 +194,8 @@ class PreloadWindow:
                 same_hash.append(key)
             else:
                 by_id[entry.id_hash] = [same_hash, key]
-            add(entry, entry.deliver_at_ms, key)
+            items.append((entry.deliver_at_ms, key, entry))
+        self.wheel.add_items(items)
 
     def place_committed(self, entries: Sequence[ScheduleEntry]) -> None:
         """Newly committed entries: those of loaded buckets are tracked while there is room.

@@ -20,6 +20,27 @@ def test_an_entry_is_not_returned_one_ms_before_it_is_due_and_is_returned_at_its
     assert wheel.advance(10**12) == []
 
 
+def test_items_added_in_one_call_are_held_and_returned_as_added_one_by_one():
+    one_by_one, in_one_call = TimingWheel(tick_ms=10), TimingWheel(tick_ms=10)
+    rows = [(1_030, "c", "c"), (1_010, "a", "a"), (1_020, "b1", "b1"), (1_020, "b2", "b2"),
+            (1_025, "a", "a-again")]  # the last replaces a's entry
+    for at, key, entry in rows:
+        one_by_one.add(entry, at, key)
+    in_one_call.add_items(rows)
+    assert len(in_one_call) == len(one_by_one) == 4
+    assert in_one_call.next_due_ms() == one_by_one.next_due_ms() == 1_020
+    assert in_one_call.advance(1_030) == one_by_one.advance(1_030) == [
+        "b1", "b2", "a-again", "c"]
+
+
+def test_a_batch_with_a_due_time_that_is_not_an_int_is_refused_whole():
+    wheel = TimingWheel()
+    with pytest.raises(ValueError, match="1000.5"):
+        wheel.add_items([(1_000, "a", "a"), (1000.5, "b", "b")])
+    assert len(wheel) == 0
+    assert wheel.advance(10**12) == []
+
+
 def test_advance_returns_entries_in_deliver_at_order_and_ties_in_add_order():
     wheel = TimingWheel()
     for name, at in [("c", 30), ("a", 10), ("b1", 20), ("b2", 20), ("d", 40)]:
