@@ -88,17 +88,25 @@ class ScheduleFiles:
 
     def append(self, bucket_ms: int, entry: bytes) -> int:
         """Buffer one encoded entry for the bucket; returns its index."""
-        buffered = self._buffer.get(bucket_ms)
-        if buffered is None:
-            base = self.index.reserve(bucket_ms, 0)
-            self._buffer[bucket_ms] = bytearray(entry)
-            self._buffer_base[bucket_ms] = base
-            self.buffered_bytes += ENTRY_SIZE_BYTES
-            return base
-        index = self._buffer_base[bucket_ms] + len(buffered) // ENTRY_SIZE_BYTES
-        buffered += entry
-        self.buffered_bytes += ENTRY_SIZE_BYTES
-        return index
+        return self.append_each([bucket_ms], [entry])[0]
+
+    def append_each(self, buckets_ms: list[int], entries: list[bytes]) -> list[int]:
+        """``append`` of each entry for its bucket, in order, in one call; their indexes. A
+        group commit of messages due in many buckets (W1's delays) files them this way: a
+        Python call per entry fewer on the delay-io thread."""
+        buffer, bases = self._buffer, self._buffer_base
+        indexes = []
+        for bucket_ms, entry in zip(buckets_ms, entries):
+            buffered = buffer.get(bucket_ms)
+            if buffered is None:
+                base = bases[bucket_ms] = self.index.reserve(bucket_ms, 0)
+                buffer[bucket_ms] = bytearray(entry)
+                indexes.append(base)
+            else:
+                indexes.append(bases[bucket_ms] + len(buffered) // ENTRY_SIZE_BYTES)
+                buffered += entry
+        self.buffered_bytes += ENTRY_SIZE_BYTES * len(indexes)
+        return indexes
 
     def append_run(self, bucket_ms: int, entries: bytes) -> int:
         """Buffer a run of encoded entries (a multiple of 32 bytes) for one bucket, as

@@ -48,7 +48,11 @@ class PendingCounts:
         hour, or of one subject (the usual), is counted by ``list.count`` rather than a Counter,
         whose making cost ~20 us per commit on the delay-io thread."""
         per_hour, per_subject = self.per_hour, self.per_subject
-        hours = [bucket - bucket % HOUR_MS for bucket in buckets_ms]
+        first = buckets_ms[0] if buckets_ms else 0
+        if buckets_ms.count(first) == len(buckets_ms):  # one bucket (the usual): its hour
+            hours = [first - first % HOUR_MS] * len(buckets_ms)
+        else:
+            hours = [bucket - bucket % HOUR_MS for bucket in buckets_ms]
         for column, counts in ((hours, per_hour), (subjects, per_subject)):
             if not column:
                 continue

@@ -341,7 +341,7 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             elif first == 0:  # the bucket's first entries: its count is known from here on
                 known[bucket] = count
         else:
-            indexes = list(map(self._schedule.append, buckets, encoded))
+            indexes = self._schedule.append_each(buckets, encoded)
             for bucket, index in zip(buckets, indexes):
                 if bucket in known:
                     known[bucket] += 1

@@ -150,6 +150,26 @@ def test_a_run_of_entries_for_one_bucket_buffers_what_appending_them_one_by_one_
     assert as_runs.buffered_bytes == one_by_one.buffered_bytes
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, BUCKET_MS, 5 * BUCKET_MS]), max_size=40),
+       st.integers(0, 40))
+def test_entries_of_many_buckets_appended_in_one_call_buffer_what_appending_each_does(
+        buckets, split):
+    one_by_one = ScheduleFiles(Layout("/nonexistent-one"), OsFile)
+    in_calls = ScheduleFiles(Layout("/nonexistent-calls"), OsFile)
+    entries = [encode_schedule_entry(BASE_MS + bucket, k, 100, k)
+               for k, bucket in enumerate(buckets)]
+    dues = [BASE_MS + bucket for bucket in buckets]
+    indexes = [one_by_one.append(due, entry) for due, entry in zip(dues, entries)]
+    # Two calls, so the second finds buckets the first buffered.
+    assert (in_calls.append_each(dues[:split], entries[:split])
+            + in_calls.append_each(dues[split:], entries[split:])) == indexes
+    for bucket in (0, BUCKET_MS, 5 * BUCKET_MS):
+        assert in_calls.buffered(BASE_MS + bucket) == one_by_one.buffered(BASE_MS + bucket)
+        assert in_calls.count(BASE_MS + bucket) == one_by_one.count(BASE_MS + bucket)
+    assert in_calls.buffered_bytes == one_by_one.buffered_bytes == 32 * len(buckets)
+
+
 def test_commits_within_one_bucket_index_what_commits_over_many_buckets_index(tmp_path):
     """A commit whose rows share a bucket takes the one-run path; the same rows committed with
     a row of another bucket among them take the per-entry path: the same entries (but for the
