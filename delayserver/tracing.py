@@ -81,12 +81,11 @@ class DelayTracer:
             checked = kept.get(key)
             if checked is None:
                 continue
-            msg_id, subject, created_at_ms, deliver_at_ms = (
-                checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
+            (msg_id, subject, tags, _, deliver_at_ms, created_at_ms, retries,
+             origin_id) = checked
             if (type(msg_id) is str and type(created_at_ms) is int
                     and type(deliver_at_ms) is int and subject[:1] != "%"
-                    and not checked.retries and checked.origin_id is None
-                    and not checked.tags):
+                    and not retries and origin_id is None and not tags):
                 member = subject_members.get(subject)
                 if member is None:
                     member = subject_members[subject] = subject_member(subject)
@@ -165,21 +164,21 @@ class DelayTracer:
         lines = []
         for checked, payload in zip(checks, payloads):
             if checked is not None:
-                msg_id, subject, created_at_ms, deliver_at_ms = (
-                    checked.id, checked.subject, checked.created_at_ms, checked.deliver_at_ms)
+                # One unpack (Checked's field order) rather than an attribute load per field.
+                (msg_id, subject, tags, _, deliver_at_ms, created_at_ms, retries,
+                 origin_id) = checked
                 if (type(msg_id) is str and type(created_at_ms) is int
                         and type(deliver_at_ms) is int and subject[:1] != "%"
-                        and not checked.retries and checked.origin_id is None
-                        and not checked.tags):
+                        and not retries and origin_id is None and not tags):
                     member = subject_members.get(subject)
                     if member is None:
                         member = subject_members[subject] = subject_member(subject)
                     lines.append(f'{start}"msg_id":{_json_str(msg_id)}{member},"created_at_ms":'
                                  f'{created_at_ms},"deliver_at_ms":{deliver_at_ms}{end}')
                     continue
-                peeked = trace_members(msg_id, subject, origin_id=checked.origin_id,
+                peeked = trace_members(msg_id, subject, origin_id=origin_id,
                                        created_at_ms=created_at_ms, deliver_at_ms=deliver_at_ms,
-                                       retries=checked.retries, tags=checked.tags)
+                                       retries=retries, tags=tags)
             else:
                 peeked = peek_trace_members(payload)
             if peeked is None:
