@@ -79,6 +79,14 @@ class Committed:
         # Goes on now with the parked pulls woken so far (``Pulls`` sets it): a publishing step
         # calls it once it has answered its senders, so their polls answer in the same step.
         self.answer_woken: Callable[[], None] = _nothing
+        # True while a publishing step runs that calls ``answer_woken`` itself before it ends
+        # (``Sends``, when every sender of the commit is answered by callback): the polls it
+        # wakes then schedule no loop callback (issue 18: it found nothing, an empty loop turn
+        # per commit). A step that fails first calls ``answer_woken_soon`` instead.
+        self.answering_woken = False
+        # Schedules the loop callback that goes on with the parked pulls woken so far, if any
+        # (``Pulls`` sets it).
+        self.answer_woken_soon: Callable[[], None] = _nothing
 
     def restart(self, ends: dict[str, int], firsts: dict[str, int]) -> None:
         """A copy became the master: what is committed is what its store says now; the tail

@@ -108,6 +108,7 @@ class Pulls:
         # about three per message on a woken pull and its re-park).
         self._loop: asyncio.AbstractEventLoop | None = None
         ctx.committed.answer_woken = self._run_due
+        ctx.committed.answer_woken_soon = self._run_due_soon
 
     async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
@@ -281,11 +282,20 @@ class Pulls:
 
     def _queue_due(self, poll: ParkedPull) -> None:
         """``poll`` was told its outcome: the first of a step schedules ``_run_due``. It runs
-        after whatever the same step queued before (a commit's senders are woken first)."""
+        after whatever the same step queued before (a commit's senders are woken first). A
+        step that calls ``_run_due`` itself before it ends (``Committed.answering_woken``)
+        schedules nothing."""
         due = self._due
         due.append(poll)
-        if len(due) == 1:
+        if len(due) == 1 and not self._ctx.committed.answering_woken:
             assert self._loop is not None  # set by the pull that parked ``poll``
+            self._loop.call_soon(self._run_due)
+
+    def _run_due_soon(self) -> None:
+        """A step that was to call ``_run_due`` itself ended first (``Committed``'s
+        ``answer_woken_soon``): the polls it queued go on in a loop callback."""
+        if self._due:
+            assert self._loop is not None
             self._loop.call_soon(self._run_due)
 
     def _run_due(self) -> None:

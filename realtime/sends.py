@@ -282,18 +282,26 @@ class Sends:
         # Sends answered by callback are written in this step, once their results are filled
         # and before any woken poll runs.
         self._answer(batch)
-        self._publish(batch, outcomes)
-        if self.on_commit is not None:
-            self.on_commit(len(outcomes))
-        # One block for both: the producers' answers, then the woken polls', leave as it
-        # ends, one write per connection and no end-of-turn callback for either.
-        with self.answers_together():
-            self._tell(batch)
-            if all(request.future is None for request in batch):
-                # Every sender was answered just now: the long polls this commit woke are
-                # answered right after them, in this step (no loop turn); else after the
-                # senders' tasks.
-                self._ctx.committed.answer_woken()
+        # Every sender answered by callback (below): the long polls this commit wakes are
+        # answered right after them, in this step (no loop turn); else after the senders'
+        # tasks, in the loop callback their wake-up schedules.
+        view = self._ctx.committed
+        view.answering_woken = all(request.future is None for request in batch)
+        try:
+            self._publish(batch, outcomes)
+            if self.on_commit is not None:
+                self.on_commit(len(outcomes))
+            # One block for both: the producers' answers, then the woken polls', leave as it
+            # ends, one write per connection and no end-of-turn callback for either.
+            with self.answers_together():
+                self._tell(batch)
+                if view.answering_woken:
+                    view.answering_woken = False
+                    view.answer_woken()
+        finally:
+            if view.answering_woken:  # the step failed first: a loop callback answers them
+                view.answering_woken = False
+                view.answer_woken_soon()
 
     @staticmethod
     def _answer(batch: list[SendRequest]) -> None:

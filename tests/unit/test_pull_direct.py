@@ -233,3 +233,43 @@ async def test_a_commit_whose_senders_are_answered_by_callback_answers_its_parke
                             lambda request: order.append("send")) is None
     await wait_for(lambda: "step ended" in order, 10, "the commit's publishing step")
     assert order == ["send", "pull", "step ended"], "the producer, then the pull, in one step"
+
+
+async def test_a_commit_that_answers_its_parked_pulls_in_its_step_schedules_no_loop_callback_for_them(
+        broker, monkeypatch):
+    # Each such commit used to leave a _run_due callback that found nothing: an empty loop
+    # turn per commit (issue 18).
+    await quiet(broker)
+    await caught_up(broker)
+    replies = await parked(broker, pull_request())
+    loop = asyncio.get_running_loop()
+    scheduled: list[object] = []
+    call_soon = loop.call_soon
+
+    def noting_call_soon(callback, *args, **kwargs):
+        scheduled.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", noting_call_soon)
+    message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
+    sent: list[object] = []
+    assert broker.send_soon([encode_message(message)], False, sent.append) is None
+    await answered(replies)
+    assert sent and len(replies.answers[0].payloads) == 1
+    assert broker.pulls._run_due not in scheduled, scheduled
+
+
+async def test_a_publishing_step_that_fails_before_its_pulls_are_answered_still_answers_them(
+        broker):
+    await quiet(broker)
+    await caught_up(broker)
+    replies = await parked(broker, pull_request())
+
+    def failing_on_commit(count: int) -> None:
+        raise RuntimeError("a bug after the commit was published")
+
+    broker.on_commit = failing_on_commit
+    message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
+    assert broker.send_soon([encode_message(message)], False, lambda request: None) is None
+    await answered(replies)
+    assert len(replies.answers[0].payloads) == 1
