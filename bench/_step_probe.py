@@ -121,11 +121,11 @@ def install_server() -> None:
         return probed
 
     def write(original: Any) -> Any:
-        def probed(self: Any, response: dict[str, Any]) -> None:
+        def probed(self: Any, response: dict[str, Any], *args: Any) -> None:
             payloads = response.get("payloads")
             if payloads:
                 _EVENTS.append(("pull_written", _now(), list(payloads)))
-            original(self, response)
+            original(self, response, *args)
         return probed
 
     def sync(original: Any) -> Any:
