@@ -27,8 +27,10 @@ send of that or any later commit was answered until a restart.
 
 A commit runs in the committer task or, when a send finds no commit running, in that send's
 own request task (``commit_now``), or, for a send answered by callback (``commit_soon``), in no
-task: the store call's done callback publishes it and starts the next. A stop or a demote may cancel either while the store call
-runs. The store thread writes the batch anyway, so both servers hand in their store call as
+task: the store call's done callback publishes it and starts the next (for an
+``IoThread.submit`` call, its ``then``: in the store thread's hand-back itself, no loop turn
+after it, unless a round handed back just before it resumes a task first). A stop or a demote
+may cancel either of the others while the store call runs. The store thread writes the batch anyway, so both servers hand in their store call as
 an ``IoThread.submit`` future, which a cancel does not cancel: the task gets its
 CancelledError only once the call has finished, and the batch is first published and answered
 (or refused) as usual. Before (review s12 rvbroker-1), such a batch was stored but never
@@ -39,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Awaitable, Callable, Generic, TypeVar
 
 from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
+from serverkit.io_thread import Submitted
 from wire.errors import Internal, Overloaded, QmqError
 
 log = logging.getLogger(__name__)
@@ -131,7 +135,9 @@ class GroupCommitter(Generic[T, R]):
         running commit takes it as it ends. The batch is published (or refused) in a done
         callback of the store call's future, scheduled in the order results come back, as a
         task's wake-up is: a round handed back before it still goes first. No task, no
-        committer wake-up: the next queued batch starts in the callback that ends this one."""
+        committer wake-up: the next queued batch starts in the callback that ends this one.
+        An ``IoThread.submit`` store call is published in the thread's hand-back itself
+        (``Submitted.then``), with no loop turn between the result and its publishing."""
         if not self._running and self.pending:
             self._begin()
 
@@ -142,14 +148,17 @@ class GroupCommitter(Generic[T, R]):
         batch, self.pending = self.pending, []
         try:
             call = self._commit(batch)  # inside: a call that raises at once is refused too
-            future = call if asyncio.isfuture(call) else asyncio.ensure_future(call)
+            if type(call) is Submitted:  # published in the store thread's hand-back itself
+                call.then(partial(self._stored, batch))
+                return
+            future = asyncio.ensure_future(call)
         except Exception as exc:
             try:
                 self._refuse(batch, exc)
             finally:
                 self._ended()
             return
-        future.add_done_callback(lambda done: self._stored(batch, done))
+        future.add_done_callback(partial(self._stored, batch))
 
     def _stored(self, batch: list[T], call: asyncio.Future[R]) -> None:
         """Done callback of a ``commit_soon`` store call: publish or refuse, then go on."""

@@ -237,3 +237,67 @@ def _is_eventfd(fd: int) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
     except OSError:
         return False
+
+
+async def test_a_submitted_calls_then_runs_in_the_hand_back_itself_with_no_loop_turn():
+    io = IoThread("test-then")
+    try:
+        events: list[str] = []
+        deliver = io._deliver
+
+        def watched_deliver() -> None:
+            events.append("hand-back")
+            deliver()
+            events.append("hand-back ended")
+
+        io._deliver = watched_deliver  # type: ignore[method-assign]  # the eventfd's reader
+        seen = asyncio.get_running_loop().create_future()
+        io.submit(lambda: 7).then(lambda done: (events.append(f"then {done.result()}"),
+                                                seen.set_result(None)))
+        async with asyncio.timeout(30):
+            await seen
+        assert events[:3] == ["hand-back", "then 7", "hand-back ended"]
+    finally:
+        io.close()
+
+
+async def test_a_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it():
+    io = IoThread("test-then-order")
+    try:
+        order: list[str] = []
+        gate = threading.Event()
+        io.submit(gate.wait, 30)  # holds the thread while the two calls below queue up
+
+        async def round_before() -> None:
+            await io.call(lambda: "round")
+            order.append("task resumed by the round handed back first")
+
+        task = asyncio.create_task(round_before())
+        await asyncio.sleep(0)  # the task's call is queued now
+        io.submit(lambda: "commit").then(lambda done: order.append("then"))
+        gate.set()
+        # Block the loop until the thread finished all three: they come back in one bunch.
+        assert wait_until(lambda: io.idle())
+        await task
+        while len(order) < 2:
+            await asyncio.sleep(0)
+        assert order == ["task resumed by the round handed back first", "then"]
+    finally:
+        io.close()
+
+
+async def test_a_then_that_raises_is_reported_and_the_bunchs_other_results_still_arrive():
+    io = IoThread("test-then-raises")
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        gate = threading.Event()
+        io.submit(gate.wait, 30).then(lambda done: 1 / 0)
+        after = io.submit(lambda: "after")
+        gate.set()
+        assert await after == "after"
+        assert isinstance(reported[0]["exception"], ZeroDivisionError)
+    finally:
+        loop.set_exception_handler(None)
+        io.close()
