@@ -129,7 +129,8 @@ class Scheduler(LoadingMixin, CancelsMixin):
     """Owns an open ``DelayStore``, the preload window and the dispatcher; see the module
     docstring. Built by ``open``, which opens the store first; ``start`` begins dispatching.
 
-    Threads: the store is called only on the delay-io thread (``_io_thread``, through ``_io``);
+    Threads: the store is called only on the delay-io thread (``_io_thread``, through ``_io``;
+    housekeeping reads it on the loop while that thread is idle, no call queued or running);
     methods that run there say so in their first line. Every other field is owned by the event
     loop: ``window``, ``dispatcher``, ``stats``, ``readonly`` and ``write_failed`` (set by the
     MetaServer's state callback and by a commit's sticky write failure), ``done_before_ms``
@@ -302,7 +303,8 @@ class Scheduler(LoadingMixin, CancelsMixin):
         while True:
             await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
             try:
-                await self._io(self.store.tick, self.clock())
+                if not (self._io_thread.idle() and self.store.tick_is_idle()):  # else no hop
+                    await self._io(self.store.tick, self.clock())
             except Exception:
                 log.exception("delay copy housekeeping failed")
 
@@ -568,14 +570,17 @@ class Scheduler(LoadingMixin, CancelsMixin):
             await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
             try:
                 now_ms = self.clock()
-                await self._io(self.store.tick, now_ms)
+                if not (self._io_thread.idle() and self.store.tick_is_idle()):  # else no hop
+                    await self._io(self.store.tick, now_ms)
                 if now_ms - self._last_done_check_ms >= DONE_CHECK_INTERVAL_MS:
                     self._last_done_check_ms = now_ms
                     self.dispatcher.prune_handed(now_ms)
                     await self.record_unrecorded()
                     await self.advance_done()
                 if self.replica.replicating:  # dispatch records and watermark moves
-                    end = await self._io(lambda: self.store.done_copy.copy_bounds()[1])
+                    done = self.store.done_copy  # read here when the thread idles: no hop
+                    end = (done.copy_bounds()[1] if self._io_thread.idle()
+                           else await self._io(lambda: done.copy_bounds()[1]))
                     self.replica.advanced("done", end)
             except Exception:
                 log.exception("delay housekeeping failed")

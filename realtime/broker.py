@@ -119,8 +119,8 @@ class Broker:
     - store thread: ``store`` (only ever called there, through ``on_store_thread``);
     - pull-log thread: ``pulllog`` (only through ``on_pulllog_thread``, or ``on_pulllog_quick``,
       which makes a call that only records in memory on the event loop while the thread is
-      idle, as a direct pull does under the same test (``_pulllog_quick_now``): one call at a
-      time, in submission order, either way);
+      idle, as a direct pull does under the same test (``_pulllog_quick_now``), and the flush
+      round's reads while the thread is idle: one call at a time, in submission order);
     - ``stats``: one writer per key: ``sent``/``duplicates`` the store thread,
       ``pulled``/``redelivered``/``acked`` the pull log's calls; metrics read it at scrape time
       (an int read is atomic);
@@ -417,7 +417,9 @@ class Broker:
         not keep the other from its flush); the slaves' long polls on the pull log wake.
         Under flush=sync the message store's tick (its dedup pruning) runs every
         SYNC_STORE_TICK_INTERVAL_MS only, and the pull log's tick and its end for the slaves
-        are one call on its thread: one hop a round when idle, where there were three."""
+        are one call on its thread, and none when that thread is idle with nothing to flush
+        (``PullLogStore.tick_is_idle``; its end, for the slaves, is then read here): an idle
+        server's round makes no hop (issue 18: idle CPU)."""
         now_ms = self.clock()
         last = self._store_ticked_ms
         if (self.store.config.flush_mode != "sync" or last is None
@@ -427,8 +429,11 @@ class Broker:
                 await self.on_store_thread(self.store.tick, now_ms)
             except Exception:
                 log.exception("async flush of the message store failed")
-        end = await self.on_pulllog_thread(self._pulllog_flush_io, now_ms,
-                                           self.replica.replicating)
+        replicating = self.replica.replicating
+        if self._pulllog_thread.idle() and self.pulllog.tick_is_idle():
+            end = self._pulllog_end(replicating)
+        else:
+            end = await self.on_pulllog_thread(self._pulllog_flush_io, now_ms, replicating)
         if end is not None:
             self.replica.advanced("actions", end)
 
@@ -439,6 +444,11 @@ class Broker:
             self.pulllog.tick(now_ms)
         except Exception:
             log.exception("async flush of the pull log failed")
+        return self._pulllog_end(replicating)
+
+    def _pulllog_end(self, replicating: bool) -> int | None:
+        """The pull log's end when a master's slaves copy it, else None (its thread, or the
+        loop while that thread is idle)."""
         if replicating and not self.pulllog.follower:
             return self.pulllog.copy_bounds()[1]
         return None

@@ -1,6 +1,7 @@
 """The broker's flush round (every flush_interval_ms, busy or idle): under flush=sync the message
 store's tick (dedup pruning only) runs once a second, and the pull log's tick and its end for
-the slaves are one call on its thread; under flush=async the store ticks every round."""
+the slaves are one call on its thread, none when the pull log has nothing to flush; under
+flush=async the store ticks every round."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from wire.message import Message, encode_message
 from tests.rawclient import FakeClock
 
 ROUND_MS = 100
+# Rounds with a call after an action is recorded: the first flushes it and starts the pull
+# log's flush interval (its clock was idle), the second, one interval later, fsyncs it.
+ROUNDS_TO_FSYNC = 2
 DEDUP_WINDOW_MS = 5_000
 
 
@@ -64,7 +68,7 @@ async def test_the_store_ticks_once_a_second_under_sync_and_every_round_under_as
     try:
         await rounds(broker, clock, 2 * SYNC_STORE_TICK_INTERVAL_MS // ROUND_MS)
         assert store_calls.calls == store_ticks
-        assert pulllog_calls.calls == 20, "one pull-log call a round"
+        assert pulllog_calls.calls == 0, "nothing to flush in the pull log: no call"
     finally:
         await broker.stop()
 
@@ -74,10 +78,41 @@ async def test_a_master_tells_its_slaves_the_pull_logs_end_from_the_same_call_as
     broker, clock, _store_calls, pulllog_calls = await open_broker(tmp_path, "sync")
     slaves = broker.replica = Slaves()  # type: ignore[assignment]
     try:
+        await broker.on_pulllog_thread(broker.pulllog.ensure_group, "orders", "g", 0, clock())
+        await rounds(broker, clock, 1)
+        end = await broker.on_pulllog_thread(lambda: broker.pulllog.copy_bounds()[1])
+        assert slaves.told == [("actions", end)]
+        assert pulllog_calls.calls == 1 + 1 + 1, "the write, one round's call, the end read"
+    finally:
+        await broker.stop()
+
+
+async def test_a_master_tells_its_slaves_the_pull_logs_end_with_no_call_when_idle(
+        tmp_path: Any) -> None:
+    broker, clock, _store_calls, pulllog_calls = await open_broker(tmp_path, "sync")
+    slaves = broker.replica = Slaves()  # type: ignore[assignment]
+    try:
         await rounds(broker, clock, 3)
         end = await broker.on_pulllog_thread(lambda: broker.pulllog.copy_bounds()[1])
         assert slaves.told == [("actions", end)] * 3
-        assert pulllog_calls.calls == 3 + 1
+        assert pulllog_calls.calls == 1, "the end read alone"
+    finally:
+        await broker.stop()
+
+
+async def test_actions_recorded_are_flushed_and_fsynced_by_the_rounds_then_they_make_no_call(
+        tmp_path: Any) -> None:
+    broker, clock, _store_calls, pulllog_calls = await open_broker(tmp_path, "sync")
+    try:
+        await rounds(broker, clock, 5)
+        assert pulllog_calls.calls == 0, "an idle pull log: no call"
+        await broker.on_pulllog_thread(broker.pulllog.ensure_group, "orders", "g", 0, clock())
+        assert not broker.pulllog.tick_is_idle()
+        await rounds(broker, clock, 5)
+        assert broker.pulllog.tick_is_idle(), "every action durable"
+        log = broker.pulllog._log
+        assert log.durable_offset == log.end_offset > 0
+        assert pulllog_calls.calls == 1 + ROUNDS_TO_FSYNC
     finally:
         await broker.stop()
 

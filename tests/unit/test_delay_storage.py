@@ -477,3 +477,31 @@ def test_a_bucket_loaded_slice_by_slice_gives_each_pending_entry_once_in_disk_or
     assert store.bucket_pending(base) == 20  # the first slice counted the whole bucket
     more = send(store, [("late", "s", base + 1)])
     assert store.load_bucket_slice(base, more[0].delay_log_offset, limit=6) == (more, None)
+
+
+# ---------------------------------------------------------------------- tick
+
+
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+def test_a_tick_is_idle_until_a_commit_and_again_once_a_tick_wrote_everything_out(
+        data_dir, flush_mode):
+    config = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096,
+                              flush_mode=flush_mode, flush_interval_ms=100)
+    store = DelayStore(data_dir, config, now_ms=NOW_MS)
+    try:
+        store.tick(NOW_MS)
+        assert store.tick_is_idle(), "a fresh store: nothing to fsync or write"
+        send(store, [("m-1", "orders", NOW_MS + 5_000)])
+        assert not store.tick_is_idle(), "its schedule entry is buffered (and, async, unsynced)"
+        store.tick(NOW_MS + 2_000)  # past the fsync and schedule flush intervals
+        assert store.tick_is_idle()
+    finally:
+        store.close()
+
+
+def test_a_failed_or_closed_store_is_never_idle_so_its_tick_raises(data_dir):
+    store = DelayStore(data_dir, TINY, now_ms=NOW_MS)
+    store.close()
+    assert not store.tick_is_idle()
+    with pytest.raises(StoreClosed):
+        store.tick(NOW_MS)
