@@ -207,6 +207,8 @@ class RealtimeServer(ServerBase):
         answer = await self._serve(core, session, request, grant)
         if type(answer) is Later:
             return answer  # a parked pull: _pull_answered checks the role when it ends
+        if self.role.writable_now():  # the usual case, asked here: no _answerable call
+            return answer
         return self._answerable(request, answer)  # type: ignore[arg-type]
 
     def _answerable(self, request: Request, answer: dict[str, Any]) -> dict[str, Any]:
