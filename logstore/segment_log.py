@@ -179,8 +179,10 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
 
     @property
     def flushed_offset(self) -> int:
-        """Every record below this offset has been written to the OS (``read_raw``'s limit)."""
-        return self._end - self._buffered_bytes()
+        """Every record below this offset has been written to the OS (``read_raw``'s limit):
+        the active segment's end, as the buffer holds what comes after it."""
+        active = self._segments[-1]
+        return active.base_offset + active.size_bytes
 
     @property
     def buffered_room_bytes(self) -> int:

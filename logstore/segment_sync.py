@@ -59,7 +59,8 @@ class SegmentSyncMixin:
                 fsync_s = active.handle.fsync_s  # type: ignore[attr-defined]
                 fsynced = True
                 then = None  # written, or its error in then_error
-        self.flush()
+        if not fsynced:
+            self.flush()  # else the one call wrote the whole buffer: nothing is left to write
         unsynced_base = self._unsynced_base
         if unsynced_base is not None or self._directory_dirty:
             started_s = time.perf_counter()

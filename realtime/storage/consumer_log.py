@@ -74,6 +74,15 @@ def encode_entry(entry: Entry) -> bytes:
     return head + CRC.pack(zlib.crc32(head))
 
 
+def _check_columns(timestamps_ms: Sequence[int], message_log_offsets: Sequence[int],
+                   sizes_bytes: Sequence[int], tag_blooms: Sequence[int]) -> None:
+    """ValueError naming the lengths when ``encode_entries``' columns differ in length."""
+    if not len(timestamps_ms) == len(message_log_offsets) == len(sizes_bytes) == len(tag_blooms):
+        raise ValueError(f"columns of {len(timestamps_ms)} timestamps, "
+                         f"{len(message_log_offsets)} offsets, {len(sizes_bytes)} sizes and "
+                         f"{len(tag_blooms)} blooms differ in length")
+
+
 def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[int],
                    sizes_bytes: Sequence[int], tag_blooms: Sequence[int]) -> bytes:
     """The bytes of several entries given column by column: ``encode_entry`` of each, joined.
@@ -81,10 +90,6 @@ def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[i
     The store indexes a whole commit at once: with the optional C twin built (``_codecs``) and
     the columns given as lists, it does the work; otherwise every step here is a ``map`` in C.
     Raises ValueError when a field does not fit its width or the columns differ in length."""
-    if not len(timestamps_ms) == len(message_log_offsets) == len(sizes_bytes) == len(tag_blooms):
-        raise ValueError(f"columns of {len(timestamps_ms)} timestamps, "
-                         f"{len(message_log_offsets)} offsets, {len(sizes_bytes)} sizes and "
-                         f"{len(tag_blooms)} blooms differ in length")
     if _encode_entries_c is not None and type(timestamps_ms) is list and type(
             message_log_offsets) is list and type(sizes_bytes) is list and type(
             tag_blooms) is list:
@@ -93,6 +98,12 @@ def encode_entries(timestamps_ms: Sequence[int], message_log_offsets: Sequence[i
                                      tag_blooms)
         except TypeError:
             pass  # a field that is not an int: the Python twin takes __index__ or words it
+        except ValueError:
+            # The C twin checks the columns' lengths too (a commit's path: no len() here);
+            # a mismatch is worded with the lengths, a field out of range as C words it.
+            _check_columns(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms)
+            raise
+    _check_columns(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms)
     try:
         heads = list(map(ENTRY.pack, timestamps_ms, message_log_offsets, sizes_bytes,
                          tag_blooms))

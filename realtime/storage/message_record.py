@@ -100,6 +100,16 @@ def _head_struct(subject_length: int) -> struct.Struct:
     return struct.Struct(f">QQQH{subject_length}sH")
 
 
+def _check_columns(subject_sequences: Sequence[int], tag_blooms: Sequence[int],
+                   message_ids_utf8: Sequence[bytes], payloads: Sequence[bytes]) -> None:
+    """ValueError naming the lengths when ``encode_subject_records``' columns differ in length."""
+    if not (len(subject_sequences) == len(tag_blooms) == len(message_ids_utf8)
+            == len(payloads)):
+        raise ValueError(f"columns of {len(subject_sequences)} sequences, {len(tag_blooms)} "
+                         f"blooms, {len(message_ids_utf8)} ids and {len(payloads)} payloads "
+                         f"differ in length")
+
+
 def encode_subject_records(
     timestamp_ms: int,
     subject: str,
@@ -119,11 +129,6 @@ def encode_subject_records(
     subject_bytes = subject.encode("utf-8")
     if len(subject_bytes) > SUBJECT_BYTES_MAX:
         raise ValueError(f"subject of {len(subject_bytes)} bytes exceeds {SUBJECT_BYTES_MAX}")
-    if not (len(subject_sequences) == len(tag_blooms) == len(message_ids_utf8)
-            == len(payloads)):
-        raise ValueError(f"columns of {len(subject_sequences)} sequences, {len(tag_blooms)} "
-                         f"blooms, {len(message_ids_utf8)} ids and {len(payloads)} payloads "
-                         f"differ in length")
     if _encode_subject_records_c is not None and type(subject_sequences) is list and type(
             tag_blooms) is list and type(message_ids_utf8) is list and type(payloads) is list:
         try:
@@ -131,6 +136,12 @@ def encode_subject_records(
                                              tag_blooms, message_ids_utf8, payloads)
         except TypeError:
             pass  # a payload or id that is bytes-like but not bytes: the Python path takes it
+        except ValueError:
+            # The C twin checks the columns' lengths too (a commit's path: no len() here);
+            # a mismatch is worded with the lengths, a field out of range as C words it.
+            _check_columns(subject_sequences, tag_blooms, message_ids_utf8, payloads)
+            raise
+    _check_columns(subject_sequences, tag_blooms, message_ids_utf8, payloads)
     head = _head_struct(len(subject_bytes))
     try:
         heads = list(map(head.pack, repeat(timestamp_ms), subject_sequences, tag_blooms,

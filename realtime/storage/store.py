@@ -226,7 +226,7 @@ class MessageStore(HeldWrites, CopyWrites):
         return True
 
     def _maybe_checkpoint(self) -> None:
-        if (self._message_log.end_offset - self._checkpoint_offset
+        if (self._message_log.log.end_offset - self._checkpoint_offset
                 >= self.config.checkpoint_interval_bytes):
             self._write_checkpoint()
 
@@ -284,7 +284,6 @@ class MessageStore(HeldWrites, CopyWrites):
         if not batch.bodies:
             return batch
         message_log = self._message_log
-        start = message_log.end_offset
         self._indexing, self._indexed_by_sync = batch, None
         try:
             offsets, index_error = message_log.append_durably_then(batch.bodies,
@@ -304,7 +303,7 @@ class MessageStore(HeldWrites, CopyWrites):
             # would reuse their sequences over records a slave copies as written and a restart
             # indexes (review s14 rvc-1). A failed write is sticky, as the message log's is.
             try:
-                message_log.log.cut_back(start)
+                message_log.log.cut_back(offsets[0])  # where the log ended before the batch
             except LogWriteFailed as cut_exc:
                 self._failed = self._failed or cut_exc
             if isinstance(exc, LogWriteFailed):

@@ -107,12 +107,25 @@ def test_an_empty_batch_of_records_is_empty_whatever_its_timestamp(column, ts):
     assert encode_subject_records(ts, "s", column([]), column([]), column([]), column([])) == []
 
 @COLUMN_KINDS
-def test_batch_columns_of_different_lengths_are_a_value_error(column):
-    with pytest.raises(ValueError, match="differ in length"):
+def test_batch_columns_of_different_lengths_are_a_value_error_naming_the_lengths(column):
+    # The C twin finds the mismatch first (no len() on a commit's path); the error still
+    # names each column's length, as the Python twin words it.
+    with pytest.raises(ValueError, match="columns of 2 sequences, 1 blooms, 2 ids and 2 "
+                                         "payloads differ in length"):
         encode_subject_records(0, "s", column([1, 2]), column([0]), column([b"i"] * 2),
                                column([b"p"] * 2))
-    with pytest.raises(ValueError, match="differ in length"):
+    with pytest.raises(ValueError, match="columns of 1 timestamps, 1 offsets, 1 sizes and 2 "
+                                         "blooms differ in length"):
         encode_entries(column([1]), column([2]), column([3]), column([4, 5]))
+
+
+@COLUMN_KINDS
+def test_a_field_out_of_range_in_even_columns_is_still_a_value_error(column):
+    with pytest.raises(ValueError, match="out of range"):
+        encode_subject_records(0, "s", column([1 << 64]), column([0]), column([b"i"]),
+                               column([b"p"]))
+    with pytest.raises(ValueError, match="out of range"):
+        encode_entries(column([1]), column([-1]), column([3]), column([4]))
 
 
 def test_a_bytes_like_payload_is_encoded_as_its_bytes():
