@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import ssl
 from typing import Any, Callable
 
@@ -91,6 +92,13 @@ class Connection:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         # rid -> the on_answer callback of a pending request that gave one
         self._on_answer: dict[int, Callable[[dict[str, Any]], None]] = {}
+        # rid -> (loop time it expires at, op name, timeout_ms) of a pending request with a
+        # timeout, and the one timer that expires them (_expire_due): set for the earliest
+        # deadline, it moves only for an earlier one, so a request answered in time (nearly
+        # all) costs two dict operations, not a TimerHandle on the loop's heap and its cancel.
+        self._deadlines: dict[int, tuple[float, Any, int]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = math.inf  # when _expiry fires (inf: no timer)
         self._out: list[bytes] = []  # frames waiting for the end of this loop turn
         self._wrote_this_turn = False  # a request went out directly in this loop turn
         self._writable: asyncio.Future[None] | None = None  # set while the socket is full
@@ -181,11 +189,14 @@ class Connection:
         self._pending[rid] = future
         if on_answer is not None:
             self._on_answer[rid] = on_answer
-        # A timer per request rather than asyncio.timeout(): it fails just this future and
-        # costs one TimerHandle, not a context manager and a task cancellation.
-        # The error is worded only if the timer fires: almost every request is answered first.
-        timer = None if timeout_ms is None else loop.call_later(
-            timeout_ms / 1000, _expire, future, self.address, op.get("op"), rid, timeout_ms)
+        # A deadline rather than asyncio.timeout(): its expiry fails just this future, with
+        # no context manager and no task cancellation (_expire_due).
+        # The error is worded only if it expires: almost every request is answered first.
+        if timeout_ms is not None:
+            deadline = loop.time() + timeout_ms / 1000
+            self._deadlines[rid] = (deadline, op.get("op"), timeout_ms)
+            if deadline < self._expiry_at:
+                self._expire_at(deadline)
         try:
             # The first request of a loop turn leaves at once; more from the same turn (the
             # batches of one send_many) leave together when it ends.
@@ -202,8 +213,8 @@ class Connection:
             self._pending.pop(rid, None)
             if on_answer is not None:
                 self._on_answer.pop(rid, None)
-            if timer is not None:
-                timer.cancel()
+            if timeout_ms is not None:
+                self._deadlines.pop(rid, None)
 
     async def close(self) -> None:
         """Close the connection; pending requests fail with ConnectionLost."""
@@ -217,6 +228,33 @@ class Connection:
                 await self._lost_event.wait()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _expire_at(self, when: float) -> None:
+        """(Re)set the expiry timer to fire at loop time ``when``."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = self._loop.call_at(when, self._expire_due)
+        self._expiry_at = when
+
+    def _expire_due(self) -> None:
+        """Fail with RequestTimeout each pending request whose deadline has come (those up to
+        the time this timer was set for, which the loop has reached), and set the timer for
+        the earliest deadline left."""
+        reached = self._expiry_at
+        self._expiry, self._expiry_at = None, math.inf
+        earliest = math.inf
+        for rid, (deadline, op_name, timeout_ms) in list(self._deadlines.items()):
+            if deadline > reached:
+                earliest = min(earliest, deadline)
+                continue
+            del self._deadlines[rid]
+            future = self._pending.get(rid)
+            if future is not None and not future.done():
+                future.set_exception(RequestTimeout(
+                    f"no answer from broker {self.address} to {op_name} (rid {rid}) within "
+                    f"{timeout_ms} ms"))
+        if earliest < math.inf:
+            self._expire_at(earliest)
 
     def _end_turn(self) -> None:
         self._wrote_this_turn = False
@@ -302,17 +340,14 @@ class Connection:
             if not future.done():
                 future.set_exception(ConnectionLost(str(error)))
         self._pending.clear()
+        self._deadlines.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry, self._expiry_at = None, math.inf
         self._flush()  # what was already asked for still goes out before the close
         if self._transport is not None:
             self._transport.close()
         self._closed_event.set()
-
-
-def _expire(future: asyncio.Future[Any], address: str, op: Any, rid: int,
-            timeout_ms: int) -> None:
-    if not future.done():
-        future.set_exception(RequestTimeout(
-            f"no answer from broker {address} to {op} (rid {rid}) within {timeout_ms} ms"))
 
 
 class _ConnectionProtocol(asyncio.Protocol):

@@ -127,6 +127,27 @@ async def test_a_dropped_connection_fails_every_pending_request_with_connection_
         await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []}, 5000)
 
 
+async def test_pending_requests_each_time_out_at_their_own_deadline_the_earliest_first(broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    long_pull = asyncio.create_task(conn.request(pull_op(wait_ms=60_000), timeout_ms=60_000))
+    later = asyncio.create_task(conn.request(pull_op(wait_ms=60_000), timeout_ms=300))
+    sooner = asyncio.create_task(conn.request(pull_op(wait_ms=60_000), timeout_ms=50))
+    async with asyncio.timeout(30):  # a hang, not a measure: each waits for its own deadline
+        # Answered in time: nothing of it is left to expire.
+        assert await conn.request({"op": "heartbeat", "consumer_id": "c", "subscriptions": []},
+                                  5000) == {"ok": True}
+        with pytest.raises(RequestTimeout, match="within 50 ms"):
+            await sooner
+        assert not later.done() and not long_pull.done()
+        with pytest.raises(RequestTimeout, match="within 300 ms"):
+            await later
+    assert not long_pull.done() and conn.pending_count == 1
+    long_pull.cancel()
+    await asyncio.gather(long_pull, return_exceptions=True)
+    assert conn.pending_count == 0 and not conn.closed
+    await conn.close()
+
+
 async def test_no_answer_within_the_timeout_raises_request_timeout_and_keeps_the_connection(broker_a):
     conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
     with pytest.raises(RequestTimeout) as caught:
