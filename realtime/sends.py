@@ -15,7 +15,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Awaitable, Callable, ContextManager
 
 from realtime.context import BrokerContext
@@ -43,6 +43,7 @@ _ids_of = itemgetter(0)
 _subjects_of = itemgetter(1)
 _tags_of = itemgetter(2)
 _expiries_of = itemgetter(3)
+_compact_of = attrgetter("compact")  # of a SendRequest
 
 Run = tuple[int, list[Entry], list[int]]  # first sequence, its entries, [payload bytes]
 
@@ -132,9 +133,14 @@ class Sends:
         return None
 
     def replicated_end(self, request: SendRequest) -> int:
-        """The message log's end the slaves must have before a committed ``request`` is
-        answered under ``sync`` replication; 0: nothing to wait for."""
-        return request.log_end if request.log_end and self._ctx.replica.replicating else 0
+        """The message log's end the slaves must still reach before a committed ``request``
+        is answered under ``sync`` replication; 0: nothing left to wait for (the usual case:
+        no coroutine is stepped for it). NotMaster when this server stopped being master."""
+        end = request.log_end
+        replica = self._ctx.replica
+        if end and replica.replicating and not replica.replicated_now("message", end):
+            return end
+        return 0
 
     async def wait_replicated(self, end: int) -> None:
         """Until the slaves a ``sync`` write waits for have the message log up to ``end``."""
@@ -266,7 +272,8 @@ class Sends:
             for slot, message in zip(slots, request.messages):
                 request.results[slot] = send_result_error(message.id, error)
         self._answer(batch)
-        self._tell(batch)
+        with self.answers_together():
+            self._tell(batch)
 
     def _publish_committed(self, batch: list[SendRequest], committed: Committed) -> None:
         """Answer a committed batch, feed the tail and the metrics, wake the pulls. The
@@ -281,12 +288,11 @@ class Sends:
         # this commit wakes (issue 18: a later producer answer lengthens its next linger).
         # Sends answered by callback are written in this step, once their results are filled
         # and before any woken poll runs.
-        self._answer(batch)
         # Every sender answered by callback (below): the long polls this commit wakes are
         # answered right after them, in this step (no loop turn); else after the senders'
         # tasks, in the loop callback their wake-up schedules.
         view = self._ctx.committed
-        view.answering_woken = all(request.future is None for request in batch)
+        view.answering_woken = self._answer(batch)
         try:
             self._publish(batch, outcomes)
             if self.on_commit is not None:
@@ -304,27 +310,31 @@ class Sends:
                 view.answer_woken_soon()
 
     @staticmethod
-    def _answer(batch: list[SendRequest]) -> None:
-        """Wake the requests of a commit that ended whose senders wait in a task (``send``)."""
+    def _answer(batch: list[SendRequest]) -> bool:
+        """Wake the requests of a commit that ended whose senders wait in a task (``send``);
+        True when there is none (every sender is answered by callback, ``_tell``)."""
+        by_callback = True
         for request in batch:
             future = request.future
-            if future is not None and not future.done():
-                future.set_result(None)
+            if future is not None:
+                by_callback = False
+                if not future.done():
+                    future.set_result(None)
+        return by_callback
 
     def _tell(self, batch: list[SendRequest]) -> None:
         """Call the ``on_done`` of each request of a commit that ended (``send_soon``), its
-        results filled in: their answers leave together, one write per connection."""
-        with self.answers_together():
-            for request in batch:
-                on_done = request.on_done
-                if on_done is None:
-                    continue
-                request.on_done = None
-                try:
-                    on_done(request)
-                except Exception:  # a server bug: the batch's other requests still hear
-                    log.exception("answering a send of %d messages failed",
-                                  len(request.messages))
+        results filled in; inside the caller's ``answers_together`` block, so that their
+        answers leave together, one write per connection."""
+        for request in batch:
+            on_done = request.on_done
+            if on_done is None:
+                continue
+            request.on_done = None
+            try:
+                on_done(request)
+            except Exception:  # a server bug: the batch's other requests still hear
+                log.exception("answering a send of %d messages failed", len(request.messages))
 
     def _count_error(self, code: str, count: int) -> None:
         self.message_errors[code] = self.message_errors.get(code, 0) + count
@@ -373,7 +383,7 @@ class Sends:
                      sequences: list[int]) -> None:
         """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
         # A compact request (every message stored) is answered by its count: no results.
-        stored = ([] if all(request.compact for request in batch)
+        stored = ([] if all(map(_compact_of, batch))
                   else send_results_stored(map(_ids_of, messages)))
         position = 0
         for request in batch:

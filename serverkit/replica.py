@@ -149,6 +149,11 @@ class Replica:
         if source is not None:  # also while none tails: it forgets where the last chunk ended
             source.wrote_io(name)
 
+    def replicated_now(self, name: str, end: int) -> bool:
+        """True when a write of ``name`` up to ``end`` waits for no slave now
+        (``ReplicaSource.replicated_now``); NotMaster when no longer master."""
+        return self.source is None or self.source.replicated_now(name, end)
+
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
         if self.source is not None:

@@ -272,6 +272,8 @@ class ReplicaSource:
 
     def check_writable(self) -> None:
         """Raise NotEnoughReplicas (retriable) when ``min_insync`` refuses writes."""
+        if self.min_insync <= 0:  # every send asks: no call to ``refusal`` when none can be
+            return
         reason = self.refusal()
         if reason is not None:
             raise NotEnoughReplicas(reason)
@@ -281,18 +283,24 @@ class ReplicaSource:
         return (self.active and self.mode == "sync"
                 and bool(self.tracker.waiting_set(self._clock_ms())))
 
-    async def wait_replicated(self, name: str, end: int) -> None:
-        """Return once every slave a ``sync`` write waits for has fetched ``name`` past
-        ``end`` (at once under ``async``, or with no slave in sync: degraded). NotMaster when
-        this server stops being master meanwhile."""
+    def replicated_now(self, name: str, end: int) -> bool:
+        """True when a write of ``name`` up to ``end`` waits for no slave now (``async``, no
+        slave in sync: degraded, or every one it waits for has it): what ``wait_replicated``
+        returns at once for. NotMaster when this server stopped being master."""
         if not self.active:
             raise NotMaster(f"group {self.group}: this server stopped being master before "
                             f"its slaves had the write; refresh the route and resend")
         self.advanced(name, end)
         if self.mode != "sync":
-            return
+            return True
         replicated = self.tracker.replicated(name, self._clock_ms())
-        if replicated is None or replicated >= end:
+        return replicated is None or replicated >= end
+
+    async def wait_replicated(self, name: str, end: int) -> None:
+        """Return once every slave a ``sync`` write waits for has fetched ``name`` past
+        ``end`` (at once under ``async``, or with no slave in sync: degraded). NotMaster when
+        this server stops being master meanwhile."""
+        if self.replicated_now(name, end):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[name].append((end, future))

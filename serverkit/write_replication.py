@@ -27,6 +27,10 @@ class WriteReplication(Protocol):
         """Owner thread of log ``name``, right after a commit: keep its bytes for the slaves
         tailing the log, whose fetches then ship them from memory."""
 
+    def replicated_now(self, name: str, end: int) -> bool:
+        """True when a write of ``name`` up to ``end`` waits for no slave now (then
+        ``wait_replicated`` would return at once; a caller may skip it)."""
+
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
 
@@ -52,6 +56,10 @@ class NoWriteReplication:
 
     def wrote_io(self, name: str) -> None:
         """Nobody tails."""
+
+    def replicated_now(self, name: str, end: int) -> bool:
+        """Nobody to wait for."""
+        return True
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Nothing to wait for."""

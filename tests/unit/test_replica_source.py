@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from logstore.epoch_history import EpochHistory
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
+from wire.errors import NotMaster
 from wire.replication import Fetch
 
 WAIT_MS = 600_000  # far longer than the test: only an advance can end the wait
@@ -225,3 +228,22 @@ async def test_commits_no_fetch_waits_for_leave_the_event_alone_and_a_later_fetc
     replica.advanced("message", 40)
     answer = await waiting
     assert (answer["offset"], answer["next_offset"]) == (30, 40)
+
+
+async def test_replicated_now_says_whether_a_sync_write_would_wait_and_refuses_a_former_master(
+        tmp_path):
+    # What a committed send asks before it steps the slaves' wait (Sends.replicated_end): no
+    # slave in sync or async replication: no wait; a slave in sync that lacks it: a wait.
+    replica, store = source(tmp_path)
+    replica.start(1, {"message": 0}, ())
+    replica.settings("sync", 0, (), ())
+    store.end = 10
+    assert replica.replicated_now("message", 10)  # no slave in sync: degraded, at once
+    start(replica)
+    assert replica.replicated_now("message", 0)
+    assert not replica.replicated_now("message", 10)  # slave-1 has not fetched it
+    replica.settings("async", 0, ("slave-1",), ("slave-1",))
+    assert replica.replicated_now("message", 10)
+    replica.stop("demoted")
+    with pytest.raises(NotMaster):
+        replica.replicated_now("message", 10)
