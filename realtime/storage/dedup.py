@@ -63,9 +63,10 @@ class DedupIndex:
     def lookup_many(self, keys: Sequence[str], timestamp_ms: int) -> list[int | None] | None:
         """``lookup`` of each key (``keys``) at ``timestamp_ms``, in order; None (not a list)
         when no key is known at all, the usual case, found without Python code per key."""
-        found = list(map(self._ids.get, keys))
-        if found.count(None) == len(found):
+        ids = self._ids
+        if ids.keys().isdisjoint(keys):
             return None
+        found = list(map(ids.get, keys))
         window_ms = self.window_ms
         return [None if hit is None or timestamp_ms - hit[1] >= window_ms else hit[0]
                 for hit in found]

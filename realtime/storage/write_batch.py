@@ -256,17 +256,18 @@ class WriteBatch:
             ids_utf8 = [ids_utf8[i] for i in fresh]
             blooms = [blooms[i] for i in fresh]
             payloads = [payloads[i] for i in fresh]
-        if not sequences:
+        fresh_count = len(sequences)  # one record body each
+        if not fresh_count:
             return
-        self._fresh_counts[subject] = self._fresh_counts.get(subject, 0) + len(sequences)
+        self._fresh_counts[subject] = self._fresh_counts.get(subject, 0) + fresh_count
         bodies = encode_subject_records(timestamp_ms, subject, sequences, blooms, ids_utf8,
                                         payloads)
         start = len(self.bodies)
-        self.runs.setdefault(subject, []).append((start, start + len(bodies)))
+        self.runs.setdefault(subject, []).append((start, start + fresh_count))
         self.bodies.extend(bodies)
         self.fresh_keys.extend(keys)
         self.fresh_sequences.extend(sequences)
-        self.fresh_timestamps_ms.extend(repeat(timestamp_ms, len(bodies)))
+        self.fresh_timestamps_ms.extend(repeat(timestamp_ms, fresh_count))
         self.fresh_blooms.extend(blooms)
 
 
