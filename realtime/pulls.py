@@ -527,7 +527,8 @@ class Pulls:
         if not log_seqs:
             return NOTHING_PULLED
         first = batch.first_pull_seq
-        pull_seqs: list[int] = list(range(first, first + len(log_seqs)))
+        count = len(log_seqs)  # of each column (the redelivered one too: one per entry)
+        pull_seqs: list[int] = list(range(first, first + count))
         chosen_payloads = list(map(payloads.__getitem__, log_seqs))
         redelivered = batch.redelivered
         if b"" in chosen_payloads:
@@ -548,18 +549,19 @@ class Pulls:
             chosen_payloads = [chosen_payloads[i] for i in keep]
             if redelivered is not None:
                 redelivered = [redelivered[i] for i in keep]
+            count = len(keep)
+            assert len(pull_seqs) == len(chosen_payloads) == count
         if redelivered is None:
-            times = [0] * len(pull_seqs)
+            times = [0] * count
         else:
             times = redelivered
-            again = len(redelivered) - redelivered.count(0)
+            assert len(redelivered) == count, (len(redelivered), count)
+            again = count - redelivered.count(0)
             ctx.stats["redelivered"] += again
             if again:
                 by_group = ctx.redelivered_by_group
                 by_group[(subject, key)] = by_group.get((subject, key), 0) + again
-        assert len(pull_seqs) == len(chosen_payloads) == len(times), (
-            len(pull_seqs), len(chosen_payloads), len(times))
-        ctx.stats["pulled"] += len(pull_seqs)
+        ctx.stats["pulled"] += count
         if ctx.tracer.enabled:
             ctx.tracer.pulled_columns(subject, key, consumer_id, pull_seqs, chosen_payloads,
                                       redelivered, now_ms, log_seqs)
