@@ -11,7 +11,8 @@ group had consumed it (``retention_hard_cap``). To name the first, the members o
 redelivery are kept (``_released``) until they are handed out again; a broker that restarts
 learns them, and those of what consumers held, by reading their records once at start
 (``name_from_store``). The give-ups and that naming are in ``realtime.trace_give_ups``
-(``GiveUpTracing``, a part of ``BrokerTracer``).
+(``GiveUpTracing``, a part of ``BrokerTracer``); what settles a held entry (acks, nacks,
+copies, expiries) in ``realtime.trace_settled`` (``SettledTracing``, another part).
 
 Subscriptions: the first pull of a consumer since the start, and any pull whose tag filter
 differs from its last one, is traced as ``subscribed`` with the filter; a consumer's leave or
@@ -32,7 +33,6 @@ inside the pull log's calls (on its thread, or on the event loop through
 
 from __future__ import annotations
 
-import bisect
 from itertools import islice, repeat
 from operator import itemgetter
 from typing import Any, Iterable, Sequence
@@ -40,6 +40,7 @@ from typing import Any, Iterable, Sequence
 from serverkit.send_check import Checked
 from tracelog.peek import TracePeek, dispatched_lines, peek_trace_members, trace_members
 from realtime.trace_give_ups import GiveUpTracing
+from realtime.trace_settled import SettledTracing
 from tracelog.events import (PRODUCED_MEMBER, consumer_members, json_string_literal, locator_member,
                              subject_member, subscription_event)
 from tracelog.writer import TraceWriter
@@ -88,7 +89,7 @@ def _producers_own(peeked: TracePeek) -> bool:
     return peeked.internal is None and peeked.deliver_at_ms is None and not peeked.retries
 
 
-class BrokerTracer(GiveUpTracing):
+class BrokerTracer(GiveUpTracing, SettledTracing):
     """Emits a realtime broker's trace events; every method is a no-op when tracing is off.
 
     Events are encoded here, straight to JSON lines (``TraceWriter.line``), and handed to the
@@ -308,7 +309,8 @@ class BrokerTracer(GiveUpTracing):
         subject = messages[0].subject
         if subject[:1] == "%":
             return False
-        subject_member = self._subject_member(subject)
+        # The kept member looked up here: a call fewer a commit (issue 18).
+        subject_member = self._subject_members.get(subject) or self._subject_member(subject)
         located = []
         members_of = []
         extras = []  # each line's extra members
@@ -488,114 +490,3 @@ class BrokerTracer(GiveUpTracing):
             extra = consumer_members(key, consumer)
             writer.emit_lines([writer.line("redelivered", now_ms, found, extra)
                                for found, times in zip(members, redelivered) if times])
-
-    def acked(self, subject: str, key: str, consumer: str,
-              ranges: Sequence[tuple[int, int]], now_ms: int) -> list[int]:
-        """Trace the held entries in ``ranges`` as acked (a pull-log call). Returns the
-        consumer-log sequences of acked entries pulled before a restart that are still unnamed:
-        the caller reads their payloads from the store and passes them to ``acked_payloads``
-        (and those it cannot read to ``acks_unreadable``)."""
-        if not self.enabled:
-            return []
-        held = self._held.get((subject, key, consumer))
-        if not held:
-            return []
-        writer = self.writer
-        assert writer is not None
-        firsts = _merged(sorted(ranges))  # a client may send them overlapping or nested
-        span = sum(last - first + 1 for first, last in firsts)
-        found: list[tuple[str, int] | int | None]
-        if span <= 2 * len(held):
-            # Walk the acked sequences: the cost follows the ack, not what the consumer holds
-            # (a consumer with many in flight acks a few at a time).
-            pop = held.pop
-            found = [member for first, last in firsts
-                     for member in map(pop, range(first, last + 1), repeat(None))]
-        else:  # wide ranges over few holdings: walk the holdings
-            starts = [first for first, _ in firsts]
-            found = [held.pop(s) for s in [s for s in held if _in_ranges(s, firsts, starts)]]
-        named = [member[0] for member in found if type(member) is tuple]
-        from_store = [member for member in found if type(member) is int]
-        if not held:
-            del self._held[(subject, key, consumer)]
-        writer.emit_framed("acked", now_ms, named, (key, consumer))  # frame: writer's thread
-        return from_store
-
-    def _emit_all(self, kind: str, payloads: Iterable[bytes], now_ms: int,
-                  group: str, consumer: str | None = None) -> None:
-        if not self.enabled:
-            return
-        writer = self.writer
-        assert writer is not None
-        extra = consumer_members(group, consumer)
-        lines = []
-        for payload in payloads:
-            peeked = _peek(payload)
-            if peeked is not None:
-                lines.append(writer.line(kind, now_ms, peeked.members, extra))
-        writer.emit_lines(lines)
-
-    def acked_payloads(self, payloads: Iterable[bytes], key: str, consumer: str,
-                       now_ms: int) -> None:
-        """Trace acks of entries pulled before a restart, from their stored payloads."""
-        self._emit_all("acked", payloads, now_ms, key, consumer)
-
-    def nacked(self, payloads: Iterable[bytes], group: str, consumer: str, now_ms: int) -> None:
-        """Messages a consumer handed back."""
-        self._emit_all("nacked", payloads, now_ms, group, consumer)
-
-    def copied(self, payloads: Iterable[bytes], dead: bool, group: str, now_ms: int) -> None:
-        """Retry copies handed to a delay server (``retried``) or dead letters stored here."""
-        self._emit_all("dead" if dead else "retried", payloads, now_ms, group)
-
-    def expired(self, payloads: Iterable[bytes], key: str, now_ms: int) -> None:
-        """Messages a group passed over because their expire_at had passed."""
-        self._emit_all("expired", payloads, now_ms, key)
-
-    def prune(self, subject: str, key: str, consumer: str, still_held: set[int]) -> None:
-        """Forget entries of ``consumer`` no longer held (released to others); their names are
-        kept by consumer-log seq until they are handed out again (a pull-log call)."""
-        held = self._held.get((subject, key, consumer))
-        if held:
-            released = self._released.setdefault((subject, key), {})
-            for pull_seq in [s for s in held if s not in still_held]:
-                value = held.pop(pull_seq)
-                if type(value) is tuple and value[1] >= 0:
-                    released[value[1]] = value[0]
-            if not released:
-                del self._released[(subject, key)]
-            if not held:
-                del self._held[(subject, key, consumer)]
-
-    def forget(self, subject: str, key: str, consumer: str, pull_seqs: Iterable[int]) -> None:
-        """Drop entries settled other than by an ack (nacked) without an ``acked`` event."""
-        held = self._held.get((subject, key, consumer))
-        if held:
-            for pull_seq in pull_seqs:
-                held.pop(pull_seq, None)
-            if not held:
-                del self._held[(subject, key, consumer)]
-
-    def consumers(self, subject: str, key: str) -> list[str]:
-        """Consumers of (subject, key) with remembered entries."""
-        return [c for (s, k, c) in self._held if s == subject and k == key]
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted inclusive ranges made disjoint, so each sequence is walked once and a bisect on
-    their starts finds the one range that holds a value."""
-    merged: list[tuple[int, int]] = []
-    for first, last in ranges:
-        if merged and first <= merged[-1][1]:
-            if last > merged[-1][1]:
-                merged[-1] = (merged[-1][0], last)
-        else:
-            merged.append((first, last))
-    return merged
-
-
-def _in_ranges(value: int, ranges: list[tuple[int, int]], starts: list[int]) -> bool:
-    """Whether ``value`` lies in one of the sorted, disjoint ``ranges`` (``starts`` their
-    firsts)."""
-    index = bisect.bisect_right(starts, value) - 1
-    return index >= 0 and ranges[index][0] <= value <= ranges[index][1]

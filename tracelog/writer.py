@@ -100,7 +100,11 @@ class TraceWriter:
         # memory may hold, so a burst is written after it (PENDING_EVENTS_MAX_DEFAULT).
         self._wake_events = max(batch_max, pending_events_max // 2)
         self._clock_ms = clock_ms or wall_clock_ms
-        self._cond = threading.Condition()  # guards everything up to _closed; never held for I/O
+        # Guards everything up to _closed; never held for I/O. A plain lock (nothing takes it
+        # twice) that ``_queue`` enters itself: a Condition's ``with`` is two Python calls more
+        # per emit, on a server's event loop two emits a message (issue 18).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._server_member = f',"server":{_json_str(server)}'
         # The batch being filled: items of encoded lines (see ``line``) or columns, and
         # how many events they hold; full batches wait in _full with their event counts.
@@ -225,7 +229,7 @@ class TraceWriter:
 
     def _queue(self, item: _Item, events: int) -> None:
         """Append ``item`` (``events`` lines) to the batch being filled, under the lock."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 self._dropped_events += events
                 return
