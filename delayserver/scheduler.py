@@ -448,7 +448,9 @@ class Scheduler(LoadingMixin, CancelsMixin):
             asyncio.get_running_loop().call_soon(self._place_unplaced)
 
     def _place_unplaced(self) -> None:
-        """Place every committed batch still waiting (``_place_committed``), in commit order."""
+        """Place every committed batch still waiting (``_place_committed``), in commit order,
+        then build their ``scheduled`` trace lines (``DelayTracer.scheduled_soon``): one loop
+        callback per commit for both."""
         unplaced, self._unplaced = self._unplaced, []
         for entries, checks in unplaced:
             try:
@@ -456,6 +458,11 @@ class Scheduler(LoadingMixin, CancelsMixin):
             except Exception:  # a bug in the tracing or the wake-up: the next batches still go
                 log.exception("delay group %s: placing %d committed messages failed after "
                               "the window took them", self.config.group, len(entries))
+        try:
+            self.tracer.build_deferred()
+        except Exception:  # a bug in the tracing: the placement above stands
+            log.exception("delay group %s: building the scheduled trace lines of %d commits "
+                          "failed", self.config.group, len(unplaced))
 
     def _place_committed(self, entries: list[ScheduleEntry],
                          checks: Sequence[Checked | None] | None) -> None:

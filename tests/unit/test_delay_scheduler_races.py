@@ -277,6 +277,32 @@ async def test_a_commits_answer_is_released_before_the_window_takes_its_entries(
         assert broker.bodies() == [b"a"]
 
 
+async def test_a_commits_scheduled_lines_are_built_after_its_answer_in_the_turn_the_window_takes_it(
+        tmp_path):
+    clock = FakeClock()
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=BUCKET_MS,
+                         trace_dir=str(tmp_path / "trace"))
+    writer = TraceWriter(config.trace_directory, "delay:d1", clock_ms=clock, background=False)
+    scheduler = await Scheduler.open(config, clock, Broker(clock).dispatch,
+                                     tracer=DelayTracer(writer))
+    await scheduler.start()
+    try:
+        m = message("s", b"a", clock, deliver_at_ms=clock() + 500)  # a loaded bucket
+        [answer] = await scheduler.schedule([encode_message(m)])
+        assert answer["status"] == "stored"
+        assert len(scheduler.window) == 0 and len(scheduler.tracer._deferred) == 1, (
+            "the answer waited for the window or the trace line")
+        await asyncio.sleep(0)  # one turn: the placement builds the line too
+        assert len(scheduler.window) == 1 and scheduler.tracer._deferred == []
+        writer.flush()
+        lines = [json.loads(line) for path in (tmp_path / "trace").glob("*/*.jsonl")
+                 for line in path.read_text().splitlines()]
+        assert [(line["event"], line["msg_id"]) for line in lines] == [("scheduled", m.id)]
+    finally:
+        await scheduler.stop()
+        writer.close()
+
+
 async def cancelled_during_a_commit(scheduler, clock, sent, cancel_id: str, due: int) -> str:
     """Send ``sent`` and, while its commit is held on the I/O thread, cancel ``cancel_id``
     (its store work queues behind the commit); then past ``due``: the cancel's answer."""
