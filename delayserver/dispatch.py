@@ -348,9 +348,11 @@ class Dispatcher(HandedMixin):
                 # broker clock behind ours): sent at its due time instead; a message the
                 # broker never takes is refused again then and given up.
                 unheld.append(position)
-            elif error is not None and error.get("code") in REFUSED_FOR_GOOD:
+            elif error is not None and error.get("code") in REFUSED_FOR_GOOD \
+                    and not result.get("part_refused"):
                 # The realtime side will never take it: record it as dispatched so it does
-                # not loop forever, and say so loudly.
+                # not loop forever, and say so loudly. (A refusal of its part's request, say a
+                # `forbidden` access, is retried as a refused batch is: PayloadSender.send.)
                 log.error("realtime refused message of %s for good (%s); dropped from the "
                           "schedule", subject, error)
                 confirmed.append(entry)

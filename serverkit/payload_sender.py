@@ -89,9 +89,13 @@ class PayloadSender:
         or an error outside QmqError, taken as Internal: its home may have stored it, and the
         second try starts at its home again) is answered per message with its error, so the
         caller retries or reports those messages alone; the error is raised when no part was
-        stored (a resend of the whole batch is absorbed by the groups that may hold theirs). A
-        non-retriable refusal of a part is raised. A per-payload error is returned in its
-        result, not raised.
+        stored (a resend of the whole batch is absorbed by the groups that may hold theirs;
+        a non-retriable refusal is raised before a retriable error). A part refused for good
+        (a non-retriable error: ``forbidden``...) is not tried again and fails only its own
+        messages, the same way. Such a result made from its part's error says
+        ``part_refused``: the error refused the part's request, not that message, so a caller
+        must not take it as the broker's verdict on the message (the delay server retries
+        it). A per-payload error is returned in its result, not raised.
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
@@ -151,8 +155,8 @@ class PayloadSender:
             pending = []
             for positions, outcome in zip(parts.values(), outcomes):
                 if isinstance(outcome, BaseException):
-                    if not (isinstance(outcome, QmqError) and (outcome.retriable or holding)):
-                        raise outcome  # every part has finished: nothing is left running
+                    if not isinstance(outcome, QmqError):
+                        raise outcome  # a cancel; every part has finished: nothing is left running
                     refused.update(dict.fromkeys(positions, outcome))
                     if outcome.retriable:
                         last_error = outcome
@@ -169,8 +173,9 @@ class PayloadSender:
             if not pending:
                 break
             pending.sort()
-        if pending and not holding and all(r is None for r in results):
-            raise last_error  # no part was stored: the caller retries the batch
+        if (pending or refused) and not holding and all(r is None for r in results):
+            # No part was stored: the caller retries the batch, or has its refusal
+            raise next((e for e in refused.values() if not e.retriable), last_error)
         if refused or pending:
             refused.update((p, last_error) for p in pending if p not in refused)
             _raise_refusal(refused, results, last_error)
@@ -186,9 +191,9 @@ class PayloadSender:
         looked up in the consumer route (which keeps a group producers may not use now:
         failing over, read-only) and only its brokers are tried; a group not in it raises
         NoRoute (retriable: the caller retries, waiting out a failover). Returns as ``send``:
-        a part that failed retriably (or outside QmqError: Internal) is answered per message
-        with its error while the other parts keep their results; raised when every part
-        failed, or one was refused for good."""
+        a part that failed (outside QmqError: Internal) or was refused is answered per message
+        with its error (``part_refused``) while the other parts keep their results; raised
+        when every part failed (a refusal for good before a retriable error)."""
         parts: dict[str | None, list[int]] = {}
         for position, group in enumerate(groups):
             parts.setdefault(group, []).append(position)
@@ -217,11 +222,11 @@ class PayloadSender:
         for (name, positions), outcome in zip(parts.items(), outcomes):
             outcome = _as_internal(outcome, name or "its home group", False)
             if isinstance(outcome, BaseException):
-                # Every part has finished. A retriable failure is that part's answer, so the
-                # caller retries its messages alone (each still pinned); refused for good, or
-                # every part failed: raised, and the caller retries or reports the batch.
-                if not (isinstance(outcome, QmqError) and outcome.retriable):
-                    raise outcome
+                # Every part has finished. A failure or refusal is that part's answer, so the
+                # caller retries its messages alone (each still pinned); every part failed:
+                # raised, and the caller retries or reports the batch.
+                if not isinstance(outcome, QmqError):
+                    raise outcome  # a cancel
                 failed.append(outcome)
                 for position in positions:
                     results[position] = _error_result(payloads[position], outcome)
@@ -232,7 +237,7 @@ class PayloadSender:
             for position, result in zip(positions, part_results):
                 results[position] = result
         if len(failed) == len(parts):
-            raise failed[0]
+            raise next((e for e in failed if not e.retriable), failed[0])
         return first_group, results
 
     async def _send_part(self, subject: str, groups: list[Any], home: int,
@@ -362,8 +367,10 @@ def _as_internal(outcome: Any, group: str, holding: bool) -> Any:
 
 
 def _error_result(payload: bytes, error: QmqError) -> dict[str, Any]:
-    """The result of a payload its part's ``error`` answers (no group took it)."""
-    return {"id": peek_message_id(payload), "error": {"code": error.code, "message": str(error)}}
+    """The result of a payload its part's ``error`` answers (no group took it): marked
+    ``part_refused``, the error is its part's request's, not the broker's answer for it."""
+    return {"id": peek_message_id(payload),
+            "error": {"code": error.code, "message": str(error)}, "part_refused": True}
 
 
 def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any] | None],

@@ -19,7 +19,7 @@ from tests.unit.test_delay_scheduler_races import settle
 from tests.unit.test_payload_sender_hold import (
     _G0, _G1, _Brokers, _payloads, _Routes, _sender_over,
 )
-from wire.errors import Internal, Overloaded
+from wire.errors import Forbidden, Internal, Overloaded
 from wire.message import encode_message, peek_message_id
 
 
@@ -120,6 +120,59 @@ async def test_a_plain_send_no_part_of_which_was_stored_raises(error, raised):
         await sender.send("s", _payloads(40))
 
 
+async def test_a_refused_part_fails_only_its_own_messages():
+    # g1 refuses its part at the request level (forbidden: not retriable, so no other group is
+    # tried): before, the refusal was raised for the batch and g0's stored part was answered
+    # with it too. Now g0's messages stand stored and only g1's carry the refusal, marked as
+    # their part's (``part_refused``), so a caller tells it from a refusal of the message.
+    payloads, homes = _split()
+    brokers = _SendFails({"b:1": 9}, Forbidden("app t may not send to s"), after_write=False)
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    _group, results = await sender.send("s", payloads)
+    for home, payload, result in zip(homes, payloads, results):
+        assert result["id"] == peek_message_id(payload)
+        if home == 0:
+            assert result.get("status") == "stored", result
+            assert "part_refused" not in result
+        else:
+            assert result["error"]["code"] == Forbidden.code, result
+            assert "app t may not send to s" in result["error"]["message"]
+            assert result["part_refused"] is True
+    assert sorted(address for address, _ids in brokers.sends) == ["a:1", "b:1"], \
+        "a refusal for good is not tried again, in no group"
+
+
+@pytest.mark.parametrize("other", [Overloaded("busy"), Forbidden("no")],
+                         ids=["other_part_retriable", "other_part_refused_too"])
+async def test_a_plain_send_a_part_of_which_was_refused_and_none_stored_raises_the_refusal(other):
+    payloads, _homes = _split()
+    brokers = _SendFails({}, RuntimeError("unused"))
+
+    async def refused(address, request, timeout_ms):
+        if request["op"] != "send":
+            return await _Brokers.request(brokers, address, request, timeout_ms)
+        raise Forbidden("no") if address == "b:1" else other
+
+    brokers.request = refused  # type: ignore[method-assign]
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    with pytest.raises(Forbidden):  # as before: nothing stored, the caller has the refusal
+        await sender.send("s", payloads)
+
+
+async def test_a_pinned_send_a_part_of_which_was_refused_keeps_the_other_part_s_results():
+    payloads, homes = _split()
+    brokers = _SendFails({"b:1": 9}, Forbidden("no"), after_write=False)
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    pins = ["g1" if home == 1 else None for home in homes]
+    _group, results = await sender.send("s", payloads, None, pins)
+    for home, result in zip(homes, results):
+        if home == 0:
+            assert result.get("status") == "stored", result
+        else:
+            assert result["error"]["code"] == Forbidden.code, result
+            assert result["part_refused"] is True
+
+
 async def test_a_pinned_send_one_part_of_which_raised_a_non_qmq_error_keeps_the_other_part_s_results():
     # A due-time send after a lost hold answer goes to the group the hold went to: a part
     # pinned to g1 failing outside the protocol leaves g0's part stored and answered.
@@ -151,6 +204,33 @@ async def test_a_due_dispatch_one_part_of_which_raised_sends_only_that_part_agai
     # g1's messages are dispatched again; g0's part went once.
     clock = FakeClock()
     brokers = _SendFails({"b:1": 1}, RuntimeError("an answer without results"))
+    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
+    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1_000,
+                         trace=False, handoff_lead_ms=0)
+    scheduler = await Scheduler.open(config, clock, sender.send)
+    await scheduler.start()
+    try:
+        messages = await schedule(scheduler, clock, clock() + 5_000,
+                                  *[b"m%d" % n for n in range(20)])
+        homes = {m.id: home_group(encode_message(m), 2) for m in messages}
+        assert set(homes.values()) == {0, 1}, "the messages go to both groups"
+        clock.advance(5_000)
+        await settle(scheduler)
+        clock.advance(10_000)  # past the dispatch retry's backoff
+        await settle(scheduler)
+        sent = Counter(i for _address, ids in brokers.sends for i in ids)
+        assert {i: sent[i] for i in homes} == {i: 1 + home for i, home in homes.items()}
+        assert brokers.stored["a:1"] | brokers.stored["b:1"] == set(homes)
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_due_dispatch_one_part_of_which_was_refused_sends_only_that_part_again(tmp_path):
+    # g1 refuses its part once at the request level (forbidden), then takes it. Before, the
+    # batch was retried whole (g0's part sent twice). Now only g1's messages are sent again,
+    # and none is dropped as refused for good: a part's refusal is no message's.
+    clock = FakeClock()
+    brokers = _SendFails({"b:1": 1}, Forbidden("app t may not send to s"), after_write=False)
     sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
     config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1_000,
                          trace=False, handoff_lead_ms=0)
