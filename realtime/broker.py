@@ -30,7 +30,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 from logstore.fileio import Opener, OsFile
 from pulllog import PullLogConfig, PullLogStore
@@ -329,11 +329,12 @@ class Broker:
         (``Handoffs.cancel``)."""
         return await self.handoffs.cancel(subject, message_ids)
 
-    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
-                   direct: bool = False) -> Pulled | ParkedPull:
+    def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+             direct: bool = False) -> Coroutine[Any, Any, Pulled | ParkedPull]:
         """Hand the group's next entries to the pulling consumer (``Pulls.pull``; with
-        ``direct``, a long poll that waits is parked with no task and returned)."""
-        return await self.pulls.pull(request, gone, direct)
+        ``direct``, a long poll that waits is parked with no task and returned). Its coroutine
+        itself, to await: no second coroutine per pull to step (issue 18)."""
+        return self.pulls.pull(request, gone, direct)
 
     async def ack(self, request: Ack) -> int:
         """Record acks of pull-log ranges (``Holdings.ack``); returns how many became acked."""
