@@ -45,7 +45,8 @@ class TraceWriter:
     ``emit``/``emit_lines`` encode on the caller's thread and append the lines to a list under a
     lock (no I/O); ``emit_columns`` queues the parts of many lines, which the write joins (in
     C) when it writes them: the caller's thread (a server's event loop in a burst) does no
-    per-line concatenation. A background thread looks every ``trickle_interval_ms``: a
+    per-line concatenation. A background thread looks every ``trickle_interval_ms`` while
+    anything waits (and sleeps until the first line when nothing does): a
     trickle (``trickle_events_min`` to ``trickle_events_max`` events waiting) is written at
     once, in small writes that hold the GIL briefly; fewer wait until ``flush_interval_ms`` has
     passed since nothing waited; more is a burst, written after it (at ``flush_interval_ms``,
@@ -233,6 +234,8 @@ class TraceWriter:
             if self._closed:
                 self._dropped_events += events
                 return
+            if not (self._current_events or self._queued_events):
+                self._cond.notify()  # the first line: the writer thread sleeps until it comes
             self._current.append(item)
             self._current_events += events
             if self._current_events >= self._batch_max:
@@ -295,15 +298,18 @@ class TraceWriter:
         idle_s = self._monotonic_s()  # when nothing waited last
         while True:
             with self._cond:
+                # With nothing waiting the thread sleeps until the first line (``_queue`` wakes
+                # it): an idle server's writer takes no look at all (issue 18: idle CPU).
+                empty = not (self._queued_events or self._current_events)
                 if self._queued_events < self._wake_events and not self._closed:
-                    self._cond.wait(tick_s)
+                    self._cond.wait(None if empty else tick_s)
                 closing = self._closed
                 waiting = self._queued_events + self._current_events
                 woken = self._queued_events >= self._wake_events
             if closing:
                 return  # close() does the final flush from its own thread
             now_s = self._monotonic_s()
-            if not waiting:
+            if not waiting or empty:  # nothing waited until now
                 idle_s = now_s
             elif (self._trickle_events_min <= waiting <= self._trickle_events_max or woken
                   or now_s - idle_s >= interval_s):

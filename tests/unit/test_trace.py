@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -136,6 +138,34 @@ def test_the_background_thread_writes_a_partial_batch_after_the_interval(tmp_pat
     writer.close()
 
 
+def test_an_idle_writer_thread_waits_for_the_first_line_with_no_timeout(tmp_path):
+    # Nothing waiting, the thread takes no look every trickle interval: an idle server's writer
+    # does not wake at all (issue 18: idle CPU).
+    writer = TraceWriter(tmp_path, "rt", flush_interval_ms=20, trickle_interval_ms=5,
+                         clock_ms=FakeClock(T0_MS))
+    timeouts: queue.SimpleQueue = queue.SimpleQueue()
+    real_wait = writer._cond.wait
+
+    def wait(timeout=None):
+        timeouts.put(timeout)
+        return real_wait(timeout)
+
+    writer._cond.wait = wait
+    writer.emit(ev("a"))
+    assert wait_written(writer, 1, timeout_s=30)
+    deadline = time.monotonic() + 30  # generous: the thread loops once after the write
+    waited = []
+    while None not in waited and time.monotonic() < deadline:
+        try:
+            waited.append(timeouts.get(timeout=1))
+        except queue.Empty:
+            pass
+    assert None in waited, f"the thread kept looking every interval: {waited[-5:]}"
+    writer.emit(ev("b"))  # and the next line wakes it
+    assert wait_written(writer, 2, timeout_s=30)
+    writer.close()
+
+
 class FakeMonotonic:
     """The writer thread's interval clock: stands still until the test moves it, and counts
     the looks the thread takes (one per trickle interval)."""
@@ -192,7 +222,6 @@ def test_a_burst_is_written_after_the_flush_interval_not_at_trickle_intervals(tm
                          trickle_events_min=1, trickle_events_max=4, batch_max=100,
                          pending_events_max=1_000,
                          clock_ms=FakeClock(T0_MS), monotonic_s=clock)
-    assert clock.wait_looks(1)  # the thread runs: the burst comes after a look found nothing
     writer.emit_lines([json.dumps(ev(f"m{i}") | {"server": "rt"}) for i in range(5)])
     assert clock.wait_looks(5)
     assert writer.written_events == 0
