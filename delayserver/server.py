@@ -162,7 +162,7 @@ class DelayServer(ServerBase):
             self.gate.check_send(grant, request.messages)
             results = await self.scheduler.schedule(request.messages, request.compact)
             if type(results) is int:  # a compact send, every message stored
-                self.metrics.scheduled.inc(results)
+                self.metrics.scheduled += results
                 self._check_role()
                 return send_stored_answer(results)
             self.metrics.count_schedule_results(results)
