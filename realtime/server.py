@@ -242,7 +242,10 @@ class RealtimeServer(ServerBase):
         """A send's commit ended (stored or refused): answer it, after the slaves under
         ``sync`` replication, and only while still the writable master (as ``handle``)."""
         try:
-            replicated_end = self.broker.sends.replicated_end(request)
+            # Started: it took the send (the core read directly, not through ``broker``'s
+            # check, once per commit's answer).
+            replicated_end = self._running.broker.sends.replicated_end(  # type: ignore[union-attr]
+                request)
             if not replicated_end:
                 self._answer_sent(later, request)
                 return
