@@ -461,21 +461,25 @@ def parse_request(frame: dict[str, Any]) -> Request:
     """
     if type(frame) is not dict and not isinstance(frame, dict):
         raise BadRequest(f"request must be a map, got {type_name(frame)}")
-    op = frame.get("op", _MISSING)
-    if op is _MISSING:
-        raise BadRequest("request lacks field 'op'")
+    # Subscripts, not dict.get: no call for the fields every request has.
+    try:
+        op = frame["op"]
+    except KeyError:
+        raise BadRequest("request lacks field 'op'") from None
     if type(op) is not str and not isinstance(op, str):
         raise BadRequest(f"request op must be str, got {type_name(op)}")
-    rid = frame.get("rid", _MISSING)
-    if rid is _MISSING:
-        raise BadRequest(f"{op} request lacks field 'rid'")
+    try:
+        rid = frame["rid"]
+    except KeyError:
+        raise BadRequest(f"{op} request lacks field 'rid'") from None
     if type(rid) is not int:
         raise BadRequest(f"{op}.rid must be int, got {type_name(rid)}")
     if not 0 <= rid <= _U64_MAX:
         raise BadRequest(f"{op}.rid {rid} is outside 0..{_U64_MAX}")
-    parser = _PARSERS.get(op)
-    if parser is None:
-        raise BadRequest(f"unknown op {op!r:.80}; known ops: {', '.join(OPS)}")
+    try:
+        parser = _PARSERS[op]
+    except KeyError:
+        raise BadRequest(f"unknown op {op!r:.80}; known ops: {', '.join(OPS)}") from None
     return parser(_Fields(op, frame), rid)
 
 
