@@ -182,12 +182,14 @@ class Committed:
         then the timer is set for the next slot in use."""
         self._timer = None
         heap, slots = self._slot_heap, self._deadline_slots
-        while heap and heap[0] <= self._timer_slot:
-            for waiter in slots.pop(heapq.heappop(heap)):
-                if not waiter.done():
-                    waiter.set_result(False)
-        if heap:
-            self._set_timer(heap[0])
+        try:
+            while heap and heap[0] <= self._timer_slot:
+                for waiter in slots.pop(heapq.heappop(heap)):
+                    if not waiter.done():
+                        waiter.set_result(False)
+        finally:  # a waiter that raised (a bug) leaves the later slots their timer
+            if heap and self._timer is None:
+                self._set_timer(heap[0])
 
     def notify(self, subject: str) -> None:
         """Wake every long poll of ``subject`` (something was committed or released)."""

@@ -165,3 +165,28 @@ async def test_polls_parked_in_many_deadline_slots_keep_one_loop_timer_at_a_time
         assert at >= deadline
     assert committed._deadline_slots == {}
     assert [h for h in scheduled if not h.cancelled() and h.when() > loop.time()] == []
+
+
+class _FailingWaiter:
+    """A waiter whose outcome cannot be told (a bug): its ``set_result`` raises."""
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: bool) -> None:
+        raise RuntimeError("a waiter that fails when told")
+
+
+async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_the_later_slots_from_ending():
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    base = (loop.time() // PARK_DEADLINE_SLOT_S + 1) * PARK_DEADLINE_SLOT_S
+    committed.park_direct(committed.wake("a"), base + PARK_DEADLINE_SLOT_S * 0.5,
+                          _FailingWaiter())
+    later = asyncio.ensure_future(
+        committed.park(committed.wake("b"), base + PARK_DEADLINE_SLOT_S * 2.5))
+    async with asyncio.timeout(10):
+        assert await later is False
+    assert [type(c.get("exception")) for c in errors] == [RuntimeError]
