@@ -243,18 +243,18 @@ def install_client() -> None:
 
     def request(original: Any) -> Any:
         async def probed(self: Any, op: dict[str, Any], timeout_ms: int | None,
-                         on_answer: Any = None) -> Any:
+                         on_answer: Any = None, coalesce: bool = True) -> Any:
             kind = op.get("op")
             if kind == "send":
                 _EVENTS.append(("batch_sent", _now(), op["messages"]))
             if on_answer is None:
-                answer = await original(self, op, timeout_ms)
+                answer = await original(self, op, timeout_ms, None, coalesce)
             else:  # the consumer takes a pull's messages as the answer is read: note it then
                 def noted(answer: dict[str, Any]) -> None:
                     if answer.get("payloads"):
                         _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
                     on_answer(answer)
-                answer = await original(self, op, timeout_ms, noted)
+                answer = await original(self, op, timeout_ms, noted, coalesce)
             if kind == "send":
                 _EVENTS.append(("confirmed", _now(), op["messages"]))
             elif kind == "pull" and on_answer is None and answer.get("payloads"):

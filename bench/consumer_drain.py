@@ -44,8 +44,8 @@ async def _drain(url: str, server_pid: int, count: int, fixed: bool) -> dict[str
     asked: list[tuple[int, int]] = []
     request = consumer._pool.request
 
-    async def counted(address: str, op: dict[str, Any], timeout_ms: int) -> Any:
-        answer = await request(address, op, timeout_ms)
+    async def counted(address: str, op: dict[str, Any], timeout_ms: int, *rest: Any) -> Any:
+        answer = await request(address, op, timeout_ms, *rest)
         if op.get("op") == "pull" and op.get("subject") == SUBJECT:
             asked.append((op["max_count"], len(answer.get("payloads") or ())))
         return answer

@@ -167,7 +167,7 @@ class Connection:
 
     async def request(self, op: dict[str, Any], timeout_ms: int | None,
                       on_answer: Callable[[dict[str, Any]], None] | None = None,
-                      ) -> dict[str, Any]:
+                      coalesce: bool = True) -> dict[str, Any]:
         """Send ``op`` (a request map without ``rid``) and return the answer without its rid.
 
         Raises the QmqError of an error answer, ConnectionLost if the connection is or goes down,
@@ -179,6 +179,11 @@ class Connection:
         to a waiting application from there. It must not raise or block; it is not called
         for an error answer, nor for an answer that comes after the request timed out or was
         cancelled.
+
+        ``coalesce=False``: a request its caller sends alone in its loop turn (a consumer's
+        pull or ack) is written at once without the end-of-turn callback that lets later
+        requests of the same turn share its write (one loop iteration fewer per request);
+        it still waits behind requests this turn has queued, so the order is kept.
         """
         if self._close_error is not None:
             raise ConnectionLost(str(self._close_error))
@@ -200,8 +205,11 @@ class Connection:
         try:
             # The first request of a loop turn leaves at once; more from the same turn (the
             # batches of one send_many) leave together when it ends.
-            if self._wrote_this_turn:
+            if self._out or (coalesce and self._wrote_this_turn):
                 self._out.append(data)
+            elif not coalesce:
+                if self._transport is not None and not self._transport.is_closing():
+                    self._transport.write(data)
             elif self._transport is not None and not self._transport.is_closing():
                 self._wrote_this_turn = True
                 loop.call_soon(self._end_turn)
@@ -442,13 +450,15 @@ class ConnectionPool:
 
     async def request(
         self, address: str, op: dict[str, Any], timeout_ms: int | None,
-        on_answer: Callable[[dict[str, Any]], None] | None = None,
+        on_answer: Callable[[dict[str, Any]], None] | None = None, coalesce: bool = True,
     ) -> dict[str, Any]:
-        """``get(address)`` then ``request`` (``on_answer``: see ``Connection.request``); a dead
-        connection is dropped so the next call reconnects."""
-        conn = await self.get(address)
+        """``get(address)`` then ``request`` (``on_answer``, ``coalesce``: see
+        ``Connection.request``); a dead connection is dropped so the next call reconnects."""
+        conn = self._connections.get(address)
+        if conn is None or conn._close_error is not None:  # as get()'s first check, inline
+            conn = await self.get(address)
         try:
-            return await conn.request(op, timeout_ms, on_answer)
+            return await conn.request(op, timeout_ms, on_answer, coalesce)
         except ConnectionLost:
             if conn.closed:
                 self._connections.pop(address, None)

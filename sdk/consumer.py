@@ -405,9 +405,10 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
             batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
             handed: list[bool] = []  # the answer's messages went in from _hand_over
             try:
+                # Alone in its loop turn: written at once, no end-of-turn callback
                 answer = await self._pool.request(
                     address, op, wait_ms + PULL_TIMEOUT_SLACK_MS,
-                    lambda answer: handed.append(self._hand_over(answer, sub, batch)))
+                    lambda answer: handed.append(self._hand_over(answer, sub, batch)), False)
             except QmqError as exc:
                 sub.pull_sent_at.pop((source, broker_group), None)
                 if not exc.retriable:
@@ -510,7 +511,7 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
     async def _control(self, address: str, op: dict[str, Any]) -> dict[str, Any]:
         """An ack/nack request for this consumer (group and consumer_id filled in)."""
         op = {**op, "group": self.group, "consumer_id": self.consumer_id}
-        return await self._pool.request(address, op, CONTROL_TIMEOUT_MS)
+        return await self._pool.request(address, op, CONTROL_TIMEOUT_MS, None, False)
 
 
 __all__ = ["ACK_ATTEMPTS_MAX", "Consumer", "HandlerT", "ReceivedMessage", "Subscription",

@@ -100,8 +100,9 @@ def browsed_message(sequence: int, payload: bytes) -> dict[str, Any]:
 
 
 def parse_response(frame: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
-    """Client side: ``(rid, the frame without rid)``; raise the matching QmqError (with ``.rid``
-    set) for an error response, and BadRequest for a map that is not a response."""
+    """Client side: ``(rid, the frame without rid)``: the frame itself, its rid taken out (no
+    copy: the caller's freshly decoded frame is the answer); raise the matching QmqError (with
+    ``.rid`` set) for an error response, and BadRequest for a map that is not a response."""
     if not isinstance(frame, dict):
         raise BadRequest(f"response must be a map, got {type_name(frame)}")
     if "rid" not in frame:
@@ -120,8 +121,8 @@ def parse_response(frame: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         raise error_from_wire(error["code"], error["message"], rid=rid)
     if rid is None:
         raise BadRequest("response without error must have an int rid")
-    result = {k: v for k, v in frame.items() if k != "rid"}
-    return rid, result
+    del frame["rid"]
+    return rid, frame
 
 
 __all__ = [

@@ -40,6 +40,32 @@ async def test_a_later_request_is_answered_while_a_long_poll_is_pending(broker_a
     assert len(pulled["payloads"]) == 1
 
 
+async def test_a_request_sent_alone_is_written_at_once_and_keeps_its_place_behind_queued_ones(
+        broker_a, monkeypatch):
+    # A consumer's pull or ack (coalesce=False) goes out in its own write with no end-of-turn
+    # callback (a loop iteration per request); sent after requests its loop turn queued to
+    # share one write, it goes out behind them, in order.
+    ends: list[int] = []
+    end_turn = Connection._end_turn
+    monkeypatch.setattr(Connection, "_end_turn", lambda self: (ends.append(1), end_turn(self)))
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    ends.clear()  # the hello's
+    writes: list[bytes] = []
+    transport = conn._transport
+    write = transport.write
+    monkeypatch.setattr(transport, "write", lambda data: (writes.append(data), write(data))[1])
+    heartbeat = {"op": "heartbeat", "consumer_id": "c", "subscriptions": []}
+    assert await conn.request(heartbeat, 5000, coalesce=False) == {"ok": True}
+    assert (len(writes), ends) == (1, [])
+    tasks = [asyncio.create_task(conn.request(heartbeat, 5000, coalesce=coalesce))
+             for coalesce in (True, True, False)]  # started in one loop turn
+    assert [await task for task in tasks] == [{"ok": True}] * 3
+    await conn.close()
+    assert (len(writes), ends) == (3, [1]), "the first at once, the other two together"
+    rids = [op["rid"] for op in broker_a.ops("heartbeat")]
+    assert rids == sorted(rids) and len(rids) == 4
+
+
 async def test_an_error_answer_raises_its_error_with_the_code_and_rid(broker_a):
     broker_a.fail_next("heartbeat", "error", ("forbidden", "app a may not consume s"))
     conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)

@@ -58,10 +58,10 @@ def _note_pulls_of_orders(c, events: list[str]) -> None:
     """Append "pull" to ``events`` as each pull of subject orders is written."""
     original = c._pool.request
 
-    async def request(address, op, timeout_ms, on_answer=None):
+    async def request(address, op, timeout_ms, *rest):
         if op["op"] == "pull" and op["subject"] == "orders":
             events.append("pull")  # written before the request's first await
-        return await original(address, op, timeout_ms, on_answer)
+        return await original(address, op, timeout_ms, *rest)
 
     c._pool.request = request
 
