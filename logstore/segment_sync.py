@@ -123,6 +123,13 @@ class SegmentSyncMixin:
         else:
             self.flush()
 
+    @property
+    def interval_started(self) -> bool:
+        """A ``tick`` has run since the open, so the async flush interval counts from a known
+        time. Until then the first tick only starts it: an owner that skips idle ticks must
+        still make that first one, or the first write's fsync comes an interval late."""
+        return self._last_sync_ms is not None
+
     def tick(self, now_ms: int) -> bool:
         """Async mode: flush, and fsync if ``flush_interval_ms`` passed with data pending.
 

@@ -349,10 +349,11 @@ class PullLogStore(CopyingMixin):
                 and self._log.buffered_room_bytes >= IN_MEMORY_ROOM_BYTES_MIN)
 
     def tick_is_idle(self) -> bool:
-        """True when ``tick`` would do nothing: not failed or unlogged, every action durable
-        (``Broker._flush_round`` then makes no hop to an idle thread for it)."""
-        return (self._failed is None and self._unlogged is None
-                and self._log.durable_offset == self._log.end_offset)
+        """True when ``tick`` would do nothing: not failed or unlogged, every action durable,
+        the flush interval started (``Broker._flush_round`` then makes no hop for it)."""
+        log_ = self._log
+        return (self._failed is None and self._unlogged is None and log_.interval_started
+                and log_.durable_offset == log_.end_offset)
 
     def take_redeliveries(self, subject: str, group: str, max_count: int) -> list[int]:
         """Peek at up to ``max_count`` queued consumer-log seqs, oldest release first."""

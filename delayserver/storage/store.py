@@ -548,11 +548,12 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             self._last_schedule_flush_ms = now_ms
 
     def tick_is_idle(self) -> bool:
-        """True when ``tick`` would do nothing: open, not failed, the delay log durable, no
-        schedule entry buffered (the scheduler's round then makes no hop to an idle thread for
-        it; issue 18: idle CPU)."""
+        """True when ``tick`` would do nothing: open, not failed, the delay log durable and its
+        flush interval started, no schedule entry buffered (the scheduler's round then makes
+        no hop to an idle thread for it; issue 18: idle CPU)."""
+        log_ = self._log
         return (not self._closed and self._failed is None and not self._schedule.buffered_bytes
-                and self._log.durable_offset == self._log.end_offset)
+                and log_.interval_started and log_.durable_offset == log_.end_offset)
 
     def sync(self) -> None:
         """fsync the delay log and write the schedule buffer to the files."""

@@ -1,6 +1,7 @@
 """The broker's flush round (every flush_interval_ms, busy or idle): under flush=sync the message
 store's tick (dedup pruning only) runs once a second, and the pull log's tick and its end for
-the slaves are one call on its thread, none when the pull log has nothing to flush; under
+the slaves are one call on its thread, none when the pull log has nothing to flush (after the
+first round, whose tick starts the flush interval); under
 flush=async the store ticks every round."""
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from wire.message import Message, encode_message
 from tests.rawclient import FakeClock
 
 ROUND_MS = 100
-# Rounds with a call after an action is recorded: the first flushes it and starts the pull
-# log's flush interval (its clock was idle), the second, one interval later, fsyncs it.
-ROUNDS_TO_FSYNC = 2
+# Rounds with a call after an action is recorded: the first round an interval after the last
+# tick fsyncs it (the first round after an open ticks once, starting that interval).
+ROUNDS_TO_FSYNC = 1
 DEDUP_WINDOW_MS = 5_000
 
 
@@ -68,7 +69,7 @@ async def test_the_store_ticks_once_a_second_under_sync_and_every_round_under_as
     try:
         await rounds(broker, clock, 2 * SYNC_STORE_TICK_INTERVAL_MS // ROUND_MS)
         assert store_calls.calls == store_ticks
-        assert pulllog_calls.calls == 0, "nothing to flush in the pull log: no call"
+        assert pulllog_calls.calls == 1, "the first round's tick alone: nothing to flush after"
     finally:
         await broker.stop()
 
@@ -95,7 +96,7 @@ async def test_a_master_tells_its_slaves_the_pull_logs_end_with_no_call_when_idl
         await rounds(broker, clock, 3)
         end = await broker.on_pulllog_thread(lambda: broker.pulllog.copy_bounds()[1])
         assert slaves.told == [("actions", end)] * 3
-        assert pulllog_calls.calls == 1, "the end read alone"
+        assert pulllog_calls.calls == 1 + 1, "the first round's tick, then the end read alone"
     finally:
         await broker.stop()
 
@@ -105,14 +106,30 @@ async def test_actions_recorded_are_flushed_and_fsynced_by_the_rounds_then_they_
     broker, clock, _store_calls, pulllog_calls = await open_broker(tmp_path, "sync")
     try:
         await rounds(broker, clock, 5)
-        assert pulllog_calls.calls == 0, "an idle pull log: no call"
+        assert pulllog_calls.calls == 1, "an idle pull log: the first round's tick alone"
         await broker.on_pulllog_thread(broker.pulllog.ensure_group, "orders", "g", 0, clock())
         assert not broker.pulllog.tick_is_idle()
         await rounds(broker, clock, 5)
         assert broker.pulllog.tick_is_idle(), "every action durable"
         log = broker.pulllog._log
         assert log.durable_offset == log.end_offset > 0
-        assert pulllog_calls.calls == 1 + ROUNDS_TO_FSYNC
+        assert pulllog_calls.calls == 1 + 1 + ROUNDS_TO_FSYNC
+    finally:
+        await broker.stop()
+
+
+async def test_an_action_recorded_after_idle_rounds_is_durable_one_interval_later(
+        tmp_path: Any) -> None:
+    # Review s17 rvb-2: idle rounds that skipped every tick left the flush interval unstarted,
+    # and the first action after an open waited a second interval for its fsync.
+    broker, clock, _store_calls, _pulllog_calls = await open_broker(tmp_path, "sync")
+    try:
+        await rounds(broker, clock, 3)  # an idle broker's rounds since it opened
+        await broker.on_pulllog_thread(broker.pulllog.ensure_group, "orders", "g", 0, clock())
+        log = broker.pulllog._log
+        assert log.durable_offset < log.end_offset
+        await rounds(broker, clock, 1)  # the round ROUND_MS after the last idle one
+        assert log.durable_offset == log.end_offset, "fsynced one interval after the last tick"
     finally:
         await broker.stop()
 

@@ -499,6 +499,21 @@ def test_a_tick_is_idle_until_a_commit_and_again_once_a_tick_wrote_everything_ou
         store.close()
 
 
+def test_a_store_never_ticked_is_not_idle_so_its_first_tick_starts_the_flush_interval(data_dir):
+    config = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096,
+                              flush_mode="async", flush_interval_ms=100)
+    store = DelayStore(data_dir, config, now_ms=NOW_MS)
+    try:
+        assert not store.tick_is_idle(), "the flush interval has not started"
+        store.tick(NOW_MS)
+        assert store.tick_is_idle()
+        send(store, [("m-1", "orders", NOW_MS + 5_000)])
+        store.tick(NOW_MS + 100)  # one interval after the first tick: the commit is fsynced
+        assert store._log.durable_offset == store._log.end_offset
+    finally:
+        store.close()
+
+
 def test_a_failed_or_closed_store_is_never_idle_so_its_tick_raises(data_dir):
     store = DelayStore(data_dir, TINY, now_ms=NOW_MS)
     store.close()
