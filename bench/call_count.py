@@ -11,7 +11,10 @@ calls are not counted). The client is bench.path_cpu's: one message at a time (s
 the confirmation, wait until the consumer has it, ack), so no message shares a batch, a commit
 or a pull with another, and the count is per commit cycle. Two runs on two fresh servers, with
 ``--few`` and ``--many`` messages; their difference over ``--many - --few`` messages takes out
-the start-up, the warm-up and the idle seconds. Printed: the calls per message in all, those of
+the start-up and the warm-up. The idle work of the seconds the extra messages took stays in
+(an idle ``qmq up`` makes ~13,000 calls a second: ~40 a message at cProfile's ~300 messages a
+second), and the rate moves with the machine's load, so compare trees function by function
+(the rows of the request path are exact); the totals move by tens of calls between runs. Printed: the calls per message in all, those of
 Python functions, then per function its calls per message and cProfile's time per message
 (cProfile slows every call several times over: its times rank functions, they are not CPU
 figures; bench.path_cpu gives those).
