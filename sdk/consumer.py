@@ -378,6 +378,7 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
         start = self.start if source == sub.subject else "earliest"
         wait_ms = self.wait_ms if source == sub.subject else min(
             MAX_PULL_WAIT_MS, RETRY_WAIT_FACTOR * self.wait_ms)
+        shared: _PulledBatch | None = None  # what the pulls from one address share
         while True:
             route = self._routes.cached(source, "consumer")
             group = route.group(broker_group) if route is not None else None
@@ -402,7 +403,9 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
             }
             sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
             sub.pulls_out.add((source, broker_group))
-            batch = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+            if shared is None or shared.address != address:
+                shared = _PulledBatch(self, broker_group, address, (address, broker_group, source))
+            batch = shared
             handed: list[bool] = []  # the answer's messages went in from _hand_over
             try:
                 # Alone in its loop turn: written at once, no end-of-turn callback

@@ -369,13 +369,17 @@ class Subscription:
         if self._ended:
             raise StopAsyncIteration
         prefetch = self._prefetch
-        if prefetch.items:  # the common case takes no trip through the event loop
-            item = prefetch.items.popleft()
-            prefetch.handed += 1
-            if prefetch._putters:
-                prefetch.taken()
-        else:
-            item = await prefetch.get()
+        items = prefetch.items
+        # As _Prefetch.get, inline: waiting for a pull's answer (most waits at a low rate)
+        # costs no get() coroutine, and an item already there no trip through the loop.
+        while not items:
+            await prefetch._wait(prefetch._getters)
+        item = items.popleft()
+        prefetch.handed += 1
+        if prefetch._putters:
+            prefetch.taken()
+        if items and prefetch._getters:
+            prefetch._wake(prefetch._getters)  # pass the turn on
         if item is _END:
             self._ended = True
             raise StopAsyncIteration
