@@ -231,9 +231,13 @@ class _Prefetch:
 
     async def get(self) -> Any:
         """The next item, waiting for one."""
-        items = self.items
-        while not items:
+        while not self.items:
             await self._wait(self._getters)
+        return self.take()
+
+    def take(self) -> Any:
+        """The next item, which the caller saw is there (``items`` is not empty)."""
+        items = self.items
         item = items.popleft()
         self.handed += 1
         if self._putters:
@@ -369,17 +373,11 @@ class Subscription:
         if self._ended:
             raise StopAsyncIteration
         prefetch = self._prefetch
-        items = prefetch.items
-        # As _Prefetch.get, inline: waiting for a pull's answer (most waits at a low rate)
-        # costs no get() coroutine, and an item already there no trip through the loop.
-        while not items:
+        # _Prefetch.get without its coroutine: waiting for a pull's answer (most waits at a
+        # low rate) steps no get() coroutine, and an item already there no trip through it.
+        while not prefetch.items:
             await prefetch._wait(prefetch._getters)
-        item = items.popleft()
-        prefetch.handed += 1
-        if prefetch._putters:
-            prefetch.taken()
-        if items and prefetch._getters:
-            prefetch._wake(prefetch._getters)  # pass the turn on
+        item = prefetch.take()
         if item is _END:
             self._ended = True
             raise StopAsyncIteration
