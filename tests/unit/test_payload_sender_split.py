@@ -198,39 +198,20 @@ async def test_a_pinned_send_every_part_of_which_failed_raises():
 
 
 
-async def test_a_due_dispatch_one_part_of_which_raised_sends_only_that_part_again(tmp_path):
-    # The delay server over a real PayloadSender (the Scheduler alone, a fake clock, no
-    # hand-off): g1's send stores its part and then raises outside the protocol once. Only
-    # g1's messages are dispatched again; g0's part went once.
-    clock = FakeClock()
-    brokers = _SendFails({"b:1": 1}, RuntimeError("an answer without results"))
-    sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
-    config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1_000,
-                         trace=False, handoff_lead_ms=0)
-    scheduler = await Scheduler.open(config, clock, sender.send)
-    await scheduler.start()
-    try:
-        messages = await schedule(scheduler, clock, clock() + 5_000,
-                                  *[b"m%d" % n for n in range(20)])
-        homes = {m.id: home_group(encode_message(m), 2) for m in messages}
-        assert set(homes.values()) == {0, 1}, "the messages go to both groups"
-        clock.advance(5_000)
-        await settle(scheduler)
-        clock.advance(10_000)  # past the dispatch retry's backoff
-        await settle(scheduler)
-        sent = Counter(i for _address, ids in brokers.sends for i in ids)
-        assert {i: sent[i] for i in homes} == {i: 1 + home for i, home in homes.items()}
-        assert brokers.stored["a:1"] | brokers.stored["b:1"] == set(homes)
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_due_dispatch_one_part_of_which_was_refused_sends_only_that_part_again(tmp_path):
+@pytest.mark.parametrize("error, after_write", [
+    # g1's send stores its part and then raises outside the protocol once.
+    (RuntimeError("an answer without results"), True),
     # g1 refuses its part once at the request level (forbidden), then takes it. Before, the
-    # batch was retried whole (g0's part sent twice). Now only g1's messages are sent again,
-    # and none is dropped as refused for good: a part's refusal is no message's.
+    # batch was retried whole (g0's part sent twice), and none may be dropped as refused for
+    # good: a part's refusal is no message's.
+    (Forbidden("app t may not send to s"), False),
+], ids=["raised", "refused"])
+async def test_a_due_dispatch_one_part_of_which_failed_sends_only_that_part_again(
+        tmp_path, error, after_write):
+    # The delay server over a real PayloadSender (the Scheduler alone, a fake clock, no
+    # hand-off): only g1's messages are dispatched again; g0's part went once.
     clock = FakeClock()
-    brokers = _SendFails({"b:1": 1}, Forbidden("app t may not send to s"), after_write=False)
+    brokers = _SendFails({"b:1": 1}, error, after_write=after_write)
     sender = _sender_over(_Routes([_G0, _G1], [_G0, _G1]), brokers)
     config = DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1_000,
                          trace=False, handoff_lead_ms=0)
