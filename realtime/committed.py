@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from realtime.tail import Entry, Tail
 
@@ -53,6 +53,20 @@ PARK_DEADLINE_SLOT_S = 0.05
 
 def _nothing() -> None:
     """No parked pulls to go on with (a ``Committed`` no ``Pulls`` uses)."""
+
+
+def _tell(waiters: Iterable[Waiter], result: bool) -> None:
+    """Tell every waiter not yet done ``result``. One whose ``set_result`` raises (a bug) is
+    reported to the loop's exception handler, as a callback's error is, and the others are
+    still told: an error must not leave the rest of a slot or a wake parked."""
+    for waiter in waiters:
+        if not waiter.done():
+            try:
+                waiter.set_result(result)
+            except Exception as exc:
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"a parked poll's waiter raised when told {result}",
+                     "exception": exc, "waiter": waiter})
 
 
 class Committed:
@@ -182,23 +196,17 @@ class Committed:
         then the timer is set for the next slot in use."""
         self._timer = None
         heap, slots = self._slot_heap, self._deadline_slots
-        try:
-            while heap and heap[0] <= self._timer_slot:
-                for waiter in slots.pop(heapq.heappop(heap)):
-                    if not waiter.done():
-                        waiter.set_result(False)
-        finally:  # a waiter that raised (a bug) leaves the later slots their timer
-            if heap and self._timer is None:
-                self._set_timer(heap[0])
+        while heap and heap[0] <= self._timer_slot:
+            _tell(slots.pop(heapq.heappop(heap)), False)
+        if heap:
+            self._set_timer(heap[0])
 
     def notify(self, subject: str) -> None:
         """Wake every long poll of ``subject`` (something was committed or released)."""
         wake = self._wakes.pop(subject, None)
         if wake is not None:
             wake.woken = True
-            for waiter in wake.waiters:
-                if not waiter.done():
-                    waiter.set_result(True)
+            _tell(wake.waiters, True)
 
     def end_long_polls(self) -> None:
         """Answer every waiting long poll now, and every later one at once (shutdown)."""

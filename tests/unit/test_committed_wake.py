@@ -190,3 +190,40 @@ async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_the_later_
     async with asyncio.timeout(10):
         assert await later is False
     assert [type(c.get("exception")) for c in errors] == [RuntimeError]
+
+
+class _FailingFirstWaiter(_FailingWaiter):
+    """A failing waiter that a set iterates first: hash 0 takes a fresh set's slot 0."""
+
+    def __hash__(self) -> int:
+        return 0
+
+
+async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_its_slot_mates_waiting():
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    deadline = (loop.time() // PARK_DEADLINE_SLOT_S + 1.5) * PARK_DEADLINE_SLOT_S
+    committed.park_direct(committed.wake("a"), deadline, _FailingFirstWaiter())
+    mates = [asyncio.ensure_future(committed.park(committed.wake(s), deadline))
+             for s in ("b", "c", "d")]
+    async with asyncio.timeout(10):
+        assert await asyncio.gather(*mates) == [False] * 3
+    assert [type(c.get("exception")) for c in errors] == [RuntimeError]
+    assert committed._deadline_slots == {}
+
+
+async def test_a_waiter_that_fails_when_its_subject_is_notified_does_not_keep_the_others_parked():
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    wake = committed.wake("s")
+    committed.park_direct(wake, loop.time() + 60, _FailingWaiter())
+    others = [asyncio.ensure_future(committed.park(wake, loop.time() + 60)) for _ in range(3)]
+    await asyncio.sleep(0)
+    committed.notify("s")
+    async with asyncio.timeout(10):
+        assert await asyncio.gather(*others) == [True] * 3
+    assert [type(c.get("exception")) for c in errors] == [RuntimeError]
