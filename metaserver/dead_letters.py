@@ -350,9 +350,12 @@ async def redrive(brokers: list[BrokerRef], sender: PayloadSender, subject: str,
             return
         for (sequence, message), result in zip(batch, results):
             if "error" in result:
-                errors.append({"broker_group": broker.group, "address": broker.address,
+                # The group that refused it ("": none took it), not the dead letter's own
+                # broker: that one is named in the message.
+                errors.append({"broker_group": result.get("group", ""), "address": "",
                                "code": result["error"]["code"],
-                               "message": f"{name} sequence {sequence} as {message.id}: "
+                               "message": f"{name} sequence {sequence} on {broker.group} "
+                                          f"({broker.address}) as {message.id}: "
                                           f"{result['error']['message']}"})
             elif result.get("status") == "duplicate":
                 counts["duplicates"] += 1

@@ -95,7 +95,9 @@ class PayloadSender:
         messages, the same way. Such a result made from its part's error says
         ``part_refused``: the error refused the part's request, not that message, so a caller
         must not take it as the broker's verdict on the message (the delay server retries
-        it). A per-payload error is returned in its result, not raised.
+        it). A per-payload error is returned in its result, not raised; a plain send's error
+        result says ``group`` when one group gave it (a broker's answer for that message, a
+        refusal for good of its part; not when no group took the part).
 
         A hold is never retried in another group: a part whose home may have held it although
         the answer was lost, or refused with NotMaster, which may come after the write
@@ -170,6 +172,8 @@ class PayloadSender:
                     refused.pop(position, None)
                     if holding:  # who holds it (the delay server traces it)
                         result["group"] = group_name
+                    elif "error" in result:  # who refused it (a redrive reports it)
+                        result["group"] = group_name
             if not pending:
                 break
             pending.sort()
@@ -180,7 +184,7 @@ class PayloadSender:
             refused.update((p, last_error) for p in pending if p not in refused)
             _raise_refusal(refused, results, last_error)
             for position, error in refused.items():
-                results[position] = _error_result(payloads[position], error)
+                results[position] = _error_result(payloads[position], error, holding)
         return first_group, [r if r is not None else {} for r in results]
 
     async def _send_pinned(self, subject: str, payloads: list[bytes],
@@ -282,6 +286,7 @@ class PayloadSender:
                 if not exc.retriable:
                     if unknown is not None:  # an earlier broker of the group may hold it
                         return unknown
+                    exc.group = group.group  # type: ignore[attr-defined]  # who refused it
                     raise
                 log.info("%s broker %s (%s) refused a batch of %s, trying another: %s",
                          self.kind, group.group, address, subject, exc)
@@ -366,11 +371,16 @@ def _as_internal(outcome: Any, group: str, holding: bool) -> Any:
     return error
 
 
-def _error_result(payload: bytes, error: QmqError) -> dict[str, Any]:
+def _error_result(payload: bytes, error: QmqError, holding: bool = False) -> dict[str, Any]:
     """The result of a payload its part's ``error`` answers (no group took it): marked
-    ``part_refused``, the error is its part's request's, not the broker's answer for it."""
-    return {"id": peek_message_id(payload),
-            "error": {"code": error.code, "message": str(error)}, "part_refused": True}
+    ``part_refused``, the error is its part's request's, not the broker's answer for it. A
+    plain send's refusal for good also says ``group``: the group that refused it."""
+    result = {"id": peek_message_id(payload),
+              "error": {"code": error.code, "message": str(error)}, "part_refused": True}
+    group = getattr(error, "group", None)
+    if group is not None and not holding:
+        result["group"] = group
+    return result
 
 
 def _raise_refusal(refused: dict[int, QmqError], results: Sequence[dict[str, Any] | None],
