@@ -8,6 +8,8 @@ import msgpack
 import pytest
 
 from wire import packing
+from wire.errors import TooLarge
+from wire.framing import encode_frame
 from wire.packing import PACKER_KEEP_BYTES_MAX, packb
 
 SAMPLES = [{"i": "id", "s": "subject", "b": b"\x00" * 300, "c": 1 << 40, "d": None},
@@ -30,10 +32,10 @@ def test_a_failed_pack_raises_as_packb_does_and_leaves_nothing_behind_for_the_ne
 
 def test_a_packer_that_packed_a_large_object_is_not_kept():
     packb(SAMPLES[0])
-    kept = packing._local.packer
+    kept = packing.packers.packer
     large = {"b": b"x" * (PACKER_KEEP_BYTES_MAX + 1)}
     assert packb(large) == msgpack.packb(large, use_bin_type=True)
-    assert getattr(packing._local, "packer", None) is not kept
+    assert packing.packers.packer is not kept
     assert packb(SAMPLES[1]) == msgpack.packb(SAMPLES[1], use_bin_type=True)
 
 
@@ -42,7 +44,7 @@ def test_each_thread_packs_with_its_own_packer():
 
     def pack_in_thread() -> None:
         packb(SAMPLES[2])
-        packers.append(packing._local.packer)
+        packers.append(packing.packers.packer)
 
     threads = [threading.Thread(target=pack_in_thread) for _ in range(2)]
     for thread in threads:
@@ -50,4 +52,22 @@ def test_each_thread_packs_with_its_own_packer():
     for thread in threads:
         thread.join(10)
     packb(SAMPLES[2])
-    assert len({id(p) for p in packers + [packing._local.packer]}) == 3
+    assert len({id(p) for p in packers + [packing.packers.packer]}) == 3
+
+
+def test_a_frame_encoded_through_the_threads_packer_leaves_a_large_one_behind_too():
+    encode_frame({"ok": 1})
+    kept = packing.packers.packer
+    large = {"b": b"x" * (PACKER_KEEP_BYTES_MAX + 1)}
+    frame = encode_frame(large, max_frame_bytes=2 * PACKER_KEEP_BYTES_MAX)
+    assert frame[4:] == msgpack.packb(large, use_bin_type=True)
+    assert packing.packers.packer is not kept
+    assert encode_frame(SAMPLES[2])[4:] == msgpack.packb(SAMPLES[2], use_bin_type=True)
+
+
+def test_a_frame_over_the_limit_is_refused_after_its_packer_is_replaced():
+    kept = packing.packers.packer
+    with pytest.raises(TooLarge):
+        encode_frame({"b": b"x" * (PACKER_KEEP_BYTES_MAX + 1)},
+                     max_frame_bytes=PACKER_KEEP_BYTES_MAX)
+    assert packing.packers.packer is not kept
