@@ -40,7 +40,7 @@ from realtime.consumers import ConsumerBook
 from realtime.context import BrokerContext
 from realtime.handoffs import Handoffs
 from realtime.holdings import Holdings
-from realtime.pulls import ParkedPull, Pulled, Pulls
+from realtime.pulls import Connection, ParkedPull, Pulled, Pulls
 from realtime.sends import SendRequest, Sends
 from realtime.storage import MessageStore, StoreConfig
 from realtime.tail import Tail
@@ -329,12 +329,12 @@ class Broker:
         (``Handoffs.cancel``)."""
         return await self.handoffs.cancel(subject, message_ids)
 
-    def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+    def pull(self, request: Pull, connection: Connection | None = None,
              direct: bool = False) -> Coroutine[Any, Any, Pulled | ParkedPull]:
         """Hand the group's next entries to the pulling consumer (``Pulls.pull``; with
         ``direct``, a long poll that waits is parked with no task and returned). Its coroutine
         itself, to await: no second coroutine per pull to step (issue 18)."""
-        return self.pulls.pull(request, gone, direct)
+        return self.pulls.pull(request, connection, direct)
 
     async def ack(self, request: Ack) -> int:
         """Record acks of pull-log ranges (``Holdings.ack``); returns how many became acked."""

@@ -4,7 +4,7 @@ server gave (docs/ARCHITECTURE.md, "Pulls without a task")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from realtime.committed import Wake, Waiter
 from realtime.consumers import ConsumerKey
@@ -17,25 +17,34 @@ if TYPE_CHECKING:
 PullReply = Callable[["Pulled | BaseException"], None]
 
 
+class Connection(Protocol):
+    """The pulling consumer's connection as a pull sees it (the server's ``Session``):
+    ``closed`` once it has ended. Read as an attribute, not asked through a callable made per
+    pull (issue 18: a lambda made and called twice per message)."""
+
+    closed: bool
+
+
 class ParkedPull:
     """A long poll parked with no task (``Pulls.pull`` with ``direct``): its state, kept until
     it is answered (owner: the event loop). ``Committed`` tells it its outcome like a future's
     (``done`` / ``set_result``: True woken, False its deadline passed); that only queues it,
     and ``Pulls._run_due`` goes on with it in one loop callback for all polls woken together."""
 
-    __slots__ = ("request", "key", "tags", "deadline", "leave_key", "mark", "gone", "group",
+    __slots__ = ("request", "key", "tags", "deadline", "leave_key", "mark", "connection",
+                 "group",
                  "woken", "wake", "slot", "ended", "_queue", "_reply", "_answer")
 
     def __init__(self, queue: Callable[[ParkedPull], None], request: Pull, key: str,
                  tags: frozenset[str], deadline: float, leave_key: ConsumerKey, mark: int,
-                 gone: Callable[[], bool] | None) -> None:
+                 connection: Connection | None) -> None:
         self.request = request
         self.key = key
         self.tags = tags
         self.deadline = deadline
         self.leave_key = leave_key
         self.mark = mark
-        self.gone = gone
+        self.connection = connection
         self.group = (request.subject, key)
         self.woken: bool | None = None  # the outcome of the park in progress (None: waiting)
         self.wake: Wake | None = None  # the Wake and deadline slot it is parked on
@@ -72,4 +81,4 @@ class ParkedPull:
             reply(answer)
 
 
-__all__ = ["ParkedPull", "PullReply"]
+__all__ = ["Connection", "ParkedPull", "PullReply"]

@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, NamedTuple, Sequence
 from realtime.committed import Wake
 from realtime.consumers import ConsumerKey, group_key
 from realtime.context import BrokerContext
-from realtime.parked_pull import ParkedPull, PullReply
+from realtime.parked_pull import Connection, ParkedPull, PullReply
 from realtime.pull_reads import read_for_pull_io
 from realtime.tail import SubjectTail
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
@@ -110,14 +110,14 @@ class Pulls:
         ctx.committed.answer_woken = self._run_due
         ctx.committed.answer_woken_soon = self._run_due_soon
 
-    async def pull(self, request: Pull, gone: Callable[[], bool] | None = None,
+    async def pull(self, request: Pull, connection: Connection | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
         """Hand the group's next entries (redeliveries first) to the pulling consumer.
 
         With ``wait_ms`` it waits until something arrives or the wait ends (long polling).
-        ``gone`` tells whether the consumer's connection has ended: a long poll that wakes for
-        a consumer killed meanwhile returns nothing, instead of recording entries as held by a
-        consumer nobody answers for (they would wait for its expiry before anyone else got them).
+        ``connection`` (the consumer's) tells whether it has ended (``closed``): a long poll
+        that wakes for a consumer killed meanwhile returns nothing, instead of recording
+        entries as held by a consumer nobody answers for (they would wait for its expiry before anyone else got them).
         A long poll of a consumer that leaves (op ``leave``) meanwhile ends empty too.
 
         With ``direct`` it is first tried without suspending, and a long poll that would wait
@@ -142,18 +142,19 @@ class Pulls:
         if not direct:
             try:
                 pulled = await self._pull_until(request, key, tags, deadline, leave_key, mark,
-                                                gone)
+                                                connection)
             finally:
                 self._pull_ended(group)
             assert not isinstance(pulled, ParkedPull)
             return pulled
-        poll = ParkedPull(self._queue_due, request, key, tags, deadline, leave_key, mark, gone)
+        poll = ParkedPull(self._queue_due, request, key, tags, deadline, leave_key, mark,
+                          connection)
         out: Pulled | ParkedPull | None
         try:
             out = self._attempt_now(poll, now_ms)
             if out is None:
-                out = await self._pull_until(request, key, tags, deadline, leave_key, mark, gone,
-                                             poll)
+                out = await self._pull_until(request, key, tags, deadline, leave_key, mark,
+                                             connection, poll)
         except BaseException:
             self._pull_ended(group)
             raise
@@ -172,7 +173,7 @@ class Pulls:
 
     async def _pull_until(self, request: Pull, key: str, tags: frozenset[str], deadline: float,
                           leave_key: ConsumerKey, mark: int,
-                          gone: Callable[[], bool] | None,
+                          connection: Connection | None,
                           poll: ParkedPull | None = None) -> Pulled | ParkedPull:
         """``pull``'s attempts until it takes something or its wait ends; given ``poll``, a
         wait parks it with no task and returns it."""
@@ -181,7 +182,7 @@ class Pulls:
         ctx = self._ctx
         book, committed, clock = ctx.book, ctx.committed, ctx.clock
         while True:
-            if (gone is not None and gone()) or book.left_since(leave_key, mark):
+            if (connection is not None and connection.closed) or book.left_since(leave_key, mark):
                 return NOTHING_PULLED
             wake = committed.wake(subject)
             book.seen(subject, key, consumer_id, clock())
@@ -220,8 +221,9 @@ class Pulls:
         request = poll.request
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
-        gone = poll.gone
-        if (gone is not None and gone()) or book.left_since(poll.leave_key, poll.mark):
+        connection = poll.connection
+        if (connection is not None and connection.closed) or book.left_since(poll.leave_key,
+                                                                              poll.mark):
             return NOTHING_PULLED
         subject = request.subject
         wake = committed.wake(subject)
@@ -338,7 +340,7 @@ class Pulls:
         """A woken parked pull that needs the async path: ``_pull_until`` in a task."""
         try:
             out = await self._pull_until(poll.request, poll.key, poll.tags, poll.deadline,
-                                         poll.leave_key, poll.mark, poll.gone, poll)
+                                         poll.leave_key, poll.mark, poll.connection, poll)
         except Exception as exc:
             self._finish(poll, exc)
             return
@@ -568,5 +570,5 @@ class Pulls:
         return Pulled(pull_seqs, chosen_payloads, times)
 
 
-__all__ = ["NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX", "PULL_SCAN_ENTRIES_MAX",
-           "ParkedPull", "PullReply", "Pulled", "Pulls"]
+__all__ = ["Connection", "NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX",
+           "PULL_SCAN_ENTRIES_MAX", "ParkedPull", "PullReply", "Pulled", "Pulls"]

@@ -233,10 +233,14 @@ class RealtimeServer(ServerBase):
         if isinstance(out, BaseException):
             later.fail(out)
             return
-        try:
-            later.answer(self._answerable(request, pull_response(*out)))
-        except QmqError as exc:
-            later.fail(exc)
+        answer = pull_response(*out)
+        if not self.role.writable_now():  # the usual case asked here: no _answerable call
+            try:
+                answer = self._answerable(request, answer)
+            except QmqError as exc:
+                later.fail(exc)
+                return
+        later.answer(answer)
 
     def _send_ended(self, later: Later, request: SendRequest) -> None:
         """A send's commit ended (stored or refused): answer it, after the slaves under
@@ -301,7 +305,7 @@ class RealtimeServer(ServerBase):
                 return later  # answered by _send_ended when the commit ends
             return {"results": results}  # nothing valid to commit
         if type(request) is Pull:
-            out = await broker.pull(request, lambda: session.closed, direct=True)
+            out = await broker.pull(request, session, direct=True)
             if type(out) is ParkedPull:
                 later = Later()
                 out.reply_to(partial(self._pull_answered, later, request))

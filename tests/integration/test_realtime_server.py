@@ -488,8 +488,8 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
 
     broker_pull = server.broker.pull
 
-    async def pull_then_refuse(request, gone=None, direct=False):
-        pulled = await broker_pull(request, gone, direct)
+    async def pull_then_refuse(request, connection=None, direct=False):
+        pulled = await broker_pull(request, connection, direct)
         refusing[:] = lapse_after_pull
         return pulled
 

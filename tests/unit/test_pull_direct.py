@@ -12,6 +12,7 @@ import pytest
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.pulls import NOTHING_PULLED, ParkedPull, Pulled
+from serverkit.frame_server import Session
 from tests.harness import wait_for
 from tests.rawclient import FakeClock
 from wire.message import Message, encode_message
@@ -49,9 +50,9 @@ class Replies:
         self.pulled_before.append(self._broker.stats["pulled"])
 
 
-async def parked(broker: Broker, request: Pull, gone=None) -> Replies:
+async def parked(broker: Broker, request: Pull, connection=None) -> Replies:
     """A long poll of ``request`` parked with no task, its answers recorded."""
-    out = await broker.pull(request, gone, direct=True)
+    out = await broker.pull(request, connection, direct=True)
     assert isinstance(out, ParkedPull), out
     replies = Replies(broker)
     out.reply_to(replies)
@@ -131,9 +132,9 @@ async def test_the_senders_are_woken_before_the_parked_pulls_of_their_commit(bro
 
 async def test_a_parked_pull_whose_connection_closed_records_nothing(broker):
     await caught_up(broker)
-    closed = [False]
-    replies = await parked(broker, pull_request(), gone=lambda: closed[0])
-    closed[0] = True
+    connection = Session("consumer:1")
+    replies = await parked(broker, pull_request(), connection)
+    connection.closed = True
     await send(broker, "m2")
     await answered(replies)
     assert replies.answers == [NOTHING_PULLED]
