@@ -28,17 +28,19 @@ class Waiter(Protocol):
 
 class Wake:
     """The next commit (or release, or leave) of one subject, as the long polls wait for it:
-    ``woken`` once ``Committed.notify`` ran, and the futures of the polls parked on it, each
-    resolved True then. A poll takes it before it looks for entries, so a commit that happens
+    ``woken`` once ``Committed.notify`` ran, the futures of the polls parked on it, each
+    resolved True then, and the pulls parked on it with no task (``direct``), handed over
+    together then (``Committed.tell_direct``). A poll takes it before it looks for entries, so a commit that happens
     while it looks is not missed. Cheaper than an ``asyncio.Event`` plus an ``asyncio.timeout``
     per parked poll (issue 18: a long poll parks and wakes about once per commit at 2,000
     msg/s): a parked poll's deadline resolves its future False (``Committed.park``)."""
 
-    __slots__ = ("woken", "waiters")
+    __slots__ = ("woken", "waiters", "direct")
 
     def __init__(self) -> None:
         self.woken = False
-        self.waiters: list[Waiter] = []
+        self.waiters: list[Waiter] = []  # futures (``park``)
+        self.direct: list[Waiter] = []  # pulls parked with no task (``park_direct``)
 
 
 # A parked long poll ends at most this long after its deadline: the polls whose deadlines fall
@@ -101,6 +103,10 @@ class Committed:
         # Schedules the loop callback that goes on with the parked pulls woken so far, if any
         # (``Pulls`` sets it).
         self.answer_woken_soon: Callable[[], None] = _nothing
+        # Tells a woken wake's pulls parked with no task (``Wake.direct``) True, all in one
+        # call (``Pulls`` sets it: issue 18, a ``done``, a ``set_result`` and a queue call
+        # per woken poll before); by default each through its ``set_result``.
+        self.tell_direct: Callable[[list[Waiter], bool], None] = _tell
 
     def restart(self, ends: dict[str, int], firsts: dict[str, int]) -> None:
         """A copy became the master: what is committed is what its store says now; the tail
@@ -152,12 +158,13 @@ class Committed:
     def park_direct(self, wake: Wake, deadline: float, waiter: Waiter) -> set[Waiter]:
         """``park`` for a waiter that is not awaited (a pull parked with no task): it is told
         True when ``wake`` is woken (at once if it was already) or False once ``deadline`` has
-        passed, through its ``set_result``. Returns its deadline slot's set, for ``unpark``."""
+        passed, through its ``set_result`` (or, woken, as ``tell_direct`` tells it). Returns
+        its deadline slot's set, for ``unpark``."""
         parked = self._deadline_slot(deadline)
         if wake.woken:
             waiter.set_result(True)
             return parked
-        wake.waiters.append(waiter)
+        wake.direct.append(waiter)
         parked.add(waiter)
         return parked
 
@@ -166,8 +173,8 @@ class Committed:
         """A waiter of ``park_direct`` was told its outcome: nothing of it stays behind in
         ``wake`` or in its deadline slot's set ``parked``."""
         parked.discard(waiter)
-        if not wake.woken and waiter in wake.waiters:
-            wake.waiters.remove(waiter)
+        if not wake.woken and waiter in wake.direct:
+            wake.direct.remove(waiter)
 
     def _deadline_slot(self, deadline: float) -> set[Waiter]:
         """The set of the polls parked until ``deadline``'s slot (on first use the slot joins
@@ -206,7 +213,10 @@ class Committed:
         wake = self._wakes.pop(subject, None)
         if wake is not None:
             wake.woken = True
-            _tell(wake.waiters, True)
+            if wake.waiters:
+                _tell(wake.waiters, True)
+            if wake.direct:
+                self.tell_direct(wake.direct, True)
 
     def end_long_polls(self) -> None:
         """Answer every waiting long poll now, and every later one at once (shutdown)."""

@@ -4,7 +4,7 @@ server gave (docs/ARCHITECTURE.md, "Pulls without a task")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from realtime.committed import Wake, Waiter
 from realtime.consumers import ConsumerKey
@@ -35,9 +35,9 @@ class ParkedPull:
                  "group",
                  "woken", "wake", "slot", "ended", "_queue", "_reply", "_answer")
 
-    def __init__(self, queue: Callable[[ParkedPull], None], request: Pull, key: str,
-                 tags: frozenset[str], deadline: float, leave_key: ConsumerKey, mark: int,
-                 connection: Connection | None) -> None:
+    def __init__(self, queue: Callable[[Iterable[ParkedPull], bool], None], request: Pull,
+                 key: str, tags: frozenset[str], deadline: float, leave_key: ConsumerKey,
+                 mark: int, connection: Connection | None) -> None:
         self.request = request
         self.key = key
         self.tags = tags
@@ -50,7 +50,7 @@ class ParkedPull:
         self.wake: Wake | None = None  # the Wake and deadline slot it is parked on
         self.slot: set[Waiter] | None = None
         self.ended = False  # answered (Pulls._finish): never twice
-        self._queue = queue  # Pulls._queue_due
+        self._queue = queue  # Pulls._tell_due
         self._reply: PullReply | None = None
         self._answer: Pulled | BaseException | None = None  # given before reply_to
 
@@ -60,9 +60,9 @@ class ParkedPull:
 
     def set_result(self, woken: bool) -> None:
         """Woken (True) or past its deadline (False): queued for ``Pulls._run_due``. Called
-        while ``Committed`` iterates its waiters: it changes none of them."""
-        self.woken = woken
-        self._queue(self)
+        while ``Committed`` iterates its waiters: it changes none of them. (A commit tells the
+        polls it wakes all together, through ``Pulls._tell_due``, with no call to this.)"""
+        self._queue((self,), woken)
 
     def reply_to(self, reply: PullReply) -> None:
         """Where its answer goes: ``reply(pulled)``, or ``reply(exc)`` for an error, once."""

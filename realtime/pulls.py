@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Awaitable, Callable, NamedTuple, Sequence
+from typing import Awaitable, Callable, Iterable, NamedTuple, Sequence
 
 from realtime.committed import Wake
 from realtime.consumers import ConsumerKey, group_key
@@ -109,6 +109,7 @@ class Pulls:
         self._loop: asyncio.AbstractEventLoop | None = None
         ctx.committed.answer_woken = self._run_due
         ctx.committed.answer_woken_soon = self._run_due_soon
+        ctx.committed.tell_direct = self._tell_due  # type: ignore[assignment]
 
     async def pull(self, request: Pull, connection: Connection | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
@@ -147,7 +148,7 @@ class Pulls:
                 self._pull_ended(group)
             assert not isinstance(pulled, ParkedPull)
             return pulled
-        poll = ParkedPull(self._queue_due, request, key, tags, deadline, leave_key, mark,
+        poll = ParkedPull(self._tell_due, request, key, tags, deadline, leave_key, mark,
                           connection)
         out: Pulled | ParkedPull | None
         try:
@@ -282,15 +283,21 @@ class Pulls:
         poll.wake = wake
         poll.slot = self._ctx.committed.park_direct(wake, poll.deadline, poll)
 
-    def _queue_due(self, poll: ParkedPull) -> None:
-        """``poll`` was told its outcome: the first of a step schedules ``_run_due``. It runs
+    def _tell_due(self, polls: Iterable[ParkedPull], woken: bool) -> None:
+        """``polls`` are told their outcome (``woken``: True, or False past their deadline),
+        those not told one already: queued for ``_run_due``, all of a commit's in one call
+        (``Committed.tell_direct``); the first queued in a step schedules ``_run_due``. It runs
         after whatever the same step queued before (a commit's senders are woken first). A
         step that calls ``_run_due`` itself before it ends (``Committed.answering_woken``)
         schedules nothing."""
         due = self._due
-        due.append(poll)
-        if len(due) == 1 and not self._ctx.committed.answering_woken:
-            assert self._loop is not None  # set by the pull that parked ``poll``
+        was_empty = not due
+        for poll in polls:
+            if poll.woken is None:
+                poll.woken = woken
+                due.append(poll)
+        if was_empty and due and not self._ctx.committed.answering_woken:
+            assert self._loop is not None  # set by the pull that parked them
             self._loop.call_soon(self._run_due)
 
     def _run_due_soon(self) -> None:
@@ -303,7 +310,7 @@ class Pulls:
     def _run_due(self) -> None:
         """Go on with every parked pull told its outcome, in the order they were told: each is
         answered now, parked again, or handed to a task when it needs the async path. Runs as
-        the loop callback ``_queue_due`` scheduled, or earlier, in the step that published the
+        the loop callback ``_tell_due`` scheduled, or earlier, in the step that published the
         commit once its senders were answered (``Committed.answer_woken``); then the callback
         finds nothing left."""
         due, self._due = self._due, []

@@ -227,3 +227,33 @@ async def test_a_waiter_that_fails_when_its_subject_is_notified_does_not_keep_th
     async with asyncio.timeout(10):
         assert await asyncio.gather(*others) == [True] * 3
     assert [type(c.get("exception")) for c in errors] == [RuntimeError]
+
+
+class _Told:
+    """A waiter parked with no task that records how it was told."""
+
+    def __init__(self) -> None:
+        self.results: list[bool] = []
+
+    def done(self) -> bool:
+        return bool(self.results)
+
+    def set_result(self, result: bool) -> None:
+        self.results.append(result)
+
+
+async def test_a_commit_hands_its_polls_parked_with_no_task_over_in_one_call_and_wakes_its_futures():
+    committed = _committed()
+    loop = asyncio.get_running_loop()
+    calls: list[tuple[list, bool]] = []
+    committed.tell_direct = lambda polls, woken: calls.append((list(polls), woken))
+    wake = committed.wake("s")
+    polls = [_Told() for _ in range(3)]
+    for poll in polls:
+        committed.park_direct(wake, loop.time() + 60, poll)
+    future = asyncio.ensure_future(committed.park(wake, loop.time() + 60))
+    await asyncio.sleep(0)
+    committed.notify("s")
+    assert calls == [(polls, True)], "one call for all of them, in the order they parked"
+    assert all(poll.results == [] for poll in polls), "none told one by one"
+    assert await future is True

@@ -149,7 +149,8 @@ async def test_a_parked_pull_ends_empty_after_its_wait(broker):
     await answered(replies)
     assert replies.answers == [NOTHING_PULLED]
     assert broker.pulls.waiting_pulls == 0
-    assert all(not wake.waiters for wake in broker.committed._wakes.values())
+    assert all(not wake.waiters and not wake.direct
+               for wake in broker.committed._wakes.values())
 
 
 async def test_ending_the_long_polls_answers_a_parked_pull_empty(broker):
