@@ -253,8 +253,8 @@ class ReplicaSource:
         if end > self.ends.get(name, 0):
             self.ends[name] = end
         if name in self._advanced_taken:
-            # Without a slave no fetch ever took it: every commit (twice: when published and
-            # in ``wait_replicated``) then skips an Event's set and the making of a new one.
+            # Without a slave no fetch ever took it: every commit (when published, again in
+            # ``wait_replicated`` when a write waits) then skips an Event's set and a new one.
             self._advanced_taken.discard(name)
             self._advanced[name].set()
             self._advanced[name] = asyncio.Event()
@@ -286,20 +286,27 @@ class ReplicaSource:
     def replicated_now(self, name: str, end: int) -> bool:
         """True when a write of ``name`` up to ``end`` waits for no slave now (``async``, no
         slave in sync: degraded, or every one it waits for has it): what ``wait_replicated``
-        returns at once for. NotMaster when this server stopped being master."""
+        returns at once for. NotMaster when this server stopped being master. The caller
+        told ``advanced`` of ``end`` already (a send's publishing; ``wait_replicated``)."""
         if not self.active:
             raise NotMaster(f"group {self.group}: this server stopped being master before "
                             f"its slaves had the write; refresh the route and resend")
-        self.advanced(name, end)
         if self.mode != "sync":
             return True
-        replicated = self.tracker.replicated(name, self._clock_ms())
+        tracker = self.tracker
+        if not tracker.slaves and not tracker.confirmed:
+            # No slave ever fetched and none in the database's set (``waiting_set`` is empty
+            # at any time): a group without slaves asks this every commit, with no clock read.
+            return True
+        replicated = tracker.replicated(name, self._clock_ms())
         return replicated is None or replicated >= end
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once every slave a ``sync`` write waits for has fetched ``name`` past
         ``end`` (at once under ``async``, or with no slave in sync: degraded). NotMaster when
         this server stops being master meanwhile."""
+        if self.active:  # the slaves' fetches hear of the end first (replicated_now refuses)
+            self.advanced(name, end)
         if self.replicated_now(name, end):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

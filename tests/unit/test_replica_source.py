@@ -7,7 +7,7 @@ that slave acknowledges at once, while the store's thread is still busy, and no 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -52,13 +52,14 @@ class Thread:
         return result
 
 
-def source(tmp_path: Any, thread: Thread | None = None) -> tuple[ReplicaSource, EmptyLog]:
+def source(tmp_path: Any, thread: Thread | None = None,
+           clock_ms: Callable[[], int] = lambda: 0) -> tuple[ReplicaSource, EmptyLog]:
     store = EmptyLog()
     history = EpochHistory(str(tmp_path / "message.epochs"))
     history.append(1, 0)
     runner = (thread or Thread()).run
     replica = ReplicaSource("g1", {"message": ReplicatedLog("message", store, history, runner)},
-                            clock_ms=lambda: 0, on_insync_change=lambda: None)
+                            clock_ms=clock_ms, on_insync_change=lambda: None)
     return replica, store
 
 
@@ -247,3 +248,21 @@ async def test_replicated_now_says_whether_a_sync_write_would_wait_and_refuses_a
     replica.stop("demoted")
     with pytest.raises(NotMaster):
         replica.replicated_now("message", 10)
+
+
+async def test_a_sync_write_of_a_group_without_slaves_waits_for_nobody_and_reads_no_clock(
+        tmp_path):
+    # Every commit of a group with no slave asks this (Sends.replicated_end): the answer
+    # needs no time, as no slave can be in sync; once one is registered, it asks the time.
+    reads = []
+    replica, store = source(tmp_path, clock_ms=lambda: reads.append(1) or 0)
+    replica.start(1, {"message": 0}, ())
+    replica.settings("sync", 0, (), ())
+    store.end = 10
+    reads.clear()
+    assert replica.replicated_now("message", 10)
+    assert reads == []
+    start(replica)  # slave-1 registered and in the database's set: a write waits for it
+    reads.clear()
+    assert not replica.replicated_now("message", 10)
+    assert reads
