@@ -115,77 +115,44 @@ class PayloadSender:
         if to_groups is not None and any(to_groups):
             return await self._send_pinned(subject, payloads, to_groups)
         holding = visible_at_ms is not None
-        results: list[dict[str, Any] | None] = [None] * len(payloads)
-        # A hold's positions whose part was not held, and why (retriable: tried again)
-        refused: dict[int, QmqError] = {}
-        first_group = ""
-        last_error: QmqError = NoRoute(f"no {self.kind} broker for subject {subject!r}")
-        pending = list(range(len(payloads)))
+        tries = _Tries(len(payloads), holding,
+                       NoRoute(f"no {self.kind} broker for subject {subject!r}"))
         for attempt in range(2):
             try:
                 route = await (self.routes.refresh(subject, "producer") if attempt
                                else self.routes.get(subject, "producer"))
             except QmqError as exc:
-                if not (attempt and any(r is not None for r in results)
-                        and (holding or exc.retriable)):
-                    raise
-                # Some group held (stored) its part on the first try: only the part still
-                # pending is refused, with this error; raising it for the whole hold would make
-                # the caller take the held part as held by none (review s14 rva-1), and for a
-                # plain send, retry the stored part too.
-                refused.update(dict.fromkeys(pending, exc))
-                pending, last_error = [], exc
+                tries.route_failed(exc, attempt)  # raises, or refuses what is pending
                 break
             # Sorted by name: every sender computes the same home for an id.
             groups = sorted((g for g in route.groups if g.addresses), key=lambda g: g.group)
             if not groups:
                 continue
             parts: dict[int, list[int]] = {}
-            for position in pending:
+            for position in tries.pending:
                 home = home_group(payloads[position], len(groups))
                 parts.setdefault(home, []).append(position)
-            outcomes = await asyncio.gather(*(
-                self._send_part(subject, groups, home, [payloads[p] for p in positions],
-                                None if visible_at_ms is None
-                                else [visible_at_ms[p] for p in positions])
-                for home, positions in parts.items()
-            ), return_exceptions=True)
-            outcomes = [_as_internal(o, groups[home].group, holding)
-                        for home, o in zip(parts, outcomes)]
+            outcomes = await self._send_parts(subject, groups, parts, payloads, visible_at_ms)
             if holding:
-                _raise_unknown(parts, groups, outcomes, results)
-            pending = []
-            for positions, outcome in zip(parts.values(), outcomes):
-                if isinstance(outcome, BaseException):
-                    if not isinstance(outcome, QmqError):
-                        raise outcome  # a cancel; every part has finished: nothing is left running
-                    refused.update(dict.fromkeys(positions, outcome))
-                    if outcome.retriable:
-                        last_error = outcome
-                        pending.extend(positions)
-                    continue
-                group_name, part_results = outcome
-                if 0 in positions:
-                    first_group = group_name
-                for position, result in zip(positions, part_results):
-                    results[position] = result
-                    refused.pop(position, None)
-                    if holding:  # who holds it (the delay server traces it)
-                        result["group"] = group_name
-                    elif "error" in result:  # who refused it (a redrive reports it)
-                        result["group"] = group_name
-            if not pending:
+                _raise_unknown(parts, groups, outcomes, tries.results)
+            tries.take(parts, outcomes)
+            if not tries.pending:
                 break
-            pending.sort()
-        if (pending or refused) and not holding and all(r is None for r in results):
-            # No part was stored: the caller retries the batch, or has its refusal
-            raise next((e for e in refused.values() if not e.retriable), last_error)
-        if refused or pending:
-            refused.update((p, last_error) for p in pending if p not in refused)
-            _raise_refusal(refused, results, last_error)
-            for position, error in refused.items():
-                results[position] = _error_result(payloads[position], error, holding)
-        return first_group, [r if r is not None else {} for r in results]
+        return tries.answer(payloads)
+
+    async def _send_parts(self, subject: str, groups: list[Any], parts: dict[int, list[int]],
+                          payloads: list[bytes], visible_at_ms: list[int] | None,
+                          ) -> list[Any]:
+        """One try of ``send``: each home group's part (``parts``: home index -> positions) at
+        once; every outcome, an error other than QmqError taken as Internal (``_as_internal``)."""
+        outcomes = await asyncio.gather(*(
+            self._send_part(subject, groups, home, [payloads[p] for p in positions],
+                            None if visible_at_ms is None
+                            else [visible_at_ms[p] for p in positions])
+            for home, positions in parts.items()
+        ), return_exceptions=True)
+        holding = visible_at_ms is not None
+        return [_as_internal(o, groups[home].group, holding) for home, o in zip(parts, outcomes)]
 
     async def _send_pinned(self, subject: str, payloads: list[bytes],
                            groups: Sequence[str | None]) -> tuple[str, list[dict[str, Any]]]:
@@ -338,6 +305,79 @@ class PayloadSender:
         """Close connections and the route cache's HTTP session."""
         await self.pool.close()
         await self.routes.close()
+
+
+class _Tries:
+    """One ``PayloadSender.send`` across its tries: each payload's result (None: no group
+    took it yet), the positions refused and why (retriable: tried again), those still
+    pending, the last retriable error, and the group that took the first payload."""
+
+    __slots__ = ("results", "refused", "pending", "last_error", "first_group", "holding")
+
+    def __init__(self, count: int, holding: bool, no_route: QmqError) -> None:
+        self.results: list[dict[str, Any] | None] = [None] * count
+        self.refused: dict[int, QmqError] = {}
+        self.pending = list(range(count))
+        self.last_error = no_route
+        self.first_group = ""
+        self.holding = holding
+
+    def route_failed(self, exc: QmqError, attempt: int) -> None:
+        """The route could not be had on try ``attempt``: raise ``exc``, unless some group
+        held (stored) its part on the first try and ``exc`` leaves that standing: then only
+        the part still pending is refused, with ``exc``; raising it for the whole hold would
+        make the caller take the held part as held by none (review s14 rva-1), and for a
+        plain send, retry the stored part too."""
+        if not (attempt and any(r is not None for r in self.results)
+                and (self.holding or exc.retriable)):
+            raise exc
+        self.refused.update(dict.fromkeys(self.pending, exc))
+        self.pending, self.last_error = [], exc
+
+    def take(self, parts: dict[int, list[int]], outcomes: list[Any]) -> None:
+        """One try's outcomes, part by part (``parts``: home -> positions, in the same order):
+        a part's results are kept (each says its ``group`` for a hold, and for an error of a
+        plain send); a part's error refuses its positions, and a retriable one leaves them
+        pending for the next try."""
+        holding, results, refused = self.holding, self.results, self.refused
+        pending: list[int] = []
+        for positions, outcome in zip(parts.values(), outcomes):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, QmqError):
+                    raise outcome  # a cancel; every part has finished: nothing is left running
+                refused.update(dict.fromkeys(positions, outcome))
+                if outcome.retriable:
+                    self.last_error = outcome
+                    pending.extend(positions)
+                continue
+            group_name, part_results = outcome
+            if 0 in positions:
+                self.first_group = group_name
+            for position, result in zip(positions, part_results):
+                results[position] = result
+                refused.pop(position, None)
+                if holding:  # who holds it (the delay server traces it)
+                    result["group"] = group_name
+                elif "error" in result:  # who refused it (a redrive reports it)
+                    result["group"] = group_name
+        pending.sort()
+        self.pending = pending
+
+    def answer(self, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+        """``send``'s answer once the tries are over: raised when no part of a plain send was
+        stored (a refusal for good before a retriable error), or a hold's refusal when
+        ``_raise_refusal`` says so; else each payload's result, one no group took answered
+        with its part's error (``_error_result``)."""
+        results, refused, pending = self.results, self.refused, self.pending
+        if (pending or refused) and not self.holding and all(r is None for r in results):
+            # No part was stored: the caller retries the batch, or has its refusal
+            raise next((e for e in refused.values() if not e.retriable), self.last_error)
+        if refused or pending:
+            refused.update((p, self.last_error) for p in pending if p not in refused)
+            _raise_refusal(refused, results, self.last_error)
+            for position, error in refused.items():
+                results[position] = _error_result(payloads[position], error, self.holding)
+        return self.first_group, [r if r is not None else {} for r in results]
 
 
 def _raise_unknown(parts: dict[int, list[int]], groups: list[Any], outcomes: Sequence[Any],
