@@ -11,7 +11,7 @@ import bisect
 import time
 from typing import TYPE_CHECKING, Callable
 
-from logstore.errors import LogWriteFailed
+from logstore.errors import DiskFull, LogWriteFailed
 from logstore.fileio import FileHandle, FsyncFailed, append_then, fsync_directory
 from logstore.record import frame_records
 
@@ -40,6 +40,33 @@ class SegmentSyncMixin:
         self.sync_then(None)
         return self._durable_end
 
+    def append_durably_then(
+        self, bodies: list[bytes],
+        then_for: Callable[[list[int]], tuple[FileHandle, bytes] | None],
+    ) -> tuple[list[int], OSError | None]:
+        """``append_many(bodies)`` made durable per the flush mode (``sync_or_flush``), then
+        ``then_for(their offsets)`` (a file, bytes; None for nothing) appended to that file: an
+        owner's index entries of these records, in the same GIL release as the write and fsync
+        where it can (``sync_then``). Returns the offsets and that append's error (returned,
+        not raised: the records are durable; the caller cuts its file back).
+
+        On a full disk (``DiskFull``, retriable) the log is first cut back to where it ended
+        before: the first records of a batch written before the disk filled (a segment roll
+        inside the batch, a batch over the write buffer) would otherwise stay in the file with
+        nothing indexing them, and the owner's next batch would be numbered over them (review
+        s14 rvb-2). ``LogWriteFailed`` propagates, also when that cut fails."""
+        start = self._end
+        try:
+            offsets = self.append_many(bodies)  # type: ignore[attr-defined]
+            then = then_for(offsets)
+            if self.config.flush_mode == "sync":
+                return offsets, self.sync_then(then)
+            self.flush()
+        except DiskFull:
+            self.cut_back(start)  # type: ignore[attr-defined]
+            raise
+        return offsets, append_then(then)
+
     def sync_then(self, then: tuple[FileHandle, bytes] | None) -> OSError | None:
         """``sync``; then, with ``then`` (a file of another log, bytes), append those bytes to
         that file once this log is durable: a store's index entries of the records just
@@ -47,46 +74,40 @@ class SegmentSyncMixin:
         (``OsFile.append_and_sync``). That append's failure is returned, not raised: this log
         is durable and not failed by it; the caller cuts its own file back."""
         fsync_s = 0.0
-        fsynced = False
         then_error = None
         active = self._segments[-1]
-        if self._pending and self._unsynced_base in (None, active.base_offset):
-            # The group commit's usual case: one buffer for the active segment alone, written
-            # and fsynced in one call (one GIL release, logstore.fileio).
-            append_and_sync = getattr(active.handle, "append_and_sync", None)
-            if append_and_sync is not None:
-                then_error = self._write_and_sync(active, append_and_sync, then)
-                fsync_s = active.handle.fsync_s  # type: ignore[attr-defined]
+        pending = self._pending
+        append_and_sync = getattr(active.handle, "append_and_sync", None)
+        if (pending and append_and_sync is not None
+                and self._unsynced_base in (None, active.base_offset)):
+            # The group commit's usual case: one buffer for the active segment alone, framed,
+            # written and fsynced in one call (one GIL release, logstore.fileio), then ``then``
+            # written in it too. Failures as ``flush`` and ``sync`` have them: ENOSPC is
+            # ``DiskFull``, others sticky.
+            if self._closed or self._failed is not None:
+                self._check_writable()  # raises
+            framed = frame_records(pending)
+            try:
+                then_error = append_and_sync(framed, then)
+            except FsyncFailed as exc:
+                self._flushed(active, len(framed))
+                raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
+            except OSError as exc:
+                self._on_write_error(active, exc)
+            active.size_bytes += len(framed)
+            pending.clear()
+            self._update_fast_path_end()
+            fsync_s = active.handle.fsync_s  # type: ignore[attr-defined]
+            fsynced = True
+            then = None  # written, or its error in then_error
+        else:
+            self.flush()
+            fsynced = False
+        if self._unsynced_base is not None or self._directory_dirty:
+            synced_s = self._sync_unsynced()
+            if synced_s is not None:
+                fsync_s += synced_s
                 fsynced = True
-                then = None  # written, or its error in then_error
-        if not fsynced:
-            self.flush()  # else the one call wrote the whole buffer: nothing is left to write
-        unsynced_base = self._unsynced_base
-        if unsynced_base is not None or self._directory_dirty:
-            started_s = time.perf_counter()
-            # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
-            # before that one (or deleted since) has nothing to fsync.
-            if unsynced_base is not None:
-                for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
-                    if not segment.synced:
-                        try:
-                            segment.handle.sync()
-                        except OSError as exc:
-                            raise self._set_failed(
-                                LogWriteFailed(segment.path, "fsync", exc)) from exc
-                        segment.synced = True
-                        fsynced = True
-                self._unsynced_base = None
-            if self._directory_dirty:
-                try:
-                    fsync_directory(self.directory)
-                except OSError as exc:
-                    raise self._set_failed(
-                        LogWriteFailed(self.directory, "fsync directory", exc)
-                    ) from exc
-                self._directory_dirty = False
-                fsynced = True
-            fsync_s += time.perf_counter() - started_s
         self._durable_end = self._end
         if fsynced and self.on_fsync is not None:
             self.on_fsync(fsync_s)
@@ -94,25 +115,35 @@ class SegmentSyncMixin:
             return append_then(then)
         return then_error
 
-    def _write_and_sync(self, active: _Segment, append_and_sync: Callable[..., OSError | None],
-                        then: tuple[FileHandle, bytes] | None) -> OSError | None:
-        """``sync_then``'s one-call path: frame the write buffer, write it to the active segment,
-        fsync that, then write ``then`` (``OsFile.append_and_sync``); returns the ``then``
-        write's error. Failures as ``flush`` and ``sync`` have them: ENOSPC is ``DiskFull``,
-        others sticky."""
-        self._check_writable()
-        framed = frame_records(self._pending)
-        try:
-            then_error = append_and_sync(framed, then)
-        except FsyncFailed as exc:
-            self._flushed(active, len(framed))
-            raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
-        except OSError as exc:
-            self._on_write_error(active, exc)
-        active.size_bytes += len(framed)
-        self._pending.clear()
-        self._update_fast_path_end()
-        return then_error
+    def _sync_unsynced(self) -> float | None:
+        """fsync the segments ``flush`` wrote since the last sync and the directory if it
+        changed; the seconds that took, None when there was nothing to fsync."""
+        started_s = time.perf_counter()
+        fsynced = False
+        unsynced_base = self._unsynced_base
+        # Only flush() marks a segment unsynced, and it notes the first it wrote: a segment
+        # before that one (or deleted since) has nothing to fsync.
+        if unsynced_base is not None:
+            for segment in self._segments[bisect.bisect_left(self._bases, unsynced_base):]:
+                if not segment.synced:
+                    try:
+                        segment.handle.sync()
+                    except OSError as exc:
+                        raise self._set_failed(
+                            LogWriteFailed(segment.path, "fsync", exc)) from exc
+                    segment.synced = True
+                    fsynced = True
+            self._unsynced_base = None
+        if self._directory_dirty:
+            try:
+                fsync_directory(self.directory)
+            except OSError as exc:
+                raise self._set_failed(
+                    LogWriteFailed(self.directory, "fsync directory", exc)
+                ) from exc
+            self._directory_dirty = False
+            fsynced = True
+        return time.perf_counter() - started_s if fsynced else None
 
     def sync_or_flush(self) -> None:
         """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this

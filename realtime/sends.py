@@ -257,7 +257,7 @@ class Sends:
         replica = self._ctx.replica
         if replica.replicating:
             replica.wrote_io("message")  # a tailing slave's fetch ships it from memory
-        return sequences, store.copy_bounds()[1]
+        return sequences, store.copy_end()
 
     def _go_readonly(self) -> None:
         """A sticky write failure: refuse sends until restarted."""

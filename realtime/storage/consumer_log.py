@@ -364,13 +364,14 @@ class ConsumerLog:
     def handle_for(self, count: int) -> FileHandle | None:
         """The open handle ``count`` more entries would be appended to, when they all fit the
         last file and it is open (a commit's usual case), else None: the caller writes
-        through it (``MessageLog.append_durably_then``) and then calls ``appended``."""
+        through it (``SegmentedLog.append_durably_then``) and then calls ``appended``."""
         if not self._bases:
             return None
         base = self._bases[-1]
         if not base <= self.end <= base + self.entries_per_file - count:
             return None
-        return self._files.cached(self._file_path(base))
+        last_base, path = self._last_path  # the active file's, made by every earlier commit
+        return self._files.cached(path if last_base == base else self._file_path(base))
 
     def appended(self, count: int, error: OSError | None) -> None:
         """``count`` entries were written through ``handle_for``'s handle (``error`` None), or

@@ -41,6 +41,7 @@ class CopyWrites:
     _consumer_logs: dict[str, ConsumerLog]
     _checkpoints: CheckpointStore
     _failed: Exception | None
+    _closed: bool
 
     def _check_writable(self) -> None: ...  # MessageStore's
     def _check_open(self) -> None: ...  # MessageStore's
@@ -54,6 +55,13 @@ class CopyWrites:
         self._check_open()
         log_ = self._message_log.log
         return log_.first_offset, log_.flushed_offset
+
+    def copy_end(self) -> int:
+        """``copy_bounds()[1]``: the message log's end as a copy may read it (what a commit
+        tells the slaves' fetches, read after every commit)."""
+        if self._closed:
+            self._check_open()  # raises
+        return self._message_log.log.flushed_offset
 
     def read_copy(self, offset: int, max_bytes: int) -> bytes:
         """Whole message-log records from ``offset`` as stored (``SegmentedLog.read_raw``)."""

@@ -7,10 +7,10 @@ retention needs; framing, CRCs, torn-tail truncation and group-commit fsync are 
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 from logstore import (
-    CorruptRecord, DiskFull, FileHandle, LogConfig, Opener, SegmentedLog, SegmentInfo,
+    CorruptRecord, DiskFull, LogConfig, Opener, SegmentedLog, SegmentInfo,
 )
 from realtime.storage.control_record import decode_visible_message, is_control
 from realtime.storage.held import is_held_control, message_header
@@ -79,32 +79,6 @@ class MessageLog:
             self.log.cut_back(start)
             raise
         return offsets
-
-    def append_durably_then(
-        self, bodies: list[bytes],
-        then_for: Callable[[list[int]], tuple[FileHandle, bytes] | None],
-    ) -> tuple[list[int], OSError | None]:
-        """``append_durably``, and once the records are durable (or written, in async flush
-        mode) append ``then_for(their offsets)`` (a file, bytes; None for nothing) to that file:
-        the store's index entries of these records, in the same GIL release as the write and
-        fsync where it can (``SegmentedLog.sync_then``). Returns the offsets and that append's
-        error (returned, not raised: the records are durable; the caller cuts back)."""
-        start = self.log.end_offset
-        try:
-            offsets = self.log.append_many(bodies)
-            then = then_for(offsets)
-            if self.log.config.flush_mode == "sync":
-                return offsets, self.log.sync_then(then)
-            self.log.flush()
-        except DiskFull:
-            self.log.cut_back(start)
-            raise
-        if then is not None:
-            try:
-                then[0].append(then[1])
-            except OSError as exc:
-                return offsets, exc
-        return offsets, None
 
     def append_copy_durably(self, offset: int, data: bytes) -> list[bytes]:
         """A slave: append records copied from the master at ``offset`` (this log's end) and

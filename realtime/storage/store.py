@@ -286,8 +286,8 @@ class MessageStore(HeldWrites, CopyWrites):
         message_log = self._message_log
         self._indexing, self._indexed_by_sync = batch, None
         try:
-            offsets, index_error = message_log.append_durably_then(batch.bodies,
-                                                                   self._entries_for)
+            offsets, index_error = message_log.log.append_durably_then(batch.bodies,
+                                                                       self._entries_for)
         except LogWriteFailed as exc:
             # Sticky: after a failed write or fsync the file's state is unknown until reopened.
             # Records of this batch that reached the file are never indexed; recovery treats
@@ -315,7 +315,7 @@ class MessageStore(HeldWrites, CopyWrites):
 
     def _entries_for(self, offsets: list[int]) -> tuple[FileHandle, bytes] | None:
         """The usual commit (one subject, its consumer log's last file open with room for it): that file and the batch's encoded entries, which the message log writes right
-        after its fsync, in the same call (``MessageLog.append_durably_then``); else None and
+        after its fsync, in the same call (``SegmentedLog.append_durably_then``); else None and
         ``_index`` writes them."""
         batch = self._indexing
         if len(batch.runs) != 1:

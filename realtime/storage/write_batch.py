@@ -140,7 +140,8 @@ class WriteBatch:
             raise ValueError(f"columns of {count} subjects, {len(message_ids)} ids, "
                              f"{len(tag_hashes)} tag-hash lists and {len(payloads)} payloads "
                              f"differ in length")
-        check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)
+        if type(timestamp_ms) is not int or not 0 <= timestamp_ms <= TIMESTAMP_MS_MAX:
+            check_int("timestamp_ms", timestamp_ms, 0, TIMESTAMP_MS_MAX)  # names what is wrong
         if count and subjects.count(subjects[0]) == count:
             # The broker's usual commit: one subject, one run, the columns as they came.
             ids, ids_utf8, blooms, run_payloads = self._check_run(subjects[0], message_ids,

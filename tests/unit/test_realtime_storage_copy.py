@@ -10,7 +10,7 @@ import pytest
 
 from logstore import CorruptRecord
 from logstore.faults import flip_bit
-from realtime.storage import MessageStore, SequenceOutOfRange, StoreConfig
+from realtime.storage import MessageStore, SequenceOutOfRange, StoreClosed, StoreConfig
 
 TINY = StoreConfig(segment_size_bytes_max=4096, record_size_bytes_max=2048,
                    consumer_log_entries_per_file=4, write_buffer_bytes_max=1024,
@@ -200,3 +200,13 @@ def test_sequence_starts_that_do_not_check_out_are_refused(stores):
         slave.install_snapshot(bytes(rotten), covers)
     with pytest.raises(CorruptRecord):
         slave.install_snapshot(snapshot.payload, covers + 1)
+
+
+def test_copy_end_is_the_end_copy_bounds_gives_and_refuses_a_closed_store(tmp_path):
+    store = MessageStore(str(tmp_path / "m"), TINY, now_ms=T0)
+    assert store.copy_end() == store.copy_bounds()[1] == 0
+    commit_batches(store, 5)  # across segment rolls (TINY's 4 KiB segments)
+    assert store.copy_end() == store.copy_bounds()[1] > 0
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.copy_end()
