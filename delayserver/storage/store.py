@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 import zlib
 from itertools import repeat
 from dataclasses import dataclass
@@ -254,22 +255,29 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             subject_tails = list(map(tails.__getitem__, subjects))
         except (KeyError, TypeError):
             subject_tails = None
-        if (subject_tails is None or not count or len(subjects) != count
-                or len(deliver_at_ms) != count or len(payloads) != count
-                or set(map(type, deliver_at_ms)) != {int} or min(deliver_at_ms) < 0
-                or max(deliver_at_ms) > U64_MAX or min(map(len, ids_bytes)) < 1
-                or max(map(len, ids_bytes)) > MESSAGE_ID_BYTES_MAX):
+        bodies = None
+        if (subject_tails is not None and count and len(subjects) == count
+                and len(deliver_at_ms) == count and len(payloads) == count
+                and b"" not in ids_bytes):
+            # The due times' type and range and the ids' length are checked by the encoder
+            # itself (an error for a value a u64 or the u16 id length cannot hold, or that is
+            # not an int), not by passes of their own: what it refuses goes one by one below.
+            bucket_ms, done_before = self.config.bucket_ms, self._done_before
+            try:
+                buckets = [due - due % bucket_ms for due in deliver_at_ms]
+                if min(buckets) < done_before:  # late messages: filed in the watermark's bucket
+                    buckets = [max(bucket, done_before) for bucket in buckets]
+                bodies = encode_delay_records(deliver_at_ms, buckets, ids_bytes, subject_tails,
+                                              payloads)
+            except (TypeError, OverflowError, struct.error):
+                bodies = None
+        if bodies is None:
             # Something to word (or a subject not seen yet): one by one, which raises at the
             # first bad row exactly as append does, and learns the subjects' encoding.
             for row in zip(message_ids, subjects, deliver_at_ms, payloads):
                 self.append(*row)
                 self._learn_subject(row[1])
             return
-        bucket_ms, done_before = self.config.bucket_ms, self._done_before
-        buckets = [due - due % bucket_ms for due in deliver_at_ms]
-        if min(buckets) < done_before:  # late messages are filed in the watermark's bucket
-            buckets = [max(bucket, done_before) for bucket in buckets]
-        bodies = encode_delay_records(deliver_at_ms, buckets, ids_bytes, subject_tails, payloads)
         size_max = self.config.record_size_bytes_max
         if max(map(len, bodies)) > size_max:
             first_too_large = next(k for k, body in enumerate(bodies) if len(body) > size_max)
@@ -332,8 +340,9 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         sizes = list(map(len, batch.bodies))
         encoded = encode_schedule_entries(dues, offsets, sizes, hashes)
         known = self._bucket_pending
-        if min(buckets) == max(buckets):  # the usual: one bucket, its entries as one run
-            bucket = buckets[0]
+        bucket = top = buckets[0]
+        one_bucket = buckets.count(bucket) == count
+        if one_bucket:  # the usual: one bucket, its entries as one run
             first = self._schedule.append_run(bucket, b"".join(encoded))
             indexes: Iterable[int] = range(first, first + count)
             if bucket in known:
@@ -352,7 +361,9 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         self._counts.add_many(buckets, batch.subjects)
         chunk_size, chunk_max = self._chunk_size, self._chunk_max
         if offsets[0] // chunk_size == offsets[-1] // chunk_size:  # the usual: one chunk
-            chunk, top = offsets[0] // chunk_size, max(buckets)
+            chunk = offsets[0] // chunk_size
+            if not one_bucket:
+                top = max(buckets)
             if chunk_max.get(chunk, -1) < top:
                 chunk_max[chunk] = top
         else:

@@ -80,7 +80,10 @@ def test_append_many_stores_what_append_row_by_row_stores_byte_for_byte(tmp_path
     (("bad", "s", -1, b""), ValueError, "deliver_at_ms"),
     (("bad", "s", 1 << 64, b""), ValueError, "deliver_at_ms"),
     (("bad", "s", 1.5, b""), ValueError, "deliver_at_ms"),
+    (("bad", "s", None, b""), ValueError, "deliver_at_ms"),
     (("", "s", NOW_MS, b""), ValueError, "message id"),
+    (("x" * 0x10000, "s", NOW_MS, b""), ValueError, "message id"),  # past the u16 length
+    (("bad", "s", NOW_MS, "not bytes"), TypeError, None),
     (("bad", "", NOW_MS, b""), ValueError, "subject"),
     (("bad", "s", NOW_MS, b"x" * 1_000), RecordTooLarge, "1000"),
 ])
