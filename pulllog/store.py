@@ -19,20 +19,14 @@ Durability (``PullLogConfig.flush_mode``):
 - ``"sync"``: every mutating call fsyncs before it returns (no group commit here; the server can
   batch its calls between syncs with async mode and ``sync()``).
 
-A full disk (``DiskFull``) in async mode is not a failure of the store: the actions the log
-dropped are already applied in memory, so the store goes on *unlogged*: changes are applied in
-memory only (pulls and acks keep working), and ``tick`` tries every ``DISK_FULL_RETRY_MS`` to write
-a checkpoint of the whole state, which covers what the log lost; once one is written, actions are
-logged again. A crash while unlogged loses those changes exactly as a crash loses unsynced
-actions (redelivery, never loss) and starts a new epoch. Any other write error (``LogWriteFailed``),
-and a full disk in sync mode, make the store refuse every later change until it is reopened: the
-memory state may be ahead of the disk. Not thread-safe: one owner calls it.
+Flush, fsync, checkpoints, the clean close and what a full disk or a failed write does are in
+``pulllog.durability`` (``DurabilityMixin``); replication in ``pulllog.copying``. Not
+thread-safe: one owner calls it.
 """
 
 from __future__ import annotations
 
 import bisect
-import errno
 import itertools
 import logging
 import os
@@ -41,7 +35,6 @@ from typing import Sequence
 from logstore import (
     CheckpointStore,
     DiskFull,
-    LogClosed,
     LogConfig,
     LogStoreError,
     Opener,
@@ -66,8 +59,9 @@ from pulllog.actions import (
 )
 from pulllog.config import PullLogConfig, PullLogRecovery
 from pulllog.copying import CopyingMixin
+from pulllog.durability import DurabilityMixin
 from pulllog.errors import ActionLogGap, CorruptAction, CorruptCheckpoint, UnknownGroup
-from pulllog.snapshot import decode_snapshot, encode_snapshot
+from pulllog.snapshot import decode_snapshot
 from pulllog.state import (
     PULL_SEQ_EPOCH_SHIFT,
     ConsumerState,
@@ -89,9 +83,6 @@ IN_MEMORY_ROOM_BYTES_MIN = 64 << 10
 # Actions one such call may record (an ack in each group of a consumer; a pull and the acks of
 # entries it found unreadable): ``writes_stay_in_memory`` says no this close to a checkpoint.
 IN_MEMORY_ACTIONS_MAX = 16
-# While unlogged (disk full): how often tick() tries the checkpoint that ends it. Each try writes
-# the whole state, so not every flush interval.
-DISK_FULL_RETRY_MS = 1_000
 
 
 def _check_name(kind: str, value: object) -> None:
@@ -109,7 +100,7 @@ def _check_uint(kind: str, value: object) -> None:
         raise ValueError(f"{kind} {value!r} must be an integer in [0, {U64_MAX}]")
 
 
-class PullLogStore(CopyingMixin):
+class PullLogStore(CopyingMixin, DurabilityMixin):
     """Pull logs, acks and redelivery for every (subject, group) of one broker."""
 
     def __init__(self, directory: str, config: PullLogConfig = PullLogConfig(), *,
@@ -252,47 +243,6 @@ class PullLogStore(CopyingMixin):
                 self._guarded(self._log.sync)
             if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
                 self._checkpoint_unless_full()
-
-    def _fail(self, exc: LogStoreError) -> None:
-        if not isinstance(exc, LogClosed):
-            self._failed = exc
-        raise exc
-
-    def _go_unlogged(self, exc: DiskFull) -> None:
-        """Keep the state in memory only until a checkpoint can be written (async mode); in
-        sync mode a caller was promised durability, so the failure is sticky."""
-        if self.config.flush_mode == "sync":
-            self._fail(exc)
-        if self._unlogged is None:
-            log.warning("pull log %s: %s; pulls and acks are kept in memory until a checkpoint "
-                        "can be written", self.directory, exc)
-        self._unlogged = exc
-
-    def _checkpoint_unless_full(self) -> bool:
-        """Write a checkpoint; on a full disk go (or stay) unlogged instead. True if written."""
-        try:
-            self.checkpoint()
-        except DiskFull as exc:
-            self._go_unlogged(exc)
-            return False
-        if self._unlogged is not None:
-            log.warning("pull log %s: space is back, checkpoint written; logging actions again",
-                        self.directory)
-            self._unlogged = None
-        return True
-
-    @property
-    def unlogged(self) -> bool:
-        """True while a full disk keeps changes in memory only (see the module docstring)."""
-        return self._unlogged is not None
-
-    def _guarded(self, operation):
-        if self._failed is not None:
-            raise self._failed
-        try:
-            return operation()
-        except LogStoreError as exc:
-            self._fail(exc)
 
     def _group(self, subject: str, group: str) -> GroupData:
         data = self._state.groups.get((subject, group))
@@ -522,86 +472,3 @@ class PullLogStore(CopyingMixin):
     def export_state(self) -> list:
         """The whole state in its canonical plain form (the checkpoint's body), for tests/tools."""
         return self._state.to_plain()
-
-    # ------------------------------------------------------------------ durability
-
-    def flush(self) -> None:
-        """Write buffered actions to the OS (a process crash no longer loses them). Raises
-        ``DiskFull`` while unlogged."""
-        if self._unlogged is not None:
-            raise self._unlogged
-        self._guarded_disk_full(self._log.flush)
-
-    def sync(self) -> None:
-        """Flush and fsync every recorded action. Raises ``DiskFull`` while unlogged."""
-        if self._unlogged is not None:
-            raise self._unlogged
-        self._guarded_disk_full(self._log.sync)
-
-    def tick(self, now_ms: int) -> bool:
-        """Async mode: fsync if ``flush_interval_ms`` passed with actions pending; while unlogged,
-        try a checkpoint every ``DISK_FULL_RETRY_MS``. True if it wrote something durable."""
-        if self._failed is not None:
-            raise self._failed
-        if self._unlogged is not None:
-            if now_ms < self._unlogged_retry_at_ms:
-                return False
-            self._unlogged_retry_at_ms = now_ms + DISK_FULL_RETRY_MS
-            return self._checkpoint_unless_full()
-        try:
-            return bool(self._guarded_disk_full(lambda: self._log.tick(now_ms)))
-        except DiskFull:
-            if self._failed is not None:  # sync mode: sticky
-                raise
-            return False  # unlogged now; the next ticks try the checkpoint
-
-    def _guarded_disk_full(self, operation):
-        """``_guarded``, except that a full disk goes unlogged (async mode) and is re-raised."""
-        if self._failed is not None:
-            raise self._failed
-        try:
-            return operation()
-        except DiskFull as exc:
-            self._go_unlogged(exc)
-            raise
-        except LogStoreError as exc:
-            self._fail(exc)
-
-    def checkpoint(self) -> None:
-        """Write the whole state as a checkpoint and delete action segments no checkpoint needs.
-        A full disk raises ``DiskFull`` and changes nothing."""
-        offset = self._guarded_disk_full(self._log.sync)
-        assert offset == self._log.end_offset
-        kept = (self._kept_offsets + [offset])[-self.config.checkpoints_kept:]
-        try:
-            self._checkpoints.write(encode_snapshot(self._state, offset, kept[:-1]))
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            raise DiskFull(self._checkpoints.directory, 0) from exc
-        self._kept_offsets = kept
-        self._actions_since_checkpoint = 0
-        self._log.delete_segments_before(kept[0])
-
-    def close(self) -> None:
-        """Record a clean close (so the next open keeps the epoch), fsync and close the files."""
-        if self._closed:
-            return
-        try:
-            # While unlogged, CLOSED may be recorded only once a checkpoint covers what the log
-            # lost; without it the next open starts a new epoch, as after a crash. A follower
-            # records nothing of its own (its copy ends as the master's does).
-            if self._follower:
-                if self._failed is None:
-                    self._log.sync()
-            elif self._failed is None and (self._unlogged is None
-                                           or self._checkpoint_unless_full()):
-                try:
-                    self._log.append(encode_action(Closed()))
-                    self._log.sync()
-                except DiskFull as exc:
-                    log.warning("pull log %s: closed without a clean-close record: %s",
-                                self.directory, exc)
-        finally:
-            self._log.close()
-            self._closed = True
