@@ -140,19 +140,31 @@ _TYPE_OF: dict[type, int] = {cls: code for code, (cls, _kinds) in _SCHEMAS.items
 # One reused msgpack Packer per thread: msgpack.packb makes a Packer, with its buffer, per call,
 # most of a small action's encoding (issue 18: each pull records one action, on the event loop
 # at low rates). wire.packing does the same for messages; pulllog imports only logstore.
-_packers = threading.local()
 PACKER_KEEP_BYTES_MAX = 1 << 20  # a thread's Packer that packed more than this is not kept
+
+
+class _Packers(threading.local):
+    """This thread's Packer (``threading.local`` runs ``__init__`` on each thread's first
+    use): ``pack`` is its bound method, one C call with no lookup of the Packer first."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        """A fresh Packer for this thread: the caller's packed more than
+        ``PACKER_KEEP_BYTES_MAX`` (its buffer grew and never shrinks)."""
+        self.packer = msgpack.Packer(use_bin_type=True)
+        self.pack = self.packer.pack
+
+
+_packers = _Packers()
 
 
 def _packb(obj: Any) -> bytes:
     """``msgpack.packb(obj, use_bin_type=True)``: the same bytes and errors."""
-    try:
-        packer = _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    data: bytes = packer.pack(obj)
+    data: bytes = _packers.pack(obj)
     if len(data) > PACKER_KEEP_BYTES_MAX:
-        del _packers.packer  # not kept with its grown buffer
+        _packers.renew()  # not kept with its grown buffer
     return data
 
 
@@ -213,9 +225,13 @@ def encode_checked_pull(subject: str, group: str, consumer: str, first_pull_seq:
                         seqs: tuple[int, ...], new_cursor: int, now_ms: int) -> bytes:
     """The PULL record body for fields the caller has already checked as ``_encode_pull``
     does (``PullLogStore.record_tail_pull``): the same bytes, with no Pull built."""
-    # msgpack packs a tuple as an array: the values go as they are, copied into no list.
-    return _PULL_HEADER + _packb((subject, group, consumer, first_pull_seq, seqs, new_cursor,
-                                  now_ms))
+    # msgpack packs a tuple as an array: the values go as they are, copied into no list. The
+    # thread's Packer straight, with no _packb call between (one per pull; issue 18).
+    body: bytes = _packers.pack((subject, group, consumer, first_pull_seq, seqs, new_cursor,
+                                 now_ms))
+    if len(body) > PACKER_KEEP_BYTES_MAX:
+        _packers.renew()  # as _packb: not kept with its grown buffer
+    return _PULL_HEADER + body
 
 
 def encode_action(action: Action) -> bytes:

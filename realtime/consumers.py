@@ -183,9 +183,11 @@ class ConsumerBook:
         """The group's known cursor, left in place (None: unknown)."""
         return self._known_cursors.get(group)
 
-    def take_cursor(self, group: Group) -> int | None:
-        """The group's known cursor, which the pull about to run will move (None: unknown)."""
-        return self._known_cursors.pop(group, None)
+    def take_cursor(self, group: Group) -> tuple[int | None, int]:
+        """The group's known cursor, which the pull about to run will move (None: unknown),
+        and the count of release rounds so far, for ``remember_cursor`` (one call where the
+        pull asked two: issue 18)."""
+        return self._known_cursors.pop(group, None), self._release_rounds
 
     def release_round(self) -> int:
         """The count of release rounds so far: a pull notes it before it asks the pull log."""

@@ -32,8 +32,7 @@ class ParkedPull:
     and ``Pulls._run_due`` goes on with it in one loop callback for all polls woken together."""
 
     __slots__ = ("request", "key", "tags", "deadline", "leave_key", "mark", "connection",
-                 "group",
-                 "woken", "wake", "slot", "ended", "_queue", "_reply", "_answer")
+                 "group", "woken", "wake", "slot", "ended", "reply", "answer", "_queue")
 
     def __init__(self, queue: Callable[[Iterable[ParkedPull], bool], None], request: Pull,
                  key: str, tags: frozenset[str], deadline: float, leave_key: ConsumerKey,
@@ -50,9 +49,11 @@ class ParkedPull:
         self.wake: Wake | None = None  # the Wake and deadline slot it is parked on
         self.slot: set[Waiter] | None = None
         self.ended = False  # answered (Pulls._finish): never twice
+        # Where its answer goes (``reply_to``), and the answer ``Pulls._finish`` gave before
+        # there was one: it hands the answer to ``reply`` itself (no call of this object).
+        self.reply: PullReply | None = None
+        self.answer: Pulled | BaseException | None = None
         self._queue = queue  # Pulls._tell_due
-        self._reply: PullReply | None = None
-        self._answer: Pulled | BaseException | None = None  # given before reply_to
 
     def done(self) -> bool:
         """Told its outcome already (as ``asyncio.Future.done``)."""
@@ -66,18 +67,10 @@ class ParkedPull:
 
     def reply_to(self, reply: PullReply) -> None:
         """Where its answer goes: ``reply(pulled)``, or ``reply(exc)`` for an error, once."""
-        self._reply = reply
-        answer = self._answer
+        self.reply = reply
+        answer = self.answer
         if answer is not None:
-            self._answer = None
-            reply(answer)
-
-    def answered(self, answer: Pulled | BaseException) -> None:
-        """The pull ends with ``answer`` (handed to its reply, or kept until it has one)."""
-        reply = self._reply
-        if reply is None:
-            self._answer = answer
-        else:
+            self.answer = None
             reply(answer)
 
 

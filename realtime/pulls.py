@@ -227,7 +227,6 @@ class Pulls:
                                                                               poll.mark):
             return NOTHING_PULLED
         subject = request.subject
-        wake = committed.wake(subject)
         pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms)
         if pulled is None:
             return None
@@ -237,7 +236,10 @@ class Pulls:
         assert self._loop is not None  # set by the pull that made ``poll``
         if poll.deadline <= self._loop.time() or committed.stopping:
             return NOTHING_PULLED
-        self._park_direct(poll, wake)
+        # The wake is taken only now, to park on (``_pull_until`` takes it before it looks):
+        # nothing suspended since the look, so no commit came between (one call fewer for
+        # every attempt that takes something).
+        self._park_direct(poll, committed.wake(subject))
         return poll
 
     def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str],
@@ -260,8 +262,7 @@ class Pulls:
         tail = committed.tail.covering(subject, known)
         if tail is None:
             return None
-        release_round = book.release_round()
-        book.take_cursor(group)
+        release_round = book.take_cursor(group)[1]
         request = self._shared(request, group, end - known)
         taken = self._take_from_tail(request, tags, known, tail, end, now_ms)
         if taken is None:
@@ -355,10 +356,15 @@ class Pulls:
             self._finish(poll, out)
 
     def _finish(self, poll: ParkedPull, answer: Pulled | BaseException) -> None:
-        """``poll``'s pull ends with ``answer``."""
+        """``poll``'s pull ends with ``answer``: handed to its reply, or kept until it has one
+        (``ParkedPull.reply_to``)."""
         poll.ended = True
         self._pull_ended(poll.group)
-        poll.answered(answer)
+        reply = poll.reply
+        if reply is None:
+            poll.answer = answer
+        else:
+            reply(answer)
 
     # ------------------------------------------------------------------ one attempt
 
@@ -377,8 +383,7 @@ class Pulls:
         users[group] = users.get(group, 0) + 1
         try:
             async with lock:
-                release_round = book.release_round()
-                known = book.take_cursor(group)
+                known, release_round = book.take_cursor(group)
                 out = None
                 if known is not None:
                     request = self._shared(

@@ -134,10 +134,14 @@ def test_a_cursor_is_not_remembered_when_a_release_round_passed_while_the_pull_r
     release_round = book.release_round()
     book.released([("orders", "audit")])
     book.remember_cursor(GROUP, 10, release_round)
-    assert book.take_cursor(GROUP) is None
+    assert book.take_cursor(GROUP) == (None, release_round + 1)
     book.remember_cursor(GROUP, 10, book.release_round())
-    assert book.take_cursor(GROUP) == 10
-    assert book.take_cursor(GROUP) is None  # taken: the pull about to run moves it
+    known, taken_round = book.take_cursor(GROUP)
+    assert known == 10
+    assert book.take_cursor(GROUP)[0] is None  # taken: the pull about to run moves it
+    book.released([("orders", "audit")])
+    book.remember_cursor(GROUP, 11, taken_round)
+    assert book.take_cursor(GROUP)[0] is None, "the round taken with the cursor is the one compared"
 
 
 def test_a_release_forgets_the_cursors_of_the_groups_it_touched_and_keeps_the_others(
