@@ -158,6 +158,7 @@ class MessageStore(HeldWrites, CopyWrites):
             self._consumer_logs[subject] = self._open_consumer_log(subject)
         self._dedup = DedupIndex(config.dedup_window_ms, config.dedup_ids_max)
         self._held = HeldSet()
+        self._held_keys = self._held.keys  # one mapping for the store's life, read per append
         self.recovery: StoreRecoveryReport = recover(
             self._message_log, self._consumer_logs, self._open_consumer_log, checkpoint, problem,
             self._dedup, now_ms, self._held)
@@ -238,7 +239,7 @@ class MessageStore(HeldWrites, CopyWrites):
         self._check_writable()
         batch = self._batch
         batch.add((subject,), (message_id,), (tag_hashes,), timestamp_ms, (payload,),
-                  self._dedup, self._indexed_end, self._held.keys)
+                  self._dedup, self._indexed_end, self._held_keys)
         return Appended(subject, message_id, batch.sequences[-1], batch.duplicates[-1])
 
     def append_many(self, subjects: Sequence[str], message_ids: Sequence[str],
@@ -247,9 +248,10 @@ class MessageStore(HeldWrites, CopyWrites):
         """``append`` of several messages, given column by column (one entry per message in
         each), all at ``timestamp_ms``; their outcomes come from ``commit_sequences``. All or
         nothing: on a ValueError (naming the message at fault) none of them is buffered."""
-        self._check_writable()
+        if self._closed or self._failed is not None:  # the broker's path: no call to test it
+            self._check_writable()  # raises
         self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
-                        self._indexed_end, self._held.keys)
+                        self._indexed_end, self._held_keys)
 
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.
@@ -279,7 +281,8 @@ class MessageStore(HeldWrites, CopyWrites):
         self._batch = WriteBatch(self.config.record_size_bytes_max)
 
     def _commit_batch(self) -> WriteBatch:
-        self._check_writable()
+        if self._closed or self._failed is not None:  # every commit's path: no call to test it
+            self._check_writable()  # raises
         batch, self._batch = self._batch, WriteBatch(self.config.record_size_bytes_max)
         if not batch.bodies:
             return batch
