@@ -7,8 +7,8 @@ entries of the buckets up to ``preload_buckets`` ahead of now are in memory, in 
 storage calls run on one I/O thread (``delay-io``), so the event loop never blocks on disk. The
 window is a pure state machine told the time; this module is the async orchestration around it:
 the committer, the loader and the timer that takes due entries (``delayserver.loading``,
-``LoadingMixin``), housekeeping, and cancels with the done journal's hand-off records
-(``delayserver.cancels``, ``CancelsMixin``).
+``LoadingMixin``), housekeeping (``delayserver.housekeeping``, ``HousekeepingMixin``), and
+cancels with the done journal's hand-off records (``delayserver.cancels``, ``CancelsMixin``).
 
 Invariants:
 - nothing is dispatched before its ``deliver_at_ms`` (the wheel never returns an entry early and
@@ -33,6 +33,7 @@ from delayserver.cancels import CancelsMixin
 from delayserver.config import DelayConfig
 from delayserver.dispatch import Dispatch, Dispatcher, Hold
 from delayserver.handoff import CancelHeld, HandOff
+from delayserver.housekeeping import HousekeepingMixin
 from delayserver.loading import LoadingMixin
 from delayserver.prefetch import PREFETCH_AHEAD_MS
 from delayserver.stats import DispatchStats
@@ -51,7 +52,6 @@ from serverkit.send_check import Checked, QuickCheck
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DONE_CHECK_INTERVAL_MS = 1_000  # how often the done watermark is advanced
 
 
 @dataclass
@@ -125,7 +125,7 @@ def delay_log_end(store: DelayStore) -> int:
     return store.delay_copy.copy_bounds()[1]
 
 
-class Scheduler(LoadingMixin, CancelsMixin):
+class Scheduler(LoadingMixin, CancelsMixin, HousekeepingMixin):
     """Owns an open ``DelayStore``, the preload window and the dispatcher; see the module
     docstring. Built by ``open``, which opens the store first; ``start`` begins dispatching.
 
@@ -297,16 +297,6 @@ class Scheduler(LoadingMixin, CancelsMixin):
         self.tracer.forget_kept()  # a copy's store may be thrown away and its offsets reused
         self.follower = True
         await self.start()
-
-    async def _copy_housekeeping(self) -> None:
-        """A copy's round: the store's asynchronous flush and checkpoints."""
-        while True:
-            await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
-            try:
-                if not (self._io_thread.idle() and self.store.tick_is_idle()):  # else no hop
-                    await self._io(self.store.tick, self.clock())
-            except Exception:
-                log.exception("delay copy housekeeping failed")
 
     # ------------------------------------------------------------------ accepting
 
@@ -545,66 +535,6 @@ class Scheduler(LoadingMixin, CancelsMixin):
         if replica.replicating:
             replica.wrote_io("delay")  # a tailing slave's fetch ships it from memory
         return entries, delay_log_end(self.store)
-
-    # ------------------------------------------------------------------ housekeeping
-
-    async def record_unrecorded(self) -> int:
-        """Record the confirmed dispatches a full disk held back (housekeeping calls this every
-        second); returns how many were recorded, 0 while the disk is still full."""
-        return await self.dispatcher.record_unrecorded()
-
-    async def advance_done(self) -> None:
-        """Move the store's done watermark up as far as is safe now (housekeeping does this
-        every second; tests call it directly)."""
-        self.done_before_ms = await self._io(self._advance_done_on_io,
-                                             self.window.done_limit_ms(self.clock()))
-
-    def _advance_done_on_io(self, candidate_ms: int) -> int:
-        """On the delay-io thread: move the store's done watermark up to ``candidate_ms`` if it
-        is higher; returns the watermark."""
-        store = self.store
-        if candidate_ms > store.done_before():
-            try:
-                store.mark_done_before(candidate_ms)
-            except ValueError as exc:
-                # A late message was filed below the candidate after it was computed; the
-                # store refuses and changes nothing. The next check sees that entry tracked.
-                log.debug("done watermark stays at %d: %s", store.done_before(), exc)
-        return store.done_before()
-
-    async def _housekeeping(self) -> None:
-        while True:
-            await asyncio.sleep(min(DONE_CHECK_INTERVAL_MS, self.config.flush_interval_ms) / 1000)
-            try:
-                now_ms = self.clock()
-                if not (self._io_thread.idle() and self.store.tick_is_idle()):  # else no hop
-                    await self._io(self.store.tick, now_ms)
-                if now_ms - self._last_done_check_ms >= DONE_CHECK_INTERVAL_MS:
-                    self._last_done_check_ms = now_ms
-                    self.dispatcher.prune_handed(now_ms)
-                    await self.record_unrecorded()
-                    await self.advance_done()
-                if self.replica.replicating:  # dispatch records and watermark moves
-                    done = self.store.done_copy  # read here when the thread idles: no hop
-                    end = (done.copy_bounds()[1] if self._io_thread.idle()
-                           else await self._io(lambda: done.copy_bounds()[1]))
-                    self.replica.advanced("done", end)
-            except Exception:
-                log.exception("delay housekeeping failed")
-
-    async def report(self) -> dict[str, Any]:
-        """Stats for heartbeats and ``qmq admin delay``: pending per hour and subject, dispatch
-        rate, lateness histogram, window size."""
-        pending = await self._io(self.store.pending_stats)
-        now_ms = self.clock()
-        return {
-            "pending_total": pending.total,
-            "pending_per_hour": {str(k): v for k, v in sorted(pending.per_hour.items())},
-            "pending_per_subject": dict(sorted(pending.per_subject.items())),
-            "in_memory": len(self.window),
-            "done_before_ms": self.done_before_ms,
-            **self.stats.snapshot(now_ms),
-        }
 
 
 __all__ = ["Dispatch", "Scheduler"]
