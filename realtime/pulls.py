@@ -130,7 +130,8 @@ class Pulls:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.wait_ms / 1000
+        began_s = loop.time()
+        deadline = began_s + request.wait_ms / 1000
         tags = frozenset(request.tags)
         ctx = self._ctx
         now_ms = ctx.clock()
@@ -152,7 +153,7 @@ class Pulls:
                           connection)
         out: Pulled | ParkedPull | None
         try:
-            out = self._attempt_now(poll, now_ms)
+            out = self._attempt_now(poll, now_ms, began_s)
             if out is None:
                 out = await self._pull_until(request, key, tags, deadline, leave_key, mark,
                                              connection, poll)
@@ -214,11 +215,13 @@ class Pulls:
 
     # ------------------------------------------------------------------ without a task
 
-    def _attempt_now(self, poll: ParkedPull, now_ms: int) -> Pulled | ParkedPull | None:
+    def _attempt_now(self, poll: ParkedPull, now_ms: int, now_s: float | None = None,
+                     ) -> Pulled | ParkedPull | None:
         """One attempt of ``poll``'s pull made without suspending, as ``_pull_until``'s loop
         makes one, at ``now_ms`` (the broker's clock, read once in the step that makes it):
         what it pulled, itself parked again, or None when the attempt needs the async path
-        (nothing was taken or recorded then)."""
+        (nothing was taken or recorded then). ``now_s``: the loop's time read in the same
+        step, if it was (the pull's own: it is read only when the attempt would park)."""
         request = poll.request
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
@@ -233,8 +236,10 @@ class Pulls:
         book.seen(subject, poll.key, request.consumer_id, now_ms)
         if pulled.payloads:
             return pulled  # nothing suspended since the leave check: it holds
-        assert self._loop is not None  # set by the pull that made ``poll``
-        if poll.deadline <= self._loop.time() or committed.stopping:
+        if now_s is None:
+            assert self._loop is not None  # set by the pull that made ``poll``
+            now_s = self._loop.time()
+        if poll.deadline <= now_s or committed.stopping:
             return NOTHING_PULLED
         # The wake is taken only now, to park on (``_pull_until`` takes it before it looks):
         # nothing suspended since the look, so no commit came between (one call fewer for
