@@ -262,6 +262,16 @@ def install_client() -> None:
             return answer
         return probed
 
+    def request_nowait(original: Any) -> Any:
+        def probed(self: Any, op: dict[str, Any], timeout_ms: int | None, on_answer: Any,
+                   on_error: Any) -> Any:
+            def noted(answer: dict[str, Any]) -> None:  # a consumer's pull, as it is read
+                if answer.get("payloads"):
+                    _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+                on_answer(answer)
+            return original(self, op, timeout_ms, noted, on_error)
+        return probed
+
     def on_message(original: Any) -> Any:
         def probed(self: Any, body: bytes) -> None:
             _EVENTS.append(("received", _now(), [body]))
@@ -269,6 +279,7 @@ def install_client() -> None:
         return probed
 
     _wrap(Connection, "request", request)
+    _wrap(Connection, "request_nowait", request_nowait)
     _wrap(Receiver, "on_message", on_message)
     atexit.register(_dump)
 

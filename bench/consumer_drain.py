@@ -25,6 +25,7 @@ from typing import Any
 
 from bench._cluster import process_cpu_s
 from bench.peers import servers
+from sdk.connection import Connection
 from sdk.consumer import PULL_BATCH_DEFAULT, Consumer
 from sdk.producer import Producer
 
@@ -42,26 +43,31 @@ async def _drain(url: str, server_pid: int, count: int, fixed: bool) -> dict[str
     options: dict[str, Any] = {"pull_batch_max": PULL_BATCH_DEFAULT} if fixed else {}
     consumer = Consumer(url, group="drain", start="earliest", **options)
     asked: list[tuple[int, int]] = []
-    request = consumer._pool.request
+    request_nowait = Connection.request_nowait
 
-    async def counted(address: str, op: dict[str, Any], timeout_ms: int, *rest: Any) -> Any:
-        answer = await request(address, op, timeout_ms, *rest)
-        if op.get("op") == "pull" and op.get("subject") == SUBJECT:
-            asked.append((op["max_count"], len(answer.get("payloads") or ())))
-        return answer
+    def counted(conn: Connection, op: dict[str, Any], timeout_ms: int | None,
+                on_answer: Any, on_error: Any) -> int:
+        def noted(answer: dict[str, Any]) -> None:
+            if op.get("op") == "pull" and op.get("subject") == SUBJECT:
+                asked.append((op["max_count"], len(answer.get("payloads") or ())))
+            on_answer(answer)
+        return request_nowait(conn, op, timeout_ms, noted, on_error)
 
-    consumer._pool.request = counted  # type: ignore[method-assign]
+    Connection.request_nowait = counted  # type: ignore[method-assign]
     server_cpu_s, own_cpu_s = process_cpu_s(server_pid), time.process_time()
     received, first, last = 0, 0.0, 0.0
-    async with consumer:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for msg in consumer.subscribe(SUBJECT):
-                last = time.monotonic()
-                first = first or last
-                await msg.ack()
-                received += 1
-                if received == count:
-                    break
+    try:
+        async with consumer:
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                async for msg in consumer.subscribe(SUBJECT):
+                    last = time.monotonic()
+                    first = first or last
+                    await msg.ack()
+                    received += 1
+                    if received == count:
+                        break
+    finally:
+        Connection.request_nowait = request_nowait  # type: ignore[method-assign]
     return {"drain_ms": round((last - first) * 1000), "pulls": len(asked),
             "first_pulls": asked[:5], "received": received,
             "server_cpu_s": process_cpu_s(server_pid) - server_cpu_s,

@@ -89,7 +89,9 @@ class Connection:
         self._transport: asyncio.Transport | None = None  # set once connected
         self._decoder = FrameDecoder()
         self._rids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        # rid -> the future of a pending request, or the (on_answer, on_error) of a
+        # request_nowait
+        self._pending: dict[int, _Pending] = {}
         # rid -> the on_answer callback of a pending request that gave one
         self._on_answer: dict[int, Callable[[dict[str, Any]], None]] = {}
         # rid -> (loop time it expires at, op name, timeout_ms) of a pending request with a
@@ -185,31 +187,18 @@ class Connection:
         requests of the same turn share its write (one loop iteration fewer per request);
         it still waits behind requests this turn has queued, so the order is kept.
         """
-        if self._close_error is not None:
-            raise ConnectionLost(str(self._close_error))
-        rid = next(self._rids)
-        data = encode_frame({**op, "rid": rid})
         loop = self._loop
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._pending[rid] = future
+        rid, data = self._register(op, timeout_ms, future)
         if on_answer is not None:
             self._on_answer[rid] = on_answer
-        # A deadline rather than asyncio.timeout(): its expiry fails just this future, with
-        # no context manager and no task cancellation (_expire_due).
-        # The error is worded only if it expires: almost every request is answered first.
-        if timeout_ms is not None:
-            deadline = loop.time() + timeout_ms / 1000
-            self._deadlines[rid] = (deadline, op.get("op"), timeout_ms)
-            if deadline < self._expiry_at:
-                self._expire_at(deadline)
         try:
             # The first request of a loop turn leaves at once; more from the same turn (the
             # batches of one send_many) leave together when it ends.
-            if self._out or (coalesce and self._wrote_this_turn):
+            if not coalesce or self._out:
+                self._write_alone(data)
+            elif self._wrote_this_turn:
                 self._out.append(data)
-            elif not coalesce:
-                if self._transport is not None and not self._transport.is_closing():
-                    self._transport.write(data)
             elif self._transport is not None and not self._transport.is_closing():
                 self._wrote_this_turn = True
                 loop.call_soon(self._end_turn)
@@ -224,6 +213,27 @@ class Connection:
             if timeout_ms is not None:
                 self._deadlines.pop(rid, None)
 
+    def request_nowait(self, op: dict[str, Any], timeout_ms: int | None,
+                       on_answer: Callable[[dict[str, Any]], None],
+                       on_error: Callable[[BaseException], None]) -> int:
+        """Send ``op`` alone (as ``request(..., coalesce=False)``) and return its rid; no
+        coroutine and no future: ``on_answer(answer)`` is called with the answer (without its
+        rid) as it is read, or ``on_error(exc)`` once with what ``request`` would raise
+        (the error answer's QmqError, ConnectionLost, RequestTimeout). One of the two is
+        called exactly once, unless ``forget(rid)`` comes first. A consumer's pull loop
+        writes its next pull from there, with no task step per pull. Raises ConnectionLost
+        (connection down) or the codec's BadRequest/TooLarge at once, calling neither. It does
+        not wait while the socket is full (a pull is a small frame, one per answer)."""
+        rid, data = self._register(op, timeout_ms, (on_answer, on_error))
+        self._write_alone(data)
+        return rid
+
+    def forget(self, rid: int) -> None:
+        """Drop the pending ``request_nowait`` ``rid``: neither callback will be called, and a
+        late answer is dropped like that of a request that timed out."""
+        self._pending.pop(rid, None)
+        self._deadlines.pop(rid, None)
+
     async def close(self) -> None:
         """Close the connection; pending requests fail with ConnectionLost."""
         self._fail(ConnectionLost(f"connection to broker {self.address} was closed by the client"))
@@ -236,6 +246,31 @@ class Connection:
                 await self._lost_event.wait()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _register(self, op: dict[str, Any], timeout_ms: int | None,
+                  pending: _Pending) -> tuple[int, bytes]:
+        """Frame ``op`` with a fresh rid and note ``pending`` (and its deadline) under it."""
+        if self._close_error is not None:
+            raise ConnectionLost(str(self._close_error))
+        rid = next(self._rids)
+        data = encode_frame({**op, "rid": rid})
+        self._pending[rid] = pending
+        # A deadline rather than asyncio.timeout(): its expiry fails just this request, with
+        # no context manager and no task cancellation (_expire_due).
+        # The error is worded only if it expires: almost every request is answered first.
+        if timeout_ms is not None:
+            deadline = self._loop.time() + timeout_ms / 1000
+            self._deadlines[rid] = (deadline, op.get("op"), timeout_ms)
+            if deadline < self._expiry_at:
+                self._expire_at(deadline)
+        return rid, data
+
+    def _write_alone(self, data: bytes) -> None:
+        """Write a request now, with no end-of-turn callback, behind any this turn queued."""
+        if self._out:
+            self._out.append(data)
+        elif self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
 
     def _expire_at(self, when: float) -> None:
         """(Re)set the expiry timer to fire at loop time ``when``."""
@@ -256,11 +291,9 @@ class Connection:
                 earliest = min(earliest, deadline)
                 continue
             del self._deadlines[rid]
-            future = self._pending.get(rid)
-            if future is not None and not future.done():
-                future.set_exception(RequestTimeout(
-                    f"no answer from broker {self.address} to {op_name} (rid {rid}) within "
-                    f"{timeout_ms} ms"))
+            _fail_pending(self._pending.pop(rid, None), RequestTimeout(
+                f"no answer from broker {self.address} to {op_name} (rid {rid}) within "
+                f"{timeout_ms} ms"))
         if earliest < math.inf:
             self._expire_at(earliest)
 
@@ -292,10 +325,9 @@ class Connection:
         try:
             rid, answer = parse_response(frame)
         except QmqError as exc:
-            future = self._pending.get(exc.rid) if exc.rid is not None else None
+            future = self._pending.pop(exc.rid, None) if exc.rid is not None else None
             if future is not None:
-                if not future.done():
-                    future.set_exception(exc)
+                _fail_pending(future, exc)
             elif exc.rid is None and "error" in frame:
                 # A connection-level error: the broker rejected a frame and will close on us.
                 log.warning("broker %s reported %s: %s", self.address, exc.code, exc.message)
@@ -311,8 +343,18 @@ class Connection:
             return
         if rid is None:
             return  # an answer without a rid answers no request of ours
-        future = self._pending.get(rid)
-        if future is not None and not future.done():
+        # Popped here, not only by request()'s exit: a request_nowait has no exit.
+        future = self._pending.pop(rid, None)
+        if future is None:
+            return  # the late answer of a request that timed out or was cancelled
+        if self._deadlines:
+            self._deadlines.pop(rid, None)
+        if type(future) is tuple:  # a request_nowait: (on_answer, on_error)
+            try:
+                future[0](answer)
+            except Exception as exc:  # noqa: BLE001 - its caller's error, not the socket's
+                future[1](exc)
+        elif not future.done():  # type: ignore[union-attr]  # (type() narrows only the if)
             on_answer = self._on_answer.pop(rid, None) if self._on_answer else None
             if on_answer is not None:
                 try:
@@ -320,8 +362,7 @@ class Connection:
                 except Exception:  # a bug in the callback: the caller still gets its answer
                     log.exception("on_answer callback of request %d to broker %s raised",
                                   rid, self.address)
-            future.set_result(answer)
-        # An unknown rid is the late answer of a request that timed out or was cancelled.
+            future.set_result(answer)  # type: ignore[union-attr]
 
     def _lost(self, exc: Exception | None) -> None:
         if exc is None:
@@ -344,9 +385,8 @@ class Connection:
         if hint is not None:
             error = ConnectionLost(f"{error} (after it reported {hint.code}: {hint.message})")
         self._close_error = error
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(ConnectionLost(str(error)))
+        for future in list(self._pending.values()):
+            _fail_pending(future, ConnectionLost(str(error)))
         self._pending.clear()
         self._deadlines.clear()
         if self._expiry is not None:
@@ -356,6 +396,21 @@ class Connection:
         if self._transport is not None:
             self._transport.close()
         self._closed_event.set()
+
+
+# A pending request: its future, or a request_nowait's (on_answer, on_error).
+_Pending = asyncio.Future[dict[str, Any]] | tuple[Callable[[dict[str, Any]], None],
+                                                  Callable[[BaseException], None]]
+
+
+def _fail_pending(pending: _Pending | None, exc: BaseException) -> None:
+    """Fail a pending request with ``exc`` (nothing if it is gone or already settled)."""
+    if pending is None:
+        return
+    if isinstance(pending, tuple):
+        pending[1](exc)
+    elif not pending.done():
+        pending.set_exception(exc)
 
 
 class _ConnectionProtocol(asyncio.Protocol):

@@ -45,10 +45,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from sdk.acks import ACK_ATTEMPTS_MAX, AckBatcher, seqs_to_ranges
-from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool, RequestTimeout
+from sdk.connection import CONNECT_TIMEOUT_MS_DEFAULT, ConnectionPool
 from sdk.consumer_handlers import HandlerMixin, HandlerT, _HandlerSpec
 from sdk.consumer_presence import CONTROL_TIMEOUT_MS, BrokerPresenceMixin
 from sdk.presence import Presence
+from sdk.pulling import PullLoop
 from sdk.send_values import default_client_id
 from sdk.received import PullSize, ReceivedMessage, Subscription, _PulledBatch
 from sdk.routes import Route, RouteCache
@@ -68,17 +69,12 @@ from wire.tls import TlsOption, client_context
 
 log = logging.getLogger(__name__)
 
-# Extra time a pull may take beyond its wait_ms before we call the broker silent, in ms.
-PULL_TIMEOUT_SLACK_MS = 5_000
 # Long-poll wait of one pull, in ms. An idle consumer costs the broker its polls per second
 # (issue 19): a poll parked on the broker keeps the consumer present however long it waits, and
 # an answer comes as soon as anything arrives, so a longer wait costs no latency; it only
-# bounds how soon a silently dead broker is noticed (wait + PULL_TIMEOUT_SLACK_MS). RocketMQ
+# bounds how soon a silently dead broker is noticed (wait + sdk.pulling.PULL_TIMEOUT_SLACK_MS). RocketMQ
 # parks pulls for 15 s.
 PULL_WAIT_MS_DEFAULT = 20_000
-# A retry subject's polls wait this many times ``wait_ms`` (at most MAX_PULL_WAIT_MS): it
-# carries only the group's retries, and a dead broker is noticed by the subject's own polls.
-RETRY_WAIT_FACTOR = 3
 # First reconnect pause after a failed pull, doubled per failure, in milliseconds.
 RECONNECT_BACKOFF_MS_INITIAL = 100
 # Messages asked for per pull (Kafka's max.poll.records is 500, RocketMQ pulls 32 but keeps up
@@ -373,77 +369,7 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
         return min(RECONNECT_BACKOFF_MS_INITIAL << min(failures - 1, 20), self.reconnect_backoff_max_ms)
 
     async def _pull_loop(self, sub: Subscription, source: str, broker_group: str) -> None:
-        failures = 0
-        # A retry subject carries only this group's retries: read it from its start.
-        start = self.start if source == sub.subject else "earliest"
-        wait_ms = self.wait_ms if source == sub.subject else min(
-            MAX_PULL_WAIT_MS, RETRY_WAIT_FACTOR * self.wait_ms)
-        shared: _PulledBatch | None = None  # what the pulls from one address share
-        while True:
-            route = self._routes.cached(source, "consumer")
-            group = route.group(broker_group) if route is not None else None
-            if group is None:
-                sub.addresses.pop((source, broker_group), None)
-                return
-            address = group.addresses[failures % len(group.addresses)]
-            sub.addresses[(source, broker_group)] = address
-            prefetch = sub._prefetch
-            # Pull only what fits in the prefetch buffer, so a consumer never holds more than
-            # ``prefetch`` messages it has not handed to the application (others of the group
-            # get the rest); wait for room for half a batch rather than pull a few at a time.
-            if prefetch.capacity - len(prefetch.items) < prefetch.refill_min:
-                await prefetch.wait_room()
-            room = prefetch.capacity - len(prefetch.items)
-            asked = min(sub.pull_size.size, room)
-            op = {
-                "op": "pull", "subject": source, "group": self.group,
-                "consumer_id": self.consumer_id, "max_count": asked,
-                "wait_ms": wait_ms, "tags": sub.tags, "start": start,
-                "broadcast": self.broadcast,
-            }
-            sub.pull_sent_at[(source, broker_group)] = asyncio.get_running_loop().time()
-            sub.pulls_out.add((source, broker_group))
-            if shared is None or shared.address != address:
-                shared = _PulledBatch(self, broker_group, address, (address, broker_group, source))
-            batch = shared
-            handed: list[bool] = []  # the answer's messages went in from _hand_over
-            try:
-                # Alone in its loop turn: written at once, no end-of-turn callback
-                answer = await self._pool.request(
-                    address, op, wait_ms + PULL_TIMEOUT_SLACK_MS,
-                    lambda answer: handed.append(self._hand_over(answer, sub, batch)), False)
-            except QmqError as exc:
-                sub.pull_sent_at.pop((source, broker_group), None)
-                if not exc.retriable:
-                    # Raised by the iterator (or logged once by a handler's dispatch loop), so
-                    # only a debug line here: a refusal is reported once.
-                    log.debug("pull of %r from broker group %s refused (%s: %s); stopping it",
-                              source, broker_group, exc.code, exc.message)
-                    sub._prefetch.put_nowait(exc)
-                    # Refused: no heartbeat or leave for it either (each would be refused too).
-                    sub.addresses.pop((source, broker_group), None)
-                    return
-                failures += 1
-                if isinstance(exc, RequestTimeout):
-                    # Silent past wait_ms plus slack: the connection is likely half-dead.
-                    await self._pool.discard(address)
-                backoff_ms = self._backoff_ms(failures)
-                log.warning("pull of %r from broker group %s at %s failed (%s); retrying in %d ms",
-                            source, broker_group, address, exc, backoff_ms)
-                sub.refresh_wanted.set()
-                await asyncio.sleep(backoff_ms / 1000)
-                continue
-            finally:
-                sub.pulls_out.discard((source, broker_group))
-            failures = 0
-            payloads = answer.get("payloads")
-            sub.pulled(asked, len(payloads) if payloads else 0)
-            if payloads and True not in handed:
-                await prefetch.put_all(self._received(answer, sub, batch))
-            elif payloads and sub.handler_driven:
-                # A handler's dispatch loop took the first message in this turn and made its
-                # handler task: let that run before this loop writes its next pull.
-                await asyncio.sleep(0)
+        await PullLoop(self, sub, source, broker_group).run()
 
     def _hand_over(self, answer: dict[str, Any], sub: Subscription, batch: _PulledBatch) -> bool:
         """A pull answer as it is read (``Connection.request``'s ``on_answer``): its messages

@@ -133,6 +133,68 @@ async def test_an_on_answer_that_raises_is_logged_and_the_caller_still_gets_its_
     await conn.close()
 
 
+async def test_request_nowait_calls_back_once_with_the_answer_or_the_error(broker_a):
+    broker_a.fail_next("heartbeat", "error", ("forbidden", "app a may not consume s"))
+    broker_a.publish("s", b"now")
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    seen: list[tuple[str, object]] = []
+    done = asyncio.Event()
+
+    def noted(what: str):
+        return lambda value: (seen.append((what, value)), done.set())
+
+    heartbeat = {"op": "heartbeat", "consumer_id": "c", "subscriptions": []}
+    async with asyncio.timeout(10):
+        conn.request_nowait(heartbeat, 5000, noted("answer"), noted("error"))
+        await done.wait()
+        done.clear()
+        conn.request_nowait(pull_op(wait_ms=10_000), 5000, noted("answer"), noted("error"))
+        await done.wait()
+        done.clear()
+        conn.request_nowait(pull_op(wait_ms=10_000), 50, noted("answer"), noted("error"))
+        await done.wait()
+        done.clear()
+        conn.request_nowait(pull_op(wait_ms=10_000), None, noted("answer"), noted("error"))
+        await broker_a.wait_until(lambda: len(broker_a.ops("pull")) == 3)
+        broker_a.drop_connections()
+        await done.wait()
+    assert [what for what, _ in seen] == ["error", "answer", "error", "error"]
+    assert isinstance(seen[0][1], Forbidden)
+    assert len(seen[1][1]["payloads"]) == 1 and "rid" not in seen[1][1]
+    assert isinstance(seen[2][1], RequestTimeout) and "within 50 ms" in str(seen[2][1])
+    assert isinstance(seen[3][1], ConnectionLost)
+    assert conn.pending_count == 0
+    with pytest.raises(ConnectionLost):  # a dead connection: raised at once, no callback
+        conn.request_nowait(heartbeat, 5000, noted("answer"), noted("error"))
+    assert len(seen) == 4
+
+
+async def test_a_forgotten_request_nowait_calls_nothing_and_a_broken_callback_reports_its_error(
+        broker_a):
+    conn = await Connection.open(broker_a.address, client_id="c", app="a", token=None)
+    seen: list[object] = []
+    rid = conn.request_nowait(pull_op(wait_ms=10_000), 50, seen.append, seen.append)
+    conn.forget(rid)
+
+    def broken(answer: dict) -> None:
+        raise RuntimeError("a bug in the callback")
+
+    errors: list[BaseException] = []
+    heartbeat = {"op": "heartbeat", "consumer_id": "c", "subscriptions": []}
+    conn.request_nowait(heartbeat, 5000, broken, errors.append)
+    async with asyncio.timeout(10):
+        while not errors:
+            await asyncio.sleep(0.01)
+        # Past the forgotten pull's deadline, and its late answer read: neither called back.
+        await asyncio.sleep(0.1)
+        broker_a.publish("s", b"late")
+        await broker_a.wait_until(lambda: broker_a._next_pull_seq.get("s", 1) > 1)
+        assert await conn.request(heartbeat, 5000) == {"ok": True}  # the connection goes on
+    assert seen == [] and conn.pending_count == 0
+    assert isinstance(errors[0], RuntimeError)
+    await conn.close()
+
+
 async def test_a_refused_hello_raises_and_leaves_no_connection(broker_a):
     broker_a.fail_next("hello", "error", ("not_supported", "protocol 1 unknown"))
     with pytest.raises(NotSupported):

@@ -56,14 +56,22 @@ async def test_subscribe_yields_the_pulled_messages_with_their_broker_group(meta
 
 def _note_pulls_of_orders(c, events: list[str]) -> None:
     """Append "pull" to ``events`` as each pull of subject orders is written."""
-    original = c._pool.request
+    original_get = c._pool.get
 
-    async def request(address, op, timeout_ms, *rest):
-        if op["op"] == "pull" and op["subject"] == "orders":
-            events.append("pull")  # written before the request's first await
-        return await original(address, op, timeout_ms, *rest)
+    async def get(address):
+        conn = await original_get(address)
+        if "request_nowait" not in vars(conn):
+            original = conn.request_nowait
 
-    c._pool.request = request
+            def request_nowait(op, *rest):
+                if op["op"] == "pull" and op["subject"] == "orders":
+                    events.append("pull")  # written before it returns
+                return original(op, *rest)
+
+            conn.request_nowait = request_nowait
+        return conn
+
+    c._pool.get = get
 
 
 async def test_a_waiting_application_gets_pulled_messages_before_the_next_pull_is_written(
@@ -139,6 +147,29 @@ async def test_acks_go_to_the_broker_groups_new_master_after_a_failover(meta, br
         # The new master holds a copy of the pull log: the same pull sequences ack there.
         assert promoted.ack_ranges == [[[1, 2]]]
         assert broker_a.ack_ranges == []
+    finally:
+        await promoted.stop()
+
+
+async def test_pulls_go_to_the_broker_groups_new_master_once_the_route_names_it(meta, broker_a):
+    from tests.unit.test_sdk_fakes import FakeBroker
+
+    meta.set_route("orders", [broker_a])
+    promoted = await FakeBroker("group-a").start()  # the same group, another server
+    try:
+        async with consumer(meta, wait_ms=50) as c:
+            sub = c.subscribe("orders")
+            await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2)
+            meta.set_route("orders", [promoted])
+            await c._routes.refresh("orders", "consumer")
+            async with asyncio.timeout(10):
+                await promoted.wait_until(lambda: promoted.ops("pull"))
+            pulls = len(broker_a.ops("pull"))
+            promoted.publish("orders", b"there")
+            (msg,) = await take(sub, 1)
+            # At most the one pull out when the route changed went to the old master since.
+            assert len(broker_a.ops("pull")) <= pulls + 1
+        assert msg.body == b"there"
     finally:
         await promoted.stop()
 
@@ -539,10 +570,10 @@ async def test_bad_subscriptions_and_options_fail_at_once(meta):
 
 
 async def test_a_pull_that_outlives_its_timeout_reconnects(meta, broker_a, monkeypatch):
-    import sdk.consumer
+    import sdk.pulling
 
     # The fake broker holds a pull for wait_ms; with no slack the client times out first.
-    monkeypatch.setattr(sdk.consumer, "PULL_TIMEOUT_SLACK_MS", -950)
+    monkeypatch.setattr(sdk.pulling, "PULL_TIMEOUT_SLACK_MS", -950)
     meta.set_route("orders", [broker_a])
     async with consumer(meta, wait_ms=1_000) as c:
         c.subscribe("orders")
