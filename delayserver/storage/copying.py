@@ -42,7 +42,6 @@ from delayserver.storage.done_journal import (
 )
 from delayserver.storage.errors import StoreFailed
 from delayserver.storage.layout import HOUR_MS
-from delayserver.storage.schedule_entry import encode_schedule_entry
 from logstore import (CopyReset, CorruptRecord, DiskFull, LogConfig, LogWriteFailed,
                       SegmentedLog, UndecodableRecord)
 from logstore.record import HEADER_SIZE_BYTES, split_records
@@ -240,28 +239,23 @@ class CopyingMixin:
             delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
-        schedule, counts, known = self._schedule, self._counts, self._bucket_pending
-        at = offset
+        # Decoded (the check of each record) into rows, then filed as the master's commit
+        # files its batch (``_index_records``): the same state, in C-level passes.
+        rows = []
+        done_before, at = self._done_before, offset
         for body in bodies:
             try:
                 deliver_at, bucket, id_bytes, subject, _ = decode_delay_header(body)
             except ValueError as exc:
                 raise self._fail(CorruptRecord(delay_log.directory, at, f"copied: {exc}"))
-            if bucket >= self._done_before:
-                index = schedule.append(bucket, encode_schedule_entry(
-                    deliver_at, at, len(body), zlib.crc32(id_bytes)))
-                counts.add(bucket, subject)
-                if bucket in known:
-                    known[bucket] += 1
-                elif index == 0:
-                    known[bucket] = 1
-                chunk = at // self._chunk_size
-                if self._chunk_max.get(chunk, -1) < bucket:
-                    self._chunk_max[chunk] = bucket
-                self._empty_buckets.discard(bucket)
+            if bucket >= done_before:
+                rows.append((deliver_at, at, len(body), zlib.crc32(id_bytes), bucket, subject))
             at += HEADER_SIZE_BYTES + len(body)
+        if rows:
+            dues, offsets, sizes, hashes, buckets, subjects = map(list, zip(*rows))
+            self._index_records(dues, offsets, sizes, hashes, buckets, subjects)
         self._bytes_since_checkpoint += at - offset
-        if schedule.buffer_full:
+        if self._schedule.buffer_full:
             self._flush_schedule_quietly()
         self._maybe_checkpoint()
         return delay_log.end_offset

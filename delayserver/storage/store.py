@@ -334,10 +334,28 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
             except LogWriteFailed as cut_exc:
                 raise self._fail(cut_exc) from cut_exc
             raise
-        # Indexed in C-level passes over the columns (map, zip), not a Python step per entry
-        # but the schedule buffer's append and the bucket bookkeeping.
         dues, buckets, hashes = batch.dues, batch.buckets, batch.hashes
         sizes = list(map(len, batch.bodies))
+        indexes = self._index_records(dues, offsets, sizes, hashes, buckets, batch.subjects)
+        entries = list(map(_new_tuple, repeat(ScheduleEntry, count),
+                           zip(buckets, indexes, dues, offsets, sizes, hashes)))
+        self._bytes_since_checkpoint += delay_log.end_offset - end_before
+        if self._schedule.buffer_full:
+            self._flush_schedule_quietly()
+        self._maybe_checkpoint()
+        return entries
+
+    def _index_records(self, dues: list[int], offsets: list[int], sizes: list[int],
+                       hashes: list[int], buckets: list[int], subjects: list[str]
+                       ) -> Iterable[int]:
+        """File records just made durable in the delay log (columns, one row per record, at
+        least one): their schedule entries, bucket and pending counts, the chunks' highest
+        buckets. Returns each one's index in its bucket. The one indexing of a master's commit
+        and of a slave's copied records (``append_copied_records``).
+
+        Indexed in C-level passes over the columns (map, zip), not a Python step per entry
+        but the schedule buffer's append and the bucket bookkeeping."""
+        count = len(buckets)
         encoded = encode_schedule_entries(dues, offsets, sizes, hashes)
         known = self._bucket_pending
         bucket = top = buckets[0]
@@ -356,9 +374,7 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
                     known[bucket] += 1
                 elif index == 0:
                     known[bucket] = 1
-        entries = list(map(_new_tuple, repeat(ScheduleEntry, count),
-                           zip(buckets, indexes, dues, offsets, sizes, hashes)))
-        self._counts.add_many(buckets, batch.subjects)
+        self._counts.add_many(buckets, subjects)
         chunk_size, chunk_max = self._chunk_size, self._chunk_max
         if offsets[0] // chunk_size == offsets[-1] // chunk_size:  # the usual: one chunk
             chunk = offsets[0] // chunk_size
@@ -373,11 +389,7 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
                     chunk_max[chunk] = bucket
         if self._empty_buckets:
             self._empty_buckets.difference_update(buckets)
-        self._bytes_since_checkpoint += delay_log.end_offset - end_before
-        if self._schedule.buffer_full:
-            self._flush_schedule_quietly()
-        self._maybe_checkpoint()
-        return entries
+        return indexes
 
     # ------------------------------------------------------------------ schedule buffer
 

@@ -84,6 +84,27 @@ def test_a_copy_taken_in_small_steps_while_the_master_works_ends_the_same(pair, 
     reopened.close()
 
 
+@pytest.mark.parametrize("spread_ms", [0, 400], ids=["one bucket a commit", "several"])
+def test_a_copy_files_whole_commits_as_the_master_filed_them(pair, spread_ms):
+    master, slave = pair
+    buckets = set()
+    for step in range(6):  # whole commits, copied one by one, as a tailing slave gets them
+        offset = slave.delay_copy.copy_bounds()[1]
+        for i in range(12):
+            master.append(f"c{step}-{i}", f"subject-{i % 2}",
+                          NOW_MS + 10_000 + step * 1_000 + i * spread_ms // 12, b"body")
+        entries = master.commit()
+        buckets |= {e.bucket_ms for e in entries}
+        end = master.delay_copy.copy_bounds()[1]
+        assert slave.delay_copy.append_copy(offset, master.delay_copy.read_copy(
+            offset, end - offset)) == end
+    assert view(slave, sorted(buckets)) == view(master, sorted(buckets))
+    # What only retention and the bucket reads use: each bucket's known count, each chunk's
+    # highest bucket.
+    assert slave._bucket_pending == master._bucket_pending
+    assert slave._chunk_max == master._chunk_max
+
+
 def test_a_promoted_copy_takes_over_dispatching_what_is_left(pair):
     master, slave = pair
     entries = send(master, 10, NOW_MS + 10_000)
