@@ -85,11 +85,19 @@ class DurabilityMixin:
         """True while a full disk keeps changes in memory only (see the module docstring)."""
         return self._unlogged is not None
 
-    def _guarded(self, operation):
+    def _guarded(self, operation, *, full_goes_unlogged: bool = False):
+        """``operation()``, a call of the log: a failure is sticky (``_fail``), but with
+        ``full_goes_unlogged`` a full disk makes the store unlogged instead (async mode; sticky
+        in sync mode, ``_go_unlogged``) and is re-raised."""
         if self._failed is not None:
             raise self._failed
         try:
             return operation()
+        except DiskFull as exc:
+            if full_goes_unlogged:
+                self._go_unlogged(exc)
+                raise
+            self._fail(exc)
         except LogStoreError as exc:
             self._fail(exc)
 
@@ -100,13 +108,13 @@ class DurabilityMixin:
         ``DiskFull`` while unlogged."""
         if self._unlogged is not None:
             raise self._unlogged
-        self._guarded_disk_full(self._log.flush)
+        self._guarded(self._log.flush, full_goes_unlogged=True)
 
     def sync(self) -> None:
         """Flush and fsync every recorded action. Raises ``DiskFull`` while unlogged."""
         if self._unlogged is not None:
             raise self._unlogged
-        self._guarded_disk_full(self._log.sync)
+        self._guarded(self._log.sync, full_goes_unlogged=True)
 
     def tick(self, now_ms: int) -> bool:
         """Async mode: fsync if ``flush_interval_ms`` passed with actions pending; while unlogged,
@@ -119,28 +127,17 @@ class DurabilityMixin:
             self._unlogged_retry_at_ms = now_ms + DISK_FULL_RETRY_MS
             return self._checkpoint_unless_full()
         try:
-            return bool(self._guarded_disk_full(lambda: self._log.tick(now_ms)))
+            return bool(self._guarded(lambda: self._log.tick(now_ms),
+                                        full_goes_unlogged=True))
         except DiskFull:
             if self._failed is not None:  # sync mode: sticky
                 raise
             return False  # unlogged now; the next ticks try the checkpoint
 
-    def _guarded_disk_full(self, operation):
-        """``_guarded``, except that a full disk goes unlogged (async mode) and is re-raised."""
-        if self._failed is not None:
-            raise self._failed
-        try:
-            return operation()
-        except DiskFull as exc:
-            self._go_unlogged(exc)
-            raise
-        except LogStoreError as exc:
-            self._fail(exc)
-
     def checkpoint(self) -> None:
         """Write the whole state as a checkpoint and delete action segments no checkpoint needs.
         A full disk raises ``DiskFull`` and changes nothing."""
-        offset = self._guarded_disk_full(self._log.sync)
+        offset = self._guarded(self._log.sync, full_goes_unlogged=True)
         assert offset == self._log.end_offset
         kept = (self._kept_offsets + [offset])[-self.config.checkpoints_kept:]
         try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qmq
@@ -330,6 +330,21 @@ def tracebacks(records: list[logging.LogRecord]) -> list[str]:
             if r.exc_info or r.levelno >= logging.ERROR]
 
 
+def throw_frames(port: int, frames: st.SearchStrategy[bytes], caplog: Any) -> None:
+    """Throw byte streams Hypothesis draws from ``frames`` at the server on ``port``
+    (``exchange``, mostly after a hello: ``greets``), FUZZ_SETTINGS' examples of them; fails
+    on an exchange's check or on a traceback or error logged meanwhile (``caplog``, pytest's)."""
+    caplog.set_level(logging.WARNING)
+
+    @FUZZ_SETTINGS
+    @given(data=frames, hello=greets)
+    def throw(data: bytes, hello: bool) -> None:
+        exchange(port, data, hello)
+
+    throw()
+    assert tracebacks(caplog.records) == []
+
+
 # --- strategies --------------------------------------------------------------------------------
 
 _U64_MAX = 2**64 - 1
@@ -531,7 +546,8 @@ random_streams = st.binary(max_size=512)
 __all__ = [
     "FUZZ_SETTINGS", "ClusterThread", "SyncClient", "store_messages", "browse_payloads",
     "drain_and_nack",
-    "exchange", "tracebacks", "random_streams", "mutated_requests", "damaged_requests",
+    "exchange", "throw_frames", "tracebacks", "random_streams", "mutated_requests",
+    "damaged_requests",
     "lying_lengths", "greets",
 ]
 

@@ -4,21 +4,17 @@ traceback, and the delayed messages it held before the fuzzing read back byte-id
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzzing import (
     BASE_MS,
-    FUZZ_SETTINGS,
     ClusterThread,
-    exchange,
     frame_strategies,
-    greets,
     store_messages,
+    throw_frames,
     tracebacks,
 )
 
@@ -48,15 +44,7 @@ def test_bad_frames_never_crash_the_delay_server_nor_change_what_it_holds(
     running, kept = cluster
     assert running.delay is not None
     port = running.delay.port
-    caplog.set_level(logging.WARNING)
-
-    @FUZZ_SETTINGS
-    @given(data=frames, hello=greets)
-    def throw(data: bytes, hello: bool) -> None:
-        exchange(port, data, hello)
-
-    throw()
-    assert tracebacks(caplog.records) == []
+    throw_frames(port, frames, caplog)
     assert running.delay_pending_payloads(KEPT_DUE_MS) == kept
     running.sdk_round_trip(f"fuzz.after.{request.node.callspec.id}", delay_ms=200)
     assert tracebacks(caplog.records) == []

@@ -5,22 +5,18 @@ pulled and nacked."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzzing import (
-    FUZZ_SETTINGS,
     ClusterThread,
     browse_payloads,
     drain_and_nack,
-    exchange,
     frame_strategies,
-    greets,
     store_messages,
+    throw_frames,
     tracebacks,
 )
 
@@ -48,15 +44,7 @@ def test_bad_frames_never_crash_the_realtime_broker_nor_change_what_it_stored(
     running, kept = cluster
     assert running.realtime is not None
     port = running.realtime.port
-    caplog.set_level(logging.WARNING)
-
-    @FUZZ_SETTINGS
-    @given(data=frames, hello=greets)
-    def throw(data: bytes, hello: bool) -> None:
-        exchange(port, data, hello)
-
-    throw()
-    assert tracebacks(caplog.records) == []
+    throw_frames(port, frames, caplog)
     assert browse_payloads(port, KEPT_SUBJECT, KEPT_COUNT) == kept
     # Whatever the fuzzing managed to store can be consumed and nacked (retried or dead-lettered).
     assert drain_and_nack(port, f"drain-{request.node.callspec.id}") >= KEPT_COUNT

@@ -14,6 +14,13 @@ def _committed() -> Committed:
     return Committed(Tail(1 << 20), {}, {})
 
 
+def _loop_errors(loop: asyncio.AbstractEventLoop) -> list[dict]:
+    """What the loop's exception handler is given from now on (a callback's error...)."""
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    return errors
+
+
 async def test_a_parked_poll_wakes_true_when_its_subject_is_notified():
     committed = _committed()
     loop = asyncio.get_running_loop()
@@ -83,8 +90,7 @@ async def test_a_deadline_that_fires_after_the_wake_resolved_the_poll_changes_no
     committed.notify("s")
     # The timer is cancelled when the poll resumes; had it run, set_result would raise in the
     # loop's exception handler.
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    errors = _loop_errors(loop)
     assert await parked is True
     await asyncio.sleep(0.02)
     assert errors == []
@@ -180,8 +186,7 @@ class _FailingWaiter:
 async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_the_later_slots_from_ending():
     committed = _committed()
     loop = asyncio.get_running_loop()
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    errors = _loop_errors(loop)
     base = (loop.time() // PARK_DEADLINE_SLOT_S + 1) * PARK_DEADLINE_SLOT_S
     committed.park_direct(committed.wake("a"), base + PARK_DEADLINE_SLOT_S * 0.5,
                           _FailingWaiter())
@@ -202,8 +207,7 @@ class _FailingFirstWaiter(_FailingWaiter):
 async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_its_slot_mates_waiting():
     committed = _committed()
     loop = asyncio.get_running_loop()
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    errors = _loop_errors(loop)
     deadline = (loop.time() // PARK_DEADLINE_SLOT_S + 1.5) * PARK_DEADLINE_SLOT_S
     committed.park_direct(committed.wake("a"), deadline, _FailingFirstWaiter())
     mates = [asyncio.ensure_future(committed.park(committed.wake(s), deadline))
@@ -217,8 +221,7 @@ async def test_a_waiter_that_fails_when_its_slot_passes_does_not_keep_its_slot_m
 async def test_a_waiter_that_fails_when_its_subject_is_notified_does_not_keep_the_others_parked():
     committed = _committed()
     loop = asyncio.get_running_loop()
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    errors = _loop_errors(loop)
     wake = committed.wake("s")
     committed.park_direct(wake, loop.time() + 60, _FailingWaiter())
     others = [asyncio.ensure_future(committed.park(wake, loop.time() + 60)) for _ in range(3)]
