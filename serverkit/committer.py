@@ -160,15 +160,21 @@ class GroupCommitter(Generic[T, R]):
             return
         future.add_done_callback(partial(self._stored, batch))
 
-    def _stored(self, batch: list[T], call: asyncio.Future[R]) -> None:
-        """Done callback of a ``commit_soon`` store call: publish or refuse, then go on."""
+    def _stored(self, batch: list[T], call: asyncio.Future[R], go_on: bool = True) -> None:
+        """The store call of ``batch`` finished: publish or refuse the batch as its outcome
+        says. With ``go_on`` (the done callback, or ``then``, of a ``commit_soon`` commit) the
+        next commit then starts; without (``commit_batch``, whose task a stop or demote
+        cancelled while the call ran) its caller goes on."""
         try:
             if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
                 self._refuse(batch, RuntimeError("the store call was cancelled"))
-            else:
-                self._settle(batch, call)
+            elif (exc := call.exception()) is None:
+                self._publish(batch, call.result())
+            elif isinstance(exc, Exception):
+                self._refuse(batch, exc)
         finally:
-            self._ended()
+            if go_on:
+                self._ended()
 
     def _ended(self) -> None:
         """A ``commit_soon`` commit ended: the next one starts at once with what queued."""
@@ -211,7 +217,7 @@ class GroupCommitter(Generic[T, R]):
                 # does not cancel (``IoThread.submit``), its outcome is published or refused
                 # as usual, so no stored batch goes unanswered, untraced or out of the tail.
                 if isinstance(call, asyncio.Future) and call.done() and not call.cancelled():
-                    self._settle(batch, call)
+                    self._stored(batch, call, go_on=False)
                 raise
             except Exception as exc:
                 self._refuse(batch, exc)
@@ -222,14 +228,6 @@ class GroupCommitter(Generic[T, R]):
             self._idle.set()
             if self.pending:
                 self._wakeup.set()  # queued during this commit: the committer task takes it
-
-    def _settle(self, batch: list[T], call: asyncio.Future[R]) -> None:
-        """A finished store call whose awaiting task was cancelled: its outcome as usual."""
-        exc = call.exception()
-        if exc is None:
-            self._publish(batch, call.result())
-        elif isinstance(exc, Exception):
-            self._refuse(batch, exc)
 
     def _refuse(self, batch: list[T], exc: Exception) -> None:
         """The store call raised ``exc``: answer the batch with the error it means."""
