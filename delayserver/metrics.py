@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from delayserver.stats import LATENESS_BOUNDS_MS
 from delayserver.storage import CANCEL_OUTCOMES  # one list: a new outcome gets its own label
+from serverkit.request_counts import RequestCounts
 from wire.errors import WIRE_ERRORS, QmqError
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def pending_by_horizon(per_hour: dict[int, int], now_ms: int) -> dict[str, int]:
     return counts
 
 
-class DelayMetrics:
+class DelayMetrics(RequestCounts):
     """The registry of one delay server and the metrics its server updates directly.
 
     Threads: ``fsync_seconds`` is observed on the store's delay-io thread (a prometheus_client
@@ -101,18 +102,6 @@ class DelayMetrics:
         """Collect ``scheduler``'s dispatch figures and pending counts from now on."""
         self._scheduler = scheduler
         self.registry.register(_DispatchCollector(scheduler.stats, self))
-
-    def count_request(self, op: str) -> None:
-        """Count one request of ``op``."""
-        counts = self.request_counts
-        if op in counts:
-            counts[op] += 1
-        else:
-            counts["other"] += 1
-
-    def count_error(self, code: str) -> None:
-        """Count one error response to a whole request (``FrameServer``'s ``on_error``)."""
-        self.request_errors[code] = self.request_errors.get(code, 0) + 1
 
     def count_schedule_results(self, results: list[dict[str, Any]]) -> None:
         """Count the answers to one send: stored ones, and refused ones by code."""

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 from prometheus_client.registry import Collector
 
+from serverkit.request_counts import RequestCounts
 from wire.errors import WIRE_ERRORS
 from wire.protocol import OPS
 
@@ -49,7 +50,7 @@ REQUEST_OPS = ("hello", "send", "pull", "ack", "nack", "heartbeat", "leave", "ca
                "browse", "purge", "hold", "cancel_held", "other")
 
 
-class RealtimeMetrics:
+class RealtimeMetrics(RequestCounts):
     """The registry of one broker and the few metrics its server updates directly."""
 
     def __init__(self, group: str) -> None:
@@ -92,18 +93,6 @@ class RealtimeMetrics:
         """Collect ``broker``'s and ``nacks``' figures from now on."""
         self._broker = broker
         self.registry.register(_BrokerCollector(broker, nacks, self.request_errors))
-
-    def count_request(self, op: str) -> None:
-        """Event loop: count one request of ``op`` (an op not in REQUEST_OPS as "other")."""
-        counts = self.request_counts
-        if op in counts:
-            counts[op] += 1
-        else:
-            counts["other"] += 1
-
-    def count_error(self, code: str) -> None:
-        """Count one error response (``FrameServer``'s ``on_error``)."""
-        self.request_errors[code] = self.request_errors.get(code, 0) + 1
 
     async def refresh(self) -> None:
         """Scrape time: recompute backlog and consumers per (subject, group) from the pull log.
