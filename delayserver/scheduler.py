@@ -122,7 +122,7 @@ def _close_opened(opened: list[DelayStore]) -> None:
 def delay_log_end(store: DelayStore) -> int:
     """Delay-io thread: the delay log's end as a slave's fetch may read it (after a commit:
     everything committed so far)."""
-    return store.delay_copy.copy_bounds()[1]
+    return store.delay_end()
 
 
 class Scheduler(LoadingMixin, CancelsMixin, HousekeepingMixin):
@@ -534,7 +534,7 @@ class Scheduler(LoadingMixin, CancelsMixin, HousekeepingMixin):
         replica = self.replica
         if replica.replicating:
             replica.wrote_io("delay")  # a tailing slave's fetch ships it from memory
-        return entries, delay_log_end(self.store)
+        return entries, self.store.delay_end()
 
 
 __all__ = ["Dispatch", "Scheduler"]

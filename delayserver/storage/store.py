@@ -436,6 +436,12 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin):
         self._check_open()
         return self._counts.snapshot()
 
+    def delay_end(self) -> int:
+        """The delay log's end as a slave's fetch may read it (``delay_copy.copy_bounds()[1]``:
+        after a commit, everything committed so far), in one call: each group commit hands it
+        back with its entries."""
+        return self._log.flushed_offset
+
     def done_before(self) -> int:
         """The persisted done watermark: every bucket below it is fully dispatched or cancelled
         (0 until ``mark_done_before`` is first called)."""

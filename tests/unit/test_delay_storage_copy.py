@@ -262,3 +262,19 @@ def test_a_journal_record_that_cannot_be_decoded_fails_the_open_naming_its_offse
     with pytest.raises(CorruptRecord, match="5 entries run past") as raised:
         DelayStore(str(tmp_path / "d"), TINY, now_ms=NOW_MS)
     assert raised.value.offset == at and "donelog" in raised.value.path
+
+
+def test_the_store_s_delay_end_is_the_delay_copy_s_end_after_each_commit_and_a_reopen(tmp_path):
+    store = DelayStore(str(tmp_path / "delay"), TINY, now_ms=NOW_MS)
+    ends = [store.delay_end()]
+    for count in (1, 30, 2):  # the 4 KiB segments roll on the way
+        send(store, count, NOW_MS + 5_000, prefix=f"c{count}-")
+        assert store.delay_end() == store.delay_copy.copy_bounds()[1]
+        ends.append(store.delay_end())
+    store.append("buffered", "s", NOW_MS + 5_000, b"x")  # not committed: not in the end
+    assert store.delay_end() == ends[-1]
+    assert ends == sorted(set(ends))
+    store.close()
+    reopened = DelayStore(str(tmp_path / "delay"), TINY, now_ms=NOW_MS)
+    assert reopened.delay_end() == ends[-1] == reopened.delay_copy.copy_bounds()[1]
+    reopened.close()
