@@ -43,7 +43,18 @@ HELD_DROPPED_BEFORE = "dropped_before"
 
 
 class PayloadSender:
-    """Sends payload batches for a subject to the live brokers of ``kind`` the MetaServer names."""
+    """Sends payload batches for a subject to the live brokers of ``kind`` the MetaServer names.
+
+    A hold (``send`` with ``visible_at_ms``) is never retried in another group: a part whose
+    home may have held it although the answer was lost, or refused with NotMaster, which may
+    come after the write (HOLD_ANSWER_UNKNOWN; an error outside QmqError a part raised is taken
+    as Internal, its group may hold it), raises that error at once, without refreshing the
+    route (a refresh usually drops a home whose master just died, so the ids' homes would
+    move), and the caller sends such messages at their due time instead of holding them again
+    (docs/REPLICATION.md 16); the error's ``holders`` names, per payload, the group its hold
+    went to (or that held it on the first try), and that send names it in ``to_groups`` (one
+    per payload, None: its home): such a payload goes to that group alone (``_send_pinned``).
+    """
 
     def __init__(
         self,
@@ -99,16 +110,8 @@ class PayloadSender:
         result says ``group`` when one group gave it (a broker's answer for that message, a
         refusal for good of its part; not when no group took the part).
 
-        A hold is never retried in another group: a part whose home may have held it although
-        the answer was lost, or refused with NotMaster, which may come after the write
-        (HOLD_ANSWER_UNKNOWN; an error outside QmqError a part raised is taken as Internal,
-        its group may hold it), raises that error at once, without refreshing the route (a
-        refresh usually drops a home whose master just died, so the ids' homes would move),
-        and the caller sends such messages at their due time instead of holding them again
-        (docs/REPLICATION.md 16); the error's ``holders`` names, per payload, the group its
-        hold went to (or that held it on the first try), and that send names it in
-        ``to_groups`` (one per payload, None: its home): such a payload goes to that group
-        alone (``_send_pinned``).
+        A hold is never retried in another group (the class docstring says what is raised
+        then, and what ``to_groups`` does).
         """
         if not payloads:
             return "", []
