@@ -85,6 +85,16 @@ async def _read_answers(reader: asyncio.StreamReader, count: int) -> list[dict[s
     return answers
 
 
+async def _said_hello(server: FrameServer
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``server`` whose hello (rid 1) was answered."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_hello(1))
+    await writer.drain()
+    await _read_answers(reader, 1)
+    return reader, writer
+
+
 async def test_a_client_that_reads_its_answers_late_still_gets_every_one_in_full():
     blob = b"x" * (256 * 1024)  # 100 answers of this are far more than the socket buffers hold
 
@@ -174,10 +184,7 @@ async def test_an_inline_op_that_does_not_suspend_is_answered_without_a_task():
     server = FrameServer(record, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1))
-        await writer.drain()
-        await _read_answers(reader, 1)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2))
         await writer.drain()
         assert (await _read_answers(reader, 1))[0]["rid"] == 2
@@ -205,10 +212,7 @@ async def test_an_inline_op_that_suspends_goes_on_in_a_task_and_is_answered():
     server = FrameServer(suspend, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1))
-        await writer.drain()
-        await _read_answers(reader, 1)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2) + _hello(3))  # hello behind it: a task, answered first
         await writer.drain()
         assert [a["rid"] for a in await _read_answers(reader, 1)] == [3]
@@ -260,10 +264,7 @@ async def test_stop_cancels_an_inline_op_still_suspended_after_the_grace():
 
     server = FrameServer(forever, inline_ops=("heartbeat",))
     await server.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(_hello(1))
-    await writer.drain()
-    await _read_answers(reader, 1)
+    reader, writer = await _said_hello(server)
     writer.write(_heartbeat(2))  # a read of its own: stepped inline, then suspended
     await writer.drain()
     async with asyncio.timeout(WAIT_S):
@@ -291,10 +292,7 @@ async def test_a_request_cancelled_in_its_first_step_goes_unanswered_and_the_con
     server = FrameServer(cancelled_at_rid_2, inline_ops=inline_ops)
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1))
-        await writer.drain()
-        await _read_answers(reader, 1)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2) + _heartbeat(3))  # one read: 3 is answered with 2's end
         await writer.drain()
         assert [a["rid"] for a in await _read_answers(reader, 1)] == [3]
@@ -318,10 +316,7 @@ async def test_a_request_whose_answer_cannot_be_encoded_is_answered_internal_and
     server = FrameServer(unencodable_at_rid_2, inline_ops=inline_ops)
     await server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_hello(1))
-        await writer.drain()
-        await _read_answers(reader, 1)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2) + _heartbeat(3))
         await writer.drain()
         answers = {a["rid"]: a for a in await _read_answers(reader, 2)}
@@ -349,10 +344,7 @@ def _parking_server(laters: list[Later], **options: Any) -> FrameServer:
 
 async def _greeted(server: FrameServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection to ``server`` whose hello is answered."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(_hello(1))
-    await writer.drain()
-    await _read_answers(reader, 1)
+    reader, writer = await _said_hello(server)
     return reader, writer
 
 
