@@ -1,7 +1,7 @@
 """How a Producer's messages form batches (the module docstring of ``sdk.producer``, steps 2-3):
 the open batch of each (subject, delayed) key, when it leaves (full, after the loop turn with
 fewer than ``linger_in_flight_min`` batches of its key on the wire, else at ``linger_ms`` or when
-a batch on the wire is answered, or at half the peak of waiting sends with ``split_sends_min``),
+a batch on the wire is answered (as its answer is read), or at half the peak of waiting sends with ``split_sends_min``),
 and the count of batches on the wire.
 A mixin of ``Producer``, which owns every field used here (event loop only)."""
 
@@ -157,6 +157,16 @@ class BatchingMixin:
         self._tasks.add(task)
         self._on_wire[key] = self._on_wire.get(key, 0) + 1
         task.add_done_callback(functools.partial(self._batch_done, key))
+
+    def _answered(self, key: Key, answer: dict[str, Any]) -> None:
+        """A send's answer as it is read (its request's ``on_answer``): a batch that lingers
+        only because this one is on the wire leaves now, written in the next loop turn.
+        Left to ``_batch_done`` it was written three turns after the read, behind the
+        answered batch's task step and the resumption of its senders."""
+        batch = self._open.get(key)
+        if (batch is not None and batch.lingering
+                and self._on_wire.get(key, 0) - 1 < self.linger_in_flight_min):
+            self._dispatch(key)
 
     def _batch_done(self, key: Key, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -37,6 +37,7 @@ by ``message.id`` when that matters.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import threading
@@ -539,6 +540,7 @@ class Producer(BatchingMixin):
         self._round_robin[key] = turn + 1
         route: Route | None = None
         attempt = 0
+        answered = functools.partial(self._answered, key)
         while True:
             try:
                 if route is None:
@@ -554,7 +556,7 @@ class Producer(BatchingMixin):
                 answer = await self._pool.request(
                     address,
                     {"op": "send", "messages": messages, "compact": True},
-                    self.send_timeout_ms,
+                    self.send_timeout_ms, answered,
                 )
                 if pending is None:
                     if batch.settle_stored(group.group, answer):

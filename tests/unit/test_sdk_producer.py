@@ -384,6 +384,38 @@ async def test_a_lingering_batch_leaves_at_the_answer_that_brings_the_count_belo
     await p.close()
 
 
+async def test_a_lingering_batch_is_written_as_the_answer_before_it_is_read_before_its_senders_resume(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=3_600_000)
+    await p.send("orders", b"warm-up")
+    events: list[str] = []
+    original = p._pool.request
+
+    async def request(address, op, *rest):
+        if op["op"] == "send":
+            events.append("batch written")  # the request's first step writes it
+        return await original(address, op, *rest)
+
+    p._pool.request = request
+    broker_a.send_gate = asyncio.Event()
+
+    async def first() -> None:
+        await p.send("orders", b"first")
+        events.append("first resumed")
+
+    one = asyncio.create_task(first())
+    await broker_a.wait_until(lambda: len(broker_a.ops("send")) == 2)
+    second = asyncio.create_task(p.send("orders", b"second"))
+    for _ in range(50):  # one on the wire: it lingers; no time passes
+        await asyncio.sleep(0)
+    assert events == ["batch written"]
+    broker_a.send_gate.set()
+    await asyncio.gather(one, second)
+    await p.close()
+    assert events == ["batch written", "batch written", "first resumed"]
+
+
 async def test_by_default_a_new_batch_lingers_behind_any_batch_of_its_subject_on_the_wire(meta):
     assert producer(meta).linger_in_flight_min == LINGER_IN_FLIGHT_MIN_DEFAULT == 1
 
