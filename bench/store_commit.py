@@ -6,6 +6,7 @@ with no event loop, no network and (on tmpfs) no disk.
     python -m bench.store_commit --per-commit 1 --commits 50000
     python -m bench.store_commit --profile            # + function calls per commit (cProfile)
     python -m bench.store_commit --cold               # caches evicted before each commit
+    python -m bench.store_commit --dedup-ids-max 1000 # the dedup index full from the warm-up on
 
 One ``MessageStore`` (flush sync, the broker's defaults) in a temp dir under /dev/shm (or
 ``--dir``), its fsync observed by a metric as ``qmq up`` observes it (``RealtimeMetrics``),
@@ -22,11 +23,16 @@ its code and data out of the CPU caches, as the store thread of a ``qmq up`` at 
 does (the event loop runs between two commits): there, 3 messages per commit cost about 220
 CPU-us against about 55 hot, near what ``bench.latency_steps`` shows for the store thread.
 Then only the commit's own CPU is counted (``time.thread_time`` around it), not the eviction.
+
+``--dedup-ids-max`` below the warm-up's messages (2,000 commits) runs every timed commit with a
+full dedup index, as a broker's after ``dedup_ids_max`` (1,000,000) ids, ~8 minutes at 2,000
+msg/s: each commit then also evicts as many ids as it adds (``DedupIndex._evict``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import cProfile
 import os
 import pstats
@@ -69,11 +75,14 @@ def _cold_commits(store: MessageStore, id_batches: list[list[str]], payloads: li
 
 
 def run(directory: str, per_commit: int, commits: int, profile: bool,
-        cold: bool = False) -> tuple[float, dict]:
+        cold: bool = False, dedup_ids_max: int | None = None) -> tuple[float, dict]:
     """CPU seconds of ``commits`` commits on a fresh store in ``directory`` (and, profiled,
     the calls by function); ``cold``: each commit's own, after evicting the caches."""
     metrics = RealtimeMetrics("bench")
-    store = MessageStore(directory, StoreConfig(), now_ms=1)
+    config = StoreConfig()
+    if dedup_ids_max is not None:
+        config = dataclasses.replace(config, dedup_ids_max=dedup_ids_max)
+    store = MessageStore(directory, config, now_ms=1)
     store.observe_fsync(metrics.fsync_seconds.observe)
     payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(per_commit)]
     now_ms = 1_700_000_000_000
@@ -120,16 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="one more run under cProfile")
     parser.add_argument("--cold", action="store_true",
                         help="evict the CPU caches before each commit (see the module doc)")
+    parser.add_argument("--dedup-ids-max", type=int, default=None,
+                        help="the store's dedup_ids_max (default: StoreConfig's)")
     args = parser.parse_args(argv)
     print(f"load {os.getloadavg()[0]:.1f}; {args.per_commit} messages per commit, "
-          f"{args.commits} commits{', caches evicted before each' if args.cold else ''}, "
+          f"{args.commits} commits{', caches evicted before each' if args.cold else ''}"
+          f"{f', dedup_ids_max {args.dedup_ids_max}' if args.dedup_ids_max else ''}, "
           f"data dir under {args.dir}")
     for index in range(args.runs + (1 if args.profile else 0)):
         profiled = index == args.runs
         directory = tempfile.mkdtemp(prefix="qmq-store-commit-", dir=args.dir)
         try:
             cpu_s, calls = run(directory, args.per_commit, args.commits, profiled,
-                               args.cold and not profiled)
+                               args.cold and not profiled, args.dedup_ids_max)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         if not profiled:
