@@ -27,7 +27,8 @@ T0 = 1_700_000_000_000
 
 class _OneCallFile(FaultyFile):
     """A ``FaultyFile`` with ``append_and_sync``, the write and fsync a group commit makes in
-    one call with the real file (``SegmentedLog._write_and_sync``), faults as the plan says."""
+    one call with the real file (``SegmentedLog.sync_then``'s usual case), faults as the plan
+    says."""
 
     fsync_s = 0.0
     calls = 0  # append_and_sync calls, all files
