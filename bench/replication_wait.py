@@ -31,6 +31,10 @@ Steps printed (p50 / p90 / p99 / mean in ms, over the commits that waited):
   fetch->master   that fetch to the master's ``fetch`` (wire)
   ->resumed       the master's ack to the first waiting sender resuming
   total           the commit's end to that sender resuming
+  ->next commit   that sender resumed to the next commit's store call beginning (the answers
+                  written, the producer's next sends read and checked; ``-`` for the last)
+  (round)         the commit's store call beginning to the next one's: with all of W1's 32
+                  sends in one commit, a round of the producer (not in the total)
 
 Also printed: W1's sends/s and the ``qmq up`` process's CPU per send in each phase (the probes
 add a few us per step to it). A benchmark's instrument, not an API: it fails at start when a
@@ -158,7 +162,8 @@ def _dump() -> None:
 # ---------------------------------------------------------------------- the analysis
 
 STEPS = ("(master commit)", "commit->loop", "wake", "read", "answer->slave", "slave->thread",
-         "write+fsync", "->next fetch", "fetch->master", "->resumed", "total")
+         "write+fsync", "->next fetch", "fetch->master", "->resumed", "total", "->next commit",
+         "(round)")
 
 
 class _Index:
@@ -219,6 +224,11 @@ def split(events: list[tuple[Any, ...]], name: str) -> dict[str, list[float]]:
         out["fetch->master"].append(ms(req[-1], fin[-1]))
         out["->resumed"].append(ms(fin[-1], res[-1]))
         out["total"].append(ms(t0, res[-1]))
+        # The rest of the round: the next commit that began after the sender resumed (the
+        # answers, the producer's next sends, their checks), and commit start to commit start.
+        nxt = get("commit").first(res[-1], lambda r: r[3] >= res[-1])
+        out["->next commit"].append(ms(res[-1], nxt[3]) if nxt else float("nan"))
+        out["(round)"].append(ms(commit[3], nxt[3]) if nxt else float("nan"))
     return out
 
 

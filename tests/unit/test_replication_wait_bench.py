@@ -47,4 +47,7 @@ def test_each_commit_is_split_into_its_own_steps():
     assert steps["wake"] == [1.0, 1.0] and steps["read"] == [1.0, 1.0]
     assert steps["answer->slave"] == [1.0, 1.0] and steps["write+fsync"] == [1.0, 1.0]
     assert steps["fetch->master"] == [1.0, 1.0] and steps["->resumed"] == [1.0, 1.0]
+    # The round: the second commit began 1 s after the first; the last has no next one.
+    assert steps["(round)"][0] == 1_000.0 and steps["(round)"][1] != steps["(round)"][1]
+    assert steps["->next commit"][0] == 1_000.0 - 11.0
     assert split(events, "delay")["total"] == []
