@@ -41,6 +41,9 @@ class Sizes:
     rate_per_s: int
 
 
+# How often ``Clients.results`` looks whether a client ended, in s.
+RESULTS_POLL_S = 0.1
+
 FULL = Sizes(20_000, (1_000, 20_000), 20_000, 200_000, 20.0, 2_000)
 QUICK = Sizes(2_000, (1_000, 5_000), 2_000, 20_000, 5.0, 2_000)
 
@@ -87,25 +90,39 @@ class Clients:
         raise KeyError(f"no client {role!r} was started")
 
     def results(self, timeout_s: float) -> dict[str, dict[str, Any]]:
-        """Wait for every started client (in start order) and read its figures; a client that
-        failed or wrote nothing fails the measurement with what it printed."""
+        """Wait for every started client and read its figures (in start order). The first
+        client that fails or writes nothing fails the measurement at once with what it
+        printed, the others still running (``kill`` stops them): a producer that gave up would
+        otherwise leave its consumer waiting for the rest of its timeout (~1,000 s end to end)
+        for messages that never come."""
         deadline = time.monotonic() + timeout_s
         out: dict[str, dict[str, Any]] = {}
-        for role, child, path in self._started:
-            process = child.process if isinstance(child, Server) else child
-            try:
-                process.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-            result = _read(path)
-            if result is None or "error" in result:
-                printed = ("\n".join(child.lines[-20:]) if isinstance(child, Server)
-                           else _tail(path + ".log"))
-                raise RuntimeError(f"{self.setting.key} {role} failed: "
-                                   f"{(result or {}).get('error', 'no result')}\n{printed}")
-            out[role] = result
-        return out
+        waiting = list(self._started)
+        while waiting:
+            for started in list(waiting):
+                role, child, path = started
+                process = child.process if isinstance(child, Server) else child
+                if process.poll() is None:
+                    if time.monotonic() < deadline:
+                        continue
+                    process.kill()
+                    process.wait(10)
+                waiting.remove(started)
+                out[role] = self._result(role, child, path)
+            if waiting:
+                time.sleep(RESULTS_POLL_S)
+        return {role: out[role] for role, _child, _path in self._started}
+
+    def _result(self, role: str, child: subprocess.Popen[str] | Server,
+                path: str) -> dict[str, Any]:
+        """The figures an ended client wrote; RuntimeError with what it printed when none."""
+        result = _read(path)
+        if result is None or "error" in result:
+            printed = ("\n".join(child.lines[-20:]) if isinstance(child, Server)
+                       else _tail(path + ".log"))
+            raise RuntimeError(f"{self.setting.key} {role} failed: "
+                               f"{(result or {}).get('error', 'no result')}\n{printed}")
+        return result
 
     def kill(self) -> None:
         """Stop every client still running (after a failure), and write what each consumer or
