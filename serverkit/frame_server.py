@@ -226,12 +226,12 @@ class FrameServer:
             if type(response) is Later:  # answered when the handler says: bound to it here
                 later = response
                 later._server, later._connection, later._request = self, connection, request
+                self._laters.add(later)
                 outcome = later._outcome
-                if outcome is None:
-                    self._laters.add(later)
-                else:  # given before the handler returned
+                if outcome is not None:  # given before the handler returned: written now
                     later._outcome = None
-                    self._later_answered(later, connection, request, outcome)
+                    later._given_once = False  # given once, before it was bound: given now
+                    later.answer(outcome)
                 return
             response["rid"] = request.rid
         except QmqError as exc:
@@ -249,28 +249,6 @@ class FrameServer:
             if requests:  # outside a task there is nothing to discard: None is not in it
                 requests.discard(asyncio.current_task())  # type: ignore[arg-type]
         connection.send(response, request)
-
-    def _later_answered(self, later: Later, connection: _FrameConnection, request: Request,
-                        outcome: dict[str, Any] | BaseException) -> None:
-        """A ``Later`` of ``request`` got its outcome: the answer (or error) is written."""
-        self._laters.discard(later)
-        if type(outcome) is dict:  # the usual outcome first: no isinstance for it
-            response = outcome
-            response["rid"] = request.rid
-        elif isinstance(outcome, QmqError):
-            response = self._error_response(request.rid, outcome)
-        elif isinstance(outcome, BaseException):  # a server bug, as in _answer
-            log.error("internal error answering %s from %s", request.op,
-                      connection.session.peer, exc_info=outcome)
-            response = self._error_response(
-                request.rid, Internal(f"{type(outcome).__name__}: {outcome}"))
-        else:  # a map of a subclass of dict
-            response = outcome
-            response["rid"] = request.rid
-        connection.send(response, request)
-        ended = self._laters_ended
-        if ended is not None and not self._laters and not ended.done():
-            ended.set_result(None)
 
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
         """The error response for ``exc``, counted by ``on_error`` first."""
@@ -304,7 +282,9 @@ class Later:
         self._given_once = False  # answer or fail was called: a second call is refused
 
     def answer(self, outcome: dict[str, Any] | BaseException) -> None:
-        """The request's answer (a map), or the exception it ends with (``fail``)."""
+        """The request's answer (a map), or the exception it ends with (``fail``): written
+        now if the frame server has taken the ``Later`` over, else when it does. (Written
+        here, not through a server method: one call per answer, issue 18.)"""
         if self._given_once:
             request = self._request
             raise LaterAnsweredTwice(
@@ -314,12 +294,30 @@ class Later:
         server = self._server
         if server is None:
             self._outcome = outcome
-        else:
-            server._later_answered(self, self._connection,  # type: ignore[arg-type]
-                                   self._request, outcome)  # type: ignore[arg-type]
+            return
+        request: Request = self._request  # type: ignore[assignment]
+        connection: _FrameConnection = self._connection  # type: ignore[assignment]
+        server._laters.discard(self)
+        if type(outcome) is dict:  # the usual outcome first: no isinstance for it
+            response = outcome
+            response["rid"] = request.rid
+        elif isinstance(outcome, QmqError):
+            response = server._error_response(request.rid, outcome)
+        elif isinstance(outcome, BaseException):  # a server bug, as in FrameServer._answer
+            log.error("internal error answering %s from %s", request.op,
+                      connection.session.peer, exc_info=outcome)
+            response = server._error_response(
+                request.rid, Internal(f"{type(outcome).__name__}: {outcome}"))
+        else:  # a map of a subclass of dict
+            response = outcome
+            response["rid"] = request.rid
+        connection.send(response, request)
+        ended = server._laters_ended
+        if ended is not None and not server._laters and not ended.done():
+            ended.set_result(None)
 
     # The request ends with an error: the same step as an answer (one call, not two, per
-    # outcome), ``_later_answered`` tells them apart.
+    # outcome), ``answer`` tells them apart.
     fail = answer
 
 

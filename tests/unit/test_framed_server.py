@@ -421,3 +421,33 @@ async def test_a_bound_later_answered_twice_sends_its_client_one_answer():
         writer.close()
     finally:
         await server.stop()
+
+
+async def test_a_later_answered_before_its_handler_returned_is_written_once_bound_and_only_once():
+    laters: list[Later] = []
+
+    async def answer_first(session: Session, request: Request) -> dict[str, Any] | Later:
+        if request.op == "hello":
+            return {"ok": True}
+        later = Later()
+        later.answer({"early": request.rid})
+        laters.append(later)
+        return later
+
+    server = FrameServer(answer_first, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await _greeted(server)
+        writer.write(_heartbeat(2))
+        await writer.drain()
+        answers = await _read_answers(reader, 1)
+        assert [(a["rid"], a["early"]) for a in answers] == [(2, 2)]
+        assert server.requests_in_flight == 0
+        with pytest.raises(LaterAnsweredTwice, match=r"heartbeat request \(rid 2\)"):
+            laters[0].answer({"late": True})
+        writer.write(_heartbeat(3))
+        await writer.drain()
+        assert (await _read_answers(reader, 1))[0]["rid"] == 3, "no second answer to rid 2"
+        writer.close()
+    finally:
+        await server.stop()
