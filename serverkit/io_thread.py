@@ -15,6 +15,15 @@ median 29 us of CPU against 39 (lower in every pair); it still holds a queue put
 thread and two GIL hand-offs, against ~7 us for a hop within the loop. Where ``os.eventfd`` is
 missing (not Linux) the thread wakes the loop with ``call_soon_threadsafe``.
 
+``os.eventfd_write`` and ``os.eventfd_read`` release the GIL around their 8-byte syscall; a C
+twin that keeps it was tried (session 18, docs/BENCHMARKS.md) and is not used: at those moments
+the other thread does not wait for the GIL, so the release costs no switch (a hop made 5.8-6.0
+context switches either way, on one core), and with the store thread holding it while its write
+wakes the loop, the loop waits for it instead (``qmq up``'s CPU per message, one message a
+cycle, rose in 3 of 3 alternating pairs, by 77-109 us at load 5.7-7.0). So did a thread that wrote
+its wake-up and waited for the next call in one release of the GIL, an eventfd counting its
+queue (by 24-111 us, 3 of 3, load 9-14).
+
 A ``submit`` call given a ``then`` (``Submitted.then``: the group commit's store call) has
 its continuation run in the hand-back itself, one loop turn sooner than a future's done
 callback (asyncio always queues those), unless a result handed back before it in the same
