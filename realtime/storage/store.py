@@ -300,7 +300,16 @@ class MessageStore(HeldWrites, CopyWrites):
         finally:
             self._indexing = self._batch  # not the committed batch: its bodies may be large
         try:
-            self._index(batch, offsets, index_error)
+            clog = self._indexed_by_sync
+            if clog is not None:  # the usual commit: its entries were written by the sync
+                self._indexed_by_sync = None
+                clog.appended(len(offsets), index_error)  # cuts itself back when it raises
+            else:
+                self._index(batch, offsets)
+        except StoreFailed as exc:
+            # A consumer log whose cut back failed: its state is unknown until reopened.
+            self._failed = exc
+            raise
         except LogStoreError as exc:
             # The consumer logs are cut back; the batch's records go too, or the next batch
             # would reuse their sequences over records a slave copies as written and a restart
@@ -317,9 +326,10 @@ class MessageStore(HeldWrites, CopyWrites):
         return batch
 
     def _entries_for(self, offsets: list[int]) -> tuple[FileHandle, bytes] | None:
-        """The usual commit (one subject, its consumer log's last file open with room for it): that file and the batch's encoded entries, which the message log writes right
-        after its fsync, in the same call (``SegmentedLog.append_durably_then``); else None and
-        ``_index`` writes them."""
+        """The usual commit (one subject, its consumer log's last file open with room for
+        it): that file and the batch's encoded entries, which the message log writes right
+        after its fsync, in the same call (``SegmentedLog.append_durably_then``); else None
+        and ``_index`` writes them."""
         batch = self._indexing
         if len(batch.runs) != 1:
             return None
@@ -335,19 +345,10 @@ class MessageStore(HeldWrites, CopyWrites):
         return handle, encode_entries(batch.fresh_timestamps_ms, offsets,
                                       list(map(len, batch.bodies)), batch.fresh_blooms)
 
-    def _index(self, batch: WriteBatch, offsets: list[int], written: OSError | None) -> None:
-        """Append the batch's entries (or account for those ``_entries_for`` had the message
-        log write, ``written`` being that write's error); on failure cut every touched
-        consumer log back."""
-        clog = self._indexed_by_sync
-        if clog is not None:
-            self._indexed_by_sync = None
-            try:
-                clog.appended(len(offsets), written)  # cuts itself back when it raises
-                return
-            except StoreFailed as exc:
-                self._failed = exc
-                raise
+    def _index(self, batch: WriteBatch, offsets: list[int]) -> None:
+        """Append the batch's entries when ``_entries_for`` did not have the message log
+        write them; on failure cut every touched consumer log back (a ``StoreFailed``, a cut
+        that failed, propagates: the caller makes it sticky)."""
         ends = {}
         sizes = list(map(len, batch.bodies))
         timestamps, blooms = batch.fresh_timestamps_ms, batch.fresh_blooms
@@ -365,9 +366,6 @@ class MessageStore(HeldWrites, CopyWrites):
                     encode_entries(timestamps[start:stop], offsets[start:stop],
                                    sizes[start:stop], blooms[start:stop])
                     for start, stop in slices]))
-        except StoreFailed as exc:
-            self._failed = exc
-            raise
         except LogStoreError:
             try:
                 for subject, end in ends.items():

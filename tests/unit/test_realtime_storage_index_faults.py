@@ -309,3 +309,44 @@ def test_entries_the_one_call_fails_to_write_after_the_fsync_leave_nothing_of_th
         assert reopened.read("s", 2).payload == b"a2"
     finally:
         reopened.close()
+
+
+class ClogEioCutFails(ClogEio):
+    """``ClogEio`` under which the consumer log's own cut back fails too (EIO on truncate)."""
+
+    def opener(self, path: str):
+        handle, outer = super().opener(path), self
+
+        class Handle:
+            def truncate(self, size):
+                if outer.fail and "/consumerlog/" in path:
+                    raise OSError(errno.EIO, "injected EIO on truncate", path)
+                handle.truncate(size)
+
+            def __getattr__(self, name):
+                return getattr(handle, name)
+
+        return Handle()
+
+
+@pytest.mark.parametrize("subjects", [("s",), ("s", "t")],
+                         ids=["entries written by the sync", "entries written after it"])
+def test_a_consumer_log_whose_cut_back_fails_makes_the_store_refuse_writes(tmp_path, subjects):
+    from realtime.storage import StoreFailed
+
+    disk = ClogEioCutFails()
+    store = MessageStore(str(tmp_path / "m"), TINY, opener=disk.opener, now_ms=T0)
+    try:
+        for subject in subjects:
+            store.append(subject, f"{subject}-a", [1], T0, b"a")
+        store.commit()
+        disk.fail = True
+        for subject in subjects:
+            store.append(subject, f"{subject}-b", [1], T0, b"b")
+        with pytest.raises(StoreFailed, match="injected EIO on truncate"):
+            store.commit()
+        disk.fail = False
+        with pytest.raises(StoreFailed):
+            store.append("s", "c", [1], T0, b"c")
+    finally:
+        store.close()
