@@ -36,13 +36,13 @@ async def client(server):
 def tasks(server, monkeypatch) -> list[object]:
     """The task each send was queued for its commit in (None: stepped inline, no task)."""
     seen: list[object] = []
-    send_soon = server.broker.send_soon
+    send_soon = server.broker.sends.send_soon  # what the server calls for a send
 
     def noted(payloads, compact, done):
         seen.append(asyncio.current_task())
         return send_soon(payloads, compact, done)
 
-    monkeypatch.setattr(server.broker, "send_soon", noted)
+    monkeypatch.setattr(server.broker.sends, "send_soon", noted)
     return seen
 
 
