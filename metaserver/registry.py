@@ -381,22 +381,25 @@ class Registry(RoutesMixin, AdminViewsMixin):
             await self.liveness.flush(s)  # first: expiry must see every heartbeat noted
             await self.broker_liveness.flush(s)
             if now - self._started_ms > self.config.broker_expiry_ms:
+                brokers_table = Broker.__table__.c
                 result = await s.execute(
-                    update(Broker)
+                    update(Broker.__table__)
                     .where(
-                        Broker.state != "offline",
-                        Broker.last_heartbeat_ms < now - self.config.broker_expiry_ms,
+                        brokers_table.state != "offline",
+                        brokers_table.last_heartbeat_ms < now - self.config.broker_expiry_ms,
                     )
                     .values(state="offline")
                 )
                 brokers = result.rowcount or 0
             if now - self._started_ms > self.config.client_expiry_ms:
-                stale = (Client.online.is_(True),
-                         Client.last_seen_ms < now - self.config.client_expiry_ms)
-                expired = list((await s.execute(select(Client.client_id).where(*stale)))
+                clients_table = Client.__table__.c
+                stale = (clients_table.online.is_(True),
+                         clients_table.last_seen_ms < now - self.config.client_expiry_ms)
+                expired = list((await s.execute(select(clients_table.client_id).where(*stale)))
                                .scalars())
                 if expired:
-                    result = await s.execute(update(Client).where(*stale).values(online=False))
+                    result = await s.execute(update(Client.__table__).where(*stale)
+                                             .values(online=False))
                     clients = result.rowcount or 0
                     for client_id in expired:  # their next heartbeats must set them online
                         self.liveness.forget(client_id)
