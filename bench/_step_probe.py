@@ -25,6 +25,11 @@ OUT_ENV = "QMQ_STEP_PROBE_OUT"
 # Set (to any value) in the server's environment: also count the event loop's work, written to
 # ``<QMQ_STEP_PROBE_OUT>.loop`` at exit (``install_loop_counts``).
 LOOP_ENV = "QMQ_STEP_PROBE_LOOP"
+# Set in the server's environment: time each event-loop callback and each garbage collection
+# on the loop thread, written to ``<QMQ_STEP_PROBE_OUT>.long`` at exit, INSTEAD of the step
+# probes (whose lists of events, ~3 tracked objects per message, would lengthen the gc passes).
+LONG_ENV = "QMQ_STEP_PROBE_LONG"
+LONG_MS = 1.0  # a callback or collection at least this long (wall or loop-thread CPU) is noted
 # (step, monotonic ns, the payloads or bodies it concerns): appended on the probed process's
 # event loop or store thread (list.append holds the GIL), read once at exit.
 _EVENTS: list[tuple[str, int, list[bytes]]] = []
@@ -284,13 +289,70 @@ def install_client() -> None:
     atexit.register(_dump)
 
 
+def install_long_callbacks() -> None:
+    """Note the event loop's long callbacks (``bench.latency_steps --long``): each callback
+    whose wall time or loop-thread CPU time reached LONG_MS, by name (a task wake-up by its
+    coroutine), and each garbage collection on the loop thread by generation, with the
+    monotonic time it began; plus the count of all callbacks."""
+    import asyncio
+    import gc
+    from asyncio import events
+
+    noted: list[tuple[str, int, int, int]] = []  # (name, begun ns, wall ns, cpu ns)
+    totals = {"callbacks": 0}
+    long_ns = int(LONG_MS * 1e6)
+    handle_run = events.Handle._run
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+
+    def name_of(callback: Any) -> str:
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro = owner.get_coro()
+            return "task " + getattr(coro, "__qualname__", type(coro).__name__)
+        return str(getattr(callback, "__qualname__", None) or type(callback).__name__)
+
+    def timed_run(self: Any) -> None:
+        totals["callbacks"] += 1
+        w0, c0 = wall(), cpu()
+        handle_run(self)
+        w, c = wall() - w0, cpu() - c0
+        if w >= long_ns or c >= long_ns:
+            noted.append((name_of(self._callback), _now() - w, w, c))
+
+    events.Handle._run = timed_run  # type: ignore[method-assign]
+    loop_thread = threading.get_ident()
+    started: list[int] = [0, 0, 0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != loop_thread:
+            return
+        if phase == "start":
+            started[0], started[1] = wall(), cpu()
+        else:
+            w, c = wall() - started[0], cpu() - started[1]
+            noted.append((f"gc gen {info['generation']}", _now() - w, w, c))
+
+    gc.callbacks.append(on_gc)
+
+    def dump() -> None:
+        with open(os.environ[OUT_ENV] + ".long", "wb") as f:
+            pickle.dump({"noted": noted, **totals}, f)
+
+    atexit.register(dump)
+
+
 def main(argv: list[str]) -> int:
     """Install the probes of ``argv[0]`` (server or client), then run the program."""
     role, rest = argv[0], argv[1:]
     if role == "server":
-        install_server()
+        if not os.environ.get(LONG_ENV):
+            install_server()
+        else:  # no step probes: their lists of events would lengthen every gc pass timed
+            atexit.register(_dump)
         if os.environ.get(LOOP_ENV):
             install_loop_counts()
+        if os.environ.get(LONG_ENV):
+            install_long_callbacks()
         from qmq.cli import main as qmq_main
         return qmq_main(rest)
     install_client()

@@ -7,6 +7,7 @@ published (visible) -> pulled -> pull answer written -> read by the consumer -> 
     python -m bench.latency_steps --runs 3 --seconds 20
     python -m bench.latency_steps --no-trace        # qmq up --no-trace: what trace events cost
     python -m bench.latency_steps --count-loop      # + the server's loop iterations, callbacks
+    python -m bench.latency_steps --long            # the loop's long callbacks and gc passes
 
 One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rate producer
 (``bench.peers.worker``), each started through ``bench._step_probe``, which notes when each
@@ -25,6 +26,12 @@ the slowest 1%, the median of each part of their commit.
 A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
 The probes add a few us per request: the totals are a little above an unprobed run's
 (bench.commit_cycle). Wall clock: state the load.
+``--long`` runs the server without its step probes (their event lists would lengthen the gc
+passes it times) and notes instead each event-loop callback and each loop-thread garbage
+collection of at least 1 ms, wall or CPU, by name (a task by its coroutine): per name, how many
+ran during the traffic and their wall / CPU ms; and for each of the slowest 1% the one of most CPU
+that ran while it was in flight. Under load, wall times are mostly waits for a core: count the
+callbacks long in CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from typing import Any
 from bench._cluster import (
     percentile, process_cpu_s, start_process, thread_cpu_s, thread_switches,
 )
-from bench._step_probe import LOOP_ENV, OUT_ENV
+from bench._step_probe import LONG_ENV, LONG_MS, LOOP_ENV, OUT_ENV
 from bench.commit_cycle import _free_port, _histogram
 from bench.delay import wait_registered
 from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
@@ -135,7 +142,7 @@ def _slowest(seen: dict[int, dict[str, int]], share: float = 0.01) -> dict[str, 
 
 
 def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (),
-            count_loop: bool = False) -> dict[str, Any]:
+            count_loop: bool = False, long: bool = False) -> dict[str, Any]:
     """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds`` (``up_args`` added to its
     command line): the module doc's figures."""
     count = int(rate * seconds)
@@ -148,6 +155,8 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
         os.environ[OUT_ENV] = out["server"]  # start_process passes our environment on
         if count_loop:
             os.environ[LOOP_ENV] = "1"
+        if long:
+            os.environ[LONG_ENV] = "1"
         server = start_process("qmq up", _probe_argv("server", [
             "--log-level", "warning", "up", "--data-dir", os.path.join(directory, "qmq"),
             "--host", "127.0.0.1", "--meta-port", "0", "--realtime-port", "0",
@@ -158,6 +167,7 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
             wait_registered(url)
             os.environ[OUT_ENV] = out["consumer"]
             os.environ.pop(LOOP_ENV, None)
+            os.environ.pop(LONG_ENV, None)
             consumer = start_process("consumer", _probe_argv("client", _worker_args(
                 url, "consume", {"subject": SUBJECT, "count": count, "timeout_s": timeout_s,
                                  "delayed": False}, os.path.join(directory, "c.json"))),
@@ -198,6 +208,10 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
         if count_loop:
             with open(out["server"] + ".loop", "rb") as f:
                 loop_counts = pickle.load(f)
+        long_noted: dict[str, Any] = {}
+        if long:
+            with open(out["server"] + ".long", "rb") as f:
+                long_noted = pickle.load(f)
     finally:
         os.environ.clear()
         os.environ.update(env)
@@ -230,7 +244,39 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
             "commits": commits, "fsync_mean_ms": fsync_s / max(1.0, commits) * 1e3,
             "store_switches_per_commit": [n / max(1.0, commits) for n in store_switches],
             "slowest": _slowest(seen), "load_1min": os.getloadavg()[0],
-            "loop_per_msg": {what: n / count for what, n in loop_counts.items()}}
+            "loop_per_msg": {what: n / count for what, n in loop_counts.items()},
+            "long": _long_callbacks(long_noted, seen) if long else {}}
+
+
+def _long_callbacks(long_noted: dict[str, Any], seen: dict[int, dict[str, int]]
+                    ) -> dict[str, Any]:
+    """The loop's long callbacks and collections noted while messages were in flight (first
+    send to last receipt), by name: how many, how many of them long in CPU, and their wall /
+    CPU ms (median, max); and for each of the slowest 1% the noted one of most CPU that ran
+    between its send and its receipt (the stall it waited behind, if any)."""
+    begun = min(times["send"] for times in seen.values() if "send" in times)
+    ended = max(times["received"] for times in seen.values() if "received" in times)
+    spans = [(at, at + wall_ns, wall_ns / 1e6, cpu_ns / 1e6, name)
+             for name, at, wall_ns, cpu_ns in long_noted["noted"] if begun <= at <= ended]
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for _, _, wall_ms, cpu_ms, name in spans:
+        by_name.setdefault(name, []).append((wall_ms, cpu_ms))
+    timed = sorted((times["received"] - times["send"], times["send"], times["received"])
+                   for times in seen.values() if "send" in times and "received" in times)
+    behind: dict[str, int] = {}
+    for _, sent, received in timed[len(timed) - max(1, len(timed) // 100):]:
+        overlapping = [(cpu_ms, name) for start, end, _, cpu_ms, name in spans
+                       if start < received and end > sent]
+        name = max(overlapping)[1] if overlapping else "none"
+        behind[name] = behind.get(name, 0) + 1
+    summary = {}
+    for name, rows in by_name.items():
+        walls, cpus = sorted(w for w, _ in rows), sorted(c for _, c in rows)
+        summary[name] = (len(rows), sum(c >= LONG_MS for c in cpus), percentile(walls, 0.5),
+                         walls[-1], percentile(cpus, 0.5), cpus[-1])
+    return {"seconds": (ended - begun) / 1e9, "callbacks": long_noted["callbacks"],
+            "slowest_behind": dict(sorted(behind.items(), key=lambda item: -item[1])),
+            "by_name": summary}
 
 
 def _lines(f: dict[str, Any]) -> list[str]:
@@ -260,6 +306,19 @@ def _lines(f: dict[str, Any]) -> list[str]:
         lines.append("event loop per message: " + ", ".join(
             f"{what} {n:.2f}" for what, n in sorted(f["loop_per_msg"].items(),
                                                      key=lambda item: -item[1]) if n >= 0.01))
+    if f["long"]:
+        long = f["long"]
+        lines.append(f"loop callbacks or loop-thread gc of >= {LONG_MS:g} ms (wall or CPU) in "
+                     f"the {long['seconds']:.1f} s of traffic ({long['callbacks']:,} callbacks "
+                     "in the server's life): count, of them long in CPU, wall p50 / max, CPU "
+                     "p50 / max ms:")
+        lines.append("  the slowest 1% each behind (the noted one of most CPU during its "
+                     "send -> received): " + ", ".join(
+                         f"{name} {n}" for name, n in long["slowest_behind"].items()))
+        for name, (n, n_cpu, w50, wmax, c50, cmax) in sorted(
+                long["by_name"].items(), key=lambda item: (-item[1][1], -item[1][0])):
+            lines.append(f"  {n:5d} {n_cpu:5d}  {w50:6.2f} {wmax:6.2f}  {c50:6.2f} {cmax:6.2f}  "
+                         + name)
     return lines
 
 
@@ -276,12 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count-loop", action="store_true",
                         help="count the server's event-loop iterations, callbacks, tasks and "
                              "futures per message (slows the loop: its CPU figures not quoted)")
+    parser.add_argument("--long", action="store_true",
+                        help=f"note the server's loop callbacks and gc passes of >= {LONG_MS:g} "
+                             "ms, by name (slows the loop a little: CPU figures not quoted)")
     args = parser.parse_args(argv)
     print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync), probed, "
           f"{args.rate:,} msg/s for {args.seconds:g} s:", flush=True)
     for number in range(args.runs):
         figures = one_run(args.rate, args.seconds, args.tmpfs,
-                          ("--no-trace",) if args.no_trace else (), args.count_loop)
+                          ("--no-trace",) if args.no_trace else (), args.count_loop,
+                          args.long)
         print(f"  run {number + 1}: " + "\n    ".join(_lines(figures)), flush=True)
     return 0
 

@@ -42,3 +42,18 @@ def test_the_slowest_messages_are_placed_in_the_windows_they_were_sent_in():
     assert slow["count"] == 4
     assert slow["busiest_s"] == [0.0, 0.05, 0.1, 0.15]
     assert slow["blamed"] == {"to the broker (wire, its read)": 4}
+
+
+def test_each_of_the_slowest_messages_is_put_behind_the_longest_stall_it_was_in_flight_during():
+    ms = 1_000_000
+    seen = {seq: {"send": seq * ms, "received": seq * ms + ms // 2} for seq in range(200)}
+    seen[50]["received"] = 58 * ms  # in flight 50-58 ms: over the gc pass and the expiry step
+    seen[150]["received"] = 160 * ms  # 150-160 ms: over nothing noted
+    noted = [("gc gen 0", 52 * ms, 4 * ms, 4 * ms), ("task expiry", 51 * ms, 2 * ms, 2 * ms),
+             ("IoThread._deliver", 120 * ms, 3 * ms, ms // 10),  # long in wall only
+             ("task start", 500 * ms, 9 * ms, 9 * ms)]  # after the traffic: not counted
+    long = latency_steps._long_callbacks({"noted": noted, "callbacks": 1_000}, seen)
+    assert long["slowest_behind"] == {"gc gen 0": 1, "none": 1}
+    assert long["by_name"] == {"gc gen 0": (1, 1, 4.0, 4.0, 4.0, 4.0),
+                               "task expiry": (1, 1, 2.0, 2.0, 2.0, 2.0),
+                               "IoThread._deliver": (1, 0, 3.0, 3.0, 0.1, 0.1)}
