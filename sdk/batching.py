@@ -139,7 +139,10 @@ class BatchingMixin:
             batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
             batch.lingering = True
         else:
-            batch.timer = loop.call_soon(self._dispatch, key)
+            # Its task now: the task's first step, in the next loop turn, closes the batch
+            # (_send_batch) and writes it, a loop turn sooner than from a call_soon'd _dispatch
+            # that would make the task then.
+            self._start(key, batch)
         peak = self._sends_waiting_peak
         if self.split_sends_min and peak >= 2 * self.split_sends_min:  # module docstring 2
             batch.split_at = peak // 2
@@ -151,6 +154,12 @@ class BatchingMixin:
             return
         if batch.timer is not None:
             batch.timer.cancel()
+        if not batch.started:
+            self._start(key, batch)
+
+    def _start(self, key: Key, batch: Batch) -> None:
+        """Make the task that sends ``batch``; it counts as on the wire from now."""
+        batch.started = True
         task = asyncio.get_running_loop().create_task(
             self._send_batch(batch), name=f"qmq-send {batch.subject}"
         )

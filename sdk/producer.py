@@ -517,6 +517,9 @@ class Producer(BatchingMixin):
     # -- sending --------------------------------------------------------------------------------
 
     async def _send_batch(self, batch: Batch) -> None:
+        key = (batch.subject, batch.delayed)
+        if self._open.get(key) is batch:  # made as it opened (_open_batch): close it now
+            del self._open[key]
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(self.in_flight_max)
         async with self._in_flight:

@@ -153,6 +153,9 @@ class Batch:
     # Its timer is the linger (linger_ms), not the end of the loop turn: it leaves when a batch
     # of its subject on the wire is answered (Producer._batch_done).
     lingering: bool = False
+    # Its task is made (Producer._start): one that leaves after its loop turn gets it as it
+    # opens, and is closed (taken out of the open batches) by the task's first step.
+    started: bool = False
     # Leaves once it holds this many messages of single sends (Producer._open_batch sets it
     # below batch_size_max for a batch formed with nothing of its subject on the wire).
     split_at: int = MAX_SEND_BATCH_MESSAGES

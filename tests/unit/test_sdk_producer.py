@@ -416,6 +416,27 @@ async def test_a_lingering_batch_is_written_as_the_answer_before_it_is_read_befo
     assert events == ["batch written", "batch written", "first resumed"]
 
 
+async def test_a_lone_send_is_written_in_the_loop_turn_after_the_send(meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    p = producer(meta)
+    await p.send("orders", b"warm-up")  # route and connection ready: nothing to wait for
+    events: list[str] = []
+    original = p._pool.request
+
+    async def request(address, op, *rest):
+        events.append("batch written")  # the request's first step writes it
+        return await original(address, op, *rest)
+
+    p._pool.request = request
+    sending = asyncio.ensure_future(p.send("orders", b"lone"))
+    await asyncio.sleep(0)  # the send's first step ran before this: its batch is open
+    assert events == [] and ("orders", False) in p._open
+    await asyncio.sleep(0)  # the next loop turn: the batch was written before this resumes
+    assert events == ["batch written"] and ("orders", False) not in p._open
+    await sending
+    await p.close()
+
+
 async def test_by_default_a_new_batch_lingers_behind_any_batch_of_its_subject_on_the_wire(meta):
     assert producer(meta).linger_in_flight_min == LINGER_IN_FLIGHT_MIN_DEFAULT == 1
 
