@@ -164,7 +164,7 @@ class DelayServer(ServerBase):
         # commit outlived the lease is not acknowledged): the role's own check, the usual
         # case in one call.
         if not self.role.writable_now():
-            self._check_role()  # raises NotMaster, saying why
+            await self._check_role_renewed()  # a lapsed lease: renewed at once, or NotMaster
         if type(request) is Send:
             self.gate.check_send(grant, request.messages)
             results = await self.scheduler.schedule(request.messages, request.compact)

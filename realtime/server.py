@@ -203,7 +203,7 @@ class RealtimeServer(ServerBase):
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         if not self.role.writable_now():
-            self._check_role()  # raises NotMaster, saying why
+            await self._check_role_renewed()  # a lapsed lease: renewed at once, or NotMaster
         answer = await self._serve(core, session, request, grant)
         if type(answer) is Later:
             return answer  # a parked pull: _pull_answered checks the role when it ends

@@ -114,6 +114,9 @@ class Registration:
         self._backlog_task: asyncio.Task[None] | None = None
         self._backlog_lock = asyncio.Lock()  # one report at a time (see the module docstring)
         self._role_task: asyncio.Task[None] | None = None
+        # The renewal asked for by requests that met a lapsed lease (renew_lease): one at a time.
+        self._renewal: asyncio.Task[None] | None = None
+        self._renewal_started_ms = float("-inf")
         self._lock = asyncio.Lock()
         self._soon = asyncio.Event()
         self.registered = False
@@ -143,7 +146,7 @@ class Registration:
         """Stop heartbeating and, on a graceful stop, tell the MetaServer we are gone; True if
         it confirmed the deregistration."""
         deregistered = False
-        for task in (self._task, self._backlog_task, self._role_task):
+        for task in (self._task, self._backlog_task, self._role_task, self._renewal):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -167,14 +170,46 @@ class Registration:
         a slave whose fetch failed); rate-limited to one per HEARTBEAT_SOON_GAP_MS."""
         self._soon.set()
 
+    @property
+    def request_timeout_s(self) -> float:
+        """How long one heartbeat waits for a MetaServer: two intervals (a hung MetaServer must
+        cost less than a lease), within REQUEST_TIMEOUT_MS_MIN..REQUEST_TIMEOUT_MS_MAX."""
+        return min(REQUEST_TIMEOUT_MS_MAX,
+                   max(REQUEST_TIMEOUT_MS_MIN, 2 * self.heartbeat_interval_ms)) / 1000
+
+    async def renew_lease(self) -> None:
+        """The lease alone ran out (a process stalled past it): heartbeat at once rather than at
+        the next interval, and return once that answer is taken (or the heartbeat failed). One
+        renewal at a time: every caller waits for the same one, and a new one starts at most
+        once per HEARTBEAT_SOON_GAP_MS (a MetaServer that refuses at once is not hammered).
+        Callers bound their wait; a renewal they stop waiting for goes on."""
+        renewal = self._renewal
+        if renewal is None or renewal.done():
+            now_ms = self._clock_ms()
+            if now_ms - self._renewal_started_ms < HEARTBEAT_SOON_GAP_MS:
+                return  # one just ended without a renewal: the caller refuses
+            self._renewal_started_ms = now_ms
+            renewal = self._renewal = asyncio.create_task(self._renew(),
+                                                          name=f"{self.kind}-renewal")
+        await asyncio.shield(renewal)
+
+    async def _renew(self) -> None:
+        try:
+            async with self._lock:
+                # The heartbeat the lock waited for may have renewed the lease already, if it
+                # was sent after the stall; one sent before it renews nothing.
+                if self.registered and self.role.only_lease_ran_out(self._clock_ms()):
+                    await self._heartbeat_locked()
+        except Exception:  # a bug: logged here, as the loop's; the callers refuse
+            log.exception("lease renewal failed")
+
     async def _post(self, path: str, body: dict[str, Any], *,
                     patient: bool = False) -> tuple[int, Any]:
         """POST to the MetaServers; a heartbeat waits two intervals per MetaServer (a hung one
         must cost less than a lease), a ``patient`` call REQUEST_TIMEOUT_MS_MAX."""
         assert self._session is not None
-        timeout_ms = REQUEST_TIMEOUT_MS_MAX if patient else min(
-            REQUEST_TIMEOUT_MS_MAX, max(REQUEST_TIMEOUT_MS_MIN, 2 * self.heartbeat_interval_ms))
-        answer = await self.meta.request(self._session, "POST", path, timeout_s=timeout_ms / 1000,
+        timeout_s = REQUEST_TIMEOUT_MS_MAX / 1000 if patient else self.request_timeout_s
+        answer = await self.meta.request(self._session, "POST", path, timeout_s=timeout_s,
                                          headers=self._headers, ssl=http_ssl(self._ssl),
                                          json=body)
         return answer.status, answer.data

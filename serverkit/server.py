@@ -36,7 +36,7 @@ from serverkit.registration import Registration, server_registration
 from serverkit.follower import Scrub
 from serverkit.replica import Replica, connect_master
 from serverkit.replication import NoReplication, ReplicationStatus
-from serverkit.role import ServerRole
+from serverkit.role import ServerRole, boottime_ms
 from serverkit.role_metrics import RoleMetrics
 from serverkit.server_id import load_or_create
 from tracelog.writer import TraceWriter
@@ -240,6 +240,21 @@ class ServerBase:
     def _check_role(self) -> None:
         """Raise NotMaster unless this server is the leased, active master of its group."""
         self.role.check_writable_now(self.config.group)
+
+    async def _check_role_renewed(self) -> None:
+        """``_check_role`` for a request that found the role refusing: when the lease alone ran
+        out (the process stalled past it, a heartbeat answered late), ask the MetaServer at
+        once and wait for its answer, at most one heartbeat's request timeout, before refusing.
+        A producer then sees its send stored rather than ``not_master`` for up to a heartbeat
+        interval on a master that is still the master. Nothing is written on a lapsed lease:
+        only a renewal sent after it lapsed lets the request through (docs/REPLICATION.md 5)."""
+        registration = self.registration
+        if registration is not None and self.role.only_lease_ran_out(boottime_ms()):
+            await asyncio.sleep(0)  # a request stepped inline needs a task for the timeout
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(registration.request_timeout_s):
+                    await registration.renew_lease()
+        self._check_role()
 
     @property
     def replica(self) -> Replica | None:
