@@ -52,9 +52,31 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except ConnectionResetError as exc:
+        if not _client_gone(request):  # another connection's (a broker's, say): ours to fix
+            return _internal_error(request)
+        # The client closed its connection before its body arrived (it timed out, stalled or
+        # exited; aiohttp's request.read() says so): a departed client, nothing broke here,
+        # and nobody is left to answer.
+        log.info("client %s (%s) closed its connection during %s %s; not answered: %s",
+                 request.remote, request.headers.get("User-Agent", "no User-Agent"),
+                 request.method, request.path, exc)
+        return _error_response(BadRequest(f"{request.method} {request.path}: the client closed "
+                                          "its connection before its request was read"))
     except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
-        return _error_response(InternalError("internal error; see the MetaServer log"))
+        return _internal_error(request)
+
+
+def _client_gone(request: web.Request) -> bool:
+    """True when the client's connection is closed (or closing)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _internal_error(request: web.Request) -> web.Response:
+    """Log the exception being handled as a MetaServer bug and answer ``internal``."""
+    log.exception("internal error on %s %s", request.method, request.path)
+    return _error_response(InternalError("internal error; see the MetaServer log"))
 
 
 def _error_response(error: ApiError) -> web.Response:
