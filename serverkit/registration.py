@@ -14,7 +14,8 @@ fails over to the next within the same heartbeat, with a per-request timeout of 
 intervals (so a hung MetaServer costs less than a lease). A 404 means the MetaServers forgot us
 (a fresh database, or we were expired): we register again. While no MetaServer can be reached
 the server keeps trying; a solo master keeps serving, a master of a replicated group stops at
-the end of its lease.
+the end of its lease. A request that meets a lease that alone ran out (the process stalled past
+it) asks for a renewal at once (``renew_lease``) rather than waiting for the next interval.
 
 A heartbeat is only the lease renewal and the data plane's report: it carries no backlog, so
 it stays small and fast whatever the number of groups. The backlog goes in reports of its own

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import aiohttp
+import pytest
 
 from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
@@ -232,8 +233,26 @@ async def test_a_delay_server_that_lost_its_mastership_does_not_dispatch(tmp_pat
             await first.stop()
 
 
+async def _no_dispatch(subject: str, payloads: list[bytes]) -> tuple[str, list[dict[str, Any]]]:
+    raise AssertionError(f"nothing is due in this test ({subject})")
+
+
+def delay(tmp_path: Any, meta_url: str, me: str, peer: str) -> DelayServer:
+    """A delay server of group d1 as ``me`` whose stand-in data plane proposes ``peer``."""
+    data = tmp_path / me
+    data.mkdir(exist_ok=True)
+    server_id.write(str(data), bytes.fromhex(me))
+    stub = StubReplication([peer])
+    server = DelayServer(DelayConfig(data_dir=str(data), meta_url=meta_url, group="d1", port=0,
+                                     bucket_ms=1000, trace=False),
+                         dispatch=_no_dispatch, replication=stub)
+    stub.role = server.role
+    return server
+
+
+@pytest.mark.parametrize("kind", ["realtime", "delay"])
 async def test_a_master_that_stalled_past_its_lease_stores_the_next_send_after_renewing_at_once(
-        tmp_path):
+        tmp_path, kind):
     # A process stalled longer than its lease (SIGSTOP, swap, a loaded machine) used to refuse
     # sends with not_master until its next heartbeat interval's answer (~1 s with the defaults,
     # review s18 slave): a producer's 4 attempts could all fail on a master that still is one.
@@ -241,9 +260,10 @@ async def test_a_master_that_stalled_past_its_lease_stores_the_next_send_after_r
     # stall cannot end in a failover: this is the master that stays master.
     config = MetaConfig(db_url=sqlite_url(tmp_path / "m.db"), port=0, lease_ms=LEASE_MS,
                         lease_margin_ms=600_000)
+    make = realtime if kind == "realtime" else delay
     async with start_metaserver(config) as meta:
-        first = realtime(tmp_path, meta.url, FIRST, SECOND)
-        second = realtime(tmp_path, meta.url, SECOND, FIRST)
+        first = make(tmp_path, meta.url, FIRST, SECOND)
+        second = make(tmp_path, meta.url, SECOND, FIRST)
         await first.start()
         await second.start()
         client = await RawClient.connect(first.port)
@@ -253,7 +273,9 @@ async def test_a_master_that_stalled_past_its_lease_stores_the_next_send_after_r
             renewals = first.role.lease_until_ms
             time.sleep(LEASE_MS / 1000)  # the whole process stalls (the loop too) past the lease
             assert not first.role.writable_now(), "the stall must outlast the lease"
-            payload = encode_message(Message.create("orders", b"x", now_ms=now_ms(), id="r-1"))
+            later = now_ms() + 3_600_000 if kind == "delay" else None  # a delay server's own
+            payload = encode_message(Message.create("orders", b"x", now_ms=now_ms(), id="r-1",
+                                                    deliver_at_ms=later))
             answer = await client.request({"op": "send", "messages": [payload]})
             assert "error" not in answer, answer
             assert answer["results"][0]["status"] == "stored"
