@@ -117,7 +117,7 @@ class Registration:
         self._role_task: asyncio.Task[None] | None = None
         # The renewal asked for by requests that met a lapsed lease (renew_lease): one at a time.
         self._renewal: asyncio.Task[None] | None = None
-        self._renewal_started_ms = float("-inf")
+        self._renewal_next_ms = float("-inf")  # no renewal starts before (see _renew)
         self._lock = asyncio.Lock()
         self._soon = asyncio.Event()
         self.registered = False
@@ -181,15 +181,14 @@ class Registration:
     async def renew_lease(self) -> None:
         """The lease alone ran out (a process stalled past it): heartbeat at once rather than at
         the next interval, and return once that answer is taken (or the heartbeat failed). One
-        renewal at a time: every caller waits for the same one, and a new one starts at most
-        once per HEARTBEAT_SOON_GAP_MS (a MetaServer that refuses at once is not hammered).
+        renewal at a time: every caller waits for the same one, and after one that did not
+        renew the next waits a heartbeat interval (MetaServers that fail at once are not asked
+        once per request).
         Callers bound their wait; a renewal they stop waiting for goes on."""
         renewal = self._renewal
         if renewal is None or renewal.done():
-            now_ms = self._clock_ms()
-            if now_ms - self._renewal_started_ms < HEARTBEAT_SOON_GAP_MS:
-                return  # one just ended without a renewal: the caller refuses
-            self._renewal_started_ms = now_ms
+            if self._clock_ms() < self._renewal_next_ms:
+                return  # the last one did not renew: the caller refuses, the loop goes on
             renewal = self._renewal = asyncio.create_task(self._renew(),
                                                           name=f"{self.kind}-renewal")
         await asyncio.shield(renewal)
@@ -203,6 +202,11 @@ class Registration:
                     await self._heartbeat_locked()
         except Exception:  # a bug: logged here, as the loop's; the callers refuse
             log.exception("lease renewal failed")
+        if self.role.only_lease_ran_out(self._clock_ms()):
+            # No renewal (the MetaServers failed, refused or answered too late): the next one
+            # waits a heartbeat interval, so an outage under traffic costs at most one extra
+            # heartbeat (and log line) per interval, not one per request (review rvc-L3).
+            self._renewal_next_ms = self._clock_ms() + self.heartbeat_interval_ms
 
     async def _post(self, path: str, body: dict[str, Any], *,
                     patient: bool = False) -> tuple[int, Any]:
