@@ -23,10 +23,11 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("logstore._framing", sources=["logstore/_framing.c"], libraries=["z"],
+                  depends=["logstore/_framing.h"],
                   optional=True),
         Extension("serverkit._send_check", sources=["serverkit/_send_check.c"], optional=True),
         Extension("realtime.storage._codecs", sources=["realtime/storage/_codecs.c"],
-                  libraries=["z"], optional=True),
+                  libraries=["z"], depends=["logstore/_framing.h"], optional=True),
         Extension("delayserver._due_records", sources=["delayserver/_due_records.c"],
                   libraries=["z"], optional=True),
         Extension("delayserver._commit_codecs", sources=["delayserver/_commit_codecs.c"],

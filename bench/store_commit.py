@@ -10,8 +10,8 @@ with no event loop, no network and (on tmpfs) no disk.
 
 One ``MessageStore`` (flush sync, the broker's defaults) in a temp dir under /dev/shm (or
 ``--dir``), its fsync observed by a metric as ``qmq up`` observes it (``RealtimeMetrics``),
-then ``--commits`` commits of ``--per-commit`` messages of one subject, each: ``append_many``
-of the columns, ``commit_sequences``, ``copy_end``. Printed: CPU-us per commit and per
+then ``--commits`` commits of ``--per-commit`` messages of one subject, each: ``append_commit``
+of the columns, ``copy_end``. Printed: CPU-us per commit and per
 message (``time.process_time``, this process has one thread) for each of ``--runs`` runs, and
 with ``--profile`` the calls per commit by function (the heaviest first). On tmpfs an fsync
 is a system call that returns at once: what is left is the Python path, the part a change to
@@ -52,8 +52,7 @@ EVICT_OBJECTS = 30_000  # small objects walked with --cold (Python's own data ev
 
 def _commit(store: MessageStore, ids: list[str], payloads: list[bytes], now_ms: int) -> None:
     count = len(ids)
-    store.append_many([SUBJECT] * count, ids, [()] * count, now_ms, payloads)
-    sequences = store.commit_sequences()
+    sequences = store.append_commit([SUBJECT] * count, ids, [()] * count, now_ms, payloads)
     assert len(sequences) == count and None not in sequences
     store.copy_end()
 

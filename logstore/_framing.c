@@ -6,10 +6,11 @@
  *     u32 body_length | u32 crc32 | u16 magic 0x514D | u8 version 1 | u8 attributes 0 | body
  *
  * all big-endian, the CRC being zlib's CRC-32 over bytes 0..3 and 8..end (this links zlib and calls
- * its crc32, like delayserver/_due_records.c and realtime/storage/_codecs.c). Why C: a log append is dominated by per-record Python
- * calls (length, CRC, header pack, join); here they cost one loop iteration. record.py falls
- * back to the pure-Python frame_records when this module was not built, and the codec tests
- * check both against zlib.crc32.
+ * its crc32, like delayserver/_due_records.c and realtime/storage/_codecs.c; the frame itself is
+ * written by _framing.h, which realtime/storage/_codecs.c's encode_run shares). Why C: a log
+ * append is dominated by per-record Python calls (length, CRC, header pack, join); here they
+ * cost one loop iteration. record.py falls back to the pure-Python frame_records when this
+ * module was not built, and the codec tests check both against zlib.crc32.
  *
  * write_sync(fd: int, data: bytes, offset: int) -> (written, write_errno, fsync_errno, fsync_ns,
  * synced_at_ns) writes all of data at offset (looping over short writes), then fsyncs fd, with
@@ -35,21 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_SIZE_BYTES 12
-/* Continue a CRC-32 with zlib's (the same function as Python's zlib.crc32):
- * crc32_update(crc32_update(0, a), b) == zlib.crc32(a + b). */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *data, size_t size)
-{
-    return (uint32_t)crc32_z(crc, data, size);
-}
+#include "_framing.h"
 
-static void store_be32(unsigned char *p, uint32_t value)
-{
-    p[0] = (unsigned char)(value >> 24);
-    p[1] = (unsigned char)(value >> 16);
-    p[2] = (unsigned char)(value >> 8);
-    p[3] = (unsigned char)value;
-}
+#define HEADER_SIZE_BYTES LOGSTORE_HEADER_SIZE_BYTES
 
 static PyObject *frame_records(PyObject *module, PyObject *bodies)
 {
@@ -86,15 +75,8 @@ static PyObject *frame_records(PyObject *module, PyObject *bodies)
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
         Py_ssize_t size = PyBytes_GET_SIZE(body);
-        store_be32(out, (uint32_t)size);
-        out[8] = 0x51; /* magic 0x514D, "QM" */
-        out[9] = 0x4D;
-        out[10] = 1; /* version */
-        out[11] = 0; /* attributes */
         memcpy(out + HEADER_SIZE_BYTES, PyBytes_AS_STRING(body), (size_t)size);
-        uint32_t crc = crc32_update(0, out, 4);
-        crc = crc32_update(crc, out + 8, 4 + (size_t)size);
-        store_be32(out + 4, crc);
+        logstore_frame_in_place(out, (size_t)size);
         out += HEADER_SIZE_BYTES + size;
     }
     return framed;

@@ -404,13 +404,15 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
         active = self._segments[-1]
         return self._end - active.base_offset - active.size_bytes
 
-    def flush(self) -> None:
-        """Write buffered records to the OS (not fsynced); a process crash no longer loses them."""
+    def flush(self, framed: bytes | None = None) -> None:
+        """Write buffered records to the OS (not fsynced); a process crash no longer loses them.
+        ``framed``: records framed by the caller instead, the buffer empty (``sync_then``)."""
         self._check_writable()
-        if not self._pending:
-            return
+        if framed is None:
+            if not self._pending:
+                return
+            framed = frame_records(self._pending)
         active = self._segments[-1]
-        framed = frame_records(self._pending)
         try:
             active.handle.append(framed)
         except OSError as exc:

@@ -67,18 +67,45 @@ class SegmentSyncMixin:
             raise
         return offsets, append_then(then)
 
-    def sync_then(self, then: tuple[FileHandle, bytes] | None) -> OSError | None:
+    def framed_room(self) -> tuple[int, int] | None:
+        """For ``append_framed_durably``: (the log's end offset, how many framed bytes it
+        takes there in one write: no roll and no flush due, as ``append_many``'s fast path),
+        or None when it cannot take them (async mode, records buffered, a segment or the
+        directory not fsynced yet). The room is negative while the log is closed or failed."""
+        if (self._pending or self._unsynced_base is not None or self._directory_dirty
+                or self.config.flush_mode != "sync"):
+            return None
+        return self._end, self._fast_path_end - self._end
+
+    def append_framed_durably(self, framed: bytes,
+                              then: tuple[FileHandle, bytes] | None) -> OSError | None:
+        """``append_durably_then`` of records the caller framed itself (``framed``, back to
+        back, fitting ``framed_room``, which said where they start), with ``then`` given: the
+        same write, fsync and ``then`` append (``sync_then``), the same failures, the same
+        cut-back on a full disk. Returns that append's error."""
+        start = self._end
+        self._end = start + len(framed)
+        try:
+            return self.sync_then(then, framed)
+        except DiskFull:
+            self.cut_back(start)  # type: ignore[attr-defined]
+            raise
+
+    def sync_then(self, then: tuple[FileHandle, bytes] | None,
+                  framed: bytes | None = None) -> OSError | None:
         """``sync``; then, with ``then`` (a file of another log, bytes), append those bytes to
         that file once this log is durable: a store's index entries of the records just
         synced, written in the same GIL release as the write and fsync where it can
         (``OsFile.append_and_sync``). That append's failure is returned, not raised: this log
-        is durable and not failed by it; the caller cuts its own file back."""
+        is durable and not failed by it; the caller cuts its own file back. ``framed``:
+        records framed by the caller (``append_framed_durably``, nothing buffered), written
+        where the buffer's would be."""
         fsync_s = 0.0
         then_error = None
         active = self._segments[-1]
         pending = self._pending
         append_and_sync = getattr(active.handle, "append_and_sync", None)
-        if (pending and append_and_sync is not None
+        if ((pending or framed is not None) and append_and_sync is not None
                 and self._unsynced_base in (None, active.base_offset)):
             # The group commit's usual case: one buffer for the active segment alone, framed,
             # written and fsynced in one call (one GIL release, logstore.fileio), then ``then``
@@ -86,7 +113,8 @@ class SegmentSyncMixin:
             # ``DiskFull``, others sticky.
             if self._closed or self._failed is not None:
                 self._check_writable()  # raises
-            framed = frame_records(pending)
+            if framed is None:
+                framed = frame_records(pending)
             try:
                 then_error = append_and_sync(framed, then)
             except FsyncFailed as exc:
@@ -101,7 +129,7 @@ class SegmentSyncMixin:
             fsynced = True
             then = None  # written, or its error in then_error
         else:
-            self.flush()
+            self.flush(framed)  # a FaultyFile's path: its write, then its fsync below
             fsynced = False
         if self._unsynced_base is not None or self._directory_dirty:
             synced_s = self._sync_unsynced()

@@ -243,9 +243,9 @@ class Sends:
                 hashes: list[Any] = list(map(hashes_of.__getitem__, tags))
             else:
                 hashes = [()] * len(messages)
-            store.append_many(list(map(_subjects_of, messages)), list(map(_ids_of, messages)),
-                              hashes, now_ms, payloads)
-            sequences = store.commit_sequences()
+            sequences = store.append_commit(list(map(_subjects_of, messages)),
+                                            list(map(_ids_of, messages)), hashes, now_ms,
+                                            payloads)
         except BaseException:
             store.discard()  # no request of a failed commit may ride along with the next one
             raise

@@ -32,11 +32,13 @@ from logstore import (
     OsFile,
 )
 from realtime.storage.config import (
+    MESSAGE_ID_BYTES_MAX,
     TAG_HASH_MAX,
     TIMESTAMP_MS_MAX,
     U64_MAX,
     StoreConfig,
 )
+from realtime.storage.commit_run import encode_run
 from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.held import HeldSet
@@ -253,6 +255,59 @@ class MessageStore(HeldWrites, CopyWrites):
         self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
                         self._indexed_end, self._held_keys)
 
+    def append_commit(self, subjects: Sequence[str], message_ids: Sequence[str],
+                      tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
+                      payloads: Sequence[bytes]) -> list[int | None]:
+        """``append_many`` then ``commit_sequences`` (the broker's path), in one call.
+
+        The usual commit (nothing else appended, one subject with a consumer log, no tags, no
+        held message, every id new, sync flush) takes one encoder call for its records and
+        entries (``commit_run.encode_run``) and one write for both with the fsync between
+        (``SegmentedLog.append_framed_durably``); anything else, or a run the encoder refuses,
+        takes the general path, which words what is wrong. The same bytes on disk, the same
+        outcomes and errors either way."""
+        count = len(subjects)
+        if (count and self._failed is None and not self._batch.sequences and not self._closed
+                and not self._held_keys and not any(tag_hashes)
+                and subjects.count(subjects[0]) == count):
+            sequences = self._commit_run(subjects[0], message_ids, timestamp_ms, payloads)
+            if sequences is not None:
+                return sequences
+        self.append_many(subjects, message_ids, tag_hashes, timestamp_ms, payloads)
+        return self.commit_sequences()
+
+    def _commit_run(self, subject: str, message_ids: Sequence[str], timestamp_ms: int,
+                    payloads: Sequence[bytes]) -> list[int] | None:
+        """``append_commit``'s usual commit; None, having done nothing, when it is not one."""
+        clog = self._consumer_logs.get(subject)
+        log = self._message_log.log
+        room = log.framed_room()
+        if clog is None or room is None:
+            return None
+        dedup = self._dedup
+        keys = dedup.keys(subject, message_ids)
+        count = len(keys)
+        if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
+            return None  # an id seen before, or twice in the run
+        handle = clog.handle_for(count)
+        if handle is None:
+            return None
+        first = clog.end
+        encoded = encode_run(timestamp_ms, subject, first, message_ids, payloads, room[0],
+                             room[1], MESSAGE_ID_BYTES_MAX, self.config.record_size_bytes_max)
+        if encoded is None:
+            return None
+        framed, entries = encoded
+        try:
+            index_error = log.append_framed_durably(framed, (handle, entries))
+        except LogWriteFailed as exc:
+            self._failed = exc  # sticky, as in _commit_batch
+            raise
+        sequences = list(range(first, first + count))
+        self._indexed(clog, count, index_error, room[0], None, keys, sequences,
+                      [timestamp_ms] * count)
+        return sequences
+
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.
 
@@ -299,13 +354,24 @@ class MessageStore(HeldWrites, CopyWrites):
             raise
         finally:
             self._indexing = self._batch  # not the committed batch: its bodies may be large
+        clog = self._indexed_by_sync
+        self._indexed_by_sync = None
+        self._indexed(clog, len(offsets), index_error, offsets[0], (batch, offsets),
+                      batch.fresh_keys, batch.fresh_sequences, batch.fresh_timestamps_ms)
+        return batch
+
+    def _indexed(self, clog: ConsumerLog | None, count: int, index_error: OSError | None,
+                 start_offset: int, unindexed: tuple[WriteBatch, list[int]] | None,
+                 keys: list[str], sequences: list[int], timestamps_ms: list[int]) -> None:
+        """After a commit's ``count`` records, from ``start_offset`` on, are durable: index
+        them (``clog``: its entries were written with them, ``index_error`` that write's
+        failure; None: ``_index`` writes ``unindexed``'s), remember their ids (``keys``) and
+        checkpoint when due. An index that failed cuts the records back too."""
         try:
-            clog = self._indexed_by_sync
             if clog is not None:  # the usual commit: its entries were written by the sync
-                self._indexed_by_sync = None
-                clog.appended(len(offsets), index_error)  # cuts itself back when it raises
+                clog.appended(count, index_error)  # cuts itself back when it raises
             else:
-                self._index(batch, offsets)
+                self._index(*unindexed)  # type: ignore[misc]
         except StoreFailed as exc:
             # A consumer log whose cut back failed: its state is unknown until reopened.
             self._failed = exc
@@ -315,15 +381,14 @@ class MessageStore(HeldWrites, CopyWrites):
             # would reuse their sequences over records a slave copies as written and a restart
             # indexes (review s14 rvc-1). A failed write is sticky, as the message log's is.
             try:
-                message_log.log.cut_back(offsets[0])  # where the log ended before the batch
+                self._message_log.log.cut_back(start_offset)  # where the log ended before
             except LogWriteFailed as cut_exc:
                 self._failed = self._failed or cut_exc
             if isinstance(exc, LogWriteFailed):
                 self._failed = self._failed or exc
             raise
-        self._dedup.add_many(batch.fresh_keys, batch.fresh_sequences, batch.fresh_timestamps_ms)
+        self._dedup.add_many(keys, sequences, timestamps_ms)
         self._maybe_checkpoint()
-        return batch
 
     def _entries_for(self, offsets: list[int]) -> tuple[FileHandle, bytes] | None:
         """The usual commit (one subject, its consumer log's last file open with room for

@@ -29,6 +29,7 @@ CHOSEN = {
     "realtime.storage.store_checkpoint": ("_encode_held_entries_c",
                                           "realtime.storage._codecs"),
     "realtime.storage.write_batch": ("_check_run_c", "realtime.storage._codecs"),
+    "realtime.storage.commit_run": ("encode_run", "realtime.storage._codecs"),
     "delayserver.storage.due_records": ("parse_due_run", "delayserver._due_records"),
     "delayserver.storage.delay_record": ("encode_delay_records", "delayserver._commit_codecs"),
     "delayserver.storage.schedule_entry": ("encode_schedule_entries",
