@@ -25,8 +25,11 @@ Path of one ``send``:
    starting at a random group (``route_start``), so that short-lived producers (the CLI, a
    cron job) spread over the groups as a long-lived one does.
 5. A retriable failure (connection lost, no answer in ``send_timeout_ms``, readonly, overloaded,
-   internal) refreshes the route and resends the SAME message ids to the next group, up to
-   ``retries_max`` times; the broker de-duplicates an id it already stored (status "duplicate").
+   internal, not_master) refreshes the route and resends the SAME message ids to the next group,
+   after a pause doubled per resend: ``retries_max`` times whatever the time, and then while
+   ``retry_budget_ms`` from the batch's first failure lasts (a master's stall or a failover
+   outlasts a few quick resends); the broker de-duplicates an id it already stored (status
+   "duplicate").
    A non-retriable error (bad_request, forbidden, too_large, ...) fails the send at once.
 
 Delivery is at least once: a message whose answer was lost may be stored on two groups if the
@@ -43,7 +46,7 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from time import time_ns
+from time import monotonic, time_ns
 from typing import Any, Literal, overload
 
 import msgpack
@@ -95,6 +98,11 @@ PLAIN_SUBJECTS_MAX = 1024
 # First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
 RETRY_BACKOFF_MS_DEFAULT = 50
 RETRY_BACKOFF_MS_MAX = 2_000
+# How long a send or cancel is tried again once its retries_max resends failed, in milliseconds
+# from its first failure: longer than a failover (a promotion commits ~3.75 s after a master's
+# kill -9, docs/REPLICATION.md) or a master's stall, so that a send whose commit straddled one
+# lands instead of failing after ~0.35 s of quick resends. 0: retries_max resends only.
+RETRY_BUDGET_MS_DEFAULT = 10_000
 
 # Batches of a subject on the wire from which a new batch lingers (linger_ms) for more messages
 # instead of leaving after its event-loop turn. 1 by default: 8 lowered p50 at 2,000 msg/s by
@@ -126,7 +134,11 @@ class Producer(BatchingMixin):
       their peak, a batch leaves once it holds half the peak, so that the next forms while it
       is on the wire (the overlap, module docstring 2). 8 is the value measured.
     * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
-    * ``retries_max`` (3): resends of a failed batch (so up to retries_max + 1 attempts).
+    * ``retries_max`` (3): resends of a failed batch made whatever the time (the floor).
+    * ``retry_backoff_ms`` (50): pause before the first resend, doubled per resend up to
+      RETRY_BACKOFF_MS_MAX.
+    * ``retry_budget_ms`` (10000): after the retries_max resends, resends go on while the next
+      would start within this long of the first failure (0: none; RETRY_BUDGET_MS_DEFAULT).
     * ``route_start`` (random): the index (modulo the route's length) of the group that a
       subject's first batch goes to; later batches go round robin from there.
 
@@ -150,6 +162,7 @@ class Producer(BatchingMixin):
         send_timeout_ms: int = 5000,
         retries_max: int = 3,
         retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
+        retry_budget_ms: int = RETRY_BUDGET_MS_DEFAULT,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         client_id: str | None = None,
         routes: RouteCache | None = None,
@@ -168,6 +181,7 @@ class Producer(BatchingMixin):
             ("send_timeout_ms", send_timeout_ms, 1),
             ("retries_max", retries_max, 0),
             ("retry_backoff_ms", retry_backoff_ms, 0),
+            ("retry_budget_ms", retry_budget_ms, 0),
             ("route_start", route_start, 0),
         ):
             if type(value) is not int or value < low:
@@ -183,6 +197,7 @@ class Producer(BatchingMixin):
         self.send_timeout_ms = send_timeout_ms
         self.retries_max = retries_max
         self.retry_backoff_ms = retry_backoff_ms
+        self.retry_budget_ms = retry_budget_ms
         self._clock_ms = clock_ms
         ssl_context = client_context(tls)
         self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
@@ -243,7 +258,8 @@ class Producer(BatchingMixin):
         More than MAX_DELAY_MS (2 years) ahead raises DelayOutOfRange; a time in the past is
         delivered at once.
         Raises BadRequest/TooLarge for an invalid message before sending, the broker's error for
-        a rejected one, and the last retriable error once ``retries_max`` resends have failed.
+        a rejected one, and the last retriable error once the resends are over (``retries_max``,
+        then ``retry_budget_ms``).
         """
         if self._closing:
             raise RuntimeError("Producer is closed")
@@ -453,7 +469,8 @@ class Producer(BatchingMixin):
         or "unknown" (that delay group does not know it). BadRequest for the receipt of a
         message that was not delayed. A retriable failure (``not_master`` while the delay group
         fails over, a lost connection, no answer) is tried again with the route asked afresh,
-        up to ``retries_max`` times; a cancel whose answer was lost then says
+        as a send is (``retries_max`` times, then while ``retry_budget_ms`` lasts); a cancel
+        whose answer was lost then says
         "already_cancelled".
         """
         if receipt.deliver_at_ms is None:
@@ -462,6 +479,7 @@ class Producer(BatchingMixin):
         op = {"op": "cancel", "ids": [receipt.message_id],
               "deliver_at_ms": [receipt.deliver_at_ms]}
         attempt = 0
+        failed_at: float | None = None
         while True:
             try:
                 return await self._cancel_at_group(receipt, op, refresh=attempt > 0)
@@ -469,15 +487,18 @@ class Producer(BatchingMixin):
                 # A failover of the delay group (not_master), a lost connection or no answer:
                 # the route is asked again and the cancel resent, as a send is. A cancel whose
                 # answer was lost then answers already_cancelled.
-                if not exc.retriable or attempt >= self.retries_max:
+                if not exc.retriable:
+                    raise
+                attempt += 1
+                failed_at = monotonic() if failed_at is None else failed_at
+                pause_ms = self._retry_pause_ms(attempt, failed_at)
+                if pause_ms is None:
                     raise
                 log.warning("cancel of %s at %s failed (%s: %s); asking the route again, "
-                            "attempt %d of %d", receipt.message_id, receipt.broker_group,
-                            exc.code, exc.message, attempt + 2, self.retries_max + 1)
-            attempt += 1
-            if self.retry_backoff_ms:
-                backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
-                await asyncio.sleep(backoff_ms / 1000)
+                            "attempt %d%s", receipt.message_id, receipt.broker_group,
+                            exc.code, exc.message, attempt + 1, self._attempts_said())
+            if pause_ms:
+                await asyncio.sleep(pause_ms / 1000)
 
     async def _cancel_at_group(self, receipt: Receipt, op: dict[str, Any], *,
                                refresh: bool) -> str:
@@ -543,6 +564,7 @@ class Producer(BatchingMixin):
         self._round_robin[key] = turn + 1
         route: Route | None = None
         attempt = 0
+        failed_at: float | None = None  # monotonic(), at the first failure (retry_budget_ms)
         answered = functools.partial(self._answered, key)
         while True:
             try:
@@ -578,7 +600,9 @@ class Producer(BatchingMixin):
             if not pending:
                 return
             attempt += 1
-            if attempt > self.retries_max:
+            failed_at = monotonic() if failed_at is None else failed_at
+            pause_ms = self._retry_pause_ms(attempt, failed_at)
+            if pause_ms is None:
                 if batch.delayed and isinstance(error, ConnectionLost):
                     # "cannot connect to 127.0.0.1:20801" does not say what is missing.
                     error = ConnectionLost(f"delayed send of {subject!r} failed: no delay server "
@@ -586,18 +610,42 @@ class Producer(BatchingMixin):
                 fail_parts(pending, error)
                 return
             log.warning(
-                "send of %d message(s) to %r failed (%s: %s); resending the same ids, "
-                "attempt %d of %d",
-                len(messages), subject, error.code, error.message, attempt + 1, self.retries_max + 1,
+                "send of %d message(s) to %r failed (%s: %s); resending the same ids, attempt %d%s",
+                len(messages), subject, error.code, error.message, attempt + 1,
+                self._attempts_said(),
             )
             route = None
-            if self.retry_backoff_ms:
-                backoff_ms = min(self.retry_backoff_ms << (attempt - 1), RETRY_BACKOFF_MS_MAX)
-                await asyncio.sleep(backoff_ms / 1000)
+            if pause_ms:
+                await asyncio.sleep(pause_ms / 1000)
 
+    def _retry_pause_ms(self, resend: int, failed_at: float) -> int | None:
+        """The pause in ms before resend number ``resend`` (from 1) of a send or cancel that
+        first failed at ``failed_at`` (``time.monotonic()``), or None: give up.
+
+        The first ``retries_max`` resends are made whatever the time; a later one only if it
+        would start within ``retry_budget_ms`` of the first failure. The pause is
+        ``retry_backoff_ms`` doubled per resend, at most RETRY_BACKOFF_MS_MAX; past the
+        ``retries_max`` it doubles from at least 1 ms, so that a backoff of 0 never spins
+        through a budget."""
+        pause_ms = min(self.retry_backoff_ms << min(resend - 1, 16), RETRY_BACKOFF_MS_MAX)
+        if resend <= self.retries_max:
+            return pause_ms
+        pause_ms = max(pause_ms, min(1 << min(resend - 1, 16), RETRY_BACKOFF_MS_MAX))
+        if (monotonic() - failed_at) * 1000 + pause_ms > self.retry_budget_ms:
+            return None
+        return pause_ms
+
+    def _attempts_said(self) -> str:
+        """How many attempts a warning says a send or cancel gets: at least retries_max + 1,
+        more while the retry budget lasts."""
+        if not self.retry_budget_ms:
+            return f" of {self.retries_max + 1}"
+        return (f" (at least {self.retries_max + 1}, more for up to {self.retry_budget_ms} ms "
+                "from the first failure)")
 
 __all__ = [
     "Producer",
+    "RETRY_BUDGET_MS_DEFAULT",
     "Receipt",
     "default_client_id",
     "due_ms",

@@ -23,7 +23,7 @@ DISK_BYTES = 16 << 20  # the tmpfs: room for the logs' first pages and a filler
 BODY_BYTES = 2_048
 SENDS_UNTIL_FULL_MAX = 2_000  # bound on sending into a full disk before it refuses
 BROKER_FLAGS = ("--ack-timeout-ms", "5000", "--consumer-expiry-ms", "5000")
-PRODUCER_OPTIONS = {"retries_max": 0, "send_timeout_ms": 15_000}
+PRODUCER_OPTIONS = {"retries_max": 0, "retry_budget_ms": 0, "send_timeout_ms": 15_000}
 
 
 @contextmanager

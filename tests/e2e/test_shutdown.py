@@ -30,7 +30,7 @@ SEND_WINDOW = 100  # sends in flight at once
 SENDS_MAX = 100_000  # bound on the producing loop
 LONG_POLL_MS = 30_000  # far longer than the shutdown may take
 BROKER_FLAGS = ("--ack-timeout-ms", "5000", "--consumer-expiry-ms", "5000")
-PRODUCER_OPTIONS = {"retries_max": 0, "send_timeout_ms": 30_000}
+PRODUCER_OPTIONS = {"retries_max": 0, "retry_budget_ms": 0, "send_timeout_ms": 30_000}
 
 
 class SendsInFlight:

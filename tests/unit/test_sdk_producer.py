@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from wire.errors import (
-    BadRequest, ConnectionLost, DelayOutOfRange, Forbidden, Overloaded, TooLarge,
+    BadRequest, ConnectionLost, DelayOutOfRange, Forbidden, NotMaster, Overloaded, TooLarge,
 )
 from wire.limits import MAX_BODY_BYTES, MAX_SEND_BATCH_MESSAGES
 from wire.message import Message, decode_message, encode_message
@@ -145,11 +145,12 @@ async def test_a_retriable_error_answer_moves_the_batch_to_the_next_group(meta, 
     assert broker_a.sent_ids() == broker_b.sent_ids() == [[receipt.message_id]]
 
 
-async def test_retries_stop_after_retries_max_and_raise_the_last_error(meta, broker_a):
+async def test_with_a_retry_budget_of_0_retries_stop_after_retries_max_and_raise_the_last_error(
+        meta, broker_a):
     meta.set_route("orders", [broker_a])
     for _ in range(3):
         broker_a.fail_next("send", "error", ("overloaded", "shedding load"))
-    async with producer(meta, retries_max=2) as p:
+    async with producer(meta, retries_max=2, retry_budget_ms=0) as p:
         with pytest.raises(Overloaded):
             await p.send("orders", b"x")
         assert len(broker_a.ops("send")) == 3
@@ -507,7 +508,7 @@ async def test_a_delayed_send_that_reaches_no_delay_server_says_so(meta, broker_
     meta.set_route("orders", [broker_a])  # the fake answers the delay route with it too
     for _ in range(3):
         broker_a.fail_next("send", "drop")
-    async with producer(meta, retries_max=2) as p:
+    async with producer(meta, retries_max=2, retry_budget_ms=0) as p:
         with pytest.raises(ConnectionLost, match="no delay server reachable") as caught:
             await p.send("orders", b"x", delay=60_000)
     assert caught.value.retriable
@@ -546,3 +547,39 @@ async def test_a_send_after_the_loop_of_the_first_send_closed_raises_wrong_event
     with pytest.raises(RuntimeError):  # a RuntimeError still, as before
         await p.send_many("orders", [b"third"])
     assert len(broker_a.sent_ids()) == 1
+
+
+async def test_a_send_refused_as_not_master_longer_than_retries_max_lands_within_the_retry_budget(
+        meta, broker_a):
+    # A master stall: the group refuses not_master for 5 attempts (~1.5 s with the default
+    # backoff, 50 ms doubled), past the 4 attempts of retries_max 3, then serves again.
+    meta.set_route("orders", [broker_a])
+    for _ in range(5):
+        broker_a.fail_next("send", "error", ("not_master", "its lease ran out (epoch 1)"))
+    async with Producer(meta.url, app="shop", route_start=0) as p:  # the default options
+        receipt = await p.send("orders", b"x")
+    assert receipt.status == "stored"
+    assert broker_a.sent_ids() == [[receipt.message_id]] * 6
+
+
+async def test_a_send_is_not_resent_past_its_retry_budget_once_retries_max_resends_failed(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    for _ in range(8):
+        broker_a.fail_next("send", "error", ("not_master", "its lease ran out (epoch 1)"))
+    # Pauses of 40, 80, 160, then 320 ms: the budget of 500 ms is over before the 5th attempt.
+    async with producer(meta, retry_backoff_ms=40, retry_budget_ms=500) as p:
+        with pytest.raises(NotMaster, match="lease ran out"):
+            await p.send("orders", b"x")
+    assert len(broker_a.ops("send")) == 4
+
+
+async def test_a_cancel_refused_as_not_master_longer_than_retries_max_lands_within_the_budget(
+        meta, broker_a):
+    meta.set_route("orders", [broker_a])
+    async with producer(meta, retry_backoff_ms=1) as p:
+        receipt = await p.send("orders", b"x", delay=timedelta(minutes=30))
+        for _ in range(5):
+            broker_a.fail_next("cancel", "error", ("not_master", "its lease ran out (epoch 1)"))
+        assert await p.cancel(receipt) == "cancelled"
+    assert [r["op"] for r in broker_a.requests].count("cancel") == 6
