@@ -33,11 +33,14 @@ nothing is compressed, so a PULL costs a few bytes per consumer-log sequence.
 from __future__ import annotations
 
 import struct
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
+
+# One reused msgpack Packer per thread: msgpack.packb makes a Packer, with its buffer, per call,
+# most of a small action's encoding (issue 18: each pull records one action, on the event loop
+# at low rates). wire.packing is that Packer, shared with the messages' and frames' encoders.
+from wire.packing import PACKER_KEEP_BYTES_MAX, packb, packers
 
 HEADER = struct.Struct(
     ">B"  # action_type: ACTION_* code
@@ -137,37 +140,6 @@ _SCHEMAS: dict[int, tuple[type, str]] = {
 _TYPE_OF: dict[type, int] = {cls: code for code, (cls, _kinds) in _SCHEMAS.items()}
 
 
-# One reused msgpack Packer per thread: msgpack.packb makes a Packer, with its buffer, per call,
-# most of a small action's encoding (issue 18: each pull records one action, on the event loop
-# at low rates). wire.packing does the same for messages; pulllog imports only logstore.
-PACKER_KEEP_BYTES_MAX = 1 << 20  # a thread's Packer that packed more than this is not kept
-
-
-class _Packers(threading.local):
-    """This thread's Packer (``threading.local`` runs ``__init__`` on each thread's first
-    use): ``pack`` is its bound method, one C call with no lookup of the Packer first."""
-
-    def __init__(self) -> None:
-        self.renew()
-
-    def renew(self) -> None:
-        """A fresh Packer for this thread: the caller's packed more than
-        ``PACKER_KEEP_BYTES_MAX`` (its buffer grew and never shrinks)."""
-        self.packer = msgpack.Packer(use_bin_type=True)
-        self.pack = self.packer.pack
-
-
-_packers = _Packers()
-
-
-def _packb(obj: Any) -> bytes:
-    """``msgpack.packb(obj, use_bin_type=True)``: the same bytes and errors."""
-    data: bytes = _packers.pack(obj)
-    if len(data) > PACKER_KEEP_BYTES_MAX:
-        _packers.renew()  # not kept with its grown buffer
-    return data
-
-
 def _is_uint(value: object) -> bool:
     return type(value) is int and 0 <= value <= U64_MAX
 
@@ -226,11 +198,11 @@ def encode_checked_pull(subject: str, group: str, consumer: str, first_pull_seq:
     """The PULL record body for fields the caller has already checked as ``_encode_pull``
     does (``PullLogStore.record_tail_pull``): the same bytes, with no Pull built."""
     # msgpack packs a tuple as an array: the values go as they are, copied into no list. The
-    # thread's Packer straight, with no _packb call between (one per pull; issue 18).
-    body: bytes = _packers.pack((subject, group, consumer, first_pull_seq, seqs, new_cursor,
+    # thread's Packer straight, with no packb call between (one per pull; issue 18).
+    body: bytes = packers.pack((subject, group, consumer, first_pull_seq, seqs, new_cursor,
                                  now_ms))
     if len(body) > PACKER_KEEP_BYTES_MAX:
-        _packers.renew()  # as _packb: not kept with its grown buffer
+        packers.renew()  # as packb: not kept with its grown buffer
     return _PULL_HEADER + body
 
 
@@ -245,7 +217,7 @@ def encode_action(action: Action) -> bytes:
         _check(kind, value)  # refuse to write what we could not read back
     # msgpack packs a tuple as an array: the values go as they are, copied into no list.
     packed = [list(map(list, v)) if k == "R" else v for k, v in zip(kinds, values)]
-    return HEADER.pack(code, BODY_VERSION) + _packb(packed)
+    return HEADER.pack(code, BODY_VERSION) + packb(packed)
 
 
 def decode_action(body: bytes) -> Action:

@@ -26,7 +26,8 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "migrations": frozenset(),
     "tracelog": frozenset({"wire"}),
     "sdk": frozenset({"wire"}),
-    "pulllog": frozenset({"logstore"}),
+    # wire: its per-thread msgpack Packer (wire.packing) only; a test below holds that.
+    "pulllog": frozenset({"logstore", "wire"}),
     # logstore: the group committer triages its errors (DiskFull, LogWriteFailed) and the
     # common server config takes its FLUSH_MODES.
     "serverkit": frozenset({"sdk", "wire", "tracelog", "logstore"}),
@@ -84,6 +85,23 @@ def test_every_import_between_our_packages_is_in_the_allowed_table() -> None:
                 if imported != package and imported not in allowed:
                     wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
     assert wrong == []
+
+
+def test_the_pull_log_takes_only_the_per_thread_packer_of_wire() -> None:
+    # wire imports nothing of ours, so wire.packing is a leaf the pull log and the protocol
+    # share; the rest of wire (frames, requests, errors) is not the storage layer's business.
+    taken = set()
+    for path in modules_of("pulllog"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            taken |= {f"{path.relative_to(ROOT)}: {name}" for name in names
+                      if name.split(".")[0] == "wire"}
+    assert taken == {"pulllog/actions.py: wire.packing"}
 
 
 def test_the_import_finder_sees_lazy_imports_inside_functions(tmp_path: Path) -> None:

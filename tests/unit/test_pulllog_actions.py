@@ -108,11 +108,11 @@ def test_a_pull_that_could_not_be_read_back_is_refused_by_the_codec(action):
 
 def test_a_pull_record_too_large_to_keep_its_packer_is_written_whole_and_its_packer_replaced():
     encode_action(Pull("s", "g", "c", 0, (1, 2), 5, 0))
-    kept = action_codec._packers.packer
+    kept = action_codec.packers.packer
     seqs = tuple(range(2**40, 2**40 + action_codec.PACKER_KEEP_BYTES_MAX // 9 + 1))
     action = Pull("s", "g", "c", 0, seqs, seqs[-1] + 1, 0)
     assert decode_action(encode_action(action)) == action
-    assert action_codec._packers.packer is not kept
+    assert action_codec.packers.packer is not kept
     small = Pull("s", "g", "c", 0, (7,), 8, 0)
     assert decode_action(encode_action(small)) == small
 
