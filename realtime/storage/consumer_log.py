@@ -320,6 +320,22 @@ class ConsumerLog:
         ``StoreFailed`` raised."""
         self.append_encoded(b"".join(map(encode_entry, entries)))
 
+    def append_columns(self, slices: list[tuple[int, int]], timestamps_ms: list[int],
+                       message_log_offsets: list[int], sizes_bytes: list[int],
+                       tag_blooms: list[int]) -> None:
+        """``append_encoded`` of the entries of the records at ``slices`` ([start, stop) of
+        the columns, in order) in one write: a commit's records of this subject, on a master
+        (its write batch's columns) and on a slave (its copy's) alike."""
+        if len(slices) == 1 and slices[0] == (0, len(message_log_offsets)):
+            # The usual commit: one subject, one run, the whole of the columns.
+            self.append_encoded(encode_entries(timestamps_ms, message_log_offsets, sizes_bytes,
+                                               tag_blooms))
+            return
+        self.append_encoded(b"".join([
+            encode_entries(timestamps_ms[start:stop], message_log_offsets[start:stop],
+                           sizes_bytes[start:stop], tag_blooms[start:stop])
+            for start, stop in slices]))
+
     def append_encoded(self, data: bytes) -> None:
         """``append_entries`` of entries already encoded (``encode_entries``), 32 bytes each."""
         assert len(data) % ENTRY_SIZE_BYTES == 0, len(data)

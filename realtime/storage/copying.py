@@ -11,13 +11,14 @@ Synchronous, called by ``MessageStore`` on its owner thread.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from itertools import accumulate, groupby, repeat
+from operator import add
 from typing import Callable
 
 from logstore import CorruptRecord
 from logstore.checkpoint import Checkpoint, CheckpointStore
 from logstore.record import HEADER_SIZE_BYTES
-from realtime.storage.consumer_log import ConsumerLog, Entry
+from realtime.storage.consumer_log import ConsumerLog
 from realtime.storage.control_record import (
     KIND_CANCELLED, KIND_DROPPED, control_kind, decode_cancelled, decode_dropped, decode_held,
 )
@@ -28,6 +29,7 @@ from realtime.storage.held import (
     note_control,
 )
 from realtime.storage.message_log import MessageLog
+from realtime.storage.message_record import decode_message_headers
 from realtime.storage.recovery import held_below, held_from_checkpoint
 from realtime.storage.store_checkpoint import (
     StoreCheckpoint, checkpoint_offset, decode_store_checkpoint,
@@ -40,55 +42,94 @@ def index_copied(bodies: list[bytes], first_offset: int, consumer_logs: dict[str
                  open_consumer_log: Callable[[str], ConsumerLog], dedup: DedupIndex,
                  directory: str, held: HeldSet) -> int:
     """Append the consumer-log entries and dedup ids of copied record ``bodies`` (the first at
-    message-log offset ``first_offset``, the others following). A subject's first record past
-    its log's end (a copy that began at the master's retention point) is preceded by holes; a
-    record whose sequence its log already holds is an inconsistent copy (CorruptRecord).
-    Held and cancelled records update ``held``, a visible-message record is indexed as a
-    message and takes its held record out, so a promoted slave holds what its master held.
-    Returns the records indexed."""
-    pending: dict[str, list[Entry]] = defaultdict(list)
+    message-log offset ``first_offset``, the others following), column by column as a master's
+    commit does (``ConsumerLog.append_columns``, ``DedupIndex.add_many``). A subject's first
+    record past its log's end (a copy that began at the master's retention point) is preceded
+    by holes; a record whose sequence its log already holds is an inconsistent copy
+    (CorruptRecord). Held and cancelled records update ``held``, a visible-message record is
+    indexed as a message and takes its held record out, so a promoted slave holds what its
+    master held. Returns the records indexed."""
+    sizes = list(map(len, bodies))
+    offsets = list(accumulate(map(add, sizes, repeat(HEADER_SIZE_BYTES)), initial=first_offset))
+    del offsets[-1]  # the end of the last record
+    columns = decode_message_headers(bodies)
+    if columns is None:  # control records among them, or a defect to name
+        columns, offsets, sizes = _decode_one_by_one(bodies, offsets, held, dedup, directory)
+    timestamps, sequences, blooms, subjects, message_ids = columns
     keys: list[str] = []
-    sequences: list[int] = []
-    stamps: list[int] = []
-    offset = first_offset
+    pending: dict[str, list[tuple[int, int]]] = {}  # subject -> slices not written yet
+    expected: dict[str, int] = {}  # subject -> the sequence its next record must have
 
-    def index(subject: str, sequence: int, timestamp_ms: int, at: int, size: int,
-              bloom: int) -> None:
-        clog = consumer_logs.get(subject)
-        if clog is None:
-            clog = consumer_logs[subject] = open_consumer_log(subject)
-        expected = clog.end + len(pending[subject])
-        if sequence > expected:
-            entries = pending.pop(subject, None)
-            if entries:
-                clog.append_entries(entries)
-            clog.fill_holes(sequence)
-        elif sequence < expected:
-            raise CorruptRecord(directory, offset, f"copied record of {subject!r} has sequence "
-                                f"{sequence}, but its consumer log already ends at {expected}")
-        pending[subject].append(Entry(timestamp_ms, at, size, bloom))
+    def write(subject: str) -> None:
+        slices = pending.pop(subject, None)
+        if slices:
+            consumer_logs[subject].append_columns(slices, timestamps, offsets, sizes, blooms)
 
-    for body in bodies:
+    start = 0
+    for subject, run in groupby(subjects):
+        stop = start + len(list(run))
+        keys += dedup.keys(subject, message_ids[start:stop])
+        if subject not in expected:
+            if subject not in consumer_logs:
+                consumer_logs[subject] = open_consumer_log(subject)
+            expected[subject] = consumer_logs[subject].end
+        for piece_start, piece_stop in _numbered_runs(sequences, start, stop):
+            first = sequences[piece_start]
+            if first > expected[subject]:
+                write(subject)
+                consumer_logs[subject].fill_holes(first)
+            elif first < expected[subject]:
+                raise CorruptRecord(directory, offsets[piece_start], (
+                    f"copied record of {subject!r} has sequence {first}, but its consumer log "
+                    f"already ends at {expected[subject]}"))
+            pending.setdefault(subject, []).append((piece_start, piece_stop))
+            expected[subject] = first + piece_stop - piece_start
+        start = stop
+    for subject in list(pending):
+        write(subject)
+    dedup.add_many(keys, sequences, timestamps)
+    return len(bodies)
+
+
+def _numbered_runs(sequences: list[int], start: int, stop: int) -> list[tuple[int, int]]:
+    """[start, stop) of ``sequences`` cut where a sequence is not its predecessor's + 1: one
+    piece, checked by one list compare, for a subject's records of a commit."""
+    first = sequences[start]
+    if sequences[start:stop] == list(range(first, first + stop - start)):
+        return [(start, stop)]
+    pieces = []
+    for at in range(start + 1, stop + 1):
+        if at == stop or sequences[at] != sequences[at - 1] + 1:
+            pieces.append((start, at))
+            start = at
+    return pieces
+
+
+def _decode_one_by_one(bodies: list[bytes], offsets: list[int], held: HeldSet,
+                       dedup: DedupIndex, directory: str,
+                       ) -> tuple[tuple[list, list, list, list, list], list[int], list[int]]:
+    """``index_copied``'s decode of a copy with control records (or a defect, named here as
+    a CorruptRecord at its offset): held, cancelled and dropped records change ``held`` (and
+    ``dedup``) in log order, a visible-message record takes its held record out; returns the
+    message records' columns (as ``decode_message_headers``), offsets and body sizes."""
+    columns: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    message_offsets: list[int] = []
+    sizes: list[int] = []
+    for body, offset in zip(bodies, offsets):
         if is_held_control(body):
             note_control(body, offset, held, dedup, -1, directory)
-            offset += HEADER_SIZE_BYTES + len(body)
             continue
         try:
-            timestamp_ms, sequence, bloom, subject, message_id, held_offset = message_header(body)
+            *fields, held_offset = message_header(body)
         except ValueError as exc:
             raise CorruptRecord(directory, offset, f"copied record: {exc}") from exc
         if held_offset is not None:
             held.pop(held_offset)
-        index(subject, sequence, timestamp_ms, offset, len(body), bloom)
-        keys.extend(dedup.keys(subject, (message_id,)))
-        sequences.append(sequence)
-        stamps.append(timestamp_ms)
-        offset += HEADER_SIZE_BYTES + len(body)
-    for subject, entries in pending.items():
-        if entries:
-            consumer_logs[subject].append_entries(entries)
-    dedup.add_many(keys, sequences, stamps)
-    return len(bodies)
+        for column, value in zip(columns, fields):
+            column.append(value)
+        message_offsets.append(offset)
+        sizes.append(len(body))
+    return columns, message_offsets, sizes
 
 
 def checkpoints_to(checkpoints: CheckpointStore, offset: int,

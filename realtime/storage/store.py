@@ -423,14 +423,7 @@ class MessageStore(HeldWrites, CopyWrites):
                 if clog is None:
                     clog = self._consumer_logs[subject] = self._open_consumer_log(subject)
                 ends[subject] = clog.end
-                if len(slices) == 1 and slices[0] == (0, len(offsets)):
-                    # The broker's usual commit: one subject, one run, the whole batch.
-                    clog.append_encoded(encode_entries(timestamps, offsets, sizes, blooms))
-                    continue
-                clog.append_encoded(b"".join([
-                    encode_entries(timestamps[start:stop], offsets[start:stop],
-                                   sizes[start:stop], blooms[start:stop])
-                    for start, stop in slices]))
+                clog.append_columns(slices, timestamps, offsets, sizes, blooms)
         except LogStoreError:
             try:
                 for subject, end in ends.items():
