@@ -123,7 +123,8 @@ class SegmentSyncMixin:
             except OSError as exc:
                 self._on_write_error(active, exc)
             active.size_bytes += len(framed)
-            pending.clear()
+            if pending:  # empty when the caller framed the records
+                pending.clear()
             self._update_fast_path_end()
             fsync_s = active.handle.fsync_s  # type: ignore[attr-defined]
             fsynced = True

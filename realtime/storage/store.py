@@ -268,16 +268,17 @@ class MessageStore(HeldWrites, CopyWrites):
         outcomes and errors either way."""
         count = len(subjects)
         if (count and self._failed is None and not self._batch.sequences and not self._closed
-                and not self._held_keys and not any(tag_hashes)
+                and not self._held_keys and not any(tag_hashes) and len(tag_hashes) == count
                 and subjects.count(subjects[0]) == count):
-            sequences = self._commit_run(subjects[0], message_ids, timestamp_ms, payloads)
+            sequences = self._commit_run(subjects[0], message_ids, timestamp_ms, payloads,
+                                         count)
             if sequences is not None:
                 return sequences
         self.append_many(subjects, message_ids, tag_hashes, timestamp_ms, payloads)
         return self.commit_sequences()
 
     def _commit_run(self, subject: str, message_ids: Sequence[str], timestamp_ms: int,
-                    payloads: Sequence[bytes]) -> list[int] | None:
+                    payloads: Sequence[bytes], count: int) -> list[int] | None:
         """``append_commit``'s usual commit; None, having done nothing, when it is not one."""
         clog = self._consumer_logs.get(subject)
         log = self._message_log.log
@@ -286,9 +287,10 @@ class MessageStore(HeldWrites, CopyWrites):
             return None
         dedup = self._dedup
         keys = dedup.keys(subject, message_ids)
-        count = len(keys)
         if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
-            return None  # an id seen before, or twice in the run
+            # An id seen before or twice in the run, or fewer or more ids than subjects (the
+            # general path words that; encode_run refuses payloads of another length).
+            return None
         handle = clog.handle_for(count)
         if handle is None:
             return None

@@ -214,3 +214,23 @@ def test_a_run_is_its_framed_records_and_their_entries_as_the_general_path_makes
     short = args[:6] + (len(expected[0]) - 1,) + args[7:]
     assert commit_run.encode_run(*short) is None
     assert python_encode_run(short, monkeypatch) is None
+
+
+@pytest.mark.parametrize("ids, tags, payloads", [
+    (["a", "b"], None, [b"a", b"b"]),
+    (["a", "b", "c", "d"], None, [b"a", b"b", b"c", b"d"]),
+    (["a", "b", "c"], [()] * 2, [b"a", b"b", b"c"]),
+    (["a", "b", "c"], None, [b"a", b"b"]),
+], ids=["fewer ids", "more ids", "fewer tag lists", "fewer payloads"])
+def test_columns_of_different_lengths_are_refused_as_the_general_path_refuses_them(
+        tmp_path, ids, tags, payloads):
+    refused = {}
+    for style in STYLES:
+        messages = MessageStore(str(tmp_path / style), CONFIG, now_ms=T0)
+        commit(messages, style, ["s"], ["first"], [b"f"])
+        with pytest.raises(ValueError) as caught:
+            commit(messages, style, ["s"] * 3, ids, payloads, tags)
+        refused[style] = (str(caught.value), messages.end_sequence("s"))
+        assert commit(messages, style, ["s"], ["next"], [b"n"]) == [1]
+        messages.close()
+    assert refused["one call"] == refused["general path"]
