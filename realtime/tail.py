@@ -83,8 +83,13 @@ class Tail:
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self._subjects: dict[str, SubjectTail] = {}
-        # (run, entries, bytes) per subject per commit, oldest first: the eviction order.
-        self._chunks: deque[tuple[SubjectTail, int, int]] = deque()
+        # Per subject per commit, oldest first (the eviction order): its run, entries and bytes.
+        # Three deques, not one of (run, entries, bytes) tuples: a tuple holding a run stays
+        # tracked by the garbage collector as long as the commit is held, one object per commit
+        # that every gen-0 pass promotes and every older pass scans again.
+        self._chunk_runs: deque[SubjectTail] = deque()
+        self._chunk_entries: deque[int] = deque()
+        self._chunk_bytes: deque[int] = deque()
         self._bytes = 0
 
     @property
@@ -98,12 +103,14 @@ class Tail:
         if run is None or run.end != first_sequence:
             run = self._subjects[subject] = SubjectTail(first_sequence)
         run.entries.extend(entries)
-        self._chunks.append((run, len(entries), size_bytes))
+        self._chunk_runs.append(run)
+        self._chunk_entries.append(len(entries))
+        self._chunk_bytes.append(size_bytes)
         self._bytes += size_bytes
-        while self._bytes > self.bytes_max and self._chunks:
-            old, count, old_size = self._chunks.popleft()
-            self._bytes -= old_size
-            old.evicted += count
+        while self._bytes > self.bytes_max and self._chunk_runs:
+            old = self._chunk_runs.popleft()
+            self._bytes -= self._chunk_bytes.popleft()
+            old.evicted += self._chunk_entries.popleft()
             if old.evicted * 2 >= len(old.entries):  # delete in bulk: O(1) per entry overall
                 del old.entries[:old.evicted]
                 old.start += old.evicted

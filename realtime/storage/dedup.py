@@ -6,7 +6,7 @@ oldest-inserted ids are forgotten first, so a resend older than that is stored a
 
 The broker adds and looks up a few hundred ids per commit, so the index is a plain dict keyed by
 one string per id (``keys``: the subject, length-prefixed, then the id; a str caches its hash)
-and the insertion order that eviction follows is kept apart, as the lists of keys each call
+and the insertion order that eviction follows is kept apart, as the keys each call
 added. An id added again (stored anew after its window) leaves a stale position behind in that
 order, counted in ``_stale`` and skipped when eviction reaches it: the same order as removing
 the id and appending it at the end.
@@ -27,8 +27,9 @@ class DedupIndex:
         self.window_ms = window_ms
         self.ids_max = ids_max
         self._ids: dict[str, tuple[int, int]] = {}
-        # Every key added, oldest first, as the lists add_many was given; _order[0][:_first]
-        # are gone already.
+        # Every key added, oldest first, as the keys of each add_many call (a tuple: the
+        # collector untracks a tuple of str on its first pass, where a list would be scanned
+        # again by every older pass until evicted); _order[0][:_first] are gone already.
         self._order: deque[Sequence[str]] = deque()
         self._first = 0
         # key -> how many of its positions in _order no longer stand for its entry
@@ -112,7 +113,7 @@ class DedupIndex:
                 if key in ids:
                     stale[key] = stale.get(key, 0) + 1
                 ids[key] = entry
-        self._order.append(keys)  # the caller's list: not changed after this call
+        self._order.append(tuple(keys))
         self._singles = None
         if len(ids) > self.ids_max:
             self._evict(len(ids) - self.ids_max)

@@ -4,6 +4,7 @@ ids_max forgets the oldest-inserted first and prune stops at the first young one
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 
 from hypothesis import given, settings
@@ -137,4 +138,20 @@ def test_a_settled_id_keeps_later_ids_longer_never_shorter():
     assert index.prune(WINDOW_MS + 5) == 0
     assert index.lookup("s", "a", WINDOW_MS + 5) == 2
     assert index.prune(WINDOW_MS + 50) == 2
+    assert len(index) == 0
+
+
+def test_the_index_keeps_no_object_the_garbage_collector_tracks_per_commit():
+    # Every gen-0 pass promotes and every older one scans again what the collector tracks; a
+    # tuple of ints or of str is untracked by the first pass that sees it, a list is not.
+    index = DedupIndex(window_ms=WINDOW_MS, ids_max=10**6)
+    index.add_many(index.keys("s", ["m0"]), [0], [0])
+    gc.collect()
+    before = len(gc.get_objects())
+    for commit in range(1, 1001):
+        index.add_many(index.keys("s", [f"m{commit}"]), [commit], [commit])
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100  # a few: not one per commit
+    assert index.lookup("s", "m1000", 1000) == 1000
+    index.prune(now_ms=10**6)
     assert len(index) == 0
