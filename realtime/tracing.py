@@ -23,7 +23,7 @@ Events carry the user subject (a retry copy's ``%retry%<subject>%<group>`` is tr
 To name what an ack settled (acks carry pull sequences, not ids), the tracer remembers the pulled
 entries each consumer still holds; ``prune`` forgets those released by an ack timeout or a
 consumer's expiry. After a restart the entries pulled before it are no longer known, and their
-acks are traced by reading the ids from the store instead (``acked_from_store``).
+acks are traced by reading the ids from the store instead (``acked_payloads``).
 
 Each method runs on the thread that has the data at hand (the event loop or a storage thread);
 ``TraceWriter.emit`` is thread-safe and never blocks on I/O. Pull bookkeeping is touched only

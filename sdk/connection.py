@@ -177,8 +177,9 @@ class Connection:
         the codec before anything is written if ``op`` cannot be framed.
 
         ``on_answer(answer)``, if given, is called with a successful answer as soon as it is
-        read, before the caller resumes (a loop turn later): the consumer hands pulled messages
-        to a waiting application from there. It must not raise or block; it is not called
+        read, before the caller resumes (a loop turn later): the producer lets a batch that
+        lingers behind this one leave from there (``BatchingMixin._answered``; a consumer's
+        pulls use ``request_nowait``). It must not raise or block; it is not called
         for an error answer, nor for an answer that comes after the request timed out or was
         cancelled.
 

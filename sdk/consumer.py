@@ -372,12 +372,12 @@ class Consumer(HandlerMixin, BrokerPresenceMixin):
         await PullLoop(self, sub, source, broker_group).run()
 
     def _hand_over(self, answer: dict[str, Any], sub: Subscription, batch: _PulledBatch) -> bool:
-        """A pull answer as it is read (``Connection.request``'s ``on_answer``): its messages
-        into the prefetch buffer now if they all fit, so an application waiting on it runs
-        in the next loop turn, before the pull loop (which the same read resumes) writes its
-        next pull; a loop turn and a task step sooner than from the pull loop. False: they do
-        not fit (another of the subscription's pull loops filled the buffer meanwhile); the
-        pull loop puts them in, waiting for room."""
+        """A pull answer as it is read (``PullLoop._answered``, the ``on_answer`` of its
+        ``Connection.request_nowait``): its messages into the prefetch buffer now if they all
+        fit, so an application waiting on it runs in the next loop turn, before
+        ``PullLoop._next`` writes the next pull. False: they do not fit (another of the
+        subscription's pull loops filled the buffer meanwhile); the pull loop puts them in,
+        waiting for room."""
         payloads = answer.get("payloads")
         prefetch = sub._prefetch
         if not payloads or prefetch.capacity - len(prefetch.items) < len(payloads):

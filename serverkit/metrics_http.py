@@ -1,8 +1,8 @@
 """The HTTP ``/metrics`` listener the realtime and delay servers share (their data port speaks
 the frame protocol, so Prometheus scrapes a second, plain HTTP port).
 
-It lives in ``sdk`` beside ``framed_server`` because both servers need it and neither may import
-the other; the SDK's clients never import it. Each server passes its own ``CollectorRegistry``
+It lives in ``serverkit`` beside ``frame_server`` because both servers need it and neither may
+import the other; the SDK's clients never import it. Each server passes its own ``CollectorRegistry``
 (never the process-global one), so several servers in one process (``qmq up``, tests) keep
 separate figures.
 

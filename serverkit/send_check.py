@@ -3,7 +3,7 @@ broker and the delay server, so it lives with the pieces they share).
 
 Every sent payload is decoded and validated before it is stored. ``wire.message.decode_message``
 plus ``validate_message`` build a ``Message`` and check every field and limit: about 7 us per
-message, a quarter of the broker's CPU per message. ``quick_check`` does the same checks
+message, a quarter of the broker's CPU per message. ``QuickCheck`` does the same checks
 straight on the decoded map and builds no object, for the payloads our producers make. It only
 ever *accepts*: anything it is not sure of (an unknown key, a value out of range, a future
 ``deliver_at_ms``, bytes that are not msgpack) returns None and the caller runs the full check,
