@@ -21,10 +21,11 @@ renewal writes, and a change writes only the rows that changed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import Table, Update, bindparam, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.models import BacklogHead, BacklogRow, Broker
@@ -36,6 +37,25 @@ ROW_COUNTS = ("lag", "consumers", "redelivered", "retried", "dead")
 KEYS_PER_STATEMENT_MAX = 500
 
 Key = tuple[str, str]  # (subject, group)
+
+_HEADS = cast(Table, BacklogHead.__table__)
+# A server's head, locked (as the ORM's get with_for_update read it), and the head's insert.
+_HEAD_FOR_UPDATE = (select(_HEADS.c.version, _HEADS.c.backlog, _HEADS.c.stats)
+                    .where(_HEADS.c.server_id == bindparam("sid")).with_for_update())
+_INSERT_HEAD = _HEADS.insert()
+_ROWS = cast(Table, BacklogRow.__table__)
+_DELETE_ROWS = delete(_ROWS).where(_ROWS.c.server_id == bindparam("sid"))
+_DELETE_KEYS = delete(_ROWS).where(
+    _ROWS.c.server_id == bindparam("sid"),
+    tuple_(_ROWS.c.subject, _ROWS.c.group_name).in_(bindparam("keys", expanding=True)))
+_INSERT_ROWS = _ROWS.insert()
+
+
+@functools.cache
+def _update_head(names: tuple[str, ...]) -> Update:
+    """The head's UPDATE of these columns (bound as ``v_<name>``), built once per set."""
+    return (update(_HEADS).where(_HEADS.c.server_id == bindparam("sid"))
+            .values(**{name: bindparam(f"v_{name}") for name in names}))
 
 
 @dataclass(frozen=True)
@@ -83,33 +103,40 @@ def _by_key(rows: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
 async def store_backlog(s: AsyncSession, server_id: str, *, backlog: Any, base: int | None,
                         changes: list[dict[str, Any]], removed: list[list[str]],
                         stats: dict[str, Any] | None) -> int | None:
-    """Apply one report of ``server_id`` in the transaction of ``s``; the version to answer."""
-    head = await s.get(BacklogHead, server_id, with_for_update=True)
+    """Apply one report of ``server_id`` in the transaction of ``s``; the version to answer.
+    Core statements built once (``_HEAD_FOR_UPDATE``, ``_INSERT_HEAD``): a report every 3 s per
+    server through the ORM's get and unit of work cost the event loop ~1-2.5 ms each."""
+    head = (await s.execute(_HEAD_FOR_UPDATE, {"sid": server_id})).first()
     plan = plan_backlog(head.version if head is not None else None, backlog=backlog,
                         base=base, changes=changes, removed=removed)
+    values: dict[str, Any] = {}
+    if stats is not None and (head is None or stats != head.stats):
+        values["stats"] = stats
+    if plan.writes_rows:
+        values["version"] = plan.version
+        if plan.replace:
+            values["backlog"] = plan.head_backlog
     if head is None and (plan.writes_rows or stats is not None):
-        head = BacklogHead(server_id=server_id, version=None, backlog=None, stats=None)
-        s.add(head)
-    if head is not None and stats is not None and stats != head.stats:
-        head.stats = stats
+        await s.execute(_INSERT_HEAD, {"server_id": server_id, "version": None,
+                                       "backlog": None, "stats": None, **values})
+    elif head is not None:
+        # Only the columns whose value changes, as the ORM's unit of work wrote them.
+        changed = {name: value for name, value in values.items() if value != head._mapping[name]}
+        if changed:
+            await s.execute(_update_head(tuple(sorted(changed))),
+                            {"sid": server_id, **{f"v_{k}": v for k, v in changed.items()}})
     if not plan.writes_rows:
         return plan.version
-    assert head is not None
-    rows = BacklogRow.__table__
     if plan.replace:
-        await s.execute(delete(rows).where(rows.c.server_id == server_id))
-        head.backlog = plan.head_backlog
+        await s.execute(_DELETE_ROWS, {"sid": server_id})
     else:
         for chunk in _chunks(plan.removals + list(plan.upserts)):
-            await s.execute(delete(rows).where(
-                rows.c.server_id == server_id,
-                tuple_(rows.c.subject, rows.c.group_name).in_(chunk)))
+            await s.execute(_DELETE_KEYS, {"sid": server_id, "keys": chunk})
     if plan.upserts:
-        await s.execute(rows.insert(), [
+        await s.execute(_INSERT_ROWS, [
             {"server_id": server_id, "subject": subject, "group_name": group,
              **{name: row.get(name, 0) for name in ROW_COUNTS}}
             for (subject, group), row in plan.upserts.items()])
-    head.version = plan.version
     return plan.version
 
 

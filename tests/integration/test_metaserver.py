@@ -462,6 +462,39 @@ async def test_admin_groups_report_lag_summed_over_brokers_from_the_latest_backl
     assert (billing["online_clients"], billing["lag"], billing["brokers"]) == (1, 7, 1)
 
 
+async def test_backlog_reports_apply_changes_and_removals_over_the_version_held(
+    api: Api
+) -> None:
+    await api.register("rt1", "127.0.0.1:1001")
+    await api.register("dl1", "127.0.0.1:1002", kind="delay")
+    key = {"group": "rt1", "kind": "realtime", "address": "127.0.0.1:1001"}
+    row = {"subject": "orders", "group": "billing", "lag": 5, "consumers": 1}
+    other = {"subject": "orders", "group": "audit", "lag": 2}
+    whole = await api.ok("POST", "/api/brokers/backlog", {**key, "backlog": [row, other]})
+    assert whole["backlog_version"] == 1
+    delta = await api.ok("POST", "/api/brokers/backlog", {
+        **key, "backlog_base": 1, "backlog_changes": [{**row, "lag": 9}],
+        "backlog_removed": [["orders", "audit"]], "stats": {"sends": 3}})
+    assert delta["backlog_version"] == 2
+    same = await api.ok("POST", "/api/brokers/backlog", {**key, "backlog_base": 2,
+                                                         "stats": {"sends": 3}})
+    assert same["backlog_version"] == 2
+    stale = await api.ok("POST", "/api/brokers/backlog", {
+        **key, "backlog_base": 1, "backlog_changes": [{**row, "lag": 100}]})
+    assert stale["backlog_version"] is None  # the server sends it whole again
+    for scheduled in (4, 4, 6):  # a delay server's stats object replaces the last one
+        await api.ok("POST", "/api/brokers/backlog", {
+            "group": "dl1", "kind": "delay", "address": "127.0.0.1:1002",
+            "backlog": {"scheduled": scheduled}})
+
+    brokers = {b["group"]: b for b in (await api.ok("GET", "/api/admin/brokers"))["brokers"]}
+    realtime = brokers["rt1"]["stats"]
+    assert realtime["backlog_version"] == 2 and realtime["stats"] == {"sends": 3}
+    assert [(r["group"], r["lag"], r["consumers"]) for r in realtime["backlog"]] == [
+        ("billing", 9, 1)]
+    assert brokers["dl1"]["stats"]["backlog"] == {"scheduled": 6}
+
+
 async def test_admin_groups_sum_the_redelivery_retry_and_dead_counts_of_online_brokers(
     api: Api, clock: FakeClock
 ) -> None:
