@@ -14,8 +14,8 @@ cycle is followed by a send alike to another subject, which nobody pulls. Printe
 their difference, about what the pull, its wake and its ack cost the loop; the median of
 ``--runs`` runs, each run's figures after it. No frames are encoded or sent: the request path
 (FrameServer) is not in it. ``--direct on`` makes the pull as the realtime server does
-(``direct``: tried at once, parked with no task, answered through a reply; here the reply
-resolves a future the cycle awaits); ``both`` alternates runs without and with it.
+(``direct``: tried at once, parked with no task, its end handed to ``Pulls.parked_answered``;
+here that resolves a future the cycle awaits); ``both`` alternates runs without and with it.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ WARM_UP_CYCLES = 200
 
 async def _park_direct(broker: Broker, request: Pull) -> asyncio.Future[Pulled]:
     """A pull as the realtime server makes it, parked with no task: the future of its answer."""
-    out = await broker.pull(request, None, direct=True)
     answer: asyncio.Future[Pulled] = asyncio.get_running_loop().create_future()
+    # Where the parked pull's end goes (the server sets its own once: here one per cycle, as
+    # only this pull is parked).
+    broker.pulls.parked_answered = lambda poll, out: answer.set_result(out)  # type: ignore
+    out = await broker.pull(request, None, direct=True)
     if isinstance(out, Pulled):
         answer.set_result(out)
-    else:
-        out.reply_to(answer.set_result)  # type: ignore[arg-type]
     return answer
 
 

@@ -13,8 +13,9 @@ A pull asked ``direct`` (the realtime server's) is first tried synchronously: wh
 pull of its group runs, its cursor is known, the tail covers it and the pull log can record on
 the loop, it is answered without ever suspending. A long poll that then finds nothing parks with
 no task (``ParkedPull``): the commit that wakes it queues it, and one loop callback, after the
-senders' wake-ups, tries each woken poll the same way and answers it through the callback its
-server gave (``ParkedPull.reply_to``). Whatever cannot be done at once (a planned pull, a store
+senders' wake-ups, tries each woken poll the same way and hands its end to the one callback
+its server gave (``Pulls.parked_answered``), which answers the poll (the request's ``Later``).
+Whatever cannot be done at once (a planned pull, a store
 read, the pull-log thread busy, the group's lock taken) goes on as an ordinary task.
 """
 
@@ -23,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Awaitable, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, NamedTuple, Sequence
 
 from realtime.committed import Wake
 from realtime.consumers import ConsumerKey, group_key
 from realtime.context import BrokerContext
-from realtime.parked_pull import Connection, ParkedPull, PullReply
+from realtime.parked_pull import Connection, ParkedPull
 from realtime.pull_reads import read_for_pull_io
 from realtime.tail import SubjectTail
 from wire.limits import MAX_BODY_BYTES, MAX_FRAME_BYTES
@@ -66,6 +67,16 @@ class Pulled(NamedTuple):
 
 
 NOTHING_PULLED = Pulled((), (), ())
+
+# Where a parked pull's end goes: the poll and what it pulled, or the error that ended it.
+ParkedAnswered = Callable[[ParkedPull, "Pulled | BaseException"], None]
+
+
+def _keep_answer(poll: ParkedPull, answer: Pulled | BaseException) -> None:
+    """``Pulls.parked_answered`` with no server: the poll, a ``Later``, keeps its answer (for
+    the frame server that takes it over, if one does)."""
+    poll.answer(answer)  # type: ignore[arg-type]
+
 
 # What a pull takes from the tail: the chosen sequences, their payloads, the new cursor, the
 # time it took them at (ms) and the expired entries it passed over (None: not traced).
@@ -110,6 +121,10 @@ class Pulls:
         ctx.committed.answer_woken = self._run_due
         ctx.committed.answer_woken_soon = self._run_due_soon
         ctx.committed.tell_direct = self._tell_due  # type: ignore[assignment]
+        # Where a parked pull's end goes (``_finish``): the realtime server sets its own, which
+        # answers the poll (a ``Later``) once the role allows it; one bound method for every
+        # poll, none made per pull.
+        self.parked_answered: ParkedAnswered = _keep_answer
 
     async def pull(self, request: Pull, connection: Connection | None = None,
                    direct: bool = False) -> Pulled | ParkedPull:
@@ -122,46 +137,62 @@ class Pulls:
         A long poll of a consumer that leaves (op ``leave``) meanwhile ends empty too.
 
         With ``direct`` it is first tried without suspending, and a long poll that would wait
-        parks with no task and returns its ``ParkedPull``: the caller gives it a reply
-        (``ParkedPull.reply_to``) before its next suspension, and the answer goes there.
+        parks with no task and returns its ``ParkedPull``: its end goes to
+        ``parked_answered`` (a ``Later`` the caller returns to its frame server).
+        (``pull_now`` is the same with no coroutine for what it does without suspending.)
         """
+        out = self.pull_now(request, connection, direct)
+        if type(out) is Pulled or type(out) is ParkedPull:
+            return out
+        return await out  # type: ignore[misc]
+
+    def pull_now(self, request: Pull, connection: Connection | None = None,
+                 direct: bool = True) -> Pulled | ParkedPull | Coroutine[
+                     Any, Any, Pulled | ParkedPull]:
+        """``pull`` as far as it goes without suspending: what it pulled, or (``direct``) the
+        ``ParkedPull`` it parked, or else the coroutine that goes on with it, to await. The
+        realtime server's pull: no coroutine made for a pull answered or parked at once
+        (issue 18: four coroutines a pull, one per layer). Without ``direct`` it never parks
+        with no task and always returns the coroutine."""
         subject, consumer_id = request.subject, request.consumer_id
         key = group_key(request.group, consumer_id, request.broadcast)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         began_s = loop.time()
-        deadline = began_s + request.wait_ms / 1000
         tags = frozenset(request.tags)
         ctx = self._ctx
         now_ms = ctx.clock()
         ctx.tracer.subscribed(subject, key, consumer_id, tags, now_ms)
-        leave_key = (subject, key, consumer_id)
-        mark = ctx.book.pull_begins()
-        group = (subject, key)
+        poll = ParkedPull(self._tell_due, request, key, tags, began_s + request.wait_ms / 1000,
+                          (subject, key, consumer_id), ctx.book.pull_begins(), connection)
+        group = poll.group
         in_progress = self._pulls_in_progress
         in_progress[group] = in_progress.get(group, 0) + 1
-        if not direct:
+        if direct:
             try:
-                pulled = await self._pull_until(request, key, tags, deadline, leave_key, mark,
-                                                connection)
-            finally:
+                out = self._attempt_now(poll, now_ms, began_s)
+            except BaseException:
                 self._pull_ended(group)
-            assert not isinstance(pulled, ParkedPull)
-            return pulled
-        poll = ParkedPull(self._tell_due, request, key, tags, deadline, leave_key, mark,
-                          connection)
-        out: Pulled | ParkedPull | None
+                raise
+            if out is not None:
+                if out is not poll:
+                    self._pull_ended(group)
+                return out
+        return self._pull_later(poll, direct)
+
+    async def _pull_later(self, poll: ParkedPull, direct: bool) -> Pulled | ParkedPull:
+        """``pull_now``'s async part: ``_pull_until`` for ``poll``'s pull (parking it with no
+        task again if ``direct``); it ends there unless it parked."""
         try:
-            out = self._attempt_now(poll, now_ms, began_s)
-            if out is None:
-                out = await self._pull_until(request, key, tags, deadline, leave_key, mark,
-                                             connection, poll)
+            out = await self._pull_until(poll.request, poll.key, poll.tags, poll.deadline,
+                                         poll.leave_key, poll.mark, poll.connection,
+                                         poll if direct else None)
         except BaseException:
-            self._pull_ended(group)
+            self._pull_ended(poll.group)
             raise
         if out is not poll:
-            self._pull_ended(group)
+            self._pull_ended(poll.group)
         return out
 
     def _pull_ended(self, group: tuple[str, str]) -> None:
@@ -361,15 +392,10 @@ class Pulls:
             self._finish(poll, out)
 
     def _finish(self, poll: ParkedPull, answer: Pulled | BaseException) -> None:
-        """``poll``'s pull ends with ``answer``: handed to its reply, or kept until it has one
-        (``ParkedPull.reply_to``)."""
+        """``poll``'s pull ends with ``answer``: handed to ``parked_answered``."""
         poll.ended = True
         self._pull_ended(poll.group)
-        reply = poll.reply
-        if reply is None:
-            poll.answer = answer
-        else:
-            reply(answer)
+        self.parked_answered(poll, answer)
 
     # ------------------------------------------------------------------ one attempt
 
@@ -588,4 +614,4 @@ class Pulls:
 
 
 __all__ = ["Connection", "NOTHING_PULLED", "PULL_RESPONSE_PAYLOAD_BYTES_MAX",
-           "PULL_SCAN_ENTRIES_MAX", "ParkedPull", "PullReply", "Pulled", "Pulls"]
+           "PULL_SCAN_ENTRIES_MAX", "ParkedPull", "ParkedAnswered", "Pulled", "Pulls"]

@@ -135,6 +135,7 @@ class RealtimeServer(ServerBase):
             ], broker, self.role, self._heartbeat_soon)
         broker.on_commit = self.metrics.commit_batch_messages.observe
         broker.sends.answers_together = self.frames.answers_together
+        broker.pulls.parked_answered = self._pull_answered
         # A round making held messages visible is a write: only by the leased, active master.
         broker.handoffs.role_refusal = lambda: self.role.refusal(boottime_ms())
         admin = BrokerAdmin(StorageAdmin(broker.store, broker.pulllog),
@@ -205,8 +206,10 @@ class RealtimeServer(ServerBase):
         if not self.role.writable_now():
             await self._check_role_renewed()  # a lapsed lease: renewed at once, or NotMaster
         answer = await self._serve(core, session, request, grant)
-        if type(answer) is Later:
-            return answer  # a parked pull: _pull_answered checks the role when it ends
+        if type(answer) is Later or type(answer) is ParkedPull:
+            # A send's, or a parked pull (itself its Later): answered when it ends, the role
+            # checked then (_answer_sent, _pull_answered).
+            return answer
         if self.role.writable_now():  # the usual case, asked here: no _answerable call
             return answer
         return self._answerable(request, answer)  # type: ignore[arg-type]
@@ -227,20 +230,21 @@ class RealtimeServer(ServerBase):
         self._check_role()  # raises: not writable now, and no await since
         return answer
 
-    def _pull_answered(self, later: Later, request: Pull, out: Pulled | BaseException) -> None:
-        """A pull parked with no task ended: its answer, once the role allows it (as
-        ``handle`` checks it for an answer it returns)."""
+    def _pull_answered(self, poll: ParkedPull, out: Pulled | BaseException) -> None:
+        """A pull parked with no task ended (``Pulls.parked_answered``): its answer, written
+        through the poll (its request's ``Later``) once the role allows it (as ``handle``
+        checks it for an answer it returns)."""
         if isinstance(out, BaseException):
-            later.fail(out)
+            poll.fail(out)
             return
         answer = pull_response(*out)
         if not self.role.writable_now():  # the usual case asked here: no _answerable call
             try:
-                answer = self._answerable(request, answer)
+                answer = self._answerable(poll.request, answer)
             except QmqError as exc:
-                later.fail(exc)
+                poll.fail(exc)
                 return
-        later.answer(answer)
+        poll.answer(answer)
 
     def _send_ended(self, later: Later, request: SendRequest) -> None:
         """A send's commit ended (stored or refused): answer it, after the slaves under
@@ -308,11 +312,13 @@ class RealtimeServer(ServerBase):
                 return later  # answered by _send_ended when the commit ends
             return {"results": results}  # nothing valid to commit
         if type(request) is Pull:
-            out = await broker.pull(request, session, direct=True)
+            # The pull path read directly, and its coroutine made only when it must suspend
+            # (``Pulls.pull_now``): two calls fewer a pull (``Broker.pull``, ``Pulls.pull``).
+            out = broker.pulls.pull_now(request, session)
+            if type(out) is not Pulled and type(out) is not ParkedPull:
+                out = await out  # type: ignore[misc]
             if type(out) is ParkedPull:
-                later = Later()
-                out.reply_to(partial(self._pull_answered, later, request))
-                return later
+                return out  # its request's Later: _pull_answered answers it when it ends
             return pull_response(*out)  # type: ignore[misc]
         if type(request) is Ack:
             return {"acked": await broker.ack(request)}

@@ -223,7 +223,9 @@ class FrameServer:
     async def _answer(self, connection: _FrameConnection, request: Request) -> None:
         try:
             response = await self._handler(connection.session, request)
-            if type(response) is Later:  # answered when the handler says: bound to it here
+            # Answered when the handler says: bound to it here. (Told apart by exact type,
+            # with no call; a handler may return a subclass of Later: _LATER_TYPES has them.)
+            if type(response) in _LATER_TYPES:
                 later = response
                 later._server, later._connection, later._request = self, connection, request
                 self._laters.add(later)
@@ -262,6 +264,11 @@ class LaterAnsweredTwice(RuntimeError):
     first, and the client is not sent a second one with the same rid."""
 
 
+# ``Later`` and every subclass of it (``Later.__init_subclass__`` adds each): a handler's answer
+# is told apart by its exact type being here, with no isinstance call per answer (issue 18).
+_LATER_TYPES: set[type] = set()
+
+
 class Later:
     """An answer a handler gives after it has returned, with no task waiting for it: the
     handler returns the ``Later`` and then calls ``answer(response)`` (the map, without
@@ -269,9 +276,16 @@ class Later:
     step of the loop (a long poll woken by a commit). A ``QmqError`` becomes its error
     response, anything else ``internal`` (logged).
     Until it is answered the request counts in ``requests_in_flight`` and ``stop`` waits for it
-    as for a task; an answer to a closed connection goes nowhere."""
+    as for a task; an answer to a closed connection goes nowhere. A server may subclass it, so
+    that the state it keeps until it answers is the ``Later`` itself (the realtime server's
+    parked pull: ``realtime.parked_pull.ParkedPull``)."""
 
     __slots__ = ("_server", "_connection", "_request", "_outcome", "_given_once")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass (a server's own Later) is answered as a Later is."""
+        super().__init_subclass__(**kwargs)
+        _LATER_TYPES.add(cls)
 
     def __init__(self) -> None:
         self._server: FrameServer | None = None
@@ -319,6 +333,9 @@ class Later:
     # The request ends with an error: the same step as an answer (one call, not two, per
     # outcome), ``answer`` tells them apart.
     fail = answer
+
+
+_LATER_TYPES.add(Later)
 
 
 class _Together:

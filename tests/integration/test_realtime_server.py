@@ -10,6 +10,7 @@ import pytest
 
 from logstore.faults import FaultPlan
 from realtime.config import RealtimeConfig
+from realtime.pulls import ParkedPull, Pulled
 from realtime.server import RealtimeServer
 from wire.message import decode_message, encode_message
 from wire.protocol import Leave, encode_frame
@@ -486,19 +487,27 @@ async def test_a_pull_that_recorded_entries_as_its_lease_ran_out_answers_them_in
                             f"{refusing[0]}")
         check_writable(group, now_ms)
 
-    broker_pull = server.broker.pull
+    pull_now = server.broker.pulls.pull_now  # the server's pull (no coroutine unless needed)
 
-    async def pull_then_refuse(request, connection=None, direct=False):
-        pulled = await broker_pull(request, connection, direct)
-        refusing[:] = lapse_after_pull
-        return pulled
+    def pull_then_refuse(request, connection=None, direct=True):
+        out = pull_now(request, connection, direct)
+        if isinstance(out, (Pulled, ParkedPull)):
+            refusing[:] = lapse_after_pull
+            return out
+
+        async def then_refuse():
+            pulled = await out
+            refusing[:] = lapse_after_pull
+            return pulled
+
+        return then_refuse()
 
     monkeypatch.setattr(server.role, "check_writable", check)
     writable_now = server.role.writable_now
     monkeypatch.setattr(server.role, "writable_now", lambda: not refusing and writable_now())
     monkeypatch.setattr(server.role, "only_lease_ran_out",
                         lambda now_ms: bool(refusing) and refusing[0].startswith("its lease"))
-    monkeypatch.setattr(server.broker, "pull", pull_then_refuse)
+    monkeypatch.setattr(server.broker.pulls, "pull_now", pull_then_refuse)
     await client.send(message("orders", b"one", clock), message("orders", b"two", clock))
     lapse_after_pull[:] = ["its lease ran out (epoch 1): no MetaServer renewed it in time"]
     first = await client.pull("orders", "billing", "c1", start="earliest", max_count=1)

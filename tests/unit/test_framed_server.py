@@ -392,6 +392,45 @@ async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
     writer.close()
 
 
+class _PollLater(Later):
+    """A Later that is also the state its server keeps until it answers (as the realtime
+    server's parked pull is)."""
+
+    __slots__ = ("waiting_for",)
+
+    def __init__(self, waiting_for: str) -> None:
+        super().__init__()
+        self.waiting_for = waiting_for
+
+
+async def test_a_handler_may_answer_through_a_subclass_of_later():
+    # Before, only an exact Later was bound: a subclass was taken for a map and answered
+    # internal.
+    laters: list[_PollLater] = []
+
+    async def park(session: Session, request: Request) -> dict[str, Any] | Later:
+        if request.op == "hello":
+            return {"ok": True}
+        laters.append(_PollLater("a commit"))
+        return laters[-1]
+
+    server = FrameServer(park, inline_ops=("heartbeat",))
+    await server.start()
+    try:
+        reader, writer = await _greeted(server)
+        writer.write(_heartbeat(2))
+        await writer.drain()
+        await _parked(laters, 1)  # type: ignore[arg-type]
+        assert server.requests_in_flight == 1 and not server._requests, "no task waits"
+        laters[0].answer({"woken_by": laters[0].waiting_for})
+        [answer] = await _read_answers(reader, 1)
+        assert answer == {"rid": 2, "woken_by": "a commit"}
+        assert server.requests_in_flight == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
 def test_a_later_answered_twice_refuses_the_second_outcome_instead_of_writing_a_second_answer():
     early = Later()
     early.answer({"first": True})

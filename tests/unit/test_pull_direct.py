@@ -38,24 +38,25 @@ def pull_request(consumer: str = "c1", wait_ms: int = 30_000) -> Pull:
 
 
 class Replies:
-    """Where parked pulls' answers go, with what the pull log had recorded when each came."""
+    """Where parked pulls' answers go (``Pulls.parked_answered``), with what the pull log had
+    recorded when each came."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self.answers: list[Pulled | BaseException] = []
         self.pulled_before: list[int] = []  # broker.stats["pulled"] as each answer came
 
-    def __call__(self, answer: Pulled | BaseException) -> None:
+    def __call__(self, poll: ParkedPull, answer: Pulled | BaseException) -> None:
         self.answers.append(answer)
         self.pulled_before.append(self._broker.stats["pulled"])
 
 
 async def parked(broker: Broker, request: Pull, connection=None) -> Replies:
     """A long poll of ``request`` parked with no task, its answers recorded."""
+    replies = Replies(broker)
+    broker.pulls.parked_answered = replies
     out = await broker.pull(request, connection, direct=True)
     assert isinstance(out, ParkedPull), out
-    replies = Replies(broker)
-    out.reply_to(replies)
     return replies
 
 
@@ -106,9 +107,9 @@ async def test_a_parked_pull_is_answered_by_the_commit_that_wakes_it_with_no_tas
 async def test_the_senders_are_woken_before_the_parked_pulls_of_their_commit(broker):
     await caught_up(broker)
     order: list[str] = []
+    broker.pulls.parked_answered = lambda poll, answer: order.append("pull")
     out = await broker.pull(pull_request(), direct=True)
     assert isinstance(out, ParkedPull)
-    out.reply_to(lambda answer: order.append("pull"))
 
     async def send_noting(subject: str) -> None:
         message = Message.create(subject, b"body", now_ms=FakeClock()(), id=subject)
@@ -159,8 +160,8 @@ async def test_ending_the_long_polls_answers_a_parked_pull_empty(broker):
     broker.end_long_polls()
     await answered(replies)
     assert replies.answers == [NOTHING_PULLED]
-    later = await broker.pull(pull_request(), direct=True)
-    assert later == NOTHING_PULLED, "a later poll answers at once"
+    after = await broker.pull(pull_request(), direct=True)
+    assert after == NOTHING_PULLED, "a later poll answers at once"
 
 
 async def test_a_woken_pull_goes_to_the_pull_log_thread_when_it_is_busy_and_still_answers(broker):
@@ -218,9 +219,9 @@ async def test_a_commit_whose_senders_are_answered_by_callback_answers_its_parke
     await quiet(broker)
     await caught_up(broker)
     order: list[str] = []
+    broker.pulls.parked_answered = lambda poll, answer: order.append("pull")
     out = await broker.pull(pull_request(), direct=True)
     assert isinstance(out, ParkedPull)
-    out.reply_to(lambda answer: order.append("pull"))
     publish = broker.sends._publish_committed
 
     def publish_noting(*args):
@@ -275,3 +276,13 @@ async def test_a_publishing_step_that_fails_before_its_pulls_are_answered_still_
     assert broker.send_soon([encode_message(message)], False, lambda request: None) is None
     await answered(replies)
     assert len(replies.answers[0].payloads) == 1
+
+
+async def test_a_parked_pull_with_no_server_keeps_its_answer_as_its_later_does(broker):
+    # Without a server's parked_answered, the poll (the request's Later) keeps its answer for
+    # the frame server that takes it over.
+    await caught_up(broker)
+    out = await broker.pull(pull_request(wait_ms=20), direct=True)
+    assert isinstance(out, ParkedPull)
+    await wait_for(lambda: out.ended, 10, "the parked pull's end")
+    assert out._outcome == NOTHING_PULLED
