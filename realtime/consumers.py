@@ -12,8 +12,8 @@ What it keeps, per (subject, pull-log group) (a broadcast consumer's pull-log gr
 - **parked polls**: a consumer with a long poll parked here is present however long the poll
   waits (``park``/``unpark``): an idle consumer need send nothing while it waits, and its
   polls may be long (issue 19: what an idle consumer costs is its polls per second).
-- **leaves**: consumers that closed (op ``leave``). A long poll notes ``pull_begins()`` when it
-  starts; ``left_since`` then says whether its consumer left after that, so a poll that began
+- **leaves**: consumers that closed (op ``leave``). A long poll notes ``leaves`` (the count so
+  far) when it starts; ``left_since`` then says whether its consumer left after that, so a poll that began
   before the leave ends empty instead of taking entries for a consumer that is gone. Leaves are
   forgotten once no pull can be that old (``MAX_PULL_WAIT_MS``).
 - **known cursors**: a group's cursor after its last pull, kept while its redelivery queue is
@@ -76,7 +76,9 @@ class ConsumerBook:
         self._consumer_expiry_ms = consumer_expiry_ms
         # (subject, pull-log group) -> consumer id -> last pull, ack or heartbeat, in ms
         self._last_seen: dict[Group, dict[str, int]] = {}
-        self._leaves = 0  # leaves recorded so far; a pull notes this number when it begins
+        # Leaves recorded so far: a pull notes this number as it begins (its mark, read as an
+        # attribute: no call per pull), and while it is unchanged nobody left since.
+        self.leaves = 0
         # consumer -> (the number of its last leave, monotonic ms of it)
         self._left: dict[ConsumerKey, tuple[int, float]] = {}
         self._known_cursors: dict[Group, int] = {}
@@ -153,22 +155,19 @@ class ConsumerBook:
 
     # ------------------------------------------------------------------ leaves
 
-    def pull_begins(self) -> int:
-        """A pull starts: the mark ``left_since`` compares against."""
-        return self._leaves
-
     def left(self, consumers: Iterable[ConsumerKey], monotonic_ms: float) -> None:
         """The consumers closed at ``monotonic_ms``; leaves no pull can predate are dropped."""
         old_ms = monotonic_ms - MAX_PULL_WAIT_MS
         left = self._left
         for consumer in [c for c, (_, at_ms) in left.items() if at_ms < old_ms]:
             del left[consumer]  # no pull that began before it can still be waiting
-        self._leaves += 1
+        self.leaves += 1
         for consumer in consumers:
-            left[consumer] = (self._leaves, monotonic_ms)
+            left[consumer] = (self.leaves, monotonic_ms)
 
     def left_since(self, consumer: ConsumerKey, mark: int) -> bool:
-        """Whether the consumer left after the pull that got ``mark`` began."""
+        """Whether the consumer left after the pull that noted ``mark`` (``leaves``) began
+        (never while ``leaves`` is still ``mark``: a caller may look at that first)."""
         entry = self._left.get(consumer)
         return entry is not None and entry[0] > mark
 
@@ -180,7 +179,9 @@ class ConsumerBook:
         return self._known_cursors.get(group, -1) >= end
 
     def known_cursor(self, group: Group) -> int | None:
-        """The group's known cursor, left in place (None: unknown)."""
+        """The group's known cursor, left in place (None: unknown). At or past the committed
+        end it means what ``caught_up`` says (a caller that needs the cursor too reads it once
+        and compares)."""
         return self._known_cursors.get(group)
 
     def take_cursor(self, group: Group) -> tuple[int | None, int]:

@@ -165,7 +165,7 @@ class Pulls:
         now_ms = ctx.clock()
         ctx.tracer.subscribed(subject, key, consumer_id, tags, now_ms)
         poll = ParkedPull(self._tell_due, request, key, tags, began_s + request.wait_ms / 1000,
-                          (subject, key, consumer_id), ctx.book.pull_begins(), connection)
+                          (subject, key, consumer_id), ctx.book.leaves, connection)
         group = poll.group
         in_progress = self._pulls_in_progress
         in_progress[group] = in_progress.get(group, 0) + 1
@@ -257,9 +257,9 @@ class Pulls:
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
         connection = poll.connection
-        if (connection is not None and connection.closed) or book.left_since(poll.leave_key,
-                                                                              poll.mark):
-            return NOTHING_PULLED
+        if (connection is not None and connection.closed) or (
+                book.leaves != poll.mark and book.left_since(poll.leave_key, poll.mark)):
+            return NOTHING_PULLED  # (no leave since it began: no left_since call)
         subject = request.subject
         pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms)
         if pulled is None:
@@ -288,11 +288,13 @@ class Pulls:
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
         end = committed.ends.get(subject, 0)
-        if book.caught_up(group, end):
-            return NOTHING_PULLED
+        # One read of the known cursor for both questions (``ConsumerBook.caught_up``'s test
+        # made on it: one call fewer for a pull that is not caught up).
+        known = book.known_cursor(group)
+        if known is not None and known >= end:
+            return NOTHING_PULLED  # caught up
         if group in self._lock_users or not self._pulllog_quick_now():
             return None
-        known = book.known_cursor(group)  # below ``end``: not caught up
         if known is None:
             return None
         tail = committed.tail.covering(subject, known)

@@ -91,10 +91,10 @@ def test_an_ack_means_the_broadcast_group_too_once_the_consumer_pulled_as_a_broa
 def test_a_pull_that_began_before_a_leave_sees_it_and_one_that_began_after_does_not(
         book: ConsumerBook, clock: FakeClock) -> None:
     leaving = ("orders", "billing", "c1")
-    before = book.pull_begins()
+    before = book.leaves
     assert not book.left_since(leaving, before)
     book.left([leaving], monotonic_ms=5_000.0)
-    after = book.pull_begins()
+    after = book.leaves
     assert book.left_since(leaving, before)
     assert not book.left_since(leaving, after)
     assert not book.left_since(("orders", "billing", "c2"), before)
@@ -104,7 +104,7 @@ def test_a_consumer_that_leaves_again_is_seen_leaving_by_the_pulls_begun_before_
         book: ConsumerBook) -> None:
     leaving = ("orders", "billing", "c1")
     book.left([leaving], monotonic_ms=1_000.0)
-    between = book.pull_begins()
+    between = book.leaves
     book.left([leaving], monotonic_ms=2_000.0)
     assert book.left_since(leaving, between)
 
@@ -112,7 +112,7 @@ def test_a_consumer_that_leaves_again_is_seen_leaving_by_the_pulls_begun_before_
 def test_leaves_older_than_the_longest_pull_wait_are_forgotten_at_the_next_leave(
         book: ConsumerBook) -> None:
     old, recent = ("orders", "billing", "old"), ("orders", "billing", "recent")
-    mark = book.pull_begins()
+    mark = book.leaves
     book.left([old], monotonic_ms=0.0)
     book.left([recent], monotonic_ms=float(MAX_PULL_WAIT_MS))
     assert book.left_since(old, mark)  # exactly MAX_PULL_WAIT_MS old: still kept
