@@ -51,7 +51,9 @@ from serverkit.send_check import Checked, QuickCheck
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
+# A send's access check (``Gate.check_send`` with the connection's grant): (payloads, the
+# quick check's answer per payload) -> None, or raises Forbidden.
+CheckAccess = Callable[[list[bytes], list[Checked | None]], None]
 
 
 @dataclass
@@ -308,15 +310,16 @@ class Scheduler(LoadingMixin, CancelsMixin, HousekeepingMixin):
         """The start of the bucket ``deliver_at_ms`` falls in."""
         return self.window.bucket_of(deliver_at_ms)
 
-    async def schedule(self, payloads: list[bytes], compact: bool = False
-                       ) -> list[dict[str, Any]] | int:
+    async def schedule(self, payloads: list[bytes], compact: bool = False,
+                       check_access: CheckAccess | None = None) -> list[dict[str, Any]] | int:
         """Store delayed messages durably and answer one result per payload; with ``compact``,
         the number of payloads (an int) instead when every one was stored.
 
         A message without ``deliver_at_ms``, or with one in the past, is due at once. One later
         than now + ``max_delay_ms`` is refused with ``delay_out_of_range``, never clamped.
+        ``check_access`` (the connection's grant: ``Gate.check_send``) refuses the whole
+        request before anything else is checked or written, given what the quick check read.
         """
-        self.replica.check_writable()
         now_ms = self.clock()
         # The quick check (serverkit.send_check; for a batch, one C call where it is built)
         # accepts our producers' payloads without building a Message, due by now +
@@ -325,6 +328,9 @@ class Scheduler(LoadingMixin, CancelsMixin, HousekeepingMixin):
         # decides and words the error.
         payloads = list(payloads)
         checks = self._quick_check.check_many(payloads, now_ms + self.config.max_delay_ms)
+        if check_access is not None:
+            check_access(payloads, checks)
+        self.replica.check_writable()
         results: list[Any] = [None] * len(payloads)
         if None not in checks and not self.readonly:
             ids = list(map(_ids_of, checks))

@@ -33,7 +33,8 @@ import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -59,6 +60,7 @@ DECIDED_SUBJECTS_MAX = 1024
 # Longest wait for one check request to the MetaServer, in milliseconds.
 ACCESS_REQUEST_TIMEOUT_MS = 5_000
 
+_SUBJECT_OF = attrgetter("subject")  # a quick check's Checked: the subject it read
 # What a pattern may contain: the characters of a subject name plus the glob characters * ? [ ] !.
 _PATTERN_RE = re.compile(r"[A-Za-z0-9._\-*?\[\]!]+")
 
@@ -319,6 +321,15 @@ class AccessCache:
         return _Answer(grant, expires_at)
 
 
+class SubjectRead(Protocol):
+    """What ``Gate.check_send`` takes of a quick check's answer (serverkit.send_check's
+    ``Checked``, not imported here: the MetaServer loads this module, and no C twin)."""
+
+    @property
+    def subject(self) -> str:
+        """The subject the check read from the payload."""
+
+
 class Gate:
     """A server's access checks: every request asks ``grant_now`` first, and ``grant`` when
     that has no fresh answer. Without a MetaServer (a server run alone in tests) there is
@@ -342,13 +353,24 @@ class Gate:
         if self.cache is not None:
             self.cache.note_auth(enabled)
 
-    def check_send(self, grant: Grant, payloads: list[bytes]) -> None:
+    def check_send(self, grant: Grant, payloads: list[bytes],
+                   checks: Sequence[SubjectRead | None] | None = None) -> None:
         """Raise Forbidden unless ``grant`` covers the subject of every payload (a payload whose
-        subject cannot be read is left to the server's own validation)."""
+        subject cannot be read is left to the server's own validation), naming the first
+        payload's subject that it does not cover. ``checks``: the quick check's answer per
+        payload when the caller has it (serverkit.send_check), whose subjects are taken as
+        read; only a payload it left open (None) is read here."""
         if grant.admin:
             return
-        for payload in payloads:
-            subject = peek_subject(payload)
+        if checks is None:
+            subjects: Iterable[str | None] = map(peek_subject, payloads)
+        elif None in checks:
+            subjects = [peek_subject(payload) if checked is None else checked.subject
+                        for payload, checked in zip(payloads, checks)]
+        else:  # the usual batch: every subject read already, no Python code per payload
+            subjects = map(_SUBJECT_OF, checks)
+        # Each subject once, in payload order: the first one not covered is named.
+        for subject in dict.fromkeys(subjects):
             if subject is not None:
                 grant.check_produce(subject)
 

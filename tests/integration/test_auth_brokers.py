@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 
 import qmq
@@ -21,6 +23,7 @@ from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from serverkit.access import AccessCache, Grant
 from wire.errors import Forbidden, Internal, Unauthorized, Unavailable
+from wire.message import Message, encode_message
 from tests.rawclient import RawClient
 
 ADMIN = "cluster-admin-secret-0123456789"
@@ -271,3 +274,31 @@ class FakeMonotonic:
     def advance(self, ms: int) -> None:
         """Move the clock forward by ``ms``."""
         self.now_ms += ms
+
+
+async def test_a_delayed_batch_with_one_subject_outside_the_token_is_refused_whole_storing_nothing(
+        cluster: Cluster) -> None:
+    client = await RawClient.connect(cluster.delay.port, hello=False)
+    try:
+        hello = await client.request({"op": "hello", "client_id": "c", "app": "shop",
+                                      "token": cluster.orders_token, "protocol": 1})
+        assert hello.get("ok"), hello
+        now_ms = int(time.time() * 1000)
+        due_ms = now_ms + 600_000
+        allowed = Message.create("order.a", b"a", now_ms=now_ms, deliver_at_ms=due_ms)
+        # A key the quick check does not know leaves this payload to the full check: its
+        # subject is read for the grant all the same.
+        unknown_key = msgpack.packb({"i": "odd-1", "s": "payment.x", "b": b"x", "c": now_ms,
+                                     "d": due_ms, "zz": 1}, use_bin_type=True)
+        for refused in (encode_message(Message.create("payment.x", b"p", now_ms=now_ms,
+                                                      deliver_at_ms=due_ms)), unknown_key):
+            answer = await client.request({"op": "send",
+                                           "messages": [encode_message(allowed), refused]})
+            assert answer["error"]["code"] == "forbidden", answer
+            assert "subject 'payment.x'" in answer["error"]["message"]
+        assert (await cluster.delay.scheduler.report())["pending_total"] == 0
+        answer = await client.request({"op": "send", "messages": [encode_message(allowed)]})
+        assert answer["results"][0]["status"] == "stored", answer
+        assert (await cluster.delay.scheduler.report())["pending_total"] == 1
+    finally:
+        await client.close()

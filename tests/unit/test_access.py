@@ -16,7 +16,9 @@ from serverkit.access import (
     covers,
     subject_of,
 )
+from serverkit.send_check import QuickCheck
 from wire.errors import BadRequest, Forbidden
+from wire.message import Message, encode_message
 
 ORDERS = Grant(app="shop", produce=("order.*",), consume=("order.created", "audit.?"))
 
@@ -131,3 +133,29 @@ def test_a_refused_token_is_never_granted_from_the_cache_so_grant_words_the_refu
 def test_a_gate_without_a_metaserver_grants_everyone_open_at_once() -> None:
     assert Gate(None).grant_now("anything") is OPEN
     assert Gate(None).grant_now(None) is OPEN
+
+
+def _payload(subject: str) -> bytes:
+    return encode_message(Message(id=f"id-{subject}", subject=subject, body=b"x"))
+
+
+def test_a_send_is_refused_naming_the_first_payloads_subject_its_grant_does_not_cover() -> None:
+    payloads = [_payload(s) for s in ("order.a", "payment.x", "order.b", "refund.y")]
+    for checks in (None, QuickCheck().check_many(payloads, 1 << 62)):
+        with pytest.raises(Forbidden) as refused:
+            Gate(None).check_send(ORDERS, payloads, checks)
+        assert "subject 'payment.x'" in refused.value.message
+    Gate(None).check_send(ORDERS, [_payload("order.a"), b"\xc1 not msgpack"])  # left open
+    Gate(None).check_send(OPEN, payloads)
+
+
+def test_a_send_check_takes_the_quick_checks_subjects_and_reads_only_the_payloads_it_left_open(
+        ) -> None:
+    allowed, refused = _payload("order.a"), _payload("payment.x")
+    [checked] = QuickCheck().check_many([allowed], 1 << 62)
+    assert checked is not None
+    # The quick check's subject is taken as read: the payload beside it is not read again.
+    Gate(None).check_send(ORDERS, [b"\xc1 not read"], [checked])
+    # A payload the quick check left open (None) is read here and refused by its subject.
+    with pytest.raises(Forbidden, match="subject 'payment.x'"):
+        Gate(None).check_send(ORDERS, [allowed, refused], [checked, None])
