@@ -48,6 +48,12 @@ class InSyncTracker:
         self.slaves: dict[str, SlaveProgress] = {}
         self.confirmed: tuple[str, ...] = ()  # the database's in-sync set, from the last answer
         self.members: frozenset[str] = frozenset()  # the group's registered slaves, ditto
+        # The last (proposal, waiting set) judged, true until _judged_until_ms: every commit
+        # and fetch asks, and the sets change only when a slave not in sync fetches, when a
+        # slave in sync falls silent for insync_lag_max_ms, or with the members, the
+        # database's set or a slave forgotten (each of which drops this).
+        self._judged: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._judged_until_ms = 0
 
     def on_fetch(self, slave: str, log: str, offset: int, log_end: int, now_ms: int) -> bool:
         """A fetch of ``log`` at ``offset`` from ``slave`` found the master's end at
@@ -56,6 +62,8 @@ class InSyncTracker:
         progress = self._progress_of_member(slave, log)
         if progress is None:
             return False
+        if self._judged is not None and slave not in self._judged[0]:
+            self._judged = None  # it may be in sync now; one in sync stays so, a fetch later
         if offset >= progress.acked.get(log, 0):
             progress.acked[log] = offset
         previous = progress.previous.get(log)
@@ -95,10 +103,12 @@ class InSyncTracker:
         self.members = frozenset(members)
         for slave in [s for s in self.slaves if s not in self.members]:
             del self.slaves[slave]
+        self._judged = None
 
     def set_confirmed(self, insync: tuple[str, ...]) -> None:
         """The database's in-sync set, as the last heartbeat answer told it."""
         self.confirmed = tuple(insync)
+        self._judged = None
 
     def _caught_up_ms(self, slave: str, log: str) -> int | None:
         progress = self.slaves.get(slave)
@@ -117,8 +127,7 @@ class InSyncTracker:
 
     def proposal(self, now_ms: int) -> tuple[str, ...]:
         """The slaves in sync now, sorted: what the next heartbeat proposes."""
-        candidates = set(self.slaves) | set(self.confirmed)
-        return tuple(sorted(s for s in candidates if self.in_sync(s, now_ms)))
+        return self._judge(now_ms)[0]
 
     def waiting_set(self, now_ms: int) -> tuple[str, ...]:
         """Whom a ``sync`` write must wait for: the proposal and the database's set."""
@@ -126,7 +135,22 @@ class InSyncTracker:
             # No slave fetched and none in the database's set (a group without slaves): every
             # write asks this, so skip building and sorting two empty sets.
             return ()
-        return tuple(sorted(set(self.proposal(now_ms)) | set(self.confirmed)))
+        return self._judge(now_ms)[1]
+
+    def _judge(self, now_ms: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(proposal, waiting set) at ``now_ms``: the last judgement while it holds, else a
+        new one, which holds until the first slave in sync would fall out of it (a slave not
+        in sync never comes back by time alone: only by a fetch, which drops the judgement).
+        ``now_ms`` must not go back (the tracker's clock is monotonic)."""
+        if self._judged is not None and now_ms <= self._judged_until_ms:
+            return self._judged
+        candidates = set(self.slaves) | set(self.confirmed)
+        proposal = tuple(sorted(s for s in candidates if self.in_sync(s, now_ms)))
+        until_ms = min((self._caught_up_ms(slave, log) for slave in proposal  # type: ignore
+                        for log in self.logs), default=now_ms) + self.insync_lag_max_ms
+        self._judged = (proposal, tuple(sorted(set(proposal) | set(self.confirmed))))
+        self._judged_until_ms = until_ms
+        return self._judged
 
     def acked(self, slave: str, log: str) -> int:
         """The offset of ``log`` that ``slave`` acknowledged (0 when never heard from)."""
@@ -139,6 +163,8 @@ class InSyncTracker:
         waiting = self.waiting_set(now_ms)
         if not waiting:
             return None
+        if len(waiting) == 1:  # one sync slave: every commit and fetch asks, no generator
+            return self.acked(waiting[0], log)
         return min(self.acked(slave, log) for slave in waiting)
 
     def caught_up_to(self, slave: str, ends: dict[str, int]) -> bool:
@@ -149,6 +175,7 @@ class InSyncTracker:
     def forget(self, slave: str) -> None:
         """Drop a slave's progress (it became the master, or another group's server)."""
         self.slaves.pop(slave, None)
+        self._judged = None
 
 
 __all__ = ["InSyncTracker", "SlaveProgress"]

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from serverkit.insync import InSyncTracker
 
 LOGS = ("message", "actions")
@@ -124,3 +127,41 @@ def test_an_acknowledgement_alone_raises_what_a_slave_has_but_never_makes_it_cau
     assert tracker.acked("stranger", "message") == 0
     # Caught-up is judged by fetches only: the last one was at 1,000 ms.
     assert tracker.proposal(1_000 + LAG_MAX_MS + 1) == ()
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("fetch"), st.sampled_from(("s1", "s2", "s3")), st.sampled_from(LOGS),
+              st.integers(0, 4), st.integers(0, 4)),
+    st.tuples(st.just("members"), st.sets(st.sampled_from(("s1", "s2", "s3")))),
+    st.tuples(st.just("confirmed"), st.sets(st.sampled_from(("s1", "s2", "s3")))),
+    st.tuples(st.just("forget"), st.sampled_from(("s1", "s2", "s3"))),
+    st.tuples(st.just("wait"), st.one_of(st.integers(0, 2 * LAG_MAX_MS),
+                                         st.sampled_from((1, LAG_MAX_MS - 1, LAG_MAX_MS)))),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS)
+def test_the_sets_a_tracker_keeps_between_changes_are_those_its_rule_gives_at_every_time(ops):
+    # The proposal and the waiting set are judged once and kept until a fetch of a slave not
+    # in sync, a change of members or of the database's set, a forgotten slave, or the time
+    # the first slave in sync falls out; at every step (the clock never goes back) they equal
+    # the rule applied afresh.
+    tracker = new_tracker(now_ms=1_000)
+    now_ms = 1_000
+    for op in ops:
+        if op[0] == "fetch":
+            _, slave, log, offset, behind = op
+            tracker.on_fetch(slave, log, offset * 100, (offset + behind) * 100, now_ms)
+        elif op[0] == "members":
+            tracker.set_members(tuple(sorted(op[1])))
+        elif op[0] == "confirmed":
+            tracker.set_confirmed(tuple(sorted(op[1])))
+        elif op[0] == "forget":
+            tracker.forget(op[1])
+        else:
+            now_ms += op[1]
+        fresh = tuple(sorted(s for s in set(tracker.slaves) | set(tracker.confirmed)
+                             if tracker.in_sync(s, now_ms)))
+        assert tracker.proposal(now_ms) == fresh
+        assert tracker.waiting_set(now_ms) == tuple(sorted(set(fresh) | set(tracker.confirmed)))
