@@ -89,9 +89,11 @@ class Sends:
         self.sent_by_subject: dict[str, list[int]] = {}
         self.message_errors: dict[str, int] = {}
         self.on_commit: Callable[[int], None] | None = None
-        # Around the answers of one commit: the server's ``FrameServer.answers_together``, so
-        # they leave in one write per connection (``send_soon``'s are written right there).
-        self.answers_together: Callable[[], ContextManager[None]] = contextlib.nullcontext
+        # Around the answers of one commit: the block the server's
+        # ``FrameServer.answers_together()`` gives, so they leave in one write per connection
+        # (``send_soon``'s are written right there). The block itself, reused for every commit
+        # (it is re-entrant): no call per commit to get it (issue 18).
+        self.answers_together: ContextManager[None] = contextlib.nullcontext()
         self.commits: GroupCommitter[SendRequest, Committed] = GroupCommitter(
             f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
             self._fail_batch, self._go_readonly)
@@ -272,7 +274,7 @@ class Sends:
             for slot, message in zip(slots, request.messages):
                 request.results[slot] = send_result_error(message.id, error)
         self._answer(batch)
-        with self.answers_together():
+        with self.answers_together:
             self._tell(batch)
 
     def _publish_committed(self, batch: list[SendRequest], committed: Committed) -> None:
@@ -299,7 +301,7 @@ class Sends:
                 self.on_commit(len(outcomes))
             # One block for both: the producers' answers, then the woken polls', leave as it
             # ends, one write per connection and no end-of-turn callback for either.
-            with self.answers_together():
+            with self.answers_together:
                 self._tell(batch)
                 if view.answering_woken:
                     view.answering_woken = False

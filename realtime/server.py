@@ -134,7 +134,7 @@ class RealtimeServer(ServerBase):
                               broker.on_pulllog_thread, requires=("message",), snapshots=True),
             ], broker, self.role, self._heartbeat_soon)
         broker.on_commit = self.metrics.commit_batch_messages.observe
-        broker.sends.answers_together = self.frames.answers_together
+        broker.sends.answers_together = self.frames.answers_together()  # its one block
         broker.pulls.parked_answered = self._pull_answered
         # A round making held messages visible is a write: only by the leased, active master.
         broker.handoffs.role_refusal = lambda: self.role.refusal(boottime_ms())

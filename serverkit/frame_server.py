@@ -130,7 +130,8 @@ class FrameServer:
 
     def answers_together(self) -> _Together:
         """Answers written inside this ``with`` block leave at its exit, one write per
-        connection (a group commit answering its sends), with no end-of-turn callback."""
+        connection (a group commit answering its sends), with no end-of-turn callback. The
+        server's one block, re-entrant: a caller may keep it and enter it again."""
         return self._together_block
 
     async def start(self) -> int:

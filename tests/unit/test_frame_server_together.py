@@ -74,3 +74,18 @@ async def test_answers_written_together_leave_in_one_write_per_connection_at_the
         for writer in writers:
             writer.close()
         await server.stop(grace_ms=10)
+
+
+async def test_the_block_is_the_servers_one_and_may_be_kept_and_entered_again_nested():
+    # The broker keeps the block and enters it for every commit (no call to get it each time).
+    server = FrameServer(lambda session, request: None)  # type: ignore[arg-type,return-value]
+    block = server.answers_together()
+    assert server.answers_together() is block
+    with block:
+        with block:
+            assert server._together == 2
+        assert server._together == 1, "the inner exit does not end the outer block"
+    assert server._together == 0
+    with block:
+        assert server._together == 1
+    assert server._together == 0
