@@ -82,6 +82,9 @@ ERROR_CHARS_MAX = 500
 # The table, read and written with Core in the runner's transactions: loading and flushing
 # ORM objects cost several times the planning itself at 1,000 rows a pass.
 _TABLE = Schedule.__table__
+# The earliest action_ms of any row, read every poll while nothing is due: a Core statement
+# built once (through the ORM it cost the event loop about 1.3 ms per read in `qmq up`).
+_EARLIEST_ACTION = select(func.min(_TABLE.c.action_ms))
 # What the runner changes in a row; written back with one executemany UPDATE per transaction.
 _PROGRESS = ("state", "after_ms", "pending_fire_ms", "pending_group", "sent_count",
              "skipped_count", "doubt", "doubt_owner", "action_ms", "last_error")
@@ -216,8 +219,10 @@ class ScheduleRunner:
 
     async def _idle_ms(self) -> int:
         """Milliseconds until the earliest ``action_ms``, capped at the poll interval."""
-        async with self.registry._read() as s:
-            earliest = (await s.execute(select(func.min(Schedule.action_ms)))).scalar()
+        engine = self.registry.engine
+        assert engine is not None, "Registry.open() was not called"
+        async with engine.connect() as conn:  # a read: no ORM session needed
+            earliest = (await conn.execute(_EARLIEST_ACTION)).scalar()
         if earliest is None:
             return self.poll_interval_ms
         return max(0, min(self.poll_interval_ms, earliest - self.registry.clock()))

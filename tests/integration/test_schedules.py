@@ -22,6 +22,7 @@ from delayserver.config import DelayConfig
 from delayserver.server import DelayServer
 from metaserver import MetaConfig, sqlite_url, start_metaserver
 from metaserver.app import RunningMetaServer
+from metaserver.registry import Registry
 from metaserver.schedule_api import RUNNER_KEY, SCHEDULES_KEY
 from metaserver.schedule_plan import SchedulePlanner
 from metaserver.schedule_runner import ScheduleRunner
@@ -329,3 +330,33 @@ async def test_a_schedule_runner_cancelled_just_as_it_is_poked_stops(tmp_path: A
         finally:
             task.cancel()
             await runner.close()
+
+
+async def test_an_idle_runner_waits_until_the_earliest_action_at_most_its_poll_interval(
+        db_url: str) -> None:
+    from metaserver.models import Schedule
+    now_ms = 1_800_000_000_000
+    registry = Registry(MetaConfig(db_url=db_url, port=0), lambda: now_ms)
+    await registry.open()
+    runner = ScheduleRunner(registry, SchedulePlanner(grace_ms=5_000), token=None,
+                            poll_interval_ms=60_000)
+    try:
+        assert await runner._idle_ms() == 60_000  # no schedule at all
+
+        async def add(s: Any, name: str, action_ms: int | None) -> None:
+            s.add(Schedule(name=name, app="a", subject="s", body=b"x", tags=[], properties={},
+                           kind="at", at_ms=now_ms, tz="UTC", start_ms=now_ms, misfire="skip",
+                           state="active", created_at_ms=now_ms, updated_at_ms=now_ms,
+                           after_ms=now_ms, action_ms=action_ms))
+
+        await registry._write(lambda s: add(s, "paused", None))  # no action: not counted
+        assert await runner._idle_ms() == 60_000
+        await registry._write(lambda s: add(s, "later", now_ms + 90_000))
+        assert await runner._idle_ms() == 60_000  # capped at the poll interval
+        await registry._write(lambda s: add(s, "sooner", now_ms + 2_500))
+        assert await runner._idle_ms() == 2_500
+        await registry._write(lambda s: add(s, "overdue", now_ms - 7_000))
+        assert await runner._idle_ms() == 0
+    finally:
+        await runner.close()
+        await registry.close()
