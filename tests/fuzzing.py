@@ -138,12 +138,13 @@ class ClusterThread:
     def sdk_round_trip(self, subject: str, delay_ms: int | None = None) -> None:
         """A normal SDK producer sends one message (delayed by ``delay_ms`` if given) and a
         normal SDK consumer receives it intact; raises AssertionError otherwise."""
-        asyncio.run(asyncio.wait_for(self._round_trip(subject, delay_ms), CLUSTER_TIMEOUT_S))
+        asyncio.run(self._round_trip(subject, delay_ms))
 
     async def _round_trip(self, subject: str, delay_ms: int | None) -> None:
         body = f"after fuzzing {subject}".encode()
-        async with qmq.Consumer(self.meta_url, group="fuzz-check", start="earliest",
-                                wait_ms=500, token=self.admin_token) as consumer, \
+        async with asyncio.timeout(CLUSTER_TIMEOUT_S), \
+                qmq.Consumer(self.meta_url, group="fuzz-check", start="earliest",
+                             wait_ms=500, token=self.admin_token) as consumer, \
                 qmq.Producer(self.meta_url, token=self.admin_token) as producer:
             delay = timedelta(milliseconds=delay_ms) if delay_ms is not None else None
             receipt = await producer.send(subject, body, delay=delay)

@@ -75,7 +75,8 @@ class RawClient:
         self.pending[rid] = future
         self.writer.write(encode_frame(frame))
         await self.writer.drain()
-        return await asyncio.wait_for(future, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await future
 
     async def send(self, *messages: Message) -> dict[str, Any]:
         """A send op with these messages."""

@@ -104,7 +104,8 @@ class RunningConsumer:
     async def close(self) -> None:
         await self.consumer.close()
         if self._task is not None:
-            await asyncio.wait_for(self._task, 30)
+            async with asyncio.timeout(30):
+                await self._task
 
 
 async def close_all(consumers: list[RunningConsumer]) -> None:

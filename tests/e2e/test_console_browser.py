@@ -147,13 +147,14 @@ def test_a_dead_letter_is_redriven_from_the_ui_and_a_consumer_gets_it(up):
         assert errors == []
 
     async def receive() -> qmq.ReceivedMessage:
-        async with qmq.Consumer(base, group="billing", wait_ms=500) as consumer:
+        async with asyncio.timeout(WAIT_S), \
+                qmq.Consumer(base, group="billing", wait_ms=500) as consumer:
             async for message in consumer.subscribe("orders"):
                 await message.ack()
                 return message
         raise AssertionError("the subscription ended")
 
-    message = asyncio.run(asyncio.wait_for(receive(), WAIT_S))
+    message = asyncio.run(receive())
     assert (message.id, message.body) == ("order-0.redrive1", b'{"order": 0}')
     assert message.properties["qmq-redriven-from"] == "order-0.r1"
 

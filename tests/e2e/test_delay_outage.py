@@ -22,7 +22,8 @@ CONSUMER_OPTIONS = {"wait_ms": 500, "heartbeat_interval_ms": 500, "reconnect_bac
 
 async def next_message(subscription: qmq.Subscription, arrivals: Arrivals,
                        timeout_s: float = 15) -> qmq.ReceivedMessage:
-    msg = await asyncio.wait_for(subscription.__anext__(), timeout_s)
+    async with asyncio.timeout(timeout_s):
+        msg = await subscription.__anext__()
     arrivals.record(msg)
     return msg
 

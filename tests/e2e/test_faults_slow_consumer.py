@@ -39,7 +39,8 @@ async def test_a_stuck_consumer_does_not_hold_up_its_group_and_its_messages_move
     async def stuck_handler() -> None:
         async for msg in slow.subscribe(subject):
             slow_got.append(msg.id)
-            await asyncio.wait_for(release.wait(), STUCK_BOUND_S)  # blocks, long but bounded
+            async with asyncio.timeout(STUCK_BOUND_S):
+                await release.wait()  # blocks, long but bounded
             await msg.ack()
 
     slow_task = asyncio.create_task(stuck_handler())
@@ -68,7 +69,8 @@ async def test_a_stuck_consumer_does_not_hold_up_its_group_and_its_messages_move
         release.set()
         await close_all(fast)
         await slow.close()
-        await asyncio.wait_for(slow_task, 30)
+        async with asyncio.timeout(30):
+            await slow_task
 
     assert ledger.duplicates() == {}
     # Which fast consumer got what is the broker's choice (one may take it all while the other

@@ -70,8 +70,8 @@ async def received(meta_url: str, subject: str, group: str, expected: int) -> Co
         stream = consumer.subscribe(subject).__aiter__()
         while True:
             try:
-                msg = await asyncio.wait_for(stream.__anext__(),
-                                             30 if sum(counts.values()) < expected else 1)
+                async with asyncio.timeout(30 if sum(counts.values()) < expected else 1):
+                    msg = await stream.__anext__()
             except asyncio.TimeoutError:
                 return counts
             if not msg.redelivered:

@@ -63,7 +63,8 @@ class SendsInFlight:
         return {r.message_id for r in self.receipts}
 
     async def wait_done(self) -> None:
-        await asyncio.wait_for(self.task, 60)
+        async with asyncio.timeout(60):
+            await self.task
         assert len(self.receipts) + len(self.errors) == self.started
         unexpected = [e for e in self.errors
                       if not isinstance(e, (qmq.ConnectionLost, qmq.NoRoute))]
@@ -112,7 +113,8 @@ async def test_sigterm_on_a_realtime_server_answers_in_flight_requests_and_dereg
             code, exit_s = await asyncio.to_thread(sigterm_and_time, broker)
             states_at_exit = await asyncio.to_thread(broker_states, cluster.meta_url)
             await sends.wait_done()
-        answer = await asyncio.wait_for(long_poll, 10)
+        async with asyncio.timeout(10):
+            answer = await long_poll
     finally:
         await poller.close()
 

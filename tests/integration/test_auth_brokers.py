@@ -76,7 +76,8 @@ async def cluster(tmp_path: Any) -> AsyncIterator[Cluster]:
 
 async def next_message(subscription: Any) -> qmq.ReceivedMessage:
     """The next message of a subscription, within RECEIVE_TIMEOUT_S."""
-    return await asyncio.wait_for(subscription.__anext__(), RECEIVE_TIMEOUT_S)
+    async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+        return await subscription.__anext__()
 
 
 async def test_a_token_limited_to_order_subjects_cannot_produce_or_consume_payment_x(

@@ -167,18 +167,21 @@ async def test_a_masters_lease_is_renewed_while_a_big_backlog_report_hangs_and_i
     try:
         assert reg.role.view().role == "master"
         hung = asyncio.create_task(reg.report_backlog_now())
-        await asyncio.wait_for(_until(lambda: len(broker.reports) == 1), 30)
+        async with asyncio.timeout(30):
+            await _until(lambda: len(broker.reports) == 1)
         renewed_before = len(broker.sent)
         for _ in range(6):  # two lease periods at a heartbeat per third of the expiry
             lease_until_ms = reg.role.lease_until_ms
-            await asyncio.wait_for(beat(meta, reg), 30)  # never waits for the report
+            async with asyncio.timeout(30):
+                await beat(meta, reg)  # never waits for the report
             assert reg.role.lease_until_ms > lease_until_ms  # renewed
         assert len(broker.sent) == renewed_before + 6
         assert not hung.done()
         assert reg.role.view().role == "master"
         assert reg.role.may_write(reg._clock_ms())
         released.set()
-        await asyncio.wait_for(hung, 30)
+        async with asyncio.timeout(30):
+            await hung
         assert len(await held_backlog(meta)) == BACKLOG_ROWS_PER_HEARTBEAT_MAX  # all arrived
     finally:
         released.set()

@@ -44,10 +44,12 @@ class Realtime:
                 self.arrived.clear()
                 server.scheduler.poke()
                 try:
-                    await asyncio.wait_for(self.arrived.wait(), 0.2)
+                    async with asyncio.timeout(0.2):
+                        await self.arrived.wait()
                 except asyncio.TimeoutError:
                     pass
-        await asyncio.wait_for(loop(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await loop()
 
 
 @pytest.fixture
@@ -239,6 +241,8 @@ async def test_stats_report_pending_per_hour_and_subject_and_lateness(server, cl
                       message("b", b"2", clock, deliver_at_ms=clock() + 100))
     clock.advance(100)
     await realtime.wait_for(1, server)
+    # Received is not yet recorded: the worker records the dispatch once it has the answer.
+    await settle(server)
     report = await server.scheduler.report()
     assert report["pending_total"] == 1
     assert report["pending_per_subject"] == {"a": 1}
@@ -291,7 +295,8 @@ async def wait_until(condition, server: DelayServer, timeout_s: float = 10) -> N
         while not condition():
             server.scheduler.poke()
             await asyncio.sleep(0.01)
-    await asyncio.wait_for(loop(), timeout_s)
+    async with asyncio.timeout(timeout_s):
+        await loop()
 
 
 async def test_while_the_realtime_side_is_slow_due_messages_go_in_fewer_larger_requests_and_records(
@@ -504,7 +509,8 @@ async def test_stop_finishes_even_when_the_dispatcher_is_woken_in_the_same_turn(
         server.scheduler.poke()
         for _ in range(turns_between):
             await asyncio.sleep(0)
-        await asyncio.wait_for(server.stop(), 30)
+        async with asyncio.timeout(30):
+            await server.stop()
 
 
 async def test_a_dispatch_refused_for_good_is_traced_as_given_up_and_counted(tmp_path, clock):
@@ -576,7 +582,8 @@ async def test_a_commit_wakes_the_sleeping_timer_only_for_a_message_due_before_i
         assert later["results"][0]["status"] == "stored"
         assert not scheduler._wakeup.is_set()  # nothing due before the timer's own wake-up
         await client.send(message("s", b"now", clock, deliver_at_ms=clock()))
-        await asyncio.wait_for(realtime.arrived.wait(), 20)  # no poke: the commit woke it
+        async with asyncio.timeout(20):
+            await realtime.arrived.wait()  # no poke: the commit woke it
         assert realtime.bodies() == [b"now"]
         clock.advance(wake_at_ms + 5 - clock())
         await realtime.wait_for(2, server)

@@ -114,7 +114,8 @@ async def test_a_long_poll_waits_for_a_message_sent_while_it_waits(tmp_path):
         await asyncio.sleep(0.3)
         assert not waiting.done()
         await gw.send({"subject": "orders", "body": "now"})
-        (message,) = await asyncio.wait_for(waiting, 10)
+        async with asyncio.timeout(10):
+            (message,) = await waiting
         assert message["body"] == "now"
 
 

@@ -73,8 +73,8 @@ async def test_a_group_with_retries_max_0_sends_a_nacked_message_to_its_dead_let
             async with qmq.Producer(meta.url) as producer:
                 sent = await producer.send("orders", b"charge 42")
             async with qmq.Consumer(meta.url, group="billing", start="earliest") as consumer:
-                message = await asyncio.wait_for(
-                    consumer.subscribe("orders").__aiter__().__anext__(), 30)
+                async with asyncio.timeout(30):
+                    message = await consumer.subscribe("orders").__aiter__().__anext__()
                 await message.nack()  # billing's policy: no retries, dead at once
 
             async def dead_letters() -> list:

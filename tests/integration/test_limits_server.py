@@ -234,13 +234,15 @@ async def test_a_frame_of_max_frame_bytes_is_answered_and_a_longer_header_closes
         client.pending[rid] = future
         client.writer.write(padded_hello(rid, size))
         await client.writer.drain()
-        assert (await asyncio.wait_for(future, 30)).get("ok") is True
+        async with asyncio.timeout(30):
+            assert (await future).get("ok") is True
     # Only the 4-byte header of a MAX_FRAME_BYTES + 1 frame: the server must refuse it from the
     # header alone, without waiting for (or allocating) the payload, and close the connection.
     bad = await RawClient.connect(live.server.port)
     bad.writer.write(struct.pack(">I", MAX_FRAME_BYTES + 1))
     await bad.writer.drain()
-    await asyncio.wait_for(bad.closed.wait(), 10)
+    async with asyncio.timeout(10):
+        await bad.closed.wait()
     assert len(bad.unmatched) == 1 and bad.unmatched[0]["rid"] is None, bad.unmatched
     assert_refused(bad.unmatched[0]["error"], "too_large", MAX_FRAME_BYTES + 1, MAX_FRAME_BYTES)
     await bad.close()

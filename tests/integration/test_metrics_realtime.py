@@ -126,7 +126,8 @@ async def test_a_frame_that_is_not_msgpack_counts_as_a_bad_request(server, clock
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"\x00\x00\x00\x02\xc1\xc1")  # a frame whose body is not msgpack
     await writer.drain()
-    await asyncio.wait_for(reader.read(), WAIT_TIMEOUT_S)  # answered, then closed
+    async with asyncio.timeout(WAIT_TIMEOUT_S):
+        await reader.read()  # answered, then closed
     writer.close()
     scraped = await scrape(server.metrics_url)
     assert scraped["qmq_realtime_errors_total", {"code": "bad_request", "scope": "request"}] == 1
@@ -140,7 +141,8 @@ async def test_a_waiting_long_poll_shows_in_the_gauge_until_a_message_wakes_it(
     await wait_waiting_pulls(server, 1)
     assert (await scrape(server.metrics_url))["qmq_realtime_long_polls_waiting"] == 1
     await client.send(message("orders", b"wake", clock))
-    assert len((await asyncio.wait_for(waiting, WAIT_TIMEOUT_S))["payloads"]) == 1
+    async with asyncio.timeout(WAIT_TIMEOUT_S):
+        assert len((await waiting)["payloads"]) == 1
     await wait_waiting_pulls(server, 0)
     assert (await scrape(server.metrics_url))["qmq_realtime_long_polls_waiting"] == 0
     await consumer.close()

@@ -109,7 +109,8 @@ async def test_under_sync_replication_a_send_is_answered_only_once_its_slaves_ha
             await asyncio.sleep(0.001)
     assert waited[0] > 0 and not sending.done()
     slaves_have_it.set()
-    answer = await asyncio.wait_for(sending, 10)
+    async with asyncio.timeout(10):
+        answer = await sending
     assert answer["results"][0]["status"] == "stored"
 
     async def no_slaves(end: int) -> None:
@@ -190,7 +191,8 @@ async def test_a_send_and_the_long_poll_it_wakes_are_answered_with_no_end_of_tur
         monkeypatch.setattr(_FrameConnection, "_end_turn",
                             lambda self: (turns.append(self), end_turn(self))[1])
         sent = await client.send(message("orders", b"late", FakeClock()))
-        pulled = await asyncio.wait_for(waiting, 10)
+        async with asyncio.timeout(10):
+            pulled = await waiting
         assert sent["results"][0]["status"] == "stored" and len(pulled["payloads"]) == 1
         assert turns == []  # both written as the commit's answers block ended
     finally:

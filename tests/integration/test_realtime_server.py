@@ -77,7 +77,8 @@ async def test_a_long_poll_returns_as_soon_as_a_message_arrives(server, clock):
     await asyncio.sleep(0.05)
     assert not waiting.done()
     await producer.send(message("orders", b"late", clock))
-    pulled = await asyncio.wait_for(waiting, 5)
+    async with asyncio.timeout(5):
+        pulled = await waiting
     assert bodies(pulled) == [b"late"]
     await consumer.close()
     await producer.close()
@@ -186,7 +187,8 @@ async def test_a_long_poll_of_a_consumer_that_leaves_ends_empty_and_takes_nothin
     for _ in range(20):
         await asyncio.sleep(0)
     await client.request({"op": "leave", "consumer_id": "leaving", "subscriptions": [["s", "g"]]})
-    assert (await asyncio.wait_for(poll, 5))["payloads"] == []
+    async with asyncio.timeout(5):
+        assert (await poll)["payloads"] == []
     await client.send(message("s", b"after", clock))
     assert bodies(await client.pull("s", "g", "staying")) == [b"after"]
 
@@ -260,7 +262,8 @@ async def test_a_field_of_the_wrong_type_is_bad_request_and_the_connection_stays
 async def test_an_oversized_frame_gets_too_large_and_only_that_connection_closes(server, client):
     bad = await RawClient.connect(server.port)
     bad.writer.write(struct.pack(">I", 64 * 1024 * 1024) + b"x" * 16)
-    await asyncio.wait_for(bad.closed.wait(), 5)
+    async with asyncio.timeout(5):
+        await bad.closed.wait()
     assert bad.unmatched and bad.unmatched[0]["error"]["code"] == "too_large"
     assert (await client.pull("s", "g", "c"))["payloads"] == []
 
@@ -269,7 +272,8 @@ async def test_bytes_that_are_not_a_frame_close_the_connection_and_others_are_se
     bad = await RawClient.connect(server.port)
     garbage = msgpack.packb([1, 2, 3])
     bad.writer.write(struct.pack(">I", len(garbage)) + garbage)
-    await asyncio.wait_for(bad.closed.wait(), 5)
+    async with asyncio.timeout(5):
+        await bad.closed.wait()
     assert bad.unmatched[0]["error"]["code"] == "bad_request"
     assert (await client.pull("s", "g", "c"))["payloads"] == []
 

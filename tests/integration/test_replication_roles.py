@@ -145,7 +145,8 @@ async def test_a_promoted_slave_serves_only_once_its_data_plane_has_sealed_its_l
             started = await admin(meta.url, "POST", "/api/admin/switchover",
                                   {"group": "rt1", "to": SECOND})
             assert started["state"] == "requested", started
-            await asyncio.wait_for(stub.entered.wait(), 30)
+            async with asyncio.timeout(30):
+                await stub.entered.wait()
             assert second.role.role == "master" and not second.role.active
             refused = await send(second.port, 2)
             assert refused["code"] == "not_master" and "sealing its logs" in refused["message"]

@@ -73,7 +73,8 @@ async def test_messages_round_trip_over_tls_with_an_https_metaserver_and_auth_on
                 subscription = consumer.subscribe("secure.now")
                 bodies = set()
                 for _ in range(2):
-                    got = await asyncio.wait_for(subscription.__anext__(), RECEIVE_TIMEOUT_S)
+                    async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+                        got = await subscription.__anext__()
                     bodies.add(got.body)
                     await got.ack()
                 assert bodies == {b"now", b"later"}

@@ -38,7 +38,8 @@ async def test_a_client_silent_in_the_middle_of_a_frame_is_disconnected():
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(_hello(1)[:7])  # the header and a little of the payload, then nothing
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""  # closed by the server
+        async with asyncio.timeout(WAIT_S):
+            assert await reader.read() == b""  # closed by the server
         assert server.open_connections == 0
         writer.close()
     finally:
@@ -60,14 +61,16 @@ async def test_a_client_silent_between_frames_keeps_its_connection():
         decoder = FrameDecoder()
         answers: list[dict[str, Any]] = []
         while not answers:
-            answers += decoder.feed(await asyncio.wait_for(reader.read(4096), WAIT_S))
+            async with asyncio.timeout(WAIT_S):
+                answers += decoder.feed(await reader.read(4096))
         assert answers[0]["rid"] == 1 and "error" not in answers[0]
         await asyncio.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 * 1.5)
         writer.write(_hello(2))
         await writer.drain()
         answers = []
         while not answers:
-            answers += decoder.feed(await asyncio.wait_for(reader.read(4096), WAIT_S))
+            async with asyncio.timeout(WAIT_S):
+                answers += decoder.feed(await reader.read(4096))
         assert answers[0]["rid"] == 2
         writer.close()
     finally:
@@ -79,7 +82,8 @@ async def _read_answers(reader: asyncio.StreamReader, count: int) -> list[dict[s
     decoder = FrameDecoder()
     answers: list[dict[str, Any]] = []
     while len(answers) < count:
-        data = await asyncio.wait_for(reader.read(1 << 20), WAIT_S)
+        async with asyncio.timeout(WAIT_S):
+            data = await reader.read(1 << 20)
         assert data, f"connection closed after {len(answers)} of {count} answers"
         answers += decoder.feed(data)
     return answers
@@ -388,7 +392,8 @@ async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
     assert not stopping.done(), "the parked request is in flight: stop waits for it"
     laters[0].answer({"ok": True})
     assert (await _read_answers(reader, 1))[0]["rid"] == 2
-    await asyncio.wait_for(stopping, WAIT_S)
+    async with asyncio.timeout(WAIT_S):
+        await stopping
     writer.close()
 
 

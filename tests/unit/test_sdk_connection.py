@@ -269,14 +269,17 @@ async def test_a_request_to_a_broker_that_stops_reading_times_out_and_close_does
     try:
         conn = await Connection.open(f"127.0.0.1:{port}", client_id="c", app="a", token=None)
         big = {"op": "send", "messages": [b"x" * (6 * 1024 * 1024)]}
-        results = await asyncio.wait_for(asyncio.gather(
-            *(conn.request(big, timeout_ms=300) for _ in range(4)), return_exceptions=True), 30)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(conn.request(big, timeout_ms=300) for _ in range(4)), return_exceptions=True)
         assert [type(r) for r in results] == [RequestTimeout] * 4
         # The socket is full now: the next request waits for room, and only for its timeout.
         with pytest.raises(RequestTimeout):
-            await asyncio.wait_for(conn.request(big, timeout_ms=300), 30)
+            async with asyncio.timeout(30):
+                await conn.request(big, timeout_ms=300)
         assert conn.pending_count == 0
-        await asyncio.wait_for(conn.close(), 30)
+        async with asyncio.timeout(30):
+            await conn.close()
         assert conn.closed
     finally:
         for writer in held:

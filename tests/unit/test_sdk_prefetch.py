@@ -19,7 +19,8 @@ async def test_put_all_waits_while_the_buffer_is_full_and_keeps_the_order():
     await asyncio.sleep(0)
     assert list(buffer.items) == [0, 1, 2] and not putting.done()
     got = [await buffer.get() for _ in range(7)]
-    await asyncio.wait_for(putting, 5)
+    async with asyncio.timeout(5):
+        await putting
     assert got == list(range(7))
 
 
@@ -28,7 +29,8 @@ async def test_waiting_readers_each_get_a_different_item():
     readers = [asyncio.create_task(buffer.get()) for _ in range(3)]
     await asyncio.sleep(0)
     await buffer.put_all(["a", "b", "c"])
-    assert sorted(await asyncio.wait_for(asyncio.gather(*readers), 5)) == ["a", "b", "c"]
+    async with asyncio.timeout(5):
+        assert sorted(await asyncio.gather(*readers)) == ["a", "b", "c"]
 
 
 async def test_a_slow_application_is_never_handed_more_than_its_prefetch_ahead(meta, broker_a):
@@ -38,13 +40,15 @@ async def test_a_slow_application_is_never_handed_more_than_its_prefetch_ahead(m
                         ack_interval_ms=NEVER_MS, heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
     async with consumer:
         sub = consumer.subscribe("orders")
-        await asyncio.wait_for(broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 1), 10)
+        async with asyncio.timeout(10):
+            await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 1)
         await asyncio.sleep(0.05)
         # Full: no further pull is sent until half a batch fits again.
         assert sub.prefetched == 4 and len(broker_a.ops("pull")) == 1
         bodies = []
         for _ in range(20):
-            bodies.append((await asyncio.wait_for(sub.__anext__(), 10)).body)
+            async with asyncio.timeout(10):
+                bodies.append((await sub.__anext__()).body)
             assert sub.prefetched <= 4
     assert bodies == [b"%d" % i for i in range(20)]
     assert all(op["max_count"] <= 4 for op in broker_a.ops("pull"))
@@ -57,7 +61,8 @@ async def test_a_pull_asks_only_for_what_fits_in_the_prefetch(meta, broker_a):
                         ack_interval_ms=NEVER_MS, heartbeat_interval_ms=NEVER_MS, wait_ms=1_000)
     async with consumer:
         sub = consumer.subscribe("orders")
-        await asyncio.wait_for(broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2), 10)
+        async with asyncio.timeout(10):
+            await broker_a.wait_until(lambda: len(broker_a.ops("pull")) >= 2)
         await asyncio.sleep(0.05)
         # 4 pulled, then the 2 that still fit; the third pull waits for room for 2.
         assert [op["max_count"] for op in broker_a.ops("pull")] == [4, 2]
@@ -73,7 +78,8 @@ async def test_a_pull_loop_waiting_for_room_is_woken_although_another_waits_too(
     await asyncio.sleep(0)
     assert not any(task.done() for task in waiting)  # one free slot: below refill_min
     await buffer.get()
-    await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    async with asyncio.timeout(5):
+        await asyncio.gather(*waiting)
 
 
 async def test_a_reader_cancelled_after_its_wake_up_passes_it_to_the_next_reader():
@@ -83,7 +89,8 @@ async def test_a_reader_cancelled_after_its_wake_up_passes_it_to_the_next_reader
     await asyncio.sleep(0)
     buffer.put_nowait("only")  # wakes the first reader...
     first.cancel()  # ...which is cancelled before it runs
-    assert await asyncio.wait_for(second, 5) == "only"
+    async with asyncio.timeout(5):
+        assert await second == "only"
 
 
 def test_the_pull_size_doubles_on_a_full_pull_up_to_its_ceiling_and_halves_on_a_thin_one():
@@ -124,7 +131,8 @@ async def test_a_lone_consumer_behind_a_backlog_asks_for_more_with_each_full_pul
         sub = consumer.subscribe("orders")
         bodies = []
         for _ in range(60):
-            bodies.append((await asyncio.wait_for(sub.__anext__(), 10)).body)
+            async with asyncio.timeout(10):
+                bodies.append((await sub.__anext__()).body)
             assert sub.prefetched <= 32  # two pulls of the ceiling at most
     assert bodies == [b"%d" % i for i in range(60)]
     asked = [op["max_count"] for op in broker_a.ops("pull")]
@@ -140,6 +148,7 @@ async def test_pulls_fixed_at_pull_batch_when_pull_batch_max_equals_it(meta, bro
     async with consumer:
         sub = consumer.subscribe("orders")
         for _ in range(20):
-            await asyncio.wait_for(sub.__anext__(), 10)
+            async with asyncio.timeout(10):
+                await sub.__anext__()
             assert sub.prefetched <= 4
     assert all(op["max_count"] <= 4 for op in broker_a.ops("pull"))

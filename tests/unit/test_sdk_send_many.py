@@ -88,7 +88,8 @@ async def test_a_lone_send_does_not_wait_for_the_linger(meta, broker_a):
     meta.set_route("orders", [broker_a])
     p = producer(meta, linger_ms=HOUR_MS)
     # With an hour of linger, waiting for it would hit the test's timeout.
-    receipt = await asyncio.wait_for(p.send("orders", b"x"), 10)
+    async with asyncio.timeout(10):
+        receipt = await p.send("orders", b"x")
     assert isinstance(receipt, Receipt)
     await p.close()
 
@@ -106,7 +107,8 @@ async def test_sends_made_while_a_batch_is_on_the_wire_leave_together_when_it_is
     await asyncio.sleep(0.05)
     assert len(broker_a.ops("send")) == 2  # the three wait behind the batch on the wire
     broker_a.send_gate.set()
-    await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    async with asyncio.timeout(10):
+        await asyncio.gather(first, *later)
     assert [len(ids) for ids in broker_a.sent_ids()] == [1, 1, 3]
     await p.close()
 
@@ -154,7 +156,8 @@ async def test_send_many_of_large_bodies_splits_batches_at_the_frame_limit(meta,
     meta.set_route("orders", [broker_a])
     big = b"x" * (3 * 1024 * 1024)  # two fit in one frame (8 MiB), three do not
     async with producer(meta, linger_ms=HOUR_MS) as p:
-        receipts = await asyncio.wait_for(p.send_many("orders", [big, b"small", big, big]), 30)
+        async with asyncio.timeout(30):
+            receipts = await p.send_many("orders", [big, b"small", big, big])
     assert [len(ids) for ids in broker_a.sent_ids()] == [3, 1]
     assert [ids for batch in broker_a.sent_ids() for ids in batch] == [
         r.message_id for r in receipts]
@@ -163,9 +166,10 @@ async def test_send_many_of_large_bodies_splits_batches_at_the_frame_limit(meta,
 async def test_send_many_spanning_batches_shares_them_with_other_calls_in_order(meta, broker_a):
     meta.set_route("orders", [broker_a])
     async with producer(meta, linger_ms=HOUR_MS, batch_size_max=4) as p:
-        first, second = await asyncio.wait_for(asyncio.gather(
-            p.send_many("orders", [b"a%d" % i for i in range(6)]),
-            p.send_many("orders", [b"b%d" % i for i in range(3)])), 10)
+        async with asyncio.timeout(10):
+            first, second = await asyncio.gather(
+                p.send_many("orders", [b"a%d" % i for i in range(6)]),
+                p.send_many("orders", [b"b%d" % i for i in range(3)]))
     assert [len(ids) for ids in broker_a.sent_ids()] == [4, 4, 1]
     assert [broker_a.stored[r.message_id].body for r in first] == [b"a%d" % i for i in range(6)]
     assert [broker_a.stored[r.message_id].body for r in second] == [b"b%d" % i for i in range(3)]
