@@ -27,12 +27,17 @@ OUT_ENV = "QMQ_STEP_PROBE_OUT"
 LOOP_ENV = "QMQ_STEP_PROBE_LOOP"
 # Set in the server's environment: time each event-loop callback and each garbage collection
 # on the loop thread, written to ``<QMQ_STEP_PROBE_OUT>.long`` at exit, INSTEAD of the step
-# probes (whose lists of events, ~3 tracked objects per message, would lengthen the gc passes).
+# probes (their events are allocations and calls of their own on the loop, which it would time).
 LONG_ENV = "QMQ_STEP_PROBE_LONG"
 LONG_MS = 1.0  # a callback or collection at least this long (wall or loop-thread CPU) is noted
 # (step, monotonic ns, the payloads or bodies it concerns): appended on the probed process's
-# event loop or store thread (list.append holds the GIL), read once at exit.
-_EVENTS: list[tuple[str, int, list[bytes]]] = []
+# event loop or store thread (list.append holds the GIL), read once at exit. The items are a
+# tuple of bytes, copied, so that the gc untracks each event at its first pass and no event
+# keeps a request's list alive: events that held lists were two tracked objects each kept to
+# the end of the run, more than the server's own in every older generation's pass. Of 10,000
+# such events, 20,000 objects stayed tracked after a young pass, against 2,287 as tuples (187
+# after a full pass).
+_EVENTS: list[tuple[str, int, tuple[bytes, ...]]] = []
 _BODIES = ("received",)  # steps whose items are message bodies, not payloads
 _now = time.monotonic_ns
 
@@ -79,33 +84,34 @@ def install_server() -> None:
     def dispatch(original: Any) -> Any:
         def probed(self: Any, connection: Any, frame: dict[str, Any]) -> None:
             if frame.get("op") == "send":
-                _EVENTS.append(("arrived", _now(), frame.get("messages") or []))
+                _EVENTS.append(("arrived", _now(), tuple(frame.get("messages") or ())))
             original(self, connection, frame)
         return probed
 
     def send(original: Any) -> Any:
         async def probed(self: Any, payloads: list[bytes], compact: bool = False) -> Any:
-            _EVENTS.append(("handled", _now(), payloads))
+            _EVENTS.append(("handled", _now(), tuple(payloads)))
             return await original(self, payloads, compact)
         return probed
 
     # The payloads of the commit running on the store thread, for the message log's sync
     # (the one of that thread: qmq up's delay server syncs its own log on another thread).
-    committing: dict[int, list[bytes]] = {}
+    committing: dict[int, tuple[bytes, ...]] = {}
 
     def commit(original: Any) -> Any:
         def probed(self: Any, batch: list[Any], now_ms: int) -> Any:
             begun = _now()
             thread = threading.get_ident()
-            committing[thread] = [p for request in batch for p in request.payloads]
+            committing[thread] = tuple([p for request in batch for p in request.payloads])
             try:
                 result = original(self, batch, now_ms)
             finally:
                 del committing[thread]
             ended = _now()
             for request in batch:
-                _EVENTS.append(("commit_begun", begun, request.payloads))
-                _EVENTS.append(("commit_ended", ended, request.payloads))
+                payloads = tuple(request.payloads)
+                _EVENTS.append(("commit_begun", begun, payloads))
+                _EVENTS.append(("commit_ended", ended, payloads))
             return result
         return probed
 
@@ -113,7 +119,7 @@ def install_server() -> None:
         def probed(self: Any, batch: list[Any], committed: Any) -> None:
             now = _now()
             for request in batch:
-                _EVENTS.append(("published", now, request.payloads))
+                _EVENTS.append(("published", now, tuple(request.payloads)))
             original(self, batch, committed)
         return probed
 
@@ -121,7 +127,7 @@ def install_server() -> None:
         def probed(self: Any, *args: Any) -> Any:
             pulled = original(self, *args)
             if pulled is not None and len(pulled.payloads):
-                _EVENTS.append(("pulled", _now(), list(pulled.payloads)))
+                _EVENTS.append(("pulled", _now(), tuple(pulled.payloads)))
             return pulled
         return probed
 
@@ -129,7 +135,7 @@ def install_server() -> None:
         def probed(self: Any, response: dict[str, Any], *args: Any) -> None:
             payloads = response.get("payloads")
             if payloads:
-                _EVENTS.append(("pull_written", _now(), list(payloads)))
+                _EVENTS.append(("pull_written", _now(), tuple(payloads)))
             original(self, response, *args)
         return probed
 
@@ -155,7 +161,7 @@ def install_server() -> None:
     _wrap(FrameServer, "_dispatch", dispatch)
     def send_soon(original: Any) -> Any:
         def probed(self: Any, payloads: list[bytes], compact: bool, done: Any) -> Any:
-            _EVENTS.append(("handled", _now(), payloads))
+            _EVENTS.append(("handled", _now(), tuple(payloads)))
             return original(self, payloads, compact, done)
         return probed
 
@@ -251,19 +257,19 @@ def install_client() -> None:
                          on_answer: Any = None, coalesce: bool = True) -> Any:
             kind = op.get("op")
             if kind == "send":
-                _EVENTS.append(("batch_sent", _now(), op["messages"]))
+                _EVENTS.append(("batch_sent", _now(), tuple(op["messages"])))
             if on_answer is None:
                 answer = await original(self, op, timeout_ms, None, coalesce)
             else:  # the consumer takes a pull's messages as the answer is read: note it then
                 def noted(answer: dict[str, Any]) -> None:
                     if answer.get("payloads"):
-                        _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+                        _EVENTS.append(("pull_read", _now(), tuple(answer["payloads"])))
                     on_answer(answer)
                 answer = await original(self, op, timeout_ms, noted, coalesce)
             if kind == "send":
-                _EVENTS.append(("confirmed", _now(), op["messages"]))
+                _EVENTS.append(("confirmed", _now(), tuple(op["messages"])))
             elif kind == "pull" and on_answer is None and answer.get("payloads"):
-                _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+                _EVENTS.append(("pull_read", _now(), tuple(answer["payloads"])))
             return answer
         return probed
 
@@ -272,14 +278,14 @@ def install_client() -> None:
                    on_error: Any) -> Any:
             def noted(answer: dict[str, Any]) -> None:  # a consumer's pull, as it is read
                 if answer.get("payloads"):
-                    _EVENTS.append(("pull_read", _now(), list(answer["payloads"])))
+                    _EVENTS.append(("pull_read", _now(), tuple(answer["payloads"])))
                 on_answer(answer)
             return original(self, op, timeout_ms, noted, on_error)
         return probed
 
     def on_message(original: Any) -> Any:
         def probed(self: Any, body: bytes) -> None:
-            _EVENTS.append(("received", _now(), [body]))
+            _EVENTS.append(("received", _now(), (body,)))
             original(self, body)
         return probed
 

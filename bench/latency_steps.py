@@ -26,8 +26,9 @@ the slowest 1%, the median of each part of their commit.
 A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
 The probes add a few us per request: the totals are a little above an unprobed run's
 (bench.commit_cycle). Wall clock: state the load.
-``--long`` runs the server without its step probes (their event lists would lengthen the gc
-passes it times) and notes instead each event-loop callback and each loop-thread garbage
+``--long`` runs the server without its step probes (their events are allocations and calls of
+their own on the loop; the gc untracks them at its first pass, so they no longer pile up in the
+older generations) and notes instead each event-loop callback and each loop-thread garbage
 collection of at least 1 ms, wall or CPU, by name (a task by its coroutine): per name, how many
 ran during the traffic and their wall / CPU ms; and for each of the slowest 1% the one of most CPU
 that ran while it was in flight. Under load, wall times are mostly waits for a core: count the
