@@ -5,7 +5,7 @@ watermark passes its bucket, and a restart later does not dispatch it again."""
 
 from __future__ import annotations
 
-import delayserver.scheduler
+import delayserver.accepting
 from tests.rawclient import FakeClock, message
 from tests.unit.test_delay_scheduler_races import Broker, settle, started
 from wire.message import encode_message
@@ -45,16 +45,16 @@ async def one_due_soon(tmp_path):
 async def test_a_send_whose_publishing_failed_is_dispatched_once_and_the_done_watermark_passes_it(
         tmp_path, monkeypatch):
     clock, broker, scheduler, m = await one_due_soon(tmp_path)
-    answer_of = delayserver.scheduler.delayed_send_result
+    answer_of = delayserver.accepting.delayed_send_result
 
     def raising(*args):
         raise RuntimeError("injected publish bug")
 
-    monkeypatch.setattr(delayserver.scheduler, "delayed_send_result", raising)
+    monkeypatch.setattr(delayserver.accepting, "delayed_send_result", raising)
     try:
         [answer] = await scheduler.schedule([encode_message(m)])
     finally:
-        monkeypatch.setattr(delayserver.scheduler, "delayed_send_result", answer_of)
+        monkeypatch.setattr(delayserver.accepting, "delayed_send_result", answer_of)
     assert answer["error"]["code"] == "internal"
     assert "scheduled all the same" in answer["error"]["message"]
     await _dispatched_once_and_not_again(tmp_path, clock, broker, scheduler, m)
