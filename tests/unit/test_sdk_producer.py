@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -143,18 +144,6 @@ async def test_a_retriable_error_answer_moves_the_batch_to_the_next_group(meta, 
         receipt = await p.send("orders", b"1")  # first batch starts at group-a
     assert receipt.broker_group == "group-b"
     assert broker_a.sent_ids() == broker_b.sent_ids() == [[receipt.message_id]]
-
-
-async def test_with_a_retry_budget_of_0_retries_stop_after_retries_max_and_raise_the_last_error(
-        meta, broker_a):
-    meta.set_route("orders", [broker_a])
-    for _ in range(3):
-        broker_a.fail_next("send", "error", ("overloaded", "shedding load"))
-    async with producer(meta, retries_max=2, retry_budget_ms=0) as p:
-        with pytest.raises(Overloaded):
-            await p.send("orders", b"x")
-        assert len(broker_a.ops("send")) == 3
-        assert (await p.send("orders", b"y")).status == "stored"
 
 
 async def test_batches_are_spread_over_the_route_groups_round_robin(meta, broker_a, broker_b):
@@ -562,17 +551,23 @@ async def test_a_send_refused_as_not_master_longer_than_retries_max_lands_within
     assert broker_a.sent_ids() == [[receipt.message_id]] * 6
 
 
-async def test_a_send_is_not_resent_past_its_retry_budget_once_retries_max_resends_failed(
-        meta, broker_a):
-    meta.set_route("orders", [broker_a])
-    for _ in range(8):
-        broker_a.fail_next("send", "error", ("not_master", "its lease ran out (epoch 1)"))
+@pytest.mark.parametrize("options, refusal, error, attempts", [
+    # A budget of 0: retries_max resends, as before there was a budget.
+    ({"retries_max": 2, "retry_budget_ms": 0}, ("overloaded", "shedding load"), Overloaded, 3),
     # Pauses of 40, 80, 160, then 320 ms: the budget of 500 ms is over before the 5th attempt.
-    async with producer(meta, retry_backoff_ms=40, retry_budget_ms=500) as p:
-        with pytest.raises(NotMaster, match="lease ran out"):
+    ({"retry_backoff_ms": 40, "retry_budget_ms": 500},
+     ("not_master", "its lease ran out (epoch 1)"), NotMaster, 4),
+], ids=["budget 0", "budget spent"])
+async def test_retries_stop_after_retries_max_and_the_budget_and_raise_the_last_error(
+        meta, broker_a, options, refusal, error, attempts):
+    meta.set_route("orders", [broker_a])
+    for _ in range(attempts):
+        broker_a.fail_next("send", "error", refusal)
+    async with producer(meta, **options) as p:
+        with pytest.raises(error, match=re.escape(refusal[1])):
             await p.send("orders", b"x")
-    assert len(broker_a.ops("send")) == 4
-
+        assert len(broker_a.ops("send")) == attempts
+        assert (await p.send("orders", b"y")).status == "stored"
 
 async def test_a_cancel_refused_as_not_master_longer_than_retries_max_lands_within_the_budget(
         meta, broker_a):
