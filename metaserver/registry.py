@@ -39,13 +39,13 @@ from metaserver.replication import (
     new_group,
     promote,
     role_answer,
-    servers_and_server,
     servers_of,
     settle_role,
     supersede,
     synthetic_id,
 )
 from metaserver.routing import GroupView, broker_state
+from metaserver.row_copies import read_group_and_servers, write_changes
 from metaserver.registry_routes import RoutesMixin, _RaceLost
 from metaserver.registry_views import AdminViewsMixin
 from serverkit.periodic import run_every
@@ -258,9 +258,9 @@ class Registry(RoutesMixin, AdminViewsMixin):
         async def body(s: AsyncSession) -> tuple[dict[str, Any], bool]:
             now = self.clock()
             # The group's row lock first, then its servers and this one in one statement
-            # (read under the lock, so as another MetaServer's promotion left them).
-            grp = await s.get(BrokerGroup, group, with_for_update=True)
-            servers, broker = await servers_and_server(s, group, req.server_id)
+            # (read under the lock, so as another MetaServer's promotion left them), as copies
+            # written back by write_changes (metaserver.row_copies).
+            grp, servers, broker = await read_group_and_servers(s, group, req.server_id)
             if (grp is None or broker is None or broker.state == "offline"
                     or broker.group_name != group):
                 raise NotFound(
@@ -282,17 +282,21 @@ class Registry(RoutesMixin, AdminViewsMixin):
             # Another server's in-sync flag changed: other servers' answers change too.
             structural = changed or insync_before != [other.in_sync for other in servers]
             handover = finish_handover(grp, broker, req)
+            # Written before a promotion reads the servers' rows through the ORM, and again
+            # after it for the group's row it changed.
+            await write_changes(s, grp, servers)
             if handover is not None and await promote(s, grp, handover, now,
                                                       self.config.broker_expiry_ms):
+                await write_changes(s, grp, ())
                 self.replication.stats.promotions["switchover"] += 1
                 changed = True
             if changed:
                 await s.flush()
                 await self._reconcile(s, now)
                 # A promotion or the reconcile may have changed the group's rows: read them
-                # again. Otherwise ``servers`` are the rows as they stand (the session's identity
-                # map holds one object per row, changed in place), and a second query would
-                # cost a flush and a select on every renewal for nothing.
+                # again. Otherwise ``servers`` are the rows as they stand (the copies, changed
+                # and written in place), and a second query would cost a select on every
+                # renewal for nothing.
                 servers = await servers_of(s, group)
             answer: dict[str, Any] = {
                 "ok": True,

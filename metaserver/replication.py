@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from metaserver.errors import BadRequest, Conflict, NotFound
@@ -88,17 +88,6 @@ async def servers_of(s: AsyncSession, group: str) -> list[Broker]:
     rows = await s.execute(select(Broker).where(Broker.group_name == group)
                            .order_by(Broker.server_id))
     return list(rows.scalars())
-
-
-async def servers_and_server(s: AsyncSession, group: str,
-                             server_id: str) -> tuple[list[Broker], Broker | None]:
-    """Every server row of ``group`` and the row of ``server_id`` (of any group), in one
-    statement: a heartbeat's write needs both, and each statement costs a thread round trip."""
-    rows = list((await s.execute(select(Broker).where(
-        or_(Broker.group_name == group, Broker.server_id == server_id))
-        .order_by(Broker.server_id))).scalars())
-    return ([b for b in rows if b.group_name == group],
-            next((b for b in rows if b.server_id == server_id), None))
 
 
 async def find_server(s: AsyncSession, server_id: str) -> Broker | None:
@@ -547,7 +536,6 @@ __all__ = [
     "new_group",
     "promote",
     "role_answer",
-    "servers_and_server",
     "servers_of",
     "settle_role",
     "supersede",
