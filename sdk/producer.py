@@ -26,10 +26,10 @@ Path of one ``send``:
    cron job) spread over the groups as a long-lived one does.
 5. A retriable failure (connection lost, no answer in ``send_timeout_ms``, readonly, overloaded,
    internal, not_master) refreshes the route and resends the SAME message ids to the next group,
-   after a pause doubled per resend: ``retries_max`` times whatever the time, and then while
+   after a pause doubled per resend: 3 times whatever the time, and then while
    ``retry_budget_ms`` from the batch's first failure lasts (a master's stall or a failover
-   outlasts a few quick resends); the broker de-duplicates an id it already stored (status
-   "duplicate").
+   outlasts a few quick resends), or exactly ``retries_max`` times when that is given; the
+   broker de-duplicates an id it already stored (status "duplicate").
    A non-retriable error (bad_request, forbidden, too_large, ...) fails the send at once.
 
 Delivery is at least once: a message whose answer was lost may be stored on two groups if the
@@ -98,10 +98,14 @@ PLAIN_SUBJECTS_MAX = 1024
 # First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
 RETRY_BACKOFF_MS_DEFAULT = 50
 RETRY_BACKOFF_MS_MAX = 2_000
-# How long a send or cancel is tried again once its retries_max resends failed, in milliseconds
-# from its first failure: longer than a failover (a promotion commits ~3.75 s after a master's
-# kill -9, docs/REPLICATION.md) or a master's stall, so that a send whose commit straddled one
-# lands instead of failing after ~0.35 s of quick resends. 0: retries_max resends only.
+# Resends made whatever the time before the retry budget decides, when retries_max is left
+# at its default (None).
+RETRIES_MIN_DEFAULT = 3
+# How long a send or cancel is tried again once its RETRIES_MIN_DEFAULT resends failed (with
+# retries_max left at None), in milliseconds from its first failure: longer than a failover (a
+# promotion commits ~3.75 s after a master's kill -9, docs/REPLICATION.md) or a master's stall,
+# so that a send whose commit straddled one lands instead of failing after ~0.35 s of quick
+# resends. 0: RETRIES_MIN_DEFAULT resends only.
 RETRY_BUDGET_MS_DEFAULT = 10_000
 
 # Batches of a subject on the wire from which a new batch lingers (linger_ms) for more messages
@@ -134,11 +138,14 @@ class Producer(BatchingMixin):
       their peak, a batch leaves once it holds half the peak, so that the next forms while it
       is on the wire (the overlap, module docstring 2). 8 is the value measured.
     * ``send_timeout_ms`` (5000): wait for one broker answer before trying again.
-    * ``retries_max`` (3): resends of a failed batch made whatever the time (the floor).
+    * ``retries_max`` (None): a fixed number of resends of a failed batch, made whatever the
+      time, and no more (0: one attempt); the retry budget is then not used. None: at least
+      RETRIES_MIN_DEFAULT (3) resends, then more while ``retry_budget_ms`` lasts.
     * ``retry_backoff_ms`` (50): pause before the first resend, doubled per resend up to
       RETRY_BACKOFF_MS_MAX.
-    * ``retry_budget_ms`` (10000): after the retries_max resends, resends go on while the next
-      would start within this long of the first failure (0: none; RETRY_BUDGET_MS_DEFAULT).
+    * ``retry_budget_ms`` (10000): with ``retries_max`` None, after the RETRIES_MIN_DEFAULT
+      resends, resends go on while the next would start within this long of the first
+      failure (0: none; RETRY_BUDGET_MS_DEFAULT).
     * ``route_start`` (random): the index (modulo the route's length) of the group that a
       subject's first batch goes to; later batches go round robin from there.
 
@@ -160,7 +167,7 @@ class Producer(BatchingMixin):
         in_flight_max: int = 32,
         split_sends_min: int = 0,
         send_timeout_ms: int = 5000,
-        retries_max: int = 3,
+        retries_max: int | None = None,
         retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
         retry_budget_ms: int = RETRY_BUDGET_MS_DEFAULT,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
@@ -179,7 +186,7 @@ class Producer(BatchingMixin):
             ("in_flight_max", in_flight_max, 1),
             ("split_sends_min", split_sends_min, 0),
             ("send_timeout_ms", send_timeout_ms, 1),
-            ("retries_max", retries_max, 0),
+            ("retries_max", RETRIES_MIN_DEFAULT if retries_max is None else retries_max, 0),
             ("retry_backoff_ms", retry_backoff_ms, 0),
             ("retry_budget_ms", retry_budget_ms, 0),
             ("route_start", route_start, 0),
@@ -195,9 +202,11 @@ class Producer(BatchingMixin):
         self.in_flight_max = in_flight_max
         self.split_sends_min = split_sends_min
         self.send_timeout_ms = send_timeout_ms
-        self.retries_max = retries_max
+        # An explicit retries_max is a maximum (as it was before the budget); the budget serves
+        # the default only.
+        self.retries_max = RETRIES_MIN_DEFAULT if retries_max is None else retries_max
         self.retry_backoff_ms = retry_backoff_ms
-        self.retry_budget_ms = retry_budget_ms
+        self.retry_budget_ms = retry_budget_ms if retries_max is None else 0
         self._clock_ms = clock_ms
         ssl_context = client_context(tls)
         self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
@@ -469,9 +478,8 @@ class Producer(BatchingMixin):
         or "unknown" (that delay group does not know it). BadRequest for the receipt of a
         message that was not delayed. A retriable failure (``not_master`` while the delay group
         fails over, a lost connection, no answer) is tried again with the route asked afresh,
-        as a send is (``retries_max`` times, then while ``retry_budget_ms`` lasts); a cancel
-        whose answer was lost then says
-        "already_cancelled".
+        as a send is (3 times, then while ``retry_budget_ms`` lasts, or ``retries_max`` times);
+        a cancel whose answer was lost then says "already_cancelled".
         """
         if receipt.deliver_at_ms is None:
             raise BadRequest(f"message {receipt.message_id} was not delayed; only delayed "
@@ -623,10 +631,10 @@ class Producer(BatchingMixin):
         first failed at ``failed_at`` (``time.monotonic()``), or None: give up.
 
         The first ``retries_max`` resends are made whatever the time; a later one only if it
-        would start within ``retry_budget_ms`` of the first failure. The pause is
-        ``retry_backoff_ms`` doubled per resend, at most RETRY_BACKOFF_MS_MAX; past the
-        ``retries_max`` it doubles from at least 1 ms, so that a backoff of 0 never spins
-        through a budget."""
+        would start within ``retry_budget_ms`` of the first failure (0 when the caller gave
+        ``retries_max``). The pause is ``retry_backoff_ms`` doubled per resend, at most
+        RETRY_BACKOFF_MS_MAX; past the ``retries_max`` it doubles from at least 1 ms, so that a
+        backoff of 0 never spins through a budget."""
         pause_ms = min(self.retry_backoff_ms << min(resend - 1, 16), RETRY_BACKOFF_MS_MAX)
         if resend <= self.retries_max:
             return pause_ms
@@ -645,6 +653,7 @@ class Producer(BatchingMixin):
 
 __all__ = [
     "Producer",
+    "RETRIES_MIN_DEFAULT",
     "RETRY_BUDGET_MS_DEFAULT",
     "Receipt",
     "default_client_id",

@@ -552,12 +552,15 @@ async def test_a_send_refused_as_not_master_longer_than_retries_max_lands_within
 
 
 @pytest.mark.parametrize("options, refusal, error, attempts", [
-    # A budget of 0: retries_max resends, as before there was a budget.
-    ({"retries_max": 2, "retry_budget_ms": 0}, ("overloaded", "shedding load"), Overloaded, 3),
+    # A budget of 0: the 3 quick resends only, as before there was a budget.
+    ({"retry_budget_ms": 0}, ("overloaded", "shedding load"), Overloaded, 4),
+    # retries_max given: that many resends and no more, whatever the budget.
+    ({"retries_max": 2}, ("overloaded", "shedding load"), Overloaded, 3),
+    ({"retries_max": 0}, ("not_master", "its lease ran out (epoch 1)"), NotMaster, 1),
     # Pauses of 40, 80, 160, then 320 ms: the budget of 500 ms is over before the 5th attempt.
     ({"retry_backoff_ms": 40, "retry_budget_ms": 500},
      ("not_master", "its lease ran out (epoch 1)"), NotMaster, 4),
-], ids=["budget 0", "budget spent"])
+], ids=["budget 0", "retries_max 2", "retries_max 0", "budget spent"])
 async def test_retries_stop_after_retries_max_and_the_budget_and_raise_the_last_error(
         meta, broker_a, options, refusal, error, attempts):
     meta.set_route("orders", [broker_a])
