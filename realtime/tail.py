@@ -100,7 +100,8 @@ class Tail:
     def add(self, subject: str, first_sequence: int, entries: list[Entry], size_bytes: int) -> None:
         """Append committed entries from ``first_sequence`` (a gap starts the subject anew)."""
         run = self._subjects.get(subject)
-        if run is None or run.end != first_sequence:
+        # run.end != first_sequence, without a property call per commit
+        if run is None or run.start + len(run.entries) != first_sequence:
             run = self._subjects[subject] = SubjectTail(first_sequence)
         run.entries.extend(entries)
         self._chunk_runs.append(run)
