@@ -330,6 +330,34 @@ async def test_a_hand_off_too_far_ahead_or_delivering_after_its_visible_time_is_
     assert len(broker.handoffs.timer) == 0
 
 
+@pytest.mark.parametrize("fault", ["visible_at_a_bool", "visible_at_negative",
+                                   "visible_too_far_ahead", "delivering_after_its_own_visible_time",
+                                   "none"])
+async def test_a_hand_off_refuses_only_the_message_failing_its_check_and_holds_the_rest(
+        opened, fault):
+    broker, clock, _ = opened
+    due = clock() + DUE_IN_MS
+    payloads = [payload("orders", i, clock, due) for i in ("a", "b", "c")]
+    visible = [due, due, due]
+    if fault == "visible_at_a_bool":
+        visible[1] = True
+    elif fault == "visible_at_negative":
+        visible[1] = -1
+    elif fault == "visible_too_far_ahead":
+        visible[1] = clock() + handoffs_module.HOLD_AHEAD_MS_MAX + 1
+    elif fault == "delivering_after_its_own_visible_time":
+        # Within the batch's latest visible time plus the skew (so the quick check reads it),
+        # but past its own.
+        visible[1] = due - handoffs_module.DELIVER_AT_SKEW_MS_MAX - 1
+    elif fault == "none":
+        payloads[1] = payload("orders", "b", clock, None)  # no deliver_at_ms: held as well
+    results = await broker.hold(payloads, visible)
+    refused = fault != "none"
+    assert [r.get("status") or r["error"]["code"] for r in results] == [
+        "stored", "bad_request" if refused else "stored", "stored"]
+    assert len(broker.handoffs.timer) == (2 if refused else 3)
+
+
 async def test_a_reopened_broker_holds_again_and_makes_visible_on_time(tmp_path):
     clock = FakeClock()
     config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0)
