@@ -439,7 +439,10 @@ class Pulls:
 
     def _shared(self, request: Pull, group: tuple[str, str], backlog: int) -> Pull:
         """``request`` asking at most its group's share of ``backlog`` (``burst_share``)."""
-        share = burst_share(request.max_count, backlog, self._pulls_in_progress.get(group, 1),
+        waiting = self._pulls_in_progress.get(group, 1)
+        if waiting <= 1:
+            return request  # a lone pull takes what it asks for (burst_share's rule): no call
+        share = burst_share(request.max_count, backlog, waiting,
                             self._ctx.config.burst_share_min_messages)
         if share < request.max_count:
             return dataclasses.replace(request, max_count=share)
