@@ -1,4 +1,6 @@
-"""``encode_run``: the broker's usual commit encoded in one call (``MessageStore.append_commit``).
+"""The broker's usual commit: ``encode_run`` encodes it in one call, and ``UsualCommit`` (the
+part of ``MessageStore`` that is ``append_commit``, apart from ``store.py`` for its size) writes
+it.
 
 The usual group commit is one subject, every message new, no tags. For it the store needs, from
 the run of ids and payloads, the message records framed as logstore records back to back (one
@@ -18,14 +20,20 @@ from __future__ import annotations
 
 from itertools import accumulate, repeat
 from operator import add
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from logstore import LogWriteFailed
 from logstore.record import HEADER_SIZE_BYTES, frame_records
 from logstore.twins import c_twin
-from realtime.storage.config import U64_MAX
+from realtime.storage.config import MESSAGE_ID_BYTES_MAX, U64_MAX, StoreConfig
 from realtime.storage.consumer_log import encode_entries
 from realtime.storage.message_record import encode_subject_records, record_size_bytes
-from realtime.storage.write_batch import check_run
+from realtime.storage.write_batch import WriteBatch, check_run
+
+if TYPE_CHECKING:
+    from realtime.storage.consumer_log import ConsumerLog
+    from realtime.storage.dedup import DedupIndex
+    from realtime.storage.message_log import MessageLog
 
 U16_MAX = 0xFFFF
 
@@ -67,8 +75,87 @@ def encode_run_python(timestamp_ms: int, subject: str, first_sequence: int,
     return frame_records(bodies), encode_entries([timestamp_ms] * count, offsets, sizes, blooms)
 
 
+class UsualCommit:
+    """``MessageStore.append_commit``, apart from ``store.py`` for its size: ``MessageStore``
+    inherits it; it uses the store's consumer logs, message log and dedup index, on its owner
+    thread."""
+
+    # MessageStore's, set by its constructor:
+    config: StoreConfig
+    _batch: WriteBatch
+    _closed: bool
+    _failed: Exception | None
+    _held_keys: object
+    _dedup: DedupIndex
+    _message_log: MessageLog
+    _consumer_logs: dict[str, ConsumerLog]
+
+    def append_many(self, subjects: Sequence[str], message_ids: Sequence[str],
+                    tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
+                    payloads: Sequence[bytes]) -> None: ...  # MessageStore's
+    def commit_sequences(self) -> list[int | None]: ...  # type: ignore[empty-body]
+    def _indexed(self, clog: ConsumerLog | None, count: int, index_error: OSError | None,
+                 start_offset: int, unindexed: object, keys: list[str], sequences: list[int],
+                 timestamps_ms: list[int]) -> None: ...  # MessageStore's
+
+    def append_commit(self, subjects: Sequence[str], message_ids: Sequence[str],
+                      tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
+                      payloads: Sequence[bytes]) -> list[int | None]:
+        """``append_many`` then ``commit_sequences`` (the broker's path), in one call.
+
+        The usual commit (nothing else appended, one subject with a consumer log, no tags, no
+        held message, every id new, sync flush) takes one encoder call for its records and
+        entries (``commit_run.encode_run``) and one write for both with the fsync between
+        (``SegmentedLog.append_framed_durably``); anything else, or a run the encoder refuses,
+        takes the general path, which words what is wrong. The same bytes on disk, the same
+        outcomes and errors either way."""
+        count = len(subjects)
+        if (count and self._failed is None and not self._batch.sequences and not self._closed
+                and not self._held_keys and not any(tag_hashes) and len(tag_hashes) == count
+                and subjects.count(subjects[0]) == count):
+            sequences = self._commit_run(subjects[0], message_ids, timestamp_ms, payloads,
+                                         count)
+            if sequences is not None:
+                return sequences
+        self.append_many(subjects, message_ids, tag_hashes, timestamp_ms, payloads)
+        return self.commit_sequences()
+
+    def _commit_run(self, subject: str, message_ids: Sequence[str], timestamp_ms: int,
+                    payloads: Sequence[bytes], count: int) -> list[int] | None:
+        """``append_commit``'s usual commit; None, having done nothing, when it is not one."""
+        clog = self._consumer_logs.get(subject)
+        log = self._message_log.log
+        room = log.framed_room()
+        if clog is None or room is None:
+            return None
+        dedup = self._dedup
+        keys = dedup.keys(subject, message_ids)
+        if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
+            # An id seen before or twice in the run, or fewer or more ids than subjects (the
+            # general path words that; encode_run refuses payloads of another length).
+            return None
+        handle = clog.handle_for(count)
+        if handle is None:
+            return None
+        first = clog.end
+        encoded = encode_run(timestamp_ms, subject, first, message_ids, payloads, room[0],
+                             room[1], MESSAGE_ID_BYTES_MAX, self.config.record_size_bytes_max)
+        if encoded is None:
+            return None
+        framed, entries = encoded
+        try:
+            index_error = log.append_framed_durably(framed, (handle, entries))
+        except LogWriteFailed as exc:
+            self._failed = exc  # sticky, as in _commit_batch
+            raise
+        sequences = list(range(first, first + count))
+        self._indexed(clog, count, index_error, room[0], None, keys, sequences,
+                      [timestamp_ms] * count)
+        return sequences
+
+
 # The C twin (realtime/storage/_codecs.c); optional, chosen by logstore.twins. One call either
 # way: the store's commit calls ``encode_run`` with no wrapper in between.
 encode_run = c_twin("realtime.storage._codecs", "encode_run") or encode_run_python
 
-__all__ = ["encode_run", "encode_run_python"]
+__all__ = ["UsualCommit", "encode_run", "encode_run_python"]

@@ -32,13 +32,12 @@ from logstore import (
     OsFile,
 )
 from realtime.storage.config import (
-    MESSAGE_ID_BYTES_MAX,
     TAG_HASH_MAX,
     TIMESTAMP_MS_MAX,
     U64_MAX,
     StoreConfig,
 )
-from realtime.storage.commit_run import encode_run
+from realtime.storage.commit_run import UsualCommit
 from realtime.storage.consumer_log import ConsumerLog, Entry, encode_entries
 from realtime.storage.dedup import DedupIndex
 from realtime.storage.held import HeldSet
@@ -106,7 +105,7 @@ def _stored_end_offset(directory: str) -> int:
     return int(names[-1][:-4]) + os.path.getsize(os.path.join(directory, names[-1]))
 
 
-class MessageStore(HeldWrites, CopyWrites):
+class MessageStore(HeldWrites, CopyWrites, UsualCommit):
     """Per-subject dense sequences over one message log; see the module docstring."""
 
     def __init__(self, data_dir: str, config: StoreConfig = StoreConfig(), *,
@@ -254,61 +253,6 @@ class MessageStore(HeldWrites, CopyWrites):
             self._check_writable()  # raises
         self._batch.add(subjects, message_ids, tag_hashes, timestamp_ms, payloads, self._dedup,
                         self._indexed_end, self._held_keys)
-
-    def append_commit(self, subjects: Sequence[str], message_ids: Sequence[str],
-                      tag_hashes: Sequence[Sequence[int]], timestamp_ms: int,
-                      payloads: Sequence[bytes]) -> list[int | None]:
-        """``append_many`` then ``commit_sequences`` (the broker's path), in one call.
-
-        The usual commit (nothing else appended, one subject with a consumer log, no tags, no
-        held message, every id new, sync flush) takes one encoder call for its records and
-        entries (``commit_run.encode_run``) and one write for both with the fsync between
-        (``SegmentedLog.append_framed_durably``); anything else, or a run the encoder refuses,
-        takes the general path, which words what is wrong. The same bytes on disk, the same
-        outcomes and errors either way."""
-        count = len(subjects)
-        if (count and self._failed is None and not self._batch.sequences and not self._closed
-                and not self._held_keys and not any(tag_hashes) and len(tag_hashes) == count
-                and subjects.count(subjects[0]) == count):
-            sequences = self._commit_run(subjects[0], message_ids, timestamp_ms, payloads,
-                                         count)
-            if sequences is not None:
-                return sequences
-        self.append_many(subjects, message_ids, tag_hashes, timestamp_ms, payloads)
-        return self.commit_sequences()
-
-    def _commit_run(self, subject: str, message_ids: Sequence[str], timestamp_ms: int,
-                    payloads: Sequence[bytes], count: int) -> list[int] | None:
-        """``append_commit``'s usual commit; None, having done nothing, when it is not one."""
-        clog = self._consumer_logs.get(subject)
-        log = self._message_log.log
-        room = log.framed_room()
-        if clog is None or room is None:
-            return None
-        dedup = self._dedup
-        keys = dedup.keys(subject, message_ids)
-        if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
-            # An id seen before or twice in the run, or fewer or more ids than subjects (the
-            # general path words that; encode_run refuses payloads of another length).
-            return None
-        handle = clog.handle_for(count)
-        if handle is None:
-            return None
-        first = clog.end
-        encoded = encode_run(timestamp_ms, subject, first, message_ids, payloads, room[0],
-                             room[1], MESSAGE_ID_BYTES_MAX, self.config.record_size_bytes_max)
-        if encoded is None:
-            return None
-        framed, entries = encoded
-        try:
-            index_error = log.append_framed_durably(framed, (handle, entries))
-        except LogWriteFailed as exc:
-            self._failed = exc  # sticky, as in _commit_batch
-            raise
-        sequences = list(range(first, first + count))
-        self._indexed(clog, count, index_error, room[0], None, keys, sequences,
-                      [timestamp_ms] * count)
-        return sequences
 
     def commit(self) -> list[Appended]:
         """Write, make durable (per flush mode) and index every append since the last commit.

@@ -199,16 +199,16 @@ async def test_a_demote_cancelling_the_committer_mid_commit_still_answers_its_se
 
 async def test_the_usual_commit_of_a_known_subject_takes_the_stores_one_call(broker,
                                                                               monkeypatch):
-    from realtime.storage import commit_run, store
+    from realtime.storage import commit_run
 
-    encoded = []
+    encoded, encode_run = [], commit_run.encode_run
 
     def spy(*args):
-        answer = commit_run.encode_run(*args)
+        answer = encode_run(*args)
         encoded.append(answer is not None)
         return answer
 
-    monkeypatch.setattr(store, "encode_run", spy)
+    monkeypatch.setattr(commit_run, "encode_run", spy)
     await broker.send([payload("rt.one", "a", b"first")])  # a new subject: the general path
     await broker.send([payload("rt.one", f"b{i}", b"next") for i in range(3)])
     assert encoded == [True]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from logstore import record
 from logstore.faults import FaultPlan
-from realtime.storage import MessageStore, commit_run, consumer_log, message_record, store
+from realtime.storage import MessageStore, commit_run, consumer_log, message_record
 from realtime.storage import write_batch
 from tests.twins import built_twin
 from tests.unit.test_realtime_storage_store import T0, TINY
@@ -27,21 +27,22 @@ STYLES = ["general path", "one call"]
 
 
 class Spy:
-    """``store.encode_run``, counting the runs it encoded (the usual commit taken)."""
+    """``commit_run.encode_run``, counting the runs it encoded (the usual commit taken)."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode_run) -> None:
+        self.encode_run = encode_run
         self.encoded = 0
 
     def __call__(self, *args):
-        answer = commit_run.encode_run(*args)
+        answer = self.encode_run(*args)
         self.encoded += answer is not None
         return answer
 
 
 @pytest.fixture
 def spy(monkeypatch) -> Spy:
-    spy = Spy()
-    monkeypatch.setattr(store, "encode_run", spy)
+    spy = Spy(commit_run.encode_run)
+    monkeypatch.setattr(commit_run, "encode_run", spy)
     return spy
 
 
@@ -86,7 +87,7 @@ LIFE = ([(["s"], ["a"], [b"a"], None)]
 def test_the_one_call_writes_the_bytes_and_gives_the_answers_of_the_general_path(
         tmp_path, spy, monkeypatch, extensions):
     if not extensions:
-        monkeypatch.setattr(commit_run, "encode_run", commit_run.encode_run_python)
+        spy.encode_run = commit_run.encode_run_python
     answers, files = {}, {}
     for style in STYLES:
         data_dir = str(tmp_path / style)
