@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 # a few hundred thousand ids in a broker's dedup index, or 10^5 entries in a delay server's
 # window, several per second at full load. Collecting young objects every 20,000 allocations
 # lets batches die young; a young collection then takes a few ms, and full ones become rare.
+# 5,000 and 10,000 shorten the young passes at 2,000 msg/s (4-6 ms -> 1-2 at 5,000) but
+# promote a hot slot's 20,000 messages in flight: W2 then had a gen-1 pass of 14-42 ms that
+# 20,000 never ran (docs/BENCHMARKS.md, session 19, "GC_THRESHOLDS 20,000 kept").
 GC_THRESHOLDS = (20_000, 20, 100)
 # Longest work that only a master may do (a delay server's dispatch) waits for the role to
 # settle (the first answer, a new master sealing its logs) before it is refused, in ms.
