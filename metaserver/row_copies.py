@@ -1,5 +1,6 @@
 """``RowCopy``: a broker group's or server's row read with Core and changed in place, for the
-write of a full broker heartbeat (``Registry._heartbeat_write``, issue 18).
+write of a full broker heartbeat (``Registry._heartbeat_write``) and the failover check's read
+(``ReplicationOps.check``, every ``failover_check_interval_ms``), issue 18.
 
 A full heartbeat comes every 750 ms from each master that holds a lease and every 5 s from
 every other server. Through the ORM (a get with FOR UPDATE, a select, the unit of work's flush)
@@ -38,40 +39,41 @@ SERVERS_AND_SERVER = (select(_BROKERS)
                       .order_by(_BROKERS.c.server_id))
 
 
-class RowCopy:
-    """One row's columns as attributes (the ORM object's names), changed in place; remembers
-    the values as read (or last written) so ``changes`` says which columns to write."""
+# Every group, each with its servers (an outer join: NULL server columns for a group without
+# any), for the failover check (``ReplicationOps.check``, every ``failover_check_interval_ms``
+# while a group has a slave); the group's columns first, then the server's.
+GROUPS_AND_SERVERS = (select(*_GROUPS.columns, *_BROKERS.columns)
+                      .outerjoin(_BROKERS, _BROKERS.c.group_name == _GROUPS.c.name)
+                      .order_by(_GROUPS.c.name, _BROKERS.c.id))
 
-    __slots__ = ("_table", "_values", "_written")
+
+class RowCopy:
+    """One row's columns as attributes (the ORM object's names; plain instance attributes, so
+    reading one costs no Python call), changed in place; remembers the values as read (or
+    last written) so ``changes`` says which columns to write."""
 
     def __init__(self, table: Table, row: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_table", table)
-        object.__setattr__(self, "_values", dict(row))
-        object.__setattr__(self, "_written", dict(row))
+        self.__dict__.update(row)
+        self._table = table
+        self._written = dict(row)
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"{self._table.name} has no column {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self._values:
-            raise AttributeError(f"{self._table.name} has no column {name!r}")
-        self._values[name] = value
+        """Only reached for a name that is no column (a typo): say so."""
+        raise AttributeError(f"{self._table.name} has no column {name!r}")
 
     def changes(self) -> dict[str, Any]:
         """The columns whose value differs from the one read or last written."""
-        return {name: value for name, value in self._values.items()
-                if value != self._written[name]}
+        values = self.__dict__
+        return {name: values[name] for name, old in self._written.items()
+                if values[name] != old}
 
     def key(self) -> dict[str, Any]:
         """The primary key's columns and values."""
-        return {column.name: self._values[column.name] for column in self._table.primary_key}
+        return {column.name: self.__dict__[column.name] for column in self._table.primary_key}
 
     def mark_written(self) -> None:
         """What ``changes`` named is in the database now."""
-        self._written.update(self._values)
+        self._written = {name: self.__dict__[name] for name in self._written}
 
 
 async def read_group_and_servers(
@@ -88,6 +90,25 @@ async def read_group_and_servers(
     broker = next((b for b in rows if b.server_id == server_id), None)
     return (cast(BrokerGroup | None, grp), cast(list[Broker], servers),
             cast(Broker | None, broker))
+
+
+async def read_groups_and_servers(s: AsyncSession) -> list[tuple[BrokerGroup, Broker | None]]:
+    """Every group with each of its servers (``GROUPS_AND_SERVERS``) as copies, one copy per
+    group (as the ORM's identity map gave one object per row): (group, None) for a group
+    without servers."""
+    group_names = [column.name for column in _GROUPS.columns]
+    broker_names = [column.name for column in _BROKERS.columns]
+    width = len(group_names)
+    groups: dict[str, RowCopy] = {}
+    pairs: list[tuple[Any, Any]] = []
+    for row in await s.execute(GROUPS_AND_SERVERS):
+        grp = groups.get(row[0])
+        if grp is None:
+            grp = groups[row[0]] = RowCopy(_GROUPS, dict(zip(group_names, row[:width])))
+        server = row[width:]
+        pairs.append((grp, RowCopy(_BROKERS, dict(zip(broker_names, server)))
+                      if server[0] is not None else None))
+    return pairs
 
 
 async def write_changes(s: AsyncSession, grp: Any, servers: Iterable[Any]) -> None:
@@ -114,5 +135,5 @@ def _update(table: Table, key: tuple[str, ...], names: tuple[str, ...]) -> Updat
             .values(**{name: bindparam(f"v_{name}") for name in names}))
 
 
-__all__ = ["GROUP_FOR_UPDATE", "SERVERS_AND_SERVER", "RowCopy", "read_group_and_servers",
-           "write_changes"]
+__all__ = ["GROUPS_AND_SERVERS", "GROUP_FOR_UPDATE", "SERVERS_AND_SERVER", "RowCopy",
+           "read_group_and_servers", "read_groups_and_servers", "write_changes"]
