@@ -8,7 +8,8 @@ thread) to the waiting senders resuming, split in the steps of docs/REPLICATION.
 
 One fresh ``qmq up --replicas 2`` (flush sync; each group a master and one ``sync`` slave in
 the same process), started through this module (``server``), which wraps the replication steps
-by name (``ReplicaSource.fetch``/``_answer``/``advanced``/``wait_replicated``,
+by name (``ReplicaSource.fetch``/``_answer``/``_answer_now``/``advanced``/``wait_replicated``,
+a parked fetch's ``ParkedFetch.answer``,
 ``Follower._request``, the slave's ``apply_position_io``, the two
 commits' store calls) and notes when each happens (CLOCK_MONOTONIC, one process) per (log,
 offset). At exit it writes them to ``QMQ_REPL_PROBE_OUT``. The driver runs the peers harness's
@@ -21,8 +22,9 @@ Steps printed (p50 / p90 / p99 / mean in ms, over the commits that waited):
   (master commit) the master's store call (append, fsync): before the wait, not in the total
   commit->loop    the store call's end to the event loop's ``advanced`` (the commit published)
   wake            ``advanced`` to the parked fetch reading (or ``-`` when no fetch was parked)
-  read            the fetch's answer made (``_answer``): from memory, or queued for the master's
-                  store thread and read there
+  read            the fetch's answer made (``_answer_now``, ``_answer``): from memory (a parked
+                  fetch: inside ``advanced``), or queued for the master's store thread and read
+                  there
   answer->slave   the answer returned by ``fetch`` to the slave's ``_request`` returning
                   (encode, socket, the slave's read and decode)
   slave->thread   the answer in hand to the slave's store thread starting the append
@@ -73,6 +75,7 @@ def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
 def install() -> None:
     """Wrap the steps of the module doc (the server process)."""
     import serverkit.follower as follower
+    import serverkit.parked_fetch as parked_fetch
     import serverkit.replica_source as source
     from delayserver.scheduler import Scheduler
     from realtime.sends import Sends
@@ -109,19 +112,42 @@ def install() -> None:
         return probed
 
     def fetch(original: Any) -> Any:
-        async def probed(self: Any, request: Any) -> dict:
+        async def probed(self: Any, request: Any) -> Any:
             add(("fetch_in", request.log, request.offset, 0, _now()))
             answer = await original(self, request)
-            add(("fetch_out", request.log, request.offset, answer.get("next_offset", 0),
-                 _now()))
+            if type(answer) is dict:  # else parked: noted when answered (parked_answer)
+                add(("fetch_out", request.log, request.offset, answer.get("next_offset", 0),
+                     _now()))
             return answer
+        return probed
+
+    def parked_answer(original: Any) -> Any:
+        def probed(self: Any, outcome: Any) -> None:
+            if type(outcome) is dict:
+                add(("fetch_out", self.request.log, self.request.offset,
+                     outcome.get("next_offset", 0), _now()))
+            original(self, outcome)
+        return probed
+
+    # The answer ``_answer_now`` gave last: ``_answer`` calls it first, and notes only an
+    # answer read from the store (one "read" per answer).
+    given_now: list[Any] = [None]
+
+    def answer_now(original: Any) -> Any:
+        def probed(self: Any, log_: Any, request: Any) -> Any:
+            begun = _now()
+            result = given_now[0] = original(self, log_, request)
+            if result is not None:
+                add(("read", log_.name, request.offset, result.next_offset, begun, _now()))
+            return result
         return probed
 
     def answer(original: Any) -> Any:
         async def probed(self: Any, log_: Any, request: Any) -> Any:
             begun = _now()
             result = await original(self, log_, request)
-            add(("read", log_.name, request.offset, result.next_offset, begun, _now()))
+            if result is not given_now[0]:
+                add(("read", log_.name, request.offset, result.next_offset, begun, _now()))
             return result
         return probed
 
@@ -149,6 +175,8 @@ def install() -> None:
     _wrap(source.ReplicaSource, "wait_replicated", wait_replicated)
     _wrap(source.ReplicaSource, "fetch", fetch)
     _wrap(source.ReplicaSource, "_answer", answer)
+    _wrap(source.ReplicaSource, "_answer_now", answer_now)
+    _wrap(parked_fetch.ParkedFetch, "answer", parked_answer)
     _wrap(follower.Follower, "_request", request)
     _wrap(follower, "apply_position_io", apply)
     atexit.register(_dump)

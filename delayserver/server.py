@@ -16,7 +16,7 @@ from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.storage.done_journal import GATED_KINDS, gated_kind_at
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
-from serverkit.frame_server import Session
+from serverkit.frame_server import Later, Session
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
@@ -42,6 +42,9 @@ class DelayServer(ServerBase):
 
     KIND = "delay"
     REPLICATED_LOGS = ("delay", "done")
+    # A slave's fetch at the log's end parks with no task (``serverkit.parked_fetch``): stepped
+    # as it is read, it needs a task only when it reads the store's thread.
+    INLINE_OPS = ("fetch",)
     STOP_SUMMARY = ("queued sends committed, dispatches recorded, delay store fsynced and "
                     "checkpointed")
 
@@ -147,7 +150,7 @@ class DelayServer(ServerBase):
         if self._sender is not None:
             await self._sender.close()
 
-    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
+    async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
         """Answer one data-plane request, after checking what the connection's token allows."""
         self.metrics.count_request(request.op)
         # Asked per request, not once per hello, so a revoked token stops within the cache TTL;

@@ -64,13 +64,14 @@ class RealtimeServer(ServerBase):
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
     # Answered without suspending while the access answer is cached and the pull-log thread
-    # is idle (an ack is recorded on the loop then): no task for them. A fetch may wait under
-    # asyncio.timeout: it keeps its task. A pull that can be answered at once is, and a long
+    # is idle (an ack is recorded on the loop then): no task for them. A slave's fetch at the
+    # log's end parks with no task (``serverkit.parked_fetch``), answered through a ``Later``;
+    # one that reads the store's thread goes on in a task. A pull that can be answered at once is, and a long
     # poll that waits parks with no task (``Pulls.pull`` with ``direct``, answered through a
     # ``Later``); only one that needs the pull-log or store thread goes on in a task. A send
     # queues its commit and returns a ``Later`` that its commit's done callback answers
     # (``_send_ended``): no task, no coroutine waiting for the commit.
-    INLINE_OPS = ("hello", "heartbeat", "ack", "pull", "send")
+    INLINE_OPS = ("hello", "heartbeat", "ack", "pull", "send", "fetch")
 
     def __init__(
         self,

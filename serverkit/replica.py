@@ -30,6 +30,7 @@ from logstore.epoch_history import EpochHistory, history_path
 from sdk.connection import Connection
 from serverkit.follower import Follower, Scrub
 from serverkit.replica_log import ReplicatedLog, end_io, seal_io
+from serverkit.parked_fetch import ParkedFetch
 from serverkit.replica_source import INSYNC_LAG_MAX_MS_DEFAULT, ReplicaSource
 from serverkit.replication import ReplicaReport
 from serverkit.role import RoleView, ServerRole, boottime_ms
@@ -303,8 +304,8 @@ class Replica:
 
     # ------------------------------------------------------------------ requests
 
-    async def serve(self, request: Fetch | Snapshot) -> dict:
-        """Answer a slave's fetch or snapshot. A request from a newer epoch means this server
+    async def serve(self, request: Fetch | Snapshot) -> dict | ParkedFetch:
+        """Answer a slave's fetch or snapshot (a fetch at a log's end: its ``ParkedFetch``). A request from a newer epoch means this server
         was replaced: it stops writing at once and asks the MetaServer who the master is."""
         assert self.source is not None and self._role is not None
         if request.epoch > self._role.epoch:

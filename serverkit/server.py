@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from serverkit.access import AccessCache, Gate, Grant
 from serverkit.config import ServerConfig
-from serverkit.frame_server import FrameServer, Session
+from serverkit.frame_server import FrameServer, Later, Session
 from serverkit.metrics_http import MetricsListener
 from serverkit.open_files import OpenFilesLimit, raise_open_files_limit
 from serverkit.registration import Registration, server_registration
@@ -273,7 +273,8 @@ class ServerBase:
         if self.registration is not None:
             self.registration.heartbeat_soon()
 
-    async def _serve_replica(self, request: Fetch | Snapshot, grant: Grant) -> dict[str, Any]:
+    async def _serve_replica(self, request: Fetch | Snapshot, grant: Grant
+                             ) -> dict[str, Any] | Later:
         """A slave's ``fetch`` or ``snapshot``: answered whatever the lease (a master handing
         over is still fetched from); the data plane fences by epoch. Admin tokens only."""
         grant.check_admin(request.op)

@@ -22,6 +22,7 @@ from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
 from wire.errors import BadRequest, UnreadableRecord
 from wire.replication import Fetch, fetch_request, parse_fetch
+from tests.laters import fetched
 
 MESSAGE_KINDS = RecordKinds(control_record.GATED_KINDS, control_record.gated_kind_at)
 ALL = control_record.GATED_KINDS
@@ -117,7 +118,7 @@ async def test_a_slave_that_says_nothing_is_served_the_records_before_the_first_
         tmp_path):
     before = message(0) + message(1)
     source = master(tmp_path, before + held(2) + message(3))
-    answer = await source.fetch(fetch(0))
+    answer = await fetched(source, fetch(0))
     assert answer["data"] == before
     assert answer["next_offset"] == len(before)
     assert source.kind_reads.unreadable_fetches == 1
@@ -128,26 +129,26 @@ async def test_a_fetch_at_a_record_the_slave_does_not_read_is_refused_and_acknow
     before = message(0)
     source = master(tmp_path, before + held(1))
     with pytest.raises(UnreadableRecord, match=f"offset {len(before)} .* kind 1"):
-        await source.fetch(fetch(len(before)))
+        await fetched(source, fetch(len(before)))
     assert source.tracker.acked("s1", "message") == len(before)
 
 
 async def test_a_slave_that_reads_every_kind_is_served_everything(tmp_path):
     data = message(0) + held(1) + message(2)
     source = master(tmp_path, data)
-    answer = await source.fetch(fetch(0, ALL))
+    answer = await fetched(source, fetch(0, ALL))
     assert answer["data"] == data
 
 
 async def test_a_kind_may_be_written_only_once_every_listed_slave_said_it_reads_it(tmp_path):
     source = master(tmp_path, b"", slaves=("s1", "s2"))
     assert "s1, s2" in source.kind_refusal("message", 1)  # not heard from: they read nothing
-    await source.fetch(fetch(0, ALL, "s1"))
+    await fetched(source, fetch(0, ALL, "s1"))
     why = source.kind_refusal("message", 1)
     assert why is not None and "s2" in why and "s1" not in why
-    await source.fetch(fetch(0, frozenset(), "s2"))  # an older server: says nothing
+    await fetched(source, fetch(0, frozenset(), "s2"))  # an older server: says nothing
     assert source.kind_refusal("message", 1) is not None
-    await source.fetch(fetch(0, ALL, "s2"))  # upgraded
+    await fetched(source, fetch(0, ALL, "s2"))  # upgraded
     assert source.kind_refusal("message", 1) is None
 
 
@@ -156,7 +157,7 @@ async def test_a_recent_fetcher_the_metaserver_does_not_list_counts_until_it_goe
     clock = Clock()
     source = master(tmp_path, b"", slaves=(), clock=clock)
     assert source.kind_refusal("message", 1) is None  # solo: nobody to read it
-    await source.fetch(fetch(0, frozenset(), "stranger"))
+    await fetched(source, fetch(0, frozenset(), "stranger"))
     assert "stranger" in source.kind_refusal("message", 1)
     clock.ms += RECENT_FETCH_MS + 1
     assert source.kind_refusal("message", 1) is None
@@ -164,7 +165,7 @@ async def test_a_recent_fetcher_the_metaserver_does_not_list_counts_until_it_goe
 
 async def test_a_new_term_forgets_what_slaves_read_and_a_stopped_master_refuses(tmp_path):
     source = master(tmp_path, b"")
-    await source.fetch(fetch(0, ALL))
+    await fetched(source, fetch(0, ALL))
     assert source.kind_refusal("message", 4) is None
     source.stop("demoted")
     assert "not serving as the master" in source.kind_refusal("message", 4)
@@ -179,12 +180,12 @@ async def test_a_listed_slave_not_heard_from_this_term_counts_only_within_the_gr
     clock = Clock()
     source = master(tmp_path, b"", slaves=("up", "down"), clock=clock)
     assert "down, up" in source.kind_refusal("message", 5)
-    await source.fetch(fetch(0, ALL, "up"))
+    await fetched(source, fetch(0, ALL, "up"))
     clock.ms += UNHEARD_GRACE_MS - 1
     assert "down" in source.kind_refusal("message", 5)  # it may yet fetch, older
     clock.ms += 1
     assert source.kind_refusal("message", 5) is None
-    await source.fetch(fetch(0, NOTHING_READ, "down"))  # back, older: counts again
+    await fetched(source, fetch(0, NOTHING_READ, "down"))  # back, older: counts again
     assert "down" in source.kind_refusal("message", 5)
 
 
@@ -204,7 +205,7 @@ async def test_a_slave_listed_again_after_it_was_dropped_gets_a_whole_grace(tmp_
 async def test_a_slave_heard_from_that_goes_quiet_still_counts_with_what_it_said(tmp_path):
     clock = Clock()
     source = master(tmp_path, b"", slaves=("old",), clock=clock)
-    await source.fetch(fetch(0, NOTHING_READ, "old"))
+    await fetched(source, fetch(0, NOTHING_READ, "old"))
     clock.ms += UNHEARD_GRACE_MS + RECENT_FETCH_MS
     assert "old" in source.kind_refusal("message", 5)  # listed: what it said stands
 
@@ -217,10 +218,10 @@ async def test_a_slave_back_older_after_kinds_were_written_in_its_absence_stops_
     source = master(tmp_path, before + held(2) + message(3), slaves=("down",), clock=clock)
     clock.ms += UNHEARD_GRACE_MS
     assert source.kind_refusal("message", 1) is None
-    answer = await source.fetch(fetch(0, NOTHING_READ, "down"))
+    answer = await fetched(source, fetch(0, NOTHING_READ, "down"))
     assert answer["data"] == before
     with pytest.raises(UnreadableRecord):
-        await source.fetch(fetch(len(before), NOTHING_READ, "down"))
+        await fetched(source, fetch(len(before), NOTHING_READ, "down"))
     assert source.tracker.acked("down", "message") == len(before)
 
 

@@ -13,6 +13,7 @@ from logstore.epoch_history import EpochHistory
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
 from wire.replication import Fetch
+from tests.laters import fetched
 
 WAIT_MS = 600_000  # far longer than the test: only an advance can end a wait
 
@@ -63,17 +64,17 @@ async def test_a_slave_holding_records_the_restarted_master_lost_is_told_to_cut_
     replica, store, _history = restarted_master(tmp_path, 100)
     store.end = 300
     replica.advanced("message", 300)
-    answer = await replica.fetch(fetch_at(150))
+    answer = await fetched(replica, fetch_at(150))
     assert diverging(answer) == (2, 100)
     assert answer["data"] == b""
     assert replica.fence.fenced == 1
     write = asyncio.create_task(replica.wait_replicated("message", 120))
     await asyncio.sleep(0)
     assert not write.done()  # the fetch at 150 acknowledged nothing
-    again = await replica.fetch(fetch_at(100))  # the slave cut at 100
+    again = await fetched(replica, fetch_at(100))  # the slave cut at 100
     assert (again["offset"], again["next_offset"]) == (100, 300)
     assert again["diverging"] is None
-    await replica.fetch(fetch_at(300))
+    await fetched(replica, fetch_at(300))
     for _ in range(5):
         await asyncio.sleep(0)
     assert write.done() and write.exception() is None
@@ -82,7 +83,7 @@ async def test_a_slave_holding_records_the_restarted_master_lost_is_told_to_cut_
 async def test_an_older_epochs_tail_is_cut_where_the_history_says_it_ended(tmp_path):
     replica, _store, history = restarted_master(tmp_path, 100)
     assert history.entries[0].epoch == 2
-    answer = await replica.fetch(fetch_at(150, last_epoch=1))
+    answer = await fetched(replica, fetch_at(150, last_epoch=1))
     assert diverging(answer) == (0, 0)  # epoch 1 is not in this history: nothing of it kept
 
 
@@ -90,36 +91,36 @@ async def test_a_slave_that_copied_past_the_fence_from_this_run_is_never_cut(tmp
     replica, store, _history = restarted_master(tmp_path, 100)
     store.end = 200
     replica.advanced("message", 200)
-    first = await replica.fetch(fetch_at(80))
+    first = await fetched(replica, fetch_at(80))
     assert first["next_offset"] == 200
     store.end = 260
     replica.advanced("message", 260)
-    then = await replica.fetch(fetch_at(200))
+    then = await fetched(replica, fetch_at(200))
     assert (then["diverging"], then["next_offset"]) == (None, 260)
     # A fetcher the master does not count (not yet named a slave) is served the same way.
-    stranger = await replica.fetch(fetch_at(100, server_id="new-slave"))
+    stranger = await fetched(replica, fetch_at(100, server_id="new-slave"))
     assert stranger["next_offset"] == 260
-    assert (await replica.fetch(fetch_at(260, server_id="new-slave")))["diverging"] is None
+    assert (await fetched(replica, fetch_at(260, server_id="new-slave")))["diverging"] is None
     assert replica.fence.fenced == 0
 
 
 async def test_a_slave_told_to_start_again_at_the_log_start_past_the_fence_is_not_cut(tmp_path):
     replica, store, _history = restarted_master(tmp_path, 100)
     store.start, store.end = 150, 200  # retention deleted everything below 150 meanwhile
-    answer = await replica.fetch(fetch_at(40))
+    answer = await fetched(replica, fetch_at(40))
     assert (answer["log_start"], answer["data"]) == (150, b"")
-    then = await replica.fetch(fetch_at(150))
+    then = await fetched(replica, fetch_at(150))
     assert (then["diverging"], then["next_offset"]) == (None, 200)
 
 
 async def test_a_master_started_again_fences_at_its_new_end(tmp_path):
     replica, store, _history = restarted_master(tmp_path, 100)
     store.end = 200
-    await replica.fetch(fetch_at(100))  # shipped up to 200 in the first run
+    await fetched(replica, fetch_at(100))  # shipped up to 200 in the first run
     replica.stop("stepping down")
     store.end = 180  # lost 20 bytes before their fsync, then started again
     replica.start(2, {"message": 180}, ("slave-1",))
     store.end = 250  # and wrote past what the slave holds before it fetched
     replica.advanced("message", 250)
-    answer = await replica.fetch(fetch_at(200))
+    answer = await fetched(replica, fetch_at(200))
     assert diverging(answer) == (2, 180)

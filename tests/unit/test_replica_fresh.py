@@ -13,6 +13,7 @@ from logstore.epoch_history import EpochHistory
 from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import FRESH_CHUNKS_MAX, FRESH_TAIL_MS, ReplicaSource
 from wire.replication import Fetch
+from tests.laters import fetched
 
 WAIT_MS = 600_000  # far longer than the test: only an advance can end the wait
 TURNS = 20  # event-loop turns a fetch gets to (wrongly) return in
@@ -91,9 +92,9 @@ def commit(replica: ReplicaSource, store: Log, end: int) -> None:
 async def tailing(replica: ReplicaSource, store: Log, end: int) -> asyncio.Task[dict]:
     """The slave copied [0, end) and tails: its fetch at ``end`` waits there."""
     commit(replica, store, end)
-    answer = await replica.fetch(fetch_at(0))
+    answer = await fetched(replica, fetch_at(0))
     assert answer["next_offset"] == end
-    waiting = asyncio.create_task(replica.fetch(fetch_at(end)))
+    waiting = asyncio.create_task(fetched(replica, fetch_at(end)))
     await turns()
     assert not waiting.done()
     return waiting
@@ -104,7 +105,7 @@ async def test_the_fetch_a_commit_wakes_ships_its_bytes_while_the_store_thread_i
     first = await tailing(replica, store, 10)
     commit(replica, store, 25)  # the first commit seen tailing marks where the next begins
     assert (await first)["data"] == pattern(10, 15)
-    waiting = asyncio.create_task(replica.fetch(fetch_at(25)))
+    waiting = asyncio.create_task(fetched(replica, fetch_at(25)))
     await turns()
     thread.free.clear()  # the store's thread commits the next batch and fsyncs it
     calls, reads = thread.calls, store.reads
@@ -134,7 +135,7 @@ async def test_a_fetch_that_does_not_continue_what_was_shipped_reads_the_store(t
     await first
     commit(replica, store, 30)  # kept: [20, 30)
     calls = thread.calls
-    answer = await replica.fetch(fetch_at(15))  # a slave that cut its copy, say
+    answer = await fetched(replica, fetch_at(15))  # a slave that cut its copy, say
     assert (answer["offset"], answer["next_offset"]) == (15, 30)
     assert thread.calls == calls + 1 and replica.fresh_answers["message"] == 0
     replica.stop("done")
@@ -152,7 +153,7 @@ async def test_what_was_kept_before_a_stop_is_never_shipped_after_a_start(tmp_pa
     assert not replica._fresh["message"] and not replica.fresh_wanted["message"]
     # The same slave fetches on from 20 under the new epoch: checked on the thread.
     calls = thread.calls
-    answer = await replica.fetch(Fetch(1, "slave-1", 2, "message", 20, 1, 1 << 20, 0))
+    answer = await fetched(replica, Fetch(1, "slave-1", 2, "message", 20, 1, 1 << 20, 0))
     assert answer["next_offset"] == 30 and thread.calls == calls + 1
     assert replica.fresh_answers["message"] == 0
     replica.stop("done")
@@ -166,14 +167,14 @@ async def test_a_chunk_kept_by_a_commit_racing_a_stop_is_never_shipped(tmp_path)
     replica.settings("sync", 0, ("slave-1",), ("slave-1",))
     store.end = 30
     replica.advanced("message", 30)
-    assert (await replica.fetch(Fetch(1, "slave-1", 2, "message", 0, 1, 1 << 20, 0))
+    assert (await fetched(replica, Fetch(1, "slave-1", 2, "message", 0, 1, 1 << 20, 0))
             )["next_offset"] == 30
     # The old master's commit, on its thread, read the wish to keep before the stop and kept
     # its bytes after it (the log may have been cut and written again since).
     replica._fresh["message"].append((old_generation, 30, b"x" * 10))
     store.end = 40
     replica.advanced("message", 40)
-    answer = await replica.fetch(Fetch(1, "slave-1", 2, "message", 30, 1, 1 << 20, 0))
+    answer = await fetched(replica, Fetch(1, "slave-1", 2, "message", 30, 1, 1 << 20, 0))
     assert answer["data"] == pattern(30, 10)
     replica.stop("done")
 
@@ -203,7 +204,7 @@ async def test_a_slave_that_does_not_take_the_commits_holds_at_most_the_bound(tm
     assert len(replica._fresh["message"]) == FRESH_CHUNKS_MAX
     # The slave comes back from 20: what is kept in a row from there ships, up to max_bytes.
     async with asyncio.timeout(30):
-        answer = await replica.fetch(fetch_at(20, max_bytes=35))
+        answer = await fetched(replica, fetch_at(20, max_bytes=35))
     assert (answer["next_offset"], answer["data"]) == (50, pattern(20, 30))
     replica.stop("done")
 
@@ -225,7 +226,7 @@ async def test_a_commit_that_rolled_the_log_over_is_kept_whole(tmp_path):
     first = await tailing(replica, store, 10)
     commit(replica, store, 12)
     await first
-    waiting = asyncio.create_task(replica.fetch(fetch_at(12)))
+    waiting = asyncio.create_task(fetched(replica, fetch_at(12)))
     await turns()
     commit(replica, store, 40)  # [12, 40) lies in three segments
     async with asyncio.timeout(30):
@@ -287,8 +288,8 @@ async def test_a_slave_tailing_again_makes_a_commit_read_back_no_more_than_itsel
         source.advanced("message", end)
 
     commit_through_replica(10)
-    assert (await source.fetch(fetch_at(0)))["next_offset"] == 10
-    waiting = asyncio.create_task(source.fetch(fetch_at(10)))
+    assert (await fetched(source, fetch_at(0)))["next_offset"] == 10
+    waiting = asyncio.create_task(fetched(source, fetch_at(10)))
     await turns()
     commit_through_replica(20)
     await waiting
@@ -296,8 +297,8 @@ async def test_a_slave_tailing_again_makes_a_commit_read_back_no_more_than_itsel
     source.tick()  # no slave tails any more
     for end in range(30, 100_030, 10_000):  # 100 kB of commits nobody tails
         commit_through_replica(end)
-    assert (await source.fetch(fetch_at(20)))["next_offset"] == 90_030
-    waiting = asyncio.create_task(source.fetch(fetch_at(90_030)))  # tails again
+    assert (await fetched(source, fetch_at(20)))["next_offset"] == 90_030
+    waiting = asyncio.create_task(fetched(source, fetch_at(90_030)))  # tails again
     await turns()
     store.read_sizes.clear()
     commit_through_replica(90_040)

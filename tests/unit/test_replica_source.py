@@ -16,6 +16,7 @@ from serverkit.replica_log import ReplicatedLog
 from serverkit.replica_source import ReplicaSource
 from wire.errors import NotMaster
 from wire.replication import Fetch
+from tests.laters import fetched
 
 WAIT_MS = 600_000  # far longer than the test: only an advance can end the wait
 TURNS = 20  # event-loop turns a fetch gets to (wrongly) return in
@@ -81,7 +82,7 @@ async def turns() -> None:
 async def test_a_fetch_at_the_end_of_a_log_never_written_waits_after_the_master_starts(tmp_path):
     replica, store = source(tmp_path)
     start(replica)
-    waiting = asyncio.create_task(replica.fetch(fetch_at(0)))
+    waiting = asyncio.create_task(fetched(replica, fetch_at(0)))
     await turns()
     assert not waiting.done()  # it waits for the log to advance, not in a busy loop
     store.end = 10
@@ -93,13 +94,13 @@ async def test_a_fetch_at_the_end_of_a_log_never_written_waits_after_the_master_
 async def test_a_fetch_waits_again_after_the_master_stopped_and_started(tmp_path):
     replica, _store = source(tmp_path)
     start(replica)
-    first = asyncio.create_task(replica.fetch(fetch_at(0)))
+    first = asyncio.create_task(fetched(replica, fetch_at(0)))
     await turns()
     replica.stop("stepping down")  # wakes the waiting fetch
     await asyncio.gather(first, return_exceptions=True)
     assert first.done()
     start(replica)
-    second = asyncio.create_task(replica.fetch(fetch_at(0)))
+    second = asyncio.create_task(fetched(replica, fetch_at(0)))
     await turns()
     assert not second.done()
     replica.stop("done")
@@ -111,7 +112,7 @@ async def ship(replica: ReplicaSource, store: EmptyLog, end: int) -> asyncio.Tas
     sync write of it, waiting for the slave."""
     store.end = end
     write = asyncio.create_task(replica.wait_replicated("message", end))
-    answer = await replica.fetch(fetch_at(0))
+    answer = await fetched(replica, fetch_at(0))
     assert answer["next_offset"] == end
     await turns()
     assert not write.done()  # the slave has not said it wrote it yet
@@ -125,7 +126,7 @@ async def test_a_fetch_continuing_what_was_shipped_answers_a_sync_write_while_th
     start(replica)
     write = await ship(replica, store, 10)
     thread.free.clear()  # the store's thread commits the next batch
-    next_fetch = asyncio.create_task(replica.fetch(fetch_at(10)))
+    next_fetch = asyncio.create_task(fetched(replica, fetch_at(10)))
     await turns()
     assert write.done() and write.exception() is None
     assert not next_fetch.done()
@@ -141,7 +142,7 @@ async def test_a_slave_caught_up_with_what_was_shipped_waits_without_a_read_of_t
     start(replica)
     write = await ship(replica, store, 10)
     calls = thread.calls
-    waiting = asyncio.create_task(replica.fetch(fetch_at(10)))
+    waiting = asyncio.create_task(fetched(replica, fetch_at(10)))
     await turns()
     assert write.done() and not waiting.done()
     assert thread.calls == calls  # no trip to the store's thread to find nothing
@@ -158,7 +159,7 @@ async def test_an_advance_while_the_store_is_read_is_not_missed(tmp_path):
     store.end = 10
     replica.advanced("message", 10)
     thread.back.clear()
-    fetch = asyncio.create_task(replica.fetch(fetch_at(10)))  # read: nothing past 10
+    fetch = asyncio.create_task(fetched(replica, fetch_at(10)))  # read: nothing past 10
     await turns()
     store.end = 30  # a commit lands before the read comes back
     replica.advanced("message", 30)
@@ -177,7 +178,7 @@ async def test_a_fetch_past_what_was_shipped_acknowledges_only_once_the_thread_c
     store.end = 20
     later = asyncio.create_task(replica.wait_replicated("message", 20))
     thread.free.clear()
-    beyond = asyncio.create_task(replica.fetch(fetch_at(20)))  # 20 was never shipped to it
+    beyond = asyncio.create_task(fetched(replica, fetch_at(20)))  # 20 was never shipped to it
     await turns()
     assert not write.done() and not later.done()  # nothing acknowledged before the check
     thread.free.set()
@@ -197,7 +198,7 @@ async def test_a_master_started_again_forgets_what_it_shipped(tmp_path):
     start(replica, 10)
     write = asyncio.create_task(replica.wait_replicated("message", 10))
     thread.free.clear()
-    fetch = asyncio.create_task(replica.fetch(fetch_at(10)))
+    fetch = asyncio.create_task(fetched(replica, fetch_at(10)))
     await turns()
     assert not write.done()  # shipped before the restart: checked on the thread first
     thread.free.set()
@@ -207,28 +208,51 @@ async def test_a_master_started_again_forgets_what_it_shipped(tmp_path):
     await asyncio.gather(fetch, return_exceptions=True)
 
 
-async def test_commits_no_fetch_waits_for_leave_the_event_alone_and_a_later_fetch_still_wakes(
-        tmp_path):
+async def test_commits_no_fetch_waits_for_set_no_timer_and_a_later_fetch_still_wakes(tmp_path):
     # Without a slave every commit tells its log advanced (twice: published, then the sync
-    # wait); with no fetch holding the log's event there is nothing to set or to make anew.
+    # wait); with no fetch parked there is nothing to answer and no timer to set.
     replica, store = source(tmp_path)
     replica.start(1, {"message": 0}, ())  # slave-1 is registered, and in sync with nothing
     replica.settings("sync", 0, (), ("slave-1",))
-    event = replica._advanced["message"]
     for end in (10, 20, 30):
         store.end = end
         replica.advanced("message", end)
         await replica.wait_replicated("message", end)  # no slave in sync yet: at once
-    assert replica._advanced["message"] is event and not event.is_set()
+    assert replica.parked.by_log["message"] == [] and replica.parked._timer is None
     assert replica.ends["message"] == 30
-    assert (await replica.fetch(fetch_at(0)))["next_offset"] == 30  # the slave catches up
-    waiting = asyncio.create_task(replica.fetch(fetch_at(30)))
+    assert (await fetched(replica, fetch_at(0)))["next_offset"] == 30  # the slave catches up
+    waiting = asyncio.create_task(fetched(replica, fetch_at(30)))
     await turns()
     assert not waiting.done()
     store.end = 40
     replica.advanced("message", 40)
     answer = await waiting
     assert (answer["offset"], answer["next_offset"]) == (30, 40)
+
+
+async def test_a_parked_fetch_is_answered_empty_when_its_wait_passes_on_the_one_shared_timer(
+        tmp_path):
+    # Two slaves wait at the log's end, the second with the shorter wait: the one timer is set
+    # again for its deadline, and it is answered with nothing new then; the first waits on.
+    now = [0]
+    replica, store = source(tmp_path, clock_ms=lambda: now[0])
+    start(replica, 10)
+    store.end = 10
+    replica.advanced("message", 10)
+    long_wait = asyncio.create_task(fetched(replica, fetch_at(10)))
+    await turns()
+    short = asyncio.create_task(fetched(replica, Fetch(1, "slave-2", 1, "message", 10, 1,
+                                                       1 << 20, 50)))
+    await turns()
+    assert not short.done()
+    now[0] = 50  # the source's clock says its wait is over when the timer fires
+    async with asyncio.timeout(60):  # generous: the timer is set for 50 ms
+        answer = await short
+    assert (answer["offset"], answer["next_offset"], answer["data"]) == (10, 10, b"")
+    assert not long_wait.done()
+    store.end = 20
+    replica.advanced("message", 20)
+    assert (await long_wait)["next_offset"] == 20
 
 
 async def test_replicated_now_says_whether_a_sync_write_would_wait_and_refuses_a_former_master(
