@@ -311,10 +311,10 @@ class ReplicaSource:
         self._waiters[name].append((end, future))
         await future
 
-    def check_waiters(self) -> None:
+    def check_waiters(self, now_ms: int | None = None) -> None:
         """Answer every waiting write its slaves now have (after a fetch, a change of the
-        in-sync set or of the settings)."""
-        now_ms = self._clock_ms()
+        in-sync set or of the settings); ``now_ms``: the caller's read of the clock."""
+        now_ms = self._clock_ms() if now_ms is None else now_ms
         for name, waiters in self._waiters.items():
             if not waiters:
                 continue
@@ -371,13 +371,13 @@ class ReplicaSource:
             raise NotFound(f"group {self.group} replicates no log {request.log!r}; it has "
                            f"{', '.join(self.logs)}")
         name = log_.name
+        now_ms = self._clock_ms()  # one read for the whole step (issue 18: ~15 a message)
         if log_.kinds is not None:
-            self.kind_reads.announced(request.server_id, name, request.reads, self._clock_ms())
-        if (self._ack_shipped(request) and request.wait_ms
+            self.kind_reads.announced(request.server_id, name, request.reads, now_ms)
+        if (self._ack_shipped(request, now_ms) and request.wait_ms
                 and request.offset == self.ends.get(name, 0)):
             # The slave has everything this master shipped it, and that reaches the end the
             # last commit told: caught up, and straight to the wait, with no read of the store.
-            now_ms = self._clock_ms()
             self.tracker.on_fetch(request.server_id, name, request.offset, request.offset,
                                   now_ms)
             self._tailing(name, now_ms)
@@ -388,8 +388,7 @@ class ReplicaSource:
                 and request.offset == answer.log_end >= answer.log_start and self.active):
             if self.ends.get(name, 0) == told:
                 return self._park(log_, request, self._clock_ms())
-            # The log advanced while the store's thread read: answered again now, as a
-            # parked fetch is when woken.
+            # The log advanced while the store's thread read: answered again at once.
             self._fence(request.server_id, request.epoch)
             answer = await self._answer(log_, request)
         return answer.to_wire()
@@ -425,7 +424,7 @@ class ReplicaSource:
             return
         parked.answer(answer.to_wire())
 
-    def _ack_shipped(self, request: Fetch) -> bool:
+    def _ack_shipped(self, request: Fetch, now_ms: int) -> bool:
         """A slave's fetch at or below the end of what this master shipped it last (same log,
         this epoch) acknowledges its offset now, on the loop: those bytes are this master's
         own, checked against its history when they were shipped, so the owner thread's check
@@ -436,7 +435,7 @@ class ReplicaSource:
         if shipped is None or request.offset > shipped:
             return False
         if self.tracker.acknowledge(request.server_id, request.log, request.offset):
-            self.check_waiters()
+            self.check_waiters(now_ms)
         return True
 
     def _fenced(self, log_: ReplicatedLog, request: Fetch) -> FetchAnswer | None:
@@ -495,11 +494,12 @@ class ReplicaSource:
             self._ship_mark(request.server_id, log_.name,
                             max(answer.next_offset, answer.log_start))
         if answer.diverging is None and answer.offset >= answer.log_start:
+            now_ms = self._clock_ms()
             if self.tracker.on_fetch(request.server_id, log_.name, request.offset,
-                                     answer.log_end, self._clock_ms()):
+                                     answer.log_end, now_ms):
                 if self.active and answer.epoch == self.epoch:  # not a stale epoch's answer
                     self._shipped[(request.server_id, log_.name)] = answer.next_offset
-                self.check_waiters()
+                self.check_waiters(now_ms)
             elif request.server_id not in self._strangers:
                 self._strangers.add(request.server_id)
                 # Info: a new slave fetches before the master's next answer names it.
