@@ -14,18 +14,18 @@ LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def _extension_headers() -> set[str]:
-    """Every header a C source of the repo includes with quotes, as a repo-relative path."""
+    """Every header that a C source of setup.py's extensions includes with quotes, as a
+    repo-relative path (sources named in setup.py only: a venv in the tree has its own)."""
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as setup:
+        sources = re.findall(r'sources=\["([^"]+)"\]', setup.read())
+    assert sources, "setup.py names no extension source"
     headers = set()
-    for folder, _dirs, files in os.walk(ROOT):
-        if any(part.startswith(".") or part in ("build", "node_modules")
-               for part in os.path.relpath(folder, ROOT).split(os.sep)):
-            continue
-        for name in files:
-            if name.endswith(".c"):
-                with open(os.path.join(folder, name), encoding="utf-8") as source:
-                    for include in LOCAL_INCLUDE.findall(source.read()):
-                        path = os.path.normpath(os.path.join(folder, include))
-                        headers.add(os.path.relpath(path, ROOT))
+    for source_path in sources:
+        folder = os.path.dirname(os.path.join(ROOT, source_path))
+        with open(os.path.join(ROOT, source_path), encoding="utf-8") as source:
+            for include in LOCAL_INCLUDE.findall(source.read()):
+                path = os.path.normpath(os.path.join(folder, include))
+                headers.add(os.path.relpath(path, ROOT))
     return headers
 
 
