@@ -53,13 +53,21 @@ class RowCopy:
     last written) so ``changes`` says which columns to write."""
 
     def __init__(self, table: Table, row: Mapping[str, Any]) -> None:
-        self.__dict__.update(row)
-        self._table = table
-        self._written = dict(row)
+        values = self.__dict__
+        values.update(row)
+        values["_table"] = table
+        values["_written"] = dict(row)
 
     def __getattr__(self, name: str) -> Any:
         """Only reached for a name that is no column (a typo): say so."""
         raise AttributeError(f"{self._table.name} has no column {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Change a column; a name that is no column (a typo in a rule) raises, as the ORM's
+        object would, instead of being kept in memory and never written."""
+        if name not in self._written:
+            raise AttributeError(f"{self._table.name} has no column {name!r}")
+        self.__dict__[name] = value
 
     def changes(self) -> dict[str, Any]:
         """The columns whose value differs from the one read or last written."""
@@ -73,7 +81,7 @@ class RowCopy:
 
     def mark_written(self) -> None:
         """What ``changes`` named is in the database now."""
-        self._written = {name: self.__dict__[name] for name in self._written}
+        self.__dict__["_written"] = {name: self.__dict__[name] for name in self._written}
 
 
 async def read_group_and_servers(
