@@ -73,8 +73,15 @@ from wire.message import (
     validate_message,
     validate_message_id,
 )
+from sdk.retry_policy import (
+    RETRIES_MIN_DEFAULT,
+    RETRY_BACKOFF_MS_DEFAULT,
+    RETRY_BUDGET_MS_DEFAULT,
+    RetryPolicy,
+)
 from sdk.routes import Route, RouteCache
 from sdk.batching import BatchingMixin, Key
+from sdk.cancelling import CancellingMixin
 from sdk.send_batch import Batch, Call, Part, Receipt, fail_parts, settle
 from sdk.send_values import (
     IdMaker,
@@ -95,19 +102,6 @@ log = logging.getLogger(__name__)
 # full, so a producer sending to ever new subjects stays bounded.
 PLAIN_SUBJECTS_MAX = 1024
 
-# First pause before a resend, doubled per attempt up to RETRY_BACKOFF_MS_MAX, in milliseconds.
-RETRY_BACKOFF_MS_DEFAULT = 50
-RETRY_BACKOFF_MS_MAX = 2_000
-# Resends made whatever the time before the retry budget decides, when retries_max is left
-# at its default (None).
-RETRIES_MIN_DEFAULT = 3
-# How long a send or cancel is tried again once its RETRIES_MIN_DEFAULT resends failed (with
-# retries_max left at None), in milliseconds from its first failure: longer than a failover (a
-# promotion commits ~3.75 s after a master's kill -9, docs/REPLICATION.md) or a master's stall,
-# so that a send whose commit straddled one lands instead of failing after ~0.35 s of quick
-# resends. 0: RETRIES_MIN_DEFAULT resends only.
-RETRY_BUDGET_MS_DEFAULT = 10_000
-
 # Batches of a subject on the wire from which a new batch lingers (linger_ms) for more messages
 # instead of leaving after its event-loop turn. 1 by default: 8 lowered p50 at 2,000 msg/s by
 # 0.26-0.35 ms but raised the server's CPU per message by ~6% (with a sync slave ~20%) with
@@ -116,7 +110,7 @@ LINGER_IN_FLIGHT_MIN_DEFAULT = 1
 
 
 
-class Producer(BatchingMixin):
+class Producer(BatchingMixin, CancellingMixin):
     """Sends messages to realtime brokers found through the MetaServer at ``meta_url``.
     ``meta_url`` may name several MetaServers ("http://a:8090,http://b:8090" or a list): requests
     go to the one that answered last and fail over to the next.
@@ -204,9 +198,10 @@ class Producer(BatchingMixin):
         self.send_timeout_ms = send_timeout_ms
         # An explicit retries_max is a maximum (as it was before the budget); the budget serves
         # the default only.
-        self.retries_max = RETRIES_MIN_DEFAULT if retries_max is None else retries_max
+        self._retry = RetryPolicy.of_options(retries_max, retry_backoff_ms, retry_budget_ms)
+        self.retries_max = self._retry.retries_max
         self.retry_backoff_ms = retry_backoff_ms
-        self.retry_budget_ms = retry_budget_ms if retries_max is None else 0
+        self.retry_budget_ms = self._retry.budget_ms
         self._clock_ms = clock_ms
         ssl_context = client_context(tls)
         self._routes = routes or RouteCache(meta_url, token=token, ssl_context=ssl_context)
@@ -469,60 +464,6 @@ class Producer(BatchingMixin):
             append(packb(fields))
         return ids, payloads
 
-    async def cancel(self, receipt: Receipt) -> str:
-        """Cancel a delayed message by its receipt, at the delay group that holds it.
-
-        Returns "cancelled" (it will never be delivered), "already_dispatched" (too late: it was
-        or is being delivered), "already_cancelled", "already_past" (too late: the delay group
-        has finished with that due time, so the message was delivered, or cancelled earlier),
-        or "unknown" (that delay group does not know it). BadRequest for the receipt of a
-        message that was not delayed. A retriable failure (``not_master`` while the delay group
-        fails over, a lost connection, no answer) is tried again with the route asked afresh,
-        as a send is (3 times, then while ``retry_budget_ms`` lasts, or ``retries_max`` times);
-        a cancel whose answer was lost then says "already_cancelled".
-        """
-        if receipt.deliver_at_ms is None:
-            raise BadRequest(f"message {receipt.message_id} was not delayed; only delayed "
-                             "messages can be cancelled")
-        op = {"op": "cancel", "ids": [receipt.message_id],
-              "deliver_at_ms": [receipt.deliver_at_ms]}
-        attempt = 0
-        failed_at: float | None = None
-        while True:
-            try:
-                return await self._cancel_at_group(receipt, op, refresh=attempt > 0)
-            except QmqError as exc:
-                # A failover of the delay group (not_master), a lost connection or no answer:
-                # the route is asked again and the cancel resent, as a send is. A cancel whose
-                # answer was lost then answers already_cancelled.
-                if not exc.retriable:
-                    raise
-                attempt += 1
-                failed_at = monotonic() if failed_at is None else failed_at
-                pause_ms = self._retry_pause_ms(attempt, failed_at)
-                if pause_ms is None:
-                    raise
-                log.warning("cancel of %s at %s failed (%s: %s); asking the route again, "
-                            "attempt %d%s", receipt.message_id, receipt.broker_group,
-                            exc.code, exc.message, attempt + 1, self._attempts_said())
-            if pause_ms:
-                await asyncio.sleep(pause_ms / 1000)
-
-    async def _cancel_at_group(self, receipt: Receipt, op: dict[str, Any], *,
-                               refresh: bool) -> str:
-        """One try of ``cancel``: the delay group's address from the route, then the op."""
-        routes = self._delay_routes
-        route = await (routes.refresh if refresh else routes.get)(receipt.subject, "producer")
-        group = route.group(receipt.broker_group)
-        if (group is None or not group.addresses) and not refresh:
-            route = await routes.refresh(receipt.subject, "producer")
-            group = route.group(receipt.broker_group)
-        if group is None or not group.addresses:
-            raise NoRoute(f"delay group {receipt.broker_group} holding message "
-                          f"{receipt.message_id} is not reachable now; try again")
-        answer = await self._pool.request(group.addresses[0], op, self.send_timeout_ms)
-        return str(answer["results"][0]["status"])
-
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
         for key in list(self._open):
@@ -609,7 +550,7 @@ class Producer(BatchingMixin):
                 return
             attempt += 1
             failed_at = monotonic() if failed_at is None else failed_at
-            pause_ms = self._retry_pause_ms(attempt, failed_at)
+            pause_ms = self._retry.pause_ms(attempt, (monotonic() - failed_at) * 1000)
             if pause_ms is None:
                 if batch.delayed and isinstance(error, ConnectionLost):
                     # "cannot connect to 127.0.0.1:20801" does not say what is missing.
@@ -620,36 +561,12 @@ class Producer(BatchingMixin):
             log.warning(
                 "send of %d message(s) to %r failed (%s: %s); resending the same ids, attempt %d%s",
                 len(messages), subject, error.code, error.message, attempt + 1,
-                self._attempts_said(),
+                self._retry.attempts_said(),
             )
             route = None
             if pause_ms:
                 await asyncio.sleep(pause_ms / 1000)
 
-    def _retry_pause_ms(self, resend: int, failed_at: float) -> int | None:
-        """The pause in ms before resend number ``resend`` (from 1) of a send or cancel that
-        first failed at ``failed_at`` (``time.monotonic()``), or None: give up.
-
-        The first ``retries_max`` resends are made whatever the time; a later one only if it
-        would start within ``retry_budget_ms`` of the first failure (0 when the caller gave
-        ``retries_max``). The pause is ``retry_backoff_ms`` doubled per resend, at most
-        RETRY_BACKOFF_MS_MAX; past the ``retries_max`` it doubles from at least 1 ms, so that a
-        backoff of 0 never spins through a budget."""
-        pause_ms = min(self.retry_backoff_ms << min(resend - 1, 16), RETRY_BACKOFF_MS_MAX)
-        if resend <= self.retries_max:
-            return pause_ms
-        pause_ms = max(pause_ms, min(1 << min(resend - 1, 16), RETRY_BACKOFF_MS_MAX))
-        if (monotonic() - failed_at) * 1000 + pause_ms > self.retry_budget_ms:
-            return None
-        return pause_ms
-
-    def _attempts_said(self) -> str:
-        """How many attempts a warning says a send or cancel gets: at least retries_max + 1,
-        more while the retry budget lasts."""
-        if not self.retry_budget_ms:
-            return f" of {self.retries_max + 1}"
-        return (f" (at least {self.retries_max + 1}, more for up to {self.retry_budget_ms} ms "
-                "from the first failure)")
 
 __all__ = [
     "Producer",
