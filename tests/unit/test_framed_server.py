@@ -346,12 +346,6 @@ def _parking_server(laters: list[Later], **options: Any) -> FrameServer:
     return FrameServer(park, **options)
 
 
-async def _greeted(server: FrameServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to ``server`` whose hello is answered."""
-    reader, writer = await _said_hello(server)
-    return reader, writer
-
-
 async def _parked(laters: list[Later], count: int) -> None:
     """Until ``count`` requests are parked."""
     while len(laters) < count:
@@ -363,7 +357,7 @@ async def test_a_handler_may_answer_later_through_a_later_with_no_task_left_wait
     server = _parking_server(laters, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await _greeted(server)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2) + _heartbeat(3))
         await writer.drain()
         await _parked(laters, 2)
@@ -383,7 +377,7 @@ async def test_stop_waits_for_a_later_answer_and_it_still_goes_out():
     laters: list[Later] = []
     server = _parking_server(laters)
     await server.start()
-    reader, writer = await _greeted(server)
+    reader, writer = await _said_hello(server)
     writer.write(_heartbeat(2))
     await writer.drain()
     await _parked(laters, 1)
@@ -422,7 +416,7 @@ async def test_a_handler_may_answer_through_a_subclass_of_later():
     server = FrameServer(park, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await _greeted(server)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2))
         await writer.drain()
         await _parked(laters, 1)  # type: ignore[arg-type]
@@ -449,7 +443,7 @@ async def test_a_bound_later_answered_twice_sends_its_client_one_answer():
     server = _parking_server(laters)
     await server.start()
     try:
-        reader, writer = await _greeted(server)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2))
         await writer.drain()
         await _parked(laters, 1)
@@ -481,7 +475,7 @@ async def test_a_later_answered_before_its_handler_returned_is_written_once_boun
     server = FrameServer(answer_first, inline_ops=("heartbeat",))
     await server.start()
     try:
-        reader, writer = await _greeted(server)
+        reader, writer = await _said_hello(server)
         writer.write(_heartbeat(2))
         await writer.drain()
         answers = await _read_answers(reader, 1)
