@@ -15,6 +15,7 @@ from sdk.retry_policy import RetryPolicy
 from sdk.routes import RouteCache
 from sdk.send_batch import Receipt
 
+# The producer's logger: cancel is the producer's method, so its warnings stay under one name.
 log = logging.getLogger("sdk.producer")
 
 
