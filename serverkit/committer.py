@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from typing import Awaitable, Callable, Generic, TypeVar
 
 from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
@@ -99,11 +98,16 @@ class GroupCommitter(Generic[T, R]):
         self._write_failed = write_failed
         self._wakeup = asyncio.Event()
         # True while a commit runs (in the committer task or a sender's): at most one at a
-        # time, so batches are stored and published in the order they were taken; ``_idle``
-        # is set while it is False (what ``commit_pending`` waits for).
+        # time, so batches are stored and published in the order they were taken.
         self._running = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # ``commit_pending``'s futures, each resolved as the running commit ends. Not an
+        # ``asyncio.Event`` cleared and set per commit: two Python calls a commit for a wait
+        # only a stop makes (issue 18).
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        # The batch of the ``commit_soon`` commit running (``_begin``), for its store call's
+        # ``then`` (``_stored_soon``, bound once here): no ``partial`` per commit.
+        self._batch: list[T] | None = None
+        self._stored_soon_call = self._stored_soon
         # Stored batches whose publishing raised (a bug path): answered Internal instead
         # (metrics: qmq_realtime_commit_publish_failures).
         self.publish_failures = 0
@@ -142,46 +146,75 @@ class GroupCommitter(Generic[T, R]):
             self._begin()
 
     def _begin(self) -> None:
-        """Take everything queued and start its store call; ``_stored`` ends it."""
+        """Take everything queued and start its store call; ``_stored_soon`` ends it."""
         self._running = True
-        self._idle.clear()
         batch, self.pending = self.pending, []
+        self._batch = batch
         try:
             call = self._commit(batch)  # inside: a call that raises at once is refused too
             if type(call) is Submitted:  # published in the store thread's hand-back itself
-                call.then(partial(self._stored, batch))
+                call.then(self._stored_soon_call)
                 return
             future = asyncio.ensure_future(call)
         except Exception as exc:
+            self._batch = None
             try:
                 self._refuse(batch, exc)
             finally:
                 self._ended()
             return
-        future.add_done_callback(partial(self._stored, batch))
+        future.add_done_callback(self._stored_soon_call)
 
-    def _stored(self, batch: list[T], call: asyncio.Future[R], go_on: bool = True) -> None:
-        """The store call of ``batch`` finished: publish or refuse the batch as its outcome
-        says. With ``go_on`` (the done callback, or ``then``, of a ``commit_soon`` commit) the
-        next commit then starts; without (``commit_batch``, whose task a stop or demote
-        cancelled while the call ran) its caller goes on."""
+    def _stored_soon(self, call: asyncio.Future[R]) -> None:
+        """The store call of the ``commit_soon`` commit running finished (its ``then``, or
+        its done callback): ``_stored``, then the next commit starts with what queued. One
+        call for the three steps on the usual path (issue 18: two Python calls a commit
+        fewer)."""
+        batch: list[T] = self._batch  # type: ignore[assignment]
+        self._batch = None
         try:
             if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
                 self._refuse(batch, RuntimeError("the store call was cancelled"))
             elif (exc := call.exception()) is None:
-                self._publish(batch, call.result())
+                result = call.result()
+                try:  # ``_publish``, inline
+                    self._committed(batch, result)
+                except Exception as exc:
+                    self._publish_failed(batch, exc, result)
             elif isinstance(exc, Exception):
                 self._refuse(batch, exc)
         finally:
-            if go_on:
-                self._ended()
+            self._running = False  # ``_ended``, inline
+            if self._idle_waiters:
+                self._release_idle()
+            if self.pending:
+                self._begin()
+
+    def _stored(self, batch: list[T], call: asyncio.Future[R]) -> None:
+        """The store call of ``batch`` finished in ``commit_batch``, whose task a stop or
+        demote cancelled while the call ran: publish or refuse the batch as its outcome says;
+        the caller goes on."""
+        if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
+            self._refuse(batch, RuntimeError("the store call was cancelled"))
+        elif (exc := call.exception()) is None:
+            self._publish(batch, call.result())
+        elif isinstance(exc, Exception):
+            self._refuse(batch, exc)
 
     def _ended(self) -> None:
         """A ``commit_soon`` commit ended: the next one starts at once with what queued."""
         self._running = False
-        self._idle.set()
+        if self._idle_waiters:
+            self._release_idle()
         if self.pending:
             self._begin()
+
+    def _release_idle(self) -> None:
+        """No commit runs now: resume every ``commit_pending`` waiting for that."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # its task was cancelled meanwhile
+                waiter.set_result(None)
 
     async def run(self) -> None:
         """The committer task: one commit each time it is woken with something queued (and
@@ -196,7 +229,9 @@ class GroupCommitter(Generic[T, R]):
         """Commit what is queued now (a server's ``stop()``, once ``run`` is cancelled),
         after the commit running in a sender's task, if any."""
         while self._running:
-            await self._idle.wait()
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
         if self.pending:
             await self.commit_batch()
 
@@ -204,7 +239,6 @@ class GroupCommitter(Generic[T, R]):
         """Take everything queued and commit it in one store call; answer it either way."""
         assert not self._running, "one commit at a time"
         self._running = True
-        self._idle.clear()
         batch, self.pending = self.pending, []
         try:
             call = None
@@ -217,7 +251,7 @@ class GroupCommitter(Generic[T, R]):
                 # does not cancel (``IoThread.submit``), its outcome is published or refused
                 # as usual, so no stored batch goes unanswered, untraced or out of the tail.
                 if isinstance(call, asyncio.Future) and call.done() and not call.cancelled():
-                    self._stored(batch, call, go_on=False)
+                    self._stored(batch, call)
                 raise
             except Exception as exc:
                 self._refuse(batch, exc)
@@ -225,7 +259,8 @@ class GroupCommitter(Generic[T, R]):
             self._publish(batch, result)
         finally:
             self._running = False
-            self._idle.set()
+            if self._idle_waiters:
+                self._release_idle()
             if self.pending:
                 self._wakeup.set()  # queued during this commit: the committer task takes it
 

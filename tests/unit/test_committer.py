@@ -323,6 +323,26 @@ async def test_commit_pending_waits_for_a_commit_soon_commit() -> None:
     assert server.commits == [["a"], ["b"]]
 
 
+async def test_a_cancelled_commit_pending_leaves_another_waiting_for_the_running_commit() -> None:
+    server = GatedServer()
+    server.committer.pending.append("a")
+    server.committer.commit_soon()
+    cancelled = asyncio.create_task(server.committer.commit_pending())
+    server.committer.pending.append("b")
+    stopping = asyncio.create_task(server.committer.commit_pending())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    cancelled.cancel()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert cancelled.cancelled() and not stopping.done()
+    server.release.set()
+    await stopping
+    await _answered(server, 2)
+    server.io.close()
+    assert server.commits == [["a"], ["b"]]
+
+
 async def test_commit_soon_refuses_a_batch_whose_store_call_raises_at_once_or_later() -> None:
     server = Server()
 
