@@ -314,8 +314,10 @@ class Broker:
         return await self.sends.send(payloads, compact)
 
     def send_soon(self, payloads: list[bytes], compact: bool,
-                  done: Callable[[SendRequest], None]) -> list[dict[str, Any]] | None:
-        """``send`` answered by callback, with no task (``Sends.send_soon``)."""
+                  done: Callable[[SendRequest], None]
+                  ) -> SendRequest | list[dict[str, Any]]:
+        """``send`` answered by callback, with no task (``Sends.send_soon``): the request
+        queued, or the results when nothing is valid."""
         return self.sends.send_soon(payloads, compact, done)
 
     async def hold(self, payloads: list[bytes], visible_at_ms: list[int]

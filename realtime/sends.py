@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any, Awaitable, Callable, ContextManager
@@ -21,6 +20,7 @@ from typing import Any, Awaitable, Callable, ContextManager
 from realtime.context import BrokerContext
 from realtime.tail import Entry
 from serverkit.committer import GroupCommitter
+from serverkit.frame_server import Later
 from serverkit.send_check import Checked, QuickCheck
 from wire.errors import BadRequest, QmqError, ReadOnly
 from wire.message import (
@@ -48,21 +48,35 @@ _compact_of = attrgetter("compact")  # of a SendRequest
 Run = tuple[int, list[Entry], list[int]]  # first sequence, its entries, [payload bytes]
 
 
-@dataclass
-class SendRequest:
-    """One ``send`` request's valid messages, waiting for the next group commit."""
+class SendRequest(Later):
+    """One ``send`` request's valid messages, waiting for the next group commit; also the
+    request's ``Later`` when it is answered by callback (``send_soon``): the frame server
+    writes its answer, with no second object and no ``partial`` per send (issue 18)."""
 
-    messages: list[Checked]
-    payloads: list[bytes]
-    slots: list[int] | None  # index in ``results`` of each message; None: all of them, in order
-    results: list[Any]
-    future: asyncio.Future[None] | None  # set once answered; None: ``on_done`` is told
-    log_end: int = 0  # the message log's end after the commit that stored them
-    # The caller takes a count for "all stored" (a compact send) and every message passed the
-    # quick check: left True only if the commit stored them all in one run, no result made.
-    compact: bool = False
-    # ``Sends.send_soon``: called with this request once its commit ended (stored or refused).
-    on_done: Callable[[SendRequest], None] | None = None
+    __slots__ = ("messages", "payloads", "slots", "results", "future", "log_end", "compact",
+                 "on_done")
+
+    def __init__(self, messages: list[Checked], payloads: list[bytes], slots: list[int] | None,
+                 results: list[Any], compact: bool) -> None:
+        # The Later's own fields, unbound and not answered (as ``Later.__init__`` sets them),
+        # set here: no second __init__ call per send.
+        self._server = self._connection = self._request = self._outcome = None
+        self._given_once = False
+        self.messages = messages
+        self.payloads = payloads
+        # Index in ``results`` of each message; None: all of them, in order.
+        self.slots = slots
+        self.results = results
+        # Set once answered (``send``); None: ``on_done`` is told.
+        self.future: asyncio.Future[None] | None = None
+        self.log_end = 0  # the message log's end after the commit that stored them
+        # The caller takes a count for "all stored" (a compact send) and every message passed
+        # the quick check: left True only if the commit stored them all in one run, no result
+        # made.
+        self.compact = compact
+        # ``Sends.send_soon``: called with this request once its commit ended (stored or
+        # refused).
+        self.on_done: Callable[[SendRequest], None] | None = None
 
 
 Committed = tuple[list[int | None], int]  # a commit's sequences, and the message log's end
@@ -121,18 +135,20 @@ class Sends:
         return self.outcome(request)
 
     def send_soon(self, payloads: list[bytes], compact: bool,
-                  done: Callable[[SendRequest], None]) -> list[dict[str, Any]] | None:
+                  done: Callable[[SendRequest], None]) -> SendRequest | list[dict[str, Any]]:
         """``send`` with no task: the results now when no payload is valid (nothing to
-        commit), else None and ``done(request)`` once the commit ended (stored or refused;
-        ``outcome`` then says what ``send`` returns). The caller still waits for the slaves
+        commit), else the request, queued, and ``done(request)`` once its commit ended
+        (stored or refused; ``outcome`` then says what ``send`` returns). The request is a
+        ``Later`` a handler may return for its answer. The caller still waits for the slaves
         when ``replicated_end`` says so. Raises as ``send`` does before its commit."""
         request, results = self._request(payloads, compact)
         if request is None:
             return results
         request.on_done = done
-        self.commits.pending.append(request)
-        self.commits.commit_soon()
-        return None
+        commits = self.commits
+        commits.pending.append(request)
+        commits.commit_soon()
+        return request
 
     def replicated_end(self, request: SendRequest) -> int:
         """The message log's end the slaves must still reach before a committed ``request``
@@ -171,8 +187,7 @@ class Sends:
             messages, valid, slots = self._full_checks(payloads, checks, results, now_ms)
         if not messages:
             return None, results
-        return SendRequest(messages, valid, slots, results, None,
-                           compact=compact and slots is None), results
+        return SendRequest(messages, valid, slots, results, compact and slots is None), results
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
                      results: list[Any], now_ms: int,
@@ -283,8 +298,16 @@ class Sends:
         lies below an end a pull-log copy is told it requires."""
         outcomes, log_end = committed
         self._ctx.replica.advanced("message", log_end)
+        # ``_answer``, inline (one call fewer a commit): each request's end, and the wake-ups
+        # of the senders waiting in a task (``send``).
+        by_callback = True
         for request in batch:
             request.log_end = log_end
+            future = request.future
+            if future is not None:
+                by_callback = False
+                if not future.done():
+                    future.set_result(None)
         # The senders' wake-ups are queued first (their results are filled below, before any
         # of them runs): in the next loop turn the producers are answered, then the long polls
         # this commit wakes (issue 18: a later producer answer lengthens its next linger).
@@ -294,7 +317,7 @@ class Sends:
         # answered right after them, in this step (no loop turn); else after the senders'
         # tasks, in the loop callback their wake-up schedules.
         view = self._ctx.committed
-        view.answering_woken = self._answer(batch)
+        view.answering_woken = by_callback
         try:
             self._publish(batch, outcomes)
             if self.on_commit is not None:
@@ -302,7 +325,18 @@ class Sends:
             # One block for both: the producers' answers, then the woken polls', leave as it
             # ends, one write per connection and no end-of-turn callback for either.
             with self.answers_together:
-                self._tell(batch)
+                if len(batch) == 1:  # ``_tell``, inline for the usual commit of one request
+                    request = batch[0]
+                    on_done = request.on_done
+                    if on_done is not None:
+                        request.on_done = None
+                        try:
+                            on_done(request)
+                        except Exception:  # a server bug, as in ``_tell``
+                            log.exception("answering a send of %d messages failed",
+                                          len(request.messages))
+                else:
+                    self._tell(batch)
                 if view.answering_woken:
                     view.answering_woken = False
                     view.answer_woken()
@@ -385,7 +419,7 @@ class Sends:
                      sequences: list[int]) -> None:
         """``_publish`` of a commit whose messages all went to ``subject`` in one run."""
         # A compact request (every message stored) is answered by its count: no results.
-        stored = ([] if all(map(_compact_of, batch))
+        stored = ([] if (batch[0].compact if len(batch) == 1 else all(map(_compact_of, batch)))
                   else send_results_stored(map(_ids_of, messages)))
         position = 0
         for request in batch:
@@ -402,7 +436,15 @@ class Sends:
                     else list(chain.from_iterable(request.payloads for request in batch)))
         entries: list[Entry] = list(zip(payloads, map(_tags_of, messages),
                                         map(_expiries_of, messages)))
-        self._tail_add(subject, (sequences[0], entries, [sum(map(len, payloads))]))
+        # ``_tail_add``, inline (one call fewer a commit): counted for the metrics, then into
+        # the tail.
+        size = sum(map(len, payloads))
+        sent = self.sent_by_subject.get(subject)
+        if sent is None:
+            sent = self.sent_by_subject[subject] = [0, 0]
+        sent[0] += len(entries)
+        sent[1] += size
+        self._ctx.committed.add(subject, sequences[0], entries, size)
 
     def _publish_each(self, request: SendRequest, sequences: list[int | None]) -> None:
         """``_publish`` of a request with duplicates or several subjects, message by message."""

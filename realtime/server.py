@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Awaitable, Callable
 
 from logstore.fileio import Opener, OsFile
@@ -215,12 +214,10 @@ class RealtimeServer(ServerBase):
             sends = core.broker.sends
             if sends.readonly and not sends.write_failed and self.registration is not None:
                 await self._refresh_before_send()
-            later = Later()
-            results = sends.send_soon(request.messages, request.compact,
-                                      partial(self._send_ended, later))
-            if results is None:
-                return later  # answered by _send_ended (the role checked then)
-            answer: dict[str, Any] = {"results": results}  # nothing valid to commit
+            sent = sends.send_soon(request.messages, request.compact, self._send_ended)
+            if type(sent) is SendRequest:
+                return sent  # its own Later: answered by _send_ended (the role checked then)
+            answer: dict[str, Any] = {"results": sent}  # nothing valid to commit
         elif type(request) is Pull:
             # The pull path read directly, and its coroutine made only when it must suspend
             # (``Pulls.pull_now``): two calls fewer a pull (``Broker.pull``, ``Pulls.pull``).
@@ -268,36 +265,44 @@ class RealtimeServer(ServerBase):
                 return
         poll.answer(answer)
 
-    def _send_ended(self, later: Later, request: SendRequest) -> None:
-        """A send's commit ended (stored or refused): answer it, after the slaves under
-        ``sync`` replication, and only while still the writable master (as ``handle``)."""
+    def _send_ended(self, request: SendRequest) -> None:
+        """A send's commit ended (stored or refused): answer it (the request is its own
+        ``Later``), after the slaves under ``sync`` replication, and only while still the
+        writable master (as ``handle``)."""
         try:
-            # Started: it took the send (the core read directly, not through ``broker``'s
-            # check, once per commit's answer).
-            replicated_end = self._running.broker.sends.replicated_end(  # type: ignore[union-attr]
-                request)
-            if not replicated_end:
-                self._answer_sent(later, request)
+            # ``Sends.replicated_end``, read directly (the core read directly too, not
+            # through ``broker``'s check): one call fewer a send's answer.
+            end = request.log_end
+            replica = self._running.broker.replica  # type: ignore[union-attr]
+            if end and replica.replicating and not replica.replicated_now("message", end):
+                # A slave in sync is behind: the wait is done at once or goes on in a task.
+                task = step_or_task(self._send_replicated(request, end))
+                if task is not None:
+                    self._replica_waits.add(task)
                 return
-            # The slaves' wait: done at once unless a slave in sync is behind; then a task.
-            task = step_or_task(self._send_replicated(later, request, replicated_end))
-        except Exception as exc:  # a server bug: answered internal and logged, as in a task
-            later.fail(exc)
+            # ``_answer_sent``, inline for the usual answer (two calls fewer a send).
+            if request.compact:  # ``Sends.outcome``
+                answer = send_stored_answer(len(request.results))
+            else:
+                answer = {"results": request.results}
+            if not self.role.writable_now():
+                self._check_role()  # raises: a write that outlived the lease is not answered
+        except Exception as exc:  # NotMaster, or a server bug: answered internal and logged
+            request.fail(exc)
             return
-        if task is not None:
-            self._replica_waits.add(task)
+        request.answer(answer)
 
-    async def _send_replicated(self, later: Later, request: SendRequest, end: int) -> None:
+    async def _send_replicated(self, request: SendRequest, end: int) -> None:
         try:
             await self.broker.sends.wait_replicated(end)
-            self._answer_sent(later, request)
+            self._answer_sent(request)
         except Exception as exc:  # NotMaster, NotEnoughReplicas, or a bug (answered internal)
-            later.fail(exc)
+            request.fail(exc)
         finally:
             if self._replica_waits:  # stepped inline, it was never added (and no getpid)
                 self._replica_waits.discard(asyncio.current_task())  # type: ignore[arg-type]
 
-    def _answer_sent(self, later: Later, request: SendRequest) -> None:
+    def _answer_sent(self, request: SendRequest) -> None:
         """Answer a send whose commit (and the slaves' copy) ended, if the role allows."""
         outcome = Sends.outcome(request)
         answer = (send_stored_answer(outcome) if type(outcome) is int
@@ -306,9 +311,9 @@ class RealtimeServer(ServerBase):
             try:
                 self._check_role()  # raises: a write that outlived the lease is not answered
             except QmqError as exc:
-                later.fail(exc)
+                request.fail(exc)
                 return
-        later.answer(answer)
+        request.answer(answer)
 
     async def _refresh_before_send(self) -> None:
         """A send reached a read-only broker: the MetaServer may have switched us back to rw

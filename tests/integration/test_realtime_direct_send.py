@@ -101,7 +101,9 @@ async def test_under_sync_replication_a_send_is_answered_only_once_its_slaves_ha
         waited.append(end)
         await slaves_have_it.wait()
 
-    monkeypatch.setattr(sends, "replicated_end", lambda request: request.log_end)
+    # A replicated group whose slave in sync does not have the commit yet.
+    monkeypatch.setattr(server.broker.replica, "replicating", True)
+    monkeypatch.setattr(server.broker.replica, "replicated_now", lambda name, end: False)
     monkeypatch.setattr(sends, "wait_replicated", wait_replicated)
     sending = asyncio.create_task(client.send(message("orders", b"one", FakeClock())))
     async with asyncio.timeout(10):
@@ -201,10 +203,12 @@ async def test_a_send_and_the_long_poll_it_wakes_are_answered_with_no_end_of_tur
 
 async def test_a_bug_answering_a_committed_send_is_answered_internal_and_leaves_nothing_in_flight(
         server, client, monkeypatch):
-    def broken(request):
+    def broken(name, end):
         raise RuntimeError("a bug while answering")
 
-    monkeypatch.setattr("realtime.server.Sends.outcome", staticmethod(broken))
+    # The first step of a committed send's answer: whether its slaves have it.
+    monkeypatch.setattr(server.broker.replica, "replicating", True)
+    monkeypatch.setattr(server.broker.replica, "replicated_now", broken)
     answer = await client.send(message("orders", b"one", FakeClock()))
     assert answer["error"]["code"] == "internal" and "a bug while answering" in answer[
         "error"]["message"]

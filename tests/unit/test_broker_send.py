@@ -213,3 +213,14 @@ async def test_the_usual_commit_of_a_known_subject_takes_the_stores_one_call(bro
     await broker.send([payload("rt.one", f"b{i}", b"next") for i in range(3)])
     assert encoded == [True]
     assert await bodies(broker, "rt.one") == [b"first", b"next", b"next", b"next"]
+
+
+def test_a_send_request_starts_as_a_fresh_later_does():
+    # SendRequest sets the Later's own fields itself (no second __init__ per send): they must
+    # stay those Later() starts with, whatever fields Later gains.
+    from realtime.sends import SendRequest
+    from serverkit.frame_server import Later
+
+    fresh, request = Later(), SendRequest([], [], None, [], False)
+    for field in Later.__slots__:
+        assert getattr(request, field) == getattr(fresh, field), field

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+from realtime.sends import SendRequest
 from tests.harness import wait_for
 from tests.unit.test_broker_hold import DUE_IN_MS, hold, opened, payload  # noqa: F401
 
@@ -34,7 +35,8 @@ async def test_a_commit_handed_back_in_the_bunch_after_a_visibility_round_keeps_
     await wait_for(lambda: io._submitted - io._finished == busy + 1, 10,
                    "the visibility round's store call to queue")
     sent = []
-    assert broker.send_soon([payload("orders", "r1", clock, None)], False, sent.append) is None
+    assert type(broker.send_soon([payload("orders", "r1", clock, None)], False,
+                           sent.append)) is SendRequest
     assert io._submitted - io._finished == busy + 2
     gate.set()
     block_loop_until(io.idle)  # all three results now come back in one bunch

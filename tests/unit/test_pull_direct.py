@@ -12,6 +12,7 @@ import pytest
 from realtime.broker import Broker
 from realtime.config import RealtimeConfig
 from realtime.pulls import NOTHING_PULLED, ParkedPull, Pulled
+from realtime.sends import SendRequest
 from serverkit.frame_server import Session
 from tests.harness import wait_for
 from tests.rawclient import FakeClock
@@ -232,8 +233,8 @@ async def test_a_commit_whose_senders_are_answered_by_callback_answers_its_parke
     # The committer was built with the bound method: it calls the attribute's value it holds.
     broker.sends.commits._committed = publish_noting
     message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
-    assert broker.send_soon([encode_message(message)], False,
-                            lambda request: order.append("send")) is None
+    assert type(broker.send_soon([encode_message(message)], False,
+                                 lambda request: order.append("send"))) is SendRequest
     await wait_for(lambda: "step ended" in order, 10, "the commit's publishing step")
     assert order == ["send", "pull", "step ended"], "the producer, then the pull, in one step"
 
@@ -256,7 +257,7 @@ async def test_a_commit_that_answers_its_parked_pulls_in_its_step_schedules_no_l
     monkeypatch.setattr(loop, "call_soon", noting_call_soon)
     message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
     sent: list[object] = []
-    assert broker.send_soon([encode_message(message)], False, sent.append) is None
+    assert type(broker.send_soon([encode_message(message)], False, sent.append)) is SendRequest
     await answered(replies)
     assert sent and len(replies.answers[0].payloads) == 1
     assert broker.pulls._run_due not in scheduled, scheduled
@@ -273,7 +274,8 @@ async def test_a_publishing_step_that_fails_before_its_pulls_are_answered_still_
 
     broker.on_commit = failing_on_commit
     message = Message.create(S, b"body", now_ms=FakeClock()(), id="m2")
-    assert broker.send_soon([encode_message(message)], False, lambda request: None) is None
+    assert type(broker.send_soon([encode_message(message)], False,
+                                 lambda request: None)) is SendRequest
     await answered(replies)
     assert len(replies.answers[0].payloads) == 1
 
