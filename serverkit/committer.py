@@ -104,7 +104,7 @@ class GroupCommitter(Generic[T, R]):
         # ``asyncio.Event`` cleared and set per commit: two Python calls a commit for a wait
         # only a stop makes (issue 18).
         self._idle_waiters: list[asyncio.Future[None]] = []
-        # The batch of the ``commit_soon`` commit running (``_begin``), for its store call's
+        # The batch of the ``commit_soon`` commit running, for its store call's
         # ``then`` (``_stored_soon``, bound once here): no ``partial`` per commit.
         self._batch: list[T] | None = None
         self._stored_soon_call = self._stored_soon
@@ -142,11 +142,10 @@ class GroupCommitter(Generic[T, R]):
         committer wake-up: the next queued batch starts in the callback that ends this one.
         An ``IoThread.submit`` store call is published in the thread's hand-back itself
         (``Submitted.then``), with no loop turn between the result and its publishing."""
-        if not self._running and self.pending:
-            self._begin()
-
-    def _begin(self) -> None:
-        """Take everything queued and start its store call; ``_stored_soon`` ends it."""
+        if self._running or not self.pending:
+            return
+        # Take everything queued and start its store call (here, not in a method of its own:
+        # one call fewer a commit); ``_stored_soon`` ends it.
         self._running = True
         batch, self.pending = self.pending, []
         self._batch = batch
@@ -188,7 +187,7 @@ class GroupCommitter(Generic[T, R]):
             if self._idle_waiters:
                 self._release_idle()
             if self.pending:
-                self._begin()
+                self.commit_soon()
 
     def _stored(self, batch: list[T], call: asyncio.Future[R]) -> None:
         """The store call of ``batch`` finished in ``commit_batch``, whose task a stop or
@@ -207,7 +206,7 @@ class GroupCommitter(Generic[T, R]):
         if self._idle_waiters:
             self._release_idle()
         if self.pending:
-            self._begin()
+            self.commit_soon()
 
     def _release_idle(self) -> None:
         """No commit runs now: resume every ``commit_pending`` waiting for that."""
