@@ -98,8 +98,13 @@ class Replica:
         assert [item.name for item in logs] == list(self.histories), "one log per history"
         self._logs, self._core, self._role = logs, core, role
         self._heartbeat_soon = heartbeat_soon
-        self.source = ReplicaSource(self.group, {item.name: item for item in logs},
-                                    self._clock_ms, self._insync_changed, self._insync_lag_max_ms)
+        source = self.source = ReplicaSource(self.group, {item.name: item for item in logs},
+                                             self._clock_ms, self._insync_changed,
+                                             self._insync_lag_max_ms)
+        # Every send asks these (``realtime.sends``): from now on they are the source's own,
+        # what the methods below pass through to, with no call in between (issue 18).
+        self.check_writable = source.check_writable  # type: ignore[method-assign]
+        self.replicated_now = source.replicated_now  # type: ignore[method-assign]
         self.follower = Follower(self.group, role.server_id, logs, self._connect, self._clock_ms,
                                  self._trouble, scrub=self._scrub)
         self._ticker = asyncio.create_task(self._tick_forever(), name="replica-ticks")
@@ -130,7 +135,8 @@ class Replica:
     replicating = True  # WriteReplication: a server with a MetaServer tells and waits
 
     def check_writable(self) -> None:
-        """Raise NotEnoughReplicas while ``min_insync`` refuses writes."""
+        """Raise NotEnoughReplicas while ``min_insync`` refuses writes (before ``attach``;
+        then the source's own method answers)."""
         if self.source is not None:
             self.source.check_writable()
 
@@ -152,7 +158,8 @@ class Replica:
 
     def replicated_now(self, name: str, end: int) -> bool:
         """True when a write of ``name`` up to ``end`` waits for no slave now
-        (``ReplicaSource.replicated_now``); NotMaster when no longer master."""
+        (``ReplicaSource.replicated_now``, itself from ``attach`` on); NotMaster when no
+        longer master."""
         return self.source is None or self.source.replicated_now(name, end)
 
     async def wait_replicated(self, name: str, end: int) -> None:
