@@ -39,6 +39,7 @@ from realtime.pull_planning import (
 )
 from realtime.tail import SubjectTail
 from wire.protocol import Pull
+from wire.responses import pull_response
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,13 @@ ParkedAnswered = Callable[[ParkedPull, "Pulled | BaseException"], None]
 
 def _keep_answer(poll: ParkedPull, answer: Pulled | BaseException) -> None:
     """``Pulls.parked_answered`` with no server: the poll, a ``Later``, keeps its answer (for
-    the frame server that takes it over, if one does)."""
-    poll.answer(answer)  # type: ignore[arg-type]
+    the frame server that takes it over, if one does) as a ``Later``'s outcome is kept: the
+    response map (``pull_response``), or the exception. (A ``Pulled`` kept as it is would
+    reach the frame server as a tuple it cannot answer with: review rvd-L2.)"""
+    if isinstance(answer, BaseException):
+        poll.fail(answer)
+    else:
+        poll.answer(pull_response(*answer))
 
 
 # What a pull takes from the tail: the chosen sequences, their payloads, the new cursor, the

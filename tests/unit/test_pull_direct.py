@@ -18,6 +18,7 @@ from tests.harness import wait_for
 from tests.rawclient import FakeClock
 from wire.message import Message, encode_message
 from wire.protocol import Pull
+from wire.responses import pull_response
 
 S, G = "orders", "billing"
 
@@ -282,9 +283,48 @@ async def test_a_publishing_step_that_fails_before_its_pulls_are_answered_still_
 
 async def test_a_parked_pull_with_no_server_keeps_its_answer_as_its_later_does(broker):
     # Without a server's parked_answered, the poll (the request's Later) keeps its answer for
-    # the frame server that takes it over.
+    # the frame server that takes it over: the response map, as any Later keeps it.
     await caught_up(broker)
     out = await broker.pull(pull_request(wait_ms=20), direct=True)
     assert isinstance(out, ParkedPull)
     await wait_for(lambda: out.ended, 10, "the parked pull's end")
-    assert out._outcome == NOTHING_PULLED
+    assert out._outcome == pull_response(*NOTHING_PULLED)
+
+
+class _Connection:
+    """What a bound ``Later`` writes its answer to (``_FrameConnection.send``)."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, response: dict, request: Pull) -> None:
+        self.sent.append(response)
+
+
+class _Server:
+    """The frame server's fields a bound ``Later`` touches as it answers."""
+
+    def __init__(self) -> None:
+        self._laters: set = set()
+        self._laters_ended = None
+
+
+async def test_a_parked_pull_answered_before_a_frame_server_takes_it_over_is_answered_then(
+        broker):
+    # Review rvd-L2: the unbound poll kept its Pulled (a tuple) as its outcome, and the frame
+    # server binding it then failed to answer with it (TypeError: not a map).
+    await caught_up(broker)
+    request = pull_request(wait_ms=30_000)
+    out = await broker.pull(request, direct=True)
+    assert isinstance(out, ParkedPull)
+    await send(broker, "m2")
+    await wait_for(lambda: out.ended, 10, "the parked pull's end")
+    server, connection = _Server(), _Connection()
+    # As FrameServer._answer binds a Later given its outcome before the handler returned.
+    out._server, out._connection, out._request = server, connection, request
+    outcome, out._outcome, out._given_once = out._outcome, None, False
+    out.answer(outcome)
+    [response] = connection.sent
+    assert response["rid"] == request.rid
+    assert len(response["payloads"]) == 1 and len(response["pull_seqs"]) == 1
+    assert list(response["redelivered"]) == [0]
