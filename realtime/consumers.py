@@ -118,9 +118,10 @@ class ConsumerBook:
         """A long poll of ``consumer`` parks: it is present until the poll ends."""
         self._parked[consumer] = self._parked.get(consumer, 0) + 1
 
-    def unpark(self, consumer: ConsumerKey, now_ms: int) -> None:
+    def unpark(self, consumer: ConsumerKey, now_ms: int) -> bool:
         """A parked long poll of ``consumer`` ended at ``now_ms``: seen then (unless it left
-        or was forgotten meanwhile: a poll's end does not bring it back)."""
+        or was forgotten meanwhile: a poll's end does not bring it back). True when it was
+        marked seen (a woken poll then need not call ``seen`` for the same ``now_ms``)."""
         count = self._parked.get(consumer, 0) - 1
         if count > 0:
             self._parked[consumer] = count
@@ -130,6 +131,8 @@ class ConsumerBook:
         seen = self._last_seen.get((subject, key))
         if seen is not None and consumer_id in seen:
             seen[consumer_id] = now_ms
+            return True
+        return False
 
     def forget(self, consumers: Iterable[ConsumerKey]) -> None:
         """The consumers left: they are no longer counted as present."""

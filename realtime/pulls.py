@@ -239,12 +239,14 @@ class Pulls(PullPlanning):
     # ------------------------------------------------------------------ without a task
 
     def _attempt_now(self, poll: ParkedPull, now_ms: int, now_s: float | None = None,
-                     ) -> Pulled | ParkedPull | None:
+                     seen: bool = False) -> Pulled | ParkedPull | None:
         """One attempt of ``poll``'s pull made without suspending, as ``_pull_until``'s loop
         makes one, at ``now_ms`` (the broker's clock, read once in the step that makes it):
         what it pulled, itself parked again, or None when the attempt needs the async path
         (nothing was taken or recorded then). ``now_s``: the loop's time read in the same
-        step, if it was (the pull's own: it is read only when the attempt would park)."""
+        step, if it was (the pull's own: it is read only when the attempt would park).
+        ``seen``: the consumer is already marked seen at ``now_ms`` (the woken poll's
+        ``ConsumerBook.unpark`` did it in the same step: presence written once, not twice)."""
         request = poll.request
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
@@ -256,7 +258,8 @@ class Pulls(PullPlanning):
         pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms)
         if pulled is None:
             return None
-        book.seen(subject, poll.key, request.consumer_id, now_ms)
+        if not seen:
+            book.seen(subject, poll.key, request.consumer_id, now_ms)
         if pulled.payloads:
             return pulled  # nothing suspended since the leave check: it holds
         if now_s is None:
@@ -358,14 +361,14 @@ class Pulls(PullPlanning):
         ctx = self._ctx
         self.waiting_pulls -= 1
         now_ms = ctx.clock()
-        ctx.book.unpark(poll.leave_key, now_ms)
+        seen = ctx.book.unpark(poll.leave_key, now_ms)
         assert poll.wake is not None and poll.slot is not None
         ctx.committed.unpark(poll.wake, poll.slot, poll)
         poll.wake = poll.slot = None
         if not poll.woken:
             self._finish(poll, NOTHING_PULLED)
             return
-        out = self._attempt_now(poll, now_ms)
+        out = self._attempt_now(poll, now_ms, None, seen)
         if out is None:
             assert self._loop is not None
             task = self._loop.create_task(self._continue(poll))

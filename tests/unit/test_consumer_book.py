@@ -167,7 +167,7 @@ def test_a_consumer_parked_in_a_long_poll_stays_present_however_long_it_waits(
     book.park(consumer)
     clock.advance(3 * EXPIRY_MS)  # a wait far past the expiry, with nothing sent meanwhile
     assert not book.offline_view(clock()).offline(*consumer)
-    book.unpark(consumer, clock())  # the poll ends: seen then
+    assert book.unpark(consumer, clock())  # the poll ends: seen then (and says so)
     clock.advance(EXPIRY_MS)
     assert not book.offline_view(clock()).offline(*consumer)
     clock.advance(1)
@@ -180,5 +180,5 @@ def test_a_parked_poll_that_ends_after_its_consumer_left_does_not_bring_it_back(
     book.seen(*consumer, clock())
     book.park(consumer)
     book.forget([consumer])
-    book.unpark(consumer, clock())
+    assert not book.unpark(consumer, clock())  # not marked seen: the caller marks nothing
     assert book.consumer_counts() == {GROUP: 0}
