@@ -367,11 +367,23 @@ class PullLogStore(CopyingMixin, DurabilityMixin):
             return self.record_pull(subject, group, consumer, seqs, new_cursor, now_ms)
         held = data.consumers.get(consumer)
         first = held.next_pull_seq if held else self._state.epoch << PULL_SEQ_EPOCH_SHIFT
+        # ``_append`` and ``_written`` written out for the usual pull (two calls fewer a pull:
+        # issue 18); the same failures, order and sync / checkpoint rule as theirs.
         if self._unlogged is None:
-            self._append(encode_checked_pull(subject, group, consumer, first, run, new_cursor,
-                                             now_ms))
+            try:
+                self._log.append(encode_checked_pull(subject, group, consumer, first, run,
+                                                     new_cursor, now_ms))
+            except DiskFull as exc:
+                self._go_unlogged(exc)
+            except LogStoreError as exc:
+                self._fail(exc)
         batch = self._state.apply_pull_fields(data, consumer, first, run, new_cursor, now_ms)
-        self._written()
+        self._actions_since_checkpoint += 1
+        if self._unlogged is None:
+            if self.config.flush_mode == "sync":
+                self._guarded(self._log.sync)
+            if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:
+                self._checkpoint_unless_full()
         return batch
 
     def record_ack(self, subject: str, group: str, consumer: str,

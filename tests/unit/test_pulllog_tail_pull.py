@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logstore import DiskFull, LogWriteFailed
+from logstore.faults import FaultPlan
 from pulllog import PullLogConfig, PullLogStore, UnknownGroup
 from pulllog.store import ACTIONS_DIRECTORY
 
@@ -148,3 +150,72 @@ def test_a_torn_tail_pull_is_lost_whole_and_its_entries_are_handed_out_again(tmp
         assert again.consumer_log_seqs == (2, 3, 4)
         reopened.close()
     store.close()
+
+
+def tail_pull_new(store, consumer, count, now_ms):
+    """``record_tail_pull`` of the next ``count`` entries from the group's cursor."""
+    cursor = store.cursor(S, G)
+    return store.record_tail_pull(S, G, consumer, list(range(cursor, cursor + count)),
+                                  cursor + count, now_ms, cursor)
+
+
+def test_a_tail_pull_on_a_full_disk_is_kept_in_memory_as_record_pull_is(tmp_path, monkeypatch):
+    plan = FaultPlan()
+    store = PullLogStore(str(tmp_path), PullLogConfig(segment_size_bytes_max=4096),
+                         opener=plan.opener)
+    store.ensure_group(S, G, 0, now_ms=0)
+    tail_pull_new(store, "c1", 3, 10)
+    monkeypatch.setattr(store._log, "append", _no_space)  # the write to the OS meets ENOSPC
+    batch = tail_pull_new(store, "c1", 2, 20)
+    assert store.unlogged, "a full disk in async mode keeps serving, in memory"
+    assert tuple(batch.consumer_log_seqs) == (3, 4) and store.cursor(S, G) == 5
+    store._log.close()  # the process dies: what was only in memory is handed out again
+    monkeypatch.undo()
+    reopened = PullLogStore(str(tmp_path), PullLogConfig(segment_size_bytes_max=4096))
+    assert reopened.cursor(S, G) == 3
+    reopened.close()
+
+
+def _no_space(body):
+    raise DiskFull("actions", 1)  # as the segment log raises ENOSPC
+
+
+def test_a_tail_pull_whose_write_fails_leaves_the_store_failed_as_record_pull_does(tmp_path):
+    plan = FaultPlan()
+    store = PullLogStore(str(tmp_path), PullLogConfig(flush_mode="sync"), opener=plan.opener)
+    store.ensure_group(S, G, 0, now_ms=0)
+    tail_pull_new(store, "c1", 2, 10)
+    plan.fail_write_at = plan.writes + 1
+    with pytest.raises(LogWriteFailed):
+        tail_pull_new(store, "c1", 2, 20)
+    with pytest.raises(LogWriteFailed):  # sticky: the next one is refused too
+        store.record_ack(S, G, "c1", [(0, 0)], 30)
+    store.close()
+    reopened = PullLogStore(str(tmp_path), PullLogConfig(flush_mode="sync"))
+    assert reopened.cursor(S, G) == 2
+    reopened.close()
+
+
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+def test_a_tail_pull_fsyncs_and_checkpoints_when_record_pull_would(tmp_path, flush_mode):
+    config = PullLogConfig(flush_mode=flush_mode, checkpoint_every_actions=3)
+    seen = []
+    for name, pull in (("tail", tail_pull_new), ("reference", pull_new)):
+        plan = FaultPlan()
+        store = PullLogStore(str(tmp_path / name), config, opener=plan.opener)
+        store.ensure_group(S, G, 0, now_ms=0)
+        steps = []
+        for now_ms in range(10, 80, 10):  # past two checkpoints
+            pull(store, "c1", 1, now_ms)
+            steps.append((plan.syncs, store._actions_since_checkpoint))
+        seen.append(steps)
+        store.close()
+    assert seen[0] == seen[1]
+    assert any(count == 0 for _, count in seen[0]), "a checkpoint was written"
+
+
+def pull_new(store, consumer, count, now_ms):
+    """``record_pull`` of the next ``count`` entries from the group's cursor."""
+    cursor = store.cursor(S, G)
+    return store.record_pull(S, G, consumer, range(cursor, cursor + count), cursor + count,
+                             now_ms)
