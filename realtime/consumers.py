@@ -84,7 +84,9 @@ class ConsumerBook:
         self._known_cursors: dict[Group, int] = {}
         # consumer -> its long polls parked now (present while any is)
         self._parked: dict[ConsumerKey, int] = {}
-        self._release_rounds = 0  # releases that put entries back in some redelivery queue
+        # Releases that put entries back in some redelivery queue: a pull notes this number
+        # before it asks the pull log (read as an attribute by the direct pull: no call).
+        self.release_rounds = 0
 
     def restart(self, started_ms: int) -> None:
         """A copy became the master at ``started_ms``: nobody has been seen yet, so every
@@ -191,16 +193,16 @@ class ConsumerBook:
         """The group's known cursor, which the pull about to run will move (None: unknown),
         and the count of release rounds so far, for ``remember_cursor`` (one call where the
         pull asked two: issue 18)."""
-        return self._known_cursors.pop(group, None), self._release_rounds
+        return self._known_cursors.pop(group, None), self.release_rounds
 
     def release_round(self) -> int:
         """The count of release rounds so far: a pull notes it before it asks the pull log."""
-        return self._release_rounds
+        return self.release_rounds
 
     def remember_cursor(self, group: Group, cursor: int, release_round: int) -> None:
         """After a pull that drained the group's redelivery queue: its cursor is known, unless
         a release round passed since ``release_round`` (entries may be back in the queue)."""
-        if release_round == self._release_rounds:
+        if release_round == self.release_rounds:
             self._known_cursors[group] = cursor
 
     def released(self, groups: Iterable[Group]) -> None:
@@ -208,7 +210,7 @@ class ConsumerBook:
         pull log."""
         groups = list(groups)
         if groups:
-            self._release_rounds += 1
+            self.release_rounds += 1
         for group in groups:
             self._known_cursors.pop(group, None)
 
