@@ -24,7 +24,8 @@
  *
  * write_sync(fd, data, offset, then_fd, then_data, then_offset) -> the same and (then_written,
  * then_errno): after a good fsync, also writes then_data at then_offset of then_fd in the same
- * release (a commit's consumer-log entries, written once their records are durable).
+ * release (a commit's consumer-log entries, written once their records are durable). The
+ * write itself is _framing.h's logstore_write_sync_released, which another C twin may share.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -32,9 +33,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
-#include <errno.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "_framing.h"
 
@@ -82,32 +80,6 @@ static PyObject *frame_records(PyObject *module, PyObject *bodies)
     return framed;
 }
 
-static long long monotonic_ns(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
-}
-
-/* pwrite all of size bytes at offset, looping over short writes (and EINTR): 0, or the errno
- * of the pwrite that failed after *written bytes. Called with the GIL released. */
-static int pwrite_all(int fd, const char *bytes, Py_ssize_t size, long long offset,
-                      Py_ssize_t *written)
-{
-    while (*written < size) {
-        ssize_t done = pwrite(fd, bytes + *written, (size_t)(size - *written),
-                              (off_t)(offset + *written));
-        if (done < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return errno;
-        }
-        *written += done;
-    }
-    return 0;
-}
-
 static PyObject *write_sync(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -130,42 +102,24 @@ static PyObject *write_sync(PyObject *module, PyObject *args)
                      then_offset);
         return NULL;
     }
-    Py_ssize_t written = 0;
-    Py_ssize_t then_written = 0;
-    int write_errno = 0;
-    int fsync_errno = 0;
-    int then_errno = 0;
-    long long fsync_ns = 0;
-    long long synced_at_ns = 0;
+    struct logstore_sync_write w = {
+        .fd = fd, .data = (const char *)data.buf, .size = data.len, .offset = offset,
+        .then_fd = then_fd, .then_data = (const char *)then_data.buf,
+        .then_size = then_data.len, .then_offset = then_offset,
+    };
     /* The buffers stay valid until PyBuffer_Release (y* keeps their objects alive): nothing
      * here touches a Python object while the GIL is released. */
     Py_BEGIN_ALLOW_THREADS
-    write_errno = pwrite_all(fd, (const char *)data.buf, data.len, offset, &written);
-    if (write_errno == 0) {
-        long long started_ns = monotonic_ns();
-        /* EINTR is retried, as os.fsync does (PEP 475): a signal delivered to this thread
-         * while an NFS or FUSE fsync waits must not make the log sticky-failed. */
-        while (fsync(fd) != 0) {
-            if (errno != EINTR) {
-                fsync_errno = errno;
-                break;
-            }
-        }
-        synced_at_ns = monotonic_ns();
-        fsync_ns = synced_at_ns - started_ns;
-        if (fsync_errno == 0 && then_data.obj != NULL) {
-            then_errno = pwrite_all(then_fd, (const char *)then_data.buf, then_data.len,
-                                    then_offset, &then_written);
-        }
-    }
+    logstore_write_sync_released(&w);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     if (then_data.obj != NULL) {
         PyBuffer_Release(&then_data);
-        return Py_BuildValue("(niiLLni)", written, write_errno, fsync_errno, fsync_ns,
-                             synced_at_ns, then_written, then_errno);
+        return Py_BuildValue("(niiLLni)", w.written, w.write_errno, w.fsync_errno, w.fsync_ns,
+                             w.synced_at_ns, w.then_written, w.then_errno);
     }
-    return Py_BuildValue("(niiLL)", written, write_errno, fsync_errno, fsync_ns, synced_at_ns);
+    return Py_BuildValue("(niiLL)", w.written, w.write_errno, w.fsync_errno, w.fsync_ns,
+                         w.synced_at_ns);
 }
 
 static PyMethodDef framing_methods[] = {

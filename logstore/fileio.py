@@ -7,7 +7,8 @@ storage class takes one so a test can swap in ``FaultyFile``.
 ``OsFile.append_and_sync`` is ``append`` then ``sync`` with the GIL released once for both (the C
 twin ``logstore._framing.write_sync``): a group commit's thread then waits once, not twice, to
 take the GIL back from an event loop running Python meanwhile. A handle without it (a test's
-``FaultyFile``) gets the two calls.
+``FaultyFile``) gets the two calls. ``durable_write_done`` counts such a write and maps its
+errnos to errors.
 """
 
 from __future__ import annotations
@@ -112,25 +113,11 @@ class OsFile:
             self.synced_at_ns = 0  # not known without the C twin (see __init__)
             return append_then(then)
         if then is None:
-            written, write_errno, fsync_errno, fsync_ns, synced_at_ns = _write_sync_c(
-                self._fd, data, self._end)
-            then_errno = 0
-        else:
-            other, other_data = then
-            (written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written,
-             then_errno) = _write_sync_c(self._fd, data, self._end, other._fd, other_data,
-                                         other._end)
-            other._end += then_written
-        self._end += written
-        if write_errno:
-            raise OSError(write_errno, os.strerror(write_errno), self.path)
-        self.fsync_s = fsync_ns / 1e9
-        self.synced_at_ns = synced_at_ns
-        if fsync_errno:
-            raise FsyncFailed(fsync_errno, os.strerror(fsync_errno), self.path)
-        if then_errno:
-            return OSError(then_errno, os.strerror(then_errno), other.path)
-        return None
+            outcome = _write_sync_c(self._fd, data, self._end)
+            return durable_write_done(self, None, outcome + (0, 0))
+        other, other_data = then
+        return durable_write_done(self, other, _write_sync_c(
+            self._fd, data, self._end, other._fd, other_data, other._end))
 
     def pread(self, offset: int, size: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``."""
@@ -154,6 +141,28 @@ class OsFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def durable_write_done(file: OsFile, then: OsFile | None,
+                       outcome: tuple[int, int, int, int, int, int, int]) -> OSError | None:
+    """After a durable write of ``file`` (and ``then``) made at their ends by ``write_sync``
+    (``outcome``: written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written,
+    then_errno): count the bytes written, then raise or return as ``append_and_sync`` does (a
+    write failure OSError, a failed fsync ``FsyncFailed``, the ``then`` write's failure
+    returned)."""
+    written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written, then_errno = outcome
+    file._end += written
+    if then is not None:
+        then._end += then_written
+    if write_errno:
+        raise OSError(write_errno, os.strerror(write_errno), file.path)
+    file.fsync_s = fsync_ns / 1e9
+    file.synced_at_ns = synced_at_ns
+    if fsync_errno:
+        raise FsyncFailed(fsync_errno, os.strerror(fsync_errno), file.path)
+    if then_errno:
+        return OSError(then_errno, os.strerror(then_errno), then.path)  # type: ignore[union-attr]
+    return None
 
 
 def append_then(then: tuple[FileHandle, bytes] | None) -> OSError | None:
