@@ -25,7 +25,8 @@
  * write_sync(fd, data, offset, then_fd, then_data, then_offset) -> the same and (then_written,
  * then_errno): after a good fsync, also writes then_data at then_offset of then_fd in the same
  * release (a commit's consumer-log entries, written once their records are durable). The
- * write itself is _framing.h's logstore_write_sync_released, which another C twin may share.
+ * write itself is _framing.h's logstore_write_sync_released, which realtime/storage/_codecs.c's
+ * write_run shares.
  */
 
 #define PY_SSIZE_T_CLEAN

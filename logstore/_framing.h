@@ -1,16 +1,17 @@
 /* logstore/_framing.h: one logstore record's frame, shared by the C twins that write records
- * (logstore/_framing.c's frame_records, realtime/storage/_codecs.c's encode_run), so the
- * layout lives in one place:
+ * (logstore/_framing.c's frame_records, realtime/storage/_codecs.c's encode_run and
+ * write_run), so the layout lives in one place:
  *
  *     u32 body_length | u32 crc32 | u16 magic 0x514D | u8 version 1 | u8 attributes 0 | body
  *
  * all big-endian, the CRC being zlib's CRC-32 over bytes 0..3 and 8..end (logstore/record.py
  * has the table and the pure-Python twin). Include after <Python.h> and <zlib.h>.
  *
- * And the durable write of a group commit (_framing.c's write_sync), here so that another C
- * twin can make it and report a fault alike: logstore_write_sync_released writes all of the
- * data at its offset (looping over short writes and EINTR), fsyncs, and after a good fsync
- * writes the then-data (another file's bytes); the caller releases the GIL around it.
+ * And the durable write of a group commit, shared the same way (_framing.c's write_sync,
+ * _codecs.c's write_run), so both report a fault alike: logstore_write_sync_released writes
+ * all of the data at its offset (looping over short writes and EINTR), fsyncs, and after a
+ * good fsync writes the then-data (another file's bytes); the caller releases the GIL around
+ * it. logstore.fileio.write_sync_python is its Python twin.
  */
 
 #ifndef QMQ_LOGSTORE_FRAMING_H

@@ -8,12 +8,14 @@ storage class takes one so a test can swap in ``FaultyFile``.
 twin ``logstore._framing.write_sync``): a group commit's thread then waits once, not twice, to
 take the GIL back from an event loop running Python meanwhile. A handle without it (a test's
 ``FaultyFile``) gets the two calls. ``durable_write_done`` counts such a write and maps its
-errnos to errors.
+errnos to errors, also for a caller that made it itself (``realtime.storage._codecs.write_run``,
+through ``SegmentedLog.framed_target``); ``write_sync_python`` is the write's Python twin.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from typing import Callable, Protocol
@@ -145,9 +147,11 @@ class OsFile:
 
 def durable_write_done(file: OsFile, then: OsFile | None,
                        outcome: tuple[int, int, int, int, int, int, int]) -> OSError | None:
-    """After a durable write of ``file`` (and ``then``) made at their ends by ``write_sync``
-    (``outcome``: written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written,
-    then_errno): count the bytes written, then raise or return as ``append_and_sync`` does (a
+    """After a durable write of ``file`` (and ``then``) made at their ends (descriptor and
+    offset: ``_fd``, ``_end``; ``SegmentedLog.framed_target`` reads them) by ``write_sync`` or
+    a call with its contract (``outcome``: written, write_errno, fsync_errno,
+    fsync_ns, synced_at_ns, then_written, then_errno; ``write_sync_python`` is the contract's
+    Python twin): count the bytes written, then raise or return as ``append_and_sync`` does (a
     write failure OSError, a failed fsync ``FsyncFailed``, the ``then`` write's failure
     returned)."""
     written, write_errno, fsync_errno, fsync_ns, synced_at_ns, then_written, then_errno = outcome
@@ -163,6 +167,44 @@ def durable_write_done(file: OsFile, then: OsFile | None,
     if then_errno:
         return OSError(then_errno, os.strerror(then_errno), then.path)  # type: ignore[union-attr]
     return None
+
+
+def write_sync_python(fd: int, data: bytes, offset: int, then_fd: int = -1,
+                      then_data: bytes | None = None, then_offset: int = 0,
+                      ) -> tuple[int, int, int, int, int, int, int]:
+    """The Python twin of the durable write of ``logstore._framing.write_sync`` (and of
+    ``realtime.storage._codecs.write_run``; logstore/_framing.h): ``data`` written at
+    ``offset`` of ``fd`` (looping over short writes), fsynced, then ``then_data`` at
+    ``then_offset`` of ``then_fd``. (written, write_errno, fsync_errno, fsync_ns,
+    synced_at_ns, then_written, then_errno): an OS error is its errno, not raised; a failed
+    write skips the fsync, a failed fsync the ``then`` write. ``synced_at_ns`` is 0, "not
+    known" (storage reads no clock; see ``OsFile.__init__``)."""
+    written, write_errno = _pwrite_all(fd, data, offset)
+    if write_errno:
+        return written, write_errno, 0, 0, 0, 0, 0
+    started_s = time.perf_counter()
+    fsync_errno = 0
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        fsync_errno = exc.errno or errno.EIO  # an OSError without one still failed
+    fsync_ns = int((time.perf_counter() - started_s) * 1e9)
+    if fsync_errno or then_data is None:
+        return written, 0, fsync_errno, fsync_ns, 0, 0, 0
+    then_written, then_errno = _pwrite_all(then_fd, then_data, then_offset)
+    return written, 0, 0, fsync_ns, 0, then_written, then_errno
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> tuple[int, int]:
+    """``data`` written at ``offset`` of ``fd``, looping over short writes: (bytes written,
+    0), or (bytes written, the errno of the pwrite that failed after them)."""
+    written = 0
+    while written < len(data):
+        try:
+            written += os.pwrite(fd, data[written:] if written else data, offset + written)
+        except OSError as exc:
+            return written, exc.errno or errno.EIO  # an OSError without one still failed
+    return written, 0
 
 
 def append_then(then: tuple[FileHandle, bytes] | None) -> OSError | None:

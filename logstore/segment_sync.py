@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from logstore.errors import DiskFull, LogWriteFailed
-from logstore.fileio import FileHandle, FsyncFailed, append_then, fsync_directory
+from logstore.fileio import (
+    FileHandle, FsyncFailed, OsFile, append_then, durable_write_done, fsync_directory)
 from logstore.record import frame_records
 
 if TYPE_CHECKING:
@@ -90,6 +91,56 @@ class SegmentSyncMixin:
         except DiskFull:
             self.cut_back(start)  # type: ignore[attr-defined]
             raise
+
+    def framed_target(self, then: FileHandle) -> tuple[int, int, int, int, int, int] | None:
+        """``framed_room`` for a caller that writes its framed records itself, durably and
+        with ``then``'s bytes after them, in one call of ``write_sync``'s contract
+        (``logstore/_framing.h``; ``realtime.storage._codecs.write_run``): (the log's end
+        offset, the room there, the active segment's descriptor and file offset, ``then``'s
+        descriptor and file offset), then ``framed_written``. None when ``framed_room`` is,
+        or when either file is not an ``OsFile`` (a test's ``FaultyFile``: the caller frames
+        the records and calls ``append_framed_durably``)."""
+        if (self._pending or self._unsynced_base is not None or self._directory_dirty
+                or self.config.flush_mode != "sync"):
+            return None
+        active = self._segments[-1].handle
+        if type(active) is not OsFile or type(then) is not OsFile:
+            return None
+        end = self._end
+        # Where each OsFile's next append writes (its descriptor, its end).
+        return (end, self._fast_path_end - end, active._fd, active._end, then._fd, then._end)
+
+    def framed_written(self, then: OsFile,
+                       outcome: tuple[int, int, int, int, int, int, int, int]) -> OSError | None:
+        """After the caller's durable write at ``framed_target`` (``outcome``: the framed
+        records' size, then ``write_sync``'s answer): what ``append_framed_durably`` does
+        after its write, the same failures (a full disk cuts the log back and raises
+        ``DiskFull``; another write error or a failed fsync is sticky), the same bookkeeping.
+        Returns ``then``'s write error, as ``append_framed_durably`` does. A room of 0 or less
+        (the log closed or failed) let the caller write nothing."""
+        framed_bytes = outcome[0]
+        active = self._segments[-1]
+        start = self._end
+        self._end = start + framed_bytes
+        try:
+            # sync_then's handling of its append_and_sync, which ends in the same
+            # durable_write_done.
+            then_error = durable_write_done(active.handle, then, outcome[1:])  # type: ignore
+        except FsyncFailed as exc:
+            self._flushed(active, framed_bytes)
+            raise self._set_failed(LogWriteFailed(active.path, "fsync", exc)) from exc
+        except OSError as exc:
+            try:
+                self._on_write_error(active, exc)
+            except DiskFull:
+                self.cut_back(start)  # type: ignore[attr-defined]
+                raise
+        active.size_bytes += framed_bytes
+        self._update_fast_path_end()
+        self._durable_end = self._end
+        if self.on_fsync is not None:
+            self.on_fsync(active.handle.fsync_s)  # type: ignore[attr-defined]
+        return then_error
 
     def sync_then(self, then: tuple[FileHandle, bytes] | None,
                   framed: bytes | None = None) -> OSError | None:

@@ -33,6 +33,16 @@
  *     is needed: what check_run refuses, that bound exceeded, a timestamp_ms not an int in
  *     [0, 2**64), or framed bytes over room_bytes.
  *
+ * write_run(fd, file_offset, then_fd, then_offset, timestamp_ms, subject, first_sequence,
+ *           message_ids, payloads, log_offset, room_bytes, id_bytes_max, record_bytes_max)
+ *     -> (framed_bytes, written, write_errno, fsync_errno, fsync_ns, synced_at_ns,
+ *         then_written, then_errno) | None
+ *     commit_run.write_run: encode_run (None, nothing written, where it answers None), then
+ *     the framed records written at file_offset of fd, fsynced, and the entries written at
+ *     then_offset of then_fd, all with the GIL released once: logstore/_framing.h's durable
+ *     write, which logstore._framing.write_sync makes too, reported as write_sync reports it
+ *     (an OS error is an errno, never raised), after the framed records' size.
+ *
  * encode_held_entries(held) -> bytes
  *     store_checkpoint.encode_held_entries: per held entry (a 6-tuple: held_offset, size_bytes,
  *     visible_at_ms, tag_bloom, subject, message_id), u64 held_offset, u32 size_bytes, u64
@@ -422,22 +432,17 @@ struct run_item {
     PyObject *payload;
 };
 
-/* commit_run.encode_run's C twin (see the top of this file). Two passes over the run: the
+/* commit_run.encode_run's C twin (see the top of this file), its arguments parsed: (framed,
+ * entries), None, or NULL with an error set. Two passes over the run: the
  * first checks it and sums the sizes, the second writes; no Python code runs in between (a
  * str's UTF-8 is made by CPython itself), so the borrowed items stay valid. Why C: the usual
  * commit made a bytes object per record, copied them all again to frame them, and called four
  * encoders; here it is one call and one copy of each payload. */
-static PyObject *encode_run(PyObject *module, PyObject *args)
+static PyObject *run_encoded(PyObject *timestamp_object, PyObject *subject,
+                             long long first_sequence, PyObject *ids, PyObject *payloads,
+                             long long log_offset, long long room_bytes,
+                             Py_ssize_t id_bytes_max, Py_ssize_t record_bytes_max)
 {
-    PyObject *timestamp_object, *subject, *ids, *payloads;
-    long long first_sequence, log_offset, room_bytes;
-    Py_ssize_t id_bytes_max, record_bytes_max;
-    if (!PyArg_ParseTuple(args, "OULOOLLnn:encode_run", &timestamp_object, &subject,
-                          &first_sequence, &ids, &payloads, &log_offset, &room_bytes,
-                          &id_bytes_max, &record_bytes_max)) {
-        return NULL;
-    }
-    (void)module;
     if (!PyList_CheckExact(ids) || !PyList_CheckExact(payloads) || first_sequence < 0
             || log_offset < 0) {
         Py_RETURN_NONE;
@@ -551,6 +556,67 @@ done:
     return result;
 }
 
+static PyObject *encode_run(PyObject *module, PyObject *args)
+{
+    PyObject *timestamp_object, *subject, *ids, *payloads;
+    long long first_sequence, log_offset, room_bytes;
+    Py_ssize_t id_bytes_max, record_bytes_max;
+    if (!PyArg_ParseTuple(args, "OULOOLLnn:encode_run", &timestamp_object, &subject,
+                          &first_sequence, &ids, &payloads, &log_offset, &room_bytes,
+                          &id_bytes_max, &record_bytes_max)) {
+        return NULL;
+    }
+    (void)module;
+    return run_encoded(timestamp_object, subject, first_sequence, ids, payloads, log_offset,
+                       room_bytes, id_bytes_max, record_bytes_max);
+}
+
+/* commit_run.write_run's C twin (see the top of this file): encode_run, then its framed
+ * records and entries written as _framing.c's write_sync writes them (_framing.h), with no
+ * bytes object handed back and forth in between. Why: the usual commit's Python between the
+ * encoder and the write (SegmentedLog.append_framed_durably, sync_then, OsFile.append_and_sync
+ * and their argument handling) was a third of its Python calls. */
+static PyObject *write_run(PyObject *module, PyObject *args)
+{
+    int fd, then_fd;
+    long long file_offset, then_offset;
+    PyObject *timestamp_object, *subject, *ids, *payloads;
+    long long first_sequence, log_offset, room_bytes;
+    Py_ssize_t id_bytes_max, record_bytes_max;
+    if (!PyArg_ParseTuple(args, "iLiLOULOOLLnn:write_run", &fd, &file_offset, &then_fd,
+                          &then_offset, &timestamp_object, &subject, &first_sequence, &ids,
+                          &payloads, &log_offset, &room_bytes, &id_bytes_max,
+                          &record_bytes_max)) {
+        return NULL;
+    }
+    (void)module;
+    if (file_offset < 0 || then_offset < 0) {
+        PyErr_Format(PyExc_ValueError, "offsets %lld, %lld: one is negative", file_offset,
+                     then_offset);
+        return NULL;
+    }
+    PyObject *encoded = run_encoded(timestamp_object, subject, first_sequence, ids, payloads,
+                                    log_offset, room_bytes, id_bytes_max, record_bytes_max);
+    if (encoded == NULL || encoded == Py_None) {
+        return encoded;
+    }
+    PyObject *framed = PyTuple_GET_ITEM(encoded, 0);
+    PyObject *entries = PyTuple_GET_ITEM(encoded, 1);
+    struct logstore_sync_write w = {
+        .fd = fd, .data = PyBytes_AS_STRING(framed), .size = PyBytes_GET_SIZE(framed),
+        .offset = file_offset, .then_fd = then_fd, .then_data = PyBytes_AS_STRING(entries),
+        .then_size = PyBytes_GET_SIZE(entries), .then_offset = then_offset,
+    };
+    /* The tuple keeps both buffers alive; nothing here touches a Python object while the
+     * GIL is released. */
+    Py_BEGIN_ALLOW_THREADS
+    logstore_write_sync_released(&w);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    return Py_BuildValue("(nniiLLni)", w.size, w.written, w.write_errno, w.fsync_errno,
+                         w.fsync_ns, w.synced_at_ns, w.then_written, w.then_errno);
+}
+
 static PyMethodDef methods[] = {
     {"encode_entries", encode_entries, METH_VARARGS,
      "encode_entries(timestamps_ms, message_log_offsets, sizes_bytes, tag_blooms) -> bytes"},
@@ -566,6 +632,11 @@ static PyMethodDef methods[] = {
     {"encode_run", encode_run, METH_VARARGS,
      "encode_run(timestamp_ms, subject, first_sequence, message_ids, payloads, log_offset, "
      "room_bytes, id_bytes_max, record_bytes_max) -> (framed, entries) | None"},
+    {"write_run", write_run, METH_VARARGS,
+     "write_run(fd, file_offset, then_fd, then_offset, timestamp_ms, subject, "
+     "first_sequence, message_ids, payloads, log_offset, room_bytes, id_bytes_max, "
+     "record_bytes_max) -> (framed_bytes, written, write_errno, fsync_errno, fsync_ns, "
+     "synced_at_ns, then_written, then_errno) | None"},
     {"encode_held_entries", encode_held_entries, METH_O,
      "encode_held_entries(held) -> bytes"},
     {NULL, NULL, 0, NULL},

@@ -201,17 +201,22 @@ async def test_the_usual_commit_of_a_known_subject_takes_the_stores_one_call(bro
                                                                               monkeypatch):
     from realtime.storage import commit_run
 
-    encoded, encode_run = [], commit_run.encode_run
+    encoded = []
 
-    def spy(*args):
-        answer = encode_run(*args)
-        encoded.append(answer is not None)
-        return answer
+    def spy_on(name, twin):
+        def spy(*args):
+            answer = twin(*args)
+            encoded.append((name, answer is not None))
+            return answer
+        return spy
 
-    monkeypatch.setattr(commit_run, "encode_run", spy)
+    # Real files: the run is encoded and written in one call (write_run); encode_run alone
+    # is for files that are not (a test's FaultyFile).
+    monkeypatch.setattr(commit_run, "encode_run", spy_on("encode_run", commit_run.encode_run))
+    monkeypatch.setattr(commit_run, "write_run", spy_on("write_run", commit_run.write_run))
     await broker.send([payload("rt.one", "a", b"first")])  # a new subject: the general path
     await broker.send([payload("rt.one", f"b{i}", b"next") for i in range(3)])
-    assert encoded == [True]
+    assert encoded == [("write_run", True)]
     assert await bodies(broker, "rt.one") == [b"first", b"next", b"next", b"next"]
 
 

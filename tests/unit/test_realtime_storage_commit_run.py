@@ -27,22 +27,33 @@ STYLES = ["general path", "one call"]
 
 
 class Spy:
-    """``commit_run.encode_run``, counting the runs it encoded (the usual commit taken)."""
+    """``commit_run.encode_run`` and ``commit_run.write_run``, counting the runs they took
+    (the usual commit taken): ``written`` through real files in the one C call, ``encoded``
+    either way."""
 
-    def __init__(self, encode_run) -> None:
+    def __init__(self, encode_run, write_run) -> None:
         self.encode_run = encode_run
+        self.write_run = write_run
         self.encoded = 0
+        self.written = 0
 
-    def __call__(self, *args):
+    def encode(self, *args):
         answer = self.encode_run(*args)
         self.encoded += answer is not None
+        return answer
+
+    def write(self, *args):
+        answer = self.write_run(*args)
+        self.encoded += answer is not None
+        self.written += answer is not None
         return answer
 
 
 @pytest.fixture
 def spy(monkeypatch) -> Spy:
-    spy = Spy(commit_run.encode_run)
-    monkeypatch.setattr(commit_run, "encode_run", spy)
+    spy = Spy(commit_run.encode_run, commit_run.write_run)
+    monkeypatch.setattr(commit_run, "encode_run", spy.encode)
+    monkeypatch.setattr(commit_run, "write_run", spy.write)
     return spy
 
 
@@ -88,6 +99,7 @@ def test_the_one_call_writes_the_bytes_and_gives_the_answers_of_the_general_path
         tmp_path, spy, monkeypatch, extensions):
     if not extensions:
         spy.encode_run = commit_run.encode_run_python
+        spy.write_run = commit_run.write_run_python
     answers, files = {}, {}
     for style in STYLES:
         data_dir = str(tmp_path / style)
@@ -99,6 +111,7 @@ def test_the_one_call_writes_the_bytes_and_gives_the_answers_of_the_general_path
     assert files["one call"] == files["general path"]
     assert answers["one call"][1] == [1, 2, 3]
     assert spy.encoded >= 30, "the usual commits did not take the one call"
+    assert spy.written == spy.encoded, "real files: the records written in the encoder's call"
 
 
 def _full_records(plan):

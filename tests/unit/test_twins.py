@@ -35,23 +35,34 @@ CHOSEN = {
     "delayserver.storage.schedule_entry": ("encode_schedule_entries",
                                            "delayserver._commit_codecs"),
 }
+# A module's second twin, chosen after the first (its name, its extension).
+ALSO_CHOSEN = {
+    "realtime.storage.commit_run": ("write_run", "realtime.storage._codecs"),
+}
 
 
 def test_every_extension_setup_py_builds_is_chosen_by_a_module_and_only_those():
     assert {".".join(path.relative_to(ROOT).with_suffix("").parts): extensions
             for path, extensions in choosing_modules().items()} == {
-        module: [extension] for module, (_name, extension) in CHOSEN.items()}
+        module: [extension] + [ALSO_CHOSEN[module][1] for _ in range(module in ALSO_CHOSEN)]
+        for module, (_name, extension) in CHOSEN.items()}
     assert sorted(set(extension_names())) == sorted({e for _n, e in CHOSEN.values()})
 
 
 def chosen_in_a_fresh_interpreter(environment: dict[str, str]) -> dict[str, str]:
     """module -> the type name of what each choosing module took, in a new interpreter (the
-    choice is made once, at import)."""
+    choice is made once, at import); a module's second twin (``ALSO_CHOSEN``) must be of the
+    same kind as its first."""
     names = {module: name for module, (name, _extension) in CHOSEN.items()}
+    also = {module: name for module, (name, _extension) in ALSO_CHOSEN.items()}
     script = ("import importlib, json\n"
               f"names = {names!r}\n"
-              "print(json.dumps({m: type(getattr(importlib.import_module(m), n)).__name__"
-              " for m, n in names.items()}))\n")
+              f"also = {also!r}\n"
+              "chosen = {m: type(getattr(importlib.import_module(m), n)).__name__"
+              " for m, n in names.items()}\n"
+              "for m, n in also.items():\n"
+              "    assert type(getattr(importlib.import_module(m), n)).__name__ == chosen[m], m\n"
+              "print(json.dumps(chosen))\n")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, check=True, env=environment).stdout
     return json.loads(out.splitlines()[-1])
