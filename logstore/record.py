@@ -11,7 +11,8 @@ A record is a 12-byte header followed by the body the caller gave (opaque bytes)
     11     | 1    | attributes: reserved, 0
     12     | N    | body
 
-Framing a batch (``frame_records``) has a C twin in ``logstore/_framing.c``, used when built.
+Framing a batch (``frame_records``) and checking copied records (``split_records``) have C twins
+in ``logstore/_framing.c``, used when built.
 
 A record's offset in a log is the byte position of its header in the log's whole byte stream,
 so a read by offset is one seek. What it does NOT guarantee: the CRC detects torn writes and bit
@@ -137,13 +138,15 @@ def crc_matches(header: bytes, body: bytes | memoryview, crc: int) -> bool:
     return record_crc(header, 0, body) == crc
 
 
-def split_records(data: bytes | memoryview, record_size_bytes_max: int,
-                  ) -> tuple[list[memoryview], int, str | None]:
+def split_records_python(data: bytes | memoryview, record_size_bytes_max: int,
+                         ) -> tuple[list[memoryview], int, str | None]:
     """Check the whole records at the start of ``data`` (bytes copied from a log, as
     replication ships them): (their bodies, the bytes they span, the problem that stopped the
     scan or None). None means the scan reached the end of ``data`` or stopped at a record that
     is only partly there, which a reader that asked for a byte budget expects; a problem is
     corruption (bad magic, version or attributes, a length over the limit, a CRC mismatch).
+    Pure Python, the bodies memoryviews of ``data``; ``split_records`` is the C twin when it was
+    built (the same answers, each body a bytes copy).
     Attributes must be 0, the only value written, so framing the bodies again gives these bytes.
     """
     view = memoryview(data)
@@ -165,6 +168,11 @@ def split_records(data: bytes | memoryview, record_size_bytes_max: int,
         bodies.append(body)
         at = end
     return bodies, at, None
+
+
+# The C twin (logstore/_framing.c): a slave checks every copied record and a master every record
+# it ships; in Python that is ~8 calls a record, about half of a slave's CPU per copied commit.
+split_records = c_twin("logstore._framing", "split_records") or split_records_python
 
 
 def decode_record(data: bytes, record_size_bytes_max: int) -> tuple[bytes, int]:

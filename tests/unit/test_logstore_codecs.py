@@ -25,10 +25,12 @@ from logstore.record import (
     encode_record_into,
     frame_records_python,
     record_crc,
+    split_records_python,
 )
 from tests.twins import built_twin
 
 frame_records_c = built_twin("logstore._framing", "frame_records")
+split_records_c = built_twin("logstore._framing", "split_records")
 
 RECORD_LIMIT_BYTES = 1 << 16
 bodies = st.binary(max_size=4096)
@@ -102,6 +104,48 @@ def test_framing_an_empty_batch_gives_no_bytes_and_a_large_body_keeps_every_byte
 def test_the_c_framing_refuses_a_body_that_is_not_bytes_naming_its_index():
     with pytest.raises(TypeError, match="body 1 is bytearray, not bytes"):
         frame_records_c([b"ok", bytearray(b"mutable")])
+
+
+SPLITTERS = [
+    pytest.param(split_records_python, id="python"),
+    pytest.param(split_records_c, id="c", marks=pytest.mark.skipif(
+        split_records_c is None, reason="logstore._framing (optional C extension) not built")),
+]
+
+
+@pytest.mark.parametrize("split_records", SPLITTERS)
+@settings(max_examples=200)
+@given(batch=st.lists(bodies, max_size=12), cut=st.integers(0, 40), data=st.data())
+def test_split_records_gives_zlibs_records_back_and_names_any_defect_as_the_python_twin_does(
+        split_records, batch, cut, data):
+    framed = bytearray(b"".join(zlib_framed(body) for body in batch))
+    bodies_, used, problem = split_records(bytes(framed), RECORD_LIMIT_BYTES)
+    assert [bytes(body) for body in bodies_] == batch
+    assert (used, problem) == (len(framed), None)
+    # Damaged: a flipped byte anywhere, a cut tail, a limit under the largest body.
+    if framed and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(framed) - 1))
+        framed[at] ^= data.draw(st.integers(1, 255))
+    damaged = bytes(framed[:max(0, len(framed) - cut)])
+    limit = data.draw(st.sampled_from([RECORD_LIMIT_BYTES, 0, 100]))
+    expected = split_records_python(damaged, limit)
+    got = split_records(memoryview(damaged), limit)
+    assert ([bytes(body) for body in got[0]], got[1], got[2]) == (
+        [bytes(body) for body in expected[0]], expected[1], expected[2])
+
+
+@pytest.mark.skipif(split_records_c is None, reason="logstore._framing not built")
+def test_the_c_split_names_each_header_defect_in_the_python_twins_words():
+    good = zlib_framed(b"x" * 40)
+    for at, value in ((8, 0x01), (9, 0x00), (10, 2), (11, 1), (20, 0xFF)):
+        bad = bytearray(good)
+        bad[at] = value
+        assert split_records_c(bytes(bad), 1 << 16) == split_records_python(bytes(bad), 1 << 16)
+    assert split_records_c(good, 39)[1:] == (0, "stored length 40 exceeds "
+                                             "record_size_bytes_max 39")
+    body_list, used, problem = split_records_c(good + good[:5], 1 << 16)
+    assert body_list == [b"x" * 40] and type(body_list[0]) is bytes
+    assert (used, problem) == (len(good), None)
 
 
 def test_framing_stays_correct_and_memory_bounded_past_the_crc_seed_cache_capacity(monkeypatch):

@@ -15,54 +15,43 @@ from tests import twins
 from tests.twins import (
     ROOT, choosing_modules, extension_names, in_second_pass, unbuilt_extensions, uses_twins)
 
-# Each module that chooses a twin: the name it keeps the chosen function under, and the
-# extension it asks for.
+# Each twin a module chooses: (the module, the name it keeps the chosen function under) and the
+# extension it asks for (a module may choose more than one).
 CHOSEN = {
-    "logstore.record": ("frame_records", "logstore._framing"),
-    "logstore.fileio": ("_write_sync_c", "logstore._framing"),
-    "serverkit.send_check": ("_check_many_c", "serverkit._send_check"),
-    "realtime.storage.consumer_log": ("_encode_entries_c", "realtime.storage._codecs"),
-    "realtime.storage.message_record": ("_encode_subject_records_c",
-                                        "realtime.storage._codecs"),
-    "realtime.storage.control_record": ("_encode_visible_records_c",
-                                        "realtime.storage._codecs"),
-    "realtime.storage.store_checkpoint": ("_encode_held_entries_c",
-                                          "realtime.storage._codecs"),
-    "realtime.storage.write_batch": ("_check_run_c", "realtime.storage._codecs"),
-    "realtime.storage.commit_run": ("encode_run", "realtime.storage._codecs"),
-    "delayserver.storage.due_records": ("parse_due_run", "delayserver._due_records"),
-    "delayserver.storage.delay_record": ("encode_delay_records", "delayserver._commit_codecs"),
-    "delayserver.storage.schedule_entry": ("encode_schedule_entries",
-                                           "delayserver._commit_codecs"),
-}
-# A module's second twin, chosen after the first (its name, its extension).
-ALSO_CHOSEN = {
-    "realtime.storage.commit_run": ("write_run", "realtime.storage._codecs"),
+    ("logstore.record", "frame_records"): "logstore._framing",
+    ("logstore.record", "split_records"): "logstore._framing",
+    ("logstore.fileio", "_write_sync_c"): "logstore._framing",
+    ("serverkit.send_check", "_check_many_c"): "serverkit._send_check",
+    ("realtime.storage.consumer_log", "_encode_entries_c"): "realtime.storage._codecs",
+    ("realtime.storage.message_record", "_encode_subject_records_c"): "realtime.storage._codecs",
+    ("realtime.storage.control_record", "_encode_visible_records_c"): "realtime.storage._codecs",
+    ("realtime.storage.store_checkpoint", "_encode_held_entries_c"): "realtime.storage._codecs",
+    ("realtime.storage.write_batch", "_check_run_c"): "realtime.storage._codecs",
+    ("realtime.storage.commit_run", "encode_run"): "realtime.storage._codecs",
+    ("realtime.storage.commit_run", "write_run"): "realtime.storage._codecs",
+    ("delayserver.storage.due_records", "parse_due_run"): "delayserver._due_records",
+    ("delayserver.storage.delay_record", "encode_delay_records"): "delayserver._commit_codecs",
+    ("delayserver.storage.schedule_entry", "encode_schedule_entries"): "delayserver._commit_codecs",
 }
 
 
 def test_every_extension_setup_py_builds_is_chosen_by_a_module_and_only_those():
+    expected: dict[str, list[str]] = {}
+    for (module, _name), extension in CHOSEN.items():
+        expected.setdefault(module, []).append(extension)
     assert {".".join(path.relative_to(ROOT).with_suffix("").parts): extensions
-            for path, extensions in choosing_modules().items()} == {
-        module: [extension] + [ALSO_CHOSEN[module][1] for _ in range(module in ALSO_CHOSEN)]
-        for module, (_name, extension) in CHOSEN.items()}
-    assert sorted(set(extension_names())) == sorted({e for _n, e in CHOSEN.values()})
+            for path, extensions in choosing_modules().items()} == expected
+    assert sorted(set(extension_names())) == sorted(set(CHOSEN.values()))
 
 
 def chosen_in_a_fresh_interpreter(environment: dict[str, str]) -> dict[str, str]:
-    """module -> the type name of what each choosing module took, in a new interpreter (the
-    choice is made once, at import); a module's second twin (``ALSO_CHOSEN``) must be of the
-    same kind as its first."""
-    names = {module: name for module, (name, _extension) in CHOSEN.items()}
-    also = {module: name for module, (name, _extension) in ALSO_CHOSEN.items()}
+    """Each chosen twin's "module.name" -> the type name of what its module took, in a new
+    interpreter (the choice is made once, at import)."""
+    names = list(CHOSEN)
     script = ("import importlib, json\n"
               f"names = {names!r}\n"
-              f"also = {also!r}\n"
-              "chosen = {m: type(getattr(importlib.import_module(m), n)).__name__"
-              " for m, n in names.items()}\n"
-              "for m, n in also.items():\n"
-              "    assert type(getattr(importlib.import_module(m), n)).__name__ == chosen[m], m\n"
-              "print(json.dumps(chosen))\n")
+              "print(json.dumps({m + '.' + n: type(getattr(importlib.import_module(m), n))"
+              ".__name__ for m, n in names}))\n")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, check=True, env=environment).stdout
     return json.loads(out.splitlines()[-1])
@@ -83,9 +72,11 @@ def test_without_the_variable_each_built_c_twin_is_the_one_chosen(value):
         environment[NO_EXTENSIONS_ENV] = value
     unbuilt = {line.split(":")[0] for line in unbuilt_extensions()}
     chosen = chosen_in_a_fresh_interpreter(environment)
-    assert chosen == {module: "function" if extension in unbuilt else "builtin_function_or_method"
-                      for module, (_name, extension) in CHOSEN.items()
-                      } | {module: "NoneType" for module, (name, extension) in CHOSEN.items()
+    assert chosen == {f"{module}.{name}": "function" if extension in unbuilt
+                      else "builtin_function_or_method"
+                      for (module, name), extension in CHOSEN.items()
+                      } | {f"{module}.{name}": "NoneType"
+                           for (module, name), extension in CHOSEN.items()
                            if extension in unbuilt and name.endswith("_c")}
 
 
