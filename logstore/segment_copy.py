@@ -10,7 +10,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from logstore.errors import CorruptRecord, LogClosed, LogWriteFailed, OffsetOutOfRange
+from logstore.errors import CorruptRecord, DiskFull, LogClosed, LogWriteFailed, OffsetOutOfRange
 from logstore.fileio import fsync_directory
 from logstore.record import HEADER as HEADER_STRUCT
 from logstore.record import HEADER_SIZE_BYTES, split_records
@@ -80,6 +80,44 @@ class SegmentCopyMixin:
         first and nothing is appended unless all are good (CorruptRecord names the first bad
         one); the bodies are framed again, which gives back the same bytes. Returns the bodies
         appended (for the caller to index); durable per the usual ``flush``/``sync`` contract."""
+        copied = self._checked_copy(offset, data)
+        self.append_many(copied)
+        assert self._end == offset + len(data), (self._end, offset, len(data))
+        return copied
+
+    def append_raw_durably(self, offset: int, data: bytes) -> list[bytes]:
+        """``append_raw`` made durable per the flush mode (``sync_or_flush``), with the same
+        checks; returns the bodies. On a full disk (``DiskFull``) the log is first cut back to
+        ``offset``. A copy in sync mode with nothing buffered (``framed_room``) whose records
+        fit the active segment (the usual case: a source's chunk never spans its segments, and
+        the copy's segments end where the source's do) writes ``data`` itself, the source's
+        bytes, in one write and fsync (``append_framed_durably``), whatever the write buffer's
+        size: checked records with attributes 0 frame again to exactly these bytes, so they
+        are not framed twice."""
+        copied = self._checked_copy(offset, data)
+        room = self.framed_room()  # type: ignore[attr-defined]
+        # A negative room: closed or failed; append_many below raises why.
+        if room is not None and room[1] >= 0 and len(data) <= self._segment_room():
+            self.append_framed_durably(data, None)  # type: ignore[attr-defined]
+        else:
+            try:
+                self.append_many(copied)
+                self.sync_or_flush()  # type: ignore[attr-defined]
+            except DiskFull:
+                self.cut_back(offset)
+                raise
+        assert self._end == offset + len(data), (self._end, offset, len(data))
+        return copied
+
+    def _segment_room(self) -> int:
+        """Bytes the active segment takes before it must roll (a record may end at its max)."""
+        active = self._segments[-1]
+        return active.base_offset + self.config.segment_size_bytes_max - self._end
+
+    def _checked_copy(self, offset: int, data: bytes) -> list[bytes]:
+        """The bodies of the copied records ``data`` (at ``offset``, this log's end), every one
+        checked (``split_records``); CorruptRecord names the first bad one, ValueError a wrong
+        offset."""
         if offset != self._end:
             raise ValueError(f"copied records start at offset {offset} but the log {self.directory} "
                              f"ends at {self._end}")
@@ -88,10 +126,9 @@ class SegmentCopyMixin:
             problem = f"{len(data) - used} bytes of a partial record at the end"
         if problem is not None:
             raise CorruptRecord(f"{self.directory} (copied bytes)", offset + used, problem)
-        copied = [bytes(body) for body in bodies]
-        self.append_many(copied)
-        assert self._end == offset + len(data), (self._end, offset, len(data))
-        return copied
+        if bodies and type(bodies[0]) is not bytes:  # the Python twin's memoryviews of data
+            return [bytes(body) for body in bodies]
+        return bodies
 
     def verify(self, offset: int, max_bytes: int) -> tuple[int, CorruptRecord | None]:
         """Check the records from ``offset`` (a record boundary), about ``max_bytes`` of them,

@@ -85,14 +85,9 @@ class MessageLog:
         make them durable per the flush mode; returns their bodies. On a full disk the log is
         cut back to ``offset`` first, as ``append_durably`` does: records of the copy written
         before the disk filled would stay unindexed, the next fetch would start past them, and
-        their sequences would read as missing (review s14 rvb-6)."""
-        try:
-            bodies = self.log.append_raw(offset, data)
-            self.log.sync_or_flush()
-        except DiskFull:
-            self.log.cut_back(offset)
-            raise
-        return bodies
+        their sequences would read as missing (review s14 rvb-6). The usual tail writes the
+        master's bytes as they came (``SegmentedLog.append_raw_durably``)."""
+        return self.log.append_raw_durably(offset, data)
 
 
     def read(self, offset: int) -> tuple[MessageRecord, int]:

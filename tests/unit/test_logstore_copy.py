@@ -10,8 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logstore import CorruptRecord, OffsetOutOfRange, SegmentedLog
-from logstore.faults import flip_bit
+from dataclasses import replace
+
+from logstore import CorruptRecord, DiskFull, OffsetOutOfRange, SegmentedLog
+from logstore.faults import FaultPlan, flip_bit
 from logstore.record import HEADER_SIZE_BYTES, encode_record, split_records
 
 
@@ -49,6 +51,69 @@ def test_a_log_copied_chunk_by_chunk_holds_the_same_records_at_the_same_offsets(
         target.close()
         reopened = SegmentedLog(os.path.join(directory, "b"), tiny_config)
         assert bodies_of(reopened) == bodies_of(source)
+
+
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+def test_a_durable_copy_holds_the_sources_bytes_whether_written_as_they_came_or_framed_again(
+        tmp_path, tiny_config, flush_mode):
+    # A chunk within the active segment (sync mode) is written as the source's bytes, however
+    # large; one crossing a segment, and every async one, take append_many's path: same bytes.
+    config = replace(tiny_config, flush_mode=flush_mode)
+    source = SegmentedLog(str(tmp_path / "a"), config)
+    source.append_many([bytes([i]) * (40 + 37 * i) for i in range(40)])
+    source.sync()
+    target = SegmentedLog(str(tmp_path / "b"), config)
+    written_as_they_came = []
+    framed_durably = target.append_framed_durably
+    target.append_framed_durably = lambda framed, then: (
+        written_as_they_came.append(len(framed)) or framed_durably(framed, then))
+    offset = 0
+    for max_bytes in [100, 900, 3000, 5000] * 15:
+        data = source.read_raw(offset, max_bytes)
+        if not data:
+            break
+        bodies = target.append_raw_durably(offset, data)
+        assert [type(body) for body in bodies] == [bytes] * len(bodies)
+        assert b"".join(map(encode_record, bodies)) == data
+        offset += len(data)
+        assert target.end_offset == offset
+        assert target.flushed_offset == offset
+        if flush_mode == "sync":
+            assert target.durable_offset == offset
+    target.sync()
+    assert offset == source.end_offset and len(target.segments()) > 2
+    if flush_mode == "sync":
+        assert written_as_they_came and max(written_as_they_came) > config.write_buffer_bytes_max
+        assert sum(written_as_they_came) < offset, "both paths taken"
+    else:
+        assert not written_as_they_came
+    for segment_a, segment_b in zip(source.segments(), target.segments(), strict=True):
+        with open(segment_a.path, "rb") as a, open(segment_b.path, "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_a_durable_copy_that_fills_the_disk_leaves_nothing_of_it_and_a_bad_one_writes_nothing(
+        tmp_path, tiny_config):
+    source = SegmentedLog(str(tmp_path / "a"), tiny_config)
+    source.append_many([b"r" * 100] * 6)
+    source.sync()
+    plan = FaultPlan()
+    target = SegmentedLog(str(tmp_path / "b"), tiny_config, opener=plan.opener)
+    first = source.read_raw(0, 2 * (HEADER_SIZE_BYTES + 100))
+    target.append_raw_durably(0, first)
+    data = source.read_raw(len(first), 2 * (HEADER_SIZE_BYTES + 100))  # within the room
+    plan.disk_capacity_bytes = plan.bytes_written + 50
+    with pytest.raises(DiskFull):
+        target.append_raw_durably(len(first), data)
+    assert target.end_offset == target.flushed_offset == len(first)
+    bad = bytearray(data)
+    bad[-1] ^= 1
+    plan.free_space(1 << 20)
+    with pytest.raises(CorruptRecord, match="crc mismatch"):
+        target.append_raw_durably(len(first), bytes(bad))
+    assert target.end_offset == len(first)
+    target.append_raw_durably(len(first), data)
+    assert bodies_of(target) == bodies_of(source)[:4]
 
 
 def test_read_raw_returns_a_record_larger_than_max_bytes_whole(log_dir, tiny_config):
