@@ -32,18 +32,24 @@ import tempfile
 from typing import Any
 
 from bench.path_cpu import _one_run, qmq_up
+from bench.peers.servers import wait_in_sync
 
 # A function as cProfile names it: (file, line, name).
 FunctionKey = tuple[str, int, str]
 
 
-def count_calls(messages: int, tmpfs: bool = True) -> dict[FunctionKey, tuple[int, float]]:
+def count_calls(messages: int, tmpfs: bool = True, replicas: int = 1,
+                ) -> dict[FunctionKey, tuple[int, float]]:
     """A fresh ``qmq up`` under cProfile, ``messages`` one at a time (after path_cpu's warm-up),
-    stopped: per function, its calls and cProfile's own time in it (callees not included), in seconds."""
+    stopped: per function, its calls and cProfile's own time in it (callees not included), in seconds.
+    ``replicas`` 2: with a sync slave of each group (in the same process), once it is in sync."""
+    extra = ["--replicas", str(replicas)] if replicas > 1 else []
     with tempfile.TemporaryDirectory(prefix="qmq-call-count-") as directory:
         profile = os.path.join(directory, "qmq-up.prof")
-        with qmq_up("qmq-call-count-", "sync", [], tmpfs=tmpfs,
+        with qmq_up("qmq-call-count-", "sync", extra, tmpfs=tmpfs,
                     interpreter_args=["-m", "cProfile", "-o", profile]) as server:
+            if replicas > 1:
+                wait_in_sync(f"http://{server.address}")
             asyncio.run(_one_run(f"http://{server.address}", server.pid, messages, 0.2, False))
         # qmq up exits on SIGTERM through its graceful stop, and cProfile writes as it ends.
         stats: dict[FunctionKey, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
@@ -91,14 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--many", type=int, default=2_500, help="messages of the larger run")
     parser.add_argument("--top", type=int, default=60, help="functions listed")
     parser.add_argument("--disk", action="store_true", help="data dir in /tmp, not /dev/shm")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="qmq up --replicas: 2 adds a sync slave to each group")
     args = parser.parse_args(argv)
     if not 0 < args.few < args.many:
         parser.error(f"--few {args.few} must be above 0 and below --many {args.many}")
     print(f"qmq up under cProfile, {args.few} then {args.many} messages one at a time "
-          f"({'disk' if args.disk else 'tmpfs'} data dir); load {os.getloadavg()[0]:.2f}",
-          flush=True)
-    few = count_calls(args.few, tmpfs=not args.disk)
-    many = count_calls(args.many, tmpfs=not args.disk)
+          f"({'disk' if args.disk else 'tmpfs'} data dir, replicas {args.replicas}); load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    few = count_calls(args.few, tmpfs=not args.disk, replicas=args.replicas)
+    many = count_calls(args.many, tmpfs=not args.disk, replicas=args.replicas)
     rows = per_message(few, many, args.many - args.few)
     total = sum(calls for _, calls, _ in rows)
     python = sum(calls for key, calls, _ in rows if is_python(key))

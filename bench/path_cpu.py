@@ -6,6 +6,7 @@ when every message travels alone (issue 18's "CPU per message at 2,000 msg/s").
                                                   # what is left is the software path
     python -m bench.path_cpu --send-only          # no consumer: the send path alone
     python -m bench.path_cpu --no-trace --runs 3  # trace events off; 3 runs on one server
+    python -m bench.path_cpu --replicas 2         # one sync slave of each group, same process
 
 One fresh ``qmq up`` (flush sync by default), one client process holding a Producer and a
 Consumer (``start="earliest"``, acking each message). After a warm-up the server's idle CPU is
@@ -44,7 +45,7 @@ from typing import Any, Iterator
 
 from bench._cluster import Server, percentile, process_cpu_s, start_process, thread_cpu_s
 from bench.delay import wait_registered
-from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
+from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT, wait_in_sync
 
 SUBJECT = "bench.path"
 WARM_UP_MESSAGES = 50
@@ -171,12 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--send-only", action="store_true", help="no consumer")
     parser.add_argument("--no-trace", action="store_true", help="qmq up --no-trace")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="qmq up --replicas: 2 adds a sync slave to each group, in the "
+                        "same process (its threads are summed with the master's of one name)")
     args = parser.parse_args(argv)
-    with qmq_up("qmq-path-cpu-", args.flush, ["--no-trace"] if args.no_trace else [],
-                tmpfs=args.tmpfs) as server:
+    extra = ["--no-trace"] if args.no_trace else []
+    if args.replicas > 1:
+        extra += ["--replicas", str(args.replicas)]
+    with qmq_up("qmq-path-cpu-", args.flush, extra, tmpfs=args.tmpfs) as server:
         url = f"http://{server.address}"
+        if args.replicas > 1:
+            wait_in_sync(url)  # before that, a send is confirmed without waiting for a slave
         print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush {args.flush}, "
-              f"trace {'off' if args.no_trace else 'on'}), {args.messages} messages one at "
+              f"trace {'off' if args.no_trace else 'on'}, replicas {args.replicas}), "
+              f"{args.messages} messages one at "
               f"a time{', no consumer' if args.send_only else ''}:", flush=True)
         for run in range(args.runs):
             figures = asyncio.run(_one_run(url, server.pid, args.messages, args.idle_s,
