@@ -235,8 +235,9 @@ class CopyingMixin:
         self._check_writable()
         delay_log = self._log
         try:
-            bodies = delay_log.append_raw(offset, data)
-            delay_log.sync_or_flush()
+            # The master's bytes as they came where they fit (no second framing), and on a
+            # full disk the copy cut back to ``offset``, as the message log's copy is.
+            bodies = delay_log.append_raw_durably(offset, data)
         except LogWriteFailed as exc:
             raise self._fail(exc)
         # Decoded (the check of each record) into rows, then filed as the master's commit

@@ -13,7 +13,8 @@ from delayserver.storage.done_journal import (
     decode_journal_record,
     encode_journal_record,
 )
-from logstore import CopyReset
+from logstore import CopyReset, DiskFull
+from logstore.faults import FaultPlan
 
 NOW_MS = 1_700_000_000_000
 BUCKET_MS = 1_000
@@ -278,3 +279,24 @@ def test_the_store_s_delay_end_is_the_delay_copy_s_end_after_each_commit_and_a_r
     reopened = DelayStore(str(tmp_path / "delay"), TINY, now_ms=NOW_MS)
     assert reopened.delay_end() == ends[-1] == reopened.delay_copy.copy_bounds()[1]
     reopened.close()
+
+
+def test_a_delay_slave_whose_disk_fills_during_a_copy_keeps_nothing_of_it_and_copies_it_again(
+        tmp_path):
+    plan = FaultPlan()
+    master = DelayStore(str(tmp_path / "m"), TINY, now_ms=NOW_MS)
+    slave = DelayStore(str(tmp_path / "s"), TINY, now_ms=NOW_MS, opener=plan.opener)
+    send(master, 30, NOW_MS + 10_000)
+    end = master.delay_copy.copy_bounds()[1]
+    data = master.delay_copy.read_copy(0, 1 << 20)
+    plan.disk_capacity_bytes = plan.bytes_written + len(data) // 2
+    with pytest.raises(DiskFull):
+        slave.delay_copy.append_copy(0, data)
+    assert slave.delay_copy.copy_bounds()[1] == 0
+    plan.free_space(1 << 20)
+    offset = 0
+    while offset < end:  # the follower fetches from the copy's end again
+        offset = slave.delay_copy.append_copy(offset, master.delay_copy.read_copy(offset, 1 << 20))
+    assert slave.pending_stats().total == master.pending_stats().total == 30
+    master.close()
+    slave.close()
