@@ -98,6 +98,24 @@ def test_a_wrong_fetch_field_is_a_bad_request_naming_it(field, value, words):
         parse_request(fetch(**{field: value}))
 
 
+@pytest.mark.parametrize("field,value,words", [
+    ("offset", 2**64, "fetch.offset 18446744073709551616 is outside"),
+    ("max_bytes", 0, "fetch.max_bytes 0 is outside"),
+    ("wait_ms", MAX_FETCH_WAIT_MS + 1, "fetch.wait_ms"),
+    ("log", "pulls", "fetch.log 'pulls' is not one of"),
+    ("log", ["message"], "fetch.log must be a non-empty str, got list"),
+    ("server_id", 7, "fetch.server_id must be a non-empty str, got int"),
+    ("epoch", 1.0, "fetch.epoch must be int, got float"),
+])
+def test_a_fetch_from_a_server_seen_before_is_checked_field_by_field_as_the_first(
+        field, value, words):
+    # The first fetch of a server id takes the field-by-field checks; later ones a quick path
+    # of builtins, which must refuse the same maps in the same words.
+    assert parse_request(fetch()) == parse_request(fetch())
+    with pytest.raises(BadRequest, match=words):
+        parse_request(fetch(**{field: value}))
+
+
 def test_a_missing_fetch_field_is_a_bad_request_naming_it():
     frame = fetch()
     del frame["last_epoch"]
@@ -110,6 +128,29 @@ def test_a_fetch_answer_reads_back_what_the_master_wrote():
     assert parse_fetch_answer(answer.to_wire()) == answer
     diverging = FetchAnswer(5, "delay", 100, b"", 100, 0, 90, (), (4, 90))
     assert parse_fetch_answer(diverging.to_wire()) == diverging
+    actions = FetchAnswer(5, "actions", 100, b"x" * 24, 124, 0, 124, ((5, 0),), None,
+                          {"message": 2**64 - 1})
+    assert parse_fetch_answer(actions.to_wire()) == actions
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"epoch": -1}, "epoch -1 is outside"),
+    ({"log_end": 2**64}, "log_end 18446744073709551616 is outside"),
+    ({"offset": True}, "offset must be int, got bool"),
+    ({"log": ""}, "log must be a non-empty str"),
+    ({"epochs": None}, "epochs must be a list"),
+    ({"epochs": [[1, True]]}, "epochs must be a list"),
+    ({"epochs": [[1, 2], [3, -4]]}, "epochs must be a list"),
+    ({"epochs": [(1, 2)]}, "epochs must be a list"),
+    ({"requires": {"pulls": 1}}, "requires must map log names to offsets"),
+    ({"requires": {"message": -1}}, "requires must map log names to offsets"),
+    ({"requires": {"message": 1.0}}, "requires must map log names to offsets"),
+    ({"requires": [["message", 1]]}, "requires must map log names to offsets"),
+])
+def test_a_fetch_answer_with_a_field_out_of_range_is_a_bad_request_naming_it(change, words):
+    wire = FetchAnswer(5, "delay", 100, b"", 100, 0, 102, (), None).to_wire() | change
+    with pytest.raises(BadRequest, match=words):
+        parse_fetch_answer(wire)
 
 
 @pytest.mark.parametrize("change,words", [
