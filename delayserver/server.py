@@ -16,6 +16,7 @@ from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.storage.done_journal import GATED_KINDS, gated_kind_at
 from delayserver.tracing import DelayTracer
 from logstore.fileio import Opener, OsFile
+from serverkit.access import Grant
 from serverkit.frame_server import Later, Session
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
@@ -150,53 +151,86 @@ class DelayServer(ServerBase):
         if self._sender is not None:
             await self._sender.close()
 
-    async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
-        """Answer one data-plane request, after checking what the connection's token allows."""
-        self.metrics.count_request(request.op)
-        # Asked per request, not once per hello, so a revoked token stops within the cache TTL;
-        # a fresh cached answer is one call and no coroutine (as the realtime broker asks).
-        grant = self.gate.grant_now(session.token)
+    def handle_now(self, session: Session, request: Request, grant: Grant | None = None
+                   ) -> dict[str, Any] | Later | Awaitable[dict[str, Any] | Later]:
+        """Answer one data-plane request, after checking what the connection's token allows:
+        at once when it can (a hello), else the awaitable that goes on with it (a send waits
+        for its commit; ``ServerBase.handle_now``). ``grant`` is given only by ``_granted``
+        and ``_role_renewed``, which awaited for a request this call already counted."""
         if grant is None:
-            grant = await self.gate.grant(session.token, session.app)
+            self.metrics.count_request(request.op)
+            # Asked per request, not once per hello, so a revoked token stops within the cache
+            # TTL; a fresh cached answer is one call and no coroutine (as the realtime broker
+            # asks).
+            grant = self.gate.grant_now(session.token)
+            if grant is None:
+                return self._granted(session, request)  # asks the MetaServer, then here again
         # Told apart by their exact type (request types are never subclassed), a send first.
         if type(request) is not Send:
             if type(request) is Hello:
                 return self._hello()
             if type(request) is Fetch or type(request) is Snapshot:
-                return await self._serve_replica(request, grant)
+                return self._serve_replica(request, grant)
         # Only the leased master serves, and it checks again before answering (a write whose
         # commit outlived the lease is not acknowledged): the role's own check, the usual
         # case in one call.
         if not self.role.writable_now():
-            await self._check_role_renewed()  # a lapsed lease: renewed at once, or NotMaster
+            # A lapsed lease: renewed at once, then here again (or NotMaster).
+            return self._role_renewed(session, request, grant)
         if type(request) is Send:
-            # The grant is checked inside ``schedule`` against the subjects its quick check
-            # reads, before anything is written: no second read of each payload here.
-            results = await self.scheduler.schedule(
-                request.messages, request.compact,
-                None if grant.admin else partial(self.gate.check_send, grant))
-            if type(results) is int:  # a compact send, every message stored
-                self.metrics.scheduled += results
-                if not self.role.writable_now():
-                    self._check_role()
-                return send_stored_answer(results)
-            self.metrics.count_schedule_results(results)
-            self._check_role()
-            return {"results": results}
+            return self._scheduled(request, grant)
         if isinstance(request, Cancel):
             # A cancel names no subject: any token that may produce somewhere may cancel.
             if not (grant.admin or grant.produce):
                 raise Forbidden(f"app {grant.app!r} may not cancel: its token has no produce "
                                 "patterns")
-            results = []
-            for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
-                status = await self.scheduler.cancel(message_id, deliver_at_ms)
-                self.metrics.count_cancel(status)
-                results.append(cancel_result(message_id, status))
-            self._check_role()
-            return {"results": results}
+            return self._cancelled(request)
         raise NotSupported(f"op {request.op} is not served by delay servers; "
                            "pull and ack go to realtime brokers")
+
+    async def _granted(self, session: Session, request: Request) -> dict[str, Any] | Later:
+        """``handle_now`` for a request whose grant was not cached: asked, then served."""
+        grant = await self.gate.grant(session.token, session.app)
+        out = self.handle_now(session, request, grant)
+        if isinstance(out, (dict, Later)):
+            return out
+        return await out
+
+    async def _role_renewed(self, session: Session, request: Request, grant: Grant
+                            ) -> dict[str, Any] | Later:
+        """``handle_now`` for a request that found the role refusing: the lease renewed at
+        once (or NotMaster), then served (the access checks, pure, are asked again)."""
+        await self._check_role_renewed()
+        out = self.handle_now(session, request, grant)
+        if isinstance(out, (dict, Later)):
+            return out
+        return await out
+
+    async def _scheduled(self, request: Send, grant: Grant) -> dict[str, Any]:
+        """A send (access and role checked): stored, then answered if the role allows."""
+        # The grant is checked inside ``schedule`` against the subjects its quick check
+        # reads, before anything is written: no second read of each payload here.
+        results = await self.scheduler.schedule(
+            request.messages, request.compact,
+            None if grant.admin else partial(self.gate.check_send, grant))
+        if type(results) is int:  # a compact send, every message stored
+            self.metrics.scheduled += results
+            if not self.role.writable_now():
+                self._check_role()
+            return send_stored_answer(results)
+        self.metrics.count_schedule_results(results)
+        self._check_role()
+        return {"results": results}
+
+    async def _cancelled(self, request: Cancel) -> dict[str, Any]:
+        """A cancel (access and role checked): each message's status."""
+        results = []
+        for message_id, deliver_at_ms in zip(request.ids, request.deliver_at_ms):
+            status = await self.scheduler.cancel(message_id, deliver_at_ms)
+            self.metrics.count_cancel(status)
+            results.append(cancel_result(message_id, status))
+        self._check_role()
+        return {"results": results}
 
 
 __all__ = ["DelayServer"]

@@ -22,6 +22,7 @@ from realtime.storage.control_record import GATED_KINDS, gated_kind_at
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
 from serverkit.frame_server import Later, Session, step_or_task
+from serverkit.later import _LATER_TYPES
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
 from serverkit.replica_log import ReplicatedLog
@@ -176,18 +177,23 @@ class RealtimeServer(ServerBase):
         if self._retry_sender is not None:
             await self._retry_sender.close()
 
-    async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
-        """Answer one data-plane request, after checking what the connection's token allows."""
+    def handle_now(self, session: Session, request: Request, grant: Grant | None = None
+                   ) -> dict[str, Any] | Later | Awaitable[dict[str, Any] | Later]:
+        """Answer one data-plane request, after checking what the connection's token allows:
+        at once when it can (no coroutine), else the awaitable that goes on with it
+        (``ServerBase.handle_now``). ``grant`` is given only by ``_granted`` and
+        ``_role_renewed``, which awaited for a request this call already counted."""
         core = self._running
         if core is None:
             core = self._started()  # raises: not started
-        # Every op parse_request gives has its count (see RealtimeMetrics.request_counts).
-        self._request_counts[request.op] += 1
-        # Asked per request, not once per hello, so a revoked token stops within the cache TTL;
-        # a fresh cached answer is one call and no coroutine.
-        grant = self.gate.grant_now(session.token)
         if grant is None:
-            grant = await self.gate.grant(session.token, session.app)
+            # Every op parse_request gives has its count (see RealtimeMetrics.request_counts).
+            self._request_counts[request.op] += 1
+            # Asked per request, not once per hello, so a revoked token stops within the cache
+            # TTL; a fresh cached answer is one call and no coroutine.
+            grant = self.gate.grant_now(session.token)
+            if grant is None:
+                return self._granted(session, request)  # asks the MetaServer, then here again
         # Told apart by their exact type (request types are never subclassed): no call.
         if type(request) is not Send:  # a send's subjects are checked below
             if type(request) is Pull or type(request) is Ack or type(request) is Nack:
@@ -200,20 +206,22 @@ class RealtimeServer(ServerBase):
             elif type(request) is Hello:
                 return self._hello()
             elif type(request) is Fetch or type(request) is Snapshot:
-                return await self._serve_replica(request, grant)
+                return self._serve_replica(request, grant)
         # Only the leased master serves; it checks again before answering a write, so a write
         # whose commit outlived the lease is not acknowledged (docs/REPLICATION.md 5).
         if not self.role.writable_now():
-            await self._check_role_renewed()  # a lapsed lease: renewed at once, or NotMaster
-        # A send and a pull, most requests, are served right here, not in ``_serve``: one
-        # coroutine fewer for each (issue 18).
+            # A lapsed lease: renewed at once, then here again (or NotMaster).
+            return self._role_renewed(session, request, grant)
+        # A send, a pull and a heartbeat, most requests, are served right here, not in
+        # ``_serve``: no coroutine for them while they do not wait (issue 18); an ack is
+        # left to one coroutine, not two.
         if type(request) is Send:
             self.gate.check_send(grant, request.messages)
             # The broker's send path read directly, as ``_send_ended`` does: two Python calls
             # fewer a send (its ``readonly`` property and its ``send_soon`` pass-through).
             sends = core.broker.sends
             if sends.readonly and not sends.write_failed and self.registration is not None:
-                await self._refresh_before_send()
+                return self._send_refreshed(core, request)
             sent = sends.send_soon(request.messages, request.compact, self._send_ended)
             if type(sent) is SendRequest:
                 return sent  # its own Later: answered by _send_ended (the role checked then)
@@ -222,16 +230,78 @@ class RealtimeServer(ServerBase):
             # The pull path read directly, and its coroutine made only when it must suspend
             # (``Pulls.pull_now``): two calls fewer a pull (``Broker.pull``, ``Pulls.pull``).
             out = core.broker.pulls.pull_now(request, session)
-            if type(out) is not Pulled and type(out) is not ParkedPull:
-                out = await out  # type: ignore[misc]
             if type(out) is ParkedPull:
                 return out  # its request's Later: _pull_answered answers it (the role then)
-            answer = pull_response(*out)  # type: ignore[misc]
+            if type(out) is not Pulled:
+                return self._pulled(request, out)  # type: ignore[arg-type]
+            answer = pull_response(*out)
+        elif type(request) is Heartbeat:
+            core.broker.heartbeat(request)
+            answer = {"ok": True}
+        elif type(request) is Ack:
+            return self._acked(core, request)
         else:
-            answer = await self._serve(core, request, grant)
+            return self._served(core, request, grant)
         if self.role.writable_now():  # the usual case, asked here: no _answerable call
             return answer
-        return self._answerable(request, answer)  # type: ignore[arg-type]
+        return self._answerable(request, answer)
+
+    async def _granted(self, session: Session, request: Request) -> dict[str, Any] | Later:
+        """``handle_now`` for a request whose grant was not cached: asked, then served."""
+        grant = await self.gate.grant(session.token, session.app)
+        out = self.handle_now(session, request, grant)
+        if type(out) is dict or type(out) in _LATER_TYPES:
+            return out  # type: ignore[return-value]
+        return await out  # type: ignore[misc]
+
+    async def _role_renewed(self, session: Session, request: Request, grant: Grant
+                            ) -> dict[str, Any] | Later:
+        """``handle_now`` for a request that found the role refusing: the lease renewed at
+        once (or NotMaster), then served (the access checks, pure, are asked again)."""
+        await self._check_role_renewed()
+        out = self.handle_now(session, request, grant)
+        if type(out) is dict or type(out) in _LATER_TYPES:
+            return out  # type: ignore[return-value]
+        return await out  # type: ignore[misc]
+
+    async def _send_refreshed(self, core: _Core, request: Send) -> dict[str, Any] | Later:
+        """A send that found the broker read-only: the MetaServer's state asked first, then
+        queued as ``handle_now`` queues it."""
+        await self._refresh_before_send()
+        sent = core.broker.sends.send_soon(request.messages, request.compact, self._send_ended)
+        if type(sent) is SendRequest:
+            return sent  # its own Later: answered by _send_ended (the role checked then)
+        answer: dict[str, Any] = {"results": sent}  # nothing valid to commit
+        if self.role.writable_now():
+            return answer
+        return self._answerable(request, answer)
+
+    async def _pulled(self, request: Pull, pulling: Awaitable[Pulled | ParkedPull]
+                      ) -> dict[str, Any] | Later:
+        """A pull that must wait for the pull-log or store thread: its answer once read."""
+        out = await pulling
+        if type(out) is ParkedPull:
+            return out
+        answer = pull_response(*out)  # type: ignore[misc]
+        if self.role.writable_now():
+            return answer
+        return self._answerable(request, answer)
+
+    async def _acked(self, core: _Core, request: Ack) -> dict[str, Any]:
+        """An ack (access and role checked): recorded, answered if the role allows. The
+        broker's holdings read directly: one coroutine fewer an ack (``Broker.ack``)."""
+        answer = {"acked": await core.broker.holdings.ack(request)}
+        if self.role.writable_now():
+            return answer
+        return self._answerable(request, answer)
+
+    async def _served(self, core: _Core, request: Request, grant: Grant) -> dict[str, Any]:
+        """A request other than hello, a send, a pull, a heartbeat or an ack, served by
+        ``_serve`` (the role checked again before its answer)."""
+        answer = await self._serve(core, request, grant)
+        if self.role.writable_now():
+            return answer
+        return self._answerable(request, answer)
 
     def _answerable(self, request: Request, answer: dict[str, Any]) -> dict[str, Any]:
         """``answer`` if the role still allows it to be given now, else raises NotMaster."""
@@ -326,13 +396,9 @@ class RealtimeServer(ServerBase):
             self._check_role()  # raises NotMaster, saying why
 
     async def _serve(self, core: _Core, request: Request, grant: Grant) -> dict[str, Any]:
-        """Answer one request other than hello, a send or a pull (the role was checked)."""
+        """Answer one request other than hello, a send, a pull, a heartbeat or an ack (the
+        role was checked)."""
         broker = core.broker
-        if type(request) is Ack:
-            return {"acked": await broker.ack(request)}
-        if type(request) is Heartbeat:
-            broker.heartbeat(request)
-            return {"ok": True}
         if type(request) is Leave:
             return {"released": await broker.leave(request)}
         if type(request) is Nack:

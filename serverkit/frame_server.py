@@ -3,10 +3,12 @@
 It lives in ``sdk`` beside the codec because both servers speak the same protocol and neither may
 import the other; it imports no server code. A ``FrameServer`` decodes frames, parses requests
 and calls the server's ``handle(session, request)`` coroutine. A request of one of the server's
-``inline_ops`` is stepped at once as it is read, and needs a task only if it suspends; every
-other request gets a task of its own, so a long poll never blocks the requests pipelined
-behind it on the same connection. A handler may also return a ``Later`` and answer through it
-afterwards, with no task left waiting (a long poll parked until a commit wakes it).
+``inline_ops`` is started at once as it is read, through the server's synchronous entry
+``handle_now`` when it has one (no coroutine at all for a request answered at once), and needs
+a task only if it suspends; every other request gets a task of its own, so a long poll never
+blocks the requests pipelined behind it on the same connection. A handler may also return a
+``Later`` and answer through it afterwards, with no task left waiting (a long poll parked until
+a commit wakes it).
 
 Each connection is an ``asyncio.Protocol``: frames are decoded in ``data_received`` as bytes
 arrive, with no reader task and no StreamReader between the socket and the decoder. The answers
@@ -30,6 +32,7 @@ import collections.abc
 import logging
 import ssl
 from dataclasses import dataclass, field
+from types import CoroutineType
 from typing import Any, Awaitable, Callable, Collection, Coroutine, Generator
 
 from sdk.connection import limit_reads
@@ -74,6 +77,11 @@ class Session:
 
 
 Handler = Callable[[Session, Request], Awaitable["dict[str, Any] | Later"]]
+# A handler's synchronous entry: the answer, a ``Later``, or, when the request must wait for
+# something (an uncached grant, a lapsed lease, a store thread), the awaitable that goes on
+# with it and gives the answer or a ``Later``.
+HandlerNow = Callable[[Session, Request],
+                      "dict[str, Any] | Later | Awaitable[dict[str, Any] | Later]"]
 
 
 class FrameServer:
@@ -81,6 +89,8 @@ class FrameServer:
 
     The handler returns the response map without ``rid`` and raises ``QmqError`` for an error
     response. ``hello`` must be the first request on a connection; the handler sees it too.
+    ``handler_now``, if given, is the same handler's synchronous entry (``HandlerNow``), called
+    in place of ``handler``: what it returns or raises is answered as ``handler``'s would be.
     """
 
     def __init__(
@@ -95,9 +105,11 @@ class FrameServer:
         ssl_context: ssl.SSLContext | None = None,
         partial_frame_timeout_ms: int = PARTIAL_FRAME_TIMEOUT_MS,
         inline_ops: Collection[str] = (),
+        handler_now: HandlerNow | None = None,
     ) -> None:
         assert partial_frame_timeout_ms > 0, partial_frame_timeout_ms
         self._handler = handler
+        self._handler_now = handler_now  # in place of handler: see _dispatch and _answer
         # Ops whose handler starts at once, inside ``data_received`` (see ``_dispatch``).
         self._inline_ops = frozenset(inline_ops)
         self._partial_frame_timeout_s = partial_frame_timeout_ms / 1000
@@ -177,14 +189,16 @@ class FrameServer:
         ``data_received`` still waits for its task's first step, is stepped at once, right
         here: most such handlers finish without suspending (a heartbeat, an ack recorded on
         the loop), and then no task is made and no loop turn passes before the answer, which
-        leaves with the other answers of this read in one write at its end. One that
-        suspends goes on in a task (``_Resumed``). Every other request gets a task, so a long
-        poll never holds up the requests pipelined behind it; requests start in the order
-        they were read either way. A handler started inline runs its first step outside any
-        task: it must not need ``asyncio.current_task()`` before its first suspension
-        (``asyncio.timeout``, a ``TaskGroup``): hence a list of ops, chosen by the server. A
-        request cancelled in its first step goes unanswered, inline as in a task, and the
-        connection serves on."""
+        leaves with the other answers of this read in one write at its end. With a
+        ``handler_now`` it is called instead of the coroutine: its answer or ``Later`` is
+        taken as it returns, and only the awaitable it may leave the request to is stepped
+        here. One that suspends goes on in a task (``_Resumed``). Every other request gets a
+        task, so a long poll never holds up the requests pipelined behind it; requests start
+        in the order they were read either way. A handler started inline runs its first step
+        outside any task: it must not need ``asyncio.current_task()`` before its first
+        suspension (``asyncio.timeout``, a ``TaskGroup``): hence a list of ops, chosen by the
+        server. A request cancelled in its first step goes unanswered, inline as in a task,
+        and the connection serves on."""
         if self._stopping:  # already buffered when reading paused: left unanswered, see stop()
             return
         session = connection.session
@@ -202,8 +216,45 @@ class FrameServer:
             exc = BadRequest(f"{request.op} before hello: hello must be the first request")
             connection.send(self._error_response(request.rid, exc))
             return
-        answer = self._answer(connection, request)
         if request.op in self._inline_ops and not connection.task_started_in_read:
+            handler_now = self._handler_now
+            if handler_now is None:
+                answer = self._answer(connection, request)
+            else:
+                # The synchronous entry: a request answered at once, or parked as a Later,
+                # makes no coroutine, no first send() and no StopIteration (issue 18).
+                try:
+                    response = handler_now(session, request)
+                except QmqError as exc:
+                    connection.send(self._error_response(request.rid, exc), request)
+                    return
+                except asyncio.CancelledError:
+                    return  # unanswered, the connection serving on (as in _answer, inline)
+                except Exception as exc:  # a server bug: answered and logged, as in _answer
+                    self._internal(connection, request, exc)
+                    return
+                if type(response) is dict:  # the usual answer first, told by its exact type
+                    response["rid"] = request.rid
+                    connection.send(response, request)
+                    return
+                if type(response) in _LATER_TYPES:
+                    # Bound here, as _answer binds a Later its handler returns.
+                    later = response
+                    later._server, later._connection, later._request = self, connection, request
+                    self._laters.add(later)
+                    outcome = later._outcome
+                    if outcome is not None:  # given before it was returned: written now
+                        later._outcome = None
+                        later._given_once = False
+                        later.answer(outcome)
+                    return
+                if type(response) is not CoroutineType and isinstance(response, dict):
+                    # a map of a subclass of dict
+                    response["rid"] = request.rid
+                    connection.send(response, request)
+                    return
+                # The handler goes on in this awaitable: stepped now, as a handler is below.
+                answer = self._answer(connection, request, response)
             try:
                 waits_on = answer.send(None)
             except StopIteration:
@@ -218,13 +269,27 @@ class FrameServer:
         else:
             # It leaves ``_requests`` itself as it ends (no done callback: one loop callback
             # less per request); one cancelled before its first step is dropped by stop().
-            task = self._loop.create_task(answer)
+            task = self._loop.create_task(self._answer(connection, request))
             connection.task_started_in_read = True
         self._requests.add(task)
 
-    async def _answer(self, connection: _FrameConnection, request: Request) -> None:
+    async def _answer(self, connection: _FrameConnection, request: Request,
+                      going_on: Awaitable[dict[str, Any] | Later] | None = None) -> None:
+        """Answer ``request`` with what the handler gives, or with what ``going_on`` (the
+        awaitable ``handler_now`` left the request to) gives. In a task, ``handler_now`` is
+        called here when there is one: no coroutine of the handler's own around the
+        awaitable it may leave the request to."""
         try:
-            response = await self._handler(connection.session, request)
+            if going_on is not None:
+                response = await going_on
+            elif self._handler_now is None:
+                response = await self._handler(connection.session, request)
+            else:
+                response = self._handler_now(connection.session, request)
+                if type(response) is CoroutineType or (
+                        type(response) is not dict and type(response) not in _LATER_TYPES
+                        and not isinstance(response, dict)):
+                    response = await response
             # Answered when the handler says: bound to it here. (Told apart by exact type,
             # with no call; a handler may return a subclass of Later: _LATER_TYPES has them.)
             if type(response) in _LATER_TYPES:
@@ -241,10 +306,8 @@ class FrameServer:
         except QmqError as exc:
             response = self._error_response(request.rid, exc)
         except Exception as exc:  # a server bug: answer, log it, keep serving others
-            log.exception("internal error answering %s from %s", request.op,
-                          connection.session.peer)
-            response = self._error_response(request.rid,
-                                            Internal(f"{type(exc).__name__}: {exc}"))
+            self._internal(connection, request, exc)
+            return
         finally:
             # The request ends (answered, bound to its Later, or cancelled): its task, if it
             # has one, leaves ``_requests``. With none there (most requests are answered
@@ -253,6 +316,14 @@ class FrameServer:
             if requests:  # outside a task there is nothing to discard: None is not in it
                 requests.discard(asyncio.current_task())  # type: ignore[arg-type]
         connection.send(response, request)
+
+    def _internal(self, connection: _FrameConnection, request: Request,
+                  exc: Exception) -> None:
+        """A server bug answering ``request``: logged, and answered ``internal``."""
+        log.exception("internal error answering %s from %s", request.op,
+                      connection.session.peer, exc_info=exc)
+        connection.send(self._error_response(request.rid,
+                                             Internal(f"{type(exc).__name__}: {exc}")), request)
 
     def _error_response(self, rid: int | None, exc: QmqError) -> dict[str, Any]:
         """The error response for ``exc``, counted by ``on_error`` first."""
@@ -390,8 +461,14 @@ class _FrameConnection(asyncio.Protocol):
         finally:
             self._reading = False
             self.task_started_in_read = False
-        if self._out and not self._wrote_this_turn:
-            self._flush()  # the answers made during this read (inline), in one write
+        out = self._out
+        if out and not self._wrote_this_turn:
+            # The answers made during this read (inline), in one write: _flush's work, done
+            # here (one Python call fewer a read that answered).
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
         if decoder.buffered_bytes:
             self._last_data_s = self._loop.time()
             if self._stall_timer is None:

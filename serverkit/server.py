@@ -150,7 +150,7 @@ class ServerBase:
                          if config.meta_url else None)
         self.frames = FrameServer(self.handle, host=config.host, port=config.port,
                                   on_error=metrics.count_error, ssl_context=server_ssl,
-                                  inline_ops=self.INLINE_OPS)
+                                  inline_ops=self.INLINE_OPS, handler_now=self.handle_now)
         self.metrics_listener: MetricsListener | None = None
         if config.metrics_port is not None:
             self.metrics_listener = MetricsListener(
@@ -323,8 +323,21 @@ class ServerBase:
         """Stop the core: commit what is queued, checkpoint, close; and the clients it holds."""
         raise NotImplementedError
 
-    async def handle(self, session: Session, request: Request) -> dict[str, Any]:
-        """Answer one data-plane request."""
+    async def handle(self, session: Session, request: Request) -> dict[str, Any] | Later:
+        """Answer one data-plane request: ``handle_now``, awaiting what it leaves to an
+        awaitable (the frame server's entry for a request that runs in a task)."""
+        out = self.handle_now(session, request)
+        if isinstance(out, (dict, Later)):
+            return out
+        return await out
+
+    def handle_now(self, session: Session, request: Request
+                   ) -> dict[str, Any] | Later | Awaitable[dict[str, Any] | Later]:
+        """Answer one data-plane request now, with no coroutine when it can (the frame
+        server's entry for its inline ops): the answer, a ``Later``, or, for a request that
+        must wait (an uncached grant, a lapsed lease, a store thread, the replica ops), the
+        awaitable that goes on with it and gives either. Raises ``QmqError`` for an error
+        answer. What it does before it returns an awaitable is not done again by it."""
         raise NotImplementedError
 
 
