@@ -108,7 +108,7 @@ class ServerBase:
 
     Subclass hooks: ``_open_core`` (recover storage, build the core), ``_core`` (it, for the
     MetaServer's state), ``_report`` (the heartbeat's report), ``_begin_drain`` (before in-flight
-    requests are finished), ``_close_core`` (stop it and the clients it holds) and ``handle``.
+    requests are finished), ``_close_core`` (stop it and the clients it holds) and ``handle_now``.
     """
 
     KIND: ClassVar[str]  # "realtime" or "delay": the registration kind and the trace name
