@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
 from metaserver.models import Base
+from metaserver.sqlite_driver import one_hop_dbapi
 
 # Key of the PostgreSQL advisory lock held while migrating, so MetaServers started together over
 # one database do not both run the same migration. Any constant works; this one spells "qmqmeta".
@@ -47,11 +48,18 @@ def head_revision() -> str:
 
 
 def make_engine(db_url: str) -> AsyncEngine:
-    """Create the async engine; SQLite gets WAL, a busy timeout and enforced foreign keys."""
+    """Create the async engine; SQLite gets WAL, a busy timeout, enforced foreign keys and
+    statements in one thread round trip each (``metaserver.sqlite_driver``)."""
     # A ping before each checkout finds a PostgreSQL connection the server or a proxy closed;
     # a SQLite file is never disconnected, and the ping cost each query a thread round trip.
-    sqlite = make_url(db_url).get_backend_name() == "sqlite"
-    engine = create_async_engine(db_url, pool_pre_ping=not sqlite)
+    url = make_url(db_url)
+    sqlite = url.get_backend_name() == "sqlite"
+    options: dict[str, Any] = {}
+    if sqlite and url.get_driver_name() == "aiosqlite":
+        module = one_hop_dbapi()  # a statement in one thread round trip, not three or four
+        if module is not None:
+            options["module"] = module
+    engine = create_async_engine(db_url, pool_pre_ping=not sqlite, **options)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     return engine
