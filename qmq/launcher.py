@@ -17,7 +17,7 @@ from metaserver.tokens import new_secret
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from qmq.logs import say
-from serverkit.server import offset_clock
+from serverkit.server import freeze_started, offset_clock
 
 # Most servers one group of `qmq up --replicas` runs (a master and its slaves).
 REPLICAS_MAX = 5
@@ -44,6 +44,7 @@ async def run_metaserver_command(config: MetaConfig) -> None:
     """Serve the MetaServer until SIGTERM/SIGINT."""
     stop = _stop_on_signal()
     async with start_metaserver(config) as server:
+        freeze_started()
         say(f"metaserver listening on {server.url} (db {config.db_url}, metrics "
                f"{server.url}/metrics)")
         await stop.wait()
@@ -56,6 +57,7 @@ async def _serve(kind: str, server: RealtimeServer | DelayServer) -> None:
     config = server.config
     stop = _stop_on_signal()
     await server.start()
+    freeze_started()  # the recovered state out of the collector's way
     say(f"{kind} group {config.group} listening on {server.address} (data {config.data_dir}, "
            f"flush {config.flush}{_metrics_note(server.metrics_url)})")
     await stop.wait()
@@ -130,6 +132,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
                 metrics_port=None), clock))
         for slave in slaves:
             await slave.start()
+        freeze_started()  # every server's recovered state out of the collector's way
         say("pyqmq is up:")
         say(f"  metaserver  {meta.url}   (SQLite {meta_config.db_url})")
         say(f"  realtime    {realtime.address}   group realtime-1, data {realtime_config.data_dir}")
