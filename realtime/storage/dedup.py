@@ -10,14 +10,43 @@ and the insertion order that eviction follows is kept apart, as the keys each ca
 added. An id added again (stored anew after its window) leaves a stale position behind in that
 order, counted in ``_stale`` and skipped when eviction reaches it: the same order as removing
 the id and appending it at the end.
+
+A value is the pair packed into one int (``sequence << 64`` plus ``timestamp_ms``), not a
+``(sequence, timestamp_ms)`` tuple: an int is no object the garbage collector tracks, a tuple
+is one until the first pass that sees it, so every id added counted towards the next young
+pass (at 2,000 msg/s one of the two objects per message a pass found).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
-from operator import add
-from typing import Sequence
+from operator import add, lshift
+from typing import Iterator, Sequence
+
+
+# A value: (sequence << _TIMESTAMP_BITS) + timestamp_ms, for any signed 64-bit timestamp and
+# any sequence (HELD_SEQUENCE and DROPPED_SEQUENCE are negative).
+_TIMESTAMP_BITS = 64
+_TIMESTAMP_HALF = 1 << (_TIMESTAMP_BITS - 1)
+_TIMESTAMP_MASK = (1 << _TIMESTAMP_BITS) - 1
+
+
+def _packed(sequence: int, timestamp_ms: int) -> int:
+    return (sequence << _TIMESTAMP_BITS) + timestamp_ms
+
+
+def _timestamp_ms_of(value: int) -> int:
+    return ((value + _TIMESTAMP_HALF) & _TIMESTAMP_MASK) - _TIMESTAMP_HALF
+
+
+def _sequence_of(value: int) -> int:
+    return (value - _timestamp_ms_of(value)) >> _TIMESTAMP_BITS
+
+
+def _packed_many(sequences: Sequence[int], timestamps_ms: Sequence[int]) -> Iterator[int]:
+    """``_packed`` of each pair, in C loops."""
+    return map(add, map(lshift, sequences, repeat(_TIMESTAMP_BITS)), timestamps_ms)
 
 
 class DedupIndex:
@@ -26,7 +55,7 @@ class DedupIndex:
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self.window_ms = window_ms
         self.ids_max = ids_max
-        self._ids: dict[str, tuple[int, int]] = {}
+        self._ids: dict[str, int] = {}  # key -> _packed(sequence, timestamp_ms)
         # Every key added, oldest first, as the keys of each add_many call (a tuple: the
         # collector untracks a tuple of str on its first pass, where a list would be scanned
         # again by every older pass until evicted); _order[0][:_first] are gone already.
@@ -69,8 +98,8 @@ class DedupIndex:
             return None
         found = list(map(ids.get, keys))
         window_ms = self.window_ms
-        return [None if hit is None or timestamp_ms - hit[1] >= window_ms else hit[0]
-                for hit in found]
+        return [None if hit is None or timestamp_ms - _timestamp_ms_of(hit) >= window_ms
+                else _sequence_of(hit) for hit in found]
 
     def add(self, subject: str, message_id: str, sequence: int, timestamp_ms: int) -> None:
         """Remember an id (replacing an older entry of the same id)."""
@@ -78,7 +107,7 @@ class DedupIndex:
         ids = self._ids
         if key in ids:
             self._stale[key] = self._stale.get(key, 0) + 1
-        ids[key] = (sequence, timestamp_ms)
+        ids[key] = _packed(sequence, timestamp_ms)
         if self._singles is None or not self._order or self._order[-1] is not self._singles:
             self._singles = []
             self._order.append(self._singles)
@@ -92,7 +121,7 @@ class DedupIndex:
         if not keys:
             return
         ids = self._ids
-        entries = zip(sequences, timestamps_ms)
+        entries = _packed_many(sequences, timestamps_ms)
         if ids.keys().isdisjoint(keys):
             size = len(ids)
             ids.update(zip(keys, entries))
@@ -131,7 +160,7 @@ class DedupIndex:
         held position."""
         ids = self._ids
         if keys and all(map(ids.__contains__, keys)):
-            ids.update(zip(keys, zip(sequences, timestamps_ms)))
+            ids.update(zip(keys, _packed_many(sequences, timestamps_ms)))
         else:
             self.add_many(keys, sequences, timestamps_ms)
 
@@ -174,7 +203,8 @@ class DedupIndex:
     def forget(self, subject: str, message_id: str, sequence: int) -> None:
         """Drop an id if it still maps to ``sequence`` (recovery rewound that sequence)."""
         (key,) = self.keys(subject, (message_id,))
-        if self._ids.get(key, (None,))[0] == sequence:
+        value = self._ids.get(key)
+        if value is not None and _sequence_of(value) == sequence:
             del self._ids[key]
             self._stale[key] = self._stale.get(key, 0) + 1  # its position in _order stays
 
@@ -191,7 +221,7 @@ class DedupIndex:
                 if key in stale:
                     self._drop_stale(key)
                 else:
-                    if now_ms - ids[key][1] < self.window_ms:
+                    if now_ms - _timestamp_ms_of(ids[key]) < self.window_ms:
                         self._first = first
                         return dropped
                     del ids[key]

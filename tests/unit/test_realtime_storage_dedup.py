@@ -155,3 +155,30 @@ def test_the_index_keeps_no_object_the_garbage_collector_tracks_per_commit():
     assert index.lookup("s", "m1000", 1000) == 1000
     index.prune(now_ms=10**6)
     assert len(index) == 0
+
+
+def test_the_index_holds_no_object_the_garbage_collector_tracks_per_id():
+    # A tracked object held counts towards the next young pass, which then scans it: a value
+    # is one int, not a (sequence, timestamp_ms) tuple.
+    index = DedupIndex(window_ms=WINDOW_MS, ids_max=10**6)
+    keys = index.keys("s", [f"m{n}" for n in range(5000)])
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        for commit in range(1000):
+            at = commit * 5
+            index.add_many(keys[at:at + 5], range(at, at + 5), [10**12 + at] * 5)
+        assert len(gc.get_objects()) - before < 1100  # the order's key tuple per commit
+    finally:
+        gc.enable()
+    assert index.lookup("s", "m4999", 10**12 + 4995) == 4999
+
+
+def test_sequences_and_timestamps_of_either_sign_come_back_as_they_were_added():
+    index = DedupIndex(window_ms=10**15, ids_max=100)
+    for n, (sequence, timestamp_ms) in enumerate([(-1, 0), (-2, -5), (0, 2**62), (2**40, -1),
+                                                  (7, 1_700_000_000_000)]):
+        index.add("s", f"m{n}", sequence, timestamp_ms)
+        assert index.lookup("s", f"m{n}", timestamp_ms) == sequence
+        assert index.lookup("s", f"m{n}", timestamp_ms + 10**15) is None  # its window passed
+        assert index.lookup("s", f"m{n}", timestamp_ms + 10**15 - 1) == sequence
