@@ -13,7 +13,7 @@ import asyncio
 import heapq
 from typing import Callable, Iterable, Protocol
 
-from realtime.tail import Entry, Tail
+from realtime.tail import Tail
 
 
 class Waiter(Protocol):
@@ -116,10 +116,13 @@ class Committed:
         self.firsts = firsts
         self.stopping = False
 
-    def add(self, subject: str, first: int, entries: list[Entry], size_bytes: int) -> None:
-        """A committed run of ``subject`` (sequences from ``first``): into the tail."""
-        self.tail.add(subject, first, entries, size_bytes)
-        end = first + len(entries)
+    def add(self, subject: str, first: int, payloads: list[bytes],
+            tags: Iterable[tuple[str, ...]], expiries: Iterable[int | None],
+            size_bytes: int) -> None:
+        """A committed run of ``subject`` (sequences from ``first``): into the tail, as columns
+        (``Tail.add``)."""
+        self.tail.add(subject, first, payloads, tags, expiries, size_bytes)
+        end = first + len(payloads)
         if end > self.ends.get(subject, 0):
             self.ends[subject] = end
         self.firsts.setdefault(subject, first)

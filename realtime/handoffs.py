@@ -487,8 +487,7 @@ class Handoffs:
         else:
             payloads, checks, members = map(list, zip(*found))
             self._kept_bytes -= sum(map(len, payloads))
-        committed.add(subject, first, list(zip(payloads, map(_TAGS_OF, checks),
-                                               map(_EXPIRE_OF, checks))),
+        committed.add(subject, first, payloads, map(_TAGS_OF, checks), map(_EXPIRE_OF, checks),
                       sum(map(len, payloads)))
         sequences = list(range(first, first + len(offsets)))
         if tracer.enabled:

@@ -15,10 +15,9 @@ import contextlib
 import logging
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import Any, Awaitable, Callable, ContextManager
+from typing import Any, Awaitable, Callable, ContextManager, Iterable
 
 from realtime.context import BrokerContext
-from realtime.tail import Entry
 from serverkit.committer import GroupCommitter
 from serverkit.frame_server import Later
 from serverkit.send_check import Checked, QuickCheck
@@ -45,7 +44,9 @@ _tags_of = itemgetter(2)
 _expiries_of = itemgetter(3)
 _compact_of = attrgetter("compact")  # of a SendRequest
 
-Run = tuple[int, list[Entry], list[int]]  # first sequence, its entries, [payload bytes]
+# One subject's stored run as the tail's columns: first sequence, payloads, tags, expiries (ms,
+# or None), [payload bytes].
+Run = tuple[int, list[bytes], Iterable[tuple[str, ...]], Iterable["int | None"], list[int]]
 
 
 class SendRequest(Later):
@@ -434,17 +435,16 @@ class Sends:
             position += count
         payloads = (batch[0].payloads if len(batch) == 1
                     else list(chain.from_iterable(request.payloads for request in batch)))
-        entries: list[Entry] = list(zip(payloads, map(_tags_of, messages),
-                                        map(_expiries_of, messages)))
         # ``_tail_add``, inline (one call fewer a commit): counted for the metrics, then into
-        # the tail.
+        # the tail, as its columns.
         size = sum(map(len, payloads))
         sent = self.sent_by_subject.get(subject)
         if sent is None:
             sent = self.sent_by_subject[subject] = [0, 0]
-        sent[0] += len(entries)
+        sent[0] += len(payloads)
         sent[1] += size
-        self._ctx.committed.add(subject, sequences[0], entries, size)
+        self._ctx.committed.add(subject, sequences[0], payloads, map(_tags_of, messages),
+                                map(_expiries_of, messages), size)
 
     def _publish_each(self, request: SendRequest, sequences: list[int | None]) -> None:
         """``_publish`` of a request with duplicates or several subjects, message by message."""
@@ -463,21 +463,23 @@ class Sends:
             if run is None or run[0] + len(run[1]) != sequence:
                 if run is not None:  # not contiguous (never expected): keep the later run
                     self._tail_add(subject, run)
-                run = stored[subject] = (sequence, [], [0])
-            run[1].append((payload, message.tags, message.expire_at_ms))
-            run[2][0] += len(payload)
+                run = stored[subject] = (sequence, [], [], [], [0])
+            run[1].append(payload)
+            run[2].append(message.tags)  # type: ignore[attr-defined]
+            run[3].append(message.expire_at_ms)  # type: ignore[attr-defined]
+            run[4][0] += len(payload)
         for subject, run in stored.items():
             self._tail_add(subject, run)
 
     def _tail_add(self, subject: str, run: Run) -> None:
         """Count a stored run for the metrics and put it into the tail."""
-        first, entries, size = run
+        first, payloads, tags, expiries, size = run
         sent = self.sent_by_subject.get(subject)
         if sent is None:
             sent = self.sent_by_subject[subject] = [0, 0]
-        sent[0] += len(entries)
+        sent[0] += len(payloads)
         sent[1] += size[0]
-        self._ctx.committed.add(subject, first, entries, size[0])
+        self._ctx.committed.add(subject, first, payloads, tags, expiries, size[0])
 
 
 __all__ = ["DELIVER_AT_SKEW_MS_MAX", "SendRequest", "Sends"]

@@ -42,6 +42,6 @@ async def test_a_commit_handed_back_in_the_bunch_after_a_visibility_round_keeps_
     block_loop_until(io.idle)  # all three results now come back in one bunch
     await wait_for(lambda: sent and broker.handoffs.made_visible == 1, 10, "both published")
     run = broker.committed.tail._subjects["orders"]
-    assert (run.start + run.evicted, run.start + len(run.entries)) == (0, 2), (
-        run.start, run.evicted, len(run.entries))
+    assert (run.start + run.evicted, run.start + len(run.payloads)) == (0, 2), (
+        run.start, run.evicted, len(run.payloads))
     assert broker.committed.ends["orders"] == 2
