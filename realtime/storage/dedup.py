@@ -49,6 +49,11 @@ def _packed_many(sequences: Sequence[int], timestamps_ms: Sequence[int]) -> Iter
     return map(add, map(lshift, sequences, repeat(_TIMESTAMP_BITS)), timestamps_ms)
 
 
+# Keys per list of the eviction order: a list per few thousand ids, so the lists are few (the
+# collector tracks each) and evicting a whole list frees its memory soon.
+ORDER_CHUNK_KEYS = 4096
+
+
 class DedupIndex:
     """Message ids seen recently, per subject. Time is passed in."""
 
@@ -56,16 +61,14 @@ class DedupIndex:
         self.window_ms = window_ms
         self.ids_max = ids_max
         self._ids: dict[str, int] = {}  # key -> _packed(sequence, timestamp_ms)
-        # Every key added, oldest first, as the keys of each add_many call (a tuple: the
-        # collector untracks a tuple of str on its first pass, where a list would be scanned
-        # again by every older pass until evicted); _order[0][:_first] are gone already.
-        self._order: deque[Sequence[str]] = deque()
+        # Every key added, oldest first, in lists of ORDER_CHUNK_KEYS or more (each add
+        # extends the last one until it is that long): not a list or tuple per add_many call,
+        # an object the collector tracks until its first pass sees it, one per commit that
+        # every young pass counted. _order[0][:_first] are gone already.
+        self._order: deque[list[str]] = deque()
         self._first = 0
         # key -> how many of its positions in _order no longer stand for its entry
         self._stale: dict[str, int] = {}
-        # The last list in _order when add() made it: further single adds extend it rather
-        # than each adding a list (recovery adds ids one by one).
-        self._singles: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -82,7 +85,6 @@ class DedupIndex:
         self._order.clear()
         self._first = 0
         self._stale.clear()
-        self._singles = None
 
     def lookup(self, subject: str, message_id: str, timestamp_ms: int) -> int | None:
         """The stored sequence when ``message_id`` was stored for ``subject`` less than
@@ -108,10 +110,7 @@ class DedupIndex:
         if key in ids:
             self._stale[key] = self._stale.get(key, 0) + 1
         ids[key] = _packed(sequence, timestamp_ms)
-        if self._singles is None or not self._order or self._order[-1] is not self._singles:
-            self._singles = []
-            self._order.append(self._singles)
-        self._singles.append(key)
+        self._note_order((key,))
         if len(ids) > self.ids_max:
             self._evict(len(ids) - self.ids_max)
 
@@ -142,8 +141,7 @@ class DedupIndex:
                 if key in ids:
                     stale[key] = stale.get(key, 0) + 1
                 ids[key] = entry
-        self._order.append(tuple(keys))
-        self._singles = None
+        self._note_order(keys)
         if len(ids) > self.ids_max:
             self._evict(len(ids) - self.ids_max)
 
@@ -163,6 +161,14 @@ class DedupIndex:
             ids.update(zip(keys, _packed_many(sequences, timestamps_ms)))
         else:
             self.add_many(keys, sequences, timestamps_ms)
+
+    def _note_order(self, keys: Sequence[str]) -> None:
+        """``keys`` added last, at the end of the eviction order."""
+        order = self._order
+        if order and len(order[-1]) < ORDER_CHUNK_KEYS:
+            order[-1].extend(keys)
+        else:
+            order.append(list(keys))
 
     def _drop_stale(self, key: str) -> None:
         count = self._stale[key] - 1
