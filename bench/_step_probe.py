@@ -79,6 +79,7 @@ def install_server() -> None:
     from logstore.segment_log import SegmentedLog
     from realtime.pulls import Pulls
     from realtime.sends import Sends
+    from realtime.storage import commit_run
     from serverkit.frame_server import FrameServer, _FrameConnection
 
     def dispatch(original: Any) -> Any:
@@ -139,25 +140,42 @@ def install_server() -> None:
             original(self, response, *args)
         return probed
 
+    def synced(payloads: tuple[bytes, ...], begun: int, returned: int) -> None:
+        ended = _now()
+        _EVENTS.append(("sync_begun", begun, payloads))
+        _EVENTS.append(("synced", ended, payloads))
+        # Where the write and fsync ran in one call, the moment the fsync returned, before
+        # the thread had the GIL back.
+        if begun <= returned <= ended:
+            _EVENTS.append(("fsync_returned", returned, payloads))
+
     def sync(original: Any) -> Any:
         def probed(self: Any, *args: Any) -> Any:
             payloads = committing.get(threading.get_ident())
             begun = _now()
             result = original(self, *args)
             if payloads is not None:
-                synced = _now()
-                _EVENTS.append(("sync_begun", begun, payloads))
-                _EVENTS.append(("synced", synced, payloads))
-                # Where the write and fsync ran in one call (OsFile.append_and_sync), the
-                # moment the fsync returned, before the thread had the GIL back.
-                returned = getattr(self._segments[-1].handle, "synced_at_ns", 0)
-                if begun <= returned <= synced:
-                    _EVENTS.append(("fsync_returned", returned, payloads))
+                synced(payloads, begun,
+                       getattr(self._segments[-1].handle, "synced_at_ns", 0))  # append_and_sync's
             return result
         return probed
 
-    # A commit syncs through sync_then (sync calls it) where there is one.
+    def write_run(original: Any) -> Any:
+        # The usual commit's one C call (encode, write, fsync, the entries' write): its
+        # answer carries the moment the fsync returned (index 5, CLOCK_MONOTONIC ns).
+        def probed(*args: Any) -> Any:
+            payloads = committing.get(threading.get_ident())
+            begun = _now()
+            outcome = original(*args)
+            if payloads is not None and outcome is not None:
+                synced(payloads, begun, outcome[5])
+            return outcome
+        return probed
+
+    # A commit syncs through sync_then (sync calls it) where there is one; the usual commit
+    # through commit_run.write_run (a module function, looked up at each call).
     _wrap(SegmentedLog, "sync_then" if hasattr(SegmentedLog, "sync_then") else "sync", sync)
+    _wrap(commit_run, "write_run", write_run)  # type: ignore[arg-type]
     _wrap(FrameServer, "_dispatch", dispatch)
     def send_soon(original: Any) -> Any:
         def probed(self: Any, payloads: list[bytes], compact: bool, done: Any) -> Any:

@@ -20,7 +20,8 @@ slowest 1% lost their time: how many 10 ms windows of send time they fall in, th
 and the step that was longest for each (a few windows a second apart is a periodic stall of
 the whole server, not a tail).
 The commit step is split too (store thread): Python before the message log's sync, the sync,
-and after it; where the write and fsync are one call (``OsFile.append_and_sync``) the sync
+and after it; where the write and fsync are one call (``OsFile.append_and_sync``, or the usual
+commit's ``commit_run.write_run``, whose "sync" also holds the records' encoding in C) the sync
 splits again into the kernel's write + fsync and the wait to take the GIL back after it. For
 the slowest 1%, the median of each part of their commit.
 A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
