@@ -99,8 +99,12 @@ def _fd_outcome(tmp_path, style, fault, taken):
 def test_a_failing_descriptor_in_the_c_call_leaves_what_it_leaves_on_the_general_path(
         tmp_path, monkeypatch, fault):
     write_run_c = built_twin("realtime.storage._codecs", "write_run")
-    if write_run_c is None or fileio._write_sync_c is None:
+    write_sync_c = built_twin("logstore._framing", "write_sync")
+    if write_run_c is None or write_sync_c is None:
         pytest.skip("the C twins are not built")
+    # The general path's write through the built C write_sync too, under QMQ_NO_EXTENSIONS as
+    # without it: both calls then meet the failing descriptor in C.
+    monkeypatch.setattr(fileio, "_write_sync_c", write_sync_c)
     taken = Taken(write_run_c)
     monkeypatch.setattr(commit_run, "write_run", taken)
     general, _ = _fd_outcome(tmp_path, "general path", FD_FAULTS[fault], taken)
