@@ -11,7 +11,7 @@ added. An id added again (stored anew after its window) leaves a stale position 
 order, counted in ``_stale`` and skipped when eviction reaches it: the same order as removing
 the id and appending it at the end.
 
-A value is the pair packed into one int (``sequence << 64`` plus ``timestamp_ms``), not a
+A value is the pair packed into one int (``sequence << 65`` plus ``timestamp_ms``), not a
 ``(sequence, timestamp_ms)`` tuple: an int is no object the garbage collector tracks, a tuple
 is one until the first pass that sees it, so every id added counted towards the next young
 pass (at 2,000 msg/s one of the two objects per message a pass found).
@@ -25,9 +25,10 @@ from operator import add, lshift
 from typing import Iterator, Sequence
 
 
-# A value: (sequence << _TIMESTAMP_BITS) + timestamp_ms, for any signed 64-bit timestamp and
-# any sequence (HELD_SEQUENCE and DROPPED_SEQUENCE are negative).
-_TIMESTAMP_BITS = 64
+# A value: (sequence << _TIMESTAMP_BITS) + timestamp_ms, for any sequence of either sign (ints
+# have no width) and any timestamp in [-2**64, 2**64): 65 bits, so the store's
+# whole u64 domain (TIMESTAMP_MS_MAX) and the negative ones the tests use both come back.
+_TIMESTAMP_BITS = 65
 _TIMESTAMP_HALF = 1 << (_TIMESTAMP_BITS - 1)
 _TIMESTAMP_MASK = (1 << _TIMESTAMP_BITS) - 1
 

@@ -188,7 +188,8 @@ def test_the_index_holds_no_object_the_garbage_collector_tracks_per_id():
 def test_sequences_and_timestamps_of_either_sign_come_back_as_they_were_added():
     index = DedupIndex(window_ms=10**15, ids_max=100)
     for n, (sequence, timestamp_ms) in enumerate([(-1, 0), (-2, -5), (0, 2**62), (2**40, -1),
-                                                  (7, 1_700_000_000_000)]):
+                                                  (7, 1_700_000_000_000), (3, 2**63),
+                                                  (4, 2**64 - 1)]):  # the store's u64 max
         index.add("s", f"m{n}", sequence, timestamp_ms)
         assert index.lookup("s", f"m{n}", timestamp_ms) == sequence
         assert index.lookup("s", f"m{n}", timestamp_ms + 10**15) is None  # its window passed
