@@ -102,12 +102,7 @@ class WatermarkMixin:
     def checkpoint(self) -> None:
         """Make the delay log and every schedule file durable and write a checkpoint, so a
         restart replays nothing before this point."""
-        self._check_writable()
-        try:
-            self._log.sync()
-        except LogWriteFailed as exc:
-            raise self._fail(exc)
-        self._retry_schedule_flush(0)
+        self.sync()  # the delay log fsynced, the schedule buffer written (DelayStore.sync)
         try:
             self._schedule.sync()
         except OSError as exc:
