@@ -21,6 +21,14 @@
  *     store_checkpoint.encode_held_entries: per held entry (a 6-tuple: held_offset, size_bytes,
  *     visible_at_ms, tag_bloom, subject, message_id), u64 held_offset, u32 size_bytes, u64
  *     visible_at_ms, u64 tag_bloom, u16 subject length, the subject UTF-8, u16 id length, the id.
+ * decode_message_headers(bodies) -> (timestamps_ms, sequences, tag_blooms, subjects,
+ *                                   message_ids) | None
+ *     message_record.decode_message_headers, the one decoder here: the fields before the payload
+ *     of every message record body of a list of bytes, column by column; None when the list is
+ *     empty, holds anything but bytes, or one body is not a valid message record (shorter than
+ *     28 bytes, subject length 0 (a control record), a length past the body, a subject or id
+ *     not UTF-8). A subject equal to the previous record's is the same str (one decode per run
+ *     of a subject). A slave's copy of every commit of the master's message log runs it.
  *
  * The layouts are documented in consumer_log.py, message_record.py, control_record.py and
  * store_checkpoint.py, which hold the pure-Python twins; the first three take lists only (the
@@ -64,6 +72,16 @@ static void put_be(unsigned char *out, uint64_t value, int size)
         out[i] = (unsigned char)value;
         value >>= 8;
     }
+}
+
+/* The big-endian unsigned of ``size`` bytes at ``data``. */
+static uint64_t get_be(const unsigned char *data, int size)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < size; i++) {
+        value = (value << 8) | data[i];
+    }
+    return value;
 }
 
 /* The int at ``list[index]`` (a list or a tuple) as an unsigned of at most ``max``; -1 with
@@ -339,6 +357,93 @@ static PyObject *encode_held_entries(PyObject *module, PyObject *held)
     return out;
 }
 
+/* message_record.decode_message_headers (the module comment). */
+static PyObject *decode_message_headers(PyObject *module, PyObject *bodies)
+{
+    if (!PyList_CheckExact(bodies) || PyList_GET_SIZE(bodies) == 0) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(bodies);
+    PyObject *columns[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *result = NULL;
+    const char *last_subject = NULL; /* the previous record's raw subject, in its body */
+    Py_ssize_t last_subject_bytes = -1;
+    PyObject *subject = NULL; /* its str (borrowed from the subjects column) */
+    for (int c = 0; c < 5; c++) {
+        if ((columns[c] = PyList_New(count)) == NULL) {
+            goto done;
+        }
+    }
+    /* Every item is checked before any is read: a body that is not bytes means None. */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(bodies, i))) {
+            goto invalid;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i);
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(body);
+        Py_ssize_t size = PyBytes_GET_SIZE(body);
+        if (size < RECORD_FIXED_BYTES + 2) {
+            goto invalid;
+        }
+        Py_ssize_t subject_bytes = (Py_ssize_t)get_be(data + 24, 2);
+        if (subject_bytes == 0) { /* a control record's marker */
+            goto invalid;
+        }
+        Py_ssize_t id_at = RECORD_FIXED_BYTES + subject_bytes;
+        if (id_at + 2 > size) {
+            goto invalid;
+        }
+        Py_ssize_t id_bytes = (Py_ssize_t)get_be(data + id_at, 2);
+        if (id_at + 2 + id_bytes > size) {
+            goto invalid;
+        }
+        const char *raw_subject = (const char *)data + RECORD_FIXED_BYTES;
+        if (subject == NULL || subject_bytes != last_subject_bytes
+                || memcmp(raw_subject, last_subject, (size_t)subject_bytes) != 0) {
+            subject = PyUnicode_DecodeUTF8(raw_subject, subject_bytes, "strict");
+            if (subject == NULL) {
+                goto decode_failed;
+            }
+            last_subject = raw_subject;
+            last_subject_bytes = subject_bytes;
+        } else {
+            Py_INCREF(subject);
+        }
+        PyList_SET_ITEM(columns[3], i, subject);
+        PyObject *message_id = PyUnicode_DecodeUTF8((const char *)data + id_at + 2, id_bytes,
+                                                    "strict");
+        if (message_id == NULL) {
+            goto decode_failed;
+        }
+        PyList_SET_ITEM(columns[4], i, message_id);
+        for (int c = 0; c < 3; c++) {
+            PyObject *value = PyLong_FromUnsignedLongLong(get_be(data + 8 * c, 8));
+            if (value == NULL) {
+                goto done;
+            }
+            PyList_SET_ITEM(columns[c], i, value);
+        }
+    }
+    result = PyTuple_Pack(5, columns[0], columns[1], columns[2], columns[3], columns[4]);
+    goto done;
+decode_failed:
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        goto done; /* out of memory: raised */
+    }
+    PyErr_Clear();
+invalid:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    /* A list's unset items are NULL, which its dealloc skips. */
+    for (int c = 0; c < 5; c++) {
+        Py_XDECREF(columns[c]);
+    }
+    return result;
+}
+
 #include "_run_codec.h"
 
 
@@ -364,6 +469,9 @@ static PyMethodDef methods[] = {
      "synced_at_ns, then_written, then_errno) | None"},
     {"encode_held_entries", encode_held_entries, METH_O,
      "encode_held_entries(held) -> bytes"},
+    {"decode_message_headers", decode_message_headers, METH_O,
+     "decode_message_headers(bodies) -> (timestamps_ms, sequences, tag_blooms, subjects, "
+     "message_ids) | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,10 +12,11 @@ from logstore.record import HEADER_SIZE_BYTES, frame_records
 from realtime.storage import MessageStore, StoreConfig
 from realtime.storage.control_record import encode_held
 from realtime.storage.message_record import (
+    _decode_message_headers_py,
     decode_message_header,
-    decode_message_headers,
     encode_message_record,
 )
+from tests.twins import built_twin
 
 TINY = StoreConfig(segment_size_bytes_max=4096, record_size_bytes_max=2048,
                    consumer_log_entries_per_file=4, write_buffer_bytes_max=1024,
@@ -91,12 +92,32 @@ def test_a_copied_record_whose_sequence_its_log_holds_is_refused_at_its_offset(t
         slave.close()
 
 
-def test_decoding_headers_by_column_gives_what_decoding_each_gives():
+@pytest.fixture(params=["python", "c"])
+def decode_message_headers(request):
+    """Each twin of ``decode_message_headers``: the Python one, and the C one as built."""
+    if request.param == "python":
+        return _decode_message_headers_py
+    built = built_twin("realtime.storage._codecs", "decode_message_headers")
+    if built is None:
+        pytest.skip("realtime.storage._codecs is not built")
+    return built
+
+
+def test_decoding_headers_by_column_gives_what_decoding_each_gives(decode_message_headers):
     bodies = bodies_of("a", [4, 5]) + [encode_message_record(T0 + 1, 9, 1 << 63, "é", "ид",
-                                                              b"")]
+                                                              b"")] + bodies_of("a", [6]) + [
+        encode_message_record((1 << 64) - 1, (1 << 64) - 1, (1 << 64) - 1, "s" * 300,
+                              "i" * 0xFFFF, b"p" * 5)]
     columns = decode_message_headers(bodies)
     assert columns is not None
     assert list(zip(*columns)) == [decode_message_header(b)[:5] for b in bodies]
+
+
+@pytest.mark.parametrize("not_bodies", [[], (b"",), [bytearray(bodies_of("a", [0])[0])],
+                                        "abc", None])
+def test_decoding_headers_by_column_takes_a_nonempty_list_of_bytes_only(decode_message_headers,
+                                                                        not_bodies):
+    assert decode_message_headers(not_bodies) is None
 
 
 @pytest.mark.parametrize("odd", [
@@ -104,14 +125,26 @@ def test_decoding_headers_by_column_gives_what_decoding_each_gives():
     b"\0" * 27,  # shorter than any message record
     bodies_of("a", [0])[0][:-3],  # its id runs past the body
     encode_message_record(T0, 0, 0, "a", "i", b"")[:28],  # its id length runs past the body
+    encode_message_record(T0, 0, 0, "a", "i", b"")[:27],  # its id length cut
+    encode_message_record(T0, 0, 0, "a", "\xe9", b"")[:-1],  # a UTF-8 id cut mid-character
 ])
-def test_decoding_headers_by_column_leaves_an_odd_body_to_the_one_by_one_decode(odd):
+def test_decoding_headers_by_column_leaves_an_odd_body_to_the_one_by_one_decode(
+        decode_message_headers, odd):
     assert decode_message_headers(bodies_of("a", [0]) + [odd]) is None
 
 
-def test_decoding_headers_by_column_leaves_a_subject_not_utf8_to_the_one_by_one_decode():
+def test_decoding_headers_by_column_leaves_a_subject_not_utf8_to_the_one_by_one_decode(
+        decode_message_headers):
     body = bytearray(bodies_of("a", [0])[0])
     body[26] = 0xFF  # the subject's one byte
     with pytest.raises(ValueError, match="not UTF-8"):
         decode_message_header(bytes(body))
     assert decode_message_headers([bytes(body)]) is None
+    assert decode_message_headers(bodies_of("a", [0]) + [bytes(body)]) is None
+
+
+def test_decoding_headers_by_column_leaves_an_id_not_utf8_to_the_one_by_one_decode(
+        decode_message_headers):
+    body = bytearray(bodies_of("a", [0])[0])
+    body[29] = 0xFF  # the id's first byte
+    assert decode_message_headers(bodies_of("a", [0, 1]) + [bytes(body)]) is None

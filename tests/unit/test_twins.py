@@ -24,6 +24,7 @@ CHOSEN = {
     ("serverkit.send_check", "_check_many_c"): "serverkit._send_check",
     ("realtime.storage.consumer_log", "_encode_entries_c"): "realtime.storage._codecs",
     ("realtime.storage.message_record", "_encode_subject_records_c"): "realtime.storage._codecs",
+    ("realtime.storage.message_record", "_decode_message_headers_c"): "realtime.storage._codecs",
     ("realtime.storage.control_record", "_encode_visible_records_c"): "realtime.storage._codecs",
     ("realtime.storage.store_checkpoint", "_encode_held_entries_c"): "realtime.storage._codecs",
     ("realtime.storage.write_batch", "_check_run_c"): "realtime.storage._codecs",
