@@ -3,7 +3,8 @@
 store (``ReplicatedLog.run``), and the store API they need (``CopyStore``).
 
 Master: ``answer_fetch_io`` checks the fetching slave's position against the epoch history and
-reads whole records. Slave: ``position_io`` says where to fetch from, ``apply_io`` appends what
+reads whole records; ``read_range`` reads a commit back for the tailing slaves, ``snapshot_io``
+part of a checkpoint. Slave: ``position_io`` says where to fetch from, ``apply_io`` appends what
 came (the epoch history first, then the records), ``cut_io`` drops a diverging tail,
 ``reset_io`` starts the copy at the master's log start. Both: ``seal_io`` opens an epoch.
 """
@@ -16,7 +17,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from logstore import CopyReset
 from logstore.epoch_history import EpochEnd, EpochHistory
 from serverkit.kind_gate import RecordKinds
-from wire.replication import FetchAnswer
+from wire.replication import FetchAnswer, SnapshotAnswer
 
 Runner = Callable[..., Awaitable[Any]]  # ``await run(fn, *args)``: fn(*args) on one thread
 
@@ -178,6 +179,38 @@ def scrub_io(log: ReplicatedLog, offset: int, max_bytes: int) -> tuple[int, int 
     return bad, bad
 
 
+def read_range(store: CopyStore, start: int, end: int) -> bytes:
+    """Owner thread: the log's bytes [start, end) exactly (a read stops at a segment's end: a
+    commit that rolled the log over takes two). ValueError when they do not end at ``end``."""
+    parts = []
+    offset = start
+    while offset < end:
+        data = store.read_copy(offset, end - offset)
+        if not data:
+            raise ValueError(f"the log ends at {offset}, before the commit's end {end}")
+        parts.append(data)
+        offset += len(data)
+    if offset != end:
+        raise ValueError(f"records from {start} end at {offset}, past the commit's end {end}")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,
+                 max_bytes: int) -> SnapshotAnswer | None:
+    """Owner thread: bytes of the newest checkpoint (or checkpoint ``sequence``) of the log."""
+    found = log_.store.newest_checkpoint(sequence)  # type: ignore[attr-defined]
+    if found is None:
+        return None
+    checkpoint, covers = found
+    checkpoint_bytes = checkpoint.payload
+    data = checkpoint_bytes[position:position + max_bytes]
+    in_force = log_.history.in_force(covers)
+    epochs = ((in_force.epoch, in_force.start_offset),) if in_force is not None else ()
+    return SnapshotAnswer(epoch, log_.name, checkpoint.sequence, covers, len(checkpoint_bytes),
+                          position, data, epochs)
+
+
 __all__ = ["CopyReset", "CopyStore", "ReplicatedLog", "Runner", "answer_fetch_io", "apply_io",
            "apply_position_io",
-           "cut_io", "end_io", "position_io", "reset_io", "scrub_io", "seal_io"]
+           "cut_io", "end_io", "position_io", "read_range", "reset_io", "scrub_io", "seal_io",
+           "snapshot_io"]

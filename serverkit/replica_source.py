@@ -34,10 +34,10 @@ from serverkit.parked_fetch import ParkedFetch, ParkedFetches
 
 from serverkit.insync import InSyncTracker
 from serverkit.kind_gate import KindReads, first_unread
-from serverkit.replica_log import CopyStore, ReplicatedLog, answer_fetch_io
+from serverkit.replica_log import ReplicatedLog, answer_fetch_io, read_range, snapshot_io
 from serverkit.run_fence import RunFence
 from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch, UnreadableRecord
-from wire.replication import Fetch, FetchAnswer, Snapshot, SnapshotAnswer
+from wire.replication import Fetch, FetchAnswer, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class ReplicaSource:
             return  # the slave is not taking them (slow, or gone): it reads the store
         start = last[1]
         try:
-            data = _read_range(store, start, end)
+            data = read_range(store, start, end)
         except Exception as exc:  # never fail the commit that called: the fetch reads the store
             self._fresh_from[name] = None
             self.fresh_failures += 1
@@ -548,7 +548,7 @@ class ReplicaSource:
         log_ = self.logs.get(request.log)
         if log_ is None or not log_.snapshots:
             raise NotFound(f"group {self.group} keeps no snapshot of log {request.log!r}")
-        answer = await log_.run(_snapshot_io, log_, self.epoch, request.sequence,
+        answer = await log_.run(snapshot_io, log_, self.epoch, request.sequence,
                                 request.position, request.max_bytes)
         if answer is None:
             raise NotFound(f"checkpoint {request.sequence} of log {request.log} is gone; ask "
@@ -563,37 +563,6 @@ class ReplicaSource:
         """Bytes the slave lacks, over every log, as its last fetches acknowledged."""
         return sum(max(0, end - self.tracker.acked(server_id, name))
                    for name, end in self.ends.items())
-
-
-def _read_range(store: CopyStore, start: int, end: int) -> bytes:
-    """Owner thread: the log's bytes [start, end) exactly (a read stops at a segment's end: a
-    commit that rolled the log over takes two). ValueError when they do not end at ``end``."""
-    parts = []
-    offset = start
-    while offset < end:
-        data = store.read_copy(offset, end - offset)
-        if not data:
-            raise ValueError(f"the log ends at {offset}, before the commit's end {end}")
-        parts.append(data)
-        offset += len(data)
-    if offset != end:
-        raise ValueError(f"records from {start} end at {offset}, past the commit's end {end}")
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _snapshot_io(log_: ReplicatedLog, epoch: int, sequence: int, position: int,
-                 max_bytes: int) -> SnapshotAnswer | None:
-    """Owner thread: bytes of the newest checkpoint (or checkpoint ``sequence``) of the log."""
-    found = log_.store.newest_checkpoint(sequence)  # type: ignore[attr-defined]
-    if found is None:
-        return None
-    checkpoint, covers = found
-    checkpoint_bytes = checkpoint.payload
-    data = checkpoint_bytes[position:position + max_bytes]
-    in_force = log_.history.in_force(covers)
-    epochs = ((in_force.epoch, in_force.start_offset),) if in_force is not None else ()
-    return SnapshotAnswer(epoch, log_.name, checkpoint.sequence, covers, len(checkpoint_bytes),
-                          position, data, epochs)
 
 
 __all__ = ["INSYNC_LAG_MAX_MS_DEFAULT", "NoWriteReplication", "ReplicaSource",
