@@ -8,7 +8,8 @@ thread) to the waiting senders resuming, split in the steps of docs/REPLICATION.
 
 One fresh ``qmq up --replicas 2`` (flush sync; each group a master and one ``sync`` slave in
 the same process), started through this module (``server``), which wraps the replication steps
-by name (``ReplicaSource.fetch``/``_answer``/``_answer_now``/``advanced``/``wait_replicated``,
+by name (``ReplicaSource.fetch``/``_answer``/``_answer_now``/``advanced``/``wait_replicated``/
+``park_replicated``,
 a parked fetch's ``ParkedFetch.answer``,
 ``Follower._request``, the slave's ``apply_position_io``, the two
 commits' store calls) and notes when each happens (CLOCK_MONOTONIC, one process) per (log,
@@ -111,6 +112,14 @@ def install() -> None:
             add(("resumed", name, end, 0, _now()))
         return probed
 
+    def park_replicated(original: Any) -> Any:
+        def probed(self: Any, name: str, end: int, done: Any) -> None:
+            def resumed(error: Any) -> None:  # the parked sender answered (a realtime send)
+                add(("resumed", name, end, 0, _now()))
+                done(error)
+            original(self, name, end, resumed)
+        return probed
+
     def fetch(original: Any) -> Any:
         async def probed(self: Any, request: Any) -> Any:
             add(("fetch_in", request.log, request.offset, 0, _now()))
@@ -173,6 +182,7 @@ def install() -> None:
     _wrap(Scheduler, "_append_and_commit", commit_delay)
     _wrap(source.ReplicaSource, "advanced", advanced)
     _wrap(source.ReplicaSource, "wait_replicated", wait_replicated)
+    _wrap(source.ReplicaSource, "park_replicated", park_replicated)
     _wrap(source.ReplicaSource, "fetch", fetch)
     _wrap(source.ReplicaSource, "_answer", answer)
     _wrap(source.ReplicaSource, "_answer_now", answer_now)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from logstore.fileio import Opener, OsFile
@@ -21,7 +22,7 @@ from realtime.sends import SendRequest, Sends
 from realtime.storage.control_record import GATED_KINDS, gated_kind_at
 from realtime.tracing import BrokerTracer
 from serverkit.access import Grant
-from serverkit.frame_server import Later, Session, step_or_task
+from serverkit.frame_server import Later, Session
 from serverkit.later import _LATER_TYPES
 from serverkit.kind_gate import RecordKinds
 from serverkit.payload_sender import PayloadSender
@@ -88,8 +89,6 @@ class RealtimeServer(ServerBase):
         self._opener = opener
         self._running: _Core | None = None  # set by start()
         self._retry_sender: PayloadSender | None = None
-        # Sends waiting for their slaves' copy, suspended (``_send_replicated``).
-        self._replica_waits: set[asyncio.Task[None]] = set()
         if config.meta_url:
             # Retry copies go to delay servers under this broker's own token.
             self._retry_sender = PayloadSender(config.meta_url, kind="delay",
@@ -168,8 +167,8 @@ class RealtimeServer(ServerBase):
             self._running.broker.end_long_polls()
 
     async def _close_core(self) -> None:
-        for wait in list(self._replica_waits):  # past the grace: as a request task would be
-            wait.cancel()
+        # The sends still waiting for their slaves' copy are refused (NotMaster) as the
+        # replica stops (``ReplicaSource.stop``).
         if self.replica is not None:
             await self.replica.close()
         if self._running is not None:
@@ -345,10 +344,9 @@ class RealtimeServer(ServerBase):
             end = request.log_end
             replica = self._running.broker.replica  # type: ignore[union-attr]
             if end and replica.replicating and not replica.replicated_now("message", end):
-                # A slave in sync is behind: the wait is done at once or goes on in a task.
-                task = step_or_task(self._send_replicated(request, end))
-                if task is not None:
-                    self._replica_waits.add(task)
+                # A slave in sync is behind: answered by the fetch that reports its copy (or
+                # refused), with no coroutine or task.
+                replica.park_replicated("message", end, partial(self._send_replicated, request))
                 return
             # ``_answer_sent``, inline for the usual answer (two calls fewer a send).
             if request.compact:  # ``Sends.outcome``
@@ -362,15 +360,15 @@ class RealtimeServer(ServerBase):
             return
         request.answer(answer)
 
-    async def _send_replicated(self, request: SendRequest, end: int) -> None:
+    def _send_replicated(self, request: SendRequest, error: BaseException | None) -> None:
+        """A send's wait for its slaves ended (``park_replicated``): answered, or refused."""
+        if error is not None:  # NotMaster: this server stopped being master meanwhile
+            request.fail(error)
+            return
         try:
-            await self.broker.sends.wait_replicated(end)
             self._answer_sent(request)
-        except Exception as exc:  # NotMaster, NotEnoughReplicas, or a bug (answered internal)
+        except Exception as exc:  # a server bug: answered internal and logged
             request.fail(exc)
-        finally:
-            if self._replica_waits:  # stepped inline, it was never added (and no getpid)
-                self._replica_waits.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _answer_sent(self, request: SendRequest) -> None:
         """Answer a send whose commit (and the slaves' copy) ended, if the role allows."""

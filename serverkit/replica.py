@@ -105,6 +105,7 @@ class Replica:
         # what the methods below pass through to, with no call in between (issue 18).
         self.check_writable = source.check_writable  # type: ignore[method-assign]
         self.replicated_now = source.replicated_now  # type: ignore[method-assign]
+        self.park_replicated = source.park_replicated  # type: ignore[method-assign]
         self.follower = Follower(self.group, role.server_id, logs, self._connect, self._clock_ms,
                                  self._trouble, scrub=self._scrub)
         self._ticker = asyncio.create_task(self._tick_forever(), name="replica-ticks")
@@ -166,6 +167,15 @@ class Replica:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
         if self.source is not None:
             await self.source.wait_replicated(name, end)
+
+    def park_replicated(self, name: str, end: int,
+                        done: Callable[[BaseException | None], None]) -> None:
+        """``wait_replicated`` with no task (``ReplicaSource.park_replicated``, itself from
+        ``attach`` on; before it nothing waits: ``done(None)`` in the next loop turn)."""
+        if self.source is not None:
+            self.source.park_replicated(name, end, done)
+        else:
+            asyncio.get_running_loop().call_soon(done, None)
 
     def kind_refusal(self, name: str, kind: int) -> str | None:
         """None when a record of gated ``kind`` may be written to log ``name`` now: this server

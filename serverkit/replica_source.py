@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
+from functools import partial
 from typing import Callable
 
 from serverkit.parked_fetch import ParkedFetch, ParkedFetches
@@ -40,6 +41,10 @@ from wire.errors import NotEnoughReplicas, NotFound, NotMaster, StaleEpoch, Unre
 from wire.replication import Fetch, FetchAnswer, Snapshot
 
 log = logging.getLogger(__name__)
+
+# How a sync write waiting for its slaves hears the end of its wait: None once they have it,
+# else the error (NotMaster) that refuses it (``ReplicaSource.park_replicated``).
+Replicated = Callable[[BaseException | None], None]
 
 # A slave not caught up on every log for this long leaves the in-sync set (Kafka's
 # replica.lag.time.max.ms plays this part), in ms.
@@ -78,7 +83,10 @@ class ReplicaSource:
         self.parked = ParkedFetches(logs, clock_ms, self._resume)
         self._parked = self.parked.by_log
         self._reads: set[asyncio.Task[None]] = set()  # a woken fetch's store read, running
-        self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
+        # Sync writes waiting for their slaves, per log: (end, done), ``done(None)`` once they
+        # have it, ``done(error)`` when refused (``park_replicated``; a future's for
+        # ``wait_replicated``).
+        self._waiters: dict[str, list[tuple[int, Replicated]]] = defaultdict(list)
         self._last_proposal: tuple[str, ...] = ()
         self._degraded_logged: bool | None = None
         self._strangers: set[str] = set()  # fetchers not counted, already logged
@@ -145,11 +153,12 @@ class ReplicaSource:
         given anyway (the role refuses writes now), and a slave it waits for may never come
         (a master cut off from its slaves and the MetaServer keeps them in the database's set)."""
         error = NotMaster(f"group {self.group}: {why}; refresh the route and resend")
+        refused = []
         for waiters in self._waiters.values():
-            for _offset, future in waiters:
-                if not future.done():
-                    future.set_exception(error)
+            refused += waiters
             waiters.clear()
+        for _end, done in refused:  # after: a callback may park another write
+            _call(done, error)
 
     def settings(self, mode: str, min_insync: int, confirmed: tuple[str, ...],
                  members: tuple[str, ...]) -> None:
@@ -308,26 +317,32 @@ class ReplicaSource:
         if self.replicated_now(name, end):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[name].append((end, future))
+        self._waiters[name].append((end, partial(_settle, future)))
         await future
+
+    def park_replicated(self, name: str, end: int, done: Replicated) -> None:
+        """``wait_replicated`` with no coroutine or task: ``done(None)`` once every slave a
+        ``sync`` write waits for has ``name`` past ``end``, ``done(error)`` (NotMaster) when
+        this server stops being master first; never from inside this call. The caller asked
+        ``replicated_now(name, end)`` in this step, which said False (and told ``advanced``)."""
+        self._waiters[name].append((end, done))
 
     def check_waiters(self, now_ms: int | None = None) -> None:
         """Answer every waiting write its slaves now have (after a fetch, a change of the
         in-sync set or of the settings); ``now_ms``: the caller's read of the clock."""
-        now_ms = self._clock_ms() if now_ms is None else now_ms
+        ready: list[tuple[int, Replicated]] = []
         for name, waiters in self._waiters.items():
             if not waiters:
                 continue
+            if now_ms is None:  # no clock read while nothing waits
+                now_ms = self._clock_ms()
             replicated = self.tracker.replicated(name, now_ms) if self.mode == "sync" else None
-            keep = []
-            for end, future in waiters:
-                if future.done():
-                    continue
-                if replicated is None or replicated >= end:
-                    future.set_result(None)
-                else:
-                    keep.append((end, future))
+            keep: list[tuple[int, Replicated]] = []
+            for waiter in waiters:
+                (ready if replicated is None or replicated >= waiter[0] else keep).append(waiter)
             waiters[:] = keep
+        for _end, done in ready:  # after the walk: a callback may park another write
+            _call(done, None)
 
     def tick(self) -> tuple[str, ...]:
         """Re-judge the in-sync set (a slave silent too long leaves it); returns the proposal.
@@ -563,6 +578,25 @@ class ReplicaSource:
         """Bytes the slave lacks, over every log, as its last fetches acknowledged."""
         return sum(max(0, end - self.tracker.acked(server_id, name))
                    for name, end in self.ends.items())
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """``wait_replicated``'s ``Replicated``: its future ends (unless it was cancelled)."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _call(done: Replicated, error: BaseException | None) -> None:
+    """Tell one waiting write how its wait ended; a callback's own failure is logged (it must
+    not keep the other writes from their answers)."""
+    try:
+        done(error)
+    except Exception:
+        log.exception("a sync write's answer failed after its slaves' copy was settled")
 
 
 __all__ = ["INSYNC_LAG_MAX_MS_DEFAULT", "NoWriteReplication", "ReplicaSource",

@@ -5,7 +5,8 @@ owner thread)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+from typing import Callable, Protocol
 
 
 class WriteReplication(Protocol):
@@ -33,6 +34,12 @@ class WriteReplication(Protocol):
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Return once the slaves a ``sync`` write waits for have ``name`` up to ``end``."""
+
+    def park_replicated(self, name: str, end: int,
+                        done: Callable[[BaseException | None], None]) -> None:
+        """``wait_replicated`` with no coroutine or task, right after ``replicated_now(name,
+        end)`` said False: later, ``done(None)`` once the slaves have it, or ``done(error)``
+        (NotMaster) when the write is refused meanwhile."""
 
     def kind_refusal(self, name: str, kind: int) -> str | None:
         """None when a record of gated ``kind`` may be written to log ``name`` now (every
@@ -63,6 +70,11 @@ class NoWriteReplication:
 
     async def wait_replicated(self, name: str, end: int) -> None:
         """Nothing to wait for."""
+
+    def park_replicated(self, name: str, end: int,
+                        done: Callable[[BaseException | None], None]) -> None:
+        """Nothing to wait for: ``done(None)`` in the next loop turn."""
+        asyncio.get_running_loop().call_soon(done, None)
 
     def kind_refusal(self, name: str, kind: int) -> str | None:
         """Nobody copies the log: every kind may be written."""

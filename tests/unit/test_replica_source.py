@@ -290,3 +290,49 @@ async def test_a_sync_write_of_a_group_without_slaves_waits_for_nobody_and_reads
     reads.clear()
     assert not replica.replicated_now("message", 10)
     assert reads
+
+
+async def test_a_parked_sync_write_is_answered_by_the_fetch_that_reports_the_copy(tmp_path):
+    # ``park_replicated``: no task; the callback hears of the slave's copy from its fetch,
+    # and a write parked by a callback in that same walk waits for its own end.
+    thread = Thread()
+    replica, store = source(tmp_path, thread)
+    start(replica)
+    store.end = 20
+    replica.advanced("message", 20)
+    heard: list[tuple[str, BaseException | None]] = []
+
+    def first(error: BaseException | None) -> None:
+        heard.append(("10", error))
+        replica.park_replicated("message", 20, lambda error: heard.append(("20", error)))
+
+    assert not replica.replicated_now("message", 10)
+    replica.park_replicated("message", 10, first)
+    answer = await fetched(replica, Fetch(1, "slave-1", 1, "message", 0, 1, 10, WAIT_MS))
+    assert answer["next_offset"] == 10
+    await turns()
+    assert heard == []  # shipped, not yet reported written
+    second = asyncio.create_task(fetched(replica, fetch_at(10)))  # reports 10
+    await turns()
+    assert heard == [("10", None)]
+    await second
+    third = asyncio.create_task(fetched(replica, fetch_at(20)))  # reports 20
+    await turns()
+    assert heard == [("10", None), ("20", None)]
+    replica.stop("done")
+    await asyncio.gather(third, return_exceptions=True)
+
+
+async def test_a_parked_sync_write_is_refused_when_the_master_stops(tmp_path):
+    replica, store = source(tmp_path)
+    start(replica)
+    store.end = 10
+    replica.advanced("message", 10)
+    heard: list[BaseException | None] = []
+    assert not replica.replicated_now("message", 10)
+    replica.park_replicated("message", 10, heard.append)
+    replica.park_replicated("message", 10, lambda error: 1 / 0)  # a failing answer is logged
+    replica.park_replicated("message", 10, heard.append)
+    replica.stop("stepping down")
+    assert [type(error) for error in heard] == [NotMaster, NotMaster]
+    assert "stepping down" in str(heard[0])
