@@ -11,6 +11,7 @@ each group with one ``sync`` slave in the same process, the run started once bot
     python -m bench.w1_send --slave                # each group with one sync slave
     python -m bench.w1_send --delays 1000-20000    # W1's delays: due during the run
     python -m bench.w1_send --split-sends-min 8    # the Producer's overlap of two batches
+    python -m bench.w1_send --runs 1 --profile F   # qmq up's event loop under cProfile, to F
 
 Printed per run: sends/s (first send to last confirmation), the server's CPU per send (user +
 system of the whole ``qmq up`` process, MetaServer included, from /proc) and the client's
@@ -146,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delays", type=_delays, default=None, metavar="LOW-HIGH",
                         help="each due LOW..HIGH ms after its send (W1: 1000-20000); "
                              "default: all an hour ahead")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="run qmq up under cProfile (its event loop's thread), stats to FILE")
     args = parser.parse_args(argv)
-    with qmq_up("qmq-w1-send-", args.flush,
-                ["--replicas", "2"] if args.slave else []) as server:
+    with qmq_up("qmq-w1-send-", args.flush, ["--replicas", "2"] if args.slave else [],
+                interpreter_args=(["-m", "cProfile", "-o", os.path.abspath(args.profile)]
+                                  if args.profile else None)) as server:
         if args.slave:
             wait_in_sync(f"http://{server.address}")
         due = (f"due {args.delays[0]}-{args.delays[1]} ms ahead" if args.delays
