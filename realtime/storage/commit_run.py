@@ -145,8 +145,8 @@ class UsualCommit:
             return self._commit_run_framed(subject, message_ids, timestamp_ms, payloads, count,
                                            clog, handle)
         dedup = self._dedup
-        keys = dedup.keys(subject, message_ids)
-        if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
+        keys = dedup.fresh_keys(subject, message_ids, count)
+        if keys is None:
             # An id seen before or twice in the run, or fewer or more ids than subjects (the
             # general path words that; write_run refuses payloads of another length).
             return None
@@ -171,7 +171,7 @@ class UsualCommit:
         # cannot fail without an error to report, and the checkpoint is due only past its
         # interval (_maybe_checkpoint).
         clog.appended(count, None)
-        dedup.add_many(keys, sequences, [timestamp_ms] * count)
+        dedup.add_fresh(keys, first, timestamp_ms)  # fresh_keys' keys, nothing added since
         if end + outcome[0] - self._checkpoint_offset >= self.config.checkpoint_interval_bytes:
             self._write_checkpoint()
         return sequences
@@ -186,9 +186,8 @@ class UsualCommit:
         room = log.framed_room()
         if room is None:
             return None
-        dedup = self._dedup
-        keys = dedup.keys(subject, message_ids)
-        if dedup.lookup_many(keys, timestamp_ms) is not None or len(set(keys)) != count:
+        keys = self._dedup.fresh_keys(subject, message_ids, count)
+        if keys is None:
             return None
         first = clog.end
         encoded = encode_run(timestamp_ms, subject, first, message_ids, payloads, room[0],

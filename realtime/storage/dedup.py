@@ -80,6 +80,17 @@ class DedupIndex:
         # Length-prefixed, so no (subject, id) pair shares a key with another.
         return list(map(add, repeat(f"{len(subject)}:{subject}", len(message_ids)), message_ids))
 
+    def fresh_keys(self, subject: str, message_ids: Sequence[str], count: int
+                   ) -> list[str] | None:
+        """The index keys of ``message_ids`` of ``subject`` (``keys``) when there are
+        ``count`` of them, none known to the index and none twice: the usual commit's run,
+        every id new; None otherwise (``lookup_many`` says which are known). One call for
+        ``keys``, ``lookup_many``'s usual answer and the count, without Python code per key."""
+        keys = list(map(add, repeat(f"{len(subject)}:{subject}", len(message_ids)), message_ids))
+        if self._ids.keys().isdisjoint(keys) and len(set(keys)) == count:
+            return keys
+        return None
+
     def clear(self) -> None:
         """Forget every id."""
         self._ids.clear()
@@ -143,6 +154,25 @@ class DedupIndex:
                     stale[key] = stale.get(key, 0) + 1
                 ids[key] = entry
         self._note_order(keys)
+        if len(ids) > self.ids_max:
+            self._evict(len(ids) - self.ids_max)
+
+    def add_fresh(self, keys: list[str], first_sequence: int, timestamp_ms: int) -> None:
+        """``add_many`` of keys ``fresh_keys`` answered, with nothing added since (so none is
+        known and none comes twice), numbered from ``first_sequence``, all at ``timestamp_ms``:
+        the same index, the packed values taken from one ``range`` (consecutive sequences
+        differ by ``1 << _TIMESTAMP_BITS``) and no stale counting."""
+        if not keys:
+            return
+        ids = self._ids
+        start = (first_sequence << _TIMESTAMP_BITS) + timestamp_ms
+        ids.update(zip(keys, range(start, start + (len(keys) << _TIMESTAMP_BITS),
+                                   1 << _TIMESTAMP_BITS)))
+        order = self._order  # _note_order, inline
+        if order and len(order[-1]) < ORDER_CHUNK_KEYS:
+            order[-1].extend(keys)
+        else:
+            order.append(list(keys))
         if len(ids) > self.ids_max:
             self._evict(len(ids) - self.ids_max)
 

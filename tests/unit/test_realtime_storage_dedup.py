@@ -56,6 +56,8 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("add"), names, st.integers(0, 300)),
     st.tuples(st.just("forget"), names, st.integers(0, 3)),
     st.tuples(st.just("prune"), st.integers(0, 400)),
+    st.tuples(st.just("add_fresh"), st.sampled_from(["s", "t", "1:s", "s1"]),
+              st.lists(st.sampled_from(["a", "b", ":s", "1"]), max_size=4), st.integers(0, 300)),
 ), max_size=40)
 
 
@@ -89,6 +91,18 @@ def _answer_as_the_model_does(ids_max, ops):
             model.add(subject, message_id, sequence, timestamp_ms)
             index.add(subject, message_id, sequence, timestamp_ms)
             sequence += 1
+        elif op[0] == "add_fresh":  # the usual commit: fresh_keys, then add_fresh
+            _, subject, message_ids, timestamp_ms = op
+            fresh = (len(set(message_ids)) == len(message_ids)
+                     and not any((subject, m) in model.ids for m in message_ids))
+            keys = index.fresh_keys(subject, message_ids, len(message_ids))
+            assert (keys is not None) == fresh
+            assert index.fresh_keys(subject, message_ids, len(message_ids) + 1) is None
+            if keys is not None:
+                for offset, message_id in enumerate(message_ids):
+                    model.add(subject, message_id, sequence + offset, timestamp_ms)
+                index.add_fresh(keys, sequence, timestamp_ms)
+                sequence += len(message_ids)
         elif op[0] == "forget":
             _, (subject, message_id), back = op
             model.forget(subject, message_id, sequence - 1 - back)
@@ -194,3 +208,29 @@ def test_sequences_and_timestamps_of_either_sign_come_back_as_they_were_added():
         assert index.lookup("s", f"m{n}", timestamp_ms) == sequence
         assert index.lookup("s", f"m{n}", timestamp_ms + 10**15) is None  # its window passed
         assert index.lookup("s", f"m{n}", timestamp_ms + 10**15 - 1) == sequence
+
+
+def test_add_fresh_leaves_the_index_add_many_leaves():
+    # The usual commit's add_fresh packs from one range: the same values and eviction order
+    # as add_many's, for sequences and timestamps across the store's domain.
+    for first, timestamp_ms in [(0, 0), (5, -5), (2**40, 2**63), (3, 2**64 - 1), (-4, 7)]:
+        fresh, many = DedupIndex(10**15, 100), DedupIndex(10**15, 100)
+        for index in (fresh, many):
+            index.add("s", "old", 1, 0)
+        keys = fresh.fresh_keys("s", ["a", "b", "c"], 3)
+        assert keys == DedupIndex.keys("s", ["a", "b", "c"])
+        fresh.add_fresh(keys, first, timestamp_ms)
+        many.add_many(keys, range(first, first + 3), [timestamp_ms] * 3)
+        assert fresh._ids == many._ids and list(fresh._order) == list(many._order)
+        assert fresh._stale == many._stale == {}
+        assert [fresh.lookup("s", i, timestamp_ms) for i in "abc"] == [first, first + 1,
+                                                                       first + 2]
+
+
+def test_fresh_keys_is_none_for_a_known_id_a_repeated_one_or_another_count():
+    index = DedupIndex(WINDOW_MS, 10)
+    index.add("s", "a", 7, 0)
+    assert index.fresh_keys("s", ["x", "a"], 2) is None  # known, even past its window
+    assert index.fresh_keys("s", ["x", "x"], 2) is None
+    assert index.fresh_keys("s", ["x", "y"], 3) is None
+    assert index.fresh_keys("t", ["a"], 1) == DedupIndex.keys("t", ["a"])
