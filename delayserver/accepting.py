@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from operator import itemgetter
 from typing import Any, Awaitable, Callable, Sequence
@@ -132,7 +133,7 @@ class AcceptingMixin:
         # two task steps and two loop turns fewer per commit), else by the committer task.
         await self._commits.commit_now()
         answered = await call.future
-        if self.replica.replicating:  # the end came with the commit: no trip to delay-io
+        if call.delay_end:  # not waited with its commit (``_park_answers``): NotMaster now
             await self.replica.wait_replicated("delay", call.delay_end)
         return answered
 
@@ -185,9 +186,10 @@ class AcceptingMixin:
         self.readonly = self.write_failed = True
 
     def _committed_batch(self, batch: list[_PendingCall], committed: _Committed) -> None:
-        """Answer a committed batch, then put its entries of loaded buckets into the window
-        one loop turn later (``_place_committed``); the slaves' fetches are woken in this
-        turn, before the callers resume."""
+        """Answer a committed batch (under ``sync`` replication once the slaves have it:
+        ``_park_answers``), then put its entries of loaded buckets into the window one loop
+        turn later (``_place_committed``); the slaves' fetches are woken in this turn, before
+        the callers resume."""
         entries, delay_end = committed
         self.answered_delay_end = delay_end  # answered below, in this step: a cancel covers it
         if self.replica.replicating:
@@ -214,7 +216,8 @@ class AcceptingMixin:
             else:
                 for slot, result in zip(call.slots, stored):
                     call.results[slot] = result
-        self._answer(batch)
+        if not (self.replica.replicating and self._park_answers(batch, delay_end)):
+            self._answer(batch)
         # The window's placement (2-4 us per message on the loop: dict and wheel inserts)
         # comes a loop turn after the answers: the requests woken here run first in that turn
         # and write at once (serverkit.frame_server), so a round trip no longer waits for it.
@@ -305,6 +308,33 @@ class AcceptingMixin:
             for slot, message_id in zip(slots, call.ids):
                 call.results[slot] = send_result_error(message_id, error)
         self._answer(batch)
+
+    def _park_answers(self, batch: list[_PendingCall], delay_end: int) -> bool:
+        """Under ``sync`` replication: True when the batch's answers wait for the slaves,
+        parked with the replication (one wait per commit, no coroutine or future per send;
+        ``_replicated`` answers them); False when nothing waits (each call's ``delay_end`` is
+        cleared: ``schedule`` waits no more). A master no longer serving keeps ``delay_end``:
+        ``schedule``'s ``wait_replicated`` raises its NotMaster, as before."""
+        replica = self.replica
+        try:
+            waits = not replica.replicated_now("delay", delay_end)
+        except QmqError:
+            return False
+        for call in batch:
+            call.delay_end = 0
+        if waits:
+            replica.park_replicated("delay", delay_end, partial(self._replicated, batch))
+        return waits
+
+    def _replicated(self, batch: list[_PendingCall], error: BaseException | None) -> None:
+        """The slaves have the batch's commit (``error`` None): answered; or the wait was
+        refused (NotMaster): each call raises it."""
+        if error is None:
+            self._answer(batch)
+            return
+        for call in batch:
+            if not call.future.done():
+                call.future.set_exception(error)
 
     @staticmethod
     def _answer(batch: list[_PendingCall]) -> None:
