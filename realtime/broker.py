@@ -4,8 +4,9 @@ the data-plane ops over them.
 Storage is synchronous and single-owner, so each store has one dedicated I/O thread: the
 ``MessageStore`` is only ever called on the store thread, the ``PullLogStore`` only on the
 pull-log thread, except that a pull or an ack that only records in memory is made on the event
-loop while the pull-log thread is idle (``Broker.on_pulllog_quick``: it saves two thread
-hand-offs, the larger part of such a call's CPU). The event loop never blocks on a read or an
+loop while the pull-log thread is idle (``Broker.on_pulllog_quick``, or a caller that asked
+``_pulllog_quick_now`` first: a direct pull, an ack; it saves two thread hand-offs, the larger
+part of such a call's CPU). The event loop never blocks on a read or an
 fsync, no store sees two callers at once, and a pull or an ack never queues behind the fsync of
 a group commit. ``Broker.open`` opens
 (and recovers) both stores on their threads before anything that uses them is built.
@@ -156,13 +157,13 @@ class Broker:
         self._ctx = ctx
         self.sends = Sends(ctx)
         self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)
-        self.holdings = Holdings(ctx)
+        self.holdings = Holdings(ctx, self._pulllog_quick_now)
         self.pulls = Pulls(ctx, self.holdings.release, self._pulllog_quick_now)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def on_pulllog_quick(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the pull log, for a call that only records in memory (a pull served
-        from the tail, an ack): here on the event loop when the pull-log thread is idle (it then
+        from the tail): here on the event loop when the pull-log thread is idle (it then
         runs after every call submitted before it and beside none) and the pull log's next
         write does no I/O (``PullLogStore.writes_stay_in_memory``); else on the thread. A hop to
         the thread and back costs more CPU than such a call (issue 18: one of each per message
@@ -172,7 +173,9 @@ class Broker:
         return await self.on_pulllog_thread(fn, *args)
 
     def _pulllog_quick_now(self) -> bool:
-        """Whether ``on_pulllog_quick`` called now would run its call here on the loop."""
+        """Whether ``on_pulllog_quick`` called now would run its call here on the loop: a
+        direct pull (``Pulls``) and an ack (``Holdings.ack_now``) ask it, then make their
+        pull-log call here with no coroutine, or go on in one to the thread."""
         return self._pulllog_thread.idle() and self.pulllog.writes_stay_in_memory()
 
     @classmethod

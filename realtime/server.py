@@ -65,7 +65,9 @@ class RealtimeServer(ServerBase):
     STOP_SUMMARY = ("queued sends committed, message log fsynced and checkpointed, pull log "
                     "fsynced and closed")
     # Answered without suspending while the access answer is cached and the pull-log thread
-    # is idle (an ack is recorded on the loop then): no task for them. A slave's fetch at the
+    # is idle (an ack is recorded on the loop then, with no coroutine: ``Holdings.ack_now``;
+    # one that waits for the store's thread or a sync slave goes on in a task): no task for
+    # them. A slave's fetch at the
     # log's end parks with no task (``serverkit.parked_fetch``), answered through a ``Later``;
     # one that reads the store's thread goes on in a task. A pull that can be answered at once is, and a long
     # poll that waits parks with no task (``Pulls.pull`` with ``direct``, answered through a
@@ -211,9 +213,8 @@ class RealtimeServer(ServerBase):
         if not self.role.writable_now():
             # A lapsed lease: renewed at once, then here again (or NotMaster).
             return self._role_renewed(session, request, grant)
-        # A send, a pull and a heartbeat, most requests, are served right here, not in
-        # ``_serve``: no coroutine for them while they do not wait (issue 18); an ack is
-        # left to one coroutine, not two.
+        # A send, a pull, a heartbeat and an ack, most requests, are served right here, not
+        # in ``_serve``: no coroutine for them while they do not wait (issue 18).
         if type(request) is Send:
             self.gate.check_send(grant, request.messages)
             # The broker's send path read directly, as ``_send_ended`` does: two Python calls
@@ -238,7 +239,13 @@ class RealtimeServer(ServerBase):
             core.broker.heartbeat(request)
             answer = {"ok": True}
         elif type(request) is Ack:
-            return self._acked(core, request)
+            # The holdings read directly, and a coroutine made only when the ack must wait
+            # (``Holdings.ack_now``): the pull-log thread busy, a trace read from the store,
+            # a sync slave.
+            acked = core.broker.holdings.ack_now(request)
+            if type(acked) is not int:
+                return self._acked(request, acked)  # type: ignore[arg-type]
+            answer = {"acked": acked}
         else:
             return self._served(core, request, grant)
         if self.role.writable_now():  # the usual case, asked here: no _answerable call
@@ -286,10 +293,10 @@ class RealtimeServer(ServerBase):
             return answer
         return self._answerable(request, answer)
 
-    async def _acked(self, core: _Core, request: Ack) -> dict[str, Any]:
-        """An ack (access and role checked): recorded, answered if the role allows. The
-        broker's holdings read directly: one coroutine fewer an ack (``Broker.ack``)."""
-        answer = {"acked": await core.broker.holdings.ack(request)}
+    async def _acked(self, request: Ack, acking: Awaitable[int]) -> dict[str, Any]:
+        """An ack that must wait (``Holdings.ack_now``'s coroutine): answered once recorded
+        (and traced, and under ``sync`` replication copied), if the role allows then."""
+        answer = {"acked": await acking}
         if self.role.writable_now():
             return answer
         return self._answerable(request, answer)
