@@ -24,7 +24,7 @@ import itertools
 import logging
 import math
 import ssl
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from wire.errors import BadRequest, ConnectionLost, QmqError
 from wire.limits import MAX_CLIENT_ID_CHARS, MAX_TOKEN_CHARS
@@ -421,7 +421,9 @@ class _ConnectionProtocol(asyncio.Protocol):
         self._connection = connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or another loop's (uvloop's is no subclass of
+        # asyncio.Transport but has its methods), so the type is stated, not checked.
+        transport = cast(asyncio.Transport, transport)
         limit_reads(transport)
         self._connection._transport = transport
 

@@ -33,7 +33,7 @@ import logging
 import ssl
 from dataclasses import dataclass, field
 from types import CoroutineType
-from typing import Any, Awaitable, Callable, Collection, Coroutine, Generator
+from typing import Any, Awaitable, Callable, Collection, Coroutine, Generator, cast
 
 from sdk.connection import limit_reads
 from serverkit.later import _LATER_TYPES, Later, LaterAnsweredTwice
@@ -433,7 +433,9 @@ class _FrameConnection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or another loop's (uvloop's is no subclass of
+        # asyncio.Transport but has its methods), so the type is stated, not checked.
+        transport = cast(asyncio.Transport, transport)
         limit_reads(transport)  # recv(256 KiB) costs an mmap and a munmap per read
         self._transport = transport
         peername = transport.get_extra_info("peername")
