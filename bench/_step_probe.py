@@ -373,6 +373,9 @@ def main(argv: list[str]) -> int:
             install_server()
         else:  # no step probes: their lists of events would lengthen every gc pass timed
             atexit.register(_dump)
+        if os.environ.get(LOOP_ENV) or os.environ.get(LONG_ENV):
+            # Both probe asyncio's own loop classes (uvloop runs none of them): its default.
+            os.environ.setdefault("QMQ_EVENT_LOOP", "asyncio")
         if os.environ.get(LOOP_ENV):
             install_loop_counts()
         if os.environ.get(LONG_ENV):

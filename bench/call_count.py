@@ -39,11 +39,15 @@ FunctionKey = tuple[str, int, str]
 
 
 def count_calls(messages: int, tmpfs: bool = True, replicas: int = 1,
-                ) -> dict[FunctionKey, tuple[int, float]]:
+                event_loop: str | None = None) -> dict[FunctionKey, tuple[int, float]]:
     """A fresh ``qmq up`` under cProfile, ``messages`` one at a time (after path_cpu's warm-up),
     stopped: per function, its calls and cProfile's own time in it (callees not included), in seconds.
-    ``replicas`` 2: with a sync slave of each group (in the same process), once it is in sync."""
+    ``replicas`` 2: with a sync slave of each group (in the same process), once it is in sync.
+    ``event_loop``: ``qmq up --event-loop`` (uvloop's own work is C, which cProfile sees only
+    as the Python calls it makes back)."""
     extra = ["--replicas", str(replicas)] if replicas > 1 else []
+    if event_loop is not None:
+        extra += ["--event-loop", event_loop]
     with tempfile.TemporaryDirectory(prefix="qmq-call-count-") as directory:
         profile = os.path.join(directory, "qmq-up.prof")
         with qmq_up("qmq-call-count-", "sync", extra, tmpfs=tmpfs,
@@ -99,14 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk", action="store_true", help="data dir in /tmp, not /dev/shm")
     parser.add_argument("--replicas", type=int, default=1,
                         help="qmq up --replicas: 2 adds a sync slave to each group")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default=None,
+                        help="qmq up --event-loop")
     args = parser.parse_args(argv)
     if not 0 < args.few < args.many:
         parser.error(f"--few {args.few} must be above 0 and below --many {args.many}")
     print(f"qmq up under cProfile, {args.few} then {args.many} messages one at a time "
-          f"({'disk' if args.disk else 'tmpfs'} data dir, replicas {args.replicas}); load "
+          f"({'disk' if args.disk else 'tmpfs'} data dir, replicas {args.replicas}, event loop "
+          f"{args.event_loop or 'default'}); load "
           f"{os.getloadavg()[0]:.2f}", flush=True)
-    few = count_calls(args.few, tmpfs=not args.disk, replicas=args.replicas)
-    many = count_calls(args.many, tmpfs=not args.disk, replicas=args.replicas)
+    few = count_calls(args.few, tmpfs=not args.disk, replicas=args.replicas,
+                      event_loop=args.event_loop)
+    many = count_calls(args.many, tmpfs=not args.disk, replicas=args.replicas,
+                       event_loop=args.event_loop)
     rows = per_message(few, many, args.many - args.few)
     total = sum(calls for _, calls, _ in rows)
     python = sum(calls for key, calls, _ in rows if is_python(key))

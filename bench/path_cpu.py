@@ -7,6 +7,7 @@ when every message travels alone (issue 18's "CPU per message at 2,000 msg/s").
     python -m bench.path_cpu --send-only          # no consumer: the send path alone
     python -m bench.path_cpu --no-trace --runs 3  # trace events off; 3 runs on one server
     python -m bench.path_cpu --replicas 2         # one sync slave of each group, same process
+    python -m bench.path_cpu --event-loop asyncio # qmq up on asyncio's own loop (A/B uvloop)
 
 One fresh ``qmq up`` (flush sync by default), one client process holding a Producer and a
 Consumer (``start="earliest"``, acking each message). After a warm-up the server's idle CPU is
@@ -175,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1,
                         help="qmq up --replicas: 2 adds a sync slave to each group, in the "
                         "same process (its threads are summed with the master's of one name)")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default=None,
+                        help="qmq up --event-loop (A/B of the two loops in one tree)")
     args = parser.parse_args(argv)
     extra = ["--no-trace"] if args.no_trace else []
+    if args.event_loop is not None:
+        extra += ["--event-loop", args.event_loop]
     if args.replicas > 1:
         extra += ["--replicas", str(args.replicas)]
     with qmq_up("qmq-path-cpu-", args.flush, extra, tmpfs=args.tmpfs) as server:
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.replicas > 1:
             wait_in_sync(url)  # before that, a send is confirmed without waiting for a slave
         print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush {args.flush}, "
+              f"event loop {args.event_loop or 'default'}, "
               f"trace {'off' if args.no_trace else 'on'}, replicas {args.replicas}), "
               f"{args.messages} messages one at "
               f"a time{', no consumer' if args.send_only else ''}:", flush=True)

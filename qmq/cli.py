@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from qmq.event_loop import EVENT_LOOPS, EventLoopUnavailable, default_choice, loop_factory
+
 DEFAULT_META_URL = os.environ.get("QMQ_META", "http://127.0.0.1:8090")
 
 # Without --metrics-port a server's /metrics listens this far above its data port (realtime
@@ -84,6 +86,13 @@ def _add_tls_server(parser: argparse.ArgumentParser) -> None:
     """``--tls-cert``/``--tls-key`` of a server: serve TLS with this PEM chain and key."""
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+
+
+def _add_event_loop_flag(parser: argparse.ArgumentParser) -> None:
+    """``--event-loop`` of a server command (qmq.event_loop)."""
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_choice(),
+                        help="the process's event loop: uvloop (faster), asyncio's own, or "
+                             "auto: uvloop when installed (default $QMQ_EVENT_LOOP, else auto)")
 
 
 class _VersionAction(argparse.Action):
@@ -201,6 +210,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help=f"realtime /metrics port (default --realtime-port + {METRICS_PORT_OFFSET})")
     up.add_argument("--delay-metrics-port", type=int, default=None,
                     help=f"delay /metrics port (default --delay-port + {METRICS_PORT_OFFSET})")
+    _add_event_loop_flag(up)
 
     meta = sub.add_parser("metaserver", help="run a MetaServer", **_SERVER_PARSER)
     meta.add_argument("--db", default="sqlite+aiosqlite:///./qmq-meta.db",
@@ -231,6 +241,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     meta.add_argument("--schedule-lease-ms", type=int, default=30_000,
                       help="how long a claim on a schedule's next occurrence is this "
                            "MetaServer's alone; another resolves it after (default 30000)")
+    _add_event_loop_flag(meta)
 
     rt = sub.add_parser("realtime", help="run a realtime broker", **_SERVER_PARSER)
     rt.add_argument("--meta", default=DEFAULT_META_URL, type=meta_url,
@@ -257,6 +268,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     rt.add_argument("--clock-offset-ms", type=int, default=0,
                     help="TEST ONLY: shift this server's clock (pair with the delay server's)")
     _add_token(rt, "this broker's admin token")
+    _add_event_loop_flag(rt)
     _add_tls_server(rt)
     _add_metrics_flags(rt)
     _add_replication_flags(rt)
@@ -289,6 +301,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     delay.add_argument("--clock-offset-ms", type=int, default=0,
                        help="TEST ONLY: shift this server's clock to prove long delays quickly")
     _add_token(delay, "this server's admin token")
+    _add_event_loop_flag(delay)
     _add_tls_server(delay)
     _add_metrics_flags(delay)
     _add_replication_flags(delay)
@@ -384,8 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"qmq: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    try:
+        factory = (loop_factory(event_loop_choice(args))
+                   if args.command in SERVER_COMMANDS else None)
+    except EventLoopUnavailable as exc:
+        print(f"qmq: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:  # one exit-code table for every command: qmq.exits
-        return asyncio.run(_run(args))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(_run(args))
     except CommandError as exc:
         print(f"qmq: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -397,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def event_loop_choice(args: argparse.Namespace) -> str:
+    """A server command's ``--event-loop``: the flag given, else the ``--config`` file's
+    top-level ``event_loop``, else the flag's default ($QMQ_EVENT_LOOP, else auto)."""
+    if "event_loop" in args.explicit:
+        return str(args.event_loop)
+    return str(args.config_data.get("event_loop", args.event_loop))
 
 
 def _backoff(text: str | None) -> dict[str, tuple[int, ...]]:

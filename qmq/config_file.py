@@ -20,6 +20,9 @@ settings, the MetaServer's broker expiry)::
     data_dir = "/var/lib/qmq/delay"
     tick_ms = 5
 
+One key stands above the tables, since it is the whole process's: ``event_loop = "uvloop"``
+(``auto``, ``uvloop`` or ``asyncio``, as ``--event-loop``; qmq.event_loop).
+
 A flag given on the command line wins over the file; the file wins over the flags' defaults. An
 unknown table or key, or a value of the wrong type, fails at start naming the file, the table,
 the key and the value; the config dataclass then checks the values themselves (ranges), naming
@@ -35,7 +38,11 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from qmq.event_loop import EVENT_LOOPS
+
 SECTIONS = ("metaserver", "realtime", "delay")
+# The keys above the tables: the process's own settings, not one server's.
+TOP_KEYS = ("event_loop",)
 # Flags whose config field has another name (the rest are the field's name with - as _).
 FIELD_OF_FLAG = {"meta": "meta_url", "db": "db_url", "no_trace": "trace",
                  "no_metrics": "metrics_port"}
@@ -51,9 +58,15 @@ def load(path: str) -> dict[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
     for name, table in data.items():
+        if name == "event_loop":
+            if table not in EVENT_LOOPS:
+                raise ValueError(f"--config {path} event_loop = {table!r}: must be one of "
+                                 f"{', '.join(EVENT_LOOPS)}")
+            continue
         if name not in SECTIONS or not isinstance(table, dict):
             raise ValueError(f"--config {path}: unknown table or key {name!r} at the top "
-                             f"(tables: {', '.join(f'[{s}]' for s in SECTIONS)})")
+                             f"(tables: {', '.join(f'[{s}]' for s in SECTIONS)}; "
+                             f"keys: {', '.join(TOP_KEYS)})")
     return data
 
 
@@ -123,4 +136,4 @@ def merge(from_flags: dict[str, Any], from_file: dict[str, Any],
     return {**from_flags, **from_file, **{k: v for k, v in from_flags.items() if k in explicit}}
 
 
-__all__ = ["FIELD_OF_FLAG", "SECTIONS", "explicit_flags", "load", "merge", "settings"]
+__all__ = ["FIELD_OF_FLAG", "SECTIONS", "TOP_KEYS", "explicit_flags", "load", "merge", "settings"]

@@ -16,6 +16,7 @@ from metaserver.config import MetaConfig, sqlite_url
 from metaserver.tokens import new_secret
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
+from qmq.event_loop import loop_name
 from qmq.logs import say
 from serverkit.server import freeze_started, offset_clock
 
@@ -36,6 +37,11 @@ def _stop_on_signal() -> asyncio.Event:
     return stop
 
 
+def _loop_note() -> str:
+    """The ready lines' ``event loop uvloop`` (or ``asyncio``): which loop the process took."""
+    return f"event loop {loop_name(asyncio.get_running_loop())}"
+
+
 def _metrics_note(url: str | None) -> str:
     return f", metrics {url}" if url else ", no metrics"
 
@@ -46,7 +52,7 @@ async def run_metaserver_command(config: MetaConfig) -> None:
     async with start_metaserver(config) as server:
         freeze_started()
         say(f"metaserver listening on {server.url} (db {config.db_url}, metrics "
-               f"{server.url}/metrics)")
+            f"{server.url}/metrics, {_loop_note()})")
         await stop.wait()
         say("metaserver stopping")
     say("metaserver stopped: in-flight requests finished, database closed")
@@ -59,7 +65,7 @@ async def _serve(kind: str, server: RealtimeServer | DelayServer) -> None:
     await server.start()
     freeze_started()  # the recovered state out of the collector's way
     say(f"{kind} group {config.group} listening on {server.address} (data {config.data_dir}, "
-           f"flush {config.flush}{_metrics_note(server.metrics_url)})")
+        f"flush {config.flush}{_metrics_note(server.metrics_url)}, {_loop_note()})")
     await stop.wait()
     say(f"{kind} server stopping")
     say(await server.stop())
@@ -140,6 +146,7 @@ async def run_up(data_dir: str, meta_port: int, realtime_port: int, delay_port: 
         for slave in slaves:
             say(f"  {slave.KIND:<10}  {slave.address}   slave of group {slave.config.group}, "
                 f"data {slave.config.data_dir}")
+        say(f"  event loop  {loop_name(asyncio.get_running_loop())}")
         say(f"  auth        {'on' if admin_token else 'off (until a token is created)'}")
         say(f"  metrics     {meta.url}/metrics   (metaserver)")
         for url, name in ((realtime.metrics_url, "realtime"), (delay.metrics_url, "delay")):

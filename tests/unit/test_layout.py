@@ -214,9 +214,9 @@ CLIENT_COMMANDS = (
 )
 # Third-party packages of the servers and the audit that a client command must not load
 # (aiohttp too: the client asks the MetaServer through sdk.http1, and importing aiohttp was
-# 0.25 s of a one-shot `qmq send`).
+# 0.25 s of a one-shot `qmq send`; uvloop: only a server command picks the process's loop).
 SERVER_LIBRARIES = {"sqlalchemy", "alembic", "aiosqlite", "asyncpg", "apscheduler", "pyspark",
-                    "jinja2", "prometheus_client", "aiohttp"}
+                    "jinja2", "prometheus_client", "aiohttp", "uvloop"}
 
 
 def test_client_commands_load_no_server_code() -> None:
