@@ -28,7 +28,9 @@ class BrokerContext:
     config: RealtimeConfig
     clock: Callable[[], int]  # the broker's clock, ms
     store: MessageStore  # called on the store thread only (through on_store_thread)
-    pulllog: PullLogStore  # called only through on_pulllog_thread or on_pulllog_quick
+    # Called only through on_pulllog_thread or on_pulllog_quick, or on the event loop right
+    # where the test on_pulllog_quick makes holds (``Holdings.ack_now``, the pulls' quick path).
+    pulllog: PullLogStore
     on_store_thread: Runner
     on_pulllog_thread: Runner
     # A pull-log call that records in memory only (a pull, an ack): on the event loop when the
