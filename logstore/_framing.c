@@ -13,7 +13,7 @@
  * module was not built, and the codec tests check both against zlib.crc32.
  *
  * write_sync(fd: int, data: bytes, offset: int) -> (written, write_errno, fsync_errno, fsync_ns,
- * synced_at_ns) writes all of data at offset (looping over short writes), then fsyncs fd, with
+ * synced_at_ns) writes all of data at offset (looping over short writes), then fdatasyncs fd, with
  * the GIL released once for both (logstore.fileio.OsFile.append_and_sync). Why: a group commit
  * released and took back the GIL around its pwrite and again around its fsync; each take-back
  * waits for the event loop thread to let go when it runs Python meanwhile. It raises nothing
@@ -223,7 +223,7 @@ static PyMethodDef framing_methods[] = {
      "write_sync(fd: int, data: bytes, offset: int[, then_fd: int, then_data: bytes,\n"
      "then_offset: int]) -> (written, write_errno, fsync_errno, fsync_ns, synced_at_ns\n"
      "[, then_written, then_errno])\n\n"
-     "pwrite all of data at offset, then fsync fd (then, after a good fsync, pwrite\n"
+     "pwrite all of data at offset, then fdatasync fd (then, after a good one, pwrite\n"
      "then_data at then_offset of then_fd), with the GIL released once for all;\n"
      "an OS error is returned as its errno, not raised."},
     {NULL, NULL, 0, NULL},

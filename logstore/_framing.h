@@ -9,7 +9,7 @@
  *
  * And the durable write of a group commit, shared the same way (_framing.c's write_sync,
  * _codecs.c's write_run), so both report a fault alike: logstore_write_sync_released writes
- * all of the data at its offset (looping over short writes and EINTR), fsyncs, and after a
+ * all of the data at its offset (looping over short writes and EINTR), fdatasyncs, and after a
  * good fsync writes the then-data (another file's bytes); the caller releases the GIL around
  * it. logstore.fileio.write_sync_python is its Python twin.
  */
@@ -104,9 +104,11 @@ static inline void logstore_write_sync_released(struct logstore_sync_write *w)
         return;
     }
     long long started_ns = logstore_monotonic_ns();
-    /* EINTR is retried, as os.fsync does (PEP 475): a signal delivered to this thread while
-     * an NFS or FUSE fsync waits must not make the log sticky-failed. */
-    while (fsync(w->fd) != 0) {
+    /* fdatasync, not fsync: the data and the metadata needed to read it back (a new size,
+     * extents written into space allocated ahead), not the times (logstore/fileio.py's
+     * docstring). EINTR is retried, as os.fdatasync does (PEP 475): a signal delivered to
+     * this thread while an NFS or FUSE fsync waits must not make the log sticky-failed. */
+    while (fdatasync(w->fd) != 0) {
         if (errno != EINTR) {
             w->fsync_errno = errno;
             break;

@@ -1,8 +1,17 @@
 """The file handle the logs write through, so tests can inject faults (see ``logstore.faults``).
 
 A ``FileHandle`` is a positional file: ``append`` writes at the end, ``pread`` reads anywhere,
-``sync`` is fsync. ``OsFile`` is the real one over ``os`` calls. An ``Opener`` makes handles; every
+``sync`` is fdatasync. ``OsFile`` is the real one over ``os`` calls. An ``Opener`` makes handles; every
 storage class takes one so a test can swap in ``FaultyFile``.
+
+``OsFile.allocate`` sets the file's size ahead of its data (``posix_fallocate``), so a log can
+write into space allocated before (docs/FORMATS.md, "Space allocated ahead"): the handle's
+``size`` is then where its data ends, not the file's size.
+
+``sync`` is ``fdatasync``: on Linux it writes the data and every piece of metadata needed to
+read it back (the size when it changed, the extents written into allocated space), and skips
+the times alone; a log allocated ahead then writes no inode per commit (docs/BENCHMARKS.md,
+session 21, "prealloc"). Only a file's mtime may be older after a power cut.
 
 ``OsFile.append_and_sync`` is ``append`` then ``sync`` with the GIL released once for both (the C
 twin ``logstore._framing.write_sync``): a group commit's thread then waits once, not twice, to
@@ -48,7 +57,7 @@ class FileHandle(Protocol):
         """Cut the file to ``size`` bytes; later appends continue there."""
 
     def sync(self) -> None:
-        """fsync the file's data."""
+        """fdatasync the file: its data and the metadata needed to read it back."""
 
     def close(self) -> None:
         """Close the handle; further calls are errors."""
@@ -64,6 +73,9 @@ class OsFile:
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._end = os.fstat(self._fd).st_size
+        # The file's size as this handle last set it (open, allocate, truncate); appends past
+        # it make the file longer, so allocated_bytes() takes the larger of it and _end.
+        self._allocated = self._end
         # Of the last append_and_sync: the fsync's own seconds (no wait for the GIL in them)
         # and the CLOCK_MONOTONIC ns at which it returned (a probe's mark for that wait), the
         # latter only from the C twin, which reads it outside the GIL: storage itself reads no
@@ -108,7 +120,7 @@ class OsFile:
             self.append(data)
             started_s = time.perf_counter()
             try:
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)
             except OSError as exc:
                 raise FsyncFailed(exc.errno, exc.strerror, self.path) from exc
             self.fsync_s = time.perf_counter() - started_s
@@ -129,14 +141,35 @@ class OsFile:
         """Bytes in the file, counting what this handle appended."""
         return self._end
 
+    def allocated_bytes(self) -> int:
+        """The file's size: its data and any space allocated ahead of it (``allocate``)."""
+        return max(self._allocated, self._end)
+
+    def allocate(self, size_bytes: int) -> None:
+        """Make the file ``size_bytes`` long ahead of its data, its blocks allocated
+        (``posix_fallocate``, which sets the size): later appends up to there change no size
+        and allocate nothing. The data's end (``size``) does not move; the space reads as zeros.
+        Raises the OSError: ENOSPC (part of the space may be allocated, the size set that far:
+        ``truncate`` gives it back), EOPNOTSUPP or EINVAL where the filesystem cannot."""
+        allocated = self.allocated_bytes()
+        if size_bytes <= allocated:
+            return
+        try:
+            os.posix_fallocate(self._fd, allocated, size_bytes - allocated)
+        except OSError:
+            # A partial allocation (ENOSPC) may have moved the size: ask the file.
+            self._allocated = os.fstat(self._fd).st_size
+            raise
+        self._allocated = size_bytes
+
     def truncate(self, size: int) -> None:
-        """Cut the file to ``size`` bytes."""
+        """Cut the file to ``size`` bytes (space allocated ahead included)."""
         os.ftruncate(self._fd, size)
-        self._end = size
+        self._end = self._allocated = size
 
     def sync(self) -> None:
-        """fsync the file."""
-        os.fsync(self._fd)
+        """fdatasync the file (see the module docstring)."""
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
@@ -185,7 +218,7 @@ def write_sync_python(fd: int, data: bytes, offset: int, then_fd: int = -1,
     started_s = time.perf_counter()
     fsync_errno = 0
     try:
-        os.fsync(fd)
+        os.fdatasync(fd)
     except OSError as exc:
         fsync_errno = exc.errno or errno.EIO  # an OSError without one still failed
     fsync_ns = int((time.perf_counter() - started_s) * 1e9)

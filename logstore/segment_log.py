@@ -16,7 +16,10 @@ Durability contract:
   sticky: the unflushed appends are dropped, the file is cut back, and ``DiskFull`` is raised.
 
 Recovery on open verifies every record from ``verify_from_offset`` (the owner's last checkpoint)
-to the end, truncates a torn or corrupt tail and reports what was cut. Records before that offset
+to the end, truncates a torn or corrupt tail and reports what was cut. With
+``preallocate_step_bytes`` the active segment's file is allocated ahead of its data
+(``logstore.segment_space``): recovery then finds the data's end at a zero header followed by
+zeros only, and cuts those zeros off without reporting a truncation. Records before that offset
 are trusted at open but verified on every read: a corrupt record raises ``CorruptRecord``, it is
 never returned as data. Not thread-safe: one owner calls it.
 
@@ -24,8 +27,9 @@ Observing fsyncs: ``on_fsync`` (None by default) is called on the owner's thread
 one ``sync()`` spent in fsync calls, whenever it fsynced anything. The log reads a monotonic
 counter only for that measurement and decides nothing on it; servers wire it to a metric.
 
-Reading is in ``logstore.segment_reads``, copying to another server in ``logstore.segment_copy``
-and syncing in ``logstore.segment_sync`` (mixins of ``SegmentedLog``).
+Reading is in ``logstore.segment_reads``, copying to another server in ``logstore.segment_copy``,
+syncing in ``logstore.segment_sync`` and allocating ahead in ``logstore.segment_space`` (mixins
+of ``SegmentedLog``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from logstore.fileio import FileHandle, Opener, OsFile, fsync_directory
 from logstore.record import HEADER_SIZE_BYTES, check_header, crc_matches, frame_records
 from logstore.segment_copy import SegmentCopyMixin
 from logstore.segment_reads import _SCAN_CHUNK_BYTES, SegmentReadsMixin
+from logstore.segment_space import NEVER, ZERO_HEADER, ZERO_TAIL, SegmentSpaceMixin
 from logstore.segment_sync import SegmentSyncMixin
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,10 @@ class LogConfig:
     flush_mode: str = "sync"  # "sync": owner calls sync(); "async": tick() fsyncs on an interval
     flush_interval_ms: int = 100  # async mode: longest time between fsyncs while data is pending
     write_buffer_bytes_max: int = 256 << 10  # appends are buffered up to this before a write(2)
+    # The active segment's file is allocated this far ahead of its data, in steps (0: not at
+    # all; logstore.segment_space), never past segment_size_bytes_max and one header: the
+    # whole segment at once when the step is at least that.
+    preallocate_step_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.flush_mode not in FLUSH_MODES:
@@ -73,6 +82,8 @@ class LogConfig:
             raise ValueError(f"flush_interval_ms {self.flush_interval_ms} must be >= 1")
         if self.write_buffer_bytes_max < 0:
             raise ValueError(f"write_buffer_bytes_max {self.write_buffer_bytes_max} must be >= 0")
+        if self.preallocate_step_bytes < 0:
+            raise ValueError(f"preallocate_step_bytes {self.preallocate_step_bytes} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}{SEGMENT_SUFFIX}"
 
 
-class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
+class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin, SegmentSpaceMixin):
     """An append-only log of records split into size-bounded segment files."""
 
     def __init__(
@@ -154,6 +165,10 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
         self._closed = False
         self._directory_dirty = False
         self._last_sync_ms: int | None = None
+        # Allocating ahead (logstore.segment_space): when the next step is due, and whether the
+        # filesystem said it cannot.
+        self._allocate_at = NEVER
+        self._cannot_allocate = False
         # Told how long each sync() spent in fsync (seconds); see the module docstring.
         self.on_fsync: Callable[[float], None] | None = None
         os.makedirs(directory, exist_ok=True)
@@ -208,7 +223,7 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
                 if index
                 else segment.base_offset
             )
-            if segment.base_offset != expected_base:
+            if segment.base_offset != expected_base and not self._zero_tail_before(index):
                 truncation = self._cut(index - 1, self._segments[index - 1].size_bytes,
                                        f"gap: next segment starts at {segment.base_offset}")
                 break
@@ -217,12 +232,20 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
                 continue
             start = max(0, verify_from_offset - segment.base_offset)
             count, bad_position, reason = self._scan_segment(segment, start)
+            if reason == ZERO_TAIL and count == 0 and start > 0:
+                # Zeros right at the checkpoint: its offset is the data's end only if it is a
+                # record boundary at or before that end, which the zeros do not prove (a
+                # checkpoint past the data). Verify this segment from its start instead.
+                count, bad_position, reason = self._scan_segment(segment, 0)
             verified += count
-            if bad_position is not None:
+            if reason == ZERO_TAIL:
+                self._cut_zero_tail(segment, bad_position)  # type: ignore[arg-type]
+            elif bad_position is not None:
                 truncation = self._cut(index, bad_position, reason)
                 break
         last = self._segments[-1]
         self._end = self._durable_end = last.base_offset + last.size_bytes
+        self._allocation_due_from(self._end)
         if truncation:
             log.warning(
                 "log %s: cut %d bytes at offset %d (%s)",
@@ -247,6 +270,8 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
             header = chunk[offset_in_chunk : offset_in_chunk + HEADER_SIZE_BYTES]
             body_length, crc, problem = check_header(header, limit)
             if problem:
+                if header == ZERO_HEADER and self._zeros_from(segment, position):
+                    return count, position, ZERO_TAIL
                 return count, position, problem
             record_end = offset_in_chunk + HEADER_SIZE_BYTES + body_length
             if record_end > len(chunk):
@@ -264,6 +289,28 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
             count += 1
         return count, None, ""
 
+    def _cut_zero_tail(self, segment: _Segment, position: int) -> None:
+        """Recovery found the segment's data ending at ``position``, zeros after it (space
+        allocated ahead): cut them off, durably, and report no truncation."""
+        log.info("log %s: %s holds %d bytes of data and %d zero bytes allocated ahead after "
+                 "them; cut back to its data", self.directory, segment.path, position,
+                 segment.size_bytes - position)
+        segment.handle.truncate(position)
+        segment.handle.sync()
+        segment.size_bytes = position
+
+    def _zero_tail_before(self, index: int) -> bool:
+        """Recovery: segment ``index`` starts before the end of the file before it, which
+        holds nothing but zeros from there (space allocated ahead that a crash kept from being
+        cut back at its roll): cut the zeros and say True; else False (a real gap)."""
+        previous = self._segments[index - 1]
+        data_bytes = self._segments[index].base_offset - previous.base_offset
+        if not 0 <= data_bytes < previous.size_bytes or not self._zeros_from(previous,
+                                                                              data_bytes):
+            return False
+        self._cut_zero_tail(previous, data_bytes)
+        return True
+
     def _cut(self, index: int, position: int, reason: str) -> Truncation:
         """Truncate segment ``index`` at ``position`` and delete every later segment."""
         segment = self._segments[index]
@@ -271,6 +318,7 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
         segment.handle.truncate(position)
         segment.handle.sync()
         segment.size_bytes = position
+        self._allocation_due_from(segment.base_offset + position)
         for later in self._segments[index + 1 :]:
             bytes_cut += later.size_bytes
             later.handle.close()
@@ -288,6 +336,7 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
         self._bases.append(base_offset)
         if create:
             self._directory_dirty = True
+            self._allocation_due_from(base_offset)
         return segment
 
     # ------------------------------------------------------------------ writing
@@ -318,6 +367,10 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
             buffer_start + buffered_bytes_max,
             active.base_offset + self.config.segment_size_bytes_max,
         )
+        if buffer_start >= self._allocate_at:
+            # Every write of the active segment ends here (flush, sync, the caller's own
+            # write through framed_target), so this is where the next step comes due.
+            self._allocate_ahead()
 
     def _set_failed(self, failure: LogWriteFailed) -> LogWriteFailed:
         """Make ``failure`` sticky until reopen; returns it for the caller to raise."""
@@ -442,6 +495,7 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
                 ) from exc
             self._end = active.base_offset + active.size_bytes
             self._pending.clear()
+            self._allocation_due_from(self._end)  # the cut gave the space ahead back
             self._update_fast_path_end()
             raise DiskFull(active.path, dropped) from exc
         raise self._set_failed(LogWriteFailed(active.path, "write", exc)) from exc
@@ -449,6 +503,7 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
     def _roll(self) -> None:
         """Close the active segment for writing and start a new one at the end offset."""
         self.flush()
+        self._cut_allocation(self._segments[-1])
         self._open_segment(self._end, create=True)
         self._update_fast_path_end()
 
@@ -515,6 +570,10 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin):
             return
         try:
             if self._failed is None:
+                # The file cut back to its data (and no step allocated after), so a closed
+                # log's files are exact.
+                self._allocate_at = NEVER
+                self._cut_allocation(self._segments[-1])
                 self.sync()
         finally:
             for segment in self._segments:

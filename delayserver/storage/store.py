@@ -94,6 +94,8 @@ class DelayStoreConfig:
     flush_interval_ms: int = 100  # async mode: longest time in ms between fsyncs
     checkpoint_every_bytes: int = 64 << 20  # delay-log bytes between checkpoints (bounds replay)
     record_size_bytes_max: int = 16 << 20  # largest delay-log record body in bytes
+    preallocate_step_bytes: int = 8 << 20  # the active delay-log segment is allocated this far
+    # ahead of its data, so a commit's fsync writes no new size (0: not at all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bucket_ms, int) or self.bucket_ms < 1 or DAY_MS % self.bucket_ms:
@@ -106,6 +108,9 @@ class DelayStoreConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} {value!r} must be an int >= 1")
+        if not isinstance(self.preallocate_step_bytes, int) or self.preallocate_step_bytes < 0:
+            raise ValueError(f"preallocate_step_bytes {self.preallocate_step_bytes!r} must be "
+                             f"an int >= 0")
 
     def log_config(self) -> LogConfig:
         """The delay log's settings."""
@@ -115,6 +120,7 @@ class DelayStoreConfig:
             flush_mode=self.flush_mode,
             flush_interval_ms=self.flush_interval_ms,
             write_buffer_bytes_max=DELAY_LOG_WRITE_BUFFER_BYTES_MAX,
+            preallocate_step_bytes=self.preallocate_step_bytes,
         )
 
 

@@ -37,6 +37,9 @@ class StoreConfig:
     checkpoint_interval_bytes: int = 64 << 20  # bytes of message log between checkpoints; bounds
     # the replay at open
     write_buffer_bytes_max: int = 256 << 10  # bytes the message log buffers before a write(2)
+    preallocate_step_bytes: int = 8 << 20  # bytes; the active message-log segment is allocated
+    # this far ahead of its data, so a commit's fsync writes no new size (0: not at all;
+    # logstore.segment_space)
     held_messages_max: int = 200_000  # messages held at once (the hand-off ahead of the due
     # time), about 0.5 kB of memory each; a hold past it is refused (``hold_many``)
 
@@ -54,6 +57,7 @@ class StoreConfig:
             "retention_hard_cap_bytes": 0,
             "checkpoint_interval_bytes": 0,
             "write_buffer_bytes_max": 0,
+            "preallocate_step_bytes": 0,
             "held_messages_max": 0,
         }
         for item in fields(self):

@@ -96,7 +96,9 @@ class StoredMessage:
 
 
 def _stored_end_offset(directory: str) -> int:
-    """The message log's end offset as its files say, before logstore opens them."""
+    """The message log's end offset as its files say, before logstore opens them: past its
+    data's end when the last file holds space allocated ahead, which logstore's recovery
+    checks itself (a checkpoint in those zeros verifies that segment whole)."""
     if not os.path.isdir(directory):
         return 0
     names = sorted(n for n in os.listdir(directory) if n.endswith(".log") and n[:-4].isdigit())
@@ -145,6 +147,7 @@ class MessageStore(HeldWrites, CopyWrites, UsualCommit):
                 flush_mode=config.flush_mode,
                 flush_interval_ms=config.flush_interval_ms,
                 write_buffer_bytes_max=config.write_buffer_bytes_max,
+                preallocate_step_bytes=config.preallocate_step_bytes,
             ),
             opener=opener,
             verify_from_offset=verify_from,

@@ -19,9 +19,13 @@ from tests.e2e.disk import fill, tmpfs
 from tests.e2e.support import Ledger, RunningConsumer, close_all
 from tests.harness import Cluster, start_delay, start_realtime, wait_for, wait_registered
 
-DISK_BYTES = 16 << 20  # the tmpfs: room for the logs' first pages and a filler
+# The tmpfs: room for the logs' first pages, the space their active segments allocate ahead
+# (8 MiB each: StoreConfig/DelayStoreConfig.preallocate_step_bytes) and a filler.
+DISK_BYTES = 48 << 20
 BODY_BYTES = 2_048
-SENDS_UNTIL_FULL_MAX = 2_000  # bound on sending into a full disk before it refuses
+# Bound on sending into a full disk before it refuses: the message log's allocated space
+# (8 MiB, ~4,000 sends) takes sends first, as on a real disk.
+SENDS_UNTIL_FULL_MAX = 8_000
 BROKER_FLAGS = ("--ack-timeout-ms", "5000", "--consumer-expiry-ms", "5000")
 PRODUCER_OPTIONS = {"retries_max": 0, "retry_budget_ms": 0, "send_timeout_ms": 15_000}
 

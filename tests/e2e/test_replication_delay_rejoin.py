@@ -26,6 +26,7 @@ from tests.harness import (
     wait_for, wait_registered,
 )
 from tests.rawclient import RawClient
+from tests.segment_files import segment_data_bytes
 from wire.message import Message
 
 FLAGS = ("--bucket-ms", "1000", "--flush", "sync", "--replication", "sync")
@@ -48,8 +49,17 @@ def group_row(url: str) -> dict:
 
 
 def log_bytes(data_dir: Path, log_dir: str) -> int:
+    """The data in a log's files (not the space allocated after it), a file deleted while
+    they are read (the rejoining server resetting its copy) counting 0."""
     directory = data_dir / log_dir
-    return sum(os.path.getsize(directory / name) for name in os.listdir(directory))
+    total = 0
+    for name in os.listdir(directory):
+        try:
+            total += (segment_data_bytes(directory / name) if name.endswith(".log")
+                      else os.path.getsize(directory / name))
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def member(cluster: Cluster, name: str, me: str) -> ServerProcess:

@@ -22,6 +22,7 @@ from tests.e2e.replication_support import Load, start_leased_meta
 from tests.e2e.support import same_bytes
 from tests.harness import Cluster, ServerProcess, admin, epoch_ms, run_qmq, wait_for
 from tests.rawclient import RawClient
+from tests.segment_files import segment_data_bytes
 from wire.message import Message
 
 AUDIT_TIMEOUT_S = 600  # a fresh JVM and a few dozen Spark jobs on a loaded 2-core machine
@@ -97,7 +98,7 @@ async def test_a_kill_9_of_a_sync_master_under_load_loses_no_receipt(cluster: Cl
 def flip_a_byte(data_dir: Path) -> str:
     """Flip one byte in the middle of the oldest message-log segment; its path."""
     segment = sorted(glob.glob(str(data_dir / "messagelog" / "*.log")))[0]
-    size = os.path.getsize(segment)
+    size = segment_data_bytes(segment)
     assert size > 4096, size
     with open(segment, "r+b") as f:
         f.seek(size // 2)

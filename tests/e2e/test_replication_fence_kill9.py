@@ -18,6 +18,7 @@ from tests.e2e.replication_support import start_leased_meta
 from tests.e2e.support import same_bytes
 from tests.harness import Cluster, ServerProcess, epoch_ms, wait_for
 from tests.rawclient import RawClient
+from tests.segment_files import segment_data_bytes
 from wire.message import Message, decode_message, encode_message
 
 
@@ -62,7 +63,7 @@ async def test_a_slave_cuts_the_tail_its_master_lost_after_a_kill_9_and_a_power_
     slave = start_member(cluster, "b")
     await wait_for(lambda: in_sync(meta.url), 60, "the slave in sync", in_thread=True)
     await send(master.port, [f"kept-{n}" for n in range(30)], b"k" * 100)
-    kept_bytes = os.path.getsize(last_segment(cluster.root / "a"))
+    kept_bytes = segment_data_bytes(last_segment(cluster.root / "a"))
     await send(master.port, [f"lost-{n}" for n in range(10)], b"l" * 100)
     await wait_for(lambda: same_bytes(cluster.root / "a", cluster.root / "b"), 60,
                    "the slave holding every record", in_thread=True)

@@ -325,7 +325,8 @@ async def test_a_readonly_broker_refuses_sends_but_serves_pulls(server, client, 
 async def test_a_full_disk_refuses_sends_as_overloaded_and_accepts_them_when_space_returns(
     tmp_path, clock
 ):
-    plan = FaultPlan()
+    # No space allocated ahead (a filesystem without it): the writes meet the full disk.
+    plan = FaultPlan(allocate_unsupported=True)
     server = await start(tmp_path, clock, plan.opener)
     client = await RawClient.connect(server.port)
     try:

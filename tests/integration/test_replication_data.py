@@ -22,6 +22,7 @@ from serverkit import server_id
 from serverkit.replica import Replica
 from tests.harness import wait_for
 from tests.rawclient import RawClient
+from tests.segment_files import read_segment_data
 from wire.message import Message, decode_message, encode_message
 
 FIRST, SECOND = "00000000000000a1", "00000000000000b2"
@@ -194,7 +195,7 @@ async def test_an_old_master_rejoins_as_a_slave_cutting_the_tail_the_new_master_
 
 def message_log_bytes(server: RealtimeServer) -> bytes:
     directory = os.path.join(server.config.data_dir, "messagelog")
-    return b"".join(open(os.path.join(directory, name), "rb").read()
+    return b"".join(read_segment_data(os.path.join(directory, name))
                     for name in sorted(os.listdir(directory)) if name.endswith(".log"))
 
 

@@ -26,6 +26,7 @@ from serverkit.replica import Replica
 from tests.harness import wait_for
 from tests.metricsclient import Scrape
 from tests.rawclient import RawClient
+from tests.segment_files import read_segment_data
 from wire.message import Message, encode_message
 
 MASTER, SLAVE = "00000000000000a1", "00000000000000b2"
@@ -85,7 +86,7 @@ async def send(port: int, prefix: str, count: int = 3) -> None:
 
 def message_log(server: RealtimeServer) -> bytes:
     directory = os.path.join(server.config.data_dir, "messagelog")
-    return b"".join(open(os.path.join(directory, name), "rb").read()
+    return b"".join(read_segment_data(os.path.join(directory, name))
                     for name in sorted(os.listdir(directory)) if name.endswith(".log"))
 
 

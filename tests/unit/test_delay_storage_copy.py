@@ -18,7 +18,8 @@ from logstore.faults import FaultPlan
 
 NOW_MS = 1_700_000_000_000
 BUCKET_MS = 1_000
-TINY = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096)
+# Segments grow as written (a full disk through writes; allocating ahead: test_logstore_prealloc).
+TINY = DelayStoreConfig(bucket_ms=BUCKET_MS, segment_size_bytes_max=4096, preallocate_step_bytes=0)
 
 
 @pytest.fixture

@@ -273,7 +273,7 @@ def test_an_fsync_that_fails_after_the_write_in_one_call_is_sticky_and_the_bytes
         monkeypatch.setattr(fileio, "_write_sync_c", write_then_eio)
     else:
         monkeypatch.setattr(fileio, "_write_sync_c", None)
-        monkeypatch.setattr(os, "fsync", fsync_eio)
+        monkeypatch.setattr(os, "fdatasync", fsync_eio)  # a log's file sync (fileio)
     unsynced = append_range(log, 3, 2)
     with pytest.raises(LogWriteFailed) as caught:
         log.sync()

@@ -27,7 +27,8 @@ from realtime.storage.store_checkpoint import (
 
 TINY = StoreConfig(segment_size_bytes_max=4096, record_size_bytes_max=2048,
                    consumer_log_entries_per_file=4, write_buffer_bytes_max=1024,
-                   checkpoint_interval_bytes=2048, dedup_window_ms=60_000)
+                   checkpoint_interval_bytes=2048, dedup_window_ms=60_000,
+                   preallocate_step_bytes=0)  # files torn by their size: segments grow
 T0 = 1_700_000_000_000
 
 

@@ -22,6 +22,9 @@ TINY = StoreConfig(
     write_buffer_bytes_max=1024,
     checkpoint_interval_bytes=2048,
     dedup_window_ms=60_000,
+    # Segments grow as they are written: these tests fill the disk through writes and tear
+    # files by their size (allocating ahead: test_logstore_prealloc.py).
+    preallocate_step_bytes=0,
 )
 T0 = 1_700_000_000_000
 

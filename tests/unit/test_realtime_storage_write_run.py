@@ -2,7 +2,7 @@
 written, fsynced and its consumer-log entries written, then ``SegmentedLog.framed_written``):
 every fault leaves what the general path leaves, for the C twin (real descriptors that fail:
 a read-only one, /dev/null's fsync, /dev/full) and for the Python twin (``os.pwrite`` and
-``os.fsync`` failing as a full disk, EIO, a short write, a failed fsync); and the two twins
+``os.fsync``/``os.fdatasync`` failing as a full disk, EIO, a short write, a failed fsync); and the two twins
 write the same bytes and answer the same."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_a_failing_descriptor_in_the_c_call_leaves_what_it_leaves_on_the_general
 
 
 class OsFaults:
-    """``os.pwrite`` and ``os.fsync`` of the store's files failing as a disk does: the Nth
+    """``os.pwrite`` and ``os.fsync``/``os.fdatasync`` of the store's files failing as a disk does: the Nth
     pwrite failing (``errno``), or writing half its bytes and the next one failing with EIO
     (a short write), a disk with ``capacity`` bytes left (ENOSPC past it), the Nth fsync
     failing with EIO."""
@@ -148,14 +148,17 @@ class OsFaults:
             self.capacity -= len(data)
         return REAL_PWRITE(fd, data, offset)
 
-    def fsync(self, fd):
+    def fsync(self, fd, real=None):
         self.fsyncs += 1
         if self.fsyncs == self.fail_fsync_at:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        REAL_FSYNC(fd)
+        (real or REAL_FSYNC)(fd)
+
+    def fdatasync(self, fd):
+        self.fsync(fd, REAL_FDATASYNC)  # a file's sync (logstore.fileio), counted as one
 
 
-REAL_PWRITE, REAL_FSYNC = os.pwrite, os.fsync
+REAL_PWRITE, REAL_FSYNC, REAL_FDATASYNC = os.pwrite, os.fsync, os.fdatasync
 
 OS_FAULTS = {
     "full disk in the records' write": lambda f: setattr(f, "capacity", 100),
@@ -173,6 +176,7 @@ def _os_outcome(tmp_path, style, fault, taken, monkeypatch):
     faults = OsFaults()
     monkeypatch.setattr(os, "pwrite", faults.pwrite)
     monkeypatch.setattr(os, "fsync", faults.fsync)
+    monkeypatch.setattr(os, "fdatasync", faults.fdatasync)
     messages = MessageStore(data_dir, CONFIG, now_ms=T0)
     seen = [commit(messages, style, ["s"], ["a0"], [b"a0"]),
             commit(messages, style, ["s", "s"], ["b0", "b1"], [b"b0", b"b1"])]
@@ -191,6 +195,7 @@ def _os_outcome(tmp_path, style, fault, taken, monkeypatch):
     messages.close()
     monkeypatch.setattr(os, "pwrite", REAL_PWRITE)
     monkeypatch.setattr(os, "fsync", REAL_FSYNC)
+    monkeypatch.setattr(os, "fdatasync", REAL_FDATASYNC)
     reopened = MessageStore(data_dir, CONFIG, now_ms=T0 + 1)
     try:
         seen.append([(m.sequence, m.message_id, m.payload)
