@@ -150,7 +150,8 @@ class OsFile:
         (``posix_fallocate``, which sets the size): later appends up to there change no size
         and allocate nothing. The data's end (``size``) does not move; the space reads as zeros.
         Raises the OSError: ENOSPC (part of the space may be allocated, the size set that far:
-        ``truncate`` gives it back), EOPNOTSUPP or EINVAL where the filesystem cannot."""
+        ``truncate`` gives it back), EOPNOTSUPP or EINVAL where the filesystem cannot (glibc
+        writes zeros instead of raising EOPNOTSUPP: docs/FORMATS.md, "Space allocated ahead")."""
         allocated = self.allocated_bytes()
         if size_bytes <= allocated:
             return

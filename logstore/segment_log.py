@@ -292,9 +292,18 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin, Segmen
     def _cut_zero_tail(self, segment: _Segment, position: int) -> None:
         """Recovery found the segment's data ending at ``position``, zeros after it (space
         allocated ahead): cut them off, durably, and report no truncation."""
-        log.info("log %s: %s holds %d bytes of data and %d zero bytes allocated ahead after "
-                 "them; cut back to its data", self.directory, segment.path, position,
-                 segment.size_bytes - position)
+        if self.config.preallocate_step_bytes:
+            log.info("log %s: %s holds %d bytes of data and %d zero bytes allocated ahead "
+                     "after them; cut back to its data", self.directory, segment.path,
+                     position, segment.size_bytes - position)
+        else:
+            # A log that does not allocate (or no longer does) can also be left a zero tail by
+            # a power cut: the file's new size reached the journal, its blocks did not, so
+            # writes never synced are lost. Nothing acknowledged, but the operator is told.
+            log.warning("log %s: %s holds %d bytes of data and %d zero bytes after them, and "
+                        "this log does not allocate ahead: writes not synced before a crash "
+                        "were lost there; cut back to its data", self.directory, segment.path,
+                        position, segment.size_bytes - position)
         segment.handle.truncate(position)
         segment.handle.sync()
         segment.size_bytes = position
