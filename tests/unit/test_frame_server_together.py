@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from serverkit.frame_server import FrameServer, Later, Session
 from tests.unit.test_framed_server import _read_answers
 from wire.protocol import Request, encode_frame
@@ -22,6 +24,7 @@ def _frame(op: str, rid: int) -> bytes:
                          "subscriptions": [["orders", "g"]]})
 
 
+@pytest.mark.asyncio_internals  # wraps or reads asyncio transport attributes uvloop lacks
 async def test_answers_written_together_leave_in_one_write_per_connection_at_the_blocks_end():
     laters: list[Later] = []
 

@@ -148,6 +148,7 @@ async def test_answers_to_pipelined_requests_come_back_as_each_is_done_not_in_or
         await server.stop()
 
 
+@pytest.mark.asyncio_internals  # wraps or reads asyncio transport attributes uvloop lacks
 async def test_both_ends_read_at_most_read_bytes_max_and_a_frame_many_times_that_arrives_whole():
     from sdk.connection import READ_BYTES_MAX, Connection
 

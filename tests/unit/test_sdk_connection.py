@@ -40,6 +40,7 @@ async def test_a_later_request_is_answered_while_a_long_poll_is_pending(broker_a
     assert len(pulled["payloads"]) == 1
 
 
+@pytest.mark.asyncio_internals  # wraps or reads asyncio transport attributes uvloop lacks
 async def test_a_request_sent_alone_is_written_at_once_and_keeps_its_place_behind_queued_ones(
         broker_a, monkeypatch):
     # A consumer's pull or ack (coalesce=False) goes out in its own write with no end-of-turn
