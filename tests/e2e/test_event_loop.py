@@ -7,19 +7,18 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import qmq
 from tests.harness import Cluster, run_qmq, start_server
+from tests.integration.test_tls import self_signed_certificate
 
 uvloop = pytest.importorskip("uvloop")
 
 LOOPS = ("uvloop", "asyncio")
 RECEIVE_TIMEOUT_S = 30
-OPENSSL_TIMEOUT_S = 60
 _HTTPS_LISTEN = re.compile(r"listening on https://(\S+?)[ /]")
 
 
@@ -62,13 +61,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> str:
     if shutil.which("openssl") is None:
         pytest.skip("needs openssl")
     directory = tmp_path_factory.mktemp("tls")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=OPENSSL_TIMEOUT_S,
-    )
+    cert, key = self_signed_certificate(directory)
     both = directory / "both.pem"
     both.write_text(cert.read_text() + key.read_text())
     return str(both)

@@ -9,26 +9,9 @@ from typing import Any
 
 import pytest
 
-from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from tests.rawclient import FakeClock, RawClient, message
-
-
-@pytest.fixture
-async def server(tmp_path):
-    config = RealtimeConfig(data_dir=str(tmp_path / "rt"), port=0,
-                            expiry_check_interval_ms=3_600_000)
-    server = RealtimeServer(config, FakeClock())
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server):
-    client = await RawClient.connect(server.port)
-    yield client
-    await client.close()
+from tests.integration.realtime_fixtures import client, server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

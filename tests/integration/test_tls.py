@@ -33,10 +33,9 @@ OPENSSL_TIMEOUT_S = 60
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """(cert, key) PEM paths of a self-signed certificate for 127.0.0.1 and localhost."""
-    directory = tmp_path_factory.mktemp("tls")
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """(cert, key) PEM files, made in ``directory`` by openssl, of a self-signed certificate
+    for 127.0.0.1 and localhost (also tests/e2e/test_event_loop.py's)."""
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -44,6 +43,13 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=OPENSSL_TIMEOUT_S,
     )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(cert, key) PEM paths of a self-signed certificate for 127.0.0.1 and localhost."""
+    cert, key = self_signed_certificate(tmp_path_factory.mktemp("tls"))
     return str(cert), str(key)
 
 
