@@ -53,7 +53,8 @@ def open_store_on_io(config: DelayConfig, now_ms: int, opener: Opener,
     """On the delay-io thread: open (and recover) the store of ``config``; ``on_fsync`` (if
     given) is called after each delay-log fsync, on that thread."""
     store_config = DelayStoreConfig(bucket_ms=config.bucket_ms, flush_mode=config.flush,
-                                    flush_interval_ms=config.flush_interval_ms)
+                                    flush_interval_ms=config.flush_interval_ms,
+                                    preallocate_step_bytes=config.preallocate_step_bytes)
     store = DelayStore(config.data_dir, store_config, opener=opener, now_ms=now_ms)
     if on_fsync is not None:
         store.observe_fsync(on_fsync)

@@ -90,6 +90,7 @@ def _open_store_io(config: RealtimeConfig, opener: Opener, now_ms: int,
         dedup_window_ms=config.dedup_window_ms,
         retention_ms=config.retention_ms,
         held_messages_max=config.held_messages_max,
+        preallocate_step_bytes=config.preallocate_step_bytes,
     ), opener=opener, now_ms=now_ms)
     log.info("message store open: %s", store.recovery)
     return store, store.end_sequences(), _first_sequences(store)

@@ -18,6 +18,9 @@ PORT_MAX = 65535  # highest TCP port number
 # serves the live work (a 100 GB copy: a pass of about 7 hours, once every 8 hours).
 SCRUB_BYTES_PER_S_DEFAULT = 4 << 20
 SCRUB_PAUSE_MS_DEFAULT = 3_600_000
+# 8 MiB: at most 16 MiB ahead per server (two logs), where the whole 64 MiB segment would be 128
+# (docs/BENCHMARKS.md, session 21, "prealloc").
+PREALLOCATE_STEP_BYTES_DEFAULT = 8 << 20
 # Hosts that mean "every address" to listen on: no client can connect to one, so a server that
 # registers with the MetaServer must advertise another (advertise_host).
 WILDCARD_HOSTS = ("0.0.0.0", "::", "", "[::]")
@@ -54,6 +57,11 @@ class ServerConfig:
     min_insync: int | None = None  # set the group's fewest in-sync slaves (None: keep the group's)
     scrub_bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # a slave re-reads its copy at this pace to find bit rot; 0 = never
     scrub_pause_ms: int = SCRUB_PAUSE_MS_DEFAULT  # rest between two scrub passes over the whole copy, in ms
+    # The active segment of the server's main log (the message log, the delay log, and a
+    # slave's copy of either) is allocated this far ahead of its data, in bytes, so a commit's
+    # fsync writes no new size or block map (docs/FORMATS.md, "Space allocated ahead"); 0: not
+    # at all, the segment grows as it is written (a filesystem where allocating costs).
+    preallocate_step_bytes: int = PREALLOCATE_STEP_BYTES_DEFAULT
 
     # Fields that must be positive integers: these and the subclass's POSITIVE_INT_KEYS.
     COMMON_POSITIVE_INT_KEYS: ClassVar[tuple[str, ...]] = (
@@ -77,7 +85,7 @@ class ServerConfig:
                 f"reach this server at (host {self.host!r} may stay, to listen on every address)")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= PORT_MAX:
             raise ValueError(f"metrics_port {self.metrics_port} is not in 0..{PORT_MAX}")
-        for key in ("scrub_bytes_per_s", "scrub_pause_ms"):
+        for key in ("scrub_bytes_per_s", "scrub_pause_ms", "preallocate_step_bytes"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
@@ -102,5 +110,5 @@ class ServerConfig:
         return f"{self.advertise_host or self.host}:{self.port}"
 
 
-__all__ = ["PORT_MAX", "SCRUB_BYTES_PER_S_DEFAULT", "SCRUB_PAUSE_MS_DEFAULT", "WILDCARD_HOSTS",
+__all__ = ["PORT_MAX", "PREALLOCATE_STEP_BYTES_DEFAULT", "SCRUB_BYTES_PER_S_DEFAULT", "SCRUB_PAUSE_MS_DEFAULT", "WILDCARD_HOSTS",
            "ServerConfig"]
