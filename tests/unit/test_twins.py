@@ -123,7 +123,7 @@ def test_the_import_graph_follows_imports_made_inside_functions(tmp_path):
     assert not uses_twins(plain)
 
 
-def test_ci_runs_the_readme_command_first_then_the_build_check_then_the_python_twins():
+def test_ci_runs_the_readme_command_then_the_build_check_the_python_twins_and_uvloop():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     commands = [line for line in ci.splitlines()
@@ -132,4 +132,7 @@ def test_ci_runs_the_readme_command_first_then_the_build_check_then_the_python_t
     assert commands[0] in readme
     assert commands[1:] == [".venv/bin/python -m tests.twins --check-built || exit 1",
                             f"{NO_EXTENSIONS_ENV}=1 .venv/bin/python -m pytest -q -n 2 "
-                            "--dist loadfile --twin-users"]
+                            "--dist loadfile --twin-users",
+                            # The in-process server tests again on uvloop (tests/uvloop_loop.py).
+                            '.venv/bin/python -m pytest -q -n 2 --dist loadfile -p '
+                            'tests.uvloop_loop -m "not asyncio_internals" \\']
