@@ -355,17 +355,6 @@ class _Together:
                     connection._flush()
 
 
-def step_or_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-    """Event loop: run ``coro``'s first step now; None when it finished in it, else the task
-    that goes on from where it suspended. For a coroutine that usually does not suspend (and
-    needs no current task before it does): no task, no loop turn in the usual case."""
-    try:
-        waits_on = coro.send(None)
-    except StopIteration:
-        return None
-    return asyncio.get_running_loop().create_task(_Resumed(coro, waits_on))  # type: ignore
-
-
 _NOT_YET = object()
 
 
@@ -585,5 +574,4 @@ class _FrameConnection(asyncio.Protocol):
 
 
 # Later and LaterAnsweredTwice live in serverkit.later and are re-exported here.
-__all__ = ["FrameServer", "Later", "LaterAnsweredTwice", "PARTIAL_FRAME_TIMEOUT_MS", "Session",
-           "step_or_task"]
+__all__ = ["FrameServer", "Later", "LaterAnsweredTwice", "PARTIAL_FRAME_TIMEOUT_MS", "Session"]
