@@ -10,7 +10,7 @@ import pytest
 
 import qmq
 from metaserver import MetaConfig, sqlite_url, start_metaserver
-from qmq import cli, config_file
+from qmq import cli, config_file, server_cli
 from realtime.config import RealtimeConfig
 from realtime.server import RealtimeServer
 from tests.harness import wait_for
@@ -32,7 +32,7 @@ def realtime_config(tmp_path, meta_url: str) -> RealtimeConfig:
     args = cli.build_parser().parse_args(argv)
     args.explicit = config_file.explicit_flags(argv)
     args.config_data = config_file.load(str(path))
-    return cli._server_settings(args, RealtimeConfig, "realtime", dict(
+    return server_cli.server_settings(args, RealtimeConfig, "realtime", dict(
         data_dir=args.data_dir, meta_url=args.meta, group=args.group, port=args.port,
         retries_max=args.retries_max), args.port)
 

@@ -9,7 +9,7 @@ import pytest
 
 from delayserver.config import DelayConfig
 from metaserver.config import MetaConfig
-from qmq import cli, config_file
+from qmq import cli, config_file, server_cli
 from realtime.config import RealtimeConfig
 
 FILE = """
@@ -46,7 +46,7 @@ def config_of(tmp_path: Path, argv: list[str], text: str = FILE):
     flags = {"data_dir": args.data_dir} if section != "metaserver" else {"db_url": args.db}
     if section == "realtime":
         flags["ack_timeout_ms"] = args.ack_timeout_ms
-    return cli._server_settings(args, cls, section, flags,
+    return server_cli.server_settings(args, cls, section, flags,
                                 args.port if section != "metaserver" else None)
 
 
@@ -95,7 +95,7 @@ def test_qmq_up_takes_each_servers_table_and_its_flags_win(tmp_path):
     args = cli.build_parser().parse_args(argv)
     args.explicit = config_file.explicit_flags(argv)
     args.config_data = config_file.load(str(path))
-    options = cli._up_options(args)
+    options = server_cli.up_options(args)
     assert options["realtime_options"]["ack_timeout_ms"] == 9000
     assert options["realtime_options"]["retention_ms"] == 3_600_000
     assert options["delay_options"]["tick_ms"] == 2
@@ -141,7 +141,7 @@ def test_qmq_up_takes_the_metrics_ports_from_the_file(tmp_path):
         args = cli.build_parser().parse_args(argv)
         args.explicit = config_file.explicit_flags(argv)
         args.config_data = config_file.load(str(path))
-        return cli._up_options(args)
+        return server_cli.up_options(args)
 
     given = up_options("[realtime]\nmetrics_port = 9101\n[delay]\nmetrics_port = 9102\n")
     assert (given["realtime_options"]["metrics_port"],
