@@ -11,7 +11,8 @@ from typing import Any
 
 from logstore.epoch_history import EpochHistory
 from serverkit.replica_log import ReplicatedLog
-from serverkit.replica_source import FRESH_CHUNKS_MAX, FRESH_TAIL_MS, ReplicaSource
+from serverkit.fresh_commits import FRESH_CHUNKS_MAX, FRESH_TAIL_MS
+from serverkit.replica_source import ReplicaSource
 from wire.replication import Fetch
 from tests.laters import fetched
 
