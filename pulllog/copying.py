@@ -82,13 +82,19 @@ class CopyingMixin:
 
     def append_copy(self, offset: int, data: bytes) -> int:
         """Apply actions copied from the master's action log at ``offset`` (this log's end):
-        every record is checked and decoded first (nothing is appended otherwise), then appended
-        and applied in order. Returns the new end. An action the state refuses is an
-        inconsistent copy: the store fails (sticky) rather than diverge."""
+        every record is checked first (nothing is appended otherwise), then the records are
+        appended and made durable per the flush mode, then decoded and applied in order.
+        Returns the new end. On a full disk (DiskFull) the log is cut back to ``offset`` and
+        the state has taken nothing, so the same actions can be copied again. An action the
+        state refuses is an inconsistent copy: the store fails (sticky) rather than diverge."""
         assert self._follower, "only a follower appends copied actions"
         if self._failed is not None:
             raise self._failed
-        bodies = self._log.append_raw(offset, data)
+        # Durable (per the flush mode) before the state takes the actions: a full disk
+        # leaves no action applied that the log lacks. In sync mode with nothing buffered
+        # the master's bytes are written themselves, not framed again; in async mode (a
+        # realtime broker's pull log) they are framed into the buffer and flushed, as before.
+        bodies = self._log.append_raw_durably(offset, data)
         at = offset
         action = None
         try:
@@ -104,7 +110,6 @@ class CopyingMixin:
         if action is not None:
             self._clean_end = isinstance(action, Closed)
         self._actions_since_checkpoint += len(bodies)
-        self._log.sync_or_flush()
         if self._actions_since_checkpoint >= self.config.checkpoint_every_actions:  # type: ignore[attr-defined]
             self.checkpoint()  # type: ignore[attr-defined]
         return self._log.end_offset

@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from logstore import DiskFull
+from logstore.faults import FaultPlan
 from pulllog import PullLogConfig, PullLogStore
 from pulllog.copying import NeedsSnapshot
 from pulllog.state import PULL_SEQ_EPOCH_SHIFT
@@ -132,3 +134,32 @@ def test_a_cut_below_every_checkpoint_kept_needs_the_master_snapshot(tmp_path):
     for store in (master, follower, fresh):
         store.close()
     assert os.listdir(str(tmp_path / "fresh"))
+
+
+def test_a_follower_whose_disk_fills_during_a_copy_keeps_nothing_of_it_and_copies_it_again(
+        tmp_path):
+    # The copy's records are made durable before the state takes them: a full disk leaves the
+    # action log cut back where the copy began and the state as it was, so the next fetch, from
+    # the copy's end, copies the same actions again and the follower ends as the master.
+    plan = FaultPlan()
+    master = PullLogStore(str(tmp_path / "master"), TINY)
+    follower = PullLogStore(str(tmp_path / "follower"), TINY, opener=plan.opener,
+                            follower=True)
+    work(master, 3)
+    copy(master, follower)
+    before = follower.export_state()
+    offset = follower.copy_bounds()[1]
+    work(master, 3, start_ms=100)
+    master.flush()
+    data = master.read_copy(offset, 1 << 20)
+    plan.disk_capacity_bytes = plan.bytes_written + len(data) // 2
+    with pytest.raises(DiskFull):
+        follower.append_copy(offset, data)
+    assert follower.copy_bounds()[1] == offset
+    assert follower.export_state() == before
+    plan.free_space(1 << 20)
+    copy(master, follower)
+    assert follower.copy_bounds() == master.copy_bounds()
+    assert follower.export_state() == master.export_state()
+    master.close()
+    follower.close()
