@@ -8,6 +8,8 @@ published (visible) -> pulled -> pull answer written -> read by the consumer -> 
     python -m bench.latency_steps --no-trace        # qmq up --no-trace: what trace events cost
     python -m bench.latency_steps --count-loop      # + the server's loop iterations, callbacks
     python -m bench.latency_steps --long            # the loop's long callbacks and gc passes
+    python -m bench.latency_steps --replicas 2      # one sync slave (same process), in sync first
+    python -m bench.latency_steps --event-loop asyncio --config up.toml   # passed to qmq up
 
 One fresh ``qmq up`` (flush sync) and the peers harness's consumer and fixed-rate producer
 (``bench.peers.worker``), each started through ``bench._step_probe``, which notes when each
@@ -27,6 +29,11 @@ the slowest 1%, the median of each part of their commit.
 A step's share is measured per message, so shares of consecutive steps add up to the whole only at the same message, not percentile by percentile.
 The probes add a few us per request: the totals are a little above an unprobed run's
 (bench.commit_cycle). Wall clock: state the load.
+``--replicas 2`` adds one sync slave per group in the same process (its threads count in the
+server's CPU, the slave's store thread with the master's); a send is then confirmed once the
+slave has it, while the consumer may receive it before: the slave reaches send -> received
+through the producer's linger (a batch waits, up to linger_ms, for the answer of the one on
+the wire). ``--event-loop`` and ``--config`` are passed to ``qmq up``.
 ``--long`` runs the server without its step probes (their events are allocations and calls of
 their own on the loop; the gc untracks them at its first pass, so they no longer pile up in the
 older generations) and notes instead each event-loop callback and each loop-thread garbage
@@ -56,7 +63,7 @@ from bench._cluster import (
 from bench._step_probe import LONG_ENV, LONG_MS, LOOP_ENV, OUT_ENV
 from bench.commit_cycle import _free_port, _histogram
 from bench.delay import wait_registered
-from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT
+from bench.peers.servers import _QMQ_UP_READY, REPO_ROOT, wait_in_sync
 
 SUBJECT = "rt.steps"
 CONSUMER_READY = re.compile(r"^ready$")
@@ -144,9 +151,10 @@ def _slowest(seen: dict[int, dict[str, int]], share: float = 0.01) -> dict[str, 
 
 
 def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (),
-            count_loop: bool = False, long: bool = False) -> dict[str, Any]:
+            count_loop: bool = False, long: bool = False, replicas: int = 1) -> dict[str, Any]:
     """One fresh probed ``qmq up`` at ``rate`` msg/s for ``seconds`` (``up_args`` added to its
-    command line): the module doc's figures."""
+    command line; ``replicas`` > 1: its sync slaves, in the same process, in sync before the
+    first send): the module doc's figures."""
     count = int(rate * seconds)
     metrics_port = _free_port()
     directory = tempfile.mkdtemp(prefix="qmq-steps-", dir="/dev/shm" if tmpfs else None)
@@ -162,11 +170,13 @@ def one_run(rate: int, seconds: float, tmpfs: bool, up_args: tuple[str, ...] = (
         server = start_process("qmq up", _probe_argv("server", [
             "--log-level", "warning", "up", "--data-dir", os.path.join(directory, "qmq"),
             "--host", "127.0.0.1", "--meta-port", "0", "--realtime-port", "0",
-            "--delay-port", "0", "--flush", "sync", *up_args,
+            "--delay-port", "0", "--flush", "sync", "--replicas", str(replicas), *up_args,
             "--realtime-metrics-port", str(metrics_port)]), _QMQ_UP_READY, cwd=REPO_ROOT)
         try:
             url = f"http://{server.address}"
             wait_registered(url)
+            if replicas > 1:
+                wait_in_sync(url)
             os.environ[OUT_ENV] = out["consumer"]
             os.environ.pop(LOOP_ENV, None)
             os.environ.pop(LONG_ENV, None)
@@ -340,13 +350,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true",
                         help=f"note the server's loop callbacks and gc passes of >= {LONG_MS:g} "
                              "ms, by name (slows the loop a little: CPU figures not quoted)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="qmq up --replicas: 2 adds one sync slave per group (same process)")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"),
+                        help="qmq up --event-loop (default: qmq up's own)")
+    parser.add_argument("--config", help="qmq up --config FILE (e.g. preallocate_step_bytes)")
     args = parser.parse_args(argv)
-    print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync), probed, "
+    if args.event_loop == "uvloop" and (args.long or args.count_loop):
+        parser.error("--long and --count-loop probe asyncio's own loop classes: not with "
+                     "--event-loop uvloop")
+    up_args = [*(("--no-trace",) if args.no_trace else ()),
+               *(("--event-loop", args.event_loop) if args.event_loop else ()),
+               *(("--config", os.path.abspath(args.config)) if args.config else ())]
+    print(f"qmq up ({'tmpfs' if args.tmpfs else 'disk'} data dir, flush sync, replicas "
+          f"{args.replicas}{' ' + ' '.join(up_args) if up_args else ''}), probed, "
           f"{args.rate:,} msg/s for {args.seconds:g} s:", flush=True)
     for number in range(args.runs):
-        figures = one_run(args.rate, args.seconds, args.tmpfs,
-                          ("--no-trace",) if args.no_trace else (), args.count_loop,
-                          args.long)
+        figures = one_run(args.rate, args.seconds, args.tmpfs, tuple(up_args), args.count_loop,
+                          args.long, args.replicas)
         print(f"  run {number + 1}: " + "\n    ".join(_lines(figures)), flush=True)
     return 0
 

@@ -26,6 +26,15 @@ def test_every_step_of_every_message_is_timed_with_a_p50_no_larger_than_its_p99(
     assert set(slow["blamed"]) <= {what for _, _, what in latency_steps.STEPS}
 
 
+@pytest.mark.slow  # as above, with a slave of each group in the same qmq up
+def test_with_a_sync_slave_every_step_of_every_message_is_timed_once_the_slave_is_in_sync():
+    figures = latency_steps.one_run(rate=100, seconds=1.0, tmpfs=True, replicas=2)
+    assert figures["received"] == figures["count"] == 100
+    for what, (seen, p50, _p90, p99) in figures["steps"].items():
+        assert seen == 100, what
+        assert 0 <= p50 <= p99, what
+
+
 def test_the_slowest_messages_are_placed_in_the_windows_they_were_sent_in():
     ms = 1_000_000
     steps = ("send", "batch_sent", "arrived", "handled", "commit_begun", "commit_ended",
