@@ -222,7 +222,8 @@ class Producer(BatchingMixin, CancellingMixin):
         self._route_start = route_start
         self._on_wire: dict[Key, int] = {}  # (subject, delayed) -> batches sent, not yet settled
         # send() calls waiting for their answer, and their peak since none was (event loop
-        # only): the overlap's measure of how many senders there are (module docstring 2).
+        # only): the overlap's measure of how many senders there are (module docstring 2);
+        # counted only with split_sends_min set, the one user.
         self._sends_waiting = 0
         self._sends_waiting_peak = 0
         self._new_id = IdMaker()
@@ -314,16 +315,20 @@ class Producer(BatchingMixin, CancellingMixin):
         if loop is None or self._loop_thread != threading.get_ident() or not loop.is_running():
             loop = self._bind_loop()
         future = loop.create_future()
-        waiting = self._sends_waiting = self._sends_waiting + 1
-        if waiting > self._sends_waiting_peak:
-            self._sends_waiting_peak = waiting
-        try:
+        if not self.split_sends_min:  # no overlap: nothing reads the count of waiting sends
             self._enqueue_one(subject, future, sent_id, payload, deliver_at_ms)
             result = await future
-        finally:
-            waiting = self._sends_waiting = self._sends_waiting - 1
-            if not waiting:
-                self._sends_waiting_peak = 0
+        else:
+            waiting = self._sends_waiting = self._sends_waiting + 1
+            if waiting > self._sends_waiting_peak:
+                self._sends_waiting_peak = waiting
+            try:
+                self._enqueue_one(subject, future, sent_id, payload, deliver_at_ms)
+                result = await future
+            finally:
+                waiting = self._sends_waiting = self._sends_waiting - 1
+                if not waiting:
+                    self._sends_waiting_peak = 0
         if isinstance(result, BaseException):
             raise result
         return result

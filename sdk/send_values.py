@@ -11,7 +11,7 @@ import itertools
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from itertools import repeat
 from typing import Any
@@ -121,37 +121,37 @@ class IdMaker:
     counter tells one producer's messages apart) at a seventh of the cost: no syscall per id.
     ``prefix`` (16 hex digits) and ``made`` (the counter of the last id made) are for tests.
 
-    ``next()`` makes one id without a Python call: it is the ``__next__`` of a C iterator
-    (``map`` of the format over ``itertools.count``), which ``send`` calls once per message."""
+    The ids come from one C iterator, per 256 consecutive counters a shared head (the prefix
+    and the counter's high 14 hex digits, formatted once) plus its last two hex digits from a
+    table: one C-level concatenation per id, no formatting (83 ns against 219 ns for
+    ``"%016x" %``). ``next()`` makes one id without a Python call (the iterator's
+    ``__next__``, which ``send`` calls once per message); ``many`` takes a run of them."""
 
     def __init__(self, *, prefix: str | None = None, made: int = 0) -> None:
         self._prefix = os.urandom(8).hex() if prefix is None else prefix
-        self._format = self._prefix + "%016x"
-        self._count_from(made + 1)
+        first = made + 1
+        # The rest of the first counter's block, then whole blocks (a Python call per 256 ids).
+        self._ids = itertools.chain(
+            map(self._head(first >> 8).__add__, _LOW_HEX[first & 0xFF:]),
+            itertools.chain.from_iterable(map(self._block, itertools.count((first >> 8) + 1))))
+        self.next = self._ids.__next__
 
-    def _count_from(self, first: int) -> None:
-        """Make ``next`` count on from ``first``."""
-        self._counter = itertools.count(first)
-        self.next = map(self._format.__mod__, self._counter).__next__
+    def _head(self, high: int) -> str:
+        """The first 30 hex digits of the ids of counters ``high << 8`` .. ``high << 8 | 0xFF``
+        (more past 2**64, as ``"%016x"`` gives)."""
+        return f"{self._prefix}{high:014x}"
+
+    def _block(self, high: int) -> Iterator[str]:
+        """The ids of the 256 counters from ``high << 8``, in order."""
+        return map(self._head(high).__add__, _LOW_HEX)
 
     def __call__(self) -> str:
         return self.next()
 
     def many(self, count: int) -> list[str]:
         """``count`` fresh ids in one go (the ids of one ``send_many`` call): the same strings
-        as ``count`` calls, made per 256 consecutive counters as one shared head plus its last
-        two hex digits from a table (a C-level concatenation per id, no formatting)."""
-        first = next(self._counter)
-        end = first + count
-        self._count_from(end)
-        ids: list[str] = []
-        start = first
-        while start < end:
-            block_end = min(end, (start | 0xFF) + 1)  # the next multiple of 256
-            head = f"{self._prefix}{start >> 8:014x}"
-            ids += map(head.__add__, _LOW_HEX[start & 0xFF:(block_end - 1 & 0xFF) + 1])
-            start = block_end
-        return ids
+        as ``count`` calls, taken from the same iterator in one C-level pass."""
+        return list(itertools.islice(self._ids, count))
 
 
 _LOW_HEX = tuple(f"{low:02x}" for low in range(256))  # the last two hex digits of a counter
@@ -219,8 +219,9 @@ def plain_payload(message_id: str, subject: str, middle: bytes, body: bytes,
             or (deliver_at_ms is not None and not _U64_PACKED_MIN <= deliver_at_ms <= _U64_MAX)):
         return encode_plain_message(message_id, subject, body, created_at_ms, deliver_at_ms)
     size = len(body)
-    head = (_BIN8_HEADS[size] if size < 256 else b"\xc5" + size.to_bytes(2, "big")
-            if size < 65536 else b"\xc6" + size.to_bytes(4, "big"))
+    # A bin 16 or bin 32 header as one int's bytes (its type byte in the high byte).
+    head = (_BIN8_HEADS[size] if size < 256 else (0xC50000 | size).to_bytes(3, "big")
+            if size < 65536 else (0xC600000000 | size).to_bytes(5, "big"))
     if deliver_at_ms is None:
         return b"".join((_PLAIN_HEAD_REALTIME, message_id.encode(), middle, head, body,
                          _PLAIN_CREATED, created_at_ms.to_bytes(8, "big")))
