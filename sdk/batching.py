@@ -134,7 +134,7 @@ class BatchingMixin:
         # With few batches of this subject on the wire (a low-rate sender) waiting would only
         # add the linger to its latency: the batch leaves after this loop turn (so sends
         # issued together still share it). Else it lingers for more, and leaves when a batch
-        # on the wire is answered at latest (_batch_done).
+        # on the wire is answered at latest (_answered, _left_wire).
         if self._on_wire.get(key, 0) >= self.linger_in_flight_min:
             batch.timer = loop.call_later(self.linger_ms / 1000, self._dispatch, key)
             batch.lingering = True
@@ -165,28 +165,39 @@ class BatchingMixin:
         )
         self._tasks.add(task)
         self._on_wire[key] = self._on_wire.get(key, 0) + 1
-        task.add_done_callback(functools.partial(self._batch_done, key))
+        task.add_done_callback(functools.partial(self._batch_done, key, batch))
 
     def _answered(self, key: Key, answer: dict[str, Any]) -> None:
         """A send's answer as it is read (its request's ``on_answer``): a batch that lingers
         only because this one is on the wire leaves now, written in the next loop turn.
-        Left to ``_batch_done`` it was written three turns after the read, behind the
-        answered batch's task step and the resumption of its senders."""
+        Left to ``_left_wire`` it was written two turns after the read, behind the
+        answered batch's task step."""
         batch = self._open.get(key)
         if (batch is not None and batch.lingering
                 and self._on_wire.get(key, 0) - 1 < self.linger_in_flight_min):
             self._dispatch(key)
 
-    def _batch_done(self, key: Key, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+    def _left_wire(self, key: Key, batch: Batch) -> None:
+        """``batch`` is settled (or failed): it no longer counts as on the wire. Called by its
+        task as it ends (``Producer._send_batch``), in the step that settled its senders, so
+        that a batch they open as they resume does not linger behind it; else (a task
+        cancelled before its first step) by the task's done callback. Once per batch."""
+        if batch.left_wire:
+            return
+        batch.left_wire = True
         left = self._on_wire[key] - 1
         if left:
             self._on_wire[key] = left
         else:
             del self._on_wire[key]
-        batch = self._open.get(key)
+        open_batch = self._open.get(key)
         # A batch that lingers only because linger_in_flight_min were on the wire leaves now
         # that one is answered; one opened to leave after its loop turn keeps that turn, so
         # that the sends of the turn still share it.
-        if batch is not None and batch.lingering and left < self.linger_in_flight_min:
+        if (open_batch is not None and open_batch.lingering
+                and left < self.linger_in_flight_min):
             self._dispatch(key)
+
+    def _batch_done(self, key: Key, batch: Batch, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._left_wire(key, batch)

@@ -497,14 +497,21 @@ class Producer(BatchingMixin, CancellingMixin):
             del self._open[key]
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(self.in_flight_max)
-        async with self._in_flight:
-            try:
-                await self._send_with_retries(batch)
-            except BaseException as exc:  # our bug or cancellation: never leave a sender hanging
-                error = exc if isinstance(exc, QmqError) else Internal(f"send failed: {exc!r}")
-                fail_parts(batch.all_parts(), error)
-                if not isinstance(exc, QmqError):
-                    raise
+        try:
+            async with self._in_flight:
+                try:
+                    await self._send_with_retries(batch)
+                except BaseException as exc:  # our bug or cancellation: fail its senders
+                    error = (exc if isinstance(exc, QmqError)
+                             else Internal(f"send failed: {exc!r}"))
+                    fail_parts(batch.all_parts(), error)
+                    if not isinstance(exc, QmqError):
+                        raise
+        finally:
+            # Off the wire in the step that settled it, before its senders resume: a batch
+            # they open then leaves after its loop turn rather than lingering on a timer
+            # until the task's done callback (_left_wire).
+            self._left_wire(key, batch)
 
     async def _send_with_retries(self, batch: Batch) -> None:
         subject = batch.subject

@@ -151,11 +151,13 @@ class Batch:
     size_bytes: int = 0  # payload bytes plus the per-payload framing allowance
     timer: asyncio.Handle | None = None
     # Its timer is the linger (linger_ms), not the end of the loop turn: it leaves when a batch
-    # of its subject on the wire is answered (Producer._batch_done).
+    # of its subject on the wire is answered (Producer._answered, _left_wire).
     lingering: bool = False
     # Its task is made (Producer._start): one that leaves after its loop turn gets it as it
     # opens, and is closed (taken out of the open batches) by the task's first step.
     started: bool = False
+    # Its task counted it off the wire (Producer._left_wire: once, as the task ends).
+    left_wire: bool = False
     # Leaves once it holds this many messages of single sends (Producer._open_batch sets it
     # below batch_size_max for a batch formed with nothing of its subject on the wire).
     split_at: int = MAX_SEND_BATCH_MESSAGES

@@ -406,6 +406,35 @@ async def test_a_lingering_batch_is_written_as_the_answer_before_it_is_read_befo
     assert events == ["batch written", "batch written", "first resumed"]
 
 
+async def test_a_batch_opened_by_the_senders_of_an_answered_batch_leaves_without_a_linger_timer(
+        meta, broker_a):
+    # Senders that send again as they resume (W1's loop) open the next batch in the step
+    # after the one that settled theirs: that batch is off the wire by then, so the new one
+    # leaves after its loop turn. Counted off only by the task's done callback, which runs
+    # after them, it lingered on a timer made and cancelled in that same turn.
+    meta.set_route("orders", [broker_a])
+    p = producer(meta, linger_ms=3_600_000)
+    await p.send("orders", b"warm-up")
+    opened: list[bool] = []
+    original = p._open_batch
+
+    def open_batch(key):
+        batch = original(key)
+        opened.append(batch.lingering)
+        return batch
+
+    p._open_batch = open_batch
+
+    async def sender(name: str) -> None:
+        for i in range(5):
+            await p.send("orders", b"%s %d" % (name.encode(), i))
+
+    await asyncio.gather(*(sender(name) for name in ("a", "b", "c")))
+    await p.close()
+    assert opened and not any(opened)
+    assert sum(len(ids) for ids in broker_a.sent_ids()) == 1 + 15
+
+
 async def test_a_lone_send_is_written_in_the_loop_turn_after_the_send(meta, broker_a):
     meta.set_route("orders", [broker_a])
     p = producer(meta)
