@@ -92,7 +92,9 @@ class Follower:
         self._connection: object | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._moved = asyncio.Event()  # set whenever a copy's end moves
+        # Steps waiting for another log's copy to reach an end (``_wait_end``), woken when a
+        # copy's end moves (``_moved_to``: with none waiting, it makes no object).
+        self._end_waiters: list[asyncio.Future[None]] = []
         # log -> (the copy's end as the last apply left it, the next fetch's (offset,
         # last_epoch) read in that apply): used while the end has not moved since.
         self._positions: dict[str, tuple[int, tuple[int, int]]] = {}
@@ -166,7 +168,11 @@ class Follower:
     # ------------------------------------------------------------------ copying one log
 
     async def _request(self, op: dict, timeout_ms: int) -> dict:
-        connection = await self._connected()
+        connection = self._connection
+        if connection is None or connection.closed:  # type: ignore[attr-defined]
+            # Connect, one step at a time; the usual fetch finds the connection open and
+            # takes no lock (its acquire and release were ~7 Python calls a fetch).
+            connection = await self._connected()
         try:
             return await connection.request(op, timeout_ms)  # type: ignore[attr-defined]
         except ConnectionLost:
@@ -338,14 +344,20 @@ class Follower:
                     answer.covers_offset)
 
     def _moved_to(self, name: str, end: int) -> None:
+        """The copy of ``name`` ends at ``end`` now: the steps waiting for an end look again."""
         self.ends[name] = end
-        moved, self._moved = self._moved, asyncio.Event()
-        moved.set()
+        if self._end_waiters:  # twice a fetch: nothing made or called while none waits
+            waiters, self._end_waiters = self._end_waiters, []
+            for waiter in waiters:
+                if not waiter.done():  # a cancelled step's
+                    waiter.set_result(None)
 
     async def _wait_end(self, name: str, end: int) -> None:
         """Wait until the copy of ``name`` reaches ``end``."""
         while self.ends.get(name, end) < end:
-            await self._moved.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._end_waiters.append(waiter)
+            await waiter
 
     # ------------------------------------------------------------------ scrubbing
 
