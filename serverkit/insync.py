@@ -160,11 +160,18 @@ class InSyncTracker:
     def replicated(self, log: str, now_ms: int) -> int | None:
         """The offset of ``log`` that every slave a write waits for has acknowledged; None when
         it waits for nobody (no slave in sync: degraded, or refused by ``min_insync``)."""
-        waiting = self.waiting_set(now_ms)
+        # ``waiting_set`` and ``acked``, written out for the judgement that still holds:
+        # every commit and fetch asks (three Python calls fewer each).
+        judged = self._judged
+        if judged is None or now_ms > self._judged_until_ms:
+            waiting = self.waiting_set(now_ms)
+        else:
+            waiting = judged[1]
         if not waiting:
             return None
-        if len(waiting) == 1:  # one sync slave: every commit and fetch asks, no generator
-            return self.acked(waiting[0], log)
+        if len(waiting) == 1:  # one sync slave: no generator
+            progress = self.slaves.get(waiting[0])
+            return progress.acked.get(log, 0) if progress is not None else 0
         return min(self.acked(slave, log) for slave in waiting)
 
     def caught_up_to(self, slave: str, ends: dict[str, int]) -> bool:
