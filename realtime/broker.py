@@ -154,7 +154,8 @@ class Broker:
         ctx = BrokerContext(config, clock, self.store, self.pulllog, self.on_store_thread,
                             self.on_pulllog_thread, self.on_pulllog_quick, self.committed,
                             self.book, tracer, self.stats, self.redelivered_by_group,
-                            self.replica, stores.store_thread.submit)
+                            self.replica, stores.store_thread.submit,
+                            stores.store_thread.submit_then)
         self._ctx = ctx
         self.sends = Sends(ctx)
         self.handoffs = Handoffs(ctx, lambda: self.sends.readonly, self.sends._go_readonly)

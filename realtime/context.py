@@ -45,6 +45,9 @@ class BrokerContext:
     # ``fn(*args)`` on the store thread, as a future a cancel does not cancel
     # (``IoThread.submit``): the group commit's call, published even if its task is cancelled.
     submit_to_store: Callable[..., "asyncio.Future[Any]"] | None = None
+    # ``then(result, error)`` once ``fn(*args)`` ran on the store thread, with no future
+    # (``IoThread.submit_then``): a ``commit_soon`` group commit's call.
+    submit_then_to_store: Callable[..., None] | None = None
 
     async def actions_replicated(self) -> None:
         """After a write to the pull log that a client is told of (an ack, a nack, a leave):

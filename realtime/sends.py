@@ -111,7 +111,8 @@ class Sends:
         self.answers_together: ContextManager[None] = contextlib.nullcontext()
         self.commits: GroupCommitter[SendRequest, Committed] = GroupCommitter(
             f"broker group {ctx.config.group}", self._commit_call, self._publish_committed,
-            self._fail_batch, self._go_readonly)
+            self._fail_batch, self._go_readonly,
+            commit_then=self._commit_then if ctx.submit_then_to_store is not None else None)
 
     async def send(self, payloads: list[bytes], compact: bool = False
                    ) -> list[dict[str, Any]] | int:
@@ -239,6 +240,14 @@ class Sends:
         if ctx.submit_to_store is not None:
             return ctx.submit_to_store(self._append_and_commit_io, batch, ctx.clock())
         return ctx.on_store_thread(self._append_and_commit_io, batch, ctx.clock())
+
+    def _commit_then(self, batch: list[SendRequest],
+                     then: Callable[[Committed | None, BaseException | None], None]) -> None:
+        """``_commit_call`` with no future: ``then(committed, error)`` on the event loop once
+        the store thread ran it (``IoThread.submit_then``), for a ``commit_soon`` commit."""
+        ctx = self._ctx
+        ctx.submit_then_to_store(then, self._append_and_commit_io,  # type: ignore[misc]
+                                 batch, ctx.clock())
 
     def _append_and_commit_io(self, batch: list[SendRequest], now_ms: int) -> Committed:
         """Store thread: append every request's messages (column by column) and commit them.

@@ -28,8 +28,9 @@ send of that or any later commit was answered until a restart.
 A commit runs in the committer task or, when a send finds no commit running, in that send's
 own request task (``commit_now``), or, for a send answered by callback (``commit_soon``), in no
 task: the store call's done callback publishes it and starts the next (for an
-``IoThread.submit`` call, its ``then``: in the store thread's hand-back itself, no loop turn
-after it, unless a round handed back just before it resumes a task first). A stop or a demote
+``IoThread.submit`` call, its ``then``, and for a ``commit_then`` store call, which makes no
+future, the ``then`` it is given: in the store thread's hand-back itself, no loop turn after
+it, unless a round handed back just before it resumes a task first). A stop or a demote
 may cancel either of the others while the store call runs. The store thread writes the batch anyway, so both servers hand in their store call as
 an ``IoThread.submit`` future, which a cancel does not cancel: the task gets its
 CancelledError only once the call has finished, and the batch is first published and answered
@@ -81,16 +82,22 @@ class GroupCommitter(Generic[T, R]):
     - ``failed(batch, error)``: answers a refused batch with ``error`` (see the module table);
     - ``write_failed()``: a sticky write failure happened: the server goes read-only;
     - ``restore(batch, result)`` (optional): ``committed`` raised for a stored batch: put it
-      where publishing would have; returns what a resend does, for the answer's message.
+      where publishing would have; returns what a resend does, for the answer's message;
+    - ``commit_then(batch, then)`` (optional): ``commit``'s store call with no future, for a
+      ``commit_soon`` commit: starts it and has ``then(result, None)``, or ``then(None,
+      error)``, called on the event loop once it ended (``IoThread.submit_then``).
     """
 
     def __init__(self, name: str, commit: Callable[[list[T]], Awaitable[R]],
                  committed: Callable[[list[T], R], None],
                  failed: Callable[[list[T], QmqError], None],
                  write_failed: Callable[[], None],
-                 restore: Callable[[list[T], R], str] | None = None) -> None:
+                 restore: Callable[[list[T], R], str] | None = None,
+                 commit_then: Callable[[list[T], Callable[[R | None, BaseException | None],
+                                                          None]], None] | None = None) -> None:
         self.name = name
         self._restore = restore
+        self._commit_then = commit_then
         self.pending: list[T] = []  # event loop: queued for the next commit
         self._commit = commit
         self._committed = committed
@@ -108,6 +115,7 @@ class GroupCommitter(Generic[T, R]):
         # ``then`` (``_stored_soon``, bound once here): no ``partial`` per commit.
         self._batch: list[T] | None = None
         self._stored_soon_call = self._stored_soon
+        self._stored_then_call = self._stored_then  # commit_then's, bound once too
         # Stored batches whose publishing raised (a bug path): answered Internal instead
         # (metrics: qmq_realtime_commit_publish_failures).
         self.publish_failures = 0
@@ -141,7 +149,8 @@ class GroupCommitter(Generic[T, R]):
         task's wake-up is: a round handed back before it still goes first. No task, no
         committer wake-up: the next queued batch starts in the callback that ends this one.
         An ``IoThread.submit`` store call is published in the thread's hand-back itself
-        (``Submitted.then``), with no loop turn between the result and its publishing."""
+        (``Submitted.then``), with no loop turn between the result and its publishing; with a
+        ``commit_then`` there is no future at all (``_stored_then``)."""
         if self._running or not self.pending:
             return
         # Take everything queued and start its store call (here, not in a method of its own:
@@ -150,6 +159,10 @@ class GroupCommitter(Generic[T, R]):
         batch, self.pending = self.pending, []
         self._batch = batch
         try:
+            commit_then = self._commit_then
+            if commit_then is not None:  # no future: the hand-back calls _stored_then
+                commit_then(batch, self._stored_then_call)
+                return
             call = self._commit(batch)  # inside: a call that raises at once is refused too
             if type(call) is Submitted:  # published in the store thread's hand-back itself
                 call.then(self._stored_soon_call)
@@ -182,6 +195,26 @@ class GroupCommitter(Generic[T, R]):
                     self._publish_failed(batch, exc, result)
             elif isinstance(exc, Exception):
                 self._refuse(batch, exc)
+        finally:
+            self._running = False  # ``_ended``, inline
+            if self._idle_waiters:
+                self._release_idle()
+            if self.pending:
+                self.commit_soon()
+
+    def _stored_then(self, result: R | None, error: BaseException | None) -> None:
+        """``_stored_soon`` for a ``commit_then`` store call, told its outcome with no future
+        (issue 18: no future made, set and read back per commit)."""
+        batch: list[T] = self._batch  # type: ignore[assignment]
+        self._batch = None
+        try:
+            if error is None:
+                try:  # ``_publish``, inline
+                    self._committed(batch, result)  # type: ignore[arg-type]
+                except Exception as exc:
+                    self._publish_failed(batch, exc, result)  # type: ignore[arg-type]
+            elif isinstance(error, Exception):
+                self._refuse(batch, error)
         finally:
             self._running = False  # ``_ended``, inline
             if self._idle_waiters:

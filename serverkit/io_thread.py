@@ -24,10 +24,13 @@ cycle, rose in 3 of 3 alternating pairs, by 77-109 us at load 5.7-7.0). So did a
 its wake-up and waited for the next call in one release of the GIL, an eventfd counting its
 queue (by 24-111 us, 3 of 3, load 9-14).
 
-A ``submit`` call given a ``then`` (``Submitted.then``: the group commit's store call) has
-its continuation run in the hand-back itself, one loop turn sooner than a future's done
-callback (asyncio always queues those), unless a result handed back before it in the same
-bunch resumed a task: then it is queued behind that task's step, as a done callback would be.
+A ``submit`` call given a ``then`` (``Submitted.then``) has its continuation run in the
+hand-back itself, one loop turn sooner than a future's done callback (asyncio always queues
+those), unless a result handed back before it in the same bunch resumed a task: then it is
+queued behind that task's step, as a done callback would be. ``submit_then(then, fn, *args)``
+(the realtime group commit's store call) follows the same rule with no future at all:
+``then(result, error)`` is called, so a commit makes no future, no ``set_result`` and no
+reading of it back (issue 18).
 
 ``idle()`` lets an owner run a call that does no I/O on the event loop instead, when nothing is
 queued or running here: it then runs after every call submitted before it and beside none, as
@@ -59,9 +62,9 @@ class IoThread:
     Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread gets); ``_done``
     is shared and only touched under ``_done_lock`` (the thread appends, the loop takes all);
     ``_loop`` is written once by the event loop's first ``call``, before the thread can need
-    it; ``_submitted`` is written by the event loop only (``call``), ``_finished`` by the
-    thread only, once a call's function returned (an int read is atomic). ``call`` and
-    ``idle`` run on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
+    it; ``_submitted`` is written by the event loop only (``call``, ``submit``, ``submit_then``), ``_finished`` by the
+    thread only, once a call's function returned (an int read is atomic). ``call``, ``submit``,
+    ``submit_then`` and ``idle`` run on the event loop, ``_run`` on the thread, ``_deliver`` on the loop.
     ``_wake_fd`` (an eventfd, None without ``os.eventfd``): the thread writes it, the loop
     reads it in ``_deliver``; whoever sees the thread's last write (``_ENDED``) closes it: the
     loop's ``_deliver``, or the thread itself when no loop is bound or the loop is closed.
@@ -77,7 +80,10 @@ class IoThread:
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        # (future, then, result, error): a future's entry (``call``, ``submit``) or a
+        # ``submit_then`` call's (future None).
+        self._done: deque[tuple[asyncio.Future[Any] | None, Callable[..., None] | None, Any,
+                                BaseException | None]] = deque()
         self._done_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._submitted = 0  # calls put on the queue (event loop)
@@ -97,7 +103,7 @@ class IoThread:
             loop = self._bind()
         future: asyncio.Future[T] = loop.create_future()
         self._submitted += 1
-        self._calls.put((future, fn, args))
+        self._calls.put((future, fn, args, None))
         return await future
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Submitted[T]:
@@ -110,8 +116,20 @@ class IoThread:
             loop = self._bind()
         future: Submitted[T] = Submitted(loop=loop)
         self._submitted += 1
-        self._calls.put((future, fn, args))
+        self._calls.put((future, fn, args, None))
         return future
+
+    def submit_then(self, then: Callable[[Any, BaseException | None], None],
+                    fn: Callable[..., Any], *args: Any) -> None:
+        """Event loop: run ``fn(*args)`` on the thread (after every call submitted before),
+        then ``then(result, None)``, or ``then(None, error)`` when it raised, on the loop: in
+        the hand-back itself, or queued behind a task that a result handed back before it in
+        the same bunch resumes (``Submitted.then``'s rule). No future: nothing can cancel
+        the call or its ``then``."""
+        if self._loop is None:
+            self._bind()
+        self._submitted += 1
+        self._calls.put((None, fn, args, then))
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         """Event loop, at the first call: this loop is the one the thread hands results to."""
@@ -133,15 +151,15 @@ class IoThread:
             if item is None:
                 self._end()
                 return
-            future, fn, args = item
+            future, fn, args, then = item
             try:
                 result, error = fn(*args), None
-            except BaseException as exc:  # handed to the awaiting coroutine
+            except BaseException as exc:  # handed to the awaiting coroutine (or the then)
                 result, error = None, exc
             self._finished += 1  # the store is free: what follows touches only the hand-back
             with self._done_lock:
                 wake = not self._done
-                self._done.append((future, result, error))
+                self._done.append((future, then, result, error))
                 detached = self._detached
             if wake:
                 assert self._loop is not None
@@ -184,21 +202,26 @@ class IoThread:
         with self._done_lock:
             done, self._done = self._done, deque()
         queued = False  # a result's callbacks went to the loop's queue: later ``then``s follow
-        for future, result, error in done:
-            if future.done():  # the caller was cancelled
-                continue
-            if error is None:
-                future.set_result(result)
+        for future, then, result, error in done:
+            if future is None:  # a ``submit_then`` call: its then is told the outcome itself
+                args: tuple[Any, ...] = (result, error)
             else:
-                future.set_exception(error)
-            then = future._then if type(future) is Submitted else None
-            if then is None:
-                queued = True  # its awaiting task (or callbacks) resumes in the next turn
-            elif queued:
-                self._loop.call_soon(then, future)  # type: ignore[union-attr]
+                if future.done():  # the caller was cancelled
+                    continue
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
+                then = future._then if type(future) is Submitted else None
+                if then is None:
+                    queued = True  # its awaiting task (or callbacks) resumes in the next turn
+                    continue
+                args = (future,)
+            if queued:
+                self._loop.call_soon(then, *args)  # type: ignore[union-attr,arg-type]
             else:
                 try:
-                    then(future)
+                    then(*args)  # type: ignore[misc]
                 except Exception as exc:  # reported as the loop reports a callback's
                     self._loop.call_exception_handler(  # type: ignore[union-attr]
                         {"message": "Exception in a submitted call's then",

@@ -360,3 +360,77 @@ async def test_commit_soon_refuses_a_batch_whose_store_call_raises_at_once_or_la
     failing.committer.commit_soon()  # a coroutine store call: run as a future
     await _answered(failing, 1)
     assert failing.answers[0][1].code == "internal" and failing.readonly
+
+
+class ThenServer(GatedServer):
+    """A GatedServer whose ``commit_soon`` commits go through ``commit_then`` (no future:
+    ``IoThread.submit_then``), as the realtime broker's do."""
+
+    def __init__(self, raises: Exception | None = None) -> None:
+        super().__init__()
+        self.raises = raises
+        self.committer = GroupCommitter("test group t1", self.commit, self.committed,
+                                        self.failed, self.go_readonly,
+                                        commit_then=self.commit_then)
+
+    def commit_then(self, batch: list[str], then) -> None:
+        self.commits.append(batch)
+
+        def store() -> int:
+            assert self.release.wait(30)
+            if self.raises is not None:
+                raise self.raises
+            return len(batch)
+
+        self.io.submit_then(then, store)
+
+
+async def test_commit_soon_through_commit_then_publishes_and_starts_what_queued_meanwhile(
+) -> None:
+    server = ThenServer()
+    tasks_before = asyncio.all_tasks()
+    try:
+        server.committer.pending.append("a")
+        server.committer.commit_soon()
+        assert server.commits == [["a"]]  # the store call began right here
+        server.committer.pending.append("b")
+        server.committer.commit_soon()  # a commit runs: "b" waits for it to end
+        assert server.commits == [["a"]]
+        assert asyncio.all_tasks() == tasks_before
+        server.release.set()
+        await _answered(server, 2)
+        assert server.commits == [["a"], ["b"]]
+        assert server.answers == [(["a"], 1), (["b"], 1)]
+        assert not server.committer._running and server.committer.pending == []
+    finally:
+        server.io.close()
+
+
+async def test_commit_soon_through_commit_then_refuses_a_batch_the_store_failed() -> None:
+    server = ThenServer(LogWriteFailed("/data/log", "fsync", OSError(5, "EIO")))
+    try:
+        server.committer.pending.append("a")
+        server.committer.commit_soon()
+        server.release.set()
+        await _answered(server, 1)
+        (batch, error), = server.answers
+        assert batch == ["a"] and error.code == "internal" and server.readonly
+        assert not server.committer._running
+    finally:
+        server.io.close()
+
+
+async def test_a_commit_pending_waits_for_a_commit_then_commit() -> None:
+    server = ThenServer()
+    server.committer.pending.append("a")
+    server.committer.commit_soon()
+    server.committer.pending.append("b")
+    stopping = asyncio.create_task(server.committer.commit_pending())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert server.commits == [["a"]], "a second commit started beside the running one"
+    server.release.set()
+    await stopping
+    await _answered(server, 2)
+    server.io.close()
+    assert server.commits == [["a"], ["b"]]

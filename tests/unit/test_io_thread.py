@@ -301,3 +301,73 @@ async def test_a_then_that_raises_is_reported_and_the_bunchs_other_results_still
     finally:
         loop.set_exception_handler(None)
         io.close()
+
+
+async def test_a_submit_then_call_tells_its_then_the_result_or_the_error_in_the_hand_back():
+    io = IoThread("test-submit-then")
+    try:
+        events: list[object] = []
+        deliver = io._deliver
+
+        def watched_deliver() -> None:
+            events.append("hand-back")
+            deliver()
+            events.append("hand-back ended")
+
+        io._deliver = watched_deliver  # type: ignore[method-assign]  # the eventfd's reader
+        seen = asyncio.get_running_loop().create_future()
+        io.submit_then(lambda result, error: (events.append(("then", result, error)),
+                                              seen.set_result(None)), lambda: 7)
+        async with asyncio.timeout(30):
+            await seen
+        assert events[:3] == ["hand-back", ("then", 7, None), "hand-back ended"]
+        failed = asyncio.get_running_loop().create_future()
+        io.submit_then(lambda result, error: failed.set_result((result, error)),
+                       lambda: 1 / 0)
+        async with asyncio.timeout(30):
+            result, error = await failed
+        assert result is None and isinstance(error, ZeroDivisionError)
+    finally:
+        io.close()
+
+
+async def test_a_submit_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it():
+    io = IoThread("test-submit-then-order")
+    try:
+        order: list[str] = []
+        gate = threading.Event()
+        io.submit(gate.wait, 30)  # holds the thread while the two calls below queue up
+
+        async def round_before() -> None:
+            await io.call(lambda: "round")
+            order.append("task resumed by the round handed back first")
+
+        task = asyncio.create_task(round_before())
+        await asyncio.sleep(0)  # the task's call is queued now
+        io.submit_then(lambda result, error: order.append(f"then {result}"), lambda: "commit")
+        gate.set()
+        # Block the loop until the thread finished all three: they come back in one bunch.
+        assert wait_until(lambda: io.idle())
+        await task
+        while len(order) < 2:
+            await asyncio.sleep(0)
+        assert order == ["task resumed by the round handed back first", "then commit"]
+    finally:
+        io.close()
+
+
+async def test_a_submit_then_whose_then_raises_is_reported_and_the_bunchs_others_still_arrive():
+    io = IoThread("test-submit-then-raises")
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        gate = threading.Event()
+        io.submit_then(lambda result, error: 1 / 0, gate.wait, 30)
+        after = io.submit(lambda: "after")
+        gate.set()
+        assert await after == "after"
+        assert isinstance(reported[0]["exception"], ZeroDivisionError)
+    finally:
+        loop.set_exception_handler(None)
+        io.close()
