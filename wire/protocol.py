@@ -157,10 +157,16 @@ def _parse_hello(f: _Fields, rid: int) -> Hello:
 
 
 def _parse_send(f: _Fields, rid: int) -> Send:
-    frame = f.frame
+    return _send_of(f.frame, rid)
+
+
+def _send_of(frame: dict[str, Any], rid: int) -> Send:
+    """``send``'s parser read from the map itself: ``parse_request`` makes no ``_Fields``
+    for the usual requests (issue 18: a Python call fewer a send); one is made only to name
+    a defect."""
     messages = frame.get("messages")
     if type(messages) is not list:
-        messages = f.array("messages")  # raises, naming what is wrong
+        messages = _Fields("send", frame).array("messages")  # raises, naming what is wrong
     if not messages:
         raise BadRequest("send.messages must not be empty")
     if len(messages) > MAX_SEND_BATCH_MESSAGES:
@@ -173,7 +179,7 @@ def _parse_send(f: _Fields, rid: int) -> Send:
             raise BadRequest(f"send.messages must hold bin payloads, got {type_name(payload)}")
     compact = frame.get("compact", False)
     if type(compact) is not bool:
-        raise f._bad("compact", "bool", compact)
+        raise _Fields("send", frame)._bad("compact", "bool", compact)
     return Send(rid, messages, compact)
 
 
@@ -202,10 +208,20 @@ def _consumer_fields(f: _Fields) -> tuple[str, str, str]:
 
 
 def _parse_pull(f: _Fields, rid: int) -> Pull:
-    subject, group, consumer_id = _consumer_fields(f)
+    return _pull_of(f.frame, rid)
+
+
+def _pull_of(frame: dict[str, Any], rid: int) -> Pull:
+    """``pull``'s parser read from the map itself, as ``_send_of`` (two Python calls fewer a
+    pull: no ``_Fields``, and ``_consumer_fields``'s known triple checked here)."""
+    known = (frame.get("subject"), frame.get("group"), frame.get("consumer_id"))
+    if (type(known[0]) is str and type(known[1]) is str and type(known[2]) is str
+            and known in _VALID_CONSUMER_FIELDS):
+        subject, group, consumer_id = known
+    else:
+        subject, group, consumer_id = _consumer_fields(_Fields("pull", frame))
     # The usual pull (no tag filter, every field well-formed) in one test; anything else takes
     # the checks below, which name the defect.
-    frame = f.frame
     max_count = frame.get("max_count")
     wait_ms = frame.get("wait_ms", 0)
     start = frame.get("start", "latest")
@@ -217,7 +233,7 @@ def _parse_pull(f: _Fields, rid: int) -> Pull:
             and (broadcast is False or broadcast is True)):
         return Pull(rid, subject, group, consumer_id, max_count, wait_ms, [], start,  # type: ignore[arg-type]  # start checked just above
                     broadcast)
-    return _parse_pull_checked(f, rid, subject, group, consumer_id)
+    return _parse_pull_checked(_Fields("pull", frame), rid, subject, group, consumer_id)
 
 
 def _max_count(f: _Fields) -> int:
@@ -476,6 +492,11 @@ def parse_request(frame: dict[str, Any]) -> Request:
         raise BadRequest(f"{op}.rid must be int, got {type_name(rid)}")
     if not 0 <= rid <= _U64_MAX:
         raise BadRequest(f"{op}.rid {rid} is outside 0..{_U64_MAX}")
+    # The two usual requests read from the map, with no ``_Fields`` made (issue 18).
+    if op == "send":
+        return _send_of(frame, rid)
+    if op == "pull":
+        return _pull_of(frame, rid)
     try:
         parser = _PARSERS[op]
     except KeyError:
