@@ -25,6 +25,7 @@ _HEADER = struct.Struct(
     ">I"  # payload length in bytes, big-endian u32, not counting these 4 bytes
 )
 HEADER_BYTES = _HEADER.size
+FRAME_HEADER = _HEADER  # for a caller that encodes a frame inline (serverkit.frame_server)
 
 
 def encode_frame(obj: dict[str, Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
@@ -143,4 +144,4 @@ class FrameDecoder:
         return frames
 
 
-__all__ = ["HEADER_BYTES", "encode_frame", "decode_frame_payload", "FrameDecoder"]
+__all__ = ["FRAME_HEADER", "HEADER_BYTES", "encode_frame", "decode_frame_payload", "FrameDecoder"]
