@@ -215,7 +215,29 @@ class TraceWriter:
             return
         if kind not in _EVENT_KIND_SET or type(ts_ms) is not int:
             self.line(kind, ts_ms, "")  # raises the ValueError that names the bad value
-        self._queue((kind, ts_ms, extra, members), len(members))
+        # ``_queue``, inline: a server emits through here twice a message (stored, pulled),
+        # one Python call fewer each (issue 18). Keep the two the same.
+        events = len(members)
+        with self._lock:
+            if self._closed:
+                self._dropped_events += events
+                return
+            if not (self._current_events or self._queued_events):
+                self._cond.notify()  # the first line: the writer thread sleeps until it comes
+            self._current.append((kind, ts_ms, extra, members))
+            self._current_events += events
+            if self._current_events >= self._batch_max:
+                self._full.append((self._current, self._current_events))
+                self._queued_events += self._current_events
+                self._current, self._current_events = [], 0
+                if self._queued_events >= self._wake_events:
+                    self._cond.notify()
+            while (self._queued_events + self._current_events > self._pending_events_max
+                   and self._full):
+                # The writer is behind: shed the oldest full batches.
+                _dropped, events = self._full.popleft()
+                self._queued_events -= events
+                self._dropped_events += events
 
     def _end_of(self, extra: Extra) -> str:
         """The end of an ``emit_framed`` item's lines (after the members): the same for every
@@ -229,7 +251,8 @@ class TraceWriter:
         return end
 
     def _queue(self, item: _Item, events: int) -> None:
-        """Append ``item`` (``events`` lines) to the batch being filled, under the lock."""
+        """Append ``item`` (``events`` lines) to the batch being filled, under the lock
+        (``emit_framed`` does the same inline)."""
         with self._lock:
             if self._closed:
                 self._dropped_events += events

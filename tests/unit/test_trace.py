@@ -583,3 +583,18 @@ def test_columns_of_different_lengths_are_refused_and_nothing_is_queued(tmp_path
     writer.emit_columns(["{", [], "}"])  # no line at all
     writer.close()
     assert read_events([tmp_path]) == []
+
+
+def test_framed_members_count_against_the_pending_limit_and_after_close(tmp_path):
+    """``emit_framed`` queues as ``_queue`` does (it does the same inline): full batches, the
+    oldest shed past pending_events_max and counted, and a line after close counted."""
+    writer = TraceWriter(tmp_path, "rt", batch_max=2, pending_events_max=4,
+                         clock_ms=FakeClock(T0_MS), background=False)
+    members = [message_members(str(i), "orders") for i in range(7)]
+    for i in range(7):  # [0,1] [2,3] held; 4 -> drop [0,1]; [4,5] full; 6 -> drop [2,3]
+        writer.emit_framed("stored", T0_MS, members[i:i + 1])
+    assert writer.dropped_events == 4
+    writer.close()
+    assert [e["msg_id"] for e in read_events([tmp_path])] == ["4", "5", "6"]
+    writer.emit_framed("stored", T0_MS, members[:2])
+    assert writer.dropped_events == 6
