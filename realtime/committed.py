@@ -163,7 +163,14 @@ class Committed:
         True when ``wake`` is woken (at once if it was already) or False once ``deadline`` has
         passed, through its ``set_result`` (or, woken, as ``tell_direct`` tells it). Returns
         its deadline slot's set, for ``unpark``."""
-        parked = self._deadline_slot(deadline)
+        # ``_deadline_slot``'s usual case, written out: the slot is in use already (a pull
+        # parks about once a message, and polls parked within PARK_DEADLINE_SLOT_S share one).
+        slot = -(-deadline // PARK_DEADLINE_SLOT_S)
+        if slot * PARK_DEADLINE_SLOT_S < deadline:
+            slot += 1
+        parked = self._deadline_slots.get(slot)
+        if parked is None:
+            parked = self._deadline_slot(deadline)
         if wake.woken:
             waiter.set_result(True)
             return parked

@@ -81,7 +81,9 @@ class ConsumerBook:
         self.leaves = 0
         # consumer -> (the number of its last leave, monotonic ms of it)
         self._left: dict[ConsumerKey, tuple[int, float]] = {}
-        self._known_cursors: dict[Group, int] = {}
+        # (subject, pull-log group) -> its known cursor (``remember_cursor``): read directly by
+        # the direct pull (``Pulls._pull_once_now``), as ``leaves``: no call per pull.
+        self.known_cursors: dict[Group, int] = {}
         # consumer -> its long polls parked now (present while any is)
         self._parked: dict[ConsumerKey, int] = {}
         # Releases that put entries back in some redelivery queue: a pull notes this number
@@ -181,19 +183,13 @@ class ConsumerBook:
     def caught_up(self, group: Group, end: int) -> bool:
         """The group's known cursor is at ``end`` (the committed end): nothing to pull and
         nothing to redeliver, so the pull log need not be asked."""
-        return self._known_cursors.get(group, -1) >= end
-
-    def known_cursor(self, group: Group) -> int | None:
-        """The group's known cursor, left in place (None: unknown). At or past the committed
-        end it means what ``caught_up`` says (a caller that needs the cursor too reads it once
-        and compares)."""
-        return self._known_cursors.get(group)
+        return self.known_cursors.get(group, -1) >= end
 
     def take_cursor(self, group: Group) -> tuple[int | None, int]:
         """The group's known cursor, which the pull about to run will move (None: unknown),
         and the count of release rounds so far, for ``remember_cursor`` (one call where the
         pull asked two: issue 18)."""
-        return self._known_cursors.pop(group, None), self.release_rounds
+        return self.known_cursors.pop(group, None), self.release_rounds
 
     def release_round(self) -> int:
         """The count of release rounds so far: a pull notes it before it asks the pull log."""
@@ -203,7 +199,7 @@ class ConsumerBook:
         """After a pull that drained the group's redelivery queue: its cursor is known, unless
         a release round passed since ``release_round`` (entries may be back in the queue)."""
         if release_round == self.release_rounds:
-            self._known_cursors[group] = cursor
+            self.known_cursors[group] = cursor
 
     def released(self, groups: Iterable[Group]) -> None:
         """Entries went back to these groups' redelivery queues: their next pulls must ask the
@@ -212,7 +208,7 @@ class ConsumerBook:
         if groups:
             self.release_rounds += 1
         for group in groups:
-            self._known_cursors.pop(group, None)
+            self.known_cursors.pop(group, None)
 
 
 __all__ = ["ConsumerBook", "ConsumerKey", "Group", "OfflineView", "group_key"]

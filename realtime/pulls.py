@@ -147,7 +147,8 @@ class Pulls(PullPlanning):
         (issue 18: four coroutines a pull, one per layer). Without ``direct`` it never parks
         with no task and always returns the coroutine."""
         subject, consumer_id = request.subject, request.consumer_id
-        key = group_key(request.group, consumer_id, request.broadcast)
+        # ``group_key`` called only for a broadcast pull (one call fewer a usual pull).
+        key = group_key(request.group, consumer_id, True) if request.broadcast else request.group
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -255,9 +256,20 @@ class Pulls(PullPlanning):
                 book.leaves != poll.mark and book.left_since(poll.leave_key, poll.mark)):
             return NOTHING_PULLED  # (no leave since it began: no left_since call)
         subject = request.subject
-        pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms)
-        if pulled is None:
-            return None
+        group = poll.group
+        end = committed.ends.get(subject, 0)
+        # One read of the known cursor for both questions (``ConsumerBook.caught_up``'s test
+        # made on it), from the book's dict: no call. A caught-up group (a new long poll, about
+        # one a message) is told so here, with no ``_pull_once_now`` call (issue 18).
+        known = book.known_cursors.get(group)
+        pulled: Pulled | None
+        if known is not None and known >= end:
+            pulled = NOTHING_PULLED  # nothing to take, nothing to redeliver
+        else:
+            pulled = self._pull_once_now(request, poll.key, poll.tags, now_ms, group, known,
+                                         end)
+            if pulled is None:
+                return None
         if not seen:
             book.seen(subject, poll.key, request.consumer_id, now_ms)
         if pulled.payloads:
@@ -273,21 +285,16 @@ class Pulls(PullPlanning):
         self._park_direct(poll, committed.wake(subject))
         return poll
 
-    def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str],
-                       now_ms: int) -> Pulled | None:
-        """``_pull_once`` when it can run without suspending: the group caught up, or no other
-        pull of it running, its cursor known, the tail covering it and the pull log recording
-        on the loop. None (nothing taken) otherwise."""
+    def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str], now_ms: int,
+                       group: tuple[str, str], known: int | None, end: int) -> Pulled | None:
+        """``_pull_once`` of a group not known to be caught up (``_attempt_now`` asked), when
+        it can run without suspending: no other pull of it running, its cursor known, the tail
+        covering it and the pull log recording on the loop. None (nothing taken) otherwise.
+        ``group``: (subject, ``key``); ``known``: its known cursor (None: unknown), below the
+        committed ``end``."""
         subject = request.subject
-        group = (subject, key)
         ctx = self._ctx
         book, committed = ctx.book, ctx.committed
-        end = committed.ends.get(subject, 0)
-        # One read of the known cursor for both questions (``ConsumerBook.caught_up``'s test
-        # made on it: one call fewer for a pull that is not caught up).
-        known = book.known_cursor(group)
-        if known is not None and known >= end:
-            return NOTHING_PULLED  # caught up
         if group in self._lock_users or not self._pulllog_quick_now():
             return None
         if known is None:
@@ -321,7 +328,10 @@ class Pulls(PullPlanning):
             return None
         if expired:
             ctx.tracer.expired(expired, key, now_ms)
-        book.remember_cursor(group, new_cursor, release_round)
+        # ``remember_cursor``, written out (one call fewer a message): no release round can
+        # pass within this step, as nothing above suspends or releases, so the cursor is known.
+        assert release_round == book.release_rounds, (release_round, book.release_rounds)
+        book.known_cursors[group] = new_cursor
         return out
 
     def _park_direct(self, poll: ParkedPull, wake: Wake) -> None:
@@ -378,7 +388,14 @@ class Pulls(PullPlanning):
         now_ms = ctx.clock()
         seen = ctx.book.unpark(poll.leave_key, now_ms)
         assert poll.wake is not None and poll.slot is not None
-        ctx.committed.unpark(poll.wake, poll.slot, poll)
+        if poll.woken:
+            # Told True, so its wake was woken (``notify`` set that first, or ``park_direct``
+            # found it so), and a woken wake's lists are not read again: only the deadline
+            # slot keeps the poll (``Committed.unpark``'s work for this case, with no call).
+            assert poll.wake.woken
+            poll.slot.discard(poll)
+        else:
+            ctx.committed.unpark(poll.wake, poll.slot, poll)
         poll.wake = poll.slot = None
         if not poll.woken:
             self._finish(poll, NOTHING_PULLED)
@@ -389,7 +406,7 @@ class Pulls(PullPlanning):
             task = self._loop.create_task(self._continue(poll))
             self._continuing.add(task)
             task.add_done_callback(self._continuing.discard)
-        elif not isinstance(out, ParkedPull):
+        elif type(out) is not ParkedPull:  # (never subclassed: no isinstance call)
             self._finish(poll, out)
 
     async def _continue(self, poll: ParkedPull) -> None:
