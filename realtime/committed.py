@@ -43,6 +43,10 @@ class Wake:
         self.direct: list[Waiter] = []  # pulls parked with no task (``park_direct``)
 
 
+# A Wake with no fields set yet (``Committed.wake`` sets the three ``__init__`` sets).
+_new_wake = object.__new__
+
+
 # A parked long poll ends at most this long after its deadline: the polls whose deadlines fall
 # in one such slot end together. A timer per poll cost a call_at (a TimerHandle pushed on the
 # loop's heap, its comparisons in Python) and a cancel per park and wake: 6.6% of a woken pull's
@@ -137,7 +141,12 @@ class Committed:
         """What the next ``notify(subject)`` wakes: a long poll takes it before it looks."""
         wake = self._wakes.get(subject)
         if wake is None:
-            wake = self._wakes[subject] = Wake()
+            # ``Wake()``'s fields set here: a wake is made per commit a poll waits for, and
+            # this is no Python ``__init__`` call for it (issue 18).
+            wake = self._wakes[subject] = _new_wake(Wake)
+            wake.woken = False
+            wake.waiters = []
+            wake.direct = []
         return wake
 
     async def park(self, wake: Wake, deadline: float) -> bool:

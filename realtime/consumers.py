@@ -118,9 +118,13 @@ class ConsumerBook:
         """Consumers the book knows per (subject, pull-log group) (``qmq admin groups``)."""
         return {group: len(seen) for group, seen in self._last_seen.items()}
 
-    def park(self, consumer: ConsumerKey) -> None:
-        """A long poll of ``consumer`` parks: it is present until the poll ends."""
+    def park(self, consumer: ConsumerKey, seen_ms: int | None = None) -> None:
+        """A long poll of ``consumer`` parks: it is present until the poll ends. ``seen_ms``:
+        also ``seen`` then, in the same call (a pull that parks at once)."""
         self._parked[consumer] = self._parked.get(consumer, 0) + 1
+        if seen_ms is not None:
+            subject, key, consumer_id = consumer
+            self._last_seen.setdefault((subject, key), {})[consumer_id] = seen_ms
 
     def unpark(self, consumer: ConsumerKey, now_ms: int) -> bool:
         """A parked long poll of ``consumer`` ended at ``now_ms``: seen then (unless it left

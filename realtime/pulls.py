@@ -270,19 +270,23 @@ class Pulls(PullPlanning):
                                          end)
             if pulled is None:
                 return None
-        if not seen:
-            book.seen(subject, poll.key, request.consumer_id, now_ms)
         if pulled.payloads:
+            if not seen:
+                book.seen(subject, poll.key, request.consumer_id, now_ms)
             return pulled  # nothing suspended since the leave check: it holds
         if now_s is None:
             assert self._loop is not None  # set by the pull that made ``poll``
             now_s = self._loop.time()
         if poll.deadline <= now_s or committed.stopping:
+            if not seen:
+                book.seen(subject, poll.key, request.consumer_id, now_ms)
             return NOTHING_PULLED
         # The wake is taken only now, to park on (``_pull_until`` takes it before it looks):
         # nothing suspended since the look, so no commit came between (one call fewer for
-        # every attempt that takes something).
-        self._park_direct(poll, committed.wake(subject))
+        # every attempt that takes something). Seen at ``now_ms`` as it parks, in the same
+        # call (``ConsumerBook.park``; its key is (subject, poll.key, consumer id)): one call
+        # fewer for a parking pull, about one a message (issue 18).
+        self._park_direct(poll, committed.wake(subject), None if seen else now_ms)
         return poll
 
     def _pull_once_now(self, request: Pull, key: str, tags: frozenset[str], now_ms: int,
@@ -334,10 +338,12 @@ class Pulls(PullPlanning):
         book.known_cursors[group] = new_cursor
         return out
 
-    def _park_direct(self, poll: ParkedPull, wake: Wake) -> None:
-        """Park ``poll`` on ``wake`` until its deadline, with no task."""
+    def _park_direct(self, poll: ParkedPull, wake: Wake, seen_ms: int | None = None) -> None:
+        """Park ``poll`` on ``wake`` until its deadline, with no task; ``seen_ms``: its
+        consumer is also marked seen then (``ConsumerBook.park``)."""
         self.waiting_pulls += 1
-        self._ctx.book.park(poll.leave_key)  # present while parked, however long it waits
+        # Present while parked, however long it waits.
+        self._ctx.book.park(poll.leave_key, seen_ms)
         poll.woken = None
         poll.wake = wake
         poll.slot = self._ctx.committed.park_direct(wake, poll.deadline, poll)

@@ -329,7 +329,9 @@ class RealtimeServer(ServerBase):
         """A pull parked with no task ended (``Pulls.parked_answered``): its answer, written
         through the poll (its request's ``Later``) once the role allows it (as ``handle``
         checks it for an answer it returns)."""
-        if isinstance(out, BaseException):
+        # ``Pulled`` is never subclassed: the usual outcome is told by its type, with no
+        # isinstance call per woken pull (issue 18).
+        if type(out) is not Pulled and isinstance(out, BaseException):
             poll.fail(out)
             return
         answer = pull_response(*out)

@@ -182,3 +182,13 @@ def test_a_parked_poll_that_ends_after_its_consumer_left_does_not_bring_it_back(
     book.forget([consumer])
     assert not book.unpark(consumer, clock())  # not marked seen: the caller marks nothing
     assert book.consumer_counts() == {GROUP: 0}
+
+
+def test_a_poll_that_parks_at_once_is_seen_by_park_itself(
+        book: ConsumerBook, clock: FakeClock) -> None:
+    consumer = ("orders", "billing", "new")
+    book.park(consumer, clock())  # seen and parked in one call, as a parking pull does
+    assert book.last_seen()[("orders", "billing")] == {"new": clock()}
+    clock.advance(3 * EXPIRY_MS)
+    assert not book.offline_view(clock()).offline(*consumer)  # parked: present
+    assert book.unpark(consumer, clock())  # known to the book: seen as the poll ends
