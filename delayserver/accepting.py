@@ -2,20 +2,22 @@
 checks a send's payloads (the quick check, else the full one) and queues them as one
 ``_PendingCall`` for the ``GroupCommitter``, whose commit appends and commits them on delay-io
 (``_append_and_commit``); a committed batch is answered, then its entries placed in the window
-a loop turn later (``_committed_batch``, ``_place_unplaced``). The ``AcceptingMixin`` part of
-``delayserver.scheduler.Scheduler`` (split from it; the scheduler's docstring says which thread
-owns each field: these run on the event loop, ``_append_and_commit`` on delay-io).
+a loop turn later (``_committed_batch``, ``_place_unplaced``). ``schedule_soon``, the server's
+send, queues with no task: its commit's store call makes no future (``IoThread.submit_then``)
+and the call, the request's ``Later``, is told in the store thread's hand-back (``on_done``).
+The ``AcceptingMixin`` part of ``delayserver.scheduler.Scheduler`` (split from it; the
+scheduler's docstring says which thread owns each field: these run on the event loop,
+``_append_and_commit`` on delay-io).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, ContextManager, Sequence
 
 from delayserver.config import DelayConfig
 from delayserver.handoff import HandOff
@@ -25,6 +27,7 @@ from delayserver.tracing import DelayTracer
 from delayserver.window import PreloadWindow
 from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
+from serverkit.later import Later
 from serverkit.send_check import Checked, QuickCheck
 from serverkit.write_replication import WriteReplication
 from wire.errors import DelayOutOfRange, QmqError, ReadOnly
@@ -37,27 +40,45 @@ log = logging.getLogger(__name__)
 CheckAccess = Callable[[list[bytes], list[Checked | None]], None]
 
 
-@dataclass
-class _PendingCall:
+class _PendingCall(Later):
     """One ``schedule`` call's accepted messages waiting for the group commit, as columns: one
-    object and one future per request, not per message (they always share a commit)."""
+    object per request, not per message (they always share a commit). A call of ``schedule``
+    is woken through ``future``; one of ``schedule_soon`` has none (``future`` None) and is
+    its request's ``Later``: ``on_done(call)`` is told once its commit ended (issue 18)."""
 
-    ids: list[str]
-    subjects: list[str]
-    dues: list[int]  # deliver_at_ms, a message without one due at its arrival
-    payloads: list[bytes]
-    # What the quick check read of each (None: the full check took it; the tracer peeks the
-    # payload): its scheduled line is built from these fields.
-    checks: list[Checked | None]
-    slots: list[int] | None  # index in ``results`` of each message; None: all, in order
-    results: list[Any]  # one answer per payload; the accepted ones are filled in on commit
-    future: asyncio.Future[list[dict[str, Any]] | int]
-    # All passed the quick check and the caller takes a count for "all stored" (a compact
-    # send): on commit no result is made per message and the future gets the count.
-    compact: bool = False
-    # The delay log's end after the commit that stored these (0 until then, or when it
-    # failed): what a ``sync`` answer waits for the slaves to have.
-    delay_end: int = 0
+    __slots__ = ("ids", "subjects", "dues", "payloads", "checks", "slots", "results", "future",
+                 "compact", "delay_end", "on_done", "error")
+
+    def __init__(self, ids: list[str], subjects: list[str], dues: list[int],
+                 payloads: list[bytes], checks: list[Checked | None], slots: list[int] | None,
+                 results: list[Any],
+                 future: asyncio.Future[list[dict[str, Any]] | int] | None,
+                 compact: bool = False) -> None:
+        # The Later's own fields, unbound and not answered (as ``Later.__init__`` sets them),
+        # set here: no second __init__ call per send.
+        self._server = self._connection = self._request = self._outcome = None
+        self._given_once = False
+        self.ids = ids
+        self.subjects = subjects
+        self.dues = dues  # deliver_at_ms, a message without one due at its arrival
+        self.payloads = payloads
+        # What the quick check read of each (None: the full check took it; the tracer peeks
+        # the payload): its scheduled line is built from these fields.
+        self.checks = checks
+        self.slots = slots  # index in ``results`` of each message; None: all, in order
+        self.results = results  # one answer per payload; the accepted ones filled on commit
+        self.future = future  # ``schedule``'s; None: ``on_done`` is told instead
+        # All passed the quick check and the caller takes a count for "all stored" (a
+        # compact send): on commit no result is made per message and the answer is the count.
+        self.compact = compact
+        # The delay log's end after the commit that stored these (0 until then, or when it
+        # failed): what a ``sync`` answer waits for the slaves to have.
+        self.delay_end = 0
+        # ``schedule_soon``: called with this call once its commit ended (stored or refused).
+        self.on_done: Callable[[_PendingCall], None] | None = None
+        # The error this call ends with instead of its results (a refused ``sync`` wait:
+        # NotMaster), for ``on_done``; None: ``results`` (or the count) answer it.
+        self.error: BaseException | None = None
 
 
 # What a group commit returns: the stored entries and the delay log's end after it.
@@ -91,6 +112,7 @@ class AcceptingMixin:
     _quick_check: QuickCheck
     _commits: GroupCommitter[_PendingCall, _Committed]
     _unplaced: list[tuple[list[ScheduleEntry], Sequence[Checked | None] | None]]
+    answers_together: ContextManager[None]
 
     # ------------------------------------------------------------------ accepting
 
@@ -104,6 +126,44 @@ class AcceptingMixin:
         ``check_access`` (the connection's grant: ``Gate.check_send``) refuses the whole
         request before anything else is checked or written, given what the quick check read.
         """
+        call = self._accept(payloads, compact, check_access,
+                            asyncio.get_running_loop().create_future())
+        if type(call) is not _PendingCall:
+            return call  # type: ignore[return-value]  # nothing valid: the results
+        self._commits.pending.append(call)
+        # In this task when no commit runs (no committer wake-up, no hop back to this task:
+        # two task steps and two loop turns fewer per commit), else by the committer task.
+        await self._commits.commit_now()
+        answered = await call.future  # type: ignore[misc]
+        if call.delay_end:  # not waited with its commit (``_park_answers``): NotMaster now
+            await self.replica.wait_replicated("delay", call.delay_end)
+        return answered
+
+    def schedule_soon(self, payloads: list[bytes], compact: bool, check_access: CheckAccess
+                      | None, done: Callable[[_PendingCall], None]) -> _PendingCall | list[Any]:
+        """``schedule`` with no task: the results now when no payload is valid (nothing to
+        commit), else the call, queued, and ``done(call)`` once its commit ended (stored,
+        refused, or its ``sync`` wait refused: ``error``), in the store thread's hand-back
+        itself (``GroupCommitter.commit_soon``, ``IoThread.submit_then``): no future and no
+        task step per commit (issue 18). The call is a ``Later`` the handler returns for its
+        answer; ``delay_end`` still set when ``done`` is told means the slaves are still to be
+        waited for (NotMaster, as in ``schedule``). Raises as ``schedule`` does before its
+        commit."""
+        call = self._accept(payloads, compact, check_access, None)
+        if type(call) is not _PendingCall:
+            return call  # type: ignore[return-value]
+        call.on_done = done
+        commits = self._commits
+        commits.pending.append(call)
+        commits.commit_soon()
+        return call
+
+    def _accept(self, payloads: list[bytes], compact: bool, check_access: CheckAccess | None,
+                future: asyncio.Future[list[dict[str, Any]] | int] | None
+                ) -> _PendingCall | list[Any]:
+        """The checks of ``schedule``: the accepted messages as a call, not queued yet (woken
+        through ``future``, or, None, told through ``on_done``), or the results when none
+        was accepted."""
         now_ms = self.clock()
         # The quick check (serverkit.send_check; for a batch, one C call where it is built)
         # accepts our producers' payloads without building a Message, due by now +
@@ -122,27 +182,21 @@ class AcceptingMixin:
             dues = list(map(_dues_of, checks))
             if None in dues:
                 dues = [now_ms if due is None else due for due in dues]
-            call = _PendingCall(ids, subjects, dues, payloads, checks, None, results,
-                                asyncio.get_running_loop().create_future(), compact)
-        else:
-            call = self._full_checks(payloads, checks, results, now_ms)
-            if not call.ids:
-                return results
-        self._commits.pending.append(call)
-        # In this task when no commit runs (no committer wake-up, no hop back to this task:
-        # two task steps and two loop turns fewer per commit), else by the committer task.
-        await self._commits.commit_now()
-        answered = await call.future
-        if call.delay_end:  # not waited with its commit (``_park_answers``): NotMaster now
-            await self.replica.wait_replicated("delay", call.delay_end)
-        return answered
+            return _PendingCall(ids, subjects, dues, payloads, checks, None, results, future,
+                                compact)
+        call = self._full_checks(payloads, checks, results, now_ms, future)
+        if not call.ids:
+            return results
+        return call
 
     def _full_checks(self, payloads: list[bytes], checks: list[Checked | None],
-                     results: list[Any], now_ms: int) -> _PendingCall:
+                     results: list[Any], now_ms: int,
+                     future: asyncio.Future[list[dict[str, Any]] | int] | None
+                     ) -> _PendingCall:
         """The full check of every payload the quick check did not accept (all of them when
-        read-only): the accepted messages as a pending call; errors go to ``results``."""
-        call = _PendingCall([], [], [], [], [], [], results,
-                            asyncio.get_running_loop().create_future())
+        read-only): the accepted messages as a pending call (woken through ``future``, or
+        told through ``on_done``); errors go to ``results``."""
+        call = _PendingCall([], [], [], [], [], [], results, future)
         assert call.slots is not None
         max_delay_ms = self.config.max_delay_ms
         for slot, (payload, checked) in enumerate(zip(payloads, checks)):
@@ -180,6 +234,14 @@ class AcceptingMixin:
         """The group commit's store call: ``_append_and_commit`` on the I/O thread, as a future
         a cancel does not cancel (a stop or demote still places what it stored)."""
         return self._io_thread.submit(self._append_and_commit, batch)
+
+    def _commit_io_then(self, batch: list[_PendingCall],
+                        then: Callable[[_Committed | None, BaseException | None], None]
+                        ) -> None:
+        """``_commit_io_call`` with no future, for a ``commit_soon`` commit (``schedule_soon``):
+        ``then(committed, error)`` on the event loop once delay-io ran it, in the thread's
+        hand-back itself (``IoThread.submit_then``)."""
+        self._io_thread.submit_then(then, self._append_and_commit, batch)
 
     def _go_readonly(self) -> None:
         """A sticky write failure: refuse sends until restarted."""
@@ -328,20 +390,42 @@ class AcceptingMixin:
 
     def _replicated(self, batch: list[_PendingCall], error: BaseException | None) -> None:
         """The slaves have the batch's commit (``error`` None): answered; or the wait was
-        refused (NotMaster): each call raises it."""
+        refused (NotMaster): each call raises it (a ``schedule_soon`` call is told it)."""
         if error is None:
             self._answer(batch)
             return
         for call in batch:
-            if not call.future.done():
+            if call.future is None:
+                call.error = error
+            elif not call.future.done():
                 call.future.set_exception(error)
+        self._answer(batch)  # the ``schedule_soon`` calls, told their error
 
-    @staticmethod
-    def _answer(batch: list[_PendingCall]) -> None:
-        """Wake each call of ``batch``: every one of its messages is answered now."""
+    def _answer(self, batch: list[_PendingCall]) -> None:
+        """Wake each call of ``batch``: every one of its messages is answered now. A call of
+        ``schedule`` through its future; one of ``schedule_soon`` by its ``on_done``, called
+        here, inside ``answers_together`` so that a commit's answers leave in one write per
+        connection."""
+        soon = False
         for call in batch:
-            if not call.future.done():  # a caller gone (cancelled) needs no answer
-                call.future.set_result(len(call.ids) if call.compact else call.results)
+            future = call.future
+            if future is None:
+                soon = True
+            elif not future.done():  # a caller gone (cancelled) needs no answer
+                future.set_result(len(call.ids) if call.compact else call.results)
+        if not soon:
+            return
+        with self.answers_together:
+            for call in batch:
+                on_done = call.on_done
+                if on_done is None:
+                    continue
+                call.on_done = None
+                try:
+                    on_done(call)
+                except Exception:  # a server bug: the batch's other calls still hear
+                    log.exception("delay group %s: answering a send of %d messages failed",
+                                  self.config.group, len(call.ids))
 
     def _append_and_commit(self, batch: list[_PendingCall]) -> _Committed:
         """On the delay-io thread: append ``batch`` to the store and commit it; the entries

@@ -24,8 +24,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Sequence, TypeVar
 
 from delayserver.accepting import AcceptingMixin, _Committed, _PendingCall
 from delayserver.cancels import CancelsMixin
@@ -135,7 +136,12 @@ class Scheduler(AcceptingMixin, LoadingMixin, CancelsMixin, HousekeepingMixin):
         self._quick_check = QuickCheck()
         self._commits: GroupCommitter[_PendingCall, _Committed] = GroupCommitter(
             f"delay group {config.group}", self._commit_io_call, self._committed_batch,
-            self._fail_batch, self._go_readonly, self._restore_batch)
+            self._fail_batch, self._go_readonly, self._restore_batch,
+            commit_then=self._commit_io_then)
+        # Around the answers of a ``schedule_soon`` commit: the block the server's
+        # ``FrameServer.answers_together()`` gives (set by the server), so they leave in one
+        # write per connection (event loop).
+        self.answers_together: ContextManager[None] = contextlib.nullcontext()
         # Answered commits whose entries wait for the next loop turn to enter the window
         # (``_committed_batch``): (entries, quick-check fields when tracing) each.
         self._unplaced: list[tuple[list[ScheduleEntry], Sequence[Checked | None] | None]] = []

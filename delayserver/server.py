@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 from delayserver.config import DelayConfig
 from delayserver.metrics import DelayMetrics
 from delayserver.dispatch import Hold
+from delayserver.accepting import _PendingCall
 from delayserver.scheduler import Dispatch, Scheduler
 from delayserver.storage.done_journal import GATED_KINDS, gated_kind_at
 from delayserver.tracing import DelayTracer
@@ -44,8 +45,10 @@ class DelayServer(ServerBase):
     KIND = "delay"
     REPLICATED_LOGS = ("delay", "done")
     # A slave's fetch at the log's end parks with no task (``serverkit.parked_fetch``): stepped
-    # as it is read, it needs a task only when it reads the store's thread.
-    INLINE_OPS = ("fetch",)
+    # as it is read, it needs a task only when it reads the store's thread. A send queues its
+    # commit and returns its call, a ``Later`` the commit's hand-back answers
+    # (``_schedule_ended``): no task, no coroutine waiting for the commit.
+    INLINE_OPS = ("send", "fetch")
     STOP_SUMMARY = ("queued sends committed, dispatches recorded, delay store fsynced and "
                     "checkpointed")
 
@@ -124,6 +127,7 @@ class DelayServer(ServerBase):
             cancel_held=self._sender.cancel_held_answers if self._sender is not None
             else None)
         self.metrics.watch(scheduler)
+        scheduler.answers_together = self.frames.answers_together()  # its one block
         if replica is not None:
             store = scheduler.store
             replica.attach([
@@ -206,21 +210,59 @@ class DelayServer(ServerBase):
             return out
         return await out
 
-    async def _scheduled(self, request: Send, grant: Grant) -> dict[str, Any]:
-        """A send (access and role checked): stored, then answered if the role allows."""
-        # The grant is checked inside ``schedule`` against the subjects its quick check
+    def _scheduled(self, request: Send, grant: Grant) -> dict[str, Any] | Later:
+        """A send (access and role checked): queued for the group commit, its call returned as
+        the request's ``Later`` and answered by ``_schedule_ended`` from the commit's
+        hand-back, with no task waiting (issue 18); the results now when none is valid."""
+        # The grant is checked inside ``schedule_soon`` against the subjects its quick check
         # reads, before anything is written: no second read of each payload here.
-        results = await self.scheduler.schedule(
+        sent = self.scheduler.schedule_soon(
             request.messages, request.compact,
-            None if grant.admin else partial(self.gate.check_send, grant))
-        if type(results) is int:  # a compact send, every message stored
-            self.metrics.scheduled += results
-            if not self.role.writable_now():
-                self._check_role()
-            return send_stored_answer(results)
-        self.metrics.count_schedule_results(results)
+            None if grant.admin else partial(self.gate.check_send, grant),
+            self._schedule_ended)
+        if type(sent) is not list:
+            return sent  # type: ignore[return-value]  # its own Later: _schedule_ended
+        self.metrics.count_schedule_results(sent)  # nothing valid to commit
         self._check_role()
-        return {"results": results}
+        return {"results": sent}
+
+    def _schedule_ended(self, call: _PendingCall) -> None:
+        """A send's commit ended (stored or refused): answer it (the call is its own
+        ``Later``), after the slaves under ``sync`` replication (a commit's answers are
+        parked once per commit by ``_park_answers``; a call still holding ``delay_end`` was
+        not: NotMaster now, or waited for here), and only while still the writable master."""
+        try:
+            if call.error is not None:
+                raise call.error
+            end = call.delay_end
+            if end:
+                call.delay_end = 0
+                replica = self.scheduler.replica
+                if not replica.replicated_now("delay", end):  # raises NotMaster
+                    replica.park_replicated("delay", end,
+                                            partial(self._schedule_replicated, call))
+                    return
+            if call.compact:  # every message stored: answered by their count
+                count = len(call.ids)
+                self.metrics.scheduled += count
+                if not self.role.writable_now():
+                    self._check_role()  # raises: a write that outlived the lease is not answered
+                answer = send_stored_answer(count)
+            else:
+                results = call.results
+                self.metrics.count_schedule_results(results)
+                self._check_role()
+                answer = {"results": results}
+        except Exception as exc:  # NotMaster, or a server bug: answered internal and logged
+            call.fail(exc)
+            return
+        call.answer(answer)
+
+    def _schedule_replicated(self, call: _PendingCall, error: BaseException | None) -> None:
+        """``_schedule_ended``'s wait for the slaves ended: answered, or refused."""
+        if error is not None:
+            call.error = error
+        self._schedule_ended(call)
 
     async def _cancelled(self, request: Cancel) -> dict[str, Any]:
         """A cancel (access and role checked): each message's status."""
