@@ -54,9 +54,8 @@ from wire.protocol import (
 log = logging.getLogger(__name__)
 
 # ``_FrameConnection.send``'s inline encoding: this thread's Packer and the frame header, as
-# ``encode_frame`` uses them. An answer packed to this size or more is encoded again by
-# ``encode_frame``, which renews an outgrown Packer and refuses a frame over the limit.
-_INLINE_PAYLOAD_BYTES_MAX = min(MAX_FRAME_BYTES, PACKER_KEEP_BYTES_MAX)
+# ``encode_frame`` uses them (with its rules: a Packer that packed more than
+# PACKER_KEEP_BYTES_MAX renewed, a frame over MAX_FRAME_BYTES refused).
 _pack_header = FRAME_HEADER.pack
 
 # Longest silence allowed in the middle of a frame, in milliseconds. A client that sent part of a
@@ -513,17 +512,23 @@ class _FrameConnection(asyncio.Protocol):
             return
         data = None
         if type(response) is dict:
-            # ``encode_frame``'s work inline for the usual answer, a small map (one Python call
-            # fewer an answer, issue 18); any other, or one that fails to pack, goes through
-            # it, with its checks and its errors.
+            # ``encode_frame``'s work inline for an answer map (one Python call fewer an
+            # answer, issue 18), its Packer rule included: one that packed more than
+            # PACKER_KEEP_BYTES_MAX is renewed. Packed once: a big answer (a pull of large
+            # messages) packed again by ``encode_frame`` while this copy lived cost twice the
+            # loop's CPU (review rv22-M1). One that fails to pack, or packs past the frame
+            # limit (a server bug), goes through ``encode_frame``, with its checks and errors.
             try:
                 payload = packers.pack(response)
             except Exception:
                 pass
             else:
                 size = len(payload)
-                if size < _INLINE_PAYLOAD_BYTES_MAX:
+                if size <= MAX_FRAME_BYTES:
+                    if size > PACKER_KEEP_BYTES_MAX:
+                        packers.renew()  # not kept with its grown buffer
                     data = _pack_header(size) + payload
+                del payload  # (past the limit: not kept while ``encode_frame`` refuses it)
         if data is None:
             try:
                 data = encode_frame(response)
