@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from realtime.committed import PARK_DEADLINE_SLOT_S, Committed
+from realtime.committed import PARK_DEADLINE_SLOT_S, Committed, Wake
 from realtime.tail import Tail
 
 
@@ -260,3 +260,14 @@ async def test_a_commit_hands_its_polls_parked_with_no_task_over_in_one_call_and
     assert calls == [(polls, True)], "one call for all of them, in the order they parked"
     assert all(poll.results == [] for poll in polls), "none told one by one"
     assert await future is True
+
+
+def test_a_commits_wake_has_every_field_a_new_wake_has_and_the_same_values():
+    # Committed.wake makes its Wake without calling __init__ (issue 18): a field added to Wake
+    # must be set there too, or every commit's wake lacks it (review rv22-L2).
+    made = _committed().wake("s")
+    fresh = Wake()
+    assert type(made) is Wake
+    assert {slot: getattr(made, slot) for slot in Wake.__slots__} == {
+        slot: getattr(fresh, slot) for slot in Wake.__slots__}
+    assert made.waiters is not _committed().wake("s").waiters  # a list of its own per wake
