@@ -8,38 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
-from delayserver.config import DelayConfig
-from delayserver.server import DelayServer
+from tests.integration.test_delay_server import client, clock, realtime, server  # noqa: F401
+from tests.lease_lapse import lapse_after
 from tests.rawclient import FakeClock, RawClient, message
 from wire.errors import NotMaster
 from wire.message import Message, encode_message
-
-
-async def _no_dispatch(subject: str, payloads: list[bytes]) -> Any:
-    raise AssertionError("nothing here falls due")
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def server(tmp_path, clock):
-    server = DelayServer(DelayConfig(data_dir=str(tmp_path / "delay"), port=0, bucket_ms=1000),
-                         clock=clock, dispatch=_no_dispatch)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server):
-    client = await RawClient.connect(server.port)
-    yield client
-    await client.close()
 
 
 def _due_in_a_minute(clock: FakeClock) -> list[Message]:
@@ -66,26 +39,7 @@ async def _cancelled(client: RawClient, sent: list[Message]) -> list[str]:
 
 async def test_a_delayed_send_whose_commit_outlived_the_lease_is_refused_not_master(
         server, client, clock, monkeypatch):
-    refusing: list[str] = []
-    check_writable = server.role.check_writable
-
-    def check(group: str, now_ms: int) -> None:
-        if refusing:
-            raise NotMaster(f"server me is not the leased master of group {group}: "
-                            f"{refusing[0]}")
-        check_writable(group, now_ms)
-
-    writable_now = server.role.writable_now
-    monkeypatch.setattr(server.role, "check_writable", check)
-    monkeypatch.setattr(server.role, "writable_now", lambda: not refusing and writable_now())
-    commit = server.scheduler._append_and_commit
-
-    def commit_then_lapse(batch: list[Any]) -> Any:
-        committed = commit(batch)
-        refusing[:] = ["its lease ran out (epoch 1): no MetaServer renewed it in time"]
-        return committed
-
-    monkeypatch.setattr(server.scheduler, "_append_and_commit", commit_then_lapse)
+    refusing = lapse_after(monkeypatch, server.role, server.scheduler, "_append_and_commit")
     sent = _due_in_a_minute(clock)
     for one, compact in zip(sent, (False, True)):
         refusing.clear()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.lease_lapse import lapse_after
 from tests.rawclient import FakeClock, RawClient, message
 from tests.integration.realtime_fixtures import client, server  # noqa: F401 (fixtures)
 from wire.errors import NotMaster
@@ -44,26 +45,7 @@ async def test_a_send_is_answered_when_its_commit_ends_with_no_task(server, clie
 
 async def test_a_send_whose_commit_outlived_the_lease_is_refused_not_master(
         server, client, monkeypatch):
-    refusing: list[str] = []
-    check_writable = server.role.check_writable
-
-    def check(group: str, now_ms: int) -> None:
-        if refusing:
-            raise NotMaster(f"server me is not the leased master of group {group}: "
-                            f"{refusing[0]}")
-        check_writable(group, now_ms)
-
-    writable_now = server.role.writable_now
-    monkeypatch.setattr(server.role, "check_writable", check)
-    monkeypatch.setattr(server.role, "writable_now", lambda: not refusing and writable_now())
-    commit_io = server.broker.sends._append_and_commit_io
-
-    def commit_then_lapse(batch, now_ms):
-        committed = commit_io(batch, now_ms)
-        refusing[:] = ["its lease ran out (epoch 1): no MetaServer renewed it in time"]
-        return committed
-
-    monkeypatch.setattr(server.broker.sends, "_append_and_commit_io", commit_then_lapse)
+    lapse_after(monkeypatch, server.role, server.broker.sends, "_append_and_commit_io")
     answer = await client.send(message("orders", b"one", FakeClock()))
     assert answer["error"]["code"] == "not_master"
 
