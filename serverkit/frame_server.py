@@ -28,15 +28,15 @@ of every error response (the servers count them in their metrics).
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import logging
 import ssl
 from dataclasses import dataclass, field
 from types import CoroutineType
-from typing import Any, Awaitable, Callable, Collection, Coroutine, Generator, cast
+from typing import Any, Awaitable, Callable, Collection, cast
 
 from sdk.connection import limit_reads
 from serverkit.later import _LATER_TYPES, Later, LaterAnsweredTwice
+from serverkit.resumed import Resumed
 from wire.errors import BadRequest, Internal, QmqError
 from wire.framing import FRAME_HEADER
 from wire.limits import MAX_FRAME_BYTES
@@ -199,7 +199,7 @@ class FrameServer:
         leaves with the other answers of this read in one write at its end. With a
         ``handler_now`` it is called instead of the coroutine: its answer or ``Later`` is
         taken as it returns, and only the awaitable it may leave the request to is stepped
-        here. One that suspends goes on in a task (``_Resumed``). Every other request gets a
+        here. One that suspends goes on in a task (``Resumed``, serverkit/resumed.py). Every other request gets a
         task, so a long poll never holds up the requests pipelined behind it; requests start
         in the order they were read either way. A handler started inline runs its first step
         outside any task: it must not need ``asyncio.current_task()`` before its first
@@ -272,7 +272,7 @@ class FrameServer:
                 # and drop the other answers of this read; review s14 rva).
                 return
             # It suspended: a task goes on from where it stopped.
-            task = self._loop.create_task(_Resumed(answer, waits_on))  # type: ignore[arg-type]
+            task = self._loop.create_task(Resumed(answer, waits_on))  # type: ignore[arg-type]
         else:
             # It leaves ``_requests`` itself as it ends (no done callback: one loop callback
             # less per request); one cancelled before its first step is dropped by stop().
@@ -360,44 +360,6 @@ class _Together:
                 # answers behind, to leave at their end.
                 if not connection._reading and not connection._wrote_this_turn:
                     connection._flush()
-
-
-_NOT_YET = object()
-
-
-class _Resumed(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """A coroutine already stepped once by hand (``FrameServer._dispatch``), for a task to go
-    on with: the task's first step gets what the coroutine yielded then (the future it waits
-    on), as if the task had made that step itself; every later step is the coroutine's own.
-    A task cancelled before its first step throws the cancel into the coroutine, where it
-    stopped."""
-
-    __slots__ = ("_coro", "_yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], yielded: Any) -> None:
-        self._coro = coro
-        self._yielded = yielded
-
-    def send(self, value: Any) -> Any:
-        """The task's step: the first hands back what the hand-made step yielded."""
-        yielded = self._yielded
-        if yielded is not _NOT_YET:
-            self._yielded = _NOT_YET
-            return yielded
-        return self._coro.send(value)
-
-    def throw(self, *args: Any) -> Any:  # type: ignore[override]
-        """A cancel (or another exception) thrown into the task."""
-        self._yielded = _NOT_YET
-        return self._coro.throw(*args)
-
-    def close(self) -> None:
-        """Close the coroutine (a task never stepped is closed when collected)."""
-        self._yielded = _NOT_YET
-        self._coro.close()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        raise TypeError("_Resumed is run by a task, not awaited")
 
 
 class _FrameConnection(asyncio.Protocol):

@@ -206,7 +206,7 @@ async def test_a_direct_pull_never_runs_beside_a_pull_of_its_group_holding_the_l
 
 
 async def _resume(coro, waits_on):
-    """Go on with a coroutine stepped once by hand (as the frame server's _Resumed does)."""
+    """Go on with a coroutine stepped once by hand (as serverkit.resumed.Resumed does for the frame server)."""
     await asyncio.wait([waits_on])
     try:
         while True:
