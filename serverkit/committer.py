@@ -179,32 +179,21 @@ class GroupCommitter(Generic[T, R]):
 
     def _stored_soon(self, call: asyncio.Future[R]) -> None:
         """The store call of the ``commit_soon`` commit running finished (its ``then``, or
-        its done callback): ``_stored``, then the next commit starts with what queued. One
-        call for the three steps on the usual path (issue 18: two Python calls a commit
-        fewer)."""
-        batch: list[T] = self._batch  # type: ignore[assignment]
-        self._batch = None
-        try:
-            if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
-                self._refuse(batch, RuntimeError("the store call was cancelled"))
-            elif (exc := call.exception()) is None:
-                result = call.result()
-                try:  # ``_publish``, inline
-                    self._committed(batch, result)
-                except Exception as exc:
-                    self._publish_failed(batch, exc, result)
-            elif isinstance(exc, Exception):
-                self._refuse(batch, exc)
-        finally:
-            self._running = False  # ``_ended``, inline
-            if self._idle_waiters:
-                self._release_idle()
-            if self.pending:
-                self.commit_soon()
+        its done callback), as a future: its outcome read and told to ``_stored_then``. Both
+        servers' commits take ``commit_then`` (no future), so this is the path of a committer
+        given no such hook."""
+        if call.cancelled():  # not an IoThread.submit future (those refuse a cancel)
+            self._stored_then(None, RuntimeError("the store call was cancelled"))
+        elif (exc := call.exception()) is None:
+            self._stored_then(call.result(), None)
+        else:
+            self._stored_then(None, exc)
 
     def _stored_then(self, result: R | None, error: BaseException | None) -> None:
-        """``_stored_soon`` for a ``commit_then`` store call, told its outcome with no future
-        (issue 18: no future made, set and read back per commit)."""
+        """The store call of the ``commit_soon`` commit running ended, ``result`` or ``error``
+        (a ``commit_then`` call's ``then``, with no future: issue 18): ``_stored``, then the
+        next commit starts with what queued. One call for the three steps on the usual path
+        (two Python calls a commit fewer)."""
         batch: list[T] = self._batch  # type: ignore[assignment]
         self._batch = None
         try:
