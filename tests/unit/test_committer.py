@@ -7,6 +7,8 @@ import asyncio
 import errno
 import threading
 
+import pytest
+
 from logstore.errors import DiskFull, LogWriteFailed, OutOfDescriptors
 from serverkit.committer import GroupCommitter
 from serverkit.io_thread import IoThread
@@ -286,9 +288,39 @@ async def _answered(server: Server, count: int) -> None:
             await asyncio.sleep(0.001)
 
 
+class ThenServer(GatedServer):
+    """A GatedServer whose ``commit_soon`` commits go through ``commit_then`` (no future:
+    ``IoThread.submit_then``), as the realtime broker's do."""
+
+    def __init__(self, raises: Exception | None = None) -> None:
+        super().__init__()
+        self.raises = raises
+        self.committer = GroupCommitter("test group t1", self.commit, self.committed,
+                                        self.failed, self.go_readonly,
+                                        commit_then=self.commit_then)
+
+    def commit_then(self, batch: list[str], then) -> None:
+        self.commits.append(batch)
+
+        def store() -> int:
+            assert self.release.wait(30)
+            if self.raises is not None:
+                raise self.raises
+            return len(batch)
+
+        self.io.submit_then(then, store)
+
+
+# Each commit_soon test runs twice: with the store call as a future (GatedServer) and through
+# commit_then, the store call with no future (ThenServer), as both servers' commits run.
+COMMIT_PATHS = pytest.mark.parametrize("server_class", [GatedServer, ThenServer],
+                                       ids=["future", "commit_then"])
+
+
+@COMMIT_PATHS
 async def test_commit_soon_commits_with_no_task_and_starts_what_queued_meanwhile_as_it_ends(
-) -> None:
-    server = GatedServer()  # no committer task at all, and no sender's task
+        server_class: type[GatedServer]) -> None:
+    server = server_class()  # no committer task at all, and no sender's task
     tasks_before = asyncio.all_tasks()
     try:
         server.committer.pending.append("a")
@@ -307,8 +339,10 @@ async def test_commit_soon_commits_with_no_task_and_starts_what_queued_meanwhile
         server.io.close()
 
 
-async def test_commit_pending_waits_for_a_commit_soon_commit() -> None:
-    server = GatedServer()
+@COMMIT_PATHS
+async def test_commit_pending_waits_for_a_commit_soon_commit(
+        server_class: type[GatedServer]) -> None:
+    server = server_class()
     server.committer.pending.append("a")
     server.committer.commit_soon()
     server.committer.pending.append("b")
@@ -362,50 +396,6 @@ async def test_commit_soon_refuses_a_batch_whose_store_call_raises_at_once_or_la
     assert failing.answers[0][1].code == "internal" and failing.readonly
 
 
-class ThenServer(GatedServer):
-    """A GatedServer whose ``commit_soon`` commits go through ``commit_then`` (no future:
-    ``IoThread.submit_then``), as the realtime broker's do."""
-
-    def __init__(self, raises: Exception | None = None) -> None:
-        super().__init__()
-        self.raises = raises
-        self.committer = GroupCommitter("test group t1", self.commit, self.committed,
-                                        self.failed, self.go_readonly,
-                                        commit_then=self.commit_then)
-
-    def commit_then(self, batch: list[str], then) -> None:
-        self.commits.append(batch)
-
-        def store() -> int:
-            assert self.release.wait(30)
-            if self.raises is not None:
-                raise self.raises
-            return len(batch)
-
-        self.io.submit_then(then, store)
-
-
-async def test_commit_soon_through_commit_then_publishes_and_starts_what_queued_meanwhile(
-) -> None:
-    server = ThenServer()
-    tasks_before = asyncio.all_tasks()
-    try:
-        server.committer.pending.append("a")
-        server.committer.commit_soon()
-        assert server.commits == [["a"]]  # the store call began right here
-        server.committer.pending.append("b")
-        server.committer.commit_soon()  # a commit runs: "b" waits for it to end
-        assert server.commits == [["a"]]
-        assert asyncio.all_tasks() == tasks_before
-        server.release.set()
-        await _answered(server, 2)
-        assert server.commits == [["a"], ["b"]]
-        assert server.answers == [(["a"], 1), (["b"], 1)]
-        assert not server.committer._running and server.committer.pending == []
-    finally:
-        server.io.close()
-
-
 async def test_commit_soon_through_commit_then_refuses_a_batch_the_store_failed() -> None:
     server = ThenServer(LogWriteFailed("/data/log", "fsync", OSError(5, "EIO")))
     try:
@@ -418,19 +408,3 @@ async def test_commit_soon_through_commit_then_refuses_a_batch_the_store_failed(
         assert not server.committer._running
     finally:
         server.io.close()
-
-
-async def test_a_commit_pending_waits_for_a_commit_then_commit() -> None:
-    server = ThenServer()
-    server.committer.pending.append("a")
-    server.committer.commit_soon()
-    server.committer.pending.append("b")
-    stopping = asyncio.create_task(server.committer.commit_pending())
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert server.commits == [["a"]], "a second commit started beside the running one"
-    server.release.set()
-    await stopping
-    await _answered(server, 2)
-    server.io.close()
-    assert server.commits == [["a"], ["b"]]

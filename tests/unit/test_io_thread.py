@@ -261,7 +261,20 @@ async def test_a_submitted_calls_then_runs_in_the_hand_back_itself_with_no_loop_
         io.close()
 
 
-async def test_a_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it():
+def queue_with_then(io: IoThread, how: str, call, then) -> None:
+    """Queue ``call`` on ``io`` with ``then()`` run in its hand-back, the way ``how`` names:
+    ``IoThread.submit(...).then`` or ``IoThread.submit_then`` (the same ordering rule)."""
+    if how == "submit_then":
+        io.submit_then(lambda result, error: then(), call)
+    else:
+        io.submit(call).then(lambda done: then())
+
+
+THEN_PATHS = pytest.mark.parametrize("how", ["submit().then", "submit_then"])
+
+
+@THEN_PATHS
+async def test_a_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it(how: str):
     io = IoThread("test-then-order")
     try:
         order: list[str] = []
@@ -274,7 +287,7 @@ async def test_a_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it
 
         task = asyncio.create_task(round_before())
         await asyncio.sleep(0)  # the task's call is queued now
-        io.submit(lambda: "commit").then(lambda done: order.append("then"))
+        queue_with_then(io, how, lambda: "commit", lambda: order.append("then"))
         gate.set()
         # Block the loop until the thread finished all three: they come back in one bunch.
         assert wait_until(lambda: io.idle())
@@ -286,14 +299,15 @@ async def test_a_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it
         io.close()
 
 
-async def test_a_then_that_raises_is_reported_and_the_bunchs_other_results_still_arrive():
+@THEN_PATHS
+async def test_a_then_that_raises_is_reported_and_the_bunchs_other_results_still_arrive(how: str):
     io = IoThread("test-then-raises")
     loop = asyncio.get_running_loop()
     reported: list[dict] = []
     loop.set_exception_handler(lambda _, context: reported.append(context))
     try:
         gate = threading.Event()
-        io.submit(gate.wait, 30).then(lambda done: 1 / 0)
+        queue_with_then(io, how, lambda: gate.wait(30), lambda: 1 / 0)
         after = io.submit(lambda: "after")
         gate.set()
         assert await after == "after"
@@ -328,46 +342,4 @@ async def test_a_submit_then_call_tells_its_then_the_result_or_the_error_in_the_
             result, error = await failed
         assert result is None and isinstance(error, ZeroDivisionError)
     finally:
-        io.close()
-
-
-async def test_a_submit_then_waits_for_a_task_resumed_by_a_result_handed_back_before_it():
-    io = IoThread("test-submit-then-order")
-    try:
-        order: list[str] = []
-        gate = threading.Event()
-        io.submit(gate.wait, 30)  # holds the thread while the two calls below queue up
-
-        async def round_before() -> None:
-            await io.call(lambda: "round")
-            order.append("task resumed by the round handed back first")
-
-        task = asyncio.create_task(round_before())
-        await asyncio.sleep(0)  # the task's call is queued now
-        io.submit_then(lambda result, error: order.append(f"then {result}"), lambda: "commit")
-        gate.set()
-        # Block the loop until the thread finished all three: they come back in one bunch.
-        assert wait_until(lambda: io.idle())
-        await task
-        while len(order) < 2:
-            await asyncio.sleep(0)
-        assert order == ["task resumed by the round handed back first", "then commit"]
-    finally:
-        io.close()
-
-
-async def test_a_submit_then_whose_then_raises_is_reported_and_the_bunchs_others_still_arrive():
-    io = IoThread("test-submit-then-raises")
-    loop = asyncio.get_running_loop()
-    reported: list[dict] = []
-    loop.set_exception_handler(lambda _, context: reported.append(context))
-    try:
-        gate = threading.Event()
-        io.submit_then(lambda result, error: 1 / 0, gate.wait, 30)
-        after = io.submit(lambda: "after")
-        gate.set()
-        assert await after == "after"
-        assert isinstance(reported[0]["exception"], ZeroDivisionError)
-    finally:
-        loop.set_exception_handler(None)
         io.close()
