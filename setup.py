@@ -32,6 +32,6 @@ setup(
         Extension("delayserver._due_records", sources=["delayserver/_due_records.c"],
                   libraries=["z"], optional=True),
         Extension("delayserver._commit_codecs", sources=["delayserver/_commit_codecs.c"],
-                  libraries=["z"], optional=True),
+                  libraries=["z"], depends=["logstore/_framing.h"], optional=True),
     ],
 )

@@ -8,6 +8,12 @@
  *     -> list of bytes: per row, u64 deliver_at_ms, u64 bucket_ms, u16 id length, the id bytes,
  *        the subject tail (u16 length and bytes, as delay_record.subject_tail gives it), the
  *        payload; big-endian (docs/FORMATS.md, the delay-log record).
+ * frame_delay_records(deliver_at_ms, bucket_ms, message_ids_bytes, subject_tails, payloads)
+ *     -> (framed, sizes, id_hashes): the same records framed as logstore records back to back
+ *        in ONE bytes object (logstore/_framing.h's frame: what frame_records makes of the
+ *        bodies above), each record's body size, and the CRC-32 of each message id (the
+ *        schedule entry's id_hash): the delay store's append_many, one pass and one copy of
+ *        every byte, no bytes object per record.
  * encode_schedule_entries(deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes)
  *     -> list of bytes: per row the 32-byte schedule entry (u64, u64, u32, u32, magic 0x5345,
  *        version 1, reserved 0, CRC-32 of bytes 0..27).
@@ -27,6 +33,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <zlib.h>
+
+#include "../logstore/_framing.h"
 
 #define DELAY_FIXED_BYTES 18     /* delay_record.FIXED: u64 deliver_at, u64 bucket, u16 id length */
 #define ENTRY_HEAD_BYTES 28      /* schedule_entry.FIELDS */
@@ -204,6 +212,113 @@ static PyObject *encode_delay_records(PyObject *self, PyObject *args)
     return encode_columns(args, 5, "encode_delay_records", delay_row);
 }
 
+/* frame_delay_records: the columns' rows as framed delay-log records in one bytes object, their
+ * body sizes and their ids' CRC-32s. Two passes: the first takes each row's buffers and checks
+ * its fields (the errors of encode_delay_records, naming the row), the second writes every
+ * record in place and frames it; every buffer is released whatever happens. */
+static PyObject *frame_delay_records(PyObject *self, PyObject *args)
+{
+    if (PyTuple_GET_SIZE(args) != 5) {
+        PyErr_Format(PyExc_TypeError, "frame_delay_records takes 5 columns, %zd given",
+                     PyTuple_GET_SIZE(args));
+        return NULL;
+    }
+    PyObject *columns[5];
+    Py_ssize_t made = 0, rows = PY_SSIZE_T_MAX, held = 0;
+    Py_buffer *parts = NULL;  /* 3 a row: the id, the subject tail, the payload */
+    uint64_t *fixed = NULL;   /* 2 a row: deliver_at_ms, bucket_ms */
+    PyObject *framed = NULL, *sizes = NULL, *hashes = NULL, *out = NULL;
+    for (; made < 5; made++) {
+        columns[made] = PySequence_Fast(PyTuple_GET_ITEM(args, made),
+                                        "a column must be a sequence");
+        if (columns[made] == NULL) {
+            goto done;
+        }
+        if (PySequence_Fast_GET_SIZE(columns[made]) < rows) {
+            rows = PySequence_Fast_GET_SIZE(columns[made]);
+        }
+    }
+    parts = PyMem_Malloc(sizeof(Py_buffer) * 3 * (size_t)(rows ? rows : 1));
+    fixed = PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(rows ? rows : 1));
+    if (parts == NULL || fixed == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        if (item_unsigned(columns[0], k, UINT64_MAX, "deliver_at_ms", &fixed[2 * k]) < 0
+                || item_unsigned(columns[1], k, UINT64_MAX, "bucket_ms", &fixed[2 * k + 1]) < 0) {
+            goto done;
+        }
+        for (int i = 0; i < 3; i++) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(columns[2 + i], k),
+                                   &parts[held], PyBUF_SIMPLE) < 0) {
+                goto done;
+            }
+            held++;
+        }
+        Py_ssize_t id_len = parts[3 * k].len;
+        if (id_len > 0xFFFF) {
+            PyErr_Format(PyExc_OverflowError, "message id of row %zd has %zd bytes, more than %d",
+                         k, id_len, 0xFFFF);
+            goto done;
+        }
+        Py_ssize_t body = DELAY_FIXED_BYTES + id_len + parts[3 * k + 1].len + parts[3 * k + 2].len;
+        if (body > (Py_ssize_t)UINT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "record of row %zd has %zd bytes, more than a "
+                         "logstore record's u32 length holds", k, body);
+            goto done;
+        }
+        total += LOGSTORE_HEADER_SIZE_BYTES + body;
+    }
+    framed = PyBytes_FromStringAndSize(NULL, total);
+    sizes = PyList_New(rows);
+    hashes = PyList_New(rows);
+    if (framed == NULL || sizes == NULL || hashes == NULL) {
+        goto done;
+    }
+    unsigned char *record = (unsigned char *)PyBytes_AS_STRING(framed);
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        Py_buffer *row = &parts[3 * k];
+        unsigned char *p = record + LOGSTORE_HEADER_SIZE_BYTES;
+        store_be64(p, fixed[2 * k]);
+        store_be64(p + 8, fixed[2 * k + 1]);
+        store_be16(p + 16, (unsigned int)row[0].len);
+        p += DELAY_FIXED_BYTES;
+        for (int i = 0; i < 3; i++) {
+            memcpy(p, row[i].buf, (size_t)row[i].len);
+            p += row[i].len;
+        }
+        size_t body = (size_t)(p - record) - LOGSTORE_HEADER_SIZE_BYTES;
+        logstore_frame_in_place(record, body);
+        PyObject *size = PyLong_FromSize_t(body);
+        PyObject *hash = PyLong_FromUnsignedLong(
+            (unsigned long)crc32_z(0, (const unsigned char *)row[0].buf, (size_t)row[0].len));
+        if (size == NULL || hash == NULL) {
+            Py_XDECREF(size);
+            Py_XDECREF(hash);
+            goto done;
+        }
+        PyList_SET_ITEM(sizes, k, size);
+        PyList_SET_ITEM(hashes, k, hash);
+        record = p;
+    }
+    out = PyTuple_Pack(3, framed, sizes, hashes);
+done:
+    while (held > 0) {
+        PyBuffer_Release(&parts[--held]);
+    }
+    PyMem_Free(parts);
+    PyMem_Free(fixed);
+    Py_XDECREF(framed);
+    Py_XDECREF(sizes);
+    Py_XDECREF(hashes);
+    for (Py_ssize_t c = 0; c < made; c++) {
+        Py_DECREF(columns[c]);
+    }
+    return out;
+}
+
 static PyObject *encode_schedule_entries(PyObject *self, PyObject *args)
 {
     return encode_columns(args, 4, "encode_schedule_entries", entry_row);
@@ -213,6 +328,9 @@ static PyMethodDef methods[] = {
     {"encode_delay_records", encode_delay_records, METH_VARARGS,
      "encode_delay_records(deliver_at_ms, bucket_ms, message_ids_bytes, subject_tails, "
      "payloads) -> list of delay-log record bodies."},
+    {"frame_delay_records", frame_delay_records, METH_VARARGS,
+     "frame_delay_records(deliver_at_ms, bucket_ms, message_ids_bytes, subject_tails, "
+     "payloads) -> (framed records as one bytes, body sizes, id CRC-32s)."},
     {"encode_schedule_entries", encode_schedule_entries, METH_VARARGS,
      "encode_schedule_entries(deliver_at_ms, delay_log_offsets, sizes_bytes, id_hashes) -> "
      "list of 32-byte schedule entries."},

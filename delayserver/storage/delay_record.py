@@ -29,6 +29,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from logstore.record import frame_records_python
 from logstore.twins import c_twin
 
 FIXED = struct.Struct(
@@ -111,6 +112,31 @@ def encode_delay_records_python(
 
 encode_delay_records = (c_twin("delayserver._commit_codecs", "encode_delay_records")
                         or encode_delay_records_python)
+
+
+def frame_delay_records_python(
+    deliver_at_ms: list[int],
+    bucket_ms: list[int],
+    message_ids_bytes: list[bytes],
+    subject_tails: list[bytes],
+    payloads: list[bytes],
+) -> tuple[bytes, list[int], list[int]]:
+    """The records ``encode_delay_records`` gives, framed as logstore records back to back
+    (``frame_records``: the bytes the delay log writes for them), each one's body size and the
+    CRC-32 of each message id (``id_hash``): what the delay store's ``append_many`` buffers for
+    its commit. Columns of already-checked values, as ``encode_delay_records`` takes.
+
+    ``frame_delay_records`` is the C twin (``delayserver/_commit_codecs.c``: one bytes object
+    written in one pass, no body per record) when it is built, this one otherwise; both give
+    the same answer (tests/unit/test_commit_codecs.py)."""
+    bodies = encode_delay_records_python(deliver_at_ms, bucket_ms, message_ids_bytes,
+                                         subject_tails, payloads)
+    return (frame_records_python(bodies), list(map(len, bodies)),
+            list(map(zlib.crc32, message_ids_bytes[:len(bodies)])))
+
+
+frame_delay_records = (c_twin("delayserver._commit_codecs", "frame_delay_records")
+                       or frame_delay_records_python)
 
 
 def decode_delay_header(body: bytes | memoryview) -> tuple[int, int, bytes, str, int]:

@@ -40,7 +40,8 @@ import logging
 import os
 import struct
 import zlib
-from itertools import repeat
+from itertools import accumulate, repeat
+from operator import add
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -48,7 +49,7 @@ from delayserver.storage.delay_checkpoint import CHECKPOINT_NAME
 from delayserver.storage.delay_record import (
     U64_MAX,
     encode_delay_record,
-    encode_delay_records,
+    frame_delay_records,
     subject_tail,
 )
 from delayserver.storage.bucket_reads import (
@@ -74,6 +75,7 @@ from logstore import (
     OsFile,
     RecordTooLarge,
 )
+from logstore.record import HEADER_SIZE_BYTES, frame_records
 from logstore.segment_log import FLUSH_MODES
 
 log = logging.getLogger(__name__)
@@ -127,10 +129,14 @@ class DelayStoreConfig:
 class _PendingColumns:
     """What ``append`` buffered for the next ``commit``, as columns (one row per message)."""
 
-    __slots__ = ("bodies", "dues", "buckets", "hashes", "subjects")
+    __slots__ = ("framed", "sizes", "dues", "buckets", "hashes", "subjects")
 
     def __init__(self) -> None:
-        self.bodies: list[bytes] = []  # encoded delay-log record bodies
+        # The records framed as the delay log writes them (logstore records back to back), in
+        # append order: one chunk per ``append_many`` (or ``append``) call; the commit writes
+        # them as they are, with no step per record.
+        self.framed: list[bytes] = []
+        self.sizes: list[int] = []  # each record's body size in bytes
         self.dues: list[int] = []  # deliver_at_ms
         self.buckets: list[int] = []  # the bucket each is filed in
         self.hashes: list[int] = []  # CRC-32 of each message id
@@ -138,6 +144,13 @@ class _PendingColumns:
 
 
 _new_tuple = tuple.__new__  # a ScheduleEntry from its fields without its generated __new__
+
+
+def _unframed(framed: bytes, sizes: list[int]) -> list[bytes]:
+    """The bodies of the records ``framed`` holds back to back (their body sizes ``sizes``),
+    for a commit the delay log takes record by record (``DelayStore.commit``)."""
+    starts = accumulate(map(add, sizes, repeat(HEADER_SIZE_BYTES)), initial=HEADER_SIZE_BYTES)
+    return [framed[start:start + size] for start, size in zip(starts, sizes)]
 
 
 class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin):
@@ -235,7 +248,8 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
         if len(body) > self.config.record_size_bytes_max:
             raise RecordTooLarge(len(body), self.config.record_size_bytes_max)
         pending = self._pending
-        pending.bodies.append(body)
+        pending.framed.append(frame_records([body]))
+        pending.sizes.append(len(body))
         pending.dues.append(deliver_at_ms)
         pending.buckets.append(bucket)
         pending.hashes.append(zlib.crc32(id_bytes))
@@ -254,7 +268,7 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
             subject_tails = list(map(tails.__getitem__, subjects))
         except (KeyError, TypeError):
             subject_tails = None
-        bodies = None
+        framed = None
         if (subject_tails is not None and count and len(subjects) == count
                 and len(deliver_at_ms) == count and len(payloads) == count
                 and b"" not in ids_bytes):
@@ -266,11 +280,11 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
                 buckets = [due - due % bucket_ms for due in deliver_at_ms]
                 if min(buckets) < done_before:  # late messages: filed in the watermark's bucket
                     buckets = [max(bucket, done_before) for bucket in buckets]
-                bodies = encode_delay_records(deliver_at_ms, buckets, ids_bytes, subject_tails,
-                                              payloads)
+                framed, sizes, hashes = frame_delay_records(deliver_at_ms, buckets, ids_bytes,
+                                                            subject_tails, payloads)
             except (TypeError, OverflowError, struct.error):
-                bodies = None
-        if bodies is None:
+                framed = None
+        if framed is None:
             # Something to word (or a subject not seen yet): one by one, which raises at the
             # first bad row exactly as append does, and learns the subjects' encoding.
             for row in zip(message_ids, subjects, deliver_at_ms, payloads):
@@ -278,21 +292,27 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
                 self._learn_subject(row[1])
             return
         size_max = self.config.record_size_bytes_max
-        if max(map(len, bodies)) > size_max:
-            first_too_large = next(k for k, body in enumerate(bodies) if len(body) > size_max)
-            self._extend_pending(bodies[:first_too_large], deliver_at_ms, buckets, ids_bytes,
+        if max(sizes) > size_max:
+            first_too_large = next(k for k, size in enumerate(sizes) if size > size_max)
+            framed_bytes = sum(sizes[:first_too_large]) + HEADER_SIZE_BYTES * first_too_large
+            self._extend_pending(framed[:framed_bytes], sizes, hashes, deliver_at_ms, buckets,
                                  subjects, first_too_large)
-            raise RecordTooLarge(len(bodies[first_too_large]), size_max)
-        self._extend_pending(bodies, deliver_at_ms, buckets, ids_bytes, subjects, count)
+            raise RecordTooLarge(sizes[first_too_large], size_max)
+        self._extend_pending(framed, sizes, hashes, deliver_at_ms, buckets, subjects, count)
 
-    def _extend_pending(self, bodies: list[bytes], dues: list[int], buckets: list[int],
-                        ids_bytes: list[bytes], subjects: list[str], count: int) -> None:
-        """Buffer the first ``count`` rows of the columns (``bodies`` holds exactly those)."""
+    def _extend_pending(self, framed: bytes, sizes: list[int], hashes: list[int],
+                        dues: list[int], buckets: list[int], subjects: list[str],
+                        count: int) -> None:
+        """Buffer the first ``count`` rows of the columns (``framed`` holds exactly those
+        records, framed)."""
+        if not count:
+            return
         pending = self._pending
-        pending.bodies += bodies
+        pending.framed.append(framed)
+        pending.sizes += sizes[:count]
         pending.dues += dues[:count]
         pending.buckets += buckets[:count]
-        pending.hashes += map(zlib.crc32, ids_bytes[:count])
+        pending.hashes += hashes[:count]
         pending.subjects += subjects[:count]
 
     def _learn_subject(self, subject: str) -> None:
@@ -312,16 +332,28 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
         back to where it ended before the batch, so none of it stays)."""
         self._check_writable()
         batch, self._pending = self._pending, _PendingColumns()
-        count = len(batch.bodies)
+        sizes = batch.sizes
+        count = len(sizes)
         if not count:
             return []
         if self._schedule_error is not None:
             self._retry_schedule_flush(count)
         delay_log = self._log
         end_before = delay_log.end_offset
+        chunks = batch.framed
+        framed = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        # Each record's offset: the framed records follow each other from the log's end.
+        offsets = list(accumulate(map(add, sizes, repeat(HEADER_SIZE_BYTES)), initial=end_before))
+        offsets.pop()
         try:
-            offsets = delay_log.append_many(batch.bodies)
-            delay_log.sync_or_flush()
+            room = delay_log.framed_room()
+            if room is not None and len(framed) <= room[1]:
+                # The usual (sync flush, no segment roll): the framed bytes written as they
+                # are, fsynced (``append_framed_durably``: the same write, fsync and failures).
+                delay_log.append_framed_durably(framed, None)
+            else:  # async flush, a roll, a log failed or closed: record by record, as before
+                delay_log.append_many(_unframed(framed, sizes))
+                delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
         except DiskFull:
@@ -334,7 +366,6 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
                 raise self._fail(cut_exc) from cut_exc
             raise
         dues, buckets, hashes = batch.dues, batch.buckets, batch.hashes
-        sizes = list(map(len, batch.bodies))
         indexes = self._index_records(dues, offsets, sizes, hashes, buckets, batch.subjects)
         entries = list(map(_new_tuple, repeat(ScheduleEntry, count),
                            zip(buckets, indexes, dues, offsets, sizes, hashes)))

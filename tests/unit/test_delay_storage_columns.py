@@ -20,6 +20,7 @@ from delayserver.storage.layout import Layout
 from delayserver.storage.schedule import ScheduleFiles
 from delayserver.storage.schedule_entry import encode_schedule_entries, encode_schedule_entry
 from logstore import OsFile, RecordTooLarge
+from logstore.record import frame_records_python
 
 NOW_MS = 1_700_000_000_000  # a fixed "now", never the clock
 BUCKET_MS = 1_000
@@ -204,3 +205,35 @@ def test_commits_within_one_bucket_index_what_commits_over_many_buckets_index(tm
         assert [store.read(e).message_id for e in store.load_bucket(bucket)] == [
             f"id-{k}" for k in range(20)]
         store.close()
+
+
+def test_a_commit_in_the_active_segment_writes_its_framed_records_as_the_log_frames_them(
+        tmp_path, monkeypatch):
+    """The usual commit hands the delay log the records framed by ``append_many`` (one write, no
+    record by record append); the log holds what its own framing of the bodies would be, and
+    every record reads back. (The first commit after the open fsyncs the new segment's
+    directory too: it goes record by record.)"""
+    store = DelayStore(str(tmp_path / "d"), DelayStoreConfig(bucket_ms=BUCKET_MS), now_ms=NOW_MS)
+    first = rows(3, 100)
+    store.append_many(*columns(first))
+    store.commit()
+    batch = rows(20)
+    record_by_record = []
+    monkeypatch.setattr(store._log, "append_many", record_by_record.append)
+    store.append_many(*columns(batch[:12]))
+    store.append(*batch[12])
+    store.append_many(*columns(batch[13:]))
+    entries = store.commit()
+    assert record_by_record == []
+    with open(store._log._segments[-1].path, "rb") as f:
+        written = f.read(store._log.end_offset)
+    bodies = [encode_delay_record(due, due - due % BUCKET_MS, message_id.encode(),
+                                  subject.encode(), payload)
+              for message_id, subject, due, payload in batch]
+    bodies[:0] = [encode_delay_record(due, due - due % BUCKET_MS, message_id.encode(),
+                                      subject.encode(), payload)
+                  for message_id, subject, due, payload in first]
+    assert written == frame_records_python(bodies)
+    assert [(record.message_id, record.subject, record.deliver_at_ms, record.payload)
+            for record in map(store.read, entries)] == batch
+

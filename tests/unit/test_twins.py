@@ -32,6 +32,7 @@ CHOSEN = {
     ("realtime.storage.commit_run", "write_run"): "realtime.storage._codecs",
     ("delayserver.storage.due_records", "parse_due_run"): "delayserver._due_records",
     ("delayserver.storage.delay_record", "encode_delay_records"): "delayserver._commit_codecs",
+    ("delayserver.storage.delay_record", "frame_delay_records"): "delayserver._commit_codecs",
     ("delayserver.storage.schedule_entry", "encode_schedule_entries"): "delayserver._commit_codecs",
 }
 
