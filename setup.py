@@ -26,6 +26,7 @@ setup(
                   depends=["logstore/_framing.h"],
                   optional=True),
         Extension("serverkit._send_check", sources=["serverkit/_send_check.c"], optional=True),
+        Extension("serverkit._call_queue", sources=["serverkit/_call_queue.c"], optional=True),
         Extension("realtime.storage._codecs", sources=["realtime/storage/_codecs.c"],
                   libraries=["z"],
                   depends=["logstore/_framing.h", "realtime/storage/_run_codec.h"], optional=True),

@@ -1,9 +1,10 @@
 """The one way of choosing between a C twin and its pure-Python twin.
 
-Five hot codecs have an optional C extension beside a pure-Python function that does exactly
-the same (setup.py builds them; each pair is tested to give the same bytes and answers):
-``logstore._framing`` (``logstore.record``), ``serverkit._send_check``
-(``serverkit.send_check``), ``realtime.storage._codecs`` (``realtime.storage.message_record``,
+Five hot codecs and one queue have an optional C extension beside a pure-Python function that
+does exactly the same (setup.py builds them; each pair is tested to give the same bytes and
+answers): ``logstore._framing`` (``logstore.record``), ``serverkit._send_check``
+(``serverkit.send_check``), ``serverkit._call_queue`` (``serverkit.io_thread``'s call queue),
+``realtime.storage._codecs`` (``realtime.storage.message_record``,
 ``consumer_log``, ``control_record``, ``store_checkpoint`` and ``write_batch``),
 ``delayserver._due_records`` (``delayserver.storage.due_records``) and ``delayserver._commit_codecs``
 (``delayserver.storage.delay_record`` and ``schedule_entry``).

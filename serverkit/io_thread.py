@@ -20,9 +20,19 @@ twin that keeps it was tried (session 18, docs/BENCHMARKS.md) and is not used: a
 the other thread does not wait for the GIL, so the release costs no switch (a hop made 5.8-6.0
 context switches either way, on one core), and with the store thread holding it while its write
 wakes the loop, the loop waits for it instead (``qmq up``'s CPU per message, one message a
-cycle, rose in 3 of 3 alternating pairs, by 77-109 us at load 5.7-7.0). So did a thread that wrote
-its wake-up and waited for the next call in one release of the GIL, an eventfd counting its
-queue (by 24-111 us, 3 of 3, load 9-14).
+cycle, rose in 3 of 3 alternating pairs, by 77-109 us at load 5.7-7.0).
+
+The thread's wake-up of the loop and its wait for the next call are one call,
+``CallQueue.take(wake_fd)``, which (in its C twin, ``serverkit/_call_queue.c``) writes the
+eventfd and waits on a semaphore in ONE release of the GIL. Written apart (``os.eventfd_write``,
+then ``SimpleQueue.get``), the thread took the GIL back between the two, and on uvloop the loop
+that write had just woken held it in 37-49% of the commits of a server at one message a cycle:
+the thread slept once more, on the GIL, for the few bytecodes before its wait (session 23,
+docs/BENCHMARKS.md: one GIL release and take fewer per commit, of three). Session 18
+had tried a thread that wrote its wake-up and waited in one release, on an eventfd counting its
+queue, on asyncio's loop: CPU rose (by 24-111 us, 3 of 3 pairs, load 9-14); this queue keeps
+SimpleQueue's order and wake-up rules and waits on a semaphore, and the store thread's CPU per
+message measured lower on uvloop (13 of 18 alternating pairs).
 
 A ``submit`` call given a ``then`` (``Submitted.then``) has its continuation run in the
 hand-back itself, one loop turn sooner than a future's done callback (asyncio always queues
@@ -45,7 +55,9 @@ import os
 import queue
 import threading
 from collections import deque
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
+
+from logstore.twins import c_twin
 
 T = TypeVar("T")
 
@@ -56,10 +68,48 @@ PR_SET_NAME = 15  # prctl(2): name the calling thread (at most 15 bytes are kept
 _ENDED = 1 << 40
 
 
+class CallQueue(Protocol):
+    """An ``IoThread``'s calls: ``put`` on the event loop, ``take`` on the thread only."""
+
+    def put(self, item: Any) -> None:
+        """Queue ``item`` behind every item put before; wakes a waiting ``take``."""
+
+    def take(self, wake_fd: int) -> Any:
+        """Add 1 to the eventfd ``wake_fd`` (-1: none), then the oldest item, waiting for one
+        while none is queued. A failed write raises OSError and takes nothing."""
+
+
+class CallQueuePython:
+    """The Python twin of ``serverkit._call_queue``'s queue (``new_call_queue``): a
+    ``SimpleQueue``, and the eventfd written with ``os.eventfd_write`` before the ``get``, so
+    the GIL is taken back between the two (the C twin's point is not to)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # thread-safe itself
+        self.put = self._queue.put
+
+    def take(self, wake_fd: int) -> Any:
+        """``CallQueue.take``."""
+        if wake_fd >= 0:
+            os.eventfd_write(wake_fd, 1)
+        return self._queue.get()
+
+
+def new_call_queue_python() -> CallQueue:
+    """An empty ``CallQueuePython`` (the Python twin of ``_call_queue.new_call_queue``)."""
+    return CallQueuePython()
+
+
+# The C twin (serverkit/_call_queue.c), chosen by logstore.twins; it writes an eventfd, so
+# only where there is one (Linux; elsewhere the thread wakes the loop another way anyway).
+new_call_queue = ((c_twin("serverkit._call_queue", "new_call_queue")
+                   if hasattr(os, "eventfd") else None) or new_call_queue_python)
+
+
 class IoThread:
     """Runs ``fn(*args)`` on its thread for ``await io.call(fn, *args)``; exceptions propagate.
 
-    Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread gets); ``_done``
+    Owners: ``_calls`` is a thread-safe queue (the event loop puts, the thread takes); ``_done``
     is shared and only touched under ``_done_lock`` (the thread appends, the loop takes all);
     ``_loop`` is written once by the event loop's first ``call``, before the thread can need
     it; ``_submitted`` is written by the event loop only (``call``, ``submit``, ``submit_then``), ``_finished`` by the
@@ -79,7 +129,7 @@ class IoThread:
     """
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._calls: CallQueue = new_call_queue()
         # (future, then, result, error): a future's entry (``call``, ``submit``) or a
         # ``submit_then`` call's (future None).
         self._done: deque[tuple[asyncio.Future[Any] | None, Callable[..., None] | None, Any,
@@ -146,8 +196,11 @@ class IoThread:
 
     def _run(self) -> None:
         name_os_thread(self._thread.name)
+        take = self._calls.take
+        wake_fd = -1  # the loop's eventfd when the last call's hand-back must wake it
         while True:
-            item = self._calls.get()
+            item = take(wake_fd)  # the wake-up written, then the wait: one GIL release
+            wake_fd = -1
             if item is None:
                 self._end()
                 return
@@ -163,13 +216,13 @@ class IoThread:
                 detached = self._detached
             if wake:
                 assert self._loop is not None
-                try:
-                    if self._wake_fd is not None and not detached:
-                        os.eventfd_write(self._wake_fd, 1)
-                    else:
+                if self._wake_fd is not None and not detached:
+                    wake_fd = self._wake_fd  # written by the next take, before it waits
+                else:
+                    try:
                         self._loop.call_soon_threadsafe(self._deliver)
-                except RuntimeError:  # the loop is closed: nobody waits; the calls still run
-                    pass
+                    except RuntimeError:  # the loop is closed: nobody waits; the calls still run
+                        pass
 
     def _end(self) -> None:
         """The thread, last: tell the loop no wake-up follows (it then closes the eventfd), or
@@ -290,4 +343,5 @@ def name_os_thread(name: str) -> None:
         pass
 
 
-__all__ = ["IoThread", "Submitted", "name_os_thread"]
+__all__ = ["CallQueue", "CallQueuePython", "IoThread", "Submitted", "name_os_thread",
+           "new_call_queue", "new_call_queue_python"]

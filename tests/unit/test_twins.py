@@ -22,6 +22,7 @@ CHOSEN = {
     ("logstore.record", "split_records"): "logstore._framing",
     ("logstore.fileio", "_write_sync_c"): "logstore._framing",
     ("serverkit.send_check", "_check_many_c"): "serverkit._send_check",
+    ("serverkit.io_thread", "new_call_queue"): "serverkit._call_queue",
     ("realtime.storage.consumer_log", "_encode_entries_c"): "realtime.storage._codecs",
     ("realtime.storage.message_record", "_encode_subject_records_c"): "realtime.storage._codecs",
     ("realtime.storage.message_record", "_decode_message_headers_c"): "realtime.storage._codecs",
