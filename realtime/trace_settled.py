@@ -41,6 +41,16 @@ class SettledTracing:
             return []
         writer = self.writer
         assert writer is not None
+        if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+            # One entry acked (a consumer acking each message as it comes, issue 18): the
+            # general path's walk below, without its lists and merges.
+            member = held.pop(ranges[0][0], None)
+            if not held:
+                del self._held[(subject, key, consumer)]
+            if type(member) is tuple:
+                writer.emit_framed("acked", now_ms, [member[0]], (key, consumer))
+                return []
+            return [member] if type(member) is int else []
         firsts = _merged(sorted(ranges))  # a client may send them overlapping or nested
         span = sum(last - first + 1 for first, last in firsts)
         found: list[tuple[str, int] | int | None]

@@ -68,6 +68,8 @@ RECENT_ENTRIES_MAX = 262_144
 # carries a few messages and the event loop's code is out of the CPU caches between two, where
 # 2-3 messages cost 64-77 CPU-us one by one against 82-104 by columns, and 4 about the same
 # (BrokerTracer.stored, caches evicted before each call; docs/BENCHMARKS.md, sendpath-s14).
+# A commit of one message (a producer waiting for each confirmation) is built inline in
+# ``stored``, without the lists of either (docs/BENCHMARKS.md, session 23, tracec).
 STORED_FEW_MAX = 3
 # ``locator_member`` of sequence 0 without a log subject: what the locator of any sequence
 # starts with, the rest of it (an internal subject's log_subject) being the same for a batch.
@@ -254,6 +256,38 @@ class BrokerTracer(GiveUpTracing, SettledTracing):
             return
         writer = self.writer
         assert writer is not None
+        if len(messages) == 1:
+            # One message a commit (a producer waiting for each confirmation, issue 18):
+            # ``_stored_few``'s line and ``_remember``'s step for it, without their lists.
+            checked, sequence = messages[0], sequences[0]
+            subject, msg_id = checked.subject, checked.id
+            created_at_ms, deliver_at_ms = checked.created_at_ms, checked.deliver_at_ms
+            if (sequence is not None and subject[:1] != "%" and type(msg_id) is str
+                    and type(created_at_ms) is int and not checked.retries
+                    and checked.origin_id is None and not checked.tags
+                    and (deliver_at_ms is None or type(deliver_at_ms) is int)):
+                subject_member = (self._subject_members.get(subject)
+                                  or self._subject_member(subject))
+                if deliver_at_ms is None:  # a producer's own message: flagged produced
+                    extra, due = PRODUCED_MEMBER, ""
+                else:  # dispatched by a delay server
+                    extra, due = "", f',"deliver_at_ms":{deliver_at_ms}'
+                members = (f'"msg_id":{_json_str(msg_id)}{subject_member},'
+                           f'"created_at_ms":{created_at_ms}{due}')
+                writer.emit_framed("stored", now_ms, [f'{members},"seq":{sequence}'], extra)
+                recent = self._recent.get(subject)
+                if recent is None or len(self._recent) != 1:
+                    self._remember(subject, (sequence,), (members,))
+                    return
+                # The only subject kept: its share is the smaller bound (``_remember``).
+                share = min(RECENT_PER_SUBJECT_MAX, RECENT_ENTRIES_MAX)
+                recent[sequence] = members
+                if sequence >= share:
+                    recent.pop(sequence - share, None)
+                if len(recent) > RECENT_ENTRIES_MAX:  # gaps in the sequences: the oldest go
+                    list(map(recent.pop, list(islice(recent, len(recent) - share)),
+                             repeat(None)))
+                return
         if len(messages) <= STORED_FEW_MAX:
             if self._stored_few(messages, sequences, now_ms):
                 return
@@ -455,12 +489,24 @@ class BrokerTracer(GiveUpTracing, SettledTracing):
             return
         writer = self.writer
         assert writer is not None
-        held = self._held.setdefault((subject, key, consumer), {})
         recent = self._recent.get(subject) if log_seqs else None
-        if recent is not None:
+        if len(pull_seqs) == 1 and redelivered is None and recent is not None:
+            # One entry, a first delivery of a message stored lately (a consumer pulling each
+            # message as it comes, issue 18): what the general path below does for it.
+            member = recent.pop(log_seqs[0], None)
+            if member is not None:
+                held = self._held.get((subject, key, consumer))
+                if held is None:
+                    held = self._held[(subject, key, consumer)] = {}
+                held[pull_seqs[0]] = (member, log_seqs[0])
+                writer.emit_framed("pulled", now_ms, [member], (key, consumer))
+                return
+            members = [None]
+        elif recent is not None:
             members = list(map(recent.pop, log_seqs, repeat(None)))
         else:
             members = [None] * len(pull_seqs)
+        held = self._held.setdefault((subject, key, consumer), {})
         if redelivered is not None and log_seqs:
             released = self._released.get((subject, key))
             if released:  # redeliveries: named when they were released, no decode

@@ -31,6 +31,8 @@ def pulled_entries(count: int) -> list[dict]:
     ([(0, 99)], [f"m{i}" for i in range(10)]),  # wide: walks the holdings
     ([(0, 60), (1, 2)], [f"m{i}" for i in range(10)]),  # wide, one inside another
     ([(5, 3), (20, 30)], []),  # empty or outside what is held
+    ([(3, 3)], ["m3"]),  # one entry (a consumer acking each message: the one-entry path)
+    ([(42, 42)], []),  # one entry not held
 ])
 def test_an_ack_traces_exactly_the_held_entries_in_its_ranges_once_each(tmp_path, ranges,
                                                                          acked):
@@ -92,6 +94,53 @@ def test_subjects_stored_and_not_pulled_give_up_their_oldest_members_to_a_busy_s
     tracer.stored([checked(f"b{i}", "b") for i in range(3, 9)], list(range(3, 9)), T0_MS)
     assert sorted(tracer._recent["b"]) == [4, 5, 6, 7, 8]  # its share: the last 5
     assert sum(map(len, tracer._recent.values())) <= 10
+
+
+@pytest.mark.parametrize("gaps", [False, True], ids=["one run", "with gaps"])
+def test_a_message_stored_alone_is_remembered_and_traced_as_the_few_messages_path_does(
+        tmp_path, monkeypatch, gaps):
+    """``stored``'s one-message path writes the line and keeps ``_recent`` as ``_stored_few``
+    (and its ``_remember``) do for that message; with gaps between the sequences nothing
+    falls out of a subject's window, and RECENT_ENTRIES_MAX bounds what is kept."""
+    monkeypatch.setattr(realtime.tracing, "RECENT_PER_SUBJECT_MAX", 8)
+    monkeypatch.setattr(realtime.tracing, "RECENT_ENTRIES_MAX", 10)
+    one = BrokerTracer(TraceWriter(tmp_path / "one", "realtime:rt", clock_ms=lambda: T0_MS,
+                                   background=False))
+    few = BrokerTracer(TraceWriter(tmp_path / "few", "realtime:rt", clock_ms=lambda: T0_MS,
+                                   background=False))
+    sequences = [3 * n if gaps else n for n in range(30)]
+    for index, seq in enumerate(sequences):
+        subject = "other" if index == 20 else "orders"  # a second subject: the general step
+        message = checked(f"m{seq}", subject)
+        one.stored([message], [seq], T0_MS)
+        assert few._stored_few([message], [seq], T0_MS)
+        assert one._recent == few._recent
+    assert sum(map(len, one._recent.values())) <= 10
+    for tracer in (one, few):
+        assert tracer.writer is not None
+        tracer.writer.close()
+    assert raw_lines(tmp_path / "one") == raw_lines(tmp_path / "few")
+    assert len(raw_lines(tmp_path / "one")) == 30
+
+
+def test_entries_pulled_and_acked_one_at_a_time_are_held_named_and_traced(tmp_path):
+    writer = TraceWriter(tmp_path, "realtime:rt", clock_ms=lambda: T0_MS, background=False)
+    tracer = BrokerTracer(writer)
+    tracer.stored([checked("m0")], [0], T0_MS)
+    tracer.stored([checked("m1")], [1], T0_MS)
+    tracer.pulled_columns("orders", "billing", "c1", [10], [b"\xc1"], None, T0_MS + 1, [0])
+    tracer.pulled_columns("orders", "billing", "c1", [11], [b"\xc1"], None, T0_MS + 1, [1])
+    tracer.pulled_columns("orders", "billing", "c1", [12], [b"\xc1"], None, T0_MS + 1, [0])
+    # The third names nothing (its member taken, its payload unreadable): not held.
+    assert [(seq, log_seq) for seq, (_members, log_seq)
+            in tracer._held[("orders", "billing", "c1")].items()] == [(10, 0), (11, 1)]
+    assert tracer.acked("orders", "billing", "c1", [(11, 11)], T0_MS + 2) == []
+    assert tracer.acked("orders", "billing", "c1", [(10, 10)], T0_MS + 2) == []
+    assert ("orders", "billing", "c1") not in tracer._held
+    writer.close()
+    events = [(e["event"], e["msg_id"]) for e in read_events([tmp_path])
+              if e["event"] in ("pulled", "acked")]
+    assert events == [("pulled", "m0"), ("pulled", "m1"), ("acked", "m1"), ("acked", "m0")]
 
 
 class _PulledMeanwhile(dict):
