@@ -31,7 +31,7 @@ setup(
                   libraries=["z"],
                   depends=["logstore/_framing.h", "realtime/storage/_run_codec.h"], optional=True),
         Extension("delayserver._due_records", sources=["delayserver/_due_records.c"],
-                  libraries=["z"], depends=["logstore/_framing.h"], optional=True),
+                  libraries=["z"], optional=True),
         Extension("delayserver._commit_codecs", sources=["delayserver/_commit_codecs.c"],
                   libraries=["z"], depends=["logstore/_framing.h"], optional=True),
     ],

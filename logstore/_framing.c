@@ -139,7 +139,7 @@ static PyObject *split_records(PyObject *module, PyObject *args)
             break; /* a partial record: the caller asked for a byte budget */
         }
         uint32_t computed = (uint32_t)crc32_z(0, header, 4);
-        computed = logstore_crc32(computed, header + 8, 4 + (size_t)body_length);
+        computed = (uint32_t)crc32_z(computed, header + 8, 4 + (size_t)body_length);
         if (computed != crc) {
             problem = PyUnicode_FromString("crc mismatch");
             bad = 1;

@@ -1,15 +1,11 @@
 /* logstore/_framing.h: one logstore record's frame, shared by the C twins that write records
  * (logstore/_framing.c's frame_records, realtime/storage/_codecs.c's encode_run and
- * write_run, delayserver/_commit_codecs.c's frame_delay_records), so the layout lives in one
- * place:
+ * write_run), so the layout lives in one place:
  *
  *     u32 body_length | u32 crc32 | u16 magic 0x514D | u8 version 1 | u8 attributes 0 | body
  *
  * all big-endian, the CRC being zlib's CRC-32 over bytes 0..3 and 8..end (logstore/record.py
- * has the table and the pure-Python twin), computed by logstore_crc32: zlib's value, folded with
- * PCLMULQDQ where the CPU has it (_framing.c's split_records and delayserver/_due_records.c
- * check records with it too).
- * Include after <Python.h> and <zlib.h>.
+ * has the table and the pure-Python twin). Include after <Python.h> and <zlib.h>.
  *
  * And the durable write of a group commit, shared the same way (_framing.c's write_sync,
  * _codecs.c's write_run), so both report a fault alike: logstore_write_sync_released writes
@@ -29,112 +25,7 @@
 
 #define LOGSTORE_HEADER_SIZE_BYTES 12
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define LOGSTORE_CRC_FOLD 1
-/* The CRC-32 of buf (len >= 64, a multiple of 16) from crc, both in the inverted form zlib keeps
- * internally, folded 64 then 16 bytes at a time with carry-less multiplies and Barrett-reduced
- * to 32 bits (Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", with
- * zlib's bit-reflected polynomial; the constants and steps of Chromium's zlib, crc32_simd.c). */
-__attribute__((target("sse4.1,pclmul")))
-static inline uint32_t logstore_crc32_fold(const unsigned char *buf, size_t len, uint32_t crc)
-{
-    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
-    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
-    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
-    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
-    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
-    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
-    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
-    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
-    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
-    x0 = k1k2;
-    buf += 64;
-    len -= 64;
-    while (len >= 64) {
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
-        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
-        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
-        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
-        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
-        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
-        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
-        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
-        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
-        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
-        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
-        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
-        buf += 64;
-        len -= 64;
-    }
-    x0 = k3k4;
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
-    while (len >= 16) {
-        x2 = _mm_loadu_si128((const __m128i *)buf);
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-        buf += 16;
-        len -= 16;
-    }
-    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
-    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
-    x1 = _mm_srli_si128(x1, 8);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = k5k0;
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, x3);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = poly;
-    x2 = _mm_and_si128(x1, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
-    x2 = _mm_and_si128(x2, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
-}
-#endif
-
-static int logstore_crc32_folds = -1;  /* -1 until asked: whether this CPU has PCLMULQDQ, SSE4.1 */
-
-/* zlib's crc32_z(crc, buf, len), the same value: 16-byte blocks of a buffer of 64 bytes or more
- * folded with PCLMULQDQ where the CPU has it (a 360-byte record: ~40 ns against zlib 1.2.13's
- * ~210), the rest by zlib. The codec tests hold every frame to zlib.crc32's. */
-static inline uint32_t logstore_crc32(uint32_t crc, const unsigned char *buf, size_t len)
-{
-#ifdef LOGSTORE_CRC_FOLD
-    if (logstore_crc32_folds < 0) {
-        __builtin_cpu_init();
-        logstore_crc32_folds = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
-    }
-    if (logstore_crc32_folds && len >= 64) {
-        size_t chunk = len & ~(size_t)15;
-        crc = ~logstore_crc32_fold(buf, chunk, ~crc);
-        buf += chunk;
-        len -= chunk;
-        if (!len) {
-            return crc;
-        }
-    }
-#endif
-    return (uint32_t)crc32_z(crc, buf, len);
-}
-
-static inline void logstore_store_be32(unsigned char *p, uint32_t value)
+static void logstore_store_be32(unsigned char *p, uint32_t value)
 {
     p[0] = (unsigned char)(value >> 24);
     p[1] = (unsigned char)(value >> 16);
@@ -144,7 +35,7 @@ static inline void logstore_store_be32(unsigned char *p, uint32_t value)
 
 /* Frame the body of ``size`` bytes already at ``record + LOGSTORE_HEADER_SIZE_BYTES``: write the
  * header in front of it (the CRC covers the length, the rest of the header and the body). */
-static inline void logstore_frame_in_place(unsigned char *record, size_t size)
+static void logstore_frame_in_place(unsigned char *record, size_t size)
 {
     logstore_store_be32(record, (uint32_t)size);
     record[8] = 0x51; /* magic 0x514D, "QM" */
@@ -152,7 +43,7 @@ static inline void logstore_frame_in_place(unsigned char *record, size_t size)
     record[10] = 1; /* version */
     record[11] = 0; /* attributes */
     uint32_t crc = (uint32_t)crc32_z(0, record, 4);
-    crc = logstore_crc32(crc, record + 8, 4 + size);
+    crc = (uint32_t)crc32_z(crc, record + 8, 4 + size);
     logstore_store_be32(record + 4, crc);
 }
 

@@ -101,25 +101,6 @@ def test_framing_an_empty_batch_gives_no_bytes_and_a_large_body_keeps_every_byte
 
 
 @pytest.mark.skipif(frame_records_c is None, reason="logstore._framing not built")
-def test_the_c_crc_is_zlibs_for_every_body_length_and_alignment_its_folding_meets():
-    """The C frame's CRC (``logstore_crc32``: 16-byte blocks folded with PCLMULQDQ from 64
-    bytes on, where the CPU has it; zlib for the rest) is zlib.crc32's at every length across
-    the fold's steps, each record starting where the one before ended (every alignment); the C
-    split takes each back, and rejects it with one byte changed."""
-    pattern = bytes((k * 131 + 7) % 256 for k in range(1_200))
-    batch = [pattern[length % 17:length % 17 + length] for length in range(1_100)]
-    batch += [pattern * 60]  # 72,000 bytes: many 64-byte folds, then 16-byte ones, then zlib
-    framed = frame_records_c(batch)
-    assert framed == b"".join(zlib_framed(body) for body in batch)
-    bodies_, used, problem = split_records_c(framed, 1 << 17)
-    assert ([bytes(body) for body in bodies_], used, problem) == (batch, len(framed), None)
-    for length in (64, 65, 79, 80, 127, 128, 1_099):
-        one = bytearray(zlib_framed(batch[length]))
-        one[-1 - length // 2] ^= 0x40
-        assert split_records_c(bytes(one), 1 << 17)[2] == "crc mismatch"
-
-
-@pytest.mark.skipif(frame_records_c is None, reason="logstore._framing not built")
 def test_the_c_framing_refuses_a_body_that_is_not_bytes_naming_its_index():
     with pytest.raises(TypeError, match="body 1 is bytearray, not bytes"):
         frame_records_c([b"ok", bytearray(b"mutable")])
