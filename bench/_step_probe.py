@@ -150,10 +150,10 @@ def install_server() -> None:
             _EVENTS.append(("fsync_returned", returned, payloads))
 
     def sync(original: Any) -> Any:
-        def probed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def probed(self: Any, *args: Any) -> Any:
             payloads = committing.get(threading.get_ident())
             begun = _now()
-            result = original(self, *args, **kwargs)
+            result = original(self, *args)
             if payloads is not None:
                 synced(payloads, begun,
                        getattr(self._segments[-1].handle, "synced_at_ns", 0))  # append_and_sync's

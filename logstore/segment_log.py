@@ -171,12 +171,6 @@ class SegmentedLog(SegmentReadsMixin, SegmentCopyMixin, SegmentSyncMixin, Segmen
         self._cannot_allocate = False
         # Told how long each sync() spent in fsync (seconds); see the module docstring.
         self.on_fsync: Callable[[float], None] | None = None
-        # Told (start offset, framed bytes) of a sync's records once they reached the OS and
-        # nothing can cut them in this run any more, before their fsync, when the caller asks
-        # (``ship``); see ``SegmentSyncMixin.sync_then``. Set by the owner's replication while
-        # a slave tails the log (read on the owner thread: a stale read ships one commit after
-        # its fsync instead of before, as without it).
-        self.on_written: Callable[[int, bytes], None] | None = None
         os.makedirs(directory, exist_ok=True)
         self.recovery = self._recover(verify_from_offset)
         self._update_fast_path_end()

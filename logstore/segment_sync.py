@@ -27,7 +27,6 @@ class SegmentSyncMixin:
     directory: str
     config: LogConfig
     on_fsync: Callable[[float], None] | None
-    on_written: Callable[[int, bytes], None] | None
     _segments: list[_Segment]
     _bases: list[int]
     _pending: list[bytes]
@@ -37,10 +36,9 @@ class SegmentSyncMixin:
     _directory_dirty: bool
     _last_sync_ms: int | None
 
-    def sync(self, ship: bool = False) -> int:
-        """Flush and fsync; every earlier append is durable when this returns the durable offset.
-        ``ship``: the caller cuts nothing of these records once they are written (``sync_then``)."""
-        self.sync_then(None, ship=ship)
+    def sync(self) -> int:
+        """Flush and fsync; every earlier append is durable when this returns the durable offset."""
+        self.sync_then(None)
         return self._durable_end
 
     def append_durably_then(
@@ -57,18 +55,13 @@ class SegmentSyncMixin:
         before: the first records of a batch written before the disk filled (a segment roll
         inside the batch, a batch over the write buffer) would otherwise stay in the file with
         nothing indexing them, and the owner's next batch would be numbered over them (review
-        s14 rvb-2). ``LogWriteFailed`` propagates, also when that cut fails.
-
-        With ``then`` (the records' index goes with them) ``on_written`` may be told of them
-        before their fsync (``sync_then``'s ``ship``): the owner cuts them only when that
-        append fails, and then they are not told. Without it the owner indexes them after
-        this call, which may cut them: they are not told."""
+        s14 rvb-2). ``LogWriteFailed`` propagates, also when that cut fails."""
         start = self._end
         try:
             offsets = self.append_many(bodies)  # type: ignore[attr-defined]
             then = then_for(offsets)
             if self.config.flush_mode == "sync":
-                return offsets, self.sync_then(then, ship=then is not None)
+                return offsets, self.sync_then(then)
             self.flush()
         except DiskFull:
             self.cut_back(start)  # type: ignore[attr-defined]
@@ -85,16 +78,16 @@ class SegmentSyncMixin:
             return None
         return self._end, self._fast_path_end - self._end
 
-    def append_framed_durably(self, framed: bytes, then: tuple[FileHandle, bytes] | None,
-                              ship: bool = False) -> OSError | None:
+    def append_framed_durably(self, framed: bytes,
+                              then: tuple[FileHandle, bytes] | None) -> OSError | None:
         """``append_durably_then`` of records the caller framed itself (``framed``, back to
         back, fitting ``framed_room``, which said where they start), with ``then`` given: the
-        same write, fsync and ``then`` append (``sync_then``, with its ``ship``), the same
-        failures, the same cut-back on a full disk. Returns that append's error."""
+        same write, fsync and ``then`` append (``sync_then``), the same failures, the same
+        cut-back on a full disk. Returns that append's error."""
         start = self._end
         self._end = start + len(framed)
         try:
-            return self.sync_then(then, framed, ship=ship)
+            return self.sync_then(then, framed)
         except DiskFull:
             self.cut_back(start)  # type: ignore[attr-defined]
             raise
@@ -150,30 +143,18 @@ class SegmentSyncMixin:
         return then_error
 
     def sync_then(self, then: tuple[FileHandle, bytes] | None,
-                  framed: bytes | None = None, ship: bool = False) -> OSError | None:
+                  framed: bytes | None = None) -> OSError | None:
         """``sync``; then, with ``then`` (a file of another log, bytes), append those bytes to
         that file once this log is durable: a store's index entries of the records just
         synced, written in the same GIL release as the write and fsync where it can
         (``OsFile.append_and_sync``). That append's failure is returned, not raised: this log
         is durable and not failed by it; the caller cuts its own file back. ``framed``:
         records framed by the caller (``append_framed_durably``, nothing buffered), written
-        where the buffer's would be.
-
-        ``ship`` (the caller cuts nothing of these records once this call wrote them and
-        ``then``, whatever follows; docs/REPLICATION.md 8.3) with ``on_written`` set: the
-        records are written, then ``then``'s bytes, then, when both writes succeeded,
-        ``on_written(start offset, framed bytes)`` is told, and only then the fsync runs, so a
-        slave copies them while this log fsyncs. Every cut of this log's end in a run comes
-        before that point: a full disk at the write (``_on_write_error``), a failed ``then``
-        write (the caller's ``cut_back``; nothing was told). After it a failure is sticky (a
-        failed fsync): the log takes no other record at those offsets in this run. Told only
-        when this one write holds the whole batch (the buffer was not flushed part-way)."""
+        where the buffer's would be."""
         fsync_s = 0.0
         then_error = None
         active = self._segments[-1]
         pending = self._pending
-        if ship and self.on_written is not None and (pending or framed is not None):
-            return self._sync_shipping(active, then, framed)
         append_and_sync = getattr(active.handle, "append_and_sync", None)
         if ((pending or framed is not None) and append_and_sync is not None
                 and self._unsynced_base in (None, active.base_offset)):
@@ -214,32 +195,6 @@ class SegmentSyncMixin:
             return append_then(then)
         return then_error
 
-    def _sync_shipping(self, active: _Segment, then: tuple[FileHandle, bytes] | None,
-                       framed: bytes | None) -> OSError | None:
-        """``sync_then`` with ``ship``: write the records (a full disk cuts them, as
-        ``flush``), write ``then``'s bytes, tell ``on_written`` when both succeeded and the
-        write holds the whole batch (nothing of it flushed before), then fsync."""
-        if self._closed or self._failed is not None:
-            self._check_writable()  # raises
-        whole = self._unsynced_base is None  # nothing of this batch flushed before this write
-        if framed is None:
-            framed = frame_records(self._pending)
-        start = active.base_offset + active.size_bytes
-        try:
-            active.handle.append(framed)
-        except OSError as exc:
-            self._on_write_error(active, exc)  # raises
-        self._flushed(active, len(framed))
-        then_error = append_then(then)
-        on_written = self.on_written
-        if then_error is None and whole and on_written is not None:
-            on_written(start, framed)
-        synced_s = self._sync_unsynced()
-        self._durable_end = self._end
-        if synced_s is not None and self.on_fsync is not None:
-            self.on_fsync(synced_s)
-        return then_error
-
     def _sync_unsynced(self) -> float | None:
         """fsync the segments ``flush`` wrote since the last sync and the directory if it
         changed; the seconds that took, None when there was nothing to fsync."""
@@ -270,13 +225,12 @@ class SegmentSyncMixin:
             fsynced = True
         return time.perf_counter() - started_s if fsynced else None
 
-    def sync_or_flush(self, ship: bool = False) -> None:
+    def sync_or_flush(self) -> None:
         """After an append, per ``config.flush_mode``: fsync it ("sync": durable when this
         returns) or write it to the OS ("async": a process crash no longer loses it, and
-        ``tick`` fsyncs it on its interval). The one place a store decides this. ``ship``:
-        the caller cuts nothing of these records once they are written (``sync_then``)."""
+        ``tick`` fsyncs it on its interval). The one place a store decides this."""
         if self.config.flush_mode == "sync":
-            self.sync(ship)
+            self.sync()
         else:
             self.flush()
 

@@ -2,21 +2,15 @@
 memory (docs/REPLICATION.md 8.3). ``wrote_io``, called on the log's owner thread right after a
 commit, keeps the bytes written since the last commit while a slave tails the log; the fetch the
 commit wakes ships them (``_fresh_answer``) with no trip to that thread, which is usually busy
-with the next commit by then. ``written_io`` keeps them earlier still where the store allows it: a
-commit of the message or the delay log tells it its records once written, before their fsync
-(``SegmentedLog.on_written``; only once nothing in this run can cut them any more), and it wakes
-the tailing fetch at once, so the slave copies and fsyncs them while the master fsyncs (the
-overlap, docs/REPLICATION.md 8.3). Part of ``serverkit.replica_source.ReplicaSource``, whose fields
+with the next commit by then. Part of ``serverkit.replica_source.ReplicaSource``, whose fields
 it reads (``logs``, ``group``, ``epoch``, ``ends``, ``_shipped``, ``_log_starts``); the owner
 thread of each of its own fields is written where ``_init_fresh`` sets it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
-from functools import partial
 
 from serverkit.replica_log import ReplicatedLog, read_range
 from wire.replication import Fetch, FetchAnswer
@@ -44,9 +38,6 @@ class FreshCommitsMixin:
     ends: dict[str, int]
     _shipped: dict[tuple[str, str], int]
     _log_starts: dict[str, int]
-    active: bool
-
-    def advanced(self, name: str, end: int) -> None: ...  # ReplicaSource's
 
     def _init_fresh(self, logs: dict[str, ReplicatedLog]) -> None:
         """The fields of the fresh commits, one entry per log, none kept yet."""
@@ -63,10 +54,6 @@ class FreshCommitsMixin:
         self._tail_fetch_ms: dict[str, int] = {name: 0 for name in logs}
         self.fresh_answers: dict[str, int] = {name: 0 for name in logs}
         self.fresh_failures = 0  # commits whose read-back failed (the fetch read the store)
-        # The loop ``written_io`` wakes (the loop's, set by the first tailing fetch), and the
-        # commits it kept before their fsync, per log (figures; the owner thread's).
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.fresh_before_fsync: dict[str, int] = {name: 0 for name in logs}
 
     def _forget_fresh(self) -> None:
         """No fresh commit is handed from memory until a slave tails a log again (a new
@@ -75,43 +62,6 @@ class FreshCommitsMixin:
         for name in self.logs:
             self.fresh_wanted[name] = False
             self._fresh[name].clear()
-            self._written_hook(name, False)
-
-    def _written_hook(self, name: str, on: bool) -> None:
-        """Loop: have log ``name``'s commits tell ``written_io`` of their records before their
-        fsync (``on``), or stop (a store that cannot tell has no ``written_hook``)."""
-        hook = getattr(self.logs[name].store, "written_hook", None)
-        if hook is not None:
-            hook(partial(self.written_io, name) if on else None)
-
-    def written_io(self, name: str, start: int, framed: bytes) -> None:
-        """Owner thread of log ``name``, inside a commit: its records ``framed`` from offset
-        ``start`` reached the OS and nothing in this run can cut them any more (the store
-        calls this only then, ``SegmentedLog.sync_then``'s ``ship``); their fsync follows.
-        Keep them as the next chunk (when they continue the last one) and wake the tailing
-        slave's fetch now, so it ships them while this log fsyncs; the commit's own answer
-        still waits for that fsync and for the slave (docs/REPLICATION.md 8.3 and 5)."""
-        if not self.fresh_wanted[name]:
-            return
-        generation = self._generation
-        size = len(framed)
-        if (self._fresh_from[name] != (generation, start) or size > FRESH_CHUNK_BYTES_MAX
-                or len(self._fresh[name]) >= FRESH_CHUNKS_MAX or self._loop is None):
-            return  # ``wrote_io`` after the commit does what it can, as before
-        end = start + size
-        self._fresh_from[name] = (generation, end)
-        self._fresh[name].append((generation, start, framed))
-        self.fresh_before_fsync[name] += 1
-        try:
-            self._loop.call_soon_threadsafe(self._written, generation, name, end)
-        except RuntimeError:  # the loop closed (the server stopping): nothing to wake
-            pass
-
-    def _written(self, generation: int, name: str, end: int) -> None:
-        """Loop: a commit's records kept before its fsync (``written_io``) end at ``end``:
-        the tailing fetch ships them now (``advanced``), unless the role changed since."""
-        if generation == self._generation and self.active:
-            self.advanced(name, end)
 
     def wrote_io(self, name: str) -> None:
         """Owner thread of log ``name``, right after a commit to it: while a slave tails the
@@ -178,14 +128,7 @@ class FreshCommitsMixin:
     def _tailing(self, name: str, now_ms: int) -> None:
         """A slave fetched log ``name`` at its end: hand it the next commits from memory."""
         self._tail_fetch_ms[name] = now_ms
-        if not self.fresh_wanted[name]:
-            self.fresh_wanted[name] = True
-            if self._loop is None:
-                try:
-                    self._loop = asyncio.get_running_loop()
-                except RuntimeError:  # called off a loop (a test): commits are kept after
-                    return
-            self._written_hook(name, True)
+        self.fresh_wanted[name] = True
 
 
 __all__ = ["FRESH_CHUNK_BYTES_MAX", "FRESH_CHUNKS_MAX", "FRESH_TAIL_MS", "FreshCommitsMixin"]

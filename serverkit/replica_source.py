@@ -256,7 +256,6 @@ class ReplicaSource(FreshCommitsMixin):
             if self.fresh_wanted[name] and now_ms - fetched_ms > FRESH_TAIL_MS:
                 self.fresh_wanted[name] = False  # no slave tails it: commits read nothing
                 self._fresh[name].clear()
-                self._written_hook(name, False)  # and write and fsync in one call again
         proposal = self.tracker.proposal(now_ms)
         if proposal != self._last_proposal:
             log.info("group %s: slaves in sync now %s (were %s)", self.group,

@@ -167,13 +167,6 @@ class _DelayCopy:
     def read_copy(self, offset: int, max_bytes: int) -> bytes:
         return self._store._log.read_raw(offset, max_bytes)
 
-    def written_hook(self, callback: Callable[[int, bytes], None] | None) -> None:
-        """Tell ``callback(start offset, framed bytes)`` of each commit's delay records once
-        written and before their fsync, on the store's thread (None: stop telling;
-        ``SegmentedLog.on_written``, docs/REPLICATION.md 8.3). Any thread: the log reads the
-        field once per commit."""
-        self._store._log.on_written = callback
-
     def append_copy(self, offset: int, data: bytes) -> int:
         return self._store.append_copied_records(offset, data)
 

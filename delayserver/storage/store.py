@@ -346,16 +346,14 @@ class DelayStore(BucketReadsMixin, DoneMarksMixin, CopyingMixin, WatermarkMixin)
         offsets = list(accumulate(map(add, sizes, repeat(HEADER_SIZE_BYTES)), initial=end_before))
         offsets.pop()
         try:
-            # Nothing below cuts the batch once written (a failed fsync is sticky), so a
-            # tailing slave may copy it while it is fsynced (``ship``, docs/REPLICATION.md 8.3).
             room = delay_log.framed_room()
             if room is not None and len(framed) <= room[1]:
                 # The usual (sync flush, no segment roll): the framed bytes written as they
                 # are, fsynced (``append_framed_durably``: the same write, fsync and failures).
-                delay_log.append_framed_durably(framed, None, ship=True)
+                delay_log.append_framed_durably(framed, None)
             else:  # async flush, a roll, a log failed or closed: record by record, as before
                 delay_log.append_many(_unframed(framed, sizes))
-                delay_log.sync_or_flush(ship=True)
+                delay_log.sync_or_flush()
         except LogWriteFailed as exc:
             raise self._fail(exc)
         except DiskFull:

@@ -139,13 +139,9 @@ class UsualCommit:
         if handle is None:
             return None
         log = self._message_log.log
-        # While a slave tails the log (``on_written`` set) the records are written, then their
-        # entries, then shipped, then fsynced (``SegmentedLog.sync_then``'s ``ship``), not in
-        # write_run's one call: a slave copies them while this log fsyncs.
-        target = log.framed_target(handle) if log.on_written is None else None
+        target = log.framed_target(handle)
         if target is None:
-            # Not a real file (a test's FaultyFile), a slave tailing, or the log cannot take
-            # framed records.
+            # Not a real file (a test's FaultyFile), or the log cannot take framed records.
             return self._commit_run_framed(subject, message_ids, timestamp_ms, payloads, count,
                                            clog, handle)
         dedup = self._dedup
@@ -183,10 +179,9 @@ class UsualCommit:
     def _commit_run_framed(self, subject: str, message_ids: Sequence[str], timestamp_ms: int,
                            payloads: Sequence[bytes], count: int, clog: ConsumerLog,
                            handle: FileHandle) -> list[int] | None:
-        """``_commit_run`` through files that are not ``OsFile``s (a test's ``FaultyFile``),
-        or while a slave tails the log: the records encoded (``encode_run``), then written by
-        the log (``append_framed_durably``: records, entries, a slave told, fsync), the same
-        bytes and failures as ``write_run``'s."""
+        """``_commit_run`` through files that are not ``OsFile``s (a test's ``FaultyFile``):
+        the records encoded (``encode_run``), then written by the log
+        (``append_framed_durably``), the same bytes and failures as ``write_run``'s."""
         log = self._message_log.log
         room = log.framed_room()
         if room is None:
@@ -201,9 +196,7 @@ class UsualCommit:
             return None
         framed, entries = encoded
         try:
-            # A full disk at either write cuts the batch back before a slave is told of it;
-            # after the tell only the fsync follows (docs/REPLICATION.md 8.3, the overlap).
-            index_error = log.append_framed_durably(framed, (handle, entries), ship=True)
+            index_error = log.append_framed_durably(framed, (handle, entries))
         except LogWriteFailed as exc:
             self._failed = exc  # sticky, as in _commit_batch
             raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from logstore import CorruptRecord, LogStoreError, LogWriteFailed
 from realtime.storage.copying import (
@@ -55,13 +55,6 @@ class CopyWrites:
         self._check_open()
         log_ = self._message_log.log
         return log_.first_offset, log_.flushed_offset
-
-    def written_hook(self, callback: Callable[[int, bytes], None] | None) -> None:
-        """Tell ``callback(start offset, framed bytes)`` of each commit's message records once
-        written and before their fsync, on this store's thread (None: stop telling): the
-        commits that cut nothing once written (``SegmentedLog.on_written``, docs/REPLICATION.md
-        8.3). Any thread: the log reads the field once per commit."""
-        self._message_log.log.on_written = callback
 
     def copy_end(self) -> int:
         """``copy_bounds()[1]``: the message log's end as a copy may read it (what a commit
